@@ -1,0 +1,18 @@
+"""Exceptions of the metrics package (it never imports evalkit).
+
+    MetricsError            base
+    ├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
+    └── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
+"""
+
+
+class MetricsError(Exception):
+    """Base of every error the metrics package raises on purpose."""
+
+
+class MetricInputError(MetricsError, ValueError):
+    """Inputs that the metrics cannot accept; the message names the argument and what it got."""
+
+
+class WeightsUnavailable(MetricsError):
+    """LPIPS weights are missing or corrupt; the message says how to provision them."""
