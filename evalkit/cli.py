@@ -47,6 +47,18 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_probe(args) -> int:
+    from .video import describe
+
+    desc = describe(args.path)
+    if args.json:
+        print(json.dumps(desc, indent=2))
+    else:
+        print(f"{desc['path']}: {desc['kind']} {desc['width']}x{desc['height']}, "
+              f"{desc['frames']} frames at {desc['fps']} fps ({desc['codec'] or 'images'})")
+    return 0
+
+
 def cmd_suite_validate(args) -> int:
     from .suite import load_suite
 
@@ -55,16 +67,27 @@ def cmd_suite_validate(args) -> int:
     return 0
 
 
+def cmd_suite_preview(args) -> int:
+    from .suite import load_suite, write_previews
+
+    suite = load_suite(args.path)
+    written = write_previews(suite, args.out, progress=not args.quiet)
+    print(f"wrote {len(written)} browser previews to {args.out}")
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    # --verbose is accepted before or after the command; subcommands must not reset it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", "-v", action="store_true",
+    common.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks and more detail")
     p = argparse.ArgumentParser(
-        prog="evalkit", parents=[common],
+        prog="evalkit",
         description="Render, measure and human-evaluate generative video across hardware backends.",
     )
+    p.add_argument("--verbose", "-v", action="store_true", help="show tracebacks and more detail")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     s = sub.add_parser("setup", parents=[common],
@@ -79,11 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_info)
 
+    s = sub.add_parser("probe", parents=[common],
+                       help="decode a clip (video, image or image folder) and describe it")
+    s.add_argument("path", type=Path, help="video file, image, or folder of images")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_probe)
+
     s = sub.add_parser("suite", parents=[common], help="work with suite files")
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("validate", parents=[common], help="check a suite YAML and its clips")
     v.add_argument("path", type=Path, help="the suite YAML file")
     v.set_defaults(func=cmd_suite_validate)
+    v = ss.add_parser("preview", parents=[common],
+                      help="write browser copies (H.264 mp4) of a suite's source clips")
+    v.add_argument("path", type=Path, help="the suite YAML file")
+    v.add_argument("--out", type=Path, required=True, help="output folder")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=cmd_suite_preview)
 
     return p
 

@@ -150,7 +150,7 @@ class ClipReader:
         try:
             with av.open(str(self.path)) as c:
                 if not c.streams.video:
-                    raise VideoError(self.path, "no video stream in the file")
+                    raise VideoError(self.path, "no video frames (the file has no video stream)")
                 s = c.streams.video[0]
                 fps = s.average_rate or s.guessed_rate or s.base_rate
                 if not fps:
@@ -189,7 +189,7 @@ class ClipReader:
         try:
             with av.open(str(self.path)) as c:
                 if not c.streams.video:
-                    raise VideoError(self.path, "no video stream in the file")
+                    raise VideoError(self.path, "no video frames (the file has no video stream)")
                 s = c.streams.video[0]
                 s.thread_type = "AUTO"
                 declared = s.frames or None
@@ -209,6 +209,9 @@ class ClipReader:
         except VideoError:
             raise
         except _av_error_types() as e:
+            if n == 0 and isinstance(e, EOFError):
+                raise VideoError(self.path, "video has no frames (the file ends before its "
+                                 "first frame)") from None
             where = f" at frame {n}" if n else ""
             raise VideoError(self.path, f"not a readable video{where} ({_short(e)})") from None
         if n == 0:
@@ -246,6 +249,7 @@ class ClipReader:
 def _short(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
     # PyAV errors repeat the file name at the end: "...: 'path'"; drop it, we name the file.
+    msg = re.sub(r"^\[Errno -?\d+\]\s*", "", msg)
     return re.sub(r":\s*'[^']*'$", "", msg)
 
 
@@ -334,3 +338,12 @@ def write_browser(path, frames, fps, encoding: BrowserEncoding = BROWSER_ENCODIN
     return _encode(path, frames, fps, fmt="mp4", codec=encoding.codec, pix_fmt=encoding.pix_fmt,
                    options=encoding.codec_options(),
                    container_options={"movflags": "+faststart"}, pad_even=True)
+
+
+def describe(path) -> dict:
+    """Decode a whole clip and describe it (errors name the file and the problem)."""
+    reader = ClipReader(path)
+    n = reader.count_frames()
+    info = reader.info
+    return {"path": str(info.path), "kind": info.kind, "width": info.width,
+            "height": info.height, "fps": str(info.fps), "frames": n, "codec": info.codec}

@@ -1,0 +1,50 @@
+# evalkit: the two commands are `make test` and `make demo`; both set everything up first.
+# Idempotent: a second run only checks what is already there.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DEMO_OUT ?= demo-out
+export GRADIO_ANALYTICS_ENABLED := False
+
+.PHONY: all setup venv weights chromium test demo bench clean
+
+all: test
+
+# Pinned dependencies from requirements.lock; pip takes torch from this machine's local wheels.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# LPIPS weights into the cache ($$EVALKIT_CACHE_DIR or ~/.cache/evalkit), hash-checked.
+weights: $(STAMP)
+	$(PY) -m evalkit setup
+
+setup: venv weights
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+test: setup chromium
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) -m evalkit suite validate datasets/canary/suite.yaml
+	$(PY) -m evalkit info
+	$(PY) -m evalkit suite preview datasets/canary/suite.yaml --out $(DEMO_OUT)/source-previews
+	@echo "demo: browser previews of the canary source clips are in $(DEMO_OUT)/source-previews"
+
+bench: setup
+	$(PY) benchmarks/bench_metrics.py
+
+clean:
+	rm -rf $(DEMO_OUT) .pytest_cache

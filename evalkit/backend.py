@@ -1,0 +1,181 @@
+"""Backend specs and the environment fingerprint.
+
+A backend spec is ``device[,key=value...]``, for example ``cuda:0,dtype=bf16,attn=flash`` or
+``cpu,dtype=fp32``. AMD GPUs run through the same ``cuda`` device path of PyTorch's ROCm
+build; the fingerprint records the HIP version there.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+
+from .errors import UserError
+
+#: key -> allowed values (None: free text). The first value is the default.
+SPEC_KEYS: dict[str, tuple | None] = {
+    "dtype": ("fp32", "bf16", "fp16"),
+    "attn": ("auto", "flash", "efficient", "math", "cudnn"),
+    "tf32": ("off", "on"),
+    "deterministic": ("on", "off"),
+    "compile": ("off", "on"),
+    "resource": None,
+}
+_DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:\d+|mps)$")
+_BOOL_ALIASES = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
+
+
+class BackendSpecError(UserError):
+    """A backend spec string that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    device: str = "cpu"
+    dtype: str = "fp32"
+    attn: str = "auto"
+    tf32: str = "off"
+    deterministic: str = "on"
+    compile: str = "off"
+    resource: str | None = None
+
+    @property
+    def spec(self) -> str:
+        """The canonical string: device first, then every key that differs from its default."""
+        parts = [self.device]
+        for key, allowed in SPEC_KEYS.items():
+            value = getattr(self, key)
+            default = allowed[0] if allowed else None
+            if value != default:
+                parts.append(f"{key}={value}")
+        return ",".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, **asdict(self)}
+
+
+def parse_spec(text: str) -> BackendSpec:
+    """Parse ``device[,key=value...]``; errors list the valid keys and values."""
+    if not isinstance(text, str) or not text.strip():
+        raise BackendSpecError(f"backend spec: expected 'device[,key=value...]', found {text!r}")
+    parts = [p.strip() for p in text.split(",")]
+    device = parts[0].lower()
+    if not _DEVICE_RE.match(device):
+        raise BackendSpecError(f"backend spec {text!r}: device {parts[0]!r} is not one of "
+                               "cpu, cuda, cuda:N, mps")
+    values: dict[str, str] = {}
+    valid = ", ".join(f"{k}={'|'.join(v) if v else '<name>'}" for k, v in SPEC_KEYS.items())
+    for part in parts[1:]:
+        if "=" not in part:
+            raise BackendSpecError(f"backend spec {text!r}: {part!r} is not key=value "
+                                   f"(valid keys: {valid})")
+        key, value = (s.strip() for s in part.split("=", 1))
+        key = key.lower()
+        if key not in SPEC_KEYS:
+            raise BackendSpecError(f"backend spec {text!r}: unknown key {key!r} (valid keys: {valid})")
+        if key in values:
+            raise BackendSpecError(f"backend spec {text!r}: key {key!r} given twice")
+        allowed = SPEC_KEYS[key]
+        if allowed is not None:
+            value = _BOOL_ALIASES.get(value.lower(), value.lower())
+            if value not in allowed:
+                raise BackendSpecError(f"backend spec {text!r}: {key}={value!r} is not one of "
+                                       f"{', '.join(allowed)}")
+        values[key] = value
+    return BackendSpec(device=device, **values)
+
+
+# -- fingerprint ---------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_driver() -> str | None:
+    for cmd in (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                ["rocm-smi", "--showdriverversion"]):
+        if shutil.which(cmd[0]):
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+            if lines:
+                return lines[0] if cmd[0] == "nvidia-smi" else lines[-1]
+    return None
+
+
+def fingerprint(spec: BackendSpec | None = None) -> dict:
+    """What ran: host, OS, CPU, device, driver, CUDA/HIP, library versions, numeric flags."""
+    import av
+    import numpy as np
+    import torch
+
+    from . import __version__
+
+    fp = {
+        "host": platform.node(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "evalkit": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "av": av.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    device = spec.device if spec else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and torch.cuda.is_available():
+        idx = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        fp.update(device=device, device_name=props.name,
+                  device_memory_bytes=int(props.total_memory),
+                  compute_capability=f"{props.major}.{props.minor}",
+                  driver=_gpu_driver())
+    else:
+        fp.update(device=device, device_name=_cpu_model() if device == "cpu" else device,
+                  driver=None)
+    fp.update(
+        matmul_tf32=torch.backends.cuda.matmul.allow_tf32,
+        cudnn_tf32=torch.backends.cudnn.allow_tf32,
+        deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+        cudnn_deterministic=torch.backends.cudnn.deterministic,
+    )
+    if spec is not None:
+        fp.update(dtype=spec.dtype, attention=spec.attn, compile=spec.compile)
+    return fp
+
+
+def usable_backends() -> list[dict]:
+    """Backends that can run on this machine, with a short description each."""
+    import torch
+
+    out = [{"spec": "cpu,dtype=fp32", "description": f"CPU ({_cpu_model()}), float32"},
+           {"spec": "cpu,dtype=bf16", "description": "CPU, bfloat16"}]
+    if torch.cuda.is_available():
+        kind = "ROCm/HIP" if getattr(torch.version, "hip", None) else "CUDA"
+        for i in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_name(i)
+            out.append({"spec": f"cuda:{i},dtype=bf16", "description": f"{kind} {name}, bfloat16"})
+            out.append({"spec": f"cuda:{i},dtype=fp32", "description": f"{kind} {name}, float32"})
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        out.append({"spec": "mps,dtype=fp32", "description": "Apple GPU (MPS), float32"})
+    return out
+
+
+def environment_info() -> dict:
+    return {"fingerprint": fingerprint(), "backends": usable_backends()}

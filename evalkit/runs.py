@@ -1,0 +1,211 @@
+"""Run folders: one per (suite, backend). The format every later step reads.
+
+Layout::
+
+    RUN/
+      manifest.json        schema_version, suite, renderer, backend, fingerprint, jobs[]
+      clips/<job>.mkv      lossless render (FFV1, exact RGB)
+      preview/<job>.mp4    browser copy (H.264 yuv420p)
+
+Crash safety: a clip is written to a temporary file and renamed into place, then its preview,
+then the manifest (also atomically) records it as ``done`` with the clip's sha256. A crash at
+any point leaves the job ``pending`` or ``done`` with a verified file, never a half-written clip
+marked done; resuming re-renders whatever is not verifiably done.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterable
+
+from . import __version__
+from .errors import InputFileError, SchemaVersionError, UserError
+from .fsutil import atomic_write_json
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+STATUSES = ("pending", "done", "failed")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(path: Path) -> dict:
+    """Load and check a manifest.json (schema version, required keys)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST
+    if not path.is_file():
+        raise InputFileError(path, "not found (expected a run folder's manifest.json)")
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputFileError(path, f"not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise InputFileError(path, f"expected a JSON object, found {type(doc).__name__}")
+    version = doc.get("schema_version")
+    if version != MANIFEST_SCHEMA_VERSION:
+        raise SchemaVersionError(path, f"manifest schema_version {version!r} is not supported "
+                                 f"(this evalkit reads {MANIFEST_SCHEMA_VERSION})")
+    for key in ("suite", "renderer", "backend", "fingerprint", "jobs"):
+        if key not in doc:
+            raise InputFileError(path, f"field '{key}' missing")
+    return doc
+
+
+class RunDir:
+    """A run folder on disk; every change is saved atomically."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+        self._index = {j["id"]: j for j in manifest["jobs"]}
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def open(cls, path) -> "RunDir":
+        path = Path(path)
+        return cls(path, read_manifest(path / MANIFEST))
+
+    @classmethod
+    def create(cls, path, *, suite, renderer: dict, backend: dict, fingerprint: dict,
+               jobs: Iterable | None = None, notes: dict | None = None) -> "RunDir":
+        """Create a run folder, or reopen it to resume when it was made for the same suite,
+        renderer and backend (new jobs are added as pending)."""
+        path = Path(path)
+        jobs = list(suite.jobs if jobs is None else jobs)
+        if (path / MANIFEST).exists():
+            run = cls.open(path)
+            run._check_same(suite, renderer, backend)
+            for job in jobs:
+                if job.id not in run._index:
+                    run._add_job(job)
+            run.manifest["fingerprint"] = fingerprint
+            run.save()
+            return run
+        if path.exists() and not path.is_dir():
+            raise InputFileError(path, "exists and is not a folder")
+        manifest = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "evalkit_version": __version__,
+            "created": _now(),
+            "updated": _now(),
+            "suite": suite.summary(),
+            "renderer": dict(renderer),
+            "backend": dict(backend),
+            "fingerprint": dict(fingerprint),
+            "notes": dict(notes or {}),
+            "jobs": [],
+        }
+        run = cls(path, manifest)
+        for job in jobs:
+            run._add_job(job)
+        (path / "clips").mkdir(parents=True, exist_ok=True)
+        (path / "preview").mkdir(parents=True, exist_ok=True)
+        run.save()
+        return run
+
+    def _check_same(self, suite, renderer, backend) -> None:
+        m = self.manifest
+        diffs = []
+        if m["suite"].get("name") != suite.name:
+            diffs.append(f"suite {m['suite'].get('name')!r} != {suite.name!r}")
+        if m["renderer"].get("name") != renderer.get("name"):
+            diffs.append(f"renderer {m['renderer'].get('name')!r} != {renderer.get('name')!r}")
+        if m["backend"].get("spec") != backend.get("spec"):
+            diffs.append(f"backend {m['backend'].get('spec')!r} != {backend.get('spec')!r}")
+        if diffs:
+            raise UserError(f"{self.path}: already holds a different run ({'; '.join(diffs)}); "
+                            "choose another --out folder")
+
+    def _add_job(self, job) -> None:
+        rec = {**job.to_dict(), "status": "pending", "error": None, "timing": {},
+               "output": None, "preview": None}
+        self.manifest["jobs"].append(rec)
+        self._index[job.id] = rec
+
+    # -- paths and state -------------------------------------------------------------------
+    @property
+    def jobs(self) -> list[dict]:
+        return self.manifest["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        try:
+            return self._index[job_id]
+        except KeyError:
+            raise UserError(f"{self.path}: no job {job_id!r} in this run") from None
+
+    def clip_path(self, job_id: str) -> Path:
+        return self.path / "clips" / f"{job_id}.mkv"
+
+    def preview_path(self, job_id: str) -> Path:
+        return self.path / "preview" / f"{job_id}.mp4"
+
+    def is_done(self, job_id: str, *, verify: bool = True) -> bool:
+        """Done, with its clip present and (``verify``) matching the recorded sha256."""
+        rec = self.job(job_id)
+        if rec["status"] != "done" or not rec.get("output"):
+            return False
+        clip = self.path / rec["output"]["path"]
+        if not clip.is_file():
+            return False
+        return not verify or sha256_file(clip) == rec["output"]["sha256"]
+
+    def save(self) -> None:
+        self.manifest["updated"] = _now()
+        atomic_write_json(self.path / MANIFEST, self.manifest)
+
+    # -- recording results -----------------------------------------------------------------
+    def record_done(self, job_id: str, frames, fps, *, timing: dict | None = None,
+                    extra: dict | None = None, preview: bool = True) -> dict:
+        """Write a job's frames (lossless clip, then browser preview) and mark it done.
+
+        ``frames``: (N, H, W, 3) uint8 array or a sequence of (H, W, 3) frames.
+        """
+        from .video import write_browser, write_lossless
+
+        import numpy as np
+
+        rec = self.job(job_id)
+        frames = np.asarray(frames) if not isinstance(frames, np.ndarray) else frames
+        clip = self.clip_path(job_id)
+        n = write_lossless(clip, frames, fps)
+        if preview:
+            write_browser(self.preview_path(job_id), frames, fps)
+        rec.update(
+            status="done", error=None, timing=dict(timing or {}),
+            output={"path": f"clips/{clip.name}", "sha256": sha256_file(clip), "frames": n,
+                    "width": int(frames.shape[2]), "height": int(frames.shape[1]),
+                    "fps": str(fps)},
+            preview=f"preview/{job_id}.mp4" if preview else None,
+            finished=_now(),
+        )
+        if extra:
+            rec.update(extra)
+        self.save()
+        return rec
+
+    def record_failed(self, job_id: str, error: str, *, timing: dict | None = None) -> dict:
+        rec = self.job(job_id)
+        rec.update(status="failed", error=str(error), timing=dict(timing or {}), output=None,
+                   preview=None, finished=_now())
+        self.save()
+        return rec
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in STATUSES}
+        for j in self.jobs:
+            out[j["status"]] = out.get(j["status"], 0) + 1
+        return out
+

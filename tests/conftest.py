@@ -1,0 +1,42 @@
+"""Shared fixtures: run the real CLI in-process or as a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = ROOT / "datasets"
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``evalkit`` in-process: ``code, out, err = cli("info", "--json")``."""
+    from evalkit.cli import main
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def run_evalkit(*args, **kw) -> subprocess.CompletedProcess:
+    """Run the installed ``evalkit`` entry point as a real process."""
+    return subprocess.run([sys.executable, "-m", "evalkit", *map(str, args)],
+                          capture_output=True, text=True, cwd=kw.pop("cwd", ROOT), **kw)
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    """A user error is exactly one line, starts with 'error: ', has no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line, got: {err!r}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"

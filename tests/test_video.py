@@ -1,0 +1,172 @@
+"""Video I/O: exact lossless round trips, browser copies, and bad input."""
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from evalkit import video
+from evalkit.errors import VideoError
+
+from conftest import DATASETS, assert_one_line_error
+
+
+def random_frames(n=7, h=37, w=51, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+
+
+def test_lossless_round_trip_random_frames_is_byte_identical(tmp_path):
+    frames = random_frames()
+    path = tmp_path / "r.mkv"
+    assert video.write_lossless(path, frames, Fraction(30000, 1001)) == len(frames)
+    reader = video.ClipReader(path)
+    back = reader.read()
+    assert back.dtype == np.uint8 and back.shape == frames.shape
+    assert np.array_equal(back, frames)
+    assert reader.info.codec == "ffv1"
+    assert abs(float(reader.info.fps) - 30000 / 1001) < 1e-3
+
+
+def test_lossless_round_trip_of_the_bundled_clips(tmp_path):
+    clips = sorted(DATASETS.glob("*/clips/*.mkv"))
+    assert len(clips) >= 10, "bundled smoke and canary clips are missing"
+    for clip in clips:
+        frames, fps = video.read_frames(clip)
+        out = tmp_path / clip.name
+        video.write_lossless(out, frames, fps)
+        assert np.array_equal(video.read_frames(out)[0], frames), clip.name
+
+
+def test_write_accepts_an_iterator_and_reads_in_chunks(tmp_path):
+    frames = random_frames(n=10, h=16, w=16)
+    path = tmp_path / "it.mkv"
+    video.write_lossless(path, (f for f in frames), 24)
+    chunks = list(video.ClipReader(path).chunks(4))
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert np.array_equal(np.concatenate(chunks), frames)
+
+
+def test_browser_copy_is_h264_yuv420p_faststart_with_fixed_settings(tmp_path):
+    a, b = tmp_path / "a.mp4", tmp_path / "b.mp4"
+    video.write_browser(a, random_frames(seed=1), 24)   # odd size: padded to even
+    video.write_browser(b, random_frames(seed=2, h=38, w=52), 24)
+    params = []
+    for p in (a, b):
+        data = p.read_bytes()
+        assert data.find(b"moov") < data.find(b"mdat"), "moov atom must precede mdat (+faststart)"
+        with av.open(str(p)) as c:
+            s = c.streams.video[0]
+            assert s.codec_context.name == "h264"
+            assert s.codec_context.pix_fmt == "yuv420p"
+            assert (s.codec_context.width, s.codec_context.height) == (52, 38)
+            assert s.frames == 7
+            assert not {k.lower() for k in c.metadata} & {"title", "comment", "description"}
+            params.append((s.codec_context.profile, s.average_rate, s.codec_context.pix_fmt))
+    assert params[0] == params[1]
+    # near-transparent quality on a natural image: the encoder does not dominate the comparison
+    from skimage import data
+
+    photo = np.ascontiguousarray(data.astronaut()[::4, ::4][:96, :96])
+    clip = np.repeat(photo[None], 3, 0)
+    video.write_browser(tmp_path / "s.mp4", clip, 24)
+    back = video.read_frames(tmp_path / "s.mp4")[0].astype(float)
+    # the floor: what yuv420p chroma subsampling alone costs on this detailed image
+    floor = av.VideoFrame.from_ndarray(photo, format="rgb24").reformat(format="yuv420p")
+    floor = floor.reformat(format="rgb24").to_ndarray().astype(float)
+    assert np.abs(back - clip).mean() < np.abs(floor - photo).mean() + 1.0
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path):
+    path = tmp_path / "x.mkv"
+    video.write_lossless(path, random_frames(n=2), 24)
+    before = path.read_bytes()
+
+    def frames_then_crash():
+        yield from random_frames(n=3, seed=5)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        video.write_lossless(path, frames_then_crash(), 24)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mkv"]
+
+
+def test_images_and_image_folders(tmp_path):
+    frames = random_frames(n=3, h=20, w=30)
+    folder = tmp_path / "seq"
+    folder.mkdir()
+    for i, f in enumerate(frames):  # natural order: 2 before 10
+        Image.fromarray(f).save(folder / f"frame{[2, 10, 100][i]}.png")
+    (folder / "notes.txt").write_text("ignored")
+    r = video.ClipReader(folder)
+    assert r.info.kind == "images" and r.info.fps == 24
+    assert np.array_equal(r.read(), frames)
+    single = tmp_path / "one.bmp"
+    Image.fromarray(frames[0]).save(single)
+    assert np.array_equal(video.read_frames(single)[0], frames[:1])
+    jpg = tmp_path / "one.jpg"
+    Image.fromarray(frames[0]).save(jpg)
+    assert video.read_frames(jpg)[0].shape == (1, 20, 30, 3)
+
+
+# -- bad input: one line naming the file and the problem, exit code 2 -------------------------
+
+def _zero_frame_video(path: Path) -> None:
+    with av.open(str(path), "w", format="matroska") as c:
+        s = c.add_stream("ffv1", rate=24)
+        s.width, s.height, s.pix_fmt = 16, 16, "bgr0"
+        c.start_encoding()
+
+
+def _truncated(tmp_path: Path, ext: str) -> Path:
+    full = tmp_path / f"full.{ext}"
+    writer = video.write_lossless if ext == "mkv" else video.write_browser
+    writer(full, random_frames(n=24, h=32, w=32), 24)
+    data = full.read_bytes()
+    out = tmp_path / f"truncated.{ext}"
+    out.write_bytes(data[: len(data) // 2])
+    return out
+
+
+def _file(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+BAD_INPUTS = {
+    "empty file": (lambda t: _file(t / "empty.mp4", b""), "empty file"),
+    "truncated mp4": (lambda t: _truncated(t, "mp4"), "truncated"),
+    "truncated mkv": (lambda t: _truncated(t, "mkv"), "truncated"),
+    "text named .mp4": (lambda t: _file(t / "notes.mp4", b"not a video\n"), "not a readable video"),
+    "zero-frame video": (lambda t: _zero_frame_video(t / "zero.mkv") or t / "zero.mkv",
+                         "no frames"),
+    "missing file": (lambda t: t / "missing.mkv", "file not found"),
+    "unknown extension": (lambda t: _file(t / "clip.xyz", b"1"), "unsupported file type"),
+}
+
+
+def _mixed_size_folder(t: Path) -> Path:
+    d = t / "mixed"
+    d.mkdir()
+    Image.fromarray(random_frames(n=1, h=8, w=8)[0]).save(d / "a.png")
+    Image.fromarray(random_frames(n=1, h=9, w=8)[0]).save(d / "b.png")
+    return d
+
+
+BAD_INPUTS["frames of different sizes"] = (_mixed_size_folder, "'b.png' is 8x9, expected 8x8")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_video_input_gives_one_line_error_and_exit_2(case, tmp_path, cli):
+    make, needle = BAD_INPUTS[case]
+    path = make(tmp_path)
+    with pytest.raises(VideoError) as exc:
+        video.describe(path)
+    assert str(path) in str(exc.value) and needle in str(exc.value)
+    code, out, err = cli("probe", path)
+    assert code == 2
+    assert_one_line_error(err, str(path), needle)
