@@ -293,8 +293,12 @@ def _encode(path: Path, frames, fps, *, fmt: str, codec: str, pix_fmt: str,
 
     fps = _fps(fps)
     n = 0
+    # bitexact: no random segment ids, dates or encoder version strings in the file, so the
+    # same frames always give the same bytes (and nothing in the file says where it was made)
+    container_options = {"fflags": "+bitexact", **(container_options or {})}
+    options = {"flags": "+bitexact", **options}
     with atomic_path(path) as tmp:
-        with av.open(str(tmp), "w", format=fmt, options=container_options or {}) as c:
+        with av.open(str(tmp), "w", format=fmt, options=container_options) as c:
             stream = None
             size = None
             for f in _as_frames(frames):
