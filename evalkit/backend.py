@@ -179,3 +179,94 @@ def usable_backends() -> list[dict]:
 
 def environment_info() -> dict:
     return {"fingerprint": fingerprint(), "backends": usable_backends()}
+
+
+# -- applying a spec -----------------------------------------------------------------------
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_SDPA = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
+         "cudnn": "CUDNN_ATTENTION"}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a renderer needs to know about the applied backend."""
+
+    spec: BackendSpec
+    device: object   # torch.device
+    dtype: object    # torch.dtype
+    compile: bool
+
+
+def check_available(spec: BackendSpec) -> None:
+    """Fail early, with the list of usable backends, when a spec cannot run here."""
+    import torch
+
+    usable = ", ".join(b["spec"] for b in usable_backends())
+    if spec.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BackendSpecError(f"backend {spec.spec!r}: CUDA/ROCm is not available here "
+                                   f"(torch {torch.__version__}, no GPU found); usable: {usable}")
+        if ":" in spec.device and int(spec.device.split(":")[1]) >= torch.cuda.device_count():
+            raise BackendSpecError(f"backend {spec.spec!r}: no such GPU "
+                                   f"({torch.cuda.device_count()} found); usable: {usable}")
+    if spec.device == "mps" and not (getattr(torch.backends, "mps", None)
+                                     and torch.backends.mps.is_available()):
+        raise BackendSpecError(f"backend {spec.spec!r}: MPS is not available here; usable: {usable}")
+    if spec.device in ("cpu", "mps") and spec.attn in ("efficient", "cudnn"):
+        raise BackendSpecError(f"backend {spec.spec!r}: attn={spec.attn} needs a CUDA device "
+                               "(valid on cpu: auto, flash, math)")
+
+
+class apply_backend:
+    """Context manager: apply a spec's numeric settings, restore them on exit.
+
+    Sets TF32 (matmul and cuDNN), deterministic algorithms (``warn_only``: ops without a
+    deterministic implementation warn instead of failing), cuDNN benchmark off, and the
+    scaled-dot-product-attention kernel; yields a :class:`Runtime` with device and dtype.
+    """
+
+    def __init__(self, spec: BackendSpec):
+        self.spec = spec
+        self._saved = None
+        self._sdpa = None
+
+    def __enter__(self) -> Runtime:
+        import torch
+
+        check_available(self.spec)
+        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                       torch.are_deterministic_algorithms_enabled(),
+                       torch.is_deterministic_algorithms_warn_only_enabled(),
+                       torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                       torch.get_float32_matmul_precision())
+        tf32 = self.spec.tf32 == "on"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        det = self.spec.deterministic == "on"
+        if det:
+            # cuBLAS needs this for deterministic results; it only takes effect if set before
+            # the first CUDA call of the process, which is why the CLI applies specs early.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(det, warn_only=True)
+        torch.backends.cudnn.deterministic = det
+        torch.backends.cudnn.benchmark = False
+        if self.spec.attn != "auto":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self._sdpa = sdpa_kernel([getattr(SDPBackend, _SDPA[self.spec.attn])])
+            self._sdpa.__enter__()
+        return Runtime(self.spec, torch.device(self.spec.device),
+                       getattr(torch, _TORCH_DTYPES[self.spec.dtype]), self.spec.compile == "on")
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self._sdpa is not None:
+            self._sdpa.__exit__(*exc)
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, det, warn,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, prec) = self._saved
+        torch.use_deterministic_algorithms(det, warn_only=warn)
+        torch.set_float32_matmul_precision(prec)
+        return False

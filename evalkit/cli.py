@@ -76,6 +76,48 @@ def cmd_suite_preview(args) -> int:
     return 0
 
 
+def cmd_metrics(args) -> int:
+    from .metrics_cmd import compare_clips, format_text
+
+    result = compare_clips(
+        args.a, args.b, device=args.device, net=args.net, chunk=args.chunk, align=args.align,
+        temporal=not args.no_temporal, flow=args.flow, flow_preset=args.flow_preset,
+        flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
+        keep_frames=args.json,
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+    else:
+        print(format_text(result))
+    return 0
+
+
+def _options(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--renderer-opt: expected key=value, found {pair!r}")
+        out[key.strip()] = value
+    return out
+
+
+def cmd_render(args) -> int:
+    from .render import render_suite
+
+    summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
+                             options=_options(args.renderer_opt), jobs=args.jobs,
+                             seed_offset=args.seed_offset, progress=not args.quiet)
+    failed = 0
+    for s in summaries:
+        print(f"{s.backend}: {s.done} rendered, {s.skipped} already done, {s.failed} failed "
+              f"-> {s.path}")
+        for job_id, err in s.failures.items():
+            print(f"  failed {job_id}: {err}")
+        failed += s.failed
+    return 1 if failed else 0
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_probe)
 
+    s = sub.add_parser("render", parents=[common],
+                       help="render a suite's jobs on one or more backends (resumable)")
+    s.add_argument("suite", type=Path, help="the suite YAML file")
+    s.add_argument("--backend", "-b", action="append", required=True, metavar="SPEC",
+                   help="backend spec, e.g. cuda:0,dtype=bf16 or cpu,dtype=fp32 (repeatable)")
+    s.add_argument("--out", "-o", type=Path, required=True,
+                   help="output folder: one run folder per backend inside it")
+    s.add_argument("--renderer", "-r", default=None,
+                   help="diffusers, command, import, canary, or module:Class "
+                        "(default: the suite's renderer)")
+    s.add_argument("--renderer-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="renderer option, e.g. model=PATH (diffusers), cmd=... (command), "
+                        "dir=... (import); repeatable")
+    s.add_argument("--jobs", nargs="+", default=None, metavar="ID",
+                   help="only these jobs (job id, id prefix, or clip id)")
+    s.add_argument("--seed-offset", type=int, default=0,
+                   help="add N to every seed (a seed-shifted run for the noise floor)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_render)
+
     s = sub.add_parser("suite", parents=[common], help="work with suite files")
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("validate", parents=[common], help="check a suite YAML and its clips")
@@ -119,6 +181,32 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", type=Path, required=True, help="output folder")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_suite_preview)
+
+    s = sub.add_parser("metrics", parents=[common],
+                       help="LPIPS, SSIM, PSNR, exactness and temporal metrics of two clips or images")
+    s.add_argument("a", type=Path, help="clip A: video file, image, or folder of images")
+    s.add_argument("b", type=Path, help="clip B, same size and frame count as A")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object: per-metric means and per-frame lists")
+    s.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="also write the per-frame table to FILE")
+    s.add_argument("--device", default="auto",
+                   help="where metrics run: auto (a GPU if present, else cpu), cpu, cuda, cuda:N")
+    s.add_argument("--net", choices=("alex", "vgg"), default="alex", help="LPIPS trunk (default alex)")
+    s.add_argument("--ssim-channel", choices=("luma", "rgb"), default="luma",
+                   help="SSIM on rounded BT.601 luma (default, original convention) or per RGB plane")
+    s.add_argument("--flow", choices=("dis", "farneback"), default="dis",
+                   help="optical flow for the temporal metrics (default OpenCV DIS)")
+    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default="medium",
+                   help="DIS preset (default medium)")
+    s.add_argument("--flow-scale", type=float, default=1.0,
+                   help="compute flow on frames downscaled by this factor in (0, 1] (default 1)")
+    s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--align", choices=("error", "shortest"), default="error",
+                   help="different frame counts: error (default) or compare the common prefix "
+                        "(recorded in the output)")
+    s.add_argument("--chunk", type=int, default=8, help="frames per batch (default 8)")
+    s.set_defaults(func=cmd_metrics)
 
     return p
 

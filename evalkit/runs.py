@@ -162,6 +162,16 @@ class RunDir:
             return False
         return not verify or sha256_file(clip) == rec["output"]["sha256"]
 
+    def cleanup_temporary(self) -> int:
+        """Remove temporary files a killed process left behind (never a finished clip)."""
+        n = 0
+        for sub in ("clips", "preview", "."):
+            folder = self.path / sub
+            for p in folder.glob(".tmp-*") if folder.is_dir() else ():
+                p.unlink(missing_ok=True)
+                n += 1
+        return n
+
     def save(self) -> None:
         self.manifest["updated"] = _now()
         atomic_write_json(self.path / MANIFEST, self.manifest)

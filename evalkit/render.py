@@ -1,0 +1,287 @@
+"""``evalkit render``: run a suite's jobs on one or more backends into run folders.
+
+The driver (this module) owns the run folders: it decides what is left to do (jobs whose clip is
+missing or does not match its recorded sha256), hands jobs to an executor, and records each
+result as it arrives (clip, preview, manifest; all atomic). The executor only turns jobs into
+frames. :class:`LocalExecutor` runs in-process, one backend after the other, loading the
+pipeline once per backend; a cluster executor can dispatch the same tasks elsewhere and hand the
+results back to the same driver.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import resource
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .backend import BackendSpec, apply_backend, check_available, fingerprint, parse_spec
+from .errors import UserError
+from .renderers import JobError, RenderRequest, Renderer, get_renderer
+from .runs import RunDir
+from .suite import Job, Suite, load_suite
+from .video import ClipReader
+
+
+def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
+    """Folder name of a backend's run: ``cuda-0_dtype-bf16`` style, plus ``_seed+N``."""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", spec.device).strip("-")
+    for part in spec.spec.split(",")[1:]:
+        name += "_" + re.sub(r"[^A-Za-z0-9.]+", "-", part)
+    return name + (f"_seed+{seed_offset}" if seed_offset else "")
+
+
+@dataclass
+class JobResult:
+    job: Job
+    frames: np.ndarray | None
+    fps: object
+    error: str | None
+    timing: dict = field(default_factory=dict)
+
+
+@dataclass
+class BackendTask:
+    """All the jobs one backend still has to render."""
+
+    spec: BackendSpec
+    jobs: list[Job]
+    seed_offset: int = 0
+
+
+class Progress:
+    """Progress bars: one overall (jobs, with ETA) and one for the job in flight (steps)."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        from tqdm import tqdm
+
+        self.enabled = enabled
+        self._tqdm = tqdm
+        self.overall = tqdm(total=total, desc="jobs", unit="job", disable=not enabled,
+                            position=0, dynamic_ncols=True)
+        self.job_bar = None
+
+    def start_job(self, label: str) -> Callable[[int, int], None]:
+        self.job_bar = self._tqdm(total=1, desc=label[:40], unit="step", leave=False,
+                                  disable=not self.enabled, position=1, dynamic_ncols=True)
+
+        def update(done: int, total: int) -> None:
+            if self.job_bar.total != total and total:
+                self.job_bar.total = total
+            self.job_bar.n = done
+            self.job_bar.refresh()
+
+        return update
+
+    def end_job(self, ok: bool) -> None:
+        if self.job_bar is not None:
+            self.job_bar.close()
+            self.job_bar = None
+        self.overall.update(1)
+        if not ok:
+            self.overall.set_postfix_str("some failed")
+
+    def close(self) -> None:
+        self.overall.close()
+
+
+class LocalExecutor:
+    """Render in this process: per backend, load the renderer once, then every job in turn."""
+
+    name = "local"
+
+    def run(self, renderer: Renderer, task: BackendTask, sources: "SourceCache",
+            progress: Progress) -> Iterator[JobResult]:
+        import torch
+
+        with apply_backend(task.spec) as runtime:
+            renderer.load(runtime)
+            try:
+                for job in task.jobs:
+                    yield self._one(renderer, runtime, job, sources, task.seed_offset, progress)
+            finally:
+                renderer.unload()
+                if runtime.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    @staticmethod
+    def _one(renderer, runtime, job, sources, seed_offset, progress) -> JobResult:
+        import torch
+
+        frames_in, fps, path = sources.get(job.clip)
+        cuda = runtime.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(runtime.device)
+            torch.cuda.reset_peak_memory_stats(runtime.device)
+        update = progress.start_job(f"{job.clip} {job.prompt}")
+        t0 = time.perf_counter()
+        error = frames = None
+        try:
+            out = renderer.render(RenderRequest(job=job, source=frames_in, fps=fps,
+                                                 seed=job.seed + seed_offset, source_path=path,
+                                                 progress=update))
+            if cuda:
+                torch.cuda.synchronize(runtime.device)
+            frames = check_output(out, frames_in, renderer)
+        except JobError as e:
+            error = str(e)
+        except torch.cuda.OutOfMemoryError as e:
+            error = f"out of device memory: {str(e).splitlines()[0]}"
+            if cuda:
+                torch.cuda.empty_cache()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except UserError as e:
+            error = str(e)
+        except Exception as e:  # a renderer's bug or a pipeline failure: recorded, others go on
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            error = f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+        seconds = time.perf_counter() - t0
+        timing = {"seconds": round(seconds, 4),
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        if cuda:
+            timing["peak_device_memory_bytes"] = int(torch.cuda.max_memory_allocated(runtime.device))
+        progress.end_job(error is None)
+        return JobResult(job, frames, fps, error, timing)
+
+
+def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
+    """A renderer's output must be (N, H, W, 3) uint8 with the source's frame count."""
+    if not isinstance(out, np.ndarray):
+        raise JobError(f"renderer {renderer.name!r} returned {type(out).__name__}, "
+                       "expected a numpy array (N, H, W, 3) uint8")
+    if out.ndim != 4 or out.shape[-1] != 3:
+        raise JobError(f"renderer {renderer.name!r} returned shape {out.shape}, "
+                       "expected (N, H, W, 3)")
+    if out.dtype != np.uint8:
+        raise JobError(f"renderer {renderer.name!r} returned dtype {out.dtype}, expected uint8")
+    if getattr(renderer, "same_frame_count", True) and len(out) != len(source):
+        raise JobError(f"renderer {renderer.name!r} returned {len(out)} frames, "
+                       f"expected {len(source)} (the source clip's count)")
+    if out.shape[1] < 2 or out.shape[2] < 2:
+        raise JobError(f"renderer {renderer.name!r} returned {out.shape[2]}x{out.shape[1]} frames")
+    return np.ascontiguousarray(out)
+
+
+class SourceCache:
+    """Decodes each source clip once and keeps the last one (jobs are grouped by clip)."""
+
+    def __init__(self, suite: Suite):
+        self.suite = suite
+        self._key = None
+        self._value = None
+
+    def get(self, clip_id: str):
+        if self._key != clip_id:
+            path = self.suite.clips[clip_id].path
+            reader = ClipReader(path)
+            self._value = (reader.read(), reader.info.fps, path)
+            self._key = clip_id
+        return self._value
+
+
+@contextlib.contextmanager
+def _locked(run: RunDir):
+    """One writer per run folder: a second render into it fails at once with a clear error."""
+    lock = open(run.path / ".lock", "w")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{run.path}: another evalkit render is writing to this run") from None
+        yield
+    finally:
+        lock.close()
+
+
+@dataclass
+class RenderSummary:
+    backend: str
+    path: Path
+    done: int
+    failed: int
+    skipped: int
+    failures: dict[str, str]
+
+
+def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
+    """All jobs, or those named (by id, id prefix, or clip id), in suite order."""
+    if not wanted:
+        return list(suite.jobs)
+    chosen = []
+    for w in wanted:
+        hits = [j for j in suite.jobs if j.id == w or j.id.startswith(w) or j.clip == w]
+        if not hits:
+            raise UserError(f"--jobs: {w!r} matches no job of suite {suite.name!r} "
+                            f"(ids look like {suite.jobs[0].id})")
+        chosen.extend(h for h in hits if h not in chosen)
+    return [j for j in suite.jobs if j in chosen]
+
+
+def render_suite(suite_path, backends: list[str], out, *, renderer: str | None = None,
+                 options: dict | None = None, jobs: list[str] | None = None,
+                 seed_offset: int = 0, executor=None, progress: bool = True,
+                 log=print) -> list[RenderSummary]:
+    """Render a suite on each backend into ``out/<backend>/``; resumable and atomic."""
+    suite = load_suite(suite_path, check_clips=False)
+    if not backends:
+        raise UserError("--backend: give at least one backend spec, e.g. --backend cpu,dtype=fp32")
+    specs = [parse_spec(b) for b in backends]
+    for spec in specs:
+        check_available(spec)
+    if len({s.spec for s in specs}) != len(specs):
+        raise UserError("--backend: the same backend is given twice")
+    renderer_name = renderer or suite.renderer
+    if not renderer_name:
+        raise UserError(f"{suite.path}: no renderer (give --renderer or 'renderer:' in the suite)")
+    if seed_offset < 0:
+        raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
+    rend = get_renderer(renderer_name, options)
+    selected = select_jobs(suite, jobs)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder (--out)")
+    executor = executor or LocalExecutor()
+
+    runs: list[tuple[BackendTask, RunDir]] = []
+    total = 0
+    for spec in specs:
+        with apply_backend(spec):
+            fp = fingerprint(spec)
+        run = RunDir.create(out / run_dir_name(spec, seed_offset), suite=suite,
+                            renderer=rend.describe(), backend=spec.to_dict(), fingerprint=fp,
+                            notes={"seed_offset": seed_offset, "executor": executor.name})
+        run.cleanup_temporary()
+        todo = [j for j in selected if not run.is_done(j.id, verify=True)]
+        runs.append((BackendTask(spec, todo, seed_offset), run))
+        total += len(todo)
+    bars = Progress(total, enabled=progress)
+    sources = SourceCache(suite)
+    summaries = []
+    try:
+        for task, run in runs:
+            failures: dict[str, str] = {}
+            done = 0
+            with _locked(run):
+                if task.jobs:
+                    for result in executor.run(rend, task, sources, bars):
+                        if result.error is None:
+                            run.record_done(result.job.id, result.frames, result.fps,
+                                            timing=result.timing,
+                                            extra={"effective_seed": result.job.seed + seed_offset})
+                            done += 1
+                        else:
+                            run.record_failed(result.job.id, result.error, timing=result.timing)
+                            failures[result.job.id] = result.error
+            summaries.append(RenderSummary(task.spec.spec, run.path, done, len(failures),
+                                           len(selected) - len(task.jobs), failures))
+    finally:
+        bars.close()
+    return summaries

@@ -1,0 +1,50 @@
+"""Renderer plugins: built-in names and ``module:attr`` import paths.
+
+==========  ================================================================================
+name        what it runs
+==========  ================================================================================
+diffusers   any diffusers video-to-video pipeline from a local folder or hub id (option model=)
+command     an external program per job under a documented contract (option cmd=)
+import      adopts renders made elsewhere, matched to jobs by id (option dir=)
+canary      the built-in reference pipeline (models/canary), through the diffusers renderer
+==========  ================================================================================
+"""
+from __future__ import annotations
+
+import importlib
+
+from .base import JobError, NOISE_POLICY, RenderRequest, Renderer, RendererError, to_uint8_frames
+
+BUILTIN = {
+    "diffusers": "evalkit.renderers.diffusers:DiffusersRenderer",
+    "command": "evalkit.renderers.command:CommandRenderer",
+    "import": "evalkit.renderers.imported:ImportRenderer",
+    "canary": "evalkit.renderers.canary:CanaryRenderer",
+}
+
+__all__ = ["BUILTIN", "JobError", "NOISE_POLICY", "RenderRequest", "Renderer", "RendererError",
+           "get_renderer", "to_uint8_frames"]
+
+
+def get_renderer(name: str, options: dict | None = None) -> Renderer:
+    """Instantiate a renderer by built-in name or ``module:attr`` path."""
+    target = BUILTIN.get(name, name)
+    if ":" not in target:
+        raise RendererError(f"renderer {name!r}: unknown (built-in: {', '.join(BUILTIN)}; "
+                            "or give an import path package.module:ClassName)")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RendererError(f"renderer {name!r}: cannot import module {module_name!r} ({e})") from None
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        raise RendererError(f"renderer {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Renderer)) and not callable(cls):
+        raise RendererError(f"renderer {name!r}: {target} is not a renderer class")
+    renderer = cls(**(options or {}))
+    for method in ("load", "render", "describe"):
+        if not callable(getattr(renderer, method, None)):
+            raise RendererError(f"renderer {name!r}: {target} has no {method}() method")
+    return renderer

@@ -1,0 +1,112 @@
+"""The renderer protocol: load once for a backend, then render jobs into frames.
+
+A renderer is a class constructed with its options (``--renderer-opt key=value``), then::
+
+    renderer.load(runtime)                      # once per backend (evalkit.backend.Runtime)
+    frames = renderer.render(request)           # once per job -> (N, H, W, 3) uint8
+    renderer.unload()
+
+``RenderRequest`` carries the job, its source frames (uint8 RGB), the frame rate, the
+effective seed and a progress callback. Starting noise must be drawn on the CPU from
+``request.generator()`` (a seeded ``torch.Generator('cpu')``) and only then moved to the
+device, so that every backend starts from identical noise.
+
+Renderers are found by name (``diffusers``, ``command``, ``import``, ``canary``) or by an
+import path ``package.module:ClassName``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import UserError
+
+NOISE_POLICY = ("starting noise drawn on the CPU from torch.Generator('cpu').manual_seed(seed), "
+                "then moved to the device")
+
+
+class RendererError(UserError):
+    """A renderer is unknown, misconfigured, or given options it does not take."""
+
+
+class JobError(Exception):
+    """A single job failed (bad output, missing input...); recorded, the others go on."""
+
+
+@dataclass
+class RenderRequest:
+    job: Any                       # evalkit.suite.Job
+    source: np.ndarray             # (N, H, W, 3) uint8
+    fps: Any                       # fractions.Fraction
+    seed: int                      # the job's seed plus any --seed-offset
+    source_path: Any = None        # pathlib.Path of the source clip
+    progress: Callable[[int, int], None] = field(default=lambda done, total: None)
+
+    def generator(self):
+        import torch
+
+        return torch.Generator("cpu").manual_seed(self.seed)
+
+
+class Renderer:
+    """Base class; subclasses set ``name`` and ``version`` and implement ``render``."""
+
+    name = "base"
+    version = "0"
+    #: option name -> help text; anything else given with --renderer-opt is an error
+    options_help: dict[str, str] = {}
+    #: whether render() output must have as many frames as the source
+    same_frame_count = True
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.options_help))
+        if unknown:
+            valid = ", ".join(sorted(self.options_help)) or "none"
+            raise RendererError(f"renderer {self.name!r}: unknown option {unknown[0]!r} "
+                                f"(valid options: {valid})")
+        self.options = options
+        self.runtime = None
+
+    def describe(self) -> dict:
+        """What the manifest records about the renderer."""
+        return {"name": self.name, "version": self.version, "options": dict(self.options),
+                "noise": NOISE_POLICY}
+
+    def load(self, runtime) -> None:
+        self.runtime = runtime
+
+    def render(self, request: RenderRequest) -> np.ndarray:
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        self.runtime = None
+
+
+def to_uint8_frames(frames, *, what: str = "output") -> np.ndarray:
+    """Normalise a pipeline's output to (N, H, W, 3) uint8.
+
+    Accepts uint8 arrays, float arrays in [0, 1], torch tensors, PIL images, or lists of them.
+    NaN/inf or values outside [0, 1] (floats) are errors naming the frame.
+    """
+    if hasattr(frames, "detach"):  # torch tensor
+        frames = frames.detach().float().cpu().numpy()
+    if isinstance(frames, (list, tuple)):
+        if not frames:
+            raise JobError(f"{what}: no frames")
+        frames = np.stack([np.asarray(f) for f in frames])
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise JobError(f"{what}: expected frames of shape (N, H, W, 3), found {frames.shape}")
+    if frames.dtype == np.uint8:
+        return np.ascontiguousarray(frames)
+    if not np.issubdtype(frames.dtype, np.floating):
+        raise JobError(f"{what}: expected uint8 or float frames in [0, 1], found {frames.dtype}")
+    bad = ~np.isfinite(frames).reshape(len(frames), -1).all(axis=1)
+    if bad.any():
+        raise JobError(f"{what}: frame {int(np.argmax(bad))} holds NaN or infinite values")
+    lo, hi = float(frames.min()), float(frames.max())
+    if lo < -1e-3 or hi > 1 + 1e-3:
+        raise JobError(f"{what}: expected float frames in [0, 1], found values in [{lo:.3g}, {hi:.3g}]")
+    return np.ascontiguousarray(np.round(np.clip(frames, 0, 1) * 255).astype(np.uint8))

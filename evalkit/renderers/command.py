@@ -1,0 +1,101 @@
+"""``command`` renderer: run an external program per job, for stacks that cannot be imported.
+
+Contract. For every job evalkit makes an empty work folder and runs::
+
+    CMD... JOB_JSON          (option cmd, split like a shell would; no shell is involved)
+
+with the environment variables ``EVALKIT_JOB`` (the same JSON file), ``EVALKIT_INPUT`` (the
+source clip, lossless ``.mkv``), ``EVALKIT_INPUT_FRAMES`` (a folder of the source frames as
+``00000.png``...) and ``EVALKIT_OUTPUT_DIR`` (an empty folder). The JSON holds ``id``,
+``clip``, ``prompt``, ``seed`` (the effective seed), ``params``, ``backend`` (the spec and its
+keys), ``fps``, ``frames``, ``width``, ``height``, ``input``, ``input_frames`` and
+``output_dir``. The program writes its result into the output folder as ONE video file
+(``.mkv``, ``.mp4``, ``.webm``, ``.avi``, ``.mov``) or as image files (``.png``...,
+in natural sort order), and exits with 0. A non-zero exit, a timeout (option ``timeout``,
+seconds) or a result with another frame count fails that job with the last lines of the
+program's stderr; the other jobs go on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .. import video
+from .base import JobError, RenderRequest, Renderer, RendererError
+
+
+class CommandRenderer(Renderer):
+    name = "command"
+    version = "1"
+    options_help = {"cmd": "the program and its arguments (the job JSON path is appended)",
+                    "timeout": "seconds before a job is stopped (default: none)"}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if not self.options.get("cmd"):
+            raise RendererError("renderer 'command': option 'cmd' is required "
+                                "(--renderer-opt cmd='python my_render.py')")
+        self.argv = shlex.split(str(self.options["cmd"]))
+        try:
+            self.timeout = float(self.options["timeout"]) if self.options.get("timeout") else None
+        except ValueError:
+            raise RendererError(f"renderer 'command': option timeout: expected seconds, "
+                                f"found {self.options['timeout']!r}") from None
+
+    def render(self, request: RenderRequest) -> np.ndarray:
+        from PIL import Image
+
+        with tempfile.TemporaryDirectory(prefix="evalkit-cmd-") as tmp:
+            tmp = Path(tmp)
+            src = tmp / "input.mkv"
+            video.write_lossless(src, request.source, request.fps)
+            frames_dir = tmp / "input_frames"
+            frames_dir.mkdir()
+            for i, f in enumerate(request.source):
+                Image.fromarray(f).save(frames_dir / f"{i:05d}.png", compress_level=1)
+            out_dir = tmp / "output"
+            out_dir.mkdir()
+            n, h, w = request.source.shape[:3]
+            job = {**request.job.to_dict(), "seed": request.seed,
+                   "backend": self.runtime.spec.to_dict() if self.runtime else None,
+                   "fps": str(request.fps), "frames": n, "width": w, "height": h,
+                   "input": str(src), "input_frames": str(frames_dir), "output_dir": str(out_dir)}
+            job_json = tmp / "job.json"
+            job_json.write_text(json.dumps(job, indent=2))
+            env = {**os.environ, "EVALKIT_JOB": str(job_json), "EVALKIT_INPUT": str(src),
+                   "EVALKIT_INPUT_FRAMES": str(frames_dir), "EVALKIT_OUTPUT_DIR": str(out_dir)}
+            try:
+                proc = subprocess.run([*self.argv, str(job_json)], env=env, cwd=tmp,
+                                      capture_output=True, text=True, timeout=self.timeout)
+            except FileNotFoundError:
+                raise RendererError(f"renderer 'command': program not found: {self.argv[0]!r}") from None
+            except subprocess.TimeoutExpired:
+                raise JobError(f"command timed out after {self.timeout:g} s") from None
+            if proc.returncode != 0:
+                tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no stderr"
+                raise JobError(f"command exited with {proc.returncode}: {tail}")
+            return read_output_folder(out_dir, what="command output")
+
+
+def read_output_folder(folder: Path, *, what: str) -> np.ndarray:
+    """One video file, or image files, in ``folder`` -> (N, H, W, 3) uint8."""
+    from ..errors import VideoError
+
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    videos = [p for p in entries if p.suffix.lower() in video.VIDEO_EXTS]
+    images = [p for p in entries if p.suffix.lower() in video.IMAGE_EXTS]
+    try:
+        if len(videos) == 1 and not images:
+            return video.ClipReader(videos[0]).read()
+        if images and not videos:
+            return video.ClipReader(folder).read()
+    except VideoError as e:
+        raise JobError(f"{what}: {e}") from None
+    raise JobError(f"{what}: expected one video file or image frames in the output folder, "
+                   f"found {sorted(p.name for p in entries) or 'nothing'}")

@@ -1,0 +1,153 @@
+"""``diffusers`` renderer: any diffusers video-to-video pipeline, local folder or hub id.
+
+Options: ``model`` (required: a folder made by ``save_pretrained`` or a hub id; hub ids need
+the model in the local Hugging Face cache on machines without network), ``pipeline_class``
+(``module:Class``; default: whatever ``model_index.json`` names, via ``DiffusionPipeline``),
+``variant`` (e.g. ``fp16`` weights files).
+
+Each job calls the pipeline the way diffusers' video-to-video pipelines (AnimateDiff, CogVideoX,
+Wan) take their inputs::
+
+    pipe(prompt=job.prompt, video=[PIL frames], strength=params["strength"],
+         num_inference_steps=params["steps"], guidance_scale=params["guidance"],
+         generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
+
+Other job params are passed by their own name when the pipeline's ``__call__`` accepts them.
+The CPU generator makes diffusers draw the starting noise on the CPU and move it to the device.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+import numpy as np
+
+from .base import JobError, RenderRequest, Renderer, RendererError, to_uint8_frames
+
+#: job param -> pipeline argument
+PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps",
+               "guidance": "guidance_scale"}
+_DENOISERS = ("unet", "transformer", "denoiser")
+
+
+class DiffusersRenderer(Renderer):
+    name = "diffusers"
+    options_help = {
+        "model": "folder made by save_pretrained, or a hub id in the local cache",
+        "pipeline_class": "module:Class used to load the pipeline (default: from model_index.json)",
+        "variant": "weights variant to load, e.g. fp16",
+    }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if not self.options.get("model"):
+            raise RendererError(f"renderer {self.name!r}: option 'model' is required "
+                                "(--renderer-opt model=PATH_OR_HUB_ID)")
+        self.pipe = None
+        self._accepts: set[str] = set()
+        self._var_kw = False
+
+    def describe(self) -> dict:
+        import diffusers
+
+        d = super().describe()
+        d["version"] = f"diffusers {diffusers.__version__}"
+        d["model"] = str(self.options["model"])
+        index = Path(str(self.options["model"])) / "model_index.json"
+        if index.is_file():
+            import hashlib
+
+            d["model_index_sha256"] = hashlib.sha256(index.read_bytes()).hexdigest()
+        return d
+
+    def _pipeline_class(self):
+        target = self.options.get("pipeline_class")
+        if not target:
+            from diffusers import DiffusionPipeline
+
+            return DiffusionPipeline
+        module, _, attr = str(target).partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise RendererError(f"renderer {self.name!r}: option pipeline_class={target!r}: {e}") from None
+
+    def load(self, runtime) -> None:
+        super().load(runtime)
+        model = str(self.options["model"])
+        local = Path(model)
+        if (model.startswith((".", "/", "~")) or local.exists()) and not (local / "model_index.json").is_file():
+            raise RendererError(f"{local}: not a diffusers pipeline folder (no model_index.json)")
+        from diffusers.utils import deprecation_utils, logging as dlogging
+
+        # diffusers >= 0.42 renamed torch_dtype to dtype
+        dtype_key = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+        kwargs = {dtype_key: runtime.dtype}
+        if self.options.get("variant"):
+            kwargs["variant"] = self.options["variant"]
+        verbosity = dlogging.get_verbosity()
+        dlogging.set_verbosity_error()       # our own progress bars; no loading chatter
+        dlogging.disable_progress_bar()
+        try:
+            pipe = self._pipeline_class().from_pretrained(model, **kwargs)
+        except (OSError, ValueError) as e:
+            raise RendererError(f"renderer {self.name!r}: cannot load {model!r}: "
+                                f"{str(e).strip().splitlines()[0]}") from None
+        finally:
+            dlogging.set_verbosity(verbosity)
+            dlogging.enable_progress_bar()
+        pipe.to(runtime.device)
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe.set_progress_bar_config(disable=True)
+        if runtime.compile:
+            import torch
+
+            for attr in _DENOISERS:
+                if getattr(pipe, attr, None) is not None:
+                    setattr(pipe, attr, torch.compile(getattr(pipe, attr)))
+        self.pipe = pipe
+        params = inspect.signature(pipe.__call__).parameters
+        self._accepts = set(params)
+        self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    def _kwargs(self, request: RenderRequest) -> dict:
+        from PIL import Image
+
+        kwargs = {"prompt": request.job.prompt,
+                  "video": [Image.fromarray(f) for f in request.source],
+                  "generator": request.generator(), "output_type": "np"}
+        for key, value in request.job.params.items():
+            arg = PARAM_NAMES.get(key, key)
+            if arg not in self._accepts and not self._var_kw:
+                raise JobError(f"params.{key}: the pipeline {type(self.pipe).__name__} takes no "
+                               f"argument {arg!r}")
+            kwargs[arg] = value
+        total = int(kwargs.get("num_inference_steps", 0) or 0)
+        if "callback_on_step_end" in self._accepts:
+            def on_step(pipe, step, timestep, callback_kwargs):
+                request.progress(step + 1, total)
+                return callback_kwargs
+
+            kwargs["callback_on_step_end"] = on_step
+        return kwargs
+
+    def render(self, request: RenderRequest) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = self.pipe(**self._kwargs(request))
+        frames = getattr(out, "frames", None)
+        if frames is None:
+            frames = out[0] if isinstance(out, (tuple, list)) else out
+        if isinstance(frames, (list, tuple)) and frames and isinstance(frames[0], (list, tuple)):
+            frames = frames[0]
+        elif isinstance(frames, np.ndarray) and frames.ndim == 5:
+            frames = frames[0]
+        elif hasattr(frames, "ndim") and frames.ndim == 5:
+            frames = frames[0]
+        return to_uint8_frames(frames, what=f"{type(self.pipe).__name__} output")
+
+    def unload(self) -> None:
+        self.pipe = None
+        super().unload()

@@ -1,0 +1,247 @@
+"""evalkit render: backends, renderer plugins, progress, resume after SIGKILL, failures."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from evalkit import video
+from evalkit.render import render_suite
+from evalkit.runs import RunDir, read_manifest, sha256_file
+from evalkit.suite import load_suite
+
+from conftest import DATASETS, ROOT, assert_one_line_error
+
+TESTS = ROOT / "tests"
+SMOKE = DATASETS / "smoke" / "suite.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_pipeline(tmp_path_factory):
+    import tiny_v2v
+
+    path = tmp_path_factory.mktemp("tiny") / "pipe"
+    tiny_v2v.build(path)
+    return path
+
+
+def frames_of(run_path, job_id):
+    return video.read_frames(run_path / "clips" / f"{job_id}.mkv")[0]
+
+
+def make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1)):
+    clip = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
+    p = tmp_path / "suite.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        schema_version: 1
+        name: t
+        clips: [{{id: pan, path: {clip}}}]
+        prompts: {json.dumps(list(prompts))}
+        seeds: {json.dumps(list(seeds))}
+    """))
+    return p
+
+
+# -- the diffusers renderer with a tiny pipeline built from configs ---------------------------
+
+def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtypes(
+        tiny_pipeline, tmp_path, cli):
+    opts = ["-O", f"model={tiny_pipeline}", "-O", "pipeline_class=tiny_v2v:TinyVideoToVideoPipeline"]
+    suite = load_suite(SMOKE)
+    for out in ("r1", "r2"):
+        code, stdout, err = cli("render", SMOKE, "--backend", "cpu,dtype=fp32", "--backend",
+                                "cpu,dtype=bf16", "--out", tmp_path / out, "--renderer",
+                                "diffusers", *opts, "--quiet")
+        assert code == 0, err
+        assert "2 rendered, 0 already done, 0 failed" in stdout
+    fp32_1, fp32_2 = tmp_path / "r1" / "cpu", tmp_path / "r2" / "cpu"
+    bf16 = tmp_path / "r1" / "cpu_dtype-bf16"
+    m = read_manifest(fp32_1)
+    assert m["renderer"]["name"] == "diffusers" and "CPU" in m["renderer"]["noise"]
+    assert m["backend"]["dtype"] == "fp32" and read_manifest(bf16)["fingerprint"]["dtype"] == "bf16"
+    for job in suite.jobs:
+        # same backend and seed twice: bit-identical clips
+        assert sha256_file(fp32_1 / "clips" / f"{job.id}.mkv") == \
+            sha256_file(fp32_2 / "clips" / f"{job.id}.mkv")
+        a, b = frames_of(fp32_1, job.id), frames_of(bf16, job.id)
+        assert a.shape == b.shape == (8, 64, 64, 3)
+        # fp32 against bf16: measurably different, but the same picture
+        diff = np.abs(a.astype(int) - b.astype(int))
+        assert diff.max() > 0 and diff.mean() < 40
+        rec = [j for j in read_manifest(bf16)["jobs"] if j["id"] == job.id][0]
+        assert rec["status"] == "done" and rec["timing"]["seconds"] > 0
+
+
+def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_path):
+    opts = {"model": str(tiny_pipeline), "pipeline_class": "tiny_v2v:TinyVideoToVideoPipeline"}
+    base = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
+                        jobs=["astronaut_pan"], progress=False)[0]
+    shifted = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
+                           jobs=["astronaut_pan"], seed_offset=1, progress=False)[0]
+    assert shifted.path.name == "cpu_seed+1"
+    jid = load_suite(SMOKE).jobs[0].id
+    assert not np.array_equal(frames_of(base.path, jid), frames_of(shifted.path, jid))
+    assert RunDir.open(shifted.path).job(jid)["effective_seed"] == 1
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
+    suite_path = make_suite(tmp_path, prompts=("a", "b", "c", "d"), seeds=(0, 1))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "evalkit", "render", str(suite_path), "--backend", "cpu",
+           "--out", str(out), "--renderer", "fake_renderers:Invert", "-O", "sleep=0.4", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    manifest = out / "cpu" / "manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if manifest.exists() and sum(j["status"] == "done" for j in
+                                     json.loads(manifest.read_text())["jobs"]) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = json.loads(manifest.read_text())
+    done_before = {j["id"] for j in before["jobs"] if j["status"] == "done"}
+    assert 2 <= len(done_before) < 8
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"{8 - len(done_before)} rendered, {len(done_before)} already done, 0 failed" in again.stdout
+    m = read_manifest(out / "cpu")
+    ids = [j["id"] for j in m["jobs"]]
+    assert len(ids) == len(set(ids)) == 8
+    assert all(j["status"] == "done" for j in m["jobs"])
+    clips = sorted(p.name for p in (out / "cpu" / "clips").iterdir())
+    assert clips == sorted(f"{i}.mkv" for i in ids)       # nothing missing, nothing extra
+    assert not list((out / "cpu").rglob(".tmp-*"))         # no half-written leftovers
+    src = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
+    for j in m["jobs"]:
+        clip = out / "cpu" / j["output"]["path"]
+        assert sha256_file(clip) == j["output"]["sha256"]
+        got = video.read_frames(clip)[0].astype(int)
+        assert np.abs(got - (255 - src.astype(int))).max() <= 2
+
+
+def test_rerun_skips_verified_jobs_and_redoes_tampered_ones(tmp_path):
+    suite_path = make_suite(tmp_path)
+    kw = dict(renderer="fake_renderers:Invert", progress=False)
+    first = render_suite(suite_path, ["cpu"], tmp_path / "o", **kw)[0]
+    assert (first.done, first.skipped) == (6, 0)
+    clip = sorted((first.path / "clips").iterdir())[0]
+    clip.write_bytes(clip.read_bytes()[:-20] + b"\0" * 20)
+    second = render_suite(suite_path, ["cpu"], tmp_path / "o", **kw)[0]
+    assert (second.done, second.skipped) == (1, 5)
+    assert RunDir.open(first.path).is_done(clip.stem)
+
+
+def test_jobs_selects_a_subset(tmp_path):
+    suite_path = make_suite(tmp_path)
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="fake_renderers:Invert",
+                     jobs=["pan-b-"], progress=False)[0]
+    assert s.done == 2
+    assert {j["status"] for j in RunDir.open(s.path).jobs if j["prompt"] != "b"} == {"pending"}
+
+
+# -- command and import renderers ------------------------------------------------------------
+
+RENDER_SCRIPT = """\
+import json, os, sys
+from pathlib import Path
+from PIL import Image
+import numpy as np
+job = json.load(open(sys.argv[1]))
+assert os.environ["EVALKIT_JOB"] == sys.argv[1]
+if job["prompt"] == "bad":
+    print("cannot render prompt bad", file=sys.stderr)
+    sys.exit(3)
+inp = sorted(Path(os.environ["EVALKIT_INPUT_FRAMES"]).iterdir())
+assert len(inp) == job["frames"] and Path(job["input"]).is_file()
+out = Path(os.environ["EVALKIT_OUTPUT_DIR"])
+for p in inp:
+    Image.fromarray(255 - np.asarray(Image.open(p))).save(out / p.name)
+"""
+
+
+def test_command_renderer_runs_a_program_per_job(tmp_path):
+    script = tmp_path / "render.py"
+    script.write_text(RENDER_SCRIPT)
+    suite_path = make_suite(tmp_path, prompts=("ok", "bad"), seeds=(0,))
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="command",
+                     options={"cmd": f"{sys.executable} {script}"}, progress=False)[0]
+    assert (s.done, s.failed) == (1, 1)
+    [(bad_id, err)] = s.failures.items()
+    assert "exited with 3" in err and "cannot render prompt bad" in err
+    ok = [j for j in RunDir.open(s.path).jobs if j["status"] == "done"][0]
+    src = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
+    assert np.array_equal(frames_of(s.path, ok["id"]), 255 - src)
+
+
+def test_import_renderer_adopts_renders_by_job_id(tmp_path):
+    suite_path = make_suite(tmp_path, prompts=("x", "y", "z"), seeds=(0,))
+    suite = load_suite(suite_path)
+    made = tmp_path / "made"
+    made.mkdir()
+    src = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
+    video.write_lossless(made / f"{suite.jobs[0].id}.mkv", src[:, ::-1], 24)
+    folder = made / suite.jobs[1].id
+    folder.mkdir()
+    from PIL import Image
+
+    for i, f in enumerate(src):
+        Image.fromarray(f[:, ::-1]).save(folder / f"{i}.png")
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="import",
+                     options={"dir": str(made)}, progress=False)[0]
+    assert (s.done, s.failed) == (2, 1)
+    assert np.array_equal(frames_of(s.path, suite.jobs[0].id), src[:, ::-1])
+    assert np.array_equal(frames_of(s.path, suite.jobs[1].id), src[:, :, ::-1])
+    assert f"no render for job {suite.jobs[2].id}" in s.failures[suite.jobs[2].id]
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, needle", [
+    ("shape", "returned shape (8, 64, 64, 2), expected (N, H, W, 3)"),
+    ("dtype", "returned dtype float32, expected uint8"),
+    ("count", "returned 7 frames, expected 8"),
+    ("raise", "RuntimeError: the pipeline exploded"),
+    ("oom", "out of device memory: CUDA out of memory"),
+])
+def test_a_bad_job_is_recorded_and_the_others_go_on(mode, needle, tmp_path):
+    suite_path = make_suite(tmp_path, prompts=("good", "bad", "fine"), seeds=(0,))
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="fake_renderers:Invert",
+                     options={"bad": mode}, progress=False)[0]
+    assert (s.done, s.failed) == (2, 1)
+    [(job_id, err)] = s.failures.items()
+    assert "-bad-" in job_id and needle in err
+    m = read_manifest(s.path)
+    assert [j["status"] for j in m["jobs"]] == ["done", "failed", "done"]
+    assert not (s.path / "clips" / f"{job_id}.mkv").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--renderer", "nope"], "renderer 'nope': unknown (built-in: diffusers, command, import, canary"),
+    (["--backend", "cpu,precision=fp8"], "unknown key 'precision' (valid keys: dtype="),
+    (["--backend", "cuda,dtype=bf16"], "CUDA/ROCm is not available here"),
+    (["--renderer", "command"], "option 'cmd' is required"),
+    (["-O", "colour=red"], "unknown option 'colour'"),
+    (["--jobs", "zzz"], "--jobs: 'zzz' matches no job"),
+    (["-O", "justtext"], "--renderer-opt: expected key=value"),
+])
+def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
+    base = {"--renderer": "fake_renderers:Invert", "--backend": "cpu"}
+    argv = ["render", str(SMOKE), "--out", str(tmp_path / "o"), "--quiet"]
+    given = set(args[::2])
+    for k, v in base.items():
+        if k not in given:
+            argv += [k, v]
+    code, out, err = cli(*argv, *args)
+    assert code == 2
+    assert_one_line_error(err, needle)
