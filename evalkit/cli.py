@@ -64,6 +64,10 @@ def cmd_suite_validate(args) -> int:
 
     suite = load_suite(args.path, check_clips=True)
     print(f"{args.path}: ok: suite '{suite.name}', {len(suite.clips)} clips, {len(suite.jobs)} jobs")
+    if args.jobs:
+        for job in suite.jobs:
+            print(f"{job.id}\t{job.clip}\t{job.prompt}\tseed={job.seed}\t"
+                  f"{json.dumps(job.params, sort_keys=True)}")
     return 0
 
 
@@ -174,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("validate", parents=[common], help="check a suite YAML and its clips")
     v.add_argument("path", type=Path, help="the suite YAML file")
+    v.add_argument("--jobs", action="store_true", help="also list the jobs with their ids")
     v.set_defaults(func=cmd_suite_validate)
     v = ss.add_parser("preview", parents=[common],
                       help="write browser copies (H.264 mp4) of a suite's source clips")

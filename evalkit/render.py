@@ -225,7 +225,7 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
     return [j for j in suite.jobs if j in chosen]
 
 
-def render_suite(suite_path, backends: list[str], out, *, renderer: str | None = None,
+def render_suite(suite_path, backends: list[str], out, *, renderer: str | Renderer | None = None,
                  options: dict | None = None, jobs: list[str] | None = None,
                  seed_offset: int = 0, executor=None, progress: bool = True,
                  log=print) -> list[RenderSummary]:
@@ -238,12 +238,15 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | None =
         check_available(spec)
     if len({s.spec for s in specs}) != len(specs):
         raise UserError("--backend: the same backend is given twice")
-    renderer_name = renderer or suite.renderer
-    if not renderer_name:
-        raise UserError(f"{suite.path}: no renderer (give --renderer or 'renderer:' in the suite)")
+    if isinstance(renderer, Renderer):
+        rend = renderer  # an instance (tests, benchmarks, a cluster driver)
+    else:
+        renderer_name = renderer or suite.renderer
+        if not renderer_name:
+            raise UserError(f"{suite.path}: no renderer (give --renderer or 'renderer:' in the suite)")
+        rend = get_renderer(renderer_name, options)
     if seed_offset < 0:
         raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
-    rend = get_renderer(renderer_name, options)
     selected = select_jobs(suite, jobs)
     out = Path(out)
     if out.exists() and not out.is_dir():
