@@ -245,3 +245,32 @@ def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
     code, out, err = cli(*argv, *args)
     assert code == 2
     assert_one_line_error(err, needle)
+
+
+def test_a_real_diffusers_pipeline_class_animatediff_video_to_video(tmp_path):
+    """diffusers' AnimateDiffVideoToVideoPipeline (tiny, from configs), resolved from its
+    model_index.json; extra job params (height, width) pass through by name."""
+    import tiny_animatediff
+
+    model = tmp_path / "animatediff"
+    tiny_animatediff.build(model)
+    clip = DATASETS / "smoke" / "clips" / "hubble_object.mkv"
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(textwrap.dedent(f"""\
+        schema_version: 1
+        name: ad
+        clips: [{{id: hubble, path: {clip}}}]
+        prompts: [watercolor]
+        seeds: [3]
+        params: {{strength: 0.6, steps: 4, guidance: 2.0, height: 64, width: 64}}
+    """))
+    runs = {}
+    for out, spec in (("a", "cpu"), ("b", "cpu"), ("a", "cpu,dtype=bf16")):
+        [s] = render_suite(suite_path, [spec], tmp_path / out, renderer="diffusers",
+                           options={"model": str(model)}, progress=False)
+        assert (s.done, s.failed) == (1, 0), s.failures
+        runs[(out, spec)] = frames_of(s.path, load_suite(suite_path).jobs[0].id)
+    a, again, bf16 = runs[("a", "cpu")], runs[("b", "cpu")], runs[("a", "cpu,dtype=bf16")]
+    assert a.shape == (8, 64, 64, 3)
+    assert np.array_equal(a, again)
+    assert not np.array_equal(a, bf16)
