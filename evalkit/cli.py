@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--align", choices=("error", "shortest"), default="error",
                    help="different frame counts: error (default) or compare the common prefix "
                         "(recorded in the output)")
-    s.add_argument("--chunk", type=int, default=8, help="frames per batch (default 8)")
+    s.add_argument("--chunk", type=int, default=None,
+                   help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
     s.set_defaults(func=cmd_metrics)
 
     return p

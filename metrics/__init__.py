@@ -1,7 +1,60 @@
 """Full-reference and temporal video metrics over batched frames (N, 3, H, W).
 
 This package knows nothing of runs, suites or studies; it never imports ``evalkit``.
+
+Frames are ``(N, 3, H, W)`` tensors (or numpy arrays), uint8 in [0, 255] or float in [0, 1],
+on any torch device; metrics compute in float32 there (TF32 off, deterministic) and return one
+value per frame. Conventions and units: see each module's docstring and
+:data:`metrics.stream.UNITS`.
+
+Functional API::
+
+    lpips(a, b, *, net="alex")                          metrics.perceptual
+    ssim(a, b, *, channel="luma", round_luma=True, win_size=11, sigma=1.5,
+         data_range=None, k1=0.01, k2=0.03, border="valid")   metrics.fidelity
+    psnr(a, b, *, data_range=None); mse(a, b); exactness(a, b)
+    optical_flow(src, dst, *, method="dis", preset="medium", scale=1.0)   metrics.flow
+    warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
+    flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
+
+Streaming API (metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
+evaluate_pair, json_safe.
 """
 from ._errors import MetricInputError, MetricsError, WeightsUnavailable
 
-__all__ = ["MetricsError", "MetricInputError", "WeightsUnavailable"]
+# The public surface is imported lazily so that ``import metrics`` (or metrics._weights, which
+# ``evalkit setup`` uses) does not pull torch in until a metric is used.
+_LAZY = {
+    "default_device": "._common",
+    "exactness": ".fidelity", "mse": ".fidelity", "psnr": ".fidelity", "ssim": ".fidelity",
+    "optical_flow": ".flow", "warp": ".flow",
+    "LPIPS": ".perceptual", "lpips": ".perceptual",
+    "UNITS": ".stream", "PairEvaluator": ".stream", "evaluate_pair": ".stream",
+    "json_safe": ".stream", "stream_pair": ".stream",
+    "flicker": ".temporal", "flicker_single": ".temporal", "tlp": ".temporal", "tof": ".temporal",
+    "warping_error": ".temporal",
+}
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'metrics' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "MetricsError", "MetricInputError", "WeightsUnavailable",
+    "default_device",
+    "lpips", "LPIPS", "ssim", "psnr", "mse", "exactness",
+    "optical_flow", "warp", "warping_error", "tlp", "tof", "flicker", "flicker_single",
+    "PairEvaluator", "stream_pair", "evaluate_pair", "json_safe", "UNITS",
+]

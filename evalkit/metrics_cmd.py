@@ -1,0 +1,181 @@
+"""Library side of ``evalkit metrics A B``: metrics of two clips (or two images), streamed.
+
+:func:`compare_clips` reads both inputs with :class:`evalkit.video.ClipReader` (video files,
+single images, folders of images), decodes ahead in background threads, feeds
+:func:`metrics.stream.stream_pair` and returns one JSON-ready object (see
+:func:`compare_clips`). Non-finite numbers become ``null`` there: PSNR of identical frames
+(``inf``) and warping errors without any consistent pixel (``nan``).
+"""
+from __future__ import annotations
+
+import csv
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from .errors import InputFileError, UserError
+from .fsutil import atomic_path
+from .video import ClipReader
+
+#: Per-frame columns, in output order (temporal ones are null where undefined).
+FRAME_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
+              "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a", "flicker_b")
+
+
+TEMPORAL_CONVENTION_KEYS = ("flow", "warp_error", "tlp", "tof", "flicker")
+
+
+def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
+    """Run a chunk iterator in a background thread (decoding overlaps the metric work)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for item in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(("ok", item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(("ok", done))
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(("err", e))
+
+    t = threading.Thread(target=work, name="evalkit-decode", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "err":
+                raise item
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int | None = None,
+                  align: str = "error", temporal: bool = True, flow: str = "dis",
+                  flow_preset: str = "medium", flow_scale: float = 1.0,
+                  ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True) -> dict:
+    """Metrics of clip (or image) ``path_a`` against ``path_b``.
+
+    Returns a JSON-ready dict::
+
+        {"a": str, "b": str, "frames": int, "width": int, "height": int, "device": str,
+         "lpips": float, "ssim": float, "psnr": float|null, "max_abs_diff": float,
+         "diff_fraction": float,
+         # clips of 2+ frames with temporal=True:
+         "tlp", "tof", "warp_error_a", "warp_error_b", "warp_error_diff", "flicker",
+         "flicker_a", "flicker_b": float|null,
+         "psnr_pooled": float|null, "identical": bool, "identical_frames": int,
+         "per_frame": {"frame": [0, 1, ...], "lpips": [...], ...},  # lists aligned with frame
+         "conventions": {...}, "units": {...}, "alignment": {...}, "nan_counts": {...}}
+
+    ``psnr`` is the mean PSNR over the frames that differ, null if every frame is identical;
+    per-frame ``psnr`` is null for an identical frame. ``csv_path`` also writes the per-frame
+    table (one row per frame, empty cells where a metric is undefined, ``inf`` for PSNR of
+    identical frames).
+    """
+    from metrics import MetricInputError
+    from metrics.stream import UNITS, PairEvaluator, json_safe, stream_pair
+
+    paths = {"a": Path(path_a), "b": Path(path_b)}
+    ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
+    ia, ib = ra.info, rb.info
+    if (ia.width, ia.height) != (ib.width, ib.height):
+        raise InputFileError(paths["b"], f"frames are {ib.width}x{ib.height}, expected "
+                             f"{ia.width}x{ia.height} like {paths['a']}")
+    if align == "error" and ia.frames and ib.frames and ia.frames != ib.frames:
+        raise InputFileError(paths["b"], f"{ib.frames} frames, expected {ia.frames} like "
+                             f"{paths['a']} (frame counts differ; --align shortest compares "
+                             "the common prefix and records it)")
+    try:
+        ev = PairEvaluator(device=device, net=net, temporal=temporal, flow=flow,
+                           flow_preset=flow_preset, flow_scale=flow_scale, ssim_channel=ssim_channel)
+    except MetricInputError as e:
+        raise UserError(str(e)) from None
+    if chunk is None:
+        from metrics.stream import auto_chunk
+
+        chunk = auto_chunk(ia.height, ia.width, ev.device)
+    records = []
+    try:
+        stream = stream_pair(_prefetch(ra.chunks(chunk)), _prefetch(rb.chunks(chunk)),
+                             evaluator=ev, chunk=chunk, align=align)
+        for rec in stream:
+            records.append(rec)
+        summary = ev.compute()
+    except MetricInputError as e:
+        msg = str(e)
+        for side in ("a", "b"):
+            if msg.startswith(f"{side}: "):
+                msg = msg[3:].replace(" like a", f" like {paths['a']}")
+                raise InputFileError(paths[side], msg.replace("align='shortest'", "--align shortest")) from None
+        raise
+    finally:
+        ev.close()
+
+    if csv_path is not None:
+        write_csv(csv_path, records)
+    keys = [k for k in FRAME_KEYS if any(k in r for r in records)]
+    out = {"a": str(paths["a"]), "b": str(paths["b"]), "frames": summary["frames"],
+           "width": summary["width"], "height": summary["height"], "device": summary["device"]}
+    for k in keys:
+        out[k] = summary["means"].get(k)
+    out.update({
+        "psnr_pooled": summary["psnr_pooled"],
+        "identical": summary["identical"],
+        "identical_frames": summary["identical_frames"],
+    })
+    if keep_frames:
+        out["per_frame"] = {"frame": [r["frame"] for r in records],
+                            **{k: [r.get(k) for r in records] for k in keys}}
+    temporal_present = any(k in TEMPORAL_CONVENTION_KEYS for k in keys)
+    out["conventions"] = {k: v for k, v in summary["conventions"].items()
+                          if temporal_present or k not in TEMPORAL_CONVENTION_KEYS}
+    out["units"] = {k: UNITS[k] for k in keys}
+    out["alignment"] = summary["alignment"]
+    out["nan_counts"] = summary["nan_counts"]
+    return json_safe(out)
+
+
+def write_csv(path, records: list[dict]) -> None:
+    keys = [k for k in FRAME_KEYS if any(k in r for r in records)]
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["frame", *keys])
+            for r in records:
+                w.writerow([r["frame"], *("" if r.get(k) is None else repr(float(r[k])) for k in keys)])
+
+
+def format_text(result: dict) -> str:
+    """Human-readable summary of :func:`compare_clips`' result."""
+    lines = [f"{result['a']}  vs  {result['b']}",
+             f"{result['frames']} frame(s), {result['width']}x{result['height']}, on {result['device']}"]
+    if result["identical"]:
+        lines.append("bit-identical: every frame is exactly the same")
+    for k in FRAME_KEYS:
+        if k in result:
+            v = result[k]
+            if v is None:
+                shown = "inf (identical)" if k == "psnr" else "n/a"
+            else:
+                shown = f"{v:.4f}" if k != "psnr" else f"{v:.2f} dB"
+            lines.append(f"  {k:<16} {shown}")
+    al = result.get("alignment", {})
+    if al.get("mode") == "shortest" and (al.get("dropped_a") or al.get("dropped_b")):
+        lines.append(f"alignment: compared the first {al['compared']} frames "
+                     f"(a has {al['frames_a']}, b has {al['frames_b']})")
+    conv = result["conventions"]
+    lines.append("conventions: " + "; ".join(f"{k}={v}" for k, v in conv.items()))
+    return "\n".join(lines)

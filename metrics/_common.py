@@ -1,0 +1,142 @@
+"""Shared plumbing: device choice, precise-arithmetic context, input checks and conversions.
+
+Every metric takes frames as ``(N, 3, H, W)`` tensors (or numpy arrays), either ``uint8`` in
+[0, 255] or floating point in [0, 1], and computes in float32 on the frames' device.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import MetricInputError
+
+#: 8-bit full scale; the unit that SSIM, flicker and the exactness figures are expressed in.
+PEAK8 = 255.0
+
+
+def default_device() -> torch.device:
+    """The device metrics run on unless the caller picks one: ``cuda`` if present, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: Any = None) -> torch.device:
+    if device is None or device == "auto":
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise MetricInputError(f"device: expected 'cpu', 'cuda', 'cuda:N' or 'auto', found {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MetricInputError(f"device: {device!r} requested but no CUDA device is available here")
+    return dev
+
+
+@contextlib.contextmanager
+def precise():
+    """float32 for real: TF32 off, deterministic cuDNN, no autotuning (restored on exit)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = saved
+
+
+def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:
+    """Check ``x`` is a batch ``(N, 3, H, W)`` of uint8 or [0, 1] float frames; return a tensor.
+
+    ``offset`` is added to frame indices in messages (streams pass the global frame number).
+    """
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    elif not isinstance(x, torch.Tensor):
+        raise MetricInputError(f"{name}: expected a tensor or array of frames (N, 3, H, W), "
+                               f"found {type(x).__name__}")
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise MetricInputError(f"{name}: expected frames of shape (N, 3, H, W), found {tuple(x.shape)}")
+    if x.shape[0] == 0 or x.shape[2] == 0 or x.shape[3] == 0:
+        raise MetricInputError(f"{name}: expected at least one non-empty frame, found shape {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        x = x.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:
+        return x
+    if not x.is_floating_point():
+        raise MetricInputError(f"{name}: expected uint8 in [0, 255] or float in [0, 1], found dtype "
+                               f"{str(x.dtype).replace('torch.', '')}")
+    flat = x.reshape(x.shape[0], -1)
+    finite = torch.isfinite(flat).all(1)
+    if not bool(finite.all()):
+        i = int((~finite).nonzero()[0, 0])
+        bad = flat[i][~torch.isfinite(flat[i])][0].item()
+        raise MetricInputError(f"{name}: frame {i + offset} holds {bad} values; expected finite values in [0, 1]")
+    lo, hi = flat.amin(1), flat.amax(1)
+    out = (lo < 0) | (hi > 1)
+    if bool(out.any()):
+        i = int(out.nonzero()[0, 0])
+        raise MetricInputError(f"{name}: frame {i + offset} has values in [{lo[i].item():.4g}, "
+                               f"{hi[i].item():.4g}]; expected float frames in [0, 1] (or uint8)")
+    return x
+
+
+def check_pair(a: Any, b: Any, *, names=("a", "b"), device=None, offset: int = 0):
+    """Validate two batches of frames and check they agree in size and count."""
+    a = as_frames(a, names[0], device=device, offset=offset)
+    b = as_frames(b, names[1], device=device if device is not None else a.device, offset=offset)
+    if a.shape[2:] != b.shape[2:]:
+        raise MetricInputError(f"{names[1]}: frames are {b.shape[3]}x{b.shape[2]}, expected "
+                               f"{a.shape[3]}x{a.shape[2]} like {names[0]}")
+    if a.shape[0] != b.shape[0]:
+        raise MetricInputError(f"{names[1]}: {b.shape[0]} frames, expected {a.shape[0]} like "
+                               f"{names[0]} (frame counts must match)")
+    if a.device != b.device:
+        b = b.to(a.device)
+    return a, b
+
+
+def to_unit(x: torch.Tensor) -> torch.Tensor:
+    """float32 in [0, 1]."""
+    if x.dtype == torch.uint8:
+        return x.float().div_(PEAK8)
+    return x.float()
+
+
+def to_8bit_scale(x: torch.Tensor) -> torch.Tensor:
+    """float32 in [0, 255] (no rounding)."""
+    if x.dtype == torch.uint8:
+        return x.float()
+    return x.float() * PEAK8
+
+
+# ITU-R BT.601 luma weights, as MATLAB rgb2gray / the original SSIM code and OpenCV use them.
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)
+
+
+def luma(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
+    """BT.601 luma ``0.299 R + 0.587 G + 0.114 B`` in 8-bit units, shape (N, 1, H, W), float32.
+
+    ``rounded``: round to integers exactly as ``numpy.round(0.299*R + 0.587*G + 0.114*B)`` on
+    the 8-bit values: evaluated in float64 in that order, ties to even. The result is an exact
+    integer, identical on every IEEE device. (Rounding halves up with integer arithmetic
+    instead moves the calibration pair I03 from 0.69935 to 0.69936: the half-unit cases
+    matter at the fourth decimal.)
+    """
+    if rounded:
+        x8 = x.double() if x.dtype == torch.uint8 else x.double() * PEAK8
+    else:
+        x8 = to_8bit_scale(x)
+    y = x8[:, 0:1] * LUMA_WEIGHTS[0] + x8[:, 1:2] * LUMA_WEIGHTS[1] + x8[:, 2:3] * LUMA_WEIGHTS[2]
+    return torch.round(y).float() if rounded else y
+
+
+def luma_u8(x: torch.Tensor) -> np.ndarray:
+    """Rounded luma as a (N, H, W) uint8 numpy array on the CPU (input of OpenCV optical flow)."""
+    return luma(x, rounded=True).clamp_(0, 255).to(torch.uint8)[:, 0].cpu().numpy()

@@ -1,0 +1,161 @@
+"""Optical flow (OpenCV DIS or Farneback), backward warping and the forward-backward check.
+
+Flow convention: ``flow[:, 0]`` is the horizontal and ``flow[:, 1]`` the vertical displacement,
+in pixels of the frames given, such that pixel ``(x, y)`` of ``src`` is found at
+``(x + u, y + v)`` in ``dst`` (OpenCV's ``calc(prev, next)`` convention). Flow is computed on
+the rounded BT.601 luma (8-bit), as OpenCV's ``cvtColor(RGB2GRAY)`` gives it.
+
+Methods:
+
+* ``"dis"`` -- Kroeger, Timofte, Dai, Van Gool, "Fast Optical Flow using Dense Inverse Search",
+  ECCV 2016 (``cv2.DISOpticalFlow``), preset ``"ultrafast"``, ``"fast"`` or ``"medium"``.
+* ``"farneback"`` -- Farneback, "Two-Frame Motion Estimation Based on Polynomial Expansion",
+  SCIA 2003 (``cv2.calcOpticalFlowFarneback``) with the parameters TecoGAN's tOF uses
+  (pyr_scale 0.5, levels 3, winsize 15, iterations 3, poly_n 5, poly_sigma 1.2, flags 0).
+
+``scale`` < 1 computes the flow on frames downscaled with area averaging and scales the
+vectors back up (bilinear), which trades accuracy for speed on large frames.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._common import luma_u8
+from ._errors import MetricInputError
+
+FLOW_METHODS = ("dis", "farneback")
+DIS_PRESETS = ("ultrafast", "fast", "medium")
+# TecoGAN metrics.py (Chu et al., "Learning temporal coherence via self-supervision for
+# GAN-based video generation", SIGGRAPH 2020): cv2.calcOpticalFlowFarneback(pre, cur, None,
+# 0.5, 3, 15, 3, 5, 1.2, 0).
+FARNEBACK_PARAMS = (0.5, 3, 15, 3, 5, 1.2, 0)
+# Forward-backward consistency (Sundaram, Brox, Keutzer, "Dense point trajectories by
+# GPU-accelerated large displacement optical flow", ECCV 2010), thresholds as in Ruder,
+# Dosovitskiy, Brox, "Artistic style transfer for videos", GCPR 2016, eq. (6):
+# |w + w~|^2 <= 0.01 (|w|^2 + |w~|^2) + 0.5.
+FB_ALPHA = 0.01
+FB_BETA = 0.5
+
+_local = threading.local()
+
+
+def check_flow_options(method: str, preset: str, scale: float) -> None:
+    if method not in FLOW_METHODS:
+        raise MetricInputError(f"flow method: expected one of {', '.join(FLOW_METHODS)}, found {method!r}")
+    if method == "dis" and preset not in DIS_PRESETS:
+        raise MetricInputError(f"flow preset: expected one of {', '.join(DIS_PRESETS)}, found {preset!r}")
+    if not (isinstance(scale, (int, float)) and 0 < scale <= 1):
+        raise MetricInputError(f"flow scale: expected a number in (0, 1], found {scale!r}")
+
+
+def flow_convention(method: str = "dis", preset: str = "medium", scale: float = 1.0) -> str:
+    name = f"dis-{preset}" if method == "dis" else "farneback-tecogan"
+    return f"{name},luma8" + (f",scale{scale:g}" if scale != 1 else "")
+
+
+def _dis(preset: str):
+    import cv2
+
+    cache = getattr(_local, "dis", None)
+    if cache is None:
+        cache = _local.dis = {}
+    inst = cache.get(preset)
+    if inst is None:
+        code = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST,
+                "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
+                "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}[preset]
+        inst = cache[preset] = cv2.DISOpticalFlow_create(code)
+    return inst
+
+
+def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str = "medium",
+            scale: float = 1.0) -> np.ndarray:
+    """Flow between two (H, W) uint8 grey images -> (H, W, 2) float32 (OpenCV convention)."""
+    import cv2
+
+    h, w = src.shape
+    if scale != 1:
+        sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
+        src = cv2.resize(src, (sw, sh), interpolation=cv2.INTER_AREA)
+        dst = cv2.resize(dst, (sw, sh), interpolation=cv2.INTER_AREA)
+    if method == "dis":
+        f = _dis(preset).calc(src, dst, None)
+    else:
+        f = cv2.calcOpticalFlowFarneback(src, dst, None, *FARNEBACK_PARAMS)
+    if scale != 1:
+        f = cv2.resize(f, (w, h), interpolation=cv2.INTER_LINEAR)
+        f[..., 0] *= w / sw
+        f[..., 1] *= h / sh
+    return f
+
+
+def flows_u8(pairs, method="dis", preset="medium", scale=1.0, executor: Executor | None = None):
+    """Flows of a list of (src, dst) grey pairs, in parallel threads when ``executor`` is given.
+
+    Returns a list (or, with an executor, a list of futures) of (H, W, 2) float32 arrays.
+    """
+    if executor is None:
+        return [flow_u8(s, d, method, preset, scale) for s, d in pairs]
+    return [executor.submit(flow_u8, s, d, method, preset, scale) for s, d in pairs]
+
+
+def to_tensor_flow(flows: list[np.ndarray], device) -> torch.Tensor:
+    """List of (H, W, 2) arrays -> (N, 2, H, W) float32 tensor on ``device``."""
+    return torch.from_numpy(np.stack(flows)).permute(0, 3, 1, 2).to(device).contiguous()
+
+
+def optical_flow(src, dst, *, method: str = "dis", preset: str = "medium", scale: float = 1.0) -> torch.Tensor:
+    """Dense flow from each frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
+
+    Inputs are batches ``(N, 3, H, W)`` (uint8 or float in [0, 1]); the flow is computed by
+    OpenCV on the CPU and returned on the inputs' device, float32, in pixels.
+    """
+    from ._common import check_pair
+
+    check_flow_options(method, preset, scale)
+    src, dst = check_pair(src, dst, names=("src", "dst"))
+    gs, gd = luma_u8(src), luma_u8(dst)
+    return to_tensor_flow(flows_u8(list(zip(gs, gd)), method, preset, scale), src.device)
+
+
+def _grid(flow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, _, h, w = flow.shape
+    ys = torch.arange(h, device=flow.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=flow.device, dtype=torch.float32).view(1, 1, w)
+    px = xs + flow[:, 0]
+    py = ys + flow[:, 1]
+    inside = (px >= 0) & (px <= w - 1) & (py >= 0) & (py <= h - 1)
+    gx = px * (2.0 / max(w - 1, 1)) - 1.0
+    gy = py * (2.0 / max(h - 1, 1)) - 1.0
+    return torch.stack([gx, gy], -1), inside, (px, py)
+
+
+def warp(img: torch.Tensor, flow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward warp: ``out(x) = img(x + flow(x))`` (bilinear).
+
+    ``img`` (N, C, H, W) float, ``flow`` (N, 2, H, W). Returns ``(warped, inside)`` where
+    ``inside`` (N, H, W) bool marks pixels whose source lies inside the frame.
+    """
+    grid, inside, _ = _grid(flow)
+    out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=True)
+    return out, inside
+
+
+def consistency_mask(bwd: torch.Tensor, fwd: torch.Tensor, *, alpha: float = FB_ALPHA,
+                     beta: float = FB_BETA) -> torch.Tensor:
+    """Forward-backward check for warping frame t-1 onto frame t -> (N, H, W) bool.
+
+    ``bwd``: flow t -> t-1 (used to warp), ``fwd``: flow t-1 -> t. A pixel x of frame t is
+    kept when its source lies inside frame t-1 and ``|b + f~|^2 <= alpha (|b|^2 + |f~|^2) + beta``
+    with ``b = bwd(x)`` and ``f~ = fwd(x + b)`` (occlusions and flow errors fail it).
+    """
+    f_at, inside = warp(fwd, bwd)
+    s = bwd + f_at
+    lhs = (s * s).sum(1)
+    rhs = alpha * ((bwd * bwd).sum(1) + (f_at * f_at).sum(1)) + beta
+    return inside & (lhs <= rhs)

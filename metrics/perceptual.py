@@ -1,0 +1,179 @@
+"""LPIPS, the learned perceptual image patch similarity, with features computed once per frame.
+
+Zhang, Isola, Efros, Shechtman, Wang, "The Unreasonable Effectiveness of Deep Features as a
+Perceptual Metric", CVPR 2018 (https://github.com/richzhang/PerceptualSimilarity, PyPI
+``lpips``), version v0.1 linear layers, AlexNet trunk by default, VGG16 as an option.
+
+Matches ``lpips.LPIPS(net=net, version="0.1")(2*a - 1, 2*b - 1)`` (inputs scaled from [0, 1]
+to [-1, 1], i.e. ``normalize=True``) to float32 rounding. The network is rebuilt here so that
+the trunk features of a frame can be computed once and reused: LPIPS(a_t, b_t) and the tLP
+terms LPIPS(a_t, a_t-1), LPIPS(b_t, b_t-1) need only one trunk pass per frame.
+
+Weights come from the evalkit cache (:mod:`metrics._weights`); nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from ._common import check_pair, precise, to_unit
+from ._errors import MetricInputError
+from ._weights import NETS, load_state_dict
+
+# ScalingLayer of lpips v0.1 (lpips/lpips.py): ImageNet mean/std expressed for [-1, 1] inputs.
+_SHIFT = (-0.030, -0.088, -0.188)
+_SCALE = (0.458, 0.448, 0.450)
+# normalize_tensor's epsilon in lpips/__init__.py.
+_EPS = 1e-10
+
+# Trunks as torchvision builds them, cut into lpips' five slices (pretrained_networks.py).
+_ALEX = [("conv", 3, 64, 11, 4, 2), ("relu",), ("pool",), ("conv", 64, 192, 5, 1, 2), ("relu",),
+         ("pool",), ("conv", 192, 384, 3, 1, 1), ("relu",), ("conv", 384, 256, 3, 1, 1), ("relu",),
+         ("conv", 256, 256, 3, 1, 1), ("relu",)]
+_ALEX_CUTS = (2, 5, 8, 10, 12)
+_ALEX_CHANNELS = (64, 192, 384, 256, 256)
+# Smallest frame side the trunks accept (every slice keeps at least one feature pixel).
+MIN_SIDE = {"alex": 31, "vgg": 16}
+
+
+def _vgg16_layers():
+    layers, c_in = [], 3
+    for v in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512):
+        if v == "M":
+            layers.append(("maxpool2",))
+        else:
+            layers += [("conv", c_in, v, 3, 1, 1), ("relu",)]
+            c_in = v
+    return layers
+
+
+_VGG_CUTS = (4, 9, 16, 23, 30)
+_VGG_CHANNELS = (64, 128, 256, 512, 512)
+
+
+def _make(spec):
+    kind = spec[0]
+    if kind == "conv":
+        _, ci, co, k, s, p = spec
+        return nn.Conv2d(ci, co, k, stride=s, padding=p)
+    if kind == "relu":
+        return nn.ReLU(inplace=True)
+    if kind == "pool":
+        return nn.MaxPool2d(kernel_size=3, stride=2)
+    return nn.MaxPool2d(kernel_size=2, stride=2)
+
+
+class LPIPS(nn.Module):
+    """LPIPS v0.1 with a split API: :meth:`features` once per frame, :meth:`distance` per pair.
+
+    ``LPIPS(net="alex", device=None)``; weights are loaded (and hash-checked) from the cache.
+    Inputs of :meth:`features` and :meth:`forward` are batches ``(N, 3, H, W)``, uint8 or
+    float in [0, 1]. :meth:`distance` takes two feature lists and returns ``(N,)``.
+    """
+
+    def __init__(self, net: str = "alex", device=None):
+        super().__init__()
+        if net not in NETS:
+            raise MetricInputError(f"net: expected one of {', '.join(NETS)}, found {net!r}")
+        self.net_name = net
+        specs, cuts, chns = ((_ALEX, _ALEX_CUTS, _ALEX_CHANNELS) if net == "alex"
+                             else (_vgg16_layers(), _VGG_CUTS, _VGG_CHANNELS))
+        slices, start = [], 0
+        for k, cut in enumerate(cuts):
+            sl = nn.Sequential()
+            for i in range(start, cut):
+                sl.add_module(str(i), _make(specs[i]))
+            slices.append(sl)
+            start = cut
+        self.slices = nn.ModuleList(slices)
+        self.lins = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in chns)
+        self.register_buffer("shift", torch.tensor(_SHIFT).view(1, 3, 1, 1))
+        self.register_buffer("scale", torch.tensor(_SCALE).view(1, 3, 1, 1))
+        self._load(load_state_dict(net))
+        self.requires_grad_(False)
+        self.eval()
+        if device is not None:
+            self.to(device)
+
+    def _load(self, sd: dict) -> None:
+        mine = {}
+        for key, value in sd.items():
+            if key.startswith("net.slice"):
+                rest = key[len("net.slice"):]           # "1.0.weight"
+                k, tail = rest.split(".", 1)
+                mine[f"slices.{int(k) - 1}.{tail}"] = value
+            elif key.startswith("lin") and ".model.1." in key:
+                k = key[3:key.index(".")]
+                mine[f"lins.{int(k)}.weight"] = value
+        missing, unexpected = self.load_state_dict(mine, strict=False)
+        missing = [m for m in missing if m not in ("shift", "scale")]
+        if missing or unexpected:
+            from ._errors import WeightsUnavailable
+            from ._weights import SETUP_COMMAND
+
+            raise WeightsUnavailable(f"LPIPS {self.net_name} weights: keys do not match "
+                                     f"(missing {missing[:3]}, unexpected {unexpected[:3]}); run {SETUP_COMMAND}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.shift.device
+
+    def features(self, x) -> list[torch.Tensor]:
+        """Unit-normalised trunk features of each frame (five tensors, one per slice)."""
+        if min(x.shape[2], x.shape[3]) < MIN_SIDE[self.net_name]:
+            raise MetricInputError(f"frames: {x.shape[3]}x{x.shape[2]} is too small for LPIPS-"
+                                   f"{self.net_name}; expected both sides >= {MIN_SIDE[self.net_name]}")
+        with precise():
+            x = to_unit(x.to(self.device))
+            h = ((x * 2 - 1) - self.shift) / self.scale
+            if self.device.type == "cpu":
+                h = h.contiguous(memory_format=torch.channels_last)
+            feats = []
+            for sl in self.slices:
+                h = sl(h)
+                norm = torch.sqrt(torch.sum(h * h, dim=1, keepdim=True))
+                feats.append(h / (norm + _EPS))
+            return feats
+
+    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
+        """LPIPS between two feature lists of equal batch size -> ``(N,)`` float32."""
+        with precise():
+            total = None
+            for lin, x, y in zip(self.lins, fa, fb):
+                d = (x - y) ** 2
+                v = lin(d).mean((1, 2, 3))
+                total = v if total is None else total + v
+            return total
+
+    def forward(self, a, b) -> torch.Tensor:
+        a, b = check_pair(a, b, device=self.device)
+        n = a.shape[0]
+        f = self.features(torch.cat([to_unit(a), to_unit(b)], 0))
+        return self.distance([t[:n] for t in f], [t[n:] for t in f])
+
+
+_MODELS: dict[tuple[str, str], LPIPS] = {}
+_LOCK = threading.Lock()
+
+
+def get_model(net: str = "alex", device=None) -> LPIPS:
+    """A cached :class:`LPIPS` for ``(net, device)`` (loaded once per process)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    key = (net, str(dev))
+    with _LOCK:
+        m = _MODELS.get(key)
+        if m is None:
+            m = _MODELS[key] = LPIPS(net, device=dev)
+    return m
+
+
+def lpips(a, b, *, net: str = "alex") -> torch.Tensor:
+    """Per-frame LPIPS v0.1 of two batches ``(N, 3, H, W)``, shape ``(N,)``, on the frames' device.
+
+    net: ``"alex"`` (default; the variant the LPIPS authors recommend as a forward metric and
+    the one in the calibration table) or ``"vgg"``.
+    """
+    a, b = check_pair(a, b)
+    return get_model(net, a.device)(a, b)

@@ -1,0 +1,146 @@
+"""Temporal-consistency metrics of clips ``(T, 3, H, W)`` (uint8, or float in [0, 1]).
+
+Each function returns one value per frame transition t = 1 .. T-1, shape ``(T-1,)``,
+on the frames' device; the value at index i belongs to frame t = i + 1. Units:
+
+* :func:`warping_error` -- Lai, Huang, Wang, Shechtman, Yumer, Yang, "Learning Blind Video
+  Temporal Consistency", ECCV 2018, eq. (9): frame t-1 is warped onto frame t with the flow of
+  the same clip (t -> t-1, see :mod:`metrics.flow`), pixels failing the forward-backward check
+  or whose source leaves the frame are masked out, and the error is the **mean squared
+  difference over the kept pixels and the three RGB channels, in [0, 1] units** (as Lai et
+  al.'s evaluation code, which reads frames as float in [0, 1]). Multiply by 255^2 = 65025
+  for 8-bit units; some papers report it x 1000 or x 100. ``nan`` if no pixel is kept. The
+  flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS by default).
+* :func:`tlp` -- Chu, Xie, Mayer, Leal-Taixe, Thuerey, "Learning Temporal Coherence via
+  Self-Supervision for GAN-based Video Generation" (TecoGAN), ACM TOG 2020:
+  ``|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|``, in LPIPS units (TecoGAN tables show x 100).
+* :func:`tof` -- same paper: mean over pixels of the end-point distance ``|f_a - f_b|_2``
+  between the flows t-1 -> t of the two clips, in pixels of the frames' resolution (TecoGAN
+  uses Farneback, ``method="farneback"``, and tables show x 10).
+* :func:`flicker` -- mean absolute difference of the frame-to-frame changes of the two clips
+  after a low-pass: ``mean |(La_t - La_t-1) - (Lb_t - Lb_t-1)|`` where ``L`` is the unrounded
+  BT.601 luma in 8-bit units averaged over non-overlapping ``block`` x ``block`` squares
+  (partial blocks at the right and bottom edges are dropped). 8-bit luma units; 0 for
+  identical clips; a brightness flicker of amplitude ``k`` added to one clip raises it by
+  about ``2k``. :func:`flicker_single` is the one-clip variant
+  ``mean |(L_t - L_t-1) - (L_t-1 - L_t-2)|`` (second temporal difference, T-2 values).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import as_frames, check_pair, luma, luma_u8, precise, to_unit
+from ._errors import MetricInputError
+from .flow import check_flow_options, consistency_mask, flows_u8, to_tensor_flow, warp
+
+FLICKER_BLOCK = 16
+
+
+def _need_two(x, name):
+    if x.shape[0] < 2:
+        raise MetricInputError(f"{name}: temporal metrics need at least 2 frames, found {x.shape[0]}")
+
+
+def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.Tensor,
+                             fwd: torch.Tensor) -> torch.Tensor:
+    """Warping error of ``prev`` onto ``cur`` (both (N, 3, H, W) float in [0, 1]) -> (N,).
+
+    ``bwd``: flow cur -> prev, ``fwd``: flow prev -> cur, both (N, 2, H, W).
+    """
+    with precise():
+        warped, _ = warp(prev, bwd)
+        mask = consistency_mask(bwd, fwd).unsqueeze(1).float()
+        d = (warped - cur) ** 2 * mask
+        kept = mask.sum((1, 2, 3)) * 3
+        err = d.sum((1, 2, 3)) / kept
+        return torch.where(kept > 0, err, torch.full_like(err, float("nan")))
+
+
+def _flows(clip, method, preset, scale):
+    g = luma_u8(clip)
+    pairs = [(g[i - 1], g[i]) for i in range(1, len(g))] + [(g[i], g[i - 1]) for i in range(1, len(g))]
+    fl = to_tensor_flow(flows_u8(pairs, method, preset, scale), clip.device)
+    n = len(g) - 1
+    return fl[:n], fl[n:]   # forward (t-1 -> t), backward (t -> t-1)
+
+
+def warping_error(clip, *, method: str = "dis", preset: str = "medium", scale: float = 1.0) -> torch.Tensor:
+    """Per-transition warping error of one clip, ``(T-1,)`` float32, [0, 1]-unit MSE (see module doc)."""
+    check_flow_options(method, preset, scale)
+    clip = as_frames(clip, "clip")
+    _need_two(clip, "clip")
+    fwd, bwd = _flows(clip, method, preset, scale)
+    u = to_unit(clip)
+    return warping_error_from_flows(u[:-1], u[1:], bwd, fwd)
+
+
+def tlp(a, b, *, net: str = "alex") -> torch.Tensor:
+    """``|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|`` per transition, ``(T-1,)`` float32."""
+    from .perceptual import get_model
+
+    a, b = check_pair(a, b)
+    _need_two(a, "a")
+    m = get_model(net, a.device)
+    fa, fb = m.features(a), m.features(b)
+    da = m.distance([f[1:] for f in fa], [f[:-1] for f in fa])
+    db = m.distance([f[1:] for f in fb], [f[:-1] for f in fb])
+    return (da - db).abs()
+
+
+def tof(a, b, *, method: str = "dis", preset: str = "medium", scale: float = 1.0) -> torch.Tensor:
+    """Mean end-point distance between the t-1 -> t flows of ``a`` and ``b``, pixels, ``(T-1,)``."""
+    check_flow_options(method, preset, scale)
+    a, b = check_pair(a, b)
+    _need_two(a, "a")
+    ga, gb = luma_u8(a), luma_u8(b)
+    n = a.shape[0]
+    pairs = [(ga[i - 1], ga[i]) for i in range(1, n)] + [(gb[i - 1], gb[i]) for i in range(1, n)]
+    fl = to_tensor_flow(flows_u8(pairs, method, preset, scale), a.device)
+    return tof_from_flows(fl[:n - 1], fl[n - 1:])
+
+
+def tof_from_flows(fa: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
+    with precise():
+        d = fa - fb
+        return torch.sqrt((d * d).sum(1)).mean((1, 2))
+
+
+def lowpass_luma(x: torch.Tensor, block: int = FLICKER_BLOCK) -> torch.Tensor:
+    """Unrounded BT.601 luma (8-bit units) averaged over ``block`` x ``block`` squares -> (N, 1, h, w)."""
+    if x.shape[2] < block or x.shape[3] < block:
+        raise MetricInputError(f"flicker block: {block} is larger than the frames "
+                               f"({x.shape[3]}x{x.shape[2]})")
+    with precise():
+        return F.avg_pool2d(luma(x, rounded=False), block, stride=block)
+
+
+def flicker_from_lowpass(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
+    """Pair flicker from low-passed clips (T, 1, h, w) -> (T-1,)."""
+    with precise():
+        return ((la[1:] - la[:-1]) - (lb[1:] - lb[:-1])).abs().mean((1, 2, 3))
+
+
+def flicker(a, b, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
+    """Pair flicker ``mean |dLa_t - dLb_t|`` per transition, 8-bit luma units, ``(T-1,)``."""
+    _check_block(block)
+    a, b = check_pair(a, b)
+    _need_two(a, "a")
+    return flicker_from_lowpass(lowpass_luma(a, block), lowpass_luma(b, block))
+
+
+def flicker_single(clip, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
+    """One-clip flicker ``mean |dL_t - dL_t-1|`` for t = 2 .. T-1, 8-bit luma units, ``(T-2,)``."""
+    _check_block(block)
+    clip = as_frames(clip, "clip")
+    if clip.shape[0] < 3:
+        raise MetricInputError(f"clip: one-clip flicker needs at least 3 frames, found {clip.shape[0]}")
+    lo = lowpass_luma(clip, block)
+    with precise():
+        d = lo[1:] - lo[:-1]
+        return (d[1:] - d[:-1]).abs().mean((1, 2, 3))
+
+
+def _check_block(block):
+    if not (isinstance(block, int) and block >= 1):
+        raise MetricInputError(f"block: expected a positive integer, found {block!r}")

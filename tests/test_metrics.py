@@ -1,0 +1,401 @@
+"""metrics/: calibration, agreement with the reference packages, temporal metrics, bad input.
+
+Real lpips package and weights from the evalkit cache, real scikit-image and OpenCV; small
+frames so the file runs in well under two minutes on two CPU cores. Speed is measured in
+benchmarks/bench_metrics.py, never here.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.ndimage import gaussian_filter
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+import metrics
+from metrics import MetricInputError
+from metrics.flow import consistency_mask, warp
+from metrics.stream import PairEvaluator, evaluate_pair, stream_pair
+from metrics.temporal import warping_error_from_flows
+
+from conftest import ROOT, assert_one_line_error
+
+# The lpips package builds torchvision trunks with the deprecated ``pretrained=`` argument.
+pytestmark = pytest.mark.filterwarnings("ignore:.*(pretrained|weight enum).*:UserWarning")
+
+CALIB = ROOT / "tests" / "data" / "calibration"
+PAIRS = ("I03", "I04", "I06", "I08", "I19")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def load_png(path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.uint8)
+
+
+def chw(frames_hwc: np.ndarray) -> torch.Tensor:
+    """(N, H, W, 3) or (H, W, 3) uint8 numpy -> (N, 3, H, W) tensor."""
+    if frames_hwc.ndim == 3:
+        frames_hwc = frames_hwc[None]
+    return torch.from_numpy(np.ascontiguousarray(frames_hwc)).permute(0, 3, 1, 2).contiguous()
+
+
+def ref_luma(x: np.ndarray) -> np.ndarray:
+    """The reference convention: round(0.299 R + 0.587 G + 0.114 B) on 8-bit values."""
+    x = x.astype(np.float64)
+    return np.round(0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2])
+
+
+def sk_ssim(x, y, **kw):
+    return structural_similarity(x, y, gaussian_weights=True, sigma=1.5,
+                                 use_sample_covariance=False, **kw)
+
+
+def texture(h, w, seed=0, sigma=2.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = gaussian_filter(rng.random((h, w, 3)), (sigma, sigma, 0))
+    t = (t - t.min()) / (t.max() - t.min())
+    return (t * 255).round().astype(np.uint8)
+
+
+def translated_clip(n=6, h=64, w=96, dx=2, dy=1, seed=0) -> np.ndarray:
+    """A texture moving by (dx, dy) pixels per frame: (n, h, w, 3) uint8."""
+    big = texture(h + 2 * n * abs(dy) + 2, w + 2 * n * abs(dx) + 2, seed)
+    oy, ox = n * abs(dy) + 1, n * abs(dx) + 1
+    # frame t shows the texture shifted by t*(dx, dy): content moves right/down
+    return np.stack([big[oy - t * dy:oy - t * dy + h, ox - t * dx:ox - t * dx + w] for t in range(n)])
+
+
+@pytest.fixture(scope="module")
+def natural():
+    """Two natural 128x96 crops (ref, dist) of a calibration pair, as (1, H, W, 3)."""
+    r = load_png(CALIB / "ref" / "I19.png")[100:196, 200:328]
+    d = load_png(CALIB / "dist" / "I19.png")[100:196, 200:328]
+    return r, d
+
+
+@pytest.fixture(scope="module")
+def lpips_ref():
+    """The lpips package's own model, loaded with the cached weights."""
+    import lpips
+
+    from metrics import _weights
+
+    models = {}
+
+    def get(net):
+        if net not in models:
+            m = lpips.LPIPS(net=net, pnet_rand=True, verbose=False)
+            m.load_state_dict(_weights.load_state_dict(net), strict=False)
+            models[net] = m.eval()
+        return models[net]
+
+    return get
+
+
+# -- calibration through the CLI -------------------------------------------------------------
+
+def official():
+    """{pair: {metric: (value, decimals printed)}}."""
+    with open(CALIB / "official.csv") as f:
+        rows = {r["metric"]: r for r in csv.DictReader(f)}
+    return {p: {m: (float(rows[m][p]), len(rows[m][p].partition(".")[2]))
+                for m in ("lpips_alex_v0.1", "ssim", "psnr")} for p in PAIRS}
+
+
+def assert_reproduces(got: float, want: tuple[float, int], decimals: int):
+    """Equal to ``decimals`` decimals, and to every decimal official.csv prints."""
+    value, printed = want
+    assert abs(got - value) < 0.5 * 10 ** -decimals, (got, value)
+    assert round(got, printed) == pytest.approx(value, abs=1e-12), (got, value)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_cli_reproduces_official_calibration(cli, pair):
+    code, out, err = cli("metrics", CALIB / "ref" / f"{pair}.png", CALIB / "dist" / f"{pair}.png",
+                         "--json", "--device", "cpu")
+    assert code == 0, err
+    got = json.loads(out)
+    want = official()[pair]
+    assert_reproduces(got["lpips"], want["lpips_alex_v0.1"], 4)
+    assert_reproduces(got["ssim"], want["ssim"], 4)
+    assert_reproduces(got["psnr"], want["psnr"], 2)
+    assert got["frames"] == 1 and got["per_frame"]["lpips"] == [got["lpips"]]
+    assert got["conventions"]["ssim"] == "luma-rounded,gaussian11,sigma1.5,valid"
+    assert got["conventions"]["psnr"] == "rgb8,peak255"
+    assert "tlp" not in got  # one frame: no temporal metrics
+
+
+# -- agreement with the reference packages ---------------------------------------------------
+
+def _random_pair(seed, n=3, h=40, w=56):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+    b = np.clip(a.astype(int) + rng.integers(-40, 41, a.shape), 0, 255).astype(np.uint8)
+    return a, b
+
+
+@pytest.mark.parametrize("kind", ["random", "natural"])
+def test_ssim_matches_skimage_luma(kind, natural):
+    a, b = _random_pair(1) if kind == "random" else (natural[0][None], natural[1][None])
+    got = metrics.ssim(chw(a), chw(b)).numpy()
+    want = [sk_ssim(ref_luma(x), ref_luma(y), data_range=255) for x, y in zip(a, b)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["random", "natural"])
+def test_ssim_rgb_and_data_range_options_match_skimage(kind, natural):
+    a, b = _random_pair(2) if kind == "random" else (natural[0][None], natural[1][None])
+    got = metrics.ssim(chw(a), chw(b), channel="rgb").numpy()
+    want = [sk_ssim(x.astype(np.float64), y.astype(np.float64), data_range=255, channel_axis=-1)
+            for x, y in zip(a, b)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # float input in [0, 1] with another data range (as tools that assume L = 2 would do)
+    af, bf = chw(a).float() / 255, chw(b).float() / 255
+    got2 = metrics.ssim(af, bf, channel="rgb", data_range=2.0).numpy()
+    want2 = [sk_ssim(x.numpy().transpose(1, 2, 0).astype(np.float64),
+                     y.numpy().transpose(1, 2, 0).astype(np.float64), data_range=2.0, channel_axis=-1)
+             for x, y in zip(af, bf)]
+    np.testing.assert_allclose(got2, want2, rtol=0, atol=1e-5)
+    assert np.abs(got2 - got).min() > 1e-4  # the option really changes the score
+
+
+@pytest.mark.parametrize("kind", ["random", "natural"])
+def test_psnr_matches_skimage_and_numpy(kind, natural):
+    a, b = _random_pair(3) if kind == "random" else (natural[0][None], natural[1][None])
+    got = metrics.psnr(chw(a), chw(b)).numpy()
+    want = [peak_signal_noise_ratio(x, y, data_range=255) for x, y in zip(a, b)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(1)
+    np.testing.assert_allclose(got, 10 * np.log10(255 ** 2 / mse), rtol=0, atol=1e-5)
+    # float frames in [0, 1] give the same numbers (peak 1)
+    gotf = metrics.psnr(chw(a).float() / 255, chw(b).float() / 255).numpy()
+    np.testing.assert_allclose(gotf, want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("net", ["alex", "vgg"])
+@pytest.mark.parametrize("kind", ["random", "natural"])
+def test_lpips_matches_lpips_package(net, kind, natural, lpips_ref):
+    a, b = _random_pair(4, n=2, h=64, w=64) if kind == "random" else (natural[0][None], natural[1][None])
+    got = metrics.lpips(chw(a), chw(b), net=net)
+    with torch.no_grad():
+        want = lpips_ref(net)(chw(a).float() / 127.5 - 1, chw(b).float() / 127.5 - 1).flatten()
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-5
+    assert want.min().item() > 1e-3  # a real difference, not 0 == 0
+
+
+def test_exactness_identical_and_one_pixel():
+    a = chw(texture(32, 48, seed=5))
+    b = a.clone()
+    ex = metrics.exactness(a, b)
+    assert ex["max_abs_diff"].item() == 0 and ex["diff_fraction"].item() == 0
+    assert math.isinf(metrics.psnr(a, b).item())
+    assert metrics.ssim(a, b).item() == pytest.approx(1.0, abs=1e-6)
+    assert metrics.lpips(a, b).item() == 0.0
+    b[0, 1, 7, 9] = (int(b[0, 1, 7, 9]) + 3) % 256
+    ex = metrics.exactness(a, b)
+    assert ex["max_abs_diff"].item() == 3
+    assert ex["diff_fraction"].item() == pytest.approx(1 / (32 * 48))
+
+
+# -- temporal ---------------------------------------------------------------------------------
+
+def test_warping_error_near_zero_for_translation_with_correct_flow():
+    clip = chw(translated_clip(n=4, dx=2, dy=1)).float() / 255
+    prev, cur = clip[:-1], clip[1:]
+    n, _, h, w = cur.shape
+    true_bwd = torch.zeros(n, 2, h, w)
+    true_bwd[:, 0], true_bwd[:, 1] = -2.0, -1.0   # pixel x of frame t came from x - (2, 1)
+    err = warping_error_from_flows(prev, cur, true_bwd, -true_bwd)
+    unwarped = ((cur - prev) ** 2).mean((1, 2, 3))
+    assert err.max().item() < 1e-10
+    assert unwarped.min().item() > 1e-3
+    mask = consistency_mask(true_bwd, -true_bwd)
+    assert mask[:, 1:, 2:].all() and not mask[:, 0, :].any()  # sources above the frame are masked
+    # with the flow estimated by DIS from the clip itself
+    est = metrics.warping_error(clip)
+    assert est.max().item() < 0.01 * unwarped.min().item()
+    # a wrong flow does not give near zero
+    bad = warping_error_from_flows(prev, cur, torch.zeros_like(true_bwd), torch.zeros_like(true_bwd))
+    assert bad.min().item() > 100 * est.max().item()
+
+
+def test_flicker_rises_monotonically_with_amplitude():
+    base = translated_clip(n=6, dx=1, dy=0, seed=3).astype(np.int16)
+    a = chw(base.astype(np.uint8))
+    sign = np.array([(-1) ** t for t in range(len(base))], dtype=np.int16)[:, None, None, None]
+    values, values_b, values_a = [], [], []
+    for amp in (0, 2, 5, 10, 20):
+        b = chw(np.clip(base + amp * sign, 0, 255).astype(np.uint8))
+        values.append(metrics.flicker(a, b).mean().item())
+        values_b.append(metrics.flicker_single(b).mean().item())
+        values_a.append(metrics.flicker_single(a).mean().item())
+    assert values[0] == 0.0
+    assert all(x < y for x, y in zip(values, values[1:])), values
+    assert all(x < y for x, y in zip(values_b, values_b[1:])), values_b
+    assert len(set(values_a)) == 1   # clip a is untouched
+
+
+def test_identical_clips_give_zero_temporal_differences():
+    clip = translated_clip(n=5)
+    res = evaluate_pair(iter(clip), iter(clip.copy()), device="cpu", chunk=2)
+    for rec in res["records"][1:]:
+        assert rec["tlp"] == 0.0 and rec["tof"] == 0.0 and rec["flicker"] == 0.0
+        assert rec["warp_error_diff"] == 0.0 and rec["warp_error_a"] == rec["warp_error_b"]
+    assert res["identical"] and res["identical_frames"] == 5
+    assert math.isinf(res["means"]["psnr"])
+    assert res["means"]["tlp"] == 0.0 and res["means"]["tof"] == 0.0
+
+
+def test_tlp_and_tof_respond_to_a_difference(lpips_ref):
+    a = translated_clip(n=4, seed=1)
+    b = a.copy()
+    b[2] = translated_clip(n=4, seed=9)[2]   # one frame of b is unrelated content
+    t = metrics.tlp(chw(a), chw(b))
+    o = metrics.tof(chw(a), chw(b))
+    assert t[0].item() < 1e-6 and t[1].item() > 0.05 and t[2].item() > 0.05
+    assert o[0].item() < 1e-6 and o[1].item() > 0.5
+    # tLP from reused features equals the lpips package computing each term separately
+    m = lpips_ref("alex")
+    x = lambda f: chw(f).float() / 127.5 - 1  # noqa: E731
+    with torch.no_grad():
+        want = abs(m(x(a[2]), x(a[1])).item() - m(x(b[2]), x(b[1])).item())
+    assert t[1].item() == pytest.approx(want, abs=1e-5)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+def test_stream_is_chunk_invariant_and_matches_functional():
+    a = translated_clip(n=7, seed=2)
+    rng = np.random.default_rng(7)
+    b = np.clip(a.astype(int) + rng.integers(-6, 7, a.shape), 0, 255).astype(np.uint8)
+    runs = [evaluate_pair(iter(a), iter(b), device="cpu", chunk=c)["records"] for c in (1, 3, 16)]
+    for recs in runs[1:]:
+        assert [r.keys() for r in recs] == [r.keys() for r in runs[0]]
+        for r0, r in zip(runs[0], recs):
+            for k in r0:
+                assert r[k] == pytest.approx(r0[k], abs=1e-6), (k, r0["frame"])
+    recs = runs[1]
+    assert "tlp" not in recs[0] and "tlp" in recs[1] and "flicker_a" not in recs[1] and "flicker_a" in recs[2]
+    ta, tb = chw(a), chw(b)
+    np.testing.assert_allclose([r["lpips"] for r in recs], metrics.lpips(ta, tb).numpy(), atol=1e-6)
+    np.testing.assert_allclose([r["ssim"] for r in recs], metrics.ssim(ta, tb).numpy(), atol=1e-6)
+    np.testing.assert_allclose([r["tlp"] for r in recs[1:]], metrics.tlp(ta, tb).numpy(), atol=1e-6)
+    np.testing.assert_allclose([r["tof"] for r in recs[1:]], metrics.tof(ta, tb).numpy(), atol=1e-5)
+    np.testing.assert_allclose([r["warp_error_a"] for r in recs[1:]], metrics.warping_error(ta).numpy(),
+                               rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose([r["flicker"] for r in recs[1:]], metrics.flicker(ta, tb).numpy(), atol=1e-5)
+    np.testing.assert_allclose([r["flicker_b"] for r in recs[2:]], metrics.flicker_single(tb).numpy(),
+                               atol=1e-5)
+
+
+def test_stream_accepts_chunks_and_tensors_and_is_deterministic():
+    a = translated_clip(n=5, seed=4)
+    b = a[:, ::-1].copy()  # vertically flipped: very different
+    r1 = evaluate_pair([a[:2], a[2:]], (torch.from_numpy(f).permute(2, 0, 1) for f in b), device="cpu")
+    r2 = evaluate_pair(iter(a), iter(b), device="cpu", chunk=4)
+    assert [x["lpips"] for x in r1["records"]] == [x["lpips"] for x in r2["records"]]
+    assert r1["means"] == r2["means"]
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+def test_different_sizes_is_a_clear_error():
+    a = torch.zeros(2, 3, 32, 48, dtype=torch.uint8)
+    b = torch.zeros(2, 3, 32, 40, dtype=torch.uint8)
+    with pytest.raises(MetricInputError, match=r"b: frames are 40x32, expected 48x32"):
+        metrics.ssim(a, b)
+    with pytest.raises(MetricInputError, match=r"40x32, expected 48x32"):
+        list(stream_pair(iter(a), iter(b), device="cpu"))
+
+
+def test_different_frame_counts_error_or_recorded_alignment():
+    a = translated_clip(n=5)
+    with pytest.raises(MetricInputError, match=r"b: 3 frames, expected 5 like a"):
+        list(stream_pair(iter(a), iter(a[:3]), device="cpu", chunk=2))
+    with pytest.raises(MetricInputError, match=r"b: 4 frames, expected 3"):
+        metrics.psnr(chw(a[:3]), chw(a[:4]))
+    res = evaluate_pair(iter(a), iter(a[:3]), device="cpu", chunk=2, align="shortest")
+    assert res["frames"] == 3 and len(res["records"]) == 3
+    assert res["alignment"] == {"mode": "shortest", "frames_a": 5, "frames_b": 3, "compared": 3,
+                                "dropped_a": 2, "dropped_b": 0}
+
+
+def test_nan_and_inf_name_the_frame():
+    a = torch.rand(6, 3, 32, 32)
+    b = a.clone()
+    b[4, 1, 3, 3] = float("nan")
+    with pytest.raises(MetricInputError, match=r"^b: frame 4 holds nan values"):
+        metrics.lpips(a, b)
+    b[4, 1, 3, 3] = 0.5
+    a[2, 0, 0, 0] = float("inf")
+    with pytest.raises(MetricInputError, match=r"^a: frame 2 holds inf values"):
+        metrics.ssim(a, b)
+    # streamed in chunks of 2: the global frame number is named
+    a[2, 0, 0, 0] = 0.5
+    b[5, 2, 1, 1] = -float("inf")
+    with pytest.raises(MetricInputError, match=r"^b: frame 5 holds -inf values"):
+        list(stream_pair(iter(a), iter(b), device="cpu", chunk=2))
+    b[5, 2, 1, 1] = 1.5
+    with pytest.raises(MetricInputError, match=r"^b: frame 5 has values in \[.*1\.5\]; expected float"):
+        metrics.psnr(a, b)
+
+
+def test_wrong_shape_and_dtype_messages():
+    with pytest.raises(MetricInputError, match=r"a: expected frames of shape \(N, 3, H, W\), found \(2, 24, 24, 3\)"):
+        metrics.psnr(torch.zeros(2, 24, 24, 3), torch.zeros(2, 24, 24, 3))
+    with pytest.raises(MetricInputError, match=r"expected uint8 in \[0, 255\] or float in \[0, 1\], found dtype int64"):
+        metrics.psnr(torch.zeros(1, 3, 8, 8, dtype=torch.int64), torch.zeros(1, 3, 8, 8, dtype=torch.int64))
+    with pytest.raises(MetricInputError, match=r"net: expected one of alex, vgg, found 'squeeze'"):
+        metrics.lpips(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32), net="squeeze")
+    with pytest.raises(MetricInputError, match=r"24x20 is too small for LPIPS-alex; expected both sides >= 31"):
+        metrics.lpips(torch.zeros(1, 3, 20, 24), torch.zeros(1, 3, 20, 24))
+
+
+# -- the command on clips ---------------------------------------------------------------------
+
+def test_cli_metrics_on_clips_json_csv_and_errors(cli, tmp_path):
+    from evalkit.video import write_lossless
+
+    a = translated_clip(n=4, h=48, w=64)
+    pa, pb, pc = tmp_path / "a.mkv", tmp_path / "b.mkv", tmp_path / "c.mkv"
+    write_lossless(pa, a, 24)
+    write_lossless(pb, a, 24)
+    code, out, err = cli("metrics", pa, pb, "--json", "--device", "cpu", "--csv", tmp_path / "f.csv")
+    assert code == 0, err
+    got = json.loads(out)  # valid JSON: no Infinity/NaN tokens
+    assert "Infinity" not in out and "NaN" not in out
+    assert got["identical"] is True and got["psnr"] is None and got["per_frame"]["psnr"] == [None] * 4
+    assert got["lpips"] == 0.0 and got["ssim"] == pytest.approx(1.0, abs=1e-6)
+    assert got["tlp"] == 0.0 and got["tof"] == 0.0 and got["warp_error_diff"] == 0.0
+    assert got["per_frame"]["frame"] == [0, 1, 2, 3]
+    assert got["per_frame"]["tlp"][0] is None and len(got["per_frame"]["tlp"]) == 4
+    assert {"flow", "warp_error", "tlp", "tof", "flicker"} <= set(got["conventions"])
+    rows = list(csv.DictReader(open(tmp_path / "f.csv")))
+    assert [r["frame"] for r in rows] == ["0", "1", "2", "3"] and rows[0]["psnr"] == "inf"
+    assert rows[0]["tlp"] == "" and float(rows[1]["tlp"]) == 0.0
+
+    # different frame counts: one-line error naming the file; --align shortest records it
+    write_lossless(pc, a[:3], 24)
+    code, out, err = cli("metrics", pa, pc, "--device", "cpu")
+    assert code == 2
+    assert_one_line_error(err, str(pc), "3 frames, expected 4")
+    code, out, err = cli("metrics", pa, pc, "--device", "cpu", "--json", "--align", "shortest")
+    assert code == 0, err
+    al = json.loads(out)["alignment"]
+    assert al["compared"] == 3 and al["frames_a"] == 4 and al["frames_b"] == 3
+
+    # different sizes
+    small = tmp_path / "small.png"
+    Image.fromarray(a[0, :40]).save(small)
+    Image.fromarray(a[0]).save(tmp_path / "full.png")
+    code, out, err = cli("metrics", tmp_path / "full.png", small, "--device", "cpu")
+    assert code == 2
+    assert_one_line_error(err, str(small), "64x40", "64x48")
