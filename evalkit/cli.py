@@ -122,6 +122,40 @@ def cmd_render(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import compare_runs
+
+    options = {}
+    if args.no_temporal:
+        options["temporal"] = False
+    if args.flow_preset:
+        options["flow_preset"] = args.flow_preset
+    result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
+                          device=None if args.device == "auto" else args.device,
+                          metric_options=options, progress=not args.quiet)
+    s = result.summary
+    agg = s["aggregates"]
+    print(f"compared {len(s['jobs']['compared'])} jobs "
+          f"({len(s['jobs']['not_compared'])} not compared) -> {result.out}")
+    for key in ("lpips", "ssim", "psnr"):
+        if key in agg:
+            a = agg[key]
+            print(f"  {key:6s} mean {_num(a['mean'])}  p95 {_num(a['p95'])}  worst {_num(a['worst'])}")
+    for name, ratios in s["floor_ratios"].items():
+        print(f"  LPIPS mean / {name} floor: {_num(ratios.get('lpips', {}).get('mean'))}x")
+    for jid, why in s["jobs"]["not_compared"].items():
+        print(f"  not compared {jid}: {why}")
+    if s["gate"] is not None:
+        print(f"gate: {s['gate']['verdict'].upper()}")
+        for reason in s["gate"]["reasons"]:
+            print(f"  {reason}")
+    return result.exit_code
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else ("inf" if v == float("inf") else f"{v:.4g}")
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add N to every seed (a seed-shifted run for the noise floor)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_render)
+
+    s = sub.add_parser("compare", parents=[common],
+                       help="compare two runs: metrics, noise floor, gate, CSV/JSON/HTML report")
+    s.add_argument("run_a", type=Path, help="run folder A (the reference backend)")
+    s.add_argument("run_b", type=Path, help="run folder B (the backend under test)")
+    s.add_argument("--out", "-o", type=Path, required=True, help="report folder")
+    s.add_argument("--gate", type=Path, default=None, help="gate YAML (exit 1 when it fails)")
+    s.add_argument("--floor", type=Path, action="append", default=[], metavar="RUN",
+                   help="noise-floor run compared against A: a re-render on A's backend, or a "
+                        "--seed-offset run (repeatable)")
+    s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
+    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
+                   help="DIS preset for the temporal metrics (default medium)")
+    s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("suite", parents=[common], help="work with suite files")
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)

@@ -1,0 +1,289 @@
+"""``evalkit compare``: pair two runs by job id, measure them, set them against noise floors,
+gate, and write the report (frames.csv, clips.csv, summary.json, index.html).
+
+Every clip is decoded once and streamed through one :class:`metrics.PairEvaluator` (the LPIPS
+model is loaded once for the whole comparison); the frames needed for the report's thumbnails
+(the worst frame of each job) are kept while streaming, never decoded again.
+"""
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .errors import InputFileError, UserError
+from .gate import HIGHER_IS_BETTER, RATIO_METRICS, load_gate
+from .runs import RunDir, sha256_file
+from .video import ClipReader
+
+SUMMARY_SCHEMA_VERSION = 1
+METRIC_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
+               "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a",
+               "flicker_b")
+#: fields of a job that must agree for two renders to be comparable
+_SAME = ("clip", "prompt", "params")
+
+
+@dataclass
+class Pair:
+    job_id: str
+    rec_a: dict
+    rec_b: dict
+    path_a: Path
+    path_b: Path
+
+
+@dataclass
+class JobMeasure:
+    pair: Pair
+    records: list[dict]
+    summary: dict
+    worst_frame: int
+    worst_a: np.ndarray | None = None
+    worst_b: np.ndarray | None = None
+
+
+@dataclass
+class CompareResult:
+    summary: dict
+    out: Path
+    exit_code: int
+    measures: list[JobMeasure] = field(default_factory=list)
+
+
+def _open_run(path, role: str) -> RunDir:
+    path = Path(path)
+    if not path.exists():
+        raise InputFileError(path, f"run folder not found ({role})")
+    if not path.is_dir():
+        raise InputFileError(path, f"not a folder ({role}: expected a run folder with manifest.json)")
+    return RunDir.open(path)
+
+
+def _seed_offset(run: RunDir) -> int:
+    return int((run.manifest.get("notes") or {}).get("seed_offset", 0))
+
+
+def check_same_suite(a: RunDir, b: RunDir) -> None:
+    sa, sb = a.manifest["suite"], b.manifest["suite"]
+    if sa.get("name") != sb.get("name") or sa.get("sha256") != sb.get("sha256"):
+        raise UserError(
+            f"{b.path}: not comparable with {a.path}: runs of different suites "
+            f"({sa.get('name')!r} sha256 {str(sa.get('sha256'))[:12]} vs "
+            f"{sb.get('name')!r} sha256 {str(sb.get('sha256'))[:12]})")
+
+
+def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dict[str, str]]:
+    """Pairs of done, verified, comparable jobs; and, for every other job, why not."""
+    pairs: list[Pair] = []
+    problems: dict[str, str] = {}
+    by_a = {j["id"]: j for j in a.jobs}
+    by_b = {j["id"]: j for j in b.jobs}
+    for jid in list(by_a) + [i for i in by_b if i not in by_a]:
+        ra, rb = by_a.get(jid), by_b.get(jid)
+        if ra is None or rb is None:
+            side = "A" if ra is None else "B"
+            problems[jid] = f"missing in run {side} ({(a if ra is None else b).path})"
+            continue
+        bad = [s for s, r, run in (("A", ra, a), ("B", rb, b)) if r["status"] != "done"]
+        if bad:
+            r = ra if bad[0] == "A" else rb
+            problems[jid] = f"not rendered in run {bad[0]} (status {r['status']}" + \
+                (f": {r['error']})" if r.get("error") else ")")
+            continue
+        diffs = [f"{k}: A {ra.get(k)!r}, B {rb.get(k)!r}" for k in _SAME if ra.get(k) != rb.get(k)]
+        seed_a = ra.get("effective_seed", ra.get("seed"))
+        seed_b = rb.get("effective_seed", rb.get("seed"))
+        if same_seed and seed_a != seed_b:
+            diffs.append(f"seed: A {seed_a}, B {seed_b}")
+        if diffs:
+            problems[jid] = "not comparable: " + "; ".join(diffs)
+            continue
+        paths = []
+        for side, run, rec in (("A", a, ra), ("B", b, rb)):
+            p = run.path / rec["output"]["path"]
+            if not p.is_file():
+                problems[jid] = f"{p}: clip file missing (run {side})"
+                break
+            found = sha256_file(p)
+            if found != rec["output"]["sha256"]:
+                problems[jid] = (f"{p}: clip fails its hash (sha256 {found[:12]}..., manifest says "
+                                 f"{rec['output']['sha256'][:12]}...); re-render it")
+                break
+            paths.append(p)
+        else:
+            pairs.append(Pair(jid, ra, rb, paths[0], paths[1]))
+    return pairs, problems
+
+
+def _frames_with_memory(reader: ClipReader, keep: collections.deque):
+    for i, frame in enumerate(reader):
+        keep.append((i, frame))
+        yield frame
+
+
+def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
+                 keep_worst: bool = True) -> JobMeasure:
+    """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS)."""
+    from metrics.stream import stream_pair
+
+    evaluator.reset()
+    span = (chunk or 16) * 2 + 2
+    mem_a, mem_b = collections.deque(maxlen=span), collections.deque(maxlen=span)
+    records = []
+    worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
+    gen = stream_pair(_frames_with_memory(ClipReader(pair.path_a), mem_a),
+                      _frames_with_memory(ClipReader(pair.path_b), mem_b),
+                      evaluator=evaluator, chunk=chunk)
+    for rec in gen:
+        records.append(rec)
+        if rec["lpips"] > worst_val:
+            worst, worst_val = rec["frame"], rec["lpips"]
+            if keep_worst:
+                worst_a = next((f for i, f in mem_a if i == worst), None)
+                worst_b = next((f for i, f in mem_b if i == worst), None)
+    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b)
+
+
+def _finite(values):
+    return [v for v in values if v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))]
+
+
+def aggregate(values: list, metric: str) -> dict:
+    """mean, p95 and worst of per-frame values (see evalkit.gate for the definitions)."""
+    vals = _finite(values)
+    if not vals:
+        inf = metric == "psnr" and any(v == math.inf for v in values)
+        v = math.inf if inf else None
+        return {"mean": v, "p95": v, "worst": v, "frames": 0}
+    arr = np.asarray(vals, dtype=np.float64)
+    higher = metric in HIGHER_IS_BETTER
+    return {"mean": float(arr.mean()),
+            "p95": float(np.percentile(arr, 5 if higher else 95)),
+            "worst": float(arr.min() if higher else arr.max()),
+            "frames": int(arr.size)}
+
+
+def aggregates_of(measures: list[JobMeasure]) -> dict:
+    return {k: aggregate([r.get(k) for m in measures for r in m.records], k) for k in METRIC_KEYS
+            if any(k in r for m in measures for r in m.records)}
+
+
+def floor_ratio(cross: dict, floor: dict) -> dict:
+    """Cross-backend aggregate / floor aggregate per metric (ssim: of 1 - ssim; psnr: of MSE)."""
+    out = {}
+    for metric in RATIO_METRICS:
+        if metric not in cross or metric not in floor:
+            continue
+        out[metric] = {}
+        for agg in ("mean", "p95", "worst"):
+            c, f = cross[metric].get(agg), floor[metric].get(agg)
+            if metric == "ssim" and c is not None and f is not None:
+                c, f = 1 - c, 1 - f
+            elif metric == "psnr":
+                c = 0.0 if c == math.inf else (10 ** (-c / 10) if c is not None else None)
+                f = 0.0 if f == math.inf else (10 ** (-f / 10) if f is not None else None)
+            if c is None or f is None:
+                out[metric][agg] = None
+            elif f == 0:
+                out[metric][agg] = 0.0 if c == 0 else math.inf
+            else:
+                out[metric][agg] = c / f
+    return out
+
+
+def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
+    same_backend = a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec")
+    if same_backend and _seed_offset(a) != _seed_offset(f):
+        name = "seed"
+    elif same_backend:
+        name = "rerender"
+    else:
+        name = "backend-" + str(f.manifest["backend"].get("spec"))
+    base, i = name, 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    return name
+
+
+def _fingerprint_diff(a: dict, b: dict) -> dict:
+    skip = {"host"}
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
+            if k not in skip and a.get(k) != b.get(k)}
+
+
+def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
+                 metric_options: dict | None = None, progress: bool = True) -> CompareResult:
+    from tqdm import tqdm
+
+    from metrics.stream import PairEvaluator, UNITS
+
+    a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
+    check_same_suite(a, b)
+    floor_runs = [_open_run(f, "--floor") for f in floors]
+    for f in floor_runs:
+        check_same_suite(a, f)
+    gate_obj = load_gate(gate) if gate else None
+    if gate_obj and gate_obj.ratios and not floor_runs:
+        raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
+                        "was given")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder (--out)")
+
+    pairs, problems = pair_jobs(a, b, same_seed=True)
+    evaluator = PairEvaluator(device=device, **(metric_options or {}))
+    try:
+        measures = [measure_pair(evaluator, p, chunk=chunk)
+                    for p in tqdm(pairs, desc="compare", unit="job", disable=not progress)]
+        floor_info = {}
+        taken: set = set()
+        for f in floor_runs:
+            name = _floor_name(a, f, taken)
+            taken.add(name)
+            fpairs, fproblems = pair_jobs(a, f, same_seed=False)
+            fm = [measure_pair(evaluator, p, chunk=chunk, keep_worst=False)
+                  for p in tqdm(fpairs, desc=f"floor {name}", unit="job", disable=not progress)]
+            floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
+                                "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
+                                "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
+        conventions = evaluator.conventions
+    finally:
+        evaluator.close()
+
+    aggregates = aggregates_of(measures)
+    ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
+    verdict = gate_obj.evaluate(aggregates, ratios, len(problems)) if gate_obj else None
+    fa, fb = a.manifest["fingerprint"], b.manifest["fingerprint"]
+    summary = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "evalkit_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "suite": {"name": a.manifest["suite"].get("name"), "sha256": a.manifest["suite"].get("sha256")},
+        "runs": {"a": {"path": str(a.path), "backend": a.manifest["backend"], "fingerprint": fa,
+                       "renderer": a.manifest["renderer"]},
+                 "b": {"path": str(b.path), "backend": b.manifest["backend"], "fingerprint": fb,
+                       "renderer": b.manifest["renderer"]}},
+        "fingerprint_differences": _fingerprint_diff(fa, fb),
+        "metrics_device": str(evaluator.device),
+        "conventions": conventions,
+        "units": {k: v for k, v in UNITS.items()},
+        "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},
+        "aggregates": aggregates,
+        "floors": floor_info,
+        "floor_ratios": ratios,
+        "gate": verdict,
+    }
+    if a.manifest["backend"].get("spec") == b.manifest["backend"].get("spec"):
+        summary["warnings"] = [f"both runs used backend {a.manifest['backend'].get('spec')!r}; "
+                               "differences come only from the fingerprint (driver, host, versions)"]
+    from .report import write_report
+
+    write_report(out, summary, measures)
+    code = 0 if verdict is None or verdict["verdict"] == "pass" else 1
+    return CompareResult(summary, out, code, measures)

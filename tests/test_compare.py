@@ -1,0 +1,202 @@
+"""evalkit compare: report files, agreement with `evalkit metrics`, floors, gates, bad input."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+
+from evalkit.compare import floor_ratio
+from evalkit.render import render_suite
+
+from conftest import DATASETS, assert_one_line_error
+
+SMOKE = DATASETS / "smoke" / "suite.yaml"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The smoke suite through a tiny diffusers pipeline: fp32, bf16, and a seed-shifted fp32."""
+    import tiny_v2v
+
+    root = tmp_path_factory.mktemp("runs")
+    tiny_v2v.build(root / "pipe")
+    opts = {"model": str(root / "pipe"), "pipeline_class": "tiny_v2v:TinyVideoToVideoPipeline"}
+    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer="diffusers", options=opts,
+                 progress=False)
+    render_suite(SMOKE, ["cpu"], root, renderer="diffusers", options=opts, seed_offset=1,
+                 progress=False)
+    return {"a": root / "cpu", "b": root / "cpu_dtype-bf16", "seed": root / "cpu_seed+1"}
+
+
+@pytest.fixture
+def copies(runs, tmp_path):
+    """Private copies of the runs, for tests that damage them."""
+    return {k: shutil.copytree(v, tmp_path / k) for k, v in runs.items()}
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_end_to_end_report_agrees_with_evalkit_metrics(runs, tmp_path, cli):
+    out = tmp_path / "report"
+    code, stdout, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", out,
+                            "--quiet", "--device", "cpu")
+    assert code == 0, err
+    for name in ("frames.csv", "clips.csv", "summary.json", "index.html"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_version"] == 1 and summary["suite"]["name"] == "smoke"
+    assert summary["fingerprint_differences"]["dtype"] == ["fp32", "bf16"]
+    clips = read_csv(out / "clips.csv")
+    frames = read_csv(out / "frames.csv")
+    assert len(clips) == 2 and all(c["status"] == "compared" for c in clips)
+    assert len(frames) == 16
+    import pandas as pd
+
+    assert pd.read_csv(out / "frames.csv")["lpips"].notna().all()
+    assert pd.read_csv(out / "clips.csv")["lpips_mean"].notna().all()
+    for row in clips:
+        clip_a = runs["a"] / "clips" / f"{row['job']}.mkv"
+        clip_b = runs["b"] / "clips" / f"{row['job']}.mkv"
+        code, js, err = cli("metrics", clip_a, clip_b, "--json", "--device", "cpu")
+        assert code == 0, err
+        m = json.loads(js)
+        for key in ("lpips", "ssim", "psnr", "tlp", "tof", "flicker", "warp_error_a"):
+            assert float(row[f"{key}_mean"]) == pytest.approx(m[key], rel=1e-6, abs=1e-9), key
+        assert float(row["lpips_worst"]) == pytest.approx(max(m["per_frame"]["lpips"]), rel=1e-6)
+    # the floor ratio is the cross-backend aggregate over the seed floor's
+    seed = summary["floors"]["seed"]
+    assert seed["seed_offset"] == 1 and seed["jobs_compared"] == 2
+    ratio = summary["floor_ratios"]["seed"]["lpips"]["mean"]
+    assert ratio == pytest.approx(summary["aggregates"]["lpips"]["mean"]
+                                  / seed["aggregates"]["lpips"]["mean"])
+    assert 0 < ratio < 1   # bf16 noise is far below what another seed changes
+    assert "LPIPS mean / seed floor" in stdout
+
+
+def test_floor_ratio_conventions():
+    cross = {"lpips": {"mean": 0.02, "p95": 0.04, "worst": 0.05},
+             "ssim": {"mean": 0.99, "p95": 0.98, "worst": 0.97},
+             "psnr": {"mean": 40.0, "p95": 38.0, "worst": float("inf")}}
+    floor = {"lpips": {"mean": 0.2, "p95": 0.0, "worst": 0.5},
+             "ssim": {"mean": 0.9, "p95": 0.8, "worst": 0.7},
+             "psnr": {"mean": 30.0, "p95": 28.0, "worst": 20.0}}
+    r = floor_ratio(cross, floor)
+    assert r["lpips"]["mean"] == pytest.approx(0.1)
+    assert r["lpips"]["p95"] == float("inf")           # a zero floor
+    assert r["ssim"]["mean"] == pytest.approx(0.01 / 0.1)
+    assert r["psnr"]["mean"] == pytest.approx(0.1)      # 10 dB better = 1/10 of the MSE
+    assert r["psnr"]["worst"] == 0.0
+
+
+@pytest.mark.parametrize("gate, code, reason", [
+    ("lpips: {mean: {max: 0.5}, worst: {max: 0.9}}\npsnr: {mean: {min: 20}}\n"
+     "floor_ratio: {lpips: {mean: {max: 0.5}}}\n", 0, None),
+    ("psnr: {mean: {min: 99}}\n", 1, "psnr mean = "),
+    ("floor_ratio: {lpips: {mean: {max: 0.0000001}}}\n", 1, "lpips mean / seed floor = "),
+])
+def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
+    (tmp_path / "gate.yaml").write_text(gate)
+    out = tmp_path / "r"
+    got, stdout, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", out,
+                           "--gate", tmp_path / "gate.yaml", "--quiet", "--no-temporal")
+    assert got == code, err
+    verdict = json.loads((out / "summary.json").read_text())["gate"]
+    assert verdict["verdict"] == ("pass" if code == 0 else "fail")
+    html = (out / "index.html").read_text()
+    assert ("PASS" if code == 0 else "FAIL") in html
+    if reason:
+        assert any(r.startswith(reason) for r in verdict["reasons"])
+        assert reason in stdout
+
+
+def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):
+    out = tmp_path / "r"
+    assert cli("compare", runs["a"], runs["b"], "--out", out, "--quiet")[0] == 0
+    page = browser.new_page()
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((out / "index.html").as_uri())
+    page.wait_for_load_state("load")
+    images = page.evaluate("Array.from(document.images).map(i => [i.getAttribute('src'), "
+                           "i.complete && i.naturalWidth > 0])")
+    assert len(images) == 2 * 4   # per job: timeline, A, B, heatmap
+    assert all(ok for _, ok in images), images
+    assert errors == []
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    page.close()
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def test_missing_and_malformed_run_folders(copies, tmp_path, cli):
+    code, _, err = cli("compare", tmp_path / "nope", copies["b"], "--out", tmp_path / "r")
+    assert code == 2
+    assert_one_line_error(err, str(tmp_path / "nope"), "run folder not found")
+    (copies["b"] / "manifest.json").write_text("{not json")
+    code, _, err = cli("compare", copies["a"], copies["b"], "--out", tmp_path / "r")
+    assert code == 2
+    assert_one_line_error(err, "manifest.json", "not valid JSON")
+
+
+def test_runs_of_different_suites(copies, tmp_path, cli):
+    m = json.loads((copies["b"] / "manifest.json").read_text())
+    m["suite"]["sha256"] = "0" * 64
+    (copies["b"] / "manifest.json").write_text(json.dumps(m))
+    code, _, err = cli("compare", copies["a"], copies["b"], "--out", tmp_path / "r")
+    assert code == 2
+    assert_one_line_error(err, "runs of different suites")
+
+
+def test_jobs_missing_on_one_side_are_reported_and_the_rest_compared(copies, tmp_path, cli):
+    m = json.loads((copies["b"] / "manifest.json").read_text())
+    gone = m["jobs"].pop(0)["id"]
+    (copies["b"] / "manifest.json").write_text(json.dumps(m))
+    out = tmp_path / "r"
+    code, stdout, err = cli("compare", copies["a"], copies["b"], "--out", out, "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["jobs"]["not_compared"][gone].startswith("missing in run B")
+    assert len(s["jobs"]["compared"]) == 1
+    rows = {r["job"]: r for r in read_csv(out / "clips.csv")}
+    assert rows[gone]["status"].startswith("missing in run B") and rows[gone]["lpips_mean"] == ""
+    assert f"not compared {gone}: missing in run B" in stdout
+    # with a gate, an incomplete comparison fails unless allowed
+    (tmp_path / "g.yaml").write_text("lpips: {mean: {max: 1}}\n")
+    assert cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml",
+               "--quiet")[0] == 1
+    (tmp_path / "g.yaml").write_text("lpips: {mean: {max: 1}}\nmax_missing_jobs: 1\n")
+    assert cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml",
+               "--quiet")[0] == 0
+
+
+def test_a_clip_that_fails_its_hash_is_reported(copies, tmp_path, cli):
+    clip = sorted((copies["b"] / "clips").iterdir())[1]
+    clip.write_bytes(clip.read_bytes()[:-8] + b"\x00" * 8)
+    out = tmp_path / "r"
+    code, stdout, err = cli("compare", copies["a"], copies["b"], "--out", out, "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert "fails its hash" in s["jobs"]["not_compared"][clip.stem]
+    assert str(clip) in s["jobs"]["not_compared"][clip.stem]
+    assert len(s["jobs"]["compared"]) == 1
+
+
+@pytest.mark.parametrize("gate, needle", [
+    ("lpipz: {mean: {max: 1}}\n", "field 'lpipz': unknown metric"),
+    ("lpips: {median: {max: 1}}\n", "field 'lpips.median': unknown aggregate"),
+    ("lpips: {mean: {max: high}}\n", "field 'lpips.mean.max': expected a number"),
+    ("floor_ratio: {lpips: {mean: {max: 0.5}}}\n", "no --floor run was given"),
+])
+def test_bad_gate_files(runs, tmp_path, cli, gate, needle):
+    (tmp_path / "gate.yaml").write_text(gate)
+    code, _, err = cli("compare", runs["a"], runs["b"], "--out", tmp_path / "r",
+                       "--gate", tmp_path / "gate.yaml")
+    assert code == 2
+    assert_one_line_error(err, "gate.yaml", needle)
