@@ -35,6 +35,8 @@ class Invert(Renderer):
             if mode == "count":
                 return request.source[:-1]
         noise = torch.randint(0, 3, request.source.shape, generator=request.generator())
+        if self.runtime is not None and self.runtime.spec.dtype != "fp32":
+            noise = noise + torch.randint(0, 4, request.source.shape, generator=request.generator())
         for i in range(3):
             request.progress(i + 1, 3)
         out = 255 - request.source.astype(np.int16) + noise.numpy().astype(np.int16)
