@@ -37,11 +37,9 @@ chromium:
 test: setup chromium
 	$(PY) -m pytest -q
 
+# The main job on the canary suite: validate, previews, render on two backends, compare.
 demo: setup
-	$(PY) -m evalkit suite validate datasets/canary/suite.yaml
-	$(PY) -m evalkit info
-	$(PY) -m evalkit suite preview datasets/canary/suite.yaml --out $(DEMO_OUT)/source-previews
-	@echo "demo: browser previews of the canary source clips are in $(DEMO_OUT)/source-previews"
+	$(PY) -m evalkit.demo --out $(DEMO_OUT)
 
 bench: setup
 	$(PY) benchmarks/bench_metrics.py

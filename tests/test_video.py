@@ -170,3 +170,24 @@ def test_bad_video_input_gives_one_line_error_and_exit_2(case, tmp_path, cli):
     code, out, err = cli("probe", path)
     assert code == 2
     assert_one_line_error(err, str(path), needle)
+
+
+def test_browser_copy_plays_in_chromium(tmp_path, browser):
+    frames, fps = video.read_frames(DATASETS / "canary" / "clips" / "coffee_zoom.mkv")
+    video.write_browser(tmp_path / "clip.mp4", frames, fps)
+    (tmp_path / "index.html").write_text(
+        "<!DOCTYPE html><video id=v src='clip.mp4' muted playsinline></video>")
+    page = browser.new_page()
+    page.goto((tmp_path / "index.html").as_uri())
+    page.wait_for_function("document.getElementById('v').readyState === 4", timeout=20000)
+    info = page.evaluate("""async () => {
+        const v = document.getElementById('v');
+        await v.play();
+        await new Promise(r => setTimeout(r, 400));
+        return {w: v.videoWidth, h: v.videoHeight, t: v.currentTime, d: v.duration, err: v.error};
+    }""")
+    page.close()
+    assert (info["w"], info["h"]) == (256, 256)
+    assert info["err"] is None
+    assert info["t"] > 0
+    assert abs(info["d"] - len(frames) / float(fps)) < 0.1
