@@ -1,0 +1,120 @@
+"""The shipped canary pipeline (models/canary) on the CPU: loading, determinism, styles.
+
+Real weights, the smoke clips (8 frames, 64x64), few steps; no mocks, no network.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from evalkit.canary import MODEL_DIR, STYLES, CanaryPipeline, PromptError, load_pipeline  # noqa: E402
+from evalkit.canary.styles import apply_style_frames  # noqa: E402
+from evalkit.video import ClipReader  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "datasets" / "smoke" / "clips"
+FAST = dict(strength=0.6, num_inference_steps=6, guidance_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return load_pipeline(MODEL_DIR, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def clip():
+    path = SMOKE / "astronaut_pan.mkv"
+    if not path.is_file():
+        pytest.skip(f"{path} not generated (python datasets/make_clips.py --suite smoke)")
+    return ClipReader(str(path)).read()
+
+
+def _render(pipe, frames, prompt, seed=0, **kw):
+    p = dict(FAST)
+    p.update(kw)
+    return pipe(prompt=prompt, video=frames, generator=torch.Generator("cpu").manual_seed(seed),
+                output_type="np", **p).frames[0]
+
+
+def test_shipped_folder_is_fp16_and_small():
+    index = json.loads((MODEL_DIR / "model_index.json").read_text())
+    assert index["_class_name"] == "CanaryPipeline"
+    for name in ("vae", "text_encoder", "unet"):
+        assert index[name] == ["evalkit.canary", index[name][1]]
+    from safetensors import safe_open
+
+    total = 0
+    for f in MODEL_DIR.rglob("*"):
+        if f.is_file():
+            total += f.stat().st_size
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), "pt") as st:
+                dtypes = {st.get_slice(k).get_dtype() for k in st.keys()}
+            assert dtypes == {"F16"}, (f, dtypes)
+    assert total <= 30 * 1024 * 1024
+
+
+def test_loads_offline_in_a_fresh_process_through_diffusers():
+    code = ("import evalkit.canary, torch; from diffusers import DiffusionPipeline;"
+            f"p = DiffusionPipeline.from_pretrained({str(MODEL_DIR)!r}, torch_dtype=torch.float32,"
+            " local_files_only=True);"
+            "print(type(p).__name__, type(p.unet).__name__, type(p.scheduler).__name__, p.unet.dtype)")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", DIFFUSERS_OFFLINE="1", PYTHONWARNINGS="ignore")
+    env.setdefault("PYTHONPATH", str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(REPO), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["CanaryPipeline", "CanaryUNet", "DDIMScheduler", "torch.float32"]
+
+
+def test_output_contract_and_determinism(pipe, clip):
+    a = _render(pipe, clip, "watercolor", seed=0)
+    b = _render(pipe, list(clip), "watercolor", seed=0)          # a list of frames works too
+    assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == clip.shape
+    assert 0.0 <= a.min() and a.max() <= 1.0
+    assert np.array_equal(a, b)
+    c = _render(pipe, clip, "watercolor", seed=1)
+    assert not np.array_equal(a, c)
+
+
+def test_smoke_suite_deterministic_every_clip(pipe):
+    clips = sorted(SMOKE.glob("*.mkv"))
+    if not clips:
+        pytest.skip("smoke clips not generated")
+    for path in clips:
+        frames = ClipReader(str(path)).read()
+        x = _render(pipe, frames, "night", seed=3)
+        y = _render(pipe, frames, "night", seed=3)
+        assert np.array_equal(x, y), path.name
+
+
+def test_unknown_word_lists_vocabulary(pipe, clip):
+    with pytest.raises(PromptError) as e:
+        _render(pipe, clip, "oil painting")
+    msg = str(e.value)
+    assert "'oil'" in msg and "watercolor" in msg and "thermal" in msg
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_style_moves_output_toward_classical_target(pipe, clip, style):
+    target = apply_style_frames(style, clip).astype(np.float32) / 255.0
+    source = clip.astype(np.float32) / 255.0
+    out = _render(pipe, clip, style)
+    before = np.abs(source - target).mean()
+    after = np.abs(out - target).mean()
+    assert after < before, (style, before, after)
+
+
+def test_pipeline_class_is_registered_with_diffusers():
+    import diffusers
+
+    assert getattr(diffusers, "CanaryPipeline") is CanaryPipeline
