@@ -10,6 +10,7 @@ results back to the same driver.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 import fcntl
 import os
 import re
@@ -268,23 +269,32 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     bars = Progress(total, enabled=progress)
     sources = SourceCache(suite)
     summaries = []
+    # Results are written (lossless clip, preview, manifest) by one writer thread, so that
+    # encoding a finished job overlaps with rendering the next; at most one write is pending.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     try:
         for task, run in runs:
             failures: dict[str, str] = {}
             done = 0
+            pending: Future | None = None
             with _locked(run):
-                if task.jobs:
-                    for result in executor.run(rend, task, sources, bars):
-                        if result.error is None:
-                            run.record_done(result.job.id, result.frames, result.fps,
-                                            timing=result.timing,
-                                            extra={"effective_seed": result.job.seed + seed_offset})
-                            done += 1
-                        else:
-                            run.record_failed(result.job.id, result.error, timing=result.timing)
-                            failures[result.job.id] = result.error
+                for result in (executor.run(rend, task, sources, bars) if task.jobs else ()):
+                    if pending is not None:
+                        pending.result()
+                    if result.error is None:
+                        pending = writer.submit(run.record_done, result.job.id, result.frames,
+                                                result.fps, timing=result.timing,
+                                                extra={"effective_seed": result.job.seed + seed_offset})
+                        done += 1
+                    else:
+                        pending = writer.submit(run.record_failed, result.job.id, result.error,
+                                                timing=result.timing)
+                        failures[result.job.id] = result.error
+                if pending is not None:
+                    pending.result()
             summaries.append(RenderSummary(task.spec.spec, run.path, done, len(failures),
                                            len(selected) - len(task.jobs), failures))
     finally:
+        writer.shutdown(wait=True)
         bars.close()
     return summaries

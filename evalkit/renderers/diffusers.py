@@ -140,11 +140,12 @@ class DiffusersRenderer(Renderer):
         frames = getattr(out, "frames", None)
         if frames is None:
             frames = out[0] if isinstance(out, (tuple, list)) else out
-        if isinstance(frames, (list, tuple)) and frames and isinstance(frames[0], (list, tuple)):
+        # diffusers returns a batch of videos: (B, N, H, W, 3) arrays or tensors, or a list of
+        # videos (each a list of PIL images or an (N, H, W, 3) array); we asked for one
+        if isinstance(frames, (list, tuple)) and frames and (
+                isinstance(frames[0], (list, tuple)) or getattr(frames[0], "ndim", 0) == 4):
             frames = frames[0]
-        elif isinstance(frames, np.ndarray) and frames.ndim == 5:
-            frames = frames[0]
-        elif hasattr(frames, "ndim") and frames.ndim == 5:
+        elif getattr(frames, "ndim", 0) == 5:
             frames = frames[0]
         return to_uint8_frames(frames, what=f"{type(self.pipe).__name__} output")
 
