@@ -101,7 +101,8 @@ class CanaryPipeline(DiffusionPipeline):
                  num_inference_steps: int = 12, guidance_scale: float = 4.0,
                  negative_prompt: str | None = None, generator: torch.Generator | None = None,
                  guidance_steps: int | None = 2,
-                 output_type: str = "np", return_dict: bool = True):
+                 output_type: str = "np", return_dict: bool = True,
+                 callback_on_step_end=None):
         if video is None:
             raise ValueError("video: the source frames are required (video-to-video pipeline)")
         if not 0.0 <= strength <= 1.0:
@@ -164,6 +165,8 @@ class CanaryPipeline(DiffusionPipeline):
                 cond, uncond = pred.chunk(2)
                 pred = uncond + guidance_scale * (cond - uncond)
             latents = self.scheduler.step(pred, t, latents, eta=0.0, return_dict=False)[0]
+            if callback_on_step_end is not None:  # diffusers' convention: (pipe, step, t, kwargs)
+                callback_on_step_end(self, i, t, {"latents": latents})
 
         if output_type == "latent":
             result = latents

@@ -126,7 +126,8 @@ class DiffusersRenderer(Renderer):
         total = int(kwargs.get("num_inference_steps", 0) or 0)
         if "callback_on_step_end" in self._accepts:
             def on_step(pipe, step, timestep, callback_kwargs):
-                request.progress(step + 1, total)
+                # strength < 1 runs fewer steps than asked; pipelines record how many
+                request.progress(step + 1, getattr(pipe, "_num_timesteps", None) or total)
                 return callback_kwargs
 
             kwargs["callback_on_step_end"] = on_step
