@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_OUT ?= demo-out
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: all setup venv weights chromium test demo bench clean
+.PHONY: all setup venv weights chromium postgresql test demo bench clean
 
 all: test
 
@@ -34,7 +34,16 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-test: setup chromium
+# Debian's PostgreSQL server binaries for the study storage test (it starts its own throwaway
+# cluster on 127.0.0.1 as the postgres user; the package's default cluster is not used).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing Debian's postgresql"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; \
+	  $$SUDO pg_ctlcluster --force $$(ls /usr/lib/postgresql | sort -V | tail -1) main stop >/dev/null 2>&1 || true; }
+
+test: setup chromium postgresql
 	$(PY) -m pytest -q
 
 # The main job on the canary suite: validate, previews, render on two backends, compare.

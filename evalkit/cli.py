@@ -156,6 +156,71 @@ def _num(v) -> str:
     return "n/a" if v is None else ("inf" if v == float("inf") else f"{v:.4g}")
 
 
+def cmd_study_create(args) -> int:
+    from .study import create_study
+
+    r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
+                     raters_planned=args.raters, margin=args.margin, seed=args.seed,
+                     media_dir=args.media, catch_threshold=args.catch_threshold)
+    print(f"study {r['study']}: {args.protocol}, {r['clips']} clips, "
+          f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    return 0
+
+
+def cmd_study_invite(args) -> int:
+    from .study import invite
+
+    for r in invite(args.db, args.study, args.count, args.label):
+        print(f"rater {r['rater']}: {args.base_url}{r['token']}")
+    print("the links are shown only now (the database keeps hashes)", file=sys.stderr)
+    return 0
+
+
+def cmd_study_results(args) -> int:
+    from .study import results, write_csvs
+
+    res = results(args.db, args.study, reps=args.reps)
+    if args.csv:
+        write_csvs(args.db, args.study, res, args.csv)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"study {res['study']} ({res['protocol']}): {res['trials']} test ratings from "
+          f"{res['raters_included']} raters ({len(res['excluded_raters'])} excluded)")
+    if res["protocol"] == "abx":
+        lo, hi = res["accuracy_ci95"]
+        print(f"  accuracy {_num(res['accuracy'])} (Wilson 95% {_num(lo)}-{_num(hi)}), "
+              f"one-sided binomial p = {_num(res['p_value'])}")
+    else:
+        lo, hi = res["win_rate_b_ci95"]
+        print(f"  B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
+              f"{res['ties']}; win rate of B {_num(res['win_rate_b'])} (Wilson 95% {_num(lo)}-"
+              f"{_num(hi)}), two-sided binomial p = {_num(res['p_value'])}")
+    print(f"  upper bound {_num(res['upper_bound'])}; rule: {res['verdict_rule']}")
+    print(f"  Krippendorff's alpha {_num(res['krippendorff_alpha'])}")
+    for e in res["excluded_raters"]:
+        print(f"  excluded rater {e['rater']}: {e['reason']}")
+    print(f"verdict: {res['verdict'].upper()}")
+    return 0
+
+
+def cmd_study_plan(args) -> int:
+    from .study import plan
+
+    try:
+        p = plan(args.protocol, args.margin, args.power, clips_per_rater=args.clips_per_rater,
+                 tie_rate=args.tie_rate)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(p, indent=2))
+    else:
+        print(f"{p['raters']} raters x {p['clips_per_rater']} clips = {p['trials']} trials "
+              f"(simulated power {p['simulated_power']:.3f} at margin {p['margin']:g}; "
+              f"normal approximation {p['analytic_trials']} trials)")
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,6 +288,48 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, plan")
+    ss = s.add_subparsers(dest="study_command", metavar="SUBCOMMAND", required=True)
+    v = ss.add_parser("create", parents=[common], help="create a study from a compare report")
+    v.add_argument("report", type=Path, help="compare report folder")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--protocol", required=True, choices=("preference", "abx"))
+    v.add_argument("--clips", default="all", help="all, worst:N or sample:N (default all)")
+    v.add_argument("--raters", type=int, default=0, help="planned number of raters")
+    v.add_argument("--margin", type=float, default=0.1,
+                   help="equivalence margin: ABX accuracy above 0.5, or |preference - 0.5|")
+    v.add_argument("--seed", type=int, default=0, help="seed of selection and assignment")
+    v.add_argument("--media", type=Path, default=None,
+                   help="folder for browser copies (default: media/ next to the SQLite file)")
+    v.add_argument("--catch-threshold", type=float, default=0.8,
+                   help="raters below this catch-trial accuracy are excluded (default 0.8)")
+    v.set_defaults(func=cmd_study_create)
+    v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id")
+    v.add_argument("--count", type=int, default=1, help="how many raters (default 1)")
+    v.add_argument("--label", default=None, help="a label stored with the raters")
+    v.add_argument("--base-url", default="http://localhost:7860/?token=",
+                   help="link prefix the token is appended to")
+    v.set_defaults(func=cmd_study_invite)
+    v = ss.add_parser("results", parents=[common], help="analyse a study: verdict and CSV")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id")
+    v.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="raw ratings to FILE, the summary to FILE's stem + .summary.csv")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    v.set_defaults(func=cmd_study_results)
+    v = ss.add_parser("plan", parents=[common], help="raters and trials needed for a study")
+    v.add_argument("--protocol", required=True, choices=("preference", "abx"))
+    v.add_argument("--margin", type=float, default=0.1)
+    v.add_argument("--power", type=float, default=0.8)
+    v.add_argument("--clips-per-rater", type=int, default=20)
+    v.add_argument("--tie-rate", type=float, default=0.0,
+                   help="expected share of 'no difference' answers (preference)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=cmd_study_plan)
 
     s = sub.add_parser("suite", parents=[common], help="work with suite files")
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)

@@ -1,0 +1,128 @@
+"""Study design, pure: which clips, and each rater's balanced, shuffled list of trials.
+
+Counterbalancing: every clip gets base bits drawn once per study (half of the clips 1, half 0,
+shuffled from the study seed). Rater ``k`` shows backend B on the left (preference), or in
+slot A (ABX), when ``base_swap XOR (k mod 2)``; in ABX X is backend B when
+``base_x XOR (k div 2 mod 2)``. So within a rater positions are balanced, and every 2
+(preference) or 4 (ABX) consecutive raters see each clip in every arrangement exactly once.
+Catch trials (known answer) are mixed in and the order is shuffled from the rater's seed,
+derived from the study seed and the rater's index (reproducible).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+PROTOCOLS = ("preference", "abx")
+ANSWERS = {"preference": ("left", "right", "same"), "abx": ("A", "B")}
+CATCH_KINDS = ("blur", "compression", "dropped_frames")
+
+
+def parse_clips_spec(spec: str) -> tuple[str, int | None]:
+    """``all``, ``worst:N`` or ``sample:N`` -> (mode, N); ValueError with the reason."""
+    m = re.fullmatch(r"(all)|(worst|sample):(\d+)", spec.strip())
+    if not m:
+        raise ValueError(f"--clips: expected all, worst:N or sample:N, found {spec!r}")
+    if m.group(1):
+        return "all", None
+    n = int(m.group(3))
+    if n < 1:
+        raise ValueError(f"--clips: N must be at least 1, found {spec!r}")
+    return m.group(2), n
+
+
+def select_clips(rows: list[dict], spec: str, seed: int) -> list[dict]:
+    """Pick clips from report rows (each with ``job`` and ``lpips_mean``).
+
+    ``worst:N``: the N where the metrics say the backends differ most (highest LPIPS mean);
+    ``sample:N``: N drawn at random from the seed; ``all``: every row, in report order."""
+    mode, n = parse_clips_spec(spec)
+    if mode == "all":
+        return list(rows)
+    n = min(n, len(rows))
+    if mode == "worst":
+        key = lambda r: (-(r["lpips_mean"] if r["lpips_mean"] is not None else -1), r["job"])  # noqa: E731
+        return sorted(rows, key=key)[:n]
+    rng = np.random.default_rng([seed, 1])
+    pick = sorted(rng.choice(len(rows), size=n, replace=False).tolist())
+    return [rows[i] for i in pick]
+
+
+def balanced_bits(n: int, rng: np.random.Generator) -> list[int]:
+    bits = np.array([i % 2 for i in range(n)])
+    rng.shuffle(bits)
+    return bits.tolist()
+
+
+def base_bits(n_clips: int, seed: int) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng([seed, 2])
+    return balanced_bits(n_clips, rng), balanced_bits(n_clips, rng)
+
+
+def rater_seed(study_seed: int, idx: int) -> int:
+    return int(np.random.SeedSequence([study_seed, 3, idx]).generate_state(1)[0]) & 0x7FFFFFFF
+
+
+def n_catch(n_clips: int) -> int:
+    """Catch trials per rater: 15% of the test trials, at least 2."""
+    return max(2, math.ceil(0.15 * n_clips))
+
+
+def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
+           seed: int) -> list[dict]:
+    """One rater's trials, in presentation order.
+
+    ``clips``: dicts with ``id``, ``media_a``, ``media_b``, ``base_swap``, ``base_x``.
+    ``catch_pool``: dicts with ``clip_id``, ``kind``, ``reference`` and ``degraded`` (media).
+    ``seed``: the rater's seed (:func:`rater_seed`). Returns dicts with ``kind`` (test/catch),
+    ``clip_id``, ``catch_kind``, ``shown`` (slot -> media), ``sources`` (slot -> a, b,
+    reference or degraded) and ``expected`` (catch trials and ABX: the right answer)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol: expected preference or abx, found {protocol!r}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in clips:
+        swap = c["base_swap"] ^ (idx % 2)
+        media = {"a": c["media_a"], "b": c["media_b"]}
+        first, second = ("b", "a") if swap else ("a", "b")
+        if protocol == "preference":
+            sources = {"left": first, "right": second}
+            expected = None
+        else:
+            x = "b" if c["base_x"] ^ ((idx // 2) % 2) else "a"
+            sources = {"X": x, "A": first, "B": second}
+            expected = "A" if first == x else "B"
+        out.append({"kind": "test", "clip_id": c["id"], "catch_kind": None,
+                    "shown": {k: media[v] for k, v in sources.items()}, "sources": sources,
+                    "expected": expected})
+    if catch_pool:
+        k = n_catch(len(clips))
+        picks = [catch_pool[i % len(catch_pool)] for i in rng.permutation(max(k, len(catch_pool)))[:k]]
+        sides = balanced_bits(k, rng)
+        for cp, side in zip(picks, sides):
+            media = {"reference": cp["reference"], "degraded": cp["degraded"]}
+            first, second = ("degraded", "reference") if side else ("reference", "degraded")
+            if protocol == "preference":
+                sources = {"left": first, "right": second}
+                expected = "left" if first == "reference" else "right"
+            else:
+                sources = {"X": "reference", "A": first, "B": second}
+                expected = "A" if first == "reference" else "B"
+            out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
+                        "shown": {s: media[v] for s, v in sources.items()}, "sources": sources,
+                        "expected": expected})
+    order = rng.permutation(len(out))
+    return [out[i] for i in order]
+
+
+def score(protocol: str, trial: dict, answer: str) -> tuple[int | None, float | None]:
+    """(correct, score_b) of an answer: ``correct`` 1/0 where the trial has an expected answer
+    (ABX, catch trials); ``score_b`` for preference test trials: 1 B preferred, 0 A, 0.5 same."""
+    correct = None if trial["expected"] is None else int(answer == trial["expected"])
+    if protocol == "preference" and trial["kind"] == "test":
+        if answer == "same":
+            return correct, 0.5
+        return correct, 1.0 if trial["sources"][answer] == "b" else 0.0
+    return correct, None

@@ -1,0 +1,223 @@
+"""Study storage on SQLAlchemy Core: SQLite (embedded default) or PostgreSQL, same schema.
+
+SQLite runs in WAL mode with a busy timeout and ``synchronous=FULL``; every transaction starts
+with ``BEGIN IMMEDIATE`` so concurrent writers queue on the busy timeout instead of failing on a
+lock upgrade. A rating is acknowledged only after its transaction commits.
+
+Schema (``meta.schema_version`` = :data:`SCHEMA_VERSION`; older versions upgrade in place when
+opened, newer ones are refused):
+
+- ``studies``: id, protocol, margin, seed, clips_spec, raters_planned, catch_threshold, alpha,
+  report, run_a, run_b, media_dir, created, config (JSON)
+- ``clips``: id, study_id, ord, job, clip, prompt, seed, lpips_mean, media_a, media_b (sha256),
+  base_swap, base_x (counterbalancing bits)
+- ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
+  seed, created
+- ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
+  slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected;
+  unique (rater_id, ord)
+- ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms, shown, sources
+  (the hidden mapping as shown), client, created; unique (rater_id, trial_id)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, MetaData, String, Table, Text,
+                        UniqueConstraint, create_engine, event, inspect, select, text)
+
+from ..errors import SchemaVersionError
+
+SCHEMA_VERSION = 2
+
+metadata = MetaData()
+
+meta = Table("meta", metadata, Column("key", String(64), primary_key=True),
+             Column("value", Text, nullable=False))
+
+studies = Table(
+    "studies", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("protocol", String(16), nullable=False),
+    Column("margin", Float, nullable=False),
+    Column("seed", BigInteger, nullable=False),
+    Column("clips_spec", String(64), nullable=False),
+    Column("raters_planned", Integer, nullable=False),
+    Column("catch_threshold", Float, nullable=False),
+    Column("alpha", Float, nullable=False),
+    Column("report", Text, nullable=False),
+    Column("run_a", Text, nullable=False),
+    Column("run_b", Text, nullable=False),
+    Column("media_dir", Text, nullable=False),
+    Column("created", String(40), nullable=False),
+    Column("config", JSON, nullable=False),
+)
+
+clips = Table(
+    "clips", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
+    Column("ord", Integer, nullable=False),
+    Column("job", Text, nullable=False),
+    Column("clip", Text, nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("seed", BigInteger, nullable=False),
+    Column("lpips_mean", Float),
+    Column("media_a", String(64), nullable=False),
+    Column("media_b", String(64), nullable=False),
+    Column("base_swap", Integer, nullable=False),
+    Column("base_x", Integer, nullable=False),
+)
+
+raters = Table(
+    "raters", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
+    Column("idx", Integer, nullable=False),
+    Column("token_sha256", String(64), nullable=False, unique=True),
+    Column("label", Text),
+    Column("seed", BigInteger, nullable=False),
+    Column("created", String(40), nullable=False),
+    UniqueConstraint("study_id", "idx", name="uq_rater_idx"),
+)
+
+trials = Table(
+    "trials", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
+    Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False, index=True),
+    Column("ord", Integer, nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("clip_id", Integer, ForeignKey("clips.id")),
+    Column("catch_kind", String(16)),
+    Column("shown", JSON, nullable=False),
+    Column("sources", JSON, nullable=False),
+    Column("expected", String(16)),
+    UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
+)
+
+ratings = Table(
+    "ratings", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
+    Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False),
+    Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
+    Column("answer", String(16), nullable=False),
+    Column("correct", Integer),
+    Column("response_ms", Integer, nullable=False),
+    Column("shown", JSON, nullable=False),
+    Column("sources", JSON, nullable=False),
+    Column("client", String(200)),       # added in schema version 2
+    Column("created", String(40), nullable=False),
+    UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
+)
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _upgrade_1_to_2(conn) -> None:
+    conn.execute(text("ALTER TABLE ratings ADD COLUMN client VARCHAR(200)"))
+
+
+#: version -> function upgrading a database from that version to the next
+UPGRADES = {1: _upgrade_1_to_2}
+
+
+class StudyDB:
+    """An open study database (an SQLAlchemy engine plus where media go by default)."""
+
+    def __init__(self, url: str, *, create: bool = True):
+        self.url = str(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        kw = {}
+        if self.is_sqlite:
+            path = self.url.split("///", 1)[1] if "///" in self.url else ""
+            self.path = Path(path) if path and path != ":memory:" else None
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            kw["connect_args"] = {"timeout": 60, "check_same_thread": False}
+        else:
+            self.path = None
+            kw["pool_size"] = 10
+            kw["max_overflow"] = 60
+        self.engine = create_engine(self.url, future=True, **kw)
+        if self.is_sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _on_connect(dbapi_conn, _record):
+                dbapi_conn.isolation_level = None    # we issue BEGIN ourselves
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA busy_timeout = 60000")
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = FULL")
+                cur.execute("PRAGMA foreign_keys = ON")
+                cur.close()
+
+            @event.listens_for(self.engine, "begin")
+            def _on_begin(conn):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        self._prepare(create)
+
+    @property
+    def default_media_dir(self) -> Path | None:
+        return self.path.parent / "media" if self.path is not None else None
+
+    def _prepare(self, create: bool) -> None:
+        with self.engine.begin() as conn:
+            have = set(inspect(conn).get_table_names())
+            if "meta" not in have:
+                metadata.create_all(conn)
+                conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+                return
+            version = int(conn.execute(select(meta.c.value).where(
+                meta.c.key == "schema_version")).scalar_one())
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(self.url, f"study database schema version {version} is "
+                                         f"newer than this evalkit's ({SCHEMA_VERSION})")
+            while version < SCHEMA_VERSION:
+                UPGRADES[version](conn)
+                version += 1
+                conn.execute(meta.update().where(meta.c.key == "schema_version")
+                             .values(value=str(version)))
+            metadata.create_all(conn)   # tables added by later versions
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(meta.c.value).where(
+                meta.c.key == "schema_version")).scalar_one())
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+_OPEN: dict[str, StudyDB] = {}
+
+
+def sqlite_url(path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def open_db(db) -> StudyDB:
+    """A :class:`StudyDB` from a URL (``sqlite:///path``, ``postgresql+psycopg://...``), a path
+    to an SQLite file, or an open StudyDB. Engines are cached per URL within a process."""
+    if isinstance(db, StudyDB):
+        return db
+    url = str(db)
+    if "://" not in url:
+        url = sqlite_url(url)
+    if url not in _OPEN:
+        _OPEN[url] = StudyDB(url)
+    return _OPEN[url]
+
+
+def close_all() -> None:
+    for d in _OPEN.values():
+        d.dispose()
+    _OPEN.clear()
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True)
