@@ -40,7 +40,7 @@ def main() -> int:
     import torch
 
     from evalkit.backend import apply_backend, parse_spec
-    from evalkit.render import LocalExecutor, Progress, SourceCache, check_output, render_suite, select_jobs
+    from evalkit.render import LocalExecutor, SourceCache, check_output, render_suite, select_jobs
     from evalkit.renderers import RenderRequest, get_renderer
     from evalkit.suite import load_suite
 

@@ -5,6 +5,7 @@ A crash or Ctrl-C at any point leaves either the old file or the new one, never 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -46,3 +47,12 @@ def atomic_write_text(path: os.PathLike | str, text: str) -> None:
 
 def atomic_write_json(path: os.PathLike | str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def sha256_file(path: os.PathLike | str) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

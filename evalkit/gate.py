@@ -88,7 +88,7 @@ def _bounds(path, field, value) -> dict:
     out = {}
     for bound, limit in value.items():
         if bound not in BOUNDS:
-            raise GateError(path, f"{field}.{bound}", f"unknown bound (expected max or min)")
+            raise GateError(path, f"{field}.{bound}", "unknown bound (expected max or min)")
         if isinstance(limit, bool) or not isinstance(limit, (int, float)):
             raise GateError(path, f"{field}.{bound}", f"expected a number, found {limit!r}")
         out[bound] = float(limit)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 import fcntl
-import os
 import re
 import resource
 import time

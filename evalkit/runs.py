@@ -15,14 +15,13 @@ marked done; resuming re-renders whatever is not verifiably done.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 from pathlib import Path
 from typing import Iterable
 
 from . import __version__
 from .errors import InputFileError, SchemaVersionError, UserError
-from .fsutil import atomic_write_json
+from .fsutil import atomic_write_json, sha256_file
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -31,14 +30,6 @@ STATUSES = ("pending", "done", "failed")
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(path: Path) -> dict:

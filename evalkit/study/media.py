@@ -6,22 +6,14 @@ name, the path nor the file's bytes say which backend, run or job a video comes 
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import sha256_file
 from ..video import BROWSER_ENCODING, BrowserEncoding, read_frames, write_browser
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
@@ -34,7 +26,7 @@ def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
     tmp = Path(tmp)
     try:
         write_browser(tmp, frames, fps, BROWSER_ENCODING)
-        digest = _sha256(tmp)
+        digest = sha256_file(tmp)
         os.replace(tmp, media_dir / f"{digest}.mp4")
     finally:
         tmp.unlink(missing_ok=True)
