@@ -221,6 +221,18 @@ def cmd_study_plan(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    try:
+        from app.server import serve
+    except ImportError:             # run from elsewhere than the repository root
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from app.server import serve
+
+    serve(args.db, host=args.host, port=args.port, admin_password=args.admin_password,
+          completion_code=args.completion_code)
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,6 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expected share of 'no difference' answers (preference)")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=cmd_study_plan)
+
+    s = sub.add_parser("serve", parents=[common],
+                       help="the blind A/B web app: rater page (invite links) and admin page")
+    s.add_argument("--db", required=True, help="database URL or SQLite file")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    s.add_argument("--admin-password", default=None,
+                   help="password of the admin page (user admin); default: a random one, printed")
+    s.add_argument("--completion-code", default=None,
+                   help="code shown to a rater who has answered every trial")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("suite", parents=[common], help="work with suite files")
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)

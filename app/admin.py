@@ -1,0 +1,151 @@
+"""The admin page (Gradio, mounted at /admin behind a password): studies with live counts,
+results and verdict with a per-clip plot, rater quality and exclusions, invites, CSV export.
+Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``summary_csv``,
+``invite``); this module only lays them out."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+import pandas as pd  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
+
+from evalkit import study  # noqa: E402
+from evalkit.errors import UserError  # noqa: E402
+from evalkit.study import store  # noqa: E402
+
+STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials",
+                 "created"]
+
+
+def studies_table(db) -> pd.DataFrame:
+    """One row per study with live counts (raters invited, ratings stored, trials assigned)."""
+    d = store.open_db(db)
+    s, c, r, ra, t = store.studies, store.clips, store.raters, store.ratings, store.trials
+
+    def count(tbl):
+        return (select(tbl.c.study_id, func.count().label("n")).group_by(tbl.c.study_id)
+                .subquery())
+    with d.engine.connect() as conn:
+        n = {name: dict(conn.execute(select(q.c.study_id, q.c.n)).all())
+             for name, q in (("clips", count(c)), ("raters", count(r)), ("ratings", count(ra)),
+                             ("trials", count(t)))}
+        rows = conn.execute(select(s.c.id, s.c.protocol, s.c.raters_planned, s.c.created)
+                            .order_by(s.c.id)).all()
+    return pd.DataFrame([{"study": i, "protocol": p, "clips": n["clips"].get(i, 0),
+                          "raters": n["raters"].get(i, 0), "raters_planned": rp,
+                          "ratings": n["ratings"].get(i, 0), "trials": n["trials"].get(i, 0),
+                          "created": str(cr)} for i, p, rp, cr in rows], columns=STUDY_COLUMNS)
+
+
+def verdict_markdown(res: dict) -> str:
+    if res["protocol"] == "abx":
+        lo, hi = res["accuracy_ci95"]
+        main = (f"ABX accuracy **{res['accuracy']}** (Wilson 95% {lo} to {hi}), "
+                f"one-sided binomial p = {res['p_value']}")
+    else:
+        lo, hi = res["win_rate_b_ci95"]
+        main = (f"B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
+                f"{res['ties']}; win rate of B **{res['win_rate_b']}** (Wilson 95% {lo} to {hi}), "
+                f"two-sided binomial p = {res['p_value']}")
+    return (f"### Study {res['study']} ({res['protocol']}): verdict **{res['verdict'].upper()}**\n\n"
+            f"{res['trials']} test ratings from {res['raters_included']} included raters "
+            f"({len(res['excluded_raters'])} excluded, {res['raters_planned']} planned).\n\n"
+            f"{main}\n\nUpper bound {res['upper_bound']}; rule: {res['verdict_rule']}. "
+            f"Krippendorff's alpha {res['krippendorff_alpha']}.")
+
+
+def clip_plot(res: dict):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    pc = res["per_clip"]
+    key = "accuracy" if res["protocol"] == "abx" else "score_b"
+    vals = [c[key] if c[key] is not None else 0 for c in pc]
+    ax.bar(range(len(pc)), vals, color="#4a78b0")
+    ax.axhline(0.5, color="k", lw=1)
+    lim = 0.5 + res["margin"]
+    ax.axhline(lim, color="r", ls="--", lw=1)
+    if res["protocol"] != "abx":
+        ax.axhline(0.5 - res["margin"], color="r", ls="--", lw=1)
+    ax.set_xticks(range(len(pc)))
+    ax.set_xticklabels([c["job"] for c in pc], rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(key)
+    ax.set_title(f"per clip {key} (dashed: margin)")
+    fig.tight_layout()
+    return fig
+
+
+def build_admin(db) -> gr.Blocks:
+    out_dir = Path(tempfile.mkdtemp(prefix="evalkit-admin-"))
+
+    def refresh():
+        return studies_table(db)
+
+    def show(sid):
+        try:
+            res = study.results(db, int(sid or 0), reps=1000)
+        except (UserError, ValueError) as e:
+            return (f"**error:** {e}",
+                    None, pd.DataFrame(), pd.DataFrame())
+        clips = pd.DataFrame(res["per_clip"])
+        excl = pd.DataFrame(res["excluded_raters"],
+                            columns=["rater", "catch_trials", "catch_accuracy", "reason"])
+        return verdict_markdown(res), clip_plot(res), clips, excl
+
+    def make_invites(sid, count, label, request: gr.Request):
+        try:
+            made = study.invite(db, int(sid or 0), int(count or 0), label or None)
+        except (UserError, ValueError) as e:
+            return f"error: {e}"
+        host = request.headers.get("host", "127.0.0.1") if request else "127.0.0.1"
+        return "\n".join(f"rater {m['rater']}: http://{host}/?token={m['token']}" for m in made)
+
+    def export(sid):
+        try:
+            sid = int(sid or 0)
+            raw = study.ratings_csv(db, sid)
+            summ = study.summary_csv(study.results(db, sid, reps=1000))
+        except (UserError, ValueError):
+            return None, None
+        a, b = out_dir / f"study{sid}-ratings.csv", out_dir / f"study{sid}-summary.csv"
+        a.write_text(raw)
+        b.write_text(summ)
+        return str(a), str(b)
+
+    with gr.Blocks(title="evalkit study admin", analytics_enabled=False) as demo:
+        gr.Markdown("## evalkit study admin")
+        with gr.Row():
+            refresh_btn = gr.Button("Refresh", scale=0)
+        table = gr.Dataframe(value=refresh, label="Studies (live counts)", interactive=False,
+                             elem_id="studies")
+        gr.Timer(5).tick(refresh, outputs=table)
+        refresh_btn.click(refresh, outputs=table)
+        sid = gr.Number(label="Study", value=1, precision=0, elem_id="study-id")
+        with gr.Tab("Results"):
+            res_btn = gr.Button("Show results", elem_id="show-results")
+            verdict = gr.Markdown(elem_id="verdict")
+            plot = gr.Plot(label="Per clip")
+            per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip")
+            excluded = gr.Dataframe(label="Excluded raters (catch trials)", interactive=False,
+                                    elem_id="excluded")
+            res_btn.click(show, inputs=sid, outputs=[verdict, plot, per_clip, excluded])
+        with gr.Tab("Invites"):
+            count = gr.Number(label="How many raters", value=1, precision=0)
+            label = gr.Textbox(label="Label (optional)")
+            inv_btn = gr.Button("Create invites", elem_id="make-invites")
+            links = gr.Textbox(label="Invite links (shown only now)", lines=4, elem_id="links")
+            inv_btn.click(make_invites, inputs=[sid, count, label], outputs=links)
+        with gr.Tab("Export"):
+            exp_btn = gr.Button("Export CSV", elem_id="export")
+            raw_file = gr.File(label="Raw ratings CSV", elem_id="raw-csv")
+            sum_file = gr.File(label="Summary CSV", elem_id="summary-csv")
+            exp_btn.click(export, inputs=sid, outputs=[raw_file, sum_file])
+    return demo

@@ -1,0 +1,60 @@
+"""Helpers of the web-app tests: start the real `evalkit serve` on a free loopback port."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from conftest import ROOT
+
+ADMIN_PASSWORD = "s3cret-admin"
+COMPLETION_CODE = "THANKS-7Q"
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``evalkit serve`` as a real process on 127.0.0.1; ``stop()`` ends it (the tests do)."""
+
+    def __init__(self, db, port=None):
+        self.db, self.port = str(db), port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, timeout=120):
+        env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "evalkit", "serve", "--db", self.db, "--host", "127.0.0.1",
+             "--port", str(self.port), "--admin-password", ADMIN_PASSWORD,
+             "--completion-code", COMPLETION_CODE],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("server did not start in time")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

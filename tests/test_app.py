@@ -1,0 +1,201 @@
+"""The blind A/B web app, end to end: the real `evalkit serve` on loopback, Debian's Chromium
+driven by Playwright, real study databases and media (no mocks)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from evalkit import study
+from evalkit.study import store
+
+from app_helpers import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
+from study_helpers import make_report
+
+FRAME = 1 / 24
+KEYS = {"left": "1", "right": "2", "same": "3", "A": "a", "B": "b"}
+ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
+           " && !document.querySelector('#answers button').disabled)")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    report = make_report(root)
+    db = root / "s.db"
+    sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
+            for p in ("preference", "abx")}
+    summary = json.loads((report / "summary.json").read_text())
+    with store.open_db(db).engine.connect() as conn:
+        jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
+    runs = [summary["runs"][k]["path"] for k in ("a", "b")]
+    secret = {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
+              "studytest", str(report)}
+    server = Server(db).start()
+    yield {"db": db, "sids": sids, "server": server, "secret": secret}
+    server.stop()
+
+
+def hidden(db, trial_id):
+    with store.open_db(db).engine.connect() as conn:
+        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
+                    .mappings().one())
+
+
+def export(server, sid, which="ratings"):
+    r = httpx.get(f"{server.url}/export/{sid}/{which}.csv", auth=("admin", ADMIN_PASSWORD))
+    assert r.status_code == 200, r.text
+    return list(csv.DictReader(io.StringIO(r.text)))
+
+
+def rate(page, server, token, *, reload_after=None, keys_every=2, seen=None):
+    """Answer every trial through the page; returns {trial id: (answer, media shown)}."""
+    clicks = {}
+    with page.expect_response(re.compile(r"/api/trial\?")) as resp:
+        page.goto(f"{server.url}/?token={token}")
+    state = resp.value.json()
+    n = 0
+    while state["trial"] is not None:
+        t = state["trial"]
+        assert t["index"] == state["progress"]["done"] + 1      # the next unanswered trial
+        page.wait_for_function(ENABLED, timeout=30000)
+        if seen is not None:
+            seen.append(page.content())
+        a = t["answers"][(t["index"] + t["trial"]) % len(t["answers"])]
+        with page.expect_response(re.compile(r"/api/answer$")) as resp:
+            if n % keys_every:
+                page.keyboard.press(KEYS[a])
+            else:
+                page.click(f"#answers button[data-answer='{a}']")
+        new = resp.value.json()
+        assert resp.value.status == 200 and new["saved"] is True, new
+        clicks[t["trial"]] = (a, t["media"])
+        n += 1
+        state = new
+        if reload_after == n and state["trial"] is not None:
+            with page.expect_response(re.compile(r"/api/trial\?")) as resp:
+                page.reload()
+            again = resp.value.json()
+            assert again["trial"]["trial"] == state["trial"]["trial"]     # continues, nothing lost
+            assert again["progress"]["done"] == n
+            state = again
+    page.wait_for_selector("#done:not([hidden])")
+    return clicks
+
+
+def check_csv(env, sid, clicks):
+    rows = export(env["server"], sid)
+    assert len(rows) == len(clicks)
+    for r in rows:
+        tid = int(r["trial"])
+        answer, media = clicks[tid]
+        h = hidden(env["db"], tid)
+        assert r["answer"] == answer
+        assert json.loads(r["positions"]) == h["shown"]
+        assert {k: v + ".mp4" for k, v in h["shown"].items()} == media   # what the page showed
+        assert json.loads(r["backend_per_side"]) == h["sources"]
+        if h["expected"]:
+            assert r["correct"] == str(int(answer == h["expected"]))
+        assert int(r["response_ms"]) > 0
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol):
+    server, sid = env["server"], env["sids"][protocol]
+    token = study.invite(env["db"], sid, 1)[0]["token"]
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    urls, dom = [], []
+    page.on("request", lambda r: urls.append(r.url))
+    try:
+        clicks = rate(page, server, token, reload_after=2, seen=dom)
+        assert page.inner_text("#code") == COMPLETION_CODE
+        dom.append(page.content())
+    finally:
+        ctx.close()
+    total = study.progress(env["db"], token)["total"]
+    assert len(clicks) == total and study.next_trial(env["db"], token) is None
+    check_csv(env, sid, clicks)
+    # blindness: DOM at every trial, every request URL, every served text file and API answer
+    media = [u for u in urls if "/media/" in u]
+    assert media and all(re.search(r"/media/[0-9a-f]{64}\.mp4\?token=", u) for u in media)
+    texts = [httpx.get(server.url + p).text for p in ("/static/rater.js", "/static/rater.css")]
+    texts.append(httpx.get(f"{server.url}/?token={token}").text)
+    texts.append(httpx.get(f"{server.url}/api/trial?token={token}").text)
+    texts += [json.dumps(m) for _, m in clicks.values()]
+    haystack = "\n".join([*dom, *urls, *texts])
+    for s in env["secret"]:
+        assert s not in haystack, s
+    # the positions shown are the server-side assignment's
+    for tid, (_, m) in clicks.items():
+        assert set(m) == ({"left", "right"} if protocol == "preference" else {"X", "A", "B"})
+
+
+def test_players_play_in_sync_flicker_and_zoom(env, browser):
+    server = env["server"]
+    token = study.invite(env["db"], env["sids"]["preference"], 1)[0]["token"]
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{server.url}/?token={token}")
+        page.wait_for_selector("#answers button")
+        assert page.is_disabled("#answers button")          # not before one play-through
+        page.wait_for_function("window.evalkitPlayers().length === 2 && "
+                               "window.evalkitPlayers().every(p => p.ready === 4)", timeout=30000)
+        players = lambda: page.evaluate("window.evalkitPlayers()")  # noqa: E731
+
+        def spread(ps):
+            d = ps[0]["duration"]
+            x = abs(ps[0]["t"] - ps[1]["t"]) % d
+            return min(x, d - x)
+        t0 = players()[0]["t"]
+        page.wait_for_timeout(150)
+        samples = []
+        for _ in range(5):
+            samples.append(players())
+            page.wait_for_timeout(70)
+        assert any(abs(s[0]["t"] - t0) > 1e-3 for s in samples)          # time advances
+        assert all(not p["paused"] for s in samples for p in s)
+        assert max(spread(s) for s in samples) <= FRAME, samples          # playing: in sync
+        page.wait_for_function(ENABLED, timeout=30000)
+        page.keyboard.press(" ")                                         # pause
+        page.wait_for_timeout(200)
+        ps = players()
+        assert all(p["paused"] for p in ps) and spread(ps) <= FRAME / 2, ps
+        before = ps[0]["t"]
+        page.click("#btn-fwd")
+        page.keyboard.press(".")
+        page.wait_for_timeout(200)
+        ps = players()
+        assert abs(ps[0]["t"] - min(before + 2 * FRAME, ps[0]["duration"] - FRAME / 2)) < 1e-3
+        assert spread(ps) <= FRAME / 2, ps                               # seek: in sync
+        page.keyboard.press(",")
+        page.wait_for_timeout(200)
+        ps2 = players()
+        assert ps2[0]["t"] < ps[0]["t"] and spread(ps2) <= FRAME / 2
+        page.click("#btn-play")                                           # play again
+        page.wait_for_timeout(300)
+        assert not any(p["paused"] for p in players())
+        # flicker swaps the two videos in place
+        box = lambda s: page.locator(f"video[data-slot='{s}']").bounding_box()["x"]  # noqa: E731
+        l0, r0 = box("left"), box("right")
+        assert l0 < r0
+        page.keyboard.press("f")
+        assert (box("left"), box("right")) == (r0, l0)
+        page.click("#btn-flicker")
+        assert (box("left"), box("right")) == (l0, r0)
+        # zoom: full size (natural width)
+        page.keyboard.press("z")
+        w = page.evaluate("(() => { const v = document.querySelector('video');"
+                          " return [v.getBoundingClientRect().width, v.videoWidth]; })()")
+        assert abs(w[0] - w[1]) < 1, w
+        page.keyboard.press("z")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "rater-1280x800.png"))
+    finally:
+        ctx.close()

@@ -1,0 +1,154 @@
+"""The web app: refusals, resume after a server restart, the admin page (real server, Chromium)."""
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from sqlalchemy import update
+
+from evalkit import study
+from evalkit.study import store
+
+from app_helpers import ADMIN_PASSWORD, ARTIFACTS, Server
+from study_helpers import make_report
+from test_app import ENABLED, check_csv, export, hidden, rate  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("appmore")
+    report = make_report(root)
+    db = root / "s.db"
+    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
+                             seed=2)["study"]
+    (root / "secret.mp4").write_bytes(b"not for raters")
+    yield {"db": db, "sid": sid, "root": root}
+
+
+def test_refusals(env):
+    db, sid = env["db"], env["sid"]
+    t1, t2 = (r["token"] for r in study.invite(db, sid, 2))
+    server = Server(db).start()
+    u = server.url
+    try:
+        for tok in ("", "nope", t1[:-1] + ("A" if t1[-1] != "A" else "B")):
+            r = httpx.get(f"{u}/api/trial", params={"token": tok})
+            assert r.status_code == 403 and tok not in r.text if tok else r.status_code == 403
+        mine = study.next_trial(db, t1)
+        other = study.next_trial(db, t2)
+        post = lambda **b: httpx.post(f"{u}/api/answer", json=b)  # noqa: E731
+        assert post(token=t1, trial=10**6, answer="left", response_ms=5).status_code == 404
+        assert post(token=t1, trial="1 or 1=1", answer="left", response_ms=5).status_code == 404
+        assert post(token=t1, trial=other["trial"], answer="left", response_ms=5).status_code == 403
+        assert post(token="bad", trial=mine["trial"], answer="left", response_ms=5).status_code == 403
+        assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
+        assert httpx.post(f"{u}/api/answer", content=b"[1]").status_code == 400
+        assert study.progress(db, t1)["done"] == study.progress(db, t2)["done"] == 0
+        ok = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
+        assert ok.status_code == 200
+        assert post(token=t1, trial=mine["trial"], answer="right", response_ms=5).status_code == 409
+        # media: only the rater's study folder, only exact hash names
+        name = mine["media"]["left"]
+        assert httpx.get(f"{u}/media/{name}", params={"token": t1}).status_code == 200
+        assert httpx.get(f"{u}/media/{name}").status_code == 403
+        assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 403
+        for bad in ("secret.mp4", "..%2Fsecret.mp4", "..%2Fs.db", "%2E%2E%2Fsecret.mp4",
+                    name.upper(), name + "x", "0" * 64 + ".mp4", "0" * 64 + ".MP4"):
+            r = httpx.get(f"{u}/media/{bad}", params={"token": t1})
+            assert r.status_code in (403, 404) and b"not for raters" not in r.content, bad
+        assert httpx.get(f"{u}/media/../secret.mp4", params={"token": t1}).status_code == 404
+        # admin: CSV export and Gradio admin refuse without the password
+        for auth in (None, ("admin", "wrong")):
+            r = httpx.get(f"{u}/export/{sid}/ratings.csv", auth=auth)
+            assert r.status_code == 401 and "rater" not in r.text
+        assert httpx.get(f"{u}/admin/config").status_code in (401, 403)
+        r = httpx.post(f"{u}/admin/login", data={"username": "admin", "password": "wrong"})
+        assert r.status_code in (400, 401)
+        assert len(export(server, sid)) == 1
+    finally:
+        server.stop()
+
+
+def test_resume_after_server_restart(env, browser):
+    db, sid = env["db"], env["sid"]
+    token = study.invite(db, sid, 1)[0]["token"]
+    server = Server(db).start()
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    try:
+        with page.expect_response(re.compile(r"/api/trial\?")):
+            page.goto(f"{server.url}/?token={token}")
+        clicked = {}
+        for _ in range(2):
+            t = study.next_trial(db, token)
+            page.wait_for_function(ENABLED, timeout=30000)
+            assert page.get_attribute("body", "data-trial-index") == str(t["index"])
+            with page.expect_response(re.compile(r"/api/answer$")) as resp:
+                page.click("#answers button[data-answer='left']")
+            assert resp.value.json()["saved"]
+            clicked[t["trial"]] = ("left", t["media"])
+        server.stop()
+        assert server.proc.returncode is not None
+        server.start()                                   # same port, new process
+        rest = rate(page, server, token)                 # reloads the page; continues at #3
+        assert not set(rest) & set(clicked)
+        clicked.update(rest)
+        assert len(clicked) == study.progress(db, token)["total"]
+        rows = [r for r in export(server, sid) if r["rater"] == str(_rater(db, token))]
+        assert {int(r["trial"]): r["answer"] for r in rows} == {k: v[0] for k, v in clicked.items()}
+    finally:
+        ctx.close()
+        server.stop()
+
+
+def _rater(db, token):
+    from sqlalchemy import select
+    from evalkit.study.api import token_hash
+    with store.open_db(db).engine.connect() as conn:
+        return conn.execute(select(store.raters.c.id).where(
+            store.raters.c.token_sha256 == token_hash(token))).scalar_one()
+
+
+def test_admin_page(env, browser):
+    db, sid = env["db"], env["sid"]
+    html = '<img src=x onerror="window.__xss=1"><b>bold</b>'
+    with store.open_db(db).engine.begin() as conn:         # a prompt with HTML in it
+        conn.execute(update(store.clips).where(store.clips.c.study_id == sid).values(prompt=html))
+    tok = study.invite(db, sid, 1)[0]["token"]
+    while (t := study.next_trial(db, tok)) is not None:       # some ratings to analyse
+        exp = hidden(db, t["trial"])["expected"]              # pass the catch trials
+        study.submit(db, tok, t["trial"], exp or "left", 900)
+    server = Server(db).start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{server.url}/admin/")
+        page.wait_for_selector("input[type=password]", timeout=30000)
+        assert page.locator("#studies").count() == 0 and "verdict" not in page.content()
+        r = httpx.post(f"{server.url}/admin/gradio_api/call/refresh", json={"data": []})
+        assert r.status_code in (401, 403), r.text            # the data API is refused too
+        page.fill("input[type=text]", "admin")
+        page.fill("input[type=password]", ADMIN_PASSWORD)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#studies", timeout=30000)
+        page.click("#show-results")
+        page.wait_for_function("document.querySelector('#verdict') && "
+                               "/verdict/.test(document.querySelector('#verdict').innerText)",
+                               timeout=60000)
+        text = page.inner_text("#verdict")
+        res = study.results(db, sid)
+        assert res["verdict"].upper() in text
+        try:
+            page.wait_for_function("document.querySelector('#per-clip') && "
+                                   "document.querySelector('#per-clip').innerText.includes('onerror')",
+                                   timeout=30000)
+        except Exception:
+            print("PERCLIP", page.inner_text("#per-clip")[:2000])
+            raise
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("#per-clip b").count() == 0 and page.locator("#per-clip img").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "admin-1280x800.png"), full_page=False)
+    finally:
+        ctx.close()
+        server.stop()
