@@ -4,7 +4,9 @@
 2. write browser previews of the source clips;
 3. render the suite on two local backends (a GPU against the CPU where there is a GPU,
    otherwise cpu,dtype=fp32 against cpu,dtype=bf16), resumable;
-4. compare them against the seed floor (a seed-shifted re-render on backend A) with a gate.
+4. compare them against the seed floor (a seed-shifted re-render on backend A) with a gate;
+5. create a blind ABX study from the report, invite one rater, and serve the rater and admin
+   pages on 127.0.0.1 (printing the rater link and the admin password) until Ctrl-C.
 
     python -m evalkit.demo [--out demo-out]
 """
@@ -32,6 +34,8 @@ def backends() -> tuple[str, str]:
 def run(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m evalkit.demo", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("demo-out"))
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--no-serve", action="store_true", help="stop after creating the study")
     a = p.parse_args(argv)
     from .backend import parse_spec
     from .render import run_dir_name
@@ -61,7 +65,32 @@ def run(argv=None) -> int:
         return code
     print(f"\ndemo: report in {a.out / 'report' / 'index.html'} (gate "
           f"{'passed' if code == 0 else 'failed'}: see the report for why)")
-    return 0
+
+    import secrets
+    import shutil
+
+    db = a.out / "study.db"
+    for stale in (db, a.out / "study.db-wal", a.out / "study.db-shm"):
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(a.out / "media", ignore_errors=True)
+    base = f"http://127.0.0.1:{a.port}/"
+    link = f"{base}?token="
+    for step in (["study", "create", a.out / "report", "--db", db, "--protocol", "abx",
+                  "--clips", "all", "--seed", "1"],
+                 ["study", "invite", "--db", db, "--study", "1", "--base-url", link]):
+        print(f"\n$ evalkit {' '.join(map(str, step))}", flush=True)
+        code = cli([str(s) for s in step])
+        if code != 0:
+            return code
+    if a.no_serve:
+        return 0
+    password = secrets.token_urlsafe(9)
+    print(f"\nadmin page: {base}admin  (user admin, password {password})")
+    print("serving on 127.0.0.1; Ctrl-C stops", flush=True)
+    try:
+        return cli(["serve", "--db", str(db), "--port", str(a.port), "--admin-password", password])
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":
