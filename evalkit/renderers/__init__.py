@@ -11,9 +11,7 @@ canary      the built-in reference pipeline (models/canary), through the diffuse
 """
 from __future__ import annotations
 
-import importlib
-
-from .base import JobError, NOISE_POLICY, RenderRequest, Renderer, RendererError, to_uint8_frames
+from .base import JobError, NOISE_POLICY, import_object, RenderRequest, Renderer, RendererError, to_uint8_frames
 
 BUILTIN = {
     "diffusers": "evalkit.renderers.diffusers:DiffusersRenderer",
@@ -32,16 +30,8 @@ def get_renderer(name: str, options: dict | None = None) -> Renderer:
     if ":" not in target:
         raise RendererError(f"renderer {name!r}: unknown (built-in: {', '.join(BUILTIN)}; "
                             "or give an import path package.module:ClassName)")
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RendererError(f"renderer {name!r}: cannot import module {module_name!r} ({e})") from None
-    try:
-        cls = getattr(module, attr)
-    except AttributeError:
-        raise RendererError(f"renderer {name!r}: module {module_name!r} has no attribute {attr!r}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Renderer)) and not callable(cls):
+    cls = import_object(target, f"renderer {name!r}")
+    if not callable(cls):
         raise RendererError(f"renderer {name!r}: {target} is not a renderer class")
     renderer = cls(**(options or {}))
     for method in ("load", "render", "describe"):

@@ -84,6 +84,23 @@ class Renderer:
         self.runtime = None
 
 
+def import_object(target: str, what: str):
+    """Resolve ``package.module:attr``; errors name ``what`` (e.g. "renderer 'x'")."""
+    import importlib
+
+    module_name, sep, attr = str(target).partition(":")
+    if not sep or not module_name or not attr:
+        raise RendererError(f"{what}: expected an import path package.module:Name, found {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RendererError(f"{what}: cannot import module {module_name!r} ({e})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise RendererError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
+
+
 def to_uint8_frames(frames, *, what: str = "output") -> np.ndarray:
     """Normalise a pipeline's output to (N, H, W, 3) uint8.
 

@@ -17,13 +17,12 @@ The CPU generator makes diffusers draw the starting noise on the CPU and move it
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 
 import numpy as np
 
-from .base import JobError, RenderRequest, Renderer, RendererError, to_uint8_frames
+from .base import JobError, RenderRequest, Renderer, RendererError, import_object, to_uint8_frames
 
 #: job param -> pipeline argument
 PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps",
@@ -67,11 +66,7 @@ class DiffusersRenderer(Renderer):
             from diffusers import DiffusionPipeline
 
             return DiffusionPipeline
-        module, _, attr = str(target).partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise RendererError(f"renderer {self.name!r}: option pipeline_class={target!r}: {e}") from None
+        return import_object(target, f"renderer {self.name!r}: option pipeline_class")
 
     def load(self, runtime) -> None:
         super().load(runtime)
