@@ -222,11 +222,7 @@ def cmd_study_plan(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    try:
-        from app.server import serve
-    except ImportError:             # run from elsewhere than the repository root
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from app.server import serve
+    from app.server import serve  # the app package is installed with evalkit
 
     serve(args.db, host=args.host, port=args.port, admin_password=args.admin_password,
           completion_code=args.completion_code)

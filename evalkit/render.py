@@ -227,8 +227,8 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
 
 def render_suite(suite_path, backends: list[str], out, *, renderer: str | Renderer | None = None,
                  options: dict | None = None, jobs: list[str] | None = None,
-                 seed_offset: int = 0, executor=None, progress: bool = True,
-                 log=print) -> list[RenderSummary]:
+                 seed_offset: int = 0, executor=None,
+                 progress: bool = True) -> list[RenderSummary]:
     """Render a suite on each backend into ``out/<backend>/``; resumable and atomic."""
     suite = load_suite(suite_path, check_clips=False)
     if not backends:

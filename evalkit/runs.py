@@ -174,12 +174,12 @@ class RunDir:
 
         ``frames``: (N, H, W, 3) uint8 array or a sequence of (H, W, 3) frames.
         """
-        from .video import write_browser, write_lossless
-
         import numpy as np
 
+        from .video import write_browser, write_lossless
+
         rec = self.job(job_id)
-        frames = np.asarray(frames) if not isinstance(frames, np.ndarray) else frames
+        frames = np.asarray(frames)
         clip = self.clip_path(job_id)
         n = write_lossless(clip, frames, fps)
         if preview:
