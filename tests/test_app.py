@@ -166,18 +166,27 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser):
         page.keyboard.press(" ")                                         # pause
         page.wait_for_timeout(200)
         ps = players()
-        assert all(p["paused"] for p in ps) and spread(ps) <= FRAME / 2, ps
-        before = ps[0]["t"]
+        last = round(ps[0]["duration"] / FRAME) - 1
+
+        def frames(ps):                    # the frame each player shows
+            return [min(last, int(p["t"] / FRAME + 1e-3)) for p in ps]
+        assert all(p["paused"] for p in ps) and len(set(frames(ps))) == 1, ps
+
+        def press(key, n=1):
+            for _ in range(n):
+                page.keyboard.press(key)
+                page.wait_for_timeout(30)
+            page.wait_for_timeout(250)
+            return players()
+        ps = press(",", last + 3)                   # step back past the start: frame 0
+        assert frames(ps) == [0, 0] and all(p["paused"] for p in ps), ps
         page.click("#btn-fwd")
-        page.keyboard.press(".")
-        page.wait_for_timeout(200)
-        ps = players()
-        assert abs(ps[0]["t"] - min(before + 2 * FRAME, ps[0]["duration"] - FRAME / 2)) < 1e-3
-        assert spread(ps) <= FRAME / 2, ps                               # seek: in sync
-        page.keyboard.press(",")
-        page.wait_for_timeout(200)
-        ps2 = players()
-        assert ps2[0]["t"] < ps[0]["t"] and spread(ps2) <= FRAME / 2
+        ps = press(".")                             # button and key: two frames on, together
+        assert frames(ps) == [2, 2] and all(abs(p["t"] - (2 * FRAME + 1e-3)) < 1e-4 for p in ps), ps
+        ps = press(",")
+        assert frames(ps) == [1, 1], ps
+        ps = press(".", last + 3)                   # step past the end: stays on the last frame
+        assert frames(ps) == [last, last] and all(p["paused"] for p in ps), ps
         page.click("#btn-play")                                           # play again
         page.wait_for_timeout(300)
         assert not any(p["paused"] for p in players())

@@ -3,7 +3,7 @@
 // Everything shown comes from the server; server data is only ever set as text, never HTML.
 (function () {
   "use strict";
-  const FPS = 24, FRAME = 1 / FPS;
+  const FPS = 24, FRAME = 1 / FPS, STEP_EPS = 0.001;
   const token = new URLSearchParams(location.search).get("token") || "";
   const LABELS = {left: "Left", right: "Right", same: "No difference", A: "A is X", B: "B is X"};
   const KEYS = {
@@ -130,6 +130,8 @@
     if (!videos.length) return;
     playing = on;
     $("btn-play").textContent = on ? "Pause" : "Play";
+    // paused players do not loop: with loop set, Chromium wraps a seek near the end to 0
+    videos.forEach((v) => { v.loop = on; });
     if (on) { videos.forEach((v) => v.play().catch(() => {})); }
     else {
       videos.forEach((v) => v.pause());
@@ -141,11 +143,19 @@
   function seekTo(t) {
     if (!videos.length) return;
     setPlaying(false);
-    const d = videos[0].duration || 0;
-    t = Math.max(0, d ? Math.min(t, d - FRAME / 2) : t);
     videos.forEach((v) => { v.currentTime = t; });
   }
-  function step(n) { if (videos.length) seekTo(videos[0].currentTime + n * FRAME); }
+  // frame step: land just after the start of the target frame; never past the last frame's
+  // start (a seek into the last frame's span can end playback, or wrap it when looping)
+  // (Chromium may still report such a seek as the end: the last frame stays on screen)
+  function step(n) {
+    if (!videos.length) return;
+    const d = videos[0].duration || 0, last = d ? Math.max(0, Math.round(d * FPS) - 1) : Infinity;
+    const cur = Math.min(last, Math.floor(videos[0].currentTime * FPS + 1e-3));
+    const k = Math.min(last, Math.max(0, cur + n));
+    if (k === cur && !playing) return;
+    seekTo(k * FRAME + STEP_EPS);
+  }
 
   function setFlicker(on) {
     const pair = document.querySelector(".row.pair");
