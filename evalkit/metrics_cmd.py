@@ -63,7 +63,7 @@ def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
 
 def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int | None = None,
                   align: str = "error", temporal: bool = True, flow: str = "dis",
-                  flow_preset: str = "medium", flow_scale: float = 1.0,
+                  flow_preset: str | None = None, flow_scale: float = 1.0,
                   ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True) -> dict:
     """Metrics of clip (or image) ``path_a`` against ``path_b``.
 
@@ -85,6 +85,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     identical frames).
     """
     from metrics import MetricInputError
+    from metrics.flow import DEFAULT_PRESET
     from metrics.stream import UNITS, PairEvaluator, json_safe, stream_pair
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
@@ -99,7 +100,8 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                              "the common prefix and records it)")
     try:
         ev = PairEvaluator(device=device, net=net, temporal=temporal, flow=flow,
-                           flow_preset=flow_preset, flow_scale=flow_scale, ssim_channel=ssim_channel)
+                           flow_preset=flow_preset or DEFAULT_PRESET, flow_scale=flow_scale,
+                           ssim_channel=ssim_channel)
     except MetricInputError as e:
         raise UserError(str(e)) from None
     if chunk is None:

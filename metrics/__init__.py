@@ -13,7 +13,7 @@ Functional API::
     ssim(a, b, *, channel="luma", round_luma=True, win_size=11, sigma=1.5,
          data_range=None, k1=0.01, k2=0.03, border="valid")   metrics.fidelity
     psnr(a, b, *, data_range=None); mse(a, b); exactness(a, b)
-    optical_flow(src, dst, *, method="dis", preset="medium", scale=1.0)   metrics.flow
+    optical_flow(src, dst, *, method="dis", preset="fast", scale=1.0)     metrics.flow
     warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
     flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
 

@@ -6,6 +6,7 @@ Every metric takes frames as ``(N, 3, H, W)`` tensors (or numpy arrays), either 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Any
 
 import numpy as np
@@ -34,21 +35,34 @@ def resolve_device(device: Any = None) -> torch.device:
     return dev
 
 
+# Whether cuDNN may autotune inside :func:`precise` (set by an enclosing ``precise(True)``).
+_AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar("metrics_cudnn_autotune", default=False)
+
+
 @contextlib.contextmanager
-def precise():
-    """float32 for real: TF32 off, deterministic cuDNN, no autotuning (restored on exit)."""
+def precise(cudnn_benchmark: bool | None = None):
+    """float32 for real: TF32 off, deterministic cuDNN (restored on exit).
+
+    ``cudnn_benchmark``: let cuDNN time its algorithms and keep the fastest (only deterministic
+    ones are candidates, TF32 stays off). ``None`` (default) inherits the setting of an
+    enclosing ``precise`` block, else off. An autotuned process may pick another deterministic
+    algorithm than the next one, which moves results by float32 rounding (~1e-7) only.
+    """
+    bench = _AUTOTUNE.get() if cudnn_benchmark is None else bool(cudnn_benchmark)
+    token = _AUTOTUNE.set(bench)
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = bench
     try:
         with torch.inference_mode():
             yield
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = saved
+        _AUTOTUNE.reset(token)
 
 
 def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:

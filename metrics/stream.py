@@ -20,20 +20,23 @@ is identical; ``psnr_pooled`` is the PSNR of the MSE pooled over all frames.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import math
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from ._common import as_frames, luma, precise, resolve_device, to_unit
+from ._common import PEAK8, as_frames, luma, precise, resolve_device
 from ._errors import MetricInputError
 from .fidelity import (SSIM_CHANNELS, _exactness, _mse, _ssim, psnr_convention, psnr_from_mse,
                        ssim_convention)
-from .flow import check_flow_options, flow_convention, flows_u8, to_tensor_flow
+from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, flow_into
 from .perceptual import get_model
 from .temporal import (FLICKER_BLOCK, _check_block, lowpass_luma, tof_from_flows,
                        warping_error_from_flows)
@@ -68,25 +71,156 @@ TEMPORAL_KEYS = ("tlp", "tof", "warp_error_a", "warp_error_b", "warp_error_diff"
                  "flicker_a", "flicker_b")
 
 
+def cpu_count() -> int:
+    """CPU cores this process may run on (the affinity mask where there is one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_flow_workers(device) -> int:
+    """OpenCV flow threads for metrics on ``device``: 0 (inline) on the CPU, where the tensor
+    work already takes every core; on a GPU one per CPU core but one (the thread that feeds
+    the GPU and stages frames)."""
+    return 0 if torch.device(device).type == "cpu" else max(1, min(64, cpu_count() - 1))
+
+
+# With a pool of flow threads, each flow should run on one core: OpenCV's own thread pool
+# inside every flow thread only oversubscribes the CPU. The OpenCV setting is process-wide,
+# so evaluators that hold a pool count themselves in and the last one out restores it.
+_CV_LOCK = threading.Lock()
+_CV_USERS = 0
+_CV_SAVED: int | None = None
+
+
+def _cv_threads_acquire() -> None:
+    global _CV_USERS, _CV_SAVED
+    import cv2
+
+    with _CV_LOCK:
+        if _CV_USERS == 0:
+            _CV_SAVED = cv2.getNumThreads()
+            cv2.setNumThreads(1)
+        _CV_USERS += 1
+
+
+def _cv_threads_release() -> None:
+    global _CV_USERS
+    import cv2
+
+    with _CV_LOCK:
+        _CV_USERS -= 1
+        if _CV_USERS == 0 and _CV_SAVED is not None:
+            cv2.setNumThreads(_CV_SAVED)
+
+
+class _HostRing:
+    """Host buffers that stage data for the device: two per key, handed out in turn.
+
+    On a GPU they are pinned, so host-to-device copies run asynchronously (``non_blocking``);
+    a buffer is handed out again only when everything that used it has finished: the flow
+    threads writing it (their futures) and the copy reading it (a CUDA event). On the CPU the
+    "device copy" is the buffer itself; the stream's pipeline (at most two chunks in flight)
+    guarantees that a buffer is consumed before its turn comes again.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pin = device.type == "cuda"
+        self._slots: dict[str, list[dict]] = {}
+        self._turn: dict[str, int] = {}
+
+    def get(self, key: str, shape: tuple, dtype: torch.dtype) -> dict:
+        """A slot ``{"buf": tensor, ...}`` whose buffer holds at least ``shape``; use ``buf[:shape[0]]``."""
+        slots = self._slots.setdefault(key, [{}, {}])
+        i = self._turn.get(key, 0)
+        self._turn[key] = 1 - i
+        slot = slots[i]
+        self._wait(slot)
+        buf = slot.get("buf")
+        if (buf is None or buf.dtype != dtype or tuple(buf.shape[1:]) != tuple(shape[1:])
+                or buf.shape[0] < shape[0]):
+            slot["buf"] = None    # let the old one go first
+            slot["buf"] = self._alloc(shape, dtype)
+        return slot
+
+    def _alloc(self, shape, dtype) -> torch.Tensor:
+        if self.pin:
+            try:
+                return torch.empty(shape, dtype=dtype, pin_memory=True)
+            except RuntimeError:    # no page-locked memory to be had: pageable, synchronous copies
+                self.pin = False
+        return torch.empty(shape, dtype=dtype)
+
+    @staticmethod
+    def _wait(slot: dict) -> None:
+        futures = slot.pop("futures", None)
+        if futures:
+            concurrent.futures.wait(futures)
+        event = slot.pop("event", None)
+        if event is not None:
+            event.synchronize()
+
+    def to_device(self, slot: dict, host: torch.Tensor) -> torch.Tensor:
+        """``host`` (a view of ``slot``'s buffer) on the device; one asynchronous copy on a GPU."""
+        if self.device.type == "cpu":
+            return host
+        out = host.to(self.device, non_blocking=self.pin)
+        if self.pin and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            slot["event"] = event
+        return out
+
+    def clear(self) -> None:
+        for slots in self._slots.values():
+            for slot in slots:
+                self._wait(slot)
+        self._slots.clear()
+
+
+class _Job:
+    """One chunk on its way through :class:`PairEvaluator` (prepare -> launch -> collect)."""
+
+    __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
+                 "m", "flow_slot", "futures", "out", "first", "mse", "numel")
+
+
 class PairEvaluator:
     """Full-reference and temporal metrics of two clips, fed chunk by chunk.
 
     Settings that change scores (all named in :attr:`conventions`):
     net (``"alex"``/``"vgg"``), ssim_channel (``"luma"``/``"rgb"``), ssim_round_luma,
     ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``),
-    flow_preset (DIS preset), flow_scale, flicker_block, temporal (compute temporal metrics).
+    flow_preset (DIS preset, default ``"fast"``: see :mod:`metrics.flow`), flow_scale,
+    flicker_block, temporal (compute temporal metrics).
 
     device: where the metrics run (default: CUDA if available, else CPU); float32 with TF32 off.
-    flow_workers: OpenCV flow threads running alongside the tensor work (default: 0 -- inline --
-    on the CPU, CPU count - 2 (at most 16) when the metrics run on a GPU). Results do not depend on it.
+    flow_workers: OpenCV flow threads running alongside the tensor work (default
+    :func:`default_flow_workers`: inline on the CPU, one per CPU core but one when the metrics
+    run on a GPU; with a pool, OpenCV's own threading is set to 1 until :meth:`close`).
+    Results do not depend on it.
+    cudnn_benchmark: let cuDNN autotune the LPIPS and SSIM convolutions (default: on for CUDA).
+    Only deterministic algorithms are candidates and TF32 stays off; two processes may still
+    pick different algorithms, which moves LPIPS by float32 rounding (~1e-7).
+
+    How a chunk flows (see :func:`stream_pair`, which keeps two chunks in flight): *prepare*
+    copies the frames to the device once (uint8, pinned host memory, asynchronous), computes
+    the rounded luma there and hands the small grey frames to the flow threads (4 flows per
+    frame pair: forward and backward on each clip); *launch* queues the LPIPS trunk (one pass
+    per frame, A and B in one batch, features reused by tLP), SSIM, PSNR, exactness and
+    flicker on the device without waiting; *collect* waits for the flows, copies them to the
+    device in one piece, warps and masks there, and brings every per-frame number of the chunk
+    to the host in one copy.
     """
 
     def __init__(self, *, device=None, net: str = "alex", ssim_channel: str = "luma",
                  ssim_round_luma: bool = True, ssim_win_size: int = 11, ssim_sigma: float = 1.5,
                  ssim_data_range: float | None = None, psnr_data_range: float | None = None,
-                 temporal: bool = True, flow: str = "dis", flow_preset: str = "medium",
+                 temporal: bool = True, flow: str = "dis", flow_preset: str = DEFAULT_PRESET,
                  flow_scale: float = 1.0, flicker_block: int = FLICKER_BLOCK,
-                 flow_workers: int | None = None):
+                 flow_workers: int | None = None, cudnn_benchmark: bool | None = None):
         if ssim_channel not in SSIM_CHANNELS:
             raise MetricInputError(f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, "
                                    f"found {ssim_channel!r}")
@@ -102,10 +236,18 @@ class PairEvaluator:
         self.temporal = temporal
         self.flow = (flow, flow_preset, flow_scale)
         self.flicker_block = flicker_block
+        self.cudnn_benchmark = (self.device.type == "cuda") if cudnn_benchmark is None else bool(cudnn_benchmark)
         if flow_workers is None:
-            flow_workers = 0 if self.device.type == "cpu" else max(1, min(16, (os.cpu_count() or 2) - 2))
-        self.flow_workers = flow_workers
-        self._pool = ThreadPoolExecutor(flow_workers) if flow_workers > 0 else None
+            flow_workers = default_flow_workers(self.device)
+        self.flow_workers = flow_workers if temporal else 0
+        self._pool = None
+        self._cv_held = False
+        if self.flow_workers > 0:
+            self._pool = ThreadPoolExecutor(self.flow_workers, thread_name_prefix="metrics-flow")
+            if self.flow_workers > 1:
+                _cv_threads_acquire()
+                self._cv_held = True
+        self._ring = _HostRing(self.device)
         self.alignment: dict[str, Any] = {"mode": "error"}
         self.reset()
 
@@ -117,7 +259,7 @@ class PairEvaluator:
             "ssim": ssim_convention(**self.ssim_kw),
             "psnr": psnr_convention(data_range=self.psnr_data_range),
             "exactness": "8-bit units; diff_fraction over pixel positions",
-            "compute": f"float32,{self.device.type},tf32-off",
+            "compute": f"float32,{self.device.type},tf32-off" + (",cudnn-autotune" if self.cudnn_benchmark else ""),
         }
         if self.temporal:
             c.update({
@@ -130,78 +272,139 @@ class PairEvaluator:
         return c
 
     def reset(self) -> None:
-        self.n = 0
+        """Forget the clips seen so far (the model, threads and staging buffers stay)."""
+        self.n = 0               # frames whose records were returned
+        self._next = 0           # frames handed in (prepared); > n while a chunk is in flight
         self.size: tuple[int, int] | None = None
-        self._prev = None        # carry from the previous chunk
+        # carries from the previous chunk: grey frames and [0, 1] frames (prepare), LPIPS
+        # features and low-passed luma (launch)
+        self._carry_grey = self._carry_unit = self._carry_feats = self._carry_low = None
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._identical = 0
         self._sq_total = 0.0     # pooled squared error (8-bit or [0,1] units) for psnr_pooled
         self._px_total = 0
         self._peak = None
+        #: wall seconds spent in each stage since the last reset (diagnostics for benchmarks):
+        #: read (iterators and staging copies), prepare, launch, flow_wait (waiting for the flow
+        #: threads), collect (the rest of collect, including the wait for the device).
+        self.timings = dict.fromkeys(("read", "prepare", "launch", "flow_wait", "collect"), 0.0)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._cv_held:
+            _cv_threads_release()
+            self._cv_held = False
+        self._ring.clear()
 
     # -- work ----------------------------------------------------------------------------------
     def update(self, a, b) -> list[dict]:
         """Add the next ``(n, 3, H, W)`` frames of both clips; return their n records."""
-        a = as_frames(a, "a", device=self.device, offset=self.n)
-        b = as_frames(b, "b", device=self.device, offset=self.n)
+        job = self._prepare(a, b)
+        self._launch(job)
+        return self._collect(job)
+
+    def _prepare(self, a, b) -> _Job:
+        """Check and stage a chunk; start its optical flows (in the flow threads, if any)."""
+        t_start = time.perf_counter()
+        a = as_frames(a, "a", device=self.device, offset=self._next)
+        b = as_frames(b, "b", device=self.device, offset=self._next)
         size = (a.shape[3], a.shape[2])
         for name, x in (("a", a), ("b", b)):
             if (x.shape[3], x.shape[2]) != (self.size or size):
                 w, h = self.size or size
-                raise MetricInputError(f"{name}: frame {self.n} is {x.shape[3]}x{x.shape[2]}, "
+                raise MetricInputError(f"{name}: frame {self._next} is {x.shape[3]}x{x.shape[2]}, "
                                        f"expected {w}x{h} like frame 0 of a")
         if a.shape[0] != b.shape[0]:
             raise MetricInputError(f"b: chunk of {b.shape[0]} frames, expected {a.shape[0]} like a")
         self.size = size
-        n = a.shape[0]
-        t0 = self.n
-        prev = self._prev
-        temporal = self.temporal and (prev is not None or n > 1)
+        n, h, w = a.shape[0], a.shape[2], a.shape[3]
+        job = _Job()
+        job.t0, job.n, job.a, job.b = self._next, n, a, b
+        job.has_prev = self.temporal and self._next > 0
+        job.temporal = self.temporal and (job.has_prev or n > 1)
+        job.numel = a[0].numel()
+        with precise():
+            # both clips in one [0, 1] float32 batch (the LPIPS input), contiguous NCHW
+            u = torch.empty((2 * n, 3, h, w), dtype=torch.float32, device=self.device)
+            u[:n].copy_(a)
+            u[n:].copy_(b)
+            if a.dtype == torch.uint8:
+                u[:n].div_(PEAK8)
+            if b.dtype == torch.uint8:
+                u[n:].div_(PEAK8)
+            job.u, job.ua, job.ub = u, u[:n], u[n:]
+            job.ya, job.yb = luma(a), luma(b)   # rounded luma: SSIM (default) and flow input
+            if job.temporal:
+                g = _u8(torch.cat([job.ya, job.yb]))          # the one wait of the chunk
+                ga, gb = g[:n], g[n:]
+                if job.has_prev:
+                    ga = np.concatenate([self._carry_grey[0][None], ga])
+                    gb = np.concatenate([self._carry_grey[1][None], gb])
+                pairs = []
+                for gr in (ga, gb):
+                    pairs += [(gr[i - 1], gr[i]) for i in range(1, len(gr))]   # forward t-1 -> t
+                    pairs += [(gr[i], gr[i - 1]) for i in range(1, len(gr))]   # backward t -> t-1
+                job.m = len(ga) - 1
+                slot = self._ring.get("flow", (len(pairs), h, w, 2), torch.float32)
+                host = slot["buf"].numpy()
+                if self._pool is not None:
+                    job.futures = slot["futures"] = [
+                        self._pool.submit(flow_into, host[i], s, d, *self.flow)
+                        for i, (s, d) in enumerate(pairs)]
+                else:
+                    for i, (s, d) in enumerate(pairs):
+                        flow_into(host[i], s, d, *self.flow)
+                    job.futures = []
+                job.flow_slot = slot
+                if job.has_prev:
+                    job.pa = torch.cat([self._carry_unit[0], job.ua])
+                    job.pb = torch.cat([self._carry_unit[1], job.ub])
+                else:
+                    job.pa, job.pb = job.ua, job.ub
+                self._carry_grey = (ga[-1].copy(), gb[-1].copy())
+            elif self.temporal:                                # a first chunk of one frame
+                g = _u8(torch.cat([job.ya[-1:], job.yb[-1:]]))
+                self._carry_grey = (g[0].copy(), g[1].copy())
+            if self.temporal:
+                self._carry_unit = (job.ua[-1:].clone(), job.ub[-1:].clone())
+        self._next += n
+        self.timings["prepare"] += time.perf_counter() - t_start
+        return job
+
+    def _launch(self, job: _Job) -> None:
+        """Queue the chunk's LPIPS, tLP, SSIM, PSNR, exactness and flicker (no host wait)."""
+        t_start = time.perf_counter()
+        n, t0 = job.n, job.t0
         out: dict[str, torch.Tensor] = {}
         first: dict[str, int] = {}                    # frame number of each array's element 0
-        with precise():
-            ua, ub = to_unit(a), to_unit(b)
-            # 1. flows first (OpenCV threads run while the tensor work below proceeds)
-            ya, yb = luma(a), luma(b)        # rounded luma: SSIM (default) and flow input
-            if temporal:
-                ga, gb = _u8(ya), _u8(yb)
-                if prev is not None:
-                    ga = np.concatenate([prev["ga"][None], ga])
-                    gb = np.concatenate([prev["gb"][None], gb])
-                pairs = []
-                for g in (ga, gb):
-                    pairs += [(g[i - 1], g[i]) for i in range(1, len(g))]   # forward t-1 -> t
-                    pairs += [(g[i], g[i - 1]) for i in range(1, len(g))]   # backward t -> t-1
-                flows = flows_u8(pairs, *self.flow, executor=self._pool)
-            # 2. LPIPS: one trunk pass per frame, reused by tLP
-            f = self.model.features(torch.cat([ua, ub], 0))
+        with precise(self.cudnn_benchmark):
+            # LPIPS: one trunk pass per frame (A and B in one batch), reused by tLP
+            f = self.model.features(job.u)
             fa, fb = [t[:n] for t in f], [t[n:] for t in f]
             out["lpips"] = self.model.distance(fa, fb)
-            if temporal:
-                da = self._successive(prev["fa"] if prev else None, fa)
-                db = self._successive(prev["fb"] if prev else None, fb)
+            if job.temporal:
+                pf = self._carry_feats
+                da = self._successive(pf[0] if job.has_prev else None, fa)
+                db = self._successive(pf[1] if job.has_prev else None, fb)
                 out["tlp"] = (da - db).abs()
-            # clones: views would keep the whole chunk's features alive
-            carry_fa = [t[-1:].clone() for t in fa]
-            carry_fb = [t[-1:].clone() for t in fb]
-            del f, fa, fb
-            # 3. pixel fidelity
-            lumas = (ya, yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
-            out["ssim"] = _ssim(a, b, **self.ssim_kw, lumas=lumas)
-            mse = _mse(a, b)
-            ex = _exactness(a, b)
-            out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
-            # 4. flicker on block-averaged luma (carry: the last two low-passed frames)
             if self.temporal:
-                la, lb = lowpass_luma(a, self.flicker_block), lowpass_luma(b, self.flicker_block)
-                if prev is not None:
-                    la, lb = torch.cat([prev["la"], la]), torch.cat([prev["lb"], lb])
+                # clones: views would keep the whole chunk's features alive
+                self._carry_feats = ([t[-1:].clone() for t in fa], [t[-1:].clone() for t in fb])
+            del f, fa, fb
+            # pixel fidelity
+            lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
+            out["ssim"] = _ssim(job.a, job.b, **self.ssim_kw, lumas=lumas)
+            job.mse = _mse(job.a, job.b)
+            ex = _exactness(job.a, job.b)
+            out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
+            # flicker on block-averaged luma (carry: the last two low-passed frames)
+            if self.temporal:
+                la, lb = lowpass_luma(job.a, self.flicker_block), lowpass_luma(job.b, self.flicker_block)
+                if job.has_prev:
+                    la, lb = torch.cat([self._carry_low[0], la]), torch.cat([self._carry_low[1], lb])
                 l_first = t0 + n - la.shape[0]            # frame number of la[0]
                 if la.shape[0] >= 2:
                     da_, db_ = la[1:] - la[:-1], lb[1:] - lb[:-1]
@@ -211,35 +414,46 @@ class PairEvaluator:
                         out["flicker_a"] = (da_[1:] - da_[:-1]).abs().mean((1, 2, 3))
                         out["flicker_b"] = (db_[1:] - db_[:-1]).abs().mean((1, 2, 3))
                         first["flicker_a"] = first["flicker_b"] = l_first + 2
-            # 5. warping error and tOF from the flows
-            if temporal:
-                if self._pool is not None:
-                    flows = [fu.result() for fu in flows]
-                m = len(ga) - 1
-                fl = to_tensor_flow(flows, self.device)
+                self._carry_low = (la[-2:].clone(), lb[-2:].clone())
+        if self._peak is None:
+            u8 = job.a.dtype == torch.uint8 and job.b.dtype == torch.uint8
+            self._peak = (255.0 if u8 else 1.0) if self.psnr_data_range is None else float(self.psnr_data_range)
+        job.out, job.first = out, first
+        # the frames themselves are no longer needed (the staging buffer may be reused)
+        job.a = job.b = job.ya = job.yb = job.u = job.ua = job.ub = None
+        self.timings["launch"] += time.perf_counter() - t_start
+
+    def _collect(self, job: _Job) -> list[dict]:
+        """Finish the chunk (warping error and tOF from its flows) and return its records."""
+        n, t0, out = job.n, job.t0, job.out
+        t_start = time.perf_counter()
+        if job.temporal:
+            for fu in job.futures:
+                fu.result()                                # re-raises a flow thread's error
+            t_flows = time.perf_counter()
+            self.timings["flow_wait"] += t_flows - t_start
+            t_start = t_flows
+            m = job.m
+            fl = self._ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
+            with precise(self.cudnn_benchmark):
+                fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
-                pa = torch.cat([prev["ua"], ua]) if prev is not None else ua
-                pb = torch.cat([prev["ub"], ub]) if prev is not None else ub
-                out["warp_error_a"] = warping_error_from_flows(pa[:-1], pa[1:], bwd_a, fwd_a)
-                out["warp_error_b"] = warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b)
+                out["warp_error_a"] = warping_error_from_flows(job.pa[:-1], job.pa[1:], bwd_a, fwd_a)
+                out["warp_error_b"] = warping_error_from_flows(job.pb[:-1], job.pb[1:], bwd_b, fwd_b)
                 out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]
                 out["tof"] = tof_from_flows(fwd_a, fwd_b)
-            # carry what the next chunk needs
-            if self.temporal:
-                self._prev = {
-                    "fa": carry_fa, "fb": carry_fb,
-                    "ga": ga[-1].copy() if temporal else _u8(ya[-1:])[0],
-                    "gb": gb[-1].copy() if temporal else _u8(yb[-1:])[0],
-                    "ua": ua[-1:].clone(), "ub": ub[-1:].clone(),
-                    "la": la[-2:].clone(), "lb": lb[-2:].clone(),
-                }
+            del fl, fwd_a, bwd_a, fwd_b, bwd_b
         # one transfer to the host for the whole chunk
-        host = {k: v.double().cpu().numpy() for k, v in out.items()}
-        mse_h = mse.cpu().numpy()
-        if self._peak is None:
-            u8 = a.dtype == torch.uint8 and b.dtype == torch.uint8
-            self._peak = (255.0 if u8 else 1.0) if self.psnr_data_range is None else float(self.psnr_data_range)
-        t_first = t0 if prev is not None else t0 + 1   # first frame with a t-1 -> t transition
+        keys = list(out)
+        with torch.inference_mode():
+            flat = torch.cat([out[k].reshape(-1).double() for k in keys] + [job.mse.double()]).cpu().numpy()
+        host, at = {}, 0
+        for k in keys:
+            host[k] = flat[at:at + out[k].numel()]
+            at += out[k].numel()
+        mse_h = flat[at:]
+        first = job.first
+        t_first = t0 if job.has_prev else t0 + 1    # first frame with a t-1 -> t transition
         records = []
         for i in range(n):
             t = t0 + i
@@ -258,9 +472,10 @@ class PairEvaluator:
                         rec[k] = float(host[k][j])
             records.append(rec)
             self._accumulate(rec)
-            self._sq_total += e * a[0].numel()
-            self._px_total += a[0].numel()
+            self._sq_total += e * job.numel
+            self._px_total += job.numel
         self.n += n
+        self.timings["collect"] += time.perf_counter() - t_start
         return records
 
     def _successive(self, prev_feats, feats) -> torch.Tensor:
@@ -317,6 +532,7 @@ class PairEvaluator:
         return max(self.n - 1, 0) if key in TEMPORAL_KEYS else self.n
 
 
+
 # -- driving from iterators ------------------------------------------------------------------
 
 def _frames_of(item, name: str, index: int) -> torch.Tensor:
@@ -326,12 +542,7 @@ def _frames_of(item, name: str, index: int) -> torch.Tensor:
     torch tensors are channels-first: (3, H, W) or (n, 3, H, W).
     """
     if isinstance(item, np.ndarray):
-        if item.ndim == 3:
-            item = item[None]
-        if item.ndim != 4 or item.shape[3] != 3:
-            raise MetricInputError(f"{name}: frame {index}: expected a numpy (H, W, 3) frame or "
-                                   f"(n, H, W, 3) chunk, found shape {item.shape}")
-        return torch.from_numpy(np.ascontiguousarray(item)).permute(0, 3, 1, 2)
+        return torch.from_numpy(_hwc_of(item, name, index)).permute(0, 3, 1, 2)
     if isinstance(item, torch.Tensor):
         if item.ndim == 3:
             item = item[None]
@@ -343,33 +554,96 @@ def _frames_of(item, name: str, index: int) -> torch.Tensor:
                            f"found {type(item).__name__}")
 
 
-def _rechunk(frames: Iterable, name: str, size: int) -> Iterator[torch.Tensor]:
-    buf, have, index = [], 0, 0
+def _hwc_of(item: np.ndarray, name: str, index: int) -> np.ndarray:
+    if item.ndim == 3:
+        item = item[None]
+    if item.ndim != 4 or item.shape[3] != 3:
+        raise MetricInputError(f"{name}: frame {index}: expected a numpy (H, W, 3) frame or "
+                               f"(n, H, W, 3) chunk, found shape {item.shape}")
+    return np.ascontiguousarray(item) if any(s < 0 for s in item.strides) else item
+
+
+def _rechunk(frames: Iterable, name: str, size: int, ring: _HostRing) -> Iterator[tuple]:
+    """Regroup the items of a frame iterator into chunks of ``size`` frames.
+
+    Frames in host memory (numpy arrays, CPU tensors) are copied once, channels-last as they
+    come, into a staging buffer of ``ring`` (pinned when the metrics run on a GPU) that goes to
+    the device in one copy; the device does the permutation to channels-first. Tensors on
+    another device are concatenated there. Yields ``(frames, slot)``: ``(n, H, W, 3)`` frames
+    and their ring slot, or ``(n, 3, H, W)`` frames and ``None``.
+    """
+    key = f"frames_{name}"
+    slot, have, index = None, 0, 0
+    parts: list[torch.Tensor] = []          # device tensors of the chunk being gathered
+    first_hw = None
     for item in frames:
-        x = _frames_of(item, name, index)
+        if isinstance(item, torch.Tensor) and item.device.type != "cpu" and slot is None:
+            x, on_host = _frames_of(item, name, index), False
+            hw = (x.shape[2], x.shape[3])
+        elif isinstance(item, torch.Tensor):
+            x, on_host = _frames_of(item, name, index).permute(0, 2, 3, 1).cpu().numpy(), True
+            hw = x.shape[1:3]
+        else:
+            x, on_host = (_hwc_of(item, name, index) if isinstance(item, np.ndarray)
+                          else _frames_of(item, name, index)), True
+            hw = x.shape[1:3]
+        if first_hw is None:
+            first_hw = hw
+        elif hw != first_hw:
+            raise MetricInputError(f"{name}: frame {index} is {hw[1]}x{hw[0]}, expected "
+                                   f"{first_hw[1]}x{first_hw[0]} like frame 0 of {name}")
+        if on_host and parts:               # a chunk gathered on the device goes on there
+            x, on_host = torch.from_numpy(np.ascontiguousarray(x)).to(parts[0].device).permute(0, 3, 1, 2), False
         index += x.shape[0]
         while x.shape[0]:
             take = min(size - have, x.shape[0])
-            buf.append(x[:take])
+            if on_host:
+                if slot is None:
+                    dtype = torch.from_numpy(x[:0]).dtype
+                    slot = ring.get(key, (size, *hw, 3), dtype)
+                buf = slot["buf"]
+                if torch.from_numpy(x[:0]).dtype != buf.dtype:
+                    raise MetricInputError(f"{name}: frame {index - x.shape[0]} is "
+                                           f"{x.dtype}, expected {str(buf.dtype).replace('torch.', '')} "
+                                           "like the frames before it")
+                np.copyto(buf[have:have + take].numpy(), x[:take])
+            else:
+                parts.append(x[:take])
             have += take
             x = x[take:]
             if have == size:
-                yield buf[0] if len(buf) == 1 else torch.cat(buf)
-                buf, have = [], 0
-    if buf:
-        yield buf[0] if len(buf) == 1 else torch.cat(buf)
+                yield _chunk_out(slot, parts, have)
+                slot, parts, have = None, [], 0
+    if have:
+        yield _chunk_out(slot, parts, have)
+
+
+def _chunk_out(slot, parts, have):
+    if slot is not None:
+        return slot["buf"][:have], slot
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
+
+
+def _on_device(ev: PairEvaluator, chunk: tuple) -> torch.Tensor:
+    """A chunk from :func:`_rechunk` as (n, 3, H, W) frames on the evaluator's device."""
+    frames, slot = chunk
+    if slot is None:
+        return frames
+    return ev._ring.to_device(slot, frames).permute(0, 3, 1, 2)
 
 
 def auto_chunk(height: int, width: int, device=None) -> int:
     """Frames per batch: 8 at 256x256 and 2 at 720p on the CPU (resident memory stays near
-    2 GB at 720p), 16 at 720p on a GPU (throughput; host memory holds only uint8 frames)."""
+    2 GB at 720p), 16 at 720p on a GPU (throughput; host memory holds only uint8 frames and
+    flows). Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the
+    records it yields, and callers that keep recent frames size their memory on that."""
     dev = resolve_device(device)
     budget = 16e6 if dev.type == "cuda" else 2.2e6     # pixels per side per batch
     return int(max(1, min(16 if dev.type == "cuda" else 8, budget // (height * width))))
 
 
-def _count(chunks: Iterator[torch.Tensor]) -> int:
-    return sum(c.shape[0] for c in chunks)
+def _count(chunks: Iterator[tuple]) -> int:
+    return sum(c[0].shape[0] for c in chunks)
 
 
 def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvaluator | None = None,
@@ -384,6 +658,11 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
     ``"shortest"`` compares the first min(Na, Nb) frames and records both counts in
     ``evaluator.alignment`` (hence in the summary). Options go to :class:`PairEvaluator`.
     Call ``evaluator.compute()`` afterwards for the summary.
+
+    Two chunks are in flight: chunk k+1 is read, staged and its optical flows started before
+    the records of chunk k are finished and yielded, so the flow threads never run dry and
+    the device works while the next frames are read. The iterators are therefore read at
+    most one chunk ahead of the records yielded (never more).
     """
     if align not in ALIGN_MODES:
         raise MetricInputError(f"align: expected one of {', '.join(ALIGN_MODES)}, found {align!r}")
@@ -399,27 +678,47 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
             frames_a = itertools.chain([first], frames_a)
         else:
             chunk = 1
-    ia, ib = _rechunk(frames_a, "a", chunk), _rechunk(frames_b, "b", chunk)
+    ia, ib = _rechunk(frames_a, "a", chunk, ev._ring), _rechunk(frames_b, "b", chunk, ev._ring)
+    pending = None
     while True:
+        t_read = time.perf_counter()
         ca, cb = next(ia, None), next(ib, None)
+        ev.timings["read"] += time.perf_counter() - t_read
         if ca is None and cb is None:
-            ev.alignment = {"mode": align, "frames_a": ev.n, "frames_b": ev.n, "compared": ev.n}
-            return
-        na = ev.n + (ca.shape[0] if ca is not None else 0)
-        nb = ev.n + (cb.shape[0] if cb is not None else 0)
+            break
+        na = ev._next + (ca[0].shape[0] if ca is not None else 0)
+        nb = ev._next + (cb[0].shape[0] if cb is not None else 0)
         if na != nb:
+            if pending is not None:
+                yield from ev._collect(pending)
+                pending = None
+            # on the device (a copy) before counting reuses the staging buffers
+            da = _on_device(ev, ca).clone() if ca is not None else None
+            db = _on_device(ev, cb).clone() if cb is not None else None
             na += _count(ia)
             nb += _count(ib)
             if align == "error":
                 raise MetricInputError(f"b: {nb} frames, expected {na} like a (frame counts differ; "
                                        "use align='shortest' to compare the common prefix)")
-            m = min(na, nb) - ev.n
+            m = min(na, nb) - ev._next
             if m > 0:
-                yield from ev.update(ca[:m], cb[:m])
+                yield from ev.update(da[:m], db[:m])
             ev.alignment = {"mode": align, "frames_a": na, "frames_b": nb, "compared": ev.n,
                             "dropped_a": na - ev.n, "dropped_b": nb - ev.n}
             return
-        yield from ev.update(ca, cb)
+        try:
+            job = ev._prepare(_on_device(ev, ca), _on_device(ev, cb))
+        except MetricInputError:
+            if pending is not None:         # the frames before the bad chunk still count
+                yield from ev._collect(pending)
+            raise
+        if pending is not None:
+            yield from ev._collect(pending)
+        ev._launch(job)
+        pending = job
+    if pending is not None:
+        yield from ev._collect(pending)
+    ev.alignment = {"mode": align, "frames_a": ev.n, "frames_b": ev.n, "compared": ev.n}
 
 
 def evaluate_pair(frames_a: Iterable, frames_b: Iterable, *, chunk: int | None = None, align: str = "error",

@@ -10,7 +10,7 @@ on the frames' device; the value at index i belongs to frame t = i + 1. Units:
   difference over the kept pixels and the three RGB channels, in [0, 1] units** (as Lai et
   al.'s evaluation code, which reads frames as float in [0, 1]). Multiply by 255^2 = 65025
   for 8-bit units; some papers report it x 1000 or x 100. ``nan`` if no pixel is kept. The
-  flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS by default).
+  flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS, preset "fast", by default).
 * :func:`tlp` -- Chu, Xie, Mayer, Leal-Taixe, Thuerey, "Learning Temporal Coherence via
   Self-Supervision for GAN-based Video Generation" (TecoGAN), ACM TOG 2020:
   ``|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|``, in LPIPS units (TecoGAN tables show x 100).
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from ._common import as_frames, check_pair, luma, luma_u8, precise, to_unit
 from ._errors import MetricInputError
-from .flow import check_flow_options, consistency_mask, flows_u8, to_tensor_flow, warp
+from .flow import (DEFAULT_PRESET, _grid, check_flow_options, fb_consistent, flows_u8,
+                   to_tensor_flow)
 
 FLICKER_BLOCK = 16
 
@@ -49,8 +50,13 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
     ``bwd``: flow cur -> prev, ``fwd``: flow prev -> cur, both (N, 2, H, W).
     """
     with precise():
-        warped, _ = warp(prev, bwd)
-        mask = consistency_mask(bwd, fwd).unsqueeze(1).float()
+        # one sampling grid for both the frame and the forward flow (as warp() and
+        # consistency_mask() would each build it; grid_sample treats channels independently)
+        grid, inside, _ = _grid(bwd)
+        both = F.grid_sample(torch.cat([prev, fwd], 1), grid, mode="bilinear", padding_mode="border",
+                             align_corners=True)
+        warped, f_at = both[:, :prev.shape[1]], both[:, prev.shape[1]:]
+        mask = fb_consistent(bwd, f_at, inside).unsqueeze(1).float()
         d = (warped - cur) ** 2 * mask
         kept = mask.sum((1, 2, 3)) * 3
         err = d.sum((1, 2, 3)) / kept
@@ -65,7 +71,7 @@ def _flows(clip, method, preset, scale):
     return fl[:n], fl[n:]   # forward (t-1 -> t), backward (t -> t-1)
 
 
-def warping_error(clip, *, method: str = "dis", preset: str = "medium", scale: float = 1.0) -> torch.Tensor:
+def warping_error(clip, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0) -> torch.Tensor:
     """Per-transition warping error of one clip, ``(T-1,)`` float32, [0, 1]-unit MSE (see module doc)."""
     check_flow_options(method, preset, scale)
     clip = as_frames(clip, "clip")
@@ -88,7 +94,7 @@ def tlp(a, b, *, net: str = "alex") -> torch.Tensor:
     return (da - db).abs()
 
 
-def tof(a, b, *, method: str = "dis", preset: str = "medium", scale: float = 1.0) -> torch.Tensor:
+def tof(a, b, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0) -> torch.Tensor:
     """Mean end-point distance between the t-1 -> t flows of ``a`` and ``b``, pixels, ``(T-1,)``."""
     check_flow_options(method, preset, scale)
     a, b = check_pair(a, b)

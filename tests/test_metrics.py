@@ -305,6 +305,54 @@ def test_stream_accepts_chunks_and_tensors_and_is_deterministic():
     assert r1["means"] == r2["means"]
 
 
+def test_stream_flow_threads_pipeline_and_update_agree():
+    """The flow thread pool, the two-chunks-in-flight pipeline of stream_pair and plain
+    update() calls give the same records, bit for bit; OpenCV threading is restored."""
+    import cv2
+
+    a = translated_clip(n=9, seed=5)
+    rng = np.random.default_rng(3)
+    b = np.clip(a.astype(int) + rng.integers(-5, 6, a.shape), 0, 255).astype(np.uint8)
+    cv_threads = cv2.getNumThreads()
+    inline = evaluate_pair(iter(a), iter(b), device="cpu", chunk=2, flow_workers=0)
+    pooled = evaluate_pair(iter(a), iter(b), device="cpu", chunk=2, flow_workers=3)
+    assert cv2.getNumThreads() == cv_threads
+    ev = PairEvaluator(device="cpu")
+    try:
+        stepped = [r for i in range(0, 9, 2) for r in ev.update(chw(a[i:i + 2]), chw(b[i:i + 2]))]
+        assert ev.compute()["means"] == inline["means"]
+    finally:
+        ev.close()
+    assert pooled["records"] == inline["records"] == stepped
+    assert inline["conventions"]["flow"] == "dis-fast,luma8"      # the default preset
+
+
+def test_stream_reads_at_most_one_chunk_ahead():
+    """Callers that keep recent frames (evalkit compare keeps 2 chunks + 2) rely on this."""
+    a = translated_clip(n=11, seed=6)
+    read = {"a": 0, "b": 0}
+
+    def counted(frames, side):
+        for f in frames:
+            read[side] += 1
+            yield f
+
+    chunk = 3
+    for rec in stream_pair(counted(a, "a"), counted(a[:, :, ::-1], "b"), device="cpu", chunk=chunk):
+        limit = min(len(a), (rec["frame"] // chunk + 2) * chunk)
+        assert read["a"] <= limit and read["b"] <= limit, (rec["frame"], read)
+
+
+def test_stream_frame_size_change_and_dtype_change_name_the_frame():
+    a = translated_clip(n=5)
+    bad = list(a[:3]) + [a[3, :40]] + [a[4]]
+    with pytest.raises(MetricInputError, match=r"^b: frame 3 is 96x40, expected 96x64 like frame 0 of b"):
+        list(stream_pair(iter(a), iter(bad), device="cpu", chunk=2))
+    mixed = list(a[:3]) + [a[3].astype(np.float32) / 255] + [a[4]]
+    with pytest.raises(MetricInputError, match=r"^b: frame 3 is float32, expected uint8"):
+        list(stream_pair(iter(a), iter(mixed), device="cpu", chunk=4))
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 def test_different_sizes_is_a_clear_error():
