@@ -207,11 +207,15 @@ def cmd_quality(args) -> dict:
     pipe = load_pipe(args.model, args.device, args.dtype)
     lp = Lpips(args.lpips_weights, "cuda" if args.device.startswith("cuda") else "cpu")
     views = photo_views()
+    if args.max_views:
+        views = dict(list(views.items())[: args.max_views])
     suite, jobs = suite_jobs()
     if args.clips == "all":
         clip_jobs = [(c["id"], s) for c in suite["clips"] for s in STYLES]
     else:
         clip_jobs = [(c, p) for c, p, _ in jobs]
+    if args.max_clips:
+        clip_jobs = clip_jobs[: args.max_clips]
     per_style = {s: dict(photo_out=[], photo_src=[], grad_out=[], grad_tgt=[], clip_out=[],
                          clip_src=[], warp_canary=[], warp_classical=[]) for s in STYLES}
     t0 = time.time()
@@ -391,7 +395,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=0, help="per-backend render time cap")
     ap.add_argument("--with-cpu-bf16", action="store_true")
     ap.add_argument("--cpu-bf16-budget", type=float, default=60)
-    ap.add_argument("--lpips-weights", default=None)
+    ap.add_argument("--lpips-weights", default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
+                    help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the cache)")
+    ap.add_argument("--max-views", type=int, default=0, help="quality: first N photo views (smoke)")
+    ap.add_argument("--max-clips", type=int, default=0, help="quality: first N clip jobs (smoke)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     res = dict(quality=cmd_quality, speed=cmd_speed, sensitivity=cmd_sensitivity,

@@ -1,6 +1,8 @@
 """The shipped canary pipeline (models/canary) on the CPU: loading, determinism, styles.
 
 Real weights, the smoke clips (8 frames, 64x64), few steps; no mocks, no network.
+``EVALKIT_CANARY_MODEL=DIR`` runs the same tests against another pipeline folder (a freshly
+trained one, before it replaces the shipped weights).
 """
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from evalkit.canary import MODEL_DIR, STYLES, CanaryPipeline, PromptError, load_pipeline  # noqa: E402
+from evalkit.canary import STYLES, CanaryPipeline, PromptError, load_pipeline  # noqa: E402
+from evalkit.canary import MODEL_DIR as SHIPPED_DIR  # noqa: E402
 from evalkit.canary.styles import apply_style_frames  # noqa: E402
 from evalkit.video import ClipReader  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "datasets" / "smoke" / "clips"
 FAST = dict(strength=0.6, num_inference_steps=6, guidance_scale=4.0)
+MODEL_DIR = Path(os.environ.get("EVALKIT_CANARY_MODEL") or SHIPPED_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +122,45 @@ def test_pipeline_class_is_registered_with_diffusers():
     import diffusers
 
     assert getattr(diffusers, "CanaryPipeline") is CanaryPipeline
+
+
+def test_guidance_interval_default_comes_from_the_folder(pipe, clip):
+    """``guidance_steps`` defaults to the value saved in model_index.json (2 when absent)."""
+    index = json.loads((MODEL_DIR / "model_index.json").read_text())
+    assert pipe.config.guidance_steps == index.get("guidance_steps", 2)
+    g = pipe.config.guidance_steps
+    a = _render(pipe, clip[:2], "night")
+    b = _render(pipe, clip[:2], "night", guidance_steps=g)
+    assert np.array_equal(a, b)
+    with pytest.raises(ValueError):
+        _render(pipe, clip[:2], "night", guidance_steps="all")
+
+
+def test_source_conditioned_decoder_starts_as_the_plain_decoder():
+    """Extending a plain decoder with the source branches changes nothing until trained."""
+    from evalkit.canary import CanaryAutoencoder
+
+    torch.manual_seed(0)
+    plain = CanaryAutoencoder().eval()
+    ext = CanaryAutoencoder.from_config(plain.config, source_channels=8).eval()
+    missing, unexpected = ext.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and {k.split(".")[0] for k in missing} == {"src_in", "refine1", "refine2"}
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        z = plain.encode(x).latents
+        assert torch.equal(plain.decode(z).sample, ext.decode(z, source=x).sample)
+
+
+def test_unet_extra_blocks_keep_the_plain_layout():
+    """``blocks=(1, 1)`` is the original layout (same state-dict keys); more blocks add keys."""
+    from evalkit.canary import CanaryUNet
+
+    plain = set(CanaryUNet().state_dict())
+    big = CanaryUNet(channels=(32, 64), blocks=(2, 3), num_heads=2)
+    keys = set(big.state_dict())
+    assert plain <= keys
+    assert {k.split(".")[0] for k in keys - plain} == {"extra1", "extra2", "extra3", "extra4"}
+    z = torch.randn(2, 8, 16, 16)
+    te_out = torch.randn(2, 8, 128), torch.randn(2, 128), torch.ones(2, 8, dtype=torch.bool)
+    out = big(z, torch.tensor([10, 500]), z, *te_out, num_frames=2).sample
+    assert out.shape == z.shape

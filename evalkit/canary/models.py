@@ -170,7 +170,7 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(self, latent_channels: int = 8, enc_channels: tuple = (32, 64),
                  dec_channels: tuple = (96, 32), scaling_factor: float = 1.0,
-                 shift_factor: float = 0.0):
+                 shift_factor: float = 0.0, source_channels: int = 0):
         super().__init__()
         e1, e2 = enc_channels
         d2, d1 = dec_channels
@@ -185,6 +185,17 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
         self.dec_block2 = ResBlock(d1, d1)                              # at H/2
         self.dec_norm = nn.GroupNorm(_groups(d1), d1)
         self.dec_out = nn.Conv2d(d1, 12, 3, padding=1)
+        if source_channels:
+            # source-conditioned decoding: the source frame's pixels enter at H/2 and at full
+            # resolution, so fine detail that moves with the content comes from the (shift-
+            # equivariant) source rather than from the 4x-down latent. Output convolutions start
+            # at zero: a decoder extended this way starts as the plain decoder it was made from.
+            self.src_in = nn.Conv2d(12, d1, 3, padding=1)                # at H/2
+            self.refine1 = nn.Conv2d(6, source_channels, 3, padding=1)   # full resolution
+            self.refine2 = nn.Conv2d(source_channels, 3, 3, padding=1)
+            for m in (self.src_in, self.refine2):
+                nn.init.zeros_(m.weight)
+                nn.init.zeros_(m.bias)
 
     def encode(self, x: torch.Tensor, return_dict: bool = True):
         h = self.enc_in(F.pixel_unshuffle(x, 2))
@@ -192,15 +203,24 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
         z = self.enc_out(F.silu(self.enc_norm(h)))
         return AutoencoderOutput(latents=z) if return_dict else (z,)
 
-    def decode(self, z: torch.Tensor, return_dict: bool = True):
+    def decode(self, z: torch.Tensor, return_dict: bool = True, source: torch.Tensor | None = None):
+        """Latents -> images in [-1, 1]. ``source``: the source frames (B, 3, H, W) in [-1, 1]
+        for a decoder with ``source_channels`` (the pipeline passes them); without them such a
+        decoder falls back to the latent alone (a blurrier image)."""
         h = self.dec_block1(self.dec_in(z))
         h = F.interpolate(self.dec_up(h), scale_factor=2.0, mode="nearest")
+        use_src = self.config.source_channels and source is not None
+        if use_src:
+            source = source.to(h.dtype)
+            h = h + self.src_in(F.pixel_unshuffle(source, 2))
         h = self.dec_block2(h)
         x = F.pixel_shuffle(self.dec_out(F.silu(self.dec_norm(h))), 2)
+        if use_src:
+            x = x + self.refine2(F.silu(self.refine1(torch.cat([x, source], dim=1))))
         return DecoderOutput(sample=x) if return_dict else (x,)
 
-    def forward(self, x):
-        return self.decode(self.encode(x).latents).sample
+    def forward(self, x, source: torch.Tensor | None = None):
+        return self.decode(self.encode(x).latents, source=source).sample
 
 
 # -- denoiser --------------------------------------------------------------------------------
@@ -271,9 +291,10 @@ class CanaryUNet(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(self, latent_channels: int = 8, channels: tuple = (64, 128), text_dim: int = 128,
                  emb_dim: int = 256, num_heads: int = 4, head_channels: int = 32,
-                 residual_source: bool = True):
+                 residual_source: bool = True, blocks: tuple = (1, 1)):
         super().__init__()
         c1, c2 = channels
+        n1, n2 = blocks
         lc = latent_channels
         self.time_mlp = nn.Sequential(nn.Linear(128, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
         self.text_proj = nn.Linear(text_dim, emb_dim)
@@ -285,6 +306,12 @@ class CanaryUNet(ModelMixin, ConfigMixin):
         self.block3 = ResBlock(c2, c2, emb_dim)
         self.up = nn.Conv2d(c2, c1, 1)
         self.block4 = ResBlock(c1, c1, emb_dim)
+        # ``blocks``: residual blocks per level on each side of the U (the first of each is
+        # block1..block4 above; the extra ones keep the state-dict keys of (1, 1) models)
+        self.extra1 = nn.ModuleList(ResBlock(c1, c1, emb_dim) for _ in range(n1 - 1))
+        self.extra2 = nn.ModuleList(ResBlock(c2, c2, emb_dim) for _ in range(n2 - 1))
+        self.extra3 = nn.ModuleList(ResBlock(c2, c2, emb_dim) for _ in range(n2 - 1))
+        self.extra4 = nn.ModuleList(ResBlock(c1, c1, emb_dim) for _ in range(n1 - 1))
         self.norm_out = nn.GroupNorm(_groups(c1), c1)
         self.patch_out = nn.Conv2d(c1, 4 * lc, 3, padding=1)             # pixel-shuffled to latent
         self.head1 = nn.Conv2d(2 * lc, head_channels, 3, padding=1)       # full latent resolution
@@ -302,11 +329,19 @@ class CanaryUNet(ModelMixin, ConfigMixin):
             self.text_proj(pooled_text.to(dtype))
         x = torch.cat([sample, source_latents], dim=1)
         h1 = self.block1(self.patch_in(x), emb)
+        for blk in self.extra1:
+            h1 = blk(h1, emb)
         h = self.block2(self.down(h1), emb)
+        for blk in self.extra2:
+            h = blk(h, emb)
         h = self.attn(h, encoder_hidden_states.to(dtype), encoder_attention_mask, num_frames)
         h = self.block3(h, emb)
+        for blk in self.extra3:
+            h = blk(h, emb)
         h = F.interpolate(self.up(h), scale_factor=2.0, mode="nearest") + h1
         h = self.block4(h, emb)
+        for blk in self.extra4:
+            h = blk(h, emb)
         y = F.pixel_shuffle(self.patch_out(F.silu(self.norm_out(h))), 2)
         y = y + self.head2(F.silu(self.head1(torch.cat([y, source_latents], dim=1))))
         if self.config.residual_source:

@@ -66,9 +66,11 @@ class CanaryPipeline(DiffusionPipeline):
     vae_batch = 32
 
     def __init__(self, vae: CanaryAutoencoder, text_encoder: CanaryTextEncoder, unet: CanaryUNet,
-                 scheduler: DDIMScheduler):
+                 scheduler: DDIMScheduler, guidance_steps: int | None = 2):
         super().__init__()
         self.register_modules(vae=vae, text_encoder=text_encoder, unet=unet, scheduler=scheduler)
+        # the default guidance interval travels in model_index.json (chosen at training time)
+        self.register_to_config(guidance_steps=guidance_steps)
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -82,10 +84,14 @@ class CanaryPipeline(DiffusionPipeline):
                for i in range(0, pixels.shape[0], self.vae_batch)]
         return (torch.cat(out) - cfg.shift_factor) * cfg.scaling_factor
 
-    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+    def decode_latents(self, latents: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+        """Latents -> images in [-1, 1]; ``source``: the source frames (N, 3, H, W) in [-1, 1],
+        used by a source-conditioned decoder (``vae.config.source_channels``)."""
         cfg = self.vae.config
         z = latents / cfg.scaling_factor + cfg.shift_factor
-        out = [self.vae.decode(z[i:i + self.vae_batch]).sample
+        use_src = bool(getattr(cfg, "source_channels", 0)) and source is not None
+        out = [self.vae.decode(z[i:i + self.vae_batch],
+                               source=source[i:i + self.vae_batch] if use_src else None).sample
                for i in range(0, z.shape[0], self.vae_batch)]
         return torch.cat(out)
 
@@ -100,7 +106,7 @@ class CanaryPipeline(DiffusionPipeline):
     def __call__(self, prompt: str = "", video=None, strength: float = 0.6,
                  num_inference_steps: int = 12, guidance_scale: float = 4.0,
                  negative_prompt: str | None = None, generator: torch.Generator | None = None,
-                 guidance_steps: int | None = 2,
+                 guidance_steps: int | None | str = "default",
                  output_type: str = "np", return_dict: bool = True,
                  callback_on_step_end=None):
         if video is None:
@@ -111,6 +117,11 @@ class CanaryPipeline(DiffusionPipeline):
             if len(prompt) != 1:
                 raise ValueError("prompt: one prompt per call (one clip)")
             prompt = prompt[0]
+        if isinstance(guidance_steps, str):
+            if guidance_steps != "default":
+                raise ValueError(f"guidance_steps: expected an int, None or 'default', found "
+                                 f"{guidance_steps!r}")
+            guidance_steps = getattr(self.config, "guidance_steps", 2)
         device = self._execution_device
         dtype = self.unet.dtype
         # channels-last convolutions: 1.5-3x faster on CPUs (oneDNN) and good for tensor cores
@@ -171,7 +182,7 @@ class CanaryPipeline(DiffusionPipeline):
         if output_type == "latent":
             result = latents
         else:
-            image = self.decode_latents(latents.to(self.vae.dtype))
+            image = self.decode_latents(latents.to(self.vae.dtype), source=pixels)
             image = image[:, :, :height, :width]
             image = (image.float() / 2 + 0.5).clamp(0, 1)
             if output_type == "pt":

@@ -134,7 +134,9 @@ def _jitter(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 2):
-    """One training item: (frames, CROP, CROP, 3) source frames and (8, frames, ...) targets."""
+    """One training item: (frames, CROP, CROP, 3) source frames, (8, frames, ...) targets and the
+    3x3 homography taking a pixel of frame 1 to where that content is in frame 0 (the known
+    synthetic camera move; used by the temporal losses)."""
     import cv2
 
     from evalkit.canary.styles import STYLES
@@ -153,7 +155,7 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
     cx, cy = rng.uniform(0.25, 0.75) * w, rng.uniform(0.25, 0.75) * h
     angle = rng.uniform(-20, 20) if rng.random() < 0.7 else 0.0
     flip = rng.random() < 0.5
-    out_frames = []
+    out_frames, homs = [], []
     # camera motion between frames: shift, rotation, zoom, a little perspective
     dx, dy = rng.normal(0, 3.0, 2)
     dang, dscale = rng.normal(0, 0.8), float(np.exp(rng.normal(0, 0.02)))
@@ -169,6 +171,7 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
             P = np.array([[1, 0, 0], [0, 1, 0], [persp[0], persp[1], 1]], np.float64)
             C = np.array([[1, 0, -CROP / 2], [0, 1, -CROP / 2], [0, 0, 1]], np.float64)
             H = np.linalg.inv(C) @ P @ C @ H
+        homs.append(H)
         f = cv2.warpPerspective(src, H, (CROP, CROP), flags=cv2.INTER_CUBIC,
                                 borderMode=cv2.BORDER_REFLECT)
         if flip:
@@ -181,7 +184,9 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
         out_frames = [np.clip(f + nz, 0, 255).astype(np.uint8) for f in out_frames]
     srcs = np.stack(out_frames)
     tgts = np.stack([np.stack([op(f) for f in out_frames]) for op in STYLES.values()])
-    return srcs, tgts
+    Fl = np.array([[-1, 0, CROP - 1], [0, 1, 0], [0, 0, 1]], np.float64) if flip else np.eye(3)
+    warp = Fl @ homs[0] @ np.linalg.inv(homs[-1]) @ Fl
+    return srcs, tgts, (warp / warp[2, 2]).astype(np.float32)
 
 
 class ItemStream:
@@ -202,8 +207,7 @@ class ItemStream:
         rng = np.random.default_rng([self.seed, wid])
         while True:
             items = [make_item(photos, rng) for _ in range(self.batch)]
-            yield (torch.from_numpy(np.stack([s for s, _ in items])),
-                   torch.from_numpy(np.stack([t for _, t in items])))
+            yield tuple(torch.from_numpy(np.stack([it[j] for it in items])) for j in range(3))
 
 
 def make_iterable(photos_path, seed, batch):
@@ -225,6 +229,7 @@ class Replay:
         self.capacity, self.device = capacity, device
         self.src = torch.empty((capacity, 2, CROP, CROP, 3), dtype=torch.uint8, device=device)
         self.tgt = torch.empty((capacity, 8, 2, CROP, CROP, 3), dtype=torch.uint8, device=device)
+        self.warp = torch.empty((capacity, 3, 3), dtype=torch.float32, device=device)
         self.count = 0
         self.seen = 0
         self.q: queue.Queue = queue.Queue(maxsize=64)
@@ -237,10 +242,10 @@ class Replay:
     def _pump(self, loader):
         pin = self.device.type == "cuda"
         try:
-            for s, t in loader:
+            for batch in loader:
                 if self._stop:
                     return
-                self.q.put((s.pin_memory(), t.pin_memory()) if pin else (s, t))
+                self.q.put(tuple(x.pin_memory() for x in batch) if pin else batch)
         except BaseException as e:  # surfaced by ingest()
             self.error = e
 
@@ -250,7 +255,7 @@ class Replay:
         n = 0
         while n < max_batches:
             try:
-                s, t = self.q.get_nowait()
+                s, t, w = self.q.get_nowait()
             except queue.Empty:
                 break
             k = s.shape[0]
@@ -258,6 +263,7 @@ class Replay:
             idx = self._t(idx)
             self.src[idx] = s.to(self.device, non_blocking=True)
             self.tgt[idx] = t.to(self.device, non_blocking=True)
+            self.warp[idx] = w.to(self.device, non_blocking=True)
             self.seen += k
             self.count = min(self.capacity, self.count + k)
             n += 1
@@ -311,12 +317,119 @@ def load_lpips(path: str | None, device):
     return net.to(device)
 
 
+def warp_from_prev(img0, warp):
+    """Frame-0 images (B, C, H, W) resampled onto frame 1's pixel grid through ``warp`` (B, 3, 3:
+    frame-1 pixel -> frame-0 pixel); returns (warped, valid mask (B, 1, H, W))."""
+    import torch
+    import torch.nn.functional as F
+
+    b, _, h, w = img0.shape
+    ys, xs = torch.meshgrid(torch.arange(h, device=img0.device, dtype=torch.float32),
+                            torch.arange(w, device=img0.device, dtype=torch.float32), indexing="ij")
+    p = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1).view(1, -1, 3)      # (1, HW, 3)
+    q = p @ warp.float().transpose(1, 2)                                         # (B, HW, 3)
+    q = q[..., :2] / q[..., 2:].clamp(min=1e-6)
+    qx, qy = q[..., 0].view(b, h, w), q[..., 1].view(b, h, w)
+    grid = torch.stack([2 * qx / (w - 1) - 1, 2 * qy / (h - 1) - 1], dim=-1)
+    out = F.grid_sample(img0.float(), grid, mode="bilinear", padding_mode="border",
+                        align_corners=True)
+    mask = ((qx >= 1) & (qx <= w - 2) & (qy >= 1) & (qy <= h - 2)).float()[:, None]
+    return out, mask
+
+
+def temporal_loss(out, tgt, warp):
+    """Flicker that the target does not have: (out1 - W out0) against (tgt1 - W tgt0), L1 over
+    the pixels both frames see. ``out``, ``tgt``: (B, 2, C, H, W)."""
+    import torch
+
+    both, mask = warp_from_prev(torch.cat([out[:, 0], tgt[:, 0]]), warp.repeat(2, 1, 1))
+    wo, wt = both.chunk(2)
+    m = mask[: out.shape[0]]
+    d = ((out[:, 1].float() - wo) - (tgt[:, 1].float() - wt)).abs().mean(1, keepdim=True)
+    return (d * m).sum() / m.sum().clamp(min=1.0)
+
+
+def _ints(text: str) -> tuple:
+    return tuple(int(v) for v in str(text).split(","))
+
+
+def build_vae(args, device):
+    """A fresh autoencoder, or (``--reuse-vae``) the one of a saved pipeline folder, extended
+    with a source-conditioned decoder when ``--vae-source-channels`` asks for one."""
+    from evalkit.canary import CanaryAutoencoder
+
+    if not args.reuse_vae:
+        return CanaryAutoencoder(source_channels=args.vae_source_channels).to(device), False
+    base = CanaryAutoencoder.from_pretrained(str(Path(args.reuse_vae) / "vae")).float()
+    want = args.vae_source_channels
+    if want and base.config.source_channels != want:
+        vae = CanaryAutoencoder.from_config(base.config, source_channels=want)
+        missing, unexpected = vae.load_state_dict(base.state_dict(), strict=False)
+        assert not unexpected and all(k.split(".")[0] in ("src_in", "refine1", "refine2")
+                                      for k in missing), (missing, unexpected)
+        print(f"reused {args.reuse_vae}/vae, added a source-conditioned decoder "
+              f"({want} channels, starts as the plain decoder)", flush=True)
+    else:
+        vae = base
+        print(f"reused {args.reuse_vae}/vae as it is", flush=True)
+    return vae.to(device), True
+
+
+def validate_guidance(pipe, photos, args, device, lp, candidates=(0, 1, 2)):
+    """Choose the default guidance interval on validation items (training photographs, a seed
+    training never drew, 128x128 two-frame clips; not the held-out set): per candidate, per style,
+    LPIPS ratio (output vs source, to the classical target) and temporal ratio (flicker against
+    the known camera move, canary / classical); fewest styles failing (0.7 / 2) wins, then the
+    lowest mean LPIPS ratio."""
+    import torch
+
+    from evalkit.canary.styles import STYLES
+
+    rng = np.random.default_rng([args.seed, 7919])
+    items = [make_item(photos, rng) for _ in range(args.val_items)]
+
+    def unit(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).permute(0, 3, 1, 2).float().to(device) / 127.5 - 1
+
+    def flick(x, w):
+        wx, m = warp_from_prev(x[:1], w[None])
+        return float(((x[1:] - wx).abs().mean(1, keepdim=True) * m).sum() / m.sum().clamp(min=1))
+
+    report = {}
+    for g in candidates:
+        rows = {}
+        for si, style in enumerate(STYLES):
+            lo, ls, fo, ft = [], [], [], []
+            for k, (srcs, tgts, w) in enumerate(items):
+                out = pipe(prompt=style, video=srcs, strength=0.6, num_inference_steps=12,
+                           guidance_scale=4.0, guidance_steps=g, output_type="pt",
+                           generator=torch.Generator("cpu").manual_seed(k)).frames[0]
+                o, t, s = out.to(device) * 2 - 1, unit(tgts[si]), unit(srcs)
+                wt = torch.from_numpy(w).to(device)
+                with torch.no_grad():
+                    lo.append(float(lp(o, t).mean()))
+                    ls.append(float(lp(s, t).mean()))
+                fo.append(flick(o, wt))
+                ft.append(flick(t, wt))
+            rows[style] = dict(lpips_ratio=float(np.mean(lo) / max(np.mean(ls), 1e-6)),
+                               warp_ratio=float(np.mean(fo) / max(np.mean(ft), 1e-6)))
+        fails = sum(r["lpips_ratio"] > 0.7 or r["warp_ratio"] > 2.0 for r in rows.values())
+        mean_ratio = float(np.mean([r["lpips_ratio"] for r in rows.values()]))
+        report[str(g)] = dict(fails=fails, mean_lpips_ratio=round(mean_ratio, 4),
+                              styles={k: {a: round(b, 3) for a, b in v.items()} for k, v in rows.items()})
+        print(f"validation guidance_steps={g}: {fails} styles fail, mean LPIPS ratio "
+              f"{mean_ratio:.3f}; " + ", ".join(f"{k} {v['lpips_ratio']:.2f}/{v['warp_ratio']:.2f}"
+                                                 for k, v in rows.items()), flush=True)
+    best = min(candidates, key=lambda g: (report[str(g)]["fails"], report[str(g)]["mean_lpips_ratio"]))
+    return best, report
+
+
 def cmd_train(args) -> int:
     import torch
     import torch.nn.functional as F
     from diffusers import DDIMScheduler
 
-    from evalkit.canary import CanaryAutoencoder, CanaryPipeline, CanaryTextEncoder, CanaryUNet
+    from evalkit.canary import CanaryPipeline, CanaryTextEncoder, CanaryUNet
     from evalkit.canary.styles import STYLES
 
     t_start = time.time()
@@ -328,6 +441,7 @@ def cmd_train(args) -> int:
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     log = []
+    cl = torch.channels_last
 
     loader = torch.utils.data.DataLoader(
         make_iterable(args.photos, args.seed, args.item_batch), batch_size=None,
@@ -336,9 +450,14 @@ def cmd_train(args) -> int:
     replay = Replay(loader, args.buffer, device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
-    vae = CanaryAutoencoder().to(device)
+    vae, reused = build_vae(args, device)
     text_encoder = CanaryTextEncoder().to(device)
-    unet = CanaryUNet().to(device)
+    unet_cfg = dict(channels=_ints(args.unet_channels), blocks=_ints(args.unet_blocks),
+                    head_channels=args.unet_head_channels, num_heads=args.unet_heads)
+    unet = CanaryUNet(**unet_cfg).to(device)
+    print(f"unet {sum(p.numel() for p in unet.parameters()) / 1e6:.2f} M parameters {unet_cfg}; "
+          f"vae {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M "
+          f"(source_channels {vae.config.source_channels})", flush=True)
     lp = load_lpips(args.lpips_weights, device)
     replay.wait(min(args.buffer, args.min_items))
     print(f"[{time.time() - t_start:6.1f}s] buffer {replay.count} items; training", flush=True)
@@ -346,49 +465,65 @@ def cmd_train(args) -> int:
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
 
-    # ---- phase 1: autoencoder
-    opt = torch.optim.AdamW(vae.parameters(), lr=args.ae_lr, weight_decay=0.0)
-    t0, step = time.time(), 0
-    while True:
-        frac = (step / args.ae_steps) if args.ae_steps else (time.time() - t0) / args.ae_seconds
-        if frac >= 1.0:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(frac, args.ae_lr)
-        replay.ingest()
-        idx = replay.sample(args.ae_batch, gen)
-        fr = torch.randint(0, 2, (args.ae_batch,), device=device, generator=gen)
-        which = torch.randint(0, 9, (args.ae_batch,), device=device, generator=gen)
-        src = replay.src[idx, fr]
-        tgt = replay.tgt[idx, (which - 1).clamp(min=0), fr]
-        img = torch.where((which == 0)[:, None, None, None], src, tgt)
-        x = to_unit(img).contiguous(memory_format=torch.channels_last)
-        with autocast():
-            z = vae.encode(x).latents
-            y = vae.decode(z).sample
-            l1 = (y.float() - x).abs().mean()
-            lpl = lp(y.float(), x).mean()
-            reg = 1e-4 * z.float().pow(2).mean()
-            loss = l1 + args.lpips_weight * lpl + reg
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 200 == 0:
-            print(f"[{time.time() - t_start:6.1f}s] ae step {step} l1 {l1.item():.4f} "
-                  f"lpips {lpl.item():.4f} items {replay.seen}", flush=True)
-            log.append(dict(phase="ae", step=step, l1=l1.item(), lpips=lpl.item()))
-    ae_steps = step
+    # ---- phase 1: autoencoder (pairs of frames: L1 + LPIPS + temporal consistency); with
+    # --reuse-vae the encoder (the latent space) stays frozen and only the decoder is tuned
+    ae_steps = 0
+    if args.ae_seconds > 0 or args.ae_steps > 0:
+        if reused:
+            vae.requires_grad_(False)
+            for name, mod in vae.named_children():
+                if not name.startswith("enc"):
+                    mod.requires_grad_(True)
+        ae_params = [p for p in vae.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(ae_params, lr=args.ae_lr, weight_decay=0.0)
+        t0, step = time.time(), 0
+        nb = max(1, args.ae_batch // 2)
+        while True:
+            frac = (step / args.ae_steps) if args.ae_steps else (time.time() - t0) / args.ae_seconds
+            if frac >= 1.0:
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr_at(frac, args.ae_lr)
+            replay.ingest()
+            idx = replay.sample(nb, gen)
+            which = torch.randint(0, 9, (nb,), device=device, generator=gen)
+            src = replay.src[idx]                                               # (nb, 2, H, W, 3)
+            tgt = replay.tgt[idx, (which - 1).clamp(min=0)]
+            img = torch.where((which == 0)[:, None, None, None, None], src, tgt)
+            x = to_unit(img.flatten(0, 1)).contiguous(memory_format=cl)
+            s_px = to_unit(src.flatten(0, 1)).contiguous(memory_format=cl)
+            with autocast():
+                z = vae.encode(x).latents
+                y = vae.decode(z, source=s_px).sample
+                l1 = (y.float() - x).abs().mean()
+                lpl = lp(y.float(), x).mean()
+                reg = 1e-4 * z.float().pow(2).mean()
+                lt = temporal_loss(y.float().unflatten(0, (nb, 2)), x.unflatten(0, (nb, 2)),
+                                   replay.warp[idx])
+                loss = l1 + args.lpips_weight * lpl + reg + args.ae_temporal_weight * lt
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ae_params, 1.0)
+            opt.step()
+            step += 1
+            if step % 200 == 0 or step == 1:
+                print(f"[{time.time() - t_start:6.1f}s] ae step {step} l1 {l1.item():.4f} "
+                      f"lpips {lpl.item():.4f} temporal {lt.item():.4f} items {replay.seen}",
+                      flush=True)
+                log.append(dict(phase="ae", step=step, l1=l1.item(), lpips=lpl.item(),
+                                temporal=lt.item()))
+        ae_steps = step
     vae.eval().requires_grad_(False)
 
-    # latent statistics -> scaling factor
-    with torch.no_grad(), autocast():
-        idx = replay.sample(256, gen)
-        z = vae.encode(to_unit(replay.src[idx, 0]).contiguous(memory_format=torch.channels_last)).latents.float()
-    shift, std = z.mean().item(), z.std().item()
-    vae.register_to_config(scaling_factor=1.0 / std, shift_factor=shift)
-    print(f"latent mean {shift:.4f} std {std:.4f}", flush=True)
+    if ae_steps and not reused:
+        # latent statistics -> scaling factor (a reused, frozen encoder keeps its own)
+        with torch.no_grad(), autocast():
+            idx = replay.sample(256, gen)
+            z = vae.encode(to_unit(replay.src[idx, 0]).contiguous(memory_format=cl)).latents.float()
+        shift, std = z.mean().item(), z.std().item()
+        vae.register_to_config(scaling_factor=1.0 / std, shift_factor=shift)
+    print(f"latent shift {vae.config.shift_factor:.4f} scale {vae.config.scaling_factor:.4f}",
+          flush=True)
 
     # ---- phase 2: denoiser + text encoder
     sched = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
@@ -397,7 +532,7 @@ def cmd_train(args) -> int:
     abar = sched.alphas_cumprod.to(device)
     params = list(unet.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    ema_unet = CanaryUNet().to(device)
+    ema_unet = CanaryUNet(**unet_cfg).to(device)
     ema_unet.load_state_dict(unet.state_dict())
     ema_text = CanaryTextEncoder().to(device)
     ema_text.load_state_dict(text_encoder.state_dict())
@@ -406,6 +541,7 @@ def cmd_train(args) -> int:
     prompts = list(STYLES) + [""]
     ids_all = text_encoder.tokenize(prompts).to(device)            # (9, L); row 8 = null
     scale, shiftf = vae.config.scaling_factor, vae.config.shift_factor
+    use_img = args.img_l1 > 0 or args.img_lpips > 0 or args.temporal_weight > 0
 
     t0, step = time.time(), 0
     while True:
@@ -420,29 +556,47 @@ def cmd_train(args) -> int:
         style = torch.randint(0, 8, (nb,), device=device, generator=gen)
         src = replay.src[idx]                                     # (nb, 2, H, W, 3)
         tgt = replay.tgt[idx, style]                              # (nb, 2, H, W, 3)
+        src_px = to_unit(src.flatten(0, 1)).contiguous(memory_format=cl)
+        tgt_px = to_unit(tgt.flatten(0, 1)).contiguous(memory_format=cl)
         with torch.no_grad(), autocast():
-            both = to_unit(torch.cat([src, tgt]).flatten(0, 1)).contiguous(memory_format=torch.channels_last)
-            zz = (vae.encode(both).latents.float() - shiftf) * scale
+            zz = (vae.encode(torch.cat([src_px, tgt_px])).latents.float() - shiftf) * scale
         z_src, z_tgt = zz[: nb * 2], zz[nb * 2:]
         drop = torch.rand(nb, device=device, generator=gen) < 0.1
         prompt_idx = torch.where(drop, torch.full_like(style, 8), style)
         t = torch.randint(0, 1000, (nb,), device=device, generator=gen)
-        from_src = (torch.rand(nb, device=device, generator=gen) < 0.2) & ~drop
+        # the clean latent that gets noised: the target (as in plain diffusion training), the
+        # source (as img2img sampling starts), or a point on the source->target edit line up to
+        # 1.75x past the target (as earlier under- or over-shooting, e.g. guided, steps leave it),
+        # so that the denoiser learns to land on the target from all of them
+        u = torch.rand(nb, device=device, generator=gen)
+        lam = torch.where(u < args.from_src, torch.zeros_like(u),
+                          torch.where(u < args.from_src + args.edit_aug,
+                                      1.75 * torch.rand(nb, device=device, generator=gen),
+                                      torch.ones_like(u)))
+        lam = torch.where(drop, torch.ones_like(lam), lam).repeat_interleave(2).view(-1, 1, 1, 1)
         noise = torch.randn((nb, 1) + tuple(z_src.shape[1:]), device=device, generator=gen)
         noise = noise.expand(-1, 2, -1, -1, -1).flatten(0, 1)     # shared across the 2 frames
         t2 = t.repeat_interleave(2)
         a = abar[t2].view(-1, 1, 1, 1)
-        base = torch.where(from_src.repeat_interleave(2).view(-1, 1, 1, 1), z_src, z_tgt)
+        base = z_src + lam * (z_tgt - z_src)
         z_t = a.sqrt() * base + (1 - a).sqrt() * noise
         with autocast():
             hid, pooled, mask = text_encoder(ids_all[prompt_idx])
             hid = hid.repeat_interleave(2, 0)
             pooled = pooled.repeat_interleave(2, 0)
             mask = mask.repeat_interleave(2, 0)
-            pred = unet(z_t.contiguous(memory_format=torch.channels_last), t2,
-                        z_src.contiguous(memory_format=torch.channels_last), hid, pooled, mask,
+            pred = unet(z_t.contiguous(memory_format=cl), t2,
+                        z_src.contiguous(memory_format=cl), hid, pooled, mask,
                         num_frames=2).sample
-            loss = F.mse_loss(pred.float(), z_tgt)
+            l_lat = F.mse_loss(pred.float(), z_tgt)
+            loss = args.latent_weight * l_lat
+            if use_img:
+                y = vae.decode(pred / scale + shiftf, source=src_px).sample.float()
+                l_l1 = (y - tgt_px).abs().mean()
+                l_lp = lp(y, tgt_px).mean() if args.img_lpips > 0 else y.new_zeros(())
+                l_tm = temporal_loss(y.unflatten(0, (nb, 2)), tgt_px.unflatten(0, (nb, 2)),
+                                     replay.warp[idx]) if args.temporal_weight > 0 else y.new_zeros(())
+                loss = loss + args.img_l1 * l_l1 + args.img_lpips * l_lp + args.temporal_weight * l_tm
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -451,16 +605,34 @@ def cmd_train(args) -> int:
             d = min(args.ema, (1 + step) / (10 + step))
             torch._foreach_lerp_([e for e, _ in ema_pairs], [p.detach() for _, p in ema_pairs], 1 - d)
         step += 1
-        if step % 250 == 0:
-            print(f"[{time.time() - t_start:6.1f}s] unet step {step} loss {loss.item():.4f} "
-                  f"items {replay.seen}", flush=True)
-            log.append(dict(phase="unet", step=step, loss=loss.item()))
+        if step % 250 == 0 or step == 1:
+            parts = dict(loss=loss.item(), latent_mse=l_lat.item())
+            if use_img:
+                parts.update(img_l1=l_l1.item(), img_lpips=l_lp.item(), temporal=l_tm.item())
+            print(f"[{time.time() - t_start:6.1f}s] unet step {step} " +
+                  " ".join(f"{k} {v:.4f}" for k, v in parts.items()) + f" items {replay.seen}",
+                  flush=True)
+            log.append(dict(phase="unet", step=step, **parts))
     unet_steps = step
     replay._stop = True
+    t_train = time.time() - t_start
+
+    # ---- the default guidance interval, chosen on validation items (not the held-out set)
+    pipe = CanaryPipeline(vae=vae.float(), text_encoder=ema_text.float(), unet=ema_unet.float(),
+                          scheduler=sched, guidance_steps=args.guidance_steps)
+    pipe.set_progress_bar_config(disable=True)
+    validation = None
+    if args.val_items > 0:
+        with np.load(args.photos) as zf:
+            photos = [zf[k] for k in sorted(zf.files)]
+        tv = time.time()
+        pipe.to(device)
+        best, validation = validate_guidance(pipe, photos, args, device, lp)
+        pipe.register_to_config(guidance_steps=best)
+        print(f"[{time.time() - t_start:6.1f}s] default guidance_steps = {best} "
+              f"(validation {time.time() - tv:.1f}s)", flush=True)
 
     # ---- save (fp16 weights)
-    pipe = CanaryPipeline(vae=vae.float(), text_encoder=ema_text.float(), unet=ema_unet.float(),
-                          scheduler=sched)
     pipe.to("cpu")
     for m in (pipe.vae, pipe.text_encoder, pipe.unet):
         m.to(memory_format=torch.contiguous_format)
@@ -469,12 +641,16 @@ def cmd_train(args) -> int:
     info = dict(seed=args.seed, device=torch.cuda.get_device_name(0) if amp else "cpu",
                 ae_steps=ae_steps, unet_steps=unet_steps, items_generated=replay.seen,
                 ae_batch=args.ae_batch, batch_clips=args.batch, workers=args.workers,
+                unet_config=unet_cfg, vae_reused_from=args.reuse_vae,
+                guidance_steps=pipe.config.guidance_steps, validation=validation,
+                seconds_training=round(t_train, 1),
                 seconds_total=round(time.time() - t_start, 1), args=vars(args), log=log,
                 torch=torch.__version__)
     with open(Path(args.out) / "training.json", "w") as f:
         json.dump(info, f, indent=1)
     print(f"saved to {args.out}: ae {ae_steps} steps, unet {unet_steps} steps, "
           f"{replay.seen} items, {time.time() - t_start:.0f}s", flush=True)
+    sys.stdout.flush()
     os._exit(0)   # do not wait for the data workers' pipes
 
 
@@ -492,17 +668,43 @@ def main(argv=None) -> int:
     p.add_argument("--item-batch", type=int, default=8)
     p.add_argument("--buffer", type=int, default=12000)
     p.add_argument("--min-items", type=int, default=1500)
-    p.add_argument("--ae-seconds", type=float, default=110)
+    p.add_argument("--reuse-vae", default=None, metavar="PIPELINE_DIR",
+                   help="start from the autoencoder of this pipeline folder (its encoder, so the "
+                        "latent space, stays frozen); read before --out is written")
+    p.add_argument("--vae-source-channels", type=int, default=16,
+                   help="source-conditioned decoder width (0: the plain decoder)")
+    p.add_argument("--ae-seconds", type=float, default=110,
+                   help="autoencoder training (with --reuse-vae: decoder tuning) time; 0 skips")
     p.add_argument("--ae-steps", type=int, default=0, help="fixed step count (0: by time)")
-    p.add_argument("--ae-batch", type=int, default=64)
+    p.add_argument("--ae-batch", type=int, default=64, help="frames per step (pairs of frames)")
     p.add_argument("--ae-lr", type=float, default=1e-3)
+    p.add_argument("--ae-temporal-weight", type=float, default=1.0)
     p.add_argument("--lpips-weight", type=float, default=1.0)
-    p.add_argument("--lpips-weights", default=None, help="alex LPIPS safetensors (default: cache)")
+    p.add_argument("--lpips-weights", default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
+                   help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the "
+                        "evalkit cache)")
     p.add_argument("--seconds", type=float, default=330)
     p.add_argument("--steps", type=int, default=0, help="fixed step count (0: by time)")
     p.add_argument("--batch", type=int, default=128, help="clips (of 2 frames) per step")
-    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--ema", type=float, default=0.998)
+    p.add_argument("--unet-channels", default="96,192")
+    p.add_argument("--unet-blocks", default="1,2", help="residual blocks per level, each side")
+    p.add_argument("--unet-head-channels", type=int, default=64)
+    p.add_argument("--unet-heads", type=int, default=6)
+    p.add_argument("--latent-weight", type=float, default=1.0, help="latent MSE")
+    p.add_argument("--img-l1", type=float, default=1.0, help="L1 of the decoded prediction")
+    p.add_argument("--img-lpips", type=float, default=1.0, help="LPIPS of the decoded prediction")
+    p.add_argument("--temporal-weight", type=float, default=1.0,
+                   help="flicker against the known camera move, decoded prediction vs target")
+    p.add_argument("--from-src", type=float, default=0.15,
+                   help="share of noisy inputs made from the source latent")
+    p.add_argument("--edit-aug", type=float, default=0.3,
+                   help="share made from a point on the source->target line (0..1.75)")
+    p.add_argument("--guidance-steps", type=int, default=2,
+                   help="default guidance interval when no validation runs")
+    p.add_argument("--val-items", type=int, default=16,
+                   help="validation clips for choosing the guidance interval (0: skip)")
     args = ap.parse_args(argv)
     return cmd_pack(args) if args.cmd == "pack" else cmd_train(args)
 
