@@ -109,16 +109,24 @@ def build_admin(db) -> gr.Blocks:
         return "\n".join(f"rater {m['rater']}: http://{host}/?token={m['token']}" for m in made)
 
     def export(sid):
+        """Write both CSVs of the study; the two download buttons then serve them."""
+        hidden = gr.DownloadButton(value=None, visible=False)
         try:
             sid = int(sid or 0)
             raw = study.ratings_csv(db, sid)
             summ = study.summary_csv(study.results(db, sid, reps=1000))
-        except (UserError, ValueError):
-            return None, None
-        a, b = out_dir / f"study{sid}-ratings.csv", out_dir / f"study{sid}-summary.csv"
+        except (UserError, ValueError) as e:
+            return f"**error:** {e}", hidden, hidden
+        # a fresh folder per export: the file names stay readable, and an older export's
+        # files are never overwritten while a download may still be reading them
+        folder = Path(tempfile.mkdtemp(prefix=f"study{sid}-", dir=out_dir))
+        a, b = folder / f"study{sid}-ratings.csv", folder / f"study{sid}-summary.csv"
         a.write_text(raw)
         b.write_text(summ)
-        return str(a), str(b)
+        n = len(raw.splitlines()) - 1
+        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} exported.",
+                gr.DownloadButton(value=str(a), visible=True),
+                gr.DownloadButton(value=str(b), visible=True))
 
     with gr.Blocks(title="evalkit study admin", analytics_enabled=False) as demo:
         gr.Markdown("## evalkit study admin")
@@ -145,7 +153,11 @@ def build_admin(db) -> gr.Blocks:
             inv_btn.click(make_invites, inputs=[sid, count, label], outputs=links)
         with gr.Tab("Export"):
             exp_btn = gr.Button("Export CSV", elem_id="export")
-            raw_file = gr.File(label="Raw ratings CSV", elem_id="raw-csv")
-            sum_file = gr.File(label="Summary CSV", elem_id="summary-csv")
-            exp_btn.click(export, inputs=sid, outputs=[raw_file, sum_file])
+            exp_note = gr.Markdown(elem_id="export-note")
+            with gr.Row():
+                raw_file = gr.DownloadButton("Download raw ratings CSV", visible=False,
+                                             elem_id="raw-csv")
+                sum_file = gr.DownloadButton("Download summary CSV", visible=False,
+                                             elem_id="summary-csv")
+            exp_btn.click(export, inputs=sid, outputs=[exp_note, raw_file, sum_file])
     return demo

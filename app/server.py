@@ -9,14 +9,21 @@ run or job):
   GET  /?token=T                 the rater page (static)
   GET  /api/trial?token=T        {"progress", "trial"} (trial None when finished) + completion code
   POST /api/answer               {"token", "trial", "answer", "response_ms"} -> same as /api/trial
+                                 plus "saved"; 425 (and "wait_ms") before one play-through
   GET  /media/<sha256>.mp4?token=T   a file of the rater's study media folder, by exact hash name
 Admin: /admin (Gradio, password), /export/<study>/ratings.csv and /summary.csv (HTTP Basic).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import re
 import secrets
+import signal
+import socket
+import threading
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -24,52 +31,42 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
-from sqlalchemy import select  # noqa: E402
+from starlette.routing import Route  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
-from evalkit.study.api import token_hash  # noqa: E402
+from evalkit.study.live import RaterService  # noqa: E402
 
 STATIC = Path(__file__).resolve().parent / "static"
 MEDIA_NAME = re.compile(r"^[0-9a-f]{64}\.mp4$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
-          study.UnknownStudy: 404, study.BadAnswer: 400, study.RatingConflict: 409}
+          study.UnknownStudy: 404, study.BadAnswer: 400, study.RatingConflict: 409,
+          study.TooSoon: 425}
+BACKLOG = 4096          # listen queue: a burst of raters is queued, never refused
+KEEP_ALIVE_S = 75       # idle keep-alive connections stay open longer than clients reuse them
+GRACE_S = 3             # on SIGINT/SIGTERM, requests in flight get this long to finish
 NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff"}
 
 
 def _error(e: Exception) -> JSONResponse:
     code = next((c for t, c in STATUS.items() if isinstance(e, t)), 400)
-    return JSONResponse({"error": str(e)}, status_code=code, headers=NO_STORE)
-
-
-def _media_dir(db, token: str) -> Path | None:
-    """The media folder of the study of the rater with this token (None: no such rater)."""
-    if not isinstance(token, str) or not token:
-        return None
-    d = store.open_db(db)
-    with d.engine.connect() as conn:
-        row = conn.execute(select(store.studies.c.media_dir)
-                           .join(store.raters, store.raters.c.study_id == store.studies.c.id)
-                           .where(store.raters.c.token_sha256 == token_hash(token))).first()
-    return None if row is None else Path(row[0])
+    body = {"error": str(e)}
+    if isinstance(e, study.TooSoon):
+        body["wait_ms"] = e.wait_ms
+    return JSONResponse(body, status_code=code, headers=NO_STORE)
 
 
 def build_app(db: str, admin_password: str | None = None, completion_code: str | None = None,
               with_admin: bool = True) -> FastAPI:
-    """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``)."""
+    """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``).
+    Rater requests go through one :class:`evalkit.study.live.RaterService` (``app.state.raters``;
+    ``serve`` closes it on the way out)."""
     store.open_db(db)          # fail early on a bad database
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     api.state.admin_password = admin_password or secrets.token_urlsafe(12)
-
-    def state(token: str) -> dict:
-        p = study.progress(db, token)
-        t = study.next_trial(db, token)
-        out = {"progress": p, "trial": t}
-        if t is None and completion_code:
-            out["completion_code"] = completion_code
-        return out
+    svc = api.state.raters = RaterService(db, completion_code=completion_code)
 
     @api.get("/healthz")
     def healthz():
@@ -79,34 +76,38 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     def rater_page():
         return FileResponse(STATIC / "rater.html", headers=NO_STORE)
 
-    @api.get("/api/trial")
-    def get_trial(token: str = ""):
+    # the two hot rater routes are plain Starlette routes (FastAPI's per-request parameter
+    # machinery is about a third of a request's server time, and they need none of it)
+    async def get_trial(request: Request):
         try:
-            return JSONResponse(state(token), headers=NO_STORE)
+            return JSONResponse(await svc.state(request.query_params.get("token", "")),
+                                headers=NO_STORE)
         except UserError as e:
             return _error(e)
 
-    @api.post("/api/answer")
     async def post_answer(request: Request):
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise ValueError
         except ValueError:
-            return JSONResponse({"error": "expected a JSON object"}, status_code=400)
-        token = body.get("token", "")
+            return JSONResponse({"error": "request body: expected a JSON object"}, status_code=400,
+                                headers=NO_STORE)
         try:
-            r = study.submit(db, token, body.get("trial"), body.get("answer"),
-                             body.get("response_ms"), client=request.headers.get("user-agent"))
-            return JSONResponse({"saved": r["new"], **state(token)}, headers=NO_STORE)
+            out = await svc.answer(body.get("token", ""), body.get("trial"), body.get("answer"),
+                                   body.get("response_ms"), request.headers.get("user-agent"))
+            return JSONResponse(out, headers=NO_STORE)
         except UserError as e:
             return _error(e)
+
+    api.router.routes[:0] = [Route("/api/trial", get_trial, methods=["GET"]),
+                             Route("/api/answer", post_answer, methods=["POST"])]
 
     @api.get("/media/{name}")
     def media(name: str, token: str = ""):
         if not MEDIA_NAME.fullmatch(name):
             return PlainTextResponse("not found", status_code=404)
-        folder = _media_dir(db, token)
+        folder = svc.media_dir(token)
         if folder is None:
             return PlainTextResponse("rater token: no rater has this token", status_code=403)
         path = folder / name            # exact hash name inside the study's folder, no traversal
@@ -159,12 +160,83 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     return api
 
 
+class _QuietShutdown(logging.Filter):
+    """Once shutdown has begun, drop uvicorn's tracebacks of requests cancelled on the way out
+    (a browser still streaming a video, a second Ctrl-C): stopping is not an error."""
+
+    def __init__(self, server):
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.should_exit:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        msg = record.getMessage()      # the lifespan's failure arrives as a formatted traceback
+        return not (isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
+                    or "CancelledError" in msg or "timeout graceful shutdown" in msg)
+
+
 def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: str | None = None,
-          completion_code: str | None = None) -> None:
+          completion_code: str | None = None) -> str | None:
+    """Serve until SIGINT (Ctrl-C) or SIGTERM; returns the name of the signal that stopped it.
+    The first signal stops accepting connections and lets requests in flight finish (at most
+    ``GRACE_S`` seconds); a second one stops at once. Every acknowledged rating is committed
+    before its answer is sent, so stopping loses none."""
     import uvicorn
 
-    app = build_app(db, admin_password, completion_code)
+    sock = _listen(host, port)
+    try:
+        app = build_app(db, admin_password, completion_code)
+    except BaseException:
+        sock.close()
+        raise
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            backlog=BACKLOG, timeout_keep_alive=KEEP_ALIVE_S,
+                            timeout_graceful_shutdown=GRACE_S, lifespan="on")
+    server = uvicorn.Server(config)
+    got: list[int] = []
+
+    def on_signal(sig, _frame):
+        got.append(sig)
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    # our handlers, not uvicorn's: it would re-raise the signal after shutting down
+    server.capture_signals = contextlib.nullcontext     # type: ignore[method-assign]
+    main = threading.current_thread() is threading.main_thread()   # signals: main thread only
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} \
+        if main else {}
+    quiet = _QuietShutdown(server)
+    for name in ("uvicorn.error", "uvicorn"):
+        logging.getLogger(name).addFilter(quiet)
     print(f"rater page: http://{host}:{port}/?token=<token>   admin: http://{host}:{port}/admin "
           f"(user admin{'' if admin_password else ', password ' + app.state.admin_password})",
           flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        app.state.raters.close()
+        sock.close()
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    return signal.Signals(got[0]).name if got else None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket (bind errors are one-line user errors naming --host/--port)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError, OverflowError) as e:
+        raise UserError(f"--host: cannot listen on {host!r}: {e}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"--port: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -7,17 +7,27 @@ import textwrap
 from conftest import DATASETS
 
 
-def make_report(root, seeds=(0, 1, 2)):
+def make_report(root, seeds=(0, 1, 2), fps=None):
+    """A compare report of two fake-rendered runs of the smoke clips (24 fps, 8 frames);
+    ``fps``: the source clips re-timed to that frame rate first (same frames)."""
     from evalkit.compare import compare_runs
     from evalkit.render import render_suite
 
+    src = {"pan": DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
+           "obj": DATASETS / "smoke" / "clips" / "hubble_object.mkv"}
+    if fps is not None:
+        from evalkit.video import read_frames, write_lossless
+        (root / "clips").mkdir(parents=True, exist_ok=True)
+        for k, p in list(src.items()):
+            src[k] = root / "clips" / p.name
+            write_lossless(src[k], read_frames(p)[0], fps)
     suite = root / "suite.yaml"
     suite.write_text(textwrap.dedent(f"""\
         schema_version: 1
         name: studytest
         clips:
-          - {{id: pan, path: {DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"}}}
-          - {{id: obj, path: {DATASETS / "smoke" / "clips" / "hubble_object.mkv"}}}
+          - {{id: pan, path: {src["pan"]}}}
+          - {{id: obj, path: {src["obj"]}}}
         prompts: ["a"]
         seeds: {json.dumps(list(seeds))}
     """))

@@ -17,7 +17,8 @@ from evalkit.study import store
 from app_helpers import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
 from study_helpers import make_report
 
-FRAME = 1 / 24
+FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
+FRAME = 1 / FPS
 KEYS = {"left": "1", "right": "2", "same": "3", "A": "a", "B": "b"}
 ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
            " && !document.querySelector('#answers button').disabled)")
@@ -26,7 +27,7 @@ ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
-    report = make_report(root)
+    report = make_report(root, fps=FPS)
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
             for p in ("preference", "abx")}
@@ -148,6 +149,7 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser):
         page.wait_for_function("window.evalkitPlayers().length === 2 && "
                                "window.evalkitPlayers().every(p => p.ready === 4)", timeout=30000)
         players = lambda: page.evaluate("window.evalkitPlayers()")  # noqa: E731
+        assert all(p["fps"] == FPS for p in players())              # the study's, from the server
 
         def spread(ps):
             d = ps[0]["duration"]

@@ -1,7 +1,16 @@
 """The web app: refusals, resume after a server restart, the admin page (real server, Chromium)."""
 from __future__ import annotations
 
+import csv
+import io
+import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
@@ -10,7 +19,8 @@ from sqlalchemy import update
 from evalkit import study
 from evalkit.study import store
 
-from app_helpers import ADMIN_PASSWORD, ARTIFACTS, Server
+from app_helpers import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
+from conftest import ROOT, assert_one_line_error, run_evalkit
 from study_helpers import make_report
 from test_app import ENABLED, check_csv, export, hidden, rate  # noqa: F401
 
@@ -18,7 +28,7 @@ from test_app import ENABLED, check_csv, export, hidden, rate  # noqa: F401
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("appmore")
-    report = make_report(root)
+    report = make_report(root, fps=8)          # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
                              seed=2)["study"]
@@ -35,9 +45,23 @@ def test_refusals(env):
         for tok in ("", "nope", t1[:-1] + ("A" if t1[-1] != "A" else "B")):
             r = httpx.get(f"{u}/api/trial", params={"token": tok})
             assert r.status_code == 403 and tok not in r.text if tok else r.status_code == 403
-        mine = study.next_trial(db, t1)
-        other = study.next_trial(db, t2)
+        t_get = time.monotonic()
+        first = httpx.get(f"{u}/api/trial", params={"token": t1}).json()
+        t_got = time.monotonic()                    # the trial was marked shown before this
+        mine = first["trial"]
+        assert mine["fps"] == 8 and first["progress"] == {"done": 0, "total": mine["total"],
+                                                          "finished": False}
+        other = study.next_trial(db, t2)            # never shown by the server
         post = lambda **b: httpx.post(f"{u}/api/answer", json=b)  # noqa: E731
+        # the play-through gate: no answer sooner than one play-through (1 s, less a frame)
+        early = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
+        assert time.monotonic() - t_get < 0.875, "machine too slow for this check"
+        assert early.status_code == 425, early.text
+        assert "field 'answer'" in early.json()["error"] and "1.0 s" in early.json()["error"]
+        assert early.json()["wait_ms"] > 0
+        r = post(token=t2, trial=other["trial"], answer="left", response_ms=5)
+        assert r.status_code == 425 and "before the trial was shown" in r.json()["error"], r.text
+        t2_refused = time.monotonic()
         assert post(token=t1, trial=10**6, answer="left", response_ms=5).status_code == 404
         assert post(token=t1, trial="1 or 1=1", answer="left", response_ms=5).status_code == 404
         assert post(token=t1, trial=other["trial"], answer="left", response_ms=5).status_code == 403
@@ -45,8 +69,14 @@ def test_refusals(env):
         assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
         assert httpx.post(f"{u}/api/answer", content=b"[1]").status_code == 400
         assert study.progress(db, t1)["done"] == study.progress(db, t2)["done"] == 0
+        time.sleep(max(0.0, t_got + 1.0 - time.monotonic()))
         ok = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
-        assert ok.status_code == 200
+        assert ok.status_code == 200 and ok.json()["saved"] is True, ok.text
+        again = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
+        assert again.status_code == 200 and again.json()["saved"] is False
+        # the refused answer marked t2's trial shown: one play-through later it is taken
+        time.sleep(max(0.0, t2_refused + 1.0 - time.monotonic()))
+        assert post(token=t2, trial=other["trial"], answer="left", response_ms=5).status_code == 200
         assert post(token=t1, trial=mine["trial"], answer="right", response_ms=5).status_code == 409
         # media: only the rater's study folder, only exact hash names
         name = mine["media"]["left"]
@@ -65,7 +95,7 @@ def test_refusals(env):
         assert httpx.get(f"{u}/admin/config").status_code in (401, 403)
         r = httpx.post(f"{u}/admin/login", data={"username": "admin", "password": "wrong"})
         assert r.status_code in (400, 401)
-        assert len(export(server, sid)) == 1
+        assert len(export(server, sid)) == 2
     finally:
         server.stop()
 
@@ -152,3 +182,108 @@ def test_admin_page(env, browser):
     finally:
         ctx.close()
         server.stop()
+
+
+def test_admin_export_downloads_csv(env, browser, tmp_path):
+    """The admin's Export tab in Chromium: pick a study, export, download both CSVs through
+    Gradio's download buttons; the files hold exactly the ratings that were given."""
+    report = env["root"] / "report"
+    db = tmp_path / "export.db"
+    study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1)
+    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4)["study"]
+    toks = [r["token"] for r in study.invite(db, sid, 2)]
+    given = {}
+    for tok, limit in zip(toks, (None, 2)):
+        n = 0
+        while (t := study.next_trial(db, tok)) is not None and (limit is None or n < limit):
+            a = ("A", "B")[(t["trial"] + n) % 2]
+            study.submit(db, tok, t["trial"], a, 700 + n)
+            given[t["trial"]] = a
+            n += 1
+    server = Server(db).start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+    page = ctx.new_page()
+    try:
+        page.goto(f"{server.url}/admin/")
+        page.wait_for_selector("input[type=password]", timeout=30000)
+        page.fill("input[type=text]", "admin")
+        page.fill("input[type=password]", ADMIN_PASSWORD)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#studies", timeout=30000)
+        page.fill("#study-id input", str(sid))
+        page.get_by_role("tab", name="Export").click()
+        page.click("#export")
+        page.wait_for_selector("#raw-csv:visible", timeout=60000)
+        page.wait_for_function("document.querySelector('#export-note') && "
+                               f"document.querySelector('#export-note').innerText.includes('Study {sid}:')",
+                               timeout=60000)
+        files = {}
+        for elem, name in (("#raw-csv", "ratings"), ("#summary-csv", "summary")):
+            with page.expect_download(timeout=30000) as dl:
+                page.click(elem)
+            assert dl.value.suggested_filename == f"study{sid}-{name}.csv"
+            files[name] = open(dl.value.path(), encoding="utf-8").read()
+    finally:
+        ctx.close()
+        server.stop()
+    rows = list(csv.DictReader(io.StringIO(files["ratings"])))
+    assert {int(r["trial"]): r["answer"] for r in rows} == given and len(rows) == len(given)
+    assert files["ratings"] == study.ratings_csv(db, sid)
+    for r in rows:                                   # the hidden mapping of what was shown
+        h = hidden(db, int(r["trial"]))
+        assert json.loads(r["positions"]) == h["shown"]
+        assert json.loads(r["backend_per_side"]) == h["sources"]
+    summary = list(csv.DictReader(io.StringIO(files["summary"])))
+    assert summary[0]["scope"] == "study"
+    assert files["summary"] == study.summary_csv(study.results(db, sid, reps=1000))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
+    """`evalkit serve` as a real process: Ctrl-C (SIGINT) or SIGTERM while a rater's keep-alive
+    connection is open stops it with one line on stderr and exit code 0, no traceback."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evalkit", "serve", "--db", str(env["db"]), "--host", "127.0.0.1",
+         "--port", str(port), "--admin-password", ADMIN_PASSWORD],
+        cwd=ROOT, env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # as from a terminal: SIGINT not ignored, whatever the test runner's parent did
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    tok = study.invite(env["db"], env["sid"], 1)[0]["token"]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:   # keep-alive
+            deadline = time.time() + 120
+            while True:
+                assert proc.poll() is None, proc.communicate()
+                try:
+                    if client.get("/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    assert time.time() < deadline, "server did not start"
+                    time.sleep(0.3)
+            assert client.get("/api/trial", params={"token": tok}).status_code == 200
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines() == [f"serve: stopped by {sig.name}; every acknowledged "
+                                        "rating is stored"], err
+    assert out.startswith("rater page: http://127.0.0.1:")
+    with pytest.raises(httpx.HTTPError):                   # and the port is closed
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_serve_port_in_use_is_a_one_line_error(env):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_evalkit("serve", "--db", env["db"], "--port", port,
+                        env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "--port", f"127.0.0.1:{port}")

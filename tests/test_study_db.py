@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
 from evalkit import study
 from evalkit.study import store
@@ -214,13 +215,16 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     store.close_all()
     con = sqlite3.connect(path)   # make it a version 1 database
     con.execute("alter table ratings drop column client")
+    con.execute("alter table trials drop column served")
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 2
+    assert d.schema_version() == store.SCHEMA_VERSION == 3
     cols = [r[1] for r in sqlite3.connect(path).execute("pragma table_info(ratings)")]
     assert "client" in cols
+    cols = [r[1] for r in sqlite3.connect(path).execute("pragma table_info(trials)")]
+    assert "served" in cols
     tok = study.invite(d, sid, 1)[0]["token"]
     t = study.next_trial(d, tok)
     study.submit(d, tok, t["trial"], "A", 10, client="test")
@@ -242,7 +246,6 @@ def _hammer(db, report, media, n_threads=50):
     # every (token, trial) of every rater, each submitted twice by different threads
     d = study.open_db(db)
     with d.engine.connect() as conn:
-        from sqlalchemy import select
         from evalkit.study.store import raters, trials
         pairs = [(tok, tid) for tok in toks for (tid,) in conn.execute(
             select(trials.c.id).join(raters, raters.c.id == trials.c.rater_id)
@@ -266,7 +269,6 @@ def _hammer(db, report, media, n_threads=50):
         th.join()
     assert errors == []
     with d.engine.connect() as conn:
-        from sqlalchemy import func, select
         from evalkit.study.store import ratings
         got = conn.execute(select(ratings.c.rater_id, ratings.c.trial_id)
                            .where(ratings.c.study_id == sid)).all()
@@ -365,3 +367,129 @@ def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
     store.close_all()
     t = study.next_trial(db, toks[-1])
     assert study.submit(db, toks[-1], t["trial"], "A", 1)["new"]
+
+
+# -- frame rate, and the web app's rater service (group commit, play-through gate) ------------
+
+def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
+    db = tmp_path / "f.db"
+    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2")["study"]
+    with store.open_db(db).engine.connect() as conn:
+        cfg = conn.execute(select(store.studies.c.config)).scalar_one()
+    assert cfg["fps"] == 24.0 and cfg["fps_fraction"] == "24"
+    assert set(cfg["media_seconds"].values()) == {round(8 / 24, 6)}  # 8 frames at 24 fps
+    tok = study.invite(db, sid, 1)[0]["token"]
+    t = study.next_trial(db, tok)
+    assert t["fps"] == 24.0 and set(t["media"].values()) <= {f"{k}.mp4" for k in cfg["media_seconds"]}
+    # a study made before the frame rate was stored: the page is told 24
+    with store.open_db(db).engine.begin() as conn:
+        conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"]}))
+    assert study.next_trial(db, tok)["fps"] == 24.0
+    # one clip re-timed to 30 fps: creation is refused, naming the file and the field
+    broken = tmp_path / "broken"
+    shutil.copytree(report, broken)
+    s = json.loads((broken / "summary.json").read_text())
+    run_b = tmp_path / "run_b"
+    shutil.copytree(Path(s["runs"]["b"]["path"]), run_b)
+    s["runs"]["b"]["path"] = str(run_b)
+    (broken / "summary.json").write_text(json.dumps(s))
+    from evalkit.video import read_frames, write_lossless
+    clip = run_b / "clips" / f"{s['jobs']['compared'][0]}.mkv"
+    write_lossless(clip, read_frames(clip)[0], 30)
+    code, _, err = cli("study", "create", broken, "--db", tmp_path / "g.db", "--protocol", "abx")
+    assert code == 2
+    assert_one_line_error(err, str(clip), "field 'fps'", "expected 24 fps", "found 30")
+
+
+def _service_study(db, report, media, n=4):
+    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:2",
+                             media_dir=media)["study"]
+    return sid, [r["token"] for r in study.invite(db, sid, n)]
+
+
+def test_rater_service_gate_and_answers(report, tmp_path):
+    import asyncio
+
+    from evalkit.study.live import RaterService
+
+    db = str(tmp_path / "g.db")
+    sid, (tok, tok2) = _service_study(db, report, tmp_path / "media", 2)
+    svc = RaterService(db, completion_code="DONE")
+
+    async def run():
+        s = await svc.state(tok)
+        t = s["trial"]
+        assert s["progress"] == {"done": 0, "total": t["total"], "finished": False}
+        assert t["fps"] == 24.0 and "sources" not in t and "expected" not in t
+        with pytest.raises(study.TooSoon, match=r"field 'answer': came 0\.\d s after"):
+            await svc.answer(tok, t["trial"], "A", 10)
+        other = study.next_trial(db, tok2)                        # never served
+        with pytest.raises(study.TooSoon, match="before the trial was shown"):
+            await svc.answer(tok2, other["trial"], "A", 10)
+        with pytest.raises(study.TrialNotAssigned):
+            await svc.answer(tok, other["trial"], "A", 10)
+        with pytest.raises(study.UnknownToken):
+            await svc.state("nope")
+        with pytest.raises(study.BadAnswer, match="field 'answer'"):
+            await svc.answer(tok, t["trial"], "left", 10)
+        await asyncio.sleep(8 / 24)                                # one play-through
+        r = await svc.answer(tok, t["trial"], "A", 10, "agent/1")
+        assert r["saved"] is True and r["progress"]["done"] == 1
+        assert (await svc.answer(tok, t["trial"], "A", 10))["saved"] is False
+        with pytest.raises(study.RatingConflict):
+            await svc.answer(tok, t["trial"], "B", 10)
+        r2 = await svc.answer(tok2, other["trial"], "B", 10)       # marked shown when refused
+        assert r2["saved"] is True
+        while r["trial"] is not None:                              # the rest, at play-through pace
+            await asyncio.sleep(8 / 24)
+            r = await svc.answer(tok, r["trial"]["trial"], "B", 10)
+        assert r["progress"]["finished"] and r["completion_code"] == "DONE"
+
+    try:
+        asyncio.run(run())
+    finally:
+        svc.close()
+    assert study.progress(db, tok)["finished"]
+    con = sqlite3.connect(db)
+    assert con.execute("select count(*) from trials where rater_id = (select rater_id from "
+                       "ratings where client = 'agent/1') and served is null").fetchone() == (0,)
+    rows = list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
+    assert len(rows) == study.progress(db, tok)["total"] + 1
+
+
+def _group_commit(db, report, media):
+    """100 answers at once through one RaterService: all stored once, in few transactions."""
+    import asyncio
+
+    from evalkit.study.live import RaterService
+
+    sid, toks = _service_study(db, report, media, 25)
+    svc = RaterService(db)
+
+    async def run():
+        first = await asyncio.gather(*[svc.state(t) for t in toks])
+        await asyncio.sleep(8 / 24)
+        b0 = svc.batches
+        both = [(t, s["trial"]["trial"]) for t, s in zip(toks, first)] * 4   # each 4 times
+        out = await asyncio.gather(*[svc.answer(t, tid, "A", 5) for t, tid in both])
+        return out, svc.batches - b0
+
+    try:
+        out, batches = asyncio.run(run())
+    finally:
+        svc.close()
+    assert sum(o["saved"] for o in out) == len(toks)               # written once each
+    assert batches < len(out) / 4                                   # grouped into few commits
+    d = study.open_db(db)
+    with d.engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(store.ratings)
+                         .where(store.ratings.c.study_id == sid)).scalar_one()
+    assert n == len(toks)
+
+
+def test_rater_service_group_commit_sqlite(report, tmp_path):
+    _group_commit(str(tmp_path / "gc.db"), report, tmp_path / "media")
+
+
+def test_rater_service_group_commit_postgresql(report, postgres, tmp_path):
+    _group_commit(postgres, report, tmp_path / "media")

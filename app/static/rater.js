@@ -3,7 +3,9 @@
 // Everything shown comes from the server; server data is only ever set as text, never HTML.
 (function () {
   "use strict";
-  const FPS = 24, FRAME = 1 / FPS, STEP_EPS = 0.001;
+  // the study's frame rate comes with each trial (studies made before it was stored: 24)
+  const DEFAULT_FPS = 24, STEP_EPS = 0.001;
+  let FPS = DEFAULT_FPS, FRAME = 1 / FPS;
   const token = new URLSearchParams(location.search).get("token") || "";
   const LABELS = {left: "Left", right: "Right", same: "No difference", A: "A is X", B: "B is X"};
   const KEYS = {
@@ -54,6 +56,8 @@
     if (!state.trial) { finish(state); return; }
     const t = state.trial;
     cur = t;
+    FPS = (typeof t.fps === "number" && isFinite(t.fps) && t.fps > 0) ? t.fps : DEFAULT_FPS;
+    FRAME = 1 / FPS;
     for (const p of ["preference", "abx"]) {
       $("instr-" + p).hidden = p !== t.protocol; $("keys-" + p).hidden = p !== t.protocol;
     }
@@ -206,7 +210,7 @@
 
   // test hook: the sync state of the players (read-only)
   window.evalkitPlayers = () => videos.map((v) => ({slot: v.dataset.slot, t: v.currentTime,
-    paused: v.paused, ready: v.readyState, duration: v.duration}));
+    paused: v.paused, ready: v.readyState, duration: v.duration, fps: FPS}));
 
   async function start() {
     if (!token) { message("This page needs the invite link you were given (it has a token)."); return; }

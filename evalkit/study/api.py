@@ -12,6 +12,7 @@ import io
 import json
 import math
 import secrets
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from .media import degrade, store_browser_copy
 from .store import clips, now, open_db, raters, ratings, studies, trials
 
 CATCH_CLIPS = 6          # degraded versions are made of at most this many clips
+DEFAULT_FPS = 24.0       # frame rate assumed for studies created before it was recorded
 
 
 # -- creation ------------------------------------------------------------------------------
@@ -101,25 +103,39 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
     swap, xbit = design.base_bits(len(chosen), seed)
-    clip_rows, pool = [], []
+    clip_rows, pool, seconds = [], [], {}
+    study_fps = first = None
     for i, c in enumerate(chosen):
         fa, fps = read_frames(c["path_a"])
         fb, fps_b = read_frames(c["path_b"])
+        for path, f in ((c["path_a"], fps), (c["path_b"], fps_b)):
+            if study_fps is None:
+                study_fps, first = f, path
+            elif f != study_fps:
+                raise StudyError(f"{path}: field 'fps': expected {_fps_text(study_fps)} fps like "
+                                 f"{first} (the clips of one study share one frame rate), "
+                                 f"found {_fps_text(f)}")
         ma = store_browser_copy(fa, fps, media)
         mb = store_browser_copy(fb, fps, media)
+        seconds[ma], seconds[mb] = len(fa) / fps, len(fb) / fps
         clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
                           "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
                           "media_b": mb, "base_swap": swap[i], "base_x": xbit[i]})
         if i < CATCH_CLIPS:
             kind = design.CATCH_KINDS[i % len(design.CATCH_KINDS)]
+            deg = degrade(fa, fps, kind)
             pool.append({"ord": i, "kind": kind, "reference": ma,
-                         "degraded": store_browser_copy(degrade(fa, fps, kind), fps, media)})
+                         "degraded": store_browser_copy(deg, fps, media)})
+            seconds[pool[-1]["degraded"]] = len(deg) / fps
+    timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
+              "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
             raters_planned=raters_planned, catch_threshold=catch_threshold, alpha=alpha,
             report=str(rep["report"]), run_a=str(rep["run_a"]), run_b=str(rep["run_b"]),
-            media_dir=str(media), created=now(), config={"catch_pool": []})).inserted_primary_key[0]
+            media_dir=str(media), created=now(),
+            config={"catch_pool": [], **timing})).inserted_primary_key[0]
         ids = []
         for row in clip_rows:
             ids.append(conn.execute(clips.insert().values(study_id=sid, **row))
@@ -127,8 +143,18 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         catch_pool = [{"clip_id": ids[p["ord"]], "kind": p["kind"], "reference": p["reference"],
                        "degraded": p["degraded"]} for p in pool]
         conn.execute(studies.update().where(studies.c.id == sid)
-                     .values(config={"catch_pool": catch_pool}))
+                     .values(config={"catch_pool": catch_pool, **timing}))
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media)}
+
+
+def _fps_text(fps) -> str:
+    fps = Fraction(fps).limit_denominator(1001 * 1000)
+    return str(fps.numerator) if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
+
+
+def study_fps(config: dict) -> float:
+    """The frame rate of a study's clips (studies made before it was recorded: 24)."""
+    return float(config.get("fps") or DEFAULT_FPS)
 
 
 def _study(conn, study) -> dict:
@@ -185,9 +211,10 @@ def _rater(conn, token: str) -> dict:
     return dict(row)
 
 
-def _public(trial: dict, protocol: str, total: int) -> dict:
+def _public(trial: dict, protocol: str, total: int, fps: float = DEFAULT_FPS) -> dict:
+    # fps is shared by every side of a trial, so it says nothing about which is which
     return {"trial": trial["id"], "index": trial["ord"] + 1, "total": total,
-            "protocol": protocol, "answers": list(design.ANSWERS[protocol]),
+            "protocol": protocol, "answers": list(design.ANSWERS[protocol]), "fps": fps,
             "media": {slot: f"{sha}.mp4" for slot, sha in trial["shown"].items()}}
 
 
@@ -205,19 +232,21 @@ def progress(db, token: str) -> dict:
 
 def next_trial(db, token: str) -> dict | None:
     """The rater's first unanswered trial (``trial`` id, ``index``/``total``, ``protocol``,
-    ``answers``, ``media``: slot -> ``<sha256>.mp4``), or None when all are answered."""
+    ``answers``, ``fps`` (the study's), ``media``: slot -> ``<sha256>.mp4``), or None when all
+    are answered. Read-only: the web app's :class:`.live.RaterService` also records when a trial
+    is first shown (its play-through gate); :func:`submit` has no gate."""
     d = open_db(db)
     with d.engine.connect() as conn:
         r = _rater(conn, token)
-        protocol = conn.execute(select(studies.c.protocol)
-                                .where(studies.c.id == r["study_id"])).scalar_one()
+        protocol, config = conn.execute(select(studies.c.protocol, studies.c.config)
+                                        .where(studies.c.id == r["study_id"])).one()
         total = conn.execute(select(func.count()).select_from(trials)
                              .where(trials.c.rater_id == r["id"])).scalar_one()
         answered = select(ratings.c.trial_id).where(ratings.c.rater_id == r["id"])
         t = conn.execute(select(trials).where(trials.c.rater_id == r["id"],
                                               trials.c.id.not_in(answered))
                          .order_by(trials.c.ord).limit(1)).mappings().first()
-    return None if t is None else _public(dict(t), protocol, total)
+    return None if t is None else _public(dict(t), protocol, total, study_fps(config))
 
 
 def submit(db, token: str, trial_id, answer: str, response_ms, client: str | None = None) -> dict:

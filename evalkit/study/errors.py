@@ -37,3 +37,14 @@ class RatingConflict(StudyError):
     def __init__(self, trial, first, second):
         super().__init__(f"trial {trial}: already answered {first!r}; a rating is written once "
                          f"(found a second answer {second!r})")
+
+
+class TooSoon(StudyError):
+    """An answer that came before one play-through of the trial's videos (the web app's gate)."""
+
+    def __init__(self, trial, elapsed: float | None, need: float, seconds: float):
+        when = ("before the trial was shown" if elapsed is None
+                else f"{elapsed:.1f} s after the trial was first shown")
+        super().__init__(f"trial {trial}: field 'answer': came {when}; watch the videos through "
+                         f"once ({seconds:.1f} s) before answering")
+        self.wait_ms = int(1000 * (need if elapsed is None else max(0.0, need - elapsed))) + 1

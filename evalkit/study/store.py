@@ -14,8 +14,9 @@ opened, newer ones are refused):
 - ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
   seed, created
 - ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
-  slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected;
-  unique (rater_id, ord)
+  slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected, served
+  (seconds since the epoch when the web app first showed the trial to its rater; NULL until
+  then; added in schema version 3); unique (rater_id, ord)
 - ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms, shown, sources
   (the hidden mapping as shown), client, created; unique (rater_id, trial_id)
 """
@@ -30,7 +31,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, Me
 
 from ..errors import SchemaVersionError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -95,6 +96,7 @@ trials = Table(
     Column("shown", JSON, nullable=False),
     Column("sources", JSON, nullable=False),
     Column("expected", String(16)),
+    Column("served", Float),             # added in schema version 3
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
@@ -123,8 +125,12 @@ def _upgrade_1_to_2(conn) -> None:
     conn.execute(text("ALTER TABLE ratings ADD COLUMN client VARCHAR(200)"))
 
 
+def _upgrade_2_to_3(conn) -> None:
+    conn.execute(text("ALTER TABLE trials ADD COLUMN served FLOAT"))
+
+
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2}
+UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3}
 
 
 class StudyDB:
