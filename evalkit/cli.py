@@ -106,12 +106,38 @@ def _options(pairs: list[str]) -> dict:
     return out
 
 
+def _executor(args):
+    """None (in this process) or a Ray executor (--executor ray)."""
+    if args.executor == "local":
+        for flag, value in (("--ray-address", args.ray_address), ("--ray-workers", args.ray_workers),
+                            ("--ray-cpus", args.ray_cpus),
+                            ("--ray-retries", getattr(args, "ray_retries", None))):
+            if value is not None:
+                raise UserError(f"{flag}: only with --executor ray")
+        return None
+    from .ray_executor import RayExecutor, import_ray
+
+    import_ray(local=args.ray_address is None)  # a missing Ray fails here, in one line
+    kw = {}
+    if getattr(args, "ray_retries", None) is not None:
+        kw["max_retries"] = args.ray_retries
+    if args.ray_cpus is not None:
+        kw["cpus_per_worker"] = args.ray_cpus
+    return RayExecutor(args.ray_address, max_workers=args.ray_workers, **kw)
+
+
 def cmd_render(args) -> int:
     from .render import render_suite
 
-    summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
-                             options=_options(args.renderer_opt), jobs=args.jobs,
-                             seed_offset=args.seed_offset, progress=not args.quiet)
+    executor = _executor(args)
+    try:
+        summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
+                                 options=_options(args.renderer_opt), jobs=args.jobs,
+                                 seed_offset=args.seed_offset, progress=not args.quiet,
+                                 executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     failed = 0
     for s in summaries:
         print(f"{s.backend}: {s.done} rendered, {s.skipped} already done, {s.failed} failed "
@@ -130,9 +156,14 @@ def cmd_compare(args) -> int:
         options["temporal"] = False
     if args.flow_preset:
         options["flow_preset"] = args.flow_preset
-    result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
-                          device=None if args.device == "auto" else args.device,
-                          metric_options=options, progress=not args.quiet)
+    executor = _executor(args)
+    try:
+        result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
+                              device=None if args.device == "auto" else args.device,
+                              metric_options=options, progress=not args.quiet, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     s = result.summary
     agg = s["aggregates"]
     print(f"compared {len(s['jobs']['compared'])} jobs "
@@ -224,12 +255,47 @@ def cmd_study_plan(args) -> int:
 def cmd_serve(args) -> int:
     from app.server import serve  # the app package is installed with evalkit
 
-    serve(args.db, host=args.host, port=args.port, admin_password=args.admin_password,
-          completion_code=args.completion_code)
+    stopped_by = serve(args.db, host=args.host, port=args.port,
+                       admin_password=args.admin_password, completion_code=args.completion_code)
+    # Ctrl-C (SIGINT) and SIGTERM are the normal way to stop a server: a clean stop exits 0;
+    # a further Ctrl-C while the process winds down must not turn that into a traceback
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"serve: stopped{' by ' + stopped_by if stopped_by else ''}; every acknowledged "
+          "rating is stored", file=sys.stderr, flush=True)
     return 0
 
 
 # -- parser --------------------------------------------------------------------------------
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {value!r}")
+    return n
+
+
+def _executor_args(s, retries: bool = False) -> None:
+    s.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: in this process (default); ray: on a Ray cluster "
+                        "(pip install 'evalkit[ray]')")
+    s.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="Ray cluster to join, e.g. 10.0.0.1:6379 or auto (default: start a local "
+                        "Ray instance on loopback)")
+    s.add_argument("--ray-workers", type=_positive_int, default=None, metavar="N",
+                   help="at most N Ray workers per backend (default: one per GPU, or per CPU for "
+                        "CPU backends, of the matching nodes)")
+    s.add_argument("--ray-cpus", type=_positive_int, default=None, metavar="N",
+                   help="CPUs (and compute threads) per Ray worker of a CPU backend or CPU "
+                        "metrics (default 1)")
+    if retries:
+        s.add_argument("--ray-retries", type=int, default=None, metavar="N",
+                       help="retry a job whose worker died up to N times (default 2), then record "
+                            "it as failed")
+
 
 def build_parser() -> argparse.ArgumentParser:
     # --verbose is accepted before or after the command; subcommands must not reset it.
@@ -279,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed-offset", type=int, default=0,
                    help="add N to every seed (a seed-shifted run for the noise floor)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    _executor_args(s, retries=True)
     s.set_defaults(func=cmd_render)
 
     s = sub.add_parser("compare", parents=[common],
@@ -292,9 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--seed-offset run (repeatable)")
     s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
-                   help="DIS preset for the temporal metrics (default medium)")
+                   help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    _executor_args(s)
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, plan")
@@ -340,7 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_study_plan)
 
     s = sub.add_parser("serve", parents=[common],
-                       help="the blind A/B web app: rater page (invite links) and admin page")
+                       help="the blind A/B web app: rater page (invite links) and admin page",
+                       description="Serve the rater page (/?token=...) and the admin page "
+                       "(/admin) until Ctrl-C or SIGTERM, which stop it cleanly (exit 0).")
     s.add_argument("--db", required=True, help="database URL or SQLite file")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=7860, help="port (default 7860)")
@@ -378,8 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SSIM on rounded BT.601 luma (default, original convention) or per RGB plane")
     s.add_argument("--flow", choices=("dis", "farneback"), default="dis",
                    help="optical flow for the temporal metrics (default OpenCV DIS)")
-    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default="medium",
-                   help="DIS preset (default medium)")
+    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
+                   help="DIS preset (default fast)")
     s.add_argument("--flow-scale", type=float, default=1.0,
                    help="compute flow on frames downscaled by this factor in (0, 1] (default 1)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")

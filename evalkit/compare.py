@@ -217,11 +217,46 @@ def _fingerprint_diff(a: dict, b: dict) -> dict:
             if k not in skip and a.get(k) != b.get(k)}
 
 
+class LocalCompareSession:
+    """Measures pairs in this process with one evaluator (the LPIPS model loaded once).
+
+    An executor's ``compare_session(device=, metric_options=)`` returns an object with the same
+    ``measure``, ``conventions``, ``device`` and ``close``; the Ray executor's spreads the pairs
+    over workers (:mod:`evalkit.ray_executor`).
+    """
+
+    def __init__(self, *, device=None, metric_options: dict | None = None):
+        from metrics.stream import PairEvaluator
+
+        self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
+
+    @property
+    def conventions(self) -> dict:
+        return self.evaluator.conventions
+
+    @property
+    def device(self) -> str:
+        return str(self.evaluator.device)
+
+    def measure(self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True,
+                progress=None) -> list[JobMeasure]:
+        out = []
+        for p in pairs:
+            out.append(measure_pair(self.evaluator, p, chunk=chunk, keep_worst=keep_worst))
+            if progress is not None:
+                progress.update(1)
+        return out
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
 def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
-                 metric_options: dict | None = None, progress: bool = True) -> CompareResult:
+                 metric_options: dict | None = None, progress: bool = True,
+                 executor=None) -> CompareResult:
     from tqdm import tqdm
 
-    from metrics.stream import PairEvaluator, UNITS
+    from metrics.stream import UNITS
 
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
     check_same_suite(a, b)
@@ -237,24 +272,29 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
     pairs, problems = pair_jobs(a, b, same_seed=True)
-    evaluator = PairEvaluator(device=device, **(metric_options or {}))
+    if executor is None:
+        session = LocalCompareSession(device=device, metric_options=metric_options)
+    else:
+        session = executor.compare_session(device=device, metric_options=metric_options)
     try:
-        measures = [measure_pair(evaluator, p, chunk=chunk)
-                    for p in tqdm(pairs, desc="compare", unit="job", disable=not progress)]
+        with tqdm(total=len(pairs), desc="compare", unit="job", disable=not progress) as bar:
+            measures = session.measure(pairs, chunk=chunk, progress=bar)
         floor_info = {}
         taken: set = set()
         for f in floor_runs:
             name = _floor_name(a, f, taken)
             taken.add(name)
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
-            fm = [measure_pair(evaluator, p, chunk=chunk, keep_worst=False)
-                  for p in tqdm(fpairs, desc=f"floor {name}", unit="job", disable=not progress)]
+            with tqdm(total=len(fpairs), desc=f"floor {name}", unit="job",
+                      disable=not progress) as bar:
+                fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
                                 "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
                                 "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
-        conventions = evaluator.conventions
+        conventions = session.conventions
+        metrics_device = session.device
     finally:
-        evaluator.close()
+        session.close()
 
     aggregates = aggregates_of(measures)
     ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
@@ -270,7 +310,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                  "b": {"path": str(b.path), "backend": b.manifest["backend"], "fingerprint": fb,
                        "renderer": b.manifest["renderer"]}},
         "fingerprint_differences": _fingerprint_diff(fa, fb),
-        "metrics_device": str(evaluator.device),
+        "metrics_device": metrics_device,
         "conventions": conventions,
         "units": {k: v for k, v in UNITS.items()},
         "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},

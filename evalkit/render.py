@@ -5,7 +5,12 @@ missing or does not match its recorded sha256), hands jobs to an executor, and r
 result as it arrives (clip, preview, manifest; all atomic). The executor only turns jobs into
 frames. :class:`LocalExecutor` runs in-process, one backend after the other, loading the
 pipeline once per backend; a cluster executor can dispatch the same tasks elsewhere and hand the
-results back to the same driver.
+results back to the same driver (:class:`evalkit.ray_executor.RayExecutor`: Ray actors, one per
+GPU or CPU slot, return encoded clips that this driver writes the same way).
+
+The executor interface: ``check(specs)`` (can these backends run?), ``fingerprint(spec)`` (the
+environment that will render, or None when the workers report it with each result),
+``run_all(renderer, tasks, sources, progress)`` yielding ``(task, JobResult)`` in any order.
 """
 from __future__ import annotations
 
@@ -38,6 +43,10 @@ def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
     return name + (f"_seed+{seed_offset}" if seed_offset else "")
 
 
+#: cluster executors: the least time between two manifest saves of one run (seconds)
+MANIFEST_SAVE_INTERVAL = 2.0
+
+
 @dataclass
 class JobResult:
     job: Job
@@ -45,6 +54,12 @@ class JobResult:
     fps: object
     error: str | None
     timing: dict = field(default_factory=dict)
+    #: set by executors that encode elsewhere: clip/preview bytes and frames/width/height
+    encoded: dict | None = None
+    #: extra keys for the job's manifest record (a cluster executor: node, attempts)
+    extra: dict = field(default_factory=dict)
+    #: the fingerprint of the environment that rendered it (None: the driver's own)
+    fingerprint: dict | None = None
 
 
 @dataclass
@@ -88,6 +103,10 @@ class Progress:
         if not ok:
             self.overall.set_postfix_str("some failed")
 
+    def status(self, text: str) -> None:
+        """Cluster-wide state next to the overall bar (e.g. jobs running on how many workers)."""
+        self.overall.set_postfix_str(text, refresh=True)
+
     def close(self) -> None:
         self.overall.close()
 
@@ -96,6 +115,25 @@ class LocalExecutor:
     """Render in this process: per backend, load the renderer once, then every job in turn."""
 
     name = "local"
+
+    def check(self, specs: list[BackendSpec]) -> None:
+        for spec in specs:
+            check_available(spec)
+
+    def fingerprint(self, spec: BackendSpec) -> dict:
+        with apply_backend(spec):
+            return fingerprint(spec)
+
+    def run_all(self, renderer: Renderer, tasks: list[BackendTask], sources: "SourceCache",
+                progress: Progress) -> Iterator[tuple[BackendTask, JobResult]]:
+        """One backend after the other, in this process."""
+        for task in tasks:
+            if task.jobs:
+                for result in self.run(renderer, task, sources, progress):
+                    yield task, result
+
+    def close(self) -> None:
+        pass
 
     def run(self, renderer: Renderer, task: BackendTask, sources: "SourceCache",
             progress: Progress) -> Iterator[JobResult]:
@@ -234,8 +272,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if not backends:
         raise UserError("--backend: give at least one backend spec, e.g. --backend cpu,dtype=fp32")
     specs = [parse_spec(b) for b in backends]
-    for spec in specs:
-        check_available(spec)
+    executor = executor or LocalExecutor()
+    executor.check(specs)
     if len({s.spec for s in specs}) != len(specs):
         raise UserError("--backend: the same backend is given twice")
     if isinstance(renderer, Renderer):
@@ -251,13 +289,16 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
-    executor = executor or LocalExecutor()
 
     runs: list[tuple[BackendTask, RunDir]] = []
     total = 0
     for spec in specs:
-        with apply_backend(spec):
-            fp = fingerprint(spec)
+        fp = executor.fingerprint(spec)
+        if fp is None:  # reported by the workers that render; until then keep what was there
+            path = out / run_dir_name(spec, seed_offset)
+            old = RunDir.open(path).manifest["fingerprint"] if (path / "manifest.json").exists() \
+                else None
+            fp = old or {"pending": "set from the worker that renders the first job"}
         run = RunDir.create(out / run_dir_name(spec, seed_offset), suite=suite,
                             renderer=rend.describe(), backend=spec.to_dict(), fingerprint=fp,
                             notes={"seed_offset": seed_offset, "executor": executor.name})
@@ -267,33 +308,72 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         total += len(todo)
     bars = Progress(total, enabled=progress)
     sources = SourceCache(suite)
-    summaries = []
+    state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
+                        "saved": float("-inf"), "dirty": False} for task, run in runs}
     # Results are written (lossless clip, preview, manifest) by one writer thread, so that
     # encoding a finished job overlaps with rendering the next; at most one write is pending.
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     try:
-        for task, run in runs:
-            failures: dict[str, str] = {}
-            done = 0
+        with contextlib.ExitStack() as locks:
+            for _, run in runs:
+                locks.enter_context(_locked(run))
             pending: Future | None = None
-            with _locked(run):
-                for result in (executor.run(rend, task, sources, bars) if task.jobs else ()):
-                    if pending is not None:
-                        pending.result()
-                    if result.error is None:
-                        pending = writer.submit(run.record_done, result.job.id, result.frames,
-                                                result.fps, timing=result.timing,
-                                                extra={"effective_seed": result.job.seed + seed_offset})
-                        done += 1
-                    else:
-                        pending = writer.submit(run.record_failed, result.job.id, result.error,
-                                                timing=result.timing)
-                        failures[result.job.id] = result.error
+            tasks = [task for task, _ in runs]
+            for task, result in executor.run_all(rend, tasks, sources, bars):
+                st = state[id(task)]
                 if pending is not None:
                     pending.result()
-            summaries.append(RenderSummary(task.spec.spec, run.path, done, len(failures),
-                                           len(selected) - len(task.jobs), failures))
+                if result.error is None:
+                    st["done"] += 1
+                else:
+                    st["failures"][result.job.id] = result.error
+                pending = writer.submit(_record, st, result, seed_offset)
+            if pending is not None:
+                pending.result()
     finally:
         writer.shutdown(wait=True)
+        for st in state.values():  # results whose manifest save was deferred
+            if st["dirty"]:
+                st["run"].save()
         bars.close()
-    return summaries
+    return [RenderSummary(task.spec.spec, run.path, state[id(task)]["done"],
+                          len(state[id(task)]["failures"]), len(selected) - len(task.jobs),
+                          state[id(task)]["failures"]) for task, run in runs]
+
+
+def _record(st: dict, result: JobResult, seed_offset: int) -> None:
+    """Write one result into its run folder (on the writer thread)."""
+    run: RunDir = st["run"]
+    if result.fingerprint is not None:
+        # the fingerprint is the rendering node's: the first one seen this time becomes the
+        # run's; every node that rendered a job is listed with its own under "nodes"
+        node = result.extra.get("node", {})
+        if not st["nodes"]:
+            run.manifest["fingerprint"] = result.fingerprint
+        if node.get("id") and node["id"] not in st["nodes"]:
+            st["nodes"].add(node["id"])
+            run.manifest.setdefault("nodes", {})[node["id"]] = {
+                "host": node.get("host"), "ip": node.get("ip"), "fingerprint": result.fingerprint}
+    if result.error is None:
+        extra = {"effective_seed": result.job.seed + seed_offset, **result.extra}
+        if result.encoded is not None:
+            # a cluster's results come fast: the manifest (rewritten whole, about 1 KB per job)
+            # is saved at most every MANIFEST_SAVE_INTERVAL seconds; the clip is always in place
+            # first, so a crash in between only leaves finished jobs pending (rendered again)
+            e = result.encoded
+            now = time.monotonic()
+            save = now - st["saved"] >= MANIFEST_SAVE_INTERVAL
+            run.record_done_encoded(result.job.id, e["clip"], e.get("preview"), frames=e["frames"],
+                                    width=e["width"], height=e["height"], fps=result.fps,
+                                    timing=result.timing, extra=extra, save=save)
+            st["dirty"] = not save
+            if save:
+                st["saved"] = now
+        else:
+            run.record_done(result.job.id, result.frames, result.fps, timing=result.timing,
+                            extra=extra)
+            st["dirty"] = False
+    else:
+        run.record_failed(result.job.id, result.error, timing=result.timing,
+                          extra=result.extra or None)
+        st["dirty"] = False

@@ -197,10 +197,40 @@ class RunDir:
         self.save()
         return rec
 
-    def record_failed(self, job_id: str, error: str, *, timing: dict | None = None) -> dict:
+    def record_done_encoded(self, job_id: str, clip_bytes: bytes, preview_bytes: bytes | None,
+                            *, frames: int, width: int, height: int, fps, timing: dict | None = None,
+                            extra: dict | None = None, save: bool = True) -> dict:
+        """Like :meth:`record_done`, for a clip (and preview) already encoded elsewhere (a
+        cluster worker, with the same :mod:`evalkit.video` writers): the bytes are written
+        atomically, clip first, then preview, then the manifest (``save=False``: the caller saves
+        it soon; until then a crash leaves the job pending, to be rendered again)."""
+        from .fsutil import atomic_write_bytes
+
+        rec = self.job(job_id)
+        clip = self.clip_path(job_id)
+        atomic_write_bytes(clip, clip_bytes)
+        if preview_bytes is not None:
+            atomic_write_bytes(self.preview_path(job_id), preview_bytes)
+        rec.update(
+            status="done", error=None, timing=dict(timing or {}),
+            output={"path": f"clips/{clip.name}", "sha256": sha256_file(clip), "frames": int(frames),
+                    "width": int(width), "height": int(height), "fps": str(fps)},
+            preview=f"preview/{job_id}.mp4" if preview_bytes is not None else None,
+            finished=_now(),
+        )
+        if extra:
+            rec.update(extra)
+        if save:
+            self.save()
+        return rec
+
+    def record_failed(self, job_id: str, error: str, *, timing: dict | None = None,
+                      extra: dict | None = None) -> dict:
         rec = self.job(job_id)
         rec.update(status="failed", error=str(error), timing=dict(timing or {}), output=None,
                    preview=None, finished=_now())
+        if extra:
+            rec.update(extra)
         self.save()
         return rec
 
