@@ -66,18 +66,25 @@ def flow_convention(method: str = "dis", preset: str = DEFAULT_PRESET, scale: fl
     return f"{name},luma8" + (f",scale{scale:g}" if scale != 1 else "")
 
 
-def _dis(preset: str):
+def _dis(preset: str, shape: tuple):
+    """This thread's DIS instance for ``preset`` and frame ``shape``. An instance is reused only
+    for frames of the size it last saw: one that has computed flows of another size gives
+    different flows (measured: warping errors 100x apart), so results would depend on what
+    the thread computed before."""
     import cv2
 
     cache = getattr(_local, "dis", None)
     if cache is None:
         cache = _local.dis = {}
-    inst = cache.get(preset)
+    key = (preset, shape)
+    inst = cache.get(key)
     if inst is None:
         code = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST,
                 "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
                 "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}[preset]
-        inst = cache[preset] = cv2.DISOpticalFlow_create(code)
+        for k in [k for k in cache if k[0] == preset]:
+            del cache[k]
+        inst = cache[key] = cv2.DISOpticalFlow_create(code)
     return inst
 
 
@@ -92,7 +99,7 @@ def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str =
         src = cv2.resize(src, (sw, sh), interpolation=cv2.INTER_AREA)
         dst = cv2.resize(dst, (sw, sh), interpolation=cv2.INTER_AREA)
     if method == "dis":
-        f = _dis(preset).calc(src, dst, None)
+        f = _dis(preset, src.shape).calc(src, dst, None)
     else:
         f = cv2.calcOpticalFlowFarneback(src, dst, None, *FARNEBACK_PARAMS)
     if scale != 1:

@@ -296,6 +296,20 @@ def test_stream_is_chunk_invariant_and_matches_functional():
                                atol=1e-5)
 
 
+def test_stream_without_temporal_metrics_stages_alike():
+    # without temporal metrics frames are staged with torch's threaded copy: same numbers
+    a = translated_clip(n=6, seed=5)
+    b = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
+    full = evaluate_pair(iter(a), iter(b), device="cpu", chunk=4)["records"]
+    fid = evaluate_pair(iter(list(a)), iter(b), device="cpu", chunk=4, temporal=False)["records"]
+    assert len(fid) == len(full) == 6 and "tlp" not in fid[1]
+    for r0, r in zip(full, fid):
+        for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction"):
+            assert r[k] == r0[k], (k, r0["frame"])
+    from metrics.stream import auto_chunk
+    assert auto_chunk(720, 1280, "cpu") == 2 and auto_chunk(256, 256, "cpu") == 8
+
+
 def test_stream_accepts_chunks_and_tensors_and_is_deterministic():
     a = translated_clip(n=5, seed=4)
     b = a[:, ::-1].copy()  # vertically flipped: very different
@@ -325,6 +339,20 @@ def test_stream_flow_threads_pipeline_and_update_agree():
         ev.close()
     assert pooled["records"] == inline["records"] == stepped
     assert inline["conventions"]["flow"] == "dis-fast,luma8"      # the default preset
+
+
+def test_flow_does_not_depend_on_what_the_thread_computed_before():
+    """A cached DIS instance that saw another frame size gave other flows (fixed)."""
+    import concurrent.futures
+
+    from metrics.flow import flow_u8
+
+    clip = translated_clip(n=2, seed=5)[..., 1].copy()            # 64x96
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:       # a fresh thread: reference
+        ref = pool.submit(flow_u8, clip[0], clip[1]).result()
+    other = np.random.default_rng(0).integers(0, 256, (2, 64, 64), dtype=np.uint8)
+    flow_u8(other[0], other[1])                                   # another size first
+    assert np.array_equal(flow_u8(clip[0], clip[1]), ref)
 
 
 def test_stream_reads_at_most_one_chunk_ahead():
