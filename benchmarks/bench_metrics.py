@@ -468,7 +468,7 @@ def main(argv=None):
         return run_all(args, argv)
     part = args.part or ("memory" if args.memory else "fidelity" if args.no_temporal else "full")
     if args.chunk is None:
-        args.chunk = auto_chunk(h, w, dev)
+        args.chunk = auto_chunk(h, w, dev, temporal=part != "fidelity")
     if args.frames is None:
         args.frames = 1000 if gpu else 32
     if args.seconds is None:

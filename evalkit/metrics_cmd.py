@@ -107,7 +107,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if chunk is None:
         from metrics.stream import auto_chunk
 
-        chunk = auto_chunk(ia.height, ia.width, ev.device)
+        chunk = auto_chunk(ia.height, ia.width, ev.device, ev.temporal)
     records = []
     try:
         stream = stream_pair(_prefetch(ra.chunks(chunk)), _prefetch(rb.chunks(chunk)),
