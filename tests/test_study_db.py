@@ -446,7 +446,7 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         assert r["progress"]["finished"] and r["completion_code"] == "DONE"
 
     try:
-        asyncio.run(run())
+        _run_async(run())
     finally:
         svc.close()
     assert study.progress(db, tok)["finished"]
@@ -455,6 +455,16 @@ def test_rater_service_gate_and_answers(report, tmp_path):
                        "ratings where client = 'agent/1') and served is null").fetchone() == (0,)
     rows = list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
     assert len(rows) == study.progress(db, tok)["total"] + 1
+
+
+def _run_async(coro):
+    """asyncio.run on a thread of its own: Playwright's sync API (the session's browser, once a
+    browser test ran) keeps an event loop running on the main thread."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _group_commit(db, report, media):
@@ -475,7 +485,7 @@ def _group_commit(db, report, media):
         return out, svc.batches - b0
 
     try:
-        out, batches = asyncio.run(run())
+        out, batches = _run_async(run())
     finally:
         svc.close()
     assert sum(o["saved"] for o in out) == len(toks)               # written once each
