@@ -249,6 +249,25 @@ def next_trial(db, token: str) -> dict | None:
     return None if t is None else _public(dict(t), protocol, total, study_fps(config))
 
 
+def check_response_ms(trial_id, response_ms) -> int:
+    """``response_ms`` as a non-negative int, else :class:`BadAnswer` naming the field."""
+    try:
+        ms = int(response_ms)
+    except (TypeError, ValueError):
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
+                        f"found {response_ms!r}") from None
+    if ms < 0:
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
+    return ms
+
+
+def check_answer(trial_id, protocol: str, answer) -> None:
+    """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
+    if answer not in design.ANSWERS[protocol]:
+        raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
+                        f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
+
+
 def submit(db, token: str, trial_id, answer: str, response_ms, client: str | None = None) -> dict:
     """Record a rater's answer once. A repeated submit of the same answer is idempotent
     (``new`` False); a different answer to an answered trial is a :class:`RatingConflict`."""
@@ -257,13 +276,7 @@ def submit(db, token: str, trial_id, answer: str, response_ms, client: str | Non
         tid = int(trial_id)
     except (TypeError, ValueError):
         raise UnknownTrial(trial_id) from None
-    try:
-        ms = int(response_ms)
-    except (TypeError, ValueError):
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
-                        f"found {response_ms!r}") from None
-    if ms < 0:
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
+    ms = check_response_ms(trial_id, response_ms)
     with d.engine.connect() as conn:
         r = _rater(conn, token)
         t = conn.execute(select(trials).where(trials.c.id == tid)).mappings().first()
@@ -274,9 +287,7 @@ def submit(db, token: str, trial_id, answer: str, response_ms, client: str | Non
             raise TrialNotAssigned(trial_id, r["id"])
         protocol = conn.execute(select(studies.c.protocol)
                                 .where(studies.c.id == r["study_id"])).scalar_one()
-    if answer not in design.ANSWERS[protocol]:
-        raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
-                        f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
+    check_answer(trial_id, protocol, answer)
     correct, _ = design.score(protocol, t, answer)
     row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid, "answer": answer,
            "correct": correct, "response_ms": ms, "shown": t["shown"], "sources": t["sources"],

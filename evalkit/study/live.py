@@ -30,8 +30,8 @@ from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design
-from .api import _public, study_fps, token_hash
-from .errors import BadAnswer, RatingConflict, TooSoon, TrialNotAssigned, UnknownToken, UnknownTrial
+from .api import _public, check_answer, check_response_ms, study_fps, token_hash
+from .errors import RatingConflict, TooSoon, TrialNotAssigned, UnknownToken, UnknownTrial
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
@@ -256,16 +256,8 @@ class RaterService:
             raise TrialNotAssigned(trial_id, r["id"])
         st = self._study(conn, r["study_id"])
         protocol = st["protocol"]
-        try:
-            ms = int(response_ms)
-        except (TypeError, ValueError):
-            raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
-                            f"found {response_ms!r}") from None
-        if ms < 0:
-            raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
-        if answer not in design.ANSWERS[protocol]:
-            raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
-                            f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
+        ms = check_response_ms(trial_id, response_ms)
+        check_answer(trial_id, protocol, answer)
         live = self._live(conn, r["id"])
         served, prev = live[tid]
         if prev is not None:                    # answered before: idempotent or a conflict
