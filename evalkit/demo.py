@@ -40,8 +40,12 @@ def run(argv=None) -> int:
     from .backend import parse_spec
     from .render import run_dir_name
 
+    from .renderers.canary import MODEL_DIR
+    from .renderers.diffusers import model_digest
+
     spec_a, spec_b = backends()
-    runs = a.out / "runs"
+    # one runs folder per version of the shipped weights: a rerun resumes, a new model renders anew
+    runs = a.out / f"runs-{model_digest(MODEL_DIR)[:8]}"
     steps = [
         ["suite", "validate", SUITE],
         ["info"],

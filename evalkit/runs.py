@@ -114,6 +114,10 @@ class RunDir:
             diffs.append(f"suite {m['suite'].get('name')!r} != {suite.name!r}")
         if m["renderer"].get("name") != renderer.get("name"):
             diffs.append(f"renderer {m['renderer'].get('name')!r} != {renderer.get('name')!r}")
+        old_model, new_model = m["renderer"].get("model_sha256"), renderer.get("model_sha256")
+        if old_model and new_model and old_model != new_model:
+            diffs.append(f"model {m['renderer'].get('model')!r} has other contents now "
+                         f"(model_sha256 {old_model[:12]} != {new_model[:12]})")
         if m["backend"].get("spec") != backend.get("spec"):
             diffs.append(f"backend {m['backend'].get('spec')!r} != {backend.get('spec')!r}")
         if diffs:

@@ -93,6 +93,28 @@ def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_pa
 
 # -- resume ----------------------------------------------------------------------------------
 
+def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline, tmp_path, cli):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_pipeline, model)
+    opts = ["-O", f"model={model}", "-O", "pipeline_class=tiny_v2v:TinyVideoToVideoPipeline"]
+    args = ["render", SMOKE, "-b", "cpu", "--renderer", "diffusers", *opts, "--jobs",
+            "astronaut_pan", "--out", tmp_path / "runs"]
+    assert cli(*args)[0] == 0
+    manifest = json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text())
+    assert len(manifest["renderer"]["model_sha256"]) == 64
+    assert cli(*args)[0] == 0                                # same weights: resumes
+    weights = next(p for p in model.rglob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01                                         # other weights, same path and size
+    weights.write_bytes(bytes(data))
+    code, _, err = cli(*args)
+    assert code == 2
+    assert_one_line_error(err, "has other contents now")
+    assert json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text()) == manifest
+
+
 def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
     suite_path = make_suite(tmp_path, prompts=("a", "b", "c", "d"), seeds=(0, 1))
     out = tmp_path / "out"

@@ -30,6 +30,30 @@ PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps",
 _DENOISERS = ("unet", "transformer", "denoiser")
 
 
+def model_digest(folder: Path, whole_up_to: int = 256 << 20, part: int = 16 << 20) -> str:
+    """sha256 identifying a local pipeline folder's contents, so that a run folder is never
+    resumed with other weights under the same path: every file's relative path, size and
+    content hash (files over ``whole_up_to`` bytes: their first and last ``part`` bytes, which
+    keeps the cost bounded for multi-GB checkpoints). README and other ``.md`` files are left
+    out (documentation does not change outputs)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".md"):
+        size = f.stat().st_size
+        fh = hashlib.sha256()
+        with open(f, "rb") as fp:
+            if size <= whole_up_to:
+                for block in iter(lambda: fp.read(1 << 20), b""):
+                    fh.update(block)
+            else:
+                fh.update(fp.read(part))
+                fp.seek(size - part)
+                fh.update(fp.read(part))
+        h.update(f"{f.relative_to(folder).as_posix()}\0{size}\0{fh.hexdigest()}\n".encode())
+    return h.hexdigest()
+
+
 class DiffusersRenderer(Renderer):
     name = "diffusers"
     options_help = {
@@ -53,11 +77,13 @@ class DiffusersRenderer(Renderer):
         d = super().describe()
         d["version"] = f"diffusers {diffusers.__version__}"
         d["model"] = str(self.options["model"])
-        index = Path(str(self.options["model"])) / "model_index.json"
+        folder = Path(str(self.options["model"]))
+        index = folder / "model_index.json"
         if index.is_file():
             import hashlib
 
             d["model_index_sha256"] = hashlib.sha256(index.read_bytes()).hexdigest()
+            d["model_sha256"] = model_digest(folder)
         return d
 
     def _pipeline_class(self):
