@@ -22,7 +22,7 @@ from evalkit.study import store
 from app_helpers import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
 from study_helpers import make_report
-from test_app import ENABLED, check_csv, export, hidden, rate  # noqa: F401
+from test_app import ENABLED, export, hidden, rate  # noqa: F401
 
 
 @pytest.fixture(scope="module")

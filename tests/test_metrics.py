@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 import metrics
 from metrics import MetricInputError
-from metrics.flow import consistency_mask, warp
+from metrics.flow import consistency_mask
 from metrics.stream import PairEvaluator, evaluate_pair, stream_pair
 from metrics.temporal import warping_error_from_flows
 

@@ -303,7 +303,6 @@ def lr_at(frac: float, base: float, warm: float = 0.03) -> float:
 
 def load_lpips(path: str | None, device):
     import lpips
-    import torch
 
     net = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
     if path is None:
