@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Train the canary on one GPU within a fixed time budget, then measure it (quality + speed).
+# With its defaults this is v2's recipe (denoiser from scratch); the shipped v3 weights continue
+# v2's with TRAIN_EXTRA="--init-from models/canary --seed 1 --img-grad 2 --ae-grad 1
+# --img-grad-energy 3 --ae-grad-energy 2 --temporal-weight 2 --lr 3e-4 --ae-lr 5e-4" and
+# AE_SECONDS=45 UNET_SECONDS=390 (the exact command: models/canary/README.md, "Training").
 #
 #   bash benchmarks/device_canary.sh OUT_DIR
 #
