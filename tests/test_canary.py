@@ -164,3 +164,54 @@ def test_unet_extra_blocks_keep_the_plain_layout():
     te_out = torch.randn(2, 8, 128), torch.randn(2, 128), torch.ones(2, 8, dtype=torch.bool)
     out = big(z, torch.tensor([10, 500]), z, *te_out, num_frames=2).sample
     assert out.shape == z.shape
+
+
+def test_gradient_energy_loss_asks_for_texture_not_its_phase():
+    """The v3 sharpness terms: the per-pixel gradient L1 punishes a texture one pixel off as
+    hard as a missing one (so an uncertain model blurs); the local gradient energy does not
+    punish the shift but does punish the blur."""
+    from evalkit.canary.train import gradient_energy_loss, gradient_loss
+
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.rand(2, 3, 64, 64, generator=g) * 2 - 1
+    shifted = torch.roll(tgt, shifts=1, dims=-1)
+    blurred = torch.nn.functional.avg_pool2d(tgt, 3, stride=1, padding=1, count_include_pad=False)
+    assert gradient_loss(tgt, tgt).item() == 0 and gradient_energy_loss(tgt, tgt).item() == 0
+    assert gradient_loss(shifted, tgt) > 0.5 * gradient_loss(blurred, tgt)
+    assert gradient_energy_loss(shifted, tgt) < 0.1 * gradient_energy_loss(blurred, tgt)
+
+
+def test_training_continues_a_saved_pipeline(tmp_path):
+    """`train.py train --init-from DIR` starts from DIR's denoiser and text encoder, runs the
+    v3 losses and saves a pipeline folder that loads and renders (CPU, random photographs,
+    two steps per phase)."""
+    rng = np.random.default_rng(0)
+    photos = tmp_path / "photos.npz"
+    np.savez(photos, a=rng.integers(0, 256, (160, 200, 3), dtype=np.uint8),
+             b=rng.integers(0, 256, (180, 170, 3), dtype=np.uint8))
+    out = tmp_path / "canary"
+    cmd = [sys.executable, str(REPO / "evalkit/canary/train.py"), "train", "--photos", str(photos),
+           "--out", str(out), "--reuse-vae", str(SHIPPED_DIR), "--init-from", str(SHIPPED_DIR),
+           "--device", "cpu", "--ae-steps", "2", "--steps", "2", "--workers", "0", "--batch", "2",
+           "--ae-batch", "4", "--min-items", "4", "--buffer", "8", "--item-batch", "2",
+           "--val-items", "0", "--img-grad", "2", "--ae-grad", "1", "--img-grad-energy", "3",
+           "--ae-grad-energy", "2", "--temporal-weight", "2", "--lr", "1e-5", "--ae-lr", "1e-5"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "initialised from" in res.stdout
+    info = json.loads((out / "training.json").read_text())
+    assert info["init_from"] == str(SHIPPED_DIR) and info["unet_steps"] == 2
+    assert {"img_grad", "img_grad_energy"} <= set(info["log"][-1])
+    from safetensors.torch import load_file
+    new = load_file(out / "unet" / "diffusion_pytorch_model.safetensors")
+    old = load_file(SHIPPED_DIR / "unet" / "diffusion_pytorch_model.safetensors")
+    assert new.keys() == old.keys()
+    # two tiny steps from the shipped weights: close to them (not a fresh initialisation)
+    diffs = [float((new[k].float() - old[k].float()).abs().max()) for k in old]
+    assert max(diffs) < 0.05 and any(d > 0 for d in diffs)
+    p = load_pipeline(out, device="cpu", dtype=torch.float32)
+    frames = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    y = p(prompt="night", video=frames, num_inference_steps=2, strength=0.5,
+          generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
+    assert y.shape == (2, 32, 32, 3) and np.isfinite(y).all()
