@@ -363,7 +363,7 @@ def gradient_energy_loss(out, tgt, window: int = 4):
     cells, per channel) of ``out`` and ``tgt``: asks for as much fine texture as the target has
     in each small cell without asking for it at the exact pixel, which is what a model uncertain
     of a texture's phase cannot give; the per-pixel terms alone reward blurring such textures
-    (v3 with :func:`gradient_loss` only: pencil sketch gradient ratio 0.51)."""
+    (the ablation run with :func:`gradient_loss` alone: pencil sketch gradient ratio 0.51)."""
     import torch.nn.functional as F
 
     def energy(x):
