@@ -375,6 +375,17 @@ def gradient_energy_loss(out, tgt, window: int = 4):
     return (energy(out) - energy(tgt)).abs().mean()
 
 
+def _advance(opt, step: int, fixed_steps: int, seconds: float, t0: float, base_lr: float) -> bool:
+    """Set ``opt``'s learning rate for ``step`` of a phase; False once its budget is spent
+    (``fixed_steps`` steps when given, else ``seconds`` of wall time since ``t0``)."""
+    frac = (step / fixed_steps) if fixed_steps else (time.time() - t0) / seconds
+    if frac >= 1.0:
+        return False
+    for g in opt.param_groups:
+        g["lr"] = lr_at(frac, base_lr)
+    return True
+
+
 def _ints(text: str) -> tuple:
     return tuple(int(v) for v in str(text).split(","))
 
@@ -514,12 +525,7 @@ def cmd_train(args) -> int:
         opt = torch.optim.AdamW(ae_params, lr=args.ae_lr, weight_decay=0.0)
         t0, step = time.time(), 0
         nb = max(1, args.ae_batch // 2)
-        while True:
-            frac = (step / args.ae_steps) if args.ae_steps else (time.time() - t0) / args.ae_seconds
-            if frac >= 1.0:
-                break
-            for g in opt.param_groups:
-                g["lr"] = lr_at(frac, args.ae_lr)
+        while _advance(opt, step, args.ae_steps, args.ae_seconds, t0, args.ae_lr):
             replay.ingest()
             idx = replay.sample(nb, gen)
             which = torch.randint(0, 9, (nb,), device=device, generator=gen)
@@ -587,12 +593,7 @@ def cmd_train(args) -> int:
                or args.img_grad > 0 or args.img_grad_energy > 0)
 
     t0, step = time.time(), 0
-    while True:
-        frac = (step / args.steps) if args.steps else (time.time() - t0) / args.seconds
-        if frac >= 1.0:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(frac, args.lr)
+    while _advance(opt, step, args.steps, args.seconds, t0, args.lr):
         replay.ingest()
         nb = args.batch                                           # clips of 2 frames
         idx = replay.sample(nb, gen)
