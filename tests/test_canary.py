@@ -215,3 +215,19 @@ def test_training_continues_a_saved_pipeline(tmp_path):
     y = p(prompt="night", video=frames, num_inference_steps=2, strength=0.5,
           generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
     assert y.shape == (2, 32, 32, 3) and np.isfinite(y).all()
+
+
+def test_training_with_a_missing_input_is_a_one_line_error(tmp_path):
+    """A missing --init-from folder: exit 2, one line naming the option and the path, nothing
+    written (checked before any data worker starts)."""
+    photos = tmp_path / "photos.npz"
+    np.savez(photos, a=np.zeros((80, 80, 3), np.uint8))
+    out = tmp_path / "canary"
+    cmd = [sys.executable, str(REPO / "evalkit/canary/train.py"), "train", "--photos", str(photos),
+           "--out", str(out), "--init-from", str(tmp_path / "absent"), "--device", "cpu"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore"))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--init-from" in lines[0] and str(tmp_path / "absent") in lines[0]
+    assert "Traceback" not in res.stderr and not out.exists()

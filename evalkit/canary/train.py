@@ -767,7 +767,34 @@ def main(argv=None) -> int:
     p.add_argument("--val-items", type=int, default=16,
                    help="validation clips for choosing the guidance interval (0: skip)")
     args = ap.parse_args(argv)
-    return cmd_pack(args) if args.cmd == "pack" else cmd_train(args)
+    if args.cmd == "pack":
+        return cmd_pack(args)
+    problem = check_train_inputs(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    return cmd_train(args)
+
+
+def check_train_inputs(args) -> str | None:
+    """The first missing input of ``train`` as one line (option, path, what was expected),
+    before any worker starts or any output is written; None when all are there."""
+    need = [("--photos", args.photos, "a photos .npz (train.py pack writes one)", "file")]
+    if args.lpips_weights:
+        need.append(("--lpips-weights", args.lpips_weights, "an alex LPIPS .safetensors", "file"))
+    if args.reuse_vae:
+        need.append(("--reuse-vae", str(Path(args.reuse_vae) / "vae"), "a pipeline folder's vae/",
+                     "dir"))
+    if args.init_from:
+        for part in ("unet", "text_encoder"):
+            need.append(("--init-from", str(Path(args.init_from) / part),
+                         f"a pipeline folder's {part}/", "dir"))
+    for option, path, what, kind in need:
+        ok = Path(path).is_file() if kind == "file" else Path(path).is_dir()
+        if not ok:
+            found = "something else" if Path(path).exists() else "nothing"
+            return f"{option}: expected {what} at {path}, found {found}"
+    return None
 
 
 if __name__ == "__main__":
