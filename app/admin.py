@@ -17,6 +17,7 @@ from sqlalchemy import func, select  # noqa: E402
 from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
+from evalkit.study.text import results_lines  # noqa: E402
 
 STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials",
                  "created"]
@@ -43,42 +44,31 @@ def studies_table(db) -> pd.DataFrame:
 
 
 def verdict_markdown(res: dict) -> str:
-    if res["protocol"] == "abx":
-        lo, hi = res["accuracy_ci95"]
-        main = (f"ABX accuracy **{res['accuracy']}** (Wilson 95% {lo} to {hi}), "
-                f"one-sided binomial p = {res['p_value']}")
-    else:
-        lo, hi = res["win_rate_b_ci95"]
-        main = (f"B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
-                f"{res['ties']}; win rate of B **{res['win_rate_b']}** (Wilson 95% {lo} to {hi}), "
-                f"two-sided binomial p = {res['p_value']}")
-    return (f"### Study {res['study']} ({res['protocol']}): verdict **{res['verdict'].upper()}**\n\n"
-            f"{res['trials']} test ratings from {res['raters_included']} included raters "
-            f"({len(res['excluded_raters'])} excluded, {res['raters_planned']} planned).\n\n"
-            f"{main}\n\nUpper bound {res['upper_bound']}; rule: {res['verdict_rule']}. "
-            f"Krippendorff's alpha {res['krippendorff_alpha']}.")
+    """The study's results as the CLI prints them (one formatter: evalkit.study.text)."""
+    lines = results_lines(res)
+    return f"### {lines[0]}\n\n" + "\n\n".join(lines[1:])
 
 
 def clip_plot(res: dict):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Per-clip accuracy (ABX) or B's win rate (preference); flagged clips in red. None while
+    the study is interim (a per-clip figure would show where the verdict is heading)."""
+    if res["status"] != "complete" or not res.get("per_clip"):
+        return None
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig = Figure(figsize=(7, 3))
+    ax = fig.subplots()
     pc = res["per_clip"]
-    key = "accuracy" if res["protocol"] == "abx" else "score_b"
-    vals = [c[key] if c[key] is not None else 0 for c in pc]
-    ax.bar(range(len(pc)), vals, color="#4a78b0")
+    key = "accuracy" if res["protocol"] == "abx" else "win_rate_b"
+    vals = [c[key] if c.get(key) is not None else 0 for c in pc]
+    ax.bar(range(len(pc)), vals, color=["#c0392b" if c.get("flagged") else "#4a78b0" for c in pc])
     ax.axhline(0.5, color="k", lw=1)
-    lim = 0.5 + res["margin"]
-    ax.axhline(lim, color="r", ls="--", lw=1)
-    if res["protocol"] != "abx":
-        ax.axhline(0.5 - res["margin"], color="r", ls="--", lw=1)
     ax.set_xticks(range(len(pc)))
-    ax.set_xticklabels([c["job"] for c in pc], rotation=30, ha="right", fontsize=7)
+    ax.set_xticklabels([str(c["job"]) for c in pc], rotation=30, ha="right", fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel(key)
-    ax.set_title(f"per clip {key} (dashed: margin)")
+    ax.set_title(f"per clip {key} (red: detectably different, Holm-adjusted)"
+                 if res["protocol"] == "abx" else f"per clip {key}")
     fig.tight_layout()
     return fig
 
@@ -95,9 +85,10 @@ def build_admin(db) -> gr.Blocks:
         except (UserError, ValueError) as e:
             return (f"**error:** {e}",
                     None, pd.DataFrame(), pd.DataFrame())
-        clips = pd.DataFrame(res["per_clip"])
+        clips = pd.DataFrame(res.get("per_clip") or [])
         excl = pd.DataFrame(res["excluded_raters"],
-                            columns=["rater", "catch_trials", "catch_accuracy", "reason"])
+                            columns=["rater", "catch_trials", "catch_correct", "catch_needed",
+                                     "reason"])
         return verdict_markdown(res), clip_plot(res), clips, excl
 
     def make_invites(sid, count, label, request: gr.Request):

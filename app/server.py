@@ -8,9 +8,14 @@ Rater endpoints (the token comes in the query or the JSON body; nothing here nam
 run or job):
   GET  /?token=T                 the rater page (static)
   GET  /api/trial?token=T        {"progress", "trial"} (trial None when finished) + completion code
-  POST /api/answer               {"token", "trial", "answer", "response_ms"} -> same as /api/trial
-                                 plus "saved"; 425 (and "wait_ms") before one play-through
-  GET  /media/<sha256>.mp4?token=T   a file of the rater's study media folder, by exact hash name
+  POST /api/answer               {"token", "trial", "answer"[, "response_ms"]} -> same as
+                                 /api/trial plus "saved"; 409 out of order, 425 (and "wait_ms")
+                                 before the videos were loaded and played through once; the
+                                 response time is measured by the server ("response_ms" from the
+                                 page is kept as client_ms)
+  GET  /media/<name>.mp4?token=T one video of a handed-out trial, by its opaque per-trial name
+                                 (evalkit.study.live.media_name); every video is served with the
+                                 same headers (no Last-Modified, no ETag), 404 for anything else
 Admin: /admin (Gradio, password), /export/<study>/ratings.csv and /summary.csv (HTTP Basic).
 """
 from __future__ import annotations
@@ -39,10 +44,13 @@ from evalkit.study import store  # noqa: E402
 from evalkit.study.live import RaterService  # noqa: E402
 
 STATIC = Path(__file__).resolve().parent / "static"
-MEDIA_NAME = re.compile(r"^[0-9a-f]{64}\.mp4$")
+MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.mp4$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
-          study.UnknownStudy: 404, study.BadAnswer: 400, study.RatingConflict: 409,
-          study.TooSoon: 425}
+          study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
+          study.RatingConflict: 409, study.OutOfOrder: 409, study.TooSoon: 425,
+          study.NotLoaded: 425}
+MEDIA_HEADERS = {"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer",
+                 "X-Content-Type-Options": "nosniff"}
 BACKLOG = 4096          # listen queue: a burst of raters is queued, never refused
 KEEP_ALIVE_S = 75       # idle keep-alive connections stay open longer than clients reuse them
 GRACE_S = 3             # on SIGINT/SIGTERM, requests in flight get this long to finish
@@ -50,23 +58,32 @@ NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff"}
 
 
+class _BlindFile(FileResponse):
+    """A file response whose headers are the same for every video of a trial: its length (equal
+    within a trial by construction), no Last-Modified and no ETag (they would tell which file
+    was written first)."""
+
+    def set_stat_headers(self, stat_result) -> None:
+        self.headers.setdefault("content-length", str(stat_result.st_size))
+
+
 def _error(e: Exception) -> JSONResponse:
     code = next((c for t, c in STATUS.items() if isinstance(e, t)), 400)
     body = {"error": str(e)}
-    if isinstance(e, study.TooSoon):
+    if isinstance(e, (study.TooSoon, study.NotLoaded)):
         body["wait_ms"] = e.wait_ms
     return JSONResponse(body, status_code=code, headers=NO_STORE)
 
 
 def build_app(db: str, admin_password: str | None = None, completion_code: str | None = None,
-              with_admin: bool = True) -> FastAPI:
+              with_admin: bool = True, max_batch: int = 512) -> FastAPI:
     """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``).
     Rater requests go through one :class:`evalkit.study.live.RaterService` (``app.state.raters``;
     ``serve`` closes it on the way out)."""
     store.open_db(db)          # fail early on a bad database
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     api.state.admin_password = admin_password or secrets.token_urlsafe(12)
-    svc = api.state.raters = RaterService(db, completion_code=completion_code)
+    svc = api.state.raters = RaterService(db, completion_code=completion_code, max_batch=max_batch)
 
     @api.get("/healthz")
     def healthz():
@@ -103,19 +120,20 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     api.router.routes[:0] = [Route("/api/trial", get_trial, methods=["GET"]),
                              Route("/api/answer", post_answer, methods=["POST"])]
 
-    @api.get("/media/{name}")
-    def media(name: str, token: str = ""):
+    async def media(request: Request):
+        name = request.path_params["name"]
+        not_found = PlainTextResponse("not found", status_code=404, headers=NO_STORE)
         if not MEDIA_NAME.fullmatch(name):
-            return PlainTextResponse("not found", status_code=404)
-        folder = svc.media_dir(token)
-        if folder is None:
-            return PlainTextResponse("rater token: no rater has this token", status_code=403)
-        path = folder / name            # exact hash name inside the study's folder, no traversal
+            return not_found
+        try:    # the service maps the opaque name to the file and records the request
+            path = await svc.media(request.query_params.get("token", ""), name)
+        except UserError:
+            return not_found
         if not path.is_file():
-            return PlainTextResponse("not found", status_code=404)
-        return FileResponse(path, media_type="video/mp4",
-                            headers={"Cache-Control": "private, max-age=3600",
-                                     "Referrer-Policy": "no-referrer"})
+            return not_found
+        return _BlindFile(path, media_type="video/mp4", headers=MEDIA_HEADERS)
+
+    api.router.routes.insert(0, Route("/media/{name}", media, methods=["GET", "HEAD"]))
 
     def admin_ok(request: Request) -> bool:
         import base64

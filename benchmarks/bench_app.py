@@ -1,17 +1,18 @@
 """Load benchmark of the web app: N simulated raters submit at once against a real server on
 loopback, side by side in one run:
 
-- ``before``: the request path of the first version of the app, kept here as the baseline: per
-  answer ``study.submit`` then ``study.progress`` and ``study.next_trial`` on the threadpool
-  (about seven statements in four transactions or connections, one commit per answer), uvicorn
-  defaults, no Gradio;
+- ``before``: the same app with group commit off (the rater service commits every request in
+  its own transaction, ``max_batch=1``), uvicorn defaults, no Gradio: the ablation baseline
+  (the first version's per-answer ``submit``/``progress``/``next_trial`` path no longer exists:
+  the rater service is the one rater path);
 - ``after``: the real ``evalkit serve`` (rater service with caches and group commit, Gradio
   admin mounted).
 
 Both use the same SQLite settings (WAL, ``synchronous=FULL``) and the same protocol, which
-respects the server-side play-through gate: every rater first loads its trial
-(``GET /api/trial``), then, one clip length later, all raters submit at once; the answer brings
-the next trial, and each further round starts one clip length later. Reports p50/p95/max latency
+respects the server-side gate: every rater first loads its trial (``GET /api/trial``) and
+requests its videos (``GET /media/...`` with a one-byte range, as a browser starts), then, one
+clip length later, all raters submit at once; the answer brings the next trial, and each further
+round starts one clip length later. Reports p50/p95/max latency
 of a submission, errors (by kind), acknowledged vs stored ratings (lost = acknowledged but not
 stored), and the ratios before/after. ``--repeat R`` alternates the two R times.
 
@@ -34,45 +35,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import httpx  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from evalkit import study  # noqa: E402
-from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
 
 
 def baseline_app(db: str):
-    """The app's first request path (before the rater service), for comparison only."""
-    api = FastAPI()
+    """The app with group commit off, for comparison only."""
+    from app.server import build_app
 
-    def state(token):
-        p = study.progress(db, token)
-        return {"progress": p, "trial": study.next_trial(db, token)}
-
-    @api.get("/healthz")
-    def healthz():
-        return {"ok": True}
-
-    @api.get("/api/trial")
-    def get_trial(token: str = ""):
-        try:
-            return JSONResponse(state(token))
-        except UserError as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
-
-    @api.post("/api/answer")
-    async def post_answer(request: Request):
-        body = await request.json()
-        token = body.get("token", "")
-        try:
-            r = study.submit(db, token, body.get("trial"), body.get("answer"),
-                             body.get("response_ms"), client=request.headers.get("user-agent"))
-            return JSONResponse({"saved": r["new"], **state(token)})
-        except UserError as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
-    return api
+    return build_app(db, with_admin=False, max_batch=1)
 
 
 class BaselineServer:
@@ -109,10 +82,12 @@ class Rater:
         self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
         return self
 
-    async def request(self, method: str, path: str, body=None) -> tuple[int, dict]:
+    async def request(self, method: str, path: str, body=None, headers=None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else b""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.w.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                     f"application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+                     f"application/json\r\n{extra}Content-Length: {len(data)}\r\n\r\n".encode()
+                     + data)
         status = await self.r.readline()
         if not status:
             raise ConnectionError("connection closed by the server")
@@ -121,7 +96,14 @@ class Rater:
             k, _, v = line.decode("latin-1").partition(":")
             if k.lower() == "content-length":
                 n = int(v)
-        return int(status.split()[1]), json.loads(await self.r.readexactly(n))
+        data = await self.r.readexactly(n)
+        if path.startswith("/media/"):
+            return int(status.split()[1]), data
+        return int(status.split()[1]), json.loads(data)
+
+    async def load_media(self, token: str, trial: dict | None) -> None:
+        for name in (trial or {}).get("media", {}).values():
+            await self.request("GET", f"/media/{name}?token={token}", headers={"Range": "bytes=0-0"})
 
     def close(self):
         self.w.close()
@@ -138,6 +120,7 @@ async def load(server, db, sid, n: int, rounds: int) -> dict:
     nxt = {}
     for tok, c in raters.items():                # each rater loads its page (marks it served)
         nxt[tok] = (await c.request("GET", f"/api/trial?token={tok}"))[1]["trial"]
+        await c.load_media(tok, nxt[tok])        # and its videos (starts the gate's clock)
     for _ in range(rounds):
         await asyncio.sleep(clip_s + 0.05)      # one play-through
 
@@ -158,6 +141,7 @@ async def load(server, db, sid, n: int, rounds: int) -> dict:
             acked += 1
             nxt[tok] = body["trial"]
         await asyncio.gather(*[one(t) for t in tokens])
+        await asyncio.gather(*[raters[t].load_media(t, nxt[t]) for t in tokens])
     for c in raters.values():
         c.close()
     stored = len(study.ratings_csv(db, sid).splitlines()) - 1

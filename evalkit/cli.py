@@ -192,9 +192,13 @@ def cmd_study_create(args) -> int:
 
     r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
-                     media_dir=args.media, catch_threshold=args.catch_threshold)
+                     media_dir=args.media, catch_alpha=args.catch_alpha)
+    for w in r["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"study {r['study']}: {args.protocol}, {r['clips']} clips, "
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
+          f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
     return 0
 
 
@@ -209,29 +213,15 @@ def cmd_study_invite(args) -> int:
 
 def cmd_study_results(args) -> int:
     from .study import results, write_csvs
+    from .study.text import results_text
 
     res = results(args.db, args.study, reps=args.reps)
     if args.csv:
         write_csvs(args.db, args.study, res, args.csv)
     if args.json:
-        print(json.dumps(res, indent=2))
+        print(json.dumps(res, indent=2, default=str))
         return 0
-    print(f"study {res['study']} ({res['protocol']}): {res['trials']} test ratings from "
-          f"{res['raters_included']} raters ({len(res['excluded_raters'])} excluded)")
-    if res["protocol"] == "abx":
-        lo, hi = res["accuracy_ci95"]
-        print(f"  accuracy {_num(res['accuracy'])} (Wilson 95% {_num(lo)}-{_num(hi)}), "
-              f"one-sided binomial p = {_num(res['p_value'])}")
-    else:
-        lo, hi = res["win_rate_b_ci95"]
-        print(f"  B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
-              f"{res['ties']}; win rate of B {_num(res['win_rate_b'])} (Wilson 95% {_num(lo)}-"
-              f"{_num(hi)}), two-sided binomial p = {_num(res['p_value'])}")
-    print(f"  upper bound {_num(res['upper_bound'])}; rule: {res['verdict_rule']}")
-    print(f"  Krippendorff's alpha {_num(res['krippendorff_alpha'])}")
-    for e in res["excluded_raters"]:
-        print(f"  excluded rater {e['rater']}: {e['reason']}")
-    print(f"verdict: {res['verdict'].upper()}")
+    print(results_text(res))
     return 0
 
 
@@ -239,16 +229,21 @@ def cmd_study_plan(args) -> int:
     from .study import plan
 
     try:
-        p = plan(args.protocol, args.margin, args.power, clips_per_rater=args.clips_per_rater,
-                 tie_rate=args.tie_rate)
+        p = plan(args.protocol, args.margin, args.power, clips=args.clips,
+                 tie_rate=args.tie_rate, exclusion_rate=args.exclusion_rate,
+                 clip_accuracy=args.clip_accuracy)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.json:
-        print(json.dumps(p, indent=2))
-    else:
-        print(f"{p['raters']} raters x {p['clips_per_rater']} clips = {p['trials']} trials "
-              f"(simulated power {p['simulated_power']:.3f} at margin {p['margin']:g}; "
-              f"normal approximation {p['analytic_trials']} trials)")
+        print(json.dumps(p, indent=2, default=str))
+        return 0
+    print(f"{p['raters']} included raters x {p['clips']} clips = {p['raters'] * p['clips']} "
+          f"test ratings; invite {p['invite']} ({100 * p['exclusion_rate']:.0f}% expected "
+          "exclusions)")
+    for k in ("reason", "reasons", "notes"):
+        v = p.get(k)
+        for line in ([v] if isinstance(v, str) else (v or [])):
+            print(f"  {line}")
     return 0
 
 
@@ -372,14 +367,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--db", required=True, help="database URL or SQLite file")
     v.add_argument("--protocol", required=True, choices=("preference", "abx"))
     v.add_argument("--clips", default="all", help="all, worst:N or sample:N (default all)")
-    v.add_argument("--raters", type=int, default=0, help="planned number of raters")
+    v.add_argument("--raters", type=int, default=0,
+                   help="planned number of included raters (default: the planner's figure); "
+                   "no verdict is shown before this many have finished")
     v.add_argument("--margin", type=float, default=0.1,
-                   help="equivalence margin: ABX accuracy above 0.5, or |preference - 0.5|")
+                   help="ABX equivalence margin: accuracy at most 0.5 + margin (default 0.1)")
     v.add_argument("--seed", type=int, default=0, help="seed of selection and assignment")
     v.add_argument("--media", type=Path, default=None,
                    help="folder for browser copies (default: media/ next to the SQLite file)")
-    v.add_argument("--catch-threshold", type=float, default=0.8,
-                   help="raters below this catch-trial accuracy are excluded (default 0.8)")
+    v.add_argument("--catch-alpha", type=float, default=0.05,
+                   help="a rater is kept when better than guessing on the easy catch trials "
+                   "(one-sided exact binomial at this level; default 0.05)")
     v.set_defaults(func=cmd_study_create)
     v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
     v.add_argument("--db", required=True, help="database URL or SQLite file")
@@ -399,9 +397,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_study_results)
     v = ss.add_parser("plan", parents=[common], help="raters and trials needed for a study")
     v.add_argument("--protocol", required=True, choices=("preference", "abx"))
-    v.add_argument("--margin", type=float, default=0.1)
+    v.add_argument("--margin", type=float, default=0.1,
+                   help="ABX: accuracy at most 0.5 + margin; preference: the win rate to detect")
     v.add_argument("--power", type=float, default=0.8)
-    v.add_argument("--clips-per-rater", type=int, default=20)
+    v.add_argument("--clips", "--clips-per-rater", dest="clips", type=int, default=15,
+                   help="clips in the study, each rated once by every rater (at least 15)")
+    v.add_argument("--exclusion-rate", type=float, default=0.1,
+                   help="expected share of raters failing the catch trials (default 0.1)")
+    v.add_argument("--clip-accuracy", type=float, default=0.9,
+                   help="ABX accuracy of a single visible clip that must be flagged (default 0.9)")
     v.add_argument("--tie-rate", type=float, default=0.0,
                    help="expected share of 'no difference' answers (preference)")
     v.add_argument("--json", action="store_true", help="print one JSON object")

@@ -36,3 +36,37 @@ def make_report(root, seeds=(0, 1, 2), fps=None):
     compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
                  device="cpu", metric_options={"temporal": False}, progress=False)
     return root / "report"
+
+
+def current(db, token):
+    """The rater's current trial through the rater service (handing it out), or None."""
+    from evalkit import study
+
+    with study.RaterService(db) as svc:
+        return svc.state_sync(token)["trial"]
+
+
+def progress(db, token):
+    from evalkit import study
+
+    with study.RaterService(db) as svc:
+        return svc.progress(token)
+
+
+def answer(db, token, pick, limit=None) -> dict:
+    """Answer a rater's trials the way a browser does, time driven by a fake clock:
+    ``pick(public_trial) -> answer``; at most ``limit`` answers. Returns {trial id: answer}."""
+    from evalkit import study
+
+    given = {}
+    clock = study.FakeClock()
+    with study.RaterService(db, clock=clock) as svc:
+        s = svc.state_sync(token)
+        while s["trial"] is not None and (limit is None or len(given) < limit):
+            t = s["trial"]
+            for name in t["media"].values():
+                svc.media_sync(token, name)
+            clock.advance(10)
+            given[t["trial"]] = pick(t)
+            s = svc.answer_sync(token, t["trial"], given[t["trial"]])
+    return given

@@ -13,9 +13,10 @@ from sqlalchemy import select
 
 from evalkit import study
 from evalkit.study import store
+from evalkit.study.live import media_name
 
 from app_helpers import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from study_helpers import make_report
+from study_helpers import current, make_report, progress
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
@@ -46,6 +47,12 @@ def hidden(db, trial_id):
     with store.open_db(db).engine.connect() as conn:
         return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
                     .mappings().one())
+
+
+def key(db, sid):
+    with store.open_db(db).engine.connect() as conn:
+        return conn.execute(select(store.studies.c.config).where(store.studies.c.id == sid)
+                            ).scalar_one()["media_key"]
 
 
 def export(server, sid, which="ratings"):
@@ -98,7 +105,7 @@ def check_csv(env, sid, clicks):
         h = hidden(env["db"], tid)
         assert r["answer"] == answer
         assert json.loads(r["positions"]) == h["shown"]
-        assert {k: v + ".mp4" for k, v in h["shown"].items()} == media   # what the page showed
+        assert media == {k: media_name(key(env["db"], sid), tid, k) for k in h["shown"]}
         assert json.loads(r["backend_per_side"]) == h["sources"]
         if h["expected"]:
             assert r["correct"] == str(int(answer == h["expected"]))
@@ -119,12 +126,12 @@ def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol):
         dom.append(page.content())
     finally:
         ctx.close()
-    total = study.progress(env["db"], token)["total"]
-    assert len(clicks) == total and study.next_trial(env["db"], token) is None
+    total = progress(env["db"], token)["total"]
+    assert len(clicks) == total and current(env["db"], token) is None
     check_csv(env, sid, clicks)
     # blindness: DOM at every trial, every request URL, every served text file and API answer
     media = [u for u in urls if "/media/" in u]
-    assert media and all(re.search(r"/media/[0-9a-f]{64}\.mp4\?token=", u) for u in media)
+    assert media and all(re.search(r"/media/[0-9a-f]{40}\.mp4\?token=", u) for u in media)
     texts = [httpx.get(server.url + p).text for p in ("/static/rater.js", "/static/rater.css")]
     texts.append(httpx.get(f"{server.url}/?token={token}").text)
     texts.append(httpx.get(f"{server.url}/api/trial?token={token}").text)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -32,29 +31,42 @@ def report(tmp_path_factory):
 
 
 def _answers(db, token, pick):
-    """Answer every trial of a rater: ``pick(public_trial) -> answer``."""
-    n = 0
-    while (t := study.next_trial(db, token)) is not None:
-        study.submit(db, token, t["trial"], pick(t), 1000 + n)
-        n += 1
-    return n
+    """Answer every trial of a rater through the rater service, time driven by a fake clock:
+    ``pick(public_trial) -> answer``."""
+    clock = study.FakeClock()
+    with study.RaterService(db, clock=clock) as svc:
+        return study.rate_all(svc, token, pick, clock)
+
+
+def _next(db, token):
+    """The rater's current trial (handing it out), or None."""
+    with study.RaterService(db) as svc:
+        return svc.state_sync(token)["trial"]
+
+
+def _progress(db, token):
+    with study.RaterService(db) as svc:
+        return svc.progress(token)
 
 
 def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     db = tmp_path / "s.db"
     code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
-                         "--clips", "worst:4", "--raters", "4", "--seed", "3")
+                         "--clips", "worst:4", "--raters", "3", "--seed", "3")
     assert code == 0, err
-    assert out.startswith("study 1: abx, 4 clips, 4 catch versions")
+    assert out.startswith("study 1: abx, 4 clips, 6 catch versions")   # 4 easy + 2 graded
+    # a design below the planner's floors is created, with a warning for each shortfall
+    assert "warning: 4 clips is below the 15" in err and "warning: --raters 3 is below" in err
     summary = json.loads((report / "summary.json").read_text())
     lp = {r["job"]: float(r["lpips_mean"]) for r in csv.DictReader(open(report / "clips.csv"))}
     worst = sorted(lp, key=lp.get, reverse=True)[:4]
     con = sqlite3.connect(db)
     assert sorted(r[0] for r in con.execute("select job from clips")) == sorted(worst)
     assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
-    # media: opaque content-hash names, nothing about backend, run or job in name or bytes
+    # media: content-hash file names on disk (never sent to raters), nothing about backend,
+    # run or job in the bytes; 4 per clip (both sides and their X encodings), 3 per catch
     media = sorted((tmp_path / "media").iterdir())
-    assert len(media) == 4 * 2 + 4
+    assert len(media) == 4 * 4 + 6 * 3
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
@@ -76,11 +88,16 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert len(tokens) == 4
     stored = {r[0] for r in con.execute("select token_sha256 from raters")}
     assert all(t not in stored and study.api.token_hash(t) in stored for t in tokens)
-    # the public trial: media file names and slots only
-    t = study.next_trial(str(db), tokens[0])
+    # the public trial: opaque per-trial names and slots only
+    t = _next(str(db), tokens[0])
     assert set(t["media"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
-    assert all((tmp_path / "media" / m).is_file() for m in t["media"].values())
+    assert len(set(t["media"].values())) == 3
+    assert not any((tmp_path / "media" / m).exists() for m in t["media"].values())
     assert not any(w in json.dumps(t) for w in ("bf16", "cpu", "sources", "expected", *lp))
+    # before anyone finished: no verdict, no figure
+    code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json")
+    res = json.loads(out)
+    assert res["status"] == "no ratings" and "accuracy" not in res and "per_clip" not in res
     # raters 0-2 answer perfectly on catch trials and at chance on test trials; 3 fails catches
     rows = {r[0]: json.loads(r[1]) for r in con.execute("select id, sources from trials")}
     exp = {r[0]: r[1] for r in con.execute("select id, expected from trials")}
@@ -92,36 +109,46 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
                 return right if i < 3 else ("A" if right == "B" else "B")
             return "A" if t["trial"] % 2 else "B"
         assert _answers(str(db), tok, pick) == len(rows) // 4
-    assert study.progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4,
-                                                  "finished": True}
+        if i == 1:      # 2 of 3 planned raters: interim, nothing that shows a trend
+            code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json")
+            res = json.loads(out)
+            assert res["status"] == "interim" and res["verdict"] == "interim"
+            assert "accuracy" not in res and "per_clip" not in res and "p_value" not in res
+            code, out, err = cli("study", "results", "--db", db, "--study", "1")
+            assert "interim: 2 of 3 planned included raters" in out and "accuracy" not in out
+    assert _progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4,
+                                             "finished": True}
     code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json",
                          "--csv", tmp_path / "r.csv", "--reps", "300")
     assert code == 0, err
     res = json.loads(out)
-    assert res["raters"] == 4 and res["raters_included"] == 3
-    assert res["excluded_raters"][0]["catch_accuracy"] == 0.0
-    assert res["trials"] == 12 and len(res["per_clip"]) == 4
-    assert res["verdict"] == "not shown"   # 12 ratings cannot show anything
+    assert res["raters_invited"] == 4 and res["raters_included"] == 3
+    assert res["excluded_raters"][0]["catch_correct"] == 0
+    assert res["n"] == 12 and len(res["per_clip"]) == 4 and res["status"] == "complete"
+    assert res["verdict"] == "inconclusive"   # 12 ratings at chance can show nothing
+    assert res["without_exclusions"]["raters"] == 3
     assert 0 <= res["accuracy"] <= 1 and res["upper_bound"] >= res["accuracy"]
     raw = list(csv.DictReader(open(tmp_path / "r.csv")))
     assert len(raw) == len(rows)
     r0 = raw[0]
     assert set(json.loads(r0["backend_per_side"])) == {"X", "A", "B"}
-    assert r0["response_ms"] and r0["correct"] in ("0", "1") and r0["rater"] and r0["trial"]
+    assert r0["response_ms"] == "10000" and r0["client_ms"] == ""     # measured by the server
+    assert r0["correct"] in ("0", "1") and r0["rater"] and r0["trial"]
     s = list(csv.DictReader(open(tmp_path / "r.summary.csv")))
-    assert s[0]["scope"] == "study" and s[0]["verdict"] == "not shown" and len(s) == 5
+    assert s[0]["scope"] == "study" and s[0]["verdict"] == "inconclusive" and len(s) == 5
     code, out, err = cli("study", "results", "--db", db, "--study", "1")
-    assert code == 0 and "verdict: NOT SHOWN" in out and "excluded rater" in out
+    assert code == 0 and "verdict: INCONCLUSIVE" in out and "excluded rater" in out
+    assert "rule: DISTINGUISHABLE if" in out
 
 
 def test_preference_results_count_ties(report, tmp_path):
     db = str(tmp_path / "p.db")
-    sid = study.create_study(report, db, protocol="preference", seed=1)["study"]
+    sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     con = sqlite3.connect(tmp_path / "p.db")
     tr = {r[0]: (r[1], r[2], json.loads(r[3])) for r in
           con.execute("select id, kind, expected, sources from trials")}
-    for tok in toks:   # catch: correct; test: pick B's side, except ties on odd trial ids
+    for tok in toks:   # catch: correct; test: pick B's side, except ties on every third trial
         def pick(t):
             k, e, src = tr[t["trial"]]
             if k == "catch":
@@ -129,25 +156,36 @@ def test_preference_results_count_ties(report, tmp_path):
             return "same" if t["trial"] % 3 == 0 else [s for s, v in src.items() if v == "b"][0]
         _answers(db, tok, pick)
     res = study.results(db, sid, reps=200)
-    assert res["wins_a"] == 0 and res["wins_b"] + res["ties"] == res["trials"] == 12
+    assert res["wins_a"] == 0 and res["wins_b"] + res["ties"] == res["n"] == 12
     assert res["ties"] > 0 and res["win_rate_b"] == 1.0
-    assert res["score_b"] == pytest.approx((res["wins_b"] + res["ties"] / 2) / 12, abs=1e-4)
-    assert res["verdict"] == "not shown" and res["krippendorff_alpha"] is not None
+    assert res["tie_rate"] == pytest.approx(res["ties"] / 12)
+    # every decisive answer for B: a preference, never "indistinguishable"
+    assert res["verdict"] in ("B preferred", "no preference shown")
+    assert "indistinguishable" not in json.dumps({k: v for k, v in res.items()
+                                                  if k not in ("rule", "claim")})
+    assert res["krippendorff_alpha"] is not None
 
 
-def test_submit_is_idempotent_and_written_once(report, tmp_path):
+def test_answer_is_idempotent_written_once_and_timed_by_the_server(report, tmp_path):
     db = str(tmp_path / "i.db")
     sid = study.create_study(report, db, protocol="abx", clips_spec="sample:2")["study"]
     tok = study.invite(db, sid, 1)[0]["token"]
-    t = study.next_trial(db, tok)
-    first = study.submit(db, tok, t["trial"], "A", 812)
-    again = study.submit(db, tok, t["trial"], "A", 999)
-    assert first["new"] and not again["new"] and again["rating"] == first["rating"]
-    with pytest.raises(study.RatingConflict, match=f"trial {t['trial']}: already answered 'A'"):
-        study.submit(db, tok, t["trial"], "B", 5)
+    clock = study.FakeClock()
+    with study.RaterService(db, clock=clock) as svc:
+        t = svc.state_sync(tok)["trial"]
+        for name in t["media"].values():
+            svc.media_sync(tok, name)
+        clock.advance(2.5)
+        first = svc.answer_sync(tok, t["trial"], "A", 812)
+        clock.advance(1)
+        again = svc.answer_sync(tok, t["trial"], "A", 999)
+        assert first["saved"] and not again["saved"]
+        with pytest.raises(study.RatingConflict, match=f"trial {t['trial']}: already answered 'A'"):
+            svc.answer_sync(tok, t["trial"], "B", 5)
+        assert svc.state_sync(tok)["trial"]["trial"] != t["trial"]
     con = sqlite3.connect(tmp_path / "i.db")
-    assert con.execute("select count(*), max(response_ms) from ratings").fetchone() == (1, 812)
-    assert study.next_trial(db, tok)["trial"] != t["trial"]
+    assert con.execute("select count(*), max(response_ms), max(client_ms) from ratings"
+                       ).fetchone() == (1, 2500, 812)
 
 
 def test_bad_input(report, tmp_path, cli):
@@ -161,20 +199,24 @@ def test_bad_input(report, tmp_path, cli):
     code, _, err = cli("study", "invite", "--db", db, "--study", "x")
     assert code == 2
     assert_one_line_error(err, "study x")
-    with pytest.raises(study.UnknownToken, match="rater token: no rater"):
-        study.next_trial(str(db), "not-a-token")
-    with pytest.raises(study.UnknownToken):
-        study.submit(str(db), "nope", 1, "A", 10)
-    with pytest.raises(study.UnknownTrial, match="trial 9999: no such trial"):
-        study.submit(str(db), t1, 9999, "A", 10)
-    other = study.next_trial(str(db), t2)["trial"]
-    with pytest.raises(study.TrialNotAssigned, match=f"trial {other}: not assigned to rater"):
-        study.submit(str(db), t1, other, "A", 10)
-    mine = study.next_trial(str(db), t1)["trial"]
-    with pytest.raises(study.BadAnswer, match="field 'answer'"):
-        study.submit(str(db), t1, mine, "left", 10)
-    with pytest.raises(study.BadAnswer, match="field 'response_ms'"):
-        study.submit(str(db), t1, mine, "A", "soon")
+    code, _, err = cli("study", "results", "--db", db, "--study", "1", "--reps", "0")
+    assert code == 2
+    assert_one_line_error(err, "--reps", "found 0")
+    with study.RaterService(str(db), clock=study.FakeClock()) as svc:
+        with pytest.raises(study.UnknownToken, match="rater token: no rater"):
+            svc.state_sync("not-a-token")
+        with pytest.raises(study.UnknownToken):
+            svc.answer_sync("nope", 1, "A")
+        with pytest.raises(study.UnknownTrial, match="trial 9999: no such trial"):
+            svc.answer_sync(t1, 9999, "A")
+        other = svc.state_sync(t2)["trial"]["trial"]
+        with pytest.raises(study.TrialNotAssigned, match=f"trial {other}: not assigned to rater"):
+            svc.answer_sync(t1, other, "A")
+        mine = svc.state_sync(t1)["trial"]["trial"]
+        with pytest.raises(study.BadAnswer, match="field 'answer'"):
+            svc.answer_sync(t1, mine, "left")
+        with pytest.raises(study.BadAnswer, match="field 'response_ms'"):
+            svc.answer_sync(t1, mine, "A", "soon")
     assert sqlite3.connect(db).execute("select count(*) from ratings").fetchone() == (0,)
     # report folders: without clips, missing, not a report
     broken = tmp_path / "broken"
@@ -203,7 +245,9 @@ def test_plan_command(cli):
                          "--json")
     assert code == 0, err
     p = json.loads(out)
-    assert p["raters"] * p["clips_per_rater"] == p["trials"] and p["simulated_power"] >= 0.8
+    assert p["raters"] >= 12 and p["clips"] >= 15 and p["invite"] >= p["raters"]
+    code, out, err = cli("study", "plan", "--protocol", "abx", "--margin", "0.1")
+    assert code == 0 and f"{p['raters']} included raters x {p['clips']} clips" in out
     code, _, err = cli("study", "plan", "--protocol", "abx", "--margin", "0.7")
     assert code == 2
     assert_one_line_error(err, "margin")
@@ -215,19 +259,26 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     store.close_all()
     con = sqlite3.connect(path)   # make it a version 1 database
     con.execute("alter table ratings drop column client")
+    con.execute("alter table ratings drop column client_ms")
     con.execute("alter table trials drop column served")
+    con.execute("alter table trials drop column fetched")
+    con.execute("alter table clips drop column media_a_alt")
+    con.execute("alter table clips drop column media_b_alt")
+    cfg = json.loads(con.execute("select config from studies").fetchone()[0])
+    del cfg["media_key"]
+    con.execute("update studies set config = ?", (json.dumps(cfg),))
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 3
-    cols = [r[1] for r in sqlite3.connect(path).execute("pragma table_info(ratings)")]
-    assert "client" in cols
-    cols = [r[1] for r in sqlite3.connect(path).execute("pragma table_info(trials)")]
-    assert "served" in cols
+    assert d.schema_version() == store.SCHEMA_VERSION == 4
+    for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
+                       ("trials", "fetched"), ("clips", "media_a_alt")):
+        assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
+    cfg = json.loads(sqlite3.connect(path).execute("select config from studies").fetchone()[0])
+    assert len(cfg["media_key"]) == 64
     tok = study.invite(d, sid, 1)[0]["token"]
-    t = study.next_trial(d, tok)
-    study.submit(d, tok, t["trial"], "A", 10, client="test")
+    assert _answers(d, tok, lambda t: "A") > 0
     d.dispose()
     con = sqlite3.connect(path)
     con.execute("update meta set value='99' where key='schema_version'")
@@ -241,38 +292,45 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
 # -- concurrency and durability ----------------------------------------------------------------
 
 def _hammer(db, report, media, n_threads=50):
+    """10 raters, each driven by 5 threads at once through one rater service (every answer
+    sent up to 5 times): every rating stored exactly once, no thread sees an error."""
     sid = study.create_study(report, db, protocol="abx", media_dir=media)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 10)]
-    # every (token, trial) of every rater, each submitted twice by different threads
-    d = study.open_db(db)
-    with d.engine.connect() as conn:
-        from evalkit.study.store import raters, trials
-        pairs = [(tok, tid) for tok in toks for (tid,) in conn.execute(
-            select(trials.c.id).join(raters, raters.c.id == trials.c.rater_id)
-            .where(raters.c.token_sha256 == study.api.token_hash(tok)))]
-    jobs = pairs + pairs[::-1]
+    ticks = iter(range(0, 10**9, 100))          # every request 100 s after the previous one
+    svc = study.RaterService(db, clock=lambda: next(ticks))
     barrier = threading.Barrier(n_threads)
     errors = []
 
     def worker(i):
+        tok = toks[i % len(toks)]
         barrier.wait()
         try:
-            for tok, tid in jobs[i::n_threads]:
-                study.submit(db, tok, tid, "A", 100 + i)
+            while (t := svc.state_sync(tok)["trial"]) is not None:
+                for name in t["media"].values():
+                    svc.media_sync(tok, name)
+                try:
+                    svc.answer_sync(tok, t["trial"], "A", 100 + i)
+                except study.OutOfOrder:        # another thread answered it meanwhile
+                    pass
         except Exception as e:   # noqa: BLE001
             errors.append(repr(e))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        svc.close()
     assert errors == []
+    d = study.open_db(db)
     with d.engine.connect() as conn:
-        from evalkit.study.store import ratings
-        got = conn.execute(select(ratings.c.rater_id, ratings.c.trial_id)
-                           .where(ratings.c.study_id == sid)).all()
-    assert len(got) == len(set(got)) == len(pairs)
+        n_trials = conn.execute(select(func.count()).select_from(store.trials)
+                                .where(store.trials.c.study_id == sid)).scalar_one()
+        got = conn.execute(select(store.ratings.c.rater_id, store.ratings.c.trial_id)
+                           .where(store.ratings.c.study_id == sid)).all()
+    assert len(got) == len(set(got)) == n_trials
     return sid
 
 
@@ -333,10 +391,15 @@ import sys
 from evalkit import study
 db, sid = sys.argv[1], int(sys.argv[2])
 toks = sys.stdin.read().split()
-for tok in toks:
-    while (t := study.next_trial(db, tok)) is not None:
-        r = study.submit(db, tok, t["trial"], "B", 321)
-        print(r["rating"], r["trial"], flush=True)
+clock = study.FakeClock()
+with study.RaterService(db, clock=clock) as svc:
+    for tok in toks:
+        while (t := svc.state_sync(tok)["trial"]) is not None:
+            for name in t["media"].values():
+                svc.media_sync(tok, name)
+            clock.advance(10)
+            assert svc.answer_sync(tok, t["trial"], "B")["saved"]
+            print(t["trial"], flush=True)
 print("done", flush=True)
 """
 
@@ -351,22 +414,20 @@ def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
     p.stdin.write("\n".join(toks))
     p.stdin.close()
     acked = []
-    deadline = time.time() + 60
-    while len(acked) < 40 and time.time() < deadline:
+    while len(acked) < 40:
         line = p.stdout.readline()
         assert line and line != "done\n", "writer finished before it could be killed"
-        acked.append(tuple(map(int, line.split())))
+        acked.append(int(line))
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL and len(acked) == 40
     con = sqlite3.connect(db)
     assert con.execute("pragma integrity_check").fetchone() == ("ok",)
-    stored = set(con.execute("select id, trial_id from ratings").fetchall())
+    stored = {r[0] for r in con.execute("select trial_id from ratings").fetchall()}
     assert set(acked) <= stored
     # and the database keeps working
     store.close_all()
-    t = study.next_trial(db, toks[-1])
-    assert study.submit(db, toks[-1], t["trial"], "A", 1)["new"]
+    assert _answers(db, toks[-1], lambda t: "A") > 0
 
 
 # -- frame rate, and the web app's rater service (group commit, play-through gate) ------------
@@ -379,12 +440,15 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     assert cfg["fps"] == 24.0 and cfg["fps_fraction"] == "24"
     assert set(cfg["media_seconds"].values()) == {round(8 / 24, 6)}  # 8 frames at 24 fps
     tok = study.invite(db, sid, 1)[0]["token"]
-    t = study.next_trial(db, tok)
-    assert t["fps"] == 24.0 and set(t["media"].values()) <= {f"{k}.mp4" for k in cfg["media_seconds"]}
+    with study.RaterService(db) as svc:
+        t = svc.state_sync(tok)["trial"]
+        files = {svc.media_sync(tok, n).stem for n in t["media"].values()}
+    assert t["fps"] == 24.0 and files <= set(cfg["media_seconds"])
     # a study made before the frame rate was stored: the page is told 24
     with store.open_db(db).engine.begin() as conn:
-        conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"]}))
-    assert study.next_trial(db, tok)["fps"] == 24.0
+        conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"],
+                                                           "media_key": cfg["media_key"]}))
+    assert _next(db, tok)["fps"] == 24.0
     # one clip re-timed to 30 fps: creation is refused, naming the file and the field
     broken = tmp_path / "broken"
     shutil.copytree(report, broken)
@@ -408,53 +472,84 @@ def _service_study(db, report, media, n=4):
 
 
 def test_rater_service_gate_and_answers(report, tmp_path):
-    import asyncio
-
-    from evalkit.study.live import RaterService
-
+    """The gate, with time driven by a fake clock: a trial is answerable only when it is the
+    current one, handed out, all its videos requested, and one play-through (8 frames at 24
+    fps, less one frame) has passed since; the response time is the server's."""
     db = str(tmp_path / "g.db")
     sid, (tok, tok2) = _service_study(db, report, tmp_path / "media", 2)
-    svc = RaterService(db, completion_code="DONE")
-
-    async def run():
-        s = await svc.state(tok)
+    clock = study.FakeClock()
+    svc = study.RaterService(db, completion_code="DONE", clock=clock)
+    post = svc.answer_sync
+    try:
+        # an answer to a trial never handed out: refused, and it starts nothing
+        first_of_2 = svc_trials(db, tok2)[0]
+        with pytest.raises(study.OutOfOrder):
+            post(tok2, first_of_2, "A")
+        assert _hidden(db, first_of_2)["served"] is None
+        s = svc.state_sync(tok)
         t = s["trial"]
         assert s["progress"] == {"done": 0, "total": t["total"], "finished": False}
         assert t["fps"] == 24.0 and "sources" not in t and "expected" not in t
-        with pytest.raises(study.TooSoon, match=r"field 'answer': came 0\.\d s after"):
-            await svc.answer(tok, t["trial"], "A", 10)
-        other = study.next_trial(db, tok2)                        # never served
-        with pytest.raises(study.TooSoon, match="before the trial was shown"):
-            await svc.answer(tok2, other["trial"], "A", 10)
+        assert _hidden(db, t["trial"])["served"] == clock.now
+        # handed out, videos not requested: refused whatever the time
+        clock.advance(60)
+        with pytest.raises(study.NotLoaded, match="videos of this trial were not loaded"):
+            post(tok, t["trial"], "A")
+        names = list(t["media"].values())
+        svc.media_sync(tok, names[0])
+        svc.media_sync(tok, names[1])
+        with pytest.raises(study.NotLoaded):          # one video still not requested
+            post(tok, t["trial"], "A")
+        with pytest.raises(study.UnknownMedia):       # not a name of this rater's trials
+            svc.media_sync(tok2, names[2])
+        svc.media_sync(tok, names[2])
+        assert _hidden(db, t["trial"])["fetched"] == clock.now
+        need = 8 / 24 - 1 / 24
+        clock.advance(need - 0.01)
+        with pytest.raises(study.TooSoon, match=r"came 0\.3 s after the videos were loaded") as e:
+            post(tok, t["trial"], "A")
+        assert 10 <= e.value.wait_ms <= 11          # 10 ms to go, rounded up
         with pytest.raises(study.TrialNotAssigned):
-            await svc.answer(tok, other["trial"], "A", 10)
+            post(tok, first_of_2, "A")
         with pytest.raises(study.UnknownToken):
-            await svc.state("nope")
+            svc.state_sync("nope")
         with pytest.raises(study.BadAnswer, match="field 'answer'"):
-            await svc.answer(tok, t["trial"], "left", 10)
-        await asyncio.sleep(8 / 24)                                # one play-through
-        r = await svc.answer(tok, t["trial"], "A", 10, "agent/1")
+            post(tok, t["trial"], "left")
+        clock.advance(0.02)
+        r = post(tok, t["trial"], "A", 10, "agent/1")
         assert r["saved"] is True and r["progress"]["done"] == 1
-        assert (await svc.answer(tok, t["trial"], "A", 10))["saved"] is False
+        assert post(tok, t["trial"], "A", 10)["saved"] is False
         with pytest.raises(study.RatingConflict):
-            await svc.answer(tok, t["trial"], "B", 10)
-        r2 = await svc.answer(tok2, other["trial"], "B", 10)       # marked shown when refused
-        assert r2["saved"] is True
-        while r["trial"] is not None:                              # the rest, at play-through pace
-            await asyncio.sleep(8 / 24)
-            r = await svc.answer(tok, r["trial"]["trial"], "B", 10)
-        assert r["progress"]["finished"] and r["completion_code"] == "DONE"
-
-    try:
-        _run_async(run())
+            post(tok, t["trial"], "B", 10)
+        nxt = r["trial"]
+        with pytest.raises(study.OutOfOrder):         # a later trial, not the current one
+            later = [x for x in svc_trials(db, tok) if x > nxt["trial"]][0]
+            post(tok, later, "A")
+        r = study.rate_all(svc, tok, lambda t: "B", clock, watch=need)
+        assert svc.progress(tok)["finished"]
+        assert svc.state_sync(tok)["completion_code"] == "DONE"
     finally:
         svc.close()
-    assert study.progress(db, tok)["finished"]
     con = sqlite3.connect(db)
-    assert con.execute("select count(*) from trials where rater_id = (select rater_id from "
-                       "ratings where client = 'agent/1') and served is null").fetchone() == (0,)
+    ms = [r[0] for r in con.execute("select response_ms from ratings order by id")]
+    assert ms[0] == round(1000 * (need + 0.01)) and set(ms[1:]) == {round(1000 * need)}
+    assert con.execute("select client, client_ms from ratings order by id").fetchone() == ("agent/1", 10)
     rows = list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
-    assert len(rows) == study.progress(db, tok)["total"] + 1
+    assert len(rows) == len(ms)
+
+
+def _hidden(db, tid):
+    with store.open_db(db).engine.connect() as conn:
+        return dict(conn.execute(select(store.trials).where(store.trials.c.id == tid))
+                    .mappings().one())
+
+
+def svc_trials(db, tok):
+    with store.open_db(db).engine.connect() as conn:
+        return [r[0] for r in conn.execute(
+            select(store.trials.c.id).join(store.raters, store.raters.c.id == store.trials.c.rater_id)
+            .where(store.raters.c.token_sha256 == study.api.token_hash(tok))
+            .order_by(store.trials.c.ord))]
 
 
 def _run_async(coro):
@@ -471,14 +566,15 @@ def _group_commit(db, report, media):
     """100 answers at once through one RaterService: all stored once, in few transactions."""
     import asyncio
 
-    from evalkit.study.live import RaterService
-
     sid, toks = _service_study(db, report, media, 25)
-    svc = RaterService(db)
+    clock = study.FakeClock()
+    svc = study.RaterService(db, clock=clock)
 
     async def run():
         first = await asyncio.gather(*[svc.state(t) for t in toks])
-        await asyncio.sleep(8 / 24)
+        await asyncio.gather(*[svc.media(t, n) for t, s in zip(toks, first)
+                               for n in s["trial"]["media"].values()])
+        clock.advance(10)
         b0 = svc.batches
         both = [(t, s["trial"]["trial"]) for t, s in zip(toks, first)] * 4   # each 4 times
         out = await asyncio.gather(*[svc.answer(t, tid, "A", 5) for t, tid in both])

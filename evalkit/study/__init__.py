@@ -3,18 +3,20 @@
 Pure parts: :mod:`.design` (clip selection, counterbalanced assignment), :mod:`.stats`
 (Wilson, binomial tests, cluster bootstrap, equivalence verdict, Krippendorff's alpha, plan).
 Storage: :mod:`.store` (SQLAlchemy Core; SQLite WAL or PostgreSQL). Operations: :mod:`.api`.
-The rater web app goes through :class:`.live.RaterService` (the same operations as
-:func:`next_trial`, :func:`submit` and :func:`progress`, with caches, a group-commit writer and
-the server-side play-through gate).
+Raters go through :class:`.live.RaterService`, the one implementation of next trial, media,
+answer and progress (opaque per-trial media names, a server-side gate with an injected clock,
+group commit).
 """
-from .api import (create_study, invite, next_trial, progress, ratings_csv, read_report, results,
-                  submit, summary_csv, write_csvs)
-from .errors import (BadAnswer, RatingConflict, StudyError, TooSoon, TrialNotAssigned,
-                     UnknownStudy, UnknownToken, UnknownTrial)
+from .api import (create_study, invite, ratings_csv, read_report, results, summary_csv,
+                  write_csvs)
+from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
+                     TrialNotAssigned, UnknownMedia, UnknownStudy, UnknownToken, UnknownTrial)
+from .live import FakeClock, RaterService, rate_all
 from .stats import plan
 from .store import SCHEMA_VERSION, StudyDB, open_db
 
-__all__ = ["create_study", "invite", "next_trial", "progress", "submit", "results", "plan",
+__all__ = ["create_study", "invite", "results", "plan", "RaterService", "FakeClock", "rate_all",
            "ratings_csv", "summary_csv", "write_csvs", "read_report", "open_db", "StudyDB",
            "SCHEMA_VERSION", "StudyError", "UnknownStudy", "UnknownToken", "UnknownTrial",
-           "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon"]
+           "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon", "OutOfOrder",
+           "NotLoaded", "UnknownMedia"]

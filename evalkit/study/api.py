@@ -1,13 +1,11 @@
-"""Study operations: create, invite, next trial, submit, progress, results, CSV export.
+"""Study operations: create, invite, results, CSV export.
 
-Every function takes ``db`` (a URL, an SQLite path or an open :class:`StudyDB`). What a rater
-sees (:func:`next_trial`, :func:`submit`, :func:`progress`) carries only trial ids, positions
-and media file names (content hashes): never a backend, run or job name.
+Every function takes ``db`` (a URL, an SQLite path or an open :class:`StudyDB`). What raters
+do (next trial, media, answer, progress) lives in :mod:`.live`.
 """
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
@@ -17,19 +15,16 @@ from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text
 from ..video import read_frames
 from . import design, stats
-from .errors import (BadAnswer, RatingConflict, StudyError, TrialNotAssigned, UnknownStudy,
-                     UnknownToken, UnknownTrial)
-from .media import degrade, store_browser_copy
-from .store import clips, now, open_db, raters, ratings, studies, trials
+from .errors import (StudyError, UnknownStudy)
+from .live import token_hash
+from .media import degrade, store_matched_set
+from .store import clips, new_media_key, now, open_db, raters, ratings, studies, trials
 
-CATCH_CLIPS = 6          # degraded versions are made of at most this many clips
-DEFAULT_FPS = 24.0       # frame rate assumed for studies created before it was recorded
 
 
 # -- creation ------------------------------------------------------------------------------
@@ -82,15 +77,21 @@ def read_report(report) -> dict:
 
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
-                 catch_threshold: float = 0.8, alpha: float = 0.05) -> dict:
-    """Create a study from a compare report: select clips, write browser copies and degraded
-    catch versions by content hash, record everything. Returns ``{"study", "clips", "media"}``."""
+                 catch_alpha: float = 0.05, alpha: float = 0.05) -> dict:
+    """Create a study from a compare report: select clips, write the browser copies (equal-size
+    matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
+    everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
+
+    Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
+    "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for."""
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference or abx, found {protocol!r}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
-    if not 0 <= catch_threshold <= 1:
-        raise StudyError(f"--catch-threshold: expected a number in [0, 1], found {catch_threshold}")
+    if not 0 < catch_alpha < 1:
+        raise StudyError(f"--catch-alpha: expected a number in (0, 1), found {catch_alpha}")
+    if raters_planned < 0:
+        raise StudyError(f"--raters: expected 0 (the planner's figure) or more, found {raters_planned}")
     try:
         design.parse_clips_spec(clips_spec)
     except ValueError as e:
@@ -102,9 +103,14 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError("--media: a folder for the browser copies is needed with a "
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
+    the_plan = _plan(protocol, margin, len(chosen), alpha)
+    warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
+    planned = raters_planned or the_plan["raters"]
     swap, xbit = design.base_bits(len(chosen), seed)
+    rng = np.random.default_rng([seed, 4])
     clip_rows, pool, seconds = [], [], {}
     study_fps = first = None
+    n_easy = min(len(chosen), design.n_catch(len(chosen)))
     for i, c in enumerate(chosen):
         fa, fps = read_frames(c["path_a"])
         fb, fps_b = read_frames(c["path_b"])
@@ -115,46 +121,100 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                 raise StudyError(f"{path}: field 'fps': expected {_fps_text(study_fps)} fps like "
                                  f"{first} (the clips of one study share one frame rate), "
                                  f"found {_fps_text(f)}")
-        ma = store_browser_copy(fa, fps, media)
-        mb = store_browser_copy(fb, fps, media)
-        seconds[ma], seconds[mb] = len(fa) / fps, len(fb) / fps
+        if fa.shape != fb.shape:
+            raise StudyError(f"{c['path_b']}: expected {fa.shape[0]} frames of "
+                             f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
+                             f"{fb.shape[0]} of {fb.shape[2]}x{fb.shape[1]}")
+        # one matched set per clip: both sides (and, for ABX, their alternate encodings shown
+        # as X) have the same length, box layout and per-frame sample sizes
+        items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if protocol == "abx" else [])
+        names = store_matched_set(items, fps, media)
+        ma, mb = names[0], names[1]
+        alt_a, alt_b = (names[2], names[3]) if protocol == "abx" else (None, None)
+        for n in names:
+            seconds[n] = len(fa) / fps
         clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
                           "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
-                          "media_b": mb, "base_swap": swap[i], "base_x": xbit[i]})
-        if i < CATCH_CLIPS:
-            kind = design.CATCH_KINDS[i % len(design.CATCH_KINDS)]
-            deg = degrade(fa, fps, kind)
-            pool.append({"ord": i, "kind": kind, "reference": ma,
-                         "degraded": store_browser_copy(deg, fps, media)})
-            seconds[pool[-1]["degraded"]] = len(deg) / fps
+                          "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
+                          "base_swap": swap[i], "base_x": xbit[i]})
+        kinds = []
+        if i < n_easy:
+            kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
+        if i < design.GRADED_CATCHES:
+            kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
+        for kind in kinds:
+            # the reference comes from either backend (drawn per catch) and is re-encoded from
+            # frames one code value brighter, so its bytes never match a test trial's video
+            src = fb if rng.integers(2) else fa
+            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
+            deg = degrade(ref, fps, kind)
+            names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if protocol == "abx" else []),
+                                      fps, media)
+            for n in names:
+                seconds[n] = len(ref) / fps
+            pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
+                         "reference_alt": names[2] if protocol == "abx" else None})
+    n_catch = design.n_catch(len(chosen))
+    catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
+                  "min_correct": stats.catch_min_correct(n_catch, catch_alpha),
+                  "graded_trials": design.GRADED_CATCHES if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
+    config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
+              "plan": the_plan, **timing}
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
-            raters_planned=raters_planned, catch_threshold=catch_threshold, alpha=alpha,
+            raters_planned=planned,
+            catch_threshold=catch_rule["min_correct"] / max(1, n_catch), alpha=alpha,
             report=str(rep["report"]), run_a=str(rep["run_a"]), run_b=str(rep["run_b"]),
-            media_dir=str(media), created=now(),
-            config={"catch_pool": [], **timing})).inserted_primary_key[0]
+            media_dir=str(media), created=now(), config=config)).inserted_primary_key[0]
         ids = []
         for row in clip_rows:
             ids.append(conn.execute(clips.insert().values(study_id=sid, **row))
                        .inserted_primary_key[0])
-        catch_pool = [{"clip_id": ids[p["ord"]], "kind": p["kind"], "reference": p["reference"],
-                       "degraded": p["degraded"]} for p in pool]
-        conn.execute(studies.update().where(studies.c.id == sid)
-                     .values(config={"catch_pool": catch_pool, **timing}))
-    return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media)}
+        config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
+                                 "reference": p["reference"], "degraded": p["degraded"],
+                                 "reference_alt": p["reference_alt"]} for p in pool]
+        conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
+    return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
+            "raters_planned": planned, "invite": _invite_count(planned, the_plan),
+            "plan": the_plan, "warnings": warnings}
+
+
+def _invite_count(planned: int, the_plan: dict) -> int:
+    rate = float(the_plan.get("exclusion_rate") or 0.0)
+    return int(math.ceil(planned / (1 - rate))) if rate < 1 else planned
+
+
+_PLANS: dict = {}
+
+
+def _plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
+    """The planner's design for this study (cached per process: it simulates)."""
+    key = (protocol, margin, n_clips, alpha)
+    if key not in _PLANS:
+        try:
+            _PLANS[key] = stats.plan(protocol, margin, clips=n_clips, alpha=alpha)
+        except ValueError as e:
+            raise StudyError(str(e)) from None
+    return _PLANS[key]
+
+
+def _design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan: dict) -> list[str]:
+    out = []
+    if n_clips < stats.MIN_CLIPS:
+        out.append(f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
+                   "verdict's error rates are only simulated from that size up")
+    if raters_planned and raters_planned < the_plan["raters"]:
+        out.append(f"--raters {raters_planned} is below the planner's {the_plan['raters']} "
+                   f"included raters for --margin {the_plan['margin']:g} (see `evalkit study plan`)")
+    return out
 
 
 def _fps_text(fps) -> str:
     fps = Fraction(fps).limit_denominator(1001 * 1000)
     return str(fps.numerator) if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
-
-
-def study_fps(config: dict) -> float:
-    """The frame rate of a study's clips (studies made before it was recorded: 24)."""
-    return float(config.get("fps") or DEFAULT_FPS)
 
 
 def _study(conn, study) -> dict:
@@ -166,10 +226,6 @@ def _study(conn, study) -> dict:
     if row is None:
         raise UnknownStudy(study)
     return dict(row)
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
@@ -199,113 +255,7 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     return out
 
 
-# -- rater side ----------------------------------------------------------------------------
-
-def _rater(conn, token: str) -> dict:
-    if not isinstance(token, str) or not token:
-        raise UnknownToken()
-    row = conn.execute(select(raters).where(raters.c.token_sha256 == token_hash(token))) \
-        .mappings().first()
-    if row is None:
-        raise UnknownToken()
-    return dict(row)
-
-
-def _public(trial: dict, protocol: str, total: int, fps: float = DEFAULT_FPS) -> dict:
-    # fps is shared by every side of a trial, so it says nothing about which is which
-    return {"trial": trial["id"], "index": trial["ord"] + 1, "total": total,
-            "protocol": protocol, "answers": list(design.ANSWERS[protocol]), "fps": fps,
-            "media": {slot: f"{sha}.mp4" for slot, sha in trial["shown"].items()}}
-
-
-def progress(db, token: str) -> dict:
-    """``{"done", "total", "finished"}`` for the rater with this token."""
-    d = open_db(db)
-    with d.engine.connect() as conn:
-        r = _rater(conn, token)
-        total = conn.execute(select(func.count()).select_from(trials)
-                             .where(trials.c.rater_id == r["id"])).scalar_one()
-        done = conn.execute(select(func.count()).select_from(ratings)
-                            .where(ratings.c.rater_id == r["id"])).scalar_one()
-    return {"done": done, "total": total, "finished": done >= total}
-
-
-def next_trial(db, token: str) -> dict | None:
-    """The rater's first unanswered trial (``trial`` id, ``index``/``total``, ``protocol``,
-    ``answers``, ``fps`` (the study's), ``media``: slot -> ``<sha256>.mp4``), or None when all
-    are answered. Read-only: the web app's :class:`.live.RaterService` also records when a trial
-    is first shown (its play-through gate); :func:`submit` has no gate."""
-    d = open_db(db)
-    with d.engine.connect() as conn:
-        r = _rater(conn, token)
-        protocol, config = conn.execute(select(studies.c.protocol, studies.c.config)
-                                        .where(studies.c.id == r["study_id"])).one()
-        total = conn.execute(select(func.count()).select_from(trials)
-                             .where(trials.c.rater_id == r["id"])).scalar_one()
-        answered = select(ratings.c.trial_id).where(ratings.c.rater_id == r["id"])
-        t = conn.execute(select(trials).where(trials.c.rater_id == r["id"],
-                                              trials.c.id.not_in(answered))
-                         .order_by(trials.c.ord).limit(1)).mappings().first()
-    return None if t is None else _public(dict(t), protocol, total, study_fps(config))
-
-
-def check_response_ms(trial_id, response_ms) -> int:
-    """``response_ms`` as a non-negative int, else :class:`BadAnswer` naming the field."""
-    try:
-        ms = int(response_ms)
-    except (TypeError, ValueError):
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
-                        f"found {response_ms!r}") from None
-    if ms < 0:
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
-    return ms
-
-
-def check_answer(trial_id, protocol: str, answer) -> None:
-    """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
-    if answer not in design.ANSWERS[protocol]:
-        raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
-                        f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
-
-
-def submit(db, token: str, trial_id, answer: str, response_ms, client: str | None = None) -> dict:
-    """Record a rater's answer once. A repeated submit of the same answer is idempotent
-    (``new`` False); a different answer to an answered trial is a :class:`RatingConflict`."""
-    d = open_db(db)
-    try:
-        tid = int(trial_id)
-    except (TypeError, ValueError):
-        raise UnknownTrial(trial_id) from None
-    ms = check_response_ms(trial_id, response_ms)
-    with d.engine.connect() as conn:
-        r = _rater(conn, token)
-        t = conn.execute(select(trials).where(trials.c.id == tid)).mappings().first()
-        if t is None:
-            raise UnknownTrial(trial_id)
-        t = dict(t)
-        if t["rater_id"] != r["id"]:
-            raise TrialNotAssigned(trial_id, r["id"])
-        protocol = conn.execute(select(studies.c.protocol)
-                                .where(studies.c.id == r["study_id"])).scalar_one()
-    check_answer(trial_id, protocol, answer)
-    correct, _ = design.score(protocol, t, answer)
-    row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid, "answer": answer,
-           "correct": correct, "response_ms": ms, "shown": t["shown"], "sources": t["sources"],
-           "client": client, "created": now()}
-    new = True
-    try:
-        with d.engine.begin() as conn:
-            rid = conn.execute(ratings.insert().values(**row)).inserted_primary_key[0]
-    except IntegrityError:
-        new = False
-        with d.engine.connect() as conn:
-            prev = conn.execute(select(ratings).where(ratings.c.rater_id == r["id"],
-                                                      ratings.c.trial_id == tid)).mappings().one()
-        if prev["answer"] != answer:
-            raise RatingConflict(tid, prev["answer"], answer) from None
-        rid = prev["id"]
-    return {"rating": rid, "trial": tid, "answer": answer, "new": new}
-
+# -- rater side: see :mod:`.live` (the one implementation of next trial, answer and progress)
 
 # -- analysis ------------------------------------------------------------------------------
 
@@ -319,7 +269,8 @@ def raw_ratings(db, study) -> tuple[dict, list[dict]]:
                     trials.c.ord.label("trial_index"), trials.c.kind, trials.c.catch_kind,
                     trials.c.expected, clips.c.job, clips.c.clip, clips.c.prompt,
                     clips.c.seed, ratings.c.shown, ratings.c.sources, ratings.c.answer,
-                    ratings.c.correct, ratings.c.response_ms, ratings.c.created)
+                    ratings.c.correct, ratings.c.response_ms, ratings.c.client_ms,
+                    ratings.c.created)
              .join(trials, trials.c.id == ratings.c.trial_id)
              .join(raters, raters.c.id == ratings.c.rater_id)
              .join(clips, clips.c.id == trials.c.clip_id, isouter=True)
@@ -336,89 +287,163 @@ def _round(v, nd=4):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, nd)
 
 
-def results(db, study, *, reps: int = 1000) -> dict:
-    """Analysis of a study (see :mod:`evalkit.study.stats` for every definition)."""
-    st, rows = raw_ratings(db, study)
-    protocol, margin = st["protocol"], st["margin"]
-    # catch-trial screening
-    per_rater: dict[int, list] = {}
+def _progress_by_rater(db, sid: int) -> dict[int, dict]:
+    """rater id -> {"trials", "answered", "finished_at" (last rating's time or None), "label"}."""
+    d = open_db(db)
+    with d.engine.connect() as conn:
+        total = dict(conn.execute(select(trials.c.rater_id, func.count()).where(
+            trials.c.study_id == sid).group_by(trials.c.rater_id)).all())
+        done = {r: (n, last) for r, n, last in conn.execute(
+            select(ratings.c.rater_id, func.count(), func.max(ratings.c.created))
+            .where(ratings.c.study_id == sid).group_by(ratings.c.rater_id)).all()}
+        labels = dict(conn.execute(select(raters.c.id, raters.c.label)
+                                   .where(raters.c.study_id == sid)).all())
+    return {rid: {"trials": n, "answered": done.get(rid, (0, None))[0],
+                  "finished_at": done[rid][1] if rid in done and done[rid][0] >= n else None,
+                  "label": labels.get(rid)} for rid, n in total.items()}
+
+
+def _catch_rule(st: dict) -> dict:
+    rule = dict((st["config"] or {}).get("catch_rule") or {})
+    rule.setdefault("alpha", 0.05)
+    return rule
+
+
+def _screen(rows: list[dict], complete: list[int], rule: dict) -> tuple[list[int], list[dict], dict]:
+    """Catch screening of the complete raters: (included ids, excluded entries, graded stats).
+
+    A rater is kept when their correct easy catch answers reach
+    :func:`.stats.catch_min_correct` (better than guessing at the rule's alpha); graded catches
+    are reported, never used to exclude."""
+    easy: dict[int, list] = {}
+    graded: dict[int, list] = {}
     for r in rows:
         if r["kind"] == "catch":
-            per_rater.setdefault(r["rater"], []).append(r["correct"])
-    all_raters = sorted({r["rater"] for r in rows})
-    excluded = []
-    for rid in all_raters:
-        c = per_rater.get(rid, [])
-        acc = float(np.mean(c)) if c else None
-        if acc is None or acc < st["catch_threshold"]:
-            excluded.append({"rater": rid, "catch_trials": len(c), "catch_accuracy": _round(acc),
-                             "reason": "no catch trial answered" if acc is None else
-                             f"catch accuracy below {st['catch_threshold']}"})
-    gone = {e["rater"] for e in excluded}
-    test = [r for r in rows if r["kind"] == "test" and r["rater"] not in gone]
-    n = len(test)
-    out = {"study": st["id"], "protocol": protocol, "margin": margin, "alpha": st["alpha"],
-           "catch_threshold": st["catch_threshold"], "ratings": len(rows),
-           "raters": len(all_raters), "raters_included": len(all_raters) - len(excluded),
-           "raters_planned": st["raters_planned"], "excluded_raters": excluded,
-           "trials": n, "bootstrap_reps": reps}
+            g = graded if design.catch_grade(r["catch_kind"]) == "graded" else easy
+            g.setdefault(r["rater"], []).append(int(r["correct"]))
+    kept, excluded = [], []
+    for rid in complete:
+        c = easy.get(rid, [])
+        try:
+            need = stats.catch_min_correct(len(c), rule["alpha"]) if c else None
+        except ValueError:          # too few catch trials (studies made before schema 4)
+            kept.append(rid)
+            continue
+        if need is None or sum(c) < need:
+            excluded.append({"rater": rid, "catch_trials": len(c), "catch_correct": sum(c),
+                             "catch_needed": need,
+                             "reason": "no easy catch trial" if need is None else
+                             f"{sum(c)} of {len(c)} catch trials right, {need} needed"})
+        else:
+            kept.append(rid)
+    g_all = [v for rid in complete for v in graded.get(rid, [])]
+    g_kept = [v for rid in kept for v in graded.get(rid, [])]
+    graded_out = {"trials": len(g_kept), "correct": int(sum(g_kept)),
+                  "accuracy": _round(float(np.mean(g_kept)) if g_kept else None),
+                  "accuracy_all_complete": _round(float(np.mean(g_all)) if g_all else None)}
+    return kept, excluded, graded_out
+
+
+def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: int, seed: int) -> dict:
     rr = [r["rater"] for r in test]
     cc = [r["job"] for r in test]
     if protocol == "abx":
-        y = [r["correct"] for r in test]
-        k = int(sum(y))
-        lo, hi = stats.wilson(k, n)
-        out.update(correct=k, accuracy=_round(k / n if n else None), accuracy_ci95=[_round(lo), _round(hi)],
-                   p_value=_round(stats.binom_p(k, n, "greater"), 6), test="one-sided binomial, accuracy > 0.5")
-        bound = stats.upper_bound("abx", y, rr, cc, alpha=st["alpha"], reps=reps, seed=st["seed"])
-        out["upper_bound"] = _round(bound)
-        out["verdict_rule"] = f"upper {100 * (1 - st['alpha']):.0f}% bound of accuracy < {0.5 + margin:g}"
-        units_val = lambda r: r["correct"]  # noqa: E731
+        out = stats.decide_abx(rr, cc, [int(r["correct"]) for r in test], margin=margin,
+                               alpha=alpha, reps=reps, seed=seed)
     else:
-        wins_b = sum(1 for r in test if r["score_b"] == 1.0)
-        wins_a = sum(1 for r in test if r["score_b"] == 0.0)
-        ties = n - wins_a - wins_b
-        dec = wins_a + wins_b
-        lo, hi = stats.wilson(wins_b, dec)
-        y = [r["score_b"] for r in test]
-        out.update(wins_b=wins_b, wins_a=wins_a, ties=ties,
-                   win_rate_b=_round(wins_b / dec if dec else None), win_rate_b_ci95=[_round(lo), _round(hi)],
-                   score_b=_round(float(np.mean(y)) if n else None),
-                   p_value=_round(stats.binom_p(wins_b, dec, "two-sided"), 6),
-                   test="two-sided binomial on decisive trials, win rate of B = 0.5")
-        bound = stats.upper_bound("preference", y, rr, cc, alpha=st["alpha"], reps=reps, seed=st["seed"])
-        out["upper_bound"] = _round(bound)
-        out["verdict_rule"] = f"upper {100 * (1 - st['alpha']):.0f}% bound of |score_b - 0.5| < {margin:g}"
-        units_val = lambda r: {1.0: "b", 0.0: "a", 0.5: "same"}[r["score_b"]]  # noqa: E731
-    out["verdict"] = stats.verdict(protocol, bound, margin)
-    by_clip: dict[str, list] = {}
-    for r in test:
-        by_clip.setdefault(r["job"], []).append(r)
-    per_clip = []
-    for job, rs in sorted(by_clip.items()):
-        e = {"job": job, "clip": rs[0]["clip"], "prompt": rs[0]["prompt"], "ratings": len(rs)}
-        if protocol == "abx":
-            e["accuracy"] = _round(float(np.mean([r["correct"] for r in rs])))
-        else:
-            e["wins_b"] = sum(r["score_b"] == 1.0 for r in rs)
-            e["wins_a"] = sum(r["score_b"] == 0.0 for r in rs)
-            e["ties"] = sum(r["score_b"] == 0.5 for r in rs)
-            e["score_b"] = _round(float(np.mean([r["score_b"] for r in rs])))
-        per_clip.append(e)
-    out["per_clip"] = per_clip
-    out["krippendorff_alpha"] = _round(stats.krippendorff_alpha_nominal(
-        [[units_val(r) for r in rs] for rs in by_clip.values()]))
+        out = stats.decide_preference(rr, cc, [r["score_b"] for r in test], alpha=alpha,
+                                      reps=reps, seed=seed)
+    names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"]} for r in test}
+    for e in out.get("per_clip", []):
+        e["job"] = e.pop("clip")
+        e.update(names.get(e["job"], {}))
+    out["rater_count"], out["clip_count"] = out.pop("raters", 0), out.pop("clips", 0)
+    return out
+
+
+def results(db, study, *, reps: int = 1000) -> dict:
+    """Analysis of a study (every rule in :mod:`evalkit.study.stats`).
+
+    ``status``: ``no ratings``, ``interim`` (fewer complete included raters than planned: no
+    verdict and no figure that would show where it is heading, on any page or command) or
+    ``complete``. The verdict uses the first ``raters_planned`` included raters in order of
+    completion (later raters are counted, not used: adding raters after a look cannot change a
+    verdict), and is repeated without the catch exclusions as a sensitivity check."""
+    if not isinstance(reps, int) or reps < 100:
+        raise StudyError(f"--reps: expected at least 100 bootstrap replicates, found {reps}")
+    st, rows = raw_ratings(db, study)
+    protocol, margin, alpha = st["protocol"], st["margin"], st["alpha"]
+    planned = int(st["raters_planned"] or 0)
+    prog = _progress_by_rater(db, st["id"])
+    complete = sorted((rid for rid, p in prog.items() if p["finished_at"] is not None),
+                      key=lambda rid: (prog[rid]["finished_at"], rid))
+    rule = _catch_rule(st)
+    kept, excluded, graded = _screen(rows, complete, rule)
+    out = {"study": st["id"], "protocol": protocol, "margin": margin, "alpha": alpha,
+           "raters_planned": planned, "raters_invited": len(prog),
+           "raters_started": sum(1 for p in prog.values() if p["answered"]),
+           "raters_complete": len(complete), "raters_included": len(kept),
+           "excluded_raters": excluded, "ratings": len(rows),
+           "catch_rule": {"alpha": rule["alpha"], "easy_trials": rule.get("easy_trials"),
+                          "min_correct": rule.get("min_correct"),
+                          "text": "a rater is kept when their correct easy catch answers are "
+                                  "better than guessing (one-sided exact binomial, level "
+                                  f"{rule['alpha']:g}); graded catches are reported only"},
+           "graded_catches": graded, "bootstrap_reps": reps}
+    out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
+                    if protocol == "abx" else
+                    "preference: reports a preference or none; never claims indistinguishable "
+                    "(raters who see a difference but split their taste look like raters who "
+                    "see none; use ABX for that claim)")
+    if not rows:
+        out.update(status="no ratings", verdict="no ratings yet",
+                   verdict_text=f"no ratings yet: 0 of {planned} planned raters have started")
+        return out
+    if planned <= 0:
+        out.update(status="interim", verdict="interim",
+                   verdict_text="no verdict: this study has no planned number of raters "
+                                "(made before plans were recorded)")
+        return out
+    if len(kept) < planned:
+        out.update(status="interim", verdict="interim",
+                   verdict_text=f"interim: {len(kept)} of {planned} planned included raters "
+                                f"complete ({len(complete)} complete, {len(excluded)} excluded); "
+                                "no verdict is shown before the planned design is complete")
+        return out
+    used = kept[:planned]
+    out["raters_used"] = used
+    test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(used)]
+    dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
+    out.update(status="complete", **dec)
+    out["verdict_text"] = dec["verdict"]
+    if dec.get("flagged"):
+        out["verdict_text"] += ("; detectably different clip" + ("s" if len(dec["flagged"]) > 1
+                                else "") + ": " + ", ".join(map(str, dec["flagged"])))
+    # sensitivity: the same rule on the first planned complete raters, exclusions ignored
+    used_all = set(complete[:planned])
+    test_all = [r for r in rows if r["kind"] == "test" and r["rater"] in used_all]
+    d2 = _decide(protocol, test_all, margin, alpha, reps, st["seed"])
+    out["without_exclusions"] = {k: d2.get(k) for k in (
+        "verdict", "n", "accuracy", "p_value", "p_text", "upper_bound", "win_rate_b",
+        "ties", "flagged") if k in d2}
+    out["without_exclusions"]["raters"] = len(used_all)
+    if protocol == "preference":
+        units: dict[str, list] = {}
+        for r in test:
+            units.setdefault(r["job"], []).append({1.0: "b", 0.0: "a", 0.5: "same"}[r["score_b"]])
+        out["krippendorff_alpha"] = _round(stats.krippendorff_alpha_nominal(list(units.values())))
     return out
 
 
 RAW_COLUMNS = ("rating", "rater", "rater_label", "trial", "trial_index", "kind", "catch_kind",
                "job", "clip", "prompt", "seed", "positions", "backend_per_side", "answer",
-               "expected", "correct", "score_b", "response_ms", "created")
+               "expected", "correct", "score_b", "response_ms", "client_ms", "created")
 
 
 def ratings_csv(db, study) -> str:
-    """One row per rating: rater, trial, clip, positions (slot -> media), backend per side
-    (slot -> a/b/reference/degraded), answer, correct, score for B, response time."""
+    """One row per rating: rater, trial, clip, positions (slot -> stored media), backend per
+    side (slot -> a/b/reference/degraded), answer, correct, score for B, response time measured
+    by the server (``response_ms``) and as the page reported it (``client_ms``)."""
     _, rows = raw_ratings(db, study)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -430,22 +455,30 @@ def ratings_csv(db, study) -> str:
     return buf.getvalue()
 
 
+SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "accuracy",
+                   "correct", "wins_b", "wins_a", "ties", "win_rate_b", "p_value", "p_holm",
+                   "flagged", "upper_bound", "margin", "alpha", "raters_planned",
+                   "raters_complete", "raters_included", "raters_excluded",
+                   "krippendorff_alpha", "rule")
+
+
 def summary_csv(res: dict) -> str:
-    """The summary as CSV: one row ``scope=study`` then one ``scope=clip`` row per clip."""
-    keys = ["accuracy", "wins_b", "wins_a", "ties", "win_rate_b", "score_b"]
-    head = ["scope", "job", "ratings", *keys, "p_value", "upper_bound", "margin", "verdict",
-            "raters_included", "raters_excluded", "krippendorff_alpha"]
+    """The summary as CSV: one ``scope=study`` row, then one ``scope=clip`` row per clip (only
+    once the design is complete: interim results show no figure that would reveal a trend).
+    Numbers are full precision (p-values are never rounded to 0)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(head)
+    w.writerow(SUMMARY_COLUMNS)
     cell = lambda v: "" if v is None else v  # noqa: E731
-    w.writerow(["study", "", res["trials"], *[cell(res.get(k)) for k in keys],
-                cell(res.get("p_value")), cell(res.get("upper_bound")), res["margin"],
-                res["verdict"], res["raters_included"], len(res["excluded_raters"]),
-                cell(res.get("krippendorff_alpha"))])
-    for c in res["per_clip"]:
-        w.writerow(["clip", c["job"], c["ratings"], *[cell(c.get(k)) for k in keys],
-                    "", "", "", "", "", "", ""])
+    study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
+                 "raters": res.get("rater_count"),
+                 "raters_excluded": len(res["excluded_raters"]), **res}
+    study_row["flagged"] = ";".join(map(str, res.get("flagged") or [])) or None
+    w.writerow([cell(study_row.get(k)) if k != "ratings" else cell(res.get("n"))
+                for k in SUMMARY_COLUMNS])
+    for c in res.get("per_clip", []):
+        row = {"scope": "clip", **c, "raters": None}
+        w.writerow([cell(row.get(k)) if k in row else "" for k in SUMMARY_COLUMNS])
     return buf.getvalue()
 
 

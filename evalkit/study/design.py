@@ -5,8 +5,10 @@ shuffled from the study seed). Rater ``k`` shows backend B on the left (preferen
 slot A (ABX), when ``base_swap XOR (k mod 2)``; in ABX X is backend B when
 ``base_x XOR (k div 2 mod 2)``. So within a rater positions are balanced, and every 2
 (preference) or 4 (ABX) consecutive raters see each clip in every arrangement exactly once.
-Catch trials (known answer) are mixed in and the order is shuffled from the rater's seed,
-derived from the study seed and the rater's index (reproducible).
+Catch trials (known answer) are mixed in: :data:`EASY_CATCHES` obvious degradations (the
+exclusion rule uses these) and :data:`GRADED_CATCHES` mild ones (reported only). The order is
+shuffled from the rater's seed, derived from the study seed and the rater's index
+(reproducible).
 """
 from __future__ import annotations
 
@@ -65,17 +67,44 @@ def rater_seed(study_seed: int, idx: int) -> int:
     return int(np.random.SeedSequence([study_seed, 3, idx]).generate_state(1)[0]) & 0x7FFFFFFF
 
 
+#: easy catch trials per rater (exclusion uses only these: :func:`.stats.catch_min_correct`)
+EASY_CATCHES = 8
+#: graded catch trials per rater: mild degradations, reported (are raters sensitive near the
+#: margin?), never used to exclude anyone
+GRADED_CATCHES = 2
+GRADED_KINDS = ("blur_mild", "compression_mild")
+
+
 def n_catch(n_clips: int) -> int:
-    """Catch trials per rater: 15% of the test trials, at least 2."""
-    return max(2, math.ceil(0.15 * n_clips))
+    """Easy catch trials per rater: :data:`EASY_CATCHES`, or 20% of the test trials if more."""
+    return max(EASY_CATCHES, math.ceil(0.2 * n_clips))
+
+
+def catch_grade(kind: str | None) -> str | None:
+    """``easy`` or ``graded`` for a catch kind (None for test trials)."""
+    if kind is None:
+        return None
+    return "graded" if kind in GRADED_KINDS else "easy"
+
+
+def _draw(pool: list[dict], k: int, rng: np.random.Generator) -> list[dict]:
+    """``k`` entries of ``pool``: each entry once before any repeats, in random order."""
+    if not pool or k <= 0:
+        return []
+    reps = -(-k // len(pool))
+    idx = np.concatenate([rng.permutation(len(pool)) for _ in range(reps)])[:k]
+    return [pool[i] for i in idx]
 
 
 def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
            seed: int) -> list[dict]:
     """One rater's trials, in presentation order.
 
-    ``clips``: dicts with ``id``, ``media_a``, ``media_b``, ``base_swap``, ``base_x``.
-    ``catch_pool``: dicts with ``clip_id``, ``kind``, ``reference`` and ``degraded`` (media).
+    ``clips``: dicts with ``id``, ``media_a``, ``media_b``, ``base_swap``, ``base_x`` and
+    optionally ``media_a_alt``/``media_b_alt`` (the alternate encodings ABX shows as X, so X
+    never has the bytes of the side it matches).
+    ``catch_pool``: dicts with ``clip_id``, ``kind``, ``reference``, ``degraded`` and optionally
+    ``reference_alt`` (media); kinds in :data:`GRADED_KINDS` are graded catches.
     ``seed``: the rater's seed (:func:`rater_seed`). Returns dicts with ``kind`` (test/catch),
     ``clip_id``, ``catch_kind``, ``shown`` (slot -> media), ``sources`` (slot -> a, b,
     reference or degraded) and ``expected`` (catch trials and ABX: the right answer)."""
@@ -86,33 +115,37 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     for c in clips:
         swap = c["base_swap"] ^ (idx % 2)
         media = {"a": c["media_a"], "b": c["media_b"]}
+        alt = {"a": c.get("media_a_alt") or c["media_a"], "b": c.get("media_b_alt") or c["media_b"]}
         first, second = ("b", "a") if swap else ("a", "b")
         if protocol == "preference":
             sources = {"left": first, "right": second}
+            shown = {k: media[v] for k, v in sources.items()}
             expected = None
         else:
             x = "b" if c["base_x"] ^ ((idx // 2) % 2) else "a"
             sources = {"X": x, "A": first, "B": second}
+            shown = {"X": alt[x], "A": media[first], "B": media[second]}
             expected = "A" if first == x else "B"
         out.append({"kind": "test", "clip_id": c["id"], "catch_kind": None,
-                    "shown": {k: media[v] for k, v in sources.items()}, "sources": sources,
-                    "expected": expected})
-    if catch_pool:
-        k = n_catch(len(clips))
-        picks = [catch_pool[i % len(catch_pool)] for i in rng.permutation(max(k, len(catch_pool)))[:k]]
-        sides = balanced_bits(k, rng)
-        for cp, side in zip(picks, sides):
-            media = {"reference": cp["reference"], "degraded": cp["degraded"]}
-            first, second = ("degraded", "reference") if side else ("reference", "degraded")
-            if protocol == "preference":
-                sources = {"left": first, "right": second}
-                expected = "left" if first == "reference" else "right"
-            else:
-                sources = {"X": "reference", "A": first, "B": second}
-                expected = "A" if first == "reference" else "B"
-            out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
-                        "shown": {s: media[v] for s, v in sources.items()}, "sources": sources,
-                        "expected": expected})
+                    "shown": shown, "sources": sources, "expected": expected})
+    easy = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "easy"]
+    graded = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "graded"]
+    picks = _draw(easy, n_catch(len(clips)), rng) + _draw(graded, GRADED_CATCHES, rng)
+    sides = balanced_bits(len(picks), rng)
+    for cp, side in zip(picks, sides):
+        media = {"reference": cp["reference"], "degraded": cp["degraded"]}
+        first, second = ("degraded", "reference") if side else ("reference", "degraded")
+        if protocol == "preference":
+            sources = {"left": first, "right": second}
+            shown = {s: media[v] for s, v in sources.items()}
+            expected = "left" if first == "reference" else "right"
+        else:
+            sources = {"X": "reference", "A": first, "B": second}
+            shown = {"X": cp.get("reference_alt") or cp["reference"], "A": media[first],
+                     "B": media[second]}
+            expected = "A" if first == "reference" else "B"
+        out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
+                    "shown": shown, "sources": sources, "expected": expected})
     order = rng.permutation(len(out))
     return [out[i] for i in order]
 

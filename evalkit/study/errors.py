@@ -39,12 +39,36 @@ class RatingConflict(StudyError):
                          f"(found a second answer {second!r})")
 
 
+class OutOfOrder(StudyError):
+    """An answer to a trial that is not the rater's current, handed-out trial (changes nothing)."""
+
+    def __init__(self, trial):
+        super().__init__(f"trial {trial}: not the trial being shown; reload the page to get "
+                         "the current trial")
+
+
+class NotLoaded(StudyError):
+    """An answer to a trial whose videos were not all requested by the browser."""
+
+    def __init__(self, trial):
+        super().__init__(f"trial {trial}: field 'answer': the videos of this trial were not "
+                         "loaded; watch them before answering")
+        self.wait_ms = 1000
+
+
+class UnknownMedia(StudyError):
+    """A media name that is not one of the rater's handed-out trials' (says nothing more)."""
+
+    def __init__(self):
+        super().__init__("media: not found")
+
+
 class TooSoon(StudyError):
-    """An answer that came before one play-through of the trial's videos (the web app's gate)."""
+    """An answer that came before one play-through of the trial's videos (the gate)."""
 
     def __init__(self, trial, elapsed: float | None, need: float, seconds: float):
-        when = ("before the trial was shown" if elapsed is None
-                else f"{elapsed:.1f} s after the trial was first shown")
+        when = ("before the videos were loaded" if elapsed is None
+                else f"{elapsed:.1f} s after the videos were loaded")
         super().__init__(f"trial {trial}: field 'answer': came {when}; watch the videos through "
                          f"once ({seconds:.1f} s) before answering")
         self.wait_ms = int(1000 * (need if elapsed is None else max(0.0, need - elapsed))) + 1

@@ -1,53 +1,111 @@
-"""The rater side of the web app: :func:`~.api.next_trial`, :func:`~.api.submit` and
-:func:`~.api.progress` made fast for many raters at once, with the play-through gate enforced on
-the server.
+"""The rater side of a study: the one implementation of *next trial*, *media*, *answer* and
+*progress*. The web app, scripts and tests all go through :class:`RaterService`.
 
-- **Caches of immutable data**: a rater (by token hash), the rater's trial list and the study's
-  protocol, frame rate, clip durations and media folder never change once created, so each is
-  read once per process. What changes (answers, first-served times) is always read from the
-  database, so several server processes can share one database.
-- **Group commit**: every database operation of the rater API runs on one writer thread. It takes
-  all the requests queued while the previous batch was committing and handles them in one
-  transaction (per request: one read of the rater's trial states, the rating insert, the
-  first-served mark of the next trial), then commits once. A request's answer is only released
-  after its batch has committed, so no acknowledged rating can be lost. If a batch fails as a
-  whole, each request in it is retried alone, so one bad request cannot fail the others.
-- **Play-through gate**: the first time a trial is handed to its rater, its ``served`` time is
-  stored; an answer that arrives sooner than one play-through of the trial's videos after that
-  (less one frame of slack) is refused with :class:`~.errors.TooSoon`, which also marks a trial
-  that was never served as served now.
+Blindness (what a rater's browser can learn):
+
+- **Opaque media names.** A trial's videos are named ``HMAC-SHA256(study media key, "trial
+  id:slot")`` (:func:`media_name`): a name is unique to one slot of one trial of one rater, says
+  nothing about its content, and cannot be linked across raters, trials or studies. The server
+  maps a name back to the stored file; X never shares a name with the side it matches, and (the
+  study's media being encoded as matched sets) never shares its bytes either.
+- **Nothing else.** The public trial carries only the trial id, its position, the protocol, the
+  answer labels, the study's frame rate and the media names.
+
+Gate (server side, with an injected ``clock``: tests drive time, never sleep):
+
+1. A trial can only be answered when it is the rater's *current* trial (the first unanswered, in
+   order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
+   which changes nothing.
+2. Its videos must all have been requested by the browser (``fetched`` is stored when the last
+   one is first requested); before that :class:`~.errors.NotLoaded`.
+3. One play-through of the longest video (less one frame) must have passed since ``fetched``;
+   before that :class:`~.errors.TooSoon` with the wait.
+4. ``response_ms`` is measured here (answer arrival minus ``fetched``); the page's own figure is
+   kept as ``client_ms``.
+
+Speed: every database operation runs on one writer thread that groups the requests queued
+while the previous batch was committing into one transaction ("group commit"); an answer is
+acknowledged only after its batch committed. Immutable data (raters, trial lists, study
+settings) is cached per process; what changes (answers, served/fetched times) is read from the
+database, so several server processes can share one database.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import hmac
 import queue
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design
-from .api import _public, check_answer, check_response_ms, study_fps, token_hash
-from .errors import RatingConflict, TooSoon, TrialNotAssigned, UnknownToken, UnknownTrial
+from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, TooSoon, TrialNotAssigned,
+                     UnknownMedia, UnknownToken, UnknownTrial)
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
+DEFAULT_FPS = 24.0       # frame rate assumed for studies created before it was recorded
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def media_name(key: str, trial_id: int, slot: str) -> str:
+    """The name a trial's video in ``slot`` is served under (160 bits of HMAC-SHA256)."""
+    mac = hmac.new(bytes.fromhex(key), f"{int(trial_id)}:{slot}".encode(), hashlib.sha256)
+    return mac.hexdigest()[:40] + ".mp4"
+
+
+def legacy_media_key(study_id: int, seed: int) -> str:
+    """Key of a study made before keys were stored and not yet upgraded (never used by new
+    studies: :func:`.store.new_media_key`)."""
+    return hashlib.sha256(f"evalkit-legacy:{study_id}:{seed}".encode()).hexdigest()
+
+
+def check_answer(trial_id, protocol: str, answer) -> None:
+    """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
+    if answer not in design.ANSWERS[protocol]:
+        raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
+                        f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
+
+
+def check_client_ms(trial_id, client_ms) -> int | None:
+    """The page's response time: None, or a non-negative int (else :class:`BadAnswer`)."""
+    if client_ms is None:
+        return None
+    try:
+        ms = int(client_ms)
+    except (TypeError, ValueError):
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
+                        f"found {client_ms!r}") from None
+    if ms < 0:
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
+    return min(ms, 2**31 - 1)
 
 
 class RaterService:
-    """``state(token)`` and ``answer(token, trial, answer, response_ms)`` for the web app; both
-    return ``{"progress", "trial"[, "completion_code"]}`` (``answer`` adds ``saved``)."""
+    """``state``, ``media``, ``answer`` and ``progress`` for raters (async for the web app, each
+    with a ``*_sync`` twin for scripts and tests). ``state`` and ``answer`` return
+    ``{"progress", "trial"[, "completion_code"]}`` (``answer`` adds ``saved``)."""
 
-    def __init__(self, db, *, completion_code: str | None = None, max_batch: int = 512):
+    def __init__(self, db, *, completion_code: str | None = None, max_batch: int = 512,
+                 clock: Callable[[], float] = time.time):
         self.db = open_db(db)
         self.completion_code = completion_code
         self.max_batch = max(1, int(max_batch))
+        self.clock = clock
         self._raters: dict[str, dict] = {}      # token sha256 -> {"id", "study_id"}
         self._plans: dict[int, list[dict]] = {}  # rater id -> trials in order
-        self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media
+        self._names: dict[int, dict] = {}       # rater id -> media name -> (trial id, slot, sha)
+        self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media, key
+        self._seen: dict[int, set] = {}         # trial id -> slots requested (this process)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         if self.db.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert
@@ -57,14 +115,18 @@ class RaterService:
         # it on SQLite); values come as bound parameters
         self._q_rater = select(raters.c.id, raters.c.study_id).where(
             raters.c.token_sha256 == bindparam("h"))
-        self._q_live = (select(trials.c.id, trials.c.served, ratings.c.answer)
+        self._q_live = (select(trials.c.id, trials.c.served, trials.c.fetched, ratings.c.answer)
                         .select_from(trials.outerjoin(ratings, and_(
                             ratings.c.rater_id == trials.c.rater_id,
                             ratings.c.trial_id == trials.c.id)))
                         .where(trials.c.rater_id == bindparam("rid")))
+        self._q_one = select(trials.c.served, trials.c.fetched).where(trials.c.id == bindparam("tid"))
         self._u_served = (trials.update().where(trials.c.id == bindparam("tid"),
                                                 trials.c.served.is_(None))
                           .values(served=bindparam("at")))
+        self._u_fetched = (trials.update().where(trials.c.id == bindparam("tid"),
+                                                 trials.c.fetched.is_(None))
+                           .values(fetched=bindparam("at")))
         self._i_rating = (insert(ratings).on_conflict_do_nothing(
             index_elements=["rater_id", "trial_id"]).returning(ratings.c.id))
         self._q_prev = select(ratings.c.answer).where(ratings.c.rater_id == bindparam("rid"),
@@ -79,41 +141,46 @@ class RaterService:
 
     def submit_job(self, kind: str, *args) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._q.put((kind, args, time.time(), fut))
+        self._q.put((kind, args, self.clock(), fut))
         return fut
 
     async def state(self, token: str) -> dict:
+        """Progress and the rater's current trial (handing it out: its ``served`` is stored)."""
         return await asyncio.wrap_future(self.submit_job("state", token))
 
-    async def answer(self, token, trial, answer, response_ms, client=None) -> dict:
+    async def answer(self, token, trial, answer, client_ms=None, client=None) -> dict:
         return await asyncio.wrap_future(
-            self.submit_job("answer", token, trial, answer, response_ms, client))
+            self.submit_job("answer", token, trial, answer, client_ms, client))
 
-    def media_dir(self, token: str) -> Path | None:
-        """The media folder of this rater's study (None: no such rater). Thread-safe."""
-        if not isinstance(token, str) or not token:
-            return None
-        h = token_hash(token)
-        r = self._raters.get(h)
-        if r is None:
-            with self.db.engine.connect() as conn:
-                row = conn.execute(self._q_rater, {"h": h}).first()
-                if row is None:
-                    return None
-                r = self._raters.setdefault(h, {"id": row[0], "study_id": row[1]})
-                st = self._study(conn, r["study_id"])
-        else:
-            st = self._studies.get(r["study_id"])
-            if st is None:
-                with self.db.engine.connect() as conn:
-                    st = self._study(conn, r["study_id"])
-        return Path(st["media_dir"])
+    async def media(self, token: str, name: str) -> Path:
+        """The file behind a media name of one of the rater's handed-out trials (recording the
+        request for the gate); :class:`~.errors.UnknownMedia` for anything else."""
+        return await asyncio.wrap_future(self.submit_job("media", token, name))
+
+    def state_sync(self, token: str) -> dict:
+        return self.submit_job("state", token).result()
+
+    def answer_sync(self, token, trial, answer, client_ms=None, client=None) -> dict:
+        return self.submit_job("answer", token, trial, answer, client_ms, client).result()
+
+    def media_sync(self, token: str, name: str) -> Path:
+        return self.submit_job("media", token, name).result()
+
+    def progress(self, token: str) -> dict:
+        """``{"done", "total", "finished"}``; hands nothing out."""
+        return self.submit_job("progress", token).result()
 
     def close(self, timeout: float = 30) -> None:
         """Handle what is queued, then stop the writer thread."""
         if self._thread.is_alive():
             self._q.put(_STOP)
             self._thread.join(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # -- writer thread ------------------------------------------------------------------------
 
@@ -159,14 +226,17 @@ class RaterService:
             else:
                 fut.set_result(result)
 
-    def _one(self, conn, job) -> tuple[dict | None, Exception | None]:
+    def _one(self, conn, job) -> tuple[object, Exception | None]:
         """One request inside the batch's transaction. User errors are returned, not raised, so
-        the transaction goes on (a refused request writes nothing, except the served mark of a
-        trial answered before it was ever served)."""
+        the transaction goes on (a refused request writes nothing)."""
         kind, args, arrived, _ = job
         try:
             if kind == "state":
-                return self._state(conn, *args), None
+                return self._state(conn, *args, at=arrived), None
+            if kind == "media":
+                return self._media(conn, *args, arrived=arrived), None
+            if kind == "progress":
+                return self._progress(conn, *args), None
             return self._answer(conn, *args, arrived=arrived), None
         except UserError as e:
             return None, e
@@ -188,11 +258,12 @@ class RaterService:
     def _study(self, conn, sid: int) -> dict:
         st = self._studies.get(sid)
         if st is None:
-            row = conn.execute(select(studies.c.protocol, studies.c.config, studies.c.media_dir)
-                               .where(studies.c.id == sid)).one()
+            row = conn.execute(select(studies.c.protocol, studies.c.config, studies.c.media_dir,
+                                      studies.c.seed).where(studies.c.id == sid)).one()
             cfg = row[1] or {}
-            st = {"protocol": row[0], "fps": study_fps(cfg), "media_dir": row[2],
-                  "seconds": dict(cfg.get("media_seconds") or {})}
+            st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
+                  "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
+                  "key": cfg.get("media_key") or legacy_media_key(sid, row[3])}
             self._studies[sid] = st
         return st
 
@@ -203,6 +274,13 @@ class RaterService:
                 select(trials.c.id, trials.c.ord, trials.c.kind, trials.c.shown, trials.c.sources,
                        trials.c.expected)
                 .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()]
+            key = self._study(conn, r["study_id"])["key"]
+            names = {}
+            for t in plan:
+                t["names"] = {slot: media_name(key, t["id"], slot) for slot in t["shown"]}
+                for slot, name in t["names"].items():
+                    names[name] = (t["id"], slot, t["shown"][slot])
+            self._names[r["id"]] = names
             self._plans[r["id"]] = plan
         return plan
 
@@ -218,30 +296,64 @@ class RaterService:
 
     # -- per request --------------------------------------------------------------------------
 
-    def _live(self, conn, rid: int) -> dict[int, tuple]:
-        """trial id -> (served, answer or None) for every trial of the rater: one statement."""
-        return {i: (s, a) for i, s, a in conn.execute(self._q_live, {"rid": rid})}
+    def _live(self, conn, rid: int) -> dict[int, list]:
+        """trial id -> [served, fetched, answer or None] for every trial of the rater."""
+        return {i: [s, f, a] for i, s, f, a in conn.execute(self._q_live, {"rid": rid})}
 
-    def _view(self, conn, st: dict, plan: list[dict], live: dict) -> dict:
-        done = sum(1 for s, a in live.values() if a is not None)
-        nxt = next((t for t in plan if live[t["id"]][1] is None), None)
+    def _public(self, t: dict, st: dict, total: int) -> dict:
+        # fps is shared by every video of a trial, so it says nothing about which is which
+        return {"trial": t["id"], "index": t["ord"] + 1, "total": total,
+                "protocol": st["protocol"], "answers": list(design.ANSWERS[st["protocol"]]),
+                "fps": st["fps"], "media": dict(t["names"])}
+
+    def _view(self, conn, st: dict, plan: list[dict], live: dict, at: float) -> dict:
+        done = sum(1 for v in live.values() if v[2] is not None)
+        nxt = next((t for t in plan if live[t["id"]][2] is None), None)
         out = {"progress": {"done": done, "total": len(plan), "finished": done >= len(plan)},
                "trial": None}
         if nxt is None:
             if self.completion_code:
                 out["completion_code"] = self.completion_code
             return out
-        if live[nxt["id"]][0] is None:          # first time this trial is shown
-            conn.execute(self._u_served, {"tid": nxt["id"], "at": time.time()})
-        out["trial"] = _public(nxt, st["protocol"], len(plan), st["fps"])
+        if live[nxt["id"]][0] is None:          # handed out now
+            conn.execute(self._u_served, {"tid": nxt["id"], "at": at})
+            live[nxt["id"]][0] = at
+        out["trial"] = self._public(nxt, st, len(plan))
         return out
 
-    def _state(self, conn, token) -> dict:
+    def _state(self, conn, token, *, at: float | None = None) -> dict:
         r = self._rater(conn, token)
         plan = self._plan(conn, r)
-        return self._view(conn, self._study(conn, r["study_id"]), plan, self._live(conn, r["id"]))
+        st = self._study(conn, r["study_id"])
+        return self._view(conn, st, plan, self._live(conn, r["id"]),
+                          self.clock() if at is None else at)
 
-    def _answer(self, conn, token, trial_id, answer, response_ms, client, *, arrived) -> dict:
+    def _progress(self, conn, token) -> dict:
+        r = self._rater(conn, token)
+        plan = self._plan(conn, r)
+        done = sum(1 for v in self._live(conn, r["id"]).values() if v[2] is not None)
+        return {"done": done, "total": len(plan), "finished": done >= len(plan)}
+
+    def _media(self, conn, token, name, *, arrived) -> Path:
+        r = self._rater(conn, token)
+        self._plan(conn, r)
+        hit = self._names[r["id"]].get(name) if isinstance(name, str) else None
+        if hit is None:
+            raise UnknownMedia()
+        tid, slot, sha = hit
+        served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
+        if served is None:                      # not handed out yet: as if it did not exist
+            raise UnknownMedia()
+        if fetched is None:
+            seen = self._seen.setdefault(tid, set())
+            seen.add(slot)
+            t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
+            if seen >= set(t["shown"]):
+                conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
+                self._seen.pop(tid, None)
+        return Path(self._study(conn, r["study_id"])["media_dir"]) / f"{sha}.mp4"
+
+    def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         try:
             tid = int(trial_id)
         except (TypeError, ValueError):
@@ -256,33 +368,35 @@ class RaterService:
             raise TrialNotAssigned(trial_id, r["id"])
         st = self._study(conn, r["study_id"])
         protocol = st["protocol"]
-        ms = check_response_ms(trial_id, response_ms)
         check_answer(trial_id, protocol, answer)
+        cms = check_client_ms(trial_id, client_ms)
         live = self._live(conn, r["id"])
-        served, prev = live[tid]
+        served, fetched, prev = live[tid]
         if prev is not None:                    # answered before: idempotent or a conflict
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
-            return {"saved": False, **self._view(conn, st, plan, live)}
+            return {"saved": False, **self._view(conn, st, plan, live, arrived)}
+        current = next((x for x in plan if live[x["id"]][2] is None), None)
+        if current is None or current["id"] != tid or served is None:
+            raise OutOfOrder(tid)
+        if fetched is None:
+            raise NotLoaded(tid)
         seconds = self._seconds(st, t)
         need = max(0.0, seconds - 1.0 / st["fps"])   # one frame of slack
-        if served is None:
-            conn.execute(self._u_served, {"tid": tid, "at": time.time()})
-            raise TooSoon(tid, None, need, seconds)
-        if arrived - served < need:
-            raise TooSoon(tid, arrived - served, need, seconds)
+        if arrived - fetched < need:
+            raise TooSoon(tid, arrived - fetched, need, seconds)
         correct, _ = design.score(protocol, t, answer)
         row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid, "answer": answer,
-               "correct": correct, "response_ms": ms, "shown": t["shown"],
-               "sources": t["sources"], "client": client[:200] if client else None,
-               "created": now()}
+               "correct": correct, "response_ms": int(round(1000 * (arrived - fetched))),
+               "client_ms": cms, "shown": t["shown"], "sources": t["sources"],
+               "client": client[:200] if client else None, "created": now()}
         new = conn.execute(self._i_rating, row).scalar() is not None
         if not new:                             # written meanwhile by another process
             prev = conn.execute(self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one()
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
-        live[tid] = (served, answer)
-        return {"saved": new, **self._view(conn, st, plan, live)}
+        live[tid][2] = answer
+        return {"saved": new, **self._view(conn, st, plan, live, arrived)}
 
 
 def _probe_seconds(path: Path) -> float:
@@ -293,3 +407,35 @@ def _probe_seconds(path: Path) -> float:
         return float(info.frames / info.fps) if info.frames else 0.0
     except Exception:  # noqa: BLE001 - no gate rather than no study
         return 0.0
+
+
+class FakeClock:
+    """A clock for tests and simulations: ``clock()`` returns ``now``; ``advance(s)`` moves it."""
+
+    def __init__(self, start: float = 1_000_000.0):
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += float(seconds)
+        return self.now
+
+
+def rate_all(svc: RaterService, token: str, pick, clock: FakeClock | None = None,
+             watch: float | None = None) -> int:
+    """Answer every trial of a rater the way a browser does (hand out, request every video,
+    watch, answer): ``pick(public_trial) -> answer``. With a :class:`FakeClock` time is advanced
+    by ``watch`` seconds per trial (default 10). Returns the number of answers given."""
+    n = 0
+    s = svc.state_sync(token)
+    while s["trial"] is not None:
+        t = s["trial"]
+        for name in t["media"].values():
+            svc.media_sync(token, name)
+        if clock is not None:
+            clock.advance(10.0 if watch is None else watch)
+        s = svc.answer_sync(token, t["trial"], pick(t))
+        n += 1
+    return n

@@ -1,37 +1,138 @@
 """Statistics of a study: pure functions on arrays (no database, no files).
 
-Conventions
------------
-ABX: every test trial gives ``correct`` (1 when the rater picked the video that matches X).
-Accuracy is the mean of ``correct``; the binomial test is one-sided (accuracy > 0.5).
+Rater and clip labels are arbitrary hashables; every function takes one entry per test rating.
 
-Preference: every test trial gives a score for backend B: 1 (B preferred), 0 (A preferred),
-0.5 (no difference). ``win_rate_b`` is B's wins over the decisive trials (ties left out), with a
-Wilson 95% interval and a two-sided binomial (sign) test against 0.5; ties are counted and
-reported. ``score_b`` = (wins of B + ties / 2) / trials is what the equivalence test uses.
+ABX (forced choice): the verdict
+--------------------------------
+Every test rating is ``correct`` (1 when the rater picked the video that matches X). The rule
+(:func:`decide_abx`), applied to a complete design (the caller shows no verdict before the
+planned number of included raters has finished, see "Sequential looks" below), at level
+``alpha`` (0.05):
 
-Verdict (equivalence test, one-sided, level ``alpha`` = 0.05):
+1. Overall difference test: exact one-sided binomial test (accuracy > 0.5) on all test
+   ratings, at level ``alpha / 2``. It is exact under the sharp null that nobody can tell any
+   clip apart: the position of X's match is randomised, so every answer is then a fair coin,
+   independent of rater and clip, whatever the raters' habits.
+2. Per clip: exact one-sided binomial test per clip, Holm step-down over the clips at level
+   ``alpha / 2``; a rejected clip is *flagged* (detectably different). One visible clip among
+   many invisible ones barely moves the overall accuracy (19 chance clips and one at 0.95 give
+   0.52) but is caught here.
+3. ``distinguishable`` when (1) is significant or any clip is flagged. Bonferroni split of
+   ``alpha`` between (1) and (2): the family-wise error under the sharp null is <= ``alpha``.
+4. Otherwise ``indistinguishable`` when the upper bound
+   ``U = accuracy + t(1 - alpha, df) * SD < 0.5 + margin``, where SD is the standard deviation
+   of the replicates of a two-way cluster ("pigeonhole") bootstrap: raters and clips are
+   resampled independently with replacement and each rating is weighted by the product of its
+   rater's and its clip's draw counts (a replicate with zero total weight counts as accuracy
+   1.0, the worst case); ``df = min(raters, clips) - 1`` is a small-cluster correction (the
+   bootstrap SD is estimated from that many independent units at best).
+5. Otherwise ``inconclusive``.
 
-- ABX: "indistinguishable" when the one-sided 95% upper bound of accuracy is below
-  ``0.5 + margin``: the margin is on accuracy *above chance* (margin 0.1: raters pick the
-  right video at most 60% of the time).
-- preference: "indistinguishable" when the one-sided 95% upper bound of ``|score_b - 0.5|`` is
-  below ``margin``.
+Why a t-quantile times the bootstrap SD and not the bootstrap percentile: with 4-8 raters or 10
+clips the percentile bound is too narrow (its type I error was 6-9%); the SD carries the
+pigeonhole bootstrap's variance (which over-estimates the variance of independent ratings
+about threefold and estimates the rater and clip components, Owen 2007, "The pigeonhole
+bootstrap", Ann. Appl. Stat. 1:386-411) and the t quantile pays for estimating it from few
+clusters. The Monte Carlo grid of ``benchmarks/bench_study_sim.py`` (results in
+``benchmarks/results/study_sim.txt``) checks, for every scenario of :data:`SCENARIOS`, at the
+floor (12 raters x 15 clips), at 12-60 raters x 15-40 clips for margin 0.1 and at the sizes
+:func:`plan` returns for margins 0.05-0.2 at 15-100 clips:
 
-The upper bound is the 95th percentile of a two-way cluster ("pigeonhole") bootstrap: each
-replicate resamples raters and clips independently with replacement and weights every rating
-by (times its rater was drawn) x (times its clip was drawn). This keeps the dependence of
-ratings by the same rater or of the same clip and is conservative for independent ratings
-(it inflates the variance about 3x), so the level of the test stays at or below 5%.
+* "indistinguishable" said when the true mean accuracy is at the boundary ``0.5 + margin``:
+  <= 5% (within one Monte Carlo standard error);
+* "distinguishable" said when everyone guesses: <= 5% (exact, see 3);
+* "indistinguishable" said when everyone guesses: >= the planned power at the size of
+  :func:`plan`; one clip at accuracy ``clip_accuracy`` is flagged >= ``clip_power``.
+
+The rule as stated meets these at those sizes, so the ABX rule is unchanged. One limit, found
+by the simulations: with few raters and many clips at a small margin (12 raters x 40 clips at
+margin 0.05: 5%; 23 raters x 100 clips: 12%), a population in which 10% of raters see the
+difference well ("golden ears", 0.95) and the rest barely is under-represented: a sample
+without any golden ear (0.9^23 = 9%) looks like raters at chance with a tight bound, and no
+bound computed from that sample can know better. :func:`plan` therefore also simulates the
+boundary error of every scenario at the size it found and adds raters until it is <= alpha
+(100 clips at margin 0.05: 41 raters instead of 23); do not run studies with fewer raters
+than planned.
+
+The margin is on accuracy: margin 0.1 means raters pick the right video at most 60% of the
+time. :func:`margin_terms` states it also as a proportion of discriminators (guessing model:
+a fraction ``pd`` of raters see the difference and answer right, the others guess, so
+accuracy = 0.5 + pd / 2 and pd = 2 * margin) and as d' (sensitivity) of ABX.
+
+d' of ABX: Macmillan & Creelman, *Detection Theory: A User's Guide* (2nd ed., 2005), ch. 9
+(ABX). With observations A, B, X of unit variance and means 0 / d':
+
+* differencing model (the observer cannot hold fixed standards; used by :func:`margin_terms`
+  as ``d_prime``): ``p_c = Phi(d'/sqrt2) Phi(d'/sqrt6) + Phi(-d'/sqrt2) Phi(-d'/sqrt6)``;
+* independent-observation model (optimal with two fixed stimuli):
+  ``p_c = Phi(d'/sqrt2) Phi(d'/2) + Phi(-d'/sqrt2) Phi(-d'/2)``.
+
+(The differencing form follows from u = B - A ~ N(+-d', 2) and v = X - (A + B)/2 ~ N(+-d'/2,
+3/2), which are uncorrelated: correct when u and v have the same sign.) Both are inverted
+numerically by :func:`d_prime_abx`.
+
+Preference (A vs B, "no difference" allowed): never an equivalence claim
+------------------------------------------------------------------------
+Every test rating is B preferred, A preferred or a tie. :func:`decide_preference` tests for a
+difference only: B's win rate over the *decisive* ratings, two-sided, cluster-aware: the same
+pigeonhole bootstrap of the win rate (ties weigh nothing; a replicate without any decisive
+rating counts as the win rate 0 or 1 farthest from the estimate, the worst case), interval
+``win rate +- t(1 - alpha/2, df) * SD`` with ``m = min(raters, clips with a decisive rating)``,
+``df = m - 1``; "B preferred" / "A preferred" when the interval excludes 0.5, else "no
+preference shown". The plain exact sign test p (ratings taken as independent) is reported
+beside it. Two changes from the ABX recipe, both found by simulation: the bootstrap SD is
+multiplied by ``sqrt(m / (m - 1))`` (the pigeonhole bootstrap estimates the between-rater
+variance with divisor m, not m - 1; without it, raters who split their taste, each nearly
+always choosing the same side (rater SD 0.45 around 0.5), were called a preference 5.8-6.0%
+of the time at 12 raters x 15-40 clips; with it 5.1-5.3% there, +-0.16, and 4.1% at 20 raters:
+20,000 simulated studies, 1,000 replicates; less spread taste stays well below 5%); and a zero SD (every decisive rating one way, in every replicate) says nothing about
+the spread, so the exact sign test at ``alpha`` decides then.
+
+Why no "indistinguishable" verdict: raters who see a difference but split their taste (half
+prefer A, half B) produce the same win rate and the same ties as raters who see none, so a
+preference study cannot tell "no difference" from "a difference nobody agrees about". Only a
+forced choice with a right answer (ABX) can claim indistinguishable. (The previous rule judged
+``score_b`` = (wins of B + ties/2) / ratings and called 85% ties with every decisive answer for B
+"indistinguishable" 61% of the time.)
+
+Sequential looks
+----------------
+The rule is for one look at the planned size. Checking after every rater and stopping at the
+first "indistinguishable" inflates the error at the boundary (:func:`simulate_abx_peeking`
+measures by how much); the product shows no verdict before the planned number of included
+raters (the caller reports "interim"), so peeking cannot change the decision.
+
+Catch screening
+---------------
+A rater passes when their correct catch answers ``k >= catch_min_correct(n)``: the smallest k
+with P(Binomial(n, 0.5) >= k) <= alpha, i.e. better than guessing on the easy catch trials.
+
+Legacy: :func:`upper_bound` and :func:`verdict` (percentile bootstrap, equivalence of
+``score_b`` for preference) are kept only until ``api.results`` calls :func:`decide_abx` /
+:func:`decide_preference`; do not use them for new code.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 Z95 = 1.6448536269514722
 
+#: ABX scenarios of :func:`simulate_abx` (true accuracy per rater and clip); see its docstring.
+SCENARIOS = ("homogeneous", "heterogeneous_raters", "golden_ears", "clip_heterogeneity",
+             "combined", "one_visible_clip")
+#: the scenarios in which "indistinguishable" at the boundary is an error (all but the clip one)
+BOUNDARY_SCENARIOS = SCENARIOS[:5]
+MIN_RATERS = 12
+MIN_CLIPS = 15
+MAX_RATERS = 100_000
+#: above this many rater x clip cells the planner uses the normal approximation, not simulation
+SIMULATE_MAX_CELLS = 6_000
+
+
+# -- small helpers ---------------------------------------------------------------------------
 
 def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float | None, float | None]:
     """Wilson score interval of a proportion; ``(None, None)`` when ``n`` is 0."""
@@ -56,57 +157,415 @@ def binom_p(successes: int, n: int, alternative: str) -> float | None:
     return float(binomtest(successes, n, 0.5, alternative=alternative).pvalue)
 
 
+def _sf_half(k, n):
+    """P(Binomial(n, 0.5) >= k), vectorised (exact)."""
+    from scipy.stats import binom
+
+    return binom.sf(np.asarray(k, dtype=float) - 1, np.asarray(n, dtype=float), 0.5)
+
+
+def format_p(p: float | None) -> str:
+    """A p-value for people: ``"< 1e-6"`` below 1e-6, else 2 significant digits (``"0.034"``,
+    ``"2.1e-05"``); ``"n/a"`` for None or NaN. Never ``"0"``."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "n/a"
+    p = float(p)
+    if p < 1e-6:
+        return "< 1e-6"
+    return f"{p:.2g}"
+
+
+def holm(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[list[bool], list[float]]:
+    """Holm's step-down procedure: ``(rejected, adjusted)`` in the order given. The adjusted
+    p of the i-th smallest is max over j <= i of min(1, (m - j + 1) p_(j)); a hypothesis is
+    rejected when its adjusted p <= ``alpha`` (the same as stepping down until
+    p_(i) > alpha / (m - i + 1))."""
+    p = np.asarray(pvalues, dtype=float)
+    if p.size == 0:
+        return [], []
+    adj = _holm_adjust(p[None, :])[0]
+    return [bool(a <= alpha) for a in adj], [float(a) for a in adj]
+
+
+def _holm_adjust(p: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values along the last axis (vectorised over the leading axes)."""
+    m = p.shape[-1]
+    order = np.argsort(p, axis=-1, kind="stable")
+    ps = np.take_along_axis(p, order, axis=-1)
+    adj = np.maximum.accumulate(np.minimum(1.0, ps * (m - np.arange(m))), axis=-1)
+    out = np.empty_like(adj)
+    np.put_along_axis(out, order, adj, axis=-1)
+    return out
+
+
+def catch_min_correct(n: int, alpha: float = 0.05) -> int:
+    """Correct catch answers (of ``n``) a rater needs to pass the screening: the smallest k with
+    P(Binomial(n, 0.5) >= k) <= ``alpha`` (better than guessing on the easy catch trials).
+    ValueError when no k works (fewer than 5 catch trials at alpha 0.05)."""
+    if n < 1:
+        raise ValueError(f"catch trials: expected at least 1, found {n}")
+    ks = np.arange(n + 1)
+    ok = _sf_half(ks, n) <= alpha
+    if not ok.any():
+        raise ValueError(f"catch screening: {n} catch trials cannot show better than guessing "
+                         f"at alpha {alpha:g} (all {n} right has p = {0.5 ** n:.3g})")
+    return int(ks[ok][0])
+
+
+def catch_error_rates(n: int, p_attentive: float = 0.95,
+                      alpha: float = 0.05) -> tuple[float, float]:
+    """``(P(an attentive rater is excluded), P(a random clicker is kept))`` of the catch
+    screening with ``n`` catch trials: an attentive rater answers each catch trial right with
+    probability ``p_attentive``, a random clicker with 0.5."""
+    from scipy.stats import binom
+
+    k = catch_min_correct(n, alpha)
+    return float(binom.cdf(k - 1, n, p_attentive)), float(_sf_half(k, n))
+
+
+# -- d' of ABX and the margin in other units ---------------------------------------------------
+
+def abx_accuracy(d_prime: float, model: str = "differencing") -> float:
+    """Proportion correct of an unbiased ABX observer with sensitivity ``d_prime`` (Macmillan &
+    Creelman 2005, ch. 9): ``differencing`` or ``independent`` (independent observations)."""
+    from scipy.stats import norm
+
+    if model not in ("differencing", "independent"):
+        raise ValueError(f"model: expected differencing or independent, found {model!r}")
+    d = float(d_prime)
+    a = d / math.sqrt(2)
+    b = d / math.sqrt(6) if model == "differencing" else d / 2
+    return float(norm.cdf(a) * norm.cdf(b) + norm.cdf(-a) * norm.cdf(-b))
+
+
+def d_prime_abx(accuracy: float, model: str = "differencing") -> float:
+    """d' whose ABX proportion correct is ``accuracy`` (inverse of :func:`abx_accuracy`,
+    numerically); 0 at or below 0.5, ``inf`` at 1."""
+    from scipy.optimize import brentq
+
+    if accuracy <= 0.5:
+        return 0.0
+    if accuracy >= 1:
+        return math.inf
+    return float(brentq(lambda d: abx_accuracy(d, model) - accuracy, 0.0, 40.0, xtol=1e-12))
+
+
+def margin_terms(margin: float) -> dict:
+    """The ABX margin in three units: the accuracy limit ``0.5 + margin``; the proportion of
+    discriminators ``pd = 2 * margin`` (guessing model: accuracy = 0.5 + pd / 2); d' of ABX under
+    the differencing model (``d_prime``) and the independent-observation model."""
+    acc = 0.5 + margin
+    return {"accuracy_limit": acc, "proportion_discriminators": 2 * margin,
+            "d_prime": d_prime_abx(acc, "differencing"),
+            "d_prime_independent_observation": d_prime_abx(acc, "independent"),
+            "d_prime_model": "ABX differencing (Macmillan & Creelman 2005, ch. 9)"}
+
+
+def _margin_text(margin: float) -> str:
+    m = margin_terms(margin)
+    return (f"margin {margin:g}: accuracy < {m['accuracy_limit']:g}, i.e. fewer than "
+            f"{100 * m['proportion_discriminators']:.3g}% discriminators, d' < "
+            f"{m['d_prime']:.2f}")
+
+
+# -- labels and the pigeonhole bootstrap -------------------------------------------------------
+
+def _index(labels: Sequence[Hashable]) -> tuple[np.ndarray, list]:
+    """Integer codes of arbitrary hashable labels, and the labels in code order (sorted when
+    they sort, else in order of first appearance)."""
+    uniq = list(dict.fromkeys(labels))
+    try:
+        uniq = sorted(uniq)
+    except TypeError:
+        pass
+    pos = {v: i for i, v in enumerate(uniq)}
+    return np.fromiter((pos[v] for v in labels), dtype=np.int64, count=len(labels)), uniq
+
+
 def _codes(labels) -> tuple[np.ndarray, int]:
-    _, inv = np.unique(np.asarray(labels), return_inverse=True)
-    return inv.ravel(), int(inv.max()) + 1 if len(inv) else 0
+    codes, uniq = _index(list(labels))
+    return codes, len(uniq)
 
 
-def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
-                      rng: np.random.Generator | None = None) -> np.ndarray:
-    """Bootstrap replicates of the mean of ``values``, clustered over raters and clips.
+def _draw_counts(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Pigeonhole draw counts, shape ``shape + (n,)``: for each entry, how often each of ``n``
+    units was drawn in ``n`` draws with replacement."""
+    m = int(np.prod(shape))
+    idx = rng.integers(0, n, size=(m, n))
+    idx += (np.arange(m, dtype=np.int64) * n)[:, None]
+    return np.bincount(idx.ravel(), minlength=m * n).reshape(*shape, n).astype(float)
 
-    Returns ``reps`` replicate means (two-way pigeonhole bootstrap, vectorised)."""
+
+def _bilinear(wr: np.ndarray, m: np.ndarray, wc: np.ndarray) -> np.ndarray:
+    """``wr[s, b] @ m[s] @ wc[s, b]`` for every study s and replicate b: (S, B)."""
+    return np.einsum("sbr,sbr->sb", wr, np.matmul(wc, m.transpose(0, 2, 1)))
+
+
+def _cells(raters, clips, values) -> tuple[np.ndarray, np.ndarray, list, list]:
+    """Sum and count matrices (raters x clips) of ``values``, with the labels of rows/columns."""
+    r, rlab = _index(list(raters))
+    c, clab = _index(list(clips))
     y = np.asarray(values, dtype=float)
-    if y.size == 0:
-        return np.full(reps, np.nan)
-    rng = rng if rng is not None else np.random.default_rng(seed)
-    r, nr = _codes(raters)
-    c, nc = _codes(clips)
-    wr = rng.multinomial(nr, np.full(nr, 1.0 / nr), size=reps).astype(float)
-    wc = rng.multinomial(nc, np.full(nc, 1.0 / nc), size=reps).astype(float)
-    w = wr[:, r] * wc[:, c]
-    tot = w.sum(axis=1)
+    s = np.zeros((len(rlab), len(clab)))
+    n = np.zeros((len(rlab), len(clab)))
+    np.add.at(s, (r, c), y)
+    np.add.at(n, (r, c), 1.0)
+    return s, n, rlab, clab
+
+
+def _t(q: float, df) -> np.ndarray:
+    """Student t quantile; ``inf`` where df < 1 (no claim can be made)."""
+    from scipy.stats import t as student_t
+
+    df = np.asarray(df, dtype=float)
+    out = np.full(df.shape, np.inf)
+    ok = df >= 1
+    out[ok] = student_t.ppf(q, df[ok])
+    return out
+
+
+# -- ABX: the rule, vectorised over studies ----------------------------------------------------
+
+def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
+              margin: float, alpha: float) -> dict:
+    """The ABX rule for S studies at once. ``Y``: (S, R, C) sums of correct; ``N``: counts
+    (None: one rating per cell); ``wr`` (S, B, R) and ``wc`` (S, B, C): bootstrap draw counts."""
+    S, R, C = Y.shape
+    if N is None:
+        n = np.full(S, float(R * C))
+        nc = np.full((S, C), float(R))
+    else:
+        n = N.sum(axis=(1, 2))
+        nc = N.sum(axis=1)
+    k = Y.sum(axis=(1, 2))
+    acc = k / n
+    p_all = _sf_half(k, n)
+    kc = Y.sum(axis=1)
+    p_clip = _sf_half(kc, nc)
+    p_holm = _holm_adjust(p_clip)
+    flagged = p_holm <= alpha / 2
+    num = _bilinear(wr, Y, wc)
+    if N is None:
+        den = wr.sum(axis=2) * wc.sum(axis=2)
+    else:
+        den = _bilinear(wr, N, wc)
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = (w @ y) / tot
-    # a replicate that drew no observed (rater, clip) cell has no mean (NaN); upper_bound
-    # counts it as the worst case for equivalence rather than dropping it
-    means[tot == 0] = np.nan
-    return means
+        boot = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    sd = boot.std(axis=1, ddof=1)
+    df = min(R, C) - 1
+    t = float(_t(1 - alpha, df))
+    upper = acc + t * sd
+    overall_sig = p_all <= alpha / 2
+    dist = overall_sig | flagged.any(axis=1)
+    indist = ~dist & (upper < 0.5 + margin)
+    return {"n": n, "k": k, "accuracy": acc, "p_value": p_all, "nc": nc, "kc": kc,
+            "p_clip": p_clip, "p_holm": p_holm, "flagged": flagged, "sd": sd, "df": df, "t": t,
+            "upper": upper, "overall_significant": overall_sig, "distinguishable": dist,
+            "indistinguishable": indist}
 
 
-def upper_bound(protocol: str, values, raters, clips, *, alpha: float = 0.05, reps: int = 1000,
-                seed: int = 0, rng=None) -> float | None:
-    """One-sided (1 - alpha) upper bound: of accuracy (abx) or of |score_b - 0.5| (preference)."""
-    if len(values) == 0:
-        return None
-    boot = cluster_bootstrap(values, raters, clips, reps=reps, seed=seed, rng=rng)
-    stat = boot if protocol == "abx" else np.abs(boot - 0.5)
-    stat = np.where(np.isnan(stat), 1.0 if protocol == "abx" else 0.5, stat)
-    return float(np.quantile(stat, 1 - alpha))
+def abx_rule_text(margin: float, alpha: float, raters: int, clips: int,
+                  reps: int) -> str:
+    """One line stating the ABX rule with its numbers (what :func:`decide_abx` computes)."""
+    df = min(raters, clips) - 1
+    tq = f"t({1 - alpha:g}, df={df})" if df >= 1 else "t(df<1: no bound)"
+    return (f"DISTINGUISHABLE if the exact one-sided binomial test of all ratings gives "
+            f"p <= {alpha / 2:g} (alpha/2) or any clip is flagged (exact one-sided binomial per "
+            f"clip, Holm over {clips} clips at {alpha / 2:g}); otherwise INDISTINGUISHABLE if "
+            f"U = accuracy + {tq} x SD < {0.5 + margin:g} ({_margin_text(margin)}), SD = "
+            f"standard deviation of {reps} two-way cluster bootstrap replicates, df = "
+            f"min(raters {raters}, clips {clips}) - 1; otherwise INCONCLUSIVE (alpha {alpha:g})")
 
 
-def verdict(protocol: str, bound: float | None, margin: float) -> str:
-    """``indistinguishable`` when the upper bound is below the margin (see module docstring),
-    else ``not shown`` (no claim either way unless the difference test is significant)."""
-    if bound is None:
-        return "no data"
-    limit = 0.5 + margin if protocol == "abx" else margin
-    return "indistinguishable" if bound < limit else "not shown"
+def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: Sequence, *,
+               margin: float, alpha: float = 0.05, reps: int = 2000, seed: int = 0) -> dict:
+    """The ABX verdict of a complete design (module docstring): one entry per test rating in
+    ``raters``, ``clips`` (labels) and ``correct`` (0/1 or bool).
 
+    Returns a dict: ``verdict`` (``distinguishable`` | ``indistinguishable`` | ``inconclusive``
+    | ``no data``), ``rule`` (one line with the numbers), ``n``, ``correct``, ``accuracy``,
+    ``p_value`` (overall, one-sided exact), ``p_text`` (:func:`format_p`), ``upper_bound``,
+    ``t``, ``df``, ``sd``, ``raters``, ``clips`` (counts), ``per_clip`` (list of dicts: ``clip``,
+    ``ratings``, ``correct``, ``accuracy``, ``p_value``, ``p_holm``, ``flagged``), ``flagged``
+    (clip labels), ``margin``, ``alpha``, ``reps``, ``seed``, ``margin_terms``."""
+    if not (len(raters) == len(clips) == len(correct)):
+        raise ValueError("decide_abx: raters, clips and correct must have the same length")
+    y = np.asarray(correct, dtype=float)
+    if y.size and not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("decide_abx: correct must be 0/1")
+    base = {"margin": margin, "alpha": alpha, "reps": reps, "seed": seed,
+            "margin_terms": margin_terms(margin)}
+    if y.size == 0:
+        return {**base, "verdict": "no data", "rule": "no test ratings", "n": 0, "correct": 0,
+                "accuracy": None, "p_value": None, "p_text": "n/a", "upper_bound": None,
+                "t": None, "df": None, "sd": None, "raters": 0, "clips": 0, "per_clip": [],
+                "flagged": []}
+    s, n, _, clab = _cells(raters, clips, y)
+    R, C = s.shape
+    rng = np.random.default_rng(seed)
+    wr = _draw_counts(rng, R, (1, reps))
+    wc = _draw_counts(rng, C, (1, reps))
+    o = _abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
+    verdict = ("distinguishable" if o["distinguishable"][0] else
+               "indistinguishable" if o["indistinguishable"][0] else "inconclusive")
+    per_clip = [{"clip": lab, "ratings": int(o["nc"][0, j]), "correct": int(o["kc"][0, j]),
+                 "accuracy": float(o["kc"][0, j] / o["nc"][0, j]),
+                 "p_value": float(o["p_clip"][0, j]), "p_holm": float(o["p_holm"][0, j]),
+                 "flagged": bool(o["flagged"][0, j])} for j, lab in enumerate(clab)]
+    finite = math.isfinite(o["t"])
+    return {**base, "verdict": verdict, "rule": abx_rule_text(margin, alpha, R, C, reps),
+            "n": int(o["n"][0]), "correct": int(o["k"][0]), "accuracy": float(o["accuracy"][0]),
+            "p_value": float(o["p_value"][0]), "p_text": format_p(float(o["p_value"][0])),
+            "upper_bound": float(o["upper"][0]) if finite else None,
+            "t": o["t"] if finite else None, "df": o["df"], "sd": float(o["sd"][0]),
+            "raters": R, "clips": C, "per_clip": per_clip,
+            "flagged": [e["clip"] for e in per_clip if e["flagged"]]}
+
+
+# -- preference ------------------------------------------------------------------------------
+
+_B = {1, "b", "B"}   # 1 == 1.0 == True: bools are refused below
+_A = {0, "a", "A"}
+_TIE = {0.5, "tie", "same", "none", None}
+
+
+def _preference_codes(choices) -> tuple[np.ndarray, np.ndarray]:
+    """(B won, decisive) as floats from score_b values (1 / 0 / 0.5) or 'b' / 'a' / 'tie'."""
+    win = np.empty(len(choices))
+    dec = np.empty(len(choices))
+    for i, v in enumerate(choices):
+        if isinstance(v, float) and math.isnan(v):
+            v = None
+        if v in _B and v is not True:
+            win[i], dec[i] = 1.0, 1.0
+        elif v in _A and v is not False:
+            win[i], dec[i] = 0.0, 1.0
+        elif v in _TIE:
+            win[i], dec[i] = 0.0, 0.0
+        else:
+            raise ValueError(f"preference: expected 1/0/0.5 or b/a/tie, found {v!r}")
+    return win, dec
+
+
+def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
+                     alpha: float) -> dict:
+    """The preference rule for S studies at once: ``W`` (S, R, C) wins of B, ``D`` decisive
+    counts, ``wr``/``wc`` bootstrap draw counts."""
+    wins = W.sum(axis=(1, 2))
+    dec = D.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        est = np.where(dec > 0, wins / np.where(dec > 0, dec, 1.0), np.nan)
+        num = _bilinear(wr, W, wc)
+        den = _bilinear(wr, D, wc)
+        worst = np.where(est >= 0.5, 0.0, 1.0)[:, None]
+        boot = np.where(den > 0, num / np.where(den > 0, den, 1.0), worst)
+    df = np.minimum((D.sum(axis=2) > 0).sum(axis=1), (D.sum(axis=1) > 0).sum(axis=1)) - 1
+    # small-cluster correction of the SD, sqrt(m / (m - 1)) with m = df + 1: the pigeonhole
+    # bootstrap estimates a between-rater variance with divisor m, not m - 1 (it matters when
+    # raters split their taste: the rater component then dominates)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sd = boot.std(axis=1, ddof=1) * np.sqrt(np.where(df >= 1, (df + 1) / np.maximum(df, 1), 1.0))
+    t = _t(1 - alpha / 2, df)
+    with np.errstate(invalid="ignore"):
+        lo, hi = est - t * sd, est + t * sd
+    # a zero SD (every decisive rating one way and in every replicate) says nothing about the
+    # spread: then the exact sign test decides
+    sign_p = np.minimum(1.0, 2 * _sf_half(np.maximum(wins, dec - wins), dec))
+    degenerate = sd == 0
+    sig = np.where(degenerate, sign_p < alpha, True)
+    b_pref = (np.nan_to_num(lo, nan=-1.0) > 0.5) & sig
+    a_pref = (np.nan_to_num(hi, nan=2.0) < 0.5) & sig
+    return {"wins": wins, "decisive": dec, "win_rate": est, "sd": sd, "df": df, "t": t,
+            "lo": lo, "hi": hi, "sign_p": sign_p, "degenerate": degenerate,
+            "b_preferred": b_pref, "a_preferred": a_pref}
+
+
+def preference_rule_text(alpha: float, df: int, reps: int) -> str:
+    """One line stating the preference rule with its numbers (what :func:`decide_preference`
+    computes)."""
+    tq = f"t({1 - alpha / 2:g}, df={df})" if df >= 1 else "t(df<1: no claim)"
+    return (f"B PREFERRED / A PREFERRED if the two-sided interval win rate of B +- {tq} x SD "
+            f"excludes 0.5, SD = sqrt(m/(m-1)) x standard deviation of {reps} two-way cluster "
+            f"bootstrap replicates of B's win rate over decisive ratings (ties left out), m = "
+            f"min(raters, clips with a decisive rating) = {df + 1}, df = m - 1 (SD 0: the exact "
+            f"sign test at {alpha:g} decides); otherwise NO "
+            f"PREFERENCE SHOWN (alpha {alpha:g}; a preference study never claims "
+            f"indistinguishable: use ABX)")
+
+
+def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
+                      choices: Sequence, *, alpha: float = 0.05, reps: int = 2000,
+                      seed: int = 0) -> dict:
+    """The preference verdict (module docstring): one entry per test rating in ``raters``,
+    ``clips`` (labels) and ``choices`` (score of B: 1 = B preferred, 0 = A preferred, 0.5 =
+    tie; or the strings ``b`` / ``a`` / ``tie``).
+
+    Returns a dict: ``verdict`` (``B preferred`` | ``A preferred`` | ``no preference shown`` |
+    ``no data``), ``rule``, ``n``, ``wins_b``, ``wins_a``, ``ties``, ``tie_rate``,
+    ``decisive``, ``win_rate_b``, ``ci`` ([lo, hi], the cluster interval clipped to [0, 1]),
+    ``p_value`` (cluster, two-sided: 2 P(T_df > |win rate - 0.5| / SD); the sign test p when
+    SD is 0), ``p_text``,
+    ``sign_p`` (exact two-sided sign test, ratings taken as independent), ``sign_p_text``,
+    ``t``, ``df``, ``sd``, ``raters``, ``clips``, ``per_clip`` (``clip``, ``ratings``,
+    ``wins_b``, ``wins_a``, ``ties``, ``win_rate_b``, ``sign_p``), ``alpha``, ``reps``,
+    ``seed``."""
+    if not (len(raters) == len(clips) == len(choices)):
+        raise ValueError("decide_preference: raters, clips and choices must have the same length")
+    win, dec = _preference_codes(list(choices))
+    n = len(win)
+    base = {"alpha": alpha, "reps": reps, "seed": seed, "n": n}
+    if n == 0:
+        return {**base, "verdict": "no data", "rule": "no test ratings", "wins_b": 0,
+                "wins_a": 0, "ties": 0, "tie_rate": None, "decisive": 0, "win_rate_b": None,
+                "ci": [None, None], "p_value": None, "p_text": "n/a", "sign_p": None,
+                "sign_p_text": "n/a", "t": None, "df": None, "sd": None, "raters": 0,
+                "clips": 0, "per_clip": []}
+    W, _, rlab, clab = _cells(raters, clips, win)
+    D, _, _, _ = _cells(raters, clips, dec)
+    rng = np.random.default_rng(seed)
+    wr = _draw_counts(rng, len(rlab), (1, reps))
+    wc = _draw_counts(rng, len(clab), (1, reps))
+    o = _preference_rule(W[None], D[None], wr, wc, alpha=alpha)
+    wins_b, decisive = int(o["wins"][0]), int(o["decisive"][0])
+    wins_a, ties = decisive - wins_b, n - decisive
+    df = int(o["df"][0])
+    t = float(o["t"][0])
+    sd = float(o["sd"][0])
+    est = float(o["win_rate"][0]) if decisive else None
+    if decisive and df >= 1:
+        from scipy.stats import t as student_t
+
+        dev = abs(est - 0.5)
+        p = (float(o["sign_p"][0]) if sd == 0 else
+             float(min(1.0, 2 * student_t.sf(dev / sd, df))))
+        ci = [max(0.0, float(o["lo"][0])), min(1.0, float(o["hi"][0]))]
+    else:
+        p, ci = None, [None, None]
+    verdict = ("B preferred" if o["b_preferred"][0] else
+               "A preferred" if o["a_preferred"][0] else "no preference shown")
+    per_clip = []
+    counts = np.bincount(_index(list(clips))[0], minlength=len(clab))
+    for j, lab in enumerate(clab):
+        wb, d = int(W[:, j].sum()), int(D[:, j].sum())
+        ratings = int(counts[j])
+        per_clip.append({"clip": lab, "ratings": ratings, "wins_b": wb, "wins_a": d - wb,
+                         "ties": ratings - d, "win_rate_b": wb / d if d else None,
+                         "sign_p": binom_p(wb, d, "two-sided")})
+    sign_p = binom_p(wins_b, decisive, "two-sided")
+    return {**base, "verdict": verdict, "rule": preference_rule_text(alpha, df, reps),
+            "wins_b": wins_b, "wins_a": wins_a, "ties": ties, "tie_rate": ties / n,
+            "decisive": decisive, "win_rate_b": est, "ci": ci, "p_value": p,
+            "p_text": format_p(p), "sign_p": sign_p, "sign_p_text": format_p(sign_p),
+            "t": t if math.isfinite(t) else None, "df": df, "sd": sd, "raters": len(rlab),
+            "clips": len(clab), "per_clip": per_clip}
+
+
+# -- Krippendorff's alpha --------------------------------------------------------------------
 
 def krippendorff_alpha_nominal(units) -> float | None:
     """Krippendorff's alpha for nominal data. ``units``: one list of values per unit (clip),
-    one value per rater that rated it; units with fewer than two values are not pairable."""
+    one value per rater that rated it; units with fewer than two values are not pairable.
+    None when undefined: nothing pairable, or no variation at all (one category only)."""
     from collections import Counter
 
     units = [list(u) for u in units if len(u) >= 2]
@@ -129,98 +588,477 @@ def krippendorff_alpha_nominal(units) -> float | None:
         return None
     d_o = o.sum() - np.trace(o)
     d_e = (n * n - (n_c ** 2).sum()) / (n - 1)
-    if d_e == 0:
-        return 1.0 if d_o == 0 else None
+    if d_e == 0:   # one category only: agreement is undefined, not perfect
+        return None
     return float(1 - d_o / d_e)
 
 
-# -- planning and simulation -------------------------------------------------------------------
+# -- Monte Carlo -----------------------------------------------------------------------------
 
-def simulate_verdicts(protocol: str, *, raters: int, clips: int, truth: float, margin: float,
-                      studies: int = 400, reps: int = 400, tie_rate: float = 0.0,
-                      alpha: float = 0.05, seed: int = 0) -> np.ndarray:
-    """Simulate ``studies`` complete studies (every rater rates every clip once) with
-    independent raters whose true ABX accuracy (or preference for B among decisive answers)
-    is ``truth``; return one boolean per study: was "indistinguishable" reached by the same
-    bootstrap rule as :func:`upper_bound` / :func:`verdict`."""
+def _beta_mean_sd(rng: np.random.Generator, mu: float, sd: float, shape) -> np.ndarray:
+    """Beta draws with mean ``mu`` and SD ``sd`` (or the largest feasible, 0.95 of the
+    Bernoulli SD); exactly ``mu`` when ``sd`` is 0."""
+    if sd <= 0 or mu <= 0 or mu >= 1:
+        return np.full(shape, float(mu))
+    sd = min(sd, 0.95 * math.sqrt(mu * (1 - mu)))
+    s = mu * (1 - mu) / sd ** 2 - 1
+    return rng.beta(mu * s, (1 - mu) * s, size=shape)
+
+
+def _truth(rng, scenario: str, S: int, R: int, C: int, mu: float, *, rater_sd: float,
+           clip_sd: float, clip_accuracy: float) -> np.ndarray:
+    """True accuracy per study, rater and clip: (S, R, C), in [0, 1]."""
+    if scenario == "homogeneous":
+        return np.full((S, R, C), float(mu))
+    if scenario == "heterogeneous_raters":
+        return np.broadcast_to(_beta_mean_sd(rng, mu, rater_sd, (S, R))[:, :, None], (S, R, C))
+    if scenario == "golden_ears":
+        golden = rng.random((S, R)) < 0.1
+        rest = min(1.0, max(0.0, (mu - 0.1 * 0.95) / 0.9))
+        return np.broadcast_to(np.where(golden, 0.95, rest)[:, :, None], (S, R, C))
+    if scenario == "clip_heterogeneity":
+        v = rng.normal(0.0, clip_sd, (S, 1, C))
+        return np.broadcast_to(np.clip(mu + v, 0, 1), (S, R, C))
+    if scenario == "combined":
+        pr = _beta_mean_sd(rng, mu, rater_sd, (S, R, 1))
+        v = rng.normal(0.0, clip_sd, (S, 1, C))
+        return np.clip(pr + v, 0, 1)
+    if scenario == "one_visible_clip":
+        p = np.full((S, R, C), 0.5)
+        p[:, :, 0] = clip_accuracy
+        return p
+    raise ValueError(f"scenario: expected one of {', '.join(SCENARIOS)}, found {scenario!r}")
+
+
+def _batches(studies: int, reps: int, R: int, C: int, budget: float = 6e6):
+    size = max(1, int(budget // (reps * (2 * R + C))))
+    for start in range(0, studies, size):
+        yield min(size, studies - start)
+
+
+def mc_se(rate: float, studies: int) -> float:
+    """Monte Carlo standard error of a simulated rate."""
+    return math.sqrt(max(rate * (1 - rate), 0.0) / studies) if studies else float("nan")
+
+
+def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
+                 margin: float = 0.1, mu: float | None = None, alpha: float = 0.05,
+                 studies: int = 400, reps: int = 400, seed: int = 0,
+                 rater_sd: float = 0.15, clip_sd: float = 0.1,
+                 clip_accuracy: float = 0.95) -> dict:
+    """Simulate ``studies`` complete ABX studies (each of ``raters`` rates each of ``clips``
+    once) and apply the exact rule of :func:`decide_abx` (vectorised, ``reps`` bootstrap
+    replicates per study). True accuracy ``p_rc`` per scenario (``mu``: the mean, default
+    the boundary ``0.5 + margin``; everything clipped to [0, 1]):
+
+    * ``homogeneous``: p_rc = mu (mu = 0.5 is the sharp null: everyone guesses);
+    * ``heterogeneous_raters``: p_r ~ Beta with mean mu and SD ``rater_sd`` (or the largest
+      feasible), p_rc = p_r;
+    * ``golden_ears``: each rater with probability 0.1 at 0.95, the others at
+      (mu - 0.095) / 0.9 so that the mean is mu;
+    * ``clip_heterogeneity``: p_rc = mu + v_c, v_c ~ Normal(0, ``clip_sd``);
+    * ``combined``: p_rc = p_r + v_c (both of the above);
+    * ``one_visible_clip``: 0.5 everywhere but clip 0 at ``clip_accuracy`` (``mu`` ignored).
+
+    Returns the rate (fraction of studies) of each verdict, ``clip_flagged`` (clip 0 flagged),
+    ``any_flagged``, ``overall_significant``, ``mean_upper``, and ``se`` (Monte Carlo
+    standard error of each rate)."""
+    if mu is None:
+        mu = 0.5 + margin
     rng = np.random.default_rng(seed)
-    n = raters * clips
-    r = np.repeat(np.arange(raters), clips)
-    c = np.tile(np.arange(clips), raters)
-    limit = 0.5 + margin if protocol == "abx" else margin
-    out = np.empty(studies, dtype=bool)
-    if protocol == "abx":
-        ys = (rng.random((studies, n)) < truth).astype(float)
-    else:
-        u = rng.random((studies, n))
-        tie = rng.random((studies, n)) < tie_rate
-        ys = np.where(tie, 0.5, (u < truth).astype(float))
-    for s in range(studies):
-        wr = rng.multinomial(raters, np.full(raters, 1.0 / raters), size=reps).astype(float)
-        wc = rng.multinomial(clips, np.full(clips, 1.0 / clips), size=reps).astype(float)
-        w = wr[:, r] * wc[:, c]
-        boot = (w @ ys[s]) / w.sum(axis=1)
-        stat = boot if protocol == "abx" else np.abs(boot - 0.5)
-        out[s] = np.quantile(stat, 1 - alpha) < limit
-    return out
+    acc = {k: 0.0 for k in ("distinguishable", "indistinguishable", "inconclusive",
+                            "clip_flagged", "any_flagged", "overall_significant")}
+    upper_sum = 0.0
+    for sb in _batches(studies, reps, raters, clips):
+        P = _truth(rng, scenario, sb, raters, clips, mu, rater_sd=rater_sd, clip_sd=clip_sd,
+                   clip_accuracy=clip_accuracy)
+        Y = (rng.random((sb, raters, clips)) < P).astype(float)
+        wr = _draw_counts(rng, raters, (sb, reps))
+        wc = _draw_counts(rng, clips, (sb, reps))
+        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
+        acc["distinguishable"] += o["distinguishable"].sum()
+        acc["indistinguishable"] += o["indistinguishable"].sum()
+        acc["inconclusive"] += (~o["distinguishable"] & ~o["indistinguishable"]).sum()
+        acc["clip_flagged"] += o["flagged"][:, 0].sum()
+        acc["any_flagged"] += o["flagged"].any(axis=1).sum()
+        acc["overall_significant"] += o["overall_significant"].sum()
+        upper_sum += o["upper"].sum()
+    rates = {k: float(v) / studies for k, v in acc.items()}
+    return {"scenario": scenario, "raters": raters, "clips": clips, "mu": mu,
+            "margin": margin, "alpha": alpha, "studies": studies, "reps": reps, "seed": seed,
+            **rates, "mean_upper": upper_sum / studies,
+            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
 
 
-def analytic_trials(protocol: str, margin: float, power: float, *, tie_rate: float = 0.0,
-                    alpha: float = 0.05, inflation: float = 3.0) -> int:
-    """Normal approximation of the trials needed when the truth is chance: the bound is about
-    estimate + z(1-alpha) * sqrt(inflation) * SE (``inflation``: the pigeonhole bootstrap's
-    variance factor for independent ratings)."""
+def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneous", *,
+                         start: int = MIN_RATERS, margin: float = 0.1,
+                         mu: float | None = None, alpha: float = 0.05, studies: int = 400,
+                         reps: int = 400, seed: int = 0, rater_sd: float = 0.15,
+                         clip_sd: float = 0.1) -> dict:
+    """The problem the "interim" display prevents: the same simulated studies (truth at
+    ``mu``, default the boundary 0.5 + margin) checked after every rater from ``start`` to
+    ``raters_max`` (the rule applied to the raters so far, fresh bootstrap draws each look).
+    Returns ``fixed`` (rate of "indistinguishable" at the single look at ``raters_max``: what
+    the product does), ``peeking`` (rate of "indistinguishable" at any look, i.e. stopping at
+    the first one), ``looks`` and ``se`` of both."""
+    if mu is None:
+        mu = 0.5 + margin
+    rng = np.random.default_rng(seed)
+    fixed = any_look = 0
+    for sb in _batches(studies, reps, raters_max, clips):
+        P = _truth(rng, scenario, sb, raters_max, clips, mu, rater_sd=rater_sd,
+                   clip_sd=clip_sd, clip_accuracy=0.95)
+        Y = (rng.random((sb, raters_max, clips)) < P).astype(float)
+        hit = np.zeros(sb, dtype=bool)
+        for r in range(start, raters_max + 1):
+            wr = _draw_counts(rng, r, (sb, reps))
+            wc = _draw_counts(rng, clips, (sb, reps))
+            o = _abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
+            hit |= o["indistinguishable"]
+            if r == raters_max:
+                fixed += int(o["indistinguishable"].sum())
+        any_look += int(hit.sum())
+    f, p = fixed / studies, any_look / studies
+    return {"scenario": scenario, "raters_max": raters_max, "clips": clips, "start": start,
+            "mu": mu, "margin": margin, "looks": raters_max - start + 1, "studies": studies,
+            "fixed": f, "peeking": p, "se": {"fixed": mc_se(f, studies),
+                                             "peeking": mc_se(p, studies)}}
+
+
+def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
+                        tie_rate: float = 0.0, rater_sd: float = 0.0, alpha: float = 0.05,
+                        studies: int = 400, reps: int = 400, seed: int = 0) -> dict:
+    """Simulate complete preference studies and apply the rule of :func:`decide_preference`:
+    each rating is a tie with probability ``tie_rate``, else B wins with the rater's win rate
+    p_r ~ Beta(mean ``win_rate``, SD ``rater_sd``) (``rater_sd`` large at win rate 0.5:
+    raters who see the difference but split their taste). Returns the rate of each verdict
+    and ``se``."""
+    rng = np.random.default_rng(seed)
+    b = a = 0
+    for sb in _batches(studies, reps, raters, clips):
+        pr = _beta_mean_sd(rng, win_rate, rater_sd, (sb, raters, 1))
+        D = (rng.random((sb, raters, clips)) >= tie_rate).astype(float)
+        W = D * (rng.random((sb, raters, clips)) < pr)
+        wr = _draw_counts(rng, raters, (sb, reps))
+        wc = _draw_counts(rng, clips, (sb, reps))
+        o = _preference_rule(W, D, wr, wc, alpha=alpha)
+        b += int(o["b_preferred"].sum())
+        a += int(o["a_preferred"].sum())
+    rates = {"B preferred": b / studies, "A preferred": a / studies,
+             "no preference shown": (studies - a - b) / studies}
+    rates["any preference"] = (a + b) / studies
+    return {"raters": raters, "clips": clips, "win_rate": win_rate, "tie_rate": tie_rate,
+            "rater_sd": rater_sd, "studies": studies, "reps": reps, "seed": seed, **rates,
+            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
+
+
+# -- planning --------------------------------------------------------------------------------
+
+def _pigeonhole_factor(R: int, C: int) -> float:
+    """Variance of the pigeonhole bootstrap mean over that of independent ratings:
+    E[(W V)^2] - 1 with W, V the draw counts of one rater and one clip (about 3)."""
+    return (2 - 1 / R) * (2 - 1 / C) - 1
+
+
+def _normal_power(R: int, C: int, margin: float, alpha: float, *, two_sided: bool,
+                  decisive_share: float = 1.0, rater_sd: float = 0.0) -> float:
+    """Normal approximation of the power of the rule at R raters x C clips: the estimate has
+    SE^2 = h^2 / R + (0.25 - h^2) / n and the bootstrap SD^2 = h^2 / R + factor * (0.25 - h^2)
+    / n (n decisive ratings, h the SD of the raters' true rates, factor the pigeonhole
+    inflation of independent ratings, about 3); the rule needs margin > t * SD."""
     from scipy.stats import norm
 
-    sd = 0.5 * math.sqrt(1 - tie_rate) if protocol == "preference" else 0.5
-    za = float(norm.ppf(1 - alpha)) * math.sqrt(inflation)
-    # preference folds |score - 0.5|: power needs both tails inside, z for (1 + power) / 2
-    zb = float(norm.ppf(power if protocol == "abx" else (1 + power) / 2))
-    return int(math.ceil(((za + zb) * sd / margin) ** 2))
+    n = R * C * decisive_share
+    h2 = min(rater_sd ** 2, 0.25)
+    se = math.sqrt(h2 / R + (0.25 - h2) / n)
+    sd = math.sqrt(h2 / R + _pigeonhole_factor(R, C) * (0.25 - h2) / n)
+    t = float(_t(1 - alpha / 2 if two_sided else 1 - alpha, min(R, C) - 1))
+    return float(norm.cdf((margin - t * sd) / se))
 
 
-def plan(protocol: str, margin: float, power: float = 0.8, *, clips_per_rater: int = 20,
-         tie_rate: float = 0.0, alpha: float = 0.05, studies: int = 400, reps: int = 400,
-         seed: int = 12345) -> dict:
-    """Raters (each rating ``clips_per_rater`` clips once) needed so that, when raters truly
-    cannot tell the backends apart (ABX accuracy 0.5, or no preference), the verdict
-    "indistinguishable" is reached with probability ``power`` by the study's own bootstrap rule.
+def _normal_raters(margin: float, power: float, C: int, alpha: float, *, two_sided: bool,
+                   decisive_share: float = 1.0, rater_sd: float = 0.0) -> int:
+    """Smallest R >= 2 with :func:`_normal_power` >= ``power`` (``2 * MAX_RATERS`` + 1 when
+    none up to there)."""
+    def good(R):
+        return _normal_power(R, C, margin, alpha, two_sided=two_sided,
+                             decisive_share=decisive_share, rater_sd=rater_sd) >= power
 
-    Starts from :func:`analytic_trials` and refines by simulation (:func:`simulate_verdicts`,
-    fixed seed): the smallest rater count whose simulated power minus one Monte Carlo standard
-    error is at least ``power``."""
-    if protocol not in ("abx", "preference"):
-        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
-    if not 0 < margin < 0.5:
-        raise ValueError(f"margin: expected a number in (0, 0.5), found {margin}")
-    if not 0 < power < 1:
-        raise ValueError(f"power: expected a number in (0, 1), found {power}")
-    mc_se = math.sqrt(power * (1 - power) / studies)
-    cache: dict[int, float] = {}
-
-    def pw(raters: int) -> float:
-        if raters not in cache:
-            cache[raters] = float(simulate_verdicts(
-                protocol, raters=raters, clips=clips_per_rater, truth=0.5, margin=margin,
-                studies=studies, reps=reps, tie_rate=tie_rate, alpha=alpha,
-                seed=seed + raters).mean())
-        return cache[raters]
-
-    ok = lambda k: pw(k) - mc_se >= power  # noqa: E731
-    n0 = analytic_trials(protocol, margin, power, tie_rate=tie_rate, alpha=alpha)
-    k = max(2, math.ceil(n0 / clips_per_rater))
-    while not ok(k):
-        k = int(math.ceil(k * 1.15)) + 1
-        if k > 100000:
-            raise ValueError("plan: no feasible size below 100000 raters")
-    lo, hi = 1, k   # ok(hi); search the smallest
+    lo, hi = 1, 2
+    while not good(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2 * MAX_RATERS:
+            return 2 * MAX_RATERS + 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if mid >= 2 and ok(mid):
+        if good(mid):
             hi = mid
         else:
             lo = mid
-    return {"protocol": protocol, "margin": margin, "power_target": power, "alpha": alpha,
-            "raters": hi, "clips_per_rater": clips_per_rater, "trials": hi * clips_per_rater,
-            "simulated_power": cache[hi], "analytic_trials": n0, "tie_rate": tie_rate,
-            "simulated_studies": studies, "bootstrap_reps": reps}
+    return hi
+
+
+def _clip_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
+    """Exact power to flag one clip at ``clip_accuracy`` with R ratings, at the first Holm
+    step (alpha / 2 / C; conservative for the full procedure)."""
+    from scipy.stats import binom
+
+    ks = np.arange(R + 1)
+    ok = _sf_half(ks, R) <= alpha / 2 / C
+    if not ok.any():
+        return 0.0
+    k = int(ks[ok][0])
+    return float(binom.sf(k - 1, R, clip_accuracy))
+
+
+def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_CLIPS,
+         alpha: float = 0.05, exclusion_rate: float = 0.1, clip_accuracy: float = 0.9,
+         clip_power: float = 0.8, heterogeneity: float = 0.15, tie_rate: float = 0.0,
+         studies: int = 400, reps: int = 400, seed: int = 12345,
+         clips_per_rater: int | None = None) -> dict:
+    """Included raters (each rates every clip once) needed by a study.
+
+    ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
+    probability of "indistinguishable" by the exact rule of :func:`decide_abx` (``studies``
+    simulated studies, ``reps`` bootstrap replicates, fixed seed) minus one Monte Carlo SE is
+    >= ``power``; and (b) one clip at true accuracy ``clip_accuracy`` is flagged with
+    probability >= ``clip_power`` (exact binomial power at the first Holm step, alpha/2/clips:
+    conservative). The search starts from a normal approximation (bound = estimate + t x
+    bootstrap SD) and bisects on simulated power; above :data:`SIMULATE_MAX_CELLS` rater x clip
+    cells it keeps the normal approximation (``method`` says which). As checks it also
+    simulates, at the planned size, the boundary error (rate of "indistinguishable" at true
+    accuracy 0.5 + margin in the ``combined`` scenario with rater SD ``heterogeneity``), the
+    false "distinguishable" rate at chance, and the flag rate of one clip at
+    ``clip_accuracy``.
+
+    Preference: the smallest R >= 12 whose simulated probability of "B preferred"
+    (:func:`decide_preference` rule) is >= ``power`` (minus one MC SE) when B's win rate among
+    decisive answers is 0.5 + margin, ratings are ties with probability ``tie_rate``, and
+    raters' win rates vary with SD ``heterogeneity``; start from the normal approximation.
+
+    Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
+    a note). ``invite`` = ceil(R / (1 - exclusion_rate)) raters to invite.
+    ``clips_per_rater``: old name of ``clips``."""
+    if clips_per_rater is not None:
+        clips = clips_per_rater
+    if protocol not in ("abx", "preference"):
+        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
+    if not 0 < margin < 0.5:
+        raise ValueError(f"--margin: expected a number in (0, 0.5), found {margin}")
+    if not 0 < power < 1:
+        raise ValueError(f"--power: expected a number in (0, 1), found {power}")
+    if not 0 <= exclusion_rate < 1:
+        raise ValueError(f"exclusion rate: expected a number in [0, 1), found {exclusion_rate}")
+    if not 0 <= tie_rate < 1:
+        raise ValueError(f"--tie-rate: expected a number in [0, 1), found {tie_rate}")
+    notes = []
+    clips_requested = clips
+    if clips < MIN_CLIPS:
+        notes.append(f"clips raised from {clips} to the floor of {MIN_CLIPS}")
+        clips = MIN_CLIPS
+    C = int(clips)
+    mc = math.sqrt(power * (1 - power) / studies)
+    two_sided = protocol == "preference"
+    share = 1 - tie_rate if protocol == "preference" else 1.0
+    h = heterogeneity if protocol == "preference" else 0.0
+    approx = _normal_raters(margin, power, C, alpha, two_sided=two_sided, decisive_share=share,
+                            rater_sd=h)
+    if approx > MAX_RATERS:
+        need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
+                f"about {approx:,}")
+        raise ValueError(f"--margin {margin:g}: {need} included raters would be "
+                         f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
+                         f"--margin or more clips")
+    cache: dict[int, float] = {}
+
+    def pw(R: int) -> float:
+        if R not in cache:
+            if protocol == "abx":
+                cache[R] = simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin,
+                                        alpha=alpha, studies=studies, reps=reps,
+                                        seed=seed + R)["indistinguishable"]
+            else:
+                cache[R] = simulate_preference(R, C, win_rate=0.5 + margin, tie_rate=tie_rate,
+                                               rater_sd=heterogeneity, alpha=alpha,
+                                               studies=studies, reps=reps,
+                                               seed=seed + R)["B preferred"]
+        return cache[R]
+
+    def ok(R: int) -> bool:
+        return pw(R) - mc >= power
+
+    simulate = approx * C <= SIMULATE_MAX_CELLS
+    if simulate:
+        # bracket [lo, hi] with ok(hi) and not ok(lo) (lo = 11: below the floor) around the
+        # normal approximation, then bisect
+        r0 = max(MIN_RATERS, approx)
+        if ok(r0):
+            lo, hi = max(MIN_RATERS - 1, int(r0 * 0.85)), r0
+            if lo >= MIN_RATERS and ok(lo):
+                lo, hi = MIN_RATERS - 1, lo
+        else:
+            lo, hi = r0, math.ceil(r0 * 1.15) + 1
+            while not ok(hi):
+                lo, hi = hi, math.ceil(hi * 1.15) + 1
+                if hi * C > 2 * SIMULATE_MAX_CELLS:
+                    simulate = False
+                    break
+    if simulate:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        r_power = hi
+        method = "simulation"
+    else:
+        r_power = max(MIN_RATERS, approx)
+        method = "normal approximation"
+        notes.append(f"{r_power} raters x {C} clips is too large to simulate quickly: the "
+                     f"power figure is the normal approximation")
+    reasons = []
+    R = max(MIN_RATERS, r_power)
+    chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
+    edges: dict[str, dict] = {}
+    if protocol == "abx":
+        r_clip = MIN_RATERS
+        while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
+            r_clip += 1
+            if r_clip > MAX_RATERS:
+                raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
+                                 f"{MAX_RATERS:,} ratings per clip")
+
+        def clip_ok_from(r: int) -> int:
+            while _clip_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
+                r += 1
+            return r
+
+        R = clip_ok_from(max(R, r_clip))
+        r_base = R
+        if R == r_power and r_power > MIN_RATERS:
+            reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
+                           f"everyone guesses needs {r_power} raters")
+        if R > r_power:
+            reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
+                           f"probability {clip_power:g} needs {R} ratings per clip "
+                           f"(power alone: {r_power})")
+        # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
+        # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
+        # (golden ears missed by the sample) it may not: add raters until it does
+        while method == "simulation":
+            edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
+                     for i, sc in enumerate(BOUNDARY_SCENARIOS)}
+            bad = {sc: o["indistinguishable"] for sc, o in edges.items()
+                   if o["indistinguishable"] - o["se"]["indistinguishable"] > alpha}
+            if not bad:
+                break
+            if R * C > 2 * SIMULATE_MAX_CELLS:
+                notes.append(f"boundary error above {alpha:g} at {R} raters "
+                             f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
+                             f"adding raters")
+                break
+            R = clip_ok_from(math.ceil(R * 1.1) + 1)
+        if R > r_base:
+            reasons.append(f"heterogeneity: 'indistinguishable' at true accuracy "
+                           f"{0.5 + margin:g} stays <= {alpha:g} in every scenario from {R} "
+                           f"raters (not at {r_base})")
+    elif R == r_power and r_power > MIN_RATERS:
+        reasons.append(f"power: {power:g} probability of 'B preferred' at win rate "
+                       f"{0.5 + margin:g} needs {r_power} raters")
+    if R == MIN_RATERS and not reasons:
+        reasons.append(f"floor: at least {MIN_RATERS} included raters")
+    out = {"protocol": protocol, "margin": margin, "power_target": power, "alpha": alpha,
+           "raters": R, "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
+           "exclusion_rate": exclusion_rate, "clips": C, "clips_requested": clips_requested,
+           "ratings_per_clip": R, "trials": R * C, "reasons": reasons, "notes": notes,
+           "method": method, "normal_approx_raters": approx,
+           "simulated_studies": studies, "bootstrap_reps": reps, "seed": seed,
+           "heterogeneity": heterogeneity,
+           # names kept for the CLI of before
+           "clips_per_rater": C, "analytic_trials": approx * C}
+    big = method != "simulation"
+    if protocol == "abx":
+        out["margin_terms"] = margin_terms(margin)
+        out["rule"] = abx_rule_text(margin, alpha, R, C, 2000)
+        out["clip_accuracy"] = clip_accuracy
+        out["clip_power_target"] = clip_power
+        out["clip_flag_power"] = _clip_power(R, C, alpha, clip_accuracy)
+        if big:
+            out["simulated_power"] = _normal_power(R, C, margin, alpha, two_sided=False)
+            out["simulated_power_se"] = None
+            out.update(boundary_error=None, boundary_error_se=None,
+                       distinguishable_at_chance=None, clip_flag_simulated=None)
+        else:
+            null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
+            vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy,
+                               seed=seed + 7, **chk)
+            out.update(simulated_power=null["indistinguishable"],
+                       simulated_power_se=null["se"]["indistinguishable"],
+                       distinguishable_at_chance=null["distinguishable"],
+                       boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
+                       boundary_error_se=max(o["se"]["indistinguishable"]
+                                             for o in edges.values()),
+                       clip_flag_simulated=vis["clip_flagged"])
+    else:
+        out["tie_rate"] = tie_rate
+        out["rule"] = preference_rule_text(alpha, min(R, C) - 1, 2000)
+        if big:
+            out["simulated_power"] = _normal_power(R, C, margin, alpha, two_sided=True,
+                                                   decisive_share=share, rater_sd=h)
+            out["simulated_power_se"] = None
+            out["any_preference_at_chance"] = None
+        else:
+            out["simulated_power"] = pw(R)
+            out["simulated_power_se"] = mc_se(pw(R), studies)
+            null = simulate_preference(R, C, win_rate=0.5, tie_rate=tie_rate,
+                                       rater_sd=heterogeneity, alpha=alpha, studies=studies,
+                                       reps=reps, seed=seed + 1)
+            out["any_preference_at_chance"] = null["any preference"]
+    return out
+
+
+# -- legacy (api.results until it calls decide_abx / decide_preference) -----------------------
+
+def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
+                      rng: np.random.Generator | None = None) -> np.ndarray:
+    """Bootstrap replicates of the mean of ``values``, clustered over raters and clips.
+
+    Returns ``reps`` replicate means (two-way pigeonhole bootstrap, vectorised); a replicate
+    that drew no observed (rater, clip) cell is NaN."""
+    y = np.asarray(values, dtype=float)
+    if y.size == 0:
+        return np.full(reps, np.nan)
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    r, nr = _codes(raters)
+    c, nc = _codes(clips)
+    wr = rng.multinomial(nr, np.full(nr, 1.0 / nr), size=reps).astype(float)
+    wc = rng.multinomial(nc, np.full(nc, 1.0 / nc), size=reps).astype(float)
+    w = wr[:, r] * wc[:, c]
+    tot = w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (w @ y) / tot
+    means[tot == 0] = np.nan
+    return means
+
+
+def upper_bound(protocol: str, values, raters, clips, *, alpha: float = 0.05, reps: int = 1000,
+                seed: int = 0, rng=None) -> float | None:
+    """Legacy: percentile bound (anti-conservative with few raters or clips; use
+    :func:`decide_abx`). One-sided (1 - alpha) upper bound of accuracy (abx) or of
+    |score_b - 0.5| (preference)."""
+    if len(values) == 0:
+        return None
+    boot = cluster_bootstrap(values, raters, clips, reps=reps, seed=seed, rng=rng)
+    stat = boot if protocol == "abx" else np.abs(boot - 0.5)
+    stat = np.where(np.isnan(stat), 1.0 if protocol == "abx" else 0.5, stat)
+    return float(np.quantile(stat, 1 - alpha))
+
+
+def verdict(protocol: str, bound: float | None, margin: float) -> str:
+    """Legacy: ``indistinguishable`` when the bound is below the margin, else ``not shown``
+    (see :func:`decide_abx` / :func:`decide_preference` for the rules to use)."""
+    if bound is None:
+        return "no data"
+    limit = 0.5 + margin if protocol == "abx" else margin
+    return "indistinguishable" if bound < limit else "not shown"

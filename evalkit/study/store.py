@@ -10,20 +10,28 @@ opened, newer ones are refused):
 - ``studies``: id, protocol, margin, seed, clips_spec, raters_planned, catch_threshold, alpha,
   report, run_a, run_b, media_dir, created, config (JSON)
 - ``clips``: id, study_id, ord, job, clip, prompt, seed, lpips_mean, media_a, media_b (sha256),
-  base_swap, base_x (counterbalancing bits)
+  base_swap, base_x (counterbalancing bits), media_a_alt, media_b_alt (sha256 of the alternate
+  encodings shown as ABX's X, whose bytes share nothing with the sides'; NULL in studies made
+  before schema version 4)
 - ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
   seed, created
 - ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
   slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
-  then; added in schema version 3); unique (rater_id, ord)
-- ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms, shown, sources
-  (the hidden mapping as shown), client, created; unique (rater_id, trial_id)
+  then; added in schema version 3), fetched (seconds since the epoch when every video of the
+  trial had been requested by the rater's browser; version 4); unique (rater_id, ord)
+- ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms (measured by the
+  server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
+  shown), client, created, client_ms (the page's own response time, as sent; version 4);
+  unique (rater_id, trial_id)
+- ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
+  every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import secrets
 from pathlib import Path
 
 from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, MetaData, String, Table, Text,
@@ -31,7 +39,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, Me
 
 from ..errors import SchemaVersionError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -70,6 +78,8 @@ clips = Table(
     Column("media_b", String(64), nullable=False),
     Column("base_swap", Integer, nullable=False),
     Column("base_x", Integer, nullable=False),
+    Column("media_a_alt", String(64)),   # added in schema version 4
+    Column("media_b_alt", String(64)),   # added in schema version 4
 )
 
 raters = Table(
@@ -97,6 +107,7 @@ trials = Table(
     Column("sources", JSON, nullable=False),
     Column("expected", String(16)),
     Column("served", Float),             # added in schema version 3
+    Column("fetched", Float),            # added in schema version 4
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
@@ -113,6 +124,7 @@ ratings = Table(
     Column("sources", JSON, nullable=False),
     Column("client", String(200)),       # added in schema version 2
     Column("created", String(40), nullable=False),
+    Column("client_ms", Integer),        # added in schema version 4
     UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
 )
 
@@ -129,8 +141,24 @@ def _upgrade_2_to_3(conn) -> None:
     conn.execute(text("ALTER TABLE trials ADD COLUMN served FLOAT"))
 
 
+def _upgrade_3_to_4(conn) -> None:
+    conn.execute(text("ALTER TABLE clips ADD COLUMN media_a_alt VARCHAR(64)"))
+    conn.execute(text("ALTER TABLE clips ADD COLUMN media_b_alt VARCHAR(64)"))
+    conn.execute(text("ALTER TABLE trials ADD COLUMN fetched FLOAT"))
+    conn.execute(text("ALTER TABLE ratings ADD COLUMN client_ms INTEGER"))
+    for sid, cfg in conn.execute(select(studies.c.id, studies.c.config)).all():
+        cfg = dict(cfg or {})
+        cfg.setdefault("media_key", new_media_key())
+        conn.execute(studies.update().where(studies.c.id == sid).values(config=cfg))
+
+
+def new_media_key() -> str:
+    """A study's media secret (256 bits)."""
+    return secrets.token_hex(32)
+
+
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3}
+UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4}
 
 
 class StudyDB:

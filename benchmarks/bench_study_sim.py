@@ -1,0 +1,219 @@
+"""Monte Carlo error rates of the study verdicts (evalkit.study.stats), full grid.
+
+    .venv/bin/python benchmarks/bench_study_sim.py            # a few minutes on 2 cores
+    .venv/bin/python benchmarks/bench_study_sim.py --studies 500 --reps 300   # quicker
+
+Prints tables (scenario x size -> rate, Monte Carlo SE, target) and writes nothing; the saved
+output is benchmarks/results/study_sim.txt. Every rate comes from the exact rule of
+``decide_abx`` / ``decide_preference``, vectorised (``simulate_abx``, ``simulate_preference``,
+``simulate_abx_peeking``): complete designs, each rater rates each clip once.
+
+Tables:
+
+1. plans: what ``plan`` returns for margins 0.05-0.2 at 15, 25 and 40 clips (and 100);
+2. ABX, the error claim: rate of "indistinguishable" when the true mean accuracy is at the
+   boundary 0.5 + margin, per scenario, at the floor size, the sizes of margin 0.1 and the
+   planned sizes of the other margins (target <= 5%, one MC SE allowed);
+3. ABX at chance (everyone guesses: the sharp null): rate of "distinguishable" (target <= 5%)
+   and of "indistinguishable" (the power; target >= 80% at the planned size);
+4. ABX, one visible clip (0.5 everywhere but one clip): rate at which that clip is flagged;
+5. sequential looks: the rule applied after every rater from 12 to the planned size, stopping
+   at the first "indistinguishable", against the single look at the planned size;
+6. preference: rate of any preference claimed when there is none (raters' win rates spread
+   around 0.5: split taste), and the power at the planned size;
+7. catch screening error rates;
+8. outside the planned sizes (documentation of a limit, not a target): golden ears with few
+   raters and many clips at small margins.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evalkit.study import stats
+
+
+def _fmt(rate: float, se: float) -> str:
+    return f"{rate:7.4f} ± {se:.4f}"
+
+
+def _flag(ok: bool) -> str:
+    return "ok" if ok else "FAIL"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--studies", type=int, default=2000, help="simulated studies per cell")
+    ap.add_argument("--reps", type=int, default=400, help="bootstrap replicates per study")
+    ap.add_argument("--seed", type=int, default=2024)
+    args = ap.parse_args()
+    S, B = args.studies, args.reps
+    seed = args.seed
+    t0 = time.time()
+    fails = 0
+    print(f"study verdict simulation: {S} studies per cell, {B} bootstrap replicates, "
+          f"alpha 0.05, seed {seed}")
+
+    # 1. plans ----------------------------------------------------------------------------
+    print("\n== 1. plan('abx', margin, clips=C): included raters (invite at 10% exclusions) ==")
+    print(f"{'margin':>6} {'clips':>5} {'raters':>6} {'invite':>6} {'power':>6} {'d_prime':>7} "
+          f"{'pd':>5}  binding constraint")
+    planned = {}
+    for margin in (0.05, 0.075, 0.1, 0.15, 0.2):
+        for clips in (15, 25, 40) + ((100,) if margin in (0.05, 0.1) else ()):
+            p = stats.plan("abx", margin, clips=clips)
+            planned[(margin, clips)] = p["raters"]
+            mt = p["margin_terms"]
+            print(f"{margin:6.3f} {clips:5d} {p['raters']:6d} {p['invite']:6d} "
+                  f"{p['simulated_power']:6.3f} {mt['d_prime']:7.3f} "
+                  f"{mt['proportion_discriminators']:5.2f}  {'; '.join(p['reasons'])}")
+    for margin in (0.05, 0.1, 0.15, 0.2):
+        p = stats.plan("preference", margin)
+        print(f"preference margin {margin:g} (win rate {0.5 + margin:g} among decisive answers, "
+              f"rater SD 0.15, no ties): {p['raters']} raters x {p['clips']} clips, invite "
+              f"{p['invite']}, simulated power {p['simulated_power']:.3f}")
+
+    # sizes: the floor, the sizes of margin 0.1, the planned sizes of the other margins
+    sizes = {0.1: sorted({(12, 15), (20, 15), (planned[(0.1, 15)], 15), (40, 15), (60, 15),
+                          (12, 25), (planned[(0.1, 25)], 25), (12, 40),
+                          (planned[(0.1, 40)], 40), (60, 40), (planned[(0.1, 100)], 100)})}
+    for margin in (0.05, 0.075, 0.15, 0.2):
+        sizes[margin] = sorted({(r, c) for (m, c), r in planned.items() if m == margin}
+                               | {(12, 15)})
+
+    # 2. the error claim at the boundary ----------------------------------------------------
+    print("\n== 2. ABX: P('indistinguishable') at true mean accuracy 0.5 + margin "
+          "(target <= 0.05 + 1 SE) ==")
+    print(f"{'margin':>6} {'raters':>6} {'clips':>5}  " +
+          "  ".join(f"{s:>22}" for s in stats.BOUNDARY_SCENARIOS))
+    k = 0
+    for margin, sz in sizes.items():
+        for R, C in sz:
+            cells = []
+            for scen in stats.BOUNDARY_SCENARIOS:
+                k += 1
+                o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                                       seed=seed + k)
+                r, se = o["indistinguishable"], o["se"]["indistinguishable"]
+                ok = r - se <= 0.05
+                fails += not ok
+                cells.append(f"{_fmt(r, se)} {'  ' if ok else '!!'}")
+            print(f"{margin:6.3f} {R:6d} {C:5d}  " + "  ".join(f"{c:>22}" for c in cells),
+                  flush=True)
+
+    # 3. at chance ------------------------------------------------------------------------
+    print("\n== 3. ABX at chance (everyone guesses): P('distinguishable') (target <= 0.05), "
+          "P('indistinguishable') (power; target >= 0.80 at the planned size) ==")
+    print(f"{'margin':>6} {'raters':>6} {'clips':>5}  {'distinguishable':>17}  "
+          f"{'indistinguishable':>17}  planned?")
+    for margin, sz in sizes.items():
+        for R, C in sz:
+            k += 1
+            o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
+                                   reps=B, seed=seed + k)
+            is_plan = planned.get((margin, C)) == R
+            ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05 and (
+                not is_plan or o["indistinguishable"] + o["se"]["indistinguishable"] >= 0.8)
+            fails += not ok
+            print(f"{margin:6.3f} {R:6d} {C:5d}  "
+                  f"{_fmt(o['distinguishable'], o['se']['distinguishable'])}  "
+                  f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])}  "
+                  f"{'planned' if is_plan else '':8} {'' if ok else 'FAIL'}", flush=True)
+
+    # 4. one visible clip -----------------------------------------------------------------
+    print("\n== 4. ABX, one visible clip among chance clips: P(that clip flagged) "
+          "(target >= 0.80 at the planned size), P('distinguishable') ==")
+    for acc in (0.95, 0.9):
+        for R, C in sorted({(12, 15)} | {(planned[(m, c)], c) for m in (0.1, 0.15)
+                                         for c in (15, 25, 40)}):
+            k += 1
+            o = stats.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
+                                   studies=S, reps=B, seed=seed + k)
+            ok = (R, C) == (12, 15) or o["clip_flagged"] + o["se"]["clip_flagged"] >= 0.8
+            fails += not ok
+            print(f"clip accuracy {acc:4.2f}  {R:3d} raters x {C:2d} clips: flagged "
+                  f"{_fmt(o['clip_flagged'], o['se']['clip_flagged'])}, distinguishable "
+                  f"{o['distinguishable']:.4f}, indistinguishable "
+                  f"{o['indistinguishable']:.4f}  {'(floor size)' if (R, C) == (12, 15) else ''}"
+                  f"{'' if ok else 'FAIL'}", flush=True)
+
+    # 5. sequential looks -----------------------------------------------------------------
+    print("\n== 5. sequential looks at the boundary: P('indistinguishable') with one look at the "
+          "planned size (what the product does) vs stopping at the first 'indistinguishable' "
+          "when checked after every rater from 12 ==")
+    S_peek, B_peek = max(200, S // 4), max(200, B // 2)
+    for margin in (0.1, 0.05):
+        R = planned[(margin, 15)]
+        for scen in ("homogeneous", "golden_ears", "combined"):
+            k += 1
+            o = stats.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
+                                           reps=B_peek, seed=seed + k)
+            print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x 15 clips "
+                  f"({o['looks']} looks): single look {_fmt(o['fixed'], o['se']['fixed'])}; "
+                  f"peeking {_fmt(o['peeking'], o['se']['peeking'])}  "
+                  f"({S_peek} studies, {B_peek} reps)", flush=True)
+
+    # 6. preference -----------------------------------------------------------------------
+    Bp = max(B, 2000)
+    print(f"\n== 6. preference: P(any preference claimed) when B's mean win rate is 0.5 "
+          f"(target <= 0.05 + 1 SE); rater SD = spread of raters' win rates (0.45: split taste); "
+          f"{Bp} bootstrap replicates as in decide_preference (fewer add Monte Carlo noise to "
+          f"the SD and about 0.5 point to the rate at SD 0.45) ==")
+    for R, C in ((12, 15), (20, 15), (12, 40), (40, 40), (60, 15)):
+        cells = []
+        for sd in (0.0, 0.15, 0.3, 0.45):
+            for tie in (0.0, 0.85):
+                k += 1
+                o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
+                                              studies=S, reps=Bp, seed=seed + k)
+                r, se = o["any preference"], o["se"]["any preference"]
+                ok = r - se <= 0.05
+                fails += not ok
+                cells.append(f"sd {sd:.2f} ties {tie:.2f}: {_fmt(r, se)}{'' if ok else ' FAIL'}")
+        print(f"{R:3d} x {C:2d}: " + " | ".join(cells), flush=True)
+    for margin in (0.1, 0.2):
+        p = stats.plan("preference", margin)
+        k += 1
+        o = stats.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
+                                      rater_sd=0.15, studies=S, reps=B, seed=seed + k)
+        ok = o["B preferred"] + o["se"]["B preferred"] >= 0.8
+        fails += not ok
+        print(f"power, win rate {0.5 + margin:g}, rater SD 0.15, {p['raters']} x {p['clips']} "
+              f"(planned): P('B preferred') {_fmt(o['B preferred'], o['se']['B preferred'])}"
+              f"{'' if ok else ' FAIL'}")
+    k += 1
+    o = stats.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, studies=S, reps=B,
+                                  seed=seed + k)
+    print(f"85% ties, every decisive answer for B, 12 x 15: P('B preferred') "
+          f"{_fmt(o['B preferred'], o['se']['B preferred'])} (never 'indistinguishable')")
+
+    # 7. catch screening ------------------------------------------------------------------
+    print("\n== 7. catch screening (pass: k >= smallest k with P(Bin(n, 0.5) >= k) <= 0.05) ==")
+    for n in (5, 8, 10, 12, 16, 20):
+        kmin = stats.catch_min_correct(n)
+        ex, kept = stats.catch_error_rates(n)
+        print(f"{n:2d} catch trials: pass with >= {kmin:2d} right; attentive rater (0.95) "
+              f"excluded {ex:.4f}; random clicker kept {kept:.4f}")
+
+    # 8. outside the planned sizes ----------------------------------------------------------
+    print("\n== 8. outside the planned sizes (documents a limit, not a target): golden ears "
+          "(10% of raters at 0.95) with few raters and many clips ==")
+    for margin, R, C in ((0.05, 12, 40), (0.04, 20, 40), (0.05, 12, 100), (0.05, 23, 100)):
+        k += 1
+        o = stats.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
+                               seed=seed + k)
+        print(f"margin {margin:g}, {R} raters x {C} clips (plan: "
+              f"{stats.plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
+              f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])}; P(no golden ear "
+              f"among {R}) = {0.9 ** R:.3f}")
+
+    print(f"\n{fails} target(s) missed; {time.time() - t0:.0f} s")
+    return 0 if fails == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

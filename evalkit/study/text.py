@@ -1,0 +1,73 @@
+"""The one text rendering of a study's results, shared by ``evalkit study results`` and the
+admin page (plain lines that also read as Markdown)."""
+from __future__ import annotations
+
+from .stats import format_p
+
+
+def num(v, nd: int = 3) -> str:
+    """A figure for people: ``n/a`` for None, else at most ``nd`` decimals."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}".rstrip("0").rstrip(".") if v == v else "n/a"
+    return str(v)
+
+
+def results_lines(res: dict) -> list[str]:
+    """The results as lines: the verdict first, then how it was reached."""
+    head = f"study {res['study']} ({res['protocol']})"
+    people = (f"{res['raters_included']} included of {res['raters_complete']} complete raters "
+              f"({len(res['excluded_raters'])} excluded by catch trials; "
+              f"{res['raters_planned']} planned, {res['raters_invited']} invited)")
+    if res["status"] != "complete":
+        lines = [f"{head}: {res['verdict_text']}", people]
+        lines += _exclusions(res)
+        lines.append(f"verdict: {res['verdict'].upper()}")
+        return lines
+    lines = [f"{head}: verdict {res['verdict'].upper()}", people]
+    if res["protocol"] == "abx":
+        mt = res.get("margin_terms") or {}
+        lines.append(f"ABX accuracy {num(res['accuracy'])} ({res['correct']} of {res['n']} "
+                     f"correct), one-sided exact binomial p {_p(res['p_value'])}; upper bound "
+                     f"{num(res['upper_bound'])} against {num(0.5 + res['margin'])}")
+        if mt:
+            lines.append(f"margin {num(res['margin'])}: accuracy at most "
+                         f"{num(mt.get('accuracy_limit'))}, i.e. at most "
+                         f"{num(mt.get('proportion_discriminators'))} of raters discriminating, "
+                         f"d' {num(mt.get('d_prime'), 2)}")
+    else:
+        lines.append(f"B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
+                     f"{res['ties']} (tie rate {num(res['tie_rate'])}); win rate of B "
+                     f"{num(res['win_rate_b'])} (interval {num(res['ci'][0])} to "
+                     f"{num(res['ci'][1])}), cluster p {_p(res['p_value'])}, sign test p "
+                     f"{_p(res['sign_p'])}")
+        lines.append(f"Krippendorff's alpha {num(res.get('krippendorff_alpha'))}")
+    lines.append(f"rule: {res['rule']}")
+    for c in res.get("per_clip", []):
+        if c.get("flagged"):
+            lines.append(f"clip {c['job']} DETECTABLY DIFFERENT: {c['correct']} of "
+                         f"{c['ratings']} correct, Holm-adjusted p {_p(c['p_holm'])}")
+    we = res.get("without_exclusions") or {}
+    if we:
+        lines.append(f"without catch exclusions ({we.get('raters')} raters): "
+                     f"{str(we.get('verdict')).upper()}")
+    g = res.get("graded_catches") or {}
+    if g.get("trials"):
+        lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
+    lines += _exclusions(res)
+    lines.append(f"verdict: {res['verdict'].upper()}")
+    return lines
+
+
+def results_text(res: dict) -> str:
+    return "\n".join(results_lines(res))
+
+
+def _p(p) -> str:
+    t = format_p(p)
+    return t if t.startswith("<") or t == "n/a" else f"= {t}"
+
+
+def _exclusions(res: dict) -> list[str]:
+    return [f"excluded rater {e['rater']}: {e['reason']}" for e in res["excluded_raters"]]

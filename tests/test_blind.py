@@ -1,0 +1,226 @@
+"""Blindness as a security property, tested as an attacker would.
+
+Everything a rater's browser receives in whole ABX and preference studies is collected: through
+Debian's Chromium on the real `evalkit serve` (DOM at every trial, every URL, every response's
+headers and bytes), and, for statistics over many trials, through the rater service the server
+uses (the same names and files a scripted rater downloads). Then every function an attacker could
+compute from it is tried as a predictor of the answer (ABX: which side matches X) and of the
+backend (which side is backend B): names, lengths, headers, per-frame sample sizes, byte
+overlap with X. Each must be no better than chance: most are shown to be exactly equal between
+the sides (so no function of them can tell the sides apart), the rest by a binomial test.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import av
+import httpx
+import pytest
+from scipy.stats import binomtest
+from sqlalchemy import select
+
+from evalkit import study
+from evalkit.study import store
+
+from app_helpers import Server
+from study_helpers import make_report
+
+FPS = 12
+ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
+           " && !document.querySelector('#answers button').disabled)")
+VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blind")
+    report = make_report(root, fps=FPS)
+    db = root / "s.db"
+    sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
+            for p in ("abx", "preference")}
+    summary = json.loads((report / "summary.json").read_text())
+    with store.open_db(db).engine.connect() as conn:
+        jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
+    runs = [summary["runs"][k]["path"] for k in ("a", "b")]
+    secret = {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
+              "studytest", str(report)}
+    return {"db": db, "sids": sids, "secret": secret, "root": root}
+
+
+def hidden(db, trial_id) -> dict:
+    with store.open_db(db).engine.connect() as conn:
+        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
+                    .mappings().one())
+
+
+def sample_sizes(data: bytes) -> list[int]:
+    with av.open(io.BytesIO(data)) as c:
+        return [p.size for p in c.demux(video=0) if p.size]
+
+
+def chunks(data: bytes, k: int = 64) -> set[bytes]:
+    return {data[i:i + k] for i in range(0, len(data) - k + 1, k)}
+
+
+def overlap(a: bytes, b: bytes) -> float:
+    ca = chunks(a)
+    return len(ca & chunks(b)) / max(1, len(ca))
+
+
+def collect(db, sid, raters: int) -> list[dict]:
+    """Every trial of ``raters`` new raters, as a scripted rater sees it: the public trial and
+    the bytes behind each of its media names (through the service the server uses)."""
+    out = []
+    clock = study.FakeClock()
+    with study.RaterService(db, clock=clock) as svc:
+        for tok in (r["token"] for r in study.invite(db, sid, raters)):
+            s = svc.state_sync(tok)
+            while s["trial"] is not None:
+                t = s["trial"]
+                files = {slot: svc.media_sync(tok, name).read_bytes()
+                         for slot, name in t["media"].items()}
+                out.append({"token": tok, "public": t, "bytes": files, **{
+                    k: v for k, v in hidden(db, t["trial"]).items()
+                    if k in ("kind", "sources", "expected", "shown")}})
+                clock.advance(10)
+                s = svc.answer_sync(tok, t["trial"], t["answers"][0])
+    return out
+
+
+def assert_chance(hits: int, n: int, what: str):
+    """An attacker's predictor is no better than chance (one-sided binomial, level 0.01)."""
+    p = binomtest(hits, n, 0.5, alternative="greater").pvalue
+    assert p > 0.01, f"{what}: {hits}/{n} correct (p = {p:.2g})"
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference"])
+def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, protocol):
+    trials = collect(env["db"], env["sids"][protocol], raters=8)
+    tests = [t for t in trials if t["kind"] == "test"]
+    assert len(tests) >= 40
+    names = [n for t in trials for n in t["public"]["media"].values()]
+    # names: unique per slot of every trial of every rater; carry no content hash
+    assert len(names) == len(set(names))
+    shas = {n for t in trials for n in t["shown"].values()}
+    assert not any(s[:40] in n for s in shas for n in names)
+    # catch trials never reuse a test trial's file (they would tell which side is which)
+    test_files = {hashlib.sha256(b).hexdigest() for t in tests for b in t["bytes"].values()}
+    catch_files = {hashlib.sha256(b).hexdigest() for t in trials if t["kind"] == "catch"
+                   for b in t["bytes"].values()}
+    assert not test_files & catch_files
+    sides = ("A", "B") if protocol == "abx" else ("left", "right")
+    hits = Counter()
+    for t in trials:
+        b = t["bytes"]
+        # every video of a trial: the same length and the same per-frame sample sizes
+        assert len({len(v) for v in b.values()}) == 1
+        assert len({tuple(sample_sizes(v)) for v in b.values()}) == 1
+        if protocol == "abx":          # X is never the same bytes as either side
+            assert b["X"] != b["A"] and b["X"] != b["B"]
+        if t["kind"] != "test":
+            continue
+        # predictors of which side is backend b, and (ABX) which side matches X
+        truth_b = next(s for s in sides if t["sources"][s] == "b")
+        names = t["public"]["media"]
+        hits["backend b from the larger name"] += max(sides, key=lambda s: names[s]) == truth_b
+        hits["backend b from the larger file"] += \
+            max(sides, key=lambda s: (len(b[s]), s == sides[1])) == truth_b
+        if protocol == "abx":
+            truth = t["expected"]
+            ov = {s: overlap(b["X"], b[s]) for s in sides}
+            guess = max(sides, key=lambda s: (ov[s], s == "B"))
+            hits["X's match from byte overlap"] += guess == truth
+            hits["X's match from the name"] += \
+                max(sides, key=lambda s: len(_common_prefix(names["X"], names[s]))) == truth
+    for what, k in hits.items():
+        assert_chance(k, len(tests), what)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference"])
+def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser, protocol):
+    """A whole study through Chromium: every response (URL, status, headers, bytes) and the DOM
+    at every trial. Nothing names a backend, run or job; within each trial the videos' URLs are
+    unique and their responses have identical headers and lengths."""
+    db, sid = env["db"], env["sids"][protocol]
+    token = study.invite(db, sid, 1)[0]["token"]
+    server = Server(db).start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    seen, dom = [], []
+
+    def on_response(r):
+        try:
+            body = r.body()
+        except Exception:  # noqa: BLE001 - a media response cut short by the next trial
+            body = b""
+        seen.append({"url": r.url, "status": r.status, "headers": dict(r.headers), "body": body})
+    page.on("response", on_response)
+    try:
+        with page.expect_response(re.compile(r"/api/trial\?")) as resp:
+            page.goto(f"{server.url}/?token={token}")
+        state = resp.value.json()
+        trials = []
+        while state["trial"] is not None:
+            t = state["trial"]
+            page.wait_for_function(ENABLED, timeout=30000)
+            dom.append(page.content())
+            trials.append(t)
+            with page.expect_response(re.compile(r"/api/answer$")) as resp:
+                page.click(f"#answers button[data-answer='{t['answers'][0]}']")
+            state = resp.value.json()
+            assert resp.value.status == 200, state
+        page.wait_for_selector("#done:not([hidden])")
+        dom.append(page.content())
+    finally:
+        ctx.close()
+        server.stop()
+    media = [s for s in seen if "/media/" in s["url"]]
+    assert media and all(re.search(r"/media/[0-9a-f]{40}\.mp4\?token=", s["url"]) for s in media)
+    haystack = "\n".join([*dom, *(s["url"] for s in seen), *(json.dumps(s["headers"]) for s in seen),
+                          *(s["body"].decode("latin-1") for s in seen)])
+    for s in env["secret"]:
+        assert s not in haystack, s
+    # within each trial: unique names, and each video's responses look alike
+    by_name = {}
+    for s in media:
+        name = s["url"].split("/media/")[1].split("?")[0]
+        by_name.setdefault(name, []).append(s)
+    all_names = [n for t in trials for n in t["media"].values()]
+    assert len(all_names) == len(set(all_names))
+    for t in trials:
+        heads = []
+        for slot, name in t["media"].items():
+            assert name in by_name, (slot, name)
+            r = by_name[name][0]
+            h = {k: v for k, v in r["headers"].items() if k not in VARYING_HEADERS}
+            assert "last-modified" not in h and "etag" not in h
+            # a partial response names the full length in content-range
+            total = h.get("content-range", "/" + h.get("content-length", "")).rsplit("/", 1)[1]
+            heads.append((r["status"], total, tuple(sorted(
+                (k, v) for k, v in h.items() if k not in ("content-range", "content-length")))))
+        assert len(set(heads)) == 1, heads
+    # media cannot be had by anyone else, nor before a trial is handed out
+    other = study.invite(db, sid, 1)[0]["token"]
+    server = Server(db).start()
+    try:
+        name = trials[0]["media"][next(iter(trials[0]["media"]))]
+        assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
+        assert httpx.get(f"{server.url}/media/{name}").status_code == 404
+        nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
+        assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
+                         params={"token": other}).status_code == 200
+    finally:
+        server.stop()
+    assert Path(env["root"]).exists()
