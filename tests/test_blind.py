@@ -3,11 +3,17 @@
 Everything a rater's browser receives in whole ABX and preference studies is collected: through
 Debian's Chromium on the real `evalkit serve` (DOM at every trial, every URL, every response's
 headers and bytes), and, for statistics over many trials, through the rater service the server
-uses (the same names and files a scripted rater downloads). Then every function an attacker could
-compute from it is tried as a predictor of the answer (ABX: which side matches X) and of the
-backend (which side is backend B): names, lengths, headers, per-frame sample sizes, byte
-overlap with X. Each must be no better than chance: most are shown to be exactly equal between
-the sides (so no function of them can tell the sides apart), the rest by a binomial test.
+uses (the same names and files a scripted rater downloads). Then what an attacker could compute
+from it is tried as a predictor of the answer (ABX: which side matches X) and of the backend
+(which side is backend B): names, lengths, headers, the MP4 boxes, per-frame sample sizes, NAL
+unit lengths, byte overlap of X's coded pictures with each side's. Each must be no better than
+chance: most are shown to be exactly equal between the sides (so no function of them can tell
+the sides apart), the rest by a binomial test on the guesses they make.
+
+The boundary of the claim: inside the H.264 slices is the coded picture, whose size (found by
+parsing where the CABAC data ends) and decoded pixels reflect the content. Comparing those is
+comparing the videos, which is the raters' task; no encoding of two different pictures hides
+that they differ (evalkit.study.media says more).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ VARYING_HEADERS = {"date"}       # the same for any two responses sent in the sa
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("blind")
-    report = make_report(root, fps=FPS)
+    report = make_report(root, seeds=tuple(range(8)), fps=FPS)     # 16 clips
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
@@ -61,6 +67,33 @@ def hidden(db, trial_id) -> dict:
 def sample_sizes(data: bytes) -> list[int]:
     with av.open(io.BytesIO(data)) as c:
         return [p.size for p in c.demux(video=0) if p.size]
+
+
+def coded(data: bytes) -> bytes:
+    """The coded picture data of a file: every slice, without its padding."""
+    from evalkit.study.media import avcc_nal_units
+
+    out = []
+    with av.open(io.BytesIO(data)) as c:
+        for p in c.demux(video=0):
+            for n in avcc_nal_units(bytes(p)) if p.size else []:
+                if n[0] & 0x1F in (1, 5):
+                    while n.endswith(b"\x00\x00\x03"):
+                        n = n[:-3]
+                    out.append(n)
+    return b"".join(out)
+
+
+def meta(data: bytes) -> bytes:
+    """Every byte of a file outside its coded picture data: the MP4 boxes before the frame data
+    and each frame's NAL unit lengths and headers (what a script learns without parsing
+    H.264 slices; parsing or decoding them compares the pictures, which is the raters' task)."""
+    from evalkit.study.media import avcc_nal_units
+
+    head = data[:data.index(b"mdat") + 4]
+    with av.open(io.BytesIO(data)) as c:
+        nals = [n for p in c.demux(video=0) if p.size for n in avcc_nal_units(bytes(p))]
+    return head + b"".join(len(n).to_bytes(4, "big") + n[:1] for n in nals)
 
 
 def chunks(data: bytes, k: int = 64) -> set[bytes]:
@@ -100,9 +133,9 @@ def assert_chance(hits: int, n: int, what: str):
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
 def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, protocol):
-    trials = collect(env["db"], env["sids"][protocol], raters=8)
+    trials = collect(env["db"], env["sids"][protocol], raters=4)
     tests = [t for t in trials if t["kind"] == "test"]
-    assert len(tests) >= 40
+    assert len(tests) == 64
     names = [n for t in trials for n in t["public"]["media"].values()]
     # names: unique per slot of every trial of every rater; carry no content hash
     assert len(names) == len(set(names))
@@ -114,7 +147,24 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
                    for b in t["bytes"].values()}
     assert not test_files & catch_files
     sides = ("A", "B") if protocol == "abx" else ("left", "right")
-    hits = Counter()
+    hits, tries, seen = Counter(), Counter(), set()
+
+    def guess(what, score, truth):
+        """An attacker's guess: the side with the higher score; a tie is no guess (a coin).
+        The same files compared again (another rater, another arrangement) give the same
+        guess: each distinct comparison counts once."""
+        key = (what, hashlib.sha256(b"".join(
+            hashlib.sha256(t["bytes"][s]).digest() for s in (truth, *sorted(set(sides) - {truth}),
+                                                          *(("X",) if "X" in t["bytes"] else ())))
+        ).hexdigest())
+        if key in seen:
+            return
+        seen.add(key)
+        a, b = (score(s) for s in sides)
+        if a != b:
+            tries[what] += 1
+            hits[what] += (sides[0] if a > b else sides[1]) == truth
+
     for t in trials:
         b = t["bytes"]
         # every video of a trial: the same length and the same per-frame sample sizes
@@ -122,23 +172,27 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
         assert len({tuple(sample_sizes(v)) for v in b.values()}) == 1
         if protocol == "abx":          # X is never the same bytes as either side
             assert b["X"] != b["A"] and b["X"] != b["B"]
+            # nor closer in bytes to its match than to the other side (test and catch trials):
+            # X's coded pictures share no run of bytes with its match's
+            cx = coded(b["X"])
+            guess("X's match from byte overlap", lambda s: overlap(cx, coded(b[s])), t["expected"])
+            guess("X's match from the container and NAL headers",
+                  lambda s: -abs(int.from_bytes(hashlib.sha256(meta(b["X"])).digest()[:4], "big")
+                                 - int.from_bytes(hashlib.sha256(meta(b[s])).digest()[:4], "big")),
+                  t["expected"])
+            guess("X's match from the name", lambda s: len(_common_prefix(
+                t["public"]["media"]["X"], t["public"]["media"][s])), t["expected"])
         if t["kind"] != "test":
             continue
-        # predictors of which side is backend b, and (ABX) which side matches X
+        # predictors of which side is backend b
         truth_b = next(s for s in sides if t["sources"][s] == "b")
-        names = t["public"]["media"]
-        hits["backend b from the larger name"] += max(sides, key=lambda s: names[s]) == truth_b
-        hits["backend b from the larger file"] += \
-            max(sides, key=lambda s: (len(b[s]), s == sides[1])) == truth_b
-        if protocol == "abx":
-            truth = t["expected"]
-            ov = {s: overlap(b["X"], b[s]) for s in sides}
-            guess = max(sides, key=lambda s: (ov[s], s == "B"))
-            hits["X's match from byte overlap"] += guess == truth
-            hits["X's match from the name"] += \
-                max(sides, key=lambda s: len(_common_prefix(names["X"], names[s]))) == truth
-    for what, k in hits.items():
-        assert_chance(k, len(tests), what)
+        guess("backend b from the larger name", lambda s: t["public"]["media"][s], truth_b)
+        guess("backend b from the larger file", lambda s: len(b[s]), truth_b)
+        guess("backend b from the container and NAL headers", lambda s: meta(b[s]), truth_b)
+    for what, n in tries.items():
+        assert_chance(hits[what], n, what)
+    # names are random: that predictor always guesses (once per distinct pair of files)
+    assert tries["backend b from the larger name"] >= 16
 
 
 def _common_prefix(a: str, b: str) -> str:

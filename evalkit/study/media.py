@@ -8,7 +8,7 @@ smaller, per frame too: a script can read ``stsz``), and that two encodes of the
 the same bytes.
 
 Matched sets (:func:`store_matched_set`), for trials whose clips must not be told apart by
-anything but watching them (ABX):
+their files (ABX):
 
 - **Equal lengths, equal layout.** Every file of a set has the same length and the same bytes
   before the frame data (``ftyp``, ``moov``: the same sample table, sample sizes, key frames,
@@ -16,17 +16,32 @@ anything but watching them (ABX):
   is padded up to the largest of the set with an H.264 filler-data NAL unit (type 12), which
   decoders skip: the decoded pixels are exactly those of the unpadded encode.
 - **No shared bytes between variants.** An item is ``(frames, variant)``; variant 0 is the
-  primary encoding, variants 1 and 2 are encodings of the same quality class whose bitstreams
-  are unrelated, byte for byte, to variant 0's (and to each other's), so an X that is a second
-  copy of A or B shares no bytes with it. Their SPS/PPS are byte-identical, checked.
+  primary encoding, variants 1 and 2 are encodings of the same quality class whose coded
+  frames are unrelated, byte for byte, to variant 0's (and to each other's) from the slice
+  header's ``cabac_init_idc`` or QP on, so an X that is a second copy of A or B shares no run of
+  bytes with it beyond the first few bytes of each slice header (:data:`VARIANT_X264` says
+  how). Their SPS/PPS are byte-identical, checked.
 - **No labels.** x264's SEI (its options string, which would name the variant) is removed;
   no encoder string, date or other metadata that differs between files.
+- **Reproducible.** The same set gives the same files (on one kind of CPU: x264's SIMD code is
+  not bit-exact with its C code).
 
-What a matched set does not hide: a script that parses the NAL units inside each sample can
-measure the filler and so recover each frame's unpadded size. The set hides sizes from the
-container level (file length, ``stsz``, byte ranges a player fetches), not from an H.264 parser.
-Every file of a set also costs the sum of the per-frame maxima (a few % over the largest item's
-own encode; the smallest item grows by the size gap, e.g. +20..35% for a blurred backend).
+- **Nothing outside the coded picture data depends on the content.** Padding does not just
+  append: each frame's slice grows by ``cabac_zero_word`` units to the set's common size and a
+  6-8 byte filler unit takes the rest, so the NAL length fields say only the coded size modulo
+  3 (a plain filler unit would leave the slice's own length, i.e. its coded size, in the 4
+  bytes before it: a byte-wise comparison of two files then told the larger coded frame, the
+  sharper backend, 48 times in 48). Constant QP and no weighted prediction keep the slice
+  headers free of fields chosen from the content (:data:`MATCHED_X264`).
+
+What remains is the coded picture data itself: a script that parses or decodes the H.264
+slices (finding where the CABAC data ends, or comparing decoded pixels) compares the videos'
+content, which is the task raters are asked to do; no encoding of different pictures can hide
+that they differ.
+
+Cost: every file of a set is as long as the sum of the per-frame maxima over the set, 2..6%
+over its largest item's own encode in the tests; the smallest item grows by the size gap
+(+30% at 96x64, +70% at 640x360 for a blurred backend against a sharp one).
 """
 from __future__ import annotations
 
@@ -34,6 +49,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,29 +58,48 @@ import numpy as np
 from ..fsutil import sha256_file
 from ..video import BROWSER_ENCODING, BrowserEncoding, read_frames, write_browser
 
-#: x264's quantiser deadzones (``deadzone-inter``, ``deadzone-intra``; defaults 21 and 11; larger
-#: rounds more small coefficients down) of the alternate encodings of a matched set. Why this
-#: option: at our preset (``veryfast``: trellis off, so x264 uses them) the deadzones decide, in
-#: every block of every frame, intra and inter, whether a coefficient near a quantisation
-#: threshold rounds up or down; moving them flips some such coefficients in the first
-#: macroblocks of a frame, and CABAC then codes all the rest of the frame differently. Measured
-#: on 24-frame clips, the share of one variant's 64-byte runs found anywhere in another's: under
-#: 1% on textured, panned or noisy clips, up to 5% on a pure synthetic gradient (frames with next
-#: to no residual, e.g. all-skip frames of a static clip, can still coincide). They are not
-#: coded in the SPS/PPS (unlike ``cqm``, ``8x8dct``, ``weightp``, or the chroma QP offset that
-#: ``psy-rd`` below 0.25 moves), and they keep the quality class: at CRF 12, size -2..+3% and
-#: PSNR within 0.15 dB on textured clips (up to +9% size on flat noise). Rejected: ``psy-rd``,
-#: ``no-fast-pskip`` (no effect at ``veryfast``: the same bytes), ``subme`` 3 (on some clips
-#: the same bytes), ``aq-strength`` (no effect on flat areas: all bytes shared on a smooth gradient), ``crf`` (below 12 it moves
-#: ``pic_init_qp`` in the PPS; 12.3 shares all bytes on a smooth gradient, whose frame QP still
-#: rounds to 12). Variant 1 rounds finer (18, 9); variant 2 coarser inter, finer intra (23, 7),
-#: so 1 and 2 also differ from each other. x264 ignores deadzones with trellis quantisation
-#: (presets ``medium`` and slower): :func:`store_matched_set` reads x264's options string and
-#: refuses a set whose variants did not get them.
-VARIANT_DEADZONES: dict[int, tuple[int, int] | None] = {0: None, 1: (18, 9), 2: (23, 7)}
-#: x264 threads of matched sets: fixed, since x264's output depends on its thread count (with
-#: ``threads`` left to auto, the bytes would depend on the machine's core count).
-MATCHED_THREADS = 1
+#: x264 settings of every clip of a matched set, on top of :data:`BROWSER_ENCODING`:
+#: ``scenecut=0``: key frames exactly every 12th frame (BROWSER_ENCODING may add one at a scene
+#: cut, at a frame that differs between clips; the files of a set must share their key frames).
+#: ``no-mbtree=1``: x264's MB-tree code on AVX-512 CPUs reads memory it never wrote for some
+#: frame widths (seen at 64, 96, 160, 720 and 848 px, not at 128, 192, 640 or 1280): the same
+#: frames then encode to different bytes from run to run (about 1 encode in 100 to 700 here),
+#: which would break content addressing (limiting x264 to AVX2, ``asm=AVX2``, also cures it,
+#: but would need a CPU check: x264 does not check flags it is given). Without MB-tree, CRF 12
+#: spends more bits, for equal or slightly higher PSNR: +1.5..3% on 640x360 moving texture,
+#: +67% (+0.5 dB) on a 512x384 panned photo, +35..75% on 96x64 test clips. ``threads=1``:
+#: x264's output depends on its thread count (auto: the number of cores);
+#: :func:`store_matched_set` runs the items' encodes side by side instead.
+#: ``qp=12`` (constant QP instead of CRF 12) and ``weightp=0``: a slice header then carries no
+#: field chosen from the content (CRF moves each frame's QP with its complexity, weighted
+#: prediction writes weights from the content), so a script reading slice headers learns nothing.
+MATCHED_X264 = "scenecut=0:no-mbtree=1:qp=12:weightp=0"
+#: x264 settings of the alternate encodings (variants 1 and 2; variant 0 has none), chosen so
+#: that no part of a coded frame matches variant 0's, while the SPS/PPS (``avcC``) stay the same
+#: (none of these is coded there) and the quality stays that of QP 12:
+#:
+#: - ``cabac-idc``: the CABAC context tables of P slices (``cabac_init_idc`` in each slice
+#:   header; x264 always uses 0): the arithmetic coder starts from other probabilities, so P
+#:   frames' bytes diverge right after the slice header, whatever the content.
+#: - ``ipratio``: I frames at one QP lower (variant 1) or higher (variant 2) than the default
+#:   1.4 gives (1.4 * 2**(+-1/6)); the CABAC tables of I slices depend only on the slice QP.
+#: - ``deadzone-inter``/``deadzone-intra`` (defaults 21, 11): with trellis off (``veryfast``) they
+#:   decide whether coefficients near a quantisation threshold round up or down, in every block,
+#:   so the coded residuals differ too (alone they leave the first bytes of each frame shared:
+#:   same slice header, same first macroblocks).
+#:
+#: Measured on 24-frame clips (textured, blurred, panned photo, flat noise, gradients), the share
+#: of an alternate's 64-byte runs found anywhere in variant 0's: 0-0.1%; up to 3.6% on a pure
+#: synthetic gradient, whose I frames can come out identical (almost no residual, and its I QP
+#: did not move). Against variant 0: size -3..+6% (up to +14% on gradients), PSNR within 0.2 dB.
+#: Rejected: ``psy-rd``, ``no-fast-pskip``, ``subme`` 3 (no effect at ``veryfast``: the same
+#: bytes), ``aq-strength`` (no effect on flat areas), ``crf`` (below 12 it moves
+#: ``pic_init_qp`` in the PPS; 12.x leaves most frames' QP as is).
+VARIANT_X264: dict[int, dict[str, str]] = {
+    0: {},
+    1: {"deadzone-inter": "18", "deadzone-intra": "9", "cabac-idc": "1", "ipratio": "1.5714"},
+    2: {"deadzone-inter": "23", "deadzone-intra": "7", "cabac-idc": "2", "ipratio": "1.2473"},
+}
 #: A filler-data NAL unit in an MP4 sample: 4-byte length, header 0x0C (nal_ref_idc 0, type
 #: 12), ``0xFF`` payload bytes, the rbsp trailing byte 0x80. At least 6 bytes.
 _FILLER_MIN = 6
@@ -72,27 +107,22 @@ _NAL_SEI = 6
 
 
 def matched_encoding(variant: int) -> BrowserEncoding:
-    """The encoding of ``variant`` (0, 1, 2) in a matched set: :data:`BROWSER_ENCODING` (CRF 12,
-    ``veryfast``, GOP 12, no B-frames, High profile) plus ``scenecut=0`` (key frames only every
-    12th frame, so every clip of a set has them at the same frames; BROWSER_ENCODING alone may
-    add one at a scene cut, which would differ between clips) and a fixed thread count; variants
-    1 and 2 also move x264's deadzones (:data:`VARIANT_DEADZONES`)."""
-    if variant not in VARIANT_DEADZONES:
+    """The encoding of ``variant`` (0, 1, 2) in a matched set: :data:`BROWSER_ENCODING`
+    (``veryfast``, GOP 12, no B-frames, High profile) with :data:`MATCHED_X264` (constant QP 12
+    instead of CRF 12) and one x264 thread; variants 1 and 2 add :data:`VARIANT_X264`."""
+    if isinstance(variant, bool) or variant not in VARIANT_X264:
         raise ValueError(f"variant: expected 0, 1 or 2, found {variant!r}")
-    params = ["scenecut=0"]
-    dz = VARIANT_DEADZONES[variant]
-    if dz is not None:
-        params.append(f"deadzone-inter={dz[0]}:deadzone-intra={dz[1]}")
-    return replace(BROWSER_ENCODING, options={**BROWSER_ENCODING.options,
-                                              "threads": str(MATCHED_THREADS),
-                                              "x264-params": ":".join(params)})
+    params = ":".join([MATCHED_X264] + [f"{k}={v}" for k, v in VARIANT_X264[variant].items()])
+    return replace(BROWSER_ENCODING, options={**BROWSER_ENCODING.options, "threads": "1",
+                                              "x264-params": params})
 
 
 def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
     """Encode ``frames`` as a browser copy into ``media_dir``; return its sha256 (file name
-    ``<sha256>.mp4``). Writing the same frames twice on one machine gives the same file (x264's
-    output depends on its thread count, which :data:`BROWSER_ENCODING` leaves to the number of
-    cores; matched sets fix it)."""
+    ``<sha256>.mp4``). Writing the same frames twice usually gives the same file, not always:
+    x264's output depends on its thread count, which :data:`BROWSER_ENCODING` leaves to the
+    number of cores, and on AVX-512 CPUs its MB-tree code makes some frame widths encode
+    differently now and then (see :data:`MATCHED_X264`; matched sets avoid both)."""
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
@@ -152,7 +182,7 @@ def _check_items(items) -> list[tuple[np.ndarray, int]]:
         if frames.shape[0] == 0:
             raise ValueError(f"items[{k}]: frames: expected at least one frame, found none")
         if isinstance(variant, bool) or not isinstance(variant, (int, np.integer)) \
-                or int(variant) not in VARIANT_DEADZONES:
+                or int(variant) not in VARIANT_X264:
             raise ValueError(f"items[{k}]: variant: expected 0, 1 or 2, found {variant!r}")
         out.append((frames, int(variant)))
     t0, h0, w0 = out[0][0].shape[:3]
@@ -186,12 +216,61 @@ def _filler(size: int) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def _pad_target(sizes: list[int]) -> int:
-    """The smallest size >= max(sizes) that every size reaches exactly or with >= 6 bytes."""
-    target = max(sizes)
-    while any(0 < target - s < _FILLER_MIN for s in sizes):
-        target += 1
-    return target
+def _pad_target(sizes: list[int], salt: bytes = b"") -> int:
+    """The frame size every item of a set is padded to: room for the smallest filler unit on
+    top of the largest (every sample gets one, see :func:`_pad_sample`), plus 0, 1 or 2 bytes
+    drawn from ``salt`` (a hash of the frame's coded samples). Without the draw the largest
+    frame would always get the 6-byte filler unit and so the longest slice: the draw makes the
+    filler sizes, and so which file has the longest slice, unrelated to which frame is largest."""
+    import hashlib
+
+    return max(sizes) + _FILLER_MIN + hashlib.sha256(salt).digest()[0] % 3
+
+
+_VCL = (1, 5)                 # coded slice NAL unit types (non-IDR, IDR)
+_CABAC_ZERO_WORD = b"\x00\x00\x03"   # cabac_zero_word 0x0000 with its emulation prevention byte
+
+
+def _pad_sample(sample: bytes, target: int) -> bytes:
+    """``sample`` padded to exactly ``target`` bytes (``target - len(sample) >= 6``) so that its
+    NAL lengths say nothing about the coded size: the last slice NAL unit grows by
+    ``cabac_zero_word`` units (H.264 7.3.2.10, ``rbsp_slice_trailing_bits``: CABAC slices may end
+    with any number of them; decoders stop at ``end_of_slice_flag``), and a filler-data NAL unit
+    of 6, 7 or 8 bytes takes the remainder. A frame's slice length is then ``target`` less 10,
+    11 or 12 bytes: it tells only the coded size modulo 3, not the size."""
+    gap = target - len(sample)
+    if gap < _FILLER_MIN:
+        raise ValueError(f"padding: gap of {gap} bytes is below {_FILLER_MIN}")
+    f = _FILLER_MIN + gap % 3
+    words = (gap - f) // 3
+    nals = avcc_nal_units(sample)
+    last = max((i for i, n in enumerate(nals) if n[0] & 0x1F in _VCL), default=None)
+    if last is None:
+        raise ValueError("padding: sample has no coded slice")
+    nals[last] = nals[last] + _CABAC_ZERO_WORD * words
+    out = b"".join(len(n).to_bytes(4, "big") + n for n in nals) + _filler(f)
+    assert len(out) == target
+    return out
+
+
+def _uses_cabac(extradata: bytes) -> bool:
+    """Whether the PPS in an ``avcC`` selects CABAC (``entropy_coding_mode_flag``)."""
+    n_sps = extradata[5] & 0x1F
+    i = 6
+    for _ in range(n_sps):
+        i += 2 + int.from_bytes(extradata[i:i + 2], "big")
+    i += 1                                   # numOfPictureParameterSets
+    length = int.from_bytes(extradata[i:i + 2], "big")
+    pps = extradata[i + 3:i + 2 + length]    # after the NAL header byte
+    bits = "".join(f"{b:08b}" for b in pps[:8])
+    pos = 0
+    for _ in range(2):                       # pic_parameter_set_id, seq_parameter_set_id: ue(v)
+        zeros = 0
+        while bits[pos] == "0":
+            zeros += 1
+            pos += 1
+        pos += zeros + 1
+    return bits[pos] == "1"
 
 
 def _x264_options(sei: bytes) -> str | None:
@@ -219,14 +298,18 @@ def _demux(path: Path, variant: int) -> dict:
             timing.append((pkt.pts, pkt.dts, pkt.duration, bool(pkt.is_keyframe)))
     if len(extradata) < 7 or extradata[0] != 1 or extradata[4] & 3 != 3:
         raise RuntimeError(f"{path.name}: expected an avcC with 4-byte NAL lengths")
-    dz = VARIANT_DEADZONES[variant]
-    if dz is not None:
-        # The alternate bitstreams differ from variant 0 only if x264 applies the deadzones
-        # (it ignores them with trellis quantisation, e.g. at slower presets): check what it says.
-        want = f"deadzone={dz[0]},{dz[1]}"
-        if options is None or want not in options.split() or "trellis=0" not in options.split():
-            raise RuntimeError(f"variant {variant}: x264 did not apply {want} (its options: "
-                               f"{options!r}); the variants would share bytes")
+    # x264 says in its options string which settings it applied: it ignores the deadzones with
+    # trellis quantisation (``medium`` and slower presets), and without them or MB-tree off a set
+    # would share bytes or not be reproducible. Check, rather than trust the preset.
+    said = set((options or "").split())
+    want = {"mbtree=0", "scenecut=0", "threads=1", "rc=cqp", "weightp=0"}
+    x = VARIANT_X264[variant]
+    if x:
+        want |= {"trellis=0", f"deadzone={x['deadzone-inter']},{x['deadzone-intra']}",
+                 f"ip_ratio={float(x['ipratio']):.2f}"}
+    if want - said:
+        raise RuntimeError(f"variant {variant}: x264 did not apply {sorted(want - said)} "
+                           f"(its options: {options!r})")
     return {"extradata": extradata, "samples": samples, "timing": timing}
 
 
@@ -275,30 +358,43 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
     ``frames``: ``(T, H, W, 3)`` uint8 RGB, the same T, H and W for every item (else
     ``ValueError`` naming what differs); odd sizes are padded to even like :func:`write_browser`.
     ``variant``: 0 is the primary encoding, 1 and 2 are alternates of the same quality whose
-    bytes are unrelated to variant 0's (see :func:`matched_encoding`: all variants, 0 included,
-    use ``scenecut=0`` and a fixed thread count, so variant 0 here is *not* the same bytes as
-    :func:`store_browser_copy` of the same frames, and key frames are every 12th frame in every
-    clip of the set).
+    bytes are unrelated to variant 0's (:func:`matched_encoding`). Variant 0 is
+    :data:`BROWSER_ENCODING` (``veryfast``, GOP 12, no B-frames, High profile) with these
+    changes, made for every item of every set (:data:`MATCHED_X264`): constant QP 12 instead of
+    CRF 12 and no weighted prediction (no slice header field chosen from the content), no
+    scene-cut key frames (key frames are frames 0, 12, 24, ... in every clip), MB-tree off and
+    one x264 thread (for reproducible bytes). So variant 0 is *not* the same file as
+    :func:`store_browser_copy` of the same frames, and is somewhat larger.
 
     Each item is encoded once, unpadded; x264's SEI is dropped; then frame ``i`` of every item
-    is padded with a filler NAL unit to the largest frame ``i`` of the set (a little more when a
-    gap would be under the 6 bytes of the smallest filler unit), and the samples are muxed with
+    is padded to the largest frame ``i`` of the set plus 6 bytes (:func:`_pad_sample`:
+    ``cabac_zero_word`` units in the slice, then a filler NAL unit), and the samples are muxed with
     the same time stamps, key-frame flags and ``avcC``. Decoding gives exactly the frames of the
     unpadded encode. The same set (same items, same order, same fps) gives the same files. The
     padding depends on the whole set: an item stored in two different sets gives two files.
-    Raises ``RuntimeError`` if the encodes of the set do not share SPS/PPS, time stamps or key
-    frames, or if the files would still differ in length or layout (never expected)."""
+    Every file is written to a temporary name in ``media_dir``, then renamed.
+
+    Raises ``RuntimeError`` if x264 did not apply the settings (e.g. a slower preset in
+    BROWSER_ENCODING, whose trellis quantisation ignores the deadzones), if the encodes of the
+    set do not share SPS/PPS, time stamps or key frames, or if the files would still differ in
+    length or layout (never expected)."""
     import av
 
     items = _check_items(items)
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="evalkit-matched-") as d:
-        encodes = []
-        for k, (frames, variant) in enumerate(items):
+        def encode(k: int) -> dict:
+            frames, variant = items[k]
             path = Path(d) / f"{k}.mp4"
             write_browser(path, frames, fps, matched_encoding(variant))
-            encodes.append(_demux(path, variant))
+            return _demux(path, variant)
+
+        # one x264 thread per encode (reproducible bytes), the items side by side (PyAV lets go
+        # of the GIL while encoding)
+        workers = max(1, min(len(items), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            encodes = list(pool.map(encode, range(len(items))))
         first = encodes[0]
         for k, e in enumerate(encodes[1:], 1):
             if e["extradata"] != first["extradata"]:
@@ -307,14 +403,16 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
             if e["timing"] != first["timing"]:
                 raise RuntimeError(f"items[{k}]: time stamps or key frames differ from "
                                    "items[0]'s")
+        if not _uses_cabac(first["extradata"]):
+            raise RuntimeError("matched sets need CABAC (High profile): the padding of slices "
+                               "with cabac_zero_words is CABAC syntax")
         n = len(first["samples"])
         padded = [[] for _ in encodes]
         for i in range(n):
             sizes = [len(e["samples"][i]) for e in encodes]
-            target = _pad_target(sizes)
+            target = _pad_target(sizes, b"".join(e["samples"][i] for e in encodes))
             for k, e in enumerate(encodes):
-                gap = target - sizes[k]
-                padded[k].append(e["samples"][i] + (_filler(gap) if gap else b""))
+                padded[k].append(_pad_sample(e["samples"][i], target))
 
         with av.open(str(Path(d) / "0.mp4")) as template_file:
             template = template_file.streams.video[0]
