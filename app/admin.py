@@ -12,11 +12,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
-from sqlalchemy import func, select  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
-from evalkit.study import store  # noqa: E402
 from evalkit.study.text import results_lines  # noqa: E402
 
 STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials",
@@ -24,23 +22,8 @@ STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "rati
 
 
 def studies_table(db) -> pd.DataFrame:
-    """One row per study with live counts (raters invited, ratings stored, trials assigned)."""
-    d = store.open_db(db)
-    s, c, r, ra, t = store.studies, store.clips, store.raters, store.ratings, store.trials
-
-    def count(tbl):
-        return (select(tbl.c.study_id, func.count().label("n")).group_by(tbl.c.study_id)
-                .subquery())
-    with d.engine.connect() as conn:
-        n = {name: dict(conn.execute(select(q.c.study_id, q.c.n)).all())
-             for name, q in (("clips", count(c)), ("raters", count(r)), ("ratings", count(ra)),
-                             ("trials", count(t)))}
-        rows = conn.execute(select(s.c.id, s.c.protocol, s.c.raters_planned, s.c.created)
-                            .order_by(s.c.id)).all()
-    return pd.DataFrame([{"study": i, "protocol": p, "clips": n["clips"].get(i, 0),
-                          "raters": n["raters"].get(i, 0), "raters_planned": rp,
-                          "ratings": n["ratings"].get(i, 0), "trials": n["trials"].get(i, 0),
-                          "created": str(cr)} for i, p, rp, cr in rows], columns=STUDY_COLUMNS)
+    """One row per study with live counts (:func:`evalkit.study.list_studies`)."""
+    return pd.DataFrame(study.list_studies(db), columns=STUDY_COLUMNS)
 
 
 def verdict_markdown(res: dict) -> str:

@@ -154,7 +154,11 @@ def warp_error(out: np.ndarray, flows) -> float:
 def photo_views(size: int = 256) -> dict[str, np.ndarray]:
     import cv2
 
-    from evalkit.canary.train import find_photo, load_rgb
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("canary_train", REPO / "tools" / "canary_train.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    find_photo, load_rgb = tool.find_photo, tool.load_rgb
 
     views = {}
     for name, module, rel in HELD_OUT:

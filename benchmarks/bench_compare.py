@@ -33,9 +33,9 @@ def main() -> int:
 
     from metrics.stream import PairEvaluator, stream_pair
 
-    from evalkit.compare import compare_runs, pair_jobs
-    from evalkit.render import render_suite
-    from evalkit.runs import RunDir
+    from evalkit.compare.pairing import compare_runs, pair_jobs
+    from evalkit.render.driver import render_suite
+    from evalkit.formats.run import RunDir
     from evalkit.video import ClipReader
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,7 +68,7 @@ class Timed:
 
 
 def one_run(suite, backend, renderer, options, executor) -> dict:
-    from evalkit.render import render_suite
+    from evalkit.render.driver import render_suite
 
     timed = Timed(executor)
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,8 +85,8 @@ def one_run(suite, backend, renderer, options, executor) -> dict:
 
 def manifest_save_seconds(n: int) -> float:
     """One atomic manifest save of a run with n jobs (the driver does one per finished job)."""
-    from evalkit.runs import RunDir
-    from evalkit.suite import Job
+    from evalkit.formats.run import RunDir
+    from evalkit.formats.suite import Job
 
     class FakeSuite:
         name = "bench"
@@ -123,8 +123,8 @@ def driver_write_seconds(n: int) -> float:
     manifest save itself is deferred, see manifest_save_seconds)."""
     import numpy as np
 
-    from evalkit.runs import RunDir
-    from evalkit.suite import Job
+    from evalkit.formats.run import RunDir
+    from evalkit.formats.suite import Job
     from evalkit.video import read_frames, write_browser, write_lossless
 
     frames, fps = read_frames(ROOT / "datasets" / "canary" / "clips" /
@@ -175,8 +175,8 @@ def main() -> int:
 
     import torch
 
-    from evalkit.ray_executor import RayExecutor, import_ray
-    from evalkit.render import LocalExecutor
+    from evalkit.render.ray import RayExecutor, import_ray
+    from evalkit.render.driver import LocalExecutor
 
     threads = torch.get_num_threads()
     tmpdir = Path(tempfile.mkdtemp(prefix="bench-ray-"))

@@ -39,10 +39,10 @@ def main() -> int:
 
     import torch
 
-    from evalkit.backend import apply_backend, parse_spec
-    from evalkit.render import LocalExecutor, SourceCache, check_output, render_suite, select_jobs
-    from evalkit.renderers import RenderRequest, get_renderer
-    from evalkit.suite import load_suite
+    from evalkit.render.backend import apply_backend, parse_spec
+    from evalkit.render.driver import LocalExecutor, SourceCache, check_output, render_suite, select_jobs
+    from evalkit.render.renderers import RenderRequest, get_renderer
+    from evalkit.formats.suite import load_suite
 
     options = {}
     if a.model:
@@ -61,7 +61,7 @@ def main() -> int:
         def run(self, rend, task, sources, progress):
             with apply_backend(task.spec) as runtime:
                 for job in task.jobs:
-                    yield self._one(rend, runtime, job, sources, task.seed_offset, progress)
+                    yield self.render_job(rend, runtime, job, sources, task.seed_offset, progress)
 
     with apply_backend(spec) as runtime:
         renderer.load(runtime)

@@ -9,7 +9,7 @@
 #
 # Run from the repository root (the repo need not be installed: PYTHONPATH=.). Needs, besides the
 # tracked files:
-#   .canary_data/photos.npz              training photographs (python evalkit/canary/train.py pack;
+#   .canary_data/photos.npz              training photographs (python tools/canary_train.py pack;
 #                                        gradio/matplotlib ship some of them, so pack where they are)
 #   .canary_data/lpips_alex.safetensors  LPIPS-alex weights (copy of ~/.cache/evalkit/lpips/v0.1/
 #                                        alex.safetensors); found through $CANARY_LPIPS_WEIGHTS
@@ -73,7 +73,7 @@ cp -r models/canary/vae "$BASE/vae"
 
 say "training: decoder ${AE_SECONDS}s, denoiser ${UNET_SECONDS}s on $DEV"
 timeout $(( ${AE_SECONDS%.*} + ${UNET_SECONDS%.*} + ${TRAIN_MARGIN:-120} )) \
-  $PY evalkit/canary/train.py train --photos .canary_data/photos.npz --out "$MODEL_OUT" \
+  $PY tools/canary_train.py train --photos .canary_data/photos.npz --out "$MODEL_OUT" \
     --reuse-vae "$BASE" --lpips-weights "$CANARY_LPIPS_WEIGHTS" --device "$DEV" \
     --ae-seconds "$AE_SECONDS" --seconds "$UNET_SECONDS" --workers "${WORKERS:-13}" \
     --batch "${BATCH:-128}" --ae-batch "${AE_BATCH:-64}" --min-items "${MIN_ITEMS:-1500}" \

@@ -3,9 +3,9 @@
 Public surface (see the README for the command line):
 
 - :mod:`evalkit.video`: read clips as uint8 RGB frames, write lossless and browser copies
-- :mod:`evalkit.suite`: suite YAML files to jobs with stable ids
-- :mod:`evalkit.runs`: run folders (manifest.json, clips/, preview/), atomic and resumable
-- :mod:`evalkit.backend`: environment fingerprint and the backends usable here
+- :mod:`evalkit.formats.suite`: suite YAML files to jobs with stable ids
+- :mod:`evalkit.formats.run`: run folders (manifest.json, clips/, preview/), atomic and resumable
+- :mod:`evalkit.render.backend`: environment fingerprint and the backends usable here
 - :mod:`evalkit.errors`: the exception hierarchy (user errors exit with code 2)
 """
 from .errors import (

@@ -31,7 +31,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .backend import environment_info
+    from evalkit.render.backend import environment_info
 
     info = environment_info()
     if args.json:
@@ -60,7 +60,7 @@ def cmd_probe(args) -> int:
 
 
 def cmd_suite_validate(args) -> int:
-    from .suite import load_suite
+    from evalkit.formats.suite import load_suite
 
     suite = load_suite(args.path, check_clips=True)
     print(f"{args.path}: ok: suite '{suite.name}', {len(suite.clips)} clips, {len(suite.jobs)} jobs")
@@ -72,7 +72,7 @@ def cmd_suite_validate(args) -> int:
 
 
 def cmd_suite_preview(args) -> int:
-    from .suite import load_suite, write_previews
+    from evalkit.formats.suite import load_suite, write_previews
 
     suite = load_suite(args.path)
     written = write_previews(suite, args.out, progress=not args.quiet)
@@ -81,7 +81,7 @@ def cmd_suite_preview(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from .metrics_cmd import compare_clips, format_text
+    from evalkit.compare.clips import compare_clips, format_text
 
     result = compare_clips(
         args.a, args.b, device=args.device, net=args.net, chunk=args.chunk, align=args.align,
@@ -115,7 +115,7 @@ def _executor(args):
             if value is not None:
                 raise UserError(f"{flag}: only with --executor ray")
         return None
-    from .ray_executor import RayExecutor, import_ray
+    from evalkit.render.ray import RayExecutor, import_ray
 
     import_ray(local=args.ray_address is None)  # a missing Ray fails here, in one line
     kw = {}
@@ -127,7 +127,7 @@ def _executor(args):
 
 
 def cmd_render(args) -> int:
-    from .render import render_suite
+    from evalkit.render.driver import render_suite
 
     executor = _executor(args)
     try:
@@ -149,7 +149,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare_runs
+    from evalkit.compare.pairing import compare_runs
 
     options = {}
     if args.no_temporal:

@@ -37,11 +37,11 @@ def run(argv=None) -> int:
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--no-serve", action="store_true", help="stop after creating the study")
     a = p.parse_args(argv)
-    from .backend import parse_spec
-    from .render import run_dir_name
+    from evalkit.render.backend import parse_spec
+    from evalkit.render.driver import run_dir_name
 
-    from .renderers.canary import MODEL_DIR
-    from .renderers.diffusers import model_digest
+    from evalkit.render.renderers.canary import MODEL_DIR
+    from evalkit.render.renderers.diffusers import model_digest
 
     spec_a, spec_b = backends()
     # one runs folder per version of the shipped weights: a rerun resumes, a new model renders anew

@@ -22,7 +22,7 @@ evaluate_pair, json_safe.
 """
 from ._errors import MetricInputError, MetricsError, WeightsUnavailable
 
-# The public surface is imported lazily so that ``import metrics`` (or metrics._weights, which
+# The public surface is imported lazily so that ``import metrics`` (or metrics.weights, which
 # ``evalkit setup`` uses) does not pull torch in until a metric is used.
 _LAZY = {
     "default_device": "._common",

@@ -119,11 +119,11 @@ def ssim(a, b, *, channel: str = "luma", round_luma: bool = True, win_size: int 
     if not sigma > 0:
         raise MetricInputError(f"sigma: expected a positive number, found {sigma!r}")
     a, b = check_pair(a, b)
-    return _ssim(a, b, channel=channel, round_luma=round_luma, win_size=win_size, sigma=sigma,
+    return ssim_kernel(a, b, channel=channel, round_luma=round_luma, win_size=win_size, sigma=sigma,
                  data_range=data_range, k1=k1, k2=k2)
 
 
-def _ssim(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sigma=SSIM_SIGMA,
+def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sigma=SSIM_SIGMA,
           data_range=None, k1=SSIM_K1, k2=SSIM_K2, lumas=None) -> torch.Tensor:
     """:func:`ssim` on already checked inputs (``lumas``: their luma planes, if already made)."""
     if a.shape[2] < win_size or a.shape[3] < win_size:
@@ -151,10 +151,10 @@ def _ssim(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sigma=SSI
 def mse(a, b) -> torch.Tensor:
     """Per-frame mean squared error over all RGB values, in squared input units, float64 ``(N,)``."""
     a, b = check_pair(a, b)
-    return _mse(a, b)
+    return mse_kernel(a, b)
 
 
-def _mse(a, b) -> torch.Tensor:
+def mse_kernel(a, b) -> torch.Tensor:
     with precise():
         if a.dtype == torch.uint8 and b.dtype == torch.uint8:
             d = a.to(torch.int32) - b.to(torch.int32)
@@ -176,7 +176,7 @@ def psnr(a, b, *, data_range: float | None = None) -> torch.Tensor:
 
 
 def _psnr(a, b, *, data_range=None) -> torch.Tensor:
-    e = _mse(a, b)
+    e = mse_kernel(a, b)
     if a.dtype == torch.uint8 and b.dtype == torch.uint8:
         peak = PEAK8 if data_range is None else float(data_range)
     else:  # compared in [0, 1] units
@@ -200,10 +200,10 @@ def exactness(a, b) -> dict[str, torch.Tensor]:
     differs at all (exact comparison). A bit-identical pair has 0 and 0.
     """
     a, b = check_pair(a, b)
-    return _exactness(a, b)
+    return exactness_kernel(a, b)
 
 
-def _exactness(a, b) -> dict[str, torch.Tensor]:
+def exactness_kernel(a, b) -> dict[str, torch.Tensor]:
     with precise():
         n = a.shape[0]
         if a.dtype == torch.uint8 and b.dtype == torch.uint8:

@@ -148,7 +148,7 @@ def optical_flow(src, dst, *, method: str = "dis", preset: str = DEFAULT_PRESET,
     return to_tensor_flow(flows_u8(list(zip(gs, gd)), method, preset, scale), src.device)
 
 
-def _grid(flow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flow_grid(flow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, _, h, w = flow.shape
     ys = torch.arange(h, device=flow.device, dtype=torch.float32).view(1, h, 1)
     xs = torch.arange(w, device=flow.device, dtype=torch.float32).view(1, 1, w)
@@ -166,7 +166,7 @@ def warp(img: torch.Tensor, flow: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ``img`` (N, C, H, W) float, ``flow`` (N, 2, H, W). Returns ``(warped, inside)`` where
     ``inside`` (N, H, W) bool marks pixels whose source lies inside the frame.
     """
-    grid, inside, _ = _grid(flow)
+    grid, inside, _ = flow_grid(flow)
     out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=True)
     return out, inside
 

@@ -9,7 +9,7 @@ to [-1, 1], i.e. ``normalize=True``) to float32 rounding. The network is rebuilt
 the trunk features of a frame can be computed once and reused: LPIPS(a_t, b_t) and the tLP
 terms LPIPS(a_t, a_t-1), LPIPS(b_t, b_t-1) need only one trunk pass per frame.
 
-Weights come from the evalkit cache (:mod:`metrics._weights`); nothing is ever downloaded.
+Weights come from the evalkit cache (:mod:`metrics.weights`); nothing is ever downloaded.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from ._common import check_pair, precise, to_unit
 from ._errors import MetricInputError
-from ._weights import NETS, load_state_dict
+from .weights import NETS, load_state_dict
 
 # ScalingLayer of lpips v0.1 (lpips/lpips.py): ImageNet mean/std expressed for [-1, 1] inputs.
 _SHIFT = (-0.030, -0.088, -0.188)
@@ -111,7 +111,7 @@ class LPIPS(nn.Module):
         missing = [m for m in missing if m not in ("shift", "scale")]
         if missing or unexpected:
             from ._errors import WeightsUnavailable
-            from ._weights import SETUP_COMMAND
+            from .weights import SETUP_COMMAND
 
             raise WeightsUnavailable(f"LPIPS {self.net_name} weights: keys do not match "
                                      f"(missing {missing[:3]}, unexpected {unexpected[:3]}); run {SETUP_COMMAND}")

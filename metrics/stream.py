@@ -34,11 +34,11 @@ import torch
 
 from ._common import PEAK8, as_frames, luma, precise, resolve_device
 from ._errors import MetricInputError
-from .fidelity import (SSIM_CHANNELS, _exactness, _mse, _ssim, psnr_convention, psnr_from_mse,
+from .fidelity import (SSIM_CHANNELS, exactness_kernel, mse_kernel, ssim_kernel, psnr_convention, psnr_from_mse,
                        ssim_convention)
 from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, flow_into
 from .perceptual import get_model
-from .temporal import (FLICKER_BLOCK, _check_block, lowpass_luma, tof_from_flows,
+from .temporal import (FLICKER_BLOCK, check_block, lowpass_luma, tof_from_flows,
                        warping_error_from_flows)
 
 ALIGN_MODES = ("error", "shortest")
@@ -226,7 +226,7 @@ class PairEvaluator:
                                    f"found {ssim_channel!r}")
         if temporal:
             check_flow_options(flow, flow_preset, flow_scale)
-            _check_block(flicker_block)
+            check_block(flicker_block)
         self.device = resolve_device(device)
         self.net = net
         self.model = get_model(net, self.device)
@@ -396,9 +396,9 @@ class PairEvaluator:
             del f, fa, fb
             # pixel fidelity
             lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
-            out["ssim"] = _ssim(job.a, job.b, **self.ssim_kw, lumas=lumas)
-            job.mse = _mse(job.a, job.b)
-            ex = _exactness(job.a, job.b)
+            out["ssim"] = ssim_kernel(job.a, job.b, **self.ssim_kw, lumas=lumas)
+            job.mse = mse_kernel(job.a, job.b)
+            ex = exactness_kernel(job.a, job.b)
             out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
             # flicker on block-averaged luma (carry: the last two low-passed frames)
             if self.temporal:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ._common import as_frames, check_pair, luma, luma_u8, precise, to_unit
 from ._errors import MetricInputError
-from .flow import (DEFAULT_PRESET, _grid, check_flow_options, fb_consistent, flows_u8,
+from .flow import (DEFAULT_PRESET, flow_grid, check_flow_options, fb_consistent, flows_u8,
                    to_tensor_flow)
 
 FLICKER_BLOCK = 16
@@ -52,7 +52,7 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
     with precise():
         # one sampling grid for both the frame and the forward flow (as warp() and
         # consistency_mask() would each build it; grid_sample treats channels independently)
-        grid, inside, _ = _grid(bwd)
+        grid, inside, _ = flow_grid(bwd)
         both = F.grid_sample(torch.cat([prev, fwd], 1), grid, mode="bilinear", padding_mode="border",
                              align_corners=True)
         warped, f_at = both[:, :prev.shape[1]], both[:, prev.shape[1]:]
@@ -129,7 +129,7 @@ def flicker_from_lowpass(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
 
 def flicker(a, b, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
     """Pair flicker ``mean |dLa_t - dLb_t|`` per transition, 8-bit luma units, ``(T-1,)``."""
-    _check_block(block)
+    check_block(block)
     a, b = check_pair(a, b)
     _need_two(a, "a")
     return flicker_from_lowpass(lowpass_luma(a, block), lowpass_luma(b, block))
@@ -137,7 +137,7 @@ def flicker(a, b, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
 
 def flicker_single(clip, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
     """One-clip flicker ``mean |dL_t - dL_t-1|`` for t = 2 .. T-1, 8-bit luma units, ``(T-2,)``."""
-    _check_block(block)
+    check_block(block)
     clip = as_frames(clip, "clip")
     if clip.shape[0] < 3:
         raise MetricInputError(f"clip: one-clip flicker needs at least 3 frames, found {clip.shape[0]}")
@@ -147,6 +147,6 @@ def flicker_single(clip, *, block: int = FLICKER_BLOCK) -> torch.Tensor:
         return (d[1:] - d[:-1]).abs().mean((1, 2, 3))
 
 
-def _check_block(block):
+def check_block(block):
     if not (isinstance(block, int) and block >= 1):
         raise MetricInputError(f"block: expected a positive integer, found {block!r}")

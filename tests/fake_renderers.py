@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from evalkit.renderers import Renderer
+from evalkit.render.renderers import Renderer
 
 
 class Invert(Renderer):

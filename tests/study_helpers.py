@@ -10,8 +10,8 @@ from conftest import DATASETS
 def make_report(root, seeds=(0, 1, 2), fps=None):
     """A compare report of two fake-rendered runs of the smoke clips (24 fps, 8 frames);
     ``fps``: the source clips re-timed to that frame rate first (same frames)."""
-    from evalkit.compare import compare_runs
-    from evalkit.render import render_suite
+    from evalkit.compare.pairing import compare_runs
+    from evalkit.render.driver import render_suite
 
     src = {"pan": DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
            "obj": DATASETS / "smoke" / "clips" / "hubble_object.mkv"}

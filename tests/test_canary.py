@@ -170,7 +170,9 @@ def test_gradient_energy_loss_asks_for_texture_not_its_phase():
     """The v3 sharpness terms: the per-pixel gradient L1 punishes a texture one pixel off as
     hard as a missing one (so an uncertain model blurs); the local gradient energy does not
     punish the shift but does punish the blur."""
-    from evalkit.canary.train import gradient_energy_loss, gradient_loss
+    from conftest import load_tool
+    t = load_tool("canary_train")
+    gradient_energy_loss, gradient_loss = t.gradient_energy_loss, t.gradient_loss
 
     g = torch.Generator().manual_seed(0)
     tgt = torch.rand(2, 3, 64, 64, generator=g) * 2 - 1
@@ -190,7 +192,7 @@ def test_training_continues_a_saved_pipeline(tmp_path):
     np.savez(photos, a=rng.integers(0, 256, (160, 200, 3), dtype=np.uint8),
              b=rng.integers(0, 256, (180, 170, 3), dtype=np.uint8))
     out = tmp_path / "canary"
-    cmd = [sys.executable, str(REPO / "evalkit/canary/train.py"), "train", "--photos", str(photos),
+    cmd = [sys.executable, str(REPO / "tools/canary_train.py"), "train", "--photos", str(photos),
            "--out", str(out), "--reuse-vae", str(SHIPPED_DIR), "--init-from", str(SHIPPED_DIR),
            "--device", "cpu", "--ae-steps", "2", "--steps", "2", "--workers", "0", "--batch", "2",
            "--ae-batch", "4", "--min-items", "4", "--buffer", "8", "--item-batch", "2",
@@ -223,7 +225,7 @@ def test_training_with_a_missing_input_is_a_one_line_error(tmp_path):
     photos = tmp_path / "photos.npz"
     np.savez(photos, a=np.zeros((80, 80, 3), np.uint8))
     out = tmp_path / "canary"
-    cmd = [sys.executable, str(REPO / "evalkit/canary/train.py"), "train", "--photos", str(photos),
+    cmd = [sys.executable, str(REPO / "tools/canary_train.py"), "train", "--photos", str(photos),
            "--out", str(out), "--init-from", str(tmp_path / "absent"), "--device", "cpu"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO,
                          env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore"))

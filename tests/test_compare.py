@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from evalkit.compare import floor_ratio
-from evalkit.render import render_suite
+from evalkit.compare.pairing import floor_ratio
+from evalkit.render.driver import render_suite
 
 from conftest import DATASETS, assert_one_line_error
 

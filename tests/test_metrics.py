@@ -84,7 +84,7 @@ def lpips_ref():
     """The lpips package's own model, loaded with the cached weights."""
     import lpips
 
-    from metrics import _weights
+    from metrics import weights as _weights
 
     models = {}
 

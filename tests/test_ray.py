@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from evalkit.compare import compare_runs
-from evalkit.render import render_suite
-from evalkit.runs import read_manifest, sha256_file
+from evalkit.compare.pairing import compare_runs
+from evalkit.render.driver import render_suite
+from evalkit.formats.run import read_manifest, sha256_file
 
 from conftest import DATASETS, ROOT, assert_one_line_error
 from test_render import make_suite
@@ -50,7 +50,7 @@ def cluster():
 
 
 def executor(**kw):
-    from evalkit.ray_executor import RayExecutor
+    from evalkit.render.ray import RayExecutor
 
     return RayExecutor(**kw)  # joins the cluster this process is connected to
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from evalkit import video
-from evalkit.render import render_suite
-from evalkit.runs import RunDir, read_manifest, sha256_file
-from evalkit.suite import load_suite
+from evalkit.render.driver import render_suite
+from evalkit.formats.run import RunDir, read_manifest, sha256_file
+from evalkit.formats.suite import load_suite
 
 from conftest import DATASETS, ROOT, assert_one_line_error
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from evalkit import video
-from evalkit.backend import fingerprint, parse_spec
+from evalkit.render.backend import fingerprint, parse_spec
 from evalkit.errors import SchemaVersionError, UserError
-from evalkit.runs import MANIFEST_SCHEMA_VERSION, RunDir, read_manifest, sha256_file
-from evalkit.suite import load_suite
+from evalkit.formats.run import MANIFEST_SCHEMA_VERSION, RunDir, read_manifest, sha256_file
+from evalkit.formats.suite import load_suite
 
 from conftest import DATASETS
 

@@ -8,7 +8,7 @@ import pytest
 
 from evalkit import video
 from evalkit.errors import SuiteError
-from evalkit.suite import job_id, load_suite
+from evalkit.formats.suite import job_id, load_suite
 
 from conftest import DATASETS, assert_one_line_error
 

@@ -7,7 +7,7 @@ Raters go through :class:`.live.RaterService`, the one implementation of next tr
 answer and progress (opaque per-trial media names, a server-side gate with an injected clock,
 group commit).
 """
-from .api import (create_study, invite, ratings_csv, read_report, results, summary_csv,
+from .api import (create_study, invite, list_studies, ratings_csv, read_report, results, summary_csv,
                   write_csvs)
 from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownStudy, UnknownToken, UnknownTrial)
@@ -15,7 +15,7 @@ from .live import FakeClock, RaterService, rate_all
 from .stats import plan
 from .store import SCHEMA_VERSION, StudyDB, open_db
 
-__all__ = ["create_study", "invite", "results", "plan", "RaterService", "FakeClock", "rate_all",
+__all__ = ["create_study", "invite", "list_studies", "results", "plan", "RaterService", "FakeClock", "rate_all",
            "ratings_csv", "summary_csv", "write_csvs", "read_report", "open_db", "StudyDB",
            "SCHEMA_VERSION", "StudyError", "UnknownStudy", "UnknownToken", "UnknownTrial",
            "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon", "OutOfOrder",

@@ -255,6 +255,25 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     return out
 
 
+def list_studies(db) -> list[dict]:
+    """One dict per study with live counts: clips, raters invited, ratings stored, trials."""
+    d = open_db(db)
+
+    def count(tbl):
+        return (select(tbl.c.study_id, func.count().label("n")).group_by(tbl.c.study_id)
+                .subquery())
+    with d.engine.connect() as conn:
+        n = {name: dict(conn.execute(select(q.c.study_id, q.c.n)).all())
+             for name, q in (("clips", count(clips)), ("raters", count(raters)),
+                             ("ratings", count(ratings)), ("trials", count(trials)))}
+        rows = conn.execute(select(studies.c.id, studies.c.protocol, studies.c.raters_planned,
+                                   studies.c.created).order_by(studies.c.id)).all()
+    return [{"study": i, "protocol": p, "clips": n["clips"].get(i, 0),
+             "raters": n["raters"].get(i, 0), "raters_planned": rp,
+             "ratings": n["ratings"].get(i, 0), "trials": n["trials"].get(i, 0),
+             "created": str(cr)} for i, p, rp, cr in rows]
+
+
 # -- rater side: see :mod:`.live` (the one implementation of next trial, answer and progress)
 
 # -- analysis ------------------------------------------------------------------------------

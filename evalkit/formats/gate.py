@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import InputFileError
+from evalkit.errors import InputFileError
 
 AGGREGATES = ("mean", "p95", "worst")
 BOUNDS = ("max", "min")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .fsutil import atomic_path, atomic_write_bytes, atomic_write_text
+from evalkit.compare.aggregate import aggregate
+from evalkit.fsutil import atomic_path, atomic_write_bytes, atomic_write_text
 
 FRAME_COLUMNS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
                  "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a",
@@ -61,7 +62,6 @@ def write_frames_csv(path: Path, measures) -> None:
 
 
 def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) -> None:
-    from .compare import aggregate
 
     header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical"]
     for k in FRAME_COLUMNS:

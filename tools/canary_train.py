@@ -19,9 +19,9 @@ Usage::
 
     # pack the training photographs once (they come from several packages; the GPU machine may
     # lack some of them)
-    python evalkit/canary/train.py pack --out .canary_data/photos.npz
+    python tools/canary_train.py pack --out .canary_data/photos.npz
     # train (about 9 minutes on one H200) and write the pipeline folder in fp16
-    python evalkit/canary/train.py train --photos .canary_data/photos.npz --out models/canary \\
+    python tools/canary_train.py train --photos .canary_data/photos.npz --out models/canary \\
         --ae-seconds 110 --seconds 330 --seed 0
 
 Seeded: the photo packing, the data workers (seed + worker id), the initialisation and every
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
+REPO = HERE.parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

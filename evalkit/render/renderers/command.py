@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import video
-from .base import JobError, RenderRequest, Renderer, RendererError
+from evalkit import video
+from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError
 
 
 class CommandRenderer(Renderer):
@@ -85,7 +85,7 @@ class CommandRenderer(Renderer):
 
 def read_output_folder(folder: Path, *, what: str) -> np.ndarray:
     """One video file, or image files, in ``folder`` -> (N, H, W, 3) uint8."""
-    from ..errors import VideoError
+    from evalkit.errors import VideoError
 
     entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
     videos = [p for p in entries if p.suffix.lower() in video.VIDEO_EXTS]

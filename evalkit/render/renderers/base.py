@@ -2,7 +2,7 @@
 
 A renderer is a class constructed with its options (``--renderer-opt key=value``), then::
 
-    renderer.load(runtime)                      # once per backend (evalkit.backend.Runtime)
+    renderer.load(runtime)                      # once per backend (evalkit.render.backend.Runtime)
     frames = renderer.render(request)           # once per job -> (N, H, W, 3) uint8
     renderer.unload()
 
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import UserError
+from evalkit.errors import UserError
 
 NOISE_POLICY = ("starting noise drawn on the CPU from torch.Generator('cpu').manual_seed(seed), "
                 "then moved to the device")
@@ -37,7 +37,7 @@ class JobError(Exception):
 
 @dataclass
 class RenderRequest:
-    job: Any                       # evalkit.suite.Job
+    job: Any                       # evalkit.formats.suite.Job
     source: np.ndarray             # (N, H, W, 3) uint8
     fps: Any                       # fractions.Fraction
     seed: int                      # the job's seed plus any --seed-offset

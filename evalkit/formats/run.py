@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from . import __version__
-from .errors import InputFileError, SchemaVersionError, UserError
-from .fsutil import atomic_write_json, sha256_file
+from evalkit import __version__
+from evalkit.errors import InputFileError, SchemaVersionError, UserError
+from evalkit.fsutil import atomic_write_json, sha256_file
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -180,7 +180,7 @@ class RunDir:
         """
         import numpy as np
 
-        from .video import write_browser, write_lossless
+        from evalkit.video import write_browser, write_lossless
 
         rec = self.job(job_id)
         frames = np.asarray(frames)
@@ -208,7 +208,7 @@ class RunDir:
         cluster worker, with the same :mod:`evalkit.video` writers): the bytes are written
         atomically, clip first, then preview, then the manifest (``save=False``: the caller saves
         it soon; until then a crash leaves the job pending, to be rendered again)."""
-        from .fsutil import atomic_write_bytes
+        from evalkit.fsutil import atomic_write_bytes
 
         rec = self.job(job_id)
         clip = self.clip_path(job_id)

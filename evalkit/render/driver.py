@@ -5,7 +5,7 @@ missing or does not match its recorded sha256), hands jobs to an executor, and r
 result as it arrives (clip, preview, manifest; all atomic). The executor only turns jobs into
 frames. :class:`LocalExecutor` runs in-process, one backend after the other, loading the
 pipeline once per backend; a cluster executor can dispatch the same tasks elsewhere and hand the
-results back to the same driver (:class:`evalkit.ray_executor.RayExecutor`: Ray actors, one per
+results back to the same driver (:class:`evalkit.render.ray.RayExecutor`: Ray actors, one per
 GPU or CPU slot, return encoded clips that this driver writes the same way).
 
 The executor interface: ``check(specs)`` (can these backends run?), ``fingerprint(spec)`` (the
@@ -27,12 +27,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .backend import BackendSpec, apply_backend, check_available, fingerprint, parse_spec
-from .errors import UserError
-from .renderers import JobError, RenderRequest, Renderer, get_renderer
-from .runs import RunDir
-from .suite import Job, Suite, load_suite
-from .video import ClipReader
+from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint, parse_spec
+from evalkit.errors import UserError
+from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
+from evalkit.formats.run import RunDir
+from evalkit.formats.suite import Job, Suite, load_suite
+from evalkit.video import ClipReader
 
 
 def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
@@ -143,14 +143,14 @@ class LocalExecutor:
             renderer.load(runtime)
             try:
                 for job in task.jobs:
-                    yield self._one(renderer, runtime, job, sources, task.seed_offset, progress)
+                    yield self.render_job(renderer, runtime, job, sources, task.seed_offset, progress)
             finally:
                 renderer.unload()
                 if runtime.device.type == "cuda":
                     torch.cuda.empty_cache()
 
     @staticmethod
-    def _one(renderer, runtime, job, sources, seed_offset, progress) -> JobResult:
+    def render_job(renderer, runtime, job, sources, seed_offset, progress) -> JobResult:
         import torch
 
         frames_in, fps, path = sources.get(job.clip)

@@ -11,13 +11,13 @@ canary      the built-in reference pipeline (models/canary), through the diffuse
 """
 from __future__ import annotations
 
-from .base import JobError, NOISE_POLICY, import_object, RenderRequest, Renderer, RendererError, to_uint8_frames
+from evalkit.render.renderers.base import JobError, NOISE_POLICY, import_object, RenderRequest, Renderer, RendererError, to_uint8_frames
 
 BUILTIN = {
-    "diffusers": "evalkit.renderers.diffusers:DiffusersRenderer",
-    "command": "evalkit.renderers.command:CommandRenderer",
-    "import": "evalkit.renderers.imported:ImportRenderer",
-    "canary": "evalkit.renderers.canary:CanaryRenderer",
+    "diffusers": "evalkit.render.renderers.diffusers:DiffusersRenderer",
+    "command": "evalkit.render.renderers.command:CommandRenderer",
+    "import": "evalkit.render.renderers.imported:ImportRenderer",
+    "canary": "evalkit.render.renderers.canary:CanaryRenderer",
 }
 
 __all__ = ["BUILTIN", "JobError", "NOISE_POLICY", "RenderRequest", "Renderer", "RendererError",

@@ -2,9 +2,9 @@
 
 Render: one Ray actor per (backend, GPU or CPU slot). An actor loads the renderer once (on its
 first job), applies the backend's settings for its whole life, renders jobs with exactly the
-code path of :class:`evalkit.render.LocalExecutor`, encodes the lossless clip and the browser
+code path of :class:`evalkit.render.driver.LocalExecutor`, encodes the lossless clip and the browser
 preview with the same :mod:`evalkit.video` writers, and returns the bytes, the job's timing, its
-node and the node's fingerprint. The driver (:func:`evalkit.render.render_suite`) writes the run
+node and the node's fingerprint. The driver (:func:`evalkit.render.driver.render_suite`) writes the run
 folders as it does for the local executor, so workers need no shared filesystem: source clips
 travel once per clip through Ray's object store, results travel back as encoded bytes.
 
@@ -22,7 +22,7 @@ it).
 
 Compare: one actor per GPU (or CPU slot) holds a loaded :class:`metrics.PairEvaluator`; clip
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
-driver (:func:`evalkit.compare.compare_runs`).
+driver (:func:`evalkit.compare.pairing.compare_runs`).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import EvalkitError, UserError
+from evalkit.errors import EvalkitError, UserError
 
 INSTALL_HINT = "pip install 'evalkit[ray]'"
 #: how much of a custom resource one worker asks for: the resource acts as a node label
@@ -157,7 +157,7 @@ class _WorkerSources:
     def get(self, clip_id: str):
         import ray
 
-        from .video import ClipReader
+        from evalkit.video import ClipReader
 
         if clip_id not in self._cache:
             name, ref = self.refs[clip_id]
@@ -193,7 +193,7 @@ class RenderWorker:
         self.out = Path(tempfile.mkdtemp(prefix="evalkit-ray-out-"))
 
     def _load(self):
-        from .backend import apply_backend, fingerprint
+        from evalkit.render.backend import apply_backend, fingerprint
 
         spec = _worker_spec(self.spec)
         self._ctx = apply_backend(spec)  # held for the actor's life (a dedicated process)
@@ -203,13 +203,13 @@ class RenderWorker:
         self.node = {**_node_info(), "worker": self.slot}
 
     def render(self, job, clip: tuple, seed_offset: int, preview: bool = True) -> dict:
-        from .render import LocalExecutor
-        from .video import write_browser, write_lossless
+        from evalkit.render.driver import LocalExecutor
+        from evalkit.video import write_browser, write_lossless
 
         if self.runtime is None:
             self._load()
         self.sources.refs[job.clip] = clip[0]  # (name, ObjectRef): not resolved by Ray
-        result = LocalExecutor._one(self.renderer, self.runtime, job, self.sources, seed_offset,
+        result = LocalExecutor.render_job(self.renderer, self.runtime, job, self.sources, seed_offset,
                                     _NoProgress())
         out = {"error": result.error, "timing": result.timing, "fps": result.fps,
                "node": self.node, "fingerprint": self.fp, "encoded": None}
@@ -246,7 +246,7 @@ class MeasureWorker:
     def measure(self, pair, data: tuple, chunk, keep_worst: bool):
         import ray
 
-        from .compare import measure_pair
+        from evalkit.compare.pairing import measure_pair
 
         a, b = self.dir / "a.mkv", self.dir / "b.mkv"
         a.write_bytes(ray.get(data[0]))
@@ -419,7 +419,7 @@ class RayExecutor:
 
     # -- render ------------------------------------------------------------------------------
     def check(self, specs) -> None:
-        from .backend import check_available
+        from evalkit.render.backend import check_available
 
         self.cluster.connect()
         for spec in specs:
@@ -433,7 +433,7 @@ class RayExecutor:
         return None  # each result carries its node's
 
     def run_all(self, renderer, tasks, sources, progress):
-        from .render import JobResult
+        from evalkit.render.driver import JobResult
 
         ray = self.cluster.connect()
         pools, items = [], []

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import collections
 import datetime as _dt
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import InputFileError, UserError
-from .gate import HIGHER_IS_BETTER, RATIO_METRICS, load_gate
-from .runs import RunDir, sha256_file
-from .video import ClipReader
+from evalkit import __version__
+from evalkit.errors import InputFileError, UserError
+from evalkit.compare.aggregate import aggregate, floor_ratio
+from evalkit.formats.gate import load_gate
+from evalkit.formats.run import RunDir, sha256_file
+from evalkit.compare.report import write_report
+from evalkit.video import ClipReader
 
 SUMMARY_SCHEMA_VERSION = 1
 METRIC_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
@@ -150,51 +151,9 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b)
 
 
-def _finite(values):
-    return [v for v in values if v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))]
-
-
-def aggregate(values: list, metric: str) -> dict:
-    """mean, p95 and worst of per-frame values (see evalkit.gate for the definitions)."""
-    vals = _finite(values)
-    if not vals:
-        inf = metric == "psnr" and any(v == math.inf for v in values)
-        v = math.inf if inf else None
-        return {"mean": v, "p95": v, "worst": v, "frames": 0}
-    arr = np.asarray(vals, dtype=np.float64)
-    higher = metric in HIGHER_IS_BETTER
-    return {"mean": float(arr.mean()),
-            "p95": float(np.percentile(arr, 5 if higher else 95)),
-            "worst": float(arr.min() if higher else arr.max()),
-            "frames": int(arr.size)}
-
-
 def aggregates_of(measures: list[JobMeasure]) -> dict:
     return {k: aggregate([r.get(k) for m in measures for r in m.records], k) for k in METRIC_KEYS
             if any(k in r for m in measures for r in m.records)}
-
-
-def floor_ratio(cross: dict, floor: dict) -> dict:
-    """Cross-backend aggregate / floor aggregate per metric (ssim: of 1 - ssim; psnr: of MSE)."""
-    out = {}
-    for metric in RATIO_METRICS:
-        if metric not in cross or metric not in floor:
-            continue
-        out[metric] = {}
-        for agg in ("mean", "p95", "worst"):
-            c, f = cross[metric].get(agg), floor[metric].get(agg)
-            if metric == "ssim" and c is not None and f is not None:
-                c, f = 1 - c, 1 - f
-            elif metric == "psnr":
-                c = 0.0 if c == math.inf else (10 ** (-c / 10) if c is not None else None)
-                f = 0.0 if f == math.inf else (10 ** (-f / 10) if f is not None else None)
-            if c is None or f is None:
-                out[metric][agg] = None
-            elif f == 0:
-                out[metric][agg] = 0.0 if c == 0 else math.inf
-            else:
-                out[metric][agg] = c / f
-    return out
 
 
 def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
@@ -222,7 +181,7 @@ class LocalCompareSession:
 
     An executor's ``compare_session(device=, metric_options=)`` returns an object with the same
     ``measure``, ``conventions``, ``device`` and ``close``; the Ray executor's spreads the pairs
-    over workers (:mod:`evalkit.ray_executor`).
+    over workers (:mod:`evalkit.render.ray`).
     """
 
     def __init__(self, *, device=None, metric_options: dict | None = None):
@@ -322,7 +281,6 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     if a.manifest["backend"].get("spec") == b.manifest["backend"].get("spec"):
         summary["warnings"] = [f"both runs used backend {a.manifest['backend'].get('spec')!r}; "
                                "differences come only from the fingerprint (driver, host, versions)"]
-    from .report import write_report
 
     write_report(out, summary, measures)
     code = 0 if verdict is None or verdict["verdict"] == "pass" else 1

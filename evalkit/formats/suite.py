@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from .errors import SuiteError, VideoError
+from evalkit.errors import SuiteError, VideoError
 
 SCHEMA_VERSION = 1
 _TOP_KEYS = {"schema_version", "name", "description", "renderer", "clips", "params",
@@ -258,7 +258,7 @@ def load_suite(path, *, check_clips: bool = False) -> Suite:
 
 def check_suite_clips(suite: Suite) -> dict[str, dict]:
     """Decode every clip of the suite; return {clip id: {width, height, fps, frames}}."""
-    from .video import ClipReader
+    from evalkit.video import ClipReader
 
     out = {}
     for i, clip in enumerate(suite.clips.values()):
@@ -277,7 +277,7 @@ def write_previews(suite: Suite, out_dir, *, progress: bool = True) -> list[Path
     """Write a browser copy (H.264 mp4) of every source clip into ``out_dir``."""
     from tqdm import tqdm
 
-    from .video import ClipReader, write_browser
+    from evalkit.video import ClipReader, write_browser
 
     out_dir = Path(out_dir)
     written = []

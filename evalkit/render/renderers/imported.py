@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import video
-from ..errors import VideoError
-from .base import JobError, RenderRequest, Renderer, RendererError
+from evalkit import video
+from evalkit.errors import VideoError
+from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError
 
 
 class ImportRenderer(Renderer):

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InputFileError, UserError
-from .fsutil import atomic_path
-from .video import ClipReader
+from evalkit.errors import InputFileError, UserError
+from evalkit.fsutil import atomic_path
+from evalkit.video import ClipReader
 
 #: Per-frame columns, in output order (temporal ones are null where undefined).
 FRAME_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 
-from .errors import UserError
+from evalkit.errors import UserError
 
 #: key -> allowed values (None: free text). The first value is the default.
 SPEC_KEYS: dict[str, tuple | None] = {
@@ -121,7 +121,7 @@ def fingerprint(spec: BackendSpec | None = None) -> dict:
     import numpy as np
     import torch
 
-    from . import __version__
+    from evalkit import __version__
 
     fp = {
         "host": platform.node(),

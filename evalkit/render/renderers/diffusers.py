@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import JobError, RenderRequest, Renderer, RendererError, import_object, to_uint8_frames
+from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError, import_object, to_uint8_frames
 
 #: job param -> pipeline argument
 PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps",

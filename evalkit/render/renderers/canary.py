@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import RendererError
-from .diffusers import DiffusersRenderer
+from evalkit.render.renderers.base import RendererError
+from evalkit.render.renderers.diffusers import DiffusersRenderer
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "canary"
+MODEL_DIR = Path(__file__).resolve().parents[3] / "models" / "canary"
 
 
 class CanaryRenderer(DiffusersRenderer):
