@@ -87,7 +87,7 @@ class Lpips:
             from safetensors.torch import load_file
             sd = load_file(weights)
         else:
-            from metrics._weights import load_state_dict
+            from metrics.weights import load_state_dict
             sd = load_state_dict("alex")
         net.load_state_dict(sd, strict=False)
         self.net = net.eval().to(device)

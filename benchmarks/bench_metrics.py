@@ -161,7 +161,7 @@ def run_naive(gen_a, gen_b, n, args, device, temporal):
     import lpips
     from skimage.metrics import structural_similarity
 
-    from metrics import _weights
+    from metrics import weights as _weights
 
     model = lpips.LPIPS(net=args.net, pnet_rand=True, verbose=False)
     model.load_state_dict(_weights.load_state_dict(args.net), strict=False)
