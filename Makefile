@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_OUT ?= demo-out
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: all setup venv weights chromium postgresql test demo bench clean
+.PHONY: all setup venv weights chromium postgresql lint test demo bench clean
 
 all: test
 
@@ -43,7 +43,11 @@ postgresql:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; \
 	  $$SUDO pg_ctlcluster --force $$(ls /usr/lib/postgresql | sort -V | tail -1) main stop >/dev/null 2>&1 || true; }
 
-test: setup chromium postgresql
+# ruff (pinned in requirements.lock, configured in ruff.toml): errors, not style
+lint: $(STAMP)
+	$(PY) -m ruff check evalkit app metrics tests benchmarks tools datasets
+
+test: setup chromium postgresql lint
 	$(PY) -m pytest -q
 
 # The main job on the canary suite: validate, previews, render on two backends, compare.
