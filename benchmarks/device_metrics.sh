@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The metrics benchmarks of issue #3 on a GPU machine, in about four minutes at most.
+# The metrics engine benchmarks on a GPU machine, in about four minutes at most.
 #
 #   bash benchmarks/device_metrics.sh OUT_DIR
 #
