@@ -150,6 +150,7 @@ def cmd_render(args) -> int:
 
 def cmd_compare(args) -> int:
     from evalkit.compare.pairing import compare_runs
+    from metrics.catalogue import fmt, keys
 
     options = {}
     if args.no_temporal:
@@ -168,12 +169,12 @@ def cmd_compare(args) -> int:
     agg = s["aggregates"]
     print(f"compared {len(s['jobs']['compared'])} jobs "
           f"({len(s['jobs']['not_compared'])} not compared) -> {result.out}")
-    for key in ("lpips", "ssim", "psnr"):
+    for key in keys(headline=True):
         if key in agg:
             a = agg[key]
-            print(f"  {key:6s} mean {_num(a['mean'])}  p95 {_num(a['p95'])}  worst {_num(a['worst'])}")
+            print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
     for name, ratios in s["floor_ratios"].items():
-        print(f"  LPIPS mean / {name} floor: {_num(ratios.get('lpips', {}).get('mean'))}x")
+        print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
     for jid, why in s["jobs"]["not_compared"].items():
         print(f"  not compared {jid}: {why}")
     if s["gate"] is not None:
@@ -181,10 +182,6 @@ def cmd_compare(args) -> int:
         for reason in s["gate"]["reasons"]:
             print(f"  {reason}")
     return result.exit_code
-
-
-def _num(v) -> str:
-    return "n/a" if v is None else ("inf" if v == float("inf") else f"{v:.4g}")
 
 
 def cmd_study_create(args) -> int:

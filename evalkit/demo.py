@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from .cli import main as cli
+from .fsutil import datasets_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-SUITE = ROOT / "datasets" / "canary" / "suite.yaml"
-GATE = ROOT / "datasets" / "canary" / "gate.yaml"
+SUITE = datasets_dir() / "canary" / "suite.yaml"
+GATE = datasets_dir() / "canary" / "gate.yaml"
 
 
 def backends() -> tuple[str, str]:

@@ -4,8 +4,10 @@ This package knows nothing of runs, suites or studies; it never imports ``evalki
 
 Frames are ``(N, 3, H, W)`` tensors (or numpy arrays), uint8 in [0, 255] or float in [0, 1],
 on any torch device; metrics compute in float32 there (TF32 off, deterministic) and return one
-value per frame. Conventions and units: see each module's docstring and
-:data:`metrics.stream.UNITS`.
+value per frame. Conventions: see each module's docstring. Every metric key, with its unit,
+direction (higher or lower is better), first frame, aggregate rules and noise-floor ratio, is
+listed once in :mod:`metrics.catalogue` (``METRICS``); :data:`metrics.stream.UNITS` derives
+from it.
 
 Functional API::
 
@@ -29,6 +31,7 @@ _LAZY = {
     "exactness": ".fidelity", "mse": ".fidelity", "psnr": ".fidelity", "ssim": ".fidelity",
     "optical_flow": ".flow", "warp": ".flow",
     "LPIPS": ".perceptual", "lpips": ".perceptual",
+    "METRICS": ".catalogue", "Metric": ".catalogue",
     "UNITS": ".stream", "PairEvaluator": ".stream", "evaluate_pair": ".stream",
     "json_safe": ".stream", "stream_pair": ".stream",
     "flicker": ".temporal", "flicker_single": ".temporal", "tlp": ".temporal", "tof": ".temporal",
@@ -57,4 +60,5 @@ __all__ = [
     "lpips", "LPIPS", "ssim", "psnr", "mse", "exactness",
     "optical_flow", "warp", "warping_error", "tlp", "tof", "flicker", "flicker_single",
     "PairEvaluator", "stream_pair", "evaluate_pair", "json_safe", "UNITS",
+    "METRICS", "Metric",
 ]

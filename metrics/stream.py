@@ -6,7 +6,8 @@ per-frame records, carrying only what the next chunk needs (the last frame's LPI
 grey image, pixels and low-passed luma); :meth:`~PairEvaluator.compute` gives the summary.
 :func:`stream_pair` drives it from two iterators, :func:`evaluate_pair` collects everything.
 
-Per-frame record keys (units in :data:`UNITS`)::
+Per-frame record keys (the metric keys, units and first frames are those of
+:mod:`metrics.catalogue`; units also in :data:`UNITS`)::
 
     frame, lpips, ssim, psnr, max_abs_diff, diff_fraction, identical
     from frame 1 (temporal=True):  tlp, tof, warp_error_a, warp_error_b, warp_error_diff, flicker
@@ -34,6 +35,7 @@ import torch
 
 from ._common import PEAK8, as_frames, luma, precise, resolve_device
 from ._errors import MetricInputError
+from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, exactness_kernel, mse_kernel, ssim_kernel, psnr_convention, psnr_from_mse,
                        ssim_convention)
 from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, flow_into
@@ -48,27 +50,12 @@ def _u8(y: torch.Tensor) -> np.ndarray:
     """Rounded luma planes (N, 1, H, W) float -> (N, H, W) uint8 numpy (OpenCV flow input)."""
     return y.clamp(0, 255).to(torch.uint8)[:, 0].cpu().numpy()
 
-#: What each number means. Every value in records and summaries is in these units.
-UNITS = {
-    "lpips": "LPIPS v0.1 distance (unitless, 0 = same); inputs scaled to [-1, 1]",
-    "ssim": "SSIM index (unitless, 1 = same)",
-    "psnr": "dB, peak 255 on 8-bit RGB; inf (JSON null) for identical frames",
-    "max_abs_diff": "largest |a - b| of any channel value, 8-bit units (0..255)",
-    "diff_fraction": "share of pixel positions where any channel differs (0..1)",
-    "tlp": "|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|, LPIPS units (TecoGAN tables show x100)",
-    "tof": "mean end-point distance of the t-1->t flows of a and b, pixels (TecoGAN shows x10)",
-    "warp_error_a": "MSE of frame t-1 warped onto t (own flow, fwd-bwd masked), RGB in [0, 1] "
-                    "units (x65025 for 8-bit units)",
-    "warp_error_b": "as warp_error_a, for clip b",
-    "warp_error_diff": "warp_error_b - warp_error_a (positive: b less temporally consistent)",
-    "flicker": "mean |dLa_t - dLb_t| of 16x16-block-averaged luma, 8-bit units",
-    "flicker_a": "mean |dL_t - dL_t-1| of clip a's block-averaged luma, 8-bit units",
-    "flicker_b": "as flicker_a, for clip b",
-}
+#: What each number means (key -> description, from :mod:`metrics.catalogue`). Every value
+#: in records and summaries is in these units.
+UNITS = units()
 
-FIDELITY_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction")
-TEMPORAL_KEYS = ("tlp", "tof", "warp_error_a", "warp_error_b", "warp_error_diff", "flicker",
-                 "flicker_a", "flicker_b")
+FIDELITY_KEYS = keys(temporal=False)
+TEMPORAL_KEYS = keys(temporal=True)
 
 
 def cpu_count() -> int:
@@ -529,7 +516,8 @@ class PairEvaluator:
         }
 
     def n_expected(self, key: str) -> int:
-        return max(self.n - 1, 0) if key in TEMPORAL_KEYS else self.n
+        """Frames that have ``key``: all but the first ``first_frame`` (see the catalogue)."""
+        return max(self.n - METRICS[key].first_frame, 0)
 
 
 

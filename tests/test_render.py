@@ -105,6 +105,7 @@ def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline,
     manifest = json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text())
     assert len(manifest["renderer"]["model_sha256"]) == 64
     assert cli(*args)[0] == 0                                # same weights: resumes
+    manifest = json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text())
     weights = next(p for p in model.rglob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01                                         # other weights, same path and size

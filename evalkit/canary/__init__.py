@@ -1,7 +1,8 @@
 """The canary: a small video-to-video latent diffusion pipeline trained and shipped with evalkit.
 
 Weights live in ``models/canary/`` at the repository root (diffusers ``save_pretrained``
-layout). Importing this package registers the pipeline class with diffusers, so that after
+layout; an installed wheel carries the same folder as ``evalkit/models/canary/``, and
+``MODEL_DIR`` points at whichever is there). Importing this package registers the pipeline class with diffusers, so that after
 ``import evalkit.canary`` both ``CanaryPipeline.from_pretrained(path)`` and
 ``diffusers.DiffusionPipeline.from_pretrained(path)`` load it (no network is touched; the
 components are declared as ``["evalkit.canary", "<Class>"]`` in ``model_index.json``).
@@ -18,12 +19,14 @@ from diffusers.configuration_utils import ConfigMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..fsutil import canary_model_dir
 from .models import CanaryAutoencoder, CanaryTextEncoder, CanaryUNet, PromptError
 from .pipeline import CanaryPipeline, CanaryPipelineOutput
 from .styles import STYLES, apply_style, apply_style_frames
 
-#: The shipped pipeline folder (repository root / models / canary).
-MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "canary"
+#: The shipped pipeline folder: ``evalkit/models/canary`` inside the installed package, or
+#: ``models/canary`` at the root of the repository checkout (see :func:`evalkit.fsutil.canary_model_dir`).
+MODEL_DIR = canary_model_dir()
 
 # diffusers records a component as (library, class) with library = the class's module; point it
 # at this package so model_index.json reads ["evalkit.canary", "CanaryUNet"].

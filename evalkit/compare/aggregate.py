@@ -1,11 +1,15 @@
-"""Aggregates of per-frame metric values, and their ratio to a noise floor (pure functions)."""
+"""Aggregates of per-frame metric values, and their ratio to a noise floor (pure functions).
+
+The definitions (directions, which percentile ``p95`` takes, which extreme ``worst`` is, how
+each noise-floor ratio is taken) are those of :mod:`metrics.catalogue`.
+"""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from evalkit.formats.gate import HIGHER_IS_BETTER, RATIO_METRICS
+from metrics.catalogue import AGGREGATES, METRICS, keys
 
 
 def _finite(values):
@@ -13,34 +17,32 @@ def _finite(values):
 
 
 def aggregate(values: list, metric: str) -> dict:
-    """mean, p95 and worst of per-frame values (see evalkit.formats.gate for the definitions)."""
+    """mean, p95 and worst of per-frame values (see metrics.catalogue for the definitions)."""
     vals = _finite(values)
     if not vals:
         inf = metric == "psnr" and any(v == math.inf for v in values)
         v = math.inf if inf else None
         return {"mean": v, "p95": v, "worst": v, "frames": 0}
     arr = np.asarray(vals, dtype=np.float64)
-    higher = metric in HIGHER_IS_BETTER
+    m = METRICS[metric]
     return {"mean": float(arr.mean()),
-            "p95": float(np.percentile(arr, 5 if higher else 95)),
-            "worst": float(arr.min() if higher else arr.max()),
+            "p95": float(np.percentile(arr, m.p95_percentile)),
+            "worst": float(arr.min() if m.worst == "min" else arr.max()),
             "frames": int(arr.size)}
 
 
 def floor_ratio(cross: dict, floor: dict) -> dict:
-    """Cross-backend aggregate / floor aggregate per metric (ssim: of 1 - ssim; psnr: of MSE)."""
+    """Cross-backend aggregate / floor aggregate per metric that has a noise-floor ratio in the
+    catalogue (ssim: of 1 - ssim; psnr: of MSE)."""
     out = {}
-    for metric in RATIO_METRICS:
+    for metric in keys(ratio=True):
         if metric not in cross or metric not in floor:
             continue
+        m = METRICS[metric]
         out[metric] = {}
-        for agg in ("mean", "p95", "worst"):
-            c, f = cross[metric].get(agg), floor[metric].get(agg)
-            if metric == "ssim" and c is not None and f is not None:
-                c, f = 1 - c, 1 - f
-            elif metric == "psnr":
-                c = 0.0 if c == math.inf else (10 ** (-c / 10) if c is not None else None)
-                f = 0.0 if f == math.inf else (10 ** (-f / 10) if f is not None else None)
+        for agg in AGGREGATES:
+            c = m.ratio_operand(cross[metric].get(agg))
+            f = m.ratio_operand(floor[metric].get(agg))
             if c is None or f is None:
                 out[metric][agg] = None
             elif f == 0:

@@ -4,24 +4,20 @@
 single images, folders of images), decodes ahead in background threads, feeds
 :func:`metrics.stream.stream_pair` and returns one JSON-ready object (see
 :func:`compare_clips`). Non-finite numbers become ``null`` there: PSNR of identical frames
-(``inf``) and warping errors without any consistent pixel (``nan``).
+(``inf``) and warping errors without any consistent pixel (``nan``). The metric keys, in
+output order, are those of :mod:`metrics.catalogue` that some frame has.
 """
 from __future__ import annotations
 
-import csv
 import queue
 import threading
 from pathlib import Path
 from typing import Iterator
 
+from evalkit import fsutil
 from evalkit.errors import InputFileError, UserError
-from evalkit.fsutil import atomic_path
 from evalkit.video import ClipReader
-
-#: Per-frame columns, in output order (temporal ones are null where undefined).
-FRAME_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
-              "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a", "flicker_b")
-
+from metrics.catalogue import KEYS, fmt, units
 
 TEMPORAL_CONVENTION_KEYS = ("flow", "warp_error", "tlp", "tof", "flicker")
 
@@ -86,7 +82,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     """
     from metrics import MetricInputError
     from metrics.flow import DEFAULT_PRESET
-    from metrics.stream import UNITS, PairEvaluator, json_safe, stream_pair
+    from metrics.stream import PairEvaluator, json_safe, stream_pair
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
     ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
@@ -127,7 +123,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
 
     if csv_path is not None:
         write_csv(csv_path, records)
-    keys = [k for k in FRAME_KEYS if any(k in r for r in records)]
+    keys = [k for k in KEYS if any(k in r for r in records)]
     out = {"a": str(paths["a"]), "b": str(paths["b"]), "frames": summary["frames"],
            "width": summary["width"], "height": summary["height"], "device": summary["device"]}
     for k in keys:
@@ -143,21 +139,21 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     temporal_present = any(k in TEMPORAL_CONVENTION_KEYS for k in keys)
     out["conventions"] = {k: v for k, v in summary["conventions"].items()
                           if temporal_present or k not in TEMPORAL_CONVENTION_KEYS}
-    out["units"] = {k: UNITS[k] for k in keys}
+    descriptions = units()
+    out["units"] = {k: descriptions[k] for k in keys}
     out["alignment"] = summary["alignment"]
     out["nan_counts"] = summary["nan_counts"]
     return json_safe(out)
 
 
 def write_csv(path, records: list[dict]) -> None:
-    keys = [k for k in FRAME_KEYS if any(k in r for r in records)]
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["frame", *keys])
-            for r in records:
-                w.writerow([r["frame"], *("" if r.get(k) is None else repr(float(r[k])) for k in keys)])
+    """The per-frame table of ``evalkit metrics --csv``: frame, then the metric keys some frame
+    has; empty cells where a metric is undefined. Lines end in CRLF (the csv module's default,
+    which this file has always had; the compare report's CSVs end lines in LF)."""
+    keys = [k for k in KEYS if any(k in r for r in records)]
+    rows = ([r["frame"], *(None if r.get(k) is None else float(r[k]) for k in keys)]
+            for r in records)
+    fsutil.write_csv(path, ["frame", *keys], rows, lineterminator="\r\n")
 
 
 def format_text(result: dict) -> str:
@@ -166,13 +162,13 @@ def format_text(result: dict) -> str:
              f"{result['frames']} frame(s), {result['width']}x{result['height']}, on {result['device']}"]
     if result["identical"]:
         lines.append("bit-identical: every frame is exactly the same")
-    for k in FRAME_KEYS:
+    for k in KEYS:
         if k in result:
             v = result[k]
-            if v is None:
-                shown = "inf (identical)" if k == "psnr" else "n/a"
+            if k == "psnr":     # null only for identical frames (JSON has no inf)
+                shown = "inf (identical)" if v is None else fmt(v, 2, fixed=True) + " dB"
             else:
-                shown = f"{v:.4f}" if k != "psnr" else f"{v:.2f} dB"
+                shown = fmt(v, 4, fixed=True)
             lines.append(f"  {k:<16} {shown}")
     al = result.get("alignment", {})
     if al.get("mode") == "shortest" and (al.get("dropped_a") or al.get("dropped_b")):

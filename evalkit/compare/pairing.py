@@ -21,11 +21,9 @@ from evalkit.formats.gate import load_gate
 from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import write_report
 from evalkit.video import ClipReader
+from metrics.catalogue import KEYS, keys, units
 
 SUMMARY_SCHEMA_VERSION = 1
-METRIC_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
-               "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a",
-               "flicker_b")
 #: fields of a job that must agree for two renders to be comparable
 _SAME = ("clip", "prompt", "params")
 
@@ -152,7 +150,8 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
 
 
 def aggregates_of(measures: list[JobMeasure]) -> dict:
-    return {k: aggregate([r.get(k) for m in measures for r in m.records], k) for k in METRIC_KEYS
+    """Aggregates per metric key (catalogue order) over every frame of every measured job."""
+    return {k: aggregate([r.get(k) for m in measures for r in m.records], k) for k in KEYS
             if any(k in r for m in measures for r in m.records)}
 
 
@@ -215,14 +214,13 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                  executor=None) -> CompareResult:
     from tqdm import tqdm
 
-    from metrics.stream import UNITS
-
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
     check_same_suite(a, b)
     floor_runs = [_open_run(f, "--floor") for f in floors]
     for f in floor_runs:
         check_same_suite(a, f)
-    gate_obj = load_gate(gate) if gate else None
+    gate_obj = (load_gate(gate, metrics=keys(compares=True), ratio_metrics=keys(ratio=True))
+                if gate else None)
     if gate_obj and gate_obj.ratios and not floor_runs:
         raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
                         "was given")
@@ -271,7 +269,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "fingerprint_differences": _fingerprint_diff(fa, fb),
         "metrics_device": metrics_device,
         "conventions": conventions,
-        "units": {k: v for k, v in UNITS.items()},
+        "units": units(),
         "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},
         "aggregates": aggregates,
         "floors": floor_info,

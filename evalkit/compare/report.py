@@ -1,6 +1,7 @@
 """Compare report writers: frames.csv, clips.csv, summary.json and an offline index.html.
 
-Columns (units: ``summary.json["units"]``; README "Compare report"):
+Columns (units: ``summary.json["units"]``; README "Compare report"; the metric columns are
+the keys of :mod:`metrics.catalogue`, in its order):
 
 - ``frames.csv``: job, clip, prompt, seed, frame, then one column per metric (empty where a
   metric is undefined, e.g. temporal metrics at frame 0; ``inf`` for the PSNR of identical frames).
@@ -10,7 +11,6 @@ Columns (units: ``summary.json["units"]``; README "Compare report"):
 """
 from __future__ import annotations
 
-import csv
 import html
 import io
 import json
@@ -20,32 +20,21 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.compare.aggregate import aggregate
-from evalkit.fsutil import atomic_path, atomic_write_bytes, atomic_write_text
-
-FRAME_COLUMNS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
-                 "warp_error_a", "warp_error_b", "warp_error_diff", "flicker", "flicker_a",
-                 "flicker_b")
+from evalkit.fsutil import atomic_path, atomic_write_bytes, atomic_write_text, write_csv
+from metrics.catalogue import KEYS, fmt
 
 
 def _cell(v):
-    if v is None:
-        return ""
+    """The report CSVs' cells: bools as true/false, nan as an empty cell (None too: write_csv)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return ""
-        return "inf" if v == math.inf else repr(v)
+    if isinstance(v, float) and math.isnan(v):
+        return None
     return v
 
 
 def _write_csv(path: Path, header: list[str], rows) -> None:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    for row in rows:
-        w.writerow([_cell(v) for v in row])
-    atomic_write_text(path, buf.getvalue())
+    write_csv(path, header, ([_cell(v) for v in row] for row in rows))
 
 
 def _job_cols(rec: dict) -> list:
@@ -56,27 +45,27 @@ def write_frames_csv(path: Path, measures) -> None:
     def rows():
         for m in measures:
             for r in m.records:
-                yield _job_cols(m.pair.rec_a) + [r["frame"]] + [r.get(k) for k in FRAME_COLUMNS]
+                yield _job_cols(m.pair.rec_a) + [r["frame"]] + [r.get(k) for k in KEYS]
 
-    _write_csv(path, ["job", "clip", "prompt", "seed", "frame", *FRAME_COLUMNS], rows())
+    _write_csv(path, ["job", "clip", "prompt", "seed", "frame", *KEYS], rows())
 
 
 def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) -> None:
 
     header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical"]
-    for k in FRAME_COLUMNS:
+    for k in KEYS:
         header += [f"{k}_mean", f"{k}_p95", f"{k}_worst"]
     rows = []
     for m in measures:
         row = _job_cols(m.pair.rec_a) + ["compared", len(m.records), m.worst_frame,
                                          m.summary["identical"]]
-        for k in FRAME_COLUMNS:
+        for k in KEYS:
             agg = aggregate([r.get(k) for r in m.records], k)
             row += [agg["mean"], agg["p95"], agg["worst"]]
         rows.append(row)
     for jid, reason in not_compared.items():
         rec = jobs_by_id.get(jid, {"id": jid, "clip": "", "prompt": "", "seed": ""})
-        rows.append(_job_cols(rec) + [reason, 0, None, None] + [None] * (3 * len(FRAME_COLUMNS)))
+        rows.append(_job_cols(rec) + [reason, 0, None, None] + [None] * (3 * len(KEYS)))
     _write_csv(path, header, rows)
 
 
@@ -154,12 +143,9 @@ font-size:13px;text-align:left;vertical-align:top}th{background:#f3f3f3}
 
 
 def _fmt(v) -> str:
-    if v is None:
-        return "&ndash;"
-    if isinstance(v, float):
-        if v == math.inf:
-            return "&infin;"
-        return f"{v:.4g}"
+    """A number in the HTML: 4 significant digits, &ndash; for None, &infin; for inf."""
+    if v is None or isinstance(v, float):
+        return fmt(v, 4, none="&ndash;", inf="&infin;")
     return html.escape(str(v))
 
 

@@ -14,12 +14,17 @@ Aggregates are over all compared frames of all jobs: ``mean``; ``p95`` (95th per
 per-frame values, or the 5th for metrics where higher is better: ssim, psnr); ``worst`` (max, or
 min for ssim and psnr). Ratios divide the cross-backend aggregate by the floor's (for ssim:
 of 1 - ssim; for psnr: of the MSE). Unknown keys are errors naming the file and field.
+
+The metric keys a gate may name come from the caller (:mod:`evalkit.compare` passes those of
+:mod:`metrics.catalogue`, where the definitions above live): this room reads files and
+imports only the core.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 
@@ -27,10 +32,6 @@ from evalkit.errors import InputFileError
 
 AGGREGATES = ("mean", "p95", "worst")
 BOUNDS = ("max", "min")
-HIGHER_IS_BETTER = {"ssim", "psnr"}
-GATE_METRICS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction", "tlp", "tof",
-                "warp_error_diff", "flicker")
-RATIO_METRICS = ("lpips", "ssim", "psnr", "tlp", "tof", "flicker")
 
 
 class GateError(InputFileError):
@@ -115,7 +116,11 @@ def _metric_block(path, field, value, metrics) -> dict:
     return out
 
 
-def load_gate(path) -> Gate:
+def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> Gate:
+    """Read and check a gate YAML. ``metrics``: the keys absolute thresholds may name;
+    ``ratio_metrics``: those ``floor_ratio`` thresholds may name (in the order error messages
+    list them; :mod:`evalkit.compare` passes the catalogue's ``keys(compares=True)`` and
+    ``keys(ratio=True)``)."""
     path = Path(path)
     if not path.is_file():
         raise GateError(path, None, "file not found (expected a gate YAML)")
@@ -133,6 +138,7 @@ def load_gate(path) -> Gate:
         raise GateError(path, "floor", f"expected a floor name (seed, rerender...), found {floor!r}")
     if isinstance(missing, bool) or not isinstance(missing, int) or missing < 0:
         raise GateError(path, "max_missing_jobs", f"expected a non-negative integer, found {missing!r}")
-    absolute = _metric_block(path, "", doc, GATE_METRICS)
-    ratio_block = _metric_block(path, "floor_ratio.", ratios, RATIO_METRICS) if ratios is not None else {}
+    absolute = _metric_block(path, "", doc, tuple(metrics))
+    ratio_block = (_metric_block(path, "floor_ratio.", ratios, tuple(ratio_metrics))
+                   if ratios is not None else {})
     return Gate(path, absolute, ratio_block, floor, missing)

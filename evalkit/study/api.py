@@ -6,7 +6,6 @@ do (next trial, media, answer, progress) lives in :mod:`.live`.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import secrets
@@ -17,7 +16,7 @@ import numpy as np
 from sqlalchemy import func, select
 
 from ..errors import InputFileError
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, csv_text
 from ..video import read_frames
 from . import design, stats
 from .errors import (StudyError, UnknownStudy)
@@ -464,14 +463,13 @@ def ratings_csv(db, study) -> str:
     side (slot -> a/b/reference/degraded), answer, correct, score for B, response time measured
     by the server (``response_ms``) and as the page reported it (``client_ms``)."""
     _, rows = raw_ratings(db, study)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(RAW_COLUMNS)
-    for r in rows:
+
+    def cells(r):
         r = dict(r, positions=json.dumps(r["shown"], sort_keys=True),
                  backend_per_side=json.dumps(r["sources"], sort_keys=True))
-        w.writerow(["" if r.get(k) is None else r[k] for k in RAW_COLUMNS])
-    return buf.getvalue()
+        return [r.get(k) for k in RAW_COLUMNS]
+
+    return csv_text(RAW_COLUMNS, (cells(r) for r in rows))
 
 
 SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "accuracy",
@@ -485,20 +483,15 @@ def summary_csv(res: dict) -> str:
     """The summary as CSV: one ``scope=study`` row, then one ``scope=clip`` row per clip (only
     once the design is complete: interim results show no figure that would reveal a trend).
     Numbers are full precision (p-values are never rounded to 0)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SUMMARY_COLUMNS)
-    cell = lambda v: "" if v is None else v  # noqa: E731
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),
                  "raters_excluded": len(res["excluded_raters"]), **res}
     study_row["flagged"] = ";".join(map(str, res.get("flagged") or [])) or None
-    w.writerow([cell(study_row.get(k)) if k != "ratings" else cell(res.get("n"))
-                for k in SUMMARY_COLUMNS])
+    rows = [[study_row.get(k) if k != "ratings" else res.get("n") for k in SUMMARY_COLUMNS]]
     for c in res.get("per_clip", []):
         row = {"scope": "clip", **c, "raters": None}
-        w.writerow([cell(row.get(k)) if k in row else "" for k in SUMMARY_COLUMNS])
-    return buf.getvalue()
+        rows.append([row.get(k) for k in SUMMARY_COLUMNS])
+    return csv_text(SUMMARY_COLUMNS, rows)
 
 
 def write_csvs(db, study, res: dict, path) -> tuple[Path, Path]:

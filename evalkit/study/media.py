@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import sha256_file
+from ..fsutil import mkstemp, sha256_file
 from ..video import BROWSER_ENCODING, BrowserEncoding, read_frames, write_browser
 
 #: x264 settings of every clip of a matched set, on top of :data:`BROWSER_ENCODING`:
@@ -125,7 +125,7 @@ def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
     differently now and then (see :data:`MATCHED_X264`; matched sets avoid both)."""
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
+    fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -430,7 +430,7 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
 
         digests = []
         for path in outs:
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
+            fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
             os.close(fd)
             tmp = Path(tmp)
             try:

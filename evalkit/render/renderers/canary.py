@@ -1,7 +1,8 @@
 """``canary`` renderer: the built-in reference pipeline shipped in ``models/canary``.
 
 A shortcut for ``--renderer diffusers --renderer-opt model=models/canary``; the pipeline class
-lives in :mod:`evalkit.canary`.
+lives in :mod:`evalkit.canary`. The folder is found by :func:`evalkit.fsutil.canary_model_dir`
+(the copy inside the installed package, else the repository checkout).
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 from evalkit.render.renderers.base import RendererError
 from evalkit.render.renderers.diffusers import DiffusersRenderer
+from evalkit.fsutil import canary_model_dir
 
-MODEL_DIR = Path(__file__).resolve().parents[3] / "models" / "canary"
+MODEL_DIR = canary_model_dir()
 
 
 class CanaryRenderer(DiffusersRenderer):

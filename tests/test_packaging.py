@@ -1,0 +1,222 @@
+"""A wheel that works: the canary pipeline and the bundled suites ship inside it, and outputs are
+written with ordinary file modes (0644 files, 0755 folders under umask 022).
+
+The wheel test builds a wheel from a copy of the sources, installs it (no dependencies) into a
+fresh venv whose only other packages are this environment's (through a ``.pth`` line, which does
+not run this environment's ``.pth`` files, so an editable evalkit here stays invisible), and runs
+the installed ``evalkit`` from a folder outside the checkout.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evalkit import fsutil
+from evalkit.render.driver import render_suite
+from evalkit.render.renderers.diffusers import model_digest
+
+from conftest import ROOT
+
+CHECKOUT_MODEL = ROOT / "models" / "canary"
+CHECKOUT_DATASETS = ROOT / "datasets"
+PACKAGES = ("evalkit", "metrics", "app")
+
+
+# -- file modes ------------------------------------------------------------------------------
+
+@pytest.fixture
+def umask():
+    """Run the test under the given umask (default 022), restoring the old one after."""
+    old = os.umask(0o022)
+    try:
+        yield lambda mask: os.umask(mask)
+    finally:
+        os.umask(old)
+
+
+def modes(root: Path) -> dict[str, str]:
+    """relative path -> octal permission bits of every file and folder under ``root``."""
+    return {p.relative_to(root).as_posix() + ("/" if p.is_dir() else ""):
+            oct(stat.S_IMODE(p.stat().st_mode)) for p in sorted(root.rglob("*"))}
+
+
+def test_atomic_writes_give_normal_modes(tmp_path, umask):
+    fsutil.atomic_write_json(tmp_path / "a" / "b" / "report.json", {"x": 1})
+    fsutil.atomic_write_bytes(tmp_path / "a" / "clip.bin", b"\0" * 10)
+    with fsutil.atomic_path(tmp_path / "a" / "video.mkv") as tmp:
+        tmp.write_bytes(b"x")
+    fd, name = fsutil.mkstemp(dir=tmp_path, suffix=".mp4")
+    os.close(fd)
+    os.replace(name, tmp_path / "media.mp4")
+    assert modes(tmp_path) == {"a/": "0o755", "a/b/": "0o755", "a/b/report.json": "0o644",
+                               "a/clip.bin": "0o644", "a/video.mkv": "0o644",
+                               "media.mp4": "0o644"}
+    # the umask is respected like open() respects it
+    umask(0o027)
+    fsutil.atomic_write_text(tmp_path / "c" / "private.txt", "x")
+    assert modes(tmp_path / "c") == {"private.txt": "0o640"}
+    assert oct(stat.S_IMODE((tmp_path / "c").stat().st_mode)) == "0o750"
+
+
+def test_render_and_study_media_give_normal_modes(tmp_path, umask):
+    from evalkit.study.media import store_browser_copy
+
+    s = render_suite(fsutil.datasets_dir() / "smoke" / "suite.yaml", ["cpu"], tmp_path / "runs",
+                     renderer="fake_renderers:Invert", progress=False)[0]
+    assert (s.done, s.failed) == (2, 0)
+    found = modes(tmp_path / "runs")
+    assert {k for k in found if k.endswith(".mkv")} and {k for k in found if k.endswith(".mp4")}
+    assert "cpu/manifest.json" in found
+    bad = {k: v for k, v in found.items() if v != ("0o755" if k.endswith("/") else "0o644")}
+    assert bad == {}
+
+    frames = np.zeros((4, 32, 32, 3), np.uint8)
+    digest = store_browser_copy(frames, 24, tmp_path / "media")
+    assert modes(tmp_path / "media") == {f"{digest}.mp4": "0o644"}
+
+
+# -- shipped data, from the checkout ---------------------------------------------------------
+
+def test_checkout_lookups_find_the_repository_folders():
+    # this environment's evalkit is the checkout (editable): the lookups fall back to it
+    from evalkit import demo
+    from evalkit.canary import MODEL_DIR
+    from evalkit.render.renderers import canary
+
+    if Path(fsutil.__file__).resolve().parents[1] == ROOT:
+        assert fsutil.canary_model_dir() == MODEL_DIR == canary.MODEL_DIR == CHECKOUT_MODEL
+        assert fsutil.datasets_dir() == CHECKOUT_DATASETS
+        assert demo.SUITE == CHECKOUT_DATASETS / "canary" / "suite.yaml"
+    assert (fsutil.canary_model_dir() / "model_index.json").is_file()
+    assert demo.SUITE.is_file() and demo.GATE.is_file()
+
+
+# -- the wheel -------------------------------------------------------------------------------
+
+def _files(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under ``root`` (``__pycache__`` left out)."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _run(args, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
+    assert r.returncode == 0, f"{args} exited with {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the sources (no build/ or egg-info left in the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".tmp-*")
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "setup.py", "setup.cfg",
+                 *PACKAGES, "models", "datasets"):
+        p = ROOT / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=skip)
+        elif p.is_file():
+            shutil.copy2(p, src / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+          "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src])
+    [whl] = (tmp / "dist").glob("evalkit-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """A fresh venv with the wheel installed; the dependencies come from this environment."""
+    tmp = tmp_path_factory.mktemp("venv")
+    venv = tmp / "venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    _run([base, "-m", "venv", "--without-pip", venv])
+    py = venv / "bin" / "python"
+    # pip of this environment, installing into the new one (pip >= 22.3: --python)
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "--quiet",
+          "--disable-pip-version-check", "--no-deps", "--no-index", wheel])
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+                .stdout.strip())
+    # only the directories: a .pth line adds a path, it does not run the .pth files there (the
+    # editable finder of this environment's evalkit is one of those)
+    deps = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "_evalkit_test_deps.pth").write_text("".join(f"{d}\n" for d in deps))
+    work = tmp / "work"  # outside the checkout
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONNOUSERSITE="1", GRADIO_ANALYTICS_ENABLED="False")
+    return {"venv": venv, "py": py, "site": site, "work": work, "env": env}
+
+
+def test_wheel_holds_every_module_and_the_shipped_data(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    top = {n.split("/")[0] for n in names}
+    assert top == {*PACKAGES, next(t for t in top if t.endswith(".dist-info"))}
+    for pkg in PACKAGES:  # the packages list of pyproject.toml is complete
+        for p in (ROOT / pkg).rglob("*.py"):
+            assert p.relative_to(ROOT).as_posix() in names
+    for p in (ROOT / "app" / "static").iterdir():
+        assert p.relative_to(ROOT).as_posix() in names
+    for f in _files(CHECKOUT_MODEL):
+        assert f"evalkit/models/canary/{f}" in names
+    assert {n for n in names if n.startswith("evalkit/models/")} == \
+        {f"evalkit/models/canary/{f}" for f in _files(CHECKOUT_MODEL)}
+    for f in _files(CHECKOUT_DATASETS):
+        if f.endswith((".yaml", ".mkv")):
+            assert f"evalkit/datasets/{f}" in names
+
+
+def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
+    py, work, env, site = installed["py"], installed["work"], installed["env"], installed["site"]
+    probe = _run([py, "-c", (
+        "import json, evalkit, metrics, app, evalkit.demo as demo\n"
+        "from pathlib import Path\n"
+        "from evalkit import fsutil\n"
+        "from evalkit.canary import MODEL_DIR\n"
+        "from evalkit.render.renderers.canary import MODEL_DIR as RENDERER_DIR\n"
+        "print(json.dumps({'evalkit': evalkit.__file__, 'metrics': metrics.__file__,"
+        " 'app': app.__file__, 'static': str(Path(app.__file__).parent / 'static'),"
+        " 'model': str(MODEL_DIR), 'renderer_model': str(RENDERER_DIR),"
+        " 'model_fn': str(fsutil.canary_model_dir()),"
+        " 'datasets': str(fsutil.datasets_dir()), 'suite': str(demo.SUITE),"
+        " 'gate': str(demo.GATE)}))")], cwd=work, env=env)
+    where = {k: Path(v) for k, v in json.loads(probe.stdout).items()}
+    for k, p in where.items():
+        assert p.is_relative_to(site), f"{k}: {p} is not inside the new venv ({site})"
+    assert where["model"] == where["renderer_model"] == where["model_fn"] == \
+        site / "evalkit" / "models" / "canary"
+    assert where["datasets"] == site / "evalkit" / "datasets"
+    assert where["suite"].is_file() and where["gate"].is_file()
+    assert (where["static"] / "rater.html").is_file()
+    # the folder is copied as is: same files, same bytes, so the same model_sha256
+    assert _files(where["model"]) == _files(CHECKOUT_MODEL)
+    digest = model_digest(CHECKOUT_MODEL)
+    assert model_digest(where["model"]) == digest
+
+    smoke = where["datasets"] / "smoke" / "suite.yaml"
+    r = _run([py, "-m", "evalkit", "suite", "validate", smoke], cwd=work, env=env)
+    assert "ok" in r.stdout
+    _run([py, "-m", "evalkit", "suite", "validate", where["suite"]], cwd=work, env=env)
+    # the console script of the wheel, the canary renderer by default (-r canary), one job
+    r = _run([installed["venv"] / "bin" / "evalkit", "render", smoke, "-b", "cpu", "-r",
+              "canary", "--out", "runs", "--quiet", "--jobs", "astronaut_pan"],
+             cwd=work, env=env)
+    assert "1 rendered, 0 already done, 0 failed" in r.stdout
+    run = work / "runs" / "cpu"
+    assert [p.suffix for p in (run / "clips").iterdir()] == [".mkv"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert Path(manifest["renderer"]["model"]) == where["model"]
+    assert manifest["renderer"]["model_sha256"] == digest
