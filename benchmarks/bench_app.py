@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import httpx  # noqa: E402
 from sqlalchemy import select  # noqa: E402
@@ -50,7 +49,7 @@ def baseline_app(db: str):
 
 class BaselineServer:
     def __init__(self, db):
-        from app_helpers import free_port
+        from evalkit.testing.server import free_port
         self.db, self.port = str(db), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -153,8 +152,8 @@ async def load(server, db, sid, n: int, rounds: int) -> dict:
 
 
 async def main(n: int, rounds: int, repeat: int) -> dict:
-    from app_helpers import Server
-    from study_helpers import make_report
+    from evalkit.testing.server import Server
+    from evalkit.testing.studies import make_report
 
     root = Path(tempfile.mkdtemp(prefix="bench-app-"))
     report = make_report(root)

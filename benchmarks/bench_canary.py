@@ -38,8 +38,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 HELD_OUT = [("astronaut", "skimage.data", "astronaut.png"), ("coffee", "skimage.data", "coffee.png"),
             ("chelsea", "skimage.data", "chelsea.png"), ("rocket", "skimage.data", "rocket.jpg"),

@@ -1,7 +1,7 @@
 """`evalkit compare` wall time against the metric computation alone, side by side.
 
 Two runs of the canary suite (8 clips, 24 frames, 256x256) are made with a fake renderer
-(tests/fake_renderers.py: inverted source plus seeded noise, more noise on bf16), then, in
+(evalkit/testing/renderers.py: inverted source plus seeded noise, more noise on bf16), then, in
 alternation, repeated:
 
 - metrics alone: one loaded PairEvaluator; per job decode both lossless clips once and stream
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main() -> int:
@@ -41,7 +40,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         render_suite(a.suite, ["cpu", "cpu,dtype=bf16"], tmp / "runs",
-                     renderer="fake_renderers:Invert", progress=False)
+                     renderer="evalkit.testing.renderers:Invert", progress=False)
         run_a, run_b = tmp / "runs" / "cpu", tmp / "runs" / "cpu_dtype-bf16"
         pairs, _ = pair_jobs(RunDir.open(run_a), RunDir.open(run_b), same_seed=True)
         evaluator = PairEvaluator(device=a.device)

@@ -49,7 +49,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from metrics.flow import DEFAULT_PRESET, DIS_PRESETS  # noqa: E402
 from metrics.stream import PairEvaluator, auto_chunk, default_flow_workers, stream_pair  # noqa: E402

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def make_fake_suite(folder: Path, n_prompts: int, n_seeds: int) -> Path:
@@ -182,13 +181,11 @@ def main() -> int:
     tmpdir = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     if a.workload == "fake":
         suite = make_fake_suite(tmpdir, a.prompts, 2)
-        renderer, options = "fake_renderers:Invert", {}
+        renderer, options = "evalkit.testing.renderers:Invert", {}
     else:
         suite = ROOT / "datasets" / "canary" / "suite.yaml"
         renderer, options = "canary", {}
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"),
-                                                             os.environ.get("PYTHONPATH")]))
     ray = import_ray(local=True)
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=max(threads * a.ray_workers, os.cpu_count() or 1),

@@ -6,7 +6,7 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py                         # canary suite, canary pipeline, cpu
     python benchmarks/bench_render.py --backend cuda,dtype=bf16
     python benchmarks/bench_render.py --suite datasets/smoke/suite.yaml \\
-        --model PATH --pipeline-class tiny_v2v:TinyVideoToVideoPipeline
+        --model PATH --pipeline-class evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main() -> int:

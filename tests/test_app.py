@@ -15,8 +15,8 @@ from evalkit import study
 from evalkit.study import store
 from evalkit.study.live import media_name
 
-from app_helpers import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from study_helpers import current, make_report, progress
+from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
+from evalkit.testing.studies import current, make_report, progress
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS

@@ -19,9 +19,9 @@ from sqlalchemy import update
 from evalkit import study
 from evalkit.study import store
 
-from app_helpers import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
+from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
-from study_helpers import answer, current, make_report, progress
+from evalkit.testing.studies import answer, current, make_report, progress
 from test_app import ENABLED, export, hidden, rate  # noqa: F401
 
 

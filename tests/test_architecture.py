@@ -31,6 +31,7 @@ ALLOWED = {
     "evalkit.study": CORE,
     "evalkit.cli": None,           # the front door: any room (None = no limit)
     "evalkit.demo": None,
+    "evalkit.testing": None,       # test support (fakes, tiny pipelines, a report, the server)
     "evalkit.__main__": None,
     "app": CORE | {"evalkit.study"},
 }

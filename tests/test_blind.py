@@ -33,8 +33,8 @@ from sqlalchemy import select
 from evalkit import study
 from evalkit.study import store
 
-from app_helpers import Server
-from study_helpers import make_report
+from evalkit.testing.server import Server
+from evalkit.testing.studies import make_report
 
 FPS = 12
 ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"

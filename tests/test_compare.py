@@ -18,11 +18,11 @@ SMOKE = DATASETS / "smoke" / "suite.yaml"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The smoke suite through a tiny diffusers pipeline: fp32, bf16, and a seed-shifted fp32."""
-    import tiny_v2v
+    from evalkit.testing import tiny_v2v
 
     root = tmp_path_factory.mktemp("runs")
     tiny_v2v.build(root / "pipe")
-    opts = {"model": str(root / "pipe"), "pipeline_class": "tiny_v2v:TinyVideoToVideoPipeline"}
+    opts = {"model": str(root / "pipe"), "pipeline_class": "evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"}
     render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer="diffusers", options=opts,
                  progress=False)
     render_suite(SMOKE, ["cpu"], root, renderer="diffusers", options=opts, seed_offset=1,
@@ -131,6 +131,104 @@ def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert (tmp_path / "report.png").stat().st_size > 10_000
     page.close()
+
+
+# -- prompts that are markup, template syntax or mathtext; the caller's matplotlib backend ----
+
+#: HTML, Jinja2 syntax and quotes: index.html shows them as text, never as markup or template
+HOSTILE = "<img src=x onerror=alert(1)> & 'q' \"dq\" {{ 7 * 7 }} {% if true %}x{% endif %} {# c #}"
+#: an even number of '$': matplotlib would parse it as mathtext (and fail on \foo{)
+MATHTEXT = r"a $$ b, $\foo{ and $ c"
+
+
+@pytest.fixture(scope="module")
+def hostile_report(tmp_path_factory):
+    """A compare report of fake-rendered runs whose prompts are HOSTILE and MATHTEXT, written
+    while the caller's matplotlib backend is "svg"; the backend after it is returned too."""
+    import matplotlib
+
+    from evalkit.compare.pairing import compare_runs
+
+    root = tmp_path_factory.mktemp("hostile")
+    clips = DATASETS / "smoke" / "clips"
+    (root / "suite.yaml").write_text(
+        "schema_version: 1\nname: hostile\nclips:\n"
+        f"  - {{id: pan, path: {clips / 'astronaut_pan.mkv'}}}\n"
+        f"  - {{id: obj, path: {clips / 'hubble_object.mkv'}}}\n"
+        f"prompts: [{json.dumps(HOSTILE)}, {json.dumps(MATHTEXT)}]\nseeds: [0]\n")
+    render_suite(root / "suite.yaml", ["cpu", "cpu,dtype=bf16"], root / "runs",
+                 renderer="evalkit.testing.renderers:Invert", progress=False)
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
+                     device="cpu", metric_options={"temporal": False}, progress=False)
+        backend = matplotlib.get_backend()
+    finally:
+        matplotlib.use(before)
+    return {"out": root / "report", "backend": backend}
+
+
+def test_writing_a_report_leaves_the_matplotlib_backend_alone(hostile_report):
+    # a notebook user's backend stays theirs: no matplotlib.use() and no pyplot in the library
+    assert hostile_report["backend"] == "svg"
+
+
+def html_text_and_images(path):
+    """index.html as its text (entities decoded, whitespace collapsed) and its <img> srcs."""
+    import re
+    from html.parser import HTMLParser
+
+    class Parser(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.text, self.images = [], []
+
+        def handle_data(self, data):
+            self.text.append(data)
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                self.images.append(dict(attrs)["src"])
+
+    p = Parser()
+    p.feed(path.read_text())
+    return re.sub(r"\s+", " ", "".join(p.text)), p.images
+
+
+def test_prompts_with_html_and_template_syntax_are_escaped_text(hostile_report):
+    out = hostile_report["out"]
+    raw = (out / "index.html").read_text()
+    text, images = html_text_and_images(out / "index.html")
+    summary = json.loads((out / "summary.json").read_text())
+    jobs = summary["jobs"]["compared"]
+    assert len(jobs) == 4
+    # the prompt is shown literally (not evaluated: no 49, no {% if %} taken), once per clip
+    assert text.count(f"pan: {HOSTILE}") == 1 and text.count(f"obj: {HOSTILE}") == 1
+    assert text.count(f"pan: {MATHTEXT}") == 1 and text.count(f"obj: {MATHTEXT}") == 1
+    for literal in ("{{ 7 * 7 }}", "{% if true %}x{% endif %}", "{# c #}"):
+        assert raw.count(literal) == 2, literal
+    # ... and escaped: the only images are the report's own (timeline, A, B, heatmap per job)
+    assert "<img src=x" not in raw and "&lt;img src=x onerror=alert(1)&gt;" in raw
+    assert len(images) == 4 * len(jobs) and all(src.startswith("img/job") for src in images)
+    for src in images:
+        assert (out / src).is_file(), src
+
+
+def test_prompts_with_dollar_signs_are_not_mathtext(hostile_report):
+    from PIL import Image
+
+    out = hostile_report["out"]
+    rows = {r["job"]: r for r in read_csv(out / "clips.csv")}
+    assert sum(r["prompt"] == MATHTEXT for r in rows.values()) == 2
+    assert all(r["status"] == "compared" for r in rows.values())
+    timelines = sorted((out / "img").glob("*_timeline.png"))
+    assert len(timelines) == 4
+    for p in timelines:
+        with Image.open(p) as im:
+            assert im.size == (700, 240)
+    # written atomically: no temporary files left next to the outputs
+    assert not [p for p in out.rglob("*") if p.name.startswith(".tmp")]
 
 
 # -- bad input ---------------------------------------------------------------------------------

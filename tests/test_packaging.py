@@ -73,7 +73,7 @@ def test_render_and_study_media_give_normal_modes(tmp_path, umask):
     from evalkit.study.media import store_browser_copy
 
     s = render_suite(fsutil.datasets_dir() / "smoke" / "suite.yaml", ["cpu"], tmp_path / "runs",
-                     renderer="fake_renderers:Invert", progress=False)[0]
+                     renderer="evalkit.testing.renderers:Invert", progress=False)[0]
     assert (s.done, s.failed) == (2, 0)
     found = modes(tmp_path / "runs")
     assert {k for k in found if k.endswith(".mkv")} and {k for k in found if k.endswith(".mp4")}
@@ -169,6 +169,8 @@ def test_wheel_holds_every_module_and_the_shipped_data(wheel):
         for p in (ROOT / pkg).rglob("*.py"):
             assert p.relative_to(ROOT).as_posix() in names
     for p in (ROOT / "app" / "static").iterdir():
+        assert p.relative_to(ROOT).as_posix() in names
+    for p in (ROOT / "evalkit" / "compare" / "templates").iterdir():   # the report's template
         assert p.relative_to(ROOT).as_posix() in names
     for f in _files(CHECKOUT_MODEL):
         assert f"evalkit/models/canary/{f}" in names

@@ -23,16 +23,14 @@ from evalkit.formats.run import read_manifest, sha256_file
 from conftest import DATASETS, ROOT, assert_one_line_error
 from test_render import make_suite
 
-TESTS = ROOT / "tests"
 SMOKE = DATASETS / "smoke" / "suite.yaml"
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)}
+ENV = dict(os.environ)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two Ray nodes on 127.0.0.1; workers import tests/ (renderers) through PYTHONPATH."""
+    """Two Ray nodes on 127.0.0.1; workers import the test renderers from evalkit.testing."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # stay on loopback
-    os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]          # inherited by raylets and workers
     import ray
     from ray.cluster_utils import Cluster
 
@@ -94,7 +92,7 @@ def test_smoke_suite_is_bit_identical_to_the_local_executor(cluster, tmp_path):
 def test_two_backends_land_on_the_nodes_with_their_resources(cluster, tmp_path):
     suite = make_suite(tmp_path)
     s = render_suite(suite, ["cpu,resource=rA", "cpu,dtype=bf16,resource=rB"], tmp_path / "o",
-                     renderer="fake_renderers:Invert", progress=False,
+                     renderer="evalkit.testing.renderers:Invert", progress=False,
                      executor=executor(max_workers=1))
     assert [(x.done, x.failed) for x in s] == [(6, 0), (6, 0)]
     for run, res, dtype in (("cpu_resource-rA", "rA", "fp32"), ("cpu_dtype-bf16_resource-rB", "rB", "bf16")):
@@ -112,7 +110,7 @@ def test_an_unknown_resource_is_a_one_line_error(cluster, tmp_path, capsys):
 
     with pytest.raises(UserError, match="no node of the Ray cluster offers resource 'mi325x'"):
         render_suite(make_suite(tmp_path), ["cpu,resource=mi325x"], tmp_path / "o",
-                     renderer="fake_renderers:Invert", progress=False, executor=executor())
+                     renderer="evalkit.testing.renderers:Invert", progress=False, executor=executor())
 
 
 def _kill_first_worker(markers, killed, stop):
@@ -137,7 +135,7 @@ def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(cluster, tmp_path,
     killer = threading.Thread(target=_kill_first_worker, args=(markers, killed, stop))
     killer.start()
     try:
-        s = render_suite(suite, ["cpu"], tmp_path / "o", renderer="ray_renderers:PidInvert",
+        s = render_suite(suite, ["cpu"], tmp_path / "o", renderer="evalkit.testing.ray_renderers:PidInvert",
                          options=opts, progress=False,
                          executor=executor(max_workers=2, max_retries=retries))
     finally:
@@ -156,21 +154,21 @@ def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(cluster, tmp_path,
         # no retries allowed: recorded as failed (with what happened), a re-run renders it
         assert rec["status"] == "failed" and "worker died 1 times" in rec["error"]
         assert s[0].failed >= 1 and s[0].done + s[0].failed == 4
-        again = render_suite(suite, ["cpu"], tmp_path / "o", renderer="ray_renderers:PidInvert",
+        again = render_suite(suite, ["cpu"], tmp_path / "o", renderer="evalkit.testing.ray_renderers:PidInvert",
                              options={**opts, "hold": "0"}, progress=False, executor=executor())
         assert (again[0].done, again[0].skipped) == (s[0].failed, s[0].done)
     jobs = assert_complete(run, 4)
     # and the clips are those of the local executor
-    render_suite(suite, ["cpu"], tmp_path / "local", renderer="fake_renderers:Invert", progress=False)
+    render_suite(suite, ["cpu"], tmp_path / "local", renderer="evalkit.testing.renderers:Invert", progress=False)
     local = jobs_of(tmp_path / "local" / "cpu")
     assert {i: j["output"]["sha256"] for i, j in jobs.items()} == \
         {i: j["output"]["sha256"] for i, j in local.items()}
 
 
 def test_compare_through_ray_gives_the_local_clips_csv(cluster, tmp_path):
-    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], tmp_path / "runs", renderer="fake_renderers:Invert",
+    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], tmp_path / "runs", renderer="evalkit.testing.renderers:Invert",
                  progress=False)
-    render_suite(SMOKE, ["cpu"], tmp_path / "runs", renderer="fake_renderers:Invert",
+    render_suite(SMOKE, ["cpu"], tmp_path / "runs", renderer="evalkit.testing.renderers:Invert",
                  seed_offset=1, progress=False)
     a, b, f = (tmp_path / "runs" / n for n in ("cpu", "cpu_dtype-bf16", "cpu_seed+1"))
     local = compare_runs(a, b, tmp_path / "local", floors=[f], device="cpu", progress=False)
@@ -192,7 +190,7 @@ def test_driver_killed_and_restarted_resumes(tmp_path):
     suite = make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "evalkit", "render", str(suite), "-b", "cpu", "--out", str(out),
-           "-r", "fake_renderers:Invert", "-O", "sleep=0.5", "--quiet", "--executor", "ray",
+           "-r", "evalkit.testing.renderers:Invert", "-O", "sleep=0.5", "--quiet", "--executor", "ray",
            "--ray-workers", "1"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)

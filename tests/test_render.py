@@ -17,15 +17,14 @@ from evalkit.render.driver import render_suite
 from evalkit.formats.run import RunDir, read_manifest, sha256_file
 from evalkit.formats.suite import load_suite
 
-from conftest import DATASETS, ROOT, assert_one_line_error
+from conftest import DATASETS, assert_one_line_error
 
-TESTS = ROOT / "tests"
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 
 
 @pytest.fixture(scope="module")
 def tiny_pipeline(tmp_path_factory):
-    import tiny_v2v
+    from evalkit.testing import tiny_v2v
 
     path = tmp_path_factory.mktemp("tiny") / "pipe"
     tiny_v2v.build(path)
@@ -53,7 +52,7 @@ def make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1)):
 
 def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtypes(
         tiny_pipeline, tmp_path, cli):
-    opts = ["-O", f"model={tiny_pipeline}", "-O", "pipeline_class=tiny_v2v:TinyVideoToVideoPipeline"]
+    opts = ["-O", f"model={tiny_pipeline}", "-O", "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"]
     suite = load_suite(SMOKE)
     for out in ("r1", "r2"):
         code, stdout, err = cli("render", SMOKE, "--backend", "cpu,dtype=fp32", "--backend",
@@ -80,7 +79,7 @@ def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtyp
 
 
 def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_path):
-    opts = {"model": str(tiny_pipeline), "pipeline_class": "tiny_v2v:TinyVideoToVideoPipeline"}
+    opts = {"model": str(tiny_pipeline), "pipeline_class": "evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"}
     base = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
                         jobs=["astronaut_pan"], progress=False)[0]
     shifted = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
@@ -98,7 +97,7 @@ def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline,
 
     model = tmp_path / "model"
     shutil.copytree(tiny_pipeline, model)
-    opts = ["-O", f"model={model}", "-O", "pipeline_class=tiny_v2v:TinyVideoToVideoPipeline"]
+    opts = ["-O", f"model={model}", "-O", "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"]
     args = ["render", SMOKE, "-b", "cpu", "--renderer", "diffusers", *opts, "--jobs",
             "astronaut_pan", "--out", tmp_path / "runs"]
     assert cli(*args)[0] == 0
@@ -120,8 +119,8 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
     suite_path = make_suite(tmp_path, prompts=("a", "b", "c", "d"), seeds=(0, 1))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "evalkit", "render", str(suite_path), "--backend", "cpu",
-           "--out", str(out), "--renderer", "fake_renderers:Invert", "-O", "sleep=0.4", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+           "--out", str(out), "--renderer", "evalkit.testing.renderers:Invert", "-O", "sleep=0.4", "--quiet"]
+    env = dict(os.environ)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     manifest = out / "cpu" / "manifest.json"
     deadline = time.time() + 120
@@ -155,7 +154,7 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
 
 def test_rerun_skips_verified_jobs_and_redoes_tampered_ones(tmp_path):
     suite_path = make_suite(tmp_path)
-    kw = dict(renderer="fake_renderers:Invert", progress=False)
+    kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
     first = render_suite(suite_path, ["cpu"], tmp_path / "o", **kw)[0]
     assert (first.done, first.skipped) == (6, 0)
     clip = sorted((first.path / "clips").iterdir())[0]
@@ -167,7 +166,7 @@ def test_rerun_skips_verified_jobs_and_redoes_tampered_ones(tmp_path):
 
 def test_jobs_selects_a_subset(tmp_path):
     suite_path = make_suite(tmp_path)
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="fake_renderers:Invert",
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
                      jobs=["pan-b-"], progress=False)[0]
     assert s.done == 2
     assert {j["status"] for j in RunDir.open(s.path).jobs if j["prompt"] != "b"} == {"pending"}
@@ -239,7 +238,7 @@ def test_import_renderer_adopts_renders_by_job_id(tmp_path):
 ])
 def test_a_bad_job_is_recorded_and_the_others_go_on(mode, needle, tmp_path):
     suite_path = make_suite(tmp_path, prompts=("good", "bad", "fine"), seeds=(0,))
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="fake_renderers:Invert",
+    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
                      options={"bad": mode}, progress=False)[0]
     assert (s.done, s.failed) == (2, 1)
     [(job_id, err)] = s.failures.items()
@@ -259,7 +258,7 @@ def test_a_bad_job_is_recorded_and_the_others_go_on(mode, needle, tmp_path):
     (["-O", "justtext"], "--renderer-opt: expected key=value"),
 ])
 def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
-    base = {"--renderer": "fake_renderers:Invert", "--backend": "cpu"}
+    base = {"--renderer": "evalkit.testing.renderers:Invert", "--backend": "cpu"}
     argv = ["render", str(SMOKE), "--out", str(tmp_path / "o"), "--quiet"]
     given = set(args[::2])
     for k, v in base.items():
@@ -273,7 +272,7 @@ def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
 def test_a_real_diffusers_pipeline_class_animatediff_video_to_video(tmp_path):
     """diffusers' AnimateDiffVideoToVideoPipeline (tiny, from configs), resolved from its
     model_index.json; extra job params (height, width) pass through by name."""
-    import tiny_animatediff
+    from evalkit.testing import tiny_animatediff
 
     model = tmp_path / "animatediff"
     tiny_animatediff.build(model)

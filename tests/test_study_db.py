@@ -22,7 +22,7 @@ from evalkit import study
 from evalkit.study import store
 
 from conftest import ROOT, assert_one_line_error
-from study_helpers import make_report
+from evalkit.testing.studies import make_report
 
 
 @pytest.fixture(scope="module")

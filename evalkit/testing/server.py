@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import httpx
 
-from conftest import ROOT
 
 ADMIN_PASSWORD = "s3cret-admin"
 COMPLETION_CODE = "THANKS-7Q"
-ARTIFACTS = ROOT / "build" / "test-artifacts"
+ARTIFACTS = Path(os.environ.get("EVALKIT_TEST_ARTIFACTS") or "build/test-artifacts").resolve()
 
 
 def free_port() -> int:
@@ -36,7 +37,7 @@ class Server:
             [sys.executable, "-m", "evalkit", "serve", "--db", self.db, "--host", "127.0.0.1",
              "--port", str(self.port), "--admin-password", ADMIN_PASSWORD,
              "--completion-code", COMPLETION_CODE],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -1,11 +1,11 @@
-"""Renderers for the Ray executor tests (imported by Ray worker processes via PYTHONPATH)."""
+"""Renderers for the Ray executor tests (imported by Ray worker processes from the installed package)."""
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
 
-from fake_renderers import Invert
+from evalkit.testing.renderers import Invert
 
 
 class PidInvert(Invert):

@@ -1,6 +1,6 @@
 """Renderers for tests of the render harness: a fake transport, no GPU or model needed.
 
-Found by the harness through the ``module:attr`` renderer path (``fake_renderers:Invert``).
+Found by the harness through the ``module:attr`` renderer path (``evalkit.testing.renderers:Invert``).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import DATASETS
+from evalkit.fsutil import datasets_dir
 
 
 def make_report(root, seeds=(0, 1, 2), fps=None):
@@ -13,6 +13,7 @@ def make_report(root, seeds=(0, 1, 2), fps=None):
     from evalkit.compare.pairing import compare_runs
     from evalkit.render.driver import render_suite
 
+    DATASETS = datasets_dir()
     src = {"pan": DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
            "obj": DATASETS / "smoke" / "clips" / "hubble_object.mkv"}
     if fps is not None:
@@ -31,7 +32,7 @@ def make_report(root, seeds=(0, 1, 2), fps=None):
         prompts: ["a"]
         seeds: {json.dumps(list(seeds))}
     """))
-    render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer="fake_renderers:Invert",
+    render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer="evalkit.testing.renderers:Invert",
                  progress=False)
     compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
                  device="cpu", metric_options={"temporal": False}, progress=False)

@@ -1,0 +1,11 @@
+"""Shared test support, importable by tests, benchmarks and users' own tests (no ``sys.path``
+edits): fake renderers (``evalkit.testing.renderers:Invert`` as a ``-r`` path), the renderers
+of the Ray tests, tiny diffusers pipelines built from configs (random weights, no download), a
+compare report for study tests, and the real ``evalkit serve`` as a process on loopback.
+
+- :mod:`.renderers`: ``Invert`` and friends (a fake transport for the render harness)
+- :mod:`.ray_renderers`: renderers whose workers can be found and killed
+- :mod:`.tiny_v2v`, :mod:`.tiny_animatediff`: tiny video-to-video pipelines
+- :mod:`.studies`: ``make_report`` and a browser-like rater (``answer``, ``current``, ``progress``)
+- :mod:`.server`: ``Server`` (``evalkit serve`` on a free port), ``free_port``
+"""
