@@ -1,0 +1,107 @@
+"""``evalkit compare`` and ``evalkit metrics``: the compare flow."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evalkit.cli.common import executor_args, make_executor
+
+
+def cmd_compare(args) -> int:
+    from evalkit.compare.pairing import compare_runs
+    from metrics.catalogue import fmt, keys
+
+    options = {}
+    if args.no_temporal:
+        options["temporal"] = False
+    if args.flow_preset:
+        options["flow_preset"] = args.flow_preset
+    executor = make_executor(args)
+    try:
+        result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
+                              device=None if args.device == "auto" else args.device,
+                              metric_options=options, progress=not args.quiet, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
+    s = result.summary
+    agg = s["aggregates"]
+    print(f"compared {len(s['jobs']['compared'])} jobs "
+          f"({len(s['jobs']['not_compared'])} not compared) -> {result.out}")
+    for key in keys(headline=True):
+        if key in agg:
+            a = agg[key]
+            print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
+    for name, ratios in s["floor_ratios"].items():
+        print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
+    for jid, why in s["jobs"]["not_compared"].items():
+        print(f"  not compared {jid}: {why}")
+    if s["gate"] is not None:
+        print(f"gate: {s['gate']['verdict'].upper()}")
+        for reason in s["gate"]["reasons"]:
+            print(f"  {reason}")
+    return result.exit_code
+
+
+def cmd_metrics(args) -> int:
+    from evalkit.compare.clips import compare_clips, format_text
+
+    result = compare_clips(
+        args.a, args.b, device=args.device, net=args.net, chunk=args.chunk, align=args.align,
+        temporal=not args.no_temporal, flow=args.flow, flow_preset=args.flow_preset,
+        flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
+        keep_frames=args.json,
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+    else:
+        print(format_text(result))
+    return 0
+
+
+def add_compare(sub, common) -> None:
+    s = sub.add_parser("compare", parents=[common],
+                       help="compare two runs: metrics, noise floor, gate, CSV/JSON/HTML report")
+    s.add_argument("run_a", type=Path, help="run folder A (the reference backend)")
+    s.add_argument("run_b", type=Path, help="run folder B (the backend under test)")
+    s.add_argument("--out", "-o", type=Path, required=True, help="report folder")
+    s.add_argument("--gate", type=Path, default=None, help="gate YAML (exit 1 when it fails)")
+    s.add_argument("--floor", type=Path, action="append", default=[], metavar="RUN",
+                   help="noise-floor run compared against A: a re-render on A's backend, or a "
+                        "--seed-offset run (repeatable)")
+    s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
+    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
+                   help="DIS preset for the temporal metrics (default fast)")
+    s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    executor_args(s)
+    s.set_defaults(func=cmd_compare)
+
+
+def add_metrics(sub, common) -> None:
+    s = sub.add_parser("metrics", parents=[common],
+                       help="LPIPS, SSIM, PSNR, exactness and temporal metrics of two clips or images")
+    s.add_argument("a", type=Path, help="clip A: video file, image, or folder of images")
+    s.add_argument("b", type=Path, help="clip B, same size and frame count as A")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object: per-metric means and per-frame lists")
+    s.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="also write the per-frame table to FILE")
+    s.add_argument("--device", default="auto",
+                   help="where metrics run: auto (a GPU if present, else cpu), cpu, cuda, cuda:N")
+    s.add_argument("--net", choices=("alex", "vgg"), default="alex", help="LPIPS trunk (default alex)")
+    s.add_argument("--ssim-channel", choices=("luma", "rgb"), default="luma",
+                   help="SSIM on rounded BT.601 luma (default, original convention) or per RGB plane")
+    s.add_argument("--flow", choices=("dis", "farneback"), default="dis",
+                   help="optical flow for the temporal metrics (default OpenCV DIS)")
+    s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
+                   help="DIS preset (default fast)")
+    s.add_argument("--flow-scale", type=float, default=1.0,
+                   help="compute flow on frames downscaled by this factor in (0, 1] (default 1)")
+    s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--align", choices=("error", "shortest"), default="error",
+                   help="different frame counts: error (default) or compare the common prefix "
+                        "(recorded in the output)")
+    s.add_argument("--chunk", type=int, default=None,
+                   help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
+    s.set_defaults(func=cmd_metrics)

@@ -1,0 +1,88 @@
+"""``evalkit render`` and ``evalkit suite``: the render flow."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evalkit.cli.common import executor_args, make_executor, renderer_options
+
+
+def cmd_render(args) -> int:
+    from evalkit.render.driver import render_suite
+
+    executor = make_executor(args)
+    try:
+        summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
+                                 options=renderer_options(args.renderer_opt), jobs=args.jobs,
+                                 seed_offset=args.seed_offset, progress=not args.quiet,
+                                 executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
+    failed = 0
+    for s in summaries:
+        print(f"{s.backend}: {s.done} rendered, {s.skipped} already done, {s.failed} failed "
+              f"-> {s.path}")
+        for job_id, err in s.failures.items():
+            print(f"  failed {job_id}: {err}")
+        failed += s.failed
+    return 1 if failed else 0
+
+
+def cmd_suite_validate(args) -> int:
+    from evalkit.formats.suite import load_suite
+
+    suite = load_suite(args.path, check_clips=True)
+    print(f"{args.path}: ok: suite '{suite.name}', {len(suite.clips)} clips, {len(suite.jobs)} jobs")
+    if args.jobs:
+        for job in suite.jobs:
+            print(f"{job.id}\t{job.clip}\t{job.prompt}\tseed={job.seed}\t"
+                  f"{json.dumps(job.params, sort_keys=True)}")
+    return 0
+
+
+def cmd_suite_preview(args) -> int:
+    from evalkit.formats.suite import load_suite, write_previews
+
+    suite = load_suite(args.path)
+    written = write_previews(suite, args.out, progress=not args.quiet)
+    print(f"wrote {len(written)} browser previews to {args.out}")
+    return 0
+
+
+def add_render(sub, common) -> None:
+    s = sub.add_parser("render", parents=[common],
+                       help="render a suite's jobs on one or more backends (resumable)")
+    s.add_argument("suite", type=Path, help="the suite YAML file")
+    s.add_argument("--backend", "-b", action="append", required=True, metavar="SPEC",
+                   help="backend spec, e.g. cuda:0,dtype=bf16 or cpu,dtype=fp32 (repeatable)")
+    s.add_argument("--out", "-o", type=Path, required=True,
+                   help="output folder: one run folder per backend inside it")
+    s.add_argument("--renderer", "-r", default=None,
+                   help="diffusers, command, import, canary, or module:Class "
+                        "(default: the suite's renderer)")
+    s.add_argument("--renderer-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="renderer option, e.g. model=PATH (diffusers), cmd=... (command), "
+                        "dir=... (import); repeatable")
+    s.add_argument("--jobs", nargs="+", default=None, metavar="ID",
+                   help="only these jobs (job id, id prefix, or clip id)")
+    s.add_argument("--seed-offset", type=int, default=0,
+                   help="add N to every seed (a seed-shifted run for the noise floor)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    executor_args(s, retries=True)
+    s.set_defaults(func=cmd_render)
+
+
+def add_suite(sub, common) -> None:
+    s = sub.add_parser("suite", parents=[common], help="work with suite files")
+    ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)
+    v = ss.add_parser("validate", parents=[common], help="check a suite YAML and its clips")
+    v.add_argument("path", type=Path, help="the suite YAML file")
+    v.add_argument("--jobs", action="store_true", help="also list the jobs with their ids")
+    v.set_defaults(func=cmd_suite_validate)
+    v = ss.add_parser("preview", parents=[common],
+                      help="write browser copies (H.264 mp4) of a suite's source clips")
+    v.add_argument("path", type=Path, help="the suite YAML file")
+    v.add_argument("--out", type=Path, required=True, help="output folder")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=cmd_suite_preview)

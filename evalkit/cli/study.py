@@ -1,0 +1,121 @@
+"""``evalkit study``: create, invite, results, plan."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from evalkit.errors import UserError
+
+
+def cmd_study_create(args) -> int:
+    from evalkit.study import create_study
+
+    r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
+                     raters_planned=args.raters, margin=args.margin, seed=args.seed,
+                     media_dir=args.media, catch_alpha=args.catch_alpha)
+    for w in r["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"study {r['study']}: {args.protocol}, {r['clips']} clips, "
+          f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
+          f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
+    return 0
+
+
+def cmd_study_invite(args) -> int:
+    from evalkit.study import invite
+
+    for r in invite(args.db, args.study, args.count, args.label):
+        print(f"rater {r['rater']}: {args.base_url}{r['token']}")
+    print("the links are shown only now (the database keeps hashes)", file=sys.stderr)
+    return 0
+
+
+def cmd_study_results(args) -> int:
+    from evalkit.study import results, write_csvs
+    from evalkit.study.text import results_text
+
+    res = results(args.db, args.study, reps=args.reps)
+    if args.csv:
+        write_csvs(args.db, args.study, res, args.csv)
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    print(results_text(res))
+    return 0
+
+
+def cmd_study_plan(args) -> int:
+    from evalkit.study import plan
+
+    try:
+        p = plan(args.protocol, args.margin, args.power, clips=args.clips,
+                 tie_rate=args.tie_rate, exclusion_rate=args.exclusion_rate,
+                 clip_accuracy=args.clip_accuracy)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(p, indent=2, default=str))
+        return 0
+    print(f"{p['raters']} included raters x {p['clips']} clips = {p['raters'] * p['clips']} "
+          f"test ratings; invite {p['invite']} ({100 * p['exclusion_rate']:.0f}% expected "
+          "exclusions)")
+    for k in ("reason", "reasons", "notes"):
+        v = p.get(k)
+        for line in ([v] if isinstance(v, str) else (v or [])):
+            print(f"  {line}")
+    return 0
+
+
+def add_study(sub, common) -> None:
+    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, plan")
+    ss = s.add_subparsers(dest="study_command", metavar="SUBCOMMAND", required=True)
+    v = ss.add_parser("create", parents=[common], help="create a study from a compare report")
+    v.add_argument("report", type=Path, help="compare report folder")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--protocol", required=True, choices=("preference", "abx"))
+    v.add_argument("--clips", default="all", help="all, worst:N or sample:N (default all)")
+    v.add_argument("--raters", type=int, default=0,
+                   help="planned number of included raters (default: the planner's figure); "
+                   "no verdict is shown before this many have finished")
+    v.add_argument("--margin", type=float, default=0.1,
+                   help="ABX equivalence margin: accuracy at most 0.5 + margin (default 0.1)")
+    v.add_argument("--seed", type=int, default=0, help="seed of selection and assignment")
+    v.add_argument("--media", type=Path, default=None,
+                   help="folder for browser copies (default: media/ next to the SQLite file)")
+    v.add_argument("--catch-alpha", type=float, default=0.05,
+                   help="a rater is kept when better than guessing on the easy catch trials "
+                   "(one-sided exact binomial at this level; default 0.05)")
+    v.set_defaults(func=cmd_study_create)
+    v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id")
+    v.add_argument("--count", type=int, default=1, help="how many raters (default 1)")
+    v.add_argument("--label", default=None, help="a label stored with the raters")
+    v.add_argument("--base-url", default="http://localhost:7860/?token=",
+                   help="link prefix the token is appended to")
+    v.set_defaults(func=cmd_study_invite)
+    v = ss.add_parser("results", parents=[common], help="analyse a study: verdict and CSV")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id")
+    v.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="raw ratings to FILE, the summary to FILE's stem + .summary.csv")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    v.set_defaults(func=cmd_study_results)
+    v = ss.add_parser("plan", parents=[common], help="raters and trials needed for a study")
+    v.add_argument("--protocol", required=True, choices=("preference", "abx"))
+    v.add_argument("--margin", type=float, default=0.1,
+                   help="ABX: accuracy at most 0.5 + margin; preference: the win rate to detect")
+    v.add_argument("--power", type=float, default=0.8)
+    v.add_argument("--clips", "--clips-per-rater", dest="clips", type=int, default=15,
+                   help="clips in the study, each rated once by every rater (at least 15)")
+    v.add_argument("--exclusion-rate", type=float, default=0.1,
+                   help="expected share of raters failing the catch trials (default 0.1)")
+    v.add_argument("--clip-accuracy", type=float, default=0.9,
+                   help="ABX accuracy of a single visible clip that must be flagged (default 0.9)")
+    v.add_argument("--tie-rate", type=float, default=0.0,
+                   help="expected share of 'no difference' answers (preference)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=cmd_study_plan)
