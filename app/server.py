@@ -229,7 +229,8 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
     quiet = _QuietShutdown(server)
     for name in ("uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(quiet)
-    print(f"rater page: http://{host}:{port}/?token=<token>   admin: http://{host}:{port}/admin "
+    print(f"rater page: http://{host}:{port}/?token=<token> (invite links: evalkit study invite "
+          f"--base-url http://{host}:{port})   admin: http://{host}:{port}/admin "
           f"(user admin{'' if admin_password else ', password ' + app.state.admin_password})",
           flush=True)
     try:

@@ -240,6 +240,22 @@ def test_bad_input(report, tmp_path, cli):
     assert_one_line_error(err, "--clips", "best:3")
 
 
+def test_invite_links_from_the_server_base_url(report, tmp_path, cli):
+    db = tmp_path / "l.db"
+    assert cli("study", "create", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
+    for base, prefix in (("http://h:8000", "http://h:8000/?token="),
+                         ("http://h:8000/", "http://h:8000/?token="),
+                         ("https://h/evalkit", "https://h/evalkit/?token="),
+                         ("http://h:1/?token=", "http://h:1/?token=")):
+        code, out, _ = cli("study", "invite", "--db", db, "--study", "1", "--base-url", base)
+        assert code == 0 and out.split(": ", 1)[1].rsplit("token=", 1)[0] + "token=" == prefix, out
+    code, out, _ = cli("study", "invite", "--db", db, "--study", "1")
+    assert out.split(": ", 1)[1].startswith("http://localhost:7860/?token=")
+    code, _, err = cli("study", "invite", "--db", db, "--study", "1", "--base-url", "h:8000")
+    assert code == 2
+    assert_one_line_error(err, "--base-url", "h:8000")
+
+
 def test_plan_command(cli):
     code, out, err = cli("study", "plan", "--protocol", "abx", "--margin", "0.1", "--power", "0.8",
                          "--json")

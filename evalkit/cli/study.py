@@ -26,10 +26,28 @@ def cmd_study_create(args) -> int:
 def cmd_study_invite(args) -> int:
     from evalkit.study import invite
 
+    prefix = invite_prefix(args.base_url)
     for r in invite(args.db, args.study, args.count, args.label):
-        print(f"rater {r['rater']}: {args.base_url}{r['token']}")
+        print(f"rater {r['rater']}: {prefix}{r['token']}")
     print("the links are shown only now (the database keeps hashes)", file=sys.stderr)
     return 0
+
+
+def invite_prefix(base_url: str) -> str:
+    """The link prefix for tokens from the server's base URL: ``http://host:port`` or
+    ``http://host:port/some/path/`` gives ``.../?token=``; a prefix that already ends in
+    ``token=`` is kept as given."""
+    from urllib.parse import urlsplit
+
+    if base_url.endswith("token="):
+        return base_url
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(f"--base-url: expected the server's URL like http://host:7860, found "
+                        f"{base_url!r}")
+    if parts.query or parts.fragment:
+        raise UserError(f"--base-url: expected no query or fragment, found {base_url!r}")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}/?token="
 
 
 def cmd_study_results(args) -> int:
@@ -93,8 +111,9 @@ def add_study(sub, common) -> None:
     v.add_argument("--study", required=True, help="study id")
     v.add_argument("--count", type=int, default=1, help="how many raters (default 1)")
     v.add_argument("--label", default=None, help="a label stored with the raters")
-    v.add_argument("--base-url", default="http://localhost:7860/?token=",
-                   help="link prefix the token is appended to")
+    v.add_argument("--base-url", default="http://localhost:7860",
+                   help="the rater page's server as raters reach it, e.g. http://host:7860 "
+                   "(what `evalkit serve` prints); each link is BASE/?token=...")
     v.set_defaults(func=cmd_study_invite)
     v = ss.add_parser("results", parents=[common], help="analyse a study: verdict and CSV")
     v.add_argument("--db", required=True, help="database URL or SQLite file")
