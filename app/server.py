@@ -89,6 +89,10 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     def healthz():
         return {"ok": True}
 
+    @api.get("/favicon.ico")
+    def favicon():                  # no icon, and no 404 in every page load's log
+        return Response(status_code=204)
+
     @api.get("/")
     def rater_page():
         return FileResponse(STATIC / "rater.html", headers=NO_STORE)

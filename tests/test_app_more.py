@@ -142,6 +142,40 @@ def test_resume_after_server_restart(env, browser):
         server.stop()
 
 
+def test_a_stale_tab_goes_on_with_the_next_trial(env, browser):
+    """Two tabs of one rater: the second answers a trial the first already answered and is
+    shown the next unanswered trial (not an error); the first answer stands; no 404s."""
+    db, sid = env["db"], env["sid"]
+    token = study.invite(db, sid, 1)[0]["token"]
+    server = Server(db).start()
+    ctx = browser.new_context()
+    tabs = [ctx.new_page(), ctx.new_page()]
+    missing = []
+    for tab in tabs:
+        tab.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    try:
+        for tab in tabs:
+            with tab.expect_response(re.compile(r"/api/trial\?")):
+                tab.goto(f"{server.url}/?token={token}")
+            tab.wait_for_function(ENABLED, timeout=30000)
+        first = tabs[0].get_attribute("body", "data-trial-index")
+        assert tabs[1].get_attribute("body", "data-trial-index") == first
+        with tabs[0].expect_response(re.compile(r"/api/answer$")):
+            tabs[0].click("#answers button[data-answer='left']")
+        with tabs[1].expect_response(re.compile(r"/api/answer$")) as resp:
+            tabs[1].click("#answers button[data-answer='right']")
+        assert resp.value.status == 409
+        tabs[1].wait_for_function(f"document.body.dataset.trialIndex === '{int(first) + 1}'",
+                                  timeout=30000)
+        assert "already answered" in tabs[1].inner_text("#message")
+        rows = [r for r in export(server, sid) if r["rater"] == str(_rater(db, token))]
+        assert [r["answer"] for r in rows] == ["left"]
+        assert missing == []
+    finally:
+        ctx.close()
+        server.stop()
+
+
 def _rater(db, token):
     from sqlalchemy import select
     from evalkit.study.api import token_hash

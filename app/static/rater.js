@@ -23,7 +23,7 @@
     const r = await fetch(url, Object.assign({cache: "no-store", referrerPolicy: "no-referrer"}, opts || {}));
     let body = {};
     try { body = await r.json(); } catch (e) { body = {error: "unexpected answer from the server"}; }
-    if (!r.ok) throw new Error(body.error || ("error " + r.status));
+    if (!r.ok) { const e = new Error(body.error || ("error " + r.status)); e.status = r.status; throw e; }
     return body;
   }
 
@@ -186,6 +186,16 @@
         body: JSON.stringify({token: token, trial: cur.trial, answer: a, response_ms: ms})});
       message(""); render(state);
     } catch (e) {
+      if (e.status === 409) {
+        // answered meanwhile in another tab or on another device: go on with the current trial
+        try {
+          const state = await call("/api/trial?token=" + encodeURIComponent(token));
+          busy = false; render(state);
+          message("This trial was already answered (in another tab or on another device); " +
+                  "here is the next one.");
+          return;
+        } catch (e2) { e = e2; }
+      }
       message("Your answer could not be saved: " + e.message + ". Please try again.");
       busy = false; enableAnswers();
     }
