@@ -16,7 +16,7 @@ from evalkit.study import store
 from evalkit.study.live import media_name
 
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from evalkit.testing.studies import current, make_report, progress
+from evalkit.testing.studies import current, hidden, make_report, progress, secrets_of
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
@@ -32,21 +32,10 @@ def env(tmp_path_factory):
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
             for p in ("preference", "abx")}
-    summary = json.loads((report / "summary.json").read_text())
-    with store.open_db(db).engine.connect() as conn:
-        jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
-    runs = [summary["runs"][k]["path"] for k in ("a", "b")]
-    secret = {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
-              "studytest", str(report)}
+    secret = secrets_of(db, report)
     server = Server(db).start()
     yield {"db": db, "sids": sids, "server": server, "secret": secret}
     server.stop()
-
-
-def hidden(db, trial_id):
-    with store.open_db(db).engine.connect() as conn:
-        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
-                    .mappings().one())
 
 
 def key(db, sid):

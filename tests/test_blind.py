@@ -28,13 +28,11 @@ import av
 import httpx
 import pytest
 from scipy.stats import binomtest
-from sqlalchemy import select
 
 from evalkit import study
-from evalkit.study import store
 
 from evalkit.testing.server import Server
-from evalkit.testing.studies import make_report
+from evalkit.testing.studies import hidden, make_report, secrets_of
 
 FPS = 12
 ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
@@ -49,19 +47,8 @@ def env(tmp_path_factory):
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
-    summary = json.loads((report / "summary.json").read_text())
-    with store.open_db(db).engine.connect() as conn:
-        jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
-    runs = [summary["runs"][k]["path"] for k in ("a", "b")]
-    secret = {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
-              "studytest", str(report)}
+    secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
-
-
-def hidden(db, trial_id) -> dict:
-    with store.open_db(db).engine.connect() as conn:
-        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
-                    .mappings().one())
 
 
 def sample_sizes(data: bytes) -> list[int]:

@@ -4,8 +4,9 @@ commands shown in shell blocks.
 - README.md stays a front page: at most 12,288 bytes (reference material lives in docs/);
 - every relative link (and #anchor) in README.md, docs/*.md and benchmarks/README.md points to
   something that exists;
-- docs/commands.md is exactly what tools/gen_docs.py generates from the CLI's parser now; when
-  this fails, regenerate it: ``python tools/gen_docs.py --write`` (or
+- docs/commands.md is exactly what tools/gen_docs.py generates from the CLI's parser now, and
+  the field tables of docs/formats.md what it generates from the format models; when this fails,
+  regenerate them: ``python tools/gen_docs.py --write`` (or
   ``python tools/gen_docs.py > docs/commands.md``);
 - every ``evalkit ...`` line of a shell block in README.md and docs/*.md parses with the real
   parser (placeholders such as SUITE or JOB are fine: only subcommands and options are checked).
@@ -125,6 +126,14 @@ def test_commands_reference_is_generated_from_the_parser():
     assert path.exists(), f"docs/commands.md is missing; create it: {REGENERATE}"
     current = path.read_text(encoding="utf-8")
     assert current == expected, f"docs/commands.md is stale (the CLI changed); regenerate it: {REGENERATE}"
+
+
+def test_format_tables_are_generated_from_the_models():
+    path = ROOT / "docs" / "formats.md"
+    current = path.read_text(encoding="utf-8")
+    expected = _gen_docs().generate_formats(current)   # raises when a format has no block
+    assert current == expected, ("docs/formats.md's field tables are stale (a format model "
+                                 "changed); regenerate them: python tools/gen_docs.py --write")
 
 
 def test_readme_quick_start_covers_the_four_flows():

@@ -22,7 +22,7 @@ from evalkit import study
 from evalkit.study import store
 
 from conftest import ROOT, assert_one_line_error
-from evalkit.testing.studies import make_report
+from evalkit.testing.studies import answer, current, hidden, make_report, progress
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +31,8 @@ def report(tmp_path_factory):
 
 
 def _answers(db, token, pick):
-    """Answer every trial of a rater through the rater service, time driven by a fake clock:
-    ``pick(public_trial) -> answer``."""
-    clock = study.FakeClock()
-    with study.RaterService(db, clock=clock) as svc:
-        return study.rate_all(svc, token, pick, clock)
-
-
-def _next(db, token):
-    """The rater's current trial (handing it out), or None."""
-    with study.RaterService(db) as svc:
-        return svc.state_sync(token)["trial"]
-
-
-def _progress(db, token):
-    with study.RaterService(db) as svc:
-        return svc.progress(token)
+    """Answer every trial of a rater like a browser, time driven by a fake clock."""
+    return len(answer(db, token, pick))
 
 
 def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
@@ -89,7 +75,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     stored = {r[0] for r in con.execute("select token_sha256 from raters")}
     assert all(t not in stored and study.api.token_hash(t) in stored for t in tokens)
     # the public trial: opaque per-trial names and slots only
-    t = _next(str(db), tokens[0])
+    t = current(str(db), tokens[0])
     assert set(t["media"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
     assert len(set(t["media"].values())) == 3
     assert not any((tmp_path / "media" / m).exists() for m in t["media"].values())
@@ -116,7 +102,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
             assert "accuracy" not in res and "per_clip" not in res and "p_value" not in res
             code, out, err = cli("study", "results", "--db", db, "--study", "1")
             assert "interim: 2 of 3 planned included raters" in out and "accuracy" not in out
-    assert _progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4,
+    assert progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4,
                                              "finished": True}
     code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json",
                          "--csv", tmp_path / "r.csv", "--reps", "300")
@@ -464,7 +450,7 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     with store.open_db(db).engine.begin() as conn:
         conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"],
                                                            "media_key": cfg["media_key"]}))
-    assert _next(db, tok)["fps"] == 24.0
+    assert current(db, tok)["fps"] == 24.0
     # one clip re-timed to 30 fps: creation is refused, naming the file and the field
     broken = tmp_path / "broken"
     shutil.copytree(report, broken)
@@ -501,12 +487,12 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         first_of_2 = svc_trials(db, tok2)[0]
         with pytest.raises(study.OutOfOrder):
             post(tok2, first_of_2, "A")
-        assert _hidden(db, first_of_2)["served"] is None
+        assert hidden(db, first_of_2)["served"] is None
         s = svc.state_sync(tok)
         t = s["trial"]
         assert s["progress"] == {"done": 0, "total": t["total"], "finished": False}
         assert t["fps"] == 24.0 and "sources" not in t and "expected" not in t
-        assert _hidden(db, t["trial"])["served"] == clock.now
+        assert hidden(db, t["trial"])["served"] == clock.now
         # handed out, videos not requested: refused whatever the time
         clock.advance(60)
         with pytest.raises(study.NotLoaded, match="videos of this trial were not loaded"):
@@ -519,7 +505,7 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         with pytest.raises(study.UnknownMedia):       # not a name of this rater's trials
             svc.media_sync(tok2, names[2])
         svc.media_sync(tok, names[2])
-        assert _hidden(db, t["trial"])["fetched"] == clock.now
+        assert hidden(db, t["trial"])["fetched"] == clock.now
         need = 8 / 24 - 1 / 24
         clock.advance(need - 0.01)
         with pytest.raises(study.TooSoon, match=r"came 0\.3 s after the videos were loaded") as e:
@@ -552,12 +538,6 @@ def test_rater_service_gate_and_answers(report, tmp_path):
     assert con.execute("select client, client_ms from ratings order by id").fetchone() == ("agent/1", 10)
     rows = list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
     assert len(rows) == len(ms)
-
-
-def _hidden(db, tid):
-    with store.open_db(db).engine.connect() as conn:
-        return dict(conn.execute(select(store.trials).where(store.trials.c.id == tid))
-                    .mappings().one())
 
 
 def svc_trials(db, tok):

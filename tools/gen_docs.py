@@ -1,17 +1,24 @@
-"""Generate docs/commands.md from the CLI's own argparse parser (``evalkit.cli.build_parser``).
+"""Generate docs/commands.md from the CLI's own argparse parser (``evalkit.cli.build_parser``),
+and the field tables of docs/formats.md from the typed models of the file formats
+(``evalkit.formats.models.FORMATS``).
 
     python tools/gen_docs.py > docs/commands.md     # or:
-    python tools/gen_docs.py --write                # writes docs/commands.md
-    python tools/gen_docs.py --check                # exit 1 when docs/commands.md is stale
+    python tools/gen_docs.py --write                # writes docs/commands.md and the tables
+    python tools/gen_docs.py --check                # exit 1 when either is stale
+    python tools/gen_docs.py --formats              # prints docs/formats.md, tables regenerated
 
-``tests/test_docs.py`` fails when docs/commands.md differs from what this script prints, so the
-command reference cannot drift from the parser. Argparse keeps its actions in private
+The tables sit between ``<!-- BEGIN GENERATED: <format> -->`` and ``<!-- END GENERATED -->``
+in docs/formats.md; the prose around them is written by hand. ``tests/test_docs.py`` fails when
+docs/commands.md or a table differs from what this script makes, so neither the command
+reference nor the format reference can drift from the code. Argparse keeps its actions in private
 attributes (``_actions``, ``_choices_actions``); walking them is the usual way to document a
 parser, and this script only reads them.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +29,7 @@ if str(ROOT) not in sys.path:
 from evalkit.cli import build_parser  # noqa: E402
 
 OUT = ROOT / "docs" / "commands.md"
+FORMATS_OUT = ROOT / "docs" / "formats.md"
 WIDTH = 100  # usage lines are wrapped at a fixed width, whatever the terminal
 
 PREAMBLE = """\
@@ -144,25 +152,144 @@ def generate() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+# -- docs/formats.md: a field table per model of each format -------------------------------
+
+BLOCK = re.compile(r"(<!-- BEGIN GENERATED: ([a-z_]+) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)
+
+
+def _bound(n) -> str:
+    return f"2**{n.bit_length() - 1}" if isinstance(n, int) and n > 2**32 and n & (n - 1) == 0 else f"{n:g}"
+
+
+def _schema_type(s: dict) -> str:
+    """A JSON schema (of one field, as pydantic writes it) in words."""
+    if "$ref" in s:
+        return f"`{s['$ref'].rsplit('/', 1)[-1]}`"
+    if "const" in s:
+        return f"`{json.dumps(s['const'])}`"
+    if "enum" in s:
+        return " or ".join(f"`{v}`" for v in s["enum"])
+    if "anyOf" in s:
+        parts = [p for p in s["anyOf"] if p.get("type") != "null"]
+        text = " or ".join(_schema_type(p) for p in parts)
+        return text + (" or null" if len(parts) < len(s["anyOf"]) else "")
+    kind = s.get("type")
+    limits = [f"{word} {_bound(s[key])}" for key, word in
+              (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in s]
+    if kind == "array":
+        text = f"list of {_inner(s.get('items', {}))}"
+        return text + (f" (at least {s['minItems']})" if s.get("minItems") else "")
+    if kind == "object":
+        return "mapping" + (f" {_keys_to_values(s)}" if isinstance(s.get("additionalProperties"), dict)
+                            else "")
+    text = {"string": "string", "integer": "integer", "number": "number", "boolean": "bool"}.get(kind, "any")
+    if "pattern" in s:
+        text += f" matching `{s['pattern']}`"
+    return text + (f" ({', '.join(limits)})" if limits else "")
+
+
+def _inner(s: dict) -> str:
+    """A type inside another (a list's items, a mapping's values): alternatives in brackets."""
+    text = _schema_type(s)
+    return f"({text})" if " or " in text else text
+
+
+def _keys_to_values(s: dict) -> str:
+    """``key -> value`` of a mapping, nested mappings chained: ``metric -> aggregate -> ...``."""
+    names = s.get("propertyNames", {})
+    keys = names.get("description", "string")
+    if "enum" in names:
+        keys += " (" + ", ".join(f"`{k}`" for k in names["enum"]) + ")"
+    values = s["additionalProperties"]
+    if values.get("type") == "object" and isinstance(values.get("additionalProperties"), dict):
+        return f"{keys} -> {_keys_to_values(values)}"
+    return f"{keys} -> {_inner(values)}"
+
+
+def _model_table(model) -> list[str]:
+    schema = model.model_json_schema()
+    doc = " ".join((model.__doc__ or "").split("\n\n")[0].split())
+    lines = [f"**`{model.__name__}`**: {_cell(doc)}", "",
+             "| field | type | required / default | description |", "| --- | --- | --- | --- |"]
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        need = "required" if name in required else (
+            f"default `{json.dumps(prop['default'])}`" if prop.get("default") is not None else "optional")
+        lines.append(f"| `{name}` | {_cell(_schema_type(prop))} | {need} | "
+                     f"{_cell(prop.get('description', ''))} |")
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict) and getattr(model, "extra_keys", None):
+        name, description = model.extra_keys
+        lines.append(f"| `{name}` | {_cell(_schema_type(extra))} | optional | {_cell(description)} |")
+    lines.append("")
+    if extra is True:
+        lines += ["Other keys are allowed and kept as they are.", ""]
+    return lines
+
+
+def format_tables(name: str) -> str:
+    """The generated part of docs/formats.md for one format (a key of ``FORMATS``)."""
+    from evalkit.formats.models import FORMATS
+
+    lines = ["<!-- generated by tools/gen_docs.py from evalkit/formats/models.py: do not edit "
+             "by hand -->", ""]
+    for model in FORMATS[name]:
+        lines += _model_table(model)
+    return "\n".join(lines) + "\n"
+
+
+def generate_formats(text: str) -> str:
+    """``text`` (docs/formats.md) with every generated block rewritten from the models; each
+    format of ``FORMATS`` must have its block."""
+    from evalkit.formats.models import FORMATS
+
+    seen = []
+
+    def block(m):
+        if m.group(2) not in FORMATS:
+            raise ValueError(f"{FORMATS_OUT.relative_to(ROOT)}: no format named {m.group(2)!r} "
+                             f"(known: {', '.join(FORMATS)})")
+        seen.append(m.group(2))
+        return m.group(1) + format_tables(m.group(2)) + m.group(4)
+
+    out = BLOCK.sub(block, text)
+    missing = [f for f in FORMATS if f not in seen]
+    if missing:
+        raise ValueError(f"{FORMATS_OUT.relative_to(ROOT)}: no generated block for "
+                         f"{', '.join(missing)} (add <!-- BEGIN GENERATED: {missing[0]} --> "
+                         "<!-- END GENERATED --> where its table goes)")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    mode.add_argument("--write", action="store_true",
+                      help=f"write {OUT.relative_to(ROOT)} and the tables of {FORMATS_OUT.relative_to(ROOT)}")
     mode.add_argument("--check", action="store_true",
-                      help=f"exit 1 when {OUT.relative_to(ROOT)} differs from the parser")
+                      help="exit 1 when either differs from the parser or the models")
+    mode.add_argument("--formats", action="store_true",
+                      help=f"print {FORMATS_OUT.relative_to(ROOT)} with its tables regenerated")
     args = p.parse_args(argv)
-    text = generate()
-    if args.write:
-        OUT.write_text(text, encoding="utf-8")
-        print(f"wrote {OUT.relative_to(ROOT)} ({len(text.encode())} bytes)", file=sys.stderr)
-    elif args.check:
-        current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
-        if current != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python tools/gen_docs.py --write",
-                  file=sys.stderr)
-            return 1
+    if not (args.write or args.check or args.formats):
+        sys.stdout.write(generate())
+        return 0
+    formats_now = FORMATS_OUT.read_text(encoding="utf-8")
+    outputs = {OUT: generate(), FORMATS_OUT: generate_formats(formats_now)}
+    if args.formats:
+        sys.stdout.write(outputs[FORMATS_OUT])
+    elif args.write:
+        for path, text in outputs.items():
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)} ({len(text.encode())} bytes)", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        stale = [path for path, text in outputs.items()
+                 if (path.read_text(encoding="utf-8") if path.exists() else "") != text]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is stale: run python tools/gen_docs.py --write",
+                  file=sys.stderr)
+        return 1 if stale else 0
     return 0
 
 

@@ -13,7 +13,9 @@ Shape::
 Aggregates are over all compared frames of all jobs: ``mean``; ``p95`` (95th percentile of the
 per-frame values, or the 5th for metrics where higher is better: ssim, psnr); ``worst`` (max, or
 min for ssim and psnr). Ratios divide the cross-backend aggregate by the floor's (for ssim:
-of 1 - ssim; for psnr: of the MSE). Unknown keys are errors naming the file and field.
+of 1 - ssim; for psnr: of the MSE). Unknown keys are errors naming the file and field. An
+optional ``schema_version: 1`` may come first. The rules are those of
+:class:`evalkit.formats.models.GateFile`.
 
 The metric keys a gate may name come from the caller (:mod:`evalkit.compare` passes those of
 :mod:`metrics.catalogue`, where the definitions above live): this room reads files and
@@ -27,16 +29,20 @@ from pathlib import Path
 from typing import Sequence
 
 import yaml
+from pydantic import ValidationError
 
-from evalkit.errors import InputFileError
-
-AGGREGATES = ("mean", "p95", "worst")
-BOUNDS = ("max", "min")
+from evalkit.errors import InputFileError, SchemaVersionError
+from evalkit.formats.models import GATE_SCHEMA_VERSION, GateFile, first_problem, found, version_problem
 
 
 class GateError(InputFileError):
     def __init__(self, path, field, problem):
+        self.field = field
         super().__init__(path, f"field '{field}': {problem}" if field else problem)
+
+
+class GateVersionError(GateError, SchemaVersionError):
+    """A gate file of a schema version this evalkit cannot read."""
 
 
 @dataclass
@@ -83,44 +89,11 @@ class Gate:
                 "gate_file": str(self.path)}
 
 
-def _bounds(path, field, value) -> dict:
-    if not isinstance(value, dict) or not value:
-        raise GateError(path, field, f"expected a mapping like {{max: 0.05}}, found {value!r}")
-    out = {}
-    for bound, limit in value.items():
-        if bound not in BOUNDS:
-            raise GateError(path, f"{field}.{bound}", "unknown bound (expected max or min)")
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
-            raise GateError(path, f"{field}.{bound}", f"expected a number, found {limit!r}")
-        out[bound] = float(limit)
-    return out
-
-
-def _metric_block(path, field, value, metrics) -> dict:
-    if not isinstance(value, dict):
-        raise GateError(path, field, f"expected a mapping of metrics, found {value!r}")
-    out = {}
-    for metric, aggs in value.items():
-        if metric not in metrics:
-            raise GateError(path, f"{field}{metric}", f"unknown metric (expected one of: "
-                            f"{', '.join(metrics)})")
-        if not isinstance(aggs, dict) or not aggs:
-            raise GateError(path, f"{field}{metric}",
-                            f"expected a mapping like {{mean: {{max: 0.05}}}}, found {aggs!r}")
-        out[metric] = {}
-        for agg, bounds in aggs.items():
-            if agg not in AGGREGATES:
-                raise GateError(path, f"{field}{metric}.{agg}",
-                                f"unknown aggregate (expected one of: {', '.join(AGGREGATES)})")
-            out[metric][agg] = _bounds(path, f"{field}{metric}.{agg}", bounds)
-    return out
-
-
 def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> Gate:
-    """Read and check a gate YAML. ``metrics``: the keys absolute thresholds may name;
-    ``ratio_metrics``: those ``floor_ratio`` thresholds may name (in the order error messages
-    list them; :mod:`evalkit.compare` passes the catalogue's ``keys(compares=True)`` and
-    ``keys(ratio=True)``)."""
+    """Read and check a gate YAML (:class:`~evalkit.formats.models.GateFile`). ``metrics``: the
+    keys absolute thresholds may name; ``ratio_metrics``: those ``floor_ratio`` thresholds may
+    name (in the order error messages list them; :mod:`evalkit.compare` passes the catalogue's
+    ``keys(compares=True)`` and ``keys(ratio=True)``)."""
     path = Path(path)
     if not path.is_file():
         raise GateError(path, None, "file not found (expected a gate YAML)")
@@ -129,16 +102,14 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     except yaml.YAMLError as e:
         raise GateError(path, None, f"invalid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not doc:
-        raise GateError(path, None, f"expected a mapping of thresholds, found {type(doc).__name__}")
-    doc = dict(doc)
-    ratios = doc.pop("floor_ratio", None)
-    floor = doc.pop("floor", None)
-    missing = doc.pop("max_missing_jobs", 0)
-    if floor is not None and not isinstance(floor, str):
-        raise GateError(path, "floor", f"expected a floor name (seed, rerender...), found {floor!r}")
-    if isinstance(missing, bool) or not isinstance(missing, int) or missing < 0:
-        raise GateError(path, "max_missing_jobs", f"expected a non-negative integer, found {missing!r}")
-    absolute = _metric_block(path, "", doc, tuple(metrics))
-    ratio_block = (_metric_block(path, "floor_ratio.", ratios, tuple(ratio_metrics))
-                   if ratios is not None else {})
-    return Gate(path, absolute, ratio_block, floor, missing)
+        raise GateError(path, None, f"expected a mapping of thresholds, found {found(doc)}")
+    problem = version_problem(doc, GATE_SCHEMA_VERSION, default=GATE_SCHEMA_VERSION)
+    if problem:
+        raise GateVersionError(path, "schema_version", problem)
+    try:
+        model = GateFile.model_validate(doc, context={"metrics": tuple(metrics),
+                                                      "ratio_metrics": tuple(ratio_metrics)})
+    except ValidationError as e:
+        raise GateError(path, *first_problem(e)) from None
+    # pydantic has made every limit a float (35 -> 35.0); the mappings keep the file's order
+    return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs)

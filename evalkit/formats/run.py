@@ -19,13 +19,14 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from pydantic import ValidationError
+
 from evalkit import __version__
 from evalkit.errors import InputFileError, SchemaVersionError, UserError
+from evalkit.formats.models import MANIFEST_SCHEMA_VERSION, STATUSES, ManifestFile, first_problem
 from evalkit.fsutil import atomic_write_json, sha256_file
 
-MANIFEST_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
-STATUSES = ("pending", "done", "failed")
 
 
 def _now() -> str:
@@ -33,7 +34,8 @@ def _now() -> str:
 
 
 def read_manifest(path: Path) -> dict:
-    """Load and check a manifest.json (schema version, required keys)."""
+    """Load and check a manifest.json (schema version first, then
+    :class:`~evalkit.formats.models.ManifestFile`); return it as it is on disk."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST
@@ -46,12 +48,14 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise InputFileError(path, f"expected a JSON object, found {type(doc).__name__}")
     version = doc.get("schema_version")
-    if version != MANIFEST_SCHEMA_VERSION:
+    if version != MANIFEST_SCHEMA_VERSION or isinstance(version, bool):
         raise SchemaVersionError(path, f"manifest schema_version {version!r} is not supported "
                                  f"(this evalkit reads {MANIFEST_SCHEMA_VERSION})")
-    for key in ("suite", "renderer", "backend", "fingerprint", "jobs"):
-        if key not in doc:
-            raise InputFileError(path, f"field '{key}' missing")
+    try:
+        ManifestFile.model_validate(doc)
+    except ValidationError as e:
+        field, problem = first_problem(e)
+        raise InputFileError(path, f"field '{field}': {problem}" if field else problem) from None
     return doc
 
 

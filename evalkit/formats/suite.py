@@ -16,6 +16,9 @@ Format (``schema_version: 1``)::
     jobs:
       - {clip: astronaut_pan, prompt: watercolor, seed: 0, params: {strength: 0.5}}
 
+The rules (types, patterns, known keys) are those of :class:`evalkit.formats.models.SuiteFile`;
+docs/formats.md has its field tables.
+
 A job's id is ``<clip>-<prompt slug>-s<seed>-<hash>`` where hash is the first 8 hex digits of
 the sha256 of the canonical JSON of (clip id, prompt, seed, params): stable across runs,
 machines and backends, and different whenever anything that changes the output differs.
@@ -30,16 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from evalkit.errors import SuiteError, VideoError
+from evalkit.errors import SchemaVersionError, SuiteError, VideoError
+from evalkit.formats.models import (SUITE_SCHEMA_VERSION as SCHEMA_VERSION, SuiteFile,
+                                    first_problem, found, version_problem)
 
-SCHEMA_VERSION = 1
-_TOP_KEYS = {"schema_version", "name", "description", "renderer", "clips", "params",
-             "prompts", "seeds", "jobs"}
-_CLIP_KEYS = {"id", "path", "description"}
-_JOB_KEYS = {"clip", "prompt", "seed", "params"}
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SCALARS = (str, int, float, bool)
+
+class SuiteVersionError(SuiteError, SchemaVersionError):
+    """A suite file of a schema version this evalkit cannot read."""
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,6 @@ class Suite:
                 "jobs": len(self.jobs)}
 
 
-def _type_name(v) -> str:
-    return "null" if v is None else type(v).__name__
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:32] or "x"
 
@@ -100,50 +98,9 @@ def job_id(clip: str, prompt: str, seed: int, params: dict) -> str:
     return f"{clip}-{_slug(prompt)}-s{seed}-{digest}"
 
 
-class _Checker:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def fail(self, field_name, problem):
-        raise SuiteError(self.path, field_name, problem)
-
-    def expect(self, value, types, field_name, what):
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            self.fail(field_name, f"expected {what}, found bool {value!r}")
-        if not isinstance(value, types):
-            self.fail(field_name, f"expected {what}, found {_type_name(value)} {value!r}")
-        return value
-
-    def keys(self, mapping, allowed, field_name):
-        for k in mapping:
-            if k not in allowed:
-                where = f"{field_name}." if field_name else ""
-                self.fail(f"{where}{k}", f"unknown key (expected one of: {', '.join(sorted(allowed))})")
-
-    def params(self, value, field_name) -> dict:
-        self.expect(value, dict, field_name, "a mapping of parameter names to scalars")
-        for k, v in value.items():
-            self.expect(k, str, field_name, "string keys")
-            if not isinstance(v, _SCALARS):
-                self.fail(f"{field_name}.{k}", f"expected a scalar (string, number or bool), "
-                          f"found {_type_name(v)}")
-        return dict(value)
-
-    def seed(self, value, field_name) -> int:
-        self.expect(value, int, field_name, "an integer seed")
-        if not 0 <= value < 2**63:
-            self.fail(field_name, f"expected a seed in [0, 2**63), found {value}")
-        return value
-
-    def prompt(self, value, field_name) -> str:
-        self.expect(value, str, field_name, "a prompt string")
-        if not value.strip():
-            self.fail(field_name, "expected a non-empty prompt, found an empty string")
-        return value
-
-
 def load_suite(path, *, check_clips: bool = False) -> Suite:
-    """Parse and validate a suite file; with ``check_clips``, decode every clip as well."""
+    """Parse and validate a suite file (:class:`~evalkit.formats.models.SuiteFile`); with
+    ``check_clips``, decode every clip as well."""
     path = Path(path)
     if not path.is_file():
         raise SuiteError(path, None, "file not found" if not path.exists() else "not a file")
@@ -157,99 +114,35 @@ def load_suite(path, *, check_clips: bool = False) -> Suite:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SuiteError(path, None, f"invalid YAML{where}: {problem}") from None
-    c = _Checker(path)
-    c.expect(doc, dict, None, "a YAML mapping at the top level")
-    c.keys(doc, _TOP_KEYS, "")
-    version = doc.get("schema_version")
-    if version is None:
-        c.fail("schema_version", f"missing (expected {SCHEMA_VERSION})")
-    c.expect(version, int, "schema_version", "an integer")
-    if version != SCHEMA_VERSION:
-        c.fail("schema_version", f"unsupported version {version} (this evalkit reads {SCHEMA_VERSION})")
-    name = doc.get("name")
-    if name is None:
-        c.fail("name", "missing (expected the suite's name)")
-    c.expect(name, str, "name", "a string")
-    if not _ID_RE.match(name):
-        c.fail("name", f"expected letters, digits, '_', '.', '-', found {name!r}")
-    description = c.expect(doc.get("description", ""), str, "description", "a string")
-    renderer = doc.get("renderer")
-    if renderer is not None:
-        c.expect(renderer, str, "renderer", "a renderer name")
+    if not isinstance(doc, dict):
+        raise SuiteError(path, None, f"expected a YAML mapping at the top level, found {found(doc)}")
+    problem = version_problem(doc, SCHEMA_VERSION)
+    if problem:
+        raise SuiteVersionError(path, "schema_version", problem)
+    try:
+        model = SuiteFile.model_validate(doc, context={"base": path.parent})
+    except ValidationError as e:
+        raise SuiteError(path, *first_problem(e)) from None
 
-    clips_raw = doc.get("clips")
-    if clips_raw is None:
-        c.fail("clips", "missing (expected a list of {id, path})")
-    c.expect(clips_raw, list, "clips", "a list of {id, path}")
-    if not clips_raw:
-        c.fail("clips", "expected at least one clip, found an empty list")
-    clips: dict[str, Clip] = {}
-    for i, item in enumerate(clips_raw):
-        f = f"clips[{i}]"
-        c.expect(item, dict, f, "a mapping with id and path")
-        c.keys(item, _CLIP_KEYS, f)
-        for req in ("id", "path"):
-            if req not in item:
-                c.fail(f"{f}.{req}", "missing")
-        cid = c.expect(item["id"], str, f"{f}.id", "a string id")
-        if not _ID_RE.match(cid):
-            c.fail(f"{f}.id", f"expected letters, digits, '_', '.', '-', found {cid!r}")
-        if cid in clips:
-            c.fail(f"{f}.id", f"duplicate clip id {cid!r}")
-        rel = c.expect(item["path"], str, f"{f}.path", "a path string")
-        clip_path = (path.parent / rel).resolve()
-        if not clip_path.exists():
-            c.fail(f"{f}.path", f"clip not found: {clip_path}")
-        clips[cid] = Clip(cid, clip_path, c.expect(item.get("description", ""), str,
-                                                   f"{f}.description", "a string"))
+    clips = {c.id: Clip(c.id, (path.parent / c.path).resolve(), c.description) for c in model.clips}
+    shared = dict(model.params or {})
+    if model.jobs is not None:
+        jobs = []
+        for item in model.jobs:
+            params = {**shared, **(item.params or {})}
+            jobs.append(Job(job_id(item.clip, item.prompt, item.seed, params), item.clip,
+                            item.prompt, item.seed, params))
+        seen: dict[str, int] = {}
+        for i, j in enumerate(jobs):
+            if j.id in seen:
+                raise SuiteError(path, f"jobs[{i}]", f"duplicate of jobs[{seen[j.id]}] (same clip, "
+                                 "prompt, seed, params)")
+            seen[j.id] = i
+    else:   # the model has checked that prompts and seeds are there, without duplicates
+        jobs = [Job(job_id(clip, prompt, seed, shared), clip, prompt, seed, dict(shared))
+                for clip in clips for prompt in model.prompts for seed in model.seeds]
 
-    shared = c.params(doc.get("params", {}) or {}, "params")
-    has_product = "prompts" in doc or "seeds" in doc
-    if has_product and "jobs" in doc:
-        c.fail("jobs", "give either 'jobs' or 'prompts' and 'seeds', not both")
-    jobs: list[Job] = []
-    if "jobs" in doc:
-        jobs_raw = c.expect(doc["jobs"], list, "jobs", "a list of {clip, prompt, seed}")
-        for i, item in enumerate(jobs_raw):
-            f = f"jobs[{i}]"
-            c.expect(item, dict, f, "a mapping with clip, prompt and seed")
-            c.keys(item, _JOB_KEYS, f)
-            for req in ("clip", "prompt", "seed"):
-                if req not in item:
-                    c.fail(f"{f}.{req}", "missing")
-            clip = c.expect(item["clip"], str, f"{f}.clip", "a clip id")
-            if clip not in clips:
-                c.fail(f"{f}.clip", f"unknown clip {clip!r} (clips: {', '.join(clips)})")
-            params = {**shared, **c.params(item.get("params", {}) or {}, f"{f}.params")}
-            prompt = c.prompt(item["prompt"], f"{f}.prompt")
-            seed = c.seed(item["seed"], f"{f}.seed")
-            jobs.append(Job(job_id(clip, prompt, seed, params), clip, prompt, seed, params))
-    else:
-        for req in ("prompts", "seeds"):
-            if req not in doc:
-                c.fail(req, "missing (give 'prompts' and 'seeds', or an explicit 'jobs' list)")
-        prompts = c.expect(doc["prompts"], list, "prompts", "a list of prompt strings")
-        seeds = c.expect(doc["seeds"], list, "seeds", "a list of integer seeds")
-        if not prompts:
-            c.fail("prompts", "expected at least one prompt, found an empty list")
-        if not seeds:
-            c.fail("seeds", "expected at least one seed, found an empty list")
-        prompts = [c.prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
-        seeds = [c.seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
-        for clip in clips:
-            for prompt in prompts:
-                for seed in seeds:
-                    jobs.append(Job(job_id(clip, prompt, seed, shared), clip, prompt, seed,
-                                    dict(shared)))
-    if not jobs:
-        c.fail("jobs", "expected at least one job, found none")
-    seen: dict[str, int] = {}
-    for i, j in enumerate(jobs):
-        if j.id in seen:
-            c.fail(f"jobs[{i}]", f"duplicate of jobs[{seen[j.id]}] (same clip, prompt, seed, params)")
-        seen[j.id] = i
-
-    suite = Suite(path.resolve(), name, description, renderer, clips, jobs,
+    suite = Suite(path.resolve(), model.name, model.description, model.renderer, clips, jobs,
                   hashlib.sha256(raw).hexdigest())
     if check_clips:
         check_suite_clips(suite)

@@ -71,3 +71,29 @@ def answer(db, token, pick, limit=None) -> dict:
             given[t["trial"]] = pick(t)
             s = svc.answer_sync(token, t["trial"], given[t["trial"]])
     return given
+
+
+def hidden(db, trial_id) -> dict:
+    """A trial's row as stored (its hidden mapping: sources, expected, served, fetched)."""
+    from sqlalchemy import select
+
+    from evalkit.study import store
+
+    with store.open_db(db).engine.connect() as conn:
+        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
+                    .mappings().one())
+
+
+def secrets_of(db, report) -> set[str]:
+    """Every name a rater must never see: jobs, run folders and their names, backends, the
+    suite, the report folder."""
+    from sqlalchemy import select
+
+    from evalkit.study import store
+
+    summary = json.loads((report / "summary.json").read_text())
+    with store.open_db(db).engine.connect() as conn:
+        jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
+    runs = [summary["runs"][k]["path"] for k in ("a", "b")]
+    return {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
+            "studytest", str(report)}
