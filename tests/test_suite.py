@@ -120,3 +120,19 @@ def test_validate_decodes_the_clips(suite_dir, cli):
     code, out, err = cli("suite", "validate", path)
     assert code == 2
     assert_one_line_error(err, str(path), "clips[1].path", "not a readable video")
+
+
+def test_output_into_a_closed_pipe_is_no_traceback():
+    """`evalkit suite validate SUITE --jobs | head -1`: the reader goes away early; evalkit
+    stops without a traceback."""
+    import subprocess
+    import sys
+
+    from conftest import DATASETS, ROOT
+
+    cmd = (f"{sys.executable} -m evalkit suite validate {DATASETS / 'canary' / 'suite.yaml'} "
+           "--jobs | head -c 1")
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert len(r.stdout) == 1

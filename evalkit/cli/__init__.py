@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of our output went away (`evalkit ... | head`): stop quietly, as a shell
+        # tool does; stdout is pointed at devnull so the interpreter's final flush cannot fail
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (UserError, _metrics_user_errors()) as e:
         if args.verbose:
             traceback.print_exc()
