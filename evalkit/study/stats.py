@@ -754,6 +754,17 @@ def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
 
 # -- planning --------------------------------------------------------------------------------
 
+def _smallest(lo: int, hi: int, ok) -> int:
+    """The smallest n in (lo, hi] with ok(n), given ok(hi) and a monotone ok (bisection)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _pigeonhole_factor(R: int, C: int) -> float:
     """Variance of the pigeonhole bootstrap mean over that of independent ratings:
     E[(W V)^2] - 1 with W, V the draw counts of one rater and one clip (about 3)."""
@@ -789,13 +800,7 @@ def _normal_raters(margin: float, power: float, C: int, alpha: float, *, two_sid
         lo, hi = hi, hi * 2
         if hi > 2 * MAX_RATERS:
             return 2 * MAX_RATERS + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if good(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _smallest(lo, hi, good)
 
 
 def _clip_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
@@ -904,13 +909,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
                     simulate = False
                     break
     if simulate:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                hi = mid
-            else:
-                lo = mid
-        r_power = hi
+        r_power = _smallest(lo, hi, ok)
         method = "simulation"
     else:
         r_power = max(MIN_RATERS, approx)
