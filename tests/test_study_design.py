@@ -96,11 +96,6 @@ def test_cluster_bootstrap_is_reproducible_and_centred():
     assert abs(np.nanmean(b1) - y.mean()) < 0.01
     # conservative for independent ratings: wider than the plain binomial standard error
     assert np.nanstd(b1) > np.sqrt(y.mean() * (1 - y.mean()) / 200)
-    # legacy (api.results until it calls decide_abx / decide_preference)
-    ub = stats.upper_bound("abx", y, r, c, reps=500, seed=4)
-    assert ub > y.mean() and stats.verdict("abx", ub, 0.1) in ("indistinguishable", "not shown")
-    assert stats.verdict("abx", 0.59, 0.1) == "indistinguishable"
-    assert stats.verdict("abx", 0.61, 0.1) == "not shown"
 
 
 # The verdict rules, the planner and their Monte Carlo error rates: tests/test_study_stats.py

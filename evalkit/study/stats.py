@@ -106,10 +106,6 @@ Catch screening
 ---------------
 A rater passes when their correct catch answers ``k >= catch_min_correct(n)``: the smallest k
 with P(Binomial(n, 0.5) >= k) <= alpha, i.e. better than guessing on the easy catch trials.
-
-Legacy: :func:`upper_bound` and :func:`verdict` (percentile bootstrap, equivalence of
-``score_b`` for preference) are kept only until ``api.results`` calls :func:`decide_abx` /
-:func:`decide_preference`; do not use them for new code.
 """
 from __future__ import annotations
 
@@ -1017,7 +1013,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     return out
 
 
-# -- legacy (api.results until it calls decide_abx / decide_preference) -----------------------
+# -- the pigeonhole bootstrap of a mean, one replicate per row ----------------------------------
 
 def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
                       rng: np.random.Generator | None = None) -> np.ndarray:
@@ -1039,25 +1035,3 @@ def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
         means = (w @ y) / tot
     means[tot == 0] = np.nan
     return means
-
-
-def upper_bound(protocol: str, values, raters, clips, *, alpha: float = 0.05, reps: int = 1000,
-                seed: int = 0, rng=None) -> float | None:
-    """Legacy: percentile bound (anti-conservative with few raters or clips; use
-    :func:`decide_abx`). One-sided (1 - alpha) upper bound of accuracy (abx) or of
-    |score_b - 0.5| (preference)."""
-    if len(values) == 0:
-        return None
-    boot = cluster_bootstrap(values, raters, clips, reps=reps, seed=seed, rng=rng)
-    stat = boot if protocol == "abx" else np.abs(boot - 0.5)
-    stat = np.where(np.isnan(stat), 1.0 if protocol == "abx" else 0.5, stat)
-    return float(np.quantile(stat, 1 - alpha))
-
-
-def verdict(protocol: str, bound: float | None, margin: float) -> str:
-    """Legacy: ``indistinguishable`` when the bound is below the margin, else ``not shown``
-    (see :func:`decide_abx` / :func:`decide_preference` for the rules to use)."""
-    if bound is None:
-        return "no data"
-    limit = 0.5 + margin if protocol == "abx" else margin
-    return "indistinguishable" if bound < limit else "not shown"
