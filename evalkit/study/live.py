@@ -63,12 +63,6 @@ def media_name(key: str, trial_id: int, slot: str) -> str:
     return mac.hexdigest()[:40] + ".mp4"
 
 
-def legacy_media_key(study_id: int, seed: int) -> str:
-    """Key of a study made before keys were stored and not yet upgraded (never used by new
-    studies: :func:`.store.new_media_key`)."""
-    return hashlib.sha256(f"evalkit-legacy:{study_id}:{seed}".encode()).hexdigest()
-
-
 def check_answer(trial_id, protocol: str, answer) -> None:
     """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
     if answer not in design.ANSWERS[protocol]:
@@ -258,12 +252,12 @@ class RaterService:
     def _study(self, conn, sid: int) -> dict:
         st = self._studies.get(sid)
         if st is None:
-            row = conn.execute(select(studies.c.protocol, studies.c.config, studies.c.media_dir,
-                                      studies.c.seed).where(studies.c.id == sid)).one()
+            row = conn.execute(select(studies.c.protocol, studies.c.config, studies.c.media_dir)
+                               .where(studies.c.id == sid)).one()
             cfg = row[1] or {}
             st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
                   "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
-                  "key": cfg.get("media_key") or legacy_media_key(sid, row[3])}
+                  "key": cfg["media_key"]}      # every study has one (schema 4 upgrade)
             self._studies[sid] = st
         return st
 
