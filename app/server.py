@@ -49,7 +49,8 @@ STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTri
           study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
           study.RatingConflict: 409, study.OutOfOrder: 409, study.TooSoon: 425,
           study.NotLoaded: 425}
-MEDIA_HEADERS = {"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer",
+# the same for every video; names are per trial and rater, so a browser may keep what it got
+MEDIA_HEADERS = {"Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer",
                  "X-Content-Type-Options": "nosniff"}
 BACKLOG = 4096          # listen queue: a burst of raters is queued, never refused
 KEEP_ALIVE_S = 75       # idle keep-alive connections stay open longer than clients reuse them

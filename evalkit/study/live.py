@@ -100,6 +100,7 @@ class RaterService:
         self._names: dict[int, dict] = {}       # rater id -> media name -> (trial id, slot, sha)
         self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media, key
         self._seen: dict[int, set] = {}         # trial id -> slots requested (this process)
+        self._loaded: set[int] = set()          # trials whose ``fetched`` was read back (final)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         if self.db.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert
@@ -335,15 +336,18 @@ class RaterService:
         if hit is None:
             raise UnknownMedia()
         tid, slot, sha = hit
-        served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
-        if served is None:                      # not handed out yet: as if it did not exist
-            raise UnknownMedia()
-        if fetched is None:
-            seen = self._seen.setdefault(tid, set())
-            seen.add(slot)
-            t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-            if seen >= set(t["shown"]):
-                conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
+        if tid not in self._loaded:             # once stored, fetched never changes: no query
+            served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
+            if served is None:                  # not handed out yet: as if it did not exist
+                raise UnknownMedia()
+            if fetched is None:
+                seen = self._seen.setdefault(tid, set())
+                seen.add(slot)
+                t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
+                if seen >= set(t["shown"]):
+                    conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
+            else:                               # committed: read back from the database
+                self._loaded.add(tid)
                 self._seen.pop(tid, None)
         return Path(self._study(conn, r["study_id"])["media_dir"]) / f"{sha}.mp4"
 
