@@ -60,8 +60,9 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
         assert f.suffix == ".mp4" and len(f.stem) == 64
         data = f.read_bytes()
         assert hashlib.sha256(data).hexdigest() == f.stem
-        for n in names:
-            assert Path(n).name.encode() not in data, (f, n)
+        for n in names:       # (3-byte names like "cpu" occur in coded data by chance: ~2% a run)
+            if len(Path(n).name) >= 4:
+                assert Path(n).name.encode() not in data, (f, n)
     import av
     with av.open(str(media[0])) as c:
         assert not {k: v for k, v in c.metadata.items() if k not in ("major_brand", "minor_version",
