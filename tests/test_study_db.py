@@ -22,7 +22,7 @@ from evalkit import study
 from evalkit.study import store
 
 from conftest import ROOT, assert_one_line_error
-from evalkit.testing.studies import answer, current, hidden, make_report, progress
+from evalkit.testing.studies import answer, current, hidden, make_report, progress, rate
 
 
 @pytest.fixture(scope="module")
@@ -528,7 +528,7 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         with pytest.raises(study.OutOfOrder):         # a later trial, not the current one
             later = [x for x in svc_trials(db, tok) if x > nxt["trial"]][0]
             post(tok, later, "A")
-        r = study.rate_all(svc, tok, lambda t: "B", clock, watch=need)
+        rate(svc, tok, lambda t: "B", clock, watch=need)
         assert svc.progress(tok)["finished"]
         assert svc.state_sync(tok)["completion_code"] == "DONE"
     finally:

@@ -11,11 +11,11 @@ from .api import (create_study, invite, list_studies, ratings_csv, read_report, 
                   write_csvs)
 from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownStudy, UnknownToken, UnknownTrial)
-from .live import FakeClock, RaterService, rate_all
+from .live import FakeClock, RaterService
 from .stats import plan
 from .store import SCHEMA_VERSION, StudyDB, open_db
 
-__all__ = ["create_study", "invite", "list_studies", "results", "plan", "RaterService", "FakeClock", "rate_all",
+__all__ = ["create_study", "invite", "list_studies", "results", "plan", "RaterService", "FakeClock",
            "ratings_csv", "summary_csv", "write_csvs", "read_report", "open_db", "StudyDB",
            "SCHEMA_VERSION", "StudyError", "UnknownStudy", "UnknownToken", "UnknownTrial",
            "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon", "OutOfOrder",

@@ -419,21 +419,3 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += float(seconds)
         return self.now
-
-
-def rate_all(svc: RaterService, token: str, pick, clock: FakeClock | None = None,
-             watch: float | None = None) -> int:
-    """Answer every trial of a rater the way a browser does (hand out, request every video,
-    watch, answer): ``pick(public_trial) -> answer``. With a :class:`FakeClock` time is advanced
-    by ``watch`` seconds per trial (default 10). Returns the number of answers given."""
-    n = 0
-    s = svc.state_sync(token)
-    while s["trial"] is not None:
-        t = s["trial"]
-        for name in t["media"].values():
-            svc.media_sync(token, name)
-        if clock is not None:
-            clock.advance(10.0 if watch is None else watch)
-        s = svc.answer_sync(token, t["trial"], pick(t))
-        n += 1
-    return n

@@ -54,23 +54,30 @@ def progress(db, token):
         return svc.progress(token)
 
 
+def rate(svc, token, pick, clock, *, limit=None, watch: float = 10.0) -> dict:
+    """Answer a rater's trials through ``svc`` the way a browser does (hand out, request every
+    video, watch, answer): ``pick(public_trial) -> answer``; ``clock`` (a
+    :class:`evalkit.study.FakeClock`, the service's) moves ``watch`` seconds per trial; at most
+    ``limit`` answers. Returns {trial id: answer}."""
+    given = {}
+    s = svc.state_sync(token)
+    while s["trial"] is not None and (limit is None or len(given) < limit):
+        t = s["trial"]
+        for name in t["media"].values():
+            svc.media_sync(token, name)
+        clock.advance(watch)
+        given[t["trial"]] = pick(t)
+        s = svc.answer_sync(token, t["trial"], given[t["trial"]])
+    return given
+
+
 def answer(db, token, pick, limit=None) -> dict:
-    """Answer a rater's trials the way a browser does, time driven by a fake clock:
-    ``pick(public_trial) -> answer``; at most ``limit`` answers. Returns {trial id: answer}."""
+    """:func:`rate` through a rater service of its own with a fake clock."""
     from evalkit import study
 
-    given = {}
     clock = study.FakeClock()
     with study.RaterService(db, clock=clock) as svc:
-        s = svc.state_sync(token)
-        while s["trial"] is not None and (limit is None or len(given) < limit):
-            t = s["trial"]
-            for name in t["media"].values():
-                svc.media_sync(token, name)
-            clock.advance(10)
-            given[t["trial"]] = pick(t)
-            s = svc.answer_sync(token, t["trial"], given[t["trial"]])
-    return given
+        return rate(svc, token, pick, clock, limit=limit)
 
 
 def hidden(db, trial_id) -> dict:
