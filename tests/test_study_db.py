@@ -186,6 +186,10 @@ def test_bad_input(report, tmp_path, cli):
     code, _, err = cli("study", "invite", "--db", db, "--study", "x")
     assert code == 2
     assert_one_line_error(err, "study x")
+    code, _, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
+                       "--catch-alpha", "0.001")        # 8 catch trials cannot show that
+    assert code == 2
+    assert_one_line_error(err, "--catch-alpha", "8 catch trials")
     code, _, err = cli("study", "results", "--db", db, "--study", "1", "--reps", "0")
     assert code == 2
     assert_one_line_error(err, "--reps", "found 0")

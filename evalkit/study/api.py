@@ -109,7 +109,12 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     rng = np.random.default_rng([seed, 4])
     clip_rows, pool, seconds = [], [], {}
     study_fps = first = None
-    n_easy = min(len(chosen), design.n_catch(len(chosen)))
+    n_catch = design.n_catch(len(chosen))     # easy catch trials per rater
+    n_easy = min(len(chosen), n_catch)        # clips with an easy catch version
+    try:                                      # refused before any encoding
+        min_correct = stats.catch_min_correct(n_catch, catch_alpha)
+    except ValueError as e:
+        raise StudyError(f"--catch-alpha: {e}") from None
     for i, c in enumerate(chosen):
         fa, fps = read_frames(c["path_a"])
         fb, fps_b = read_frames(c["path_b"])
@@ -153,9 +158,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                 seconds[n] = len(ref) / fps
             pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
                          "reference_alt": names[2] if protocol == "abx" else None})
-    n_catch = design.n_catch(len(chosen))
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
-                  "min_correct": stats.catch_min_correct(n_catch, catch_alpha),
+                  "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
@@ -165,7 +169,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
             raters_planned=planned,
-            catch_threshold=catch_rule["min_correct"] / max(1, n_catch), alpha=alpha,
+            catch_threshold=min_correct / n_catch, alpha=alpha,
             report=str(rep["report"]), run_a=str(rep["run_a"]), run_b=str(rep["run_b"]),
             media_dir=str(media), created=now(), config=config)).inserted_primary_key[0]
         ids = []
