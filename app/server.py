@@ -1,12 +1,14 @@
-"""The study web app: a FastAPI app serving the rater page (static HTML + JS in ``app/static``)
-and a small JSON API, with the Gradio admin page mounted at ``/admin`` behind a password.
+"""The study web app: one FastAPI app holding two Gradio apps, the rater page at ``/``
+(:mod:`app.rater`, entered by the invite link) and the admin page at ``/admin`` (:mod:`app.admin`,
+behind a password), plus the media route and a small JSON API for scripts.
 
 Thin layer: every decision (which trial is next, whether an answer is valid, who may answer
 what) is made by :mod:`evalkit.study`; this module only maps HTTP to those calls.
 
 Rater endpoints (the token comes in the query or the JSON body; nothing here names a backend,
 run or job):
-  GET  /?token=T                 the rater page (static)
+  GET  /?token=T                 the rater page (Gradio; its load and answer events call the
+                                 same service as the JSON API below)
   GET  /api/trial?token=T        {"progress", "trial"} (trial None when finished) + completion code
   POST /api/answer               {"token", "trial", "answer"[, "response_ms"]} -> same as
                                  /api/trial plus "saved"; 409 out of order, 425 (and "wait_ms")
@@ -29,13 +31,11 @@ import secrets
 import signal
 import socket
 import threading
-from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response  # noqa: E402
-from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 from evalkit import study  # noqa: E402
@@ -43,7 +43,6 @@ from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
 from evalkit.study.live import RaterService  # noqa: E402
 
-STATIC = Path(__file__).resolve().parent / "static"
 MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.mp4$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
           study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
@@ -93,10 +92,6 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     @api.get("/favicon.ico")
     def favicon():                  # no icon, and no 404 in every page load's log
         return Response(status_code=204)
-
-    @api.get("/")
-    def rater_page():
-        return FileResponse(STATIC / "rater.html", headers=NO_STORE)
 
     # the two hot rater routes are plain Starlette routes (FastAPI's per-request parameter
     # machinery is about a third of a request's server time, and they need none of it)
@@ -171,16 +166,16 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     def export_summary(request: Request, sid: str):
         return export(request, sid, "summary")
 
-    api.mount("/static", StaticFiles(directory=STATIC), name="static")
-    if with_admin:
-        import gradio as gr
+    import gradio as gr
 
+    if with_admin:
         from .admin import build_admin
-        blocks = build_admin(db)
-        api = gr.mount_gradio_app(api, blocks, path="/admin",
+        api = gr.mount_gradio_app(api, build_admin(db), path="/admin",
                                   auth=("admin", api.state.admin_password),
                                   auth_message="evalkit study admin", footer_links=[])
-    return api
+    from .rater import SHELL_CSS, build_rater
+    # last: the rater app at the root answers every path not matched above
+    return gr.mount_gradio_app(api, build_rater(svc), path="", footer_links=[], css=SHELL_CSS)
 
 
 class _QuietShutdown(logging.Filter):

@@ -15,14 +15,15 @@ from evalkit import study
 from evalkit.study import store
 from evalkit.study.live import media_name
 
+from evalkit.testing.page import ENABLED, answer, boxes, in_viewport, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
 from evalkit.testing.studies import current, hidden, make_report, progress, secrets_of
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
-KEYS = {"left": "1", "right": "2", "same": "3", "A": "a", "B": "b"}
-ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
-           " && !document.querySelector('#answers button').disabled)")
+VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
+             "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                           device_scale_factor=2)}
 
 
 @pytest.fixture(scope="module")
@@ -50,34 +51,31 @@ def export(server, sid, which="ratings"):
     return list(csv.DictReader(io.StringIO(r.text)))
 
 
-def rate(page, server, token, *, reload_after=None, keys_every=2, seen=None):
-    """Answer every trial through the page; returns {trial id: (answer, media shown)}."""
+def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=None,
+         each=None):
+    """Answer every trial through the page; returns {trial id: (answer, media shown)}.
+    ``how``: the ways of answering, taken in turn; ``each(page, trial)`` runs at every trial
+    once its answers are enabled."""
     clicks = {}
-    with page.expect_response(re.compile(r"/api/trial\?")) as resp:
-        page.goto(f"{server.url}/?token={token}")
-    state = resp.value.json()
+    state = open_page(page, server.url, token)
     n = 0
     while state["trial"] is not None:
         t = state["trial"]
         assert t["index"] == state["progress"]["done"] + 1      # the next unanswered trial
         page.wait_for_function(ENABLED, timeout=30000)
+        assert page.get_attribute("body", "data-trial-index") == str(t["index"])
+        if each is not None:
+            each(page, t)
         if seen is not None:
             seen.append(page.content())
         a = t["answers"][(t["index"] + t["trial"]) % len(t["answers"])]
-        with page.expect_response(re.compile(r"/api/answer$")) as resp:
-            if n % keys_every:
-                page.keyboard.press(KEYS[a])
-            else:
-                page.click(f"#answers button[data-answer='{a}']")
-        new = resp.value.json()
-        assert resp.value.status == 200 and new["saved"] is True, new
+        new = answer(page, a, how[n % len(how)])
+        assert "error" not in new and new["progress"]["done"] == t["index"], new
         clicks[t["trial"]] = (a, t["media"])
         n += 1
         state = new
         if reload_after == n and state["trial"] is not None:
-            with page.expect_response(re.compile(r"/api/trial\?")) as resp:
-                page.reload()
-            again = resp.value.json()
+            again = open_page(page, server.url, token, reload=True)
             assert again["trial"]["trial"] == state["trial"]["trial"]     # continues, nothing lost
             assert again["progress"]["done"] == n
             state = again
@@ -86,8 +84,8 @@ def rate(page, server, token, *, reload_after=None, keys_every=2, seen=None):
 
 
 def check_csv(env, sid, clicks):
-    rows = export(env["server"], sid)
-    assert len(rows) == len(clicks)
+    rows = [r for r in export(env["server"], sid) if int(r["trial"]) in clicks]
+    assert len(rows) == len(clicks) and len({r["rater"] for r in rows}) == 1
     for r in rows:
         tid = int(r["trial"])
         answer, media = clicks[tid]
@@ -101,29 +99,65 @@ def check_csv(env, sid, clicks):
         assert int(r["response_ms"]) > 0
 
 
+def check_layout(page, view, trial):
+    """The whole trial on one screen: at 1280x800 every video and answer button lies inside the
+    viewport; on a phone the answers and controls do and nothing runs off the sides; the page
+    never scrolls sideways, and a touch screen gets no keyboard hints."""
+    vw, vh, sw, sh = page.evaluate("[innerWidth, innerHeight, document.scrollingElement.scrollWidth,"
+                                   " document.scrollingElement.scrollHeight]")
+    assert sw <= vw, (sw, vw)
+    videos = boxes(page, "video")
+    assert sorted(b["slot"] for b in videos) == sorted(trial["media"])
+    assert all(b["w"] >= 100 and b["h"] >= 60 for b in videos), videos   # big enough to judge
+    assert in_viewport(page, "#answers button") and in_viewport(page, "#controls button")
+    assert in_viewport(page, ".ek-head")
+    if view == "desktop":
+        assert sh <= vh, (sh, vh)
+        assert in_viewport(page, "video"), videos
+    else:
+        assert all(b["x"] >= 0 and b["x"] + b["w"] <= vw + 0.5 for b in videos), videos
+    if page.is_hidden("#instructions"):     # open on a new rater's first trial
+        page.click("#btn-help")
+    assert page.is_visible("#instructions") and in_viewport(page, "#instructions")
+    assert page.is_visible(".keys") == (view == "desktop")
+    page.click("#btn-close-help")
+    assert page.is_hidden("#instructions")
+
+
+@pytest.mark.parametrize("view", ["desktop", "phone"])
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
-def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol):
+def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol, view):
+    """A whole study through the Gradio page at 1280x800 (clicks and keys) and on a 390x844
+    phone (taps), with a reload halfway; the export matches the answers given; nothing the
+    browser got names a backend, run or job. Screenshots of a trial and of the end are kept."""
     server, sid = env["server"], env["sids"][protocol]
     token = study.invite(env["db"], sid, 1)[0]["token"]
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx = browser.new_context(**VIEWPORTS[view])
     page = ctx.new_page()
     urls, dom = [], []
     page.on("request", lambda r: urls.append(r.url))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"rater-{protocol}-{view}"
+
+    def each(page, t):
+        check_layout(page, view, t)
+        if t["index"] == 1:
+            page.screenshot(path=f"{shot}-trial.png")
     try:
-        clicks = rate(page, server, token, reload_after=2, seen=dom)
+        clicks = rate(page, server, token, reload_after=2, seen=dom, each=each,
+                      how=("tap",) if view == "phone" else ("click", "key"))
         assert page.inner_text("#code") == COMPLETION_CODE
+        page.screenshot(path=f"{shot}-done.png")
         dom.append(page.content())
     finally:
         ctx.close()
     total = progress(env["db"], token)["total"]
     assert len(clicks) == total and current(env["db"], token) is None
     check_csv(env, sid, clicks)
-    # blindness: DOM at every trial, every request URL, every served text file and API answer
+    # blindness: DOM at every trial, every request URL, every reply the page got
     media = [u for u in urls if "/media/" in u]
     assert media and all(re.search(r"/media/[0-9a-f]{40}\.mp4\?token=", u) for u in media)
-    texts = [httpx.get(server.url + p).text for p in ("/static/rater.js", "/static/rater.css")]
-    texts.append(httpx.get(f"{server.url}/?token={token}").text)
-    texts.append(httpx.get(f"{server.url}/api/trial?token={token}").text)
+    texts = [httpx.get(f"{server.url}/?token={token}").text]
     texts += [json.dumps(m) for _, m in clicks.values()]
     # random media names and the token masked: hex and base64 hold "bf16" by chance
     haystack = re.sub(r"[0-9a-f]{40}\.mp4", "NAME.mp4", "\n".join([*dom, *urls, *texts]))
@@ -135,24 +169,34 @@ def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol):
         assert set(m) == ({"left", "right"} if protocol == "preference" else {"X", "A", "B"})
 
 
-def test_players_play_in_sync_flicker_and_zoom(env, browser):
+SWAPS = {"preference": {"f": ("left", "right")},
+         "abx": {"f": ("X", "A"), "g": ("X", "B"), "h": ("A", "B")}}
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
+    """Every video of a trial shows the same frame within one frame while playing, and the same
+    frame after pause, frame steps (buttons and keys) and play; each swap (X with A, X with B,
+    A with B; left with right) exchanges two videos in place and back; zoom is full size."""
     server = env["server"]
-    token = study.invite(env["db"], env["sids"]["preference"], 1)[0]["token"]
+    token = study.invite(env["db"], env["sids"][protocol], 1)[0]["token"]
+    n = 3 if protocol == "abx" else 2
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     page = ctx.new_page()
     try:
-        page.goto(f"{server.url}/?token={token}")
+        open_page(page, server.url, token)
+        page.click("#btn-close-help")
         page.wait_for_selector("#answers button")
         assert page.is_disabled("#answers button")          # not before one play-through
-        page.wait_for_function("window.evalkitPlayers().length === 2 && "
+        page.wait_for_function(f"window.evalkitPlayers().length === {n} && "
                                "window.evalkitPlayers().every(p => p.ready === 4)", timeout=30000)
         players = lambda: page.evaluate("window.evalkitPlayers()")  # noqa: E731
         assert all(p["fps"] == FPS for p in players())              # the study's, from the server
 
         def spread(ps):
             d = ps[0]["duration"]
-            x = abs(ps[0]["t"] - ps[1]["t"]) % d
-            return min(x, d - x)
+            return max(min(abs(a["t"] - b["t"]) % d, d - abs(a["t"] - b["t"]) % d)
+                       for a in ps for b in ps)
         t0 = players()[0]["t"]
         page.wait_for_timeout(150)
         samples = []
@@ -179,25 +223,37 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser):
             page.wait_for_timeout(250)
             return players()
         ps = press(",", last + 3)                   # step back past the start: frame 0
-        assert frames(ps) == [0, 0] and all(p["paused"] for p in ps), ps
+        assert frames(ps) == [0] * n and all(p["paused"] for p in ps), ps
         page.click("#btn-fwd")
         ps = press(".")                             # button and key: two frames on, together
-        assert frames(ps) == [2, 2] and all(abs(p["t"] - (2 * FRAME + 1e-3)) < 1e-4 for p in ps), ps
+        assert frames(ps) == [2] * n and all(abs(p["t"] - (2 * FRAME + 1e-3)) < 1e-4 for p in ps), ps
         ps = press(",")
-        assert frames(ps) == [1, 1], ps
+        assert frames(ps) == [1] * n, ps
+        page.click("#btn-back")
+        page.wait_for_timeout(250)
+        assert frames(players()) == [0] * n
         ps = press(".", last + 3)                   # step past the end: stays on the last frame
-        assert frames(ps) == [last, last] and all(p["paused"] for p in ps), ps
+        assert frames(ps) == [last] * n and all(p["paused"] for p in ps), ps
         page.click("#btn-play")                                           # play again
         page.wait_for_timeout(300)
         assert not any(p["paused"] for p in players())
-        # flicker swaps the two videos in place
-        box = lambda s: page.locator(f"video[data-slot='{s}']").bounding_box()["x"]  # noqa: E731
-        l0, r0 = box("left"), box("right")
-        assert l0 < r0
+        ps = players()
+        assert spread(ps) <= FRAME, ps                                    # play again: in sync
+        # each swap exchanges two videos in place (by key, then back by its button)
+        box = lambda s: page.locator(f"video[data-slot='{s}']").bounding_box()  # noqa: E731
+        home = {s: box(s) for pair in SWAPS[protocol].values() for s in pair}
+        for k, (a, b) in SWAPS[protocol].items():
+            page.keyboard.press(k)
+            assert (box(a), box(b)) == (home[b], home[a]), (k, a, b)
+            assert page.get_attribute(f"#swaps button[data-swap='{a}-{b}']", "aria-pressed") == "true"
+            assert {s: box(s) for s in home if s not in (a, b)} == \
+                {s: home[s] for s in home if s not in (a, b)}
+            page.click(f"#swaps button[data-swap='{a}-{b}']")
+            assert {s: box(s) for s in home} == home
+        page.keyboard.press("f")                                          # swapped, still in sync
+        page.wait_for_timeout(200)
+        assert spread(players()) <= FRAME
         page.keyboard.press("f")
-        assert (box("left"), box("right")) == (r0, l0)
-        page.click("#btn-flicker")
-        assert (box("left"), box("right")) == (l0, r0)
         # zoom: full size (natural width)
         page.keyboard.press("z")
         w = page.evaluate("(() => { const v = document.querySelector('video');"
@@ -205,6 +261,6 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser):
         assert abs(w[0] - w[1]) < 1, w
         page.keyboard.press("z")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "rater-1280x800.png"))
+        page.screenshot(path=str(ARTIFACTS / f"rater-{protocol}-controls.png"))
     finally:
         ctx.close()

@@ -5,7 +5,6 @@ import csv
 import io
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,7 +21,9 @@ from evalkit.study import store
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
 from evalkit.testing.studies import answer, current, make_report, progress
-from test_app import ENABLED, export, hidden, rate  # noqa: F401
+from evalkit.testing.page import ENABLED, open_page
+from evalkit.testing.page import answer as answer_in_page
+from test_app import export, hidden, rate  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -111,27 +112,33 @@ def _trials(db, tok):
 
 
 def test_resume_after_server_restart(env, browser):
+    """Two answers, then the server restarts under the open page: the page's next answer is
+    taken by the new process without a reload, and after a reload the study goes on at the
+    next unanswered trial; the export holds every answer once."""
     db, sid = env["db"], env["sid"]
     token = study.invite(db, sid, 1)[0]["token"]
     server = Server(db).start()
     ctx = browser.new_context()
     page = ctx.new_page()
     try:
-        with page.expect_response(re.compile(r"/api/trial\?")):
-            page.goto(f"{server.url}/?token={token}")
+        state = open_page(page, server.url, token)
         clicked = {}
         for _ in range(2):
             t = current(db, token)
-            page.wait_for_function(ENABLED, timeout=30000)
+            assert state["trial"]["trial"] == t["trial"]
             assert page.get_attribute("body", "data-trial-index") == str(t["index"])
-            with page.expect_response(re.compile(r"/api/answer$")) as resp:
-                page.click("#answers button[data-answer='left']")
-            assert resp.value.json()["saved"]
+            state = answer_in_page(page, "left")
+            assert state["progress"]["done"] == len(clicked) + 1, state
             clicked[t["trial"]] = ("left", t["media"])
+        page.wait_for_function(ENABLED, timeout=30000)     # trial 3 watched, answers enabled
         server.stop()
         assert server.proc.returncode is not None
         server.start()                                   # same port, new process
-        rest = rate(page, server, token)                 # reloads the page; continues at #3
+        t = current(db, token)
+        state = answer_in_page(page, "right")            # the same page, no reload
+        assert state["progress"]["done"] == 3 and "error" not in state, state
+        clicked[t["trial"]] = ("right", t["media"])
+        rest = rate(page, server, token)                 # loads the page again; continues at #4
         assert not set(rest) & set(clicked)
         clicked.update(rest)
         assert len(clicked) == progress(db, token)["total"]
@@ -152,22 +159,17 @@ def test_a_stale_tab_goes_on_with_the_next_trial(env, browser):
     tabs = [ctx.new_page(), ctx.new_page()]
     missing = []
     for tab in tabs:
-        tab.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+        tab.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
     try:
-        for tab in tabs:
-            with tab.expect_response(re.compile(r"/api/trial\?")):
-                tab.goto(f"{server.url}/?token={token}")
-            tab.wait_for_function(ENABLED, timeout=30000)
-        first = tabs[0].get_attribute("body", "data-trial-index")
-        assert tabs[1].get_attribute("body", "data-trial-index") == first
-        with tabs[0].expect_response(re.compile(r"/api/answer$")):
-            tabs[0].click("#answers button[data-answer='left']")
-        with tabs[1].expect_response(re.compile(r"/api/answer$")) as resp:
-            tabs[1].click("#answers button[data-answer='right']")
-        assert resp.value.status == 409
-        tabs[1].wait_for_function(f"document.body.dataset.trialIndex === '{int(first) + 1}'",
-                                  timeout=30000)
+        first = [open_page(tab, server.url, token)["trial"]["index"] for tab in tabs]
+        assert first[0] == first[1] == 1
+        done = answer_in_page(tabs[0], "left")
+        assert done["progress"]["done"] == 1 and done["trial"]["index"] == 2
+        stale = answer_in_page(tabs[1], "right")
+        assert stale["trial"]["index"] == 2 and stale["progress"]["done"] == 1
+        tabs[1].wait_for_function("document.body.dataset.trialIndex === '2'", timeout=30000)
         assert "already answered" in tabs[1].inner_text("#message")
+        assert tabs[1].is_visible("#answers button") and tabs[1].is_hidden("#done")
         rows = [r for r in export(server, sid) if r["rater"] == str(_rater(db, token))]
         assert [r["answer"] for r in rows] == ["left"]
         assert missing == []

@@ -31,12 +31,11 @@ from scipy.stats import binomtest
 
 from evalkit import study
 
+from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
 from evalkit.testing.studies import hidden, make_report, secrets_of
 
 FPS = 12
-ENABLED = ("document.body.dataset.finished === '1' || (document.querySelector('#answers button')"
-           " && !document.querySelector('#answers button').disabled)")
 VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
 
 
@@ -182,6 +181,17 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
     assert tries["backend b from the larger name"] >= 16
 
 
+def _gradio_file(url: str) -> Path | None:
+    """The installed Gradio file an /assets/ or /static/ URL serves, if there is one."""
+    import gradio
+
+    path = url.split("://", 1)[1].split("/", 1)[1].split("?")[0]
+    if not path.startswith(("assets/", "static/")):
+        return None
+    f = Path(gradio.__file__).parent / "templates" / "frontend" / path
+    return f if f.is_file() else None
+
+
 def _common_prefix(a: str, b: str) -> str:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -208,32 +218,47 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser
             body = b""
         seen.append({"url": r.url, "status": r.status, "headers": dict(r.headers), "body": body})
     page.on("response", on_response)
+    events = []       # Gradio's event streams, read whole by a proxy in the browser's path
+
+    def keep_stream(route):
+        r = route.fetch()
+        body = r.body()
+        events.append(body)
+        route.fulfill(response=r, body=body)
+    page.route(re.compile(r"/gradio_api/queue/data"), keep_stream)
     try:
-        with page.expect_response(re.compile(r"/api/trial\?")) as resp:
-            page.goto(f"{server.url}/?token={token}")
-        state = resp.value.json()
+        state = open_page(page, server.url, token)
         trials = []
         while state["trial"] is not None:
             t = state["trial"]
             page.wait_for_function(ENABLED, timeout=30000)
             dom.append(page.content())
             trials.append(t)
-            with page.expect_response(re.compile(r"/api/answer$")) as resp:
-                page.click(f"#answers button[data-answer='{t['answers'][0]}']")
-            state = resp.value.json()
-            assert resp.value.status == 200, state
+            state = answer(page, t["answers"][0])
+            assert "error" not in state, state
         page.wait_for_selector("#done:not([hidden])")
         dom.append(page.content())
     finally:
         ctx.close()
         server.stop()
+    # the replies of the Gradio events (the trials) are among what was collected
+    events = b"".join(events)
+    assert events.count(b"process_completed") >= len(trials) + 1, events[:2000]
+    for t in trials:
+        assert all(n.encode() in events for n in t["media"].values())
     media = [s for s in seen if "/media/" in s["url"]]
     assert media and all(re.search(r"/media/[0-9a-f]{40}\.mp4\?token=", s["url"]) for s in media)
     # every text the browser got (video bytes aside: random coded data holds short strings like
     # "cpu" by chance; their structure is checked below and in the scripted test), with the
     # random media names and the token masked (hex and base64 hold "bf16" by chance too)
+    # Gradio's own files (its JS bundle says "cpu-basic", HF hardware) are left out of the
+    # search once shown to be byte for byte the installed package's: the same for any study
+    packaged = [s for s in seen if _gradio_file(s["url"]) is not None]
+    assert packaged and all(s["body"] == _gradio_file(s["url"]).read_bytes() for s in packaged)
     texts = [*dom, *(s["url"] for s in seen), *(json.dumps(s["headers"]) for s in seen),
-             *(s["body"].decode("latin-1") for s in seen if "/media/" not in s["url"])]
+             *(s["body"].decode("latin-1") for s in seen
+               if "/media/" not in s["url"] and s not in packaged),
+             events.decode("latin-1")]
     haystack = re.sub(r"[0-9a-f]{40}\.mp4", "NAME.mp4", "\n".join(texts)).replace(token, "TOKEN")
     for s in env["secret"]:
         assert s not in haystack, s

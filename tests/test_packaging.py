@@ -202,7 +202,7 @@ def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
         site / "evalkit" / "models" / "canary"
     assert where["datasets"] == site / "evalkit" / "datasets"
     assert where["suite"].is_file() and where["gate"].is_file()
-    assert (where["static"] / "rater.html").is_file()
+    assert all((where["static"] / f"player.{x}").is_file() for x in ("html", "css", "js"))
     # the folder is copied as is: same files, same bytes, so the same model_sha256
     assert _files(where["model"]) == _files(CHECKOUT_MODEL)
     digest = model_digest(CHECKOUT_MODEL)

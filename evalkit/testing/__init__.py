@@ -8,4 +8,5 @@ compare report for study tests, and the real ``evalkit serve`` as a process on l
 - :mod:`.tiny_v2v`, :mod:`.tiny_animatediff`: tiny video-to-video pipelines
 - :mod:`.studies`: ``make_report`` and a browser-like rater (``answer``, ``current``, ``progress``)
 - :mod:`.server`: ``Server`` (``evalkit serve`` on a free port), ``free_port``
+- :mod:`.page`: driving the rater page from Playwright (``open_page``, ``answer``, ``boxes``)
 """

@@ -1,0 +1,243 @@
+// The synced player of the rater page: the body of gr.HTML's js_on_load (element, trigger,
+// props, watch are Gradio's). The value is the study service's view of the rater: {progress,
+// trial, completion_code} from the load and answer events, plus notice / error / fatal. One
+// trial at a time; looping players kept in sync; frame step; swapping any two videos in place;
+// zoom; answers enabled after one play-through; keys on a keyboard, buttons on a touch screen.
+// Server data is only ever set as text or attributes, never as HTML.
+const DEFAULT_FPS = 24, STEP_EPS = 0.001, REPLY_TIMEOUT_MS = 20000;
+let FPS = DEFAULT_FPS, FRAME = 1 / FPS;
+const LABELS = {left: "Left", right: "Right", same: "No difference", A: "A is X", B: "B is X"};
+const SLOT_LABELS = {X: "X (reference)", A: "A", B: "B", left: "Left", right: "Right"};
+const SWAPS = {preference: [["left", "right", "f"]],
+               abx: [["X", "A", "f"], ["X", "B", "g"], ["A", "B", "h"]]};
+const KEYS = {
+  preference: {"1": "left", "ArrowLeft": "left", "2": "right", "ArrowRight": "right",
+               "3": "same", "ArrowDown": "same", "s": "same"},
+  abx: {"a": "A", "1": "A", "b": "B", "2": "B"},
+};
+const root = element.querySelector(".ek");
+const $ = (id) => element.querySelector("#" + id);
+let cur = null, videos = [], watched = 0, lastTick = null, shownAt = 0, busy = false;
+let playing = true, enabled = false, swapped = null, nonce = 0, waiting = null, last = null;
+let replies = 0;
+
+function message(text) { const m = $("message"); m.textContent = text || ""; m.hidden = !text; }
+
+function setProgress(p) {
+  if (!p) return;
+  element.querySelector(".ek-progress").hidden = false;
+  $("progress").max = p.total; $("progress").value = p.done;
+  $("progress-text").textContent = p.done + " of " + p.total + " answered";
+}
+
+function showHelp(on) {
+  $("instructions").hidden = !on;
+  $("btn-help").setAttribute("aria-expanded", String(on));
+}
+
+function cell(slot, name, i) {
+  const c = document.createElement("div");
+  c.className = "cell"; c.dataset.slot = slot; c.style.order = String(i);
+  const l = document.createElement("div");
+  l.className = "label"; l.textContent = SLOT_LABELS[slot] || slot;
+  const v = document.createElement("video");
+  v.muted = true; v.loop = true; v.playsInline = true; v.preload = "auto"; v.autoplay = true;
+  v.dataset.slot = slot;
+  // relative: the page may sit under a path prefix; the token is the page's own
+  const token = new URLSearchParams(location.search).get("token") || "";
+  v.src = "media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token);
+  c.appendChild(l); c.appendChild(v);
+  return c;
+}
+
+function stopVideos() {
+  videos.forEach((v) => { v.pause(); v.removeAttribute("src"); v.load(); });
+  videos = [];
+}
+
+function finish(state) {
+  cur = null; stopVideos();
+  $("trial").hidden = true; $("done").hidden = false; showHelp(false);
+  $("done-text").textContent = "You answered all " + state.progress.total + " trials.";
+  if (state.completion_code) {
+    $("code").textContent = state.completion_code; $("code-wrap").hidden = false;
+  }
+  document.body.dataset.finished = "1";
+}
+
+function renderTrial(t) {
+  stopVideos();
+  cur = t;
+  FPS = (typeof t.fps === "number" && isFinite(t.fps) && t.fps > 0) ? t.fps : DEFAULT_FPS;
+  FRAME = 1 / FPS;
+  root.dataset.protocol = t.protocol;
+  const order = t.protocol === "abx" ? ["X", "A", "B"] : ["left", "right"];
+  const stage = $("stage");
+  stage.replaceChildren(...order.filter((s) => s in t.media).map((s, i) => cell(s, t.media[s], i)));
+  stage.dataset.count = String(stage.children.length);
+  videos = Array.from(stage.querySelectorAll("video"));
+  const swaps = $("swaps"); swaps.replaceChildren();
+  for (const [a, b, k] of SWAPS[t.protocol] || []) {
+    const btn = document.createElement("button");
+    btn.type = "button"; btn.dataset.swap = a + "-" + b; btn.setAttribute("aria-pressed", "false");
+    btn.textContent = t.protocol === "abx" ? a + " \u21c4 " + b : "Swap";
+    btn.title = "swap " + a + " and " + b + " in place (" + k.toUpperCase() + ")";
+    btn.addEventListener("click", () => toggleSwap(a, b));
+    swaps.appendChild(btn);
+  }
+  const answers = $("answers"); answers.replaceChildren();
+  for (const a of t.answers) {
+    const b = document.createElement("button");
+    b.type = "button"; b.className = "answer"; b.dataset.answer = a; b.disabled = true;
+    b.textContent = LABELS[a] || a;
+    b.addEventListener("click", () => answer(a));
+    answers.appendChild(b);
+  }
+  watched = 0; lastTick = null; enabled = false; playing = true; busy = false; swapped = null;
+  $("watch-hint").hidden = false;
+  $("btn-play").textContent = "Pause";
+  root.classList.remove("zoom"); $("btn-zoom").setAttribute("aria-pressed", "false");
+  $("trial").hidden = false; $("done").hidden = true;
+  document.body.dataset.trialIndex = String(t.index);
+  shownAt = performance.now();
+  videos.forEach((v) => v.play().catch(() => {}));
+}
+
+// a reply of the service: a new trial, the same trial (an error to show), or the end
+function render(state) {
+  if (!state || typeof state !== "object") return;
+  replies += 1; last = state;
+  if (waiting) { clearTimeout(waiting); waiting = null; }
+  if (state.fatal) { cur = null; stopVideos(); $("trial").hidden = true; message(state.fatal); return; }
+  setProgress(state.progress);
+  if (!("trial" in state)) {              // refused: the trial stays, the answers come back
+    message(state.error ? "Your answer was not saved: " + state.error : "");
+    busy = false;
+    if (enabled) setTimeout(enableAnswers, Math.max(0, state.wait_ms || 0));
+    return;
+  }
+  message(state.notice || "");
+  if (!state.trial) { finish(state); return; }
+  if (!cur && state.progress && state.progress.done === 0 && replies === 1) showHelp(true);
+  if (cur && cur.trial === state.trial.trial) { busy = false; if (enabled) enableAnswers(); return; }
+  renderTrial(state.trial);
+}
+
+function enableAnswers() {
+  enabled = true; $("watch-hint").hidden = true;
+  element.querySelectorAll("#answers button").forEach((b) => { b.disabled = busy; });
+}
+
+// one loop drives sync and the play-through count: followers snap to the first video
+function tick(now) {
+  if (!element.isConnected) return;
+  if (videos.length) {
+    const m = videos[0];
+    if (playing && !m.paused && m.readyState >= 2) {
+      if (lastTick !== null) watched += (now - lastTick) / 1000 * m.playbackRate;
+      for (const o of videos.slice(1)) {
+        if (o.paused) o.play().catch(() => {});
+        if (Math.abs(o.currentTime - m.currentTime) > FRAME / 2) o.currentTime = m.currentTime;
+      }
+      if (!enabled && m.duration && watched >= m.duration) enableAnswers();
+    }
+    lastTick = (playing && !m.paused) ? now : null;
+  }
+  requestAnimationFrame(tick);
+}
+requestAnimationFrame(tick);
+
+function setPlaying(on) {
+  if (!videos.length) return;
+  playing = on;
+  $("btn-play").textContent = on ? "Pause" : "Play";
+  // paused players do not loop: with loop set, Chromium wraps a seek near the end to 0
+  videos.forEach((v) => { v.loop = on; });
+  if (on) { videos.forEach((v) => v.play().catch(() => {})); }
+  else {
+    videos.forEach((v) => v.pause());
+    const t = videos[0].currentTime;
+    videos.slice(1).forEach((v) => { v.currentTime = t; });
+  }
+}
+
+function seekTo(t) {
+  if (!videos.length) return;
+  setPlaying(false);
+  videos.forEach((v) => { v.currentTime = t; });
+}
+// frame step: land just after the start of the target frame; never past the last frame's
+// start (a seek into the last frame's span can end playback, or wrap it when looping)
+function step(n) {
+  if (!videos.length) return;
+  const d = videos[0].duration || 0, lastFrame = d ? Math.max(0, Math.round(d * FPS) - 1) : Infinity;
+  const now = Math.min(lastFrame, Math.floor(videos[0].currentTime * FPS + 1e-3));
+  const k = Math.min(lastFrame, Math.max(0, now + n));
+  if (k === now && !playing) return;
+  seekTo(k * FRAME + STEP_EPS);
+}
+
+// swap two videos in place (their cells exchange grid positions; playback goes on)
+function toggleSwap(a, b) {
+  const key = a + "-" + b, on = swapped !== key;
+  const cells = Array.from($("stage").children);
+  cells.forEach((c, i) => { c.style.order = String(i); });
+  if (on) {
+    const ca = cells.find((c) => c.dataset.slot === a), cb = cells.find((c) => c.dataset.slot === b);
+    if (!ca || !cb) return;
+    const o = ca.style.order; ca.style.order = cb.style.order; cb.style.order = o;
+  }
+  swapped = on ? key : null;
+  element.querySelectorAll("#swaps button").forEach((x) => {
+    x.setAttribute("aria-pressed", String(x.dataset.swap === swapped));
+  });
+}
+
+function toggleZoom() {
+  const on = !root.classList.contains("zoom");
+  root.classList.toggle("zoom", on);
+  $("btn-zoom").setAttribute("aria-pressed", String(on));
+}
+
+function answer(a) {
+  if (!cur || !enabled || busy) return;
+  busy = true;
+  element.querySelectorAll("#answers button").forEach((b) => { b.disabled = true; });
+  nonce += 1;
+  trigger("answer", {trial: cur.trial, answer: a, response_ms: Math.round(performance.now() - shownAt),
+                     nonce: nonce});
+  // no reply (the server is gone): say so and let the rater try again
+  waiting = setTimeout(() => {
+    waiting = null; busy = false; enableAnswers();
+    message("No answer from the server yet; please check your connection and try again.");
+  }, REPLY_TIMEOUT_MS);
+}
+
+$("btn-play").addEventListener("click", () => setPlaying(!playing));
+$("btn-back").addEventListener("click", () => step(-1));
+$("btn-fwd").addEventListener("click", () => step(1));
+$("btn-zoom").addEventListener("click", toggleZoom);
+$("btn-help").addEventListener("click", () => showHelp($("instructions").hidden));
+$("btn-close-help").addEventListener("click", () => showHelp(false));
+document.addEventListener("keydown", (e) => {
+  if (!cur || e.ctrlKey || e.metaKey || e.altKey) return;
+  const tag = (e.target && e.target.tagName) || "";
+  if (tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT") return;
+  const k = e.key.length === 1 ? e.key.toLowerCase() : e.key;
+  if (k === " ") { e.preventDefault(); setPlaying(!playing); return; }
+  if (k === ",") { step(-1); return; }
+  if (k === ".") { step(1); return; }
+  if (k === "z") { toggleZoom(); return; }
+  const sw = (SWAPS[cur.protocol] || []).find((s) => s[2] === k);
+  if (sw) { toggleSwap(sw[0], sw[1]); return; }
+  const a = (KEYS[cur.protocol] || {})[k];
+  if (a) { e.preventDefault(); answer(a); }
+});
+
+// test hooks (read-only): the players' sync state and the last reply of the service
+window.evalkitPlayers = () => videos.map((v) => ({slot: v.dataset.slot, t: v.currentTime,
+  paused: v.paused, ready: v.readyState, duration: v.duration, fps: FPS}));
+window.evalkitState = () => ({replies: replies, state: last ? JSON.parse(JSON.stringify(last)) : null});
+
+watch("value", () => render(props.value));
+if (props.value) render(props.value);
