@@ -229,8 +229,11 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
     quiet = _QuietShutdown(server)
     for name in ("uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(quiet)
-    print(f"rater page: http://{host}:{port}/?token=<token> (invite links: evalkit study invite "
-          f"--base-url http://{host}:{port})   admin: http://{host}:{port}/admin "
+    # listening on every address: links need a name raters can reach, the machine's
+    shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    print(f"rater page: http://{shown}:{port}/?token=<token> (invite links: evalkit study invite "
+          f"--base-url http://{shown}:{port})   admin: http://{shown}:{port}/admin "
           f"(user admin{'' if admin_password else ', password ' + app.state.admin_password})",
           flush=True)
     try:

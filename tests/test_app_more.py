@@ -149,6 +149,24 @@ def test_resume_after_server_restart(env, browser):
         server.stop()
 
 
+def test_a_link_without_a_valid_token_shows_one_message_and_nothing_else(env, browser):
+    server = Server(env["db"]).start()
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    media = []
+    page.on("request", lambda r: media.append(r.url) if "/media/" in r.url else None)
+    try:
+        for token, text in ((None, "needs the invite link"), ("not-a-token", "not valid")):
+            state = open_page(page, server.url, token)
+            assert set(state) == {"fatal"} and text in state["fatal"], state
+            assert text in page.inner_text("#message")
+            assert page.is_hidden("#trial") and page.locator("video").count() == 0
+        assert media == []
+    finally:
+        ctx.close()
+        server.stop()
+
+
 def test_a_stale_tab_goes_on_with_the_next_trial(env, browser):
     """Two tabs of one rater: the second answers a trial the first already answered and is
     shown the next unanswered trial (not an error); the first answer stands; no 404s."""
