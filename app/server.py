@@ -43,6 +43,8 @@ from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
 from evalkit.study.live import RaterService  # noqa: E402
 
+from .guard import Guard, Throttle  # noqa: E402
+
 MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.mp4$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
           study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
@@ -76,12 +78,15 @@ def _error(e: Exception) -> JSONResponse:
 
 
 def build_app(db: str, admin_password: str | None = None, completion_code: str | None = None,
-              with_admin: bool = True, max_batch: int = 512) -> FastAPI:
+              with_admin: bool = True, max_batch: int = 512,
+              throttle: Throttle | None = None) -> FastAPI:
     """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``).
     Rater requests go through one :class:`evalkit.study.live.RaterService` (``app.state.raters``;
-    ``serve`` closes it on the way out)."""
+    ``serve`` closes it on the way out); every request through :class:`app.guard.Guard`
+    (security headers, body limit, back-off on failed passwords: ``throttle``)."""
     store.open_db(db)          # fail early on a bad database
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    api.add_middleware(Guard, throttle=throttle or Throttle())
     api.state.admin_password = admin_password or secrets.token_urlsafe(12)
     svc = api.state.raters = RaterService(db, completion_code=completion_code, max_batch=max_batch)
 
@@ -103,11 +108,16 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
             return _error(e)
 
     async def post_answer(request: Request):
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return JSONResponse({"error": f"request body: expected Content-Type application/json, "
+                                          f"found {ctype[:40] or 'none'!r}"},
+                                status_code=415, headers=NO_STORE)
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):      # RecursionError: JSON nested too deep
             return JSONResponse({"error": "request body: expected a JSON object"}, status_code=400,
                                 headers=NO_STORE)
         try:
@@ -129,7 +139,7 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
             path = await svc.media(request.query_params.get("token", ""), name)
         except UserError:
             return not_found
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():     # a link in the media folder: refused
             return not_found
         return _BlindFile(path, media_type="video/mp4", headers=MEDIA_HEADERS)
 
@@ -141,10 +151,11 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
         if not h.lower().startswith("basic "):
             return False
         try:
-            _, _, pw = base64.b64decode(h[6:]).decode().partition(":")
+            user, _, pw = base64.b64decode(h[6:], validate=True).decode().partition(":")
         except Exception:
             return False
-        return secrets.compare_digest(pw, api.state.admin_password)
+        return user == "admin" and secrets.compare_digest(pw.encode(),
+                                                          api.state.admin_password.encode())
 
     def export(request: Request, sid: str, which: str) -> Response:
         if not admin_ok(request):

@@ -121,18 +121,36 @@ def datasets_dir() -> Path:
     return _shipped("datasets", "smoke/suite.yaml")
 
 
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """One cell as written: ``None`` empty; a text that a spreadsheet would run as a formula
+    (it starts with ``= + - @``, a tab or a carriage return, and is not a number) gets a leading
+    ``'``, as OWASP's "CSV Injection" page recommends; numbers and other text unchanged."""
+    if v is None:
+        return ""
+    if isinstance(v, str) and v.startswith(FORMULA_PREFIXES):
+        try:
+            float(v)
+        except ValueError:
+            return "'" + v
+    return v
+
+
 def csv_text(header, rows, *, lineterminator: str = "\n") -> str:
-    """CSV text: the ``header`` row, then ``rows`` (iterables of cells). ``None`` is an empty
-    cell; every other cell is written as :mod:`csv` writes it (``str``; bools as True/False,
-    floats at full precision, ``inf``/``nan`` as such): callers map other conventions first."""
+    """CSV text: the ``header`` row, then ``rows`` (iterables of cells). Cells pass through
+    :func:`csv_cell` (``None`` empty, formula-like text neutralised); every other cell is
+    written as :mod:`csv` writes it (``str``; bools as True/False, floats at full precision,
+    ``inf``/``nan`` as such): callers map other conventions first."""
     import csv
     import io
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator=lineterminator)
-    w.writerow(header)
+    w.writerow([csv_cell(v) for v in header])
     for row in rows:
-        w.writerow(["" if v is None else v for v in row])
+        w.writerow([csv_cell(v) for v in row])
     return buf.getvalue()
 
 

@@ -71,7 +71,8 @@ def test_refusals(env):
         assert post(token=t1, trial=other, answer="left", response_ms=5).status_code == 403
         assert post(token="bad", trial=mine["trial"], answer="left", response_ms=5).status_code == 403
         assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
-        assert httpx.post(f"{u}/api/answer", content=b"[1]").status_code == 400
+        assert httpx.post(f"{u}/api/answer", content=b"[1]",
+                          headers={"content-type": "application/json"}).status_code == 400
         assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
         # media: only by the opaque names of the rater's own handed-out trials
         name = mine["media"]["left"]

@@ -35,6 +35,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import hmac
+import math
 import queue
 import threading
 import time
@@ -63,25 +64,58 @@ def media_name(key: str, trial_id: int, slot: str) -> str:
     return mac.hexdigest()[:40] + ".mp4"
 
 
+MAX_TOKEN = 512               # characters; invite tokens are 43
+MAX_ID = 2**63 - 1            # database ids are 64-bit
+
+
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error lines that echo what was sent."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def check_token(token) -> str:
+    """The token as given if it can be one (a non-empty str of at most ``MAX_TOKEN``
+    characters, valid UTF-8), else :class:`UnknownToken` (which never echoes it)."""
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN:
+        raise UnknownToken()
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError:        # a lone surrogate from JSON's \ud800
+        raise UnknownToken() from None
+    return token
+
+
+def check_trial_id(trial) -> int:
+    """A trial id, strictly: an int (not a bool, not a float such as 1.9 or 1e30) or its decimal
+    digits, in 1..2**63-1; anything else is :class:`UnknownTrial`."""
+    if isinstance(trial, str) and trial.isascii() and trial.isdigit() and len(trial) <= 19:
+        trial = int(trial)
+    if isinstance(trial, bool) or not isinstance(trial, int) or not 0 < trial <= MAX_ID:
+        raise UnknownTrial(shown(trial))
+    return trial
+
+
 def check_answer(trial_id, protocol: str, answer) -> None:
     """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
-    if answer not in design.ANSWERS[protocol]:
+    if not isinstance(answer, str) or answer not in design.ANSWERS[protocol]:
         raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
-                        f"{', '.join(design.ANSWERS[protocol])}, found {answer!r}")
+                        f"{', '.join(design.ANSWERS[protocol])}, found {shown(answer)}")
 
 
 def check_client_ms(trial_id, client_ms) -> int | None:
-    """The page's response time: None, or a non-negative int (else :class:`BadAnswer`)."""
+    """The page's response time: None, or a finite non-negative number of milliseconds (kept
+    as an int, at most 2**31-1); a bool, NaN, infinity or text is :class:`BadAnswer`."""
     if client_ms is None:
         return None
-    try:
-        ms = int(client_ms)
-    except (TypeError, ValueError):
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected milliseconds, "
-                        f"found {client_ms!r}") from None
-    if ms < 0:
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {ms}")
-    return min(ms, 2**31 - 1)
+    if isinstance(client_ms, bool) or not isinstance(client_ms, (int, float)) \
+            or not math.isfinite(client_ms):
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected a finite number of "
+                        f"milliseconds, found {shown(client_ms)}")
+    if client_ms < 0:
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, "
+                        f"found {shown(client_ms)}")
+    return int(min(client_ms, 2**31 - 1))
 
 
 class RaterService:
@@ -239,9 +273,7 @@ class RaterService:
     # -- cached immutable data ------------------------------------------------------------------
 
     def _rater(self, conn, token) -> dict:
-        if not isinstance(token, str) or not token:
-            raise UnknownToken()
-        h = token_hash(token)
+        h = token_hash(check_token(token))
         r = self._raters.get(h)
         if r is None:
             row = conn.execute(self._q_rater, {"h": h}).first()
@@ -352,22 +384,19 @@ class RaterService:
         return Path(self._study(conn, r["study_id"])["media_dir"]) / f"{sha}.mp4"
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
-        try:
-            tid = int(trial_id)
-        except (TypeError, ValueError):
-            raise UnknownTrial(trial_id) from None
+        tid = check_trial_id(trial_id)
         r = self._rater(conn, token)
         plan = self._plan(conn, r)
         t = next((x for x in plan if x["id"] == tid), None)
         if t is None:
             owner = conn.execute(self._q_owner, {"tid": tid}).scalar()
             if owner is None:
-                raise UnknownTrial(trial_id)
-            raise TrialNotAssigned(trial_id, r["id"])
+                raise UnknownTrial(tid)
+            raise TrialNotAssigned(tid, r["id"])
         st = self._study(conn, r["study_id"])
         protocol = st["protocol"]
-        check_answer(trial_id, protocol, answer)
-        cms = check_client_ms(trial_id, client_ms)
+        check_answer(tid, protocol, answer)
+        cms = check_client_ms(tid, client_ms)
         live = self._live(conn, r["id"])
         served, fetched, prev = live[tid]
         if prev is not None:                    # answered before: idempotent or a conflict
