@@ -4,7 +4,9 @@ Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``su
 ``invite``); this module only lays them out."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -56,8 +58,32 @@ def clip_plot(res: dict):
     return fig
 
 
+def export_root() -> Path:
+    """This process's folder for CSV exports, ``<tmp>/evalkit-admin-<uid>-<pid>``: made on the
+    first export, removed when the process exits; folders of processes no longer alive (a
+    killed server) are removed here, so none pile up."""
+    base = Path(tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    for old in base.glob(f"evalkit-admin-{uid}-*"):
+        pid = old.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return base / f"evalkit-admin-{uid}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def build_admin(db) -> gr.Blocks:
-    out_dir = Path(tempfile.mkdtemp(prefix="evalkit-admin-"))
+    out_dir = export_root()
+    atexit.register(shutil.rmtree, out_dir, True)
 
     def refresh():
         return studies_table(db)
@@ -93,6 +119,7 @@ def build_admin(db) -> gr.Blocks:
             return f"**error:** {e}", hidden, hidden
         # a fresh folder per export: the file names stay readable, and an older export's
         # files are never overwritten while a download may still be reading them
+        out_dir.mkdir(mode=0o700, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix=f"study{sid}-", dir=out_dir))
         a, b = folder / f"study{sid}-ratings.csv", folder / f"study{sid}-summary.csv"
         a.write_text(raw)

@@ -202,3 +202,20 @@ def test_password_guessing_backs_off(env):
         asyncio.run(go())
     finally:
         app.state.raters.close()
+
+
+def test_server_killed_while_raters_answer_loses_nothing(tmp_path):
+    """The fast slice of benchmarks/bench_serve_kills.py: 6 raters, the server SIGKILLed once
+    after the 20th acknowledged answer and restarted; every acknowledged rating is stored once,
+    every trial is answered in the end, and the database is intact."""
+    from evalkit.testing import kills
+
+    report = make_report(tmp_path, fps=8)
+    db = tmp_path / "k.db"
+    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
+                             seed=6)["study"]
+    tokens = [r["token"] for r in study.invite(db, sid, 6)]
+    out = kills.run(db, tokens, [20])
+    assert out["kills"] == 1 and out["acknowledged"] >= 20, out
+    assert out["lost"] == 0 and out["duplicates"] == 0 and out["integrity"] == "ok", out
+    assert out["stored"] == study.list_studies(db)[0]["trials"], out

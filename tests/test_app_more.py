@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import httpx
 import pytest
 from sqlalchemy import update
@@ -339,6 +341,22 @@ def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
     assert out.startswith("rater page: http://127.0.0.1:")
     with pytest.raises(httpx.HTTPError):                   # and the port is closed
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    import tempfile                                         # and it left no folder behind
+    assert not list(Path(tempfile.gettempdir()).glob(f"evalkit-admin-*-{proc.pid}"))
+
+
+def test_admin_export_folders_of_dead_servers_are_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    from app.admin import export_root
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    uid = os.getuid()
+    stale = tmp_path / f"evalkit-admin-{uid}-{dead.pid}"
+    (stale / "study1-x").mkdir(parents=True)
+    mine = tmp_path / f"evalkit-admin-{uid}-{os.getpid()}"
+    assert export_root() == mine and not stale.exists() and not mine.exists()
 
 
 def test_serve_port_in_use_is_a_one_line_error(env):
