@@ -50,6 +50,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from metrics._common import resolve_device  # noqa: E402
 from metrics.flow import DEFAULT_PRESET, DIS_PRESETS  # noqa: E402
 from metrics.stream import PairEvaluator, auto_chunk, default_flow_workers, stream_pair  # noqa: E402
 
@@ -97,7 +98,7 @@ def synthetic_pair(n: int, h: int, w: int, seed: int = 0, cycle: int = CYCLE):
 
 
 def sync(device):
-    if torch.device(device).type == "cuda":
+    if str(device).startswith("cuda"):
         torch.cuda.synchronize(device)
 
 
@@ -156,6 +157,10 @@ def run_ours(count_a, count_b, args, device, temporal, *, min_frames, seconds, m
 # -- naive --------------------------------------------------------------------------------------
 
 def run_naive(gen_a, gen_b, n, args, device, temporal):
+    """The baseline, by design outside evalkit: the ``lpips`` package's model and its inputs
+    placed on the metric engine's device by hand, on PyTorch's numeric defaults (on a GPU cuDNN
+    may use TF32 there, which the engine never does), so its LPIPS agreement with ours on a GPU
+    includes that rounding."""
     import cv2
     import lpips
     from skimage.metrics import structural_similarity
@@ -282,13 +287,13 @@ def part_compare(args, dev, w, h, temporal, out):
 
 def lpips_alone(args, dev, h, w, count_a, count_b, out, seconds=3.0):
     """LPIPS only (trunk + distances), on frames already on the device: the compute ceiling."""
-    from metrics._common import precise
+    from metrics._common import as_frames, precise
     from metrics.perceptual import get_model
 
     c = args.chunk
     model = get_model(args.net, dev)
-    a = torch.from_numpy(np.stack(list(count_a(c)()))).to(dev).permute(0, 3, 1, 2)
-    b = torch.from_numpy(np.stack(list(count_b(c)()))).to(dev).permute(0, 3, 1, 2)
+    a = as_frames(np.stack(list(count_a(c)())).transpose(0, 3, 1, 2), "a", device=dev)
+    b = as_frames(np.stack(list(count_b(c)())).transpose(0, 3, 1, 2), "b", device=dev)
     x = torch.cat([a, b]).float().div_(255).contiguous()
     rates = {}
     for bench in (False, True) if dev.type == "cuda" else (False,):
@@ -461,7 +466,7 @@ def main(argv=None):
         print(summarize(Path(args.summarize)))
         return 0
     w, h = (int(v) for v in args.size.lower().split("x"))
-    dev = torch.device(args.device)
+    dev = resolve_device(args.device)   # the metric engine's own device rule
     gpu = dev.type == "cuda"
     if args.part is None and args.out:
         return run_all(args, argv)

@@ -14,7 +14,10 @@
 #   .canary_data/lpips_alex.safetensors  LPIPS-alex weights (copy of ~/.cache/evalkit/lpips/v0.1/
 #                                        alex.safetensors); found through $CANARY_LPIPS_WEIGHTS
 #   .whl/*.whl                           optional: wheels of packages missing there (diffusers,
-#                                        importlib_metadata, lpips), installed into /tmp/site
+#                                        importlib_metadata, lpips; pydantic, pydantic_core,
+#                                        annotated_types, typing_inspection for the suite and
+#                                        backend code that bench_canary.py renders through),
+#                                        installed into /tmp/site
 # and the shipped models/canary (its autoencoder is reused: the encoder stays frozen, the decoder
 # gains a source-conditioned branch and is tuned for AE_SECONDS).
 #
@@ -59,7 +62,7 @@ done
 $PY - <<'EOF' || exit 2
 import importlib, sys
 missing = [m for m in ("torch", "diffusers", "lpips", "safetensors", "cv2", "yaml", "skimage",
-                       "sklearn", "PIL") if importlib.util.find_spec(m) is None]
+                       "sklearn", "PIL", "pydantic") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"error: python packages missing: {', '.join(missing)} (carry wheels in .whl/)")
 import torch, diffusers
@@ -86,13 +89,13 @@ fi
 tar -czf "$OUT_DIR/canary_model.tgz" -C "$(dirname "$MODEL_OUT")" "$(basename "$MODEL_OUT")"
 say "trained; pipeline folder packed into $OUT_DIR/canary_model.tgz"
 
-say "quality ($DEV ${EVAL_DTYPE:-fp32}, ${QUALITY_ARGS:---clips all})"
-timeout 200 $PY benchmarks/bench_canary.py quality --model "$MODEL_OUT" --device "$DEV" \
-    --dtype "${EVAL_DTYPE:-fp32}" ${QUALITY_ARGS:---clips all} --out "$OUT_DIR/quality.json" \
+say "quality (backend $DEV,dtype=${EVAL_DTYPE:-fp32}, ${QUALITY_ARGS:---clips all})"
+timeout 200 $PY benchmarks/bench_canary.py quality --model "$MODEL_OUT" \
+    --backend "$DEV,dtype=${EVAL_DTYPE:-fp32}" ${QUALITY_ARGS:---clips all} --out "$OUT_DIR/quality.json" \
     2>&1 | tee "$OUT_DIR/quality.log" | grep -v '^\[' 
-say "speed ($DEV ${SPEED_DTYPE:-bf16}, 24x256x256 astronaut_pan, suite parameters)"
-timeout 120 $PY benchmarks/bench_canary.py speed --model "$MODEL_OUT" --device "$DEV" \
-    --dtype "${SPEED_DTYPE:-bf16}" --repeats 5 --out "$OUT_DIR/speed_bf16.json" >/dev/null 2>&1 \
+say "speed (backend $DEV,dtype=${SPEED_DTYPE:-bf16}, 24x256x256 astronaut_pan, suite parameters)"
+timeout 120 $PY benchmarks/bench_canary.py speed --model "$MODEL_OUT" \
+    --backend "$DEV,dtype=${SPEED_DTYPE:-bf16}" --repeats 5 --out "$OUT_DIR/speed_bf16.json" >/dev/null 2>&1 \
     || say "speed run failed"
 
 $PY - "$OUT_DIR" "$MODEL_OUT" <<'EOF' | tee "$OUT_DIR/summary.txt"
@@ -122,6 +125,6 @@ else:
 sp = out / "speed_bf16.json"
 if sp.is_file():
     s = json.loads(sp.read_text())
-    print(f"speed: {s['device_name']} {s['dtype']}: median {s['median_s']} s ({s['seconds']}), target 0.5 s")
+    print(f"speed: {s['device_name']} {s['backend']}: median {s['median_s']} s ({s['seconds']}), target 0.5 s")
 EOF
 say "done"
