@@ -9,4 +9,6 @@ compare report for study tests, and the real ``evalkit serve`` as a process on l
 - :mod:`.studies`: ``make_report`` and a browser-like rater (``answer``, ``current``, ``progress``)
 - :mod:`.server`: ``Server`` (``evalkit serve`` on a free port), ``free_port``
 - :mod:`.page`: driving the rater page from Playwright (``open_page``, ``answer``, ``boxes``)
+- :mod:`.gradio_client`: ``GradioRater``, the rater page's Gradio events without a browser
+- :mod:`.kills`: raters answering while the server is SIGKILLed
 """
