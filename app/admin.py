@@ -83,6 +83,8 @@ def _alive(pid: int) -> bool:
 
 def build_admin(db) -> gr.Blocks:
     out_dir = export_root()
+    # a folder under our own pid can only be a killed earlier server's (a container's pid 1)
+    shutil.rmtree(out_dir, ignore_errors=True)
     atexit.register(shutil.rmtree, out_dir, True)
 
     def refresh():
