@@ -22,6 +22,8 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import signal
 from importlib.resources import files
 from pathlib import Path
 
@@ -58,7 +60,9 @@ def atomic_path(path: os.PathLike | str, suffix: str | None = None):
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        crash_point()
         os.replace(tmp, path)
+        crash_point()
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -76,6 +80,171 @@ def atomic_write_text(path: os.PathLike | str, text: str) -> None:
 
 def atomic_write_json(path: os.PathLike | str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# -- crash tests -----------------------------------------------------------------------------
+
+#: ``EVALKIT_KILL_AT=N`` (crash tests only): the process SIGKILLs itself at its Nth crash point.
+#: Each atomic file write has two (its temporary file complete; renamed into place) and
+#: :func:`atomic_dir` has its own, so a kill lands at a reproducible moment without timing.
+KILL_AT_ENV = "EVALKIT_KILL_AT"
+_crash_points = 0
+
+
+def crash_point() -> None:
+    """Count a crash point; SIGKILL this process when ``$EVALKIT_KILL_AT`` is reached."""
+    global _crash_points
+    at = os.environ.get(KILL_AT_ENV)
+    if not at:
+        return
+    _crash_points += 1
+    if _crash_points >= int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- whole folders -------------------------------------------------------------------------------
+
+def _lock_dir(path: Path, *, wait: bool):
+    """An fd of folder ``path`` holding an exclusive flock (None: another process holds it)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system
+    or filesystem cannot (the caller renames in two steps)."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def dir_leftovers(path: os.PathLike | str) -> list[Path]:
+    """The temporary folders :func:`atomic_dir` leaves next to ``path`` when killed."""
+    import glob
+
+    path = Path(path)
+    name = glob.escape(path.name)
+    return sorted([*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")])
+
+
+def cleanup_dir_leftovers(path: os.PathLike | str) -> None:
+    """Tidy what a killed :func:`atomic_dir` left next to ``path``: where ``path`` itself is
+    gone (killed between its two renames) the old folder set aside goes back in place; every
+    other leftover is removed, except a temporary folder another process is still writing."""
+    path = Path(path).resolve()   # a link followed; "." or "x/.." named by its own name
+    olds = [p for p in dir_leftovers(path) if p.name.startswith(f".{path.name}.old-")]
+    if olds and not os.path.lexists(path):
+        os.rename(olds.pop(), path)
+    for p in dir_leftovers(path):
+        if not p.is_dir() or p.is_symlink():
+            p.unlink(missing_ok=True)
+            continue
+        try:
+            fd = _lock_dir(p, wait=False)
+        except FileNotFoundError:  # removed meanwhile (by another process's cleanup)
+            continue
+        if fd is None:  # being written by another process
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: os.PathLike | str):
+    """Yield a new empty folder next to ``path`` (``.NAME.tmp-XXXX``, same filesystem); on
+    success it takes the place of ``path`` whole, in one rename, and the old folder is removed.
+
+    On any exception the temporary folder is removed and ``path`` is left as it was. A kill at
+    any moment leaves ``path`` complete, old or new: the two folders are exchanged in one step
+    where Linux allows it (``renameat2``), else the old one is renamed aside, the new one in, and
+    a kill between the two is undone by :func:`cleanup_dir_leftovers`, which runs first.
+    ``path`` is a folder or absent; a symbolic link to a folder is followed.
+    """
+    path = Path(path).resolve()   # a link followed; "." or "x/.." named by its own name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cleanup_dir_leftovers(path)
+    for _ in range(1000):
+        tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
+        try:
+            tmp.mkdir()
+        except FileExistsError:
+            continue
+        # locked, so that another process's cleanup leaves it alone; one that took the lock
+        # first (between the mkdir and here) has removed it: then try another name
+        try:
+            fd = _lock_dir(tmp, wait=True)
+        except FileNotFoundError:
+            continue
+        try:
+            if os.path.samestat(os.stat(tmp), os.fstat(fd)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    else:
+        raise FileExistsError(f"{path.parent}: no unused temporary folder name found")
+    try:
+        try:
+            yield tmp
+            _fsync_dir(tmp)
+            crash_point()
+            if not path.exists():
+                os.rename(tmp, path)
+            elif _exchange(tmp, path):
+                crash_point()
+                shutil.rmtree(tmp, ignore_errors=True)  # the old folder, under tmp's name now
+            else:
+                old = path.parent / f".{path.name}.old-{secrets.token_hex(6)}"
+                os.rename(path, old)
+                try:
+                    crash_point()
+                    os.rename(tmp, path)
+                except BaseException:
+                    os.rename(old, path)
+                    raise
+                crash_point()
+                shutil.rmtree(old, ignore_errors=True)
+            _fsync_dir(path.parent)
+        except BaseException:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: os.PathLike | str) -> str:

@@ -10,6 +10,10 @@ the keys of :mod:`metrics.catalogue`, in its order):
   ``<metric>_worst`` per metric.
 - ``index.html``: ``templates/report.html.j2`` rendered by Jinja2 with autoescaping on.
 
+The report is written whole into a temporary folder next to ``--out`` and then takes its place
+in one rename (:func:`evalkit.fsutil.atomic_dir`): a report folder is always a complete report,
+the old one or the new one, never a mix; what a killed compare left is tidied on the next start.
+
 Plots are drawn on :class:`matplotlib.figure.Figure` objects, never through ``pyplot``: writing a
 report leaves the caller's matplotlib backend (a notebook's, say) as it was.
 """
@@ -24,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.compare.aggregate import aggregate
-from evalkit.fsutil import atomic_path, atomic_write_bytes, atomic_write_text, write_csv
+from evalkit.errors import UserError
+from evalkit.fsutil import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text, write_csv
 from metrics.catalogue import KEYS, fmt
 
 
@@ -163,10 +168,35 @@ def render_html(summary: dict, measures, images: dict) -> str:
                               fingerprints=fingerprints, clips=clips)
 
 
+#: what a report folder holds; a folder with anything else is not replaced by a report
+REPORT_ENTRIES = ("frames.csv", "clips.csv", "summary.json", "index.html", "img")
+
+
+def check_report_folder(out: Path) -> None:
+    """``--out`` is replaced whole, so it must be absent, empty or a report (``.tmp-*`` files
+    that an older evalkit's killed compare left are allowed: they go with the old report)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder (--out)")
+    if out.is_dir():
+        for p in sorted(out.iterdir()):
+            if p.name not in REPORT_ENTRIES and not p.name.startswith(".tmp-"):
+                raise UserError(f"{out}: holds {p.name!r}, which is not part of a compare report "
+                                "(a report folder is replaced whole); choose another --out folder")
+
+
 def write_report(out: Path, summary: dict, measures) -> None:
+    """Write the report into a temporary folder next to ``out``, then put it in ``out``'s
+    place in one rename (the old report, if any, stays complete until then)."""
+    out = Path(out)
+    check_report_folder(out)
+    with atomic_dir(out) as tmp:
+        _write_report_files(tmp, summary, measures)
+
+
+def _write_report_files(out: Path, summary: dict, measures) -> None:
     from metrics.stream import json_safe
 
-    out = Path(out)
     (out / "img").mkdir(parents=True, exist_ok=True)
     write_frames_csv(out / "frames.csv", measures)
     jobs = {m.pair.job_id: m.pair.rec_a for m in measures}

@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 import fcntl
+import os
 import re
 import resource
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint, parse_spec
-from evalkit.errors import UserError
+from evalkit.errors import InputFileError, UserError
 from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
@@ -69,6 +71,9 @@ class BackendTask:
     spec: BackendSpec
     jobs: list[Job]
     seed_offset: int = 0
+    #: where renderers keep a job's temporary files (the run folder's WORK_DIR; None: the
+    #: system's temporary folder)
+    work_dir: Path | None = None
 
 
 class Progress:
@@ -143,14 +148,16 @@ class LocalExecutor:
             renderer.load(runtime)
             try:
                 for job in task.jobs:
-                    yield self.render_job(renderer, runtime, job, sources, task.seed_offset, progress)
+                    yield self.render_job(renderer, runtime, job, sources, task.seed_offset,
+                                          progress, work_dir=task.work_dir)
             finally:
                 renderer.unload()
                 if runtime.device.type == "cuda":
                     torch.cuda.empty_cache()
 
     @staticmethod
-    def render_job(renderer, runtime, job, sources, seed_offset, progress) -> JobResult:
+    def render_job(renderer, runtime, job, sources, seed_offset, progress,
+                   work_dir: Path | None = None) -> JobResult:
         import torch
 
         frames_in, fps, path = sources.get(job.clip)
@@ -164,7 +171,7 @@ class LocalExecutor:
         try:
             out = renderer.render(RenderRequest(job=job, source=frames_in, fps=fps,
                                                  seed=job.seed + seed_offset, source_path=path,
-                                                 progress=update))
+                                                 progress=update, work_dir=work_dir))
             if cuda:
                 torch.cuda.synchronize(runtime.device)
             frames = check_output(out, frames_in, renderer)
@@ -225,18 +232,39 @@ class SourceCache:
         return self._value
 
 
-@contextlib.contextmanager
-def _locked(run: RunDir):
-    """One writer per run folder: a second render into it fails at once with a clear error."""
-    lock = open(run.path / ".lock", "w")
+#: a run folder's lock file (``flock``; held while a render writes into the folder)
+LOCK_FILE = ".lock"
+#: a run folder's scratch space: renderers' temporary files (the ``command`` renderer's work
+#: folders), removed when the next render takes the lock
+WORK_DIR = ".work"
+
+
+def lock_run_folder(path: Path) -> int:
+    """Take the run folder's lock, before anything in it is written: return the lock's fd (keep
+    it open while writing). A folder another render holds is refused at once, untouched (only
+    the folder itself and its empty lock file are made when missing)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputFileError(path, "exists and is not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{run.path}: another evalkit render is writing to this run") from None
-        yield
-    finally:
-        lock.close()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"{path}: another evalkit render holds this run folder (it is writing "
+                        "to it); wait for it to finish or choose another --out folder") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def clean_run_folder(run: RunDir) -> None:
+    """Remove what a killed render left in its run folder (lock held): temporary files, work
+    folders."""
+    run.cleanup_temporary()
+    shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
 
 
 @dataclass
@@ -290,22 +318,50 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
-    runs: list[tuple[BackendTask, RunDir]] = []
-    total = 0
-    for spec in specs:
-        fp = executor.fingerprint(spec)
-        if fp is None:  # reported by the workers that render; until then keep what was there
+    with contextlib.ExitStack() as locks:
+        # every run folder's lock first: a render refused by one has written nothing anywhere
+        # (a folder it made for another backend is removed again)
+        made: list[Path] = []
+        try:
+            for spec in specs:
+                path = out / run_dir_name(spec, seed_offset)
+                if not path.exists():
+                    made.append(path)
+                locks.callback(os.close, lock_run_folder(path))
+        except BaseException:
+            locks.close()
+            for path in made:
+                with contextlib.suppress(OSError):
+                    (path / LOCK_FILE).unlink()
+                    path.rmdir()
+            raise
+        runs: list[tuple[BackendTask, RunDir]] = []
+        total = 0
+        for spec in specs:
             path = out / run_dir_name(spec, seed_offset)
-            old = RunDir.open(path).manifest["fingerprint"] if (path / "manifest.json").exists() \
-                else None
-            fp = old or {"pending": "set from the worker that renders the first job"}
-        run = RunDir.create(out / run_dir_name(spec, seed_offset), suite=suite,
-                            renderer=rend.describe(), backend=spec.to_dict(), fingerprint=fp,
-                            notes={"seed_offset": seed_offset, "executor": executor.name})
-        run.cleanup_temporary()
-        todo = [j for j in selected if not run.is_done(j.id, verify=True)]
-        runs.append((BackendTask(spec, todo, seed_offset), run))
-        total += len(todo)
+            fp = executor.fingerprint(spec)
+            if fp is None:  # reported by the workers that render; until then keep what was there
+                old = RunDir.open(path).manifest["fingerprint"] \
+                    if (path / "manifest.json").exists() else None
+                fp = old or {"pending": "set from the worker that renders the first job"}
+            run = RunDir.create(path, suite=suite, renderer=rend.describe(),
+                                backend=spec.to_dict(), fingerprint=fp,
+                                notes={"seed_offset": seed_offset, "executor": executor.name})
+            clean_run_folder(run)
+            todo = [j for j in selected if not run.is_done(j.id, verify=True)]
+            runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR), run))
+            total += len(todo)
+        try:
+            return _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
+                                progress)
+        finally:
+            for _, run in runs:
+                shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
+
+
+def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
+                 progress) -> list[RenderSummary]:
+    """Render every run's pending jobs (their run folders locked by the caller)."""
     bars = Progress(total, enabled=progress)
     sources = SourceCache(suite)
     state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
@@ -314,22 +370,19 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     # encoding a finished job overlaps with rendering the next; at most one write is pending.
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     try:
-        with contextlib.ExitStack() as locks:
-            for _, run in runs:
-                locks.enter_context(_locked(run))
-            pending: Future | None = None
-            tasks = [task for task, _ in runs]
-            for task, result in executor.run_all(rend, tasks, sources, bars):
-                st = state[id(task)]
-                if pending is not None:
-                    pending.result()
-                if result.error is None:
-                    st["done"] += 1
-                else:
-                    st["failures"][result.job.id] = result.error
-                pending = writer.submit(_record, st, result, seed_offset)
+        pending: Future | None = None
+        tasks = [task for task, _ in runs]
+        for task, result in executor.run_all(rend, tasks, sources, bars):
+            st = state[id(task)]
             if pending is not None:
                 pending.result()
+            if result.error is None:
+                st["done"] += 1
+            else:
+                st["failures"][result.job.id] = result.error
+            pending = writer.submit(_record, st, result, seed_offset)
+        if pending is not None:
+            pending.result()
     finally:
         writer.shutdown(wait=True)
         for st in state.values():  # results whose manifest save was deferred

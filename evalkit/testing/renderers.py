@@ -16,12 +16,17 @@ class Invert(Renderer):
 
     name = "invert"
     version = "1"
-    options_help = {"sleep": "seconds to sleep per job", "bad": "failure mode for prompt 'bad'"}
+    options_help = {"sleep": "seconds to sleep per job", "bad": "failure mode for prompt 'bad'",
+                    "wait_for": "a file: each job waits until it exists (holds a render mid-run)"}
 
     def render(self, request):
+        import os
+
         import torch
 
         time.sleep(float(self.options.get("sleep", 0)))
+        while self.options.get("wait_for") and not os.path.exists(self.options["wait_for"]):
+            time.sleep(0.02)
         if request.job.prompt == "bad":
             mode = self.options.get("bad", "raise")
             if mode == "raise":

@@ -43,6 +43,9 @@ class RenderRequest:
     seed: int                      # the job's seed plus any --seed-offset
     source_path: Any = None        # pathlib.Path of the source clip
     progress: Callable[[int, int], None] = field(default=lambda done, total: None)
+    #: a folder for the job's temporary files: the run folder's ``.work/`` (emptied by the next
+    #: render, so a killed render leaves nothing behind); None: the system's temporary folder
+    work_dir: Any = None
 
     def generator(self):
         import torch
