@@ -30,6 +30,9 @@ VIDEO_EXTS = {".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v"}
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 #: Frame rate given to single images and image folders unless the caller says otherwise.
 DEFAULT_IMAGE_FPS = Fraction(24)
+#: Largest image read, in pixels (8192 x 8192): a bigger one is refused from its header, before
+#: it is decoded (a 20000 x 20000 PNG of a few hundred KB would take gigabytes).
+MAX_IMAGE_PIXELS = 8192 * 8192
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,24 @@ def _av_error_types():
 
 
 def _load_image(path: Path) -> np.ndarray:
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():     # PIL's own bomb warning: we say it in one line
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(path)
+    except Image.DecompressionBombError as e:      # "Image size (N pixels) exceeds ..."
+        n = re.search(r"\((\d+) pixels\)", str(e))
+        raise VideoError(path, _too_large(f"{int(n.group(1)):,} pixels" if n else "")) from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise VideoError(path, f"not a readable image ({e.__class__.__name__}: {e})") from None
+    if im.width * im.height > MAX_IMAGE_PIXELS:
+        im.close()
+        raise VideoError(path, _too_large(f"{im.width}x{im.height}"))
+    try:
+        with im:
             im.load()
             if im.mode not in ("RGB", "L", "RGBA", "P", "LA", "I;16", "I"):
                 raise VideoError(path, f"unsupported image mode {im.mode}")
@@ -102,6 +119,11 @@ def _load_image(path: Path) -> np.ndarray:
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise VideoError(path, f"not a readable image ({e.__class__.__name__}: {e})") from None
     return np.ascontiguousarray(arr)
+
+
+def _too_large(found: str) -> str:
+    return (f"frame too large: expected at most {MAX_IMAGE_PIXELS:,} pixels (8192x8192), "
+            f"found {found or 'more'}")
 
 
 class ClipReader:
@@ -191,6 +213,9 @@ class ClipReader:
                 if not c.streams.video:
                     raise VideoError(self.path, "no video frames (the file has no video stream)")
                 s = c.streams.video[0]
+                w, h = s.codec_context.width, s.codec_context.height
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise VideoError(self.path, _too_large(f"{w}x{h}"))
                 s.thread_type = "AUTO"
                 declared = s.frames or None
                 fps = s.average_rate or s.guessed_rate

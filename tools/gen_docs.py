@@ -43,7 +43,9 @@ itself (`tools/gen_docs.py`), so it lists exactly the commands and options that 
 `--verbose` (`-v`) is accepted before or after any command.
 
 User errors print one line, `error: <file or field>: <what was expected, what was found>`, and
-exit with code 2; `--verbose` adds the traceback. Exit codes: 0 success, 2 user error (bad
+exit with code 2; `--verbose` adds the traceback. A bad option value is such a line too
+(`error: argument --port: expected a port number 1-65535, found '99999' (see evalkit serve
+--help)`); the rules are in [formats.md](formats.md#input-validation). Exit codes: 0 success, 2 user error (bad
 path, invalid file), 1 internal error or (`render`) some jobs failed or (`compare`) the gate
 failed, 130 interrupted (except `serve`, whose normal stop is Ctrl-C or SIGTERM: 0).
 Error classes (`evalkit.errors`): `EvalkitError` > `UserError` (exit 2) > `InputFileError` >

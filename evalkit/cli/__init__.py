@@ -14,13 +14,25 @@ import traceback
 from evalkit.cli import compare, render, serve, setup, study
 from evalkit.errors import EvalkitError, UserError
 
+#: an error line longer than this is cut (a value echoed from a file can be anything)
+MAX_ERROR_CHARS = 1000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with evalkit's error format: a bad option or argument is one line
+    ``error: argument --port: expected ..., found ...`` and exit code 2 (no usage block: the
+    line says where ``--help`` is). Subcommand parsers are made of the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     # --verbose is accepted before or after the command; subcommands must not reset it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks and more detail")
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="evalkit",
         description="Render, measure and human-evaluate generative video across hardware backends.",
     )
@@ -40,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:          # --help (0) or a bad option (2, one line already printed)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -56,23 +71,27 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, _metrics_user_errors()) as e:
         if args.verbose:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except EvalkitError as e:
         if args.verbose:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
+
+
+def _one_line(e: Exception) -> str:
+    """The error's message on one line, at most :data:`MAX_ERROR_CHARS` characters."""
+    msg = " ".join(str(e).split("\n"))
+    if len(msg) > MAX_ERROR_CHARS:
+        msg = msg[:MAX_ERROR_CHARS - 60] + f"... ({len(msg) - MAX_ERROR_CHARS + 60:,} more characters)"
+    return msg
 
 
 def _metrics_user_errors():
     from metrics import MetricsError
 
     return MetricsError
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 if __name__ == "__main__":

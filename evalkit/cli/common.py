@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from evalkit.errors import UserError
@@ -52,6 +53,46 @@ def positive_int(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, found {value!r}")
     return n
+
+
+def port_number(value: str) -> int:
+    """A TCP port to listen on: 1-65535 (0, "any free port", would print a port nobody knows)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, found {value!r}")
+    return n
+
+
+def output_folder(value: str) -> Path:
+    """A folder to write into: not an existing file."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a folder, found an empty string")
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, found a file: {value}")
+    return p
+
+
+def output_file(value: str) -> Path:
+    """A file to write: not an existing folder, and not empty."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a file name, found an empty string")
+    p = Path(value)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file to write, found a folder: {value}")
+    for folder in p.absolute().parents:        # the nearest one that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise argparse.ArgumentTypeError(f"expected a file in a folder, found {folder} "
+                                                 "is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise argparse.ArgumentTypeError(f"{folder}: cannot write there (permission "
+                                                 "denied)")
+            break
+    return p
 
 
 def executor_args(s, retries: bool = False) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalkit.cli.common import executor_args, make_executor
+from evalkit.cli.common import executor_args, make_executor, output_file
 
 
 def cmd_compare(args) -> int:
@@ -85,7 +85,7 @@ def add_metrics(sub, common) -> None:
     s.add_argument("b", type=Path, help="clip B, same size and frame count as A")
     s.add_argument("--json", action="store_true",
                    help="print one JSON object: per-metric means and per-frame lists")
-    s.add_argument("--csv", type=Path, default=None, metavar="FILE",
+    s.add_argument("--csv", type=output_file, default=None, metavar="FILE",
                    help="also write the per-frame table to FILE")
     s.add_argument("--device", default="auto",
                    help="where metrics run: auto (a GPU if present, else cpu), cpu, cuda, cuda:N")

@@ -4,12 +4,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalkit.cli.common import executor_args, make_executor, renderer_options
+from evalkit.cli.common import executor_args, make_executor, output_folder, renderer_options
+from evalkit.errors import UserError
 
 
 def cmd_render(args) -> int:
+    from evalkit.render.backend import parse_spec
     from evalkit.render.driver import render_suite
 
+    if not 0 <= args.seed_offset < 2**63:
+        raise UserError(f"--seed-offset: expected a non-negative integer below 2**63, found "
+                        f"{args.seed_offset}")
+    if args.executor == "local":
+        for text in args.backend:
+            if parse_spec(text).resource:    # a node label only Ray can honour
+                raise UserError(f"--backend {text!r}: resource= picks Ray nodes; only with "
+                                "--executor ray")
     executor = make_executor(args)
     try:
         summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
@@ -83,6 +93,6 @@ def add_suite(sub, common) -> None:
     v = ss.add_parser("preview", parents=[common],
                       help="write browser copies (H.264 mp4) of a suite's source clips")
     v.add_argument("path", type=Path, help="the suite YAML file")
-    v.add_argument("--out", type=Path, required=True, help="output folder")
+    v.add_argument("--out", type=output_folder, required=True, help="output folder")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_suite_preview)

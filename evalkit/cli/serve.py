@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from evalkit.cli.common import port_number
 
 
 def cmd_serve(args) -> int:
@@ -26,7 +27,7 @@ def add_serve(sub, common) -> None:
                        "(/admin) until Ctrl-C or SIGTERM, which stop it cleanly (exit 0).")
     s.add_argument("--db", required=True, help="database URL or SQLite file")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    s.add_argument("--port", type=port_number, default=7860, help="port, 1-65535 (default 7860)")
     s.add_argument("--admin-password", default=None,
                    help="password of the admin page (user admin); default: a random one, printed")
     s.add_argument("--completion-code", default=None,

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from evalkit.cli.common import output_file, positive_int
 from evalkit.errors import UserError
 
 
@@ -118,7 +119,7 @@ def add_study(sub, common) -> None:
     v = ss.add_parser("results", parents=[common], help="analyse a study: verdict and CSV")
     v.add_argument("--db", required=True, help="database URL or SQLite file")
     v.add_argument("--study", required=True, help="study id")
-    v.add_argument("--csv", type=Path, default=None, metavar="FILE",
+    v.add_argument("--csv", type=output_file, default=None, metavar="FILE",
                    help="raw ratings to FILE, the summary to FILE's stem + .summary.csv")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
@@ -128,7 +129,7 @@ def add_study(sub, common) -> None:
     v.add_argument("--margin", type=float, default=0.1,
                    help="ABX: accuracy at most 0.5 + margin; preference: the win rate to detect")
     v.add_argument("--power", type=float, default=0.8)
-    v.add_argument("--clips", "--clips-per-rater", dest="clips", type=int, default=15,
+    v.add_argument("--clips", "--clips-per-rater", dest="clips", type=positive_int, default=15,
                    help="clips in the study, each rated once by every rater (at least 15)")
     v.add_argument("--exclusion-rate", type=float, default=0.1,
                    help="expected share of raters failing the catch trials (default 0.1)")

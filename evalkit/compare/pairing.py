@@ -19,7 +19,8 @@ from evalkit.errors import InputFileError, UserError
 from evalkit.compare.aggregate import aggregate, floor_ratio
 from evalkit.formats.gate import load_gate
 from evalkit.formats.run import RunDir, sha256_file
-from evalkit.compare.report import write_report
+from evalkit.compare.report import check_report_folder, write_report
+from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader
 from metrics.catalogue import KEYS, keys, units
 
@@ -61,7 +62,9 @@ def _open_run(path, role: str) -> RunDir:
         raise InputFileError(path, f"run folder not found ({role})")
     if not path.is_dir():
         raise InputFileError(path, f"not a folder ({role}: expected a run folder with manifest.json)")
-    return RunDir.open(path)
+    run = RunDir.open(path)
+    run.path = run.path.resolve()   # absolute: the report records it, read from anywhere later
+    return run
 
 
 def _seed_offset(run: RunDir) -> int:
@@ -227,6 +230,8 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
+    cleanup_dir_leftovers(out)  # what a killed compare left next to the report (or the old one)
+    check_report_folder(out)
 
     pairs, problems = pair_jobs(a, b, same_seed=True)
     if executor is None:

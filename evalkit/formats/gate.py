@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from evalkit.errors import InputFileError, SchemaVersionError
 from evalkit.formats.models import GATE_SCHEMA_VERSION, GateFile, first_problem, found, version_problem
+from evalkit.formats.yaml_load import safe_load
 
 
 class GateError(InputFileError):
@@ -98,7 +99,7 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     if not path.is_file():
         raise GateError(path, None, "file not found (expected a gate YAML)")
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = safe_load(path.read_bytes())
     except yaml.YAMLError as e:
         raise GateError(path, None, f"invalid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not doc:

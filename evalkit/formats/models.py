@@ -40,10 +40,46 @@ def found(value, *, typed: bool = True) -> str:
         return "null"
     if isinstance(value, (str, list, dict)) and not value:
         return {str: "an empty string", list: "an empty list", dict: "an empty mapping"}[type(value)]
-    shown = repr(value)
+    shown = bounded_repr(value, 60)
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return f"{type(value).__name__} {shown}" if typed else shown
+
+
+def bounded_repr(value, limit: int) -> str:
+    """``repr(value)`` when it has at most ``limit`` characters, else a longer string that starts
+    like it; never walks more of ``value`` than that takes (a value from a YAML alias bomb may
+    stand for millions of items)."""
+    out: list[str] = []
+    size = 0
+
+    def walk(v):
+        if isinstance(v, (list, tuple)):
+            yield "[" if isinstance(v, list) else "("
+            for i, item in enumerate(v):
+                if i:
+                    yield ", "
+                yield from walk(item)
+            yield "]" if isinstance(v, list) else ("," if len(v) == 1 else "") + ")"
+        elif isinstance(v, dict):
+            yield "{"
+            for i, (k, item) in enumerate(v.items()):
+                yield ", " if i else ""
+                yield from walk(k)
+                yield ": "
+                yield from walk(item)
+            yield "}"
+        elif isinstance(v, (str, bytes)):
+            yield repr(v[:limit + 1])[:-1] if len(v) > limit else repr(v)
+        else:
+            yield repr(v)[:limit + 1]
+
+    for chunk in walk(value):
+        out.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return "".join(out)
 
 
 def field_path(loc) -> str | None:
@@ -229,7 +265,8 @@ Identifier = Annotated[str, Field(pattern=ID_PATTERN),
                        Expect("a string", "letters, digits, '_', '.', '-'")]
 Prompt = Annotated[str, Field(pattern=r"\S"), Expect("a prompt string", "a non-empty prompt")]
 Seed = Annotated[int, Field(ge=0, lt=2**63), Expect("an integer seed", "a seed in [0, 2**63)")]
-Scalar = Annotated[str | int | float | bool, Expect("a scalar (string, number or bool)")]
+Scalar = Annotated[str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
+                   Expect("a scalar (string, number or bool)", "a finite number")]
 # as ever, any empty value (`params:`, `params: []`, `params: 0`) means no parameters
 Params = Annotated[Optional[Annotated[dict[str, Scalar],
                                       Expect("a mapping of parameter names to scalars")]],
@@ -333,7 +370,7 @@ def _duplicates(values: list):
 
 # -- gate.yaml -------------------------------------------------------------------------------
 
-Number = Annotated[float, Expect("a number")]
+Number = Annotated[float, Field(allow_inf_nan=False), Expect("a number", "a finite number")]
 BoundMap = Annotated[dict[str, Number], Keys("bound", BOUNDS, non_empty=True),
                      Expect("a mapping like {max: 0.05}")]
 Thresholds = Annotated[dict[str, BoundMap], Keys("aggregate", AGGREGATES, non_empty=True),

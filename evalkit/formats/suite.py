@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from evalkit.errors import SchemaVersionError, SuiteError, VideoError
 from evalkit.formats.models import (SUITE_SCHEMA_VERSION as SCHEMA_VERSION, SuiteFile,
                                     first_problem, found, version_problem)
+from evalkit.formats.yaml_load import safe_load
 
 
 class SuiteVersionError(SuiteError, SchemaVersionError):
@@ -108,7 +109,7 @@ def load_suite(path, *, check_clips: bool = False) -> Suite:
     if not raw.strip():
         raise SuiteError(path, None, "empty file (expected a YAML mapping)")
     try:
-        doc = yaml.safe_load(raw)
+        doc = safe_load(raw)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

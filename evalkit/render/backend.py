@@ -79,6 +79,9 @@ def parse_spec(text: str) -> BackendSpec:
         if key in values:
             raise BackendSpecError(f"backend spec {text!r}: key {key!r} given twice")
         allowed = SPEC_KEYS[key]
+        if not value:
+            raise BackendSpecError(f"backend spec {text!r}: {key}= needs a value"
+                                   + (f" ({'|'.join(allowed)})" if allowed else " (a name)"))
         if allowed is not None:
             value = _BOOL_ALIASES.get(value.lower(), value.lower())
             if value not in allowed:
@@ -117,11 +120,15 @@ def _gpu_driver() -> str | None:
 
 def fingerprint(spec: BackendSpec | None = None) -> dict:
     """What ran: host, OS, CPU, device, driver, CUDA/HIP, library versions, numeric flags."""
-    import av
     import numpy as np
     import torch
 
     from evalkit import __version__
+
+    try:
+        import av
+    except ImportError:  # rendering needs it (clips are written with it); a fingerprint does not
+        av = None
 
     fp = {
         "host": platform.node(),
@@ -132,7 +139,7 @@ def fingerprint(spec: BackendSpec | None = None) -> dict:
         "evalkit": __version__,
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "av": av.__version__,
+        "av": av.__version__ if av is not None else None,
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,

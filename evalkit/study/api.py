@@ -51,6 +51,11 @@ def read_report(report) -> dict:
         compared = list(summary["jobs"]["compared"])
     except (ValueError, KeyError, TypeError) as e:
         raise InputFileError(summary_path, f"not a compare summary ({e.__class__.__name__}: {e})")
+    for side, run in (("a", run_a), ("b", run_b)):
+        if not run.is_absolute() and not run.is_dir():   # older reports kept paths as given
+            raise InputFileError(summary_path, f"field 'runs.{side}.path': run folder '{run}' not "
+                                 "found (a path relative to where compare ran: run study create "
+                                 "from that folder, or compare again)")
     if not compared:
         raise InputFileError(summary_path, "field 'jobs.compared': no compared jobs, nothing to rate")
     rows = {}
@@ -91,12 +96,16 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError(f"--catch-alpha: expected a number in (0, 1), found {catch_alpha}")
     if raters_planned < 0:
         raise StudyError(f"--raters: expected 0 (the planner's figure) or more, found {raters_planned}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise StudyError(f"--seed: expected an integer in [0, 2**63), found {seed!r}")
+    if media_dir is not None and Path(media_dir).exists() and not Path(media_dir).is_dir():
+        raise StudyError(f"--media {media_dir}: expected a folder, found a file")
     try:
         design.parse_clips_spec(clips_spec)
     except ValueError as e:
         raise StudyError(str(e)) from None
     rep = read_report(report)
-    d = open_db(db)
+    d = open_db(db, create=True)
     media = Path(media_dir) if media_dir else d.default_media_dir
     if media is None:
         raise StudyError("--media: a folder for the browser copies is needed with a "
@@ -231,11 +240,16 @@ def _study(conn, study) -> dict:
     return dict(row)
 
 
+#: the most raters one :func:`invite` makes (about 3 s; call it again for more)
+MAX_INVITE = 10_000
+
+
 def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     """Create ``count`` raters with their trial lists. Returns ``[{"rater", "token"}]``: the
     tokens exist only here (the database keeps their sha256)."""
-    if count < 1:
-        raise StudyError(f"--count: expected at least 1, found {count}")
+    if not 1 <= count <= MAX_INVITE:
+        raise StudyError(f"--count: expected 1 to {MAX_INVITE:,} raters per invitation, found "
+                         f"{count}" + (" (invite again for more)" if count > MAX_INVITE else ""))
     d = open_db(db)
     out = []
     with d.engine.begin() as conn:
@@ -383,6 +397,10 @@ def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: 
     return out
 
 
+#: the most bootstrap replicates :func:`results` draws (more changes nothing but the wait)
+MAX_REPS = 100_000
+
+
 def results(db, study, *, reps: int = 1000) -> dict:
     """Analysis of a study (every rule in :mod:`evalkit.study.stats`).
 
@@ -391,8 +409,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
     ``complete``. The verdict uses the first ``raters_planned`` included raters in order of
     completion (later raters are counted, not used: adding raters after a look cannot change a
     verdict), and is repeated without the catch exclusions as a sensitivity check."""
-    if not isinstance(reps, int) or reps < 100:
-        raise StudyError(f"--reps: expected at least 100 bootstrap replicates, found {reps}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or not 100 <= reps <= MAX_REPS:
+        raise StudyError(f"--reps: expected 100 to {MAX_REPS:,} bootstrap replicates, found {reps}")
     st, rows = raw_ratings(db, study)
     protocol, margin, alpha = st["protocol"], st["margin"], st["alpha"]
     planned = int(st["raters_planned"] or 0)

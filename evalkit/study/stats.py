@@ -110,6 +110,7 @@ with P(Binomial(n, 0.5) >= k) <= alpha, i.e. better than guessing on the easy ca
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -799,6 +800,21 @@ def _normal_raters(margin: float, power: float, C: int, alpha: float, *, two_sid
     return _smallest(lo, hi, good)
 
 
+#: the most ratings per clip the clip-veto search of :func:`plan` looks through (~2 s)
+MAX_CLIP_RATERS = 5_000
+
+
+def _clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power: float) -> int:
+    """Normal approximation of the ratings per clip :func:`_clip_power` needs."""
+    from scipy.stats import norm
+
+    if clip_accuracy >= 1:
+        return MIN_RATERS
+    za, zb = float(norm.isf(alpha / 2 / C)), float(norm.ppf(clip_power))
+    p = clip_accuracy
+    return math.ceil(((za * 0.5 + zb * math.sqrt(p * (1 - p))) / (p - 0.5)) ** 2)
+
+
 def _clip_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
     """Exact power to flag one clip at ``clip_accuracy`` with R ratings, at the first Holm
     step (alpha / 2 / C; conservative for the full procedure)."""
@@ -849,9 +865,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     if not 0 < power < 1:
         raise ValueError(f"--power: expected a number in (0, 1), found {power}")
     if not 0 <= exclusion_rate < 1:
-        raise ValueError(f"exclusion rate: expected a number in [0, 1), found {exclusion_rate}")
+        raise ValueError(f"--exclusion-rate: expected a number in [0, 1), found {exclusion_rate}")
     if not 0 <= tie_rate < 1:
         raise ValueError(f"--tie-rate: expected a number in [0, 1), found {tie_rate}")
+    if not 0.5 < clip_accuracy <= 1:
+        raise ValueError(f"--clip-accuracy: expected a number in (0.5, 1], found {clip_accuracy}")
+    if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
+        raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
     notes = []
     clips_requested = clips
     if clips < MIN_CLIPS:
@@ -917,6 +937,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
     edges: dict[str, dict] = {}
     if protocol == "abx":
+        # the search below is linear (the exact power is a saw-tooth) and each step costs O(R):
+        # refuse a clip accuracy so close to 0.5 that it would run for minutes
+        need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
+        if need > MAX_CLIP_RATERS:
+            raise ValueError(f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
+                             f"would be needed to flag one clip (the limit is "
+                             f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
         r_clip = MIN_RATERS
         while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
             r_clip += 1
@@ -930,6 +957,10 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
             return r
 
         R = clip_ok_from(max(R, r_clip))
+        checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
+        if method == "simulation" and not checks_simulated:     # the clip veto made R large
+            notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
+                         "at this size are the normal approximation")
         r_base = R
         if R == r_power and r_power > MIN_RATERS:
             reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
@@ -941,7 +972,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
         # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
         # (golden ears missed by the sample) it may not: add raters until it does
-        while method == "simulation":
+        while checks_simulated:
             edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
                      for i, sc in enumerate(BOUNDARY_SCENARIOS)}
             bad = {sc: o["indistinguishable"] for sc, o in edges.items()
@@ -958,7 +989,9 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
             reasons.append(f"heterogeneity: 'indistinguishable' at true accuracy "
                            f"{0.5 + margin:g} stays <= {alpha:g} in every scenario from {R} "
                            f"raters (not at {r_base})")
-    elif R == r_power and r_power > MIN_RATERS:
+    else:
+        checks_simulated = method == "simulation"
+    if protocol != "abx" and R == r_power and r_power > MIN_RATERS:
         reasons.append(f"power: {power:g} probability of 'B preferred' at win rate "
                        f"{0.5 + margin:g} needs {r_power} raters")
     if R == MIN_RATERS and not reasons:
@@ -972,7 +1005,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
            "heterogeneity": heterogeneity,
            # names kept for the CLI of before
            "clips_per_rater": C, "analytic_trials": approx * C}
-    big = method != "simulation"
+    big = method != "simulation" or not checks_simulated
     if protocol == "abx":
         out["margin_terms"] = margin_terms(margin)
         out["rule"] = abx_rule_text(margin, alpha, R, C, 2000)

@@ -35,9 +35,10 @@ import secrets
 from pathlib import Path
 
 from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint, create_engine, event, inspect, select, text)
+                        UniqueConstraint, create_engine, event, exc, inspect, select, text)
 
 from ..errors import SchemaVersionError
+from .errors import StudyError
 
 SCHEMA_VERSION = 4
 
@@ -161,24 +162,68 @@ def new_media_key() -> str:
 UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4}
 
 
-class StudyDB:
-    """An open study database (an SQLAlchemy engine plus where media go by default)."""
+#: the database kinds ``--db`` takes (an SQLAlchemy URL's dialect, before any ``+driver``)
+DIALECTS = ("sqlite", "postgresql")
 
-    def __init__(self, url: str, *, create: bool = True):
+
+def shown_url(url: str) -> str:
+    """A database URL as error messages show it: password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:       # not a URL at all: as given
+        return url
+
+
+def _first_line(e: BaseException) -> str:
+    orig = getattr(e, "orig", None) or e     # the driver's own error under SQLAlchemy's
+    lines = str(orig).strip().splitlines()
+    return lines[0].strip() if lines else type(orig).__name__
+
+
+class StudyDB:
+    """An open study database (an SQLAlchemy engine plus where media go by default).
+    ``create``: make the tables in a new or empty database; without it a missing file or a
+    database without evalkit's tables is an error naming ``--db`` (commands that read a study
+    must not leave an empty database behind a mistyped name)."""
+
+    def __init__(self, url: str, *, create: bool = True, given: str | None = None):
         self.url = str(url)
-        self.is_sqlite = self.url.startswith("sqlite")
+        self._where = where = f"--db {shown_url(given or self.url)}"   # as the user wrote it
+        scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
+        if scheme.split("+", 1)[0] not in DIALECTS:
+            raise StudyError(f"{where}: expected an SQLite file, sqlite:///PATH or a "
+                             f"postgresql+psycopg:// URL, found the scheme {scheme or 'none'!r}")
+        self.is_sqlite = scheme.startswith("sqlite")
         kw = {}
         if self.is_sqlite:
             path = self.url.split("///", 1)[1] if "///" in self.url else ""
             self.path = Path(path) if path and path != ":memory:" else None
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if self.path.is_dir():
+                    raise StudyError(f"{where}: expected an SQLite file, found a folder")
+                if not self.path.exists() and not create:
+                    raise StudyError(f"{where}: no study database there (file not found; "
+                                     "`evalkit study create` makes one)")
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise StudyError(f"{where}: cannot make its folder ({_first_line(e)})") from e
             kw["connect_args"] = {"timeout": 60, "check_same_thread": False}
         else:
             self.path = None
             kw["pool_size"] = 10
             kw["max_overflow"] = 60
-        self.engine = create_engine(self.url, future=True, **kw)
+        try:
+            self.engine = create_engine(self.url, future=True, **kw)
+        except exc.NoSuchModuleError as e:
+            raise StudyError(f"{where}: unknown database driver ({_first_line(e)})") from e
+        except (exc.ArgumentError, ValueError) as e:
+            raise StudyError(f"{where}: not a valid database URL ({_first_line(e)})") from e
+        except ImportError as e:
+            raise StudyError(f"{where}: its database driver is not installed "
+                             f"({_first_line(e)})") from e
         if self.is_sqlite:
             @event.listens_for(self.engine, "connect")
             def _on_connect(dbapi_conn, _record):
@@ -193,7 +238,16 @@ class StudyDB:
             @event.listens_for(self.engine, "begin")
             def _on_begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
-        self._prepare(create)
+        try:
+            self._prepare(create)
+        except StudyError:
+            self.engine.dispose()
+            raise
+        except exc.SQLAlchemyError as e:
+            self.engine.dispose()
+            what = ("not an SQLite study database" if self.is_sqlite and self.path is not None
+                    and self.path.is_file() else "cannot open the database")
+            raise StudyError(f"{where}: {what} ({_first_line(e)})") from e
 
     @property
     def default_media_dir(self) -> Path | None:
@@ -203,6 +257,9 @@ class StudyDB:
         with self.engine.begin() as conn:
             have = set(inspect(conn).get_table_names())
             if "meta" not in have:
+                if not create:
+                    raise StudyError(f"{self._where}: not a study database (no "
+                                     "evalkit tables; `evalkit study create` makes them)")
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
@@ -234,16 +291,20 @@ def sqlite_url(path) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
-def open_db(db) -> StudyDB:
+def open_db(db, *, create: bool = False) -> StudyDB:
     """A :class:`StudyDB` from a URL (``sqlite:///path``, ``postgresql+psycopg://...``), a path
-    to an SQLite file, or an open StudyDB. Engines are cached per URL within a process."""
+    to an SQLite file, or an open StudyDB. Engines are cached per URL within a process.
+    ``create``: make a new database (``study create``); otherwise it must exist and hold a
+    study database (errors name ``--db``)."""
     if isinstance(db, StudyDB):
         return db
     url = str(db)
+    if not url.strip():
+        raise StudyError("--db: expected an SQLite file or a database URL, found an empty string")
     if "://" not in url:
         url = sqlite_url(url)
     if url not in _OPEN:
-        _OPEN[url] = StudyDB(url)
+        _OPEN[url] = StudyDB(url, create=create, given=str(db))
     return _OPEN[url]
 
 

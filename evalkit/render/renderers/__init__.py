@@ -31,9 +31,17 @@ def get_renderer(name: str, options: dict | None = None) -> Renderer:
         raise RendererError(f"renderer {name!r}: unknown (built-in: {', '.join(BUILTIN)}; "
                             "or give an import path package.module:ClassName)")
     cls = import_object(target, f"renderer {name!r}")
-    if not callable(cls):
-        raise RendererError(f"renderer {name!r}: {target} is not a renderer class")
-    renderer = cls(**(options or {}))
+    if not isinstance(cls, type):      # os:system and the like: callable, not a class
+        raise RendererError(f"renderer {name!r}: expected a renderer class, found "
+                            f"{type(cls).__name__} {target}")
+    try:
+        renderer = cls(**(options or {}))
+    except TypeError as e:    # a class that is no renderer (subprocess:Popen) or takes no options
+        if issubclass(cls, Renderer):
+            raise
+        raise RendererError(f"renderer {name!r}: expected a renderer class (a subclass of "
+                            f"evalkit.render.renderers.Renderer), {target} cannot be made with "
+                            f"its options ({e})") from e
     for method in ("load", "render", "describe"):
         if not callable(getattr(renderer, method, None)):
             raise RendererError(f"renderer {name!r}: {target} has no {method}() method")

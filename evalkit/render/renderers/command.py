@@ -1,6 +1,7 @@
 """``command`` renderer: run an external program per job, for stacks that cannot be imported.
 
-Contract. For every job evalkit makes an empty work folder and runs::
+Contract. For every job evalkit makes an empty work folder (under the run folder's ``.work/``,
+removed after the job and, if evalkit was killed, by the next render) and runs::
 
     CMD... JOB_JSON          (option cmd, split like a shell would; no shell is involved)
 
@@ -11,9 +12,11 @@ source clip, lossless ``.mkv``), ``EVALKIT_INPUT_FRAMES`` (a folder of the sourc
 keys), ``fps``, ``frames``, ``width``, ``height``, ``input``, ``input_frames`` and
 ``output_dir``. The program writes its result into the output folder as ONE video file
 (``.mkv``, ``.mp4``, ``.webm``, ``.avi``, ``.mov``) or as image files (``.png``...,
-in natural sort order), and exits with 0. A non-zero exit, a timeout (option ``timeout``,
-seconds) or a result with another frame count fails that job with the last lines of the
-program's stderr; the other jobs go on.
+in natural sort order), and exits with 0. A non-zero exit or a timeout (option ``timeout``,
+seconds) fails that job with the last lines of the program's stderr; a result with another
+frame count or frame size than the source's (``frames``, ``width`` x ``height``) fails it too,
+found from the container's header or the image count where they say, else as soon as one
+frame too many is decoded; the other jobs go on.
 """
 from __future__ import annotations
 
@@ -45,14 +48,20 @@ class CommandRenderer(Renderer):
         try:
             self.timeout = float(self.options["timeout"]) if self.options.get("timeout") else None
         except ValueError:
-            raise RendererError(f"renderer 'command': option timeout: expected seconds, "
-                                f"found {self.options['timeout']!r}") from None
+            self.timeout = -1.0
+        if self.timeout is not None and not 0 < self.timeout < float("inf"):
+            raise RendererError(f"renderer 'command': option timeout: expected seconds (a "
+                                f"positive number), found {self.options['timeout']!r}")
 
     def render(self, request: RenderRequest) -> np.ndarray:
         from PIL import Image
 
-        with tempfile.TemporaryDirectory(prefix="evalkit-cmd-") as tmp:
-            tmp = Path(tmp)
+        work = request.work_dir
+        if work is not None:
+            Path(work).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="cmd-" if work else "evalkit-cmd-", dir=work,
+                                         ignore_cleanup_errors=True) as tmp:
+            tmp = Path(tmp).resolve()   # the program runs in it: absolute paths only
             src = tmp / "input.mkv"
             video.write_lossless(src, request.source, request.fps)
             frames_dir = tmp / "input_frames"
@@ -80,22 +89,46 @@ class CommandRenderer(Renderer):
             if proc.returncode != 0:
                 tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no stderr"
                 raise JobError(f"command exited with {proc.returncode}: {tail}")
-            return read_output_folder(out_dir, what="command output")
+            return read_output_folder(out_dir, what="command output", frames=n, size=(w, h))
 
 
-def read_output_folder(folder: Path, *, what: str) -> np.ndarray:
-    """One video file, or image files, in ``folder`` -> (N, H, W, 3) uint8."""
-    from evalkit.errors import VideoError
-
+def read_output_folder(folder: Path, *, what: str, frames: int | None = None,
+                       size: tuple[int, int] | None = None) -> np.ndarray:
+    """One video file, or image files, in ``folder`` -> (N, H, W, 3) uint8; see
+    :func:`read_expected` for ``frames`` and ``size``."""
     entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
     videos = [p for p in entries if p.suffix.lower() in video.VIDEO_EXTS]
     images = [p for p in entries if p.suffix.lower() in video.IMAGE_EXTS]
-    try:
-        if len(videos) == 1 and not images:
-            return video.ClipReader(videos[0]).read()
-        if images and not videos:
-            return video.ClipReader(folder).read()
-    except VideoError as e:
-        raise JobError(f"{what}: {e}") from None
+    if len(videos) == 1 and not images:
+        return read_expected(videos[0], what=what, frames=frames, size=size)
+    if images and not videos:
+        return read_expected(folder, what=what, frames=frames, size=size)
     raise JobError(f"{what}: expected one video file or image frames in the output folder, "
                    f"found {sorted(p.name for p in entries) or 'nothing'}")
+
+
+def read_expected(path: Path, *, what: str, frames: int | None = None,
+                  size: tuple[int, int] | None = None) -> np.ndarray:
+    """A clip that must have ``frames`` frames of ``size`` (width, height) -> (N, H, W, 3)
+    uint8. A wrong size or a wrong declared frame count (the container's header, the number of
+    images) fails before anything is decoded; decoding stops at the first frame too many."""
+    from evalkit.errors import VideoError
+
+    try:
+        reader = video.ClipReader(path)
+        info = reader.info
+        if size is not None and (info.width, info.height) != tuple(size):
+            raise JobError(f"{what}: frames are {info.width}x{info.height}, expected "
+                           f"{size[0]}x{size[1]} (the source clip's size)")
+        if frames is not None and info.frames and info.frames != frames:
+            raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
+                           "clip's count)")
+        out = []
+        for f in reader:
+            if frames is not None and len(out) == frames:
+                raise JobError(f"{what}: more than {frames} frames, expected {frames} (the "
+                               "source clip's count)")
+            out.append(f)
+    except VideoError as e:
+        raise JobError(f"{what}: {e}") from None
+    return np.stack(out)

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from evalkit import video
-from evalkit.errors import VideoError
 from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError
 
 
@@ -42,7 +41,7 @@ class ImportRenderer(Renderer):
         if len(candidates) > 1:
             raise JobError(f"{self.dir}: several renders for job {jid}: "
                            f"{', '.join(sorted(p.name for p in candidates))}")
-        try:
-            return video.ClipReader(candidates[0]).read()
-        except VideoError as e:
-            raise JobError(str(e)) from None
+        from evalkit.render.renderers.command import read_expected
+
+        return read_expected(candidates[0], what=f"import of job {jid}",
+                             frames=len(request.source))
