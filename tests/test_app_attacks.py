@@ -4,7 +4,6 @@ The real `evalkit serve` on loopback unless the case needs a clock (the back-off
 object in process, with an injected clock)."""
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import os
@@ -19,6 +18,7 @@ from evalkit.study import store
 
 from app.guard import MAX_BODY, Throttle
 from evalkit.study.live import FakeClock
+from evalkit.testing import aio
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import current, make_report
 
@@ -199,7 +199,7 @@ def test_password_guessing_backs_off(env):
             assert (await c.get(url, auth=("admin", "nope"))).status_code == 401  # count cleared
             assert (await c.get(url, auth=("admin", ADMIN_PASSWORD))).status_code == 200
     try:
-        asyncio.run(go())
+        aio.run(go())
     finally:
         app.state.raters.close()
 

@@ -11,6 +11,7 @@ import pytest
 
 from evalkit import study
 from evalkit.testing.gradio_client import GradioRater
+from evalkit.testing import aio
 from evalkit.testing.server import Server
 from evalkit.testing.studies import make_report
 
@@ -66,7 +67,7 @@ def test_load_media_answer_through_gradio_events(env):
             assert again["trial"]["trial"] == reply["trial"]["trial"]
             return t
 
-    t = asyncio.run(flow())
+    t = aio.run(flow())
     rows = _rows(db, sid)
     assert len(rows) == 1, rows
     assert rows[0]["trial"] == str(t["trial"]) and rows[0]["answer"] == "left"
@@ -85,6 +86,6 @@ def test_bad_token_is_fatal(env):
         return loaded, answered, no_token
 
     before = len(_rows(db, sid))
-    for reply in asyncio.run(flow()):
+    for reply in aio.run(flow()):
         assert set(reply) <= {"fatal", "nonce"} and reply["fatal"], reply
     assert len(_rows(db, sid)) == before

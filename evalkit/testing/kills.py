@@ -17,6 +17,7 @@ import sqlite3
 
 import httpx
 
+from . import aio
 from .server import Server
 
 
@@ -73,7 +74,7 @@ def run(db, tokens, kill_after: list[int], watch_s: float = 1.0) -> dict:
     database's integrity check."""
     server = Server(db).start()
     try:
-        out = asyncio.run(_drive(server, list(tokens), kill_after, watch_s))
+        out = aio.run(_drive(server, list(tokens), kill_after, watch_s))
     finally:
         server.stop()
     from evalkit.study.live import token_hash
