@@ -51,8 +51,8 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
     # media: content-hash file names on disk (never sent to raters), nothing about backend,
     # run or job in the bytes; 4 per clip (both sides and their X encodings), 3 per catch
-    media = sorted((tmp_path / "media").iterdir())
-    assert len(media) == 4 * 4 + 6 * 3
+    media = sorted((tmp_path / "s.media").iterdir())
+    assert len(media) == 4 * 4 + 6 * 3 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
@@ -79,7 +79,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     t = current(str(db), tokens[0])
     assert set(t["media"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
     assert len(set(t["media"].values())) == 3
-    assert not any((tmp_path / "media" / m).exists() for m in t["media"].values())
+    assert not any((tmp_path / "s.media" / m).exists() for m in t["media"].values())
     assert not any(w in json.dumps(t) for w in ("bf16", "cpu", "sources", "expected", *lp))
     # before anyone finished: no verdict, no figure
     code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json")

@@ -102,7 +102,7 @@ def add_study(sub, common) -> None:
                    help="ABX equivalence margin: accuracy at most 0.5 + margin (default 0.1)")
     v.add_argument("--seed", type=int, default=0, help="seed of selection and assignment")
     v.add_argument("--media", type=Path, default=None,
-                   help="folder for browser copies (default: media/ next to the SQLite file)")
+                   help="folder for browser copies (default: NAME.media/ next to the SQLite file NAME.db)")
     v.add_argument("--catch-alpha", type=float, default=0.05,
                    help="a rater is kept when better than guessing on the easy catch trials "
                    "(one-sided exact binomial at this level; default 0.05)")

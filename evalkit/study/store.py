@@ -251,7 +251,9 @@ class StudyDB:
 
     @property
     def default_media_dir(self) -> Path | None:
-        return self.path.parent / "media" if self.path is not None else None
+        """``<name>.media/`` beside a SQLite file (``studies.db`` -> ``studies.media/``): one
+        folder per database, never shared by two databases in one folder."""
+        return self.path.with_name(self.path.stem + ".media") if self.path is not None else None
 
     def _prepare(self, create: bool) -> None:
         with self.engine.begin() as conn:
