@@ -65,37 +65,32 @@ def _gate(w, name: str, text: str) -> Path:
     return p
 
 
+def _copy_with(src: Path, dst: Path, filename: str, edit, raw) -> Path:
+    """A copy of the folder ``src`` at ``dst`` whose JSON file ``filename`` is edited
+    (``edit(doc)``) or replaced (``raw``); made once."""
+    if not dst.exists():
+        shutil.copytree(src, dst)
+        f = dst / filename
+        if raw is not None:
+            f.write_text(raw)
+        else:
+            doc = json.loads(f.read_text())
+            edit(doc)
+            f.write_text(json.dumps(doc))
+    return dst
+
+
 def _run_with(w, name: str, edit: Callable[[dict], object] | None = None, raw: str | None = None
               ) -> Path:
     """A copy of run A (``bad_runs/NAME/cpu``: where ``render -b cpu -o bad_runs/NAME`` writes)
     whose manifest.json is edited (``edit(doc)``) or replaced (``raw``)."""
-    dst = w.root / "bad_runs" / name / "cpu"
-    if not dst.exists():
-        shutil.copytree(w.run_a, dst)
-        m = dst / "manifest.json"
-        if raw is not None:
-            m.write_text(raw)
-        else:
-            doc = json.loads(m.read_text())
-            edit(doc)
-            m.write_text(json.dumps(doc))
-    return dst
+    return _copy_with(w.run_a, w.root / "bad_runs" / name / "cpu", "manifest.json", edit, raw)
 
 
 def _report_with(w, name: str, edit: Callable[[dict], object] | None = None,
                  raw: str | None = None) -> Path:
     """A copy of the report whose summary.json is edited or replaced."""
-    dst = w.root / "bad_reports" / name
-    if not dst.exists():
-        shutil.copytree(w.report, dst)
-        s = dst / "summary.json"
-        if raw is not None:
-            s.write_text(raw)
-        else:
-            doc = json.loads(s.read_text())
-            edit(doc)
-            s.write_text(json.dumps(doc))
-    return dst
+    return _copy_with(w.report, w.root / "bad_reports" / name, "summary.json", edit, raw)
 
 
 BOMB = (HEAD + CLIPS + "seeds: [0]\nprompts:\n" + '  - &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
