@@ -100,9 +100,10 @@ def build_rater(svc: RaterService) -> gr.Blocks:
         # not through Gradio's queue: each event is one POST (/gradio_api/run/<name>) answered
         # when the service has committed; the queue's per-event bookkeeping (join, stream,
         # estimations broadcast to every waiting event) cost 7 ms of server CPU per answer
-        # against 1.9 ms without it (benchmarks/bench_app.py), and the service orders and
-        # batches the database work itself
-        common = dict(outputs=player, show_progress="hidden", queue=False,
+        # against 1.9 ms without it, and 1.2 ms without output processing as well
+        # (benchmarks/bench_app.py); the service orders and batches the database work itself
+        # the value is a plain dict, which gr.HTML's postprocess would return as it is
+        common = dict(outputs=player, show_progress="hidden", queue=False, postprocess=False,
                       api_visibility="undocumented")
         demo.load(on_load, api_name="trial", **common)
         player.answer(on_answer, api_name="answer", trigger_mode="multiple", **common)

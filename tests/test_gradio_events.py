@@ -89,3 +89,4 @@ def test_bad_token_is_fatal(env):
     for reply in aio.run(flow()):
         assert set(reply) <= {"fatal", "nonce"} and reply["fatal"], reply
     assert len(_rows(db, sid)) == before
+
