@@ -298,3 +298,23 @@ def test_bad_gate_files(runs, tmp_path, cli, gate, needle):
                        "--gate", tmp_path / "gate.yaml")
     assert code == 2
     assert_one_line_error(err, "gate.yaml", needle)
+
+
+def test_plot_titles_show_what_the_font_can_draw(tmp_path):
+    """A prompt in a script the plot font lacks (CJK) is drawn with '?' and a pointer to the
+    full text, without a warning per missing glyph; mathtext-like text stays text."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from evalkit.compare.report import plot_text
+
+    assert plot_text("c1: a cat in watercolor") == "c1: a cat in watercolor"
+    t = plot_text("c2: 水彩画の猫 $$ $\\foo{")
+    assert t.startswith("c2: ????? $$ $\\foo{") and "clips.csv" in t
+    assert len(plot_text("x" * 500)) < 150
+    fig = Figure(figsize=(3, 1))
+    fig.subplots().set_title(t, parse_math=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig.savefig(tmp_path / "t.png")

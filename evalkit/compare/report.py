@@ -98,6 +98,26 @@ def worst_segment(values: list[float], width: int) -> tuple[int, int]:
     return start, start + width
 
 
+_GLYPHS: set[int] | None = None
+
+
+def plot_text(text: str, limit: int = 90) -> str:
+    """``text`` as the plot's font can draw it: characters it has no glyph for (a CJK or
+    Devanagari prompt with matplotlib's DejaVu Sans) become ``?`` and the title says where the
+    whole text is (the HTML report and clips.csv show it as it is), instead of empty boxes and
+    a warning per glyph; cut to ``limit`` characters."""
+    global _GLYPHS
+    if _GLYPHS is None:
+        from matplotlib import font_manager, ft2font
+
+        path = font_manager.findfont(font_manager.FontProperties())   # the default font
+        _GLYPHS = set(ft2font.FT2Font(path).get_charmap())
+    shown = "".join(c if ord(c) in _GLYPHS or c in "\n\t" else "?" for c in text)
+    if len(shown) > limit:
+        shown = shown[:limit - 1] + "…"
+    return shown if shown == text else shown + " (full text: report page, clips.csv)"
+
+
 def _timeline(path: Path, m) -> tuple[int, int]:
     from matplotlib.figure import Figure
 
@@ -116,7 +136,8 @@ def _timeline(path: Path, m) -> tuple[int, int]:
     ax2.set_ylabel("SSIM", color="#2471a3")
     ax2.ticklabel_format(axis="y", useOffset=False)
     # the clip id and prompt are text, not mathtext: "$$" or "$\foo{" in a prompt is printed
-    ax.set_title(f"{m.pair.rec_a['clip']}: {m.pair.rec_a['prompt']}", fontsize=9, parse_math=False)
+    ax.set_title(plot_text(f"{m.pair.rec_a['clip']}: {m.pair.rec_a['prompt']}"), fontsize=9,
+                 parse_math=False)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
