@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import textwrap
 
 import pytest
 
 from evalkit.fsutil import atomic_dir, cleanup_dir_leftovers, dir_leftovers
 from evalkit.render.driver import render_suite
+from evalkit.testing.suites import write_suite
 from evalkit.testing import crash
 
 from conftest import DATASETS, assert_one_line_error
@@ -39,15 +39,7 @@ for p in sorted(Path(os.environ["EVALKIT_INPUT_FRAMES"]).iterdir()):
 
 
 def make_suite(tmp_path, prompts=("a", "b"), seeds=(0,)):
-    p = tmp_path / "suite.yaml"
-    p.write_text(textwrap.dedent(f"""\
-        schema_version: 1
-        name: crash
-        clips: [{{id: pan, path: {CLIP}}}]
-        prompts: {json.dumps(list(prompts))}
-        seeds: {json.dumps(list(seeds))}
-    """))
-    return p
+    return write_suite(tmp_path, CLIP, name="crash", prompts=prompts, seeds=seeds)
 
 
 # -- two renders on one run folder -----------------------------------------------------------

@@ -18,6 +18,7 @@ from evalkit.formats.run import RunDir, read_manifest, sha256_file
 from evalkit.formats.suite import load_suite
 
 from conftest import DATASETS, assert_one_line_error
+from evalkit.testing.suites import write_suite
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 
@@ -36,16 +37,8 @@ def frames_of(run_path, job_id):
 
 
 def make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1)):
-    clip = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
-    p = tmp_path / "suite.yaml"
-    p.write_text(textwrap.dedent(f"""\
-        schema_version: 1
-        name: t
-        clips: [{{id: pan, path: {clip}}}]
-        prompts: {json.dumps(list(prompts))}
-        seeds: {json.dumps(list(seeds))}
-    """))
-    return p
+    return write_suite(tmp_path, DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
+                       prompts=prompts, seeds=seeds)
 
 
 # -- the diffusers renderer with a tiny pipeline built from configs ---------------------------

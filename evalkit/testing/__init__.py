@@ -11,4 +11,5 @@ compare report for study tests, and the real ``evalkit serve`` as a process on l
 - :mod:`.page`: driving the rater page from Playwright (``open_page``, ``answer``, ``boxes``)
 - :mod:`.gradio_client`: ``GradioRater``, the rater page's Gradio events without a browser
 - :mod:`.kills`: raters answering while the server is SIGKILLed
+- :mod:`.suites`: ``write_suite``, a one-clip suite file
 """
