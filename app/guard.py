@@ -37,8 +37,7 @@ class Throttle:
 
     def wait(self, who: str) -> float:
         """Seconds ``who`` must wait before the next attempt (0: go ahead)."""
-        n, until = self._fails.get(who, (0, 0.0))
-        return max(0.0, until - self.clock())
+        return max(0.0, self._fails.get(who, (0, 0.0))[1] - self.clock())
 
     def failed(self, who: str) -> None:
         n = self._fails.get(who, (0, 0.0))[0] + 1
