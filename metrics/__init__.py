@@ -22,7 +22,7 @@ Functional API::
 Streaming API (metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
 evaluate_pair, json_safe.
 """
-from ._errors import MetricInputError, MetricsError, WeightsUnavailable
+from ._errors import MetricInputError, MetricsError, VmafUnavailable, WeightsUnavailable
 
 # The public surface is imported lazily so that ``import metrics`` (or metrics.weights, which
 # ``evalkit setup`` uses) does not pull torch in until a metric is used.
@@ -55,7 +55,7 @@ def __dir__():
 
 
 __all__ = [
-    "MetricsError", "MetricInputError", "WeightsUnavailable",
+    "MetricsError", "MetricInputError", "WeightsUnavailable", "VmafUnavailable",
     "default_device",
     "lpips", "LPIPS", "ssim", "psnr", "mse", "exactness",
     "optical_flow", "warp", "warping_error", "tlp", "tof", "flicker", "flicker_single",

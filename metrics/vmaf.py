@@ -78,20 +78,24 @@ class VmafResult:
 def ffmpeg_exe(ffmpeg: str | None = None) -> str:
     """The ffmpeg binary: ``ffmpeg`` if given, else imageio-ffmpeg's (its ``IMAGEIO_FFMPEG_EXE``
     environment variable names another one). :class:`VmafUnavailable` if there is none."""
-    if ffmpeg:
-        if not os.path.isfile(ffmpeg) or not os.access(ffmpeg, os.X_OK):
-            raise VmafUnavailable(f"ffmpeg: {ffmpeg}: not an executable file (VMAF needs an "
-                                  "ffmpeg built with --enable-libvmaf)")
-        return ffmpeg
-    try:
-        import imageio_ffmpeg
-    except ImportError:
-        raise VmafUnavailable("VMAF needs the imageio-ffmpeg package (pip install imageio-ffmpeg; "
-                              "it is pinned in requirements.lock)") from None
-    try:
-        return imageio_ffmpeg.get_ffmpeg_exe()
-    except RuntimeError as e:
-        raise VmafUnavailable(f"VMAF: no ffmpeg binary found by imageio-ffmpeg ({str(e).splitlines()[0]})") from None
+    where = "ffmpeg"
+    if not ffmpeg:
+        try:
+            import imageio_ffmpeg
+        except ImportError:
+            raise VmafUnavailable("VMAF needs the imageio-ffmpeg package (pip install "
+                                  "imageio-ffmpeg; it is pinned in requirements.lock)") from None
+        try:
+            ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
+        except RuntimeError as e:
+            raise VmafUnavailable("VMAF: no ffmpeg binary found by imageio-ffmpeg "
+                                  f"({str(e).splitlines()[0]})") from None
+        if os.environ.get("IMAGEIO_FFMPEG_EXE"):
+            where = "IMAGEIO_FFMPEG_EXE"
+    if not os.path.isfile(ffmpeg) or not os.access(ffmpeg, os.X_OK):
+        raise VmafUnavailable(f"{where}: {ffmpeg}: not an executable file (VMAF needs an ffmpeg "
+                              "built with --enable-libvmaf)")
+    return ffmpeg
 
 
 @functools.lru_cache(maxsize=8)
