@@ -14,8 +14,8 @@ and recorded (:func:`vmaf_convention`), never ffmpeg's automatic one:
 * matrix: BT.709 by default (``matrix="bt601"`` gives BT.601), the luma weights
   Kr, Kb = 0.2126, 0.0722 (0.299, 0.114);
 * range: limited (``yuv_range="limited"``, default): Y = 16 + 219 E'y, Cb/Cr = 128 + 224 E'c
-  (E' from R'G'B' in [0, 1]), computed in float64 and rounded to the nearest level
-  (``numpy.rint``); or full (Y = 255 E'y, C = 128 + 255 E'c);
+  (E' from R'G'B' in [0, 1]), computed exactly in integers and rounded half up; or full
+  (Y = 255 E'y, C = 128 + 255 E'c);
 * sampling: 4:4:4 (``yuv444p``, 8 bits): no chroma subsampling, so no chroma siting to choose.
   The features of the built-in models (VIF, ADM, motion) read only the luma plane: 4:2:0 input
   made from the same luma gives the same scores (checked once by hand; docs/metrics.md).
@@ -131,23 +131,13 @@ def _check_conversion(matrix: str, yuv_range: str) -> None:
         raise MetricInputError(f"yuv_range: expected one of {', '.join(RANGES)}, found {yuv_range!r}")
 
 
-@functools.lru_cache(maxsize=8)
-def _conversion(matrix: str, yuv_range: str) -> tuple[np.ndarray, np.ndarray]:
-    """(3x3 matrix M, offsets o): YUV = rint(RGB8 @ M.T + o), RGB8 in 0..255."""
-    kr, kb = MATRICES[matrix]
-    kg = 1.0 - kr - kb
-    e = np.array([[kr, kg, kb],                                   # E'y
-                  [-kr / (2 * (1 - kb)), -kg / (2 * (1 - kb)), 0.5],     # E'cb
-                  [0.5, -kg / (2 * (1 - kr)), -kb / (2 * (1 - kr))]])   # E'cr
-    scale = np.array([219.0, 224.0, 224.0]) if yuv_range == "limited" else np.array([255.0] * 3)
-    offset = np.array([16.0, 128.0, 128.0]) if yuv_range == "limited" else np.array([0.0, 128.0, 128.0])
-    return e * (scale / 255.0)[:, None], offset
-
-
 def rgb_to_yuv444(frames, *, matrix: str = "bt709", yuv_range: str = "limited") -> np.ndarray:
     """8-bit RGB frames ``(n, H, W, 3)`` (or one ``(H, W, 3)``) -> planar 8-bit YUV 4:4:4
     ``(n, 3, H, W)``: the Y, Cb, Cr planes of each frame, in the order ``yuv444p`` stores them.
-    Computed in float64 and rounded to the nearest level (``numpy.rint``), clipped to 0..255."""
+
+    Exact: the matrix's coefficients are 4-decimal numbers (BT.709: Kr 0.2126, Kb 0.0722), so
+    each level is a ratio of integers, computed in int32 and rounded half up, then clipped to
+    0..255 (only full-range chroma can reach 255.5)."""
     _check_conversion(matrix, yuv_range)
     x = np.asarray(frames)
     if x.ndim == 3:
@@ -155,12 +145,31 @@ def rgb_to_yuv444(frames, *, matrix: str = "bt709", yuv_range: str = "limited") 
     if x.ndim != 4 or x.shape[3] != 3 or x.dtype != np.uint8:
         raise MetricInputError(f"frames: expected uint8 RGB frames (n, H, W, 3), found {x.dtype} "
                                f"array of shape {x.shape}")
-    m, o = _conversion(matrix, yuv_range)
+    kr, kb = (round(k * 10000) for k in MATRICES[matrix])
+    kg = 10000 - kr - kb
+    ys, cs, yo = (219, 224, 16) if yuv_range == "limited" else (255, 255, 0)
     n, h, w, _ = x.shape
-    yuv = x.reshape(-1, 3).astype(np.float64) @ m.T + o
-    np.rint(yuv, out=yuv)
-    np.clip(yuv, 0, 255, out=yuv)
-    return np.ascontiguousarray(yuv.astype(np.uint8).reshape(n, h, w, 3).transpose(0, 3, 1, 2))
+    out = np.empty((n, 3, h, w), np.uint8)
+    # s = 10000 * 255 * E'y; every intermediate stays below 2**31
+    r, g, b = (x[..., c].astype(np.int32) for c in range(3))
+    s = kr * r
+    s += kg * g
+    s += kb * b
+    den = 255 * 10000                                   # Y = yo + ys * s / den
+    t = s * ys
+    t += yo * den + den // 2
+    t //= den
+    out[:, 0] = t
+    for plane, src, k in ((1, b, kb), (2, r, kr)):      # C = 128 + cs * (10000 src - s) / d
+        d = 255 * 2 * (10000 - k)
+        src *= 10000
+        src -= s
+        src *= cs
+        src += 128 * d + d // 2
+        src //= d
+        np.clip(src, 0, 255, out=src)
+        out[:, plane] = src
+    return out
 
 
 def vmaf_convention(*, model: str = DEFAULT_MODEL, matrix: str = "bt709",
@@ -174,7 +183,7 @@ def vmaf_convention(*, model: str = DEFAULT_MODEL, matrix: str = "bt709",
     levels = "Y 16-235, C 16-240" if yuv_range == "limited" else "Y 0-255, C 0-255"
     return (f"{lib}, model {model} (built in); b distorted, a reference; rgb8 -> yuv444p 8-bit, "
             f"{matrix.upper().replace('BT', 'BT.')} matrix (Kr {kr}, Kb {kb}), {yuv_range} range "
-            f"({levels}), float64 rounded to nearest, no chroma subsampling; scores as libvmaf's "
+            f"({levels}), exact, rounded half up, no chroma subsampling; scores as libvmaf's "
             "JSON log prints them (6 decimals)")
 
 
