@@ -168,7 +168,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer="evalkit.testing.renderers:Invert",
                  progress=False)
-    return {"a": root / "cpu", "b": root / "cpu_dtype-bf16"}
+    render_suite(SMOKE, ["cpu"], root, renderer="evalkit.testing.renderers:Invert", seed_offset=1,
+                 progress=False)
+    return {"a": root / "cpu", "b": root / "cpu_dtype-bf16", "seed": root / "cpu_seed+1"}
 
 
 def read_csv(path):
@@ -183,7 +185,8 @@ def test_compare_vmaf_writes_the_columns_and_gates_on_them(runs, tmp_path, cli):
     gate.write_text("vmaf: {mean: {min: 10}, worst: {min: 5}}\nlpips: {mean: {max: 1}}\n")
     out = tmp_path / "report"
     code, stdout, err = cli("compare", runs["a"], runs["b"], "--out", out, "--quiet", "--device",
-                            "cpu", "--no-temporal", "--vmaf", "--vmaf-threads", "2", "--gate", gate)
+                            "cpu", "--no-temporal", "--vmaf", "--vmaf-threads", "2", "--gate", gate,
+                            "--floor", runs["seed"])
     assert code == 0, err
     assert "vmaf" in stdout and "gate: PASS" in stdout
     frames, clips = read_csv(out / "frames.csv"), read_csv(out / "clips.csv")
@@ -198,6 +201,8 @@ def test_compare_vmaf_writes_the_columns_and_gates_on_them(runs, tmp_path, cli):
     agg = summary["aggregates"]["vmaf"]
     assert agg["frames"] == 16 and agg["worst"] <= agg["p95"] <= agg["mean"]
     assert summary["conventions"]["vmaf"].startswith("libvmaf ")
+    floor = summary["floors"]["seed"]["aggregates"]["vmaf"]       # the floor is scored too
+    assert floor["frames"] == 16 and "vmaf" not in summary["floor_ratios"]["seed"]
     assert {c["check"] for c in summary["gate"]["checks"]} >= {"vmaf mean", "vmaf worst"}
     # a bound above what was measured fails the gate (exit 1)
     gate.write_text(f"vmaf: {{mean: {{min: {agg['mean'] + 0.5}}}}}\n")
