@@ -19,6 +19,9 @@ Functional API::
     warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
     flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
 
+VMAF (optional; an ffmpeg process with libvmaf, not torch): metrics.vmaf.vmaf(a, b, *,
+model="vmaf_v0.6.1", matrix="bt709", yuv_range="limited", n_threads=None).
+
 Streaming API (metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
 evaluate_pair, json_safe.
 """
