@@ -19,10 +19,13 @@ Functional API::
     warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
     flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
 
+VMAF (optional; an ffmpeg process with libvmaf, not torch): metrics.vmaf.vmaf(a, b, *,
+model="vmaf_v0.6.1", matrix="bt709", yuv_range="limited", n_threads=None).
+
 Streaming API (metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
 evaluate_pair, json_safe.
 """
-from ._errors import MetricInputError, MetricsError, WeightsUnavailable
+from ._errors import MetricInputError, MetricsError, VmafUnavailable, WeightsUnavailable
 
 # The public surface is imported lazily so that ``import metrics`` (or metrics.weights, which
 # ``evalkit setup`` uses) does not pull torch in until a metric is used.
@@ -55,7 +58,7 @@ def __dir__():
 
 
 __all__ = [
-    "MetricsError", "MetricInputError", "WeightsUnavailable",
+    "MetricsError", "MetricInputError", "WeightsUnavailable", "VmafUnavailable",
     "default_device",
     "lpips", "LPIPS", "ssim", "psnr", "mse", "exactness",
     "optical_flow", "warp", "warping_error", "tlp", "tof", "flicker", "flicker_single",

@@ -2,7 +2,8 @@
 
     MetricsError            base
     ├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
-    └── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
+    ├── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
+    └── VmafUnavailable     no ffmpeg binary with the libvmaf filter (metrics.vmaf)
 """
 
 
@@ -16,3 +17,7 @@ class MetricInputError(MetricsError, ValueError):
 
 class WeightsUnavailable(MetricsError):
     """LPIPS weights are missing or corrupt; the message says how to provision them."""
+
+
+class VmafUnavailable(MetricsError):
+    """No ffmpeg binary with the ``libvmaf`` filter; the message says what is missing."""

@@ -22,13 +22,16 @@ torch): importing it is cheap.
     flicker          lower      1           yes           the value
     flicker_a        lower      2           no (clip a)   -
     flicker_b        lower      2           no (clip b)   -
+    vmaf             higher     0           yes           -              optional (--vmaf)
 
 Aggregates over per-frame values (:data:`AGGREGATES`): ``mean`` of the finite values;
 ``p95`` the 95th percentile, or the 5th where higher is better; ``worst`` the largest value, or
 the smallest where higher is better. A metric's ``temporal`` values exist from frame
 ``first_frame`` on (they need frames t-1, or t-2 and t-1). Metrics that compare clip a with
 clip b (``compares``) are the ones a gate may set thresholds on; ``flicker_a`` and the like
-describe one clip. The noise-floor ratio divides a cross-backend aggregate by a floor's
+describe one clip. ``optional`` metrics (``vmaf``) are computed only on request, by a
+separate pass (:mod:`metrics.vmaf`), not by the stream evaluator; report columns list them only
+when they were computed. The noise-floor ratio divides a cross-backend aggregate by a floor's
 aggregate, each first mapped by :meth:`Metric.ratio_operand`.
 """
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Metric:
     ratio: str | None       # noise-floor ratio: RATIO_VALUE, RATIO_ONE_MINUS, RATIO_MSE or None
     description: str        # one line: what the number means, in which units
     headline: bool = False  # shown in the one-screen summary of ``evalkit compare``
+    optional: bool = False  # only on request (a separate pass), not from the stream evaluator
 
     @property
     def higher_is_better(self) -> bool:
@@ -100,8 +104,10 @@ class Metric:
         return 0.0 if value == math.inf else 10 ** (-value / 10)
 
 
-def _m(key, name, unit, direction, first_frame, compares, ratio, description, headline=False):
-    return Metric(key, name, unit, direction, first_frame, compares, ratio, description, headline)
+def _m(key, name, unit, direction, first_frame, compares, ratio, description, headline=False,
+       optional=False):
+    return Metric(key, name, unit, direction, first_frame, compares, ratio, description, headline,
+                  optional)
 
 
 #: Every metric key, in CSV column order.
@@ -133,6 +139,10 @@ METRICS: Mapping[str, Metric] = {m.key: m for m in (
        "mean |dL_t - dL_t-1| of clip a's block-averaged luma, 8-bit units"),
     _m("flicker_b", "flicker of b", "8-bit levels", LOWER, 2, False, None,
        "as flicker_a, for clip b"),
+    _m("vmaf", "VMAF", "VMAF score (0..100)", HIGHER, 0, True, None,
+       "VMAF of b against reference a (libvmaf, model vmaf_v0.6.1; 0..100, 100 = best; "
+       "identical frames score 97.43 to 100 depending on motion); only with --vmaf",
+       headline=True, optional=True),
 )}
 
 #: Every metric key, in CSV column order.
@@ -149,12 +159,14 @@ def metric(key: str) -> Metric:
 
 def keys(*, temporal: bool | None = None, compares: bool | None = None,
          ratio: bool | None = None, headline: bool | None = None,
-         higher_is_better: bool | None = None) -> tuple[str, ...]:
+         higher_is_better: bool | None = None, optional: bool | None = None) -> tuple[str, ...]:
     """Metric keys in CSV column order, filtered by each criterion that is not None:
     ``temporal`` (exists only from frame 1 or 2), ``compares`` (a against b; what a gate may
-    check), ``ratio`` (a noise-floor ratio is defined), ``headline``, ``higher_is_better``."""
+    check), ``ratio`` (a noise-floor ratio is defined), ``headline``, ``higher_is_better``,
+    ``optional`` (computed only on request, not by the stream evaluator)."""
     def ok(m: Metric) -> bool:
         return ((temporal is None or m.temporal == temporal)
+                and (optional is None or m.optional == optional)
                 and (compares is None or m.compares == compares)
                 and (ratio is None or (m.ratio is not None) == ratio)
                 and (headline is None or m.headline == headline)

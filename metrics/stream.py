@@ -54,8 +54,8 @@ def _u8(y: torch.Tensor) -> np.ndarray:
 #: in records and summaries is in these units.
 UNITS = units()
 
-FIDELITY_KEYS = keys(temporal=False)
-TEMPORAL_KEYS = keys(temporal=True)
+FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): metrics.vmaf
+TEMPORAL_KEYS = keys(temporal=True, optional=False)
 
 
 def cpu_count() -> int:

@@ -48,7 +48,7 @@ def evaluated():
 @pytest.mark.parametrize("temporal", [True, False])
 def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated, temporal):
     res = evaluated[temporal]
-    expected = list(KEYS if temporal else keys(temporal=False))
+    expected = list(keys(optional=False) if temporal else keys(temporal=False, optional=False))
     assert metric_keys_in_order(res["records"]) == expected
     assert list(res["means"]) == expected
     for k in expected:       # each key exists from its first frame on, and never before
@@ -59,11 +59,13 @@ def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated,
 def test_keys_and_units_agree():
     from metrics.stream import FIDELITY_KEYS, TEMPORAL_KEYS, UNITS
 
-    assert len(set(KEYS)) == len(KEYS) == 13
+    assert len(set(KEYS)) == len(KEYS) == 14
     assert tuple(METRICS) == KEYS and all(m.key == k for k, m in METRICS.items())
-    assert FIDELITY_KEYS + TEMPORAL_KEYS == KEYS
+    # the stream evaluator makes every key but the optional ones (vmaf: metrics.vmaf's pass)
+    assert FIDELITY_KEYS + TEMPORAL_KEYS == keys(optional=False)
+    assert keys(optional=True) == ("vmaf",)
     assert list(UNITS) == list(KEYS) == list(catalogue.units())
-    assert keys(temporal=False) + keys(temporal=True) == KEYS
+    assert keys(temporal=False, optional=False) + keys(temporal=True) + keys(optional=True) == KEYS
     assert all(m.temporal == (m.first_frame > 0) for m in METRICS.values())
     for m in METRICS.values():
         assert m.direction in (catalogue.HIGHER, catalogue.LOWER)
@@ -79,7 +81,7 @@ def test_metrics_csv_columns_follow_the_catalogue(evaluated, tmp_path, temporal)
     write_csv(tmp_path / "f.csv", evaluated[temporal]["records"])
     with open(tmp_path / "f.csv", newline="") as f:
         header = next(csv.reader(f))
-    assert header == ["frame", *(KEYS if temporal else keys(temporal=False))]
+    assert header == ["frame", *(keys(optional=False) if temporal else keys(temporal=False, optional=False))]
 
 
 # -- directions, aggregates and floor ratios --------------------------------------------------
@@ -102,8 +104,8 @@ def test_directions_agree_with_the_aggregate_rules(key):
 
 
 def test_similarity_metrics_are_the_higher_is_better_ones():
-    assert keys(higher_is_better=True) == ("ssim", "psnr")
-    assert set(keys(higher_is_better=False)) == set(KEYS) - {"ssim", "psnr"}
+    assert keys(higher_is_better=True) == ("ssim", "psnr", "vmaf")
+    assert set(keys(higher_is_better=False)) == set(KEYS) - {"ssim", "psnr", "vmaf"}
 
 
 @pytest.mark.parametrize("key", keys(ratio=True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalkit.cli.common import executor_args, make_executor, output_file
+from evalkit.cli.common import executor_args, make_executor, output_file, positive_int
 
 
 def cmd_compare(args) -> int:
@@ -20,7 +20,8 @@ def cmd_compare(args) -> int:
     try:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
                               device=None if args.device == "auto" else args.device,
-                              metric_options=options, progress=not args.quiet, executor=executor)
+                              metric_options=options, progress=not args.quiet, executor=executor,
+                              vmaf=args.vmaf, vmaf_threads=args.vmaf_threads)
     finally:
         if executor is not None:
             executor.close()
@@ -50,7 +51,7 @@ def cmd_metrics(args) -> int:
         args.a, args.b, device=args.device, net=args.net, chunk=args.chunk, align=args.align,
         temporal=not args.no_temporal, flow=args.flow, flow_preset=args.flow_preset,
         flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
-        keep_frames=args.json,
+        keep_frames=args.json, vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
     )
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
@@ -74,6 +75,7 @@ def add_compare(sub, common) -> None:
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    vmaf_args(s)
     executor_args(s)
     s.set_defaults(func=cmd_compare)
 
@@ -104,4 +106,13 @@ def add_metrics(sub, common) -> None:
                         "(recorded in the output)")
     s.add_argument("--chunk", type=int, default=None,
                    help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
+    vmaf_args(s)
     s.set_defaults(func=cmd_metrics)
+
+
+def vmaf_args(s) -> None:
+    s.add_argument("--vmaf", action="store_true",
+                   help="also VMAF (libvmaf in imageio-ffmpeg's ffmpeg, model vmaf_v0.6.1; "
+                        "BT.709 limited-range YUV 4:4:4): a second decoding pass, off by default")
+    s.add_argument("--vmaf-threads", type=positive_int, default=None, metavar="N",
+                   help="libvmaf threads (default: every usable CPU core)")

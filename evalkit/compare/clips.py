@@ -60,7 +60,8 @@ def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
 def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int | None = None,
                   align: str = "error", temporal: bool = True, flow: str = "dis",
                   flow_preset: str | None = None, flow_scale: float = 1.0,
-                  ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True) -> dict:
+                  ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True,
+                  vmaf: bool = False, vmaf_threads: int | None = None) -> dict:
     """Metrics of clip (or image) ``path_a`` against ``path_b``.
 
     Returns a JSON-ready dict::
@@ -78,7 +79,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     ``psnr`` is the mean PSNR over the frames that differ, null if every frame is identical;
     per-frame ``psnr`` is null for an identical frame. ``csv_path`` also writes the per-frame
     table (one row per frame, empty cells where a metric is undefined, ``inf`` for PSNR of
-    identical frames).
+    identical frames). ``vmaf``: also VMAF (``"vmaf"`` mean, per frame and convention; a
+    separate pass over the compared frames, :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
+    libvmaf's threads.
     """
     from metrics import MetricInputError
     from metrics.flow import DEFAULT_PRESET
@@ -100,6 +103,10 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                            ssim_channel=ssim_channel)
     except MetricInputError as e:
         raise UserError(str(e)) from None
+    if vmaf:
+        from metrics.vmaf import check_available
+
+        check_available()
     if chunk is None:
         from metrics.stream import auto_chunk
 
@@ -121,6 +128,12 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     finally:
         ev.close()
 
+    if vmaf and records:
+        from evalkit.compare.vmaf import add_vmaf
+
+        summary["means"]["vmaf"] = None
+        summary["conventions"]["vmaf"] = add_vmaf(records, paths["a"], paths["b"], n_threads=vmaf_threads)
+        summary["means"]["vmaf"] = sum(r["vmaf"] for r in records) / len(records)
     if csv_path is not None:
         write_csv(csv_path, records)
     keys = [k for k in KEYS if any(k in r for r in records)]

@@ -22,7 +22,7 @@ from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import check_report_folder, write_report
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader
-from metrics.catalogue import KEYS, keys, units
+from metrics.catalogue import KEYS, METRICS, keys, units
 
 SUMMARY_SCHEMA_VERSION = 1
 #: fields of a job that must agree for two renders to be comparable
@@ -158,6 +158,18 @@ def aggregates_of(measures: list[JobMeasure]) -> dict:
             if any(k in r for m in measures for r in m.records)}
 
 
+def _vmaf_pass(measures: list[JobMeasure], desc: str, on: bool, threads, progress) -> str | None:
+    """The optional VMAF pass over measured pairs (:mod:`evalkit.compare.vmaf`)."""
+    if not on or not measures:
+        return None
+    from tqdm import tqdm
+
+    from evalkit.compare.vmaf import add_vmaf_to_measures
+
+    with tqdm(total=len(measures), desc=desc, unit="job", disable=not progress) as bar:
+        return add_vmaf_to_measures(measures, n_threads=threads, progress=bar)
+
+
 def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
     same_backend = a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec")
     if same_backend and _seed_offset(a) != _seed_offset(f):
@@ -214,7 +226,10 @@ class LocalCompareSession:
 
 def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
                  metric_options: dict | None = None, progress: bool = True,
-                 executor=None) -> CompareResult:
+                 executor=None, vmaf: bool = False, vmaf_threads: int | None = None) -> CompareResult:
+    """``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
+    cross-backend pairs and the floors: :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
+    libvmaf's threads (default every usable core)."""
     from tqdm import tqdm
 
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
@@ -227,6 +242,14 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     if gate_obj and gate_obj.ratios and not floor_runs:
         raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
                         "was given")
+    optional = [k for k in gate_obj.absolute if METRICS[k].optional] if gate_obj else []
+    if optional and not vmaf:
+        raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
+                        f"compare computes only on request; add --{optional[0]}")
+    if vmaf:
+        from metrics.vmaf import check_available
+
+        check_available()       # before any work: no ffmpeg with libvmaf is one line, now
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
@@ -241,6 +264,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     try:
         with tqdm(total=len(pairs), desc="compare", unit="job", disable=not progress) as bar:
             measures = session.measure(pairs, chunk=chunk, progress=bar)
+        vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info = {}
         taken: set = set()
         for f in floor_runs:
@@ -250,10 +274,15 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             with tqdm(total=len(fpairs), desc=f"floor {name}", unit="job",
                       disable=not progress) as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
+            _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
                                 "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
                                 "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
-        conventions = session.conventions
+        conventions = dict(session.conventions)
+        if vmaf:
+            from metrics.vmaf import vmaf_convention as _default
+
+            conventions["vmaf"] = vmaf_convention or _default()
         metrics_device = session.device
     finally:
         session.close()

@@ -4,7 +4,8 @@ Columns (units: ``summary.json["units"]``; README "Compare report"; the metric c
 the keys of :mod:`metrics.catalogue`, in its order):
 
 - ``frames.csv``: job, clip, prompt, seed, frame, then one column per metric (empty where a
-  metric is undefined, e.g. temporal metrics at frame 0; ``inf`` for the PSNR of identical frames).
+  metric is undefined, e.g. temporal metrics at frame 0; ``inf`` for the PSNR of identical frames;
+  an optional metric such as ``vmaf`` only when it was computed: ``--vmaf``).
 - ``clips.csv``: job, clip, prompt, seed, status (``compared`` or why not), frames,
   worst_frame (highest LPIPS), identical, then ``<metric>_mean``, ``<metric>_p95``,
   ``<metric>_worst`` per metric.
@@ -30,7 +31,7 @@ import numpy as np
 from evalkit.compare.aggregate import aggregate
 from evalkit.errors import UserError
 from evalkit.fsutil import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text, write_csv
-from metrics.catalogue import KEYS, fmt
+from metrics.catalogue import KEYS, METRICS, fmt
 
 
 def _cell(v):
@@ -50,31 +51,40 @@ def _job_cols(rec: dict) -> list:
     return [rec["id"], rec["clip"], rec["prompt"], rec.get("effective_seed", rec["seed"])]
 
 
+def metric_columns(measures) -> list[str]:
+    """The metric columns of the report CSVs: every catalogue key, but an optional one (vmaf)
+    only when some frame has it (it was asked for)."""
+    return [k for k in KEYS if not METRICS[k].optional
+            or any(k in r for m in measures for r in m.records)]
+
+
 def write_frames_csv(path: Path, measures) -> None:
+    cols = metric_columns(measures)
+
     def rows():
         for m in measures:
             for r in m.records:
-                yield _job_cols(m.pair.rec_a) + [r["frame"]] + [r.get(k) for k in KEYS]
+                yield _job_cols(m.pair.rec_a) + [r["frame"]] + [r.get(k) for k in cols]
 
-    _write_csv(path, ["job", "clip", "prompt", "seed", "frame", *KEYS], rows())
+    _write_csv(path, ["job", "clip", "prompt", "seed", "frame", *cols], rows())
 
 
 def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) -> None:
-
+    cols = metric_columns(measures)
     header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical"]
-    for k in KEYS:
+    for k in cols:
         header += [f"{k}_mean", f"{k}_p95", f"{k}_worst"]
     rows = []
     for m in measures:
         row = _job_cols(m.pair.rec_a) + ["compared", len(m.records), m.worst_frame,
                                          m.summary["identical"]]
-        for k in KEYS:
+        for k in cols:
             agg = aggregate([r.get(k) for r in m.records], k)
             row += [agg["mean"], agg["p95"], agg["worst"]]
         rows.append(row)
     for jid, reason in not_compared.items():
         rec = jobs_by_id.get(jid, {"id": jid, "clip": "", "prompt": "", "seed": ""})
-        rows.append(_job_cols(rec) + [reason, 0, None, None] + [None] * (3 * len(KEYS)))
+        rows.append(_job_cols(rec) + [reason, 0, None, None] + [None] * (3 * len(cols)))
     _write_csv(path, header, rows)
 
 
