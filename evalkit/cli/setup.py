@@ -31,6 +31,20 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_fingerprint(args) -> int:
+    from evalkit.render.adopt import machine_fingerprint
+
+    doc = machine_fingerprint(args.backend)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        fp = doc["fingerprint"]
+        width = max(len(k) for k in fp)
+        for k, v in fp.items():
+            print(f"{k:<{width}}  {v}")
+    return 0
+
+
 def cmd_probe(args) -> int:
     from evalkit.video import describe
 
@@ -57,6 +71,18 @@ def add_info(sub, common) -> None:
                        help="print the environment fingerprint and the backends usable here")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_info)
+
+
+def add_fingerprint(sub, common) -> None:
+    s = sub.add_parser("fingerprint", parents=[common],
+                       help="print the fingerprint render records here (--json: a file for "
+                            "render --fingerprint on the machine that imports the renders)")
+    s.add_argument("--backend", "-b", default=None, metavar="SPEC",
+                   help="the backend the renders are made with, e.g. cuda,dtype=bf16: the "
+                        "fingerprint is taken with it applied, as render takes it")
+    s.add_argument("--json", action="store_true",
+                   help="the fingerprint file (schema_version, backend, fingerprint)")
+    s.set_defaults(func=cmd_fingerprint)
 
 
 def add_probe(sub, common) -> None:
