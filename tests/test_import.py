@@ -224,7 +224,10 @@ def test_fingerprint_command_prints_what_render_records_and_render_adopts_it(
     assert code == 0 and "device_name" in text
     # the file, saved, is adopted by an import with no -b: its backend spec comes with it
     fp = tmp_path / "fp.json"
-    fp.write_text(out)
+    code, text, err = cli("fingerprint", "-b", "cpu,dtype=bf16", "--out", fp)
+    assert code == 0 and text.startswith(f"wrote {fp}"), err
+    saved = json.loads(fp.read_text())
+    assert saved["fingerprint"] == doc["fingerprint"] and saved["backend"] == doc["backend"]
     code, out, err = cli("render", farms["suite"], "-r", "import", "-O", f"dir={farms['amd']}",
                          "--fingerprint", fp, "--out", tmp_path / "runs", "--quiet")
     assert code == 0, err

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalkit.cli.common import existing_path
+from evalkit.cli.common import existing_path, output_file
 
 
 def cmd_setup(args) -> int:
@@ -35,7 +35,13 @@ def cmd_fingerprint(args) -> int:
     from evalkit.render.adopt import machine_fingerprint
 
     doc = machine_fingerprint(args.backend)
-    if args.json:
+    if args.out is not None:
+        from evalkit.fsutil import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.out} ({doc['fingerprint'].get('device_name')}; for render "
+              f"--fingerprint {args.out})")
+    elif args.json:
         print(json.dumps(doc, indent=2))
     else:
         fp = doc["fingerprint"]
@@ -81,7 +87,9 @@ def add_fingerprint(sub, common) -> None:
                    help="the backend the renders are made with, e.g. cuda,dtype=bf16: the "
                         "fingerprint is taken with it applied, as render takes it")
     s.add_argument("--json", action="store_true",
-                   help="the fingerprint file (schema_version, backend, fingerprint)")
+                   help="print the fingerprint file (schema_version, backend, fingerprint)")
+    s.add_argument("--out", "-o", type=output_file, default=None, metavar="FILE",
+                   help="write the fingerprint file to FILE (as --json prints it)")
     s.set_defaults(func=cmd_fingerprint)
 
 

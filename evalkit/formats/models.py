@@ -459,6 +459,9 @@ class JobRecord(OpenModel):
         None, description="When it finished (ISO 8601, UTC).")
     effective_seed: Optional[Int] = Field(
         None, description="The seed rendered with: `seed` plus the run's `--seed-offset`.")
+    adopted_from: Optional[Object] = Field(
+        None, description="`-r import`: the file or frame folder adopted (`path`, `kind`, "
+                          "`sha256`).")
 
 
 class SuiteRecord(OpenModel):
