@@ -185,7 +185,7 @@ def test_compare_and_study_of_two_imports_name_them_by_label_and_show_both_machi
     assert "<th>A: mi325x-bf16</th><th>B: h200-bf16</th>" in html
     for text in ("AMD Instinct MI325X", "NVIDIA H200", "farm-amd-07", "570.86.15", "adopted from"):
         assert text in html
-    assert "Warning:" not in html and "No noise floor" not in html
+    assert "Warning:" not in html and "no noise floor" not in html
 
     # without a floor, the summary, the page and the command say so
     out2 = tmp_path / "report2"
@@ -195,7 +195,8 @@ def test_compare_and_study_of_two_imports_name_them_by_label_and_show_both_machi
     s2 = json.loads((out2 / "summary.json").read_text())
     assert s2["floor_notice"] == FLOOR_NOTICE and s2["floors"] == {}
     assert f"note: {FLOOR_NOTICE}" in stdout.splitlines()
-    assert "No noise floor:" in (out2 / "index.html").read_text()
+    assert "<b>Note:</b> no noise floor: these numbers cannot be read" in (
+        out2 / "index.html").read_text()
 
     # a study made from the report records the labelled run folders
     from evalkit.study.api import create_study
@@ -234,6 +235,18 @@ def test_fingerprint_command_prints_what_render_records_and_render_adopts_it(
     m = read_manifest(tmp_path / "runs" / "cpu_dtype-bf16")   # no label: named by the spec
     assert m["fingerprint"] == doc["fingerprint"] and "label" not in m
     assert "cpu,dtype=bf16: 2 rendered" in out
+
+
+def test_an_import_with_only_a_gpu_spec_works_on_a_cpu_machine_and_claims_no_machine(
+        farms, cli, tmp_path):
+    code, out, err = cli("render", farms["suite"], "-b", "cuda,dtype=bf16", "-r", "import", "-O",
+                         f"dir={farms['amd']}", "--out", tmp_path, "--quiet")
+    assert code == 0, err
+    m = read_manifest(tmp_path / "cuda_dtype-bf16")
+    assert m["backend"]["spec"] == "cuda,dtype=bf16" and m["adopted"]["backend_from"] == "--backend"
+    assert list(m["fingerprint"]) == ["unknown"] and m["adopted"]["fingerprint_file"] is None
+    assert m["adopted"]["local_fingerprint"]["host"] == platform.node()
+    assert "note: cuda_dtype-bf16 holds renders made elsewhere and no --fingerprint" in out
 
 
 def test_label_on_a_local_renderer_names_its_folder_and_a_resume_keeps_it(farms, cli, tmp_path):

@@ -83,8 +83,8 @@ def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) 
 #: summary.json's ``floor_notice`` (and the HTML's, and compare's output) when no floor run
 #: had a job compared: the numbers stand without the context of a noise floor
 FLOOR_NOTICE = ("no noise floor: these numbers cannot be read against how much the pipeline "
-                "varies by itself (two seeds, or two renders, on one backend); render A's suite "
-                "again with --seed-offset 1 and pass that run with --floor")
+                "varies by itself (two seeds, or two renders, on one backend); render (or "
+                "import) A's suite again with --seed-offset 1 and pass that run with --floor")
 
 
 def fingerprint_source(manifest: dict) -> str:
