@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     setup.add_setup(sub, common)
     setup.add_info(sub, common)
+    setup.add_fingerprint(sub, common)
     setup.add_probe(sub, common)
     render.add_render(sub, common)
     compare.add_compare(sub, common)

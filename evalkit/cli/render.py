@@ -9,6 +9,8 @@ from evalkit.errors import UserError
 
 
 def cmd_render(args) -> int:
+    from evalkit.formats.run import read_manifest
+    from evalkit.render.adopt import UNKNOWN_FINGERPRINT
     from evalkit.render.backend import parse_spec
     from evalkit.render.driver import render_suite
 
@@ -25,7 +27,8 @@ def cmd_render(args) -> int:
         summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
                                  options=renderer_options(args.renderer_opt), jobs=args.jobs,
                                  seed_offset=args.seed_offset, progress=not args.quiet,
-                                 executor=executor)
+                                 executor=executor, label=args.label,
+                                 fingerprint_file=args.fingerprint)
     finally:
         if executor is not None:
             executor.close()
@@ -33,6 +36,9 @@ def cmd_render(args) -> int:
     for s in summaries:
         print(f"{s.backend}: {s.done} rendered, {s.skipped} already done, {s.failed} failed "
               f"-> {s.path}")
+        if read_manifest(s.path)["fingerprint"] == UNKNOWN_FINGERPRINT:
+            print(f"  note: {s.path.name} holds renders made elsewhere and no --fingerprint: "
+                  "reports cannot say which machine made them")
         for job_id, err in s.failures.items():
             print(f"  failed {job_id}: {err}")
         failed += s.failed
@@ -42,12 +48,22 @@ def cmd_render(args) -> int:
 def cmd_suite_validate(args) -> int:
     from evalkit.formats.suite import load_suite
 
+    from evalkit.render.renderers.imported import import_name
+
+    if not 0 <= args.seed_offset < 2**63:
+        raise UserError(f"--seed-offset: expected a non-negative integer below 2**63, found "
+                        f"{args.seed_offset}")
+    if args.seed_offset and not args.jobs:
+        raise UserError("--seed-offset: only with --jobs (it lists the file names an import of "
+                        "a seed-offset run looks for)")
     suite = load_suite(args.path, check_clips=True)
     print(f"{args.path}: ok: suite '{suite.name}', {len(suite.clips)} clips, {len(suite.jobs)} jobs")
     if args.jobs:
         for job in suite.jobs:
-            print(f"{job.id}\t{job.clip}\t{job.prompt}\tseed={job.seed}\t"
-                  f"{json.dumps(job.params, sort_keys=True)}")
+            seed = job.seed + args.seed_offset
+            line = (f"{import_name(job, seed)}\t{job.clip}\t{job.prompt}\tseed={seed}\t"
+                    f"{json.dumps(job.params, sort_keys=True)}")
+            print(line + (f"\tjob={job.id}" if args.seed_offset else ""))
     return 0
 
 
@@ -64,10 +80,17 @@ def add_render(sub, common) -> None:
     s = sub.add_parser("render", parents=[common],
                        help="render a suite's jobs on one or more backends (resumable)")
     s.add_argument("suite", type=Path, help="the suite YAML file")
-    s.add_argument("--backend", "-b", action="append", required=True, metavar="SPEC",
-                   help="backend spec, e.g. cuda:0,dtype=bf16 or cpu,dtype=fp32 (repeatable)")
+    s.add_argument("--backend", "-b", action="append", default=[], metavar="SPEC",
+                   help="backend spec, e.g. cuda:0,dtype=bf16 or cpu,dtype=fp32 (repeatable; "
+                        "required unless -r import has --label or a --fingerprint naming one)")
     s.add_argument("--out", "-o", type=Path, required=True,
                    help="output folder: one run folder per backend inside it")
+    s.add_argument("--label", default=None, metavar="NAME",
+                   help="name the run (its folder OUT/NAME, and its name in reports and "
+                        "studies), e.g. mi325x-bf16; with one --backend at most")
+    s.add_argument("--fingerprint", type=Path, default=None, metavar="FILE",
+                   help="adopt the fingerprint of the machine that really rendered (written "
+                        "there by evalkit fingerprint -b SPEC --json), e.g. with -r import")
     s.add_argument("--renderer", "-r", default=None,
                    help="diffusers, command, import, canary, or module:Class "
                         "(default: the suite's renderer)")
@@ -88,7 +111,12 @@ def add_suite(sub, common) -> None:
     ss = s.add_subparsers(dest="suite_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("validate", parents=[common], help="check a suite YAML and its clips")
     v.add_argument("path", type=Path, help="the suite YAML file")
-    v.add_argument("--jobs", action="store_true", help="also list the jobs with their ids")
+    v.add_argument("--jobs", action="store_true",
+                   help="also list the jobs: the file name -r import looks for (the job id), "
+                        "clip, prompt, seed, params")
+    v.add_argument("--seed-offset", type=int, default=0, metavar="N",
+                   help="with --jobs: the names for an import of a --seed-offset N run (the job "
+                        "id of seed + N; the run's own job id follows as job=)")
     v.set_defaults(func=cmd_suite_validate)
     v = ss.add_parser("preview", parents=[common],
                       help="write browser copies (H.264 mp4) of a suite's source clips")

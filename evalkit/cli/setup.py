@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalkit.cli.common import existing_path
+from evalkit.cli.common import existing_path, output_file
 
 
 def cmd_setup(args) -> int:
@@ -28,6 +28,26 @@ def cmd_info(args) -> int:
         print("usable backends:")
         for b in info["backends"]:
             print(f"  {b['spec']:<24} {b['description']}")
+    return 0
+
+
+def cmd_fingerprint(args) -> int:
+    from evalkit.render.adopt import machine_fingerprint
+
+    doc = machine_fingerprint(args.backend)
+    if args.out is not None:
+        from evalkit.fsutil import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.out} ({doc['fingerprint'].get('device_name')}; for render "
+              f"--fingerprint {args.out})")
+    elif args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        fp = doc["fingerprint"]
+        width = max(len(k) for k in fp)
+        for k, v in fp.items():
+            print(f"{k:<{width}}  {v}")
     return 0
 
 
@@ -57,6 +77,20 @@ def add_info(sub, common) -> None:
                        help="print the environment fingerprint and the backends usable here")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_info)
+
+
+def add_fingerprint(sub, common) -> None:
+    s = sub.add_parser("fingerprint", parents=[common],
+                       help="print the fingerprint render records here (--json: a file for "
+                            "render --fingerprint on the machine that imports the renders)")
+    s.add_argument("--backend", "-b", default=None, metavar="SPEC",
+                   help="the backend the renders are made with, e.g. cuda,dtype=bf16: the "
+                        "fingerprint is taken with it applied, as render takes it")
+    s.add_argument("--json", action="store_true",
+                   help="print the fingerprint file (schema_version, backend, fingerprint)")
+    s.add_argument("--out", "-o", type=output_file, default=None, metavar="FILE",
+                   help="write the fingerprint file to FILE (as --json prints it)")
+    s.set_defaults(func=cmd_fingerprint)
 
 
 def add_probe(sub, common) -> None:

@@ -19,7 +19,9 @@ from evalkit.errors import InputFileError, UserError
 from evalkit.compare.aggregate import aggregate, floor_ratio
 from evalkit.formats.gate import load_gate
 from evalkit.formats.run import RunDir, sha256_file
-from evalkit.compare.report import check_report_folder, write_report
+from evalkit.compare.report import (check_report_folder, floor_notice, run_entry, same_run_warnings,
+                                    write_report)
+from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader
 from metrics.catalogue import KEYS, METRICS, keys, units
@@ -171,13 +173,15 @@ def _vmaf_pass(measures: list[JobMeasure], desc: str, on: bool, threads, progres
 
 
 def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
-    same_backend = a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec")
+    # the same backend: the same run name (label, else spec), and the same spec
+    same_backend = (run_name(a.manifest) == run_name(f.manifest)
+                    and a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec"))
     if same_backend and _seed_offset(a) != _seed_offset(f):
         name = "seed"
     elif same_backend:
         name = "rerender"
     else:
-        name = "backend-" + str(f.manifest["backend"].get("spec"))
+        name = "backend-" + run_name(f.manifest)
     base, i = name, 2
     while name in taken:
         name, i = f"{base}-{i}", i + 1
@@ -276,7 +280,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
             _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
-                                "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
+                                "name": run_name(f.manifest), "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
                                 "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
         conventions = dict(session.conventions)
         if vmaf:
@@ -296,10 +300,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "evalkit_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "suite": {"name": a.manifest["suite"].get("name"), "sha256": a.manifest["suite"].get("sha256")},
-        "runs": {"a": {"path": str(a.path), "backend": a.manifest["backend"], "fingerprint": fa,
-                       "renderer": a.manifest["renderer"]},
-                 "b": {"path": str(b.path), "backend": b.manifest["backend"], "fingerprint": fb,
-                       "renderer": b.manifest["renderer"]}},
+        "runs": {"a": run_entry(a), "b": run_entry(b)},
         "fingerprint_differences": _fingerprint_diff(fa, fb),
         "metrics_device": metrics_device,
         "conventions": conventions,
@@ -308,11 +309,12 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "aggregates": aggregates,
         "floors": floor_info,
         "floor_ratios": ratios,
+        "floor_notice": floor_notice(floor_info),
         "gate": verdict,
     }
-    if a.manifest["backend"].get("spec") == b.manifest["backend"].get("spec"):
-        summary["warnings"] = [f"both runs used backend {a.manifest['backend'].get('spec')!r}; "
-                               "differences come only from the fingerprint (driver, host, versions)"]
+    warnings = same_run_warnings(a.manifest, b.manifest, summary["fingerprint_differences"])
+    if warnings:
+        summary["warnings"] = warnings
 
     write_report(out, summary, measures)
     code = 0 if verdict is None or verdict["verdict"] == "pass" else 1

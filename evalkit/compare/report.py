@@ -88,6 +88,64 @@ def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) 
     _write_csv(path, header, rows)
 
 
+# -- the runs: names, fingerprints, notices -------------------------------------------------
+
+#: summary.json's ``floor_notice`` (and the HTML's, and compare's output) when no floor run
+#: had a job compared: the numbers stand without the context of a noise floor
+FLOOR_NOTICE = ("no noise floor: these numbers cannot be read against how much the pipeline "
+                "varies by itself (two seeds, or two renders, on one backend); render (or "
+                "import) A's suite again with --seed-offset 1 and pass that run with --floor")
+
+
+def fingerprint_source(manifest: dict) -> str:
+    """Where a run's fingerprint comes from, in words (the first row of the report's table)."""
+    adopted = manifest.get("adopted") or {}
+    fp_file = adopted.get("fingerprint_file")
+    if fp_file:
+        return f"adopted from {fp_file.get('path')} (sha256 {str(fp_file.get('sha256'))[:12]})"
+    if "unknown" in (manifest.get("fingerprint") or {}):
+        return "unknown: renders adopted without --fingerprint"
+    return "recorded by render on the machine that rendered"
+
+
+def run_entry(run) -> dict:
+    """``summary.json``'s ``runs.a``/``runs.b``: path, name (label, else backend spec), label,
+    backend, fingerprint and where it comes from, renderer."""
+    from evalkit.formats.run import run_name
+
+    m = run.manifest
+    return {"path": str(run.path), "name": run_name(m), "label": m.get("label"),
+            "backend": m["backend"], "fingerprint": m["fingerprint"],
+            "fingerprint_source": fingerprint_source(m), "renderer": m["renderer"]}
+
+
+def same_run_warnings(ma: dict, mb: dict, differences: dict) -> list[str]:
+    """A warning when both runs carry the same name (label and backend spec), saying truly what
+    their differences can come from; none for runs of different names (two imports labelled
+    after their machines, say)."""
+    la, lb = ma.get("label"), mb.get("label")
+    sa, sb = (ma.get("backend") or {}).get("spec"), (mb.get("backend") or {}).get("spec")
+    if la != lb or sa != sb or (la is None and sa is None):
+        return []
+    name = (f"label {la!r}" + (f" (backend {sa!r})" if sa else "")) if la else f"backend {sa!r}"
+    fa, fb = ma.get("fingerprint") or {}, mb.get("fingerprint") or {}
+    if "unknown" in fa or "unknown" in fb:
+        why = ("the machine of at least one is not known (adopted without --fingerprint), so "
+               "whether they ran on the same one cannot be told")
+    elif differences:
+        why = ("differences come only from the environment: " + ", ".join(differences)
+               + " differ (fingerprint table)")
+    else:
+        why = ("their fingerprints match apart from the host, so this measures how much one "
+               "backend varies between two renders, not a backend change")
+    return [f"both runs are {name}; {why}"]
+
+
+def floor_notice(floors: dict) -> str | None:
+    """:data:`FLOOR_NOTICE` unless a floor run had at least one job compared."""
+    return None if any(f.get("jobs_compared") for f in floors.values()) else FLOOR_NOTICE
+
+
 # -- images --------------------------------------------------------------------------------
 
 def _save_png(path: Path, rgb: np.ndarray) -> None:
@@ -188,9 +246,12 @@ def _template():
 def render_html(summary: dict, measures, images: dict) -> str:
     """index.html: the summary, gate, floors, fingerprints and one section per compared job
     (``images``: job id -> the job's image paths, relative to the report folder)."""
-    fa, fb = summary["runs"]["a"]["fingerprint"], summary["runs"]["b"]["fingerprint"]
-    fingerprints = [(k, str(fa.get(k)), str(fb.get(k)), fa.get(k) != fb.get(k))
-                    for k in sorted(set(fa) | set(fb))]
+    ra, rb = summary["runs"]["a"], summary["runs"]["b"]
+    fa, fb = ra["fingerprint"], rb["fingerprint"]
+    fingerprints = [("source", ra.get("fingerprint_source", ""), rb.get("fingerprint_source", ""),
+                     False)]
+    fingerprints += [(k, str(fa.get(k)), str(fb.get(k)), fa.get(k) != fb.get(k))
+                     for k in sorted(set(fa) | set(fb))]
     clips = [{"rec": m.pair.rec_a, "job": m.pair.job_id, "img": images[m.pair.job_id],
               "seed": m.pair.rec_a.get("effective_seed", m.pair.rec_a["seed"]),
               "means": m.summary["means"], "worst_frame": m.worst_frame,

@@ -24,6 +24,10 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 SUITE_SCHEMA_VERSION = 1
 MANIFEST_SCHEMA_VERSION = 1
 GATE_SCHEMA_VERSION = 1
+FINGERPRINT_SCHEMA_VERSION = 1
+#: a run's label (``render --label``): it names the run folder, so a folder-name-safe word
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
+LABEL_RULE = "1-64 letters, digits, '_', '.', '+', '-', starting with a letter or digit"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 AGGREGATES = ("mean", "p95", "worst")
 BOUNDS = ("max", "min")
@@ -455,6 +459,9 @@ class JobRecord(OpenModel):
         None, description="When it finished (ISO 8601, UTC).")
     effective_seed: Optional[Int] = Field(
         None, description="The seed rendered with: `seed` plus the run's `--seed-offset`.")
+    adopted_from: Optional[Object] = Field(
+        None, description="`-r import`: the file or frame folder adopted (`path`, `kind`, "
+                          "`sha256`).")
 
 
 class SuiteRecord(OpenModel):
@@ -483,8 +490,40 @@ class ManifestFile(OpenModel):
     fingerprint: Object = Field(description="Host, software versions, device and numerics "
                                              "settings (listed above).")
     notes: Optional[Object] = Field(None, description="`seed_offset`, `executor`.")
+    label: Optional[Annotated[str, Field(pattern=LABEL_PATTERN), Expect("a string", LABEL_RULE)]] = \
+        Field(None, description="The run's name (`render --label`): its folder, and how reports "
+                                "and studies name it; absent: the backend spec names it.")
+    adopted: Optional[Object] = Field(
+        None, description="What was adopted from elsewhere and from where: `fingerprint_file` "
+                          "(`path`, `sha256`, `content`: the file given with `--fingerprint`), "
+                          "`local_fingerprint` (the machine that wrote the run folder), `dir` "
+                          "(the `import` renderer's folder), `backend_from`.")
     jobs: Annotated[list[JobRecord], Expect("a list of job records")] = Field(
         description="Every job of the run.")
+
+
+ScalarOrNull = Optional[Annotated[str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
+                                  Expect("a string, number, bool or null", "a finite number")]]
+
+
+class FingerprintFile(FormatModel):
+    """The fingerprint of the machine that renders (`evalkit fingerprint --json > fp.json`),
+    adopted by `evalkit render --fingerprint fp.json`."""
+
+    schema_version: Literal[1] = Field(description="The format's version: 1.")
+    evalkit_version: Optional[Str] = Field(None, description="The evalkit that wrote it.")
+    created: Optional[Str] = Field(None, description="ISO 8601, UTC.")
+    backend: Optional[Object] = Field(
+        None, description="The backend spec it was taken for (`spec` and its parsed keys; "
+                          "`evalkit fingerprint -b SPEC`); an import without `-b` takes its "
+                          "`spec`.")
+    fingerprint: Annotated[dict[str, ScalarOrNull],
+                           Field(min_length=1),
+                           Expect("a mapping of names to strings, numbers, bools or null",
+                                  "at least one entry")] = Field(
+        description="What `render` records as a run's fingerprint: host, OS, CPU, device, "
+                    "device name, driver, CUDA/HIP, library versions, numerics flags (a file "
+                    "written by hand may hold any subset, e.g. `device_name` and `driver`).")
 
 
 #: format name -> its models, the file's own first (docs/formats.md has a table for each)
@@ -492,4 +531,5 @@ FORMATS: dict[str, tuple[type[FormatModel], ...]] = {
     "suite": (SuiteFile, ClipEntry, JobEntry),
     "manifest": (ManifestFile, SuiteRecord, JobRecord, OutputRecord),
     "gate": (GateFile,),
+    "fingerprint": (FingerprintFile,),
 }

@@ -23,10 +23,27 @@ from pydantic import ValidationError
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, SchemaVersionError, UserError
-from evalkit.formats.models import MANIFEST_SCHEMA_VERSION, STATUSES, ManifestFile, first_problem
+from evalkit.formats.models import (LABEL_PATTERN, LABEL_RULE, MANIFEST_SCHEMA_VERSION, STATUSES,
+                                    ManifestFile, first_problem)
 from evalkit.fsutil import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
+
+
+def check_label(label: str, *, what: str = "--label") -> str:
+    """A run's label names its folder: 1-64 letters, digits, ``_ . + -``, starting with a
+    letter or digit (so never ``.``, ``..``, a path or a hidden name)."""
+    import re
+
+    if not isinstance(label, str) or not re.fullmatch(LABEL_PATTERN, label):
+        raise UserError(f"{what}: expected a run label of {LABEL_RULE} (it names the run "
+                        f"folder), found {label!r}")
+    return label
+
+
+def run_name(manifest: dict) -> str:
+    """How reports and studies name a run: its label, else its backend spec."""
+    return manifest.get("label") or str((manifest.get("backend") or {}).get("spec"))
 
 
 def _now() -> str:
@@ -75,18 +92,23 @@ class RunDir:
 
     @classmethod
     def create(cls, path, *, suite, renderer: dict, backend: dict, fingerprint: dict,
-               jobs: Iterable | None = None, notes: dict | None = None) -> "RunDir":
+               jobs: Iterable | None = None, notes: dict | None = None, label: str | None = None,
+               adopted: dict | None = None) -> "RunDir":
         """Create a run folder, or reopen it to resume when it was made for the same suite,
-        renderer and backend (new jobs are added as pending)."""
+        renderer, backend and label (new jobs are added as pending). ``label`` names the run
+        (``render --label``); ``adopted`` records what came from elsewhere (an adopted
+        fingerprint, imported files); both are left out of the manifest when None."""
         path = Path(path)
         jobs = list(suite.jobs if jobs is None else jobs)
         if (path / MANIFEST).exists():
             run = cls.open(path)
-            run._check_same(suite, renderer, backend)
+            run._check_same(suite, renderer, backend, label)
             for job in jobs:
                 if job.id not in run._index:
                     run._add_job(job)
             run.manifest["fingerprint"] = fingerprint
+            if adopted is not None:
+                run.manifest["adopted"] = dict(adopted)
             run.save()
             return run
         if path.exists() and not path.is_dir():
@@ -103,6 +125,10 @@ class RunDir:
             "notes": dict(notes or {}),
             "jobs": [],
         }
+        if label is not None:
+            manifest["label"] = label
+        if adopted is not None:
+            manifest["adopted"] = dict(adopted)
         run = cls(path, manifest)
         for job in jobs:
             run._add_job(job)
@@ -111,9 +137,11 @@ class RunDir:
         run.save()
         return run
 
-    def _check_same(self, suite, renderer, backend) -> None:
+    def _check_same(self, suite, renderer, backend, label=None) -> None:
         m = self.manifest
         diffs = []
+        if m.get("label") != label:
+            diffs.append(f"label {m.get('label')!r} != {label!r}")
         if m["suite"].get("name") != suite.name:
             diffs.append(f"suite {m['suite'].get('name')!r} != {suite.name!r}")
         if m["renderer"].get("name") != renderer.get("name"):

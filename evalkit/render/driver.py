@@ -29,7 +29,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint, parse_spec
+from evalkit.render.adopt import plan_identity
+from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint
 from evalkit.errors import InputFileError, UserError
 from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
 from evalkit.formats.run import RunDir
@@ -43,6 +44,15 @@ def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
     for part in spec.spec.split(",")[1:]:
         name += "_" + re.sub(r"[^A-Za-z0-9.]+", "-", part)
     return name + (f"_seed+{seed_offset}" if seed_offset else "")
+
+
+def run_folder_name(spec: BackendSpec | None, label: str | None = None,
+                    seed_offset: int = 0) -> str:
+    """A run's folder: its label (``render --label``), else its backend spec
+    (:func:`run_dir_name`); plus ``_seed+N`` for a ``--seed-offset N`` run."""
+    if label is None:
+        return run_dir_name(spec, seed_offset)
+    return label + (f"_seed+{seed_offset}" if seed_offset else "")
 
 
 #: cluster executors: the least time between two manifest saves of one run (seconds)
@@ -74,6 +84,11 @@ class BackendTask:
     #: where renderers keep a job's temporary files (the run folder's WORK_DIR; None: the
     #: system's temporary folder)
     work_dir: Path | None = None
+    #: False: ``spec`` only says where adopted renders were made; the executor applies the
+    #: defaults (cpu) instead
+    apply: bool = True
+    #: how the summary names the run (its label; None: the spec)
+    name: str | None = None
 
 
 class Progress:
@@ -144,7 +159,7 @@ class LocalExecutor:
             progress: Progress) -> Iterator[JobResult]:
         import torch
 
-        with apply_backend(task.spec) as runtime:
+        with apply_backend(task.spec if task.apply else BackendSpec()) as runtime:
             renderer.load(runtime)
             try:
                 for job in task.jobs:
@@ -168,10 +183,10 @@ class LocalExecutor:
         update = progress.start_job(f"{job.clip} {job.prompt}")
         t0 = time.perf_counter()
         error = frames = None
+        request = RenderRequest(job=job, source=frames_in, fps=fps, seed=job.seed + seed_offset,
+                                source_path=path, progress=update, work_dir=work_dir)
         try:
-            out = renderer.render(RenderRequest(job=job, source=frames_in, fps=fps,
-                                                 seed=job.seed + seed_offset, source_path=path,
-                                                 progress=update, work_dir=work_dir))
+            out = renderer.render(request)
             if cuda:
                 torch.cuda.synchronize(runtime.device)
             frames = check_output(out, frames_in, renderer)
@@ -194,7 +209,7 @@ class LocalExecutor:
         if cuda:
             timing["peak_device_memory_bytes"] = int(torch.cuda.max_memory_allocated(runtime.device))
         progress.end_job(error is None)
-        return JobResult(job, frames, fps, error, timing)
+        return JobResult(job, frames, fps, error, timing, extra=dict(request.record))
 
 
 def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
@@ -293,17 +308,15 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
 
 def render_suite(suite_path, backends: list[str], out, *, renderer: str | Renderer | None = None,
                  options: dict | None = None, jobs: list[str] | None = None,
-                 seed_offset: int = 0, executor=None,
-                 progress: bool = True) -> list[RenderSummary]:
-    """Render a suite on each backend into ``out/<backend>/``; resumable and atomic."""
+                 seed_offset: int = 0, executor=None, progress: bool = True,
+                 label: str | None = None, fingerprint_file=None) -> list[RenderSummary]:
+    """Render a suite on each backend into ``out/<backend>/`` (``out/<label>/`` with a
+    ``label``); resumable and atomic. ``fingerprint_file``: the fingerprint of the machine that
+    really rendered (:mod:`evalkit.formats.fingerprint`), recorded instead of this one's. A
+    renderer that adopts renders made elsewhere (``import``) needs no backend when it has a
+    label (or a fingerprint file that names one): the spec is recorded, never applied."""
     suite = load_suite(suite_path, check_clips=False)
-    if not backends:
-        raise UserError("--backend: give at least one backend spec, e.g. --backend cpu,dtype=fp32")
-    specs = [parse_spec(b) for b in backends]
     executor = executor or LocalExecutor()
-    executor.check(specs)
-    if len({s.spec for s in specs}) != len(specs):
-        raise UserError("--backend: the same backend is given twice")
     if isinstance(renderer, Renderer):
         rend = renderer  # an instance (tests, benchmarks, a cluster driver)
     else:
@@ -313,6 +326,9 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         rend = get_renderer(renderer_name, options)
     if seed_offset < 0:
         raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
+    idents = plan_identity(list(backends or []), renderer=rend, label=label,
+                           fingerprint_file=fingerprint_file, executor_name=executor.name)
+    executor.check([i.spec for i in idents if i.apply])
     selected = select_jobs(suite, jobs)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -323,8 +339,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         # (a folder it made for another backend is removed again)
         made: list[Path] = []
         try:
-            for spec in specs:
-                path = out / run_dir_name(spec, seed_offset)
+            for ident in idents:
+                path = out / run_folder_name(ident.spec, ident.label, seed_offset)
                 if not path.exists():
                     made.append(path)
                 locks.callback(os.close, lock_run_folder(path))
@@ -337,19 +353,29 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
             raise
         runs: list[tuple[BackendTask, RunDir]] = []
         total = 0
-        for spec in specs:
-            path = out / run_dir_name(spec, seed_offset)
-            fp = executor.fingerprint(spec)
+        for ident in idents:
+            spec = ident.spec or BackendSpec()
+            path = out / run_folder_name(ident.spec, ident.label, seed_offset)
+            adopted = ident.adopted
+            if ident.apply:
+                here = executor.fingerprint(spec)
+            else:                                # nothing is applied: this machine as it is
+                here = fingerprint()
+            fp = ident.fingerprint or here
+            if adopted is not None:
+                adopted = {**adopted, "local_fingerprint": here}
             if fp is None:  # reported by the workers that render; until then keep what was there
                 old = RunDir.open(path).manifest["fingerprint"] \
                     if (path / "manifest.json").exists() else None
                 fp = old or {"pending": "set from the worker that renders the first job"}
             run = RunDir.create(path, suite=suite, renderer=rend.describe(),
-                                backend=spec.to_dict(), fingerprint=fp,
-                                notes={"seed_offset": seed_offset, "executor": executor.name})
+                                backend=ident.backend_record(), fingerprint=fp,
+                                notes={"seed_offset": seed_offset, "executor": executor.name},
+                                label=ident.label, adopted=adopted)
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
-            runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR), run))
+            runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
+                                     apply=ident.apply, name=ident.name), run))
             total += len(todo)
         try:
             return _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
@@ -389,7 +415,7 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
             if st["dirty"]:
                 st["run"].save()
         bars.close()
-    return [RenderSummary(task.spec.spec, run.path, state[id(task)]["done"],
+    return [RenderSummary(task.name or task.spec.spec, run.path, state[id(task)]["done"],
                           len(state[id(task)]["failures"]), len(selected) - len(task.jobs),
                           state[id(task)]["failures"]) for task, run in runs]
 

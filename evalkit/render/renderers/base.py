@@ -46,6 +46,9 @@ class RenderRequest:
     #: a folder for the job's temporary files: the run folder's ``.work/`` (emptied by the next
     #: render, so a killed render leaves nothing behind); None: the system's temporary folder
     work_dir: Any = None
+    #: extra keys for the job's manifest record, filled in by the renderer (the ``import``
+    #: renderer: where the adopted file came from and its sha256)
+    record: dict = field(default_factory=dict)
 
     def generator(self):
         import torch
@@ -62,6 +65,9 @@ class Renderer:
     options_help: dict[str, str] = {}
     #: whether render() output must have as many frames as the source
     same_frame_count = True
+    #: True: the renderer adopts renders made elsewhere (``import``): the backend spec only
+    #: says where they were made; it is neither checked nor applied here
+    adopts_renders = False
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options_help))
