@@ -18,7 +18,8 @@ import numpy as np
 
 
 def photo_grey(rgb: np.ndarray, prescale: float = 0.5) -> np.ndarray:
-    """(H, W, 3) or (H, W) uint8 -> rounded BT.601 luma, area-downscaled by ``prescale``, float32."""
+    """(H, W, 3) or (H, W) uint8 -> rounded BT.601 luma resized by ``prescale`` (area averaging
+    down, bicubic up), float32."""
     import cv2
 
     if rgb.ndim == 3:
@@ -28,7 +29,7 @@ def photo_grey(rgb: np.ndarray, prescale: float = 0.5) -> np.ndarray:
     g = g.astype(np.float32)
     if prescale != 1:
         g = cv2.resize(g, (round(g.shape[1] * prescale), round(g.shape[0] * prescale)),
-                       interpolation=cv2.INTER_AREA)
+                       interpolation=cv2.INTER_AREA if prescale < 1 else cv2.INTER_CUBIC)
     return g
 
 

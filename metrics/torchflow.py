@@ -41,7 +41,7 @@ CONVENTION = "torch-clg-v1"
 MAX_LEVELS = 6
 MIN_SIDE = 16
 #: Default parameters (part of the convention: changing one changes :data:`CONVENTION`).
-PARAMS = dict(warps=3, inner=10, window=4.0, alpha=1e-4)
+PARAMS = dict(warps=3, inner=10, window=4.0, alpha=1e-4, finest=1)
 #: Pixels (pairs x height x width) handled in one batch (memory bound); results do not depend on it.
 BATCH_PIXELS = {"cuda": 1 << 25, "cpu": 1 << 21}
 
@@ -122,9 +122,12 @@ def _down(x: torch.Tensor) -> torch.Tensor:
 
 
 def _grad(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """5-tap central differences along x and y (replicate borders), x: (N, 1, H, W)."""
     d = _kernel("deriv", _DERIV, x.device)
-    one = _kernel("one", (1.0,), x.device)
-    return _sep(x, d, one), _sep(x, one, d)
+    px, py = _pad(x, 2, 0), _pad(x, 0, 2)
+    if x.device.type == "cuda":
+        return F.conv2d(px, d.view(1, 1, 1, 5)), F.conv2d(py, d.view(1, 1, 5, 1))
+    return _taps(px, d.tolist(), 3, 1), _taps(py, d.tolist(), 2, 1)
 
 
 def _base_grid(h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,21 +163,29 @@ def _upsample(flow: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return F.grid_sample(flow, grid, mode="bilinear", padding_mode="border", align_corners=True) * 2.0
 
 
+_CROSS = ((0.0, 0.25, 0.0), (0.25, 0.0, 0.25), (0.0, 0.25, 0.0))
+
+
 def _neigh(x: torch.Tensor) -> torch.Tensor:
     """Mean of the four neighbours (replicate borders)."""
     p = _pad(x, 1, 1)
+    if x.device.type == "cuda":
+        k = _kernel("cross", _CROSS, x.device)
+        return F.conv2d(p, k.view(1, 1, 3, 3).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
     return (p[:, :, :-2, 1:-1] + p[:, :, 2:, 1:-1] + p[:, :, 1:-1, :-2] + p[:, :, 1:-1, 2:]) * 0.25
 
 
 def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, window: float,
-                alpha: float) -> torch.Tensor:
+                alpha: float, finest: int) -> torch.Tensor:
     n, _, h, w = src.shape
     p0, p1 = [src], [dst]
-    for _ in range(_levels(h, w) - 1):
+    levels = _levels(h, w)
+    finest = min(finest, levels - 1)
+    for _ in range(levels - 1):
         p0.append(_down(p0[-1]))
         p1.append(_down(p1[-1]))
     flow = None
-    for i0, i1 in zip(reversed(p0), reversed(p1)):
+    for i0, i1 in zip(reversed(p0[finest:]), reversed(p1[finest:])):
         hk, wk = i0.shape[2:]
         if flow is None:
             flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
@@ -198,14 +209,16 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
             cross = torch.cat([j12, j12], 1) * inv
             d = cst
             for _ in range(inner - 1):
-                d = cst + gain * _neigh(d) - cross * d.flip(1)
+                d = torch.addcmul(cst, gain, _neigh(d)).addcmul_(cross, d.flip(1), value=-1.0)
             flow = flow + d
+    for k in range(finest - 1, -1, -1):       # up to the frames' resolution
+        flow = _upsample(flow, *p0[k].shape[2:])
     return flow
 
 
 def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["warps"],
                inner: int = PARAMS["inner"], window: float = PARAMS["window"],
-               alpha: float = PARAMS["alpha"],
+               alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
                batch_pixels: int | None = None) -> torch.Tensor:
     """Flow from each grey frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
 
@@ -225,5 +238,5 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["war
         for i in range(0, n, step):
             s = src[i:i + step].float() * (1.0 / 255)
             d = dst[i:i + step].float() * (1.0 / 255)
-            out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha)
+            out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest)
     return out
