@@ -43,9 +43,9 @@ from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa
 from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
 
 PARTS = ("synthetic", "real", "speed", "stream", "lpips")
-#: The torch flow carried on to the frames' own resolution (the default stops at half
-#: resolution and upsamples), measured beside the default.
-FULLRES = dict(finest=0)
+#: Fixed working levels of the torch flow measured beside the default (``finest=None``:
+#: chosen by frame size, :func:`metrics.torchflow.finest_level`).
+VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 CASES = [("shift 0.3", dict(shift=(0.3, -0.2))), ("shift 2.7", dict(shift=(2.7, 1.4))),
          ("shift 7.5", dict(shift=(-7.5, 3.0))), ("shift 19", dict(shift=(19.2, -6.1))),
@@ -92,8 +92,12 @@ def part_synthetic(dev, large: bool):
     for label, size, prescale in sets:
         say(f"\n## synthetic motion, {label} windows, end-point error in pixels "
             f"(torch {CONVENTION} on {dev.type}; DIS on the CPU)")
-        say(f"{'photo':10s} {'motion':22s} {'torch':>7s} {'fast':>7s} {'medium':>7s} {'fullres':>7s}")
-        tot = {"torch": [], "fast": [], "medium": [], "fullres": []}
+        from metrics.torchflow import finest_level
+
+        say(f"(torch: default working level {finest_level(*size)}; fin0/1/2: solved down to level 0/1/2)")
+        say(f"{'photo':10s} {'motion':22s} {'torch':>7s} {'fast':>7s} {'medium':>7s} "
+            + " ".join(f"{k:>7s}" for k in VARIANTS))
+        tot = {"torch": [], "fast": [], "medium": [], **{k: [] for k in VARIANTS}}
         for name in PHOTOS:
             rgb = getattr(skdata, name)()
             # large windows: the photograph upscaled (bicubic) to cover the window with margin
@@ -103,15 +107,15 @@ def part_synthetic(dev, large: bool):
                 e = {"torch": endpoint_error(tflow(src, dst, dev), truth),
                      "fast": endpoint_error(flow_u8(src, dst, "dis", "fast"), truth),
                      "medium": endpoint_error(flow_u8(src, dst, "dis", "medium"), truth),
-                     "fullres": endpoint_error(tflow(src, dst, dev, **FULLRES), truth)}
+                     **{k: endpoint_error(tflow(src, dst, dev, **v), truth) for k, v in VARIANTS.items()}}
                 for k, v in e.items():
                     tot[k].append(v)
-                say(f"{name:10s} {case:22s} {e['torch']:7.3f} {e['fast']:7.3f} {e['medium']:7.3f} {e['fullres']:7.3f}")
+                say(f"{name:10s} {case:22s} " + " ".join(f"{v:7.3f}" for v in e.values()))
         m = {k: float(np.mean(v)) for k, v in tot.items()}
         md = {k: float(np.median(v)) for k, v in tot.items()}
         wins = sum(t <= f for t, f in zip(tot["torch"], tot["fast"]))
-        say(f"{'MEAN':33s} {m['torch']:7.3f} {m['fast']:7.3f} {m['medium']:7.3f} {m['fullres']:7.3f}")
-        say(f"{'MEDIAN':33s} {md['torch']:7.3f} {md['fast']:7.3f} {md['medium']:7.3f} {md['fullres']:7.3f}")
+        say(f"{'MEAN':33s} " + " ".join(f"{v:7.3f}" for v in m.values()))
+        say(f"{'MEDIAN':33s} " + " ".join(f"{v:7.3f}" for v in md.values()))
         say(f"torch <= DIS fast on {wins}/{len(tot['torch'])} cases; mean EPE torch/fast "
             f"{m['torch'] / m['fast']:.2f}, torch/medium {m['torch'] / m['medium']:.2f} "
             f"[no worse than DIS fast: {'met' if m['torch'] <= m['fast'] else 'NOT met'}]")
@@ -205,8 +209,9 @@ def part_speed(dev, threads: int, batches, sizes):
                 f"peak GPU {mem:.1f} GiB)")
         bs = batches[len(batches) // 2]
         s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
-        t = timed(lambda: torch_flow(s, d, **FULLRES), dev, min_s=1.5, min_n=2)
-        say(f"{w}x{h} torch fullres {FULLRES} batch {bs:3d}: {bs / t:8.1f} flows/s")
+        for name, kw in VARIANTS.items():
+            t = timed(lambda kw=kw: torch_flow(s, d, **kw), dev, min_s=1.0, min_n=2)
+            say(f"{w}x{h} torch {name} batch {bs:3d}: {bs / t:8.1f} flows/s")
         ref = torch_flow(s[:2], d[:2])
         say(f"{w}x{h} torch batch-invariance: max |flow(batch 2) - flow(batch {bs})[:2]| = "
             f"{float((ref - torch_flow(s, d)[:2]).abs().max()):.1e} px")
@@ -240,11 +245,18 @@ def part_stream(dev, seconds: float, size):
     rng = np.random.default_rng(0)
     b = np.clip(a.astype(np.int16) + rng.integers(-3, 4, a.shape), 0, 255).astype(np.uint8)
     say(f"\n## PairEvaluator from frames in host memory, {w}x{h}, {dev.type} (cycle of {len(a)} frames)")
-    for label, kw, chunk in (("LPIPS+SSIM+PSNR", dict(temporal=False), 16),
-                             ("full set, flow dis-fast", dict(flow="dis"), 8),
-                             ("full set, flow torch", dict(flow="torch"), 8),
-                             ("full set, flow torch", dict(flow="torch"), 16)):
+    from metrics import torchflow
+
+    default_finest = torchflow.torch_flow.__kwdefaults__["finest"]
+    for label, kw, chunk, finest in (("LPIPS+SSIM+PSNR", dict(temporal=False), 16, None),
+                                     ("full set, flow dis-fast", dict(flow="dis"), 8, None),
+                                     ("full set, flow torch", dict(flow="torch"), 8, None),
+                                     ("full set, flow torch", dict(flow="torch"), 16, None),
+                                     ("full set, torch fin1", dict(flow="torch"), 16, 1),
+                                     ("full set, torch fin0", dict(flow="torch"), 16, 0)):
         ev = PairEvaluator(device=dev, **kw)
+        # a fixed working level for the torch flow (benchmark only: patched default)
+        torchflow.torch_flow.__kwdefaults__["finest"] = finest if finest is not None else default_finest
         try:
             def cyc(x, n):
                 for i in range(n):
@@ -266,6 +278,7 @@ def part_stream(dev, seconds: float, size):
             say(f"{label:26s} chunk {chunk:2d}: {done / dt:7.1f} pairs/s ({done} pairs in {dt:.2f} s; {tm})")
         finally:
             ev.close()
+            torchflow.torch_flow.__kwdefaults__["finest"] = default_finest
 
 
 # -- lpips ------------------------------------------------------------------------------------
