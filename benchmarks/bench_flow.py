@@ -43,8 +43,8 @@ from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa
 from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
 
 PARTS = ("synthetic", "real", "speed", "stream", "lpips")
-#: Fixed working levels of the torch flow measured beside the default (``finest=None``:
-#: chosen by frame size, :func:`metrics.torchflow.finest_level`).
+#: Working levels of the torch flow measured beside the default (``finest=0``: solved down to
+#: the frames' resolution; 1 and 2 stop at 1/2 and 1/4 scale and upsample).
 VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 CASES = [("shift 0.3", dict(shift=(0.3, -0.2))), ("shift 2.7", dict(shift=(2.7, 1.4))),
@@ -85,16 +85,16 @@ def tflow(src, dst, dev, **kw):
 
 # -- synthetic --------------------------------------------------------------------------------
 
-def part_synthetic(dev, large: bool):
+def part_synthetic(dev, large: bool, small: bool = True):
     from skimage import data as skdata
 
-    sets = [("320x180", (180, 320), 0.8)] + ([("1280x720", (720, 1280), None)] if large else [])
+    sets = ([("320x180", (180, 320), 0.8)] if small else []) + ([("1280x720", (720, 1280), None)] if large else [])
     for label, size, prescale in sets:
         say(f"\n## synthetic motion, {label} windows, end-point error in pixels "
             f"(torch {CONVENTION} on {dev.type}; DIS on the CPU)")
-        from metrics.torchflow import finest_level
+        from metrics.torchflow import PARAMS
 
-        say(f"(torch: default working level {finest_level(*size)}; fin0/1/2: solved down to level 0/1/2)")
+        say(f"(torch: the default, level {PARAMS['finest']}; fin0/1/2: solved down to level 0/1/2)")
         say(f"{'photo':10s} {'motion':22s} {'torch':>7s} {'fast':>7s} {'medium':>7s} "
             + " ".join(f"{k:>7s}" for k in VARIANTS))
         tot = {"torch": [], "fast": [], "medium": [], **{k: [] for k in VARIANTS}}
@@ -189,7 +189,7 @@ def frames_pair(h, w):
     return src, dst
 
 
-def part_speed(dev, threads: int, batches, sizes):
+def part_speed(dev, threads: int, batches, sizes, dis: bool = True):
     import cv2
 
     say(f"\n## flow speed: torch on {dev.type} vs DIS on {threads} CPU threads (one flow per thread)")
@@ -215,6 +215,8 @@ def part_speed(dev, threads: int, batches, sizes):
         ref = torch_flow(s[:2], d[:2])
         say(f"{w}x{h} torch batch-invariance: max |flow(batch 2) - flow(batch {bs})[:2]| = "
             f"{float((ref - torch_flow(s, d)[:2]).abs().max()):.1e} px")
+        if not dis:
+            continue
         saved = cv2.getNumThreads()
         cv2.setNumThreads(1)
         try:
@@ -233,7 +235,7 @@ def part_speed(dev, threads: int, batches, sizes):
 
 # -- stream -----------------------------------------------------------------------------------
 
-def part_stream(dev, seconds: float, size):
+def part_stream(dev, seconds: float, size, rows=None):
     from skimage import data as skdata
 
     from metrics.stream import PairEvaluator, stream_pair
@@ -248,12 +250,15 @@ def part_stream(dev, seconds: float, size):
     from metrics import torchflow
 
     default_finest = torchflow.torch_flow.__kwdefaults__["finest"]
-    for label, kw, chunk, finest in (("LPIPS+SSIM+PSNR", dict(temporal=False), 16, None),
-                                     ("full set, flow dis-fast", dict(flow="dis"), 8, None),
-                                     ("full set, flow torch", dict(flow="torch"), 8, None),
-                                     ("full set, flow torch", dict(flow="torch"), 16, None),
-                                     ("full set, torch fin1", dict(flow="torch"), 16, 1),
-                                     ("full set, torch fin0", dict(flow="torch"), 16, 0)):
+    all_rows = (("LPIPS+SSIM+PSNR", dict(temporal=False), 16, None),
+                ("full set, flow dis-fast", dict(flow="dis"), 8, None),
+                ("full set, flow torch", dict(flow="torch"), 8, None),
+                ("full set, flow torch", dict(flow="torch"), 16, None),
+                ("full set, torch fin1", dict(flow="torch"), 16, 1),
+                ("full set, torch fin0", dict(flow="torch"), 16, 0))
+    for i, (label, kw, chunk, finest) in enumerate(all_rows):
+        if rows is not None and i not in rows:
+            continue
         ev = PairEvaluator(device=dev, **kw)
         # a fixed working level for the torch flow (benchmark only: patched default)
         torchflow.torch_flow.__kwdefaults__["finest"] = finest if finest is not None else default_finest
@@ -386,6 +391,9 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0, help="DIS threads (default: CPU cores)")
     p.add_argument("--large", action="store_true", help="also the 1280x720 synthetic set")
+    p.add_argument("--no-small", action="store_true", help="not the 320x180 synthetic set")
+    p.add_argument("--no-dis", action="store_true", help="speed part: torch only")
+    p.add_argument("--stream-rows", default=None, help="stream part: row numbers to run (default all)")
     p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
     p.add_argument("--lpips-batches", default="8,16,32")
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
@@ -422,14 +430,15 @@ def main(argv=None):
         t0 = time.perf_counter()
         try:
             if part == "synthetic":
-                part_synthetic(dev, args.large)
+                part_synthetic(dev, args.large, not args.no_small)
             elif part == "real":
                 part_real(dev, args.frames)
             elif part == "speed":
                 part_speed(dev, threads, [int(x) for x in args.batches.split(",")],
-                           [hw(x) for x in args.sizes.split(",")])
+                           [hw(x) for x in args.sizes.split(",")], not args.no_dis)
             elif part == "stream":
-                part_stream(dev, args.seconds, hw(args.size))
+                part_stream(dev, args.seconds, hw(args.size),
+                            None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
             elif part == "lpips":
                 part_lpips(dev, [int(x) for x in args.lpips_batches.split(",")], hw(args.size))
         except Exception as e:  # noqa: BLE001 -- one part failing must not lose the others
