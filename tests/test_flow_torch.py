@@ -80,6 +80,11 @@ def test_torch_flow_is_batch_invariant_and_deterministic():
     rgb = lambda g: g[:, None].expand(-1, 3, -1, -1)  # noqa: E731
     torch.testing.assert_close(metrics.optical_flow(rgb(src), rgb(dst), method="torch"), together,
                                rtol=0, atol=1e-5)
+    # --flow-scale: computed on area-downscaled frames, vectors back in full-size pixels
+    half = metrics.optical_flow(rgb(src), rgb(dst), method="torch", scale=0.5)
+    assert half.shape == together.shape
+    assert all((half[i] - together[i]).norm(dim=0).median() < 0.5 for i in range(len(half)))
+    assert together[1].norm(dim=0).median() > 4.0                  # the 4.6 px shift is there
 
 
 def test_temporal_metrics_with_torch_flow_within_tolerance_of_dis_on_a_real_clip():
