@@ -189,7 +189,8 @@ def frames_pair(h, w):
     return src, dst
 
 
-def part_speed(dev, threads: int, batches, sizes, dis: bool = True):
+def part_speed(dev, threads: int, batches, sizes, dis: bool = True, graphs: bool = False,
+               profile: bool = False):
     import cv2
 
     say(f"\n## flow speed: torch on {dev.type} vs DIS on {threads} CPU threads (one flow per thread)")
@@ -212,6 +213,30 @@ def part_speed(dev, threads: int, batches, sizes, dis: bool = True):
         for name, kw in VARIANTS.items():
             t = timed(lambda kw=kw: torch_flow(s, d, **kw), dev, min_s=1.0, min_n=2)
             say(f"{w}x{h} torch {name} batch {bs:3d}: {bs / t:8.1f} flows/s")
+        if dev.type == "cuda" and graphs:
+            for gbs in batches:
+                sg, dg = s1.expand(gbs, -1, -1).contiguous(), d1.expand(gbs, -1, -1).contiguous()
+                eager = torch_flow(sg, dg)
+                t = timed(lambda sg=sg, dg=dg: torch_flow(sg, dg, graphs=True), dev, min_s=1.0, min_n=2)
+                diff = float((torch_flow(sg, dg, graphs=True) - eager).abs().max())
+                say(f"{w}x{h} torch CUDA graphs batch {gbs:3d}: {gbs / t:8.1f} flows/s "
+                    f"(max |graphed - eager| {diff:.1e} px)")
+            for big in (1 << 26, 1 << 27):
+                gbs = max(1, big // (h * w))
+                sg, dg = s1.expand(gbs, -1, -1).contiguous(), d1.expand(gbs, -1, -1).contiguous()
+                t = timed(lambda sg=sg, dg=dg, big=big: torch_flow(sg, dg, batch_pixels=big), dev,
+                          min_s=1.0, min_n=2)
+                mem = torch.cuda.max_memory_allocated(dev) / 2**30
+                say(f"{w}x{h} torch eager batch {gbs:3d} (batch_pixels {big}): {gbs / t:8.1f} flows/s, "
+                    f"peak GPU {mem:.1f} GiB")
+        if profile and dev.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile as prof
+
+            sg, dg = s1.expand(16, -1, -1).contiguous(), d1.expand(16, -1, -1).contiguous()
+            with prof(activities=[ProfilerActivity.CUDA]) as pr:
+                torch_flow(sg, dg)
+                sync(dev)
+            say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
         ref = torch_flow(s[:2], d[:2])
         say(f"{w}x{h} torch batch-invariance: max |flow(batch 2) - flow(batch {bs})[:2]| = "
             f"{float((ref - torch_flow(s, d)[:2]).abs().max()):.1e} px")
@@ -255,13 +280,17 @@ def part_stream(dev, seconds: float, size, rows=None):
                 ("full set, flow torch", dict(flow="torch"), 8, None),
                 ("full set, flow torch", dict(flow="torch"), 16, None),
                 ("full set, torch fin1", dict(flow="torch"), 16, 1),
-                ("full set, torch fin0", dict(flow="torch"), 16, 0))
+                ("full set, torch fin0", dict(flow="torch"), 16, 0),
+                ("full set, torch graphs", dict(flow="torch"), 16, "graphs"))
     for i, (label, kw, chunk, finest) in enumerate(all_rows):
         if rows is not None and i not in rows:
             continue
         ev = PairEvaluator(device=dev, **kw)
         # a fixed working level for the torch flow (benchmark only: patched default)
-        torchflow.torch_flow.__kwdefaults__["finest"] = finest if finest is not None else default_finest
+        if finest == "graphs":
+            torchflow.torch_flow.__kwdefaults__["graphs"] = True
+        else:
+            torchflow.torch_flow.__kwdefaults__["finest"] = finest if finest is not None else default_finest
         try:
             def cyc(x, n):
                 for i in range(n):
@@ -284,6 +313,7 @@ def part_stream(dev, seconds: float, size, rows=None):
         finally:
             ev.close()
             torchflow.torch_flow.__kwdefaults__["finest"] = default_finest
+            torchflow.torch_flow.__kwdefaults__["graphs"] = False
 
 
 # -- lpips ------------------------------------------------------------------------------------
@@ -393,6 +423,8 @@ def main(argv=None):
     p.add_argument("--large", action="store_true", help="also the 1280x720 synthetic set")
     p.add_argument("--no-small", action="store_true", help="not the 320x180 synthetic set")
     p.add_argument("--no-dis", action="store_true", help="speed part: torch only")
+    p.add_argument("--graphs", action="store_true", help="speed part: also CUDA graphs and larger batches")
+    p.add_argument("--profile", action="store_true", help="speed part: CUDA kernel time of one batch")
     p.add_argument("--stream-rows", default=None, help="stream part: row numbers to run (default all)")
     p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
     p.add_argument("--lpips-batches", default="8,16,32")
@@ -435,7 +467,8 @@ def main(argv=None):
                 part_real(dev, args.frames)
             elif part == "speed":
                 part_speed(dev, threads, [int(x) for x in args.batches.split(",")],
-                           [hw(x) for x in args.sizes.split(",")], not args.no_dis)
+                           [hw(x) for x in args.sizes.split(",")], not args.no_dis, args.graphs,
+                           args.profile)
             elif part == "stream":
                 part_stream(dev, args.seconds, hw(args.size),
                             None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
