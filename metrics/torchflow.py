@@ -224,17 +224,13 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
 def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["warps"],
                inner: int = PARAMS["inner"], window: float = PARAMS["window"],
                alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
-               batch_pixels: int | None = None, graphs: bool = False) -> torch.Tensor:
+               batch_pixels: int | None = None) -> torch.Tensor:
     """Flow from each grey frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
 
     ``src``, ``dst``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units (uint8 or
     float), on any device; the flow is computed there in float32 (OpenCV's convention, see
     :mod:`metrics.flow`). Pairs are processed ``batch_pixels`` pixels at a time (default by
     device, :data:`BATCH_PIXELS`); the result does not depend on it.
-
-    ``graphs`` (CUDA, experimental): replay each batch shape's kernels from a captured CUDA
-    graph (:data:`MAX_GRAPHS` shapes kept, each holding a batch's working memory) instead of
-    launching them one by one from Python; the same kernels, so the same numbers.
     """
     if src.ndim == 3:
         src, dst = src.unsqueeze(1), dst.unsqueeze(1)
@@ -247,38 +243,5 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["war
         for i in range(0, n, step):
             s = src[i:i + step].float() * (1.0 / 255)
             d = dst[i:i + step].float() * (1.0 / 255)
-            args = (warps, inner, window, alpha, finest)
-            if graphs and src.device.type == "cuda":
-                out[i:i + step] = _graphed(s, d, args)
-            else:
-                out[i:i + step] = _flow_batch(s, d, *args)
+            out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest)
     return out
-
-
-#: CUDA graphs kept by :func:`torch_flow` with ``graphs=True`` (least recently used dropped).
-MAX_GRAPHS = 3
-_GRAPHS: dict = {}
-
-
-def _graphed(s: torch.Tensor, d: torch.Tensor, args: tuple) -> torch.Tensor:
-    key = (tuple(s.shape), str(s.device), args)
-    entry = _GRAPHS.pop(key, None)
-    if entry is None:
-        ss, dd = s.clone(), d.clone()
-        side = torch.cuda.Stream(s.device)
-        side.wait_stream(torch.cuda.current_stream(s.device))
-        with torch.cuda.stream(side):             # warm-up: kernel choices, cached constants
-            _flow_batch(ss, dd, *args)
-        torch.cuda.current_stream(s.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            res = _flow_batch(ss, dd, *args)
-        entry = (graph, ss, dd, res)
-        while len(_GRAPHS) >= MAX_GRAPHS:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
-    _GRAPHS[key] = entry                          # most recently used last
-    graph, ss, dd, res = entry
-    ss.copy_(s)
-    dd.copy_(d)
-    graph.replay()
-    return res
