@@ -16,6 +16,7 @@ Functional API::
          data_range=None, k1=0.01, k2=0.03, border="valid")   metrics.fidelity
     psnr(a, b, *, data_range=None); mse(a, b); exactness(a, b)
     optical_flow(src, dst, *, method="dis", preset="fast", scale=1.0)     metrics.flow
+        (method "dis", "farneback" on the CPU, or "torch" on the frames' device: metrics.torchflow)
     warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
     flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
 

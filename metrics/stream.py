@@ -38,7 +38,7 @@ from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, exactness_kernel, mse_kernel, ssim_kernel, psnr_convention, psnr_from_mse,
                        ssim_convention)
-from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, flow_into
+from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
 from .temporal import (FLICKER_BLOCK, check_block, lowpass_luma, tof_from_flows,
                        warping_error_from_flows)
@@ -171,7 +171,7 @@ class _Job:
     """One chunk on its way through :class:`PairEvaluator` (prepare -> launch -> collect)."""
 
     __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
-                 "m", "flow_slot", "futures", "out", "first", "mse", "numel")
+                 "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel")
 
 
 class PairEvaluator:
@@ -179,7 +179,8 @@ class PairEvaluator:
 
     Settings that change scores (all named in :attr:`conventions`):
     net (``"alex"``/``"vgg"``), ssim_channel (``"luma"``/``"rgb"``), ssim_round_luma,
-    ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``),
+    ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``/
+    ``"torch"``: on the evaluator's device, no flow threads),
     flow_preset (DIS preset, default ``"fast"``: see :mod:`metrics.flow`), flow_scale,
     flicker_block, temporal (compute temporal metrics).
 
@@ -226,7 +227,7 @@ class PairEvaluator:
         self.cudnn_benchmark = (self.device.type == "cuda") if cudnn_benchmark is None else bool(cudnn_benchmark)
         if flow_workers is None:
             flow_workers = default_flow_workers(self.device)
-        self.flow_workers = flow_workers if temporal else 0
+        self.flow_workers = flow_workers if temporal and flow != "torch" else 0
         self._pool = None
         self._cv_held = False
         if self.flow_workers > 0:
@@ -324,7 +325,29 @@ class PairEvaluator:
                 u[n:].div_(PEAK8)
             job.u, job.ua, job.ub = u, u[:n], u[n:]
             job.ya, job.yb = luma(a), luma(b)   # rounded luma: SSIM (default) and flow input
-            if job.temporal:
+            job.flow_dev = None
+            if job.temporal and self.flow[0] == "torch":
+                # flows on the device, queued with the rest (no host round trip)
+                ya, yb = job.ya, job.yb
+                if job.has_prev:
+                    ya = torch.cat([self._carry_grey[0], ya])
+                    yb = torch.cat([self._carry_grey[1], yb])
+                m = job.m = ya.shape[0] - 1
+                k = m + 1
+                src, dst = [], []
+                for o in (0, k):                              # fwd a, bwd a, fwd b, bwd b
+                    src += list(range(o, o + m)) + list(range(o + 1, o + k))
+                    dst += list(range(o + 1, o + k)) + list(range(o, o + m))
+                y = torch.cat([ya, yb])
+                job.flow_dev = device_flows(y[src], y[dst], self.flow[2])
+                job.futures = []
+                if job.has_prev:
+                    job.pa = torch.cat([self._carry_unit[0], job.ua])
+                    job.pb = torch.cat([self._carry_unit[1], job.ub])
+                else:
+                    job.pa, job.pb = job.ua, job.ub
+                self._carry_grey = (ya[-1:].clone(), yb[-1:].clone())
+            elif job.temporal and self.flow[0] != "torch":
                 g = _u8(torch.cat([job.ya, job.yb]))          # the one wait of the chunk
                 ga, gb = g[:n], g[n:]
                 if job.has_prev:
@@ -352,6 +375,8 @@ class PairEvaluator:
                 else:
                     job.pa, job.pb = job.ua, job.ub
                 self._carry_grey = (ga[-1].copy(), gb[-1].copy())
+            elif self.temporal and self.flow[0] == "torch":    # a first chunk of one frame
+                self._carry_grey = (job.ya[-1:].clone(), job.yb[-1:].clone())
             elif self.temporal:                                # a first chunk of one frame
                 g = _u8(torch.cat([job.ya[-1:], job.yb[-1:]]))
                 self._carry_grey = (g[0].copy(), g[1].copy())
@@ -421,9 +446,13 @@ class PairEvaluator:
             self.timings["flow_wait"] += t_flows - t_start
             t_start = t_flows
             m = job.m
-            fl = self._ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
+            if job.flow_dev is None:
+                fl = self._ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
             with precise(self.cudnn_benchmark):
-                fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
+                if job.flow_dev is None:
+                    fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
+                else:
+                    fl, job.flow_dev = job.flow_dev, None
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
                 out["warp_error_a"] = warping_error_from_flows(job.pa[:-1], job.pa[1:], bwd_a, fwd_a)
                 out["warp_error_b"] = warping_error_from_flows(job.pb[:-1], job.pb[1:], bwd_b, fwd_b)

@@ -10,7 +10,8 @@ on the frames' device; the value at index i belongs to frame t = i + 1. Units:
   difference over the kept pixels and the three RGB channels, in [0, 1] units** (as Lai et
   al.'s evaluation code, which reads frames as float in [0, 1]). Multiply by 255^2 = 65025
   for 8-bit units; some papers report it x 1000 or x 100. ``nan`` if no pixel is kept. The
-  flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS, preset "fast", by default).
+  flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS, preset "fast", by default;
+  ``method="torch"`` computes the flows on the frames' device, see :mod:`metrics.flow`).
 * :func:`tlp` -- Chu, Xie, Mayer, Leal-Taixe, Thuerey, "Learning Temporal Coherence via
   Self-Supervision for GAN-based Video Generation" (TecoGAN), ACM TOG 2020:
   ``|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|``, in LPIPS units (TecoGAN tables show x 100).
@@ -27,13 +28,14 @@ on the frames' device; the value at index i belongs to frame t = i + 1. Units:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ._common import as_frames, check_pair, luma, luma_u8, precise, to_unit
 from ._errors import MetricInputError
-from .flow import (DEFAULT_PRESET, flow_grid, check_flow_options, fb_consistent, flows_u8,
-                   to_tensor_flow)
+from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, fb_consistent, flow_grid,
+                   flows_u8, to_tensor_flow)
 
 FLICKER_BLOCK = 16
 
@@ -63,12 +65,23 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
         return torch.where(kept > 0, err, torch.full_like(err, float("nan")))
 
 
+def _pair_flows(srcs, dsts, clips, method, preset, scale) -> torch.Tensor:
+    """Flows ``srcs[i] -> dsts[i]`` between frames of the ``clips`` (a list of (N, 3, H, W),
+    frames numbered across the list) -> ``(len(srcs), 2, H, W)`` on the clips' device
+    (``"torch"``: computed there)."""
+    if method == "torch":
+        y = torch.cat([luma(c) for c in clips])
+        return device_flows(y[list(srcs)], y[list(dsts)], scale)
+    g = np.concatenate([luma_u8(c) for c in clips])
+    return to_tensor_flow(flows_u8([(g[s], g[d]) for s, d in zip(srcs, dsts)], method, preset, scale),
+                          clips[0].device)
+
+
 def _flows(clip, method, preset, scale):
-    g = luma_u8(clip)
-    pairs = [(g[i - 1], g[i]) for i in range(1, len(g))] + [(g[i], g[i - 1]) for i in range(1, len(g))]
-    fl = to_tensor_flow(flows_u8(pairs, method, preset, scale), clip.device)
-    n = len(g) - 1
-    return fl[:n], fl[n:]   # forward (t-1 -> t), backward (t -> t-1)
+    t = clip.shape[0]
+    prev, cur = list(range(t - 1)), list(range(1, t))
+    fl = _pair_flows(prev + cur, cur + prev, [clip], method, preset, scale)
+    return fl[:t - 1], fl[t - 1:]   # forward (t-1 -> t), backward (t -> t-1)
 
 
 def warping_error(clip, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0) -> torch.Tensor:
@@ -99,10 +112,9 @@ def tof(a, b, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float
     check_flow_options(method, preset, scale)
     a, b = check_pair(a, b)
     _need_two(a, "a")
-    ga, gb = luma_u8(a), luma_u8(b)
     n = a.shape[0]
-    pairs = [(ga[i - 1], ga[i]) for i in range(1, n)] + [(gb[i - 1], gb[i]) for i in range(1, n)]
-    fl = to_tensor_flow(flows_u8(pairs, method, preset, scale), a.device)
+    srcs = list(range(n - 1)) + list(range(n, 2 * n - 1))
+    fl = _pair_flows(srcs, [i + 1 for i in srcs], [a, b], method, preset, scale)
     return tof_from_flows(fl[:n - 1], fl[n - 1:])
 
 

@@ -16,6 +16,8 @@ def cmd_compare(args) -> int:
         options["temporal"] = False
     if args.flow_preset:
         options["flow_preset"] = args.flow_preset
+    if args.flow != "dis":
+        options["flow"] = args.flow
     executor = make_executor(args)
     try:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
@@ -75,6 +77,9 @@ def add_compare(sub, common) -> None:
                    help="noise-floor run compared against A: a re-render on A's backend, or a "
                         "--seed-offset run (repeatable)")
     s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
+    s.add_argument("--flow", choices=("dis", "farneback", "torch"), default="dis",
+                   help="optical flow for the temporal metrics: OpenCV DIS (default) or Farneback "
+                        "on the CPU, or torch on the metrics device (a GPU: no CPU-bound flow)")
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
@@ -98,8 +103,9 @@ def add_metrics(sub, common) -> None:
     s.add_argument("--net", choices=("alex", "vgg"), default="alex", help="LPIPS trunk (default alex)")
     s.add_argument("--ssim-channel", choices=("luma", "rgb"), default="luma",
                    help="SSIM on rounded BT.601 luma (default, original convention) or per RGB plane")
-    s.add_argument("--flow", choices=("dis", "farneback"), default="dis",
-                   help="optical flow for the temporal metrics (default OpenCV DIS)")
+    s.add_argument("--flow", choices=("dis", "farneback", "torch"), default="dis",
+                   help="optical flow for the temporal metrics: OpenCV DIS (default) or Farneback "
+                        "on the CPU, or torch on the metrics device (a GPU: no CPU-bound flow)")
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset (default fast)")
     s.add_argument("--flow-scale", type=float, default=1.0,

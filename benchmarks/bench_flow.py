@@ -1,0 +1,475 @@
+"""The ``"torch"`` optical flow against OpenCV DIS (accuracy and speed), and LPIPS in strict fp32.
+
+    PYTHONPATH=. python benchmarks/bench_flow.py --part synthetic --device cpu
+    PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --out OUT      # everything, GPU
+
+Parts (``--part``, default all):
+
+* ``synthetic`` -- end-point error against the known flow of synthetic motion
+  (:mod:`metrics.flowcheck`: four bundled photographs, translations from 0.3 to 19 px, a
+  rotation, a zoom and a mix; windows of 320x180 and, ``--large``, 1280x720 from photographs
+  upscaled 2.6x): ``torch`` on ``--device`` against DIS ``fast`` and ``medium``.
+* ``real`` -- the canary clips (256x256, 24 frames): warping error of each clip and tOF
+  against a degraded copy (blur 0.7 px + noise 2/255) with each flow, their ratios to DIS
+  ``fast``, and the mean end-point distance of the torch and DIS ``medium`` flows to DIS
+  ``fast``'s (how far apart two CPU presets already are).
+* ``speed`` -- flows/s at 1280x720 and 1920x1080: ``torch`` on the device (several batch
+  sizes) against DIS ``fast`` (and ``medium``) in a pool of ``--threads`` OpenCV threads.
+* ``stream`` -- :class:`metrics.stream.PairEvaluator` from frames in host memory at 1280x720:
+  LPIPS+SSIM+PSNR, and the full set with ``--flow torch`` against ``dis``, pairs/s.
+* ``lpips`` -- LPIPS alone in strict fp32 (TF32 off) on frames on the device at 1280x720:
+  today's :mod:`metrics.perceptual` against variants (cuDNN autotuning off, channels-last,
+  CUDA graphs, batch sizes), side by side, ratios printed, each checked against the
+  ``lpips`` package's own model (when installed) and against ours.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from metrics._common import precise, resolve_device  # noqa: E402
+from metrics.flow import flow_u8  # noqa: E402
+from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
+from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
+
+PARTS = ("synthetic", "real", "speed", "stream", "lpips")
+#: Working levels of the torch flow measured beside the default (``finest=0``: solved down to
+#: the frames' resolution; 1 and 2 stop at 1/2 and 1/4 scale and upsample).
+VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+CASES = [("shift 0.3", dict(shift=(0.3, -0.2))), ("shift 2.7", dict(shift=(2.7, 1.4))),
+         ("shift 7.5", dict(shift=(-7.5, 3.0))), ("shift 19", dict(shift=(19.2, -6.1))),
+         ("rot 4deg", dict(angle=4.0)), ("zoom 1.06", dict(zoom=1.06)),
+         ("rot-3 zoom.96 +(4,2)", dict(angle=-3, zoom=0.96, shift=(4, 2)))]
+#: Stated tolerance on real clips (docs/metrics.md): warping error within this factor of DIS
+#: fast's either way, tOF within TOF_ABS pixels (on all but the clips named in the docs).
+WARP_FACTOR = 3.0
+TOF_ABS = 0.1
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn, dev, *, min_s=1.0, min_n=3):
+    """Seconds per call (warm-up call excluded), at least ``min_n`` calls and ``min_s`` seconds."""
+    fn()
+    sync(dev)
+    n, t0 = 0, time.perf_counter()
+    while n < min_n or time.perf_counter() - t0 < min_s:
+        fn()
+        n += 1
+    sync(dev)
+    return (time.perf_counter() - t0) / n
+
+
+def tflow(src, dst, dev, **kw):
+    f = torch_flow(torch.from_numpy(src)[None].to(dev), torch.from_numpy(dst)[None].to(dev), **kw)
+    return f[0].permute(1, 2, 0).cpu().numpy()
+
+
+# -- synthetic --------------------------------------------------------------------------------
+
+def part_synthetic(dev, large: bool, small: bool = True):
+    from skimage import data as skdata
+
+    sets = ([("320x180", (180, 320), 0.8)] if small else []) + ([("1280x720", (720, 1280), None)] if large else [])
+    for label, size, prescale in sets:
+        say(f"\n## synthetic motion, {label} windows, end-point error in pixels "
+            f"(torch {CONVENTION} on {dev.type}; DIS on the CPU)")
+        from metrics.torchflow import PARAMS
+
+        say(f"(torch: the default, level {PARAMS['finest']}; fin0/1/2: solved down to level 0/1/2)")
+        say(f"{'photo':10s} {'motion':22s} {'torch':>7s} {'fast':>7s} {'medium':>7s} "
+            + " ".join(f"{k:>7s}" for k in VARIANTS))
+        tot = {"torch": [], "fast": [], "medium": [], **{k: [] for k in VARIANTS}}
+        for name in PHOTOS:
+            rgb = getattr(skdata, name)()
+            # large windows: the photograph upscaled (bicubic) to cover the window with margin
+            photo = photo_grey(rgb, prescale or 1.12 * max(size[0] / rgb.shape[0], size[1] / rgb.shape[1]))
+            for case, kw in CASES:
+                src, dst, truth = synthetic_pair(photo, size, **kw)
+                e = {"torch": endpoint_error(tflow(src, dst, dev), truth),
+                     "fast": endpoint_error(flow_u8(src, dst, "dis", "fast"), truth),
+                     "medium": endpoint_error(flow_u8(src, dst, "dis", "medium"), truth),
+                     **{k: endpoint_error(tflow(src, dst, dev, **v), truth) for k, v in VARIANTS.items()}}
+                for k, v in e.items():
+                    tot[k].append(v)
+                say(f"{name:10s} {case:22s} " + " ".join(f"{v:7.3f}" for v in e.values()))
+        m = {k: float(np.mean(v)) for k, v in tot.items()}
+        md = {k: float(np.median(v)) for k, v in tot.items()}
+        wins = sum(t <= f for t, f in zip(tot["torch"], tot["fast"]))
+        say(f"{'MEAN':33s} " + " ".join(f"{v:7.3f}" for v in m.values()))
+        say(f"{'MEDIAN':33s} " + " ".join(f"{v:7.3f}" for v in md.values()))
+        say(f"torch <= DIS fast on {wins}/{len(tot['torch'])} cases; mean EPE torch/fast "
+            f"{m['torch'] / m['fast']:.2f}, torch/medium {m['torch'] / m['medium']:.2f} "
+            f"[no worse than DIS fast: {'met' if m['torch'] <= m['fast'] else 'NOT met'}]")
+
+
+# -- real clips -------------------------------------------------------------------------------
+
+def read_clip(path: Path) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB, decoded with OpenCV (exactly what evalkit.video gives for FFV1)."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, f = cap.read()
+        if not ok:
+            break
+        frames.append(f[..., ::-1])
+    cap.release()
+    return np.ascontiguousarray(np.stack(frames))
+
+
+def part_real(dev, frames: int):
+    from scipy.ndimage import gaussian_filter
+
+    from metrics.flow import optical_flow
+    from metrics.temporal import tof, warping_error
+
+    say(f"\n## real clips (datasets/canary, 256x256, {frames} frames): warping error (x1e-4, [0,1] MSE) "
+        "and tOF (px) against a degraded copy")
+    say(f"{'clip':22s} {'we fast':>8s} {'we med':>8s} {'we torch':>8s} {'t/f':>5s} | {'tof fast':>8s} "
+        f"{'tof med':>8s} {'tof torch':>9s} {'t-f':>6s} | {'epe(t,f)':>8s} {'epe(m,f)':>8s}")
+    rows = []
+    for path in sorted((ROOT / "datasets" / "canary" / "clips").glob("*.mkv")):
+        fr = read_clip(path)[:frames]
+        rng = np.random.default_rng(0)
+        bb = gaussian_filter(fr.astype(np.float32), (0, 0.7, 0.7, 0)) + rng.normal(0, 2, fr.shape)
+        a = torch.from_numpy(fr).permute(0, 3, 1, 2).contiguous().to(dev)
+        b = torch.from_numpy(np.clip(np.round(bb), 0, 255).astype(np.uint8)).permute(0, 3, 1, 2).contiguous().to(dev)
+        we, to, fl = {}, {}, {}
+        for key, method, preset in (("fast", "dis", "fast"), ("medium", "dis", "medium"), ("torch", "torch", "fast")):
+            we[key] = warping_error(a, method=method, preset=preset).mean().item()
+            to[key] = tof(a, b, method=method, preset=preset).mean().item()
+            fl[key] = optical_flow(a[:-1], a[1:], method=method, preset=preset)
+        epe = {k: (fl[k] - fl["fast"]).pow(2).sum(1).sqrt().mean().item() for k in ("torch", "medium")}
+        r = we["torch"] / we["fast"]
+        d = to["torch"] - to["fast"]
+        rows.append((path.stem, r, d, to["medium"] - to["fast"], we["medium"] / we["fast"]))
+        say(f"{path.stem:22s} {we['fast'] * 1e4:8.3f} {we['medium'] * 1e4:8.3f} {we['torch'] * 1e4:8.3f} "
+            f"{r:5.2f} | {to['fast']:8.4f} {to['medium']:8.4f} {to['torch']:9.4f} {d:+6.3f} | "
+            f"{epe['torch']:8.3f} {epe['medium']:8.3f}")
+    ok_we = [n for n, r, *_ in rows if 1 / WARP_FACTOR <= r <= WARP_FACTOR]
+    ok_tof = [n for n, _, d, *_ in rows if abs(d) <= TOF_ABS]
+    say(f"warping error torch/fast within x{WARP_FACTOR:g}: {len(ok_we)}/{len(rows)} clips "
+        f"(range {min(r[1] for r in rows):.2f}-{max(r[1] for r in rows):.2f}; DIS medium/fast range "
+        f"{min(r[4] for r in rows):.2f}-{max(r[4] for r in rows):.2f})")
+    say(f"tOF torch-fast within {TOF_ABS} px: {len(ok_tof)}/{len(rows)} clips "
+        f"(outside: {', '.join(n for n, *_ in rows if n not in ok_tof) or 'none'}; range "
+        f"{min(r[2] for r in rows):+.3f}..{max(r[2] for r in rows):+.3f}; DIS medium-fast range "
+        f"{min(r[3] for r in rows):+.3f}..{max(r[3] for r in rows):+.3f})")
+
+
+# -- speed ------------------------------------------------------------------------------------
+
+def frames_pair(h, w):
+    """A real-looking pair at (h, w): a photograph upscaled, moved 3.4 px right and rotated."""
+    from skimage import data as skdata
+
+    photo = photo_grey(skdata.astronaut(), max(h, w) * 1.15 / 512)
+    src, dst, _ = synthetic_pair(photo, (h, w), shift=(3.4, -1.2), angle=0.5)
+    return src, dst
+
+
+def part_speed(dev, threads: int, batches, sizes, dis: bool = True, big_batches: bool = False,
+               profile: bool = False):
+    import cv2
+
+    say(f"\n## flow speed: torch on {dev.type} vs DIS on {threads} CPU threads (one flow per thread)")
+    for (h, w) in sizes:
+        src, dst = frames_pair(h, w)
+        s1 = torch.from_numpy(src)[None].to(dev)
+        d1 = torch.from_numpy(dst)[None].to(dev)
+        for bs in batches:
+            s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+            try:
+                t = timed(lambda: torch_flow(s, d), dev, min_s=1.5, min_n=2)
+            except torch.OutOfMemoryError:
+                say(f"{w}x{h} torch batch {bs}: out of memory")
+                continue
+            mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+            say(f"{w}x{h} torch batch {bs:3d}: {bs / t:8.1f} flows/s  ({t * 1000 / bs:.2f} ms/flow, "
+                f"peak GPU {mem:.1f} GiB)")
+        bs = batches[len(batches) // 2]
+        s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+        for name, kw in VARIANTS.items():
+            t = timed(lambda kw=kw: torch_flow(s, d, **kw), dev, min_s=1.0, min_n=2)
+            say(f"{w}x{h} torch {name} batch {bs:3d}: {bs / t:8.1f} flows/s")
+        if dev.type == "cuda" and big_batches:
+            for big in (1 << 26, 1 << 27):
+                gbs = max(1, big // (h * w))
+                sg, dg = s1.expand(gbs, -1, -1).contiguous(), d1.expand(gbs, -1, -1).contiguous()
+                t = timed(lambda sg=sg, dg=dg, big=big: torch_flow(sg, dg, batch_pixels=big), dev,
+                          min_s=1.0, min_n=2)
+                mem = torch.cuda.max_memory_allocated(dev) / 2**30
+                say(f"{w}x{h} torch eager batch {gbs:3d} (batch_pixels {big}): {gbs / t:8.1f} flows/s, "
+                    f"peak GPU {mem:.1f} GiB")
+        if profile and dev.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile as prof
+
+            sg, dg = s1.expand(16, -1, -1).contiguous(), d1.expand(16, -1, -1).contiguous()
+            with prof(activities=[ProfilerActivity.CUDA]) as pr:
+                torch_flow(sg, dg)
+                sync(dev)
+            say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+        ref = torch_flow(s[:2], d[:2])
+        say(f"{w}x{h} torch batch-invariance: max |flow(batch 2) - flow(batch {bs})[:2]| = "
+            f"{float((ref - torch_flow(s, d)[:2]).abs().max()):.1e} px")
+        if not dis:
+            continue
+        saved = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+        try:
+            with ThreadPoolExecutor(threads) as pool:
+                for preset in ("fast", "medium"):
+                    n = threads * (8 if preset == "fast" else 2)
+
+                    def run():
+                        list(pool.map(lambda _: flow_u8(src, dst, "dis", preset), range(n)))
+
+                    t = timed(run, dev, min_s=1.5, min_n=1)
+                    say(f"{w}x{h} DIS {preset:6s} x{threads}: {n / t:8.1f} flows/s")
+        finally:
+            cv2.setNumThreads(saved)
+
+
+# -- stream -----------------------------------------------------------------------------------
+
+def part_stream(dev, seconds: float, size, rows=None):
+    from skimage import data as skdata
+
+    from metrics.stream import PairEvaluator, stream_pair
+
+    h, w = size
+    photo = photo_grey(skdata.coffee(), max(h / 400, w / 600) * 1.1)
+    frames = [synthetic_pair(photo, (h, w), shift=(1.3 * t, 0.4 * t))[1] for t in range(17)]
+    a = np.stack([np.stack([f, np.roll(f, 3, 0), np.roll(f, 5, 1)], -1) for f in frames])  # (T, H, W, 3)
+    rng = np.random.default_rng(0)
+    b = np.clip(a.astype(np.int16) + rng.integers(-3, 4, a.shape), 0, 255).astype(np.uint8)
+    say(f"\n## PairEvaluator from frames in host memory, {w}x{h}, {dev.type} (cycle of {len(a)} frames)")
+    from metrics import torchflow
+
+    default_finest = torchflow.torch_flow.__kwdefaults__["finest"]
+    all_rows = (("LPIPS+SSIM+PSNR", dict(temporal=False), 16, None),
+                ("full set, flow dis-fast", dict(flow="dis"), 8, None),
+                ("full set, flow torch", dict(flow="torch"), 8, None),
+                ("full set, flow torch", dict(flow="torch"), 16, None),
+                ("full set, torch fin1", dict(flow="torch"), 16, 1),
+                ("full set, torch fin0", dict(flow="torch"), 16, 0))
+    for i, (label, kw, chunk, finest) in enumerate(all_rows):
+        if rows is not None and i not in rows:
+            continue
+        ev = PairEvaluator(device=dev, **kw)
+        # a fixed working level for the torch flow (benchmark only: patched default)
+        torchflow.torch_flow.__kwdefaults__["finest"] = finest if finest is not None else default_finest
+        try:
+            def cyc(x, n):
+                for i in range(n):
+                    yield x[i % len(x)]
+
+            warm = 3 * chunk
+            for _ in stream_pair(cyc(a, warm), cyc(b, warm), evaluator=ev, chunk=chunk):
+                pass
+            n = chunk * max(4, int(seconds * 300 / chunk))
+            ev.reset()
+            sync(dev)
+            t0 = time.perf_counter()
+            done = 0
+            for _ in stream_pair(cyc(a, n), cyc(b, n), evaluator=ev, chunk=chunk):
+                done += 1
+            sync(dev)
+            dt = time.perf_counter() - t0
+            tm = ", ".join(f"{k} {v:.2f} s" for k, v in ev.timings.items())
+            say(f"{label:26s} chunk {chunk:2d}: {done / dt:7.1f} pairs/s ({done} pairs in {dt:.2f} s; {tm})")
+        finally:
+            ev.close()
+            torchflow.torch_flow.__kwdefaults__["finest"] = default_finest
+
+
+# -- lpips ------------------------------------------------------------------------------------
+
+def part_lpips(dev, batches, size):
+    from metrics.perceptual import LPIPS
+
+    h, w = size
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand((1, 3, h // 8, w // 8), generator=g)
+    img = torch.nn.functional.interpolate(base, size=(h, w), mode="bicubic").clamp(0, 1)
+    say(f"\n## LPIPS-alex alone, strict fp32 (TF32 off, deterministic cuDNN), {w}x{h}, frames on {dev.type}")
+    model = LPIPS("alex", device=dev)
+    ref_pkg = None
+    try:
+        import lpips as lpips_pkg
+
+        from metrics.weights import load_state_dict
+
+        ref_pkg = lpips_pkg.LPIPS(net="alex", pnet_rand=True, verbose=False)
+        ref_pkg.load_state_dict(load_state_dict("alex"), strict=False)
+        ref_pkg = ref_pkg.eval().to(dev)
+    except ImportError:
+        say("(lpips package not installed: agreement checked against today's metrics/perceptual.py only)")
+    results = {}
+    for bs in batches:
+        noise = torch.rand((bs, 3, h, w), generator=g) * 0.1
+        a = img.expand(bs, -1, -1, -1).contiguous().to(dev)
+        b = (a + noise.to(dev) - 0.05).clamp(0, 1)
+        u = torch.cat([a, b])
+        with precise(True):
+            f = model.features(u)
+            want = model.distance([t[:bs] for t in f], [t[bs:] for t in f])
+            del f
+        pkg = None
+        if ref_pkg is not None:
+            with precise(True):
+                pkg = ref_pkg(a * 2 - 1, b * 2 - 1).reshape(-1)
+
+        def today(u=u, bs=bs):
+            with precise(True):
+                f = model.features(u)
+                return model.distance([t[:bs] for t in f], [t[bs:] for t in f])
+
+        def no_autotune(u=u, bs=bs):
+            with precise(False):
+                f = model.features(u)
+                return model.distance([t[:bs] for t in f], [t[bs:] for t in f])
+
+        def trunk_only(u=u):
+            with precise(True):
+                x = ((u * 2 - 1) - model.shift) / model.scale
+                for sl in model.slices:
+                    x = sl(x)
+                return x
+
+        variants = {"today (autotune on)": today, "autotune off": no_autotune, "trunk alone": trunk_only}
+        if dev.type == "cuda":
+            variants["channels-last input"] = lambda u=u, bs=bs: today(u.contiguous(memory_format=torch.channels_last), bs)
+            try:
+                graph = torch.cuda.CUDAGraph()
+                static = u.clone()
+                with precise(True):
+                    for _ in range(2):
+                        today(static, bs)
+                    torch.cuda.synchronize()
+                    with torch.cuda.graph(graph):
+                        gout = today(static, bs)
+
+                def graphed(u=u):
+                    static.copy_(u)
+                    graph.replay()
+                    return gout
+
+                variants["CUDA graph"] = graphed
+            except Exception as e:  # noqa: BLE001 -- report and go on
+                say(f"CUDA graph capture failed: {type(e).__name__}: {e}")
+        base_t = None
+        for name, fn in variants.items():
+            t = timed(fn, dev, min_s=1.0, min_n=3)
+            base_t = base_t or t
+            out = fn()
+            agree = ""
+            if name != "trunk alone":
+                agree = f" | max|d| vs today {float((out - want).abs().max()):.1e}"
+                if pkg is not None:
+                    agree += f", vs lpips pkg {float((out - pkg).abs().max()):.1e}"
+            results[(bs, name)] = bs / t
+            say(f"batch {bs:3d} {name:22s}: {bs / t:7.1f} pairs/s  x{base_t / t:.3f}{agree}")
+        if pkg is not None:
+            def pkg_fwd(a=a, b=b):
+                with precise(True):
+                    return ref_pkg(a * 2 - 1, b * 2 - 1)
+
+            t = timed(pkg_fwd, dev, min_s=1.0, min_n=3)
+            say(f"batch {bs:3d} {'lpips package, strict':22s}: {bs / t:7.1f} pairs/s  x{base_t / t:.3f}")
+        del a, b, u
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", choices=PARTS, action="append", help="parts to run (default all)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="DIS threads (default: CPU cores)")
+    p.add_argument("--large", action="store_true", help="also the 1280x720 synthetic set")
+    p.add_argument("--no-small", action="store_true", help="not the 320x180 synthetic set")
+    p.add_argument("--no-dis", action="store_true", help="speed part: torch only")
+    p.add_argument("--big-batches", action="store_true", help="speed part: also batches of 2^26 and 2^27 pixels")
+    p.add_argument("--profile", action="store_true", help="speed part: CUDA kernel time of one batch")
+    p.add_argument("--stream-rows", default=None, help="stream part: row numbers to run (default all)")
+    p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
+    p.add_argument("--lpips-batches", default="8,16,32")
+    p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
+    p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
+    p.add_argument("--sizes", default="1280x720,1920x1080", help="frame sizes of the speed part")
+    p.add_argument("--size", default="1280x720", help="frame size of the stream and lpips parts")
+    p.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
+    args = p.parse_args(argv)
+    dev = resolve_device(args.device)
+    hw = lambda s: tuple(int(v) for v in s.split("x"))[::-1]  # noqa: E731
+    threads = args.threads or len(os.sched_getaffinity(0))
+    import cv2
+
+    head = (f"bench_flow | device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}) | "
+            f"torch {torch.__version__} | opencv {cv2.__version__} | cpus {len(os.sched_getaffinity(0))} | "
+            f"torch threads {torch.get_num_threads()} | {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    if args.out:
+        import io
+
+        class Tee(io.TextIOBase):
+            def __init__(self, *fs):
+                self.fs = fs
+
+            def write(self, s):
+                for f in self.fs:
+                    f.write(s)
+                    f.flush()
+                return len(s)
+
+        sys.stdout = Tee(sys.__stdout__, open(args.out, "w"))
+    say(head)
+    parts = args.part or list(PARTS)
+    for part in parts:
+        t0 = time.perf_counter()
+        try:
+            if part == "synthetic":
+                part_synthetic(dev, args.large, not args.no_small)
+            elif part == "real":
+                part_real(dev, args.frames)
+            elif part == "speed":
+                part_speed(dev, threads, [int(x) for x in args.batches.split(",")],
+                           [hw(x) for x in args.sizes.split(",")], not args.no_dis, args.big_batches,
+                           args.profile)
+            elif part == "stream":
+                part_stream(dev, args.seconds, hw(args.size),
+                            None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
+            elif part == "lpips":
+                part_lpips(dev, [int(x) for x in args.lpips_batches.split(",")], hw(args.size))
+        except Exception as e:  # noqa: BLE001 -- one part failing must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            say(f"[{part}] FAILED: {type(e).__name__}: {e}")
+        say(f"[{part}] {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
