@@ -122,3 +122,56 @@ def test_prefetch_hands_the_readers_error_to_the_consumer(tmp_path):
         list(p)
     assert str(threaded.value) == str(direct.value)
     assert len(list(Prefetch(ClipReader(good).chunks(3)))) == 3    # 8 frames: 3 + 3 + 2
+
+
+def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp_path,
+                                                                monkeypatch, capsys):
+    from sqlalchemy import select
+
+    from evalkit.compare.pairing import compare_runs
+    from evalkit.study import api, create_study, media, open_db, stats
+    from evalkit.study.store import clips, studies
+
+    # the planner's figure is not what is tested here: a small simulation
+    monkeypatch.setattr(api, "_plan", lambda protocol, margin, n, alpha: stats.plan(
+        protocol, margin, clips=n, alpha=alpha, studies=40, reps=40))
+    compare_runs(*import_runs, tmp_path / "r", device="cpu", progress=False)
+    rows = {}
+    for workers in (1, 2):
+        monkeypatch.setattr(media, "media_workers", lambda w=workers: w)
+        db = tmp_path / f"s{workers}.db"
+        r = create_study(tmp_path / "r", db, protocol="abx", seed=3, progress=workers == 2)
+        assert r["clips"] == 2 and r["catch_versions"] >= 2
+        d = open_db(db)
+        with d.engine.begin() as conn:
+            cl = [dict(x) for x in conn.execute(select(clips)).mappings()]
+            cfg = conn.execute(select(studies.c.config)).scalar_one()
+        for x in cl:
+            x.pop("id"), x.pop("study_id")
+        rows[workers] = (cl, [{k: v for k, v in p.items() if k != "clip_id"}
+                              for p in cfg["catch_pool"]], cfg["media_seconds"],
+                         sorted(p.name for p in (tmp_path / f"s{workers}.media").glob("*.mp4")))
+    assert rows[1] == rows[2]
+    assert "study media" in capsys.readouterr().err
+
+
+def test_blur_catch_version_by_frame_groups_is_the_whole_clip_filter():
+    from scipy.ndimage import gaussian_filter
+
+    from evalkit.study.media import degrade
+
+    frames = ClipReader(DATASETS / "smoke" / "clips" / "hubble_object.mkv").read()
+    frames = np.concatenate([frames, frames[::-1], frames[:3]])      # 19 frames: 8 + 8 + 3
+    for kind, s in (("blur", max(2.0, 64 / 20)), ("blur_mild", max(0.7, 64 / 160))):
+        whole = np.clip(gaussian_filter(frames.astype(np.float32), sigma=(0, s, s, 0)) + 0.5,
+                        0, 255).astype(np.uint8)
+        assert np.array_equal(degrade(frames, 24, kind), whole)
+
+
+def test_study_plan_reports_each_simulation():
+    from evalkit.study import plan
+
+    steps = []
+    p = plan("preference", 0.2, clips=15, studies=40, reps=40, progress=steps.append)
+    assert steps and all("raters" in s for s in steps)
+    assert any(s.startswith(f"{p['raters']} raters") for s in steps)
