@@ -175,3 +175,34 @@ def test_study_plan_reports_each_simulation():
     p = plan("preference", 0.2, clips=15, studies=40, reps=40, progress=steps.append)
     assert steps and all("raters" in s for s in steps)
     assert any(s.startswith(f"{p['raters']} raters") for s in steps)
+
+
+def test_a_writer_error_fails_only_its_job_and_the_render_goes_on(tmp_path, monkeypatch):
+    from evalkit import video
+    from evalkit.formats.run import RunDir
+    from evalkit.testing.suites import write_suite
+
+    suite = write_suite(tmp_path, DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
+                        name="writer", prompts=("a", "b", "c"), seeds=(0,))
+    real = video.write_browser
+
+    def flaky(path, frames, fps, *a, **kw):
+        if "-b-" in path.name:
+            raise OSError(28, "No space left on device")
+        return real(path, frames, fps, *a, **kw)
+
+    monkeypatch.setattr(video, "write_browser", flaky)
+    s = render_suite(suite, ["cpu"], tmp_path / "out", renderer="evalkit.testing.renderers:Invert",
+                     progress=False)[0]
+    assert (s.done, s.failed) == (2, 1)
+    (jid, why), = s.failures.items()
+    assert "-b-" in jid and "writing the clip failed" in why and "No space left" in why
+    run = RunDir.open(s.path)
+    assert not run.clip_path(jid).exists() and not run.preview_path(jid).exists()
+    for j in run.jobs:
+        if j["id"] != jid:
+            assert run.is_done(j["id"], verify=True) and run.preview_path(j["id"]).is_file()
+    monkeypatch.setattr(video, "write_browser", real)
+    again = render_suite(suite, ["cpu"], tmp_path / "out", renderer="evalkit.testing.renderers:Invert",
+                         progress=False)[0]
+    assert (again.done, again.failed, again.skipped) == (1, 0, 2)
