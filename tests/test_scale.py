@@ -206,3 +206,48 @@ def test_a_writer_error_fails_only_its_job_and_the_render_goes_on(tmp_path, monk
     again = render_suite(suite, ["cpu"], tmp_path / "out", renderer="evalkit.testing.renderers:Invert",
                          progress=False)[0]
     assert (again.done, again.failed, again.skipped) == (1, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def make_scale():
+    import sys
+
+    if str(DATASETS) not in sys.path:
+        sys.path.insert(0, str(DATASETS))
+    import make_scale
+
+    return make_scale
+
+
+def test_real_scale_generator_renders_16_9_frames_in_parts_like_the_whole_clip(make_scale,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    from make_clips import render_clip
+
+    spec = make_scale.ScaleSpec(96, 54, 7, 24)
+    whole = render_clip("hubble_object", 96, 7, 24, height=54, subframes=3)
+    assert whole.shape == (7, 54, 96, 3) and whole.std() > 10
+    assert not np.array_equal(whole[0], whole[-1])          # the camera moves
+    monkeypatch.setitem(make_scale.SUITES, "scale720", spec)
+    monkeypatch.setattr(make_scale, "PART", 3)              # parts of 3 + 3 + 1 frames
+    paths = make_scale.generate("scale720", tmp_path, workers=2,
+                                clips=["hubble_object", "astronaut_pan"])
+    assert [p.name for p in paths] == ["hubble_object.mkv", "astronaut_pan.mkv"]
+    assert np.array_equal(ClipReader(paths[0]).read(), whole)
+    assert ClipReader(paths[1]).read().shape == (7, 54, 96, 3)
+
+
+def test_real_scale_suites_name_the_generated_clips(make_scale):
+    import yaml
+
+    from evalkit.formats.gate import load_gate
+    from metrics.catalogue import keys
+
+    for name, spec in make_scale.SUITES.items():
+        doc = yaml.safe_load((DATASETS / name / "suite.yaml").read_text())
+        assert doc["name"] == name and len(doc["jobs"]) == 8 and spec.frames == 240
+        assert sorted(c["id"] for c in doc["clips"]) == sorted(make_scale.CLIPS)
+        assert {c["path"] for c in doc["clips"]} == {f"clips/{c}.mkv" for c in make_scale.CLIPS}
+        gate = load_gate(DATASETS / name / "gate.yaml", metrics=keys(compares=True),
+                         ratio_metrics=keys(ratio=True))
+        assert gate.ratios
