@@ -296,9 +296,11 @@ def _round_sig(m: np.ndarray, digits: int = 12) -> np.ndarray:
 class Camera:
     """Pose of a shot at time t -> homography from the photo's pixels to the frame's."""
 
-    def __init__(self, shot: Shot, size: int, duration: float, rng: np.random.Generator):
+    def __init__(self, shot: Shot, size: int, duration: float, rng: np.random.Generator,
+                 height: int | None = None):
         self.shot = shot
-        self.size = size
+        self.size = size                    # frame width (and height, unless ``height``)
+        self.height = size if height is None else height
         self.duration = duration
         self.focal = (size / 2) / math.tan(math.radians(shot.fov) / 2)
         self.shakes = None
@@ -336,7 +338,7 @@ class Camera:
             centre = centre + dist * np.array([self.shakes[3](t), self.shakes[4](t), 0.0])
         q = _rot_y(math.radians(pan)) @ _rot_x(math.radians(tilt)) @ _rot_z(math.radians(roll))
         r = q.T @ r0
-        k = np.array([[self.focal, 0, self.size / 2], [0, self.focal, self.size / 2], [0, 0, 1]])
+        k = np.array([[self.focal, 0, self.size / 2], [0, self.focal, self.height / 2], [0, 0, 1]])
         # plane Z = 0: (X, Y, 1) -> K [r1 r2 -R C]
         return k @ np.column_stack([r[:, 0], r[:, 1], -r @ centre])
 
@@ -375,9 +377,10 @@ def _soft_ellipse(h: int, w: int, cx: float, cy: float, rx: float, ry: float,
     return (a * a * (3.0 - 2.0 * a)).astype(np.float32)   # smoothstep edge
 
 
-def _warp(src: np.ndarray, h_dst_from_src: np.ndarray, size: int, border: int) -> np.ndarray:
+def _warp(src: np.ndarray, h_dst_from_src: np.ndarray, size, border: int) -> np.ndarray:
+    """``size``: the frame's side, or its (width, height)."""
     inv = _round_sig(np.linalg.inv(h_dst_from_src))
-    return cv2.warpPerspective(src, inv, (size, size),
+    return cv2.warpPerspective(src, inv, size if isinstance(size, tuple) else (size, size),
                                flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
                                borderMode=border, borderValue=0)
 
@@ -387,15 +390,23 @@ def clip_seed(clip_id: str) -> list[int]:
 
 
 def render_clip(clip_id: str, size: int, frames: int, fps: int,
-                stats: dict | None = None) -> np.ndarray:
-    """Render a shot: (frames, size, size, 3) uint8 RGB."""
+                stats: dict | None = None, height: int | None = None,
+                subframes: int = SUBFRAMES, first: int = 0, count: int | None = None) -> np.ndarray:
+    """Render a shot: (frames, height or size, size, 3) uint8 RGB (``size`` is the width; the
+    view covers the same width of the print at any height). ``first``/``count``: only frames
+    ``first .. first + count - 1`` of the clip (the same pixels as in the whole clip), so a long
+    clip can be rendered in parts."""
     shot = SHOTS[clip_id]
     rng = np.random.default_rng(clip_seed(clip_id))
     duration = (frames - 1) / fps
-    cam = Camera(shot, size, duration, rng)
+    h_out = size if height is None else height
+    cam = Camera(shot, size, duration, rng, height)
+    dsize = (size, h_out)
     times = [i / fps for i in range(frames)]
-    sub = [(k + 0.5) / SUBFRAMES * SHUTTER - SHUTTER / 2 for k in range(SUBFRAMES)]
+    sub = [(k + 0.5) / subframes * SHUTTER - SHUTTER / 2 for k in range(subframes)]
     all_t = [t + d / fps for t in times for d in sub]
+    count = frames - first if count is None else count
+    times = times[first:first + count]
 
     photo = load_photo(shot.photo)
     mag = max(cam.magnification(t) for t in all_t)
@@ -415,16 +426,16 @@ def render_clip(clip_id: str, size: int, frames: int, fps: int,
         bob_phase = (float(bob_rng[0]), float(bob_rng[1]))
 
     ones = np.full(bg.shape[:2], 255, np.uint8)
-    out = np.empty((frames, size, size, 3), np.uint8)
+    out = np.empty((len(times), h_out, size, 3), np.uint8)
     border_frac = 0.0
     for i, t0 in enumerate(times):
-        acc = np.zeros((size, size, 3), np.float32)
+        acc = np.zeros((h_out, size, 3), np.float32)
         for d in sub:
             t = t0 + d / fps
             h_world = cam.world_to_image(t)
-            img = _warp(bg, h_world @ bg_from_photo, size, cv2.BORDER_REFLECT).astype(np.float32)
+            img = _warp(bg, h_world @ bg_from_photo, dsize, cv2.BORDER_REFLECT).astype(np.float32)
             if d == sub[len(sub) // 2]:
-                inside = _warp(ones, h_world @ bg_from_photo, size, cv2.BORDER_CONSTANT)
+                inside = _warp(ones, h_world @ bg_from_photo, dsize, cv2.BORDER_CONSTANT)
                 border_frac = max(border_frac, float(np.mean(inside < 128)))
             if sp is not None:
                 u = cam.u(t)
@@ -434,8 +445,8 @@ def render_clip(clip_id: str, size: int, frames: int, fps: int,
                     py += sp.bob * math.sin(2 * math.pi * 0.9 * t + bob_phase[1])
                 a = _affine(px, py, value(sp.angle, u), sp_scale, sp.center[0], sp.center[1])
                 h_sp = h_world @ a
-                f = _warp(fg, h_sp @ fg_from_photo, size, cv2.BORDER_REFLECT).astype(np.float32)
-                m = np.clip(_warp(alpha, h_sp @ fg_from_photo, size, cv2.BORDER_CONSTANT),
+                f = _warp(fg, h_sp @ fg_from_photo, dsize, cv2.BORDER_REFLECT).astype(np.float32)
+                m = np.clip(_warp(alpha, h_sp @ fg_from_photo, dsize, cv2.BORDER_CONSTANT),
                             0.0, 1.0)[..., None]
                 img = img + m * (f - img)
             acc += img

@@ -12,10 +12,17 @@ Writers:
   padded to even by repeating the last row/column. No metadata beyond the muxer's own.
 
 Every write is atomic (temporary file, then rename).
+
+Decoding uses FFmpeg's own threads (frame threads for intra-only codecs like FFV1, slice
+threads where the encoder wrote slices); :class:`Prefetch` runs a reader in a background
+thread, a bounded number of chunks ahead (PyAV releases the GIL while it decodes and converts),
+so several clips decode at once and alongside the metric work.
 """
 from __future__ import annotations
 
+import queue
 import re
+import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -66,6 +73,15 @@ class ClipInfo:
     fps: Fraction
     frames: int | None   # declared frame count where the container says; None if unknown
     codec: str | None
+    duration: float | None = None   # seconds, where the container says
+
+    @property
+    def frames_estimate(self) -> int | None:
+        """The declared frame count, else duration x fps (Matroska declares no count): for
+        progress bars, not for checks."""
+        if self.frames:
+            return self.frames
+        return round(self.duration * float(self.fps)) if self.duration else None
 
 
 def _natural_key(name: str):
@@ -129,8 +145,11 @@ def _too_large(found: str) -> str:
 class ClipReader:
     """A clip on disk, read lazily. ``iter(reader)`` yields ``(H, W, 3)`` uint8 RGB frames."""
 
-    def __init__(self, path, *, image_fps: Fraction | float = DEFAULT_IMAGE_FPS):
+    def __init__(self, path, *, image_fps: Fraction | float = DEFAULT_IMAGE_FPS,
+                 threads: int = 0):
         self.path = Path(path)
+        #: FFmpeg decoder threads for videos (0: FFmpeg's choice, one per core)
+        self.threads = int(threads)
         self.image_fps = Fraction(image_fps).limit_denominator(1001 * 1000)
         _check_exists(self.path)
         if self.path.is_dir():
@@ -179,7 +198,8 @@ class ClipReader:
                     raise VideoError(self.path, "frame rate unknown")
                 return ClipInfo(self.path, "video", s.codec_context.width,
                                 s.codec_context.height, Fraction(fps),
-                                s.frames or None, s.codec_context.name)
+                                s.frames or None, s.codec_context.name,
+                                c.duration / 1_000_000 if c.duration else None)
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
 
@@ -216,7 +236,8 @@ class ClipReader:
                 w, h = s.codec_context.width, s.codec_context.height
                 if w * h > MAX_IMAGE_PIXELS:
                     raise VideoError(self.path, _too_large(f"{w}x{h}"))
-                s.thread_type = "AUTO"
+                s.codec_context.thread_type = "AUTO"   # frame and slice threads
+                s.codec_context.thread_count = self.threads
                 declared = s.frames or None
                 fps = s.average_rate or s.guessed_rate
                 duration = c.duration / 1_000_000 if c.duration else None  # AV_TIME_BASE
@@ -269,6 +290,79 @@ class ClipReader:
 
     def count_frames(self) -> int:
         return sum(1 for _ in self)
+
+
+class Prefetch:
+    """Iterate ``items`` (an iterator, e.g. :meth:`ClipReader.chunks`) in a background thread
+    that stays at most ``depth`` items ahead of the consumer, so memory stays bounded.
+
+    The thread starts at construction: make one for the next clip while the current one is
+    measured and its first chunks are ready when they are needed. An exception raised by the
+    iterator is raised by the consumer's ``next`` (the same exception, with its message).
+    :meth:`close` (or leaving a ``with`` block) stops the thread at its next item.
+    """
+
+    _DONE = object()
+
+    def __init__(self, items, depth: int = 2, name: str = "evalkit-decode"):
+        if depth < 1:
+            raise ValueError(f"depth: expected a positive integer, found {depth!r}")
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._items = items
+        self._finished = False
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(("ok", item)):
+                    return
+            self._put(("ok", self._DONE))
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(("err", e))
+        finally:
+            close = getattr(self._items, "close", None)
+            if close is not None and self._stop.is_set():
+                try:
+                    close()
+                except (ValueError, RuntimeError):   # a generator still running elsewhere
+                    pass
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        kind, item = self._q.get()
+        if kind == "err":
+            self._finished = True
+            raise item
+        if item is self._DONE:
+            self._finished = True
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._finished = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _short(e: BaseException) -> str:

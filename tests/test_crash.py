@@ -102,10 +102,11 @@ def test_a_render_refused_by_one_backend_folder_leaves_no_folder_for_another(tmp
 def test_render_killed_at_crash_points_resumes_to_identical_clips(tmp_path):
     """Crash points (two per atomic file write: the temporary file complete, then renamed): 1-2
     the manifest; per job 2 for the source clip in its .work/ folder (the main thread), then 6
-    for its clip, preview and manifest (the writer thread, while the next job starts). At 3 the
-    first job's work folder is half made; at 13 (odd: a temporary file is in flight) exactly
-    one job is recorded (its manifest is saved by point 12, the next one's at 18 at the
-    earliest)."""
+    for its clip and preview (encoder threads, side by side, while the next job renders) and
+    its manifest record (the recorder thread, in job order, once both files are in place):
+    26 in all. At 3 the first job's work folder is half made; at 25 (odd: a temporary file is
+    in flight) the last job's manifest record is being written, which comes after everything
+    else: exactly two jobs are recorded, whatever the threads' order."""
     suite = make_suite(tmp_path, prompts=("a", "b", "c"))
     script = tmp_path / "hold.py"
     script.write_text(HOLD_SCRIPT)
@@ -114,7 +115,7 @@ def test_render_killed_at_crash_points_resumes_to_identical_clips(tmp_path):
     out, run = tmp_path / "out", tmp_path / "out" / "cpu"
     render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
                                "--renderer", "command", "-O", f"cmd={cmd}", "--quiet")
-    for kill_at, done, temporary in ((3, 0, "/.work/cmd-"), (13, 1, "/.tmp-")):
+    for kill_at, done, temporary in ((3, 0, "/.work/cmd-"), (25, 2, "/.tmp-")):
         killed = crash.run(render, kill_at=kill_at)
         assert killed.returncode == -9, killed.stderr
         state = crash.check_run(run)                 # manifest valid, done jobs verified
@@ -122,7 +123,7 @@ def test_render_killed_at_crash_points_resumes_to_identical_clips(tmp_path):
         assert any(temporary in t for t in crash.temporaries(run)), crash.temporaries(run)
     again = crash.run(render)
     assert again.returncode == 0, again.stderr
-    assert "2 rendered, 1 already done, 0 failed" in again.stdout
+    assert "1 rendered, 2 already done, 0 failed" in again.stdout
     assert crash.temporaries(run) == []
     clean = render_suite(suite, ["cpu"], tmp_path / "clean", renderer="command",
                          options={"cmd": cmd}, progress=False)[0]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from evalkit.cli.common import executor_args, make_executor, output_file, positive_int
@@ -58,6 +59,7 @@ def cmd_metrics(args) -> int:
         temporal=not args.no_temporal, flow=args.flow, flow_preset=args.flow_preset,
         flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
         keep_frames=args.json, vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
+        progress=not args.quiet and sys.stderr.isatty(),
     )
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
@@ -116,6 +118,8 @@ def add_metrics(sub, common) -> None:
                         "(recorded in the output)")
     s.add_argument("--chunk", type=int, default=None,
                    help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
+    s.add_argument("--quiet", action="store_true",
+                   help="no progress bar (shown on a terminal's stderr, per frame)")
     vmaf_args(s)
     s.set_defaults(func=cmd_metrics)
 

@@ -14,7 +14,8 @@ def cmd_study_create(args) -> int:
 
     r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
-                     media_dir=args.media, catch_alpha=args.catch_alpha)
+                     media_dir=args.media, catch_alpha=args.catch_alpha,
+                     progress=sys.stderr.isatty())
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"study {r['study']}: {args.protocol}, {r['clips']} clips, "
@@ -66,14 +67,23 @@ def cmd_study_results(args) -> int:
 
 
 def cmd_study_plan(args) -> int:
+    from tqdm import tqdm
+
     from evalkit.study import plan
 
-    try:
-        p = plan(args.protocol, args.margin, args.power, clips=args.clips,
-                 tie_rate=args.tie_rate, exclusion_rate=args.exclusion_rate,
-                 clip_accuracy=args.clip_accuracy)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    # simulations, counted as they run (how many the search needs is not known in advance)
+    with tqdm(desc="study plan", unit="simulation", disable=not sys.stderr.isatty(),
+              leave=False) as bar:
+        def step(text: str) -> None:
+            bar.set_postfix_str(text, refresh=False)
+            bar.update(1)
+
+        try:
+            p = plan(args.protocol, args.margin, args.power, clips=args.clips,
+                     tie_rate=args.tie_rate, exclusion_rate=args.exclusion_rate,
+                     clip_accuracy=args.clip_accuracy, progress=step)
+        except ValueError as e:
+            raise UserError(str(e)) from None
     if args.json:
         print(json.dumps(p, indent=2, default=str))
         return 0

@@ -3,7 +3,9 @@ gate, and write the report (frames.csv, clips.csv, summary.json, index.html).
 
 Every clip is decoded once and streamed through one :class:`metrics.PairEvaluator` (the LPIPS
 model is loaded once for the whole comparison); the frames needed for the report's thumbnails
-(the worst frame of each job) are kept while streaming, never decoded again.
+(the worst frame of each job) are kept while streaming, never decoded again. Both clips of a
+pair decode in background threads, a bounded number of chunks ahead, and the next job's clips
+start decoding while the current job is measured (:class:`PairDecoder`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from evalkit.compare.report import (check_report_folder, floor_notice, run_entry
                                     write_report)
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
-from evalkit.video import ClipReader
+from evalkit.video import ClipReader, Prefetch
 from metrics.catalogue import KEYS, METRICS, keys, units
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -125,32 +127,86 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
     return pairs, problems
 
 
-def _frames_with_memory(reader: ClipReader, keep: collections.deque):
-    for i, frame in enumerate(reader):
-        keep.append((i, frame))
-        yield frame
+def _chunks_with_memory(chunks, keep: collections.deque):
+    """Pass chunks on, keeping the last few as ``(first frame index, chunk)``."""
+    i = 0
+    for c in chunks:
+        keep.append((i, c))
+        i += len(c)
+        yield c
+
+
+def _recall(mem: collections.deque, frame: int):
+    for start, c in mem:
+        if start <= frame < start + len(c):
+            return c[frame - start]
+    return None
+
+
+def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
+    """Frames per batch for ``pair``: ``chunk``, else what :func:`metrics.stream.stream_pair`
+    would pick from its first frame (:func:`metrics.stream.auto_chunk`)."""
+    if chunk:
+        return int(chunk)
+    from metrics.stream import auto_chunk
+
+    out = pair.rec_a.get("output") or {}
+    h, w = out.get("height"), out.get("width")
+    if not (h and w):
+        info = ClipReader(pair.path_a).info
+        h, w = info.height, info.width
+    return auto_chunk(int(h), int(w), evaluator.device, evaluator.temporal)
+
+
+class PairDecoder:
+    """Both clips of a pair decoding in background threads (:class:`evalkit.video.Prefetch`),
+    each at most :func:`evalkit.compare.clips.prefetch_depth` chunks ahead. Made ahead of
+    time, it decodes the next job while the current one is measured."""
+
+    def __init__(self, pair: Pair, chunk: int):
+        from evalkit.compare.clips import prefetch_depth
+
+        self.pair, self.chunk = pair, chunk
+        depth = prefetch_depth(chunk)
+        self.a = Prefetch(ClipReader(pair.path_a).chunks(chunk), depth, "evalkit-decode-a")
+        self.b = Prefetch(ClipReader(pair.path_b).chunks(chunk), depth, "evalkit-decode-b")
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
 
 
 def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
-                 keep_worst: bool = True) -> JobMeasure:
-    """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS)."""
+                 keep_worst: bool = True, decoder: PairDecoder | None = None,
+                 on_frame=None) -> JobMeasure:
+    """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS).
+
+    ``decoder``: the pair already decoding (:class:`PairDecoder`, made with the same chunk);
+    else one is made here. ``on_frame``: called with 1 after each frame's record."""
     from metrics.stream import stream_pair
 
     evaluator.reset()
-    span = (chunk or 16) * 2 + 2
-    mem_a, mem_b = collections.deque(maxlen=span), collections.deque(maxlen=span)
+    chunk = _pair_chunk(evaluator, pair, chunk)
+    if decoder is None:
+        decoder = PairDecoder(pair, chunk)
+    # stream_pair reads at most one chunk ahead of the records it yields
+    mem_a, mem_b = collections.deque(maxlen=3), collections.deque(maxlen=3)
     records = []
     worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
-    gen = stream_pair(_frames_with_memory(ClipReader(pair.path_a), mem_a),
-                      _frames_with_memory(ClipReader(pair.path_b), mem_b),
-                      evaluator=evaluator, chunk=chunk)
-    for rec in gen:
-        records.append(rec)
-        if rec["lpips"] > worst_val:
-            worst, worst_val = rec["frame"], rec["lpips"]
-            if keep_worst:
-                worst_a = next((f for i, f in mem_a if i == worst), None)
-                worst_b = next((f for i, f in mem_b if i == worst), None)
+    try:
+        gen = stream_pair(_chunks_with_memory(decoder.a, mem_a),
+                          _chunks_with_memory(decoder.b, mem_b),
+                          evaluator=evaluator, chunk=chunk)
+        for rec in gen:
+            records.append(rec)
+            if rec["lpips"] > worst_val:
+                worst, worst_val = rec["frame"], rec["lpips"]
+                if keep_worst:
+                    worst_a, worst_b = _recall(mem_a, worst), _recall(mem_b, worst)
+            if on_frame is not None:
+                on_frame(1)
+    finally:
+        decoder.close()
     return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b)
 
 
@@ -215,13 +271,30 @@ class LocalCompareSession:
     def device(self) -> str:
         return str(self.evaluator.device)
 
+    #: progress counts frames (the Ray session's counts jobs)
+    progress_unit = "frame"
+    #: jobs decoding ahead of the one being measured (both clips each, in threads)
+    jobs_ahead = 1
+
     def measure(self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True,
                 progress=None) -> list[JobMeasure]:
+        """Measure ``pairs`` in order; the next :attr:`jobs_ahead` jobs decode meanwhile.
+        ``progress``: a bar updated per frame."""
         out = []
-        for p in pairs:
-            out.append(measure_pair(self.evaluator, p, chunk=chunk, keep_worst=keep_worst))
-            if progress is not None:
-                progress.update(1)
+        ahead: collections.deque = collections.deque()
+        nxt = 0
+        try:
+            for p in pairs:
+                while nxt < len(pairs) and len(ahead) <= self.jobs_ahead:
+                    q = pairs[nxt]
+                    ahead.append(PairDecoder(q, _pair_chunk(self.evaluator, q, chunk)))
+                    nxt += 1
+                dec = ahead.popleft()
+                out.append(measure_pair(self.evaluator, p, chunk=dec.chunk, keep_worst=keep_worst,
+                                        decoder=dec, on_frame=progress.update if progress else None))
+        finally:
+            for dec in ahead:
+                dec.close()
         return out
 
     def close(self) -> None:
@@ -266,7 +339,14 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     else:
         session = executor.compare_session(device=device, metric_options=metric_options)
     try:
-        with tqdm(total=len(pairs), desc="compare", unit="job", disable=not progress) as bar:
+        unit = getattr(session, "progress_unit", "job")
+
+        def bar_of(pairs_, desc):
+            total = (sum(int((p.rec_a.get("output") or {}).get("frames") or 0) for p in pairs_)
+                     if unit == "frame" else len(pairs_))
+            return tqdm(total=total, desc=desc, unit=unit, disable=not progress, mininterval=0.5)
+
+        with bar_of(pairs, "compare") as bar:
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info = {}
@@ -275,8 +355,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             name = _floor_name(a, f, taken)
             taken.add(name)
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
-            with tqdm(total=len(fpairs), desc=f"floor {name}", unit="job",
-                      disable=not progress) as bar:
+            with bar_of(fpairs, f"floor {name}") as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
             _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),

@@ -205,10 +205,13 @@ class RunDir:
 
     # -- recording results -----------------------------------------------------------------
     def record_done(self, job_id: str, frames, fps, *, timing: dict | None = None,
-                    extra: dict | None = None, preview: bool = True) -> dict:
+                    extra: dict | None = None, preview: bool = True,
+                    written: bool = False) -> dict:
         """Write a job's frames (lossless clip, then browser preview) and mark it done.
 
         ``frames``: (N, H, W, 3) uint8 array or a sequence of (H, W, 3) frames.
+        ``written``: the caller has already written both files (atomically, with the
+        :mod:`evalkit.video` writers, e.g. side by side in threads): only mark the job done.
         """
         import numpy as np
 
@@ -217,9 +220,12 @@ class RunDir:
         rec = self.job(job_id)
         frames = np.asarray(frames)
         clip = self.clip_path(job_id)
-        n = write_lossless(clip, frames, fps)
-        if preview:
-            write_browser(self.preview_path(job_id), frames, fps)
+        if written:
+            n = len(frames)
+        else:
+            n = write_lossless(clip, frames, fps)
+            if preview:
+                write_browser(self.preview_path(job_id), frames, fps)
         rec.update(
             status="done", error=None, timing=dict(timing or {}),
             output={"path": f"clips/{clip.name}", "sha256": sha256_file(clip), "frames": n,

@@ -14,7 +14,9 @@ environment that will render, or None when the workers report it with each resul
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 import fcntl
 import os
@@ -392,25 +394,28 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
     sources = SourceCache(suite)
     state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
                         "saved": float("-inf"), "dirty": False} for task, run in runs}
-    # Results are written (lossless clip, preview, manifest) by one writer thread, so that
-    # encoding a finished job overlaps with rendering the next; at most one write is pending.
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
+    # Results are written while the next jobs render: each job's lossless clip and browser
+    # copy are encoded side by side in a pool of encoder threads (PyAV lets go of the GIL), and
+    # one recorder thread marks the jobs done in the manifest in the order they came, each once
+    # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
+    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
+    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
+    pending: collections.deque = collections.deque()
     try:
-        pending: Future | None = None
         tasks = [task for task, _ in runs]
         for task, result in executor.run_all(rend, tasks, sources, bars):
             st = state[id(task)]
-            if pending is not None:
-                pending.result()
-            if result.error is None:
-                st["done"] += 1
-            else:
-                st["failures"][result.job.id] = result.error
-            pending = writer.submit(_record, st, result, seed_offset)
-        if pending is not None:
-            pending.result()
+            while len(pending) >= WRITE_AHEAD:
+                pending.popleft().result()
+            files = _encode(encoders, st["run"], result)
+            pending.append(recorder.submit(_record, st, result, seed_offset, files))
+        while pending:
+            pending.popleft().result()
     finally:
-        writer.shutdown(wait=True)
+        for f in pending:
+            f.cancel()
+        recorder.shutdown(wait=True)
+        encoders.shutdown(wait=True, cancel_futures=True)
         for st in state.values():  # results whose manifest save was deferred
             if st["dirty"]:
                 st["run"].save()
@@ -420,9 +425,56 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
                           state[id(task)]["failures"]) for task, run in runs]
 
 
-def _record(st: dict, result: JobResult, seed_offset: int) -> None:
-    """Write one result into its run folder (on the writer thread)."""
+#: results rendered but not yet recorded, at most (each holds its frames until written)
+WRITE_AHEAD = 2
+
+
+def encoder_threads() -> int:
+    """Encoder threads of a local render: two per job in flight (clip and preview), at most
+    one per core (x264 runs its own threads besides)."""
+    return max(2, min(2 * WRITE_AHEAD, os.cpu_count() or 1))
+
+
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult) -> list[Future]:
+    """Start writing a rendered job's lossless clip and browser copy (atomic files)."""
+    from evalkit.video import write_browser, write_lossless
+
+    if result.error is not None or result.encoded is not None or result.frames is None:
+        return []
+    jid = result.job.id
+    return [pool.submit(write_lossless, run.clip_path(jid), result.frames, result.fps),
+            pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
+
+
+def _write_error(files: list[Future]) -> str | None:
+    """Wait for a job's files; the first writer error as a job error (None: both written)."""
+    error = None
+    for f in files:
+        try:
+            f.result()
+        except Exception as e:
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            error = error or (f"writing the clip failed: {type(e).__name__}: {e} "
+                              f"(at {Path(tb.filename).name}:{tb.lineno})")
+    return error
+
+
+def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] = ()) -> None:
+    """Record one result in its run folder (on the recorder thread), once ``files`` (its clip
+    and preview being written by the encoder threads) are in place; a writer's error fails the
+    job (its files, if any, are removed: a done job always has both)."""
     run: RunDir = st["run"]
+    if result.error is None:
+        error = _write_error(list(files))
+        if error is not None:
+            for p in (run.clip_path(result.job.id), run.preview_path(result.job.id)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            result = dataclasses.replace(result, frames=None, error=error)
+    if result.error is None:
+        st["done"] += 1
+    else:
+        st["failures"][result.job.id] = result.error
     if result.fingerprint is not None:
         # the fingerprint is the rendering node's: the first one seen this time becomes the
         # run's; every node that rendered a job is listed with its own under "nodes"
@@ -450,7 +502,7 @@ def _record(st: dict, result: JobResult, seed_offset: int) -> None:
                 st["saved"] = now
         else:
             run.record_done(result.job.id, result.frames, result.fps, timing=result.timing,
-                            extra=extra)
+                            extra=extra, written=bool(files))
             st["dirty"] = False
     else:
         run.record_failed(result.job.id, result.error, timing=result.timing,

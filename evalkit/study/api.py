@@ -21,7 +21,7 @@ from ..video import read_frames
 from . import design, stats
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
-from .media import degrade, store_matched_set
+from .media import degrade, ordered_map, store_matched_set
 from .store import clips, new_media_key, now, open_db, raters, ratings, studies, trials
 
 
@@ -81,13 +81,15 @@ def read_report(report) -> dict:
 
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
-                 catch_alpha: float = 0.05, alpha: float = 0.05) -> dict:
+                 catch_alpha: float = 0.05, alpha: float = 0.05, progress: bool = False) -> dict:
     """Create a study from a compare report: select clips, write the browser copies (equal-size
     matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
     everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for."""
+    "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for.
+    The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
+    a progress bar per clip on stderr."""
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference or abx, found {protocol!r}")
     if not 0 < margin < 0.5:
@@ -124,49 +126,45 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         min_correct = stats.catch_min_correct(n_catch, catch_alpha)
     except ValueError as e:
         raise StudyError(f"--catch-alpha: {e}") from None
+    # the catch plan is drawn in clip order (the same draws as ever); the media of the clips
+    # are then made side by side (:func:`.media.ordered_map`), results taken in clip order
+    work = []
     for i, c in enumerate(chosen):
-        fa, fps = read_frames(c["path_a"])
-        fb, fps_b = read_frames(c["path_b"])
-        for path, f in ((c["path_a"], fps), (c["path_b"], fps_b)):
-            if study_fps is None:
-                study_fps, first = f, path
-            elif f != study_fps:
-                raise StudyError(f"{path}: field 'fps': expected {_fps_text(study_fps)} fps like "
-                                 f"{first} (the clips of one study share one frame rate), "
-                                 f"found {_fps_text(f)}")
-        if fa.shape != fb.shape:
-            raise StudyError(f"{c['path_b']}: expected {fa.shape[0]} frames of "
-                             f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
-                             f"{fb.shape[0]} of {fb.shape[2]}x{fb.shape[1]}")
-        # one matched set per clip: both sides (and, for ABX, their alternate encodings shown
-        # as X) have the same length, box layout and per-frame sample sizes
-        items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if protocol == "abx" else [])
-        names = store_matched_set(items, fps, media)
-        ma, mb = names[0], names[1]
-        alt_a, alt_b = (names[2], names[3]) if protocol == "abx" else (None, None)
-        for n in names:
-            seconds[n] = len(fa) / fps
-        clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                          "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
-                          "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
-                          "base_swap": swap[i], "base_x": xbit[i]})
         kinds = []
         if i < n_easy:
             kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
         if i < design.GRADED_CATCHES:
             kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
-        for kind in kinds:
-            # the reference comes from either backend (drawn per catch) and is re-encoded from
-            # frames one code value brighter, so its bytes never match a test trial's video
-            src = fb if rng.integers(2) else fa
-            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
-            deg = degrade(ref, fps, kind)
-            names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if protocol == "abx" else []),
-                                      fps, media)
-            for n in names:
-                seconds[n] = len(ref) / fps
-            pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
-                         "reference_alt": names[2] if protocol == "abx" else None})
+        # the reference comes from either backend (drawn per catch)
+        work.append((i, c, [(kind, bool(rng.integers(2))) for kind in kinds]))
+
+    def clip_media(job) -> dict:
+        return _clip_media(*job, protocol=protocol, media=media)
+
+    from tqdm import tqdm
+
+    with tqdm(total=len(work), desc="study media", unit="clip", disable=not progress,
+              mininterval=0.5) as bar:
+        for i, c, done in ((w[0], w[1], r) for w, r in zip(work, ordered_map(clip_media, work))):
+            for path, f in ((c["path_a"], done["fps_a"]), (c["path_b"], done["fps_b"])):
+                if study_fps is None:
+                    study_fps, first = f, path
+                elif f != study_fps:
+                    raise StudyError(f"{path}: field 'fps': expected {_fps_text(study_fps)} fps "
+                                     f"like {first} (the clips of one study share one frame "
+                                     f"rate), found {_fps_text(f)}")
+            if done.get("error"):
+                raise StudyError(done["error"])
+            names = done["names"]
+            ma, mb = names[0], names[1]
+            alt_a, alt_b = (names[2], names[3]) if protocol == "abx" else (None, None)
+            seconds.update(done["seconds"])
+            clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
+                              "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
+                              "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
+                              "base_swap": swap[i], "base_x": xbit[i]})
+            pool.extend(done["catches"])
+            bar.update(1)
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
@@ -192,6 +190,42 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings}
+
+
+def _clip_media(i: int, c: dict, catches: list, *, protocol: str, media: Path) -> dict:
+    """One clip's media (run in a worker thread): its matched set and its catch versions."""
+    fa, fps = read_frames(c["path_a"])
+    fb, fps_b = read_frames(c["path_b"])
+    out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "catches": []}
+    if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
+        return out
+    if fa.shape != fb.shape:
+        out["error"] = (f"{c['path_b']}: expected {fa.shape[0]} frames of "
+                        f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
+                        f"{fb.shape[0]} of {fb.shape[2]}x{fb.shape[1]}")
+        return out
+    # one matched set per clip: both sides (and, for ABX, their alternate encodings shown
+    # as X) have the same length, box layout and per-frame sample sizes
+    items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if protocol == "abx" else [])
+    out["names"] = names = store_matched_set(items, fps, media)
+    for n in names:
+        out["seconds"][n] = len(fa) / fps
+    del items
+    for kind, from_b in catches:
+        # re-encoded from frames one code value brighter, so the reference's bytes never
+        # match a test trial's video
+        src = fb if from_b else fa
+        ref = np.where(src == 255, src, src + np.uint8(1))
+        deg = degrade(ref, fps, kind)
+        names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if protocol == "abx" else []),
+                                  fps, media)
+        for n in names:
+            out["seconds"][n] = len(ref) / fps
+        out["catches"].append({"ord": i, "kind": kind, "reference": names[0],
+                               "degraded": names[1],
+                               "reference_alt": names[2] if protocol == "abx" else None})
+        del ref, deg
+    return out
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:

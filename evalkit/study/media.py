@@ -45,6 +45,7 @@ over its largest item's own encode in the tests; the smallest item grows by the 
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -117,6 +118,37 @@ def matched_encoding(variant: int) -> BrowserEncoding:
                                               "x264-params": params})
 
 
+def media_workers() -> int:
+    """Clips whose media a study encodes at once: one per core, at most 4 (each holds its
+    decoded frames and catch versions in memory; each matched set runs one x264 thread per
+    item besides)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def ordered_map(fn, items, workers: int | None = None):
+    """Yield ``fn(item)`` for each item, in order, computed in a pool of ``workers`` threads
+    (default :func:`media_workers`) with at most ``workers`` items in flight (memory stays
+    bounded). PyAV, x264, numpy and scipy let go of the GIL for the heavy parts. An exception
+    of ``fn`` is raised when its item's turn comes; the items not started yet are cancelled."""
+    workers = max(1, int(workers or media_workers()))
+    if workers == 1:
+        for item in items:
+            yield fn(item)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="evalkit-media") as pool:
+        futs: collections.deque = collections.deque()
+        try:
+            for item in items:
+                futs.append(pool.submit(fn, item))
+                if len(futs) >= workers:
+                    yield futs.popleft().result()
+            while futs:
+                yield futs.popleft().result()
+        finally:
+            for f in futs:
+                f.cancel()
+
+
 def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
     """Encode ``frames`` as a browser copy into ``media_dir``; return its sha256 (file name
     ``<sha256>.mp4``). Writing the same frames twice usually gives the same file, not always:
@@ -148,8 +180,12 @@ def degrade(frames: np.ndarray, fps, kind: str) -> np.ndarray:
 
         short = min(frames.shape[1:3])
         s = max(2.0, short / 20) if kind == "blur" else max(0.7, short / 160)
-        return np.clip(gaussian_filter(frames.astype(np.float32), sigma=(0, s, s, 0)) + 0.5,
-                       0, 255).astype(np.uint8)
+        out = np.empty_like(frames)
+        for i in range(0, len(frames), 8):      # a few frames at a time: float32 memory bounded
+            part = frames[i:i + 8]
+            out[i:i + 8] = np.clip(gaussian_filter(part.astype(np.float32), sigma=(0, s, s, 0))
+                                   + 0.5, 0, 255).astype(np.uint8)
+        return out
     if kind in ("compression", "compression_mild"):
         with tempfile.TemporaryDirectory() as d:
             p = Path(d) / "c.mp4"

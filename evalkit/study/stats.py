@@ -832,7 +832,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
          alpha: float = 0.05, exclusion_rate: float = 0.1, clip_accuracy: float = 0.9,
          clip_power: float = 0.8, heterogeneity: float = 0.15, tie_rate: float = 0.0,
          studies: int = 400, reps: int = 400, seed: int = 12345,
-         clips_per_rater: int | None = None) -> dict:
+         clips_per_rater: int | None = None, progress=None) -> dict:
     """Included raters (each rates every clip once) needed by a study.
 
     ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
@@ -855,7 +855,8 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
 
     Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
     a note). ``invite`` = ceil(R / (1 - exclusion_rate)) raters to invite.
-    ``clips_per_rater``: old name of ``clips``."""
+    ``clips_per_rater``: old name of ``clips``. ``progress``: called with a short text after
+    each simulation (how many are needed is not known in advance)."""
     if clips_per_rater is not None:
         clips = clips_per_rater
     if protocol not in ("abx", "preference"):
@@ -903,6 +904,8 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
                                                rater_sd=heterogeneity, alpha=alpha,
                                                studies=studies, reps=reps,
                                                seed=seed + R)["B preferred"]
+            if progress is not None:
+                progress(f"{R} raters: power {cache[R]:.3f}")
         return cache[R]
 
     def ok(R: int) -> bool:
@@ -975,6 +978,8 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         while checks_simulated:
             edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
                      for i, sc in enumerate(BOUNDARY_SCENARIOS)}
+            if progress is not None:
+                progress(f"{R} raters: boundary checks")
             bad = {sc: o["indistinguishable"] for sc, o in edges.items()
                    if o["indistinguishable"] - o["se"]["indistinguishable"] > alpha}
             if not bad:

@@ -1,0 +1,369 @@
+#!/usr/bin/env python
+"""Real scale, side by side against a baseline tree (today's code) in one run, ratios printed.
+
+Every measurement runs in its own process with ``PYTHONPATH`` set to the tree it measures
+(``--new``: this checkout by default; ``--baseline``: another checkout, e.g. main's), so the two
+codes never share an import.
+
+    # on a GPU machine: two real-scale runs (scale720 suite, 8 jobs x 240 frames; run B is run
+    # A plus seeded noise), `evalkit compare` of them with each tree; then scale1080
+    python benchmarks/bench_scale.py compare --baseline /path/to/main --out OUT
+    # the 2-core CPU: `study create` of a 20-clip 720p study, wall time and peak memory
+    python benchmarks/bench_scale.py study --baseline /work/main --out OUT
+
+``compare`` times ``evalkit compare``'s library call (``compare_runs``) in three parts, as
+the process sees them: start-up (imports, run folders, LPIPS model: up to the first frame
+read), the measurement (from the first frame read to the last record: decoding included) and
+the report (CSV, JSON, plots, HTML); plus peak resident memory and peak GPU memory. The
+baseline measures ``--baseline-jobs`` jobs of the runs (its pairs/s does not depend on how
+many: it measures one job after the other), ours all of them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- one measurement, in the measured tree's process ------------------------------------------
+
+def _child_compare(args) -> dict:
+    import evalkit.compare.pairing as P
+
+    t0 = time.perf_counter()
+    spans: dict = {"measure": [], "report": []}
+    measure, write_report = P.LocalCompareSession.measure, P.write_report
+
+    def timed_measure(self, pairs, **kw):
+        t = time.perf_counter()
+        out = measure(self, pairs, **kw)
+        spans["measure"].append((time.perf_counter() - t, sum(len(m.records) for m in out)))
+        return out
+
+    def timed_report(*a, **kw):
+        t = time.perf_counter()
+        out = write_report(*a, **kw)
+        spans["report"].append(time.perf_counter() - t)
+        return out
+
+    P.LocalCompareSession.measure = timed_measure
+    P.write_report = timed_report
+    options = {"temporal": not args.no_temporal}
+    if args.flow:
+        options["flow"] = args.flow
+    res = P.compare_runs(args.a, args.b, args.report, device=args.device, progress=False,
+                         metric_options=options)
+    total = time.perf_counter() - t0
+    seconds = sum(s for s, _ in spans["measure"])
+    pairs = sum(n for _, n in spans["measure"])
+    report = sum(spans["report"])
+    out = {"pairs": pairs, "jobs": len(res.measures), "measure_s": round(seconds, 3),
+           "pairs_per_s": round(pairs / seconds, 1), "startup_s": round(total - seconds - report, 3),
+           "report_s": round(report, 3), "total_s": round(total, 3),
+           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+           "lpips_mean": res.summary["aggregates"]["lpips"]["mean"]}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    except ImportError:
+        pass
+    return out
+
+
+def _child_study(args) -> dict:
+    from evalkit.study import create_study
+
+    t0 = time.perf_counter()
+    r = create_study(args.report, args.db, protocol=args.protocol, raters_planned=40)
+    wall = time.perf_counter() - t0
+    media = Path(r["media"])
+    return {"clips": r["clips"], "catch_versions": r["catch_versions"], "wall_s": round(wall, 2),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            "media_files": len(list(media.glob("*.mp4"))),
+            "media_mb": round(sum(p.stat().st_size for p in media.glob("*.mp4")) / 1e6, 1)}
+
+
+def run_in(tree: Path, *argv, timeout: float = 900) -> dict:
+    """Run this script's ``_child`` command under ``tree``'s code; its JSON result."""
+    path = os.pathsep.join([str(tree)] + ([os.environ["PYTHONPATH"]]
+                                          if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False",
+           "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *map(str, argv)],
+                       env=env, cwd=str(tree), capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{tree}: {' '.join(map(str, argv))} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# -- making the runs ---------------------------------------------------------------------------
+
+#: ``--tiny``: frame sizes divided by this (to try the script on a small CPU machine)
+SHRINK = 1
+
+
+def _make_scale():
+    sys.path.insert(0, str(ROOT / "datasets"))
+    import make_scale
+
+    if SHRINK > 1 and not getattr(make_scale, "_shrunk", False):
+        make_scale._shrunk = True
+        for k, v in list(make_scale.SUITES.items()):
+            make_scale.SUITES[k] = make_scale.ScaleSpec(v.width // SHRINK, v.height // SHRINK,
+                                                        v.frames, v.fps, v.subframes)
+    return make_scale
+
+
+def make_runs(suite_name: str, root: Path, *, frames: int, clips: int, workers: int,
+              subsets: dict[str, int]) -> dict[str, Path]:
+    """Generate ``clips`` clips of a real-scale suite into ``root`` (a suite file naming just
+    them), then run folders: ``a`` holds the clips themselves, ``b`` the clips plus seeded
+    noise (every pixel +-0..2 code values), ``a<k>``/``b<k>`` the same with only the first k
+    jobs done (``subsets``). Returns the run folders."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import yaml
+
+    make_scale = _make_scale()
+
+    from evalkit.formats.run import RunDir
+    from evalkit.formats.suite import load_suite
+    from evalkit.video import ClipReader, write_lossless
+
+    doc = yaml.safe_load((ROOT / "datasets" / suite_name / "suite.yaml").read_text())
+    ids = [c["id"] for c in doc["clips"]][:clips]
+    doc["clips"] = [c for c in doc["clips"] if c["id"] in ids]
+    doc["jobs"] = [j for j in doc["jobs"] if j["clip"] in ids]
+    folder = root / suite_name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "suite.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    t = time.perf_counter()
+    make_scale.generate(suite_name, root, workers=workers, frames=frames, clips=ids)
+    gen_s = time.perf_counter() - t
+
+    def noisy(cid: str) -> Path:
+        src = folder / "clips" / f"{cid}.mkv"
+        dst = root / "noisy" / f"{cid}.mkv"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(16)
+
+        def frames_b():
+            for chunk in ClipReader(src).chunks(8):
+                noise = rng.integers(-2, 3, chunk.shape, dtype=np.int16)
+                yield from np.clip(chunk + noise, 0, 255).astype(np.uint8)
+
+        write_lossless(dst, frames_b(), ClipReader(src).info.fps)
+        return dst
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(min(len(ids), workers)) as pool:
+        list(pool.map(noisy, ids))
+    noise_s = time.perf_counter() - t
+    suite = load_suite(folder / "suite.yaml")
+    runs = {}
+    for side, src in (("a", folder / "clips"), ("b", root / "noisy")):
+        for name, k in [(side, len(suite.jobs))] + [(f"{side}{k}", k) for k in subsets.values()]:
+            run = RunDir.create(root / "runs" / name, suite=suite,
+                                renderer={"name": "import", "version": "1", "options": {}},
+                                backend={"spec": "import"}, fingerprint={"host": "bench"})
+            for job in suite.jobs[:k]:
+                p = src / f"{job.clip}.mkv"
+                info = ClipReader(p).info
+                run.record_done_encoded(job.id, p.read_bytes(), None, frames=frames,
+                                        width=info.width, height=info.height, fps=info.fps)
+            runs[name] = run.path
+    print(f"[{suite_name}] {len(ids)} clips x {frames} frames generated in {gen_s:.1f} s "
+          f"(noisy copies {noise_s:.1f} s, {workers} processes)", flush=True)
+    return runs
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+def _line(name: str, r: dict) -> str:
+    extra = f", GPU {r['peak_gpu_gb']} GB" if "peak_gpu_gb" in r else ""
+    return (f"  {name:<34} {r['pairs']:>5} pairs in {r['measure_s']:>7.2f} s = "
+            f"{r['pairs_per_s']:>6.1f} pairs/s | start-up {r['startup_s']:.2f} s, report "
+            f"{r['report_s']:.2f} s | peak RSS {r['peak_rss_gb']} GB{extra} | "
+            f"LPIPS mean {r['lpips_mean']:.5f}")
+
+
+def cmd_compare(a) -> dict:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work)
+    results: dict = {}
+    trees = {"baseline": Path(a.baseline), "ours": Path(a.new)}
+    if a.flow_tree:
+        trees["ours+gpuflow"] = Path(a.flow_tree)
+    sets = [("scale720", a.frames, a.jobs, a.baseline_jobs)]
+    if a.hd_jobs:
+        sets.append(("scale1080", a.frames, a.hd_jobs, a.hd_baseline_jobs))
+    for suite, frames, jobs, base_jobs in sets:
+        runs = make_runs(suite, work / suite, frames=frames, clips=jobs, workers=a.workers,
+                         subsets={"base": base_jobs} if base_jobs else {})
+        print(f"[{suite}] evalkit compare, {jobs} jobs (baseline {base_jobs}) x {frames} frames, "
+              f"device {a.device}", flush=True)
+        plan = [("LPIPS+SSIM+PSNR", ["--no-temporal"], "baseline", True),
+                ("LPIPS+SSIM+PSNR", ["--no-temporal"], "ours", False),
+                ("full set, CPU flow (DIS fast)", [], "baseline", True),
+                ("full set, CPU flow (DIS fast)", [], "ours", False)]
+        if "ours+gpuflow" in trees:
+            plan.append(("full set, GPU flow (--flow torch)", ["--flow", "torch"],
+                         "ours+gpuflow", False))
+        for what, opts, tree, base in plan:
+            if base and not base_jobs:
+                continue
+            ra, rb = (runs[f"a{base_jobs}"], runs[f"b{base_jobs}"]) if base else (runs["a"], runs["b"])
+            key = f"{suite} | {what} | {tree}"
+            try:
+                r = run_in(trees[tree], "compare", ra, rb, work / "reports" / key.replace(" ", "_")
+                           .replace("|", "").replace("+", "").replace("(", "").replace(")", ""),
+                           "--device", a.device, *opts, timeout=a.child_timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"  {tree}: {what}: FAILED {str(e)[-800:]}", flush=True)
+                continue
+            results[key] = r
+            print(_line(f"{what} [{tree}]", r), flush=True)
+            if tree != "baseline":
+                b = results.get(f"{suite} | {what.replace(', GPU flow (--flow torch)', ', CPU flow (DIS fast)')} | baseline")
+                if b:
+                    print(f"    ratio ours / baseline: {r['pairs_per_s'] / b['pairs_per_s']:.2f}x "
+                          f"pairs/s", flush=True)
+            (out / "compare.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def make_study_report(root: Path, *, clips: int, frames: int, workers: int,
+                      sources: int = 8) -> Path:
+    """A compare report folder holding what ``study create`` reads (summary.json with the two
+    runs and ``clips`` compared jobs) over real-scale 720p clips: run A = the suite's clips
+    (``frames`` frames), run B = them plus seeded noise; 8 clips, so jobs repeat clips with
+    B's noise seeded per job (``sources``: how many of the 8 clips are made)."""
+    import numpy as np
+
+    from evalkit.video import ClipReader, write_lossless
+
+    make_scale = _make_scale()
+    paths = make_scale.generate("scale720", root / "src", workers=workers, frames=frames,
+                                clips=make_scale.CLIPS[:sources])
+    for side in ("a", "b"):
+        (root / "runs" / side / "clips").mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for i in range(clips):
+        src = paths[i % len(paths)]
+        job = f"{src.stem}-{i}"
+        frames_a = ClipReader(src).read()
+        rng = np.random.default_rng(i)
+        frames_b = np.clip(frames_a + rng.integers(-3, 4, frames_a.shape, dtype=np.int16),
+                           0, 255).astype(np.uint8)
+        write_lossless(root / "runs" / "a" / "clips" / f"{job}.mkv", frames_a, 24)
+        write_lossless(root / "runs" / "b" / "clips" / f"{job}.mkv", frames_b, 24)
+        jobs.append(job)
+    report = root / "report"
+    report.mkdir(exist_ok=True)
+    (report / "summary.json").write_text(json.dumps({
+        "runs": {"a": {"path": str(root / "runs" / "a")}, "b": {"path": str(root / "runs" / "b")}},
+        "jobs": {"compared": jobs}}))
+    return report
+
+
+def cmd_study(a) -> dict:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work)
+    t = time.perf_counter()
+    report = make_study_report(work, clips=a.clips, frames=a.frames, workers=a.workers,
+                               sources=a.sources)
+    print(f"study input: {a.clips} clips of 1280x720 x {a.frames} frames from {a.sources} "
+          f"sources (made in "
+          f"{time.perf_counter() - t:.0f} s); protocol {a.protocol}; {os.cpu_count()} CPUs",
+          flush=True)
+    results = {}
+    order = ["baseline", "ours"] * a.repeats
+    for i, tree in enumerate(order):
+        path = Path(a.baseline) if tree == "baseline" else Path(a.new)
+        r = run_in(path, "study", report, work / f"study-{i}-{tree}.db", "--protocol", a.protocol,
+                   timeout=3600)
+        results.setdefault(tree, []).append(r)
+        print(f"  {tree:<9} wall {r['wall_s']:>7.1f} s | peak RSS {r['peak_rss_gb']:.2f} GB | "
+              f"{r['clips']} clips, {r['catch_versions']} catch versions, {r['media_files']} "
+              f"files, {r['media_mb']} MB", flush=True)
+    best = {k: min(v, key=lambda r: r["wall_s"]) for k, v in results.items()}
+    print(f"  ratio baseline / ours wall time (best of {a.repeats}): "
+          f"{best['baseline']['wall_s'] / best['ours']['wall_s']:.2f}x; peak RSS ours / baseline: "
+          f"{best['ours']['peak_rss_gb'] / best['baseline']['peak_rss_gb']:.2f}x", flush=True)
+    (out / "study.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_child"]:
+        c = argparse.ArgumentParser()
+        c.add_argument("what", choices=["compare", "study"])
+        c.add_argument("a")
+        c.add_argument("b")
+        c.add_argument("report", nargs="?")
+        c.add_argument("--device", default="cuda")
+        c.add_argument("--no-temporal", action="store_true")
+        c.add_argument("--flow", default=None)
+        c.add_argument("--protocol", default="preference")
+        args = c.parse_args(argv[1:])
+        if args.what == "study":
+            args.report, args.db = args.a, args.b
+            print(json.dumps(_child_study(args)))
+        else:
+            print(json.dumps(_child_compare(args)))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--baseline", required=True, help="checkout of today's code (e.g. main)")
+    c.add_argument("--new", default=str(ROOT), help="checkout measured as ours (default: this one)")
+    c.add_argument("--flow-tree", default=None,
+                   help="checkout with the GPU flow (--flow torch) for the full set on the GPU")
+    c.add_argument("--out", required=True)
+    c.add_argument("--work", default="/tmp/bench_scale")
+    c.add_argument("--device", default="cuda")
+    c.add_argument("--frames", type=int, default=240)
+    c.add_argument("--jobs", type=int, default=8)
+    c.add_argument("--baseline-jobs", type=int, default=3)
+    c.add_argument("--hd-jobs", type=int, default=2, help="1920x1080 jobs (0: none)")
+    c.add_argument("--hd-baseline-jobs", type=int, default=0)
+    c.add_argument("--child-timeout", type=float, default=240)
+    c.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    s = sub.add_parser("study")
+    s.add_argument("--baseline", required=True)
+    s.add_argument("--new", default=str(ROOT))
+    s.add_argument("--out", required=True)
+    s.add_argument("--work", default="/tmp/bench_scale_study")
+    s.add_argument("--clips", type=int, default=20)
+    s.add_argument("--frames", type=int, default=48)
+    s.add_argument("--sources", type=int, default=8, help="source clips made (jobs repeat them)")
+    s.add_argument("--protocol", default="preference")
+    s.add_argument("--repeats", type=int, default=1)
+    s.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    for p in (c, s):
+        p.add_argument("--tiny", type=int, default=1, metavar="N",
+                       help="frame sizes divided by N (a quick try on a small machine)")
+    a = ap.parse_args(argv)
+    global SHRINK
+    SHRINK = a.tiny
+    print(f"bench_scale {a.cmd}: baseline {a.baseline}, ours {a.new}; host {os.uname().nodename}, "
+          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", flush=True)
+    {"compare": cmd_compare, "study": cmd_study}[a.cmd](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
