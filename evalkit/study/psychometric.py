@@ -83,7 +83,7 @@ MODELS = ("weibull", "logistic")
 CLIP_EXPANDED = True
 LN2 = math.log(2.0)
 _EPS = 1e-10
-_SLOPE_STARTS = np.log([1.0, 4.0])
+_SLOPE_STARTS = np.log([1.0, 3.0, 10.0])
 _M_STARTS = np.linspace(0.03, 0.97, 16)
 _LAPSE_START = 0.02
 _GRID_CELLS = 4_000_000      # batch x starts x stimuli evaluated at once by the grid start
@@ -137,42 +137,59 @@ def _saturated(N, K):
 
 
 def _grid_start(lx, N, K, lo, hi, model):
-    """Best of a grid of starts (thresholds across the search range x slopes), per batch row."""
+    """The best start of each slope of the grid (thresholds across the search range), per batch
+    row: (G, slopes, 3)."""
     G, M = N.shape
     lxb = np.broadcast_to(lx, (G, M))
     ms = lo[:, 0:1] + (hi[:, 0:1] - lo[:, 0:1]) * _M_STARTS[None, :]          # (G, nm)
     S = len(_SLOPE_STARTS)
     nm = ms.shape[1]
-    best = np.empty((G, 3))
+    best = np.empty((G, S, 3))
     chunk = max(1, _GRID_CELLS // (nm * S * M))
     a = 1.0 - GUESS - _LAPSE_START
     for g0 in range(0, G, chunk):
         g1 = min(G, g0 + chunk)
-        z = (np.exp(_SLOPE_STARTS)[None, None, :, None]
-             * (lxb[g0:g1, None, None, :] - ms[g0:g1, :, None, None]))       # (g, nm, S, M)
+        z = (np.exp(_SLOPE_STARTS)[None, :, None, None]
+             * (lxb[g0:g1, None, None, :] - ms[g0:g1, None, :, None]))       # (g, S, nm, M)
         p = np.clip(GUESS + a * _core(z, model)[0], _EPS, 1 - _EPS)
         ll = (K[g0:g1, None, None, :] * np.log(p)
-              + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(-1).reshape(g1 - g0, -1)
-        i = ll.argmax(1)
-        best[g0:g1, 0] = ms[np.arange(g0, g1), i // S]
-        best[g0:g1, 1] = _SLOPE_STARTS[i % S]
-    best[:, 2] = _LAPSE_START
-    return np.clip(best, lo, hi)
+              + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(-1)       # (g, S, nm)
+        i = ll.argmax(2)
+        best[g0:g1, :, 0] = np.take_along_axis(ms[g0:g1], i, 1)
+    best[:, :, 1] = _SLOPE_STARTS
+    best[:, :, 2] = _LAPSE_START
+    return np.clip(best, lo[:, None], hi[:, None])
 
 
 def _fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
-    """Maximum likelihood for every batch row at once: projected Fisher scoring with
-    Levenberg-Marquardt damping within the box ``[lo, hi]`` (G, 3). Returns (theta, loglik)."""
+    """Maximum likelihood for every batch row at once, from two starts (the best point of the
+    grid of :func:`_grid_start`, and ``theta0`` when given), keeping the better optimum:
+    :func:`_lm`. Returns (theta, loglik). (Refining the best start of every slope of the grid
+    instead found the same optima as often, at 1.8x the time.)"""
     N = np.asarray(N, float)
     K = np.asarray(K, float)
+    G, M = N.shape
+    starts = _grid_start(lx, N, K, lo, hi, model)
+    lls = np.stack([_loglik(starts[:, i], lx, N, K, model)[0] for i in range(starts.shape[1])], 1)
+    starts = starts[np.arange(G), lls.argmax(1)][:, None]
+    if theta0 is not None:
+        starts = np.concatenate([starts, np.clip(theta0, lo, hi)[:, None]], 1)
+    S = starts.shape[1]
+    lxb = np.broadcast_to(lx, (G, M))
+    rep = lambda a: np.repeat(a, S, 0)  # noqa: E731
+    theta, ll = _lm(starts.reshape(G * S, 3), rep(lxb), rep(N), rep(K), rep(lo), rep(hi), model,
+                    iters)
+    ll = ll.reshape(G, S)
+    i = ll.argmax(1)
+    return theta.reshape(G, S, 3)[np.arange(G), i], ll[np.arange(G), i]
+
+
+def _lm(theta, lx, N, K, lo, hi, model, iters):
+    """Projected Fisher scoring with Levenberg-Marquardt damping within the box ``[lo, hi]``
+    (G, 3), every row from its start ``theta``."""
     G = N.shape[0]
-    theta = _grid_start(lx, N, K, lo, hi, model)
+    theta = theta.copy()
     ll = _loglik(theta, lx, N, K, model)[0]
-    if theta0 is not None:      # a second start: keep the better of it and the grid's best
-        t0 = np.clip(theta0, lo, hi)
-        ll0 = _loglik(t0, lx, N, K, model)[0]
-        better = ll0 > ll
-        theta[better], ll[better] = t0[better], ll0[better]
     mu = np.full(G, 1e-3)
     eye = np.eye(3)
     live = np.arange(G)
