@@ -64,6 +64,7 @@ are in ``tests/test_psychometric.py`` (a fast slice) and ``benchmarks/bench_thre
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Iterable
@@ -100,7 +101,8 @@ def _core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
     z = np.clip(z, -60.0, 60.0)
     if model == "weibull":
         e = LN2 * np.exp(z)
-        return -np.expm1(-e), e * np.exp(-e)
+        q = np.exp(-e)
+        return 1.0 - q, e * q
     s = special.expit(z)
     return s, s * (1.0 - s)
 
@@ -186,22 +188,23 @@ def _fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
 
 def _lm(theta, lx, N, K, lo, hi, model, iters):
     """Projected Fisher scoring with Levenberg-Marquardt damping within the box ``[lo, hi]``
-    (G, 3), every row from its start ``theta``."""
-    G = N.shape[0]
+    (G, 3), every row from its start ``theta``; a row stops when a step gains less than 1e-7 in
+    log-likelihood and moves the log threshold less than 1e-5, or after ``iters`` steps."""
+    G, M = N.shape
     theta = theta.copy()
-    ll = _loglik(theta, lx, N, K, model)[0]
+    lx = np.broadcast_to(lx, (G, M))
+    ll, *q = _loglik(theta, lx, N, K, model)
+    Q = np.stack(q[:4])                                  # p, F, dF, z at the current point
     mu = np.full(G, 1e-3)
-    eye = np.eye(3)
     live = np.arange(G)
-    full_lx = np.ndim(lx) == 2 and lx.shape[0] == G
-    cache = _loglik(theta, lx, N, K, model)[1:]
     for _ in range(iters):
         if live.size == 0:
             break
         th = theta[live]
-        lxi = lx[live] if full_lx else lx
-        Ni, Ki = N[live], K[live]
-        p, F, dF, z, beta, a = cache
+        lxi, Ni, Ki = lx[live], N[live], K[live]
+        p, F, dF, z = Q
+        beta = np.exp(th[:, 1:2])
+        a = 1.0 - GUESS - th[:, 2:3]
         v = p * (1.0 - p)
         d0 = a * dF * -beta
         d1 = a * dF * z
@@ -210,31 +213,45 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
         w = Ni / v
         g = np.stack([(r * d0).sum(1), (r * d1).sum(1), (r * d2).sum(1)], -1)
         w0, w1 = w * d0, w * d1
-        i00, i01, i02 = (w0 * d0).sum(1), (w0 * d1).sum(1), (w0 * d2).sum(1)
-        i11, i12, i22 = (w1 * d1).sum(1), (w1 * d2).sum(1), (w * d2 * d2).sum(1)
-        info = np.stack([np.stack([i00, i01, i02], -1), np.stack([i01, i11, i12], -1),
-                         np.stack([i02, i12, i22], -1)], -2)
+        A = np.stack([(w0 * d0).sum(1), (w0 * d1).sum(1), (w0 * d2).sum(1),
+                      (w1 * d1).sum(1), (w1 * d2).sum(1), (w * d2 * d2).sum(1)], -1)
         act = ((th <= lo[live] + 1e-12) & (g < 0)) | ((th >= hi[live] - 1e-12) & (g > 0))
-        g = np.where(act, 0.0, g)
-        free = (~act).astype(float)
-        info = info * free[:, :, None] * free[:, None, :]
-        d = np.diagonal(info, axis1=1, axis2=2)
-        A = info + eye * (mu[live, None] * d + 1e-9 * d.max(1, keepdims=True) + 1e-12
-                          + (1.0 - free))[:, None, :]
-        step = np.linalg.solve(A, g[..., None])[..., 0]
+        g[act] = 0.0
+        free = ~act
+        a00, a01, a02, a11, a12, a22 = A.T
+        # an active bound: its row and column out of the system (unit diagonal, zero gradient)
+        a01 = a01 * (free[:, 0] & free[:, 1])
+        a02 = a02 * (free[:, 0] & free[:, 2])
+        a12 = a12 * (free[:, 1] & free[:, 2])
+        diag = np.stack([a00, a11, a22], -1) * free
+        ridge = 1e-9 * diag.max(1, keepdims=True) + 1e-12
+        diag = diag * (1.0 + mu[live, None]) + ridge + act
+        a00, a11, a22 = diag.T
+        c00 = a11 * a22 - a12 * a12
+        c01 = a02 * a12 - a01 * a22
+        c02 = a01 * a12 - a02 * a11
+        c11 = a00 * a22 - a02 * a02
+        c12 = a01 * a02 - a00 * a12
+        c22 = a00 * a11 - a01 * a01
+        det = a00 * c00 + a01 * c01 + a02 * c02
+        g0, g1, g2 = g.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.stack([c00 * g0 + c01 * g1 + c02 * g2, c01 * g0 + c11 * g1 + c12 * g2,
+                             c02 * g0 + c12 * g1 + c22 * g2], -1) / det[:, None]
+        step[~np.isfinite(step).all(1)] = 0.0
         new = np.clip(th + step, lo[live], hi[live])
-        ll_new, *cache_new = _loglik(new, lxi, Ni, Ki, model)
+        ll_new, *q = _loglik(new, lxi, Ni, Ki, model)
         ok = ll_new > ll[live] + 1e-13
         gain = np.where(ok, ll_new - ll[live], 0.0)
         theta[live[ok]] = new[ok]
         ll[live[ok]] = ll_new[ok]
         mu[live] = np.where(ok, np.maximum(mu[live] / 4.0, 1e-7), mu[live] * 6.0)
-        moved = np.abs(new - th)
-        done = (ok & (gain < 1e-8) & (moved[:, 0] < 1e-6)) | (mu[live] > 1e7)
+        done = (ok & (gain < 1e-7) & (np.abs(new[:, 0] - th[:, 0]) < 1e-5)) | (mu[live] > 1e7)
         keep = ~done
         # the next iteration's quantities: the new point where accepted, else the old one
-        cache = [np.where(ok[:, None], cn, co)[keep]
-                 for cn, co in zip(cache_new, (np.broadcast_to(c, p.shape) for c in cache))]
+        Qn = np.stack(q[:4])
+        Q[:, ok] = Qn[:, ok]
+        Q = Q[:, keep]
         live = live[keep]
     return theta, ll
 
@@ -315,6 +332,7 @@ def _replicate_thresholds(theta, lo, hi):
     return m
 
 
+@functools.lru_cache(maxsize=256)
 def expanded_alpha(confidence: float, units: int) -> float:
     """The tail probability of Hesterberg's expanded percentile interval (Hesterberg 2015, "What
     teachers should know about the bootstrap", Am. Stat. 69:371-386, sec. 4.4): with ``units``
