@@ -3,15 +3,16 @@ thresholds, and do its intervals cover the truth at their nominal rate?
 
     .venv/bin/python benchmarks/bench_threshold_sim.py                 # ~15 min on 2 busy cores
     .venv/bin/python benchmarks/bench_threshold_sim.py --studies 100 --boot 100   # quicker
+    .venv/bin/python benchmarks/bench_threshold_sim.py --rules --studies 150   # interval rules
 
-Saved output: benchmarks/results/threshold_sim.txt. Every number comes from
+Saved output: benchmarks/results/threshold_sim.txt (and threshold_sim_rules.txt for ``--rules``). Every number comes from
 ``psychometric.simulate_coverage``: simulated studies whose raters follow a known psychometric
 function (Weibull, guess 0.5, a lapse rate uniform in [0, lapse_max] per rater; each rater's log
 threshold scattered around the population's by ``rater_sd`` and each clip's by ``clip_sd``;
 clip references lognormal around 0.01 with sd 0.3; stimuli ``x = ref * k ** 0.9`` at k = 1, 2, 4,
 8, 16, 32), analysed with the fit, the bootstrap draws and the interval rule of
 ``threshold_analysis`` (pooled: two-way percentile; per clip: raters resampled, expanded
-percentile). The truth is the population's (``population_threshold``): pooled, the x at which
+percentile for one unit fewer than the raters; ``--rules`` compares that choice with others). The truth is the population's (``population_threshold``): pooled, the x at which
 the mean F over raters and clips is 0.5; per clip, over raters for that clip.
 
 Columns: coverage of the 95% interval with its Wilson 95% interval (target 0.95: "ok" when the
@@ -59,16 +60,67 @@ def _row(label, design, res, part):
             f"{f(d['log_rmse'])} {f(d['width_median'])}")
 
 
+def _rule_coverage(est, reps, truths, units):
+    """Coverage of the truth by several interval rules over the same replicates (log scale)."""
+    a = 0.025
+    out = {}
+    for name in ("percentile", "expanded n", "expanded n-1 (used per clip)", "t x SD, df n-1"):
+        cov = []
+        for e, r, tr in zip(est, reps, truths):
+            if name == "percentile":
+                lo, hi = np.quantile(r, [a, 1 - a], method="inverted_cdf")
+            elif name.startswith("expanded"):
+                aa = P.expanded_alpha(0.95, units - (name != "expanded n"))
+                lo, hi = np.quantile(r, [aa, 1 - aa], method="inverted_cdf")
+            else:
+                from scipy.stats import t as student_t
+
+                f = r[np.isfinite(r)]
+                sd = np.std(f) * np.sqrt(units / (units - 1))
+                q = student_t.ppf(0.975, units - 1)
+                lo, hi = e - q * sd, e + q * sd
+            cov.append(lo <= np.log(tr) <= hi)
+        out[name] = float(np.mean(cov))
+    return out
+
+
+def rules(studies: int, boot: int, seed: int) -> None:
+    print("\n== 4. interval rules compared on the same replicates (two-sided 95%, log scale, "
+          "no range clamping) ==")
+    print("units: raters per clip; pooled: min(raters, clips)")
+    for name, over in (("no lapses", dict(lapse_max=0.0)), ("base", {}),
+                       ("low threshold 0.02", dict(threshold=0.02))):
+        for R, C, rep in DESIGNS[1:]:
+            seed += 1
+            res = P.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
+                                      n_boot=boot, seed=seed, keep=True, **{**BASE, **over})
+            d = res["data"]
+            S = studies
+            clip = _rule_coverage(d["theta_clips"][:, 0], d["reps_clips"].reshape(S * C, -1),
+                                  d["clip_truth"].reshape(-1), R)
+            pooled = _rule_coverage(d["theta_pooled"][:, 0], d["reps_pooled"],
+                                    np.full(S, d["truth"]), min(R, C))
+            for part, cov in (("clips", clip), ("pooled", pooled)):
+                print(f"{name:20s} {R}x{C}x{rep:<3d} {part:6s} " + "  ".join(
+                    f"{k}: {v:.3f}" for k, v in cov.items()), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=200, help="simulated studies per cell")
     ap.add_argument("--boot", type=int, default=250, help="bootstrap replicates per study")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--rules", action="store_true",
+                    help="only section 4: interval rules compared (percentile, expanded, t)")
     ap.add_argument("--all-designs", action="store_true",
                     help="every scenario at every design (default: the base at every design, "
                          "the others at 8 x 4 x 2)")
     args = ap.parse_args()
     t0 = time.time()
+    if args.rules:
+        rules(args.studies, args.boot, args.seed + 1000)
+        print(f"\ntotal {time.time() - t0:.0f} s")
+        return 0
     print(f"threshold simulation: {args.studies} studies per cell, {args.boot} bootstrap "
           f"replicates, 95% intervals, seed {args.seed}")
     print(f"base truth: {BASE}; design = raters x clips x repeats per stimulus, 6 levels")

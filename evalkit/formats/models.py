@@ -380,8 +380,8 @@ Thresholds = Annotated[dict[str, BoundMap], Keys("aggregate", AGGREGATES, non_em
 class HumanThreshold(FormatModel):
     """Where a gate's number came from when people set it (`human_threshold`, written by
     `evalkit study gate` from a threshold study): the human detection threshold, its interval,
-    the study and the safety factor. The compare report draws `value` as a line on the
-    per-frame plots of `metric`."""
+    the study and the safety factor. When `metric` is `lpips`, the compare report draws `value`
+    as a line on its per-frame LPIPS plots."""
 
     metric: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$"),
                       Expect("a metric name", "a metric key such as lpips")] = Field(

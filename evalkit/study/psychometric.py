@@ -45,9 +45,16 @@ often large: a poor fit says the curve is an average of different observers; the
 Intervals: a bootstrap clustered over raters and clips. Pooled: raters and clips are resampled
 independently with replacement (two-way "pigeonhole" bootstrap, Owen 2007, Ann. Appl. Stat.
 1:386-411; each trial is weighted by its rater's times its clip's draw count) and the model is
-refitted to every replicate; per clip: raters are resampled. The interval is the percentile
-interval of the replicates' thresholds (``method="percentile"``). Replicates whose threshold
-hits a search bound count as beyond it: an interval end among them is ``None`` (open).
+refitted to every replicate; the interval is the percentile interval of the replicates'
+thresholds. Per clip: raters are resampled, and the interval is Hesterberg's *expanded*
+percentile interval (:func:`expanded_alpha`) computed for one unit fewer than the clip's raters:
+with 8-12 raters the plain percentile interval covered the truth 88-92% of the time instead of
+95%, Hesterberg's rule with n units 92-95%, with n - 1 units 94-96% (:func:`simulate_coverage`,
+150 studies per cell; the benchmark has the full grid). (The pooled two-way interval needs no expansion: the pigeonhole
+bootstrap over-estimates the variance, which offsets the few-cluster narrowness; see the
+benchmark.) Replicates whose threshold hits a search bound count as beyond it: an interval end
+among them is ``None`` (open). The replicates are refitted by the vectorised solver (from the
+estimate and from the grid's best start, no polish).
 Headroom = threshold / reference, where the reference is the metric value of the real backend
 difference (k = 1), per clip, and pooled the geometric mean of the clips' references
 (recomputed in each replicate from the resampled clips).
@@ -80,7 +87,8 @@ LAPSE_MAX = 0.06
 SLOPE_BOUNDS = (0.5, 15.0)
 EXTRAPOLATE = 8.0
 MODELS = ("weibull", "logistic")
-#: per clip (raters resampled, one way): the expanded percentile interval (see the module doc)
+#: per clip (raters resampled, one way): the expanded percentile interval with one unit fewer
+#: than the clip's raters (see the module doc)
 CLIP_EXPANDED = True
 LN2 = math.log(2.0)
 _EPS = 1e-10
@@ -419,8 +427,9 @@ class _Data:
             raise ThresholdError(f"reference: expected a mapping of clip to metric value, "
                                  f"found {type(reference).__name__}")
         self.reference = {}
+        by_name = {str(k): v for k, v in reference.items()}     # clips are named as strings
         for c in self.clips:
-            v = reference.get(c)
+            v = by_name.get(c)
             if (v is None or isinstance(v, bool) or not isinstance(v, numbers.Real)
                     or not math.isfinite(v) or v <= 0):
                 raise ThresholdError(f"reference: clip '{c}': expected a positive number, "
@@ -631,7 +640,7 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
                         np.array([fits[c]["xmin"] for c in fitted]),
                         np.array([fits[c]["xmax"] for c in fitted]), lapse_max, model)
         for i, c in enumerate(fitted):
-            units = len(clip_raters[c]) if CLIP_EXPANDED else None
+            units = len(clip_raters[c]) - 1 if CLIP_EXPANDED else None
             cis[c] = _interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
                                confidence, units)
             hcis[c] = _exp_ci(_percentile_ci(m[i] - logref[c], confidence, units))
@@ -950,9 +959,10 @@ def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4,
 
     res = {"pooled": summarise(th_p[:, 0], m_p, xp.min(1), xp.max(1), np.full(S, truth)),
            "clips": summarise(th_c[:, 0], m_c.reshape(S * C, n_boot), xc.min(1), xc.max(1),
-                              clip_truth.reshape(-1), R if CLIP_EXPANDED else None),
+                              clip_truth.reshape(-1), R - 1 if CLIP_EXPANDED else None),
            "truth": truth, "confidence": confidence, "n_boot": n_boot}
     if keep:
         res["data"] = {"n": n, "k": k, "x": x, "ref": ref, "seeds": seeds, "levels": lv,
-                       "clip_truth": clip_truth, "theta_pooled": th_p}
+                       "clip_truth": clip_truth, "theta_pooled": th_p, "theta_clips": th_c,
+                       "reps_pooled": m_p, "reps_clips": m_c, "truth": truth}
     return res
