@@ -4,8 +4,10 @@ thresholds, and do its intervals cover the truth at their nominal rate?
     .venv/bin/python benchmarks/bench_threshold_sim.py                 # ~15 min on 2 busy cores
     .venv/bin/python benchmarks/bench_threshold_sim.py --studies 100 --boot 100   # quicker
     .venv/bin/python benchmarks/bench_threshold_sim.py --rules --studies 150   # interval rules
+    .venv/bin/python benchmarks/bench_threshold_sim.py --clip-sweep   # very different clips
 
-Saved output: benchmarks/results/threshold_sim.txt (and threshold_sim_rules.txt for ``--rules``). Every number comes from
+Saved output: benchmarks/results/threshold_sim.txt (threshold_sim_rules.txt for ``--rules``,
+threshold_sim_clips.txt for ``--clip-sweep``). Every number comes from
 ``psychometric.simulate_coverage``: simulated studies whose raters follow a known psychometric
 function (Weibull, guess 0.5, a lapse rate uniform in [0, lapse_max] per rater; each rater's log
 threshold scattered around the population's by ``rater_sd`` and each clip's by ``clip_sd``;
@@ -105,11 +107,27 @@ def rules(studies: int, boot: int, seed: int) -> None:
                     f"{k}: {v:.3f}" for k, v in cov.items()), flush=True)
 
 
+def clip_sweep(studies: int, boot: int, seed: int) -> None:
+    print("\n== 5. clips that differ a lot (clip sd 0.6 in log threshold): pooled coverage "
+          "against the number of clips ==")
+    print(f"{'scenario':30s} {'design':>10s} {'part':6s} {'n':>5s}  cover [Wilson 95%]       "
+          f"  in-range below  above   bias   lrmse  width")
+    for name, over in (("clips differ only (0/0.6)", dict(rater_sd=0.0, clip_sd=0.6)),
+                       ("very heterogeneous (0.6/0.6)", dict(rater_sd=0.6, clip_sd=0.6))):
+        for R, C, rep in ((8, 4, 2), (8, 8, 2), (8, 12, 2)):
+            seed += 1
+            res = P.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
+                                      n_boot=boot, seed=seed, **{**BASE, **over})
+            print(_row(name, f"{R}x{C}x{rep}", res, "pooled"), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=200, help="simulated studies per cell")
     ap.add_argument("--boot", type=int, default=250, help="bootstrap replicates per study")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--clip-sweep", action="store_true",
+                    help="only section 5: pooled coverage with very different clips, 4-12 clips")
     ap.add_argument("--rules", action="store_true",
                     help="only section 4: interval rules compared (percentile, expanded, t)")
     ap.add_argument("--all-designs", action="store_true",
@@ -117,6 +135,10 @@ def main() -> int:
                          "the others at 8 x 4 x 2)")
     args = ap.parse_args()
     t0 = time.time()
+    if args.clip_sweep:
+        clip_sweep(args.studies, args.boot, args.seed + 2000)
+        print(f"\ntotal {time.time() - t0:.0f} s")
+        return 0
     if args.rules:
         rules(args.studies, args.boot, args.seed + 1000)
         print(f"\ntotal {time.time() - t0:.0f} s")
