@@ -307,3 +307,20 @@ def test_a_gate_set_by_people_gates_a_compare_report_and_is_drawn(analysis, runs
     without = [_purple_pixels(p.read_bytes()) for p in sorted((tmp_path / "r2" / "img").glob(
         "*_timeline.png"))]
     assert max(without) < 20
+
+
+def test_a_few_very_different_clips_get_a_note_on_the_pooled_interval():
+    """Below FEW_CLIPS clips whose thresholds spread widely, the pooled interval undercovers
+    (benchmark section 5): the analysis says so; alike clips get no such note."""
+    def run(clip_sd, seed):
+        rng = np.random.default_rng(seed)
+        s = P.simulate_trials(rng, raters=10, clips=4, repeats=4, rater_sd=0.1, clip_sd=clip_sd,
+                              reference_sd=0.0, threshold=0.03)
+        return P.threshold_analysis(s["trials"], reference=s["reference"], n_boot=50, n_gof=0)
+
+    spread = run(1.0, 2)
+    ts = [b["threshold"] for b in spread["clips"].values()]
+    assert None not in ts and np.std(np.log(ts), ddof=1) > P.CLIP_SPREAD_NOTE
+    assert any("thresholds differ a lot" in n for n in spread["notes"])
+    alike = run(0.0, 2)
+    assert not any("thresholds differ a lot" in n for n in alike["notes"])

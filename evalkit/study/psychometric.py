@@ -663,7 +663,28 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
         out["clips"][c] = blk
         out["notes"] += _degenerate_note(f"clip {c}", fits[c_i], Ntot[c_i]) + _notes(
             f"clip {c}", blk, fits[c_i], metric, confidence)
+    out["notes"] += _spread_note(out, [f["threshold"] for f in fits if f is not None], C)
     return out
+
+
+#: the pooled interval undercovers when few clips differ a lot (module doc, the benchmark's
+#: section 5): a note is added below this many clips when their thresholds spread more than
+#: :data:`CLIP_SPREAD_NOTE` (sd of the log per-clip thresholds)
+FEW_CLIPS = 8
+CLIP_SPREAD_NOTE = 0.5
+
+
+def _spread_note(out, ts, C):
+    """``ts``: the clips' ML thresholds, outside the levels shown too (extrapolated, but they
+    show the spread)."""
+    if C >= FEW_CLIPS or len(ts) < 2 or out["pooled"]["threshold"] is None:
+        return []
+    sd = float(np.std(np.log(ts), ddof=1))
+    if sd <= CLIP_SPREAD_NOTE:
+        return []
+    return [f"pooled: only {C} clips, whose thresholds differ a lot (sd of log thresholds "
+            f"{sd:.2f}): the pooled interval is likely too narrow (with 4 such clips it covered "
+            f"89% instead of 95% in simulation); read the per-clip thresholds, or add clips"]
 
 
 def _safe_fit(x, N, K, model, lapse_max):
