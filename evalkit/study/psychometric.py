@@ -49,11 +49,11 @@ independently with replacement (two-way "pigeonhole" bootstrap, Owen 2007, Ann. 
 refitted to every replicate; the interval is the percentile interval of the replicates'
 thresholds. Per clip: raters are resampled, and the interval is Hesterberg's *expanded*
 percentile interval (:func:`expanded_alpha`) computed for one unit fewer than the clip's raters:
-with 8-12 raters the plain percentile interval covered the truth 88-92% of the time instead of
-95%, Hesterberg's rule with n units 92-95%, with n - 1 units 94-96% (:func:`simulate_coverage`,
-150 studies per cell; the benchmark has the full grid). (The pooled two-way interval needs no expansion: the pigeonhole
-bootstrap over-estimates the variance, which offsets the few-cluster narrowness; see the
-benchmark.) Replicates whose threshold hits a search bound count as beyond it: an interval end
+with 8-12 raters the plain percentile interval covered the truth 87-92% of the time instead of
+95%, Hesterberg's rule with n units 91-95%, with n - 1 units 94-96% (150 studies per cell,
+``benchmarks/results/threshold_sim_rules.txt``; the grid: 95-97%). (The pooled two-way interval
+needs no expansion where clips are alike: the pigeonhole bootstrap over-estimates the variance,
+which offsets the few-cluster narrowness; see "Few clips that differ" below.) Replicates whose threshold hits a search bound count as beyond it: an interval end
 among them is ``None`` (open). The replicates are refitted by the vectorised solver (from the
 estimate and from the grid's best start, no polish).
 Headroom = threshold / reference, where the reference is the metric value of the real backend
