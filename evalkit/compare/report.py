@@ -186,7 +186,14 @@ def plot_text(text: str, limit: int = 90) -> str:
     return shown if shown == text else shown + " (full text: report page, clips.csv)"
 
 
-def _timeline(path: Path, m) -> tuple[int, int]:
+#: colour of the human threshold's line on the LPIPS plots (and of its gate bound, dotted)
+THRESHOLD_COLOR = "#7d3c98"
+
+
+def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
+    """The per-frame LPIPS (and SSIM) plot of one job; with ``human`` (a gate's
+    ``human_threshold`` block in LPIPS), the human detection threshold as a dashed horizontal
+    line and the gate's bound (threshold / safety factor) as a dotted one."""
     from matplotlib.figure import Figure
 
     frames = [r["frame"] for r in m.records]
@@ -199,6 +206,18 @@ def _timeline(path: Path, m) -> tuple[int, int]:
     ax.set_xlabel("frame")
     ax.set_ylabel("LPIPS", color="#c0392b")
     ax.axvspan(seg[0] - 0.5, seg[1] - 0.5, color="#f5b7b1", alpha=0.5, label="worst segment")
+    if human is not None and human.get("metric") == "lpips":
+        value = float(human["value"])
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 0.0), max(hi, value * 1.15))     # the line is always in view
+        ax.axhline(value, color=THRESHOLD_COLOR, linestyle="--", linewidth=1.5,
+                   label="human threshold")
+        ax.axhline(value / float(human["safety_factor"]), color=THRESHOLD_COLOR, linestyle=":",
+                   linewidth=1.2, label="gate bound")
+        ax.text(0.995, value, plot_text(f"human threshold ({'>= ' if human.get('bound') else ''}"
+                                        f"{value:.3g}, study {human['study']})", 60),
+                transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7,
+                color=THRESHOLD_COLOR, parse_math=False)
     ax2 = ax.twinx()
     ax2.plot(frames, ss, color="#2471a3", marker=".", label="SSIM")
     ax2.set_ylabel("SSIM", color="#2471a3")
@@ -294,10 +313,11 @@ def _write_report_files(out: Path, summary: dict, measures) -> None:
     jobs = {m.pair.job_id: m.pair.rec_a for m in measures}
     write_clips_csv(out / "clips.csv", measures, summary["jobs"]["not_compared"], jobs)
     images = {}
+    human = (summary.get("gate") or {}).get("human_threshold")
     for i, m in enumerate(measures):
         stem = f"img/job{i:04d}"
         entry = {"timeline": f"{stem}_timeline.png"}
-        entry["segment"] = _timeline(out / entry["timeline"], m)
+        entry["segment"] = _timeline(out / entry["timeline"], m, human)
         if m.worst_a is not None and m.worst_b is not None:
             heat, top = _heatmap(m.worst_a, m.worst_b)
             for key, arr in (("a", m.worst_a), ("b", m.worst_b), ("heat", heat)):

@@ -9,11 +9,17 @@ Shape::
     floor: seed                                        # which floor the ratios use: seed (default
                                                        # when present), rerender, or a floor's name
     max_missing_jobs: 0                                # jobs not compared (missing, failed, corrupt)
+    human_threshold:                                   # optional: people set this gate
+      {metric: lpips, value: 0.05, ci: [0.04, 0.063], study: s1, safety_factor: 2,
+       criterion: 0.75}
 
 Aggregates are over all compared frames of all jobs: ``mean``; ``p95`` (95th percentile of the
 per-frame values, or the 5th for metrics where higher is better: ssim, psnr); ``worst`` (max, or
 min for ssim and psnr). Ratios divide the cross-backend aggregate by the floor's (for ssim:
-of 1 - ssim; for psnr: of the MSE). Unknown keys are errors naming the file and field. An
+of 1 - ssim; for psnr: of the MSE). ``human_threshold`` records a threshold study's result
+(:func:`evalkit.study.psychometric.gate_from_analysis` writes it); it gates nothing itself, the
+compare report draws it on the metric's per-frame plots. Unknown keys are errors naming the
+file and field. An
 optional ``schema_version: 1`` may come first. The rules are those of
 :class:`evalkit.formats.models.GateFile`.
 
@@ -53,6 +59,9 @@ class Gate:
     ratios: dict        # metric -> aggregate -> bound -> value
     floor: str | None
     max_missing_jobs: int
+    #: the ``human_threshold`` block (metric, value, ci, study, safety_factor, criterion,
+    #: aggregate, bound) when people set the gate, else None
+    human_threshold: dict | None = None
 
     def evaluate(self, aggregates: dict, floor_ratios: dict, missing: int) -> dict:
         """{"verdict": "pass"|"fail", "reasons": [...], "checks": [...]}"""
@@ -86,8 +95,11 @@ class Gate:
                        "pass": ok_missing,
                        "text": f"jobs not compared = {missing} (<= {self.max_missing_jobs})"})
         failed = [c["text"] for c in checks if not c["pass"]]
-        return {"verdict": "fail" if failed else "pass", "reasons": failed, "checks": checks,
-                "gate_file": str(self.path)}
+        out = {"verdict": "fail" if failed else "pass", "reasons": failed, "checks": checks,
+               "gate_file": str(self.path)}
+        if self.human_threshold is not None:
+            out["human_threshold"] = dict(self.human_threshold)
+        return out
 
 
 def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> Gate:
@@ -113,4 +125,6 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     except ValidationError as e:
         raise GateError(path, *first_problem(e)) from None
     # pydantic has made every limit a float (35 -> 35.0); the mappings keep the file's order
-    return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs)
+    human = model.human_threshold.model_dump() if model.human_threshold is not None else None
+    return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs,
+                human)

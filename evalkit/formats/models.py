@@ -381,6 +381,62 @@ Thresholds = Annotated[dict[str, BoundMap], Keys("aggregate", AGGREGATES, non_em
                        Expect("a mapping like {mean: {max: 0.05}}")]
 
 
+class HumanThreshold(FormatModel):
+    """Where a gate's number came from when people set it (`human_threshold`, written by
+    `evalkit study gate` from a threshold study): the human detection threshold, its interval,
+    the study and the safety factor. When `metric` is `lpips`, the compare report draws `value`
+    as a line on its per-frame LPIPS plots."""
+
+    metric: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$"),
+                      Expect("a metric name", "a metric key such as lpips")] = Field(
+        description="The metric the threshold is in (a key of `metrics.catalogue`, e.g. `lpips`).")
+    value: Annotated[float, Field(gt=0, allow_inf_nan=False),
+                     Expect("a number", "a positive number")] = Field(
+        description="The threshold: the metric value at which raters answer the ABX trial "
+                    "right 75% of the time without lapses (with `bound: lower`, a lower bound).")
+    ci: Annotated[list[Optional[Annotated[float, Field(gt=0, allow_inf_nan=False),
+                                          Expect("a number or null", "a positive number")]]],
+                  Field(min_length=2, max_length=2),
+                  Expect("a list [low, high]", "two entries [low, high]")] = Field(
+        description="The threshold's interval [low, high] (bootstrap clustered over raters and "
+                    "clips); null for an open end.")
+    study: Annotated[str, Field(min_length=1), Expect("a study name", "a non-empty name")] = Field(
+        description="The threshold study the number came from.")
+    safety_factor: Annotated[float, Field(ge=1, allow_inf_nan=False),
+                             Expect("a number", "a number >= 1")] = Field(
+        description="The gate's bound is `value / safety_factor`.")
+    criterion: Annotated[float, Field(gt=0.5, lt=1, allow_inf_nan=False),
+                         Expect("a number", "a proportion in (0.5, 1)")] = Field(
+        0.75, description="The proportion correct (without lapses) that defines the threshold.")
+    aggregate: Annotated[Literal["mean", "p95", "worst"],
+                         Expect("an aggregate (mean, p95, worst)")] = Field(
+        "mean", description="The aggregate the gate's bound applies to.")
+    bound: Annotated[Optional[Literal["lower"]], Expect("lower or null")] = Field(
+        None, description="`lower`: the threshold lay above every level shown and `value` is "
+                          "a lower bound.")
+
+    @model_validator(mode="after")
+    def _order(self) -> "HumanThreshold":
+        lo, hi = self.ci
+        if lo is not None and hi is not None and lo > hi:
+            raise _fail(("ci",), f"expected [low, high] with low <= high, found {self.ci}",
+                        self.ci)
+        if (lo is not None and self.value < lo * (1 - 1e-9)) or (
+                hi is not None and self.value > hi * (1 + 1e-9)):
+            raise _fail(("value",), f"expected a value within ci {self.ci}, found {self.value}",
+                        self.value)
+        return self
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, metric: str, info: ValidationInfo) -> str:
+        metrics = (info.context or {}).get("metrics")
+        if metrics is not None and metric not in metrics:
+            raise PydanticCustomError(_OWN + "unknown", f"unknown metric {metric!r} (expected "
+                                      f"one of: {', '.join(metrics)})")
+        return metric
+
+
 class GateFile(FormatModel):
     """A regression gate: thresholds on the compare report's aggregates, absolute (a metric's
     own key) or relative to a noise floor (`floor_ratio`)."""
@@ -404,6 +460,11 @@ class GateFile(FormatModel):
     max_missing_jobs: Annotated[int, Field(ge=0),
                                 Expect("a non-negative integer", "a non-negative integer")] = Field(
         0, description="How many jobs may go uncompared (missing, failed, corrupt).")
+    human_threshold: Annotated[Optional[HumanThreshold],
+                               Expect("a mapping with metric, value, ci, study and "
+                                      "safety_factor")] = Field(
+        None, description="Where the gate came from when people set it: a threshold study's "
+                          "result (see `HumanThreshold`); informative, checked but not a check.")
 
     @classmethod
     def known_keys(cls, context) -> list[str] | None:
@@ -530,6 +591,6 @@ class FingerprintFile(FormatModel):
 FORMATS: dict[str, tuple[type[FormatModel], ...]] = {
     "suite": (SuiteFile, ClipEntry, JobEntry),
     "manifest": (ManifestFile, SuiteRecord, JobRecord, OutputRecord),
-    "gate": (GateFile,),
+    "gate": (GateFile, HumanThreshold),
     "fingerprint": (FingerprintFile,),
 }
