@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..video import read_frames
-from . import design, stats
+from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, store_matched_set
@@ -81,15 +81,31 @@ def read_report(report) -> dict:
 
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
-                 catch_alpha: float = 0.05, alpha: float = 0.05) -> dict:
+                 catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
+                 metrics_device="cpu") -> dict:
     """Create a study from a compare report: select clips, write the browser copies (equal-size
     matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
     everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
 
+    ``protocol="threshold"``: ``levels`` (``"1,2,4"`` or numbers; default
+    :data:`.threshold.DEFAULT_LEVELS`) amplify each clip's backend difference
+    (:func:`.threshold.amplify`); every (clip, level) is one row of the ``clips`` table (side B
+    is the stimulus ``S_k``, its ``lpips_mean`` the stimulus's LPIPS against A, measured on
+    ``metrics_device``), shown as ABX. ``raters_planned`` is required (no planner).
+
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for."""
     if protocol not in design.PROTOCOLS:
-        raise StudyError(f"--protocol: expected preference or abx, found {protocol!r}")
+        raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
+    ladder, ladder_warnings = [None], []
+    if protocol == "threshold":
+        ladder, ladder_warnings = threshold.parse_levels(
+            threshold.DEFAULT_LEVELS if levels is None else levels)
+        if raters_planned <= 0:
+            raise StudyError("--raters: the threshold protocol needs the planned number of "
+                             f"raters (it has no planner), found {raters_planned}")
+    elif levels is not None:
+        raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
     if not 0 < catch_alpha < 1:
@@ -111,22 +127,31 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError("--media: a folder for the browser copies is needed with a "
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
-    the_plan = _plan(protocol, margin, len(chosen), alpha)
-    warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
+    n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
+    if protocol == "threshold":
+        the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
+                    "note": "no planner for the threshold protocol: --raters as given"}
+        warnings = list(ladder_warnings)
+    else:
+        the_plan = _plan(protocol, margin, len(chosen), alpha)
+        warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
     planned = raters_planned or the_plan["raters"]
-    swap, xbit = design.base_bits(len(chosen), seed)
+    swap, xbit = design.base_bits(n_rows, seed)
     rng = np.random.default_rng([seed, 4])
     clip_rows, pool, seconds = [], [], {}
+    stimuli, reference = [], {}
     study_fps = first = None
-    n_catch = design.n_catch(len(chosen))     # easy catch trials per rater
-    n_easy = min(len(chosen), n_catch)        # clips with an easy catch version
+    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
+    n_easy = min(n_rows, n_catch)             # rows with an easy catch version
+    forced = protocol in design.FORCED_CHOICE
+    i = -1
     try:                                      # refused before any encoding
         min_correct = stats.catch_min_correct(n_catch, catch_alpha)
     except ValueError as e:
         raise StudyError(f"--catch-alpha: {e}") from None
-    for i, c in enumerate(chosen):
+    for c in chosen:
         fa, fps = read_frames(c["path_a"])
-        fb, fps_b = read_frames(c["path_b"])
+        fb_real, fps_b = read_frames(c["path_b"])
         for path, f in ((c["path_a"], fps), (c["path_b"], fps_b)):
             if study_fps is None:
                 study_fps, first = f, path
@@ -134,39 +159,18 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                 raise StudyError(f"{path}: field 'fps': expected {_fps_text(study_fps)} fps like "
                                  f"{first} (the clips of one study share one frame rate), "
                                  f"found {_fps_text(f)}")
-        if fa.shape != fb.shape:
+        if fa.shape != fb_real.shape:
             raise StudyError(f"{c['path_b']}: expected {fa.shape[0]} frames of "
                              f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
-                             f"{fb.shape[0]} of {fb.shape[2]}x{fb.shape[1]}")
-        # one matched set per clip: both sides (and, for ABX, their alternate encodings shown
-        # as X) have the same length, box layout and per-frame sample sizes
-        items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if protocol == "abx" else [])
-        names = store_matched_set(items, fps, media)
-        ma, mb = names[0], names[1]
-        alt_a, alt_b = (names[2], names[3]) if protocol == "abx" else (None, None)
-        for n in names:
-            seconds[n] = len(fa) / fps
-        clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                          "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
-                          "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
-                          "base_swap": swap[i], "base_x": xbit[i]})
-        kinds = []
-        if i < n_easy:
-            kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
-        if i < design.GRADED_CATCHES:
-            kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
-        for kind in kinds:
-            # the reference comes from either backend (drawn per catch) and is re-encoded from
-            # frames one code value brighter, so its bytes never match a test trial's video
-            src = fb if rng.integers(2) else fa
-            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
-            deg = degrade(ref, fps, kind)
-            names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if protocol == "abx" else []),
-                                      fps, media)
-            for n in names:
-                seconds[n] = len(ref) / fps
-            pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
-                         "reference_alt": names[2] if protocol == "abx" else None})
+                             f"{fb_real.shape[0]} of {fb_real.shape[2]}x{fb_real.shape[1]}")
+        if protocol == "threshold":       # the real difference, the headroom's reference
+            reference[c["job"]] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
+        for k in ladder:
+            i += 1
+            fb = fb_real if k is None else threshold.amplify(fa, fb_real, k)
+            _store_row(i, c, fa, fb, fb_real, fps, k, protocol, forced, media, swap, xbit,
+                       clip_rows, stimuli, seconds, metrics_device)
+            _store_catches(i, n_easy, fa, fb_real, fps, forced, media, rng, pool, seconds)
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
@@ -174,6 +178,12 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
               "plan": the_plan, **timing}
+    if protocol == "threshold":
+        config["threshold"] = {"levels": ladder, "metric": threshold.METRIC,
+                               "metrics_device": str(metrics_device),
+                               "conventions": _conventions(reference), "stimuli": {},
+                               "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
+                                             for j, m in reference.items()}}
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
@@ -188,10 +198,68 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
                                  "reference": p["reference"], "degraded": p["degraded"],
                                  "reference_alt": p["reference_alt"]} for p in pool]
+        if protocol == "threshold":
+            config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
+                k: v for k, v in s.items() if k != "ord"} for s in stimuli}
         conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings}
+
+
+def _measured(m: dict) -> dict:
+    """A stimulus's metrics as stored: finite floats at full precision (JSON has no inf)."""
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
+
+
+def _conventions(reference: dict) -> dict:
+    return next((m.get("conventions") for m in reference.values()), None) or {}
+
+
+def _store_row(i, c, fa, fb, fb_real, fps, level, protocol, forced, media, swap, xbit,
+               clip_rows, stimuli, seconds, metrics_device) -> None:
+    """One row of the clips table: its matched set (both sides and, for ABX and threshold,
+    their alternate encodings shown as X: the same length, box layout and per-frame sample
+    sizes) and, for the threshold protocol, the stimulus's measured metrics."""
+    items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if forced else [])
+    names = store_matched_set(items, fps, media)
+    ma, mb = names[0], names[1]
+    alt_a, alt_b = (names[2], names[3]) if forced else (None, None)
+    for n in names:
+        seconds[n] = len(fa) / fps
+    lp = c["lpips_mean"]
+    if level is not None:
+        m = _measured(threshold.measure(fa, fb, device=metrics_device))
+        m.pop("conventions", None)
+        stimuli.append({"ord": i, "job": c["job"], "level": level, "metrics": m,
+                        "identical_to_b": bool(fb is fb_real or np.array_equal(fb, fb_real))})
+        lp = m["lpips"]
+    clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
+                      "seed": c["seed"], "lpips_mean": lp, "media_a": ma,
+                      "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
+                      "base_swap": swap[i], "base_x": xbit[i]})
+
+
+def _store_catches(i, n_easy, fa, fb, fps, forced, media, rng, pool, seconds) -> None:
+    """The catch versions of row ``i``: an easy one for the first ``n_easy`` rows, a graded one
+    for the first :data:`.design.GRADED_CATCHES`."""
+    kinds = []
+    if i < n_easy:
+        kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
+    if i < design.GRADED_CATCHES:
+        kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
+    for kind in kinds:
+        # the reference comes from either backend (drawn per catch) and is re-encoded from
+        # frames one code value brighter, so its bytes never match a test trial's video
+        src = fb if rng.integers(2) else fa
+        ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
+        deg = degrade(ref, fps, kind)
+        names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if forced else []),
+                                  fps, media)
+        for n in names:
+            seconds[n] = len(ref) / fps
+        pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
+                     "reference_alt": names[2] if forced else None})
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:
@@ -303,8 +371,8 @@ def raw_ratings(db, study) -> tuple[dict, list[dict]]:
         q = (select(ratings.c.id.label("rating"), ratings.c.rater_id.label("rater"),
                     raters.c.label.label("rater_label"), ratings.c.trial_id.label("trial"),
                     trials.c.ord.label("trial_index"), trials.c.kind, trials.c.catch_kind,
-                    trials.c.expected, clips.c.job, clips.c.clip, clips.c.prompt,
-                    clips.c.seed, ratings.c.shown, ratings.c.sources, ratings.c.answer,
+                    trials.c.expected, trials.c.clip_id, clips.c.job, clips.c.clip,
+                    clips.c.prompt, clips.c.seed, clips.c.lpips_mean, ratings.c.shown, ratings.c.sources, ratings.c.answer,
                     ratings.c.correct, ratings.c.response_ms, ratings.c.client_ms,
                     ratings.c.created)
              .join(trials, trials.c.id == ratings.c.trial_id)
@@ -383,18 +451,84 @@ def _screen(rows: list[dict], complete: list[int], rule: dict) -> tuple[list[int
 def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: int, seed: int) -> dict:
     rr = [r["rater"] for r in test]
     cc = [r["job"] for r in test]
-    if protocol == "abx":
+    if protocol in design.FORCED_CHOICE:
         out = stats.decide_abx(rr, cc, [int(r["correct"]) for r in test], margin=margin,
                                alpha=alpha, reps=reps, seed=seed)
     else:
         out = stats.decide_preference(rr, cc, [r["score_b"] for r in test], alpha=alpha,
                                       reps=reps, seed=seed)
-    names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"]} for r in test}
+    names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"], "lpips_mean": r["lpips_mean"]}
+             for r in test}
     for e in out.get("per_clip", []):
         e["job"] = e.pop("clip")
         e.update(names.get(e["job"], {}))
     out["rater_count"], out["clip_count"] = out.pop("raters", 0), out.pop("clips", 0)
     return out
+
+
+def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
+    """The threshold analysis of a complete threshold study's test trials
+    (:func:`.psychometric.threshold_analysis`), the points per (clip, level), and a verdict
+    line."""
+    from .psychometric import threshold_analysis
+    from .text import num
+
+    cfg = st["config"].get("threshold") or {}
+    stimuli = cfg.get("stimuli") or {}
+    trials_ = threshold.analysis_trials(test, stimuli)
+    ref = threshold.reference(st["config"])
+    a = threshold_analysis(trials_, reference=ref, metric=threshold.METRIC, n_boot=reps,
+                           seed=int(st["seed"]) % 2**32)
+    n, correct = len(trials_), sum(t["correct"] for t in trials_)
+    pooled = a.get("pooled") or {}
+    thr, ci = pooled.get("threshold"), pooled.get("ci") or [None, None]
+    head = a.get("headroom") or {}
+    hci = head.get("ci") or [None, None]
+    if thr is None:
+        verdict, text = "no threshold", "no threshold could be fitted: " + (
+            "; ".join(a.get("notes") or []) or "see the points per level")
+    else:
+        verdict = "threshold measured"
+        text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
+                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}, headroom "
+                f"{num(head.get('value'), 2)}x (interval {num(hci[0], 2)} to {num(hci[1], 2)})")
+    return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
+            "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
+            "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
+                    f"{threshold.METRIC} (guess rate 0.5, criterion "
+                    f"{a.get('criterion', 0.75)}); interval from a bootstrap over raters and "
+                    f"clips ({reps} replicates)",
+            "rater_count": len({t["rater"] for t in trials_}),
+            "clip_count": len({t["clip"] for t in trials_})}
+
+
+def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) -> dict:
+    """Write a gate YAML from a complete threshold study (atomically): LPIPS mean at most the
+    pooled threshold / ``safety_factor``, with the study, threshold and interval recorded
+    (:func:`.psychometric.gate_from_analysis`). Returns ``{"path", "threshold", "max"}``."""
+    from .psychometric import gate_from_analysis
+
+    if isinstance(safety_factor, bool) or not isinstance(safety_factor, (int, float)) \
+            or not math.isfinite(safety_factor) or safety_factor < 1:
+        raise StudyError(f"--safety-factor: expected a number of at least 1, found {safety_factor}")
+    res = results(db, study, reps=reps)
+    if res["protocol"] != "threshold":
+        raise StudyError(f"--study {study}: expected a threshold study, found a "
+                         f"{res['protocol']} study (a gate set by people needs --protocol "
+                         "threshold)")
+    if res["status"] != "complete":
+        raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
+                         f"({res['verdict_text']})")
+    thr = ((res.get("threshold") or {}).get("pooled") or {}).get("threshold")
+    if thr is None:
+        raise StudyError(f"--study {study}: no threshold to gate on ({res['verdict_text']})")
+    text = gate_from_analysis(res["threshold"], study=str(res["study"]),
+                              safety_factor=float(safety_factor))
+    path = Path(out)
+    if path.is_dir():
+        raise StudyError(f"--out {path}: expected a file name, found a folder")
+    atomic_write_text(path, text)
+    return {"path": str(path), "threshold": thr, "max": thr / float(safety_factor)}
 
 
 #: the most bootstrap replicates :func:`results` draws (more changes nothing but the wait)
@@ -432,6 +566,11 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "graded_catches": graded, "bootstrap_reps": reps}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
+                    "threshold (ABX over amplified differences): the metric size of a "
+                    "difference of this kind that raters notice (75% correct), and the real "
+                    "difference's headroom below it; assumes amplified differences are seen like "
+                    "natural ones (docs/studies.md)"
+                    if protocol == "threshold" else
                     "preference: reports a preference or none; never claims indistinguishable "
                     "(raters who see a difference but split their taste look like raters who "
                     "see none; use ABX for that claim)")
@@ -453,6 +592,9 @@ def results(db, study, *, reps: int = 1000) -> dict:
     used = kept[:planned]
     out["raters_used"] = used
     test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(used)]
+    if protocol == "threshold":
+        out.update(status="complete", **_threshold_results(st, test, reps))
+        return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
     out.update(status="complete", **dec)
     out["verdict_text"] = dec["verdict"]
@@ -483,15 +625,25 @@ RAW_COLUMNS = ("rating", "rater", "rater_label", "trial", "trial_index", "kind",
 def ratings_csv(db, study) -> str:
     """One row per rating: rater, trial, clip, positions (slot -> stored media), backend per
     side (slot -> a/b/reference/degraded), answer, correct, score for B, response time measured
-    by the server (``response_ms``) and as the page reported it (``client_ms``)."""
-    _, rows = raw_ratings(db, study)
+    by the server (``response_ms``) and as the page reported it (``client_ms``). A threshold
+    study's rows add the test trial's ``level`` and its stimulus's ``stimulus_lpips`` (against
+    A; backend b in ``backend_per_side`` is the stimulus of that level)."""
+    st, rows = raw_ratings(db, study)
+    columns = RAW_COLUMNS
+    stimuli = {}
+    if st["protocol"] == "threshold":
+        columns = RAW_COLUMNS + ("level", "stimulus_lpips")
+        stimuli = (st["config"].get("threshold") or {}).get("stimuli") or {}
 
     def cells(r):
         r = dict(r, positions=json.dumps(r["shown"], sort_keys=True),
                  backend_per_side=json.dumps(r["sources"], sort_keys=True))
-        return [r.get(k) for k in RAW_COLUMNS]
+        s = stimuli.get(str(r["clip_id"])) if r["kind"] == "test" else None
+        if s is not None:
+            r["level"], r["stimulus_lpips"] = s["level"], s["metrics"].get("lpips")
+        return [r.get(k) for k in columns]
 
-    return csv_text(RAW_COLUMNS, (cells(r) for r in rows))
+    return csv_text(columns, (cells(r) for r in rows))
 
 
 SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "accuracy",
@@ -504,7 +656,16 @@ SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "ac
 def summary_csv(res: dict) -> str:
     """The summary as CSV: one ``scope=study`` row, then one ``scope=clip`` row per clip (only
     once the design is complete: interim results show no figure that would reveal a trend).
-    Numbers are full precision (p-values are never rounded to 0)."""
+    Numbers are full precision (p-values are never rounded to 0). A threshold study's summary
+    has its own columns (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the
+    points per level)."""
+    if res.get("protocol") == "threshold":
+        if res.get("status") != "complete":
+            return csv_text(threshold.SUMMARY_COLUMNS, [[
+                "pooled", "", None, None, None, None, None, None, None, None, None, None, None,
+                None, None, None, None, None, None, None, res.get("status"),
+                res.get("verdict_text")]])
+        return csv_text(threshold.SUMMARY_COLUMNS, threshold.summary_rows(res))
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),
                  "raters_excluded": len(res["excluded_raters"]), **res}

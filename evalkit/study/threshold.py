@@ -1,0 +1,175 @@
+"""The threshold protocol's own parts: the ladder of amplified differences and its analysis data.
+
+A threshold study asks how large a difference *of the kind the two backends make* people start
+to notice. For each selected clip it shows graded stimuli
+
+    S_k = clip(A + k (B - A))          (in float from the lossless frames, rounded to uint8)
+
+so ``k = 1`` is backend B's frames exactly, ``k = 2`` doubles every pixel's difference, and
+``k < 1`` shrinks it. Each stimulus is measured against A with the cheap full-reference metrics
+(LPIPS, SSIM, PSNR; :func:`measure`), exactly as ``compare`` measures a backend pair, and
+raters do ABX trials (X is A or S_k) across all levels, interleaved (:mod:`.design`). The
+analysis (:mod:`.psychometric`, pure) fits proportion correct against the measured metric and
+reports the threshold, the real difference (``k = 1``) and their ratio, the headroom.
+
+The assumption behind it (docs/studies.md): people see an amplified difference the way they
+would see a natural difference of the same metric size. Pixel-wise amplification keeps the
+difference's spatial and temporal pattern but not its statistics (a doubled noise pattern is
+still that noise pattern; a real backend change twice as large could be a different pattern).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import StudyError
+
+#: the ladder ``study create --protocol threshold`` uses without ``--levels``
+DEFAULT_LEVELS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+#: the metric the threshold is expressed in (the gate's metric)
+METRIC = "lpips"
+#: fewest levels a ladder may have (a psychometric function has at least two free parameters)
+MIN_LEVELS = 3
+MAX_LEVELS = 20
+MAX_LEVEL = 1000.0
+
+
+def parse_levels(spec) -> tuple[list[float], list[str]]:
+    """``--levels`` (``"1,2,4,8"`` or a sequence of numbers) -> (levels, warnings).
+
+    Levels are positive, finite, strictly increasing (so unique), at most :data:`MAX_LEVEL`,
+    between :data:`MIN_LEVELS` and :data:`MAX_LEVELS` of them. A ladder without 1 is allowed
+    with a warning: the real backend difference is then measured but not shown to raters, so
+    the fit never sees the point the headroom is relative to. :class:`StudyError` names
+    ``--levels`` and what it found."""
+    if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split(",")]
+        if not spec.strip() or any(not p for p in parts):
+            raise StudyError(f"--levels: expected comma-separated numbers like 1,2,4,8, found "
+                             f"{spec!r}")
+        try:
+            levels = [float(p) for p in parts]
+        except ValueError:
+            raise StudyError(f"--levels: expected comma-separated numbers like 1,2,4,8, found "
+                             f"{spec!r}") from None
+    else:
+        try:
+            levels = [float(v) for v in spec]
+        except (TypeError, ValueError):
+            raise StudyError(f"--levels: expected numbers, found {spec!r}") from None
+    shown = ",".join(f"{v:g}" for v in levels)
+    bad = [v for v in levels if not math.isfinite(v) or v <= 0 or v > MAX_LEVEL]
+    if bad:
+        raise StudyError(f"--levels: expected positive amplification factors up to "
+                         f"{MAX_LEVEL:g}, found {bad[0]:g} in {shown}")
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise StudyError(f"--levels: expected increasing levels without repeats, found {shown}")
+    if not MIN_LEVELS <= len(levels) <= MAX_LEVELS:
+        raise StudyError(f"--levels: expected {MIN_LEVELS} to {MAX_LEVELS} levels (a "
+                         f"psychometric fit needs several), found {len(levels)}: {shown}")
+    warnings = []
+    if 1.0 not in levels:
+        warnings.append(f"--levels {shown} has no level 1: raters never see the real backend "
+                        "difference; it is measured (the headroom's reference) but the curve "
+                        "is not checked there")
+    return levels, warnings
+
+
+def amplify(a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
+    """``clip(A + k (B - A))`` in float32, rounded to the nearest uint8: the stimulus of level
+    ``k``. ``k = 1`` returns B's frames exactly, ``k = 0`` A's."""
+    if a.shape != b.shape or a.dtype != np.uint8 or b.dtype != np.uint8:
+        raise ValueError(f"a, b: expected two uint8 arrays of one shape, found {a.dtype} "
+                         f"{a.shape} and {b.dtype} {b.shape}")
+    fa = a.astype(np.float32)
+    s = fa + np.float32(k) * (b.astype(np.float32) - fa)
+    return np.clip(np.rint(s), 0, 255).astype(np.uint8)
+
+
+def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") -> dict:
+    """Full-reference metrics of stimulus ``s`` against ``a`` (``(T, H, W, 3)`` uint8), the
+    per-clip means as ``compare`` reports them: ``{"lpips", "ssim", "psnr"}`` (``psnr`` None
+    for identical clips) plus ``max_abs_diff``, and the metrics' conventions."""
+    from metrics.stream import evaluate_pair
+
+    out = evaluate_pair(a, s, temporal=False, device=device, net=net, keep_records=False)
+    m = out["means"]
+
+    def val(k):
+        v = m.get(k)
+        return None if v is None or not math.isfinite(v) else float(v)
+    diff = int(np.abs(a.astype(np.int16) - s.astype(np.int16)).max()) if a.size else 0
+    return {"lpips": val("lpips"), "ssim": val("ssim"), "psnr": val("psnr"),
+            "max_abs_diff": diff, "conventions": out["conventions"]}
+
+
+def analysis_trials(rows: list[dict], stimuli: dict, metric: str = METRIC) -> list[dict]:
+    """The ``trials`` of :func:`.psychometric.threshold_analysis` from rating rows (test trials
+    of the threshold protocol, each with ``rater``, ``clip_id`` and ``correct``) and the
+    study's stimuli (clip row id as a string -> ``{"job", "level", "metrics"}``)."""
+    out = []
+    for r in rows:
+        st = stimuli[str(r["clip_id"])]
+        x = st["metrics"].get(metric)
+        if x is None:
+            continue
+        out.append({"rater": str(r["rater"]), "clip": st["job"], "level": float(st["level"]),
+                    "x": float(x), "correct": bool(r["correct"])})
+    return out
+
+
+def reference(study_config: dict, metric: str = METRIC) -> dict:
+    """clip (job) -> the metric of the real backend difference (``k = 1``, B against A)."""
+    ref = (study_config.get("threshold") or {}).get("reference") or {}
+    return {job: float(m[metric]) for job, m in ref.items() if m.get(metric) is not None}
+
+
+def per_level(rows: list[dict], stimuli: dict) -> list[dict]:
+    """Accuracy per (clip, level): ``{"job", "level", "lpips", "n", "correct", "accuracy"}`` in
+    clip and level order (the points the curve is fitted to, per clip)."""
+    acc: dict[str, list] = {}
+    for r in rows:
+        acc.setdefault(str(r["clip_id"]), []).append(int(r["correct"]))
+    out = []
+    for cid, st in stimuli.items():
+        v = acc.get(cid, [])
+        out.append({"job": st["job"], "level": st["level"],
+                    "lpips": st["metrics"].get("lpips"), "ssim": st["metrics"].get("ssim"),
+                    "psnr": st["metrics"].get("psnr"), "n": len(v), "correct": int(sum(v)),
+                    "accuracy": (sum(v) / len(v)) if v else None})
+    return sorted(out, key=lambda e: (e["job"], e["level"]))
+
+
+SUMMARY_COLUMNS = ("scope", "job", "level", "lpips", "n", "correct", "accuracy", "threshold",
+                   "ci_low", "ci_high", "slope", "lapse", "reference", "headroom",
+                   "headroom_low", "headroom_high", "gof_deviance", "gof_df", "gof_p",
+                   "n_raters", "status", "notes")
+
+
+def summary_rows(res: dict) -> list[list]:
+    """The threshold study's summary as CSV rows (:data:`SUMMARY_COLUMNS`): one ``pooled`` row,
+    one ``clip`` row per clip (threshold fits), one ``level`` row per (clip, level) point."""
+    a = res.get("threshold") or {}
+
+    def fit_row(scope, job, f, ref, head):
+        f = f or {}
+        ci = f.get("ci") or [None, None]
+        gof = f.get("gof") or {}
+        hci = (head or {}).get("ci") or [None, None]
+        return {"scope": scope, "job": job, "n": f.get("n_trials"),
+                "threshold": f.get("threshold"), "ci_low": ci[0], "ci_high": ci[1],
+                "slope": f.get("slope"), "lapse": f.get("lapse"), "reference": ref,
+                "headroom": (head or {}).get("value"), "headroom_low": hci[0],
+                "headroom_high": hci[1], "gof_deviance": gof.get("deviance"),
+                "gof_df": gof.get("df"), "gof_p": gof.get("p"), "n_raters": f.get("n_raters")}
+    rows = [{**fit_row("pooled", "", a.get("pooled"), a.get("reference"), a.get("headroom")),
+             "status": res.get("status"), "notes": "; ".join(a.get("notes") or [])}]
+    for job, f in sorted((a.get("clips") or {}).items()):
+        ref = (f or {}).get("reference")
+        thr = (f or {}).get("threshold")
+        head = {"value": thr / ref} if thr is not None and ref else None
+        rows.append(fit_row("clip", job, f, ref, head))
+    for p in res.get("levels") or []:
+        rows.append({"scope": "level", **p})
+    return [[r.get(k) for k in SUMMARY_COLUMNS] for r in rows]
