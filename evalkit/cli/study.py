@@ -72,7 +72,8 @@ def cmd_study_gate(args) -> int:
 
     r = write_gate(args.db, args.study, args.out, safety_factor=args.safety_factor,
                    reps=args.reps)
-    print(f"gate -> {r['path']}: lpips mean at most {r['max']:.6g} (threshold {r['threshold']:.6g} "
+    what = "threshold" if r["bound"] is None else "lower bound of the threshold"
+    print(f"gate -> {r['path']}: lpips mean at most {r['max']:.6g} ({what} {r['threshold']:.6g} "
           f"/ safety factor {args.safety_factor:g})")
     return 0
 

@@ -485,8 +485,10 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     head = a.get("headroom") or {}
     hci = head.get("ci") or [None, None]
     if thr is None:
-        verdict, text = "no threshold", "no threshold could be fitted: " + (
-            "; ".join(a.get("notes") or []) or "see the points per level")
+        bound = pooled.get("bound")
+        verdict = {"lower": "threshold above the levels shown",
+                   "upper": "threshold below the levels shown"}.get(bound, "no threshold")
+        text = f"{verdict}: " + ("; ".join(a.get("notes") or []) or "see the points per level")
     else:
         verdict = "threshold measured"
         text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
@@ -519,16 +521,21 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) 
     if res["status"] != "complete":
         raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
                          f"({res['verdict_text']})")
-    thr = ((res.get("threshold") or {}).get("pooled") or {}).get("threshold")
-    if thr is None:
-        raise StudyError(f"--study {study}: no threshold to gate on ({res['verdict_text']})")
+    # a threshold above every level shown gates on its lower bound; below them or none: refused
+    # (the psychometric module's ThresholdError, a user error naming the study)
     text = gate_from_analysis(res["threshold"], study=str(res["study"]),
                               safety_factor=float(safety_factor))
     path = Path(out)
     if path.is_dir():
         raise StudyError(f"--out {path}: expected a file name, found a folder")
     atomic_write_text(path, text)
-    return {"path": str(path), "threshold": thr, "max": thr / float(safety_factor)}
+    pooled = res["threshold"]["pooled"]
+    thr = pooled.get("threshold")
+    bound = None
+    if thr is None:
+        thr, bound = pooled["ci"][0], "lower"
+    return {"path": str(path), "threshold": thr, "bound": bound,
+            "max": thr / float(safety_factor), "text": text}
 
 
 #: the most bootstrap replicates :func:`results` draws (more changes nothing but the wait)

@@ -166,10 +166,7 @@ def summary_rows(res: dict) -> list[list]:
     rows = [{**fit_row("pooled", "", a.get("pooled"), a.get("reference"), a.get("headroom")),
              "status": res.get("status"), "notes": "; ".join(a.get("notes") or [])}]
     for job, f in sorted((a.get("clips") or {}).items()):
-        ref = (f or {}).get("reference")
-        thr = (f or {}).get("threshold")
-        head = {"value": thr / ref} if thr is not None and ref else None
-        rows.append(fit_row("clip", job, f, ref, head))
+        rows.append(fit_row("clip", job, f, (f or {}).get("reference"), (f or {}).get("headroom")))
     for p in res.get("levels") or []:
         rows.append({"scope": "level", **p})
     return [[r.get(k) for k in SUMMARY_COLUMNS] for r in rows]
