@@ -143,6 +143,15 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
     catch_files = {hashlib.sha256(b).hexdigest() for t in trials if t["kind"] == "catch"
                    for b in t["bytes"].values()}
     assert not test_files & catch_files
+    # within a rater no coded picture recurs across trials (a threshold study shows each clip
+    # at several levels: its reference A, and X when X is A, would otherwise be the same coded
+    # frames in each of them, and comparing files across trials would tell which X is A)
+    by_rater: dict = {}
+    for t in trials:
+        for b in t["bytes"].values():
+            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()),
+                                set()).add(t["public"]["trial"])
+    assert all(len(v) == 1 for v in by_rater.values())
     sides = ("left", "right") if protocol == "preference" else ("A", "B")
     hits, tries, seen = Counter(), Counter(), set()
 

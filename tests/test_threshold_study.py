@@ -71,7 +71,7 @@ def test_levels_are_checked():
     levels, warn = threshold.parse_levels("2,4,8")
     assert levels == [2.0, 4.0, 8.0] and "no level 1" in warn[0]
     for bad, says in (("4,2,1", "increasing"), ("1,2,2,4", "increasing"), ("0,1,2", "positive"),
-                      ("-1,1,2", "positive"), ("1,2", "3 to 20"), ("1,,2", "comma"),
+                      ("-1,1,2", "positive"), ("1,2", "3 to 12"), ("1,,2", "comma"),
                       ("a,b,c", "comma"), ("1,2,inf", "positive"), ("", "comma")):
         with pytest.raises(study.StudyError, match=says) as e:
             threshold.parse_levels(bad)
@@ -133,8 +133,13 @@ def test_stimuli_amplify_the_real_difference(env):
         assert all(b > 1.5 * a for a, b in zip(lp, lp[1:])), lp
         assert all(b < a for a, b in zip([s["metrics"]["ssim"] for s in stims],
                                          [s["metrics"]["ssim"] for s in stims][1:]))
-        assert [s["metrics"]["max_abs_diff"] for s in stims] == [
-            int(min(255, k * ref["max_abs_diff"])) for k in LEVELS]
+        diffs = [s["metrics"]["max_abs_diff"] for s in stims]
+        assert diffs[0] == ref["max_abs_diff"] and diffs == sorted(diffs) and diffs[-1] > diffs[0]
+        # each level's pair is shown shifted by its own colour offset (at most 1 code value per
+        # channel; none at level 1), so A's copy is another picture in every level's trial
+        offs = [tuple(s["offset"]) for s in stims]
+        assert offs[0] == (0, 0, 0) and len(set(offs)) == len(offs) and (1, 1, 1) not in offs
+        assert all(max(map(abs, o)) <= 1 for o in offs)
     # each (clip, level) is one row of the clips table: its B side is that level's stimulus
     lp_rows = sorted(r["lpips_mean"] for r in env["rows"])
     assert lp_rows == sorted(s["metrics"]["lpips"] for s in cfg["stimuli"].values())

@@ -144,6 +144,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
     forced = protocol in design.FORCED_CHOICE
+    offs = threshold.offsets(ladder) if protocol == "threshold" else {}
     i = -1
     try:                                      # refused before any encoding
         min_correct = stats.catch_min_correct(n_catch, catch_alpha)
@@ -163,14 +164,16 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             raise StudyError(f"{c['path_b']}: expected {fa.shape[0]} frames of "
                              f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
                              f"{fb_real.shape[0]} of {fb_real.shape[2]}x{fb_real.shape[1]}")
+        catch_offsets = list(threshold.CATCH_OFFSETS)   # this clip's catch references (threshold)
         if protocol == "threshold":       # the real difference, the headroom's reference
             reference[c["job"]] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
         for k in ladder:
             i += 1
             fb = fb_real if k is None else threshold.amplify(fa, fb_real, k)
-            _store_row(i, c, fa, fb, fb_real, fps, k, protocol, forced, media, swap, xbit,
+            _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
                        clip_rows, stimuli, seconds, metrics_device)
-            _store_catches(i, n_easy, fa, fb_real, fps, forced, media, rng, pool, seconds)
+            _store_catches(i, n_easy, fa, fb_real, fps, forced, media, rng, pool, seconds,
+                           catch_offsets if k is not None else None)
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
@@ -216,11 +219,16 @@ def _conventions(reference: dict) -> dict:
     return next((m.get("conventions") for m in reference.values()), None) or {}
 
 
-def _store_row(i, c, fa, fb, fb_real, fps, level, protocol, forced, media, swap, xbit,
+def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, xbit,
                clip_rows, stimuli, seconds, metrics_device) -> None:
     """One row of the clips table: its matched set (both sides and, for ABX and threshold,
     their alternate encodings shown as X: the same length, box layout and per-frame sample
-    sizes) and, for the threshold protocol, the stimulus's measured metrics."""
+    sizes) and, for the threshold protocol (``level`` not None), the stimulus's metrics,
+    measured on the pair as shown (both shifted by the level's ``offset``,
+    :func:`.threshold.shifted`)."""
+    identical = level is not None and np.array_equal(fb, fb_real)
+    if level is not None:
+        fa, fb = threshold.shifted(fa, offset), threshold.shifted(fb, offset)
     items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if forced else [])
     names = store_matched_set(items, fps, media)
     ma, mb = names[0], names[1]
@@ -232,7 +240,7 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, protocol, forced, media, swap,
         m = _measured(threshold.measure(fa, fb, device=metrics_device))
         m.pop("conventions", None)
         stimuli.append({"ord": i, "job": c["job"], "level": level, "metrics": m,
-                        "identical_to_b": bool(fb is fb_real or np.array_equal(fb, fb_real))})
+                        "offset": list(offset), "identical_to_b": bool(identical)})
         lp = m["lpips"]
     clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
                       "seed": c["seed"], "lpips_mean": lp, "media_a": ma,
@@ -240,9 +248,13 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, protocol, forced, media, swap,
                       "base_swap": swap[i], "base_x": xbit[i]})
 
 
-def _store_catches(i, n_easy, fa, fb, fps, forced, media, rng, pool, seconds) -> None:
+def _store_catches(i, n_easy, fa, fb, fps, forced, media, rng, pool, seconds,
+                   offsets=None) -> None:
     """The catch versions of row ``i``: an easy one for the first ``n_easy`` rows, a graded one
-    for the first :data:`.design.GRADED_CATCHES`."""
+    for the first :data:`.design.GRADED_CATCHES`. Each reference is its source one code value
+    brighter, or (``offsets``, a threshold study's clip: several rows, so several catch
+    versions per clip) shifted by the next of the clip's unused offsets, so no two catch
+    versions of a clip share a reference picture."""
     kinds = []
     if i < n_easy:
         kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
@@ -252,7 +264,10 @@ def _store_catches(i, n_easy, fa, fb, fps, forced, media, rng, pool, seconds) ->
         # the reference comes from either backend (drawn per catch) and is re-encoded from
         # frames one code value brighter, so its bytes never match a test trial's video
         src = fb if rng.integers(2) else fa
-        ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
+        if offsets is None:
+            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
+        else:
+            ref = threshold.shifted(src, offsets.pop(0))
         deg = degrade(ref, fps, kind)
         names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if forced else []),
                                   fps, media)

@@ -19,6 +19,7 @@ still that noise pattern; a real backend change twice as large could be a differ
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -31,7 +32,9 @@ DEFAULT_LEVELS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 METRIC = "lpips"
 #: fewest levels a ladder may have (a psychometric function has at least two free parameters)
 MIN_LEVELS = 3
-MAX_LEVELS = 20
+#: most levels: each needs its own offset (:data:`OFFSETS`, 19), and a clip's catch versions
+#: (at most its levels plus the graded ones) their own (:data:`CATCH_OFFSETS`, 16)
+MAX_LEVELS = 12
 MAX_LEVEL = 1000.0
 
 
@@ -85,6 +88,38 @@ def amplify(a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
     fa = a.astype(np.float32)
     s = fa + np.float32(k) * (b.astype(np.float32) - fa)
     return np.clip(np.rint(s), 0, 255).astype(np.uint8)
+
+
+#: per-level colour offsets (code values per R, G, B channel) added to *both* videos of a level,
+#: so that A's copy is a different picture in every level's trial: without them A's coded frames
+#: (and X's, when X is A) would recur byte for byte across a rater's trials of one clip, and a
+#: script comparing files across trials could tell which X is A. At most 1 code value per
+#: channel, on at most 2 channels (invisible; both sides of a trial shift alike, so the
+#: difference is unchanged but for clipping at 0 and 255). (0, 0, 0) goes to level 1 (the real
+#: B is shown as is).
+OFFSETS = tuple(sorted((o for o in itertools.product((0, 1, -1), repeat=3)
+                        if sum(map(abs, o)) <= 2),
+                       key=lambda o: (sum(map(abs, o)), [(-v, v == 0) for v in o])))
+#: the catch references' offsets in a threshold study, one per catch version of a clip (so no
+#: two catch trials of a rater show the same reference picture, which would tell a script
+#: which side is the reference): every channel moved by 1 (the ABX rule is (1, 1, 1)), then 2;
+#: never a level's offset, so a catch reference is never a test trial's picture.
+CATCH_OFFSETS = tuple(o for d in (1, 2) for o in itertools.product((d, -d), repeat=3))
+
+
+def offsets(levels) -> dict[float, tuple[int, int, int]]:
+    """level -> its colour offset (:data:`OFFSETS`): level 1 (else the first) gets none."""
+    levels = list(levels)
+    first = 1.0 if 1.0 in levels else levels[0]
+    order = [first] + [k for k in levels if k != first]
+    return {k: OFFSETS[j] for j, k in enumerate(order)}
+
+
+def shifted(frames: np.ndarray, offset) -> np.ndarray:
+    """``frames`` plus a per-channel offset, clipped to 0..255 (uint8)."""
+    if not any(offset):
+        return frames
+    return np.clip(frames.astype(np.int16) + np.asarray(offset, np.int16), 0, 255).astype(np.uint8)
 
 
 def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") -> dict:
