@@ -222,6 +222,9 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
                 if k == RATERS - 1:
                     res = study.results(db, sid, reps=100)
                     assert res["status"] == "interim" and "threshold" not in res
+                    interim = list(csv.DictReader(study.summary_csv(res).splitlines()))
+                    assert [(r["scope"], r["status"], r["threshold"]) for r in interim] == [
+                        ("pooled", "interim", "")]             # no figure before the end
                     code, _, err = cli("study", "gate", "--db", db, "--study", sid, "--out",
                                        tmp_path / "early.yaml")
                     assert code == 2 and not (tmp_path / "early.yaml").exists()
@@ -273,6 +276,22 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
         assert p["n"] == RATERS
     acc = {lv: np.mean([p["accuracy"] for p in res["levels"] if p["level"] == lv]) for lv in LEVELS}
     assert acc[8.0] == 1.0 and acc[1.0] < 0.8
+    # the admin page's figures: the curve marks the threshold, its interval and the real
+    # difference; accuracy against LPIPS has one point per (clip, level)
+    from app.admin import curve_plot, lpips_plot
+
+    ax = curve_plot(res).axes[0]
+    vlines = {round(float(ln.get_xdata()[0]), 12) for ln in ax.get_lines()
+              if len(set(ln.get_xdata())) == 1}
+    assert {round(pooled["threshold"], 12), round(ref, 12)} <= vlines
+    assert ax.collections[0].get_offsets().shape[0] == len(pooled["points"])
+    assert lpips_plot(res).axes[0].collections[0].get_offsets().shape[0] == 2 * len(LEVELS)
+    abx_like = {"status": "complete", "protocol": "abx", "per_clip": [
+        {"job": "j1", "lpips_mean": 0.01, "accuracy": 0.6, "ratings": 10},
+        {"job": "j2", "lpips_mean": 0.05, "accuracy": 0.9, "ratings": 10},
+        {"job": "j3", "lpips_mean": None, "accuracy": 0.5, "ratings": 10}]}
+    assert lpips_plot(abx_like).axes[0].collections[0].get_offsets().shape[0] == 2
+    assert curve_plot(abx_like) is None
     raw = list(csv.DictReader(open(out_csv, newline="")))
     test_rows = [r for r in raw if r["kind"] == "test"]
     assert len(test_rows) == RATERS * 2 * len(LEVELS)

@@ -682,11 +682,6 @@ def summary_csv(res: dict) -> str:
     has its own columns (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the
     points per level)."""
     if res.get("protocol") == "threshold":
-        if res.get("status") != "complete":
-            return csv_text(threshold.SUMMARY_COLUMNS, [[
-                "pooled", "", None, None, None, None, None, None, None, None, None, None, None,
-                None, None, None, None, None, None, None, res.get("status"),
-                res.get("verdict_text")]])
         return csv_text(threshold.SUMMARY_COLUMNS, threshold.summary_rows(res))
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),

@@ -184,7 +184,11 @@ SUMMARY_COLUMNS = ("scope", "job", "level", "lpips", "n", "correct", "accuracy",
 
 def summary_rows(res: dict) -> list[list]:
     """The threshold study's summary as CSV rows (:data:`SUMMARY_COLUMNS`): one ``pooled`` row,
-    one ``clip`` row per clip (threshold fits), one ``level`` row per (clip, level) point."""
+    one ``clip`` row per clip (threshold fits), one ``level`` row per (clip, level) point.
+    Before the design is complete only the ``pooled`` row, with the status and no figures."""
+    if res.get("status") != "complete":
+        row = {"scope": "pooled", "status": res.get("status"), "notes": res.get("verdict_text")}
+        return [[row.get(k) for k in SUMMARY_COLUMNS]]
     a = res.get("threshold") or {}
 
     def fit_row(scope, job, f, ref, head):
