@@ -143,6 +143,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     study_fps = first = None
     n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
+    # a threshold study's rows each get enough easy versions that a rater's easy catch trials
+    # never repeat one (a repeat is the same files twice: which side recurs is the reference)
+    per_row = -(-n_catch // n_rows) if protocol == "threshold" else 1
     forced = protocol in design.FORCED_CHOICE
     offs = threshold.offsets(ladder) if protocol == "threshold" else {}
     i = -1
@@ -173,7 +176,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
                        clip_rows, stimuli, seconds, metrics_device)
             _store_catches(i, n_easy, fa, fb_real, fps, forced, media, rng, pool, seconds,
-                           catch_offsets if k is not None else None)
+                           catch_offsets if k is not None else None, per_row)
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
@@ -249,15 +252,16 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, x
 
 
 def _store_catches(i, n_easy, fa, fb, fps, forced, media, rng, pool, seconds,
-                   offsets=None) -> None:
-    """The catch versions of row ``i``: an easy one for the first ``n_easy`` rows, a graded one
-    for the first :data:`.design.GRADED_CATCHES`. Each reference is its source one code value
+                   offsets=None, per_row=1) -> None:
+    """The catch versions of row ``i``: ``per_row`` easy ones for the first ``n_easy`` rows, a
+    graded one for the first :data:`.design.GRADED_CATCHES`. Each reference is its source one code value
     brighter, or (``offsets``, a threshold study's clip: several rows, so several catch
     versions per clip) shifted by the next of the clip's unused offsets, so no two catch
     versions of a clip share a reference picture."""
     kinds = []
     if i < n_easy:
-        kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
+        kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
+                  for j in range(per_row)]
     if i < design.GRADED_CATCHES:
         kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
     for kind in kinds:
