@@ -84,7 +84,8 @@ def test_cli_refuses_bad_threshold_input(env, cli, tmp_path):
             (["--protocol", "threshold", "--levels", "4,2,1", "--raters", "4"], ("--levels", "4,2,1")),
             (["--protocol", "threshold", "--levels", "1,x,4", "--raters", "4"], ("--levels", "1,x,4")),
             (["--protocol", "threshold", "--levels", "1,2,4"], ("--raters", "found 0")),
-            (["--protocol", "abx", "--levels", "1,2,4"], ("--levels", "only for --protocol threshold"))):
+            (["--protocol", "abx", "--levels", "1,2,4"], ("--levels", "only for --protocol threshold")),
+            (["--protocol", "abx", "--ladder", "blur"], ("--ladder", "only for --protocol threshold"))):
         code, out, err = cli("study", "create", report, "--db", db, *args)
         assert code == 2, (args, out, err)
         assert_one_line_error(err, *needles)
@@ -145,6 +146,28 @@ def test_stimuli_amplify_the_real_difference(env):
     assert lp_rows == sorted(s["metrics"]["lpips"] for s in cfg["stimuli"].values())
     assert all(r["media_a_alt"] and r["media_b_alt"] for r in env["rows"])
     assert len({r["media_b"] for r in env["rows"]}) == len(env["rows"])
+
+
+def test_blur_ladder_for_comparison(env, cli, tmp_path):
+    """The known-degradation ladder: A blurred with sigma k px, measured like the amplified
+    stimuli, the real difference still the reference; it sets no gate."""
+    db = tmp_path / "b.db"
+    made = study.create_study(env["report"], db, protocol="threshold", ladder="blur",
+                              levels="0.5,1,2", raters_planned=2, clips_spec="worst:1")
+    assert made["warnings"] == []                   # level 1 is not "the real B" here
+    with store.open_db(db).engine.connect() as conn:
+        cfg = conn.execute(select(store.studies.c.config)).scalar_one()["threshold"]
+    assert cfg["ladder"] == "blur"
+    stims = sorted(cfg["stimuli"].values(), key=lambda s: s["level"])
+    assert [s["identical_to_b"] for s in stims] == [False] * 3
+    lp = [s["metrics"]["lpips"] for s in stims]
+    assert lp == sorted(lp) and lp[0] > 0
+    (job, ref), = cfg["reference"].items()
+    assert ref["lpips"] == pytest.approx(env["config"]["threshold"]["reference"][job]["lpips"])
+    code, _, err = cli("study", "gate", "--db", db, "--study", made["study"], "--out",
+                       tmp_path / "g.yaml")
+    assert code == 2 and not (tmp_path / "g.yaml").exists()
+    assert_one_line_error(err, "blur ladder", "sets no gate")
 
 
 # -- design --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ def cmd_study_create(args) -> int:
     r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
                      media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
-                     metrics_device=args.metrics_device)
+                     ladder=args.ladder, metrics_device=args.metrics_device)
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
@@ -112,6 +112,9 @@ def add_study(sub, common) -> None:
                    help="threshold protocol: amplification factors k of the stimuli "
                    "A + k (B - A), increasing (default 1,2,4,8,16,32; include 1, the real "
                    "difference)")
+    v.add_argument("--ladder", default=None, choices=("amplify", "blur"),
+                   help="threshold protocol: amplify the backend difference (default), or blur A "
+                   "with sigma k px (a known degradation, for comparison)")
     v.add_argument("--metrics-device", default="cpu",
                    help="threshold protocol: device measuring the stimuli (default cpu)")
     v.add_argument("--raters", type=int, default=0,

@@ -82,7 +82,7 @@ def read_report(report) -> dict:
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
-                 metrics_device="cpu") -> dict:
+                 ladder: str | None = None, metrics_device="cpu") -> dict:
     """Create a study from a compare report: select clips, write the browser copies (equal-size
     matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
     everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
@@ -92,15 +92,23 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     (:func:`.threshold.amplify`); every (clip, level) is one row of the ``clips`` table (side B
     is the stimulus ``S_k``, its ``lpips_mean`` the stimulus's LPIPS against A, measured on
     ``metrics_device``), shown as ABX. ``raters_planned`` is required (no planner).
+    ``ladder``: ``amplify`` (default) or ``blur`` (A blurred with sigma k px: a known
+    degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for."""
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
-    ladder, ladder_warnings = [None], []
+    kind = "amplify" if ladder is None else ladder
+    if ladder is not None and protocol != "threshold":
+        raise StudyError(f"--ladder: only for --protocol threshold, found --protocol {protocol}")
+    if kind not in threshold.LADDERS:
+        raise StudyError(f"--ladder: expected one of {', '.join(threshold.LADDERS)}, found "
+                         f"{ladder!r}")
+    ladder, ladder_warnings = [None], []       # from here: the levels (None: one per clip)
     if protocol == "threshold":
         ladder, ladder_warnings = threshold.parse_levels(
-            threshold.DEFAULT_LEVELS if levels is None else levels)
+            threshold.DEFAULT_LEVELS if levels is None else levels, kind)
         if raters_planned <= 0:
             raise StudyError("--raters: the threshold protocol needs the planned number of "
                              f"raters (it has no planner), found {raters_planned}")
@@ -172,7 +180,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             reference[c["job"]] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
         for k in ladder:
             i += 1
-            fb = fb_real if k is None else threshold.amplify(fa, fb_real, k)
+            fb = fb_real if k is None else threshold.stimulus(kind, fa, fb_real, k)
             _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
                        clip_rows, stimuli, seconds, metrics_device)
             _store_catches(i, n_easy, fa, fb_real, fps, forced, media, rng, pool, seconds,
@@ -185,7 +193,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
               "plan": the_plan, **timing}
     if protocol == "threshold":
-        config["threshold"] = {"levels": ladder, "metric": threshold.METRIC,
+        config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
                                "metrics_device": str(metrics_device),
                                "conventions": _conventions(reference), "stimuli": {},
                                "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
@@ -523,6 +531,12 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
             "clip_count": len({t["clip"] for t in trials_})}
 
 
+def _ladder(db, study) -> str:
+    with open_db(db).engine.connect() as conn:
+        st = _study(conn, study)
+    return ((st["config"] or {}).get("threshold") or {}).get("ladder", "amplify")
+
+
 def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) -> dict:
     """Write a gate YAML from a complete threshold study (atomically): LPIPS mean at most the
     pooled threshold / ``safety_factor``, with the study, threshold and interval recorded
@@ -537,6 +551,11 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) 
         raise StudyError(f"--study {study}: expected a threshold study, found a "
                          f"{res['protocol']} study (a gate set by people needs --protocol "
                          "threshold)")
+    kind = _ladder(db, study)
+    if kind != "amplify":
+        raise StudyError(f"--study {study}: expected a study of the amplify ladder (the backends' "
+                         f"own kind of difference), found the {kind} ladder (shown for "
+                         "comparison; it sets no gate)")
     if res["status"] != "complete":
         raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
                          f"({res['verdict_text']})")

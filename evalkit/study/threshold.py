@@ -38,7 +38,13 @@ MAX_LEVELS = 12
 MAX_LEVEL = 1000.0
 
 
-def parse_levels(spec) -> tuple[list[float], list[str]]:
+#: the ladders a threshold study can show: ``amplify`` (the backend difference scaled by k, the
+#: default) or ``blur`` (A blurred with a Gaussian of sigma k pixels: a known degradation, for
+#: comparison: does a blur become noticeable at the LPIPS the amplified difference does?)
+LADDERS = ("amplify", "blur")
+
+
+def parse_levels(spec, ladder: str = "amplify") -> tuple[list[float], list[str]]:
     """``--levels`` (``"1,2,4,8"`` or a sequence of numbers) -> (levels, warnings).
 
     Levels are positive, finite, strictly increasing (so unique), at most :data:`MAX_LEVEL`,
@@ -72,7 +78,7 @@ def parse_levels(spec) -> tuple[list[float], list[str]]:
         raise StudyError(f"--levels: expected {MIN_LEVELS} to {MAX_LEVELS} levels (a "
                          f"psychometric fit needs several), found {len(levels)}: {shown}")
     warnings = []
-    if 1.0 not in levels:
+    if ladder == "amplify" and 1.0 not in levels:
         warnings.append(f"--levels {shown} has no level 1: raters never see the real backend "
                         "difference; it is measured (the headroom's reference) but the curve "
                         "is not checked there")
@@ -120,6 +126,19 @@ def shifted(frames: np.ndarray, offset) -> np.ndarray:
     if not any(offset):
         return frames
     return np.clip(frames.astype(np.int16) + np.asarray(offset, np.int16), 0, 255).astype(np.uint8)
+
+
+def stimulus(ladder: str, a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
+    """Level ``k`` of ``ladder``: :func:`amplify` (``A + k (B - A)``) or ``blur`` (A blurred with
+    a Gaussian of sigma ``k`` pixels in space, not in time; rounded to uint8)."""
+    if ladder == "amplify":
+        return amplify(a, b, k)
+    if ladder == "blur":
+        from scipy.ndimage import gaussian_filter
+
+        return np.clip(np.rint(gaussian_filter(a.astype(np.float32), sigma=(0, k, k, 0))),
+                       0, 255).astype(np.uint8)
+    raise ValueError(f"ladder: expected one of {', '.join(LADDERS)}, found {ladder!r}")
 
 
 def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") -> dict:
