@@ -1,5 +1,6 @@
 """The admin page (Gradio, mounted at /admin behind a password): studies with live counts,
-results and verdict with a per-clip plot, rater quality and exclusions, invites, CSV export.
+results and verdict with a per-clip plot, each clip's accuracy against its LPIPS, a threshold
+study's psychometric curve, rater quality and exclusions, invites, CSV export.
 Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``summary_csv``,
 ``invite``); this module only lays them out."""
 from __future__ import annotations
@@ -44,7 +45,7 @@ def clip_plot(res: dict):
     fig = Figure(figsize=(7, 3))
     ax = fig.subplots()
     pc = res["per_clip"]
-    key = "accuracy" if res["protocol"] == "abx" else "win_rate_b"
+    key = _accuracy_key(res)
     vals = [c[key] if c.get(key) is not None else 0 for c in pc]
     ax.bar(range(len(pc)), vals, color=["#c0392b" if c.get("flagged") else "#4a78b0" for c in pc])
     ax.axhline(0.5, color="k", lw=1)
@@ -54,6 +55,93 @@ def clip_plot(res: dict):
     ax.set_ylabel(key)
     ax.set_title(f"per clip {key} (red: detectably different, Holm-adjusted)"
                  if res["protocol"] == "abx" else f"per clip {key}")
+    fig.tight_layout()
+    return fig
+
+
+def _accuracy_key(res: dict) -> str:
+    return "win_rate_b" if res["protocol"] == "preference" else "accuracy"
+
+
+def lpips_plot(res: dict):
+    """Each clip's accuracy (ABX, threshold: each clip at each level) or B's win rate
+    (preference) against its LPIPS (the report's, or the stimulus's), log scale. None while
+    the study is interim or without LPIPS."""
+    if res["status"] != "complete":
+        return None
+    key = _accuracy_key(res)
+    if res["protocol"] == "threshold":
+        pts = [(p["lpips"], p["accuracy"], p["n"], f"{p['job']} x{p['level']:g}")
+               for p in res.get("levels") or []]
+    else:
+        pts = [(c.get("lpips_mean"), c.get(key), c.get("ratings"), str(c["job"]))
+               for c in res.get("per_clip") or []]
+    pts = [p for p in pts if p[0] is not None and p[0] > 0 and p[1] is not None]
+    if not pts:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=[12 + 4 * (p[2] or 0) for p in pts],
+               color="#4a78b0", alpha=0.7)
+    for x, y, n, label in pts:
+        ax.annotate(f"{label} (n={n})", (x, y), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.axhline(0.5, color="k", lw=1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("LPIPS against A (mean over frames)")
+    ax.set_ylabel(key)
+    ax.set_title(f"per clip {key} against LPIPS (marker size: ratings)")
+    fig.tight_layout()
+    return fig
+
+
+def curve_plot(res: dict):
+    """A threshold study's psychometric curve: the pooled points (proportion correct, with
+    their n), the fitted curve, the threshold with its interval and the real backend
+    difference (k = 1) marked. None unless a complete threshold study."""
+    if res["protocol"] != "threshold" or res["status"] != "complete":
+        return None
+    a = res.get("threshold") or {}
+    pooled = a.get("pooled") or {}
+    pts = [p for p in pooled.get("points") or [] if p.get("x") and p.get("n")]
+    if not pts:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.6))
+    ax = fig.subplots()
+    xs = [p["x"] for p in pts]
+    ys = [p["correct"] / p["n"] for p in pts]
+    ax.scatter(xs, ys, s=[12 + 3 * p["n"] for p in pts], color="#4a78b0", zorder=3,
+               label="pooled points (size: n)")
+    for p, y in zip(pts, ys):
+        ax.annotate(f"n={p['n']}", (p["x"], y), fontsize=7, xytext=(4, -10),
+                    textcoords="offset points")
+    curve = pooled.get("curve") or []
+    if curve:
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], color="#2c3e50", lw=1.5,
+                label=f"fit ({a.get('model', '')})")
+    thr = pooled.get("threshold")
+    crit = a.get("criterion", 0.75)
+    if thr is not None:
+        lo, hi = (pooled.get("ci") or [None, None])[:2]
+        if lo is not None and hi is not None:
+            ax.axvspan(lo, hi, color="#f39c12", alpha=0.2, label="threshold interval")
+        ax.axvline(thr, color="#e67e22", lw=1.5, label=f"threshold {thr:.3g} ({crit:g} correct)")
+    ref = a.get("reference")
+    if ref:
+        ax.axvline(ref, color="#c0392b", ls="--", lw=1.5, label=f"real backend difference {ref:.3g}")
+    ax.axhline(0.5, color="k", lw=0.8)
+    ax.axhline(crit, color="grey", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_ylim(0.3, 1.05)
+    ax.set_xlabel(f"{a.get('metric', 'lpips')} of the stimulus against A")
+    ax.set_ylabel("proportion correct (ABX)")
+    ax.set_title("psychometric curve (pooled over clips and raters)")
+    ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -95,12 +183,14 @@ def build_admin(db) -> gr.Blocks:
             res = study.results(db, int(sid or 0), reps=1000)
         except (UserError, ValueError) as e:
             return (f"**error:** {e}",
-                    None, pd.DataFrame(), pd.DataFrame())
-        clips = pd.DataFrame(res.get("per_clip") or [])
+                    None, None, None, pd.DataFrame(), pd.DataFrame())
+        clips = pd.DataFrame(res.get("levels") if res["protocol"] == "threshold"
+                             and res["status"] == "complete" else res.get("per_clip") or [])
         excl = pd.DataFrame(res["excluded_raters"],
                             columns=["rater", "catch_trials", "catch_correct", "catch_needed",
                                      "reason"])
-        return verdict_markdown(res), clip_plot(res), clips, excl
+        return (verdict_markdown(res), curve_plot(res), clip_plot(res), lpips_plot(res), clips,
+                excl)
 
     def make_invites(sid, count, label, request: gr.Request):
         try:
@@ -143,11 +233,14 @@ def build_admin(db) -> gr.Blocks:
         with gr.Tab("Results"):
             res_btn = gr.Button("Show results", elem_id="show-results")
             verdict = gr.Markdown(elem_id="verdict")
+            curve = gr.Plot(label="Psychometric curve (threshold studies)", elem_id="curve")
             plot = gr.Plot(label="Per clip")
+            lp_plot = gr.Plot(label="Accuracy against LPIPS", elem_id="lpips-plot")
             per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip")
             excluded = gr.Dataframe(label="Excluded raters (catch trials)", interactive=False,
                                     elem_id="excluded")
-            res_btn.click(show, inputs=sid, outputs=[verdict, plot, per_clip, excluded])
+            res_btn.click(show, inputs=sid,
+                          outputs=[verdict, curve, plot, lp_plot, per_clip, excluded])
         with gr.Tab("Invites"):
             count = gr.Number(label="How many raters", value=1, precision=0)
             label = gr.Textbox(label="Label (optional)")

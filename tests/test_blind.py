@@ -1,6 +1,6 @@
 """Blindness as a security property, tested as an attacker would.
 
-Everything a rater's browser receives in whole ABX and preference studies is collected: through
+Everything a rater's browser receives in whole ABX, preference and threshold studies is collected: through
 Debian's Chromium on the real `evalkit serve` (DOM at every trial, every URL, every response's
 headers and bytes), and, for statistics over many trials, through the rater service the server
 uses (the same names and files a scripted rater downloads). Then what an attacker could compute
@@ -46,6 +46,10 @@ def env(tmp_path_factory):
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
+    # the threshold protocol: ABX over amplified differences (4 clips x 3 levels)
+    sids["threshold"] = study.create_study(report, db, protocol="threshold", seed=11,
+                                           clips_spec="worst:4", levels="1,4,16",
+                                           raters_planned=4)["study"]
     secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
 
@@ -117,11 +121,18 @@ def assert_chance(hits: int, n: int, what: str):
     assert p > 0.01, f"{what}: {hits}/{n} correct (p = {p:.2g})"
 
 
-@pytest.mark.parametrize("protocol", ["abx", "preference"])
+#: test trials of 4 raters: every rater rates each of 16 clips (threshold: 4 clips x 3 levels)
+TEST_TRIALS = {"abx": 64, "preference": 64, "threshold": 48}
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference", "threshold"])
 def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, protocol):
     trials = collect(env["db"], env["sids"][protocol], raters=4)
     tests = [t for t in trials if t["kind"] == "test"]
-    assert len(tests) == 64
+    assert len(tests) == TEST_TRIALS[protocol]
+    # the page is told ABX for a threshold study: nothing says which level a trial shows
+    assert {t["public"]["protocol"] for t in trials} == {"preference" if protocol == "preference"
+                                                       else "abx"}
     names = [n for t in trials for n in t["public"]["media"].values()]
     # names: unique per slot of every trial of every rater; carry no content hash
     assert len(names) == len(set(names))
@@ -132,7 +143,16 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
     catch_files = {hashlib.sha256(b).hexdigest() for t in trials if t["kind"] == "catch"
                    for b in t["bytes"].values()}
     assert not test_files & catch_files
-    sides = ("A", "B") if protocol == "abx" else ("left", "right")
+    # within a rater no coded picture recurs across trials (a threshold study shows each clip
+    # at several levels: its reference A, and X when X is A, would otherwise be the same coded
+    # frames in each of them, and comparing files across trials would tell which X is A)
+    by_rater: dict = {}
+    for t in trials:
+        for b in t["bytes"].values():
+            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()),
+                                set()).add(t["public"]["trial"])
+    assert all(len(v) == 1 for v in by_rater.values())
+    sides = ("left", "right") if protocol == "preference" else ("A", "B")
     hits, tries, seen = Counter(), Counter(), set()
 
     def guess(what, score, truth):
@@ -156,7 +176,7 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
         # every video of a trial: the same length and the same per-frame sample sizes
         assert len({len(v) for v in b.values()}) == 1
         assert len({tuple(sample_sizes(v)) for v in b.values()}) == 1
-        if protocol == "abx":          # X is never the same bytes as either side
+        if protocol != "preference":   # X is never the same bytes as either side
             assert b["X"] != b["A"] and b["X"] != b["B"]
             # nor closer in bytes to its match than to the other side (test and catch trials):
             # X's coded pictures share no run of bytes with its match's

@@ -1,4 +1,4 @@
-"""``evalkit study``: create, invite, results, plan."""
+"""``evalkit study``: create, invite, results, gate, plan."""
 from __future__ import annotations
 
 import json
@@ -14,11 +14,13 @@ def cmd_study_create(args) -> int:
 
     r = create_study(args.report, args.db, protocol=args.protocol, clips_spec=args.clips,
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
-                     media_dir=args.media, catch_alpha=args.catch_alpha,
+                     media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
+                     ladder=args.ladder, metrics_device=args.metrics_device,
                      progress=sys.stderr.isatty())
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"study {r['study']}: {args.protocol}, {r['clips']} clips, "
+    rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
+    print(f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
     print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
@@ -66,6 +68,17 @@ def cmd_study_results(args) -> int:
     return 0
 
 
+def cmd_study_gate(args) -> int:
+    from evalkit.study import write_gate
+
+    r = write_gate(args.db, args.study, args.out, safety_factor=args.safety_factor,
+                   reps=args.reps)
+    what = "threshold" if r["bound"] is None else "lower bound of the threshold"
+    print(f"gate -> {r['path']}: lpips mean at most {r['max']:.6g} ({what} {r['threshold']:.6g} "
+          f"/ safety factor {args.safety_factor:g})")
+    return 0
+
+
 def cmd_study_plan(args) -> int:
     from tqdm import tqdm
 
@@ -103,8 +116,17 @@ def add_study(sub, common) -> None:
     v = ss.add_parser("create", parents=[common], help="create a study from a compare report")
     v.add_argument("report", type=Path, help="compare report folder")
     v.add_argument("--db", required=True, help="database URL or SQLite file")
-    v.add_argument("--protocol", required=True, choices=("preference", "abx"))
+    v.add_argument("--protocol", required=True, choices=("preference", "abx", "threshold"))
     v.add_argument("--clips", default="all", help="all, worst:N or sample:N (default all)")
+    v.add_argument("--levels", default=None, metavar="K1,K2,...",
+                   help="threshold protocol: amplification factors k of the stimuli "
+                   "A + k (B - A), increasing (default 1,2,4,8,16,32; include 1, the real "
+                   "difference)")
+    v.add_argument("--ladder", default=None, choices=("amplify", "blur"),
+                   help="threshold protocol: amplify the backend difference (default), or blur A "
+                   "with sigma k px (a known degradation, for comparison)")
+    v.add_argument("--metrics-device", default="cpu",
+                   help="threshold protocol: device measuring the stimuli (default cpu)")
     v.add_argument("--raters", type=int, default=0,
                    help="planned number of included raters (default: the planner's figure); "
                    "no verdict is shown before this many have finished")
@@ -134,6 +156,18 @@ def add_study(sub, common) -> None:
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
     v.set_defaults(func=cmd_study_results)
+    v = ss.add_parser("gate", parents=[common],
+                      help="write a gate YAML from a threshold study (LPIPS at most threshold / "
+                      "safety factor)")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id (a complete threshold study)")
+    v.add_argument("--out", required=True, type=output_file, metavar="FILE",
+                   help="the gate YAML to write (atomically)")
+    v.add_argument("--safety-factor", type=float, default=2.0,
+                   help="the gate's LPIPS mean bound is the threshold divided by this "
+                   "(at least 1; default 2)")
+    v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    v.set_defaults(func=cmd_study_gate)
     v = ss.add_parser("plan", parents=[common], help="raters and trials needed for a study")
     v.add_argument("--protocol", required=True, choices=("preference", "abx"))
     v.add_argument("--margin", type=float, default=0.1,

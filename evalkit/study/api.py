@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..video import read_frames
-from . import design, stats
+from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, ordered_map, store_matched_set
@@ -81,17 +81,41 @@ def read_report(report) -> dict:
 
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
-                 catch_alpha: float = 0.05, alpha: float = 0.05, progress: bool = False) -> dict:
+                 catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
+                 ladder: str | None = None, metrics_device="cpu", progress: bool = False) -> dict:
     """Create a study from a compare report: select clips, write the browser copies (equal-size
     matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
     everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
+
+    ``protocol="threshold"``: ``levels`` (``"1,2,4"`` or numbers; default
+    :data:`.threshold.DEFAULT_LEVELS`) amplify each clip's backend difference
+    (:func:`.threshold.amplify`); every (clip, level) is one row of the ``clips`` table (side B
+    is the stimulus ``S_k``, its ``lpips_mean`` the stimulus's LPIPS against A, measured on
+    ``metrics_device``), shown as ABX. ``raters_planned`` is required (no planner).
+    ``ladder``: ``amplify`` (default) or ``blur`` (A blurred with sigma k px: a known
+    degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
     a progress bar per clip on stderr."""
     if protocol not in design.PROTOCOLS:
-        raise StudyError(f"--protocol: expected preference or abx, found {protocol!r}")
+        raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
+    kind = "amplify" if ladder is None else ladder
+    if ladder is not None and protocol != "threshold":
+        raise StudyError(f"--ladder: only for --protocol threshold, found --protocol {protocol}")
+    if kind not in threshold.LADDERS:
+        raise StudyError(f"--ladder: expected one of {', '.join(threshold.LADDERS)}, found "
+                         f"{ladder!r}")
+    ladder, ladder_warnings = [None], []       # from here: the levels (None: one per clip)
+    if protocol == "threshold":
+        ladder, ladder_warnings = threshold.parse_levels(
+            threshold.DEFAULT_LEVELS if levels is None else levels, kind)
+        if raters_planned <= 0:
+            raise StudyError("--raters: the threshold protocol needs the planned number of "
+                             f"raters (it has no planner), found {raters_planned}")
+    elif levels is not None:
+        raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
     if not 0 < catch_alpha < 1:
@@ -113,39 +137,54 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError("--media: a folder for the browser copies is needed with a "
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
-    the_plan = _plan(protocol, margin, len(chosen), alpha)
-    warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
+    n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
+    if protocol == "threshold":
+        the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
+                    "note": "no planner for the threshold protocol: --raters as given"}
+        warnings = list(ladder_warnings)
+    else:
+        the_plan = _plan(protocol, margin, len(chosen), alpha)
+        warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
     planned = raters_planned or the_plan["raters"]
-    swap, xbit = design.base_bits(len(chosen), seed)
+    swap, xbit = design.base_bits(n_rows, seed)
     rng = np.random.default_rng([seed, 4])
     clip_rows, pool, seconds = [], [], {}
+    stimuli, reference = [], {}
     study_fps = first = None
-    n_catch = design.n_catch(len(chosen))     # easy catch trials per rater
-    n_easy = min(len(chosen), n_catch)        # clips with an easy catch version
+    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
+    n_easy = min(n_rows, n_catch)             # rows with an easy catch version
+    # a threshold study's rows each get enough easy versions that a rater's easy catch trials
+    # never repeat one (a repeat is the same files twice: which side recurs is the reference)
+    per_row = -(-n_catch // n_rows) if protocol == "threshold" else 1
+    forced = protocol in design.FORCED_CHOICE
+    offs = threshold.offsets(ladder) if protocol == "threshold" else {}
+    i = -1
     try:                                      # refused before any encoding
         min_correct = stats.catch_min_correct(n_catch, catch_alpha)
     except ValueError as e:
         raise StudyError(f"--catch-alpha: {e}") from None
-    # the catch plan is drawn in clip order (the same draws as ever); the media of the clips
-    # are then made side by side (:func:`.media.ordered_map`), results taken in clip order
+    # the rows and their catch draws are planned in clip order (the same draws as one clip at a
+    # time); each clip's media are then made in a worker (:func:`.media.ordered_map`), the
+    # results taken in clip order
     work = []
-    for i, c in enumerate(chosen):
-        kinds = []
-        if i < n_easy:
-            kinds.append(design.CATCH_KINDS[i % len(design.CATCH_KINDS)])
-        if i < design.GRADED_CATCHES:
-            kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
-        # the reference comes from either backend (drawn per catch)
-        work.append((i, c, [(kind, bool(rng.integers(2))) for kind in kinds]))
+    for c in chosen:
+        rows = []
+        for k in ladder:
+            i += 1
+            rows.append((i, k, [(kind_, bool(rng.integers(2)))
+                                for kind_ in _catch_kinds(i, n_easy, per_row)]))
+        work.append((c, rows))
 
     def clip_media(job) -> dict:
-        return _clip_media(*job, protocol=protocol, media=media)
+        return _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
+                           xbit=xbit, metrics_device=metrics_device,
+                           measure_reference=protocol == "threshold")
 
     from tqdm import tqdm
 
     with tqdm(total=len(work), desc="study media", unit="clip", disable=not progress,
               mininterval=0.5) as bar:
-        for i, c, done in ((w[0], w[1], r) for w, r in zip(work, ordered_map(clip_media, work))):
+        for (c, _), done in zip(work, ordered_map(clip_media, work)):
             for path, f in ((c["path_a"], done["fps_a"]), (c["path_b"], done["fps_b"])):
                 if study_fps is None:
                     study_fps, first = f, path
@@ -155,15 +194,12 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                                      f"rate), found {_fps_text(f)}")
             if done.get("error"):
                 raise StudyError(done["error"])
-            names = done["names"]
-            ma, mb = names[0], names[1]
-            alt_a, alt_b = (names[2], names[3]) if protocol == "abx" else (None, None)
-            seconds.update(done["seconds"])
-            clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                              "seed": c["seed"], "lpips_mean": c["lpips_mean"], "media_a": ma,
-                              "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
-                              "base_swap": swap[i], "base_x": xbit[i]})
+            if "reference" in done:           # the real difference, the headroom's reference
+                reference[c["job"]] = done["reference"]
+            clip_rows.extend(done["rows"])
+            stimuli.extend(done["stimuli"])
             pool.extend(done["catches"])
+            seconds.update(done["seconds"])
             bar.update(1)
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
@@ -172,6 +208,12 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
               "plan": the_plan, **timing}
+    if protocol == "threshold":
+        config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
+                               "metrics_device": str(metrics_device),
+                               "conventions": _conventions(reference), "stimuli": {},
+                               "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
+                                             for j, m in reference.items()}}
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
@@ -186,46 +228,113 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
                                  "reference": p["reference"], "degraded": p["degraded"],
                                  "reference_alt": p["reference_alt"]} for p in pool]
+        if protocol == "threshold":
+            config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
+                k: v for k, v in s.items() if k != "ord"} for s in stimuli}
         conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings}
 
 
-def _clip_media(i: int, c: dict, catches: list, *, protocol: str, media: Path) -> dict:
-    """One clip's media (run in a worker thread): its matched set and its catch versions."""
+def _measured(m: dict) -> dict:
+    """A stimulus's metrics as stored: finite floats at full precision (JSON has no inf)."""
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
+
+
+def _conventions(reference: dict) -> dict:
+    return next((m.get("conventions") for m in reference.values()), None) or {}
+
+
+def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, xbit,
+               clip_rows, stimuli, seconds, metrics_device) -> None:
+    """One row of the clips table: its matched set (both sides and, for ABX and threshold,
+    their alternate encodings shown as X: the same length, box layout and per-frame sample
+    sizes) and, for the threshold protocol (``level`` not None), the stimulus's metrics,
+    measured on the pair as shown (both shifted by the level's ``offset``,
+    :func:`.threshold.shifted`)."""
+    identical = level is not None and np.array_equal(fb, fb_real)
+    if level is not None:
+        fa, fb = threshold.shifted(fa, offset), threshold.shifted(fb, offset)
+    items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if forced else [])
+    names = store_matched_set(items, fps, media)
+    ma, mb = names[0], names[1]
+    alt_a, alt_b = (names[2], names[3]) if forced else (None, None)
+    for n in names:
+        seconds[n] = len(fa) / fps
+    lp = c["lpips_mean"]
+    if level is not None:
+        m = _measured(threshold.measure(fa, fb, device=metrics_device))
+        m.pop("conventions", None)
+        stimuli.append({"ord": i, "job": c["job"], "level": level, "metrics": m,
+                        "offset": list(offset), "identical_to_b": bool(identical)})
+        lp = m["lpips"]
+    clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
+                      "seed": c["seed"], "lpips_mean": lp, "media_a": ma,
+                      "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
+                      "base_swap": swap[i], "base_x": xbit[i]})
+
+
+def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
+    """The catch versions of row ``i``: ``per_row`` easy ones for the first ``n_easy`` rows, a
+    graded one for the first :data:`.design.GRADED_CATCHES`."""
+    kinds = []
+    if i < n_easy:
+        kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
+                  for j in range(per_row)]
+    if i < design.GRADED_CATCHES:
+        kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
+    return kinds
+
+
+def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, metrics_device,
+                measure_reference: bool) -> dict:
+    """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
+    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)])."""
     fa, fps = read_frames(c["path_a"])
-    fb, fps_b = read_frames(c["path_b"])
-    out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "catches": []}
+    fb_real, fps_b = read_frames(c["path_b"])
+    out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
     if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
         return out
-    if fa.shape != fb.shape:
+    if fa.shape != fb_real.shape:
         out["error"] = (f"{c['path_b']}: expected {fa.shape[0]} frames of "
                         f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
-                        f"{fb.shape[0]} of {fb.shape[2]}x{fb.shape[1]}")
+                        f"{fb_real.shape[0]} of {fb_real.shape[2]}x{fb_real.shape[1]}")
         return out
-    # one matched set per clip: both sides (and, for ABX, their alternate encodings shown
-    # as X) have the same length, box layout and per-frame sample sizes
-    items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if protocol == "abx" else [])
-    out["names"] = names = store_matched_set(items, fps, media)
-    for n in names:
-        out["seconds"][n] = len(fa) / fps
-    del items
+    if measure_reference:
+        out["reference"] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
+    catch_offsets = list(threshold.CATCH_OFFSETS)   # this clip's catch references (threshold)
+    for i, k, catches in rows:
+        fb = fb_real if k is None else threshold.stimulus(kind, fa, fb_real, k)
+        _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
+                   out["rows"], out["stimuli"], out["seconds"], metrics_device)
+        _store_catches(i, catches, fa, fb_real, fps, forced, media, out["catches"],
+                       out["seconds"], catch_offsets if k is not None else None)
+        del fb
+    return out
+
+
+def _store_catches(i, catches, fa, fb, fps, forced, media, pool, seconds, offsets=None) -> None:
+    """The catch versions of row ``i`` (``catches``: (kind, reference from B), drawn by the
+    caller, :func:`_catch_kinds`). Each reference is its source one code value brighter, or
+    (``offsets``, a threshold study's clip: several rows, so several catch versions per clip)
+    shifted by the next of the clip's unused offsets, so no two catch versions of a clip share a
+    reference picture."""
     for kind, from_b in catches:
-        # re-encoded from frames one code value brighter, so the reference's bytes never
-        # match a test trial's video
+        # re-encoded from shifted frames, so the reference's bytes never match a test trial's video
         src = fb if from_b else fa
-        ref = np.where(src == 255, src, src + np.uint8(1))
+        if offsets is None:
+            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
+        else:
+            ref = threshold.shifted(src, offsets.pop(0))
         deg = degrade(ref, fps, kind)
-        names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if protocol == "abx" else []),
+        names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if forced else []),
                                   fps, media)
         for n in names:
-            out["seconds"][n] = len(ref) / fps
-        out["catches"].append({"ord": i, "kind": kind, "reference": names[0],
-                               "degraded": names[1],
-                               "reference_alt": names[2] if protocol == "abx" else None})
+            seconds[n] = len(ref) / fps
+        pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
+                     "reference_alt": names[2] if forced else None})
         del ref, deg
-    return out
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:
@@ -337,8 +446,8 @@ def raw_ratings(db, study) -> tuple[dict, list[dict]]:
         q = (select(ratings.c.id.label("rating"), ratings.c.rater_id.label("rater"),
                     raters.c.label.label("rater_label"), ratings.c.trial_id.label("trial"),
                     trials.c.ord.label("trial_index"), trials.c.kind, trials.c.catch_kind,
-                    trials.c.expected, clips.c.job, clips.c.clip, clips.c.prompt,
-                    clips.c.seed, ratings.c.shown, ratings.c.sources, ratings.c.answer,
+                    trials.c.expected, trials.c.clip_id, clips.c.job, clips.c.clip,
+                    clips.c.prompt, clips.c.seed, clips.c.lpips_mean, ratings.c.shown, ratings.c.sources, ratings.c.answer,
                     ratings.c.correct, ratings.c.response_ms, ratings.c.client_ms,
                     ratings.c.created)
              .join(trials, trials.c.id == ratings.c.trial_id)
@@ -417,18 +526,102 @@ def _screen(rows: list[dict], complete: list[int], rule: dict) -> tuple[list[int
 def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: int, seed: int) -> dict:
     rr = [r["rater"] for r in test]
     cc = [r["job"] for r in test]
-    if protocol == "abx":
+    if protocol in design.FORCED_CHOICE:
         out = stats.decide_abx(rr, cc, [int(r["correct"]) for r in test], margin=margin,
                                alpha=alpha, reps=reps, seed=seed)
     else:
         out = stats.decide_preference(rr, cc, [r["score_b"] for r in test], alpha=alpha,
                                       reps=reps, seed=seed)
-    names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"]} for r in test}
+    names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"], "lpips_mean": r["lpips_mean"]}
+             for r in test}
     for e in out.get("per_clip", []):
         e["job"] = e.pop("clip")
         e.update(names.get(e["job"], {}))
     out["rater_count"], out["clip_count"] = out.pop("raters", 0), out.pop("clips", 0)
     return out
+
+
+def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
+    """The threshold analysis of a complete threshold study's test trials
+    (:func:`.psychometric.threshold_analysis`), the points per (clip, level), and a verdict
+    line."""
+    from .psychometric import threshold_analysis
+    from .text import num
+
+    cfg = st["config"].get("threshold") or {}
+    stimuli = cfg.get("stimuli") or {}
+    trials_ = threshold.analysis_trials(test, stimuli)
+    ref = threshold.reference(st["config"])
+    a = threshold_analysis(trials_, reference=ref, metric=threshold.METRIC, n_boot=reps,
+                           seed=int(st["seed"]) % 2**32)
+    n, correct = len(trials_), sum(t["correct"] for t in trials_)
+    pooled = a.get("pooled") or {}
+    thr, ci = pooled.get("threshold"), pooled.get("ci") or [None, None]
+    head = a.get("headroom") or {}
+    hci = head.get("ci") or [None, None]
+    if thr is None:
+        bound = pooled.get("bound")
+        verdict = {"lower": "threshold above the levels shown",
+                   "upper": "threshold below the levels shown"}.get(bound, "no threshold")
+        text = f"{verdict}: " + ("; ".join(a.get("notes") or []) or "see the points per level")
+    else:
+        verdict = "threshold measured"
+        text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
+                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}, headroom "
+                f"{num(head.get('value'), 2)}x (interval {num(hci[0], 2)} to {num(hci[1], 2)})")
+    return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
+            "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
+            "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
+                    f"{threshold.METRIC} (guess rate 0.5, criterion "
+                    f"{a.get('criterion', 0.75)}); interval from a bootstrap over raters and "
+                    f"clips ({reps} replicates)",
+            "rater_count": len({t["rater"] for t in trials_}),
+            "clip_count": len({t["clip"] for t in trials_})}
+
+
+def _ladder(db, study) -> str:
+    with open_db(db).engine.connect() as conn:
+        st = _study(conn, study)
+    return ((st["config"] or {}).get("threshold") or {}).get("ladder", "amplify")
+
+
+def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) -> dict:
+    """Write a gate YAML from a complete threshold study (atomically): LPIPS mean at most the
+    pooled threshold / ``safety_factor``, with the study, threshold and interval recorded
+    (:func:`.psychometric.gate_from_analysis`). Returns ``{"path", "threshold", "max"}``."""
+    from .psychometric import gate_from_analysis
+
+    if isinstance(safety_factor, bool) or not isinstance(safety_factor, (int, float)) \
+            or not math.isfinite(safety_factor) or safety_factor < 1:
+        raise StudyError(f"--safety-factor: expected a number of at least 1, found {safety_factor}")
+    res = results(db, study, reps=reps)
+    if res["protocol"] != "threshold":
+        raise StudyError(f"--study {study}: expected a threshold study, found a "
+                         f"{res['protocol']} study (a gate set by people needs --protocol "
+                         "threshold)")
+    kind = _ladder(db, study)
+    if kind != "amplify":
+        raise StudyError(f"--study {study}: expected a study of the amplify ladder (the backends' "
+                         f"own kind of difference), found the {kind} ladder (shown for "
+                         "comparison; it sets no gate)")
+    if res["status"] != "complete":
+        raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
+                         f"({res['verdict_text']})")
+    # a threshold above every level shown gates on its lower bound; below them or none: refused
+    # (the psychometric module's ThresholdError, a user error naming the study)
+    text = gate_from_analysis(res["threshold"], study=str(res["study"]),
+                              safety_factor=float(safety_factor))
+    path = Path(out)
+    if path.is_dir():
+        raise StudyError(f"--out {path}: expected a file name, found a folder")
+    atomic_write_text(path, text)
+    pooled = res["threshold"]["pooled"]
+    thr = pooled.get("threshold")
+    bound = None
+    if thr is None:
+        thr, bound = pooled["ci"][0], "lower"
+    return {"path": str(path), "threshold": thr, "bound": bound,
+            "max": thr / float(safety_factor), "text": text}
 
 
 #: the most bootstrap replicates :func:`results` draws (more changes nothing but the wait)
@@ -466,6 +659,11 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "graded_catches": graded, "bootstrap_reps": reps}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
+                    "threshold (ABX over amplified differences): the metric size of a "
+                    "difference of this kind that raters notice (75% correct), and the real "
+                    "difference's headroom below it; assumes amplified differences are seen like "
+                    "natural ones (docs/studies.md)"
+                    if protocol == "threshold" else
                     "preference: reports a preference or none; never claims indistinguishable "
                     "(raters who see a difference but split their taste look like raters who "
                     "see none; use ABX for that claim)")
@@ -487,6 +685,9 @@ def results(db, study, *, reps: int = 1000) -> dict:
     used = kept[:planned]
     out["raters_used"] = used
     test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(used)]
+    if protocol == "threshold":
+        out.update(status="complete", **_threshold_results(st, test, reps))
+        return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
     out.update(status="complete", **dec)
     out["verdict_text"] = dec["verdict"]
@@ -517,15 +718,25 @@ RAW_COLUMNS = ("rating", "rater", "rater_label", "trial", "trial_index", "kind",
 def ratings_csv(db, study) -> str:
     """One row per rating: rater, trial, clip, positions (slot -> stored media), backend per
     side (slot -> a/b/reference/degraded), answer, correct, score for B, response time measured
-    by the server (``response_ms``) and as the page reported it (``client_ms``)."""
-    _, rows = raw_ratings(db, study)
+    by the server (``response_ms``) and as the page reported it (``client_ms``). A threshold
+    study's rows add the test trial's ``level`` and its stimulus's ``stimulus_lpips`` (against
+    A; backend b in ``backend_per_side`` is the stimulus of that level)."""
+    st, rows = raw_ratings(db, study)
+    columns = RAW_COLUMNS
+    stimuli = {}
+    if st["protocol"] == "threshold":
+        columns = RAW_COLUMNS + ("level", "stimulus_lpips")
+        stimuli = (st["config"].get("threshold") or {}).get("stimuli") or {}
 
     def cells(r):
         r = dict(r, positions=json.dumps(r["shown"], sort_keys=True),
                  backend_per_side=json.dumps(r["sources"], sort_keys=True))
-        return [r.get(k) for k in RAW_COLUMNS]
+        s = stimuli.get(str(r["clip_id"])) if r["kind"] == "test" else None
+        if s is not None:
+            r["level"], r["stimulus_lpips"] = s["level"], s["metrics"].get("lpips")
+        return [r.get(k) for k in columns]
 
-    return csv_text(RAW_COLUMNS, (cells(r) for r in rows))
+    return csv_text(columns, (cells(r) for r in rows))
 
 
 SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "accuracy",
@@ -538,7 +749,11 @@ SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "ac
 def summary_csv(res: dict) -> str:
     """The summary as CSV: one ``scope=study`` row, then one ``scope=clip`` row per clip (only
     once the design is complete: interim results show no figure that would reveal a trend).
-    Numbers are full precision (p-values are never rounded to 0)."""
+    Numbers are full precision (p-values are never rounded to 0). A threshold study's summary
+    has its own columns (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the
+    points per level)."""
+    if res.get("protocol") == "threshold":
+        return csv_text(threshold.SUMMARY_COLUMNS, threshold.summary_rows(res))
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),
                  "raters_excluded": len(res["excluded_raters"]), **res}

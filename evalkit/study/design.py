@@ -9,6 +9,11 @@ Catch trials (known answer) are mixed in: :data:`EASY_CATCHES` obvious degradati
 exclusion rule uses these) and :data:`GRADED_CATCHES` mild ones (reported only). The order is
 shuffled from the rater's seed, derived from the study seed and the rater's index
 (reproducible).
+
+The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
+``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
+base bits, so every level of every clip is counterbalanced exactly like an ABX clip, and the
+levels of all clips are interleaved in one shuffled order with the catch trials.
 """
 from __future__ import annotations
 
@@ -17,8 +22,16 @@ import re
 
 import numpy as np
 
-PROTOCOLS = ("preference", "abx")
-ANSWERS = {"preference": ("left", "right", "same"), "abx": ("A", "B")}
+PROTOCOLS = ("preference", "abx", "threshold")
+ANSWERS = {"preference": ("left", "right", "same"), "abx": ("A", "B"), "threshold": ("A", "B")}
+#: protocols whose trials are ABX forced choice (X matches A or B; scored correct or not)
+FORCED_CHOICE = ("abx", "threshold")
+
+
+def page_protocol(protocol: str) -> str:
+    """The protocol the rater page is told: a threshold study's trials are ABX trials, shown
+    exactly as ABX (the page does not learn that levels exist)."""
+    return "abx" if protocol == "threshold" else protocol
 CATCH_KINDS = ("blur", "compression", "dropped_frames")
 
 
@@ -109,7 +122,7 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     ``clip_id``, ``catch_kind``, ``shown`` (slot -> media), ``sources`` (slot -> a, b,
     reference or degraded) and ``expected`` (catch trials and ABX: the right answer)."""
     if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol: expected preference or abx, found {protocol!r}")
+        raise ValueError(f"protocol: expected preference, abx or threshold, found {protocol!r}")
     rng = np.random.default_rng(seed)
     out = []
     for c in clips:

@@ -330,7 +330,8 @@ class RaterService:
     def _public(self, t: dict, st: dict, total: int) -> dict:
         # fps is shared by every video of a trial, so it says nothing about which is which
         return {"trial": t["id"], "index": t["ord"] + 1, "total": total,
-                "protocol": st["protocol"], "answers": list(design.ANSWERS[st["protocol"]]),
+                "protocol": design.page_protocol(st["protocol"]),
+                "answers": list(design.ANSWERS[st["protocol"]]),
                 "fps": st["fps"], "media": dict(t["names"])}
 
     def _view(self, conn, st: dict, plan: list[dict], live: dict, at: float) -> dict:

@@ -26,6 +26,8 @@ def results_lines(res: dict) -> list[str]:
         lines.append(f"verdict: {res['verdict'].upper()}")
         return lines
     lines = [f"{head}: verdict {res['verdict'].upper()}", people]
+    if res["protocol"] == "threshold":
+        return lines + _threshold_lines(res)
     if res["protocol"] == "abx":
         mt = res.get("margin_terms") or {}
         lines.append(f"ABX accuracy {num(res['accuracy'])} ({res['correct']} of {res['n']} "
@@ -52,6 +54,33 @@ def results_lines(res: dict) -> list[str]:
     if we:
         lines.append(f"without catch exclusions ({we.get('raters')} raters): "
                      f"{str(we.get('verdict')).upper()}")
+    g = res.get("graded_catches") or {}
+    if g.get("trials"):
+        lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
+    lines += _exclusions(res)
+    lines.append(f"verdict: {res['verdict'].upper()}")
+    return lines
+
+
+def _threshold_lines(res: dict) -> list[str]:
+    a = res.get("threshold") or {}
+    lines = [res["verdict_text"],
+             f"ABX accuracy over all levels {num(res.get('accuracy'))} ({res.get('correct')} of "
+             f"{res.get('n')} correct)"]
+    for job, f in sorted((a.get("clips") or {}).items()):
+        ci = f.get("ci") or [None, None]
+        lines.append(f"clip {job}: threshold {num(f.get('threshold'), 4)} (interval "
+                     f"{num(ci[0], 4)} to {num(ci[1], 4)}), real difference "
+                     f"{num(f.get('reference'), 4)}")
+    for p in res.get("levels") or []:
+        lines.append(f"clip {p['job']} level {num(p['level'])}: {a.get('metric', 'lpips')} "
+                     f"{num(p.get('lpips'), 4)}, {p['correct']} of {p['n']} correct")
+    gof = (a.get("pooled") or {}).get("gof") or {}
+    if gof:
+        lines.append(f"goodness of fit: deviance {num(gof.get('deviance'), 2)} on "
+                     f"{gof.get('df')} df, p {_p(gof.get('p'))}")
+    lines += [f"note: {n}" for n in a.get("notes") or []]
+    lines.append(f"rule: {res['rule']}")
     g = res.get("graded_catches") or {}
     if g.get("trials"):
         lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
