@@ -10,6 +10,7 @@ its 24 layers and a 300-token vocabulary (it runs once per job; its cost is not 
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -68,6 +69,12 @@ def _wan_dims(real: bool) -> dict:
                 rope_max_seq_len=32)
 
 
+def _sched(cls, **config):
+    """Schedulers keep their tables on the CPU, also when the models are built on a device."""
+    with torch.device("cpu"):
+        return cls(**config)
+
+
 def make(family: str, real: bool = False):
     """The pipeline of ``family`` (one of :data:`FAMILIES`), weights seeded with 0."""
     import diffusers as d
@@ -81,7 +88,7 @@ def make(family: str, real: bool = False):
             tr = d.WanTransformer3DModel(**dims)
             return d.WanVideoToVideoPipeline(tokenizer=tokenizer(), text_encoder=te,
                                              transformer=tr, vae=vae,
-                                             scheduler=d.UniPCMultistepScheduler(flow_shift=3.0))
+                                             scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=3.0))
         if family == "wan_vace":
             if real:  # Wan 2.1 VACE 1.3B: VACE blocks at every other layer
                 dims.update(vace_layers=list(range(0, 30, 2)), vace_in_channels=96)
@@ -89,12 +96,12 @@ def make(family: str, real: bool = False):
                 dims.update(num_layers=3, vace_layers=[0, 2], vace_in_channels=96)
             tr = d.WanVACETransformer3DModel(**dims)
             return d.WanVACEPipeline(tokenizer=tokenizer(), text_encoder=te, vae=vae,
-                                     scheduler=d.FlowMatchEulerDiscreteScheduler(shift=7.0),
+                                     scheduler=_sched(d.FlowMatchEulerDiscreteScheduler, shift=7.0),
                                      transformer=tr)
         tr = d.SkyReelsV2Transformer3DModel(**dims)
         return d.SkyReelsV2DiffusionForcingVideoToVideoPipeline(
             tokenizer=tokenizer(), text_encoder=te, transformer=tr, vae=vae,
-            scheduler=d.UniPCMultistepScheduler(flow_shift=5.0, use_flow_sigmas=True))
+            scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=5.0, use_flow_sigmas=True))
     if family == "cogvideox":
         if real:  # CogVideoX-2b
             tr = d.CogVideoXTransformer3DModel(
@@ -103,7 +110,7 @@ def make(family: str, real: bool = False):
                 sample_height=60, sample_frames=49, patch_size=2, temporal_compression_ratio=4,
                 max_text_seq_length=226)
             vae = d.AutoencoderKLCogVideoX()  # the defaults are CogVideoX-2b's VAE
-            sched = d.CogVideoXDDIMScheduler(beta_schedule="scaled_linear", beta_end=0.012,
+            sched = _sched(d.CogVideoXDDIMScheduler, beta_schedule="scaled_linear", beta_end=0.012,
                                              prediction_type="v_prediction",
                                              rescale_betas_zero_snr=True,
                                              timestep_spacing="trailing", snr_shift_scale=3.0,
@@ -119,7 +126,7 @@ def make(family: str, real: bool = False):
                 up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
                 latent_channels=4, layers_per_block=1, norm_num_groups=2,
                 temporal_compression_ratio=4)
-            sched = d.DDIMScheduler()
+            sched = _sched(d.DDIMScheduler)
         return d.CogVideoXVideoToVideoPipeline(tokenizer=tokenizer(), text_encoder=text_encoder(real),
                                                vae=vae, transformer=tr, scheduler=sched)
     if family == "ltx_condition":
@@ -143,7 +150,7 @@ def make(family: str, real: bool = False):
                 encoder_causal=True, decoder_causal=False)
             vae.use_framewise_encoding = False
             vae.use_framewise_decoding = False
-        return d.LTXConditionPipeline(scheduler=d.FlowMatchEulerDiscreteScheduler(), vae=vae,
+        return d.LTXConditionPipeline(scheduler=_sched(d.FlowMatchEulerDiscreteScheduler), vae=vae,
                                       text_encoder=text_encoder(real), tokenizer=tokenizer(),
                                       transformer=tr)
     raise ValueError(f"unknown family {family!r} (one of {', '.join(FAMILIES)})")
@@ -154,3 +161,71 @@ def build(family: str, path) -> Path:
     path = Path(path)
     make(family).save_pretrained(path)
     return path
+
+
+#: family -> its diffusers pipeline class name
+PIPELINES = {"wan": "WanVideoToVideoPipeline", "wan_vace": "WanVACEPipeline",
+             "cogvideox": "CogVideoXVideoToVideoPipeline", "ltx_condition": "LTXConditionPipeline",
+             "skyreels_v2_df": "SkyReelsV2DiffusionForcingVideoToVideoPipeline"}
+
+
+def cast(pipe, dtype) -> None:
+    """Cast every component to ``dtype`` as ``from_pretrained(dtype=...)`` would: the modules a
+    model lists in ``_keep_in_fp32_modules`` (Wan's norms, time embedder, rope) stay float32."""
+    for component in pipe.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        keep = getattr(component, "_keep_in_fp32_modules", None) or []
+        tensors = list(component.named_parameters()) + list(component.named_buffers())
+        for name, t in tensors:
+            if t.is_floating_point():
+                fp32 = any(k in name.split(".") for k in keep)
+                t.data = t.data.to(torch.float32 if fp32 else dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _renderer_class():
+    from evalkit.render.renderers.base import Renderer, RendererError
+    from evalkit.render.renderers.diffusers import DiffusersRenderer
+
+    class RandomWeightsRenderer(DiffusersRenderer):
+        """The ``diffusers`` renderer on a pipeline built in memory from :func:`make` (random
+        weights, seed 0, made directly on the backend's device, then cast to its dtype): the
+        family mapping, memory and attention options all as for a saved pipeline, without
+        writing and reading gigabytes of random weights. Benchmarks only."""
+
+        name = "diffusers-random"
+        options_help = {**DiffusersRenderer.options_help,
+                        "family": f"one of {', '.join(FAMILIES)}",
+                        "dims": "tiny (diffusers' test configs) or real (published dimensions)"}
+
+        def __init__(self, **options):
+            fam, dims = options.get("family"), options.get("dims", "tiny")
+            if fam not in FAMILIES or dims not in ("tiny", "real"):
+                raise RendererError(f"renderer {self.name!r}: family= one of "
+                                    f"{', '.join(FAMILIES)} and dims=tiny|real, found "
+                                    f"family={fam!r} dims={dims!r}")
+            options.setdefault("model", f"random-weights:{fam}:{dims}")
+            super().__init__(**options)
+
+        def _resolved_class(self):
+            import diffusers
+
+            return getattr(diffusers, PIPELINES[self.options["family"]])
+
+        def load(self, runtime) -> None:
+            Renderer.load(self, runtime)
+            offload = self.options.get("cpu_offload", "0") != "0"
+            where = "cpu" if offload else runtime.device
+            with torch.device(where):
+                pipe = make(self.options["family"], real=self.options.get("dims") == "real")
+            cast(pipe, runtime.dtype)
+            self.setup(pipe, runtime)
+
+    return RandomWeightsRenderer
+
+
+def __getattr__(name):  # RandomWeightsRenderer, without importing diffusers at module import
+    if name == "RandomWeightsRenderer":
+        return _renderer_class()
+    raise AttributeError(name)

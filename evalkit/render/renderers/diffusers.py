@@ -164,6 +164,8 @@ class DiffusersRenderer(Renderer):
         fam = families.family_for(cls)
         if fam is None:
             return
+        if self.options.get("attention_backend") and not fam.dispatcher:
+            raise RendererError(self._no_dispatcher(cls.__name__))
         from evalkit.video import ClipReader, VideoError
 
         info = {}
@@ -280,11 +282,14 @@ class DiffusersRenderer(Renderer):
                 entry["calls"] = "torch.nn.functional.scaled_dot_product_attention"
             out[attr] = entry
         if wanted and not dispatching:
-            raise RendererError(f"renderer {self.name!r}: option attention_backend={wanted!r}: "
-                                f"{type(pipe).__name__}'s attention does not go through "
-                                "diffusers' dispatcher (it calls PyTorch SDPA; use the backend "
-                                "spec's attn= key)")
+            raise RendererError(self._no_dispatcher(type(pipe).__name__))
         return out
+
+    def _no_dispatcher(self, pipeline: str) -> str:
+        return (f"renderer {self.name!r}: option attention_backend="
+                f"{self.options['attention_backend']!r}: {pipeline}'s attention does not go "
+                "through diffusers' dispatcher (it calls PyTorch SDPA; use the backend spec's "
+                "attn= key)")
 
     def job_info(self) -> dict:
         """What the manifest records with each job: the call, attention and memory."""

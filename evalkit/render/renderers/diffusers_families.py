@@ -44,6 +44,8 @@ class Family:
     output: str = "edit"
     #: fixed arguments the renderer adds (the job's params can override them)
     defaults: dict = field(default_factory=dict)
+    #: whether the denoiser's attention goes through diffusers' attention dispatcher
+    dispatcher: bool = True
     #: one line for the docs table
     note: str = ""
 
@@ -63,8 +65,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("WanVACEPipeline", strength_arg=None, frame_step=4, size_multiple=16,
            from_source=("height", "width", "num_frames"),
            note="the source is VACE's control video (mask: all frames regenerated); no strength"),
-    Family("CogVideoXVideoToVideoPipeline", frame_step=4, size_multiple=16,
-           note="SDEdit; CogVideoX 1.5 (patch_size_t=2) also needs an even latent count"),
+    # 8k+1, not the 4k+1 of its temporal compression: its VAE decodes an even number of
+    # latent frames into 4 frames each (5 frames in, 8 out), an odd number into 4k+1
+    Family("CogVideoXVideoToVideoPipeline", frame_step=8, size_multiple=16, dispatcher=False,
+           note="SDEdit; 8k+1 frames: an odd latent count (the VAE decodes an even one to 4k)"),
     Family("LTXConditionPipeline", source="ltx_condition", strength_arg="condition_strength",
            frame_step=8, size_multiple=32, from_source=("height", "width", "num_frames"),
            note="the source is a condition at frame 0 with strength 1 - `strength`"),
@@ -73,7 +77,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            output="continuation",
            note="extends the source by as many frames (starting from its last "
                 "`overlap_history` frames); the new frames are the output"),
-    Family("AnimateDiffVideoToVideoPipeline", frame_step=1, size_multiple=8,
+    Family("AnimateDiffVideoToVideoPipeline", frame_step=1, size_multiple=8, dispatcher=False,
            note="SDEdit on a UNet with motion modules"),
 )}
 
@@ -110,6 +114,12 @@ def check_jobs(family: Family, pipeline_name: str, jobs, clip_info: dict, accept
             if key != "strength" and arg not in accepts and not var_kw:
                 raise UserError(f"{where}: params.{key}: {pipeline_name} takes no argument "
                                 f"{arg!r}")
+        steps, strength = job.params.get("steps"), job.params.get("strength")
+        if family.strength_arg == "strength" and steps is not None and strength is not None \
+                and int(steps * strength) < 1:
+            raise UserError(f"{where}: {pipeline_name} runs int(steps x strength) denoising "
+                            f"steps, params steps={steps}, strength={strength} give none "
+                            f"(expected steps x strength >= 1)")
         n, h, w = clip_info[job.clip]
         if not family.frames_ok(n):
             raise UserError(f"{where}: {pipeline_name} takes {family.frames_rule()} frames, "
