@@ -12,7 +12,7 @@ one synthetic source clip, one prompt, seed 0:
 2. A again with ``--seed-offset 1`` (the seed floor); B ``dtype=fp32``; C ``dtype=bf16,
    attn=<second --attn>``: seconds per job and peak device memory from each run's manifest;
 3. ``compare`` A vs B and A vs C with the floor: LPIPS, PSNR, ratios to the floor;
-4. ``--oom`` (CUDA): the device memory capped at ``--oom-cap`` x A's peak, a suite holding a
+4. ``--oom`` (CUDA, the first family, after all families): the device memory capped at ``--oom-cap`` x A's peak, a suite holding a
    ``--oom-size`` clip and the normal one: the large job is recorded as failed (out of memory),
    the other renders; then the large one again with ``-O vae_tiling=1``.
 
@@ -189,13 +189,12 @@ def run_family(a, family: str, out: Path, log) -> None:
             f"LPIPS mean {_f(floor, 'lpips', 'mean')}, PSNR mean {_f(floor, 'psnr', 'mean')} dB | "
             f"ratio to floor: LPIPS {_f(ratios, 'lpips', 'mean')}, PSNR(MSE) "
             f"{_f(ratios, 'psnr', 'mean')}")
-    if a.oom and cuda:
-        oom(a, family, folder, suite_path, params, spec_a, opts, a_rec, log)
+    return (a, family, folder, suite_path, params, spec_a, opts, a_rec, log) if cuda else None
 
 
 def _attn(rec: dict) -> dict:
     att = rec.get("attention") or {}
-    return {k: (v.get("dispatcher") or v.get("calls")) if isinstance(v, dict) else v
+    return {k: (v.get("dispatcher") or v.get("calls", v)) if isinstance(v, dict) else v
             for k, v in att.items() if k != "spec_attn"}
 
 
@@ -217,9 +216,11 @@ def oom(a, family, folder, suite_path, params, spec_a, opts, a_rec, log) -> None
     peak = a_rec["timing"]["peak_device_memory_bytes"]
     total = torch.cuda.get_device_properties(0).total_memory
     cap = min(1.0, a.oom_cap * peak / total)
+    torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(cap, 0)
-    log(f"OOM check: device memory capped at {gib(cap * total)} ({a.oom_cap} x A's peak); "
-        f"clips: big {a.frames}x{width}x{height}, src")
+    log(f"OOM check: device memory capped at {gib(cap * total)} ({a.oom_cap} x A's peak), "
+        f"{gib(torch.cuda.memory_allocated(0))} allocated before; clips: big "
+        f"{a.frames}x{width}x{height}, src")
     try:
         for extra, dest in (({}, "oom/runs"), ({"vae_tiling": "1"}, "oom/runs_tiling")):
             t = time.perf_counter()
@@ -275,13 +276,22 @@ def main() -> int:
     log(f"bench_diffusers: {' '.join(sys.argv[1:])}")
     log(f"host {platform.node()}, torch {torch.__version__}, "
         + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"))
+    first = None
     for family in a.families.split(","):
         t = time.perf_counter()
         try:
-            run_family(a, family, out, log)
+            state = run_family(a, family, out, log)
+            first = first or state
         except Exception as e:  # one family's failure must not lose the others' figures
             log(f"{family}: FAILED {type(e).__name__}: {str(e)[:500]}")
         log(f"{family}: {time.perf_counter() - t:.1f} s in all")
+    if a.oom and first is not None:
+        t = time.perf_counter()
+        try:
+            oom(*first)
+        except Exception as e:
+            log(f"OOM check: FAILED {type(e).__name__}: {str(e)[:500]}")
+        log(f"OOM check: {time.perf_counter() - t:.1f} s in all")
     (out / "bench_diffusers.txt").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -65,6 +65,37 @@ def model_digest(folder: Path, whole_up_to: int = 256 << 20, part: int = 16 << 2
     return h.hexdigest()
 
 
+def _free_sdpa(pipe) -> list[str]:
+    """Let the pipeline's models other than its denoisers choose their SDPA kernel: their
+    ``forward``/``encode``/``decode`` run under ``sdpa_kernel(<every kernel>)``, which overrides
+    the backend's restriction inside them. Returns the components so wrapped."""
+    import functools
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    every = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+    done = []
+    for name, comp in getattr(pipe, "components", {}).items():
+        if name in _DENOISERS or not isinstance(comp, torch.nn.Module):
+            continue
+        for method in ("forward", "encode", "decode"):
+            fn = getattr(comp, method, None)
+            if fn is None or getattr(fn, "_evalkit_free_sdpa", False):
+                continue
+
+            def wrapped(*args, _fn=fn, **kwargs):
+                with sdpa_kernel(every):
+                    return _fn(*args, **kwargs)
+
+            functools.update_wrapper(wrapped, fn)
+            wrapped._evalkit_free_sdpa = True
+            setattr(comp, method, wrapped)
+        done.append(name)
+    return done
+
+
 class DiffusersRenderer(Renderer):
     name = "diffusers"
     options_help = {
@@ -259,6 +290,12 @@ class DiffusersRenderer(Renderer):
         wanted = self.options.get("attention_backend")
         out = {"spec_attn": attn,
                "sdpa_kernels": "PyTorch's choice" if attn == "auto" else attn}
+        if attn != "auto":
+            # the spec's kernel is for the denoiser; text encoders and VAEs (masked attention,
+            # head sizes over 256 that flash attention cannot take) keep PyTorch's choice
+            others = _free_sdpa(pipe)
+            if others:
+                out["sdpa_kernels_elsewhere"] = {name: "PyTorch's choice" for name in others}
         dispatching = []
         for attr in _DENOISERS:
             model = getattr(pipe, attr, None)
@@ -365,6 +402,9 @@ class DiffusersRenderer(Renderer):
                 + f": {str(e).strip().splitlines()[0][:200]}")
 
     def unload(self) -> None:
+        import gc
+
         self.pipe = None
         self.family = None
         super().unload()
+        gc.collect()  # the SDPA wrappers make reference cycles: free the weights now
