@@ -107,6 +107,10 @@ def test_family_renders_on_two_attention_backends_and_compares(family, models, t
     denoiser = "unet" if family == "animatediff" else "transformer"
     att_a, att_b = ra["attention"], rb["attention"]
     assert (att_a["sdpa_kernels"], att_b["sdpa_kernels"]) == ("PyTorch's choice", "math")
+    # the kernel is the denoiser's: the text encoder and the VAE keep PyTorch's choice
+    assert "sdpa_kernels_elsewhere" not in att_a
+    assert att_b["sdpa_kernels_elsewhere"]["text_encoder"] == "PyTorch's choice"
+    assert att_b["sdpa_kernels_elsewhere"]["vae"] == "PyTorch's choice"
     if family in DISPATCHING:
         assert (att_a[denoiser]["dispatcher"], att_b[denoiser]["dispatcher"]) == \
             ("native", "_native_math")
