@@ -206,12 +206,13 @@ class LocalExecutor:
             tb = traceback.extract_tb(e.__traceback__)[-1]
             error = f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
         seconds = time.perf_counter() - t0
+        info = renderer.job_info() if hasattr(renderer, "job_info") else {}
         timing = {"seconds": round(seconds, 4),
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         if cuda:
             timing["peak_device_memory_bytes"] = int(torch.cuda.max_memory_allocated(runtime.device))
         progress.end_job(error is None)
-        return JobResult(job, frames, fps, error, timing, extra=dict(request.record))
+        return JobResult(job, frames, fps, error, timing, extra={**info, **request.record})
 
 
 def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
@@ -332,6 +333,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                            fingerprint_file=fingerprint_file, executor_name=executor.name)
     executor.check([i.spec for i in idents if i.apply])
     selected = select_jobs(suite, jobs)
+    if hasattr(rend, "check_jobs"):
+        rend.check_jobs(suite, selected)  # before anything loads (frame/size rules)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")

@@ -212,7 +212,8 @@ class RenderWorker:
         result = LocalExecutor.render_job(self.renderer, self.runtime, job, self.sources, seed_offset,
                                     _NoProgress())
         out = {"error": result.error, "timing": result.timing, "fps": result.fps,
-               "node": self.node, "fingerprint": self.fp, "encoded": None}
+               "node": self.node, "fingerprint": self.fp, "encoded": None,
+               "extra": result.extra}
         if result.error is None:
             frames = result.frames
             clip_path, prev_path = self.out / "clip.mkv", self.out / "preview.mp4"
@@ -469,7 +470,8 @@ class RayExecutor:
                 if value is None:
                     result = JobResult(job, None, None, dead, {}, extra={"attempts": it.attempts})
                 else:
-                    extra = {"node": value["node"], "attempts": it.attempts + 1}
+                    extra = {**value.get("extra", {}), "node": value["node"],
+                             "attempts": it.attempts + 1}
                     if it.deaths:
                         extra["worker_deaths"] = it.deaths
                     result = JobResult(job, None, value["fps"], value["error"], value["timing"],

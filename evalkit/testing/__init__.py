@@ -5,7 +5,9 @@ compare report for study tests, and the real ``evalkit serve`` as a process on l
 
 - :mod:`.renderers`: ``Invert`` and friends (a fake transport for the render harness)
 - :mod:`.ray_renderers`: renderers whose workers can be found and killed
-- :mod:`.tiny_v2v`, :mod:`.tiny_animatediff`: tiny video-to-video pipelines
+- :mod:`.tiny_v2v`, :mod:`.tiny_animatediff`, :mod:`.tiny_families`: tiny video-to-video pipelines
+  (``tiny_families``: Wan, Wan VACE, CogVideoX, LTX-Video, SkyReels-V2 from diffusers' test
+  configurations, or at their published dimensions for benchmarks)
 - :mod:`.studies`: ``make_report`` and a browser-like rater (``answer``, ``current``, ``progress``)
 - :mod:`.server`: ``Server`` (``evalkit serve`` on a free port), ``free_port``
 - :mod:`.page`: driving the rater page from Playwright (``open_page``, ``answer``, ``boxes``)

@@ -83,6 +83,15 @@ class Renderer:
         return {"name": self.name, "version": self.version, "options": dict(self.options),
                 "noise": NOISE_POLICY}
 
+    def check_jobs(self, suite, jobs) -> None:
+        """Called once before any backend loads: raise a UserError for jobs this renderer
+        cannot take (a frame count or size its model refuses); default: nothing to check."""
+
+    def job_info(self) -> dict:
+        """Extra keys for the last rendered job's manifest record (e.g. what computed
+        attention); default: none."""
+        return {}
+
     def load(self, runtime) -> None:
         self.runtime = runtime
 
