@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import threading
@@ -97,7 +98,9 @@ def generate(suite: str, root: Path | None = None, *, workers: int | None = None
     paths = [folder / f"{c}.mkv" for c in clips]
     errors: list[BaseException] = []
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(workers) as pool:
+    # spawn, not fork: a forked child of a process with threads (a test runner, torch's or
+    # Playwright's) can inherit a held lock and hang before it runs a part
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         pool.submit(int).result()   # workers start now, before the writer threads exist
         def write(cid: str, path: Path) -> None:
             border: list = []

@@ -50,8 +50,33 @@ def env(tmp_path_factory):
     sids["threshold"] = study.create_study(report, db, protocol="threshold", seed=11,
                                            clips_spec="worst:4", levels="1,4,16",
                                            raters_planned=4)["study"]
+    # small studies: fewer clips than a rater's 8 easy catch trials (several catch versions
+    # per clip, each with its own reference picture)
+    for p in ("abx", "preference"):
+        sids[f"{p}-small"] = study.create_study(report, db, protocol=p, seed=12,
+                                                clips_spec="worst:3", raters_planned=4)["study"]
     secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
+
+
+def recurring_pictures(trials) -> dict:
+    """(rater, coded picture) -> the trials that show it, for pictures shown in several."""
+    by_rater: dict = {}
+    for t in trials:
+        for b in t["bytes"].values():
+            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()),
+                                set()).add(t["public"]["trial"])
+    return {k: v for k, v in by_rater.items() if len(v) > 1}
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference"])
+def test_a_small_study_never_shows_a_rater_the_same_catch_picture_twice(env, protocol):
+    """3 clips, 8 easy catch trials per rater: each clip needs several catch versions, and no
+    two may share a reference picture (the side that recurs would be the reference)."""
+    trials = collect(env["db"], env["sids"][f"{protocol}-small"], raters=4)
+    catches = [t for t in trials if t["kind"] == "catch"]
+    assert len(catches) == 4 * (8 + 2)
+    assert not recurring_pictures(trials)
 
 
 def sample_sizes(data: bytes) -> list[int]:
@@ -146,12 +171,7 @@ def test_nothing_a_scripted_rater_downloads_predicts_answer_or_backend(env, prot
     # within a rater no coded picture recurs across trials (a threshold study shows each clip
     # at several levels: its reference A, and X when X is A, would otherwise be the same coded
     # frames in each of them, and comparing files across trials would tell which X is A)
-    by_rater: dict = {}
-    for t in trials:
-        for b in t["bytes"].values():
-            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()),
-                                set()).add(t["public"]["trial"])
-    assert all(len(v) == 1 for v in by_rater.values())
+    assert not recurring_pictures(trials)
     sides = ("left", "right") if protocol == "preference" else ("A", "B")
     hits, tries, seen = Counter(), Counter(), set()
 

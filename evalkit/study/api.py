@@ -153,9 +153,10 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     study_fps = first = None
     n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
-    # a threshold study's rows each get enough easy versions that a rater's easy catch trials
-    # never repeat one (a repeat is the same files twice: which side recurs is the reference)
-    per_row = -(-n_catch // n_rows) if protocol == "threshold" else 1
+    # every row gets enough easy catch versions that a rater's easy catch trials never repeat
+    # one (a repeat is the same files twice: which side recurs is the reference); a study of
+    # fewer rows than easy catch trials per rater needs several versions per row
+    per_row = -(-n_catch // n_rows) if n_rows else 1
     forced = protocol in design.FORCED_CHOICE
     offs = threshold.offsets(ladder) if protocol == "threshold" else {}
     i = -1
@@ -303,23 +304,24 @@ def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, m
         return out
     if measure_reference:
         out["reference"] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
-    catch_offsets = list(threshold.CATCH_OFFSETS)   # this clip's catch references (threshold)
+    # this clip's catch references: each its own colour offset, (1, 1, 1) first (one code value
+    # brighter, the rule of a clip with one catch version), so no two share a picture
+    catch_offsets = list(threshold.CATCH_OFFSETS)
     for i, k, catches in rows:
         fb = fb_real if k is None else threshold.stimulus(kind, fa, fb_real, k)
         _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
                    out["rows"], out["stimuli"], out["seconds"], metrics_device)
         _store_catches(i, catches, fa, fb_real, fps, forced, media, out["catches"],
-                       out["seconds"], catch_offsets if k is not None else None)
+                       out["seconds"], catch_offsets)
         del fb
     return out
 
 
 def _store_catches(i, catches, fa, fb, fps, forced, media, pool, seconds, offsets=None) -> None:
     """The catch versions of row ``i`` (``catches``: (kind, reference from B), drawn by the
-    caller, :func:`_catch_kinds`). Each reference is its source one code value brighter, or
-    (``offsets``, a threshold study's clip: several rows, so several catch versions per clip)
-    shifted by the next of the clip's unused offsets, so no two catch versions of a clip share a
-    reference picture."""
+    caller, :func:`_catch_kinds`). Each reference is its source shifted by the next of the clip's
+    unused ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so
+    no two catch versions of a clip share a reference picture."""
     for kind, from_b in catches:
         # re-encoded from shifted frames, so the reference's bytes never match a test trial's video
         src = fb if from_b else fa
