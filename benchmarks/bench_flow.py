@@ -78,8 +78,13 @@ def timed(fn, dev, *, min_s=1.0, min_n=3):
     return (time.perf_counter() - t0) / n
 
 
+def on_device(t: torch.Tensor, dev) -> torch.Tensor:
+    """Test frames (luma planes or RGB batches) on the metric device (resolve_device)."""
+    return t.to(dev)
+
+
 def tflow(src, dst, dev, **kw):
-    f = torch_flow(torch.from_numpy(src)[None].to(dev), torch.from_numpy(dst)[None].to(dev), **kw)
+    f = torch_flow(on_device(torch.from_numpy(src)[None], dev), on_device(torch.from_numpy(dst)[None], dev), **kw)
     return f[0].permute(1, 2, 0).cpu().numpy()
 
 
@@ -153,8 +158,8 @@ def part_real(dev, frames: int):
         fr = read_clip(path)[:frames]
         rng = np.random.default_rng(0)
         bb = gaussian_filter(fr.astype(np.float32), (0, 0.7, 0.7, 0)) + rng.normal(0, 2, fr.shape)
-        a = torch.from_numpy(fr).permute(0, 3, 1, 2).contiguous().to(dev)
-        b = torch.from_numpy(np.clip(np.round(bb), 0, 255).astype(np.uint8)).permute(0, 3, 1, 2).contiguous().to(dev)
+        a = on_device(torch.from_numpy(fr).permute(0, 3, 1, 2).contiguous(), dev)
+        b = on_device(torch.from_numpy(np.clip(np.round(bb), 0, 255).astype(np.uint8)).permute(0, 3, 1, 2).contiguous(), dev)
         we, to, fl = {}, {}, {}
         for key, method, preset in (("fast", "dis", "fast"), ("medium", "dis", "medium"), ("torch", "torch", "fast")):
             we[key] = warping_error(a, method=method, preset=preset).mean().item()
@@ -196,8 +201,8 @@ def part_speed(dev, threads: int, batches, sizes, dis: bool = True, big_batches:
     say(f"\n## flow speed: torch on {dev.type} vs DIS on {threads} CPU threads (one flow per thread)")
     for (h, w) in sizes:
         src, dst = frames_pair(h, w)
-        s1 = torch.from_numpy(src)[None].to(dev)
-        d1 = torch.from_numpy(dst)[None].to(dev)
+        s1 = on_device(torch.from_numpy(src)[None], dev)
+        d1 = on_device(torch.from_numpy(dst)[None], dev)
         for bs in batches:
             s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
             try:

@@ -46,6 +46,15 @@ ALLOWED: dict[tuple[str, str], str] = {
         "product's path: the reference `lpips` package's model and inputs are placed by hand on "
         "the device the engine resolved (resolve_device), on PyTorch's numeric defaults; it is a "
         "metric baseline, not a render backend, and claims nothing about one"),
+    ("bench_flow.py", "on_device"): (
+        "test frames (luma planes or RGB batches) moved to the metric device the engine resolved "
+        "(resolve_device) to time and check the torch flow; no dtype or numeric flag is set here "
+        "(the flow computes in float32 under metrics._common.precise)"),
+    ("bench_flow.py", "part_lpips"): (
+        "LPIPS variants measured against today's metric engine and the reference `lpips` "
+        "package: frames and the package's model placed on the metric device the engine resolved "
+        "(resolve_device), each variant run under metrics._common.precise; a metric baseline, not "
+        "a render backend"),
 }
 
 DTYPE_NAMES = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}

@@ -40,7 +40,9 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
                          "--clips", "worst:4", "--raters", "3", "--seed", "3")
     assert code == 0, err
-    assert out.startswith("study 1: abx, 4 clips, 6 catch versions")   # 4 easy + 2 graded
+    # 8 easy catch trials per rater over 4 clips: 2 easy versions per clip (no rater sees one
+    # twice), + 2 graded
+    assert out.startswith("study 1: abx, 4 clips, 10 catch versions")
     # a design below the planner's floors is created, with a warning for each shortfall
     assert "warning: 4 clips is below the 15" in err and "warning: --raters 3 is below" in err
     summary = json.loads((report / "summary.json").read_text())
@@ -52,7 +54,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     # media: content-hash file names on disk (never sent to raters), nothing about backend,
     # run or job in the bytes; 4 per clip (both sides and their X encodings), 3 per catch
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 4 + 6 * 3 and not (tmp_path / "media").exists()   # its own folder
+    assert len(media) == 4 * 4 + 10 * 3 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
