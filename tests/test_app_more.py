@@ -23,7 +23,7 @@ from evalkit.study import store
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
 from evalkit.testing.studies import answer, current, make_report, progress
-from evalkit.testing.page import ENABLED, open_page
+from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
 from test_app import export, hidden, rate  # noqa: F401
 
@@ -226,16 +226,7 @@ def test_admin_page(env, browser):
         assert page.locator("#studies").count() == 0 and "verdict" not in page.content()
         r = httpx.post(f"{server.url}/admin/gradio_api/call/refresh", json={"data": []})
         assert r.status_code in (401, 403), r.text            # the data API is refused too
-        page.fill("input[type=text]", "admin")
-        page.fill("input[type=password]", ADMIN_PASSWORD)
-        page.keyboard.press("Enter")
-        page.wait_for_selector("#studies", timeout=30000)
-        page.fill("#study-id input", str(sid))
-        page.click("#show-results")
-        page.wait_for_function("document.querySelector('#verdict') && "
-                               "/verdict/.test(document.querySelector('#verdict').innerText)",
-                               timeout=60000)
-        text = page.inner_text("#verdict")
+        text = admin_results(page, sid, ADMIN_PASSWORD)
         res = study.results(db, sid)
         assert res["status"] == "complete" and f"verdict: {res['verdict'].upper()}" in text
         assert "rule:" in text

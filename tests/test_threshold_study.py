@@ -17,7 +17,7 @@ from sqlalchemy import select
 from conftest import assert_one_line_error
 from evalkit import study
 from evalkit.study import design, store, threshold
-from evalkit.testing.page import ENABLED, answer, open_page
+from evalkit.testing.page import ENABLED, admin_results, answer, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import hidden, make_report, rate
 from evalkit.video import read_frames
@@ -255,16 +255,7 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
         # the admin page: verdict with the threshold, the curve and the accuracy-vs-LPIPS plot
         page.goto(f"{server.url}/admin/")
         page.wait_for_selector("input[type=password]", timeout=30000)
-        page.fill("input[type=text]", "admin")
-        page.fill("input[type=password]", ADMIN_PASSWORD)
-        page.keyboard.press("Enter")
-        page.wait_for_selector("#studies", timeout=30000)
-        page.fill("#study-id input", str(sid))
-        page.click("#show-results")
-        page.wait_for_function("document.querySelector('#verdict') && "
-                               "/verdict:/.test(document.querySelector('#verdict').innerText)",
-                               timeout=90000)
-        text = page.inner_text("#verdict")
+        text = admin_results(page, sid, ADMIN_PASSWORD, pattern="verdict:", timeout_ms=90000)
         assert "THRESHOLD MEASURED" in text and "headroom" in text, text
         page.wait_for_selector("#curve img, #curve svg, #curve canvas", timeout=30000)
         page.wait_for_selector("#lpips-plot img, #lpips-plot svg, #lpips-plot canvas",

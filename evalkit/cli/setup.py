@@ -21,10 +21,7 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        fp = info["fingerprint"]
-        width = max(len(k) for k in fp)
-        for k, v in fp.items():
-            print(f"{k:<{width}}  {v}")
+        _print_fingerprint(info["fingerprint"])
         print("usable backends:")
         for b in info["backends"]:
             print(f"  {b['spec']:<24} {b['description']}")
@@ -44,10 +41,7 @@ def cmd_fingerprint(args) -> int:
     elif args.json:
         print(json.dumps(doc, indent=2))
     else:
-        fp = doc["fingerprint"]
-        width = max(len(k) for k in fp)
-        for k, v in fp.items():
-            print(f"{k:<{width}}  {v}")
+        _print_fingerprint(doc["fingerprint"])
     return 0
 
 
@@ -99,3 +93,10 @@ def add_probe(sub, common) -> None:
     s.add_argument("path", type=Path, help="video file, image, or folder of images")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_probe)
+
+
+def _print_fingerprint(fp: dict) -> None:
+    """A fingerprint as aligned ``key  value`` lines."""
+    width = max(len(k) for k in fp)
+    for k, v in fp.items():
+        print(f"{k:<{width}}  {v}")

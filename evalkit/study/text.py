@@ -54,12 +54,7 @@ def results_lines(res: dict) -> list[str]:
     if we:
         lines.append(f"without catch exclusions ({we.get('raters')} raters): "
                      f"{str(we.get('verdict')).upper()}")
-    g = res.get("graded_catches") or {}
-    if g.get("trials"):
-        lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
-    lines += _exclusions(res)
-    lines.append(f"verdict: {res['verdict'].upper()}")
-    return lines
+    return lines + _closing(res)
 
 
 def _threshold_lines(res: dict) -> list[str]:
@@ -81,12 +76,7 @@ def _threshold_lines(res: dict) -> list[str]:
                      f"{gof.get('df')} df, p {_p(gof.get('p'))}")
     lines += [f"note: {n}" for n in a.get("notes") or []]
     lines.append(f"rule: {res['rule']}")
-    g = res.get("graded_catches") or {}
-    if g.get("trials"):
-        lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
-    lines += _exclusions(res)
-    lines.append(f"verdict: {res['verdict'].upper()}")
-    return lines
+    return lines + _closing(res)
 
 
 def results_text(res: dict) -> str:
@@ -100,3 +90,12 @@ def _p(p) -> str:
 
 def _exclusions(res: dict) -> list[str]:
     return [f"excluded rater {e['rater']}: {e['reason']}" for e in res["excluded_raters"]]
+
+
+def _closing(res: dict) -> list[str]:
+    """The lines every results text ends with: graded catches, exclusions, the verdict."""
+    lines = []
+    g = res.get("graded_catches") or {}
+    if g.get("trials"):
+        lines.append(f"graded (mild) catch trials: {g['correct']} of {g['trials']} right")
+    return lines + _exclusions(res) + [f"verdict: {res['verdict'].upper()}"]

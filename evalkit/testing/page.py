@@ -62,3 +62,20 @@ def in_viewport(page, selector: str) -> bool:
     return bool(bs) and all(b["w"] > 0 and b["h"] > 0 and b["x"] >= 0 and b["y"] >= 0
                             and b["x"] + b["w"] <= vw + 0.5 and b["y"] + b["h"] <= vh + 0.5
                             for b in bs)
+
+
+def admin_results(page, sid, password: str, *, pattern: str = "verdict",
+                  timeout_ms: int = 60000) -> str:
+    """On the admin page's login form: sign in as ``admin``, show study ``sid``'s results and
+    wait until the verdict box matches ``pattern`` (a JavaScript regular expression); return
+    its text."""
+    page.fill("input[type=text]", "admin")
+    page.fill("input[type=password]", password)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#studies", timeout=TIMEOUT_MS)
+    page.fill("#study-id input", str(sid))
+    page.click("#show-results")
+    page.wait_for_function("document.querySelector('#verdict') && "
+                           f"/{pattern}/.test(document.querySelector('#verdict').innerText)",
+                           timeout=timeout_ms)
+    return page.inner_text("#verdict")
