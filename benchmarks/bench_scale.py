@@ -79,6 +79,45 @@ def _child_compare(args) -> dict:
     return out
 
 
+def _child_decode(args) -> dict:
+    """Decoding alone, the way ``compare`` decodes (this tree's :class:`ClipReader` chunks in
+    :class:`Prefetch` threads, both clips of a job at once, the next job's pair started one
+    job ahead): frames/s of the run folders ``a`` and ``b``, first ``--jobs`` jobs; then one
+    clip of ``b`` alone; with ``--hash``, SHA-256 of every decoded frame of the first job."""
+    import hashlib
+
+    from evalkit.compare.clips import prefetch_depth
+    from evalkit.video import ClipReader, Prefetch
+
+    clips = [(pa, Path(args.b) / "clips" / pa.name)
+             for pa in sorted((Path(args.a) / "clips").glob("*.mkv"))][:args.jobs]
+    depth = prefetch_depth(16)
+
+    def start(pair):
+        return [Prefetch(ClipReader(p).chunks(16), depth) for p in pair]
+
+    t = time.perf_counter()
+    n, ahead = 0, start(clips[0])
+    for i in range(len(clips)):
+        cur, ahead = ahead, (start(clips[i + 1]) if i + 1 < len(clips) else None)
+        for xa, xb in zip(*cur):
+            n += len(xa) + len(xb)
+    both = time.perf_counter() - t
+    t = time.perf_counter()
+    one = sum(len(c) for c in Prefetch(ClipReader(clips[0][1]).chunks(16), depth))
+    alone = time.perf_counter() - t
+    out = {"jobs": len(clips), "frames": n, "frames_per_s": round(n / both, 1),
+           "pairs_per_s": round(n / 2 / both, 1), "one_b_clip_frames_per_s": round(one / alone, 1),
+           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    if args.hash:
+        h = hashlib.sha256()
+        for p in clips[0]:
+            for c in ClipReader(p).chunks(16):
+                h.update(c.tobytes())
+        out["sha256_job0"] = h.hexdigest()[:16]
+    return out
+
+
 def _child_study(args) -> dict:
     from evalkit.study import create_study
 
@@ -213,10 +252,31 @@ def cmd_compare(a) -> dict:
                          subsets={"base": base_jobs} if base_jobs else {})
         print(f"[{suite}] evalkit compare, {jobs} jobs (baseline {base_jobs}) x {frames} frames, "
               f"device {a.device}", flush=True)
+        if a.decode:
+            for tree in ("baseline", "ours"):
+                k = base_jobs if tree == "baseline" and base_jobs else jobs
+                try:
+                    r = run_in(trees[tree], "decode", runs["a"], runs["b"], "--jobs", k, "--hash",
+                               timeout=a.child_timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    print(f"  {tree}: decode: FAILED {str(e)[-800:]}", flush=True)
+                    continue
+                results[f"{suite} | decode | {tree}"] = r
+                print(f"  decode only [{tree}] {r['jobs']} jobs, {r['frames']} frames (A and B): "
+                      f"{r['frames_per_s']} frames/s = {r['pairs_per_s']} pairs/s | one B clip "
+                      f"alone {r['one_b_clip_frames_per_s']} frames/s | peak RSS "
+                      f"{r['peak_rss_gb']} GB | job 0 frames sha256 {r['sha256_job0']}", flush=True)
+            d = [results.get(f"{suite} | decode | {t}") for t in ("baseline", "ours")]
+            if all(d):
+                print(f"    ratio ours / baseline: {d[1]['frames_per_s'] / d[0]['frames_per_s']:.2f}x "
+                      f"frames/s; decoded frames identical: "
+                      f"{d[0]['sha256_job0'] == d[1]['sha256_job0']}", flush=True)
         plan = [("LPIPS+SSIM+PSNR", ["--no-temporal"], "baseline", True),
                 ("LPIPS+SSIM+PSNR", ["--no-temporal"], "ours", False),
                 ("full set, CPU flow (DIS fast)", [], "baseline", True),
                 ("full set, CPU flow (DIS fast)", [], "ours", False)]
+        if a.only_lpips:
+            plan = plan[:2]
         if "ours+gpuflow" in trees:
             plan.append(("full set, GPU flow (--flow torch)", ["--flow", "torch"],
                          "ours+gpuflow", False))
@@ -310,7 +370,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
         c = argparse.ArgumentParser()
-        c.add_argument("what", choices=["compare", "study"])
+        c.add_argument("what", choices=["compare", "study", "decode"])
         c.add_argument("a")
         c.add_argument("b")
         c.add_argument("report", nargs="?")
@@ -318,7 +378,12 @@ def main(argv=None) -> int:
         c.add_argument("--no-temporal", action="store_true")
         c.add_argument("--flow", default=None)
         c.add_argument("--protocol", default="preference")
+        c.add_argument("--jobs", type=int, default=8)
+        c.add_argument("--hash", action="store_true")
         args = c.parse_args(argv[1:])
+        if args.what == "decode":
+            print(json.dumps(_child_decode(args)))
+            return 0
         if args.what == "study":
             args.report, args.db = args.a, args.b
             print(json.dumps(_child_study(args)))
@@ -341,6 +406,10 @@ def main(argv=None) -> int:
     c.add_argument("--hd-jobs", type=int, default=2, help="1920x1080 jobs (0: none)")
     c.add_argument("--hd-baseline-jobs", type=int, default=0)
     c.add_argument("--child-timeout", type=float, default=240)
+    c.add_argument("--decode", action="store_true",
+                   help="also decoding alone (each tree's reader, as compare decodes), frames/s")
+    c.add_argument("--only-lpips", action="store_true",
+                   help="LPIPS+SSIM+PSNR only (no full set)")
     c.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     s = sub.add_parser("study")
     s.add_argument("--baseline", required=True)
