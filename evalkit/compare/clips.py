@@ -110,7 +110,6 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if vmaf and records:
         from evalkit.compare.vmaf import add_vmaf
 
-        summary["means"]["vmaf"] = None
         summary["conventions"]["vmaf"] = add_vmaf(records, paths["a"], paths["b"], n_threads=vmaf_threads)
         summary["means"]["vmaf"] = sum(r["vmaf"] for r in records) / len(records)
     if csv_path is not None:
