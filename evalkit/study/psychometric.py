@@ -87,6 +87,7 @@ import numpy as np
 from scipy import optimize, special
 
 from .errors import StudyError
+from .stats import wilson
 
 GUESS = 0.5
 CRITERION = 0.75
@@ -883,16 +884,6 @@ def trials_from_counts(n, k, x, levels) -> list[dict]:
     return out
 
 
-def _wilson(k, n, level=0.95):
-    if n == 0:
-        return [None, None]
-    z = special.ndtri(0.5 + level / 2)
-    p = k / n
-    c = (p + z * z / (2 * n)) / (1 + z * z / n)
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [c - h, c + h]
-
-
 def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4, 8, 16, 32),
                       repeats: int = 2, threshold: float = 0.05, slope: float = 2.0,
                       lapse_max: float = 0.04, rater_sd: float = 0.3, clip_sd: float = 0.3,
@@ -970,7 +961,7 @@ def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4,
         lr = np.log(val[inr] / truths[inr])
         both = inr & ~np.isnan(lo_) & ~np.isnan(hi_)
         out = {"n": len(rows), "covered": int(cov.sum()), "coverage": float(cov.mean()),
-               "coverage_ci": _wilson(int(cov.sum()), len(rows)),
+               "coverage_ci": list(wilson(int(cov.sum()), len(rows))),
                "in_range": float(inr.mean()),
                "covered_in_range": float(cov[inr].mean()) if inr.any() else None,
                "below_truth": float(np.mean(hi_[~np.isnan(hi_)] < truths[~np.isnan(hi_)]))
