@@ -203,8 +203,7 @@ class LocalExecutor:
         except UserError as e:
             error = str(e)
         except Exception as e:  # a renderer's bug or a pipeline failure: recorded, others go on
-            tb = traceback.extract_tb(e.__traceback__)[-1]
-            error = f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+            error = failure_text(e)
         seconds = time.perf_counter() - t0
         info = renderer.job_info() if hasattr(renderer, "job_info") else {}
         timing = {"seconds": round(seconds, 4),
@@ -428,6 +427,12 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
                           state[id(task)]["failures"]) for task, run in runs]
 
 
+def failure_text(e: BaseException) -> str:
+    """A job's failure in one line: the exception and where it was raised."""
+    tb = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+
+
 #: results rendered but not yet recorded, at most (each holds its frames until written)
 WRITE_AHEAD = 2
 
@@ -456,9 +461,7 @@ def _write_error(files: list[Future]) -> str | None:
         try:
             f.result()
         except Exception as e:
-            tb = traceback.extract_tb(e.__traceback__)[-1]
-            error = error or (f"writing the clip failed: {type(e).__name__}: {e} "
-                              f"(at {Path(tb.filename).name}:{tb.lineno})")
+            error = error or f"writing the clip failed: {failure_text(e)}"
     return error
 
 
