@@ -59,8 +59,8 @@ def main() -> int:
 
         def run(self, rend, task, sources, progress):
             with apply_backend(task.spec) as runtime:
-                for job in task.jobs:
-                    yield self.render_job(rend, runtime, job, sources, task.seed_offset, progress)
+                yield from self.render_jobs(rend, runtime, task.jobs, sources, task.seed_offset,
+                                            progress)
 
     with apply_backend(spec) as runtime:
         renderer.load(runtime)

@@ -289,3 +289,34 @@ def test_a_real_diffusers_pipeline_class_animatediff_video_to_video(tmp_path):
     assert a.shape == (8, 64, 64, 3)
     assert np.array_equal(a, again)
     assert not np.array_equal(a, bf16)
+
+
+def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(tmp_path):
+    """The next job's source is decoded on a thread while the current job renders: the frames
+    are those a plain decode gives, a prefetch of the wrong clip is dropped, and a broken
+    source fails the get() that needs it (not the prefetch)."""
+    import dataclasses
+
+    from evalkit.render.driver import SourceCache
+
+    suite = load_suite(DATASETS / "smoke" / "suite.yaml")
+    ids = list(suite.clips)
+    plain = {c: video.ClipReader(suite.clips[c].path).read() for c in ids[:2]}
+    sources = SourceCache(suite)
+    try:
+        first = sources.get(ids[0])[0]
+        sources.prefetch(ids[1])
+        assert sources.get(ids[0])[0] is first              # the current clip stays at hand
+        assert np.array_equal(sources.get(ids[1])[0], plain[ids[1]])
+        sources.prefetch(ids[1])                            # already current: nothing to do
+        sources.prefetch(ids[0])
+        assert np.array_equal(sources.get(ids[0])[0], plain[ids[0]])
+        bad = tmp_path / "broken.mkv"
+        bad.write_bytes(b"not a video")
+        suite.clips[ids[1]] = dataclasses.replace(suite.clips[ids[1]], path=bad)
+        sources.prefetch(ids[1])                            # the decode fails on the thread
+        with pytest.raises(Exception) as e:
+            sources.get(ids[1])
+        assert "broken.mkv" in str(e.value)
+    finally:
+        sources.close()

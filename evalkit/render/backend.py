@@ -6,12 +6,14 @@ build; the fingerprint records the HIP version there.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from evalkit.errors import UserError
 
@@ -104,7 +106,20 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: NVIDIA's kernel module states its version here (the same string nvidia-smi prints as
+#: driver_version), read in microseconds instead of nvidia-smi's tenths of a second
+_NVIDIA_PROC = Path("/proc/driver/nvidia/version")
+_NVIDIA_PROC_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
+
+
+@functools.lru_cache(maxsize=None)
 def _gpu_driver() -> str | None:
+    try:
+        m = _NVIDIA_PROC_RE.search(_NVIDIA_PROC.read_text())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
     for cmd in (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                 ["rocm-smi", "--showdriverversion"]):
         if shutil.which(cmd[0]):

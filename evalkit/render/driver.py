@@ -164,20 +164,32 @@ class LocalExecutor:
         with apply_backend(task.spec if task.apply else BackendSpec()) as runtime:
             renderer.load(runtime)
             try:
-                for job in task.jobs:
-                    yield self.render_job(renderer, runtime, job, sources, task.seed_offset,
-                                          progress, work_dir=task.work_dir)
+                yield from self.render_jobs(renderer, runtime, task.jobs, sources,
+                                            task.seed_offset, progress, work_dir=task.work_dir)
             finally:
                 renderer.unload()
                 if runtime.device.type == "cuda":
                     torch.cuda.empty_cache()
 
+    @classmethod
+    def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
+                    work_dir: Path | None = None) -> Iterator[JobResult]:
+        """Render ``jobs`` one after the other, each next job's source decoded meanwhile."""
+        jobs = list(jobs)
+        for i, job in enumerate(jobs):
+            yield cls.render_job(renderer, runtime, job, sources, seed_offset, progress,
+                                 work_dir=work_dir,
+                                 next_clip=jobs[i + 1].clip if i + 1 < len(jobs) else None)
+
     @staticmethod
     def render_job(renderer, runtime, job, sources, seed_offset, progress,
-                   work_dir: Path | None = None) -> JobResult:
+                   work_dir: Path | None = None, next_clip: str | None = None) -> JobResult:
+        """Render one job (``next_clip``: the next job's clip, decoded while this one renders)."""
         import torch
 
         frames_in, fps, path = sources.get(job.clip)
+        if next_clip is not None:
+            sources.prefetch(next_clip)
         cuda = runtime.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(runtime.device)
@@ -233,20 +245,57 @@ def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
 
 
 class SourceCache:
-    """Decodes each source clip once and keeps the last one (jobs are grouped by clip)."""
+    """Decodes each source clip once and keeps the last one (jobs are grouped by clip).
+
+    :meth:`prefetch` starts decoding the next job's clip on a background thread while the
+    current job renders, so a pipeline never waits for its source (at most two decoded clips
+    are held: the current one and the next). :meth:`get` returns the same frames either way; a
+    decoding error is raised by the :meth:`get` that needs the clip, as without prefetching.
+    """
 
     def __init__(self, suite: Suite):
         self.suite = suite
         self._key = None
         self._value = None
+        self._next: tuple[str, Future] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _decode(self, clip_id: str):
+        path = self.suite.clips[clip_id].path
+        reader = ClipReader(path)
+        return reader.read(), reader.info.fps, path
+
+    def prefetch(self, clip_id: str | None) -> None:
+        """Start decoding ``clip_id`` (the next job's clip) unless it is already at hand."""
+        if clip_id is None or clip_id == self._key or (self._next and self._next[0] == clip_id):
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-source")
+        if self._next is not None:
+            self._next[1].cancel()
+        self._next = (clip_id, self._pool.submit(self._decode, clip_id))
 
     def get(self, clip_id: str):
         if self._key != clip_id:
-            path = self.suite.clips[clip_id].path
-            reader = ClipReader(path)
-            self._value = (reader.read(), reader.info.fps, path)
+            ahead, self._next = self._next, None
+            self._value = self._key = None          # let the previous clip go first
+            if ahead is not None and ahead[0] == clip_id:
+                self._value = ahead[1].result()
+            else:
+                if ahead is not None:
+                    ahead[1].cancel()
+                self._value = self._decode(clip_id)
             self._key = clip_id
         return self._value
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a decode under way finishes; its result is dropped)."""
+        if self._next is not None:
+            self._next[1].cancel()
+            self._next = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 #: a run folder's lock file (``flock``; held while a render writes into the folder)
@@ -421,6 +470,7 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
         for st in state.values():  # results whose manifest save was deferred
             if st["dirty"]:
                 st["run"].save()
+        sources.close()
         bars.close()
     return [RenderSummary(task.name or task.spec.spec, run.path, state[id(task)]["done"],
                           len(state[id(task)]["failures"]), len(selected) - len(task.jobs),
