@@ -24,6 +24,8 @@ import functools
 import io
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -148,12 +150,30 @@ def floor_notice(floors: dict) -> str | None:
 
 # -- images --------------------------------------------------------------------------------
 
+#: zlib level of the report's PNGs: 1 writes a 720p frame 3.4x faster than PIL's default 6,
+#: for files about 20% larger
+PNG_COMPRESS_LEVEL = 1
+
+
 def _save_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
+    Image.fromarray(rgb).save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def report_threads() -> int:
+    """Threads that encode a report's PNGs."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _worst_pngs(out: Path, stem: str, a: np.ndarray, b: np.ndarray) -> float:
+    """A job's worst frame pair and their difference heat map as PNGs; the map's top value."""
+    heat, top = _heatmap(a, b)
+    for key, arr in (("a", a), ("b", b), ("heat", heat)):
+        _save_png(out / f"{stem}_{key}.png", arr)
+    return top
 
 
 def worst_segment(values: list[float], width: int) -> tuple[int, int]:
@@ -314,17 +334,23 @@ def _write_report_files(out: Path, summary: dict, measures) -> None:
     write_clips_csv(out / "clips.csv", measures, summary["jobs"]["not_compared"], jobs)
     images = {}
     human = (summary.get("gate") or {}).get("human_threshold")
-    for i, m in enumerate(measures):
-        stem = f"img/job{i:04d}"
-        entry = {"timeline": f"{stem}_timeline.png"}
-        entry["segment"] = _timeline(out / entry["timeline"], m, human)
-        if m.worst_a is not None and m.worst_b is not None:
-            heat, top = _heatmap(m.worst_a, m.worst_b)
-            for key, arr in (("a", m.worst_a), ("b", m.worst_b), ("heat", heat)):
-                entry[key] = f"{stem}_{key}.png"
-                _save_png(out / entry[key], arr)
-            entry["heat_max"] = top
-        images[m.pair.job_id] = entry
+    # The worst frames' PNGs (zlib lets go of the GIL) are encoded on threads while the
+    # timelines (matplotlib, GIL-bound) are drawn here.
+    with ThreadPoolExecutor(max_workers=report_threads(), thread_name_prefix="evalkit-png") as pool:
+        pending = []
+        for i, m in enumerate(measures):
+            stem = f"img/job{i:04d}"
+            entry = {"timeline": f"{stem}_timeline.png"}
+            if m.worst_a is not None and m.worst_b is not None:
+                for key in ("a", "b", "heat"):
+                    entry[key] = f"{stem}_{key}.png"
+                pending.append((entry, pool.submit(_worst_pngs, out, stem, m.worst_a, m.worst_b)))
+            images[m.pair.job_id] = entry
+        for i, m in enumerate(measures):
+            entry = images[m.pair.job_id]
+            entry["segment"] = _timeline(out / entry["timeline"], m, human)
+        for entry, fut in pending:
+            entry["heat_max"] = fut.result()
     summary["files"] = {"frames": "frames.csv", "clips": "clips.csv", "html": "index.html"}
     atomic_write_text(out / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
     atomic_write_text(out / "index.html", render_html(summary, measures, images))
