@@ -35,6 +35,31 @@ def _resolve(p: str, report: Path) -> Path:
     return (report / path) if (report / path).exists() else path
 
 
+def _clip_paths(run: Path):
+    """``job id -> its lossless clip`` for a run folder: where its manifest says (``output.path``
+    of a done job; the run's format, :attr:`~evalkit.formats.run.RunDir.clip_path`, otherwise).
+    A folder without a manifest (clips only): ``clips/<job>.mkv``, or ``.nut`` where only that
+    exists."""
+    from ..formats.run import MANIFEST, RunDir
+    from ..lossless import LOSSLESS_FORMATS
+
+    if (run / MANIFEST).is_file():
+        rd = RunDir.open(run)
+        recs = {j["id"]: j for j in rd.jobs}
+
+        def path(job: str) -> Path:
+            rec = recs.get(job)
+            if rec and rec.get("status") == "done" and rec.get("output"):
+                return rd.path / rec["output"]["path"]
+            return rd.clip_path(job)
+        return path
+
+    def guess(job: str) -> Path:
+        paths = [run / "clips" / f"{job}{f.ext}" for f in LOSSLESS_FORMATS.values()]
+        return next((p for p in paths if p.is_file()), paths[0])
+    return guess
+
+
 def read_report(report) -> dict:
     """The parts of a compare report a study needs: the two run folders and, per compared
     job, its lossless clips on both sides and its LPIPS mean. Errors name the file."""
@@ -65,9 +90,10 @@ def read_report(report) -> dict:
             for r in csv.DictReader(f):
                 rows[r["job"]] = r
     out = []
+    clip_a, clip_b = _clip_paths(run_a), _clip_paths(run_b)
     for job in compared:
         r = rows.get(job, {})
-        a, b = run_a / "clips" / f"{job}.mkv", run_b / "clips" / f"{job}.mkv"
+        a, b = clip_a(job), clip_b(job)
         for p in (a, b):
             if not p.is_file():
                 raise InputFileError(p, f"clip of job {job} not found (the report's run folders "
