@@ -47,3 +47,9 @@ def lossless_format(codec: str) -> LosslessFormat:
     except (KeyError, TypeError):
         raise ValueError(f"codec: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
                          f"{codec!r}") from None
+
+
+def run_format(manifest: dict) -> LosslessFormat:
+    """The lossless format of a run's clips from its manifest (a ``dict``): ``lossless.codec``,
+    ``ffv1`` when the manifest names none (every run made before there was a choice)."""
+    return lossless_format((manifest.get("lossless") or {}).get("codec") or DEFAULT_LOSSLESS)

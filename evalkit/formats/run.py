@@ -53,9 +53,9 @@ def run_name(manifest: dict) -> str:
 def run_lossless(manifest: dict) -> str:
     """The lossless format (codec name) of a run's clips: its manifest's ``lossless.codec``,
     ``ffv1`` when absent."""
-    from evalkit.lossless import DEFAULT_LOSSLESS
+    from evalkit.lossless import run_format
 
-    return (manifest.get("lossless") or {}).get("codec") or DEFAULT_LOSSLESS
+    return run_format(manifest).name
 
 
 def _now() -> str:

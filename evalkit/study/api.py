@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
+from ..lossless import LOSSLESS_FORMATS, run_format
 from ..video import read_frames
 from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
@@ -37,22 +38,20 @@ def _resolve(p: str, report: Path) -> Path:
 
 def _clip_paths(run: Path):
     """``job id -> its lossless clip`` for a run folder: where its manifest says (``output.path``
-    of a done job; the run's format, :attr:`~evalkit.formats.run.RunDir.clip_path`, otherwise).
-    A folder without a manifest (clips only): ``clips/<job>.mkv``, or ``.nut`` where only that
-    exists."""
-    from ..formats.run import MANIFEST, RunDir
-    from ..lossless import LOSSLESS_FORMATS
-
-    if (run / MANIFEST).is_file():
-        rd = RunDir.open(run)
-        recs = {j["id"]: j for j in rd.jobs}
-
-        def path(job: str) -> Path:
-            rec = recs.get(job)
-            if rec and rec.get("status") == "done" and rec.get("output"):
-                return rd.path / rec["output"]["path"]
-            return rd.clip_path(job)
-        return path
+    of a done job; else ``clips/<job>`` with the run's format's extension, ``.mkv`` for FFV1,
+    ``.nut`` for UT Video). A folder without a manifest (clips only): ``clips/<job>.mkv``, or
+    ``.nut`` where only that exists."""
+    manifest = run / "manifest.json"
+    if manifest.is_file():
+        try:
+            doc = json.loads(manifest.read_text())
+            ext = run_format(doc).ext
+            done = {j["id"]: run / j["output"]["path"] for j in doc["jobs"]
+                    if j.get("status") == "done" and j.get("output")}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise InputFileError(manifest, f"not a run manifest ({e.__class__.__name__}: "
+                                 f"{e})") from None
+        return lambda job: done.get(job, run / "clips" / f"{job}{ext}")
 
     def guess(job: str) -> Path:
         paths = [run / "clips" / f"{job}{f.ext}" for f in LOSSLESS_FORMATS.values()]
