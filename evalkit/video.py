@@ -201,10 +201,14 @@ class ClipReader:
                 fps = s.average_rate or s.guessed_rate or s.base_rate
                 if not fps:
                     raise VideoError(self.path, "frame rate unknown")
+                duration = c.duration / 1_000_000 if c.duration else None
+                if duration is not None and c.format.name == "nut":
+                    # NUT's demuxer gives the last frame's start time (no frame count, no
+                    # duration in the file): the clip lasts one frame longer
+                    duration += 1 / float(fps)
                 return ClipInfo(self.path, "video", s.codec_context.width,
                                 s.codec_context.height, Fraction(fps),
-                                s.frames or None, s.codec_context.name,
-                                c.duration / 1_000_000 if c.duration else None)
+                                s.frames or None, s.codec_context.name, duration)
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
 
