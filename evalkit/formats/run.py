@@ -8,7 +8,7 @@ Layout::
       preview/<job>.mp4    browser copy (H.264 yuv420p)
 
 The manifest's ``lossless`` (``{"codec": "utvideo", "ext": ".nut"}``) names the clips' format
-(:data:`evalkit.video.LOSSLESS_FORMATS`, ``render --lossless``); a manifest without it is FFV1
+(:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render --lossless``); a manifest without it is FFV1
 in ``.mkv``, as every run was before there was a choice. A resumed run keeps its format.
 
 Crash safety: a clip is written to a temporary file and renamed into place, then its preview,
@@ -110,7 +110,7 @@ class RunDir:
         renderer, backend and label (new jobs are added as pending). ``label`` names the run
         (``render --label``); ``adopted`` records what came from elsewhere (an adopted
         fingerprint, imported files); both are left out of the manifest when None.
-        ``lossless``: the clips' format (:data:`evalkit.video.LOSSLESS_FORMATS`; None: ``ffv1``
+        ``lossless``: the clips' format (:data:`evalkit.lossless.LOSSLESS_FORMATS`; None: ``ffv1``
         for a new run, the recorded one for a resumed run, which keeps its format: asking for
         another is a :class:`UserError`)."""
         from evalkit.lossless import DEFAULT_LOSSLESS, lossless_format

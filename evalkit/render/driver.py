@@ -92,7 +92,7 @@ class BackendTask:
     apply: bool = True
     #: how the summary names the run (its label; None: the spec)
     name: str | None = None
-    #: the run's lossless format (:data:`evalkit.video.LOSSLESS_FORMATS`): executors that
+    #: the run's lossless format (:data:`evalkit.lossless.LOSSLESS_FORMATS`): executors that
     #: encode elsewhere (Ray) write the clip in it
     lossless: str = "ffv1"
 
@@ -322,7 +322,7 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     really rendered (:mod:`evalkit.formats.fingerprint`), recorded instead of this one's. A
     renderer that adopts renders made elsewhere (``import``) needs no backend when it has a
     label (or a fingerprint file that names one): the spec is recorded, never applied.
-    ``lossless``: the format of the clips (:data:`evalkit.video.LOSSLESS_FORMATS`, ``render
+    ``lossless``: the format of the clips (:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render
     --lossless``); None: ``ffv1`` for a new run, its own for a resumed one (another one for a
     resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
