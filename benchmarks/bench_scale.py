@@ -5,6 +5,10 @@ Every measurement runs in its own process with ``PYTHONPATH`` set to the tree it
 (``--new``: this checkout by default; ``--baseline``: another checkout, e.g. main's), so the two
 codes never share an import.
 
+``compare --lossless utvideo`` makes UT Video copies of both runs (the same frames, ``render
+--lossless utvideo``'s format) besides the FFV1 ones: the baseline tree (which reads FFV1 runs
+only) is measured on the FFV1 pair, ours on both; each row says which.
+
     # on a GPU machine: two real-scale runs (scale720 suite, 8 jobs x 240 frames; run B is run
     # A plus seeded noise), `evalkit compare` of them with each tree; then scale1080
     python benchmarks/bench_scale.py compare --baseline /path/to/main --out OUT
@@ -90,7 +94,8 @@ def _child_decode(args) -> dict:
     from evalkit.video import ClipReader, Prefetch
 
     clips = [(pa, Path(args.b) / "clips" / pa.name)
-             for pa in sorted((Path(args.a) / "clips").glob("*.mkv"))][:args.jobs]
+             for pa in sorted((Path(args.a) / "clips").iterdir())
+             if pa.suffix in (".mkv", ".nut")][:args.jobs]
     depth = prefetch_depth(16)
 
     def start(pair):
@@ -163,11 +168,13 @@ def _make_scale():
 
 
 def make_runs(suite_name: str, root: Path, *, frames: int, clips: int, workers: int,
-              subsets: dict[str, int]) -> dict[str, Path]:
+              subsets: dict[str, int], lossless: str = "ffv1") -> dict[str, Path]:
     """Generate ``clips`` clips of a real-scale suite into ``root`` (a suite file naming just
     them), then run folders: ``a`` holds the clips themselves, ``b`` the clips plus seeded
     noise (every pixel +-0..2 code values), ``a<k>``/``b<k>`` the same with only the first k
-    jobs done (``subsets``). Returns the run folders."""
+    jobs done (``subsets``). Returns the run folders. They are FFV1 runs (what every tree
+    reads); ``lossless="utvideo"`` adds ``<name>@utvideo`` of each: the same frames in UT Video
+    (``render --lossless utvideo``), converted from the FFV1 clips."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -177,7 +184,7 @@ def make_runs(suite_name: str, root: Path, *, frames: int, clips: int, workers: 
 
     from evalkit.formats.run import RunDir
     from evalkit.formats.suite import load_suite
-    from evalkit.video import ClipReader, write_lossless
+    from evalkit.video import ClipReader, lossless_format, write_lossless
 
     doc = yaml.safe_load((ROOT / "datasets" / suite_name / "suite.yaml").read_text())
     ids = [c["id"] for c in doc["clips"]][:clips]
@@ -208,21 +215,44 @@ def make_runs(suite_name: str, root: Path, *, frames: int, clips: int, workers: 
     with ThreadPoolExecutor(min(len(ids), workers)) as pool:
         list(pool.map(noisy, ids))
     noise_s = time.perf_counter() - t
+    formats = [("ffv1", "", {"a": folder / "clips", "b": root / "noisy"})]
+    convert_s = 0.0
+    if lossless != "ffv1":
+        fmt = lossless_format(lossless)
+        dst = {"a": root / lossless / "a", "b": root / lossless / "b"}
+
+        def convert(item) -> None:
+            side, cid = item
+            src = formats[0][2][side] / f"{cid}.mkv"
+            dst[side].mkdir(parents=True, exist_ok=True)
+            write_lossless(dst[side] / f"{cid}{fmt.ext}", iter(ClipReader(src)),
+                           ClipReader(src).info.fps, codec=lossless)
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(min(2 * len(ids), workers)) as pool:
+            list(pool.map(convert, [(side, cid) for side in dst for cid in ids]))
+        convert_s = time.perf_counter() - t
+        formats.append((lossless, f"@{lossless}", dst))
     suite = load_suite(folder / "suite.yaml")
     runs = {}
-    for side, src in (("a", folder / "clips"), ("b", root / "noisy")):
-        for name, k in [(side, len(suite.jobs))] + [(f"{side}{k}", k) for k in subsets.values()]:
-            run = RunDir.create(root / "runs" / name, suite=suite,
-                                renderer={"name": "import", "version": "1", "options": {}},
-                                backend={"spec": "import"}, fingerprint={"host": "bench"})
-            for job in suite.jobs[:k]:
-                p = src / f"{job.clip}.mkv"
-                info = ClipReader(p).info
-                run.record_done_encoded(job.id, p.read_bytes(), None, frames=frames,
-                                        width=info.width, height=info.height, fps=info.fps)
-            runs[name] = run.path
+    for codec, suffix, sources in formats:
+        ext = lossless_format(codec).ext
+        for side, src in sources.items():
+            for name, k in [(side, len(suite.jobs))] + [(f"{side}{k}", k) for k in subsets.values()]:
+                name += suffix
+                run = RunDir.create(root / "runs" / name, suite=suite,
+                                    renderer={"name": "import", "version": "1", "options": {}},
+                                    backend={"spec": "import"}, fingerprint={"host": "bench"},
+                                    lossless=codec)
+                for job in suite.jobs[:k]:
+                    p = src / f"{job.clip}{ext}"
+                    info = ClipReader(p).info
+                    run.record_done_encoded(job.id, p.read_bytes(), None, frames=frames,
+                                            width=info.width, height=info.height, fps=info.fps)
+                runs[name] = run.path
     print(f"[{suite_name}] {len(ids)} clips x {frames} frames generated in {gen_s:.1f} s "
-          f"(noisy copies {noise_s:.1f} s, {workers} processes)", flush=True)
+          f"(noisy copies {noise_s:.1f} s, {workers} processes"
+          + (f"; {lossless} copies {convert_s:.1f} s" if convert_s else "") + ")", flush=True)
     return runs
 
 
@@ -249,28 +279,37 @@ def cmd_compare(a) -> dict:
         sets.append(("scale1080", a.frames, a.hd_jobs, a.hd_baseline_jobs))
     for suite, frames, jobs, base_jobs in sets:
         runs = make_runs(suite, work / suite, frames=frames, clips=jobs, workers=a.workers,
-                         subsets={"base": base_jobs} if base_jobs else {})
+                         subsets={"base": base_jobs} if base_jobs else {}, lossless=a.lossless)
+        # the baseline (today's main) reads FFV1 runs only: it runs on the FFV1 pair; ours on
+        # the FFV1 pair and, with --lossless utvideo, on the same frames in UT Video too
+        formats = ["ffv1"] + ([a.lossless] if a.lossless != "ffv1" else [])
         print(f"[{suite}] evalkit compare, {jobs} jobs (baseline {base_jobs}) x {frames} frames, "
-              f"device {a.device}", flush=True)
+              f"device {a.device}; lossless runs: baseline ffv1, ours {' and '.join(formats)}",
+              flush=True)
         if a.decode:
-            for tree in ("baseline", "ours"):
+            variants = [("baseline", "ffv1")] + [("ours", f) for f in formats]
+            for tree, fmt in variants:
                 k = base_jobs if tree == "baseline" and base_jobs else jobs
+                sfx = "" if fmt == "ffv1" else f"@{fmt}"
+                name = tree + ("" if fmt == "ffv1" else f" {fmt}")
                 try:
-                    r = run_in(trees[tree], "decode", runs["a"], runs["b"], "--jobs", k, "--hash",
-                               timeout=a.child_timeout)
+                    r = run_in(trees[tree], "decode", runs["a" + sfx], runs["b" + sfx], "--jobs",
+                               k, "--hash", timeout=a.child_timeout)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    print(f"  {tree}: decode: FAILED {str(e)[-800:]}", flush=True)
+                    print(f"  {name}: decode: FAILED {str(e)[-800:]}", flush=True)
                     continue
-                results[f"{suite} | decode | {tree}"] = r
-                print(f"  decode only [{tree}] {r['jobs']} jobs, {r['frames']} frames (A and B): "
-                      f"{r['frames_per_s']} frames/s = {r['pairs_per_s']} pairs/s | one B clip "
-                      f"alone {r['one_b_clip_frames_per_s']} frames/s | peak RSS "
+                results[f"{suite} | decode | {name}"] = r
+                print(f"  decode only [{tree}, {fmt}] {r['jobs']} jobs, {r['frames']} frames (A "
+                      f"and B): {r['frames_per_s']} frames/s = {r['pairs_per_s']} pairs/s | one B "
+                      f"clip alone {r['one_b_clip_frames_per_s']} frames/s | peak RSS "
                       f"{r['peak_rss_gb']} GB | job 0 frames sha256 {r['sha256_job0']}", flush=True)
-            d = [results.get(f"{suite} | decode | {t}") for t in ("baseline", "ours")]
-            if all(d):
-                print(f"    ratio ours / baseline: {d[1]['frames_per_s'] / d[0]['frames_per_s']:.2f}x "
-                      f"frames/s; decoded frames identical: "
-                      f"{d[0]['sha256_job0'] == d[1]['sha256_job0']}", flush=True)
+            base = results.get(f"{suite} | decode | baseline")
+            for fmt in formats:
+                d = results.get(f"{suite} | decode | ours" + ("" if fmt == "ffv1" else f" {fmt}"))
+                if base and d:
+                    print(f"    ratio ours ({fmt}) / baseline (ffv1): "
+                          f"{d['frames_per_s'] / base['frames_per_s']:.2f}x frames/s; decoded "
+                          f"frames identical: {base['sha256_job0'] == d['sha256_job0']}", flush=True)
         plan = [("LPIPS+SSIM+PSNR", ["--no-temporal"], "baseline", True),
                 ("LPIPS+SSIM+PSNR", ["--no-temporal"], "ours", False),
                 ("full set, CPU flow (DIS fast)", [], "baseline", True),
@@ -280,11 +319,15 @@ def cmd_compare(a) -> dict:
         if "ours+gpuflow" in trees:
             plan.append(("full set, GPU flow (--flow torch)", ["--flow", "torch"],
                          "ours+gpuflow", False))
-        for what, opts, tree, base in plan:
+        plan = [(what, opts, tree, base, fmt) for what, opts, tree, base in plan
+                for fmt in (["ffv1"] if tree == "baseline" else formats)]
+        for what, opts, tree, base, fmt in plan:
             if base and not base_jobs:
                 continue
-            ra, rb = (runs[f"a{base_jobs}"], runs[f"b{base_jobs}"]) if base else (runs["a"], runs["b"])
-            key = f"{suite} | {what} | {tree}"
+            sfx = "" if fmt == "ffv1" else f"@{fmt}"
+            ra, rb = ((runs[f"a{base_jobs}"], runs[f"b{base_jobs}"]) if base
+                      else (runs["a" + sfx], runs["b" + sfx]))
+            key = f"{suite} | {what} | {tree}" + ("" if fmt == "ffv1" else f" {fmt}")
             try:
                 r = run_in(trees[tree], "compare", ra, rb, work / "reports" / key.replace(" ", "_")
                            .replace("|", "").replace("+", "").replace("(", "").replace(")", ""),
@@ -293,12 +336,12 @@ def cmd_compare(a) -> dict:
                 print(f"  {tree}: {what}: FAILED {str(e)[-800:]}", flush=True)
                 continue
             results[key] = r
-            print(_line(f"{what} [{tree}]", r), flush=True)
+            print(_line(f"{what} [{tree}, {fmt}]", r), flush=True)
             if tree != "baseline":
                 b = results.get(f"{suite} | {what.replace(', GPU flow (--flow torch)', ', CPU flow (DIS fast)')} | baseline")
                 if b:
-                    print(f"    ratio ours / baseline: {r['pairs_per_s'] / b['pairs_per_s']:.2f}x "
-                          f"pairs/s", flush=True)
+                    print(f"    ratio ours ({fmt}) / baseline (ffv1): "
+                          f"{r['pairs_per_s'] / b['pairs_per_s']:.2f}x pairs/s", flush=True)
             (out / "compare.json").write_text(json.dumps(results, indent=1))
     return results
 
@@ -411,6 +454,10 @@ def main(argv=None) -> int:
     c.add_argument("--only-lpips", action="store_true",
                    help="LPIPS+SSIM+PSNR only (no full set)")
     c.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    c.add_argument("--lossless", choices=["ffv1", "utvideo"], default="ffv1",
+                   help="utvideo: also UT Video copies of both runs (render --lossless "
+                        "utvideo), measured by ours beside the FFV1 pair (the baseline reads "
+                        "FFV1 only)")
     s = sub.add_parser("study")
     s.add_argument("--baseline", required=True)
     s.add_argument("--new", default=str(ROOT))

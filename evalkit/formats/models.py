@@ -21,6 +21,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       field_validator, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
+from evalkit.lossless import LOSSLESS_FORMATS
+
 SUITE_SCHEMA_VERSION = 1
 MANIFEST_SCHEMA_VERSION = 1
 GATE_SCHEMA_VERSION = 1
@@ -537,6 +539,28 @@ class SuiteRecord(OpenModel):
     jobs: Optional[Int] = Field(None, description="How many jobs the suite has.")
 
 
+#: lossless formats of run clips and their file extensions (:data:`evalkit.lossless.LOSSLESS_FORMATS`)
+LOSSLESS_EXTS = {name: f.ext for name, f in LOSSLESS_FORMATS.items()}
+
+
+class LosslessRecord(FormatModel):
+    """The lossless format of a run's clips (`lossless`; absent: FFV1, `.mkv`)."""
+
+    codec: Literal["ffv1", "utvideo"] = Field(
+        description="`ffv1` (FFV1 in Matroska) or `utvideo` (UT Video in NUT): `render "
+                    "--lossless`.")
+    ext: Literal[".mkv", ".nut"] = Field(
+        description="The clips' file extension: `.mkv` for `ffv1`, `.nut` for `utvideo`.")
+
+    @model_validator(mode="after")
+    def _ext_matches(self) -> "LosslessRecord":
+        want = LOSSLESS_EXTS[self.codec]
+        if self.ext != want:
+            raise _fail(("ext",), f"expected {want!r} for codec {self.codec!r}, found "
+                        f"{self.ext!r}", self.ext)
+        return self
+
+
 class ManifestFile(OpenModel):
     """A run folder's `manifest.json`: what ran, where, and each job's state."""
 
@@ -559,6 +583,9 @@ class ManifestFile(OpenModel):
                           "(`path`, `sha256`, `content`: the file given with `--fingerprint`), "
                           "`local_fingerprint` (the machine that wrote the run folder), `dir` "
                           "(the `import` renderer's folder), `backend_from`.")
+    lossless: Optional[Annotated[LosslessRecord, Expect("an object")]] = Field(
+        None, description="The lossless format of the run's clips (`render --lossless`); "
+                          "absent: `ffv1` in `.mkv` (every run made before the choice).")
     jobs: Annotated[list[JobRecord], Expect("a list of job records")] = Field(
         description="Every job of the run.")
 
@@ -590,7 +617,7 @@ class FingerprintFile(FormatModel):
 #: format name -> its models, the file's own first (docs/formats.md has a table for each)
 FORMATS: dict[str, tuple[type[FormatModel], ...]] = {
     "suite": (SuiteFile, ClipEntry, JobEntry),
-    "manifest": (ManifestFile, SuiteRecord, JobRecord, OutputRecord),
+    "manifest": (ManifestFile, SuiteRecord, LosslessRecord, JobRecord, OutputRecord),
     "gate": (GateFile, HumanThreshold),
     "fingerprint": (FingerprintFile,),
 }

@@ -4,8 +4,12 @@ Layout::
 
     RUN/
       manifest.json        schema_version, suite, renderer, backend, fingerprint, jobs[]
-      clips/<job>.mkv      lossless render (FFV1, exact RGB)
+      clips/<job>.mkv      lossless render (FFV1, exact RGB); .nut with UT Video
       preview/<job>.mp4    browser copy (H.264 yuv420p)
+
+The manifest's ``lossless`` (``{"codec": "utvideo", "ext": ".nut"}``) names the clips' format
+(:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render --lossless``); a manifest without it is FFV1
+in ``.mkv``, as every run was before there was a choice. A resumed run keeps its format.
 
 Crash safety: a clip is written to a temporary file and renamed into place, then its preview,
 then the manifest (also atomically) records it as ``done`` with the clip's sha256. A crash at
@@ -44,6 +48,14 @@ def check_label(label: str, *, what: str = "--label") -> str:
 def run_name(manifest: dict) -> str:
     """How reports and studies name a run: its label, else its backend spec."""
     return manifest.get("label") or str((manifest.get("backend") or {}).get("spec"))
+
+
+def run_lossless(manifest: dict) -> str:
+    """The lossless format (codec name) of a run's clips: its manifest's ``lossless.codec``,
+    ``ffv1`` when absent."""
+    from evalkit.lossless import run_format
+
+    return run_format(manifest).name
 
 
 def _now() -> str:
@@ -93,16 +105,32 @@ class RunDir:
     @classmethod
     def create(cls, path, *, suite, renderer: dict, backend: dict, fingerprint: dict,
                jobs: Iterable | None = None, notes: dict | None = None, label: str | None = None,
-               adopted: dict | None = None) -> "RunDir":
+               adopted: dict | None = None, lossless: str | None = None) -> "RunDir":
         """Create a run folder, or reopen it to resume when it was made for the same suite,
         renderer, backend and label (new jobs are added as pending). ``label`` names the run
         (``render --label``); ``adopted`` records what came from elsewhere (an adopted
-        fingerprint, imported files); both are left out of the manifest when None."""
+        fingerprint, imported files); both are left out of the manifest when None.
+        ``lossless``: the clips' format (:data:`evalkit.lossless.LOSSLESS_FORMATS`; None: ``ffv1``
+        for a new run, the recorded one for a resumed run, which keeps its format: asking for
+        another is a :class:`UserError`)."""
+        from evalkit.lossless import DEFAULT_LOSSLESS, lossless_format
+
         path = Path(path)
         jobs = list(suite.jobs if jobs is None else jobs)
+        if lossless is not None:
+            try:
+                lossless_format(lossless)
+            except ValueError as e:
+                raise UserError(f"--lossless: {str(e).removeprefix('codec: ')}") from None
         if (path / MANIFEST).exists():
             run = cls.open(path)
             run._check_same(suite, renderer, backend, label)
+            have = run_lossless(run.manifest)
+            if lossless is not None and lossless != have:
+                raise UserError(f"{path}: this run's clips are {have} "
+                                f"({lossless_format(have).ext}), --lossless {lossless} asks for "
+                                f"{lossless}; a resumed run keeps its format: resume without "
+                                "--lossless, or choose another --out folder")
             for job in jobs:
                 if job.id not in run._index:
                     run._add_job(job)
@@ -129,6 +157,8 @@ class RunDir:
             manifest["label"] = label
         if adopted is not None:
             manifest["adopted"] = dict(adopted)
+        fmt = lossless_format(lossless or DEFAULT_LOSSLESS)
+        manifest["lossless"] = {"codec": fmt.name, "ext": fmt.ext}
         run = cls(path, manifest)
         for job in jobs:
             run._add_job(job)
@@ -173,8 +203,18 @@ class RunDir:
         except KeyError:
             raise UserError(f"{self.path}: no job {job_id!r} in this run") from None
 
+    @property
+    def lossless(self) -> str:
+        """The lossless format (codec name) of this run's clips (absent from the manifest:
+        ``ffv1``)."""
+        return run_lossless(self.manifest)
+
     def clip_path(self, job_id: str) -> Path:
-        return self.path / "clips" / f"{job_id}.mkv"
+        """Where a job's lossless clip goes: ``clips/<job><ext>`` (``.mkv`` for FFV1, ``.nut``
+        for UT Video; a done job's own record, ``output.path``, says where it is)."""
+        from evalkit.lossless import lossless_format
+
+        return self.path / "clips" / f"{job_id}{lossless_format(self.lossless).ext}"
 
     def preview_path(self, job_id: str) -> Path:
         return self.path / "preview" / f"{job_id}.mp4"
@@ -223,7 +263,7 @@ class RunDir:
         if written:
             n = len(frames)
         else:
-            n = write_lossless(clip, frames, fps)
+            n = write_lossless(clip, frames, fps, codec=self.lossless)
             if preview:
                 write_browser(self.preview_path(job_id), frames, fps)
         rec.update(
@@ -245,11 +285,17 @@ class RunDir:
         """Like :meth:`record_done`, for a clip (and preview) already encoded elsewhere (a
         cluster worker, with the same :mod:`evalkit.video` writers): the bytes are written
         atomically, clip first, then preview, then the manifest (``save=False``: the caller saves
-        it soon; until then a crash leaves the job pending, to be rendered again)."""
+        it soon; until then a crash leaves the job pending, to be rendered again). The clip must
+        be in the run's lossless format (:attr:`lossless`)."""
         from evalkit.fsutil import atomic_write_bytes
+        from evalkit.lossless import lossless_format
 
         rec = self.job(job_id)
         clip = self.clip_path(job_id)
+        magic = lossless_format(self.lossless).magic
+        if bytes(clip_bytes[:len(magic)]) != magic:
+            raise ValueError(f"clip_bytes of job {job_id}: expected a {self.lossless} clip (this "
+                             f"run's lossless format), found other bytes")
         atomic_write_bytes(clip, clip_bytes)
         if preview_bytes is not None:
             atomic_write_bytes(self.preview_path(job_id), preview_bytes)

@@ -37,6 +37,7 @@ from evalkit.errors import InputFileError, UserError
 from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
+from evalkit.lossless import LOSSLESS_FORMATS
 from evalkit.video import ClipReader
 
 
@@ -91,6 +92,9 @@ class BackendTask:
     apply: bool = True
     #: how the summary names the run (its label; None: the spec)
     name: str | None = None
+    #: the run's lossless format (:data:`evalkit.lossless.LOSSLESS_FORMATS`): executors that
+    #: encode elsewhere (Ray) write the clip in it
+    lossless: str = "ffv1"
 
 
 class Progress:
@@ -360,12 +364,16 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
 def render_suite(suite_path, backends: list[str], out, *, renderer: str | Renderer | None = None,
                  options: dict | None = None, jobs: list[str] | None = None,
                  seed_offset: int = 0, executor=None, progress: bool = True,
-                 label: str | None = None, fingerprint_file=None) -> list[RenderSummary]:
+                 label: str | None = None, fingerprint_file=None,
+                 lossless: str | None = None) -> list[RenderSummary]:
     """Render a suite on each backend into ``out/<backend>/`` (``out/<label>/`` with a
     ``label``); resumable and atomic. ``fingerprint_file``: the fingerprint of the machine that
     really rendered (:mod:`evalkit.formats.fingerprint`), recorded instead of this one's. A
     renderer that adopts renders made elsewhere (``import``) needs no backend when it has a
-    label (or a fingerprint file that names one): the spec is recorded, never applied."""
+    label (or a fingerprint file that names one): the spec is recorded, never applied.
+    ``lossless``: the format of the clips (:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render
+    --lossless``); None: ``ffv1`` for a new run, its own for a resumed one (another one for a
+    resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
     executor = executor or LocalExecutor()
     if isinstance(renderer, Renderer):
@@ -377,6 +385,9 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         rend = get_renderer(renderer_name, options)
     if seed_offset < 0:
         raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
+    if lossless is not None and lossless not in LOSSLESS_FORMATS:
+        raise UserError(f"--lossless: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
+                        f"{lossless!r}")
     idents = plan_identity(list(backends or []), renderer=rend, label=label,
                            fingerprint_file=fingerprint_file, executor_name=executor.name)
     executor.check([i.spec for i in idents if i.apply])
@@ -424,11 +435,12 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
             run = RunDir.create(path, suite=suite, renderer=rend.describe(),
                                 backend=ident.backend_record(), fingerprint=fp,
                                 notes={"seed_offset": seed_offset, "executor": executor.name},
-                                label=ident.label, adopted=adopted)
+                                label=ident.label, adopted=adopted, lossless=lossless)
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
             runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
-                                     apply=ident.apply, name=ident.name), run))
+                                     apply=ident.apply, name=ident.name,
+                                     lossless=run.lossless), run))
             total += len(todo)
         try:
             return _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
@@ -500,7 +512,8 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult) -> list[Fu
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    return [pool.submit(write_lossless, run.clip_path(jid), result.frames, result.fps),
+    return [pool.submit(write_lossless, run.clip_path(jid), result.frames, result.fps,
+                        codec=run.lossless),
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
 
 

@@ -202,9 +202,11 @@ class RenderWorker:
         self.renderer.load(self.runtime)
         self.node = {**_node_info(), "worker": self.slot}
 
-    def render(self, job, clip: tuple, seed_offset: int, preview: bool = True) -> dict:
+    def render(self, job, clip: tuple, seed_offset: int, preview: bool = True,
+               lossless: str = "ffv1") -> dict:
+        """Render one job; its clip is encoded here in the run's ``lossless`` format."""
         from evalkit.render.driver import LocalExecutor
-        from evalkit.video import write_browser, write_lossless
+        from evalkit.video import lossless_format, write_browser, write_lossless
 
         if self.runtime is None:
             self._load()
@@ -216,8 +218,9 @@ class RenderWorker:
                "extra": result.extra}
         if result.error is None:
             frames = result.frames
-            clip_path, prev_path = self.out / "clip.mkv", self.out / "preview.mp4"
-            n = write_lossless(clip_path, frames, result.fps)
+            clip_path = self.out / f"clip{lossless_format(lossless).ext}"
+            prev_path = self.out / "preview.mp4"
+            n = write_lossless(clip_path, frames, result.fps, codec=lossless)
             if preview:
                 write_browser(prev_path, frames, result.fps)
             out["encoded"] = {"clip": clip_path.read_bytes(),
@@ -249,7 +252,8 @@ class MeasureWorker:
 
         from evalkit.compare.pairing import measure_pair
 
-        a, b = self.dir / "a.mkv", self.dir / "b.mkv"
+        # the runs' own extensions (.mkv, .nut): the reader goes by the name
+        a, b = self.dir / f"a{Path(pair.path_a).suffix}", self.dir / f"b{Path(pair.path_b).suffix}"
         a.write_bytes(ray.get(data[0]))
         b.write_bytes(ray.get(data[1]))
         local = dataclasses.replace(pair, path_a=a, path_b=b)
@@ -462,7 +466,7 @@ class RayExecutor:
             def submit(actor, it):
                 task, job = it.payload
                 return actor.render.remote(job, (clip_refs[job.clip],), task.seed_offset,
-                                           self.preview)
+                                           self.preview, task.lossless)
 
             for it, value, dead in _schedule(ray, pools, items, submit, max_retries=self.max_retries,
                                              inflight=self.inflight, on_status=progress.status):

@@ -1,12 +1,13 @@
 """``import`` renderer: adopt renders made elsewhere into a run folder.
 
-Option ``dir``: a folder holding, for each job, ``<name>.<ext>`` (a video: mkv, mp4, webm,
+Option ``dir``: a folder holding, for each job, ``<name>.<ext>`` (a video: mkv, nut, mp4, webm,
 avi, mov) or ``<name>/`` (a folder of frames), where ``<name>`` is the job id **of the seed
 actually rendered**: the job's own id in a run without ``--seed-offset``, and in a
 ``--seed-offset N`` run (a seed floor) the id the same clip, prompt and params have with seed
 ``seed + N`` (:func:`import_name`; ``evalkit suite validate --jobs --seed-offset N`` lists
-them). The adopted clip is stored losslessly like any render, so everything downstream treats it
-alike; the job's manifest record gets ``adopted_from`` (the file's path and sha256). A job with
+them). The adopted clip is decoded and stored losslessly like any render, in the run's format
+(``render --lossless``: FFV1 ``.mkv`` by default, UT Video ``.nut``), so everything downstream
+treats it alike; the job's manifest record gets ``adopted_from`` (the file's path and sha256). A job with
 no file fails with a message naming the exact path looked for.
 
 The renderer only copies frames in: the backend spec of such a run says where the files were
