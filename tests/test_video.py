@@ -192,3 +192,32 @@ def test_browser_copy_plays_in_chromium(tmp_path, browser):
     assert info["err"] is None
     assert info["t"] > 0
     assert abs(info["d"] - len(frames) / float(fps)) < 0.1
+
+
+def test_intra_clips_split_over_decoders_give_the_frames_of_one_decoder(tmp_path):
+    """FFV1 and UT Video clips cut at key frames over several decoders: the same frames, in
+    order, as one decoder without threads (bundled FFV1 clips, and a UT Video copy of one)."""
+    clips = sorted((DATASETS / "smoke" / "clips").glob("*.mkv"))[:2] + sorted(
+        (DATASETS / "canary" / "clips").glob("*.mkv"))[:2]
+    ut = tmp_path / "clip.nut"
+    frames = video.ClipReader(clips[0]).read()
+    video.write_lossless(ut, frames[:11], 24, codec="utvideo")
+    for p in clips + [ut]:
+        one = video.ClipReader(p, threads=1).read()
+        for workers in (3, 0):
+            split = video.ClipReader(p, threads=workers).read()
+            assert split.shape == one.shape and np.array_equal(split, one), (p.name, workers)
+    assert np.array_equal(video.ClipReader(ut, threads=2).read(), frames[:11])
+
+
+def test_split_decoding_of_a_cut_clip_fails_like_one_decoder(tmp_path):
+    good = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
+    bad = tmp_path / "cut.mkv"
+    data = good.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    msgs = []
+    for workers in (1, 3):
+        with pytest.raises(VideoError) as e:
+            video.ClipReader(bad, threads=workers).read()
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
