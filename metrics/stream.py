@@ -36,8 +36,8 @@ import torch
 from ._common import PEAK8, as_frames, luma, precise, resolve_device
 from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
-from .fidelity import (SSIM_CHANNELS, exactness_kernel, mse_kernel, ssim_kernel, psnr_convention, psnr_from_mse,
-                       ssim_convention)
+from .fidelity import (SSIM_CHANNELS, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
+                       ssim_kernel)
 from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
 from .temporal import (FLICKER_BLOCK, check_block, lowpass_luma, tof_from_flows,
@@ -409,8 +409,7 @@ class PairEvaluator:
             # pixel fidelity
             lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
             out["ssim"] = ssim_kernel(job.a, job.b, **self.ssim_kw, lumas=lumas)
-            job.mse = mse_kernel(job.a, job.b)
-            ex = exactness_kernel(job.a, job.b)
+            job.mse, ex = mse_exactness_kernel(job.a, job.b)
             out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
             # flicker on block-averaged luma (carry: the last two low-passed frames)
             if self.temporal:

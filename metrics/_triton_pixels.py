@@ -1,0 +1,60 @@
+"""MSE and exactness of uint8 frame pairs in one Triton pass (CUDA).
+
+One read of both batches gives, per frame, the sum of squared differences (integers, summed
+exactly), the largest absolute difference and the number of pixel positions where any channel
+differs: the numbers of ``fidelity.mse_kernel`` and ``fidelity.exactness_kernel`` for uint8
+input, exactly (integer sums do not depend on their order). Any strides (the stream hands
+channels-last views of its staging buffers).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+# Pixel positions per program: 3 x 4096 squared differences of at most 255^2 stay below 2^31.
+_BLOCK = 4096
+
+
+@triton.jit
+def _pixels(a_ptr, b_ptr, sq_ptr, mx_ptr, cnt_ptr, HW, W, n_tiles,
+            an, ac, ah, aw, bn, bc, bh, bw, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    p = t * BLOCK + tl.arange(0, BLOCK)
+    mask = p < HW
+    r = (p // W).to(tl.int64)
+    c = (p % W).to(tl.int64)
+    oa = n * an + r * ah + c * aw
+    ob = n * bn + r * bh + c * bw
+    sq = tl.zeros([BLOCK], dtype=tl.int32)
+    mx = tl.zeros([BLOCK], dtype=tl.int32)
+    for ch in tl.static_range(3):
+        va = tl.load(a_ptr + oa + ch * ac, mask=mask, other=0).to(tl.int32)
+        vb = tl.load(b_ptr + ob + ch * bc, mask=mask, other=0).to(tl.int32)
+        d = va - vb
+        sq += d * d
+        mx = tl.maximum(mx, tl.abs(d))
+    i = n * n_tiles + t
+    tl.store(sq_ptr + i, tl.sum(sq, axis=0).to(tl.int64))
+    tl.store(mx_ptr + i, tl.max(mx, axis=0))
+    tl.store(cnt_ptr + i, tl.sum((mx > 0).to(tl.int32), axis=0))
+
+
+def mse_exactness_u8(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(mse float64 (N,), {"max_abs_diff", "diff_fraction"} float32 (N,)) of uint8 (N, 3, H, W)."""
+    n, _, h, w = a.shape
+    hw = h * w
+    n_tiles = triton.cdiv(hw, _BLOCK)
+    sq = torch.empty((n, n_tiles), dtype=torch.int64, device=a.device)
+    mx = torch.empty((n, n_tiles), dtype=torch.int32, device=a.device)
+    cnt = torch.empty((n, n_tiles), dtype=torch.int32, device=a.device)
+    _pixels[(n_tiles, n)](a, b, sq, mx, cnt, hw, w, n_tiles, *a.stride(), *b.stride(), BLOCK=_BLOCK)
+    mse = sq.sum(1).double() / (3 * hw)
+    mad = mx.amax(1).float()
+    # diff_fraction as torch's float32 mean over (N, H*W) computes it on CUDA: the count times
+    # float32(N) / float32(N * H * W) (ATen's mean kernel), so the numbers are the same
+    factor = float(np.float32(n) / np.float32(n * hw))
+    frac = cnt.sum(1).float() * factor
+    return mse, {"max_abs_diff": mad, "diff_fraction": frac}
