@@ -83,6 +83,13 @@ def fast_path(name: str) -> bool:
     return os.environ.get(FAST_PATHS[name], "1") != "0"
 
 
+def fast_path_forced(name: str) -> bool | None:
+    """The setting of an enclosing :func:`fast_paths` block for ``name`` (None: not set there).
+    A path that is used on CUDA only by default runs on any device where a block turns it on."""
+    override = _FAST.get()
+    return None if override is None else override.get(name)
+
+
 @contextlib.contextmanager
 def fast_paths(**enabled: bool):
     """Turn fast paths on or off inside the block, e.g. ``fast_paths(triton_ssim=False)``
