@@ -10,8 +10,9 @@ space-to-depth; on the CPU the default is today's code, so "new" = "old" there a
 line "trunk, conv1 s2d forced" measures the space-to-depth conv1 on the CPU).
 
 Frames: a cycle of 32 distinct synthetic frame pairs (a moving texture; B is A plus noise),
-uint8, in memory. Printed: per-pair milliseconds of each stage (LPIPS trunk on A and B, LPIPS
-head, SSIM, MSE, exactness; new: MSE and exactness in one pass), best of ``--repeat`` runs of
+uint8, in memory. Printed: which fast paths the default uses here; per-pair milliseconds of each
+stage (uint8 -> [0, 1] float of A and B, LPIPS trunk on A and B, LPIPS head, SSIM, MSE,
+exactness; new: MSE and exactness in one pass), best of ``--repeat`` runs of
 ``--iters`` chunks, old and new alternating; the largest |difference| of each value between
 old and new; then ``PairEvaluator(temporal=False).update()`` pairs/s on frames already on the
 device and ``stream_pair`` pairs/s from host frames (chunks of 16 and 32), old against new,
@@ -31,10 +32,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics._common import as_frames, fast_paths, luma, precise, resolve_device  # noqa: E402
+from metrics._common import as_frames, fast_path, fast_paths, luma, precise, resolve_device  # noqa: E402
 from metrics.fidelity import exactness_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
 from metrics.perceptual import get_model  # noqa: E402
-from metrics.stream import PairEvaluator, stream_pair  # noqa: E402
+from metrics.stream import PairEvaluator, stream_pair, unit_into  # noqa: E402
 
 CYCLE = 32
 
@@ -77,7 +78,15 @@ def stages(a, b, dev, chunk, iters, repeat, out):
     with precise(autotune):
         u = torch.cat([a, b]).float().div_(255.0)
         ya, yb = luma(a), luma(b)
+    u2 = torch.empty_like(u)
+
+    def to_float():
+        unit_into(a, u2[:chunk])
+        unit_into(b, u2[chunk:])
+        return u2
+
     parts = {
+        "to-float (A and B)": to_float,
         "trunk (LPIPS on A and B)": lambda: model.features(u),
         "head (LPIPS distances)": None,
         "SSIM (luma, rounded)": lambda: ssim_kernel(a, b, lumas=(ya, yb)),
@@ -91,8 +100,8 @@ def stages(a, b, dev, chunk, iters, repeat, out):
             f = model.features(u)
             fa, fb = [t[:chunk] for t in f], [t[chunk:] for t in f]
             mse, ex = mse_exactness_kernel(a, b)
-            values[name] = {"lpips": model.distance(fa, fb), "ssim": ssim_kernel(a, b, lumas=(ya, yb)),
-                            "mse": mse, **ex}
+            values[name] = {"unit": to_float().clone(), "lpips": model.distance(fa, fb),
+                            "ssim": ssim_kernel(a, b, lumas=(ya, yb)), "mse": mse, **ex}
             parts["head (LPIPS distances)"] = (lambda fa=fa, fb=fb: model.distance(fa, fb))
             best[name] = {}
             for label, fn in parts.items():
@@ -191,6 +200,15 @@ def main(argv=None) -> int:
         f"| size {w}x{h} | torch {torch.__version__} | triton {tv} | torch threads "
         f"{torch.get_num_threads()} | cpus {os.cpu_count()} | env EVALKIT_TRITON="
         f"{os.environ.get('EVALKIT_TRITON', '-')} EVALKIT_CONV1_S2D={os.environ.get('EVALKIT_CONV1_S2D', '-')}")
+    from metrics import fidelity
+
+    with precise():
+        active = {"triton_ssim": fidelity._planes_fn(dev) is not fidelity._ssim_planes,
+                  "triton_pixels": dev.type == "cuda" and fidelity._triton("mse_exactness_u8") is not None,
+                  "conv1_s2d": get_model("alex", dev)._use_s2d(),
+                  "one_pass_unit": fast_path("one_pass_unit")}
+    out("new = the default here, fast paths in use: " + ", ".join(f"{k} {'yes' if v else 'no'}"
+                                                              for k, v in active.items()))
     a_np, b_np = frames(CYCLE, h, w)
     a_all = as_frames(torch.from_numpy(a_np).permute(0, 3, 1, 2).contiguous(), "a", device=dev)
     b_all = as_frames(torch.from_numpy(b_np).permute(0, 3, 1, 2).contiguous(), "b", device=dev)

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from ._common import PEAK8, as_frames, luma, precise, resolve_device
+from ._common import PEAK8, as_frames, fast_path, luma, precise, resolve_device
 from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
@@ -100,6 +100,16 @@ def _cv_threads_release() -> None:
         _CV_USERS -= 1
         if _CV_USERS == 0 and _CV_SAVED is not None:
             cv2.setNumThreads(_CV_SAVED)
+
+
+def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
+    """Frames ``x`` (uint8 or [0, 1] float) as float32 in [0, 1] written into ``dst``."""
+    if x.dtype == torch.uint8 and fast_path("one_pass_unit"):
+        torch.div(x, PEAK8, out=dst)       # the same float32 division as below, in one pass
+        return
+    dst.copy_(x)
+    if x.dtype == torch.uint8:
+        dst.div_(PEAK8)
 
 
 class _HostRing:
@@ -317,12 +327,8 @@ class PairEvaluator:
         with precise():
             # both clips in one [0, 1] float32 batch (the LPIPS input), contiguous NCHW
             u = torch.empty((2 * n, 3, h, w), dtype=torch.float32, device=self.device)
-            u[:n].copy_(a)
-            u[n:].copy_(b)
-            if a.dtype == torch.uint8:
-                u[:n].div_(PEAK8)
-            if b.dtype == torch.uint8:
-                u[n:].div_(PEAK8)
+            unit_into(a, u[:n])
+            unit_into(b, u[n:])
             job.u, job.ua, job.ub = u, u[:n], u[n:]
             job.ya, job.yb = luma(a), luma(b)   # rounded luma: SSIM (default) and flow input
             job.flow_dev = None

@@ -199,7 +199,7 @@ def test_fast_path_switches(monkeypatch):
     with fast_paths(triton_ssim=True):
         assert fast_path("triton_ssim") and not fast_path("triton_pixels")
         with fast_paths(all=False):
-            assert not any(fast_path(k) for k in ("triton_ssim", "triton_pixels", "conv1_s2d"))
+            assert not any(fast_path(k) for k in ("triton_ssim", "triton_pixels", "conv1_s2d", "one_pass_unit"))
     monkeypatch.delenv("EVALKIT_TRITON")
     assert fast_path("triton_ssim")
     with pytest.raises(ValueError, match="unknown"):
@@ -212,6 +212,18 @@ def test_fast_path_switches(monkeypatch):
         off = metrics.ssim(a, b), metrics.psnr(a, b)
     on = metrics.ssim(a, b), metrics.psnr(a, b)
     assert all(torch.equal(x, y) for x, y in zip(off, on))
+
+
+def test_one_pass_unit_conversion_is_the_same_division():
+    from metrics.stream import unit_into
+
+    x = (torch.arange(2 * 40 * 50 * 3) % 256).to(torch.uint8).reshape(2, 40, 50, 3).permute(0, 3, 1, 2)
+    got, want = torch.empty(x.shape), torch.empty(x.shape)
+    with fast_paths(one_pass_unit=True):
+        unit_into(x, got)
+    with fast_paths(one_pass_unit=False):
+        unit_into(x, want)
+    assert torch.equal(got, want) and got[0, 0, 0, 1].item() == np.float32(3) / np.float32(255) and got.max().item() == 1.0
 
 
 @pytest.fixture(scope="module")
