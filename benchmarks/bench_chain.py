@@ -11,10 +11,11 @@ line "trunk, conv1 s2d forced" measures the space-to-depth conv1 on the CPU).
 
 Frames: a cycle of 32 distinct synthetic frame pairs (a moving texture; B is A plus noise),
 uint8, in memory. Printed: which fast paths the default uses here; per-pair milliseconds of each
-stage (uint8 -> [0, 1] float of A and B, LPIPS trunk on A and B, LPIPS head, SSIM, MSE,
-exactness; new: MSE and exactness in one pass), best of ``--repeat`` runs of
+stage (uint8 -> [0, 1] float of A and B, their rounded luma, LPIPS trunk on A and B, LPIPS
+head, SSIM, MSE, exactness; new: MSE and exactness in one pass), best of ``--repeat`` runs of
 ``--iters`` chunks, old and new alternating; the largest |difference| of each value between
-old and new; then ``PairEvaluator(temporal=False).update()`` pairs/s on frames already on the
+old and new, and (CUDA) whether the luma of all 2^24 RGB triples is the same; then
+``PairEvaluator(temporal=False).update()`` pairs/s on frames already on the
 device and ``stream_pair`` pairs/s from host frames (chunks of 16 and 32), old against new,
 ratios printed. Metric numbers only move by float32 rounding (MSE and exactness: not at all).
 """
@@ -33,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrics._common import as_frames, fast_path, fast_paths, luma, precise, resolve_device  # noqa: E402
-from metrics.fidelity import exactness_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
+from metrics.fidelity import exactness_kernel, luma_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
 from metrics.perceptual import get_model  # noqa: E402
 from metrics.stream import PairEvaluator, stream_pair, unit_into  # noqa: E402
 
@@ -87,6 +88,7 @@ def stages(a, b, dev, chunk, iters, repeat, out):
 
     parts = {
         "to-float (A and B)": to_float,
+        "luma (A and B, rounded)": lambda: (luma_kernel(a), luma_kernel(b)),
         "trunk (LPIPS on A and B)": lambda: model.features(u),
         "head (LPIPS distances)": None,
         "SSIM (luma, rounded)": lambda: ssim_kernel(a, b, lumas=(ya, yb)),
@@ -100,7 +102,7 @@ def stages(a, b, dev, chunk, iters, repeat, out):
             f = model.features(u)
             fa, fb = [t[:chunk] for t in f], [t[chunk:] for t in f]
             mse, ex = mse_exactness_kernel(a, b)
-            values[name] = {"unit": to_float().clone(), "lpips": model.distance(fa, fb),
+            values[name] = {"unit": to_float().clone(), "luma": luma_kernel(a), "lpips": model.distance(fa, fb),
                             "ssim": ssim_kernel(a, b, lumas=(ya, yb)), "mse": mse, **ex}
             parts["head (LPIPS distances)"] = (lambda fa=fa, fb=fb: model.distance(fa, fb))
             best[name] = {}
@@ -134,6 +136,20 @@ def stages(a, b, dev, chunk, iters, repeat, out):
     out("max |old - new|: " + ", ".join(
         f"{k} {(values['old'][k].double() - values['new'][k].double()).abs().max().item():.3g}"
         for k in values["old"]))
+
+
+def luma_exhaustive(dev, out):
+    """Rounded luma of all 2^24 RGB triples (one 4096x4096 frame): the default path against
+    ``metrics._common.luma`` (13,178 of them are exact halves in float64)."""
+    i = np.arange(1 << 24, dtype=np.int64)
+    rgb = np.stack([i >> 16, (i >> 8) & 255, i & 255]).astype(np.uint8).reshape(1, 3, 4096, 4096)
+    x = as_frames(torch.from_numpy(rgb), "rgb", device=dev)
+    with precise():
+        with fast_paths(triton_luma=False):
+            want = luma_kernel(x)
+        got = luma_kernel(x)
+    bad = int((got != want).sum().item())
+    out(f"luma of all 2^24 RGB triples, default path vs torch float64: {bad} differ")
 
 
 def update_rate(a_all, b_all, dev, chunk, pairs, name) -> float:
@@ -204,9 +220,12 @@ def main(argv=None) -> int:
 
     with precise():
         active = {"triton_ssim": fidelity._planes_fn(dev) is not fidelity._ssim_planes,
-                  "triton_pixels": dev.type == "cuda" and fidelity._triton("mse_exactness_u8") is not None,
+                  "triton_pixels": dev.type == "cuda" and fidelity._triton("mse_exactness_u8") is not None
+                  and fast_path("triton_pixels"),
                   "conv1_s2d": get_model("alex", dev)._use_s2d(),
-                  "one_pass_unit": fast_path("one_pass_unit")}
+                  "triton_luma": dev.type == "cuda" and fidelity._triton("luma_u8") is not None
+                  and fast_path("triton_luma"),
+                  "one_pass_unit": dev.type == "cuda" and fast_path("one_pass_unit")}
     out("new = the default here, fast paths in use: " + ", ".join(f"{k} {'yes' if v else 'no'}"
                                                               for k, v in active.items()))
     a_np, b_np = frames(CYCLE, h, w)
@@ -214,6 +233,8 @@ def main(argv=None) -> int:
     b_all = as_frames(torch.from_numpy(b_np).permute(0, 3, 1, 2).contiguous(), "b", device=dev)
     chunk = min(args.chunk, CYCLE)
     stages(a_all[:chunk], b_all[:chunk], dev, chunk, args.iters, args.repeat, out)
+    if dev.type == "cuda":                 # on the CPU both sides run the same code
+        luma_exhaustive(dev, out)
 
     out(f"\nPairEvaluator(temporal=False), pairs/s ({args.pairs} pairs):")
     out(f"  {'run':36s} {'old':>8s} {'new':>8s} {'new/old':>8s}")

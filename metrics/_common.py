@@ -67,11 +67,12 @@ def precise(cudnn_benchmark: bool | None = None):
 
 
 #: Faster kernels for the same numbers on CUDA, each with the environment variable that turns
-#: it off ("0"): SSIM and the pixel checks (MSE, exactness) as Triton kernels, AlexNet's first
-#: convolution by space-to-depth, the stream's uint8 -> [0, 1] conversion in one pass (any
-#: device). Same conventions: values move by float32 rounding at most (exactly equal for MSE,
-#: exactness and the conversion). Nothing records which one ran.
-FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON",
+#: it off ("0"): SSIM, the pixel checks (MSE, exactness) and the rounded luma as Triton
+#: kernels, AlexNet's first convolution by space-to-depth, the stream's uint8 -> [0, 1]
+#: conversion in one pass (the last two: also on the CPU inside a ``fast_paths`` block that
+#: turns them on). Same conventions: values move by float32 rounding at most (exactly
+#: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
+FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
               "conv1_s2d": "EVALKIT_CONV1_S2D", "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 

@@ -58,3 +58,35 @@ def mse_exactness_u8(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, di
     factor = float(np.float32(n) / np.float32(n * hw))
     frac = cnt.sum(1).float() * factor
     return mse, {"max_abs_diff": mad, "diff_fraction": frac}
+
+
+@triton.jit
+def _luma(x_ptr, out_ptr, HW, W, xn, xc, xh, xw, w0, w1, w2, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    p = t * BLOCK + tl.arange(0, BLOCK)
+    mask = p < HW
+    o = n * xn + (p // W).to(tl.int64) * xh + (p % W).to(tl.int64) * xw
+    r = tl.load(x_ptr + o, mask=mask, other=0).to(tl.float64)
+    g = tl.load(x_ptr + o + xc, mask=mask, other=0).to(tl.float64)
+    b = tl.load(x_ptr + o + 2 * xc, mask=mask, other=0).to(tl.float64)
+    # (R w0 + G w1) + B w2, each product and sum rounded to float64 (launched without FMA
+    # contraction), then rounded half to even: numpy.round's arithmetic. y - floor(y) is exact.
+    y = (r * w0 + g * w1) + b * w2
+    f = tl.floor(y)
+    d = y - f
+    half = f * 0.5
+    odd = (half - tl.floor(half)) != 0.0
+    y = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+    tl.store(out_ptr + n * HW + p, y.to(tl.float32), mask=mask)
+
+
+def luma_u8(x: torch.Tensor, weights: tuple[float, float, float]) -> torch.Tensor:
+    """Rounded BT.601 luma of uint8 (N, 3, H, W) frames -> (N, 1, H, W) float32, the numbers of
+    ``_common.luma(x, rounded=True)`` exactly."""
+    n, _, h, w = x.shape
+    out = torch.empty((n, 1, h, w), dtype=torch.float32, device=x.device)
+    hw = h * w
+    _luma[(triton.cdiv(hw, _BLOCK), n)](x, out, hw, w, *x.stride(), *(float(v) for v in weights),
+                                        BLOCK=_BLOCK, enable_fp_fusion=False)
+    return out

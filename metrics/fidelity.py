@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import PEAK8, check_pair, fast_path, luma, precise, to_8bit_scale
+from ._common import LUMA_WEIGHTS, PEAK8, check_pair, fast_path, luma, precise, to_8bit_scale
 from ._errors import MetricInputError
 
 # Constants of Wang et al. 2004, section III-C / ssim_index.m: K = [0.01 0.03], window
@@ -84,12 +84,24 @@ def _triton(name: str):
         try:
             if name == "ssim_planes":
                 from ._triton_ssim import ssim_planes as fn
+            elif name == "luma_u8":
+                from ._triton_pixels import luma_u8 as fn
             else:
                 from ._triton_pixels import mse_exactness_u8 as fn
         except ImportError:
             fn = None
         _TRITON[name] = fn
     return _TRITON[name]
+
+
+def luma_kernel(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
+    """:func:`metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
+    Triton pass (the same float64 arithmetic and rounding: the same numbers) unless turned off."""
+    if rounded and x.device.type == "cuda" and x.dtype == torch.uint8 and fast_path("triton_luma"):
+        fn = _triton("luma_u8")
+        if fn is not None:
+            return fn(x, LUMA_WEIGHTS)
+    return luma(x, rounded=rounded)
 
 
 def _planes_fn(device: torch.device):
@@ -167,7 +179,8 @@ def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sig
         planes = _planes_fn(a.device)
         n = a.shape[0]
         if channel == "luma":
-            x, y = lumas if lumas is not None else (luma(a, rounded=round_luma), luma(b, rounded=round_luma))
+            x, y = lumas if lumas is not None else (luma_kernel(a, rounded=round_luma),
+                                                    luma_kernel(b, rounded=round_luma))
             return planes(x, y, g, c1, c2)
         h, w = a.shape[2:]
         x = to_8bit_scale(a).reshape(n * 3, 1, h, w)

@@ -33,10 +33,10 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from ._common import PEAK8, as_frames, fast_path, luma, precise, resolve_device
+from ._common import PEAK8, as_frames, fast_path, fast_path_forced, precise, resolve_device
 from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
-from .fidelity import (SSIM_CHANNELS, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
+from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
                        ssim_kernel)
 from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
@@ -104,7 +104,10 @@ def _cv_threads_release() -> None:
 
 def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
     """Frames ``x`` (uint8 or [0, 1] float) as float32 in [0, 1] written into ``dst``."""
-    if x.dtype == torch.uint8 and fast_path("one_pass_unit"):
+    # one pass on CUDA; on the CPU torch's converting division is slower than copy + divide
+    forced = fast_path_forced("one_pass_unit")
+    one_pass = forced if forced is not None else x.device.type == "cuda" and fast_path("one_pass_unit")
+    if x.dtype == torch.uint8 and one_pass:
         torch.div(x, PEAK8, out=dst)       # the same float32 division as below, in one pass
         return
     dst.copy_(x)
@@ -330,7 +333,7 @@ class PairEvaluator:
             unit_into(a, u[:n])
             unit_into(b, u[n:])
             job.u, job.ua, job.ub = u, u[:n], u[n:]
-            job.ya, job.yb = luma(a), luma(b)   # rounded luma: SSIM (default) and flow input
+            job.ya, job.yb = luma_kernel(a), luma_kernel(b)   # rounded luma: SSIM (default) and flow input
             job.flow_dev = None
             if job.temporal and self.flow[0] == "torch":
                 # flows on the device, queued with the rest (no host round trip)

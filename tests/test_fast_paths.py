@@ -97,6 +97,20 @@ for v in out.values():
         if "skimage" in v:
             v["max_diff_skimage"] = float(np.abs(np.array(v["got"]) - np.array(v["skimage"])).max())
             v["max_diff_skimage_torch"] = float(np.abs(np.array(v["want"]) - np.array(v["skimage"])).max())
+# rounded luma of uint8 frames: every RGB triple whose float64 luma is an exact half (13,178
+# of them: the rounding convention matters there) and random ones, channels-last
+from metrics._common import LUMA_WEIGHTS
+from metrics._triton_pixels import luma_u8
+v = np.arange(256, dtype=np.float64)
+ties = []
+for r in range(256):
+    yv = (r * 0.299 + v[:, None] * 0.587) + v[None, :] * 0.114
+    gi, bi = np.nonzero(yv - np.floor(yv) == 0.5)
+    ties += [(r, g, b) for g, b in zip(gi, bi)]
+trip = np.concatenate([np.array(ties, dtype=np.uint8), rng.integers(0, 256, (3206, 3), dtype=np.uint8)])
+x = torch.from_numpy(trip.reshape(1, -1, 64, 3)).permute(0, 3, 1, 2)
+out["luma"] = {"ties": len(ties), "equal": bool(torch.equal(luma_u8(x, LUMA_WEIGHTS), luma(x))),
+               "pixels": int(x[0, 0].numel())}
 print(json.dumps(out))
 '''
 
@@ -156,6 +170,11 @@ def test_triton_mse_and_exactness_equal_the_torch_path(interpreted):
     # the count of differing positions is exact; the division may round differently (1 ulp)
     np.testing.assert_allclose(px["diff_fraction"][0], px["diff_fraction"][1], rtol=2 ** -22, atol=0)
     assert px["diff_fraction"][0][0] == 0.0 and px["diff_fraction"][0][1] == pytest.approx(1 / (37 * 53))
+
+
+def test_triton_luma_equals_numpy_rounding_on_every_tie(interpreted):
+    r = interpreted["luma"]
+    assert r["ties"] == 13178 and r["pixels"] == 13178 + 3206 and r["equal"]
 
 
 @pytest.mark.parametrize("hw", [(31, 31), (64, 64), (37, 53), (66, 91), (33, 34), (35, 36), (128, 96)])
