@@ -15,6 +15,7 @@ import triton.language as tl
 
 # Pixel positions per program: 3 x 4096 squared differences of at most 255^2 stay below 2^31.
 _BLOCK = 4096
+_WEIGHTS: dict[tuple, torch.Tensor] = {}     # luma weights as float64 tensors, per device
 
 
 @triton.jit
@@ -61,7 +62,7 @@ def mse_exactness_u8(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, di
 
 
 @triton.jit
-def _luma(x_ptr, out_ptr, HW, W, xn, xc, xh, xw, w0, w1, w2, BLOCK: tl.constexpr):
+def _luma(x_ptr, w_ptr, out_ptr, HW, W, xn, xc, xh, xw, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     p = t * BLOCK + tl.arange(0, BLOCK)
@@ -70,6 +71,10 @@ def _luma(x_ptr, out_ptr, HW, W, xn, xc, xh, xw, w0, w1, w2, BLOCK: tl.constexpr
     r = tl.load(x_ptr + o, mask=mask, other=0).to(tl.float64)
     g = tl.load(x_ptr + o + xc, mask=mask, other=0).to(tl.float64)
     b = tl.load(x_ptr + o + 2 * xc, mask=mask, other=0).to(tl.float64)
+    # the weights as float64 values (a Python float argument would reach the kernel as float32)
+    w0 = tl.load(w_ptr)
+    w1 = tl.load(w_ptr + 1)
+    w2 = tl.load(w_ptr + 2)
     # (R w0 + G w1) + B w2, each product and sum rounded to float64 (launched without FMA
     # contraction), then rounded half to even: numpy.round's arithmetic. y - floor(y) is exact.
     y = (r * w0 + g * w1) + b * w2
@@ -86,7 +91,11 @@ def luma_u8(x: torch.Tensor, weights: tuple[float, float, float]) -> torch.Tenso
     ``_common.luma(x, rounded=True)`` exactly."""
     n, _, h, w = x.shape
     out = torch.empty((n, 1, h, w), dtype=torch.float32, device=x.device)
+    key = (str(x.device), tuple(weights))
+    wt = _WEIGHTS.get(key)
+    if wt is None:
+        wt = _WEIGHTS[key] = torch.tensor(weights, dtype=torch.float64).to(x.device)
     hw = h * w
-    _luma[(triton.cdiv(hw, _BLOCK), n)](x, out, hw, w, *x.stride(), *(float(v) for v in weights),
-                                        BLOCK=_BLOCK, enable_fp_fusion=False)
+    _luma[(triton.cdiv(hw, _BLOCK), n)](x, wt, out, hw, w, *x.stride(), BLOCK=_BLOCK,
+                                        enable_fp_fusion=False)
     return out
