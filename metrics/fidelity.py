@@ -55,12 +55,20 @@ def psnr_convention(*, data_range=None) -> str:
     return "rgb8,peak255" if data_range is None else f"rgb,peak={data_range:g}(input units)"
 
 
+_WINDOWS: dict[tuple, torch.Tensor] = {}
+
+
 def _gaussian_window(win_size: int, sigma: float, device) -> torch.Tensor:
     # Same construction as scipy.ndimage's _gaussian_kernel1d (normalised to sum 1) and
     # MATLAB's fspecial('gaussian') (separable; the 2-D product is normalised too).
-    x = torch.arange(win_size, dtype=torch.float64) - (win_size - 1) / 2
-    g = torch.exp(-0.5 * (x / sigma) ** 2)
-    return (g / g.sum()).to(device=device, dtype=torch.float32)
+    # Kept per device: a fresh host-to-GPU copy per call waits for the work queued before it.
+    key = (win_size, float(sigma), str(torch.device(device)))
+    g = _WINDOWS.get(key)
+    if g is None:
+        x = torch.arange(win_size, dtype=torch.float64) - (win_size - 1) / 2
+        g = torch.exp(-0.5 * (x / sigma) ** 2)
+        g = _WINDOWS[key] = (g / g.sum()).to(device=device, dtype=torch.float32)
+    return g
 
 
 def _filter_valid(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
