@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,49 @@ def precise(cudnn_benchmark: bool | None = None):
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = saved
         _AUTOTUNE.reset(token)
+
+
+#: Faster kernels for the same numbers on CUDA, each with the environment variable that turns
+#: it off ("0"): SSIM, the pixel checks (MSE, exactness) and the rounded luma as Triton
+#: kernels, AlexNet's first convolution by space-to-depth, the stream's uint8 -> [0, 1]
+#: conversion in one pass (the last two: also on the CPU inside a ``fast_paths`` block that
+#: turns them on). Same conventions: values move by float32 rounding at most (exactly
+#: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
+FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
+              "conv1_s2d": "EVALKIT_CONV1_S2D", "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
+_FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
+
+
+def fast_path(name: str) -> bool:
+    """Whether the fast path ``name`` (a key of :data:`FAST_PATHS`) may be used now."""
+    override = _FAST.get()
+    if override is not None and name in override:
+        return override[name]
+    return os.environ.get(FAST_PATHS[name], "1") != "0"
+
+
+def fast_path_forced(name: str) -> bool | None:
+    """The setting of an enclosing :func:`fast_paths` block for ``name`` (None: not set there).
+    A path that is used on CUDA only by default runs on any device where a block turns it on."""
+    override = _FAST.get()
+    return None if override is None else override.get(name)
+
+
+@contextlib.contextmanager
+def fast_paths(**enabled: bool):
+    """Turn fast paths on or off inside the block, e.g. ``fast_paths(triton_ssim=False)``
+    (benchmarks compare both in one process); ``fast_paths(all=False)`` for every one."""
+    if "all" in enabled:
+        v = bool(enabled.pop("all"))
+        enabled = {**dict.fromkeys(FAST_PATHS, v), **enabled}
+    unknown = set(enabled) - set(FAST_PATHS)
+    if unknown:
+        raise ValueError(f"fast_paths: unknown {sorted(unknown)}; expected {sorted(FAST_PATHS)}")
+    token = _FAST.set({**(_FAST.get() or {}), **{k: bool(v) for k, v in enabled.items()}})
+    try:
+        yield
+    finally:
+        _FAST.reset(token)
 
 
 def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import PEAK8, check_pair, luma, precise, to_8bit_scale
+from ._common import LUMA_WEIGHTS, PEAK8, check_pair, fast_path, luma, precise, to_8bit_scale
 from ._errors import MetricInputError
 
 # Constants of Wang et al. 2004, section III-C / ssim_index.m: K = [0.01 0.03], window
@@ -55,12 +55,20 @@ def psnr_convention(*, data_range=None) -> str:
     return "rgb8,peak255" if data_range is None else f"rgb,peak={data_range:g}(input units)"
 
 
+_WINDOWS: dict[tuple, torch.Tensor] = {}
+
+
 def _gaussian_window(win_size: int, sigma: float, device) -> torch.Tensor:
     # Same construction as scipy.ndimage's _gaussian_kernel1d (normalised to sum 1) and
     # MATLAB's fspecial('gaussian') (separable; the 2-D product is normalised too).
-    x = torch.arange(win_size, dtype=torch.float64) - (win_size - 1) / 2
-    g = torch.exp(-0.5 * (x / sigma) ** 2)
-    return (g / g.sum()).to(device=device, dtype=torch.float32)
+    # Kept per device: a fresh host-to-GPU copy per call waits for the work queued before it.
+    key = (win_size, float(sigma), str(torch.device(device)))
+    g = _WINDOWS.get(key)
+    if g is None:
+        x = torch.arange(win_size, dtype=torch.float64) - (win_size - 1) / 2
+        g = torch.exp(-0.5 * (x / sigma) ** 2)
+        g = _WINDOWS[key] = (g / g.sum()).to(device=device, dtype=torch.float32)
+    return g
 
 
 def _filter_valid(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -73,6 +81,44 @@ def _filter_valid(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     y = F.conv2d(y, g.view(1, 1, 1, k).expand(m, 1, 1, k).contiguous(), groups=m)
     y = F.conv2d(y, g.view(1, 1, k, 1).expand(m, 1, k, 1).contiguous(), groups=m)
     return y.reshape(m, 1, h - k + 1, w - k + 1)
+
+
+_TRITON: dict[str, object] = {}
+
+
+def _triton(name: str):
+    """The function ``name`` of the Triton module for it, or None where triton does not import."""
+    if name not in _TRITON:
+        try:
+            if name == "ssim_planes":
+                from ._triton_ssim import ssim_planes as fn
+            elif name == "luma_u8":
+                from ._triton_pixels import luma_u8 as fn
+            else:
+                from ._triton_pixels import mse_exactness_u8 as fn
+        except ImportError:
+            fn = None
+        _TRITON[name] = fn
+    return _TRITON[name]
+
+
+def luma_kernel(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
+    """:func:`metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
+    Triton pass (the same float64 arithmetic and rounding: the same numbers) unless turned off."""
+    if rounded and x.device.type == "cuda" and x.dtype == torch.uint8 and fast_path("triton_luma"):
+        fn = _triton("luma_u8")
+        if fn is not None:
+            return fn(x, LUMA_WEIGHTS)
+    return luma(x, rounded=rounded)
+
+
+def _planes_fn(device: torch.device):
+    """SSIM of plane pairs: the Triton kernels on CUDA (unless turned off), else torch."""
+    if device.type == "cuda" and fast_path("triton_ssim"):
+        fn = _triton("ssim_planes")
+        if fn is not None:
+            return fn
+    return _ssim_planes
 
 
 def _ssim_planes(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c1: float, c2: float) -> torch.Tensor:
@@ -138,14 +184,16 @@ def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sig
             L = float(data_range) * (1.0 if a.dtype == torch.uint8 else PEAK8)
         c1, c2 = (k1 * L) ** 2, (k2 * L) ** 2
         g = _gaussian_window(win_size, sigma, a.device)
+        planes = _planes_fn(a.device)
         n = a.shape[0]
         if channel == "luma":
-            x, y = lumas if lumas is not None else (luma(a, rounded=round_luma), luma(b, rounded=round_luma))
-            return _ssim_planes(x, y, g, c1, c2)
+            x, y = lumas if lumas is not None else (luma_kernel(a, rounded=round_luma),
+                                                    luma_kernel(b, rounded=round_luma))
+            return planes(x, y, g, c1, c2)
         h, w = a.shape[2:]
         x = to_8bit_scale(a).reshape(n * 3, 1, h, w)
         y = to_8bit_scale(b).reshape(n * 3, 1, h, w)
-        return _ssim_planes(x, y, g, c1, c2).view(n, 3).mean(1)
+        return planes(x, y, g, c1, c2).view(n, 3).mean(1)
 
 
 def mse(a, b) -> torch.Tensor:
@@ -162,6 +210,18 @@ def mse_kernel(a, b) -> torch.Tensor:
             return sq.double() / (a[0].numel())
         d = to_8bit_scale(a) / PEAK8 - to_8bit_scale(b) / PEAK8 if a.dtype != b.dtype else a.float() - b.float()
         return (d * d).reshape(a.shape[0], -1).double().mean(1)
+
+
+def mse_exactness_kernel(a, b) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`mse_kernel` and :func:`exactness_kernel` together; on CUDA, uint8 frames go
+    through one Triton pass (the same numbers exactly) unless it is turned off."""
+    if (a.device.type == "cuda" and a.dtype == torch.uint8 and b.dtype == torch.uint8
+            and fast_path("triton_pixels")):
+        fn = _triton("mse_exactness_u8")
+        if fn is not None:
+            with precise():
+                return fn(a, b)
+    return mse_kernel(a, b), exactness_kernel(a, b)
 
 
 def psnr(a, b, *, data_range: float | None = None) -> torch.Tensor:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import threading
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_pair, precise, to_unit
+from ._common import check_pair, fast_path, fast_path_forced, precise, to_unit
 from ._errors import MetricInputError
 from .weights import NETS, load_state_dict
 
@@ -63,6 +64,33 @@ def _make(spec):
     if kind == "pool":
         return nn.MaxPool2d(kernel_size=3, stride=2)
     return nn.MaxPool2d(kernel_size=2, stride=2)
+
+
+def s2d_weight(weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """A (O, C, k, k) kernel of stride ``stride`` as the (O, C s^2, q, q) kernel of stride 1 over
+    ``pixel_unshuffle(x, stride)``, q = ceil(k / s) (zero taps fill the k..q s gap)."""
+    o, c, k, _ = weight.shape
+    q = -(-k // stride)
+    w = F.pad(weight, (0, q * stride - k, 0, q * stride - k))
+    # kernel row a*s + i, column b*s + j -> channel c*s^2 + i*s + j, tap (a, b)
+    w = w.reshape(o, c, q, stride, q, stride).permute(0, 1, 3, 5, 2, 4)
+    return w.reshape(o, c * stride * stride, q, q).contiguous()
+
+
+def conv_s2d(x: torch.Tensor, weight_s2d: torch.Tensor, bias: torch.Tensor, *, k: int, stride: int,
+             padding: int) -> torch.Tensor:
+    """``F.conv2d(x, weight, bias, stride, padding)`` for a (O, C, k, k) kernel computed as a
+    stride-1 convolution over ``pixel_unshuffle`` of the zero-padded input (the same products,
+    summed in another order). ``weight_s2d`` is :func:`s2d_weight` of the kernel."""
+    h, w = x.shape[2:]
+    q = weight_s2d.shape[2]
+    ho = (h + 2 * padding - k) // stride + 1
+    wo = (w + 2 * padding - k) // stride + 1
+    # rows/columns the stride-1 conv reads: (ho + q - 1) * stride (zeros past the frame; rows
+    # no output reaches are cut, as a negative pad)
+    hp, wp = (ho + q - 1) * stride, (wo + q - 1) * stride
+    xp = F.pad(x, (padding, wp - w - padding, padding, hp - h - padding))
+    return F.conv2d(F.pixel_unshuffle(xp, stride), weight_s2d, bias)
 
 
 class LPIPS(nn.Module):
@@ -131,11 +159,33 @@ class LPIPS(nn.Module):
             if self.device.type == "cpu":
                 h = h.contiguous(memory_format=torch.channels_last)
             feats = []
-            for sl in self.slices:
-                h = sl(h)
+            for k, sl in enumerate(self.slices):
+                if k == 0 and self._use_s2d():
+                    conv = sl[0]
+                    h = torch.relu_(conv_s2d(h, self._conv1_s2d(), conv.bias, k=conv.kernel_size[0],
+                                             stride=conv.stride[0], padding=conv.padding[0]))
+                else:
+                    h = sl(h)
                 norm = torch.sqrt(torch.sum(h * h, dim=1, keepdim=True))
                 feats.append(h / (norm + _EPS))
             return feats
+
+    def _use_s2d(self) -> bool:
+        # AlexNet's conv1 (11x11, stride 4, 3 channels) by space-to-depth: on CUDA, cuDNN runs
+        # it with a slow implicit GEMM under deterministic mode; as a 3x3 conv over 48
+        # channels it gets the fast kernels of the other layers. On the CPU the plain conv
+        # is faster (benchmarks/bench_chain.py), so it stays there unless a fast_paths() block
+        # turns the path on (tests check it against the lpips package on the CPU).
+        forced = fast_path_forced("conv1_s2d")
+        on = forced if forced is not None else self.device.type == "cuda" and fast_path("conv1_s2d")
+        return self.net_name == "alex" and on
+
+    def _conv1_s2d(self) -> torch.Tensor:
+        conv = self.slices[0][0]
+        cached = getattr(self, "_s2d_cache", None)
+        if cached is None or cached[0] is not conv.weight or cached[1].device != conv.weight.device:
+            cached = self._s2d_cache = (conv.weight, s2d_weight(conv.weight, conv.stride[0]))
+        return cached[1]
 
     def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
         """LPIPS between two feature lists of equal batch size -> ``(N,)`` float32."""

@@ -33,11 +33,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from ._common import PEAK8, as_frames, luma, precise, resolve_device
+from ._common import PEAK8, as_frames, fast_path, fast_path_forced, precise, resolve_device
 from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
-from .fidelity import (SSIM_CHANNELS, exactness_kernel, mse_kernel, ssim_kernel, psnr_convention, psnr_from_mse,
-                       ssim_convention)
+from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
+                       ssim_kernel)
 from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
 from .temporal import (FLICKER_BLOCK, check_block, lowpass_luma, tof_from_flows,
@@ -100,6 +100,19 @@ def _cv_threads_release() -> None:
         _CV_USERS -= 1
         if _CV_USERS == 0 and _CV_SAVED is not None:
             cv2.setNumThreads(_CV_SAVED)
+
+
+def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
+    """Frames ``x`` (uint8 or [0, 1] float) as float32 in [0, 1] written into ``dst``."""
+    # one pass on CUDA; on the CPU torch's converting division is slower than copy + divide
+    forced = fast_path_forced("one_pass_unit")
+    one_pass = forced if forced is not None else x.device.type == "cuda" and fast_path("one_pass_unit")
+    if x.dtype == torch.uint8 and one_pass:
+        torch.div(x, PEAK8, out=dst)       # the same float32 division as below, in one pass
+        return
+    dst.copy_(x)
+    if x.dtype == torch.uint8:
+        dst.div_(PEAK8)
 
 
 class _HostRing:
@@ -317,14 +330,10 @@ class PairEvaluator:
         with precise():
             # both clips in one [0, 1] float32 batch (the LPIPS input), contiguous NCHW
             u = torch.empty((2 * n, 3, h, w), dtype=torch.float32, device=self.device)
-            u[:n].copy_(a)
-            u[n:].copy_(b)
-            if a.dtype == torch.uint8:
-                u[:n].div_(PEAK8)
-            if b.dtype == torch.uint8:
-                u[n:].div_(PEAK8)
+            unit_into(a, u[:n])
+            unit_into(b, u[n:])
             job.u, job.ua, job.ub = u, u[:n], u[n:]
-            job.ya, job.yb = luma(a), luma(b)   # rounded luma: SSIM (default) and flow input
+            job.ya, job.yb = luma_kernel(a), luma_kernel(b)   # rounded luma: SSIM (default) and flow input
             job.flow_dev = None
             if job.temporal and self.flow[0] == "torch":
                 # flows on the device, queued with the rest (no host round trip)
@@ -409,8 +418,7 @@ class PairEvaluator:
             # pixel fidelity
             lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
             out["ssim"] = ssim_kernel(job.a, job.b, **self.ssim_kw, lumas=lumas)
-            job.mse = mse_kernel(job.a, job.b)
-            ex = exactness_kernel(job.a, job.b)
+            job.mse, ex = mse_exactness_kernel(job.a, job.b)
             out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
             # flicker on block-averaged luma (carry: the last two low-passed frames)
             if self.temporal:
