@@ -30,6 +30,7 @@ Parts (``--part``, default all):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -316,8 +317,21 @@ def part_stream(dev, seconds: float, size, rows=None):
 
 # -- fused ------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def env_var(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool = False,
-               syn_size=(720, 1280)):
+               syn_size=(720, 1280), jacobi=(3,)):
     from skimage import data as skdata
 
     from metrics.torchflow import use_fused
@@ -327,7 +341,10 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
         return
     import triton
 
-    say(f"\n## torch flow ({CONVENTION}): fused Triton path vs torch path, {dev.type}, triton {triton.__version__}")
+    from metrics._triton_flow import jacobi_per_launch
+
+    say(f"\n## torch flow ({CONVENTION}): fused Triton path vs torch path, {dev.type}, triton {triton.__version__} "
+        f"(fused default: {jacobi_per_launch()} Jacobi iteration(s) per launch)")
     for (h, w) in sizes:
         src, dst = frames_pair(h, w)
         s1 = on_device(torch.from_numpy(src)[None], dev)
@@ -348,12 +365,23 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
                     f"({t * 1000 / bs:.2f} ms/flow, peak GPU {mem:.1f} GiB)")
             if len(rate) == 2:
                 say(f"{w}x{h} batch {bs:3d} fused/torch: x{rate[True] / rate[False]:.2f}")
+            for k in jacobi:               # Jacobi iterations per launch (EVALKIT_TRITON_JACOBI)
+                with env_var("EVALKIT_TRITON_JACOBI", str(k)):
+                    t = timed(lambda s=s, d=d: torch_flow(s, d, fused=True), dev, min_s=1.5, min_n=2)
+                    say(f"{w}x{h} batch {bs:3d} fused, {k} Jacobi iterations per launch: {bs / t:8.1f} flows/s"
+                        + (f" (x{bs / t / rate[False]:.2f} torch)" if False in rate else ""))
         bs = batches[-1]
         s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
         ref, got = torch_flow(s[:2], d[:2], fused=False), torch_flow(s, d, fused=True)
         say(f"{w}x{h} max |flow fused - flow torch| = {float((got[:2] - ref).abs().max()):.1e} px; "
             f"batch invariance max |fused(batch 2) - fused(batch {bs})[:2]| = "
             f"{float((torch_flow(s[:2], d[:2], fused=True) - got[:2]).abs().max()):.1e} px")
+        for k in jacobi:
+            with env_var("EVALKIT_TRITON_JACOBI", str(k)):
+                tiled = torch_flow(s[:2], d[:2], fused=True)
+            say(f"{w}x{h} {k} Jacobi iterations per launch: max |flow - flow torch| = "
+                f"{float((tiled - ref).abs().max()):.1e} px, max |flow - fused default| = "
+                f"{float((tiled - got[:2]).abs().max()):.1e} px")
         del s, d, ref, got
         if profile:
             from torch.profiler import ProfilerActivity, profile as prof
@@ -380,17 +408,14 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
     say(f"mean EPE torch path {np.mean(errs[False]):.4f} px, fused {np.mean(errs[True]):.4f} px "
         f"({len(errs[True])} cases); max |per-case EPE difference| "
         f"{max(abs(a - b) for a, b in zip(errs[False], errs[True])):.1e} px; max |flow difference| {diff:.1e} px")
-    saved = os.environ.get("EVALKIT_TRITON")
-    try:
-        for flag in ("0", "1"):
-            os.environ["EVALKIT_TRITON"] = flag
+    for flag in ("0", "1"):
+        with env_var("EVALKIT_TRITON", flag):
             say(f"\n(EVALKIT_TRITON={flag}: fused path {'on' if flag == '1' else 'off'})")
             part_stream(dev, seconds, stream_size, rows=[3])
-    finally:
-        if saved is None:
-            os.environ.pop("EVALKIT_TRITON", None)
-        else:
-            os.environ["EVALKIT_TRITON"] = saved
+    for k in jacobi:
+        with env_var("EVALKIT_TRITON", "1"), env_var("EVALKIT_TRITON_JACOBI", str(k)):
+            say(f"\n(EVALKIT_TRITON=1, EVALKIT_TRITON_JACOBI={k}: {k} Jacobi iterations per launch)")
+            part_stream(dev, seconds, stream_size, rows=[3])
 
 
 # -- lpips ------------------------------------------------------------------------------------
@@ -506,6 +531,8 @@ def main(argv=None):
     p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
     p.add_argument("--lpips-batches", default="8,16,32")
     p.add_argument("--fused-batches", default="16,32", help="flow batch sizes (fused part)")
+    p.add_argument("--jacobi", default="3", help="fused part: Jacobi iterations per launch to measure "
+                   "beside the default (EVALKIT_TRITON_JACOBI), comma-separated; '' for none")
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
     p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
     p.add_argument("--sizes", default="1280x720,1920x1080", help="frame sizes of the speed part")
@@ -552,7 +579,8 @@ def main(argv=None):
                             None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
             elif part == "fused":
                 part_fused(dev, [int(x) for x in args.fused_batches.split(",")],
-                           [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile)
+                           [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile,
+                           jacobi=[int(x) for x in args.jacobi.split(",") if x])
             elif part == "lpips":
                 part_lpips(dev, [int(x) for x in args.lpips_batches.split(",")], hw(args.size))
         except Exception as e:  # noqa: BLE001 -- one part failing must not lose the others
