@@ -248,7 +248,8 @@ def _jacobi_tiles_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, scr_ptr, H, W, tiles_
                          alpha, K: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, FINAL: tl.constexpr):
     """K Jacobi iterations in one launch: a (BH, BW) block (a tile and a halo of K pixels) is
-    iterated in this program's own scratch (L1/L2), its edge values going wrong by one pixel per
+    iterated in this program's own scratch (global memory, in L1/L2: a CTA barrier makes one
+    iteration's stores visible to the next one's loads), its edge values going wrong by one pixel per
     iteration (their neighbours lie outside the block), so after K the tile is exact; persistent
     programs (``range(pid, ntiles, nprog)``, launched with ``num_stages=1``: nothing is
     pipelined across the barriers) reuse their scratch."""
@@ -291,10 +292,10 @@ def _jacobi_tiles_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, scr_ptr, H, W, tiles_
             tl.store(bu + me, du)
             tl.store(bv + me, dv)
             tl.debug_barrier()
-            nu = (tl.load(bu + up, cache_modifier=".cg") + tl.load(bu + down, cache_modifier=".cg")
-                  + tl.load(bu + left, cache_modifier=".cg") + tl.load(bu + right, cache_modifier=".cg")) * 0.25
-            nv = (tl.load(bv + up, cache_modifier=".cg") + tl.load(bv + down, cache_modifier=".cg")
-                  + tl.load(bv + left, cache_modifier=".cg") + tl.load(bv + right, cache_modifier=".cg")) * 0.25
+            nu = (tl.load(bu + up) + tl.load(bu + down)
+                  + tl.load(bu + left) + tl.load(bu + right)) * 0.25
+            nv = (tl.load(bv + up) + tl.load(bv + down)
+                  + tl.load(bv + left) + tl.load(bv + right)) * 0.25
             ru = (cu + (alpha * inv_u) * nu) - (j12 * inv_u) * dv
             rv = (cv + (alpha * inv_v) * nv) - (j12 * inv_v) * du
             du = ru
@@ -368,7 +369,7 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
                                       device=i0.device)
             _jacobi_tiles_kernel[(nprog,)](d, coef, flow, out, scratch, h, w, tiles_x, tiles_x * tiles_y,
                                            ntiles, alpha, K=k, BH=bh, BW=bw, TH=bh - 2 * k,
-                                           TW=bw - 2 * k, FINAL=not left, num_warps=8, num_stages=1)
+                                           TW=bw - 2 * k, FINAL=not left, num_warps=16, num_stages=1)
         d, e = out, d
     return d
 
@@ -378,8 +379,9 @@ TILE = (32, 64)
 
 
 def _programs(device) -> int:
-    """Persistent programs of the multi-iteration Jacobi kernel (4 per SM; 3 when interpreting,
-    so that a program does several tiles in the tests)."""
+    """Persistent programs of the multi-iteration Jacobi kernel: 2 per SM (16 warps of ~124
+    registers each: sm_90 holds one at a time); 3 when interpreting, so that a program does
+    several tiles in the tests."""
     if INTERPRET or device.type != "cuda":
         return 3
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
