@@ -19,7 +19,8 @@ warp step:
 
 Every output pixel is computed by the same code from its own neighbourhood, with no reduction
 across pixels or pairs: the result is deterministic and does not depend on the batch.
-Indices are int32: callers keep ``pairs x 5 x H x W`` below 2**31 (:data:`MAX_ELEMENTS`).
+Sizes are not specialised on (one compilation per kernel and constant, whatever the pyramid
+level). Indices are int32: callers keep ``pairs x 5 x H x W`` below 2**31 (:data:`MAX_ELEMENTS`).
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total", "H", "W"])
 def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy,
                      BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -134,7 +135,7 @@ def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy,
     tl.store(out_ptr + o + 4 * HW, gy * it, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total", "W"])
 def _blur_x_kernel(in_ptr, g_ptr, out_ptr, total, W, R: tl.constexpr, BLOCK: tl.constexpr):
     """Correlation of every row with the 2R+1 taps at ``g_ptr``, replicate borders."""
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -150,7 +151,7 @@ def _blur_x_kernel(in_ptr, g_ptr, out_ptr, total, W, R: tl.constexpr, BLOCK: tl.
     tl.store(out_ptr + idx, acc, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total", "H", "W"])
 def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha,
                         R: tl.constexpr, BLOCK: tl.constexpr):
     """Column pass of the window on the five products, then the Jacobi coefficients.
@@ -204,7 +205,7 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
     tl.store(d_ptr + f + HW + rem, cv, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total", "H", "W"])
 def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
                    FINAL: tl.constexpr, BLOCK: tl.constexpr):
     """d' = cst + a inv avg4(d) - J12 inv d_other (per component); FINAL: out = flow + d'."""
@@ -243,7 +244,7 @@ def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
     tl.store(out_ptr + f + HW + rem, rv, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "W", "tiles_x", "tiles_img", "ntiles"])
 def _jacobi_tiles_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, scr_ptr, H, W, tiles_x, tiles_img, ntiles,
                          alpha, K: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, FINAL: tl.constexpr):
