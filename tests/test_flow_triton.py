@@ -84,3 +84,11 @@ def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("EVALKIT_TRITON", "0")
     assert not torchflow.use_fused("cuda")
     assert torchflow.use_fused("cuda", fused=True)
+    from metrics._triton_flow import jacobi_per_launch
+
+    monkeypatch.delenv("EVALKIT_TRITON_JACOBI", raising=False)
+    assert jacobi_per_launch() == 1
+    monkeypatch.setenv("EVALKIT_TRITON_JACOBI", "3")
+    assert jacobi_per_launch() == 3
+    monkeypatch.setenv("EVALKIT_TRITON_JACOBI", "three")
+    assert jacobi_per_launch() == 1
