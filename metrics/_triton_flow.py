@@ -352,7 +352,7 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
         return flow + d
     e = torch.empty_like(flow)
     left = inner - 1
-    per = min(jacobi_per_launch() if jacobi is None else max(1, jacobi), 8)
+    per = min(jacobi_per_launch() if jacobi is None else max(1, jacobi), (TILE[0] - 8) // 2)
     scratch = None
     while left:
         k = min(per, left)
