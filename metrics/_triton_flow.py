@@ -60,8 +60,8 @@ def _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy):
     iy = tl.minimum(tl.maximum(iy, 0.0), hm1)
     fx = tl.floor(ix)
     fy = tl.floor(iy)
-    x0 = fx.to(tl.int32)
-    y0 = fy.to(tl.int32)
+    x0 = tl.minimum(tl.maximum(fx.to(tl.int32), 0), W - 1)     # (a no-op: never a stray address)
+    y0 = tl.minimum(tl.maximum(fy.to(tl.int32), 0), H - 1)
     x1 = x0 + 1
     y1 = y0 + 1
     tx1 = (x0 + 1).to(tl.float32)
