@@ -187,16 +187,23 @@ def _neigh(x: torch.Tensor) -> torch.Tensor:
     return (p[:, :, :-2, 1:-1] + p[:, :, 2:, 1:-1] + p[:, :, 1:-1, :-2] + p[:, :, 1:-1, 2:]) * 0.25
 
 
+#: Set (to the error) when the fused path, chosen by default, failed in this process (a Triton
+#: that cannot compile here): the default falls back to the torch path from then on.
+_FUSED_FAILED: list[str] = []
+
+
 def use_fused(device, fused: bool | None = None) -> bool:
     """Whether :func:`torch_flow` takes the fused Triton path on ``device``.
 
     ``fused=None`` (default): on CUDA when Triton imports and ``EVALKIT_TRITON`` is not ``0``.
     ``True`` forces it (CUDA, or CPU tensors under ``TRITON_INTERPRET=1`` for tests), ``False``
-    keeps the torch path.
+    keeps the torch path. If the default fused path fails to run (a Triton that cannot compile
+    on this machine), :func:`torch_flow` warns once and uses the torch path from then on.
     """
     if fused is not None:
         return bool(fused)
-    if torch.device(device).type != "cuda" or os.environ.get("EVALKIT_TRITON", "1") == "0":
+    if (torch.device(device).type != "cuda" or os.environ.get("EVALKIT_TRITON", "1") == "0"
+            or _FUSED_FAILED):
         return False
     try:
         from . import _triton_flow  # noqa: F401
@@ -270,14 +277,28 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["war
     n, _, h, w = src.shape
     if batch_pixels is None:
         batch_pixels = BATCH_PIXELS["cuda" if src.device.type == "cuda" else "cpu"]
+    auto = fused is None
     fused = use_fused(src.device, fused)
     step = max(1, batch_pixels // (h * w))
     if fused:                                 # int32 indexing of (pairs, 5, H, W) in the kernels
         step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
-    with precise():
-        for i in range(0, n, step):
-            s = src[i:i + step].float() * (1.0 / 255)
-            d = dst[i:i + step].float() * (1.0 / 255)
-            out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
+    try:
+        with precise():
+            for i in range(0, n, step):
+                s = src[i:i + step].float() * (1.0 / 255)
+                d = dst[i:i + step].float() * (1.0 / 255)
+                out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a default fused path that cannot run here: torch path
+        if not (auto and fused):
+            raise
+        import warnings
+
+        _FUSED_FAILED.append(f"{type(e).__name__}: {e}")
+        warnings.warn(f"metrics.torchflow: the fused Triton path failed ({_FUSED_FAILED[0][:300]}); "
+                      "using the torch path (EVALKIT_TRITON=0 silences this)", RuntimeWarning, stacklevel=2)
+        return torch_flow(src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
+                          batch_pixels=batch_pixels, fused=False)
     return out

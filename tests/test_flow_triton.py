@@ -94,3 +94,23 @@ def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
     assert jacobi_per_launch() == 3
     monkeypatch.setenv("EVALKIT_TRITON_JACOBI", "three")
     assert jacobi_per_launch() == 1
+
+
+def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeypatch):
+    """No GPU here: the kernels cannot launch on CPU tensors outside the interpreter, which is
+    what a Triton that cannot compile on a user's machine looks like to torch_flow."""
+    monkeypatch.setattr(torchflow, "_FUSED_FAILED", [])
+    real = torchflow.use_fused
+    monkeypatch.setattr(torchflow, "use_fused",
+                        lambda dev, fused=None: (not torchflow._FUSED_FAILED) if fused is None else real(dev, fused))
+    g = torch.Generator().manual_seed(0)
+    src = (torch.rand((1, 40, 48), generator=g) * 255).round().to(torch.uint8)
+    dst = torch.roll(src, 2, 2)
+    want = torchflow.torch_flow(src, dst, fused=False)
+    with pytest.warns(RuntimeWarning, match="fused Triton path failed"):
+        got = torchflow.torch_flow(src, dst)
+    assert torch.equal(got, want)
+    assert torchflow._FUSED_FAILED                       # from now on the torch path, no warning
+    torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
+    with pytest.raises(Exception):                       # forced: the error is not hidden
+        torchflow.torch_flow(src, dst, fused=True)
