@@ -17,6 +17,11 @@ Parts (``--part``, default all):
   sizes) against DIS ``fast`` (and ``medium``) in a pool of ``--threads`` OpenCV threads.
 * ``stream`` -- :class:`metrics.stream.PairEvaluator` from frames in host memory at 1280x720:
   LPIPS+SSIM+PSNR, and the full set with ``--flow torch`` against ``dis``, pairs/s.
+* ``fused`` -- the torch flow's fused Triton path (:mod:`metrics._triton_flow`, CUDA) against its
+  torch path, side by side in one process: flows/s at 1280x720 and 1920x1080 (``--fused-batches``),
+  the max |difference| between the two flows, batch invariance, the end-point error of both on
+  the 1280x720 synthetic set, and the PairEvaluator full set with ``--flow torch`` with the
+  fused path off and on (``EVALKIT_TRITON``).
 * ``lpips`` -- LPIPS alone in strict fp32 (TF32 off) on frames on the device at 1280x720:
   today's :mod:`metrics.perceptual` against variants (cuDNN autotuning off, channels-last,
   CUDA graphs, batch sizes), side by side, ratios printed, each checked against the
@@ -25,6 +30,7 @@ Parts (``--part``, default all):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -42,7 +48,7 @@ from metrics.flow import flow_u8  # noqa: E402
 from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
 from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
 
-PARTS = ("synthetic", "real", "speed", "stream", "lpips")
+PARTS = ("synthetic", "real", "speed", "stream", "fused", "lpips")
 #: Working levels of the torch flow measured beside the default (``finest=0``: solved down to
 #: the frames' resolution; 1 and 2 stop at 1/2 and 1/4 scale and upsample).
 VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
@@ -309,6 +315,112 @@ def part_stream(dev, seconds: float, size, rows=None):
             torchflow.torch_flow.__kwdefaults__["finest"] = default_finest
 
 
+# -- fused ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def env_var(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool = False,
+               syn_size=(720, 1280), jacobi=(3,)):
+    from skimage import data as skdata
+
+    from metrics.torchflow import use_fused
+
+    if not use_fused(dev):
+        say(f"\n## fused flow: not available on {dev.type} (CUDA and triton needed; EVALKIT_TRITON=0?)")
+        return
+    import triton
+
+    from metrics._triton_flow import jacobi_per_launch
+
+    say(f"\n## torch flow ({CONVENTION}): fused Triton path vs torch path, {dev.type}, triton {triton.__version__} "
+        f"(fused default: {jacobi_per_launch()} Jacobi iteration(s) per launch)")
+    for (h, w) in sizes:
+        src, dst = frames_pair(h, w)
+        s1 = on_device(torch.from_numpy(src)[None], dev)
+        d1 = on_device(torch.from_numpy(dst)[None], dev)
+        for bs in batches:
+            s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+            rate = {}
+            for fused in (False, True):
+                torch.cuda.reset_peak_memory_stats(dev)
+                try:
+                    t = timed(lambda fused=fused, s=s, d=d: torch_flow(s, d, fused=fused), dev, min_s=1.5, min_n=2)
+                except torch.OutOfMemoryError:
+                    say(f"{w}x{h} batch {bs} {'fused' if fused else 'torch'}: out of memory")
+                    continue
+                rate[fused] = bs / t
+                mem = torch.cuda.max_memory_allocated(dev) / 2**30
+                say(f"{w}x{h} batch {bs:3d} {'fused' if fused else 'torch':5s}: {bs / t:8.1f} flows/s "
+                    f"({t * 1000 / bs:.2f} ms/flow, peak GPU {mem:.1f} GiB)")
+            if len(rate) == 2:
+                say(f"{w}x{h} batch {bs:3d} fused/torch: x{rate[True] / rate[False]:.2f}")
+            for k in jacobi:               # Jacobi iterations per launch (EVALKIT_TRITON_JACOBI)
+                with env_var("EVALKIT_TRITON_JACOBI", str(k)):
+                    t = timed(lambda s=s, d=d: torch_flow(s, d, fused=True), dev, min_s=1.5, min_n=2)
+                    say(f"{w}x{h} batch {bs:3d} fused, {k} Jacobi iterations per launch: {bs / t:8.1f} flows/s"
+                        + (f" (x{bs / t / rate[False]:.2f} torch)" if False in rate else ""))
+        bs = batches[-1]
+        s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+        ref, got = torch_flow(s[:2], d[:2], fused=False), torch_flow(s, d, fused=True)
+        say(f"{w}x{h} max |flow fused - flow torch| = {float((got[:2] - ref).abs().max()):.1e} px; "
+            f"batch invariance max |fused(batch 2) - fused(batch {bs})[:2]| = "
+            f"{float((torch_flow(s[:2], d[:2], fused=True) - got[:2]).abs().max()):.1e} px")
+        for k in jacobi:
+            with env_var("EVALKIT_TRITON_JACOBI", str(k)):
+                tiled = torch_flow(s[:2], d[:2], fused=True)
+            say(f"{w}x{h} {k} Jacobi iterations per launch: max |flow - flow torch| = "
+                f"{float((tiled - ref).abs().max()):.1e} px, max |flow - fused default| = "
+                f"{float((tiled - got[:2]).abs().max()):.1e} px")
+        del s, d, ref, got
+        if profile:
+            from torch.profiler import ProfilerActivity, profile as prof
+
+            sg, dg = s1.expand(16, -1, -1).contiguous(), d1.expand(16, -1, -1).contiguous()
+            with prof(activities=[ProfilerActivity.CUDA]) as pr:
+                torch_flow(sg, dg, fused=True)
+                sync(dev)
+            say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+        torch.cuda.empty_cache()
+    sh, sw = syn_size
+    say(f"\n## synthetic motion, {sw}x{sh} windows, end-point error in pixels: torch path vs fused path")
+    errs = {False: [], True: []}
+    diffs = []
+    for name in PHOTOS:
+        rgb = getattr(skdata, name)()
+        photo = photo_grey(rgb, 1.12 * max(sh / rgb.shape[0], sw / rgb.shape[1]))
+        for case, kw in CASES:
+            src, dst, truth = synthetic_pair(photo, syn_size, **kw)
+            f = {fu: tflow(src, dst, dev, fused=fu) for fu in (False, True)}
+            for fu in f:
+                errs[fu].append(endpoint_error(f[fu], truth))
+            diffs.append(float(np.abs(f[True] - f[False]).max()))
+    good = [dv for dv, e in zip(diffs, errs[False]) if e < 1.0]
+    say(f"mean EPE torch path {np.mean(errs[False]):.4f} px, fused {np.mean(errs[True]):.4f} px "
+        f"({len(errs[True])} cases); max |per-case EPE difference| "
+        f"{max(abs(a - b) for a, b in zip(errs[False], errs[True])):.1e} px; max |flow difference| "
+        f"{max(diffs):.1e} px ({max(good, default=float('nan')):.1e} px on the {len(good)} cases with EPE < 1 px: "
+        "where the method fails, the flow also moves by ~1e-3 px when the input moves by one float32 ulp)")
+    for flag in ("0", "1"):
+        with env_var("EVALKIT_TRITON", flag):
+            say(f"\n(EVALKIT_TRITON={flag}: fused path {'on' if flag == '1' else 'off'})")
+            part_stream(dev, seconds, stream_size, rows=[3])
+    for k in jacobi:
+        with env_var("EVALKIT_TRITON", "1"), env_var("EVALKIT_TRITON_JACOBI", str(k)):
+            say(f"\n(EVALKIT_TRITON=1, EVALKIT_TRITON_JACOBI={k}: {k} Jacobi iterations per launch)")
+            part_stream(dev, seconds, stream_size, rows=[3])
+
+
 # -- lpips ------------------------------------------------------------------------------------
 
 def part_lpips(dev, batches, size):
@@ -421,6 +533,9 @@ def main(argv=None):
     p.add_argument("--stream-rows", default=None, help="stream part: row numbers to run (default all)")
     p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
     p.add_argument("--lpips-batches", default="8,16,32")
+    p.add_argument("--fused-batches", default="16,32", help="flow batch sizes (fused part)")
+    p.add_argument("--jacobi", default="3", help="fused part: Jacobi iterations per launch to measure "
+                   "beside the default (EVALKIT_TRITON_JACOBI), comma-separated; '' for none")
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
     p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
     p.add_argument("--sizes", default="1280x720,1920x1080", help="frame sizes of the speed part")
@@ -465,6 +580,10 @@ def main(argv=None):
             elif part == "stream":
                 part_stream(dev, args.seconds, hw(args.size),
                             None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
+            elif part == "fused":
+                part_fused(dev, [int(x) for x in args.fused_batches.split(",")],
+                           [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile,
+                           jacobi=[int(x) for x in args.jacobi.split(",") if x])
             elif part == "lpips":
                 part_lpips(dev, [int(x) for x in args.lpips_batches.split(",")], hw(args.size))
         except Exception as e:  # noqa: BLE001 -- one part failing must not lose the others

@@ -29,12 +29,19 @@ for Warping", ECCV 2004):
    level 2, against 0.41), so the method, and its convention, solve down to the frames'
    own resolution (``finest=0``).
 
+On CUDA, when Triton imports, each warp step runs as a few fused Triton kernels
+(:mod:`metrics._triton_flow`: warp + gradient + products, the window's two passes with the Jacobi
+coefficients, one kernel per Jacobi iteration) instead of ~80 torch ops: the same arithmetic, equal
+to the torch path up to float32 rounding, so the convention is the same. ``fused=False`` or the
+environment variable ``EVALKIT_TRITON=0`` keeps the torch path; the CPU always uses it.
+
 Accuracy and speed against OpenCV DIS are measured in ``benchmarks/bench_flow.py`` (figures in
 ``docs/metrics.md``).
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -180,8 +187,33 @@ def _neigh(x: torch.Tensor) -> torch.Tensor:
     return (p[:, :, :-2, 1:-1] + p[:, :, 2:, 1:-1] + p[:, :, 1:-1, :-2] + p[:, :, 1:-1, 2:]) * 0.25
 
 
+#: Set (to the error) when the fused path, chosen by default, failed in this process (a Triton
+#: that cannot compile here): the default falls back to the torch path from then on.
+_FUSED_FAILED: list[str] = []
+
+
+def use_fused(device, fused: bool | None = None) -> bool:
+    """Whether :func:`torch_flow` takes the fused Triton path on ``device``.
+
+    ``fused=None`` (default): on CUDA when Triton imports and ``EVALKIT_TRITON`` is not ``0``.
+    ``True`` forces it (CUDA, or CPU tensors under ``TRITON_INTERPRET=1`` for tests), ``False``
+    keeps the torch path. If the default fused path fails to run (a Triton that cannot compile
+    on this machine), :func:`torch_flow` warns once and uses the torch path from then on.
+    """
+    if fused is not None:
+        return bool(fused)
+    if (torch.device(device).type != "cuda" or os.environ.get("EVALKIT_TRITON", "1") == "0"
+            or _FUSED_FAILED):
+        return False
+    try:
+        from . import _triton_flow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, window: float,
-                alpha: float, finest: int) -> torch.Tensor:
+                alpha: float, finest: int, fused: bool = False) -> torch.Tensor:
     n, _, h, w = src.shape
     p0, p1 = [src], [dst]
     levels = _levels(h, w)
@@ -196,6 +228,13 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
             flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
         else:
             flow = _upsample(flow, hk, wk)
+        if fused:
+            from ._triton_flow import warp_step
+
+            g = _gauss1d(window, src.device)
+            for _ in range(warps):
+                flow = warp_step(i0, i1, flow, g, inner, alpha)
+            continue
         xs, ys = _base_grid(hk, wk, src.device)
         for _ in range(warps):
             i1w, inside = _warp(i1, flow, xs, ys)
@@ -224,24 +263,42 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
 def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["warps"],
                inner: int = PARAMS["inner"], window: float = PARAMS["window"],
                alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
-               batch_pixels: int | None = None) -> torch.Tensor:
+               batch_pixels: int | None = None, fused: bool | None = None) -> torch.Tensor:
     """Flow from each grey frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
 
     ``src``, ``dst``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units (uint8 or
     float), on any device; the flow is computed there in float32 (OpenCV's convention, see
     :mod:`metrics.flow`). Pairs are processed ``batch_pixels`` pixels at a time (default by
-    device, :data:`BATCH_PIXELS`); the result does not depend on it.
+    device, :data:`BATCH_PIXELS`); the result does not depend on it. ``fused``: the Triton
+    path (:func:`use_fused`; default: on CUDA when available), equal up to float32 rounding.
     """
     if src.ndim == 3:
         src, dst = src.unsqueeze(1), dst.unsqueeze(1)
     n, _, h, w = src.shape
     if batch_pixels is None:
         batch_pixels = BATCH_PIXELS["cuda" if src.device.type == "cuda" else "cpu"]
+    auto = fused is None
+    fused = use_fused(src.device, fused)
     step = max(1, batch_pixels // (h * w))
+    if fused:                                 # int32 indexing of (pairs, 5, H, W) in the kernels
+        step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
-    with precise():
-        for i in range(0, n, step):
-            s = src[i:i + step].float() * (1.0 / 255)
-            d = dst[i:i + step].float() * (1.0 / 255)
-            out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest)
+    try:
+        with precise():
+            for i in range(0, n, step):
+                s = src[i:i + step].float() * (1.0 / 255)
+                d = dst[i:i + step].float() * (1.0 / 255)
+                out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a default fused path that cannot run here: torch path
+        if not (auto and fused):
+            raise
+        import warnings
+
+        _FUSED_FAILED.append(f"{type(e).__name__}: {e}")
+        warnings.warn(f"metrics.torchflow: the fused Triton path failed ({_FUSED_FAILED[0][:300]}); "
+                      "using the torch path (EVALKIT_TRITON=0 silences this)", RuntimeWarning, stacklevel=2)
+        return torch_flow(src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
+                          batch_pixels=batch_pixels, fused=False)
     return out
