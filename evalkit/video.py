@@ -155,10 +155,10 @@ class ClipReader:
     def __init__(self, path, *, image_fps: Fraction | float = DEFAULT_IMAGE_FPS,
                  threads: int = 0):
         self.path = Path(path)
-        #: decoding threads for videos (0: one per usable core): clips whose frames decode
-        #: independently (:data:`INDEPENDENT_FRAMES`: FFV1, UT Video) in this many independent
-        #: decoders (:func:`_decode_parallel`), other codecs in FFmpeg's own threads; 1: one
-        #: decoder, no threads
+        #: decoding threads for videos (0: one per usable core, at most :data:`MAX_DECODERS`):
+        #: clips whose frames decode independently (:data:`INDEPENDENT_FRAMES`: FFV1, UT Video)
+        #: in this many independent decoders (:func:`_decode_parallel`), other codecs in
+        #: FFmpeg's own threads; 1: one decoder, no threads
         self.threads = int(threads)
         self.image_fps = Fraction(image_fps).limit_denominator(1001 * 1000)
         _check_exists(self.path)
@@ -253,7 +253,7 @@ class ClipReader:
                 declared = s.frames or None
                 fps = s.average_rate or s.guessed_rate
                 duration = c.duration / 1_000_000 if c.duration else None  # AV_TIME_BASE
-                workers = self.threads or usable_cores()
+                workers = self.threads or min(MAX_DECODERS, usable_cores())
                 if s.codec_context.name in INDEPENDENT_FRAMES and workers > 1:
                     frames = _decode_parallel(c, s, workers)
                 else:
@@ -319,6 +319,9 @@ class ClipReader:
 INDEPENDENT_FRAMES = frozenset({"ffv1", "utvideo"})
 #: key frames per task of :func:`_decode_parallel` (fewer hand-offs for cheap frames)
 GROUP_FRAMES = 4
+#: decoders of one reader by default (``threads=0``): at most ``(MAX_DECODERS + 2) *
+#: GROUP_FRAMES`` frames are in flight (40 frames: 240 MB at 1080p)
+MAX_DECODERS = 8
 
 
 def usable_cores() -> int:
