@@ -22,6 +22,7 @@ Default conventions are those of the original authors, as recomputed on the cali
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -102,13 +103,40 @@ def _triton(name: str):
     return _TRITON[name]
 
 
+#: Triton paths that have run once on this machine (a later failure is a real error)
+_TRITON_OK: dict[str, bool] = {}
+
+
+def _try_triton(name: str, call, fallback):
+    """``call()`` (a Triton path); if it fails before it ever succeeded here (the kernel does
+    not compile on this GPU or Triton build: a ROCm card, an older driver), warn once, turn that
+    path off for the process and return ``fallback()`` (today's torch code, the same numbers up
+    to float32 rounding)."""
+    try:
+        out = call()
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:
+        if _TRITON_OK.get(name):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"metrics: the Triton {name} kernel failed on this machine "
+                      f"({type(e).__name__}: {first}); using the torch path "
+                      "(EVALKIT_TRITON=0 silences this)", RuntimeWarning, stacklevel=3)
+        _TRITON[name] = None
+        return fallback()
+    _TRITON_OK[name] = True
+    return out
+
+
 def luma_kernel(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
     """:func:`metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
     Triton pass (the same float64 arithmetic and rounding: the same numbers) unless turned off."""
     if rounded and x.device.type == "cuda" and x.dtype == torch.uint8 and fast_path("triton_luma"):
         fn = _triton("luma_u8")
         if fn is not None:
-            return fn(x, LUMA_WEIGHTS)
+            return _try_triton("luma_u8", lambda: fn(x, LUMA_WEIGHTS),
+                               lambda: luma(x, rounded=rounded))
     return luma(x, rounded=rounded)
 
 
@@ -117,7 +145,7 @@ def _planes_fn(device: torch.device):
     if device.type == "cuda" and fast_path("triton_ssim"):
         fn = _triton("ssim_planes")
         if fn is not None:
-            return fn
+            return lambda *a: _try_triton("ssim_planes", lambda: fn(*a), lambda: _ssim_planes(*a))
     return _ssim_planes
 
 
@@ -220,7 +248,8 @@ def mse_exactness_kernel(a, b) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         fn = _triton("mse_exactness_u8")
         if fn is not None:
             with precise():
-                return fn(a, b)
+                return _try_triton("mse_exactness_u8", lambda: fn(a, b),
+                                   lambda: (mse_kernel(a, b), exactness_kernel(a, b)))
     return mse_kernel(a, b), exactness_kernel(a, b)
 
 

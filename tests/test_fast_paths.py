@@ -254,3 +254,38 @@ def lpips_ref_alex():
     m = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
     m.load_state_dict(_weights.load_state_dict("alex"), strict=False)
     return m.eval()
+
+
+def test_a_triton_path_that_fails_before_it_ever_ran_falls_back_once_with_a_warning():
+    """A kernel that does not compile on a user's GPU (say ROCm) must not stop a compare: the
+    first failure warns, turns the path off and gives the torch result; once a path has run, a
+    later failure is a real error and is raised."""
+    import warnings
+
+    from metrics import fidelity
+
+    saved = dict(fidelity._TRITON), dict(fidelity._TRITON_OK)
+    try:
+        fidelity._TRITON["ssim_planes"] = object()
+        calls = []
+
+        def broken():
+            calls.append("triton")
+            raise RuntimeError("PTX .version 8.7 does not support .target sm_120\nmore")
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fidelity._try_triton("ssim_planes", broken, lambda: "torch")
+        assert out == "torch" and calls == ["triton"]
+        assert fidelity._TRITON["ssim_planes"] is None          # off for the process
+        [w] = seen
+        assert "ssim_planes" in str(w.message) and "sm_120" in str(w.message)
+        assert "more" not in str(w.message)                      # one line
+        assert fidelity._try_triton("luma_u8", lambda: "ok", lambda: "torch") == "ok"
+        with pytest.raises(RuntimeError):                        # it ran before: a real error
+            fidelity._try_triton("luma_u8", broken, lambda: "torch")
+    finally:
+        fidelity._TRITON.clear()
+        fidelity._TRITON.update(saved[0])
+        fidelity._TRITON_OK.clear()
+        fidelity._TRITON_OK.update(saved[1])
