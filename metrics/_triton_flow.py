@@ -38,6 +38,19 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
+def _avg4_pair(pu, pv, x, y, H, W):
+    """Mean of the four neighbours (replicate borders) of pixel (x, y) in two planes."""
+    xl = tl.maximum(x - 1, 0)
+    xr = tl.minimum(x + 1, W - 1)
+    yu = tl.maximum(y - 1, 0) * W
+    yd = tl.minimum(y + 1, H - 1) * W
+    yc = y * W
+    nu = (tl.load(pu + yu + x) + tl.load(pu + yd + x) + tl.load(pu + yc + xl) + tl.load(pu + yc + xr)) * 0.25
+    nv = (tl.load(pv + yu + x) + tl.load(pv + yd + x) + tl.load(pv + yc + xl) + tl.load(pv + yc + xr)) * 0.25
+    return nu, nv
+
+
+@triton.jit
 def _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xq, W, H, HW, wm1, hm1, sx, sy):
     """(src + dst warped) / 2 at pixel (y, xq) of image ``img`` (xq, y already clamped)."""
     p = y * W + xq
@@ -184,15 +197,9 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
     inv_u = 1.0 / (j11 + alpha)
     inv_v = 1.0 / (j22 + alpha)
     f = n * (2 * HW)
-    xl = tl.maximum(x - 1, 0)
-    xr = tl.minimum(x + 1, W - 1)
-    yu = tl.maximum(y - 1, 0) * W
-    yd = tl.minimum(y + 1, H - 1) * W
-    yc = y * W
     fu = fl_ptr + f
     fv = fl_ptr + f + HW
-    nu = (tl.load(fu + yu + x) + tl.load(fu + yd + x) + tl.load(fu + yc + xl) + tl.load(fu + yc + xr)) * 0.25
-    nv = (tl.load(fv + yu + x) + tl.load(fv + yd + x) + tl.load(fv + yc + xl) + tl.load(fv + yc + xr)) * 0.25
+    nu, nv = _avg4_pair(fu, fv, x, y, H, W)
     cu = (alpha * (nu - tl.load(fu + rem)) - j13) * inv_u
     cv = (alpha * (nv - tl.load(fv + rem)) - j23) * inv_v
     o = n * (5 * HW) + rem
@@ -218,15 +225,9 @@ def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
     y = rem // W
     x = rem - y * W
     f = n * (2 * HW)
-    xl = tl.maximum(x - 1, 0)
-    xr = tl.minimum(x + 1, W - 1)
-    yu = tl.maximum(y - 1, 0) * W
-    yd = tl.minimum(y + 1, H - 1) * W
-    yc = y * W
     du = d_ptr + f
     dv = d_ptr + f + HW
-    nu = (tl.load(du + yu + x) + tl.load(du + yd + x) + tl.load(du + yc + xl) + tl.load(du + yc + xr)) * 0.25
-    nv = (tl.load(dv + yu + x) + tl.load(dv + yd + x) + tl.load(dv + yc + xl) + tl.load(dv + yc + xr)) * 0.25
+    nu, nv = _avg4_pair(du, dv, x, y, H, W)
     o = n * (5 * HW) + rem
     inv_u = tl.load(coef_ptr + o)
     inv_v = tl.load(coef_ptr + o + HW)
