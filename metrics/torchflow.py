@@ -206,7 +206,7 @@ def use_fused(device, fused: bool | None = None) -> bool:
             or _FUSED_FAILED):
         return False
     try:
-        from . import _triton_flow  # noqa: F401
+        from ._triton_flow import warp_step  # noqa: F401
     except ImportError:
         return False
     return True
