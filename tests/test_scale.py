@@ -251,3 +251,27 @@ def test_real_scale_suites_name_the_generated_clips(make_scale):
         gate = load_gate(DATASETS / name / "gate.yaml", metrics=keys(compares=True),
                          ratio_metrics=keys(ratio=True))
         assert gate.ratios
+
+
+def test_compare_and_metrics_decoding_in_worker_processes_match_threads(import_runs, tmp_path,
+                                                                        monkeypatch):
+    from evalkit.compare.clips import compare_clips
+    from evalkit.compare.pairing import compare_runs
+
+    got = {}
+    for mode in ("0", "1"):         # threads, then worker processes (evalkit.procdecode)
+        monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", mode)
+        res = compare_runs(*import_runs, tmp_path / mode, device="cpu", chunk=3, progress=False,
+                           metric_options={"temporal": False})
+        a, b = (sorted((r / "clips").glob("*.mkv"))[1] for r in import_runs)
+        got[mode] = (res, compare_clips(a, b, device="cpu", chunk=2, temporal=False))
+    (rt, mt), (rp, mp) = got["0"], got["1"]
+    assert [m.pair.job_id for m in rp.measures] == [m.pair.job_id for m in rt.measures]
+    for p, t in zip(rp.measures, rt.measures):
+        assert len(p.records) == len(t.records) == 8
+        assert all(_same(x[k], y[k]) for x, y in zip(p.records, t.records) for k in x)
+        assert p.worst_frame == t.worst_frame
+        # the worst frames were copied out of the shared memory before it was handed back
+        assert np.array_equal(p.worst_a, ClipReader(p.pair.path_a).read()[p.worst_frame])
+        assert np.array_equal(p.worst_b, ClipReader(p.pair.path_b).read()[p.worst_frame])
+    assert mp["per_frame"] == mt["per_frame"] and mp["frames"] == 8

@@ -1,7 +1,7 @@
 """Library side of ``evalkit metrics A B``: metrics of two clips (or two images), streamed.
 
 :func:`compare_clips` reads both inputs with :class:`evalkit.video.ClipReader` (video files,
-single images, folders of images), decodes both ahead in background threads (:class:`evalkit.video.Prefetch`), feeds
+single images, folders of images), decodes both ahead in background threads or worker processes (:mod:`evalkit.procdecode`), feeds
 :func:`metrics.stream.stream_pair` and returns one JSON-ready object (see
 :func:`compare_clips`). Non-finite numbers become ``null`` there: PSNR of identical frames
 (``inf``) and warping errors without any consistent pixel (``nan``). The metric keys, in
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evalkit import fsutil
 from evalkit.errors import InputFileError, UserError
-from evalkit.video import ClipReader, Prefetch
+from evalkit.video import ClipReader
 from metrics.catalogue import KEYS, fmt, units
 
 TEMPORAL_CONVENTION_KEYS = ("flow", "warp_error", "tlp", "tof", "flicker")
@@ -83,12 +83,19 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
         chunk = auto_chunk(ia.height, ia.width, ev.device, ev.temporal)
     from tqdm import tqdm
 
+    from evalkit.procdecode import DecoderPool, prefetch_chunks, use_processes
+
     records = []
     depth = prefetch_depth(chunk)
-    pa, pb = Prefetch(ra.chunks(chunk), depth), Prefetch(rb.chunks(chunk), depth)
+    pool = DecoderPool() if use_processes() else None
+    if pool is not None:
+        pool.start(2)
+    pa = pb = None
     ea, eb = ia.frames_estimate, ib.frames_estimate
     total = min(ea, eb) if ea and eb else None
     try:
+        pa = prefetch_chunks(paths["a"], chunk, depth, pool=pool)
+        pb = prefetch_chunks(paths["b"], chunk, depth, pool=pool)
         with tqdm(total=total, desc="metrics", unit="frame", disable=not progress,
                   mininterval=0.5) as bar:
             for rec in stream_pair(pa, pb, evaluator=ev, chunk=chunk, align=align):
@@ -103,9 +110,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                 raise InputFileError(paths[side], msg.replace("align='shortest'", "--align shortest")) from None
         raise
     finally:
-        pa.close()
-        pb.close()
-        ev.close()
+        for p in (pa, pb, pool, ev):
+            if p is not None:
+                p.close()
 
     if vmaf and records:
         from evalkit.compare.vmaf import add_vmaf

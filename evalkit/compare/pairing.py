@@ -26,7 +26,7 @@ from evalkit.compare.report import (check_report_folder, floor_notice, run_entry
                                     write_report)
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
-from evalkit.video import ClipReader, Prefetch, usable_cores
+from evalkit.video import ClipReader, usable_cores
 from metrics.catalogue import KEYS, METRICS, keys, units
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -144,6 +144,10 @@ def _recall(mem: collections.deque, frame: int):
     return None
 
 
+def _copy(frame):
+    return None if frame is None else np.array(frame)
+
+
 def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
     """Frames per batch for ``pair``: ``chunk``, else what :func:`metrics.stream.stream_pair`
     would pick from its first frame (:func:`metrics.stream.auto_chunk`)."""
@@ -173,20 +177,26 @@ def decode_threads() -> int:
 
 
 class PairDecoder:
-    """Both clips of a pair decoding in background threads (:class:`evalkit.video.Prefetch`),
-    each at most :func:`evalkit.compare.clips.prefetch_depth` chunks ahead. Made ahead of
-    time, it decodes the next job while the current one is measured."""
+    """Both clips of a pair decoding in the background, each at most
+    :func:`evalkit.compare.clips.prefetch_depth` chunks ahead: in worker processes of ``pool``
+    (:class:`evalkit.procdecode.DecoderPool`), else in threads (:class:`evalkit.video.Prefetch`).
+    Made ahead of time, it decodes the next job while the current one is measured."""
 
-    def __init__(self, pair: Pair, chunk: int):
+    def __init__(self, pair: Pair, chunk: int, pool=None):
         from evalkit.compare.clips import prefetch_depth
+        from evalkit.procdecode import prefetch_chunks
 
         self.pair, self.chunk = pair, chunk
         depth = prefetch_depth(chunk)
         threads = decode_threads()
-        self.a = Prefetch(ClipReader(pair.path_a, threads=threads).chunks(chunk), depth,
-                          "evalkit-decode-a")
-        self.b = Prefetch(ClipReader(pair.path_b, threads=threads).chunks(chunk), depth,
-                          "evalkit-decode-b")
+        self.a = prefetch_chunks(pair.path_a, chunk, depth, threads=threads, pool=pool,
+                                 name="evalkit-decode-a")
+        try:
+            self.b = prefetch_chunks(pair.path_b, chunk, depth, threads=threads, pool=pool,
+                                     name="evalkit-decode-b")
+        except BaseException:
+            self.a.close()
+            raise
 
     def close(self) -> None:
         self.a.close()
@@ -206,8 +216,9 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     chunk = _pair_chunk(evaluator, pair, chunk)
     if decoder is None:
         decoder = PairDecoder(pair, chunk)
-    # stream_pair reads at most one chunk ahead of the records it yields
-    mem_a, mem_b = collections.deque(maxlen=3), collections.deque(maxlen=3)
+    # stream_pair reads at most one chunk ahead of the records it yields; a chunk decoded in a
+    # worker process is valid until two more are read (evalkit.procdecode): keep copies
+    mem_a, mem_b = collections.deque(maxlen=2), collections.deque(maxlen=2)
     records = []
     worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
     try:
@@ -219,7 +230,7 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
             if rec["lpips"] > worst_val:
                 worst, worst_val = rec["frame"], rec["lpips"]
                 if keep_worst:
-                    worst_a, worst_b = _recall(mem_a, worst), _recall(mem_b, worst)
+                    worst_a, worst_b = _copy(_recall(mem_a, worst)), _copy(_recall(mem_b, worst))
             if on_frame is not None:
                 on_frame(1)
     finally:
@@ -276,9 +287,19 @@ class LocalCompareSession:
     """
 
     def __init__(self, *, device=None, metric_options: dict | None = None):
+        from evalkit.procdecode import DecoderPool, use_processes
         from metrics.stream import PairEvaluator
 
-        self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
+        #: worker processes decoding the clips (:mod:`evalkit.procdecode`), or None: threads
+        self.pool = DecoderPool(decode_threads()) if use_processes() else None
+        if self.pool is not None:       # they boot while the metric models load
+            self.pool.start(2 * (self.jobs_ahead + 1))
+        try:
+            self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
+        except BaseException:
+            if self.pool is not None:
+                self.pool.close()
+            raise
 
     @property
     def conventions(self) -> dict:
@@ -304,7 +325,7 @@ class LocalCompareSession:
             for p in pairs:
                 while nxt < len(pairs) and len(ahead) <= self.jobs_ahead:
                     q = pairs[nxt]
-                    ahead.append(PairDecoder(q, _pair_chunk(self.evaluator, q, chunk)))
+                    ahead.append(PairDecoder(q, _pair_chunk(self.evaluator, q, chunk), self.pool))
                     nxt += 1
                 dec = ahead.popleft()
                 out.append(measure_pair(self.evaluator, p, chunk=dec.chunk, keep_worst=keep_worst,
@@ -315,6 +336,8 @@ class LocalCompareSession:
         return out
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         self.evaluator.close()
 
 

@@ -1,0 +1,377 @@
+"""Clips decoded in worker processes, their frames handed over in shared memory.
+
+Why: in one process the decoder threads and the thread that feeds the metrics share one
+interpreter lock. On the H200's 16 cores ``compare`` of two UT Video runs measured 175-183
+pairs/s from files against 480-518 on frames already in memory, while decoding alone ran at 765
+frames/s (``benchmarks/bench_scale.py``): neither the decoders nor the GPU set the pace, their
+hand-offs did. Here each clip decodes in a worker process of its own (with its own decoder
+threads, :class:`evalkit.video.ClipReader`), which writes chunks of frames into a ring of slots
+in shared memory; the consumer reads them in place (no copy) and hands a slot back once it is
+done with it.
+
+:class:`DecoderPool` keeps its worker processes (``spawn``) for the whole comparison and starts
+one more whenever every worker is busy (a fresh interpreter started with ``subprocess``, talking over a pipe: nothing of the parent's ``__main__`` runs in it, unlike multiprocessing's ``spawn``); :class:`ProcessChunks` is one clip's iterator of
+``(n, H, W, 3)`` uint8 chunks, the same chunks :meth:`ClipReader.chunks` gives, errors
+included (the same :class:`evalkit.errors.VideoError` messages, raised at the same point).
+
+Handing over without copying has one rule: a chunk stays valid until ``hold`` more chunks of
+the same clip have been taken (then its slot is written again). :func:`metrics.stream.stream_pair`
+copies each chunk into its staging buffer when it takes it; ``compare`` looks back at most one
+chunk (the worst frame of the records of the chunk before the one just read). The default
+``hold=2`` covers both.
+
+Workers ignore Ctrl-C (the parent stops them), end when their parent dies, and a worker that
+dies mid-clip (a decoder crash) is reported as that clip's :class:`VideoError`. The shared
+memory is created and unlinked by the parent only.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from evalkit.errors import InputFileError, VideoError
+
+#: ``$EVALKIT_DECODE_PROCESSES``: ``0`` decodes in threads of this process, ``1`` in worker
+#: processes; unset: processes where there are at least this many usable cores
+PROCESS_MIN_CORES = 8
+#: seconds between liveness checks while waiting on a queue
+_POLL = 0.5
+
+_STOP = "stop"
+_SLOT = "slot"
+
+
+def use_processes() -> bool:
+    """Whether readers decode in worker processes: ``$EVALKIT_DECODE_PROCESSES`` (``0``/``1``),
+    else whether there are at least :data:`PROCESS_MIN_CORES` usable cores (on fewer, the
+    processes' start-up and the shared-memory hand-off cost more than the lock they spare)."""
+    from evalkit.errors import UserError
+    from evalkit.video import usable_cores
+
+    value = os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip()
+    if not value:
+        return usable_cores() >= PROCESS_MIN_CORES
+    if value not in ("0", "1"):
+        raise UserError(f"EVALKIT_DECODE_PROCESSES: expected 0 (threads) or 1 (processes), "
+                        f"found {value!r}")
+    return value == "1"
+
+
+# -- the worker process -------------------------------------------------------------------------
+def _attach(name: str, size: int):
+    """The parent's shared memory, mapped here without registering it with a resource
+    tracker (the parent alone unlinks it; SharedMemory(name) would register it, and a tracker
+    of this process would unlink it when this process ends)."""
+    import mmap
+
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _child_main(fd: int) -> None:
+    """A worker process: ``python -c 'from evalkit.procdecode import _child_main; ...' FD``,
+    ``FD`` its end of the parent's pipe. It ends at ``None`` or when the parent is gone."""
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
+    conn = Connection(fd)
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            if msg[0] == "clip":
+                conn.send(_clip(conn, *msg[1:]))    # slot and stop messages of ended clips: dropped
+    except (EOFError, OSError):                     # the parent is gone
+        return
+
+
+def _clip(conn, clip, path, threads, chunk, shm_name, slots, shape) -> tuple:
+    size = slots * chunk * shape[0] * shape[1] * shape[2]
+    mm = _attach(shm_name, size)
+    ring = np.ndarray((slots, chunk, *shape), np.uint8, buffer=mm)
+    try:
+        return _decode_clip(conn, clip, path, threads, chunk, shape, ring)
+    except InputFileError as e:
+        return ("err", clip, type(e).__name__, e.path, e.problem)
+    except Exception as e:  # noqa: BLE001 - handed to the parent, raised there
+        return ("err", clip, "", path, f"{type(e).__name__}: {e}")
+    finally:
+        del ring
+        mm.close()
+
+
+def _decode_clip(conn, clip, path, threads, chunk, shape, ring) -> tuple:
+    from evalkit.video import ClipReader
+
+    slot, i, n = None, 0, 0
+    for frame in ClipReader(path, threads=threads):
+        while slot is None:                 # a free slot of this clip, or its stop
+            msg = conn.recv()
+            if msg is None:
+                raise EOFError
+            kind, c, k = msg[:3]
+            if c != clip:
+                continue                    # left over from an earlier clip
+            if kind == _STOP:
+                return ("stopped", clip, n)
+            slot, i = k, 0
+        if frame.shape != shape:
+            raise VideoError(path, f"frame {n} is {frame.shape[1]}x{frame.shape[0]}, expected "
+                             f"{shape[1]}x{shape[0]} as the container declares")
+        ring[slot, i] = frame
+        i += 1
+        n += 1
+        if i == chunk:
+            conn.send(("chunk", clip, slot, i))
+            slot = None
+    if slot is not None:
+        conn.send(("chunk", clip, slot, i))
+    return ("done", clip, n)
+
+
+# -- the parent's side ----------------------------------------------------------------------------
+class _Worker:
+    """A worker process (a fresh interpreter: nothing of the parent's ``__main__`` runs there)
+    and the parent's end of its pipe."""
+
+    def __init__(self):
+        import subprocess
+        import sys
+        from multiprocessing import Pipe
+        from pathlib import Path
+
+        import evalkit
+
+        self.conn, child = Pipe(duplex=True)
+        root = str(Path(evalkit.__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from evalkit.procdecode import _child_main; "
+                 "_child_main(int(sys.argv[1]))", str(child.fileno())],
+                pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:                     # it died: the next receive says so
+            pass
+
+    def receive(self, clip: int):
+        """The next message about ``clip``; None when the worker has died."""
+        while True:
+            while not self.conn.poll(_POLL):
+                if not self.alive():
+                    return None
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.process.wait()
+                return None
+            if msg[1] == clip:
+                return msg
+
+    def stop(self, timeout: float = 2.0) -> None:
+        import subprocess
+
+        if self.alive():
+            self.send(None)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.conn.close()
+
+
+class DecoderPool:
+    """Worker processes decoding clips (:class:`ProcessChunks`); :meth:`close` stops them.
+
+    ``threads``: decoding threads of each worker's :class:`evalkit.video.ClipReader`."""
+
+    def __init__(self, threads: int = 0):
+        self.threads = int(threads)
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._open: set[ProcessChunks] = set()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def workers(self) -> int:
+        return len(self._all)
+
+    def start(self, n: int) -> None:
+        """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
+        with self._lock:
+            while len(self._all) < n and not self._closed:
+                w = _Worker()
+                self._all.append(w)
+                self._idle.append(w)
+
+    def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2,
+               name: str = "evalkit-decode") -> ProcessChunks:
+        """One clip's chunks of ``chunk`` frames, decoded in a worker up to ``depth`` chunks
+        ahead of the consumer; each chunk stays valid until ``hold`` more have been taken."""
+        return ProcessChunks(self, path, chunk, depth, hold)
+
+    def _acquire(self) -> tuple[_Worker, int]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the decoder pool is closed")
+            w = self._idle.pop() if self._idle else None
+            if w is None:
+                w = _Worker()
+                self._all.append(w)
+            return w, next(self._ids)
+
+    def _release(self, w: _Worker, reusable: bool) -> None:
+        with self._lock:
+            if reusable and not self._closed and w.alive():
+                self._idle.append(w)
+                return
+            if w in self._all:
+                self._all.remove(w)
+        w.stop()
+
+    def close(self) -> None:
+        """Stop every clip still open, then every worker; unlink the shared memory."""
+        for pc in list(self._open):
+            pc.close()
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = self._all, [], []
+        for w in workers:
+            w.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ProcessChunks:
+    """One clip decoding in a :class:`DecoderPool` worker: an iterator of ``(n, H, W, 3)``
+    uint8 chunks read in place from shared memory (see the module's note on ``hold``).
+    :meth:`close` stops the worker's decoding and gives the worker back."""
+
+    def __init__(self, pool: DecoderPool, path, chunk: int, depth: int, hold: int):
+        from evalkit.video import MAX_IMAGE_PIXELS, ClipReader, _too_large
+
+        if chunk < 1 or depth < 1 or hold < 1:
+            raise ValueError(f"chunk, depth, hold: expected positive integers, found "
+                             f"{chunk!r}, {depth!r}, {hold!r}")
+        info = ClipReader(path).info        # the frame size sizes the ring (raises VideoError)
+        if info.width * info.height > MAX_IMAGE_PIXELS:
+            raise VideoError(path, _too_large(f"{info.width}x{info.height}"))
+        self.path, self.chunk, self.hold = str(path), int(chunk), int(hold)
+        self.shape = (info.height, info.width, 3)
+        slots = depth + hold
+        self._shm = shared_memory.SharedMemory(
+            create=True, size=max(1, slots * self.chunk * info.height * info.width * 3))
+        self._ring = np.ndarray((slots, self.chunk, *self.shape), np.uint8, buffer=self._shm.buf)
+        self._taken: list[int] = []         # slots handed out, oldest first
+        self._finished = False
+        self._closed = False
+        self._pool = pool
+        self._w, self._clip = pool._acquire()
+        pool._open.add(self)
+        self._w.send(("clip", self._clip, self.path, pool.threads, self.chunk, self._shm.name,
+                      slots, self.shape))
+        for k in range(slots):              # a slot comes back once its chunk is done with
+            self._w.send((_SLOT, self._clip, k))
+
+    def __iter__(self):
+        return self
+
+    def _message(self):
+        msg = self._w.receive(self._clip)
+        if msg is None:
+            self._finished = True
+            raise VideoError(self.path, f"the decoder process died while decoding it (exit "
+                             f"code {self._w.process.returncode})")
+        return msg
+
+    def __next__(self) -> np.ndarray:
+        if self._finished:
+            raise StopIteration
+        msg = self._message()
+        kind = msg[0]
+        if kind == "chunk":
+            _, _, slot, n = msg
+            self._taken.append(slot)
+            if len(self._taken) > self.hold:    # the oldest chunk is no longer in use
+                self._give(self._taken.pop(0))
+            return self._ring[slot, :n]
+        self._finished = True
+        self.close()                        # the worker is free (the chunks stay valid)
+        if kind == "err":
+            _, _, cls, path, problem = msg
+            raise (VideoError if cls == "VideoError" else InputFileError)(path, problem)
+        raise StopIteration                 # "done"
+
+    def _give(self, slot: int) -> None:
+        self._w.send((_SLOT, self._clip, slot))
+
+    def close(self) -> None:
+        """Stop decoding (if not finished), give the worker back, unlink the shared memory.
+        Called by the iterator itself at its end. Chunks handed out stay readable."""
+        if self._closed:
+            return
+        self._closed = True
+        reusable = True
+        if not self._finished:
+            self._w.send((_STOP, self._clip, None))
+            try:
+                while self._message()[0] not in ("done", "stopped", "err"):
+                    pass
+            except VideoError:              # the worker died
+                reusable = False
+        self._finished = True
+        self._pool._open.discard(self)
+        self._pool._release(self._w, reusable)
+        # Chunks handed out may still be referenced (a view keeps the mapping alive): leave the
+        # mapping to them (it goes with the last one) and close only the file descriptor.
+        # SharedMemory.close() would refuse ("exported pointers exist").
+        self._ring = None
+        self._shm._buf = self._shm._mmap = None
+        self._shm.close()
+        self._shm.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
+                    pool: DecoderPool | None = None, name: str = "evalkit-decode"):
+    """A clip's chunks of ``chunk`` frames decoded ahead of the consumer, at most ``depth``
+    chunks: in a worker process of ``pool`` (a video, with a pool), else in a thread of this
+    process (:class:`evalkit.video.Prefetch`). Either has ``close()``."""
+    from evalkit.video import ClipReader, Prefetch
+
+    reader = ClipReader(path, threads=threads)
+    if pool is not None and reader.kind == "video":
+        return pool.chunks(path, chunk, depth, name=name)
+    return Prefetch(reader.chunks(chunk), depth, name)

@@ -1,0 +1,173 @@
+"""Clips decoded in worker processes (evalkit.procdecode): the same chunks and the same errors
+as ClipReader, chunks valid for as long as promised, workers reused, stopped and not leaked."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evalkit.errors import VideoError
+from evalkit.procdecode import DecoderPool, prefetch_chunks, use_processes
+from evalkit.video import ClipReader, write_browser, write_lossless
+
+from conftest import DATASETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    root = tmp_path_factory.mktemp("procdecode")
+    frames = np.random.default_rng(8).integers(0, 256, (23, 48, 64, 3), dtype=np.uint8)
+    paths = {"ffv1": root / "a.mkv", "utvideo": root / "a.nut"}
+    for codec, p in paths.items():
+        write_lossless(p, frames, 24, codec=codec)
+    paths["h264"] = root / "a.mp4"                  # not intra-only: one decoder in the worker
+    write_browser(paths["h264"], frames, 24)
+    return frames, paths
+
+
+@pytest.fixture
+def pool():
+    with DecoderPool(threads=2) as p:
+        yield p
+
+
+def _shm_names():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "utvideo", "h264"])
+def test_chunks_are_the_readers_chunks_and_nothing_is_left_behind(clips, pool, codec):
+    frames, paths = clips
+    before = _shm_names()
+    expected = list(ClipReader(paths[codec]).chunks(5))
+    got = [c.copy() for c in pool.chunks(paths[codec], 5, 2)]
+    assert [len(c) for c in got] == [5, 5, 5, 5, 3]
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected))
+    if codec != "h264":
+        assert np.array_equal(np.concatenate(got), frames)
+    assert pool.workers == 1 and not pool._open
+    assert _shm_names() <= before          # the iterator's end unlinked its shared memory
+
+
+def test_a_chunk_stays_valid_until_hold_more_are_taken(clips, pool):
+    frames, paths = clips
+    views = []
+    for c in pool.chunks(paths["utvideo"], 2, depth=1, hold=2):   # 3 slots, reused 4 times
+        views.append(c)                     # in place, not copied
+        for k in range(max(0, len(views) - 2), len(views)):
+            assert np.array_equal(views[k], frames[2 * k:2 * k + len(views[k])])
+
+
+def test_closing_early_stops_the_worker_which_serves_the_next_clip(clips, pool):
+    frames, paths = clips
+    it = pool.chunks(paths["ffv1"], 2, 2)
+    assert np.array_equal(next(it), frames[:2])
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    got = np.concatenate([c.copy() for c in pool.chunks(paths["ffv1"], 4, 1, hold=1)])
+    assert np.array_equal(got, frames) and pool.workers == 1
+
+
+def test_two_clips_at_once_get_two_workers(clips, pool):
+    frames, paths = clips
+    a, b = pool.chunks(paths["ffv1"], 3, 2), pool.chunks(paths["utvideo"], 3, 2)
+    got = [(x.copy(), y.copy()) for x, y in zip(a, b)]
+    assert pool.workers == 2
+    assert np.array_equal(np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got]))
+
+
+def test_a_readers_error_is_raised_by_the_consumer_unchanged(tmp_path, pool):
+    good = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
+    bad = tmp_path / "cut.mkv"
+    data = good.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(VideoError) as direct:
+        list(ClipReader(bad).chunks(2))
+    with pytest.raises(VideoError) as procs:
+        list(pool.chunks(bad, 2, 2))
+    assert str(procs.value) == str(direct.value)
+    assert len(list(pool.chunks(good, 3))) == 3 and pool.workers == 1   # 8 frames: 3 + 3 + 2
+
+
+def test_a_worker_that_dies_is_that_clips_error_and_the_pool_goes_on(clips, pool):
+    frames, paths = clips
+    it = pool.chunks(paths["ffv1"], 2, 1, hold=1)
+    next(it)
+    pool._all[0].process.kill()
+    with pytest.raises(VideoError, match=r"a\.mkv: the decoder process died while decoding it"):
+        list(it)
+    it.close()
+    assert pool.workers == 0
+    assert np.array_equal(np.concatenate([c.copy() for c in pool.chunks(paths["ffv1"], 8)]),
+                          frames)
+
+
+def test_workers_ignore_ctrl_c_and_end_with_their_parent(clips, tmp_path):
+    _, paths = clips
+    script = tmp_path / "parent.py"
+    # no __main__ guard: a worker is a fresh interpreter and never runs this file
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        from evalkit.procdecode import DecoderPool
+        pool = DecoderPool()
+        it = pool.chunks({str(paths['ffv1'])!r}, 2, 1, hold=1)
+        next(it)
+        print(pool._all[0].process.pid, flush=True)
+        sys.stdin.readline()
+        os._exit(0)        # no clean-up: the worker must notice by itself
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    pid = int(parent.stdout.readline())
+    os.kill(pid, signal.SIGINT)             # ignored: Ctrl-C is the parent's to handle
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    assert parent.wait(60) == 0
+    for _ in range(600):                    # the worker sees its pipe close and ends
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ")[1].startswith("Z"):
+                break                       # ended; reaped by init later
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"worker {pid} outlived its parent")
+
+
+def test_the_switch_and_its_default(monkeypatch):
+    from evalkit.errors import UserError
+
+    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "1")
+    assert use_processes()
+    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "0")
+    assert not use_processes()
+    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "yes")
+    with pytest.raises(UserError, match="EVALKIT_DECODE_PROCESSES: expected 0 .* found 'yes'"):
+        use_processes()
+    monkeypatch.delenv("EVALKIT_DECODE_PROCESSES")
+    monkeypatch.setattr("evalkit.video.usable_cores", lambda: 16)
+    assert use_processes()
+    monkeypatch.setattr("evalkit.video.usable_cores", lambda: 2)
+    assert not use_processes()
+
+
+def test_images_are_read_in_a_thread_even_with_a_pool(pool, tmp_path):
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "f.png")
+    it = prefetch_chunks(tmp_path / "f.png", 1, 1, pool=pool)
+    assert len(list(it)) == 1 and pool.workers == 0
+    it.close()
