@@ -275,14 +275,14 @@ class ProcessChunks:
     :meth:`close` stops the worker's decoding and gives the worker back."""
 
     def __init__(self, pool: DecoderPool, path, chunk: int, depth: int, hold: int):
-        from evalkit.video import MAX_IMAGE_PIXELS, ClipReader, _too_large
+        from evalkit.video import MAX_IMAGE_PIXELS, ClipReader, too_large
 
         if chunk < 1 or depth < 1 or hold < 1:
             raise ValueError(f"chunk, depth, hold: expected positive integers, found "
                              f"{chunk!r}, {depth!r}, {hold!r}")
         info = ClipReader(path).info        # the frame size sizes the ring (raises VideoError)
         if info.width * info.height > MAX_IMAGE_PIXELS:
-            raise VideoError(path, _too_large(f"{info.width}x{info.height}"))
+            raise VideoError(path, too_large(f"{info.width}x{info.height}"))
         self.path, self.chunk, self.hold = str(path), int(chunk), int(hold)
         self.shape = (info.height, info.width, 3)
         slots = depth + hold

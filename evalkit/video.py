@@ -127,12 +127,12 @@ def _load_image(path: Path) -> np.ndarray:
             im = Image.open(path)
     except Image.DecompressionBombError as e:      # "Image size (N pixels) exceeds ..."
         n = re.search(r"\((\d+) pixels\)", str(e))
-        raise VideoError(path, _too_large(f"{int(n.group(1)):,} pixels" if n else "")) from None
+        raise VideoError(path, too_large(f"{int(n.group(1)):,} pixels" if n else "")) from None
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise VideoError(path, f"not a readable image ({e.__class__.__name__}: {e})") from None
     if im.width * im.height > MAX_IMAGE_PIXELS:
         im.close()
-        raise VideoError(path, _too_large(f"{im.width}x{im.height}"))
+        raise VideoError(path, too_large(f"{im.width}x{im.height}"))
     try:
         with im:
             im.load()
@@ -144,7 +144,7 @@ def _load_image(path: Path) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _too_large(found: str) -> str:
+def too_large(found: str) -> str:
     return (f"frame too large: expected at most {MAX_IMAGE_PIXELS:,} pixels (8192x8192), "
             f"found {found or 'more'}")
 
@@ -249,7 +249,7 @@ class ClipReader:
                 s = c.streams.video[0]
                 w, h = s.codec_context.width, s.codec_context.height
                 if w * h > MAX_IMAGE_PIXELS:
-                    raise VideoError(self.path, _too_large(f"{w}x{h}"))
+                    raise VideoError(self.path, too_large(f"{w}x{h}"))
                 declared = s.frames or None
                 fps = s.average_rate or s.guessed_rate
                 duration = c.duration / 1_000_000 if c.duration else None  # AV_TIME_BASE
