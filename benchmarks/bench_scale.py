@@ -62,6 +62,19 @@ def _child_compare(args) -> dict:
 
     P.LocalCompareSession.measure = timed_measure
     P.write_report = timed_report
+    workers_hwm: list = []
+    try:                                    # decoder worker processes (trees that have them)
+        import evalkit.procdecode as PD
+
+        pool_close = PD.DecoderPool.close
+
+        def close_and_measure(self):
+            workers_hwm.extend(peak_rss_gb(w.process.pid) for w in list(self._all))
+            pool_close(self)
+
+        PD.DecoderPool.close = close_and_measure
+    except ImportError:
+        pass
     options = {"temporal": not args.no_temporal}
     if args.flow:
         options["flow"] = args.flow
@@ -76,6 +89,9 @@ def _child_compare(args) -> dict:
            "report_s": round(report, 3), "total_s": round(total, 3),
            "peak_rss_gb": peak_rss_gb(),
            "lpips_mean": res.summary["aggregates"]["lpips"]["mean"]}
+    if workers_hwm:
+        out["decoders"] = len(workers_hwm)
+        out["decoders_peak_rss_gb"] = round(sum(workers_hwm), 2)
     try:
         import torch
 
@@ -139,16 +155,19 @@ def _child_study(args) -> dict:
             "media_mb": round(sum(p.stat().st_size for p in media.glob("*.mp4")) / 1e6, 1)}
 
 
-def peak_rss_gb() -> float:
-    """This process's own peak resident memory (``VmHWM``), GB. Not ``getrusage``'s
-    ``ru_maxrss``: Linux carries that across fork and exec, so a child started by a parent
-    holding 5 GB reported 5 GB whatever it used itself."""
+def peak_rss_gb(pid: int | str = "self") -> float:
+    """A process's own peak resident memory (``VmHWM``), GB; this one's by default. Not
+    ``getrusage``'s ``ru_maxrss``: Linux carries that across fork and exec, so a child started
+    by a parent holding 5 GB reported 5 GB whatever it used itself. Shared memory a process
+    has touched counts in its figure (decoder workers and compare count their ring twice)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return round(int(line.split()[1]) / 2**20, 2)
     except OSError:
         pass
+    if pid != "self":
+        return float("nan")
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
@@ -276,6 +295,8 @@ def make_runs(suite_name: str, root: Path, *, frames: int, clips: int, workers: 
 
 def _line(name: str, r: dict) -> str:
     extra = f", GPU {r['peak_gpu_gb']} GB" if "peak_gpu_gb" in r else ""
+    if "decoders" in r:
+        extra += f", {r['decoders']} decoder processes {r['decoders_peak_rss_gb']} GB in all"
     return (f"  {name:<34} {r['pairs']:>5} pairs in {r['measure_s']:>7.2f} s = "
             f"{r['pairs_per_s']:>6.1f} pairs/s | start-up {r['startup_s']:.2f} s, report "
             f"{r['report_s']:.2f} s | peak RSS {r['peak_rss_gb']} GB{extra} | "
