@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import weakref
 import threading
 from multiprocessing import shared_memory
 
@@ -73,7 +74,7 @@ def _attach(name: str, size: int):
 
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
-        return mmap.mmap(fd, size)
+        return mmap.mmap(fd, max(size, os.fstat(fd).st_size))
     finally:
         os.close(fd)
 
@@ -96,10 +97,23 @@ def _child_main(fd: int) -> None:
         return
 
 
+#: the worker's mapping of its ring, ``(name, mmap)``: kept from clip to clip, so the pages
+#: are mapped once (a fresh mapping faults in every page again)
+_MAPPED: list = []
+
+
+def _mapping(name: str, size: int):
+    if _MAPPED and (_MAPPED[0] != name or len(_MAPPED[1]) < size):
+        _MAPPED.pop(1).close()
+        _MAPPED.clear()
+    if not _MAPPED:
+        _MAPPED.extend([name, _attach(name, size)])
+    return _MAPPED[1]
+
+
 def _clip(conn, clip, path, threads, chunk, shm_name, slots, shape) -> tuple:
     size = slots * chunk * shape[0] * shape[1] * shape[2]
-    mm = _attach(shm_name, size)
-    ring = np.ndarray((slots, chunk, *shape), np.uint8, buffer=mm)
+    ring = np.ndarray((slots, chunk, *shape), np.uint8, buffer=_mapping(shm_name, size))
     try:
         return _decode_clip(conn, clip, path, threads, chunk, shape, ring)
     except InputFileError as e:
@@ -108,7 +122,6 @@ def _clip(conn, clip, path, threads, chunk, shm_name, slots, shape) -> tuple:
         return ("err", clip, "", path, f"{type(e).__name__}: {e}")
     finally:
         del ring
-        mm.close()
 
 
 def _decode_clip(conn, clip, path, threads, chunk, shape, ring) -> tuple:
@@ -153,6 +166,8 @@ class _Worker:
 
         import evalkit
 
+        #: this worker's ring (shared memory), reused from clip to clip while large enough
+        self.segment: shared_memory.SharedMemory | None = None
         self.conn, child = Pipe(duplex=True)
         root = str(Path(evalkit.__file__).resolve().parents[1])
         env = dict(os.environ)
@@ -199,6 +214,25 @@ class _Worker:
                 self.process.kill()
                 self.process.wait()
         self.conn.close()
+        self.drop_segment()
+
+    def ring_of(self, size: int) -> shared_memory.SharedMemory:
+        """This worker's ring, at least ``size`` bytes (a larger one replaces a smaller)."""
+        if self.segment is not None and self.segment.size < size:
+            self.drop_segment()
+        if self.segment is None:
+            self.segment = shared_memory.SharedMemory(create=True, size=max(1, size))
+        return self.segment
+
+    def drop_segment(self) -> None:
+        """Unlink the ring. Chunks still referenced keep their mapping: their base is its
+        mmap, which is not closed here (that would unmap it under them) but left to go with
+        the last of them."""
+        shm, self.segment = self.segment, None
+        if shm is not None:
+            shm._buf = shm._mmap = None
+            shm.close()
+            shm.unlink()
 
 
 class DecoderPool:
@@ -286,16 +320,19 @@ class ProcessChunks:
         self.path, self.chunk, self.hold = str(path), int(chunk), int(hold)
         self.shape = (info.height, info.width, 3)
         slots = depth + hold
-        self._shm = shared_memory.SharedMemory(
-            create=True, size=max(1, slots * self.chunk * info.height * info.width * 3))
-        self._ring = np.ndarray((slots, self.chunk, *self.shape), np.uint8, buffer=self._shm.buf)
+        size = slots * self.chunk * info.height * info.width * 3
         self._taken: list[int] = []         # slots handed out, oldest first
         self._finished = False
         self._closed = False
         self._pool = pool
         self._w, self._clip = pool._acquire()
         pool._open.add(self)
-        self._w.send(("clip", self._clip, self.path, pool.threads, self.chunk, self._shm.name,
+        shm = self._w.ring_of(size)
+        self._ring = np.ndarray((slots, self.chunk, *self.shape), np.uint8, buffer=shm.buf)
+        # a chunk is a view of the ring and keeps it alive: at close, a live ring means a
+        # chunk outlives the clip, and the worker's ring is replaced rather than written again
+        self._ring_alive = weakref.ref(self._ring)
+        self._w.send(("clip", self._clip, self.path, pool.threads, self.chunk, shm.name,
                       slots, self.shape))
         for k in range(slots):              # a slot comes back once its chunk is done with
             self._w.send((_SLOT, self._clip, k))
@@ -322,9 +359,8 @@ class ProcessChunks:
             if len(self._taken) > self.hold:    # the oldest chunk is no longer in use
                 self._give(self._taken.pop(0))
             return self._ring[slot, :n]
-        self._finished = True
-        self.close()                        # the worker is free (the chunks stay valid)
-        if kind == "err":
+        self._finished = True               # the worker waits for close(): the last chunks
+        if kind == "err":                   # are still in use
             _, _, cls, path, problem = msg
             raise (VideoError if cls == "VideoError" else InputFileError)(path, problem)
         raise StopIteration                 # "done"
@@ -333,8 +369,9 @@ class ProcessChunks:
         self._w.send((_SLOT, self._clip, slot))
 
     def close(self) -> None:
-        """Stop decoding (if not finished), give the worker back, unlink the shared memory.
-        Called by the iterator itself at its end. Chunks handed out stay readable."""
+        """Stop decoding (if not finished) and give the worker back (the iterator's end does
+        not: its last chunks are still in use). Chunks handed out stay readable: if one is
+        still referenced, the worker's ring is unlinked and replaced rather than reused."""
         if self._closed:
             return
         self._closed = True
@@ -347,15 +384,11 @@ class ProcessChunks:
             except VideoError:              # the worker died
                 reusable = False
         self._finished = True
+        self._ring = None
+        if self._ring_alive() is not None:  # a chunk of this clip is still referenced
+            self._w.drop_segment()
         self._pool._open.discard(self)
         self._pool._release(self._w, reusable)
-        # Chunks handed out may still be referenced (a view keeps the mapping alive): leave the
-        # mapping to them (it goes with the last one) and close only the file descriptor.
-        # SharedMemory.close() would refuse ("exported pointers exist").
-        self._ring = None
-        self._shm._buf = self._shm._mmap = None
-        self._shm.close()
-        self._shm.unlink()
 
     def __enter__(self):
         return self

@@ -291,6 +291,16 @@ class PairEvaluator:
         #: threads), collect (the rest of collect, including the wait for the device).
         self.timings = dict.fromkeys(("read", "prepare", "launch", "flow_wait", "collect"), 0.0)
 
+    def warm_up(self, height: int, width: int, chunk: int) -> None:
+        """Run one chunk of black ``height`` x ``width`` frames through :func:`stream_pair`
+        and forget it: cuDNN's autotuning, Triton's kernel loading and the staging buffers
+        happen now (at start-up) rather than in the first clip. The records are unchanged:
+        every clip starts from :meth:`reset`."""
+        frames = np.zeros((chunk, height, width, 3), np.uint8)
+        for _ in stream_pair(iter([frames]), iter([frames]), evaluator=self, chunk=chunk):
+            pass
+        self.reset()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)

@@ -45,17 +45,33 @@ def _shm_names():
 
 
 @pytest.mark.parametrize("codec", ["ffv1", "utvideo", "h264"])
-def test_chunks_are_the_readers_chunks_and_nothing_is_left_behind(clips, pool, codec):
+def test_chunks_are_the_readers_chunks_and_nothing_is_left_behind(clips, codec):
     frames, paths = clips
     before = _shm_names()
     expected = list(ClipReader(paths[codec]).chunks(5))
-    got = [c.copy() for c in pool.chunks(paths[codec], 5, 2)]
-    assert [len(c) for c in got] == [5, 5, 5, 5, 3]
-    assert all(np.array_equal(g, e) for g, e in zip(got, expected))
-    if codec != "h264":
-        assert np.array_equal(np.concatenate(got), frames)
-    assert pool.workers == 1 and not pool._open
-    assert _shm_names() <= before          # the iterator's end unlinked its shared memory
+    with DecoderPool(threads=2) as pool:
+        with pool.chunks(paths[codec], 5, 2) as it:
+            got = [c.copy() for c in it]
+        assert [len(c) for c in got] == [5, 5, 5, 5, 3]
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected))
+        if codec != "h264":
+            assert np.array_equal(np.concatenate(got), frames)
+        assert pool.workers == 1 and not pool._open
+    assert _shm_names() <= before          # closing the pool unlinked the rings
+
+
+def test_a_workers_ring_is_reused_unless_a_chunk_outlives_its_clip(clips, pool):
+    frames, paths = clips
+    with pool.chunks(paths["ffv1"], 4, 2) as it:
+        assert sum(len(c) for c in it) == 23
+    ring = pool._all[0].segment.name
+    with pool.chunks(paths["utvideo"], 4, 2) as it:
+        kept = next(it)                     # still referenced after close
+    assert pool._all[0].segment is None or pool._all[0].segment.name != ring
+    with pool.chunks(paths["ffv1"], 4, 2) as it:
+        assert np.array_equal(np.concatenate([c.copy() for c in it]), frames)
+    assert np.array_equal(kept, frames[:4])     # never written again
+    assert pool.workers == 1
 
 
 def test_a_chunk_stays_valid_until_hold_more_are_taken(clips, pool):
@@ -74,7 +90,8 @@ def test_closing_early_stops_the_worker_which_serves_the_next_clip(clips, pool):
     it.close()
     with pytest.raises(StopIteration):
         next(it)
-    got = np.concatenate([c.copy() for c in pool.chunks(paths["ffv1"], 4, 1, hold=1)])
+    with pool.chunks(paths["ffv1"], 4, 1, hold=1) as it:
+        got = np.concatenate([c.copy() for c in it])
     assert np.array_equal(got, frames) and pool.workers == 1
 
 
@@ -82,6 +99,8 @@ def test_two_clips_at_once_get_two_workers(clips, pool):
     frames, paths = clips
     a, b = pool.chunks(paths["ffv1"], 3, 2), pool.chunks(paths["utvideo"], 3, 2)
     got = [(x.copy(), y.copy()) for x, y in zip(a, b)]
+    a.close()
+    b.close()
     assert pool.workers == 2
     assert np.array_equal(np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got]))
 
@@ -93,10 +112,12 @@ def test_a_readers_error_is_raised_by_the_consumer_unchanged(tmp_path, pool):
     bad.write_bytes(data[: len(data) // 2])
     with pytest.raises(VideoError) as direct:
         list(ClipReader(bad).chunks(2))
-    with pytest.raises(VideoError) as procs:
-        list(pool.chunks(bad, 2, 2))
+    with pytest.raises(VideoError) as procs, pool.chunks(bad, 2, 2) as it:
+        list(it)
     assert str(procs.value) == str(direct.value)
-    assert len(list(pool.chunks(good, 3))) == 3 and pool.workers == 1   # 8 frames: 3 + 3 + 2
+    with pool.chunks(good, 3) as it:
+        assert len(list(it)) == 3                   # 8 frames: 3 + 3 + 2
+    assert pool.workers == 1
 
 
 def test_a_worker_that_dies_is_that_clips_error_and_the_pool_goes_on(clips, pool):

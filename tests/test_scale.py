@@ -275,3 +275,22 @@ def test_compare_and_metrics_decoding_in_worker_processes_match_threads(import_r
         assert np.array_equal(p.worst_a, ClipReader(p.pair.path_a).read()[p.worst_frame])
         assert np.array_equal(p.worst_b, ClipReader(p.pair.path_b).read()[p.worst_frame])
     assert mp["per_frame"] == mt["per_frame"] and mp["frames"] == 8
+
+
+def test_a_warm_up_changes_no_record(import_runs):
+    from metrics.stream import PairEvaluator, stream_pair
+
+    a, b = (sorted((r / "clips").glob("*.mkv"))[0] for r in import_runs)
+    fa, fb = ClipReader(a).read(), ClipReader(b).read()
+    got = []
+    for warm in (False, True):
+        ev = PairEvaluator(device="cpu")
+        try:
+            if warm:
+                ev.warm_up(fa.shape[1], fa.shape[2], 3)
+            got.append((list(stream_pair(iter(fa), iter(fb), evaluator=ev, chunk=3)), ev.compute()))
+        finally:
+            ev.close()
+    (cold, cold_sum), (hot, hot_sum) = got
+    assert len(hot) == 8 and all(_same(x[k], y[k]) for x, y in zip(cold, hot) for k in x)
+    assert hot_sum["frames"] == 8 and hot_sum["means"] == cold_sum["means"]
