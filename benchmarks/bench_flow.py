@@ -200,17 +200,36 @@ def frames_pair(h, w):
     return src, dst
 
 
+def device_pair(h, w, dev):
+    """:func:`frames_pair` and the same two frames as (1, H, W) uint8 tensors on ``dev``."""
+    src, dst = frames_pair(h, w)
+    return src, dst, on_device(torch.from_numpy(src)[None], dev), on_device(torch.from_numpy(dst)[None], dev)
+
+
+def batch_of(frame: torch.Tensor, bs: int) -> torch.Tensor:
+    """``bs`` copies of a (1, H, W) frame, contiguous (a real batch, not a view)."""
+    return frame.expand(bs, -1, -1).contiguous()
+
+
+def cuda_profile(dev, fn) -> None:
+    """The 12 CUDA kernels with the most time in one call of ``fn``."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    with prof(activities=[ProfilerActivity.CUDA]) as pr:
+        fn()
+        sync(dev)
+    say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+
+
 def part_speed(dev, threads: int, batches, sizes, dis: bool = True, big_batches: bool = False,
                profile: bool = False):
     import cv2
 
     say(f"\n## flow speed: torch on {dev.type} vs DIS on {threads} CPU threads (one flow per thread)")
     for (h, w) in sizes:
-        src, dst = frames_pair(h, w)
-        s1 = on_device(torch.from_numpy(src)[None], dev)
-        d1 = on_device(torch.from_numpy(dst)[None], dev)
+        src, dst, s1, d1 = device_pair(h, w, dev)
         for bs in batches:
-            s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+            s, d = batch_of(s1, bs), batch_of(d1, bs)
             try:
                 t = timed(lambda: torch_flow(s, d), dev, min_s=1.5, min_n=2)
             except torch.OutOfMemoryError:
@@ -220,27 +239,22 @@ def part_speed(dev, threads: int, batches, sizes, dis: bool = True, big_batches:
             say(f"{w}x{h} torch batch {bs:3d}: {bs / t:8.1f} flows/s  ({t * 1000 / bs:.2f} ms/flow, "
                 f"peak GPU {mem:.1f} GiB)")
         bs = batches[len(batches) // 2]
-        s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+        s, d = batch_of(s1, bs), batch_of(d1, bs)
         for name, kw in VARIANTS.items():
             t = timed(lambda kw=kw: torch_flow(s, d, **kw), dev, min_s=1.0, min_n=2)
             say(f"{w}x{h} torch {name} batch {bs:3d}: {bs / t:8.1f} flows/s")
         if dev.type == "cuda" and big_batches:
             for big in (1 << 26, 1 << 27):
                 gbs = max(1, big // (h * w))
-                sg, dg = s1.expand(gbs, -1, -1).contiguous(), d1.expand(gbs, -1, -1).contiguous()
+                sg, dg = batch_of(s1, gbs), batch_of(d1, gbs)
                 t = timed(lambda sg=sg, dg=dg, big=big: torch_flow(sg, dg, batch_pixels=big), dev,
                           min_s=1.0, min_n=2)
                 mem = torch.cuda.max_memory_allocated(dev) / 2**30
                 say(f"{w}x{h} torch eager batch {gbs:3d} (batch_pixels {big}): {gbs / t:8.1f} flows/s, "
                     f"peak GPU {mem:.1f} GiB")
         if profile and dev.type == "cuda":
-            from torch.profiler import ProfilerActivity, profile as prof
-
-            sg, dg = s1.expand(16, -1, -1).contiguous(), d1.expand(16, -1, -1).contiguous()
-            with prof(activities=[ProfilerActivity.CUDA]) as pr:
-                torch_flow(sg, dg)
-                sync(dev)
-            say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+            sg, dg = batch_of(s1, 16), batch_of(d1, 16)
+            cuda_profile(dev, lambda: torch_flow(sg, dg))
         ref = torch_flow(s[:2], d[:2])
         say(f"{w}x{h} torch batch-invariance: max |flow(batch 2) - flow(batch {bs})[:2]| = "
             f"{float((ref - torch_flow(s, d)[:2]).abs().max()):.1e} px")
@@ -346,11 +360,9 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
     say(f"\n## torch flow ({CONVENTION}): fused Triton path vs torch path, {dev.type}, triton {triton.__version__} "
         f"(fused default: {jacobi_per_launch()} Jacobi iteration(s) per launch)")
     for (h, w) in sizes:
-        src, dst = frames_pair(h, w)
-        s1 = on_device(torch.from_numpy(src)[None], dev)
-        d1 = on_device(torch.from_numpy(dst)[None], dev)
+        _, _, s1, d1 = device_pair(h, w, dev)
         for bs in batches:
-            s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+            s, d = batch_of(s1, bs), batch_of(d1, bs)
             rate = {}
             for fused in (False, True):
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -371,7 +383,7 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
                     say(f"{w}x{h} batch {bs:3d} fused, {k} Jacobi iterations per launch: {bs / t:8.1f} flows/s"
                         + (f" (x{bs / t / rate[False]:.2f} torch)" if False in rate else ""))
         bs = batches[-1]
-        s, d = s1.expand(bs, -1, -1).contiguous(), d1.expand(bs, -1, -1).contiguous()
+        s, d = batch_of(s1, bs), batch_of(d1, bs)
         ref, got = torch_flow(s[:2], d[:2], fused=False), torch_flow(s, d, fused=True)
         say(f"{w}x{h} max |flow fused - flow torch| = {float((got[:2] - ref).abs().max()):.1e} px; "
             f"batch invariance max |fused(batch 2) - fused(batch {bs})[:2]| = "
@@ -384,13 +396,8 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
                 f"{float((tiled - got[:2]).abs().max()):.1e} px")
         del s, d, ref, got
         if profile:
-            from torch.profiler import ProfilerActivity, profile as prof
-
-            sg, dg = s1.expand(16, -1, -1).contiguous(), d1.expand(16, -1, -1).contiguous()
-            with prof(activities=[ProfilerActivity.CUDA]) as pr:
-                torch_flow(sg, dg, fused=True)
-                sync(dev)
-            say(pr.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+            sg, dg = batch_of(s1, 16), batch_of(d1, 16)
+            cuda_profile(dev, lambda: torch_flow(sg, dg, fused=True))
         torch.cuda.empty_cache()
     sh, sw = syn_size
     say(f"\n## synthetic motion, {sw}x{sh} windows, end-point error in pixels: torch path vs fused path")

@@ -41,9 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _child_compare(args) -> dict:
     import evalkit.compare.pairing as P
 
-    if os.environ.get("BENCH_SWITCH"):      # experiment: the interpreter's GIL switch interval
-        sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))
-
     t0 = time.perf_counter()
     spans: dict = {"measure": [], "report": []}
     measure, write_report = P.LocalCompareSession.measure, P.write_report

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -107,6 +108,66 @@ def fast_paths(**enabled: bool):
         yield
     finally:
         _FAST.reset(token)
+
+
+class TritonFallback:
+    """One family of Triton kernels (one module entry point, e.g. the SSIM kernels or the fused
+    flow) that may not run on a user's machine, and the torch path that gives the same numbers.
+
+    ``load`` imports the entry point (an ``ImportError``: Triton is not installed here).
+    :meth:`kernel` is that entry point, or None where it does not import or has failed in this
+    process. :meth:`run` runs ``call()``; when it raises (not out of memory) it warns once,
+    naming the family, the error and that the torch path is used, remembers the failure
+    (:attr:`failed`, from then on :meth:`kernel` is None: callers take the torch path without a
+    warning) and returns ``fallback()``. A failure is what a kernel that does not compile on
+    this GPU or Triton build looks like (a ROCm card, an older driver). ``strict``: once
+    ``call`` has succeeded in this process, a later failure is a real error and is raised.
+    The switches (``EVALKIT_TRITON=0``, :func:`fast_paths`) are read by the callers, which only
+    ask for :meth:`kernel` when their path is on.
+    """
+
+    def __init__(self, family: str, load: Callable[[], Any], *, strict: bool = True):
+        self.family = family
+        self.strict = strict
+        self.load = load
+        self._fn: Any = None
+        self._loaded = False
+        #: ``"ErrorType: first line of the message"`` once the family failed here, else None
+        self.failed: str | None = None
+        #: whether a call has succeeded in this process
+        self.ran = False
+
+    def kernel(self) -> Any:
+        """The family's entry point, or None (Triton does not import here, or it failed)."""
+        if self.failed is not None:
+            return None
+        if not self._loaded:
+            try:
+                self._fn = self.load()
+            except ImportError:
+                self._fn = None
+            self._loaded = True
+        return self._fn
+
+    def run(self, call: Callable[[], Any], fallback: Callable[[], Any], *, stacklevel: int = 3) -> Any:
+        """``call()``, or ``fallback()`` after a warning when it fails (see the class)."""
+        try:
+            out = call()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- a kernel that cannot run here: the torch path
+            if self.strict and self.ran:
+                raise
+            if self.failed is not None:      # another call failed first and warned
+                return fallback()
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            self.failed = f"{type(e).__name__}: {first}"
+            warnings.warn(f"metrics: the Triton {self.family} failed on this machine ({self.failed}); "
+                          "using the torch path (EVALKIT_TRITON=0 silences this)", RuntimeWarning,
+                          stacklevel=stacklevel)
+            return fallback()
+        self.ran = True
+        return out
 
 
 def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:

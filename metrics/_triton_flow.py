@@ -38,6 +38,22 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
+def _pixel_index(total, H, W, BLOCK: tl.constexpr):
+    """This program's BLOCK pixels of a (N, H, W) batch: ``live`` (inside ``total``), the plane
+    size ``HW``, the image ``n``, the offset ``rem`` in its plane and the pixel (x, y). Lanes
+    past ``total`` read pixel 0 (their stores are masked by ``live``)."""
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = idx < total
+    idx = tl.where(live, idx, 0)
+    HW = H * W
+    n = idx // HW
+    rem = idx - n * HW
+    y = rem // W
+    x = rem - y * W
+    return live, HW, n, rem, y, x
+
+
+@triton.jit
 def _avg4_pair(pu, pv, x, y, H, W):
     """Mean of the four neighbours (replicate borders) of pixel (x, y) in two planes."""
     xl = tl.maximum(x - 1, 0)
@@ -99,14 +115,7 @@ def _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy):
 @triton.jit(do_not_specialize=["total", "H", "W"])
 def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy,
                      BLOCK: tl.constexpr):
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    HW = H * W
-    n = idx // HW
-    rem = idx - n * HW
-    y = rem // W
-    x = rem - y * W
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
     img = n * HW
     fimg = n * (2 * HW)
     wm1 = (W - 1).to(tl.float32)
@@ -172,14 +181,7 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
     coef channels: 1/(J11+a), 1/(J22+a), J12, cst_u, cst_v, with
     cst = (a (avg4(flow) - flow) - J13|J23) / (J11|J22 + a); d (first iterate) = cst.
     """
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    HW = H * W
-    n = idx // HW
-    rem = idx - n * HW
-    y = rem // W
-    x = rem - y * W
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
     src = n * (5 * HW) + x
     j11 = tl.zeros([BLOCK], dtype=tl.float32)
     j12 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -216,14 +218,7 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
 def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
                    FINAL: tl.constexpr, BLOCK: tl.constexpr):
     """d' = cst + a inv avg4(d) - J12 inv d_other (per component); FINAL: out = flow + d'."""
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    HW = H * W
-    n = idx // HW
-    rem = idx - n * HW
-    y = rem // W
-    x = rem - y * W
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
     f = n * (2 * HW)
     du = d_ptr + f
     dv = d_ptr + f + HW

@@ -22,12 +22,12 @@ Default conventions are those of the original authors, as recomputed on the cali
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 
-from ._common import LUMA_WEIGHTS, PEAK8, check_pair, fast_path, luma, precise, to_8bit_scale
+from ._common import (LUMA_WEIGHTS, PEAK8, TritonFallback, check_pair, fast_path, luma, precise,
+                      to_8bit_scale)
 from ._errors import MetricInputError
 
 # Constants of Wang et al. 2004, section III-C / ssim_index.m: K = [0.01 0.03], window
@@ -84,68 +84,44 @@ def _filter_valid(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return y.reshape(m, 1, h - k + 1, w - k + 1)
 
 
-_TRITON: dict[str, object] = {}
+def _load_ssim():
+    from ._triton_ssim import ssim_planes
+    return ssim_planes
 
 
-def _triton(name: str):
-    """The function ``name`` of the Triton module for it, or None where triton does not import."""
-    if name not in _TRITON:
-        try:
-            if name == "ssim_planes":
-                from ._triton_ssim import ssim_planes as fn
-            elif name == "luma_u8":
-                from ._triton_pixels import luma_u8 as fn
-            else:
-                from ._triton_pixels import mse_exactness_u8 as fn
-        except ImportError:
-            fn = None
-        _TRITON[name] = fn
-    return _TRITON[name]
+def _load_luma():
+    from ._triton_pixels import luma_u8
+    return luma_u8
 
 
-#: Triton paths that have run once on this machine (a later failure is a real error)
-_TRITON_OK: dict[str, bool] = {}
+def _load_pixels():
+    from ._triton_pixels import mse_exactness_u8
+    return mse_exactness_u8
 
 
-def _try_triton(name: str, call, fallback):
-    """``call()`` (a Triton path); if it fails before it ever succeeded here (the kernel does
-    not compile on this GPU or Triton build: a ROCm card, an older driver), warn once, turn that
-    path off for the process and return ``fallback()`` (today's torch code, the same numbers up
-    to float32 rounding)."""
-    try:
-        out = call()
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as e:
-        if _TRITON_OK.get(name):
-            raise
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"metrics: the Triton {name} kernel failed on this machine "
-                      f"({type(e).__name__}: {first}); using the torch path "
-                      "(EVALKIT_TRITON=0 silences this)", RuntimeWarning, stacklevel=3)
-        _TRITON[name] = None
-        return fallback()
-    _TRITON_OK[name] = True
-    return out
+#: The Triton kernel families of this module (each falls back to its torch code, once, with a
+#: warning, if it fails before it ever ran here: :class:`metrics._common.TritonFallback`).
+TRITON_SSIM = TritonFallback("SSIM kernels (ssim_planes)", _load_ssim)
+TRITON_LUMA = TritonFallback("luma kernel (luma_u8)", _load_luma)
+TRITON_PIXELS = TritonFallback("MSE/exactness kernel (mse_exactness_u8)", _load_pixels)
 
 
 def luma_kernel(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
     """:func:`metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
     Triton pass (the same float64 arithmetic and rounding: the same numbers) unless turned off."""
     if rounded and x.device.type == "cuda" and x.dtype == torch.uint8 and fast_path("triton_luma"):
-        fn = _triton("luma_u8")
+        fn = TRITON_LUMA.kernel()
         if fn is not None:
-            return _try_triton("luma_u8", lambda: fn(x, LUMA_WEIGHTS),
-                               lambda: luma(x, rounded=rounded))
+            return TRITON_LUMA.run(lambda: fn(x, LUMA_WEIGHTS), lambda: luma(x, rounded=rounded))
     return luma(x, rounded=rounded)
 
 
 def _planes_fn(device: torch.device):
     """SSIM of plane pairs: the Triton kernels on CUDA (unless turned off), else torch."""
     if device.type == "cuda" and fast_path("triton_ssim"):
-        fn = _triton("ssim_planes")
+        fn = TRITON_SSIM.kernel()
         if fn is not None:
-            return lambda *a: _try_triton("ssim_planes", lambda: fn(*a), lambda: _ssim_planes(*a))
+            return lambda *a: TRITON_SSIM.run(lambda: fn(*a), lambda: _ssim_planes(*a))
     return _ssim_planes
 
 
@@ -245,11 +221,10 @@ def mse_exactness_kernel(a, b) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     through one Triton pass (the same numbers exactly) unless it is turned off."""
     if (a.device.type == "cuda" and a.dtype == torch.uint8 and b.dtype == torch.uint8
             and fast_path("triton_pixels")):
-        fn = _triton("mse_exactness_u8")
+        fn = TRITON_PIXELS.kernel()
         if fn is not None:
             with precise():
-                return _try_triton("mse_exactness_u8", lambda: fn(a, b),
-                                   lambda: (mse_kernel(a, b), exactness_kernel(a, b)))
+                return TRITON_PIXELS.run(lambda: fn(a, b), lambda: (mse_kernel(a, b), exactness_kernel(a, b)))
     return mse_kernel(a, b), exactness_kernel(a, b)
 
 

@@ -46,7 +46,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ._common import precise
+from ._common import TritonFallback, precise
 
 #: Convention name recorded in reports; bump it whenever a change can move the flow.
 CONVENTION = "torch-clg-v1"
@@ -187,9 +187,16 @@ def _neigh(x: torch.Tensor) -> torch.Tensor:
     return (p[:, :, :-2, 1:-1] + p[:, :, 2:, 1:-1] + p[:, :, 1:-1, :-2] + p[:, :, 1:-1, 2:]) * 0.25
 
 
-#: Set (to the error) when the fused path, chosen by default, failed in this process (a Triton
-#: that cannot compile here): the default falls back to the torch path from then on.
-_FUSED_FAILED: list[str] = []
+def _load_fused():
+    from ._triton_flow import warp_step
+    return warp_step
+
+
+#: The fused kernels as a family with a torch fallback: if the default fused path fails in this
+#: process (a Triton that cannot compile here), :func:`torch_flow` warns once and the default is
+#: the torch path from then on. Not strict: a failure after a success falls back too (a new
+#: frame size compiles new kernels).
+TRITON_FUSED = TritonFallback("fused flow kernels (warp_step)", _load_fused, strict=False)
 
 
 def use_fused(device, fused: bool | None = None) -> bool:
@@ -202,14 +209,9 @@ def use_fused(device, fused: bool | None = None) -> bool:
     """
     if fused is not None:
         return bool(fused)
-    if (torch.device(device).type != "cuda" or os.environ.get("EVALKIT_TRITON", "1") == "0"
-            or _FUSED_FAILED):
+    if torch.device(device).type != "cuda" or os.environ.get("EVALKIT_TRITON", "1") == "0":
         return False
-    try:
-        from ._triton_flow import warp_step  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return TRITON_FUSED.kernel() is not None
 
 
 def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, window: float,
@@ -283,22 +285,17 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["war
     if fused:                                 # int32 indexing of (pairs, 5, H, W) in the kernels
         step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
-    try:
+
+    def compute() -> torch.Tensor:
         with precise():
             for i in range(0, n, step):
                 s = src[i:i + step].float() * (1.0 / 255)
                 d = dst[i:i + step].float() * (1.0 / 255)
                 out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- a default fused path that cannot run here: torch path
-        if not (auto and fused):
-            raise
-        import warnings
+        return out
 
-        _FUSED_FAILED.append(f"{type(e).__name__}: {e}")
-        warnings.warn(f"metrics.torchflow: the fused Triton path failed ({_FUSED_FAILED[0][:300]}); "
-                      "using the torch path (EVALKIT_TRITON=0 silences this)", RuntimeWarning, stacklevel=2)
-        return torch_flow(src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
-                          batch_pixels=batch_pixels, fused=False)
-    return out
+    if auto and fused:                        # the default fused path: torch if it cannot run here
+        return TRITON_FUSED.run(compute, lambda: torch_flow(
+            src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
+            batch_pixels=batch_pixels, fused=False))
+    return compute()

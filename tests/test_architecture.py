@@ -29,8 +29,9 @@ ALLOWED = {
     "evalkit.compare": CORE | {"evalkit.formats", "metrics"},
     # the Ray executor runs both flows' work on a cluster: it calls compare's measure_pair
     "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "evalkit.compare", "metrics"},
-    # the threshold protocol measures its amplified stimuli as compare measures a pair
-    "evalkit.study": CORE | {"metrics"},
+    # the threshold protocol measures its amplified stimuli as compare measures a pair; a
+    # report's run folders are read through evalkit.formats (their clips)
+    "evalkit.study": CORE | {"evalkit.formats", "metrics"},
     "evalkit.cli": None,           # the front door: any room (None = no limit)
     "evalkit.demo": None,
     "evalkit.testing": None,       # test support (fakes, tiny pipelines, a report, the server)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import metrics
-from metrics._common import fast_path, fast_paths
+from metrics._common import fast_path, fast_paths, precise
 from metrics.perceptual import conv_s2d, get_model, s2d_weight
 
 from conftest import ROOT
@@ -258,34 +259,75 @@ def lpips_ref_alex():
 
 def test_a_triton_path_that_fails_before_it_ever_ran_falls_back_once_with_a_warning():
     """A kernel that does not compile on a user's GPU (say ROCm) must not stop a compare: the
-    first failure warns, turns the path off and gives the torch result; once a path has run, a
-    later failure is a real error and is raised."""
-    import warnings
+    first failure warns, turns the family off and gives the torch result; once a path has run,
+    a later failure is a real error and is raised."""
+    from metrics._common import TritonFallback
 
+    calls = []
+
+    def broken():
+        calls.append("triton")
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_120\nmore")
+
+    fam = TritonFallback("SSIM kernels (ssim_planes)", lambda: "kernel")
+    assert fam.kernel() == "kernel" and fam.failed is None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fam.run(broken, lambda: "torch")
+        assert fam.run(broken, lambda: "torch again") == "torch again"   # a second caller: no warning
+    assert out == "torch" and calls == ["triton", "triton"]
+    assert fam.kernel() is None                                 # off for the process
+    [w] = seen
+    assert "ssim_planes" in str(w.message) and "sm_120" in str(w.message)
+    assert "torch path" in str(w.message) and "RuntimeError" in str(w.message)
+    assert "more" not in str(w.message)                         # one line
+    ok = TritonFallback("luma kernel (luma_u8)", lambda: "kernel")
+    assert ok.run(lambda: "ok", lambda: "torch") == "ok"
+    with pytest.raises(RuntimeError):                           # it ran before: a real error
+        ok.run(broken, lambda: "torch")
+    lenient = TritonFallback("fused flow kernels", lambda: "kernel", strict=False)
+    assert lenient.run(lambda: "ok", lambda: "torch") == "ok"
+    with pytest.warns(RuntimeWarning, match="fused flow kernels"):   # not strict: falls back
+        assert lenient.run(broken, lambda: "torch") == "torch"
+    assert TritonFallback("x", _no_triton).kernel() is None     # Triton not installed: torch
+
+
+def _no_triton():
+    raise ImportError("No module named 'triton'")
+
+
+@pytest.mark.parametrize("family", ["TRITON_SSIM", "TRITON_LUMA", "TRITON_PIXELS"])
+def test_each_fidelity_kernel_that_cannot_run_falls_back_to_the_same_torch_numbers(monkeypatch, family):
+    """The real kernels of metrics.fidelity on CPU tensors outside the interpreter: they cannot
+    launch, which is what a Triton that cannot compile on a user's GPU looks like. Through
+    fidelity's own families: one warning naming the kernel, then the torch path's numbers exactly,
+    and from then on no Triton and no warning."""
+    pytest.importorskip("triton")
     from metrics import fidelity
+    from metrics._common import LUMA_WEIGHTS, TritonFallback, luma
 
-    saved = dict(fidelity._TRITON), dict(fidelity._TRITON_OK)
-    try:
-        fidelity._TRITON["ssim_planes"] = object()
-        calls = []
-
-        def broken():
-            calls.append("triton")
-            raise RuntimeError("PTX .version 8.7 does not support .target sm_120\nmore")
-
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            out = fidelity._try_triton("ssim_planes", broken, lambda: "torch")
-        assert out == "torch" and calls == ["triton"]
-        assert fidelity._TRITON["ssim_planes"] is None          # off for the process
-        [w] = seen
-        assert "ssim_planes" in str(w.message) and "sm_120" in str(w.message)
-        assert "more" not in str(w.message)                      # one line
-        assert fidelity._try_triton("luma_u8", lambda: "ok", lambda: "torch") == "ok"
-        with pytest.raises(RuntimeError):                        # it ran before: a real error
-            fidelity._try_triton("luma_u8", broken, lambda: "torch")
-    finally:
-        fidelity._TRITON.clear()
-        fidelity._TRITON.update(saved[0])
-        fidelity._TRITON_OK.clear()
-        fidelity._TRITON_OK.update(saved[1])
+    old = getattr(fidelity, family)
+    fam = TritonFallback(old.family, old.load)              # fresh: nothing failed or ran yet
+    monkeypatch.setattr(fidelity, family, fam)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(0, 256, (2, 3, 24, 32), dtype=torch.uint8, generator=g)
+    b = torch.randint(0, 256, (2, 3, 24, 32), dtype=torch.uint8, generator=g)
+    fn = fam.kernel()
+    assert fn is not None
+    if family == "TRITON_SSIM":
+        x, y = luma(a), luma(b)
+        win = fidelity._gaussian_window(11, 1.5, "cpu")
+        c = ((0.01 * 255) ** 2, (0.03 * 255) ** 2)
+        args = (x, y, win, *c)
+        call, torch_path = (lambda: fn(*args)), (lambda: fidelity._ssim_planes(*args))
+    elif family == "TRITON_LUMA":
+        call, torch_path = (lambda: fn(a, LUMA_WEIGHTS)), (lambda: luma(a))
+    else:
+        call, torch_path = (lambda: fn(a, b)), (lambda: (fidelity.mse_kernel(a, b), fidelity.exactness_kernel(a, b)))
+    with precise():
+        with pytest.warns(RuntimeWarning, match=r"Triton .*\(" + fn.__name__ + r"\) failed .*torch path"):
+            got = fam.run(call, torch_path)
+        want = torch_path()
+    assert fam.failed and fam.kernel() is None
+    flat = lambda v: [v[0], *v[1].values()] if isinstance(v, tuple) else [v]  # noqa: E731
+    assert all(torch.equal(p, q) for p, q in zip(flat(got), flat(want), strict=True))

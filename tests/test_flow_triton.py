@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -99,18 +100,27 @@ def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
 def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeypatch):
     """No GPU here: the kernels cannot launch on CPU tensors outside the interpreter, which is
     what a Triton that cannot compile on a user's machine looks like to torch_flow."""
-    monkeypatch.setattr(torchflow, "_FUSED_FAILED", [])
+    from metrics._common import TritonFallback
+
+    fam = TritonFallback(torchflow.TRITON_FUSED.family, torchflow.TRITON_FUSED.load, strict=False)
+    monkeypatch.setattr(torchflow, "TRITON_FUSED", fam)      # fresh: nothing failed yet
     real = torchflow.use_fused
     monkeypatch.setattr(torchflow, "use_fused",
-                        lambda dev, fused=None: (not torchflow._FUSED_FAILED) if fused is None else real(dev, fused))
+                        lambda dev, fused=None: (fam.kernel() is not None) if fused is None else real(dev, fused))
     g = torch.Generator().manual_seed(0)
     src = (torch.rand((1, 40, 48), generator=g) * 255).round().to(torch.uint8)
     dst = torch.roll(src, 2, 2)
     want = torchflow.torch_flow(src, dst, fused=False)
-    with pytest.warns(RuntimeWarning, match="fused Triton path failed"):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         got = torchflow.torch_flow(src, dst)
+    [w] = seen                                           # one warning, naming the kernels and the error
+    assert w.category is RuntimeWarning
+    assert "fused flow kernels (warp_step) failed" in str(w.message) and "torch path" in str(w.message)
+    assert fam.failed and fam.failed.split(":")[0] in str(w.message)
     assert torch.equal(got, want)
-    assert torchflow._FUSED_FAILED                       # from now on the torch path, no warning
-    torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
+    with warnings.catch_warnings():                      # from now on the torch path, no warning
+        warnings.simplefilter("error")
+        torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
     with pytest.raises(Exception):                       # forced: the error is not hidden
         torchflow.torch_flow(src, dst, fused=True)

@@ -104,3 +104,32 @@ def test_unknown_schema_version_is_a_clear_error(tmp_path):
     (run.path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(SchemaVersionError, match="manifest.json: manifest schema_version 99"):
         RunDir.open(run.path)
+
+
+def test_clip_files_find_each_jobs_clip_through_the_manifest(tmp_path):
+    """Readers outside render (a study over a compare report) find a job's clip through the
+    run's manifest: a done job where its record says, any other where its format puts it."""
+    from evalkit.errors import InputFileError
+    from evalkit.formats.run import clip_files
+
+    suite, run = make_run(tmp_path)
+    done, pending = suite.jobs[0].id, suite.jobs[1].id
+    run.record_done(done, frames(), 24)
+    (run.path / "clips" / f"{done}.mkv").rename(run.path / "clips" / "moved.mkv")
+    m = json.loads((run.path / "manifest.json").read_text())
+    m["jobs"][0]["output"]["path"] = "clips/moved.mkv"      # the record wins over the layout
+    (run.path / "manifest.json").write_text(json.dumps(m))
+    find = clip_files(run.path)
+    assert find(done) == run.path / "clips" / "moved.mkv" == RunDir.open(run.path).clip_file(done)
+    assert find(pending) == run.path / "clips" / f"{pending}.mkv" == run.clip_path(pending)
+    assert find("not-a-job") == run.path / "clips" / "not-a-job.mkv"
+    # a folder of clips only: .mkv, or the .nut that is there
+    bare = tmp_path / "bare"
+    (bare / "clips").mkdir(parents=True)
+    (bare / "clips" / "b.nut").write_bytes(b"x")
+    assert clip_files(bare)("a") == bare / "clips" / "a.mkv"
+    assert clip_files(bare)("b") == bare / "clips" / "b.nut"
+    # a manifest that is not one is an error naming the file
+    (run.path / "manifest.json").write_text("{not json")
+    with pytest.raises(InputFileError, match="manifest.json: not valid JSON"):
+        clip_files(run.path)

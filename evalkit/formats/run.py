@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from pydantic import ValidationError
 
@@ -86,6 +86,22 @@ def read_manifest(path: Path) -> dict:
         field, problem = first_problem(e)
         raise InputFileError(path, f"field '{field}': {problem}" if field else problem) from None
     return doc
+
+
+def clip_files(path) -> Callable[[str], Path]:
+    """``job id -> its lossless clip`` in the run folder ``path``: :meth:`RunDir.clip_file` of
+    its manifest (checked as :func:`read_manifest` checks it). A folder without a manifest
+    (clips only): ``clips/<job>.mkv``, or another format's file where only that exists."""
+    from evalkit.lossless import LOSSLESS_FORMATS
+
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return RunDir.open(path).clip_file
+
+    def guess(job_id: str) -> Path:
+        paths = [path / "clips" / f"{job_id}{f.ext}" for f in LOSSLESS_FORMATS.values()]
+        return next((p for p in paths if p.is_file()), paths[0])
+    return guess
 
 
 class RunDir:
@@ -215,6 +231,14 @@ class RunDir:
         from evalkit.lossless import lossless_format
 
         return self.path / "clips" / f"{job_id}{lossless_format(self.lossless).ext}"
+
+    def clip_file(self, job_id: str) -> Path:
+        """Where a job's lossless clip is: a done job's own record (``output.path``), else where
+        it goes (:meth:`clip_path`; also for a job this run does not hold)."""
+        rec = self._index.get(job_id)
+        if rec is not None and rec.get("status") == "done" and rec.get("output"):
+            return self.path / rec["output"]["path"]
+        return self.clip_path(job_id)
 
     def preview_path(self, job_id: str) -> Path:
         return self.path / "preview" / f"{job_id}.mp4"

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
-from ..lossless import LOSSLESS_FORMATS, run_format
+from ..formats.run import clip_files
 from ..video import read_frames
 from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
@@ -34,29 +34,6 @@ def _resolve(p: str, report: Path) -> Path:
     if path.is_absolute() or path.exists():
         return path
     return (report / path) if (report / path).exists() else path
-
-
-def _clip_paths(run: Path):
-    """``job id -> its lossless clip`` for a run folder: where its manifest says (``output.path``
-    of a done job; else ``clips/<job>`` with the run's format's extension, ``.mkv`` for FFV1,
-    ``.nut`` for UT Video). A folder without a manifest (clips only): ``clips/<job>.mkv``, or
-    ``.nut`` where only that exists."""
-    manifest = run / "manifest.json"
-    if manifest.is_file():
-        try:
-            doc = json.loads(manifest.read_text())
-            ext = run_format(doc).ext
-            done = {j["id"]: run / j["output"]["path"] for j in doc["jobs"]
-                    if j.get("status") == "done" and j.get("output")}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise InputFileError(manifest, f"not a run manifest ({e.__class__.__name__}: "
-                                 f"{e})") from None
-        return lambda job: done.get(job, run / "clips" / f"{job}{ext}")
-
-    def guess(job: str) -> Path:
-        paths = [run / "clips" / f"{job}{f.ext}" for f in LOSSLESS_FORMATS.values()]
-        return next((p for p in paths if p.is_file()), paths[0])
-    return guess
 
 
 def read_report(report) -> dict:
@@ -89,7 +66,7 @@ def read_report(report) -> dict:
             for r in csv.DictReader(f):
                 rows[r["job"]] = r
     out = []
-    clip_a, clip_b = _clip_paths(run_a), _clip_paths(run_b)
+    clip_a, clip_b = clip_files(run_a), clip_files(run_b)
     for job in compared:
         r = rows.get(job, {})
         a, b = clip_a(job), clip_b(job)
