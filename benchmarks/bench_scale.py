@@ -85,12 +85,14 @@ def _child_compare(args) -> dict:
         PD.DecoderPool.close = close_and_measure
     except ImportError:
         pass
+    sampler = PssSampler()
     options = {"temporal": not args.no_temporal}
     if args.flow:
         options["flow"] = args.flow
     res = P.compare_runs(args.a, args.b, args.report, device=args.device, progress=False,
                          metric_options=options)
     total = time.perf_counter() - t0
+    sampler.stop()
     warm = sum(spans.get("warm", []))
     seconds = sum(s for s, _ in spans["measure"]) - warm
     pairs = sum(n for _, n in spans["measure"])
@@ -100,6 +102,8 @@ def _child_compare(args) -> dict:
            "report_s": round(report, 3), "total_s": round(total, 3), "warm_up_s": round(warm, 3),
            "peak_rss_gb": peak_rss_gb(),
            "lpips_mean": res.summary["aggregates"]["lpips"]["mean"]}
+    if sampler.peak:
+        out["peak_pss_gb"] = round(sampler.peak / 2**30, 2)
     if workers_hwm:
         out["decoders"] = len(workers_hwm)
         out["decoders_peak_rss_gb"] = round(sum(workers_hwm), 2)
@@ -164,6 +168,44 @@ def _child_study(args) -> dict:
             "peak_rss_gb": peak_rss_gb(),
             "media_files": len(list(media.glob("*.mp4"))),
             "media_mb": round(sum(p.stat().st_size for p in media.glob("*.mp4")) / 1e6, 1)}
+
+
+class PssSampler:
+    """The memory of this process and its children (decoder workers) together, sampled every
+    ``every`` s in a thread: the peak of the sum of their proportional set sizes (``Pss`` of
+    ``/proc/PID/smaps_rollup``: a shared page counts once in all, split between its users), in
+    bytes. 0 where /proc has no smaps_rollup."""
+
+    def __init__(self, every: float = 0.25):
+        import threading
+
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _pss(pid) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def _run(self, every: float) -> None:
+        me = os.getpid()
+        while not self._stop.wait(every):
+            try:
+                kids = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+            except OSError:
+                kids = []
+            self.peak = max(self.peak, self._pss(me) + sum(self._pss(k) for k in kids))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def peak_rss_gb(pid: int | str = "self") -> float:
@@ -308,6 +350,8 @@ def _line(name: str, r: dict) -> str:
     extra = f", GPU {r['peak_gpu_gb']} GB" if "peak_gpu_gb" in r else ""
     if "decoders" in r:
         extra += f", {r['decoders']} decoder processes {r['decoders_peak_rss_gb']} GB in all"
+    if "peak_pss_gb" in r:
+        extra += f"; all processes together (PSS, sampled) {r['peak_pss_gb']} GB"
     return (f"  {name:<34} {r['pairs']:>5} pairs in {r['measure_s']:>7.2f} s = "
             f"{r['pairs_per_s']:>6.1f} pairs/s | start-up {r['startup_s']:.2f} s"
             f"{' (warm-up %.2f s)' % r['warm_up_s'] if r.get('warm_up_s') else ''}, report "
