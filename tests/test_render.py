@@ -320,3 +320,79 @@ def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(
         assert "broken.mkv" in str(e.value)
     finally:
         sources.close()
+
+
+# -- what runs between two pipeline calls (issue #16: the GPU never waits for the harness) ----
+
+def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, monkeypatch):
+    """A new run starts decoding its first job's source before its manifest is written (the
+    set-up overlaps the decode); a resumed run starts with its first pending job's source,
+    not a done job's."""
+    from evalkit.render import driver
+
+    out, seen = tmp_path / "o", []
+    real = driver.SourceCache.prefetch
+
+    def prefetch(self, clip_id):
+        seen.append((clip_id, (out / "cpu" / "manifest.json").exists()))
+        return real(self, clip_id)
+
+    monkeypatch.setattr(driver.SourceCache, "prefetch", prefetch)
+    kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
+    [s] = render_suite(SMOKE, ["cpu"], out, **kw)
+    assert (s.done, s.path) == (2, out / "cpu")
+    assert seen[0] == ("astronaut_pan", False)
+    run = RunDir.open(s.path)
+    (s.path / run.job(run.jobs[1]["id"])["output"]["path"]).unlink()   # the second job redone
+    seen.clear()
+    [again] = render_suite(SMOKE, ["cpu"], out, **kw)
+    assert (again.done, again.skipped) == (1, 1)
+    assert seen == [("hubble_object", True)]
+
+
+def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tmp_path,
+                                                                             monkeypatch):
+    """Linux: the threads that encode the clips have a nice value WRITER_NICENESS above the
+    rendering thread's (which keeps its own), so the pipeline's thread gets a core first."""
+    import threading
+
+    from evalkit.render import driver
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base, seen = nice(), []
+    real = driver._write_clip
+
+    def write_clip(*args):
+        seen.append(nice())
+        return real(*args)
+
+    monkeypatch.setattr(driver, "_write_clip", write_clip)
+    [s] = render_suite(SMOKE, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
+                       progress=False)
+    assert s.done == 2 and nice() == base
+    lowered = min(19, base + driver.WRITER_NICENESS) if sys.platform.startswith("linux") else base
+    assert seen == [lowered, lowered]
+    run = RunDir.open(s.path)
+    for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
+        assert rec["output"]["sha256"] == sha256_file(s.path / rec["output"]["path"])
+
+
+def test_progress_reuses_one_job_bar():
+    from evalkit.render.driver import Progress
+
+    p = Progress(2, enabled=True)
+    try:
+        p.start_job("first job")(3, 12)
+        bar = p.job_bar
+        assert (bar.n, bar.total) == (3, 12)
+        p.end_job(True)
+        update = p.start_job("second job")
+        assert p.job_bar is bar and (bar.n, bar.total, bar.desc) == (0, 1, "second job")
+        update(1, 4)
+        p.end_job(False)
+        assert (bar.n, bar.total, p.overall.n) == (1, 4, 2)
+    finally:
+        p.close()
+    assert p.job_bar is None
