@@ -352,31 +352,65 @@ def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, m
 
 def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tmp_path,
                                                                              monkeypatch):
-    """Linux: the threads that encode the clips have a nice value WRITER_NICENESS above the
-    rendering thread's (which keeps its own), so the pipeline's thread gets a core first."""
+    """Linux: the threads that encode the clips (and the parts of a clip, encoded at once with
+    many cores: forced here) have a nice value WRITER_NICENESS above the rendering thread's,
+    which keeps its own, so the pipeline's thread gets a core first."""
     import threading
 
-    from evalkit.render import driver
+    from evalkit.render import clipwriter, driver
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    base, seen = nice(), []
-    real = driver._write_clip
+    base, clips, parts = nice(), [], []
+    write, part_packets = driver.ClipWriter.write, clipwriter._part_packets
 
-    def write_clip(*args):
-        seen.append(nice())
-        return real(*args)
+    def write_clip(self, *args):
+        clips.append(nice())
+        return write(self, *args)
 
-    monkeypatch.setattr(driver, "_write_clip", write_clip)
+    def part(*args):
+        parts.append(nice())
+        return part_packets(*args)
+
+    monkeypatch.setattr(driver.ClipWriter, "write", write_clip)
+    monkeypatch.setattr(clipwriter, "_part_packets", part)
+    monkeypatch.setattr(driver, "clip_parts", lambda: 2)
     [s] = render_suite(SMOKE, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
                        progress=False)
     assert s.done == 2 and nice() == base
     lowered = min(19, base + driver.WRITER_NICENESS) if sys.platform.startswith("linux") else base
-    assert seen == [lowered, lowered]
+    assert clips == [lowered] * 2 and parts == [lowered] * 4    # 8 frames: 2 parts a clip
     run = RunDir.open(s.path)
     for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
         assert rec["output"]["sha256"] == sha256_file(s.path / rec["output"]["path"])
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "utvideo"])
+def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_path):
+    """clipwriter: parts encoded at once, muxed in order, give write_lossless's bytes (odd
+    sizes, an NTSC rate, uneven parts; a part too small falls back to one encoder)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from fractions import Fraction
+
+    from evalkit.lossless import lossless_format
+    from evalkit.render.clipwriter import split_points, write_lossless_parts
+
+    ext = lossless_format(codec).ext
+    frames = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
+    frames = np.concatenate([frames, frames[::-1, ::-1]])[:13, :63, :61]    # 13 frames, 61x63
+    assert split_points(13, 3) == [(0, 4), (4, 9), (9, 13)]
+    assert split_points(13, 4) == [(0, 4), (4, 9), (9, 13)] and split_points(5, 3) == [(0, 5)]
+    with ThreadPoolExecutor(3) as pool:
+        for fps in (24, Fraction(30000, 1001)):
+            one, parts = tmp_path / f"one{ext}", tmp_path / f"parts{ext}"
+            video.write_lossless(one, frames, fps, codec=codec)
+            assert write_lossless_parts(parts, frames, fps, codec=codec, pool=pool, parts=3) == 13
+            assert parts.read_bytes() == one.read_bytes()
+            assert np.array_equal(video.read_frames(parts)[0], frames)
+        with pytest.raises(ValueError, match="clips are"):
+            write_lossless_parts(tmp_path / "x.mp4", frames, 24, codec=codec, pool=pool, parts=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([one.name, parts.name])
 
 
 def test_progress_reuses_one_job_bar():

@@ -486,10 +486,13 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
     # Their threads run at a lower CPU priority than this one (WRITER_NICENESS): the thread that
     # feeds the pipeline gets a core first, so the writers never hold a GPU up.
+    nice = thread_nice()
     encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
-                                  initializer=lower_thread_priority)
+                                  initializer=lower_thread_priority, initargs=(nice,))
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer",
-                                  initializer=lower_thread_priority)
+                                  initializer=lower_thread_priority, initargs=(nice,))
+    # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
+    writer = ClipWriter(clip_parts(), nice)
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
@@ -497,7 +500,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             st = state[id(task)]
             while len(pending) >= WRITE_AHEAD:
                 pending.popleft().result()
-            files = _encode(encoders, st["run"], result)
+            files = _encode(encoders, st["run"], result, writer)
             pending.append(recorder.submit(_record, st, result, seed_offset, files))
         while pending:
             pending.popleft().result()
@@ -506,6 +509,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             f.cancel()
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
+        writer.close()
         for st in state.values():  # results whose manifest save was deferred
             if st["dirty"]:
                 st["run"].save()
@@ -531,20 +535,33 @@ WRITE_AHEAD = 2
 WRITER_NICENESS = 5
 
 
-def lower_thread_priority(increment: int | None = None) -> None:
-    """Lower the calling thread's CPU priority by ``increment`` (default
-    :data:`WRITER_NICENESS`; Linux only, elsewhere nothing: ``setpriority`` would name the
-    whole process). Never raises: a priority is a preference."""
+def thread_nice() -> int | None:
+    """The calling thread's nice value (Linux; None elsewhere)."""
     import sys
     import threading
 
     if not sys.platform.startswith("linux"):
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    return None
+
+
+def lower_thread_priority(base: int | None, increment: int | None = None) -> None:
+    """Give the calling thread the nice value ``base + increment`` (``base``: the rendering
+    thread's, :func:`thread_nice`; ``increment``: :data:`WRITER_NICENESS`), unless it is lower
+    already: a pool's thread inherits the nice value of the thread that started it, which may
+    be lowered itself. Linux only (elsewhere ``setpriority`` would name the whole process);
+    never raises: a priority is a preference."""
+    import threading
+
+    if base is None:
         return
-    increment = WRITER_NICENESS if increment is None else increment
+    target = min(19, base + (WRITER_NICENESS if increment is None else increment))
     with contextlib.suppress(OSError, AttributeError):
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid)
-                                                 + increment))
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
 
 
 def encoder_threads() -> int:
@@ -553,25 +570,62 @@ def encoder_threads() -> int:
     return max(2, min(2 * WRITE_AHEAD, os.cpu_count() or 1))
 
 
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult) -> list[Future]:
+def clip_parts() -> int:
+    """Parts a local render encodes each lossless clip in at once: one per 4 usable cores
+    (FFV1 level 3 has 4 slices, each on its own thread), at most :data:`MAX_CLIP_PARTS`; 1
+    (one encoder, :func:`evalkit.video.write_lossless`) below 8 cores."""
+    from evalkit.video import usable_cores
+
+    return max(1, min(MAX_CLIP_PARTS, usable_cores() // 4))
+
+
+#: the most parts a lossless clip is encoded in at once (:func:`clip_parts`)
+MAX_CLIP_PARTS = 4
+
+
+class ClipWriter:
+    """Writes lossless clips, in ``parts`` at once on a pool of its own when ``parts`` > 1
+    (:mod:`evalkit.render.clipwriter`); its threads run at the writers' lower priority
+    (``nice``: the rendering thread's nice value, :func:`thread_nice`)."""
+
+    def __init__(self, parts: int, nice: int | None = None):
+        self.parts = max(1, int(parts))
+        self.pool = None
+        if self.parts > 1:
+            self.pool = ThreadPoolExecutor(max_workers=self.parts * WRITE_AHEAD,
+                                           thread_name_prefix="evalkit-encode-part",
+                                           initializer=lower_thread_priority, initargs=(nice,))
+
+    def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
+        """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
+        the browser copy's encoding, not after it on the recorder)."""
+        from evalkit.fsutil import sha256_file
+        from evalkit.render.clipwriter import write_lossless_parts
+        from evalkit.video import usable_cores, write_lossless
+
+        if self.pool is None:
+            write_lossless(path, frames, fps, codec=codec)
+        else:
+            write_lossless_parts(path, frames, fps, codec=codec, pool=self.pool,
+                                 parts=self.parts, threads=max(1, usable_cores() // self.parts))
+        return sha256_file(path)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
+            writer: ClipWriter) -> list[Future]:
     """Start writing a rendered job's lossless clip and browser copy (atomic files)."""
     from evalkit.video import write_browser
 
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    return [pool.submit(_write_clip, run.clip_path(jid), result.frames, result.fps, run.lossless),
+    return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
+                        run.lossless),
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
-
-
-def _write_clip(path: Path, frames: np.ndarray, fps, codec: str) -> str:
-    """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside the
-    browser copy's encoding, not after it on the recorder)."""
-    from evalkit.fsutil import sha256_file
-    from evalkit.video import write_lossless
-
-    write_lossless(path, frames, fps, codec=codec)
-    return sha256_file(path)
 
 
 def _write_error(files: list[Future]) -> str | None:
@@ -586,7 +640,8 @@ def _write_error(files: list[Future]) -> str | None:
 
 
 def _clip_sha256(files: list[Future]) -> str | None:
-    """The lossless clip's sha256 from its writer (:func:`_write_clip`; None: none written)."""
+    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`; None: none
+    written)."""
     return files[0].result() if files else None
 
 
