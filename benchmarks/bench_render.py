@@ -130,26 +130,49 @@ def main() -> int:
                 check_output(out, frames, renderer)
         return time.perf_counter() - t0, own
 
-    def harness() -> float:
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            [summary] = render_suite(a.suite, [a.backend], tmp, renderer=renderer, jobs=a.jobs,
-                                     executor=LoadedOnce(), progress=not a.no_progress,
-                                     lossless=a.lossless)
-            elapsed = time.perf_counter() - t0
-            if summary.failed:
-                raise SystemExit(f"harness run failed: {summary.failures}")
-            return elapsed
+    calls: list[tuple[float, float]] = []      # the harness's pipeline calls: (start, end)
+    render = renderer.render
+
+    def timed_render(request):
+        t = time.perf_counter()
+        try:
+            return render(request)
+        finally:
+            calls.append((t, time.perf_counter()))
+
+    def harness() -> tuple[float, dict]:
+        """(wall time, where the time outside the pipeline calls went)"""
+        calls.clear()
+        renderer.render = timed_render
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                [summary] = render_suite(a.suite, [a.backend], tmp, renderer=renderer,
+                                         jobs=a.jobs, executor=LoadedOnce(),
+                                         progress=not a.no_progress, lossless=a.lossless)
+                elapsed = time.perf_counter() - t0
+        finally:
+            del renderer.render
+        if summary.failed:
+            raise SystemExit(f"harness run failed: {summary.failures}")
+        gaps = [b[0] - a_[1] for a_, b in zip(calls, calls[1:])]
+        return elapsed, {"calls": sum(e - b for b, e in calls), "head": calls[0][0] - t0,
+                         "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
+                         "tail": t0 + elapsed - calls[-1][1]}
 
     direct()  # warm-up (first-call allocations, kernels)
-    d, own, h = [], [], []
+    d, own, h, parts = [], [], [], []
     for i in range(a.repeats):
         wall, pipe = direct()
         d.append(wall)
         own.append(pipe)
-        h.append(harness())
+        wall, where = harness()
+        h.append(wall)
+        parts.append(where)
         print(f"repeat {i + 1}: direct {d[-1]:.3f} s (pipeline {own[-1]:.3f} s)  harness "
-              f"{h[-1]:.3f} s", file=sys.stderr)
+              f"{h[-1]:.3f} s (pipeline {where['calls']:.3f}, before the first call "
+              f"{where['head']:.3f}, between calls {where['gaps']:.3f} (at most "
+              f"{where['max_gap']:.3f}), after the last {where['tail']:.3f})", file=sys.stderr)
     md, mo, mh = statistics.median(d), statistics.median(own), statistics.median(h)
     n = len(jobs)
     print(f"suite {suite.name}, {n} jobs, backend {spec.spec}, renderer {renderer_name}, "
@@ -161,6 +184,11 @@ def main() -> int:
     print(f"harness overhead      : {100 * (mh - md) / md:+.2f}% of the direct loop's wall time "
           f"(ratio {mh / md:.4f}); {mh - mo:+.3f} s = {100 * (mh - mo) / mo:+.2f}% of the "
           f"pipeline's own time ({(mh - mo) / n:+.4f} s/job)")
+    med = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    print(f"harness's time, median: pipeline calls {med['calls']:.3f} s, before the first call "
+          f"{med['head']:.3f} s (set-up and the first source), between calls {med['gaps']:.3f} s "
+          f"(at most {med['max_gap']:.3f} s), after the last call {med['tail']:.3f} s (its "
+          "clip, preview and manifest)")
     return 0
 
 
