@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: denoising steps of the fake pipeline (the canary suite's ``steps``)
@@ -189,7 +191,49 @@ def main() -> int:
           f"{med['head']:.3f} s (set-up and the first source), between calls {med['gaps']:.3f} s "
           f"(at most {med['max_gap']:.3f} s), after the last call {med['tail']:.3f} s (its "
           "clip, preview and manifest)")
+    writes(suite, jobs)
     return 0
+
+
+def writes(suite, jobs) -> None:
+    """What the last job's writing costs alone (nothing else running): its lossless clip by one
+    encoder and (this evalkit has it) in parts at once, and its browser copy; median of 5."""
+    import concurrent.futures
+
+    from evalkit.render.driver import SourceCache
+    from evalkit.video import write_browser, write_lossless
+
+    try:
+        from evalkit.render.clipwriter import write_lossless_parts
+        from evalkit.render.driver import clip_parts
+    except ImportError:
+        write_lossless_parts = None
+    sources = SourceCache(suite)
+    frames, fps, _ = sources.get(jobs[-1].clip)
+    frames = np.ascontiguousarray(frames[:, ::-1])
+    sources.close()
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for codec, ext in (("ffv1", ".mkv"), ("utvideo", ".nut")):
+            one = best(lambda: write_lossless(f"{tmp}/c{ext}", frames, fps, codec=codec))
+            line = f"the last job's {codec} clip alone: one encoder {one:.3f} s"
+            if write_lossless_parts is not None and clip_parts() > 1:
+                n = clip_parts()
+                with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                    at_once = best(lambda: write_lossless_parts(f"{tmp}/p{ext}", frames, fps,
+                                                                codec=codec, pool=pool, parts=n))
+                line += f", {n} parts at once {at_once:.3f} s"
+            print(line)
+        print(f"the last job's browser copy alone: "
+              f"{best(lambda: write_browser(f'{tmp}/b.mp4', frames, fps)):.3f} s")
 
 
 if __name__ == "__main__":
