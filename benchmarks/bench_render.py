@@ -24,7 +24,8 @@ target, at most 10%).
 upside down, so the harness's own cost around a GIL-free pipeline shows on a CPU-only machine.
 ``--fake-python SECONDS`` adds that much pure-Python work per job, spread over 12 steps between
 the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer threads that want
-it slow the pipeline down, as they would on a GPU).
+it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
+run where evalkit tells them apart (``driver.writer_niceness``: its writers' CPU priority).
 """
 from __future__ import annotations
 
@@ -101,6 +102,10 @@ def main() -> int:
     spec = parse_spec(a.backend)
     if a.fake_gpu is not None:
         renderer = fake_gpu_renderer(a.fake_gpu, a.fake_python)
+        import evalkit.render.driver as driver
+
+        if hasattr(driver, "writer_niceness"):     # the writers' priority of a GPU render
+            driver.writer_niceness = lambda tasks: driver.WRITER_NICENESS
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)

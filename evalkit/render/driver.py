@@ -484,15 +484,16 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # copy are encoded side by side in a pool of encoder threads (PyAV lets go of the GIL), and
     # one recorder thread marks the jobs done in the manifest in the order they came, each once
     # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
-    # Their threads run at a lower CPU priority than this one (WRITER_NICENESS): the thread that
-    # feeds the pipeline gets a core first, so the writers never hold a GPU up.
-    nice = thread_nice()
+    # With a GPU their threads run at a lower CPU priority than this one (writer_niceness): the
+    # thread that feeds the pipeline gets a core first, so the writers never hold a GPU up.
+    increment = writer_niceness([task for task, _ in runs])
+    nice = thread_nice() if increment else None
     encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
-                                  initializer=lower_thread_priority, initargs=(nice,))
+                                  initializer=lower_thread_priority, initargs=(nice, increment))
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer",
-                                  initializer=lower_thread_priority, initargs=(nice,))
+                                  initializer=lower_thread_priority, initargs=(nice, increment))
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ClipWriter(clip_parts(), nice)
+    writer = ClipWriter(clip_parts(), nice, increment)
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
@@ -530,9 +531,19 @@ WRITE_AHEAD = 2
 
 
 #: how much lower (a nice increment) the CPU priority of a local render's encoder and recorder
-#: threads is than the rendering thread's (Linux: priorities are per thread, and the threads
-#: FFmpeg and x264 start inherit their creator's)
+#: threads is than the rendering thread's when a GPU renders (Linux: priorities are per thread,
+#: and the threads FFmpeg and x264 start inherit their creator's)
 WRITER_NICENESS = 5
+
+
+def writer_niceness(tasks: list[BackendTask]) -> int:
+    """The writer threads' nice increment for a local render of ``tasks``:
+    :data:`WRITER_NICENESS` when one renders on a device other than the CPU (its thread only
+    feeds the device: it must get a core at once, and the CPU has time to spare), else 0 (on
+    the CPU the pipeline and the writers share the cores; lower-priority writers would only
+    fall behind, and lose to other programs)."""
+    on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
+    return WRITER_NICENESS if on_device else 0
 
 
 def thread_nice() -> int | None:
@@ -585,16 +596,18 @@ MAX_CLIP_PARTS = 4
 
 class ClipWriter:
     """Writes lossless clips, in ``parts`` at once on a pool of its own when ``parts`` > 1
-    (:mod:`evalkit.render.clipwriter`); its threads run at the writers' lower priority
-    (``nice``: the rendering thread's nice value, :func:`thread_nice`)."""
+    (:mod:`evalkit.render.clipwriter`); its threads run at the writers' priority (``nice``: the
+    rendering thread's nice value, :func:`thread_nice`, None: unchanged; ``increment``: see
+    :func:`lower_thread_priority`)."""
 
-    def __init__(self, parts: int, nice: int | None = None):
+    def __init__(self, parts: int, nice: int | None = None, increment: int | None = None):
         self.parts = max(1, int(parts))
         self.pool = None
         if self.parts > 1:
             self.pool = ThreadPoolExecutor(max_workers=self.parts * WRITE_AHEAD,
                                            thread_name_prefix="evalkit-encode-part",
-                                           initializer=lower_thread_priority, initargs=(nice,))
+                                           initializer=lower_thread_priority,
+                                           initargs=(nice, increment))
 
     def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
         """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
