@@ -82,6 +82,9 @@ def main() -> int:
     p.add_argument("--fake-python", type=float, default=0.0, metavar="SECONDS",
                    help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps")
     p.add_argument("--no-progress", action="store_true", help="harness without progress bars")
+    p.add_argument("--writer-niceness", type=int, default=None, metavar="N",
+                   help="the nice increment of the writer threads of a GPU render "
+                        "(driver.WRITER_NICENESS, where this evalkit has it; default: its own)")
     a = p.parse_args()
 
     import torch
@@ -100,15 +103,18 @@ def main() -> int:
     suite = load_suite(a.suite)
     jobs = select_jobs(suite, a.jobs)
     spec = parse_spec(a.backend)
+    import evalkit.render.driver as driver
+
     if a.fake_gpu is not None:
         renderer = fake_gpu_renderer(a.fake_gpu, a.fake_python)
-        import evalkit.render.driver as driver
-
         if hasattr(driver, "writer_niceness"):     # the writers' priority of a GPU render
             driver.writer_niceness = lambda tasks: driver.WRITER_NICENESS
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)
+    if a.writer_niceness is not None and hasattr(driver, "WRITER_NICENESS"):
+        driver.WRITER_NICENESS = a.writer_niceness
+        renderer_name += f", writers' nice +{a.writer_niceness}"
 
     class LoadedOnce(LocalExecutor):
         """The harness's executor, reusing the pipeline loaded for the direct runs."""
