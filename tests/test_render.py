@@ -352,10 +352,10 @@ def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, m
 
 def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tmp_path,
                                                                              monkeypatch):
-    """Linux, a GPU render (writer_niceness forced: no GPU here): the threads that encode the
-    clips (and the parts of a clip, encoded at once with many cores: forced too) have a nice
-    value WRITER_NICENESS above the rendering thread's, which keeps its own, so the pipeline's
-    thread gets a core first. A CPU render leaves them as they are."""
+    """Linux, a GPU render with WRITER_NICENESS 3 (writer_niceness forced: no GPU here): the
+    threads that encode the clips (and the parts of a clip, encoded at once with many cores:
+    forced too) have a nice value 3 above the rendering thread's, which keeps its own, so the
+    pipeline's thread gets a core first. A CPU render leaves them as they are."""
     import threading
 
     from evalkit.render import clipwriter, driver
@@ -382,10 +382,10 @@ def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tm
     assert s.done == 2 and clips == [base] * 2 and parts == [base] * 4    # 8 frames: 2 parts
     clips.clear()
     parts.clear()
-    monkeypatch.setattr(driver, "writer_niceness", lambda tasks: driver.WRITER_NICENESS)
+    monkeypatch.setattr(driver, "writer_niceness", lambda tasks: 3)
     [s] = render_suite(SMOKE, ["cpu"], tmp_path / "o", **kw)
     assert s.done == 2 and nice() == base
-    lowered = min(19, base + driver.WRITER_NICENESS) if sys.platform.startswith("linux") else base
+    lowered = min(19, base + 3) if sys.platform.startswith("linux") else base
     assert clips == [lowered] * 2 and parts == [lowered] * 4
     run = RunDir.open(s.path)
     for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
@@ -419,9 +419,12 @@ def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([one.name, parts.name])
 
 
-def test_writers_are_lowered_only_when_a_device_renders():
+def test_writers_are_lowered_only_when_a_device_renders(monkeypatch):
+    from evalkit.render import driver
     from evalkit.render.backend import parse_spec
-    from evalkit.render.driver import WRITER_NICENESS, BackendTask, writer_niceness
+    from evalkit.render.driver import BackendTask, writer_niceness
+
+    monkeypatch.setattr(driver, "WRITER_NICENESS", 5)
 
     job = load_suite(SMOKE).jobs[0]
 
@@ -429,8 +432,8 @@ def test_writers_are_lowered_only_when_a_device_renders():
         return BackendTask(parse_spec(spec), list(jobs), apply=apply)
 
     assert writer_niceness([task("cpu"), task("cpu,dtype=bf16")]) == 0
-    assert writer_niceness([task("cpu"), task("cuda:1,dtype=bf16")]) == WRITER_NICENESS
-    assert writer_niceness([task("mps")]) == WRITER_NICENESS
+    assert writer_niceness([task("cpu"), task("cuda:1,dtype=bf16")]) == 5
+    assert writer_niceness([task("mps")]) == 5
     assert writer_niceness([task("cuda", jobs=())]) == 0            # nothing left to render
     assert writer_niceness([task("cuda", apply=False)]) == 0        # adopted: nothing renders
 

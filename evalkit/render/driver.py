@@ -484,8 +484,8 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # copy are encoded side by side in a pool of encoder threads (PyAV lets go of the GIL), and
     # one recorder thread marks the jobs done in the manifest in the order they came, each once
     # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
-    # With a GPU their threads run at a lower CPU priority than this one (writer_niceness): the
-    # thread that feeds the pipeline gets a core first, so the writers never hold a GPU up.
+    # With a GPU their threads may run at a lower CPU priority than this one (writer_niceness):
+    # the thread that feeds the pipeline gets a core first.
     increment = writer_niceness([task for task, _ in runs])
     nice = thread_nice() if increment else None
     encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
@@ -532,8 +532,12 @@ WRITE_AHEAD = 2
 
 #: how much lower (a nice increment) the CPU priority of a local render's encoder and recorder
 #: threads is than the rendering thread's when a GPU renders (Linux: priorities are per thread,
-#: and the threads FFmpeg and x264 start inherit their creator's)
-WRITER_NICENESS = 5
+#: and the threads FFmpeg and x264 start inherit their creator's). 0 (off) until measured on a
+#: GPU: on the shared 2-core CPU, +5 lost 0.6-1.5 s a run whenever decoding and encoding
+#: saturate the cores (the writers fall behind, and behind other programs) and its gain with a
+#: busy pipeline thread was within noise (benchmarks/results/render_harness_cpu2_s8.txt);
+#: ``bench_render.py --writer-niceness 5`` measures it.
+WRITER_NICENESS = 0
 
 
 def writer_niceness(tasks: list[BackendTask]) -> int:
