@@ -320,3 +320,138 @@ def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(
         assert "broken.mkv" in str(e.value)
     finally:
         sources.close()
+
+
+# -- what runs between two pipeline calls (issue #16: the GPU never waits for the harness) ----
+
+def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, monkeypatch):
+    """A new run starts decoding its first job's source before its manifest is written (the
+    set-up overlaps the decode); a resumed run starts with its first pending job's source,
+    not a done job's."""
+    from evalkit.render import driver
+
+    out, seen = tmp_path / "o", []
+    real = driver.SourceCache.prefetch
+
+    def prefetch(self, clip_id):
+        seen.append((clip_id, (out / "cpu" / "manifest.json").exists()))
+        return real(self, clip_id)
+
+    monkeypatch.setattr(driver.SourceCache, "prefetch", prefetch)
+    kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
+    [s] = render_suite(SMOKE, ["cpu"], out, **kw)
+    assert (s.done, s.path) == (2, out / "cpu")
+    assert seen[0] == ("astronaut_pan", False)
+    run = RunDir.open(s.path)
+    (s.path / run.job(run.jobs[1]["id"])["output"]["path"]).unlink()   # the second job redone
+    seen.clear()
+    [again] = render_suite(SMOKE, ["cpu"], out, **kw)
+    assert (again.done, again.skipped) == (1, 1)
+    assert seen == [("hubble_object", True)]
+
+
+def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tmp_path,
+                                                                             monkeypatch):
+    """Linux, a GPU render with WRITER_NICENESS 3 (writer_niceness forced: no GPU here): the
+    threads that encode the clips (and the parts of a clip, encoded at once with many cores:
+    forced too) have a nice value 3 above the rendering thread's, which keeps its own, so the
+    pipeline's thread gets a core first. A CPU render leaves them as they are."""
+    import threading
+
+    from evalkit.render import clipwriter, driver
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base, clips, parts = nice(), [], []
+    write, part_packets = driver.ClipWriter.write, clipwriter._part_packets
+
+    def write_clip(self, *args):
+        clips.append(nice())
+        return write(self, *args)
+
+    def part(*args):
+        parts.append(nice())
+        return part_packets(*args)
+
+    monkeypatch.setattr(driver.ClipWriter, "write", write_clip)
+    monkeypatch.setattr(clipwriter, "_part_packets", part)
+    monkeypatch.setattr(driver, "clip_parts", lambda: 2)
+    kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
+    [s] = render_suite(SMOKE, ["cpu"], tmp_path / "cpu", **kw)
+    assert s.done == 2 and clips == [base] * 2 and parts == [base] * 4    # 8 frames: 2 parts
+    clips.clear()
+    parts.clear()
+    monkeypatch.setattr(driver, "writer_niceness", lambda tasks: 3)
+    [s] = render_suite(SMOKE, ["cpu"], tmp_path / "o", **kw)
+    assert s.done == 2 and nice() == base
+    lowered = min(19, base + 3) if sys.platform.startswith("linux") else base
+    assert clips == [lowered] * 2 and parts == [lowered] * 4
+    run = RunDir.open(s.path)
+    for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
+        assert rec["output"]["sha256"] == sha256_file(s.path / rec["output"]["path"])
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "utvideo"])
+def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_path):
+    """clipwriter: parts encoded at once, muxed in order, give write_lossless's bytes (odd
+    sizes, an NTSC rate, uneven parts; a part too small falls back to one encoder)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from fractions import Fraction
+
+    from evalkit.lossless import lossless_format
+    from evalkit.render.clipwriter import split_points, write_lossless_parts
+
+    ext = lossless_format(codec).ext
+    frames = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
+    frames = np.concatenate([frames, frames[::-1, ::-1]])[:13, :63, :61]    # 13 frames, 61x63
+    assert split_points(13, 3) == [(0, 4), (4, 9), (9, 13)]
+    assert split_points(13, 4) == [(0, 4), (4, 9), (9, 13)] and split_points(5, 3) == [(0, 5)]
+    with ThreadPoolExecutor(3) as pool:
+        for fps in (24, Fraction(30000, 1001)):
+            one, parts = tmp_path / f"one{ext}", tmp_path / f"parts{ext}"
+            video.write_lossless(one, frames, fps, codec=codec)
+            assert write_lossless_parts(parts, frames, fps, codec=codec, pool=pool, parts=3) == 13
+            assert parts.read_bytes() == one.read_bytes()
+            assert np.array_equal(video.read_frames(parts)[0], frames)
+        with pytest.raises(ValueError, match="clips are"):
+            write_lossless_parts(tmp_path / "x.mp4", frames, 24, codec=codec, pool=pool, parts=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([one.name, parts.name])
+
+
+def test_writers_are_lowered_only_when_a_device_renders(monkeypatch):
+    from evalkit.render import driver
+    from evalkit.render.backend import parse_spec
+    from evalkit.render.driver import BackendTask, writer_niceness
+
+    monkeypatch.setattr(driver, "WRITER_NICENESS", 5)
+
+    job = load_suite(SMOKE).jobs[0]
+
+    def task(spec, jobs=(job,), apply=True):
+        return BackendTask(parse_spec(spec), list(jobs), apply=apply)
+
+    assert writer_niceness([task("cpu"), task("cpu,dtype=bf16")]) == 0
+    assert writer_niceness([task("cpu"), task("cuda:1,dtype=bf16")]) == 5
+    assert writer_niceness([task("mps")]) == 5
+    assert writer_niceness([task("cuda", jobs=())]) == 0            # nothing left to render
+    assert writer_niceness([task("cuda", apply=False)]) == 0        # adopted: nothing renders
+
+
+def test_progress_reuses_one_job_bar():
+    from evalkit.render.driver import Progress
+
+    p = Progress(2, enabled=True)
+    try:
+        p.start_job("first job")(3, 12)
+        bar = p.job_bar
+        assert (bar.n, bar.total) == (3, 12)
+        p.end_job(True)
+        update = p.start_job("second job")
+        assert p.job_bar is bar and (bar.n, bar.total, bar.desc) == (0, 1, "second job")
+        update(1, 4)
+        p.end_job(False)
+        assert (bar.n, bar.total, p.overall.n) == (1, 4, 2)
+    finally:
+        p.close()
+    assert p.job_bar is None

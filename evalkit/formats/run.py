@@ -270,12 +270,13 @@ class RunDir:
     # -- recording results -----------------------------------------------------------------
     def record_done(self, job_id: str, frames, fps, *, timing: dict | None = None,
                     extra: dict | None = None, preview: bool = True,
-                    written: bool = False) -> dict:
+                    written: bool = False, sha256: str | None = None) -> dict:
         """Write a job's frames (lossless clip, then browser preview) and mark it done.
 
         ``frames``: (N, H, W, 3) uint8 array or a sequence of (H, W, 3) frames.
         ``written``: the caller has already written both files (atomically, with the
-        :mod:`evalkit.video` writers, e.g. side by side in threads): only mark the job done.
+        :mod:`evalkit.video` writers, e.g. side by side in threads): only mark the job done;
+        ``sha256``: the clip's, hashed by that writer right after writing it (None: hashed here).
         """
         import numpy as np
 
@@ -292,7 +293,8 @@ class RunDir:
                 write_browser(self.preview_path(job_id), frames, fps)
         rec.update(
             status="done", error=None, timing=dict(timing or {}),
-            output={"path": f"clips/{clip.name}", "sha256": sha256_file(clip), "frames": n,
+            output={"path": f"clips/{clip.name}",
+                    "sha256": sha256 if written and sha256 else sha256_file(clip), "frames": n,
                     "width": int(frames.shape[2]), "height": int(frames.shape[1]),
                     "fps": str(fps)},
             preview=f"preview/{job_id}.mp4" if preview else None,

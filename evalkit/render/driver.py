@@ -110,21 +110,26 @@ class Progress:
         self.job_bar = None
 
     def start_job(self, label: str) -> Callable[[int, int], None]:
-        self.job_bar = self._tqdm(total=1, desc=label[:40], unit="step", leave=False,
-                                  disable=not self.enabled, position=1, dynamic_ncols=True)
+        """Show the job ``label`` in flight; return its step callback. The job bar is made once
+        and reset for each job (a new bar each time costs a few milliseconds of the rendering
+        thread between two jobs: terminal writes, tqdm's own bookkeeping)."""
+        if self.job_bar is None:
+            self.job_bar = self._tqdm(total=1, desc=label[:40], unit="step", leave=False,
+                                      disable=not self.enabled, position=1, dynamic_ncols=True)
+        else:
+            self.job_bar.reset(total=1)
+            self.job_bar.set_description_str(label[:40], refresh=False)
+        bar = self.job_bar
 
         def update(done: int, total: int) -> None:
-            if self.job_bar.total != total and total:
-                self.job_bar.total = total
-            self.job_bar.n = done
-            self.job_bar.refresh()
+            if bar.total != total and total:
+                bar.total = total
+            bar.n = done
+            bar.refresh()
 
         return update
 
     def end_job(self, ok: bool) -> None:
-        if self.job_bar is not None:
-            self.job_bar.close()
-            self.job_bar = None
         self.overall.update(1)
         if not ok:
             self.overall.set_postfix_str("some failed")
@@ -134,6 +139,9 @@ class Progress:
         self.overall.set_postfix_str(text, refresh=True)
 
     def close(self) -> None:
+        if self.job_bar is not None:
+            self.job_bar.close()
+            self.job_bar = None
         self.overall.close()
 
 
@@ -141,6 +149,9 @@ class LocalExecutor:
     """Render in this process: per backend, load the renderer once, then every job in turn."""
 
     name = "local"
+    #: the jobs' sources are decoded in this process (by the driver's :class:`SourceCache`), so
+    #: the driver may start decoding the first one while it sets the runs up
+    decodes_sources = True
 
     def check(self, specs: list[BackendSpec]) -> None:
         for spec in specs:
@@ -398,7 +409,9 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
+    sources = SourceCache(suite)
     with contextlib.ExitStack() as locks:
+        locks.callback(sources.close)
         # every run folder's lock first: a render refused by one has written nothing anywhere
         # (a folder it made for another backend is removed again)
         made: list[Path] = []
@@ -417,6 +430,13 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
             raise
         runs: list[tuple[BackendTask, RunDir]] = []
         total = 0
+        early = getattr(executor, "decodes_sources", False) and bool(selected)
+        if early and idents and not (out / run_folder_name(idents[0].spec, idents[0].label,
+                                                           seed_offset) / "manifest.json").exists():
+            # a new run renders every selected job: the first one's source is decoded while
+            # the runs are set up (fingerprint, manifest)
+            sources.prefetch(selected[0].clip)
+            early = False
         for ident in idents:
             spec = ident.spec or BackendSpec()
             path = out / run_folder_name(ident.spec, ident.label, seed_offset)
@@ -438,31 +458,42 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                                 label=ident.label, adopted=adopted, lossless=lossless)
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
+            if early and todo:                   # a resumed run: its first job still to do
+                sources.prefetch(todo[0].clip)
+                early = False
             runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
                                      apply=ident.apply, name=ident.name,
                                      lossless=run.lossless), run))
             total += len(todo)
         try:
-            return _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
+            return _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                                 progress)
         finally:
             for _, run in runs:
                 shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
 
 
-def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
+def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                  progress) -> list[RenderSummary]:
-    """Render every run's pending jobs (their run folders locked by the caller)."""
+    """Render every run's pending jobs (their run folders locked by the caller; ``sources``
+    closed by the caller)."""
     bars = Progress(total, enabled=progress)
-    sources = SourceCache(suite)
     state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
                         "saved": float("-inf"), "dirty": False} for task, run in runs}
     # Results are written while the next jobs render: each job's lossless clip and browser
     # copy are encoded side by side in a pool of encoder threads (PyAV lets go of the GIL), and
     # one recorder thread marks the jobs done in the manifest in the order they came, each once
     # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
-    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
-    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
+    # With a GPU their threads may run at a lower CPU priority than this one (writer_niceness):
+    # the thread that feeds the pipeline gets a core first.
+    increment = writer_niceness([task for task, _ in runs])
+    nice = thread_nice() if increment else None
+    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
+                                  initializer=lower_thread_priority, initargs=(nice, increment))
+    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer",
+                                  initializer=lower_thread_priority, initargs=(nice, increment))
+    # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
+    writer = ClipWriter(clip_parts(), nice, increment)
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
@@ -470,7 +501,7 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
             st = state[id(task)]
             while len(pending) >= WRITE_AHEAD:
                 pending.popleft().result()
-            files = _encode(encoders, st["run"], result)
+            files = _encode(encoders, st["run"], result, writer)
             pending.append(recorder.submit(_record, st, result, seed_offset, files))
         while pending:
             pending.popleft().result()
@@ -479,10 +510,10 @@ def _render_runs(executor, rend, suite, runs, total, selected, seed_offset,
             f.cancel()
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
+        writer.close()
         for st in state.values():  # results whose manifest save was deferred
             if st["dirty"]:
                 st["run"].save()
-        sources.close()
         bars.close()
     return [RenderSummary(task.name or task.spec.spec, run.path, state[id(task)]["done"],
                           len(state[id(task)]["failures"]), len(selected) - len(task.jobs),
@@ -499,21 +530,118 @@ def failure_text(e: BaseException) -> str:
 WRITE_AHEAD = 2
 
 
+#: how much lower (a nice increment) the CPU priority of a local render's encoder and recorder
+#: threads is than the rendering thread's when a GPU renders (Linux: priorities are per thread,
+#: and the threads FFmpeg and x264 start inherit their creator's). 0 (off) until measured on a
+#: GPU: on the shared 2-core CPU, +5 lost 0.6-1.5 s a run whenever decoding and encoding
+#: saturate the cores (the writers fall behind, and behind other programs) and its gain with a
+#: busy pipeline thread was within noise (benchmarks/results/render_harness_cpu2_s8.txt);
+#: ``bench_render.py --writer-niceness 5`` measures it.
+WRITER_NICENESS = 0
+
+
+def writer_niceness(tasks: list[BackendTask]) -> int:
+    """The writer threads' nice increment for a local render of ``tasks``:
+    :data:`WRITER_NICENESS` when one renders on a device other than the CPU (its thread only
+    feeds the device: it must get a core at once, and the CPU has time to spare), else 0 (on
+    the CPU the pipeline and the writers share the cores; lower-priority writers would only
+    fall behind, and lose to other programs)."""
+    on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
+    return WRITER_NICENESS if on_device else 0
+
+
+def thread_nice() -> int | None:
+    """The calling thread's nice value (Linux; None elsewhere)."""
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    return None
+
+
+def lower_thread_priority(base: int | None, increment: int | None = None) -> None:
+    """Give the calling thread the nice value ``base + increment`` (``base``: the rendering
+    thread's, :func:`thread_nice`; ``increment``: :data:`WRITER_NICENESS`), unless it is lower
+    already: a pool's thread inherits the nice value of the thread that started it, which may
+    be lowered itself. Linux only (elsewhere ``setpriority`` would name the whole process);
+    never raises: a priority is a preference."""
+    import threading
+
+    if base is None:
+        return
+    target = min(19, base + (WRITER_NICENESS if increment is None else increment))
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+
+
 def encoder_threads() -> int:
     """Encoder threads of a local render: two per job in flight (clip and preview), at most
     one per core (x264 runs its own threads besides)."""
     return max(2, min(2 * WRITE_AHEAD, os.cpu_count() or 1))
 
 
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult) -> list[Future]:
+def clip_parts() -> int:
+    """Parts a local render encodes each lossless clip in at once: one per 4 usable cores
+    (FFV1 level 3 has 4 slices, each on its own thread), at most :data:`MAX_CLIP_PARTS`; 1
+    (one encoder, :func:`evalkit.video.write_lossless`) below 8 cores."""
+    from evalkit.video import usable_cores
+
+    return max(1, min(MAX_CLIP_PARTS, usable_cores() // 4))
+
+
+#: the most parts a lossless clip is encoded in at once (:func:`clip_parts`)
+MAX_CLIP_PARTS = 4
+
+
+class ClipWriter:
+    """Writes lossless clips, in ``parts`` at once on a pool of its own when ``parts`` > 1
+    (:mod:`evalkit.render.clipwriter`); its threads run at the writers' priority (``nice``: the
+    rendering thread's nice value, :func:`thread_nice`, None: unchanged; ``increment``: see
+    :func:`lower_thread_priority`)."""
+
+    def __init__(self, parts: int, nice: int | None = None, increment: int | None = None):
+        self.parts = max(1, int(parts))
+        self.pool = None
+        if self.parts > 1:
+            self.pool = ThreadPoolExecutor(max_workers=self.parts * WRITE_AHEAD,
+                                           thread_name_prefix="evalkit-encode-part",
+                                           initializer=lower_thread_priority,
+                                           initargs=(nice, increment))
+
+    def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
+        """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
+        the browser copy's encoding, not after it on the recorder)."""
+        from evalkit.fsutil import sha256_file
+        from evalkit.render.clipwriter import write_lossless_parts
+        from evalkit.video import usable_cores, write_lossless
+
+        if self.pool is None:
+            write_lossless(path, frames, fps, codec=codec)
+        else:
+            write_lossless_parts(path, frames, fps, codec=codec, pool=self.pool,
+                                 parts=self.parts, threads=max(1, usable_cores() // self.parts))
+        return sha256_file(path)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
+            writer: ClipWriter) -> list[Future]:
     """Start writing a rendered job's lossless clip and browser copy (atomic files)."""
-    from evalkit.video import write_browser, write_lossless
+    from evalkit.video import write_browser
 
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    return [pool.submit(write_lossless, run.clip_path(jid), result.frames, result.fps,
-                        codec=run.lossless),
+    return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
+                        run.lossless),
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
 
 
@@ -526,6 +654,12 @@ def _write_error(files: list[Future]) -> str | None:
         except Exception as e:
             error = error or f"writing the clip failed: {failure_text(e)}"
     return error
+
+
+def _clip_sha256(files: list[Future]) -> str | None:
+    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`; None: none
+    written)."""
+    return files[0].result() if files else None
 
 
 def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] = ()) -> None:
@@ -571,7 +705,7 @@ def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] =
                 st["saved"] = now
         else:
             run.record_done(result.job.id, result.frames, result.fps, timing=result.timing,
-                            extra=extra, written=bool(files))
+                            extra=extra, written=bool(files), sha256=_clip_sha256(files))
             st["dirty"] = False
     else:
         run.record_failed(result.job.id, result.error, timing=result.timing,
