@@ -60,18 +60,16 @@ def _child_compare(args) -> dict:
     P.LocalCompareSession.measure = timed_measure
     P.write_report = timed_report
     if hasattr(P.LocalCompareSession, "_warm_up"):
-        # start-up work done inside measure() while the first clips decode (the warm-up, or
-        # waiting for the one started before hashing): counted as start-up
+        # start-up work done inside measure() while the first clips decode: counted as start-up
+        warm_up = P.LocalCompareSession._warm_up
         spans["warm"] = []
 
-        def timed(f):
-            def run(self, *a, **kw):
-                t = time.perf_counter()
-                f(self, *a, **kw)
-                spans["warm"].append(time.perf_counter() - t)
-            return run
+        def timed_warm_up(self, *a, **kw):
+            t = time.perf_counter()
+            warm_up(self, *a, **kw)
+            spans["warm"].append(time.perf_counter() - t)
 
-        P.LocalCompareSession._warm_up = timed(P.LocalCompareSession._warm_up)
+        P.LocalCompareSession._warm_up = timed_warm_up
     workers_hwm: list = []
     try:                                    # decoder worker processes (trees that have them)
         import evalkit.procdecode as PD

@@ -294,25 +294,3 @@ def test_a_warm_up_changes_no_record(import_runs):
     (cold, cold_sum), (hot, hot_sum) = got
     assert len(hot) == 8 and all(_same(x[k], y[k]) for x, y in zip(cold, hot) for k in x)
     assert hot_sum["frames"] == 8 and hot_sum["means"] == cold_sum["means"]
-
-
-def test_compare_warms_up_while_hashing_and_measures_the_same(import_runs, tmp_path, monkeypatch):
-    from evalkit.compare.pairing import LocalCompareSession, compare_runs
-
-    started = []
-    start = LocalCompareSession.start_warm_up
-
-    def spy(self, *a, **kw):
-        start(self, *a, **kw)
-        started.append((a, self._warming is not None))
-
-    cold = compare_runs(*import_runs, tmp_path / "cold", device="cpu", chunk=3, progress=False,
-                        metric_options={"temporal": False})
-    monkeypatch.setattr(LocalCompareSession, "warm_devices", ("cpu",))
-    monkeypatch.setattr(LocalCompareSession, "start_warm_up", spy)
-    hot = compare_runs(*import_runs, tmp_path / "hot", device="cpu", chunk=3, progress=False,
-                       metric_options={"temporal": False})
-    assert started and started[0][1]            # a thread was started, before the measuring
-    for c, h in zip(cold.measures, hot.measures):
-        assert all(_same(x[k], y[k]) for x, y in zip(c.records, h.records) for k in x)
-    assert cold.summary["aggregates"] == hot.summary["aggregates"]

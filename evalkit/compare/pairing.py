@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import datetime as _dt
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -322,7 +321,6 @@ class LocalCompareSession:
         #: worker processes decoding the clips (:mod:`evalkit.procdecode`), or None: threads
         self.pool = DecoderPool(decode_threads(processes=True)) if use_processes() else None
         self._warm: set = set()         # (height, width, chunk) the evaluator has seen
-        self._warming = None            # (thread, its error) of start_warm_up
         if self.pool is not None:       # they boot while the metric models load
             self.pool.start(2 * (self.jobs_ahead + 1))
         try:
@@ -344,8 +342,6 @@ class LocalCompareSession:
     progress_unit = "frame"
     #: jobs decoding ahead of the one being measured (both clips each, in threads)
     jobs_ahead = 1
-    #: devices whose evaluator is warmed up before measuring (cuDNN autotuning, Triton)
-    warm_devices = ("cuda",)
 
     def measure(self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True,
                 progress=None) -> list[JobMeasure]:
@@ -371,50 +367,14 @@ class LocalCompareSession:
                 dec.close()
         return out
 
-    def start_warm_up(self, height: int, width: int, chunk: int | None = None) -> None:
-        """Warm the evaluator up for ``height`` x ``width`` frames in a background thread
-        (on a GPU only; :meth:`measure` waits for it): call it before the work that precedes
-        measuring (hashing the clips)."""
-        from metrics.stream import auto_chunk
-
-        chunk = int(chunk) if chunk else auto_chunk(height, width, self.evaluator.device,
-                                                    self.evaluator.temporal)
-        size = (height, width, chunk)
-        if (self.evaluator.device.type not in self.warm_devices or size in self._warm
-                or self._warming):
-            return
-        self._warm.add(size)
-        error: list = []
-
-        def work():
-            try:
-                self.evaluator.warm_up(height, width, chunk)
-            except BaseException as e:  # noqa: BLE001 - raised by the thread that waits
-                error.append(e)
-
-        self._warming = (threading.Thread(target=work, name="evalkit-warm-up", daemon=True), error)
-        self._warming[0].start()
-
-    def _join_warm_up(self) -> None:
-        if self._warming:
-            thread, error = self._warming
-            thread.join()
-            self._warming = None
-            if error:
-                raise error[0]
-
     def _warm_up(self, pair: Pair, chunk: int) -> None:
-        self._join_warm_up()
         out = pair.rec_a.get("output") or {}
         size = (out.get("height"), out.get("width"), chunk)
-        if (self.evaluator.device.type in self.warm_devices and all(size)
-                and size not in self._warm):
+        if self.evaluator.device.type == "cuda" and all(size) and size not in self._warm:
             self._warm.add(size)
             self.evaluator.warm_up(int(size[0]), int(size[1]), chunk)
 
     def close(self) -> None:
-        if self._warming:
-            self._warming[0].join()
         if self.pool is not None:
             self.pool.close()
         self.evaluator.close()
@@ -452,16 +412,12 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     cleanup_dir_leftovers(out)  # what a killed compare left next to the report (or the old one)
     check_report_folder(out)
 
+    pairs, problems = pair_jobs(a, b, same_seed=True)
     if executor is None:
         session = LocalCompareSession(device=device, metric_options=metric_options)
     else:
         session = executor.compare_session(device=device, metric_options=metric_options)
     try:
-        first = next((j["output"] for j in a.jobs if j["status"] == "done"
-                      and (j.get("output") or {}).get("height")), None)
-        if first is not None and hasattr(session, "start_warm_up"):
-            session.start_warm_up(int(first["height"]), int(first["width"]), chunk)
-        pairs, problems = pair_jobs(a, b, same_seed=True)   # hashing while it warms up
         unit = getattr(session, "progress_unit", "job")
 
         def bar_of(pairs_, desc):
