@@ -294,3 +294,14 @@ def test_a_warm_up_changes_no_record(import_runs):
     (cold, cold_sum), (hot, hot_sum) = got
     assert len(hot) == 8 and all(_same(x[k], y[k]) for x, y in zip(cold, hot) for k in x)
     assert hot_sum["frames"] == 8 and hot_sum["means"] == cold_sum["means"]
+
+
+def test_readers_run_ahead_by_bytes_so_1080p_holds_fewer_frames_than_720p():
+    from evalkit.compare.clips import prefetch_depth
+
+    hd, full = 1280 * 720 * 3, 1920 * 1080 * 3
+    assert prefetch_depth(16, frame_bytes=hd) == prefetch_depth(16) == 2    # 720p as before
+    assert prefetch_depth(8, frame_bytes=hd) == prefetch_depth(8) == 4
+    assert prefetch_depth(7, frame_bytes=full) == 2 < prefetch_depth(7)     # 14 frames, not 35
+    assert prefetch_depth(3, frame_bytes=full) * 3 * full <= 32 * hd + 3 * full
+    assert prefetch_depth(1, frame_bytes=10**12) == 2                       # never below 2 chunks

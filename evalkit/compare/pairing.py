@@ -213,7 +213,12 @@ class PairDecoder:
         from evalkit.procdecode import prefetch_chunks
 
         self.pair, self.chunk = pair, chunk
-        depth = prefetch_depth(chunk)
+        out = pair.rec_a.get("output") or {}
+        h, w = out.get("height"), out.get("width")
+        if not (h and w):
+            info = ClipReader(pair.path_a).info
+            h, w = info.height, info.width
+        depth = prefetch_depth(chunk, frame_bytes=int(h) * int(w) * 3)
         threads = decode_threads()
         self.a = prefetch_chunks(pair.path_a, chunk, depth, threads=threads, pool=pool,
                                  name="evalkit-decode-a")
