@@ -133,39 +133,50 @@ def test_a_worker_that_dies_is_that_clips_error_and_the_pool_goes_on(clips, pool
                           frames)
 
 
-def test_workers_ignore_ctrl_c_and_end_with_their_parent(clips, tmp_path):
+def test_workers_ignore_ctrl_c_and_a_killed_parent_leaves_no_process_or_memory(clips, tmp_path):
     _, paths = clips
     script = tmp_path / "parent.py"
     # no __main__ guard: a worker is a fresh interpreter and never runs this file
     script.write_text(textwrap.dedent(f"""
-        import os, sys
+        import os, signal, sys
         from evalkit.procdecode import DecoderPool
         pool = DecoderPool()
         it = pool.chunks({str(paths['ffv1'])!r}, 2, 1, hold=1)
         next(it)
-        print(pool._all[0].process.pid, flush=True)
+        w = pool._all[0]
+        print(w.process.pid, w.segment.name, flush=True)
         sys.stdin.readline()
-        os._exit(0)        # no clean-up: the worker must notice by itself
+        n = 2 + sum(len(c) for c in it)         # the worker still serves after a Ctrl-C
+        print("served", n, flush=True)
+        sys.stdin.readline()
+        os.kill(os.getpid(), signal.SIGKILL)    # no clean-up: the worker must notice by itself
     """))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
-    pid = int(parent.stdout.readline())
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    pid, ring = parent.stdout.readline().split()
+    pid = int(pid)
+    assert ring in _shm_names() or not os.path.isdir("/dev/shm")
     os.kill(pid, signal.SIGINT)             # ignored: Ctrl-C is the parent's to handle
     parent.stdin.write("\n")
     parent.stdin.flush()
-    assert parent.wait(60) == 0
-    for _ in range(600):                    # the worker sees its pipe close and ends
+    assert parent.stdout.readline().split() == ["served", "23"]
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    assert parent.wait(60) == -signal.SIGKILL
+    for _ in range(600):                    # the worker sees its pipe close and ends; the
+        gone = ring not in _shm_names()     # resource tracker unlinks the parent's ring
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as f:
+                ended = f.read().split(") ")[1].startswith("Z")     # reaped by init later
+        except (ProcessLookupError, FileNotFoundError):
+            ended = True
+        if ended and gone:
             break
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().split(") ")[1].startswith("Z"):
-                break                       # ended; reaped by init later
         time.sleep(0.1)
     else:
-        pytest.fail(f"worker {pid} outlived its parent")
+        pytest.fail(f"worker {pid} alive: {not ended}; ring {ring} left: {not gone}")
 
 
 def test_the_switch_and_its_default(monkeypatch):
