@@ -35,7 +35,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from evalkit.errors import InputFileError, VideoError
+from evalkit.errors import InputFileError, UserError, VideoError
 
 #: ``$EVALKIT_DECODE_PROCESSES``: ``0`` decodes in threads of this process, ``1`` in worker
 #: processes; unset: processes where there are at least this many usable cores
@@ -154,6 +154,36 @@ def _decode_clip(conn, clip, path, threads, chunk, shape, ring) -> tuple:
 
 
 # -- the parent's side ----------------------------------------------------------------------------
+#: where POSIX shared memory lives on Linux
+SHM_DIR = "/dev/shm"
+
+
+class NoRoom(UserError):
+    """The shared-memory filesystem has no room for a decoder's ring of frames."""
+
+
+def shm_free() -> int | None:
+    """Bytes free in :data:`SHM_DIR`, None where there is none (not Linux)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def ours_written(workers) -> int:
+    """Bytes of the pool's rings already counted as used by the filesystem (pages written):
+    free space plus these is what the rings may take in all."""
+    total = 0
+    for w in workers:
+        if w.segment is not None:
+            try:
+                total += os.stat(os.path.join(SHM_DIR, w.segment.name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 class _Worker:
     """A worker process (a fresh interpreter: nothing of the parent's ``__main__`` runs there)
     and the parent's end of its pipe."""
@@ -253,6 +283,21 @@ class DecoderPool:
     def workers(self) -> int:
         return len(self._all)
 
+    def check_room(self, size: int) -> None:
+        """Raise :class:`NoRoom` unless the shared-memory filesystem has room for a ring of
+        ``size`` bytes besides the rings this pool has made (which may not be written yet: a
+        ring larger than the room left would kill its worker with SIGBUS when written).
+        Docker's default ``/dev/shm`` is 64 MB; a 720p ring needs about 180 MB."""
+        free = shm_free()
+        if free is None:
+            return
+        with self._lock:
+            ours = sum(w.segment.size for w in self._all if w.segment is not None)
+        if size + ours > free + ours_written(self._all):
+            raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
+                         f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
+                         "--shm-size); or decode in threads: EVALKIT_DECODE_PROCESSES=0")
+
     def start(self, n: int) -> None:
         """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
         with self._lock:
@@ -325,9 +370,14 @@ class ProcessChunks:
         self._finished = False
         self._closed = False
         self._pool = pool
+        pool.check_room(size)               # before any worker is taken
         self._w, self._clip = pool._acquire()
+        try:
+            shm = self._w.ring_of(size)
+        except BaseException:
+            pool._release(self._w, True)
+            raise
         pool._open.add(self)
-        shm = self._w.ring_of(size)
         self._ring = np.ndarray((slots, self.chunk, *self.shape), np.uint8, buffer=shm.buf)
         # a chunk is a view of the ring and keeps it alive: at close, a live ring means a
         # chunk outlives the clip, and the worker's ring is replaced rather than written again
@@ -344,8 +394,13 @@ class ProcessChunks:
         msg = self._w.receive(self._clip)
         if msg is None:
             self._finished = True
-            raise VideoError(self.path, f"the decoder process died while decoding it (exit "
-                             f"code {self._w.process.returncode})")
+            code = self._w.process.returncode
+            how = f"exit code {code}"
+            if code is not None and code < 0:
+                how = f"killed by {signal.Signals(-code).name}"
+                if -code == signal.SIGBUS:
+                    how += f": {SHM_DIR} full?"
+            raise VideoError(self.path, f"the decoder process died while decoding it ({how})")
         return msg
 
     def __next__(self) -> np.ndarray:
@@ -406,5 +461,21 @@ def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
 
     reader = ClipReader(path, threads=threads)
     if pool is not None and reader.kind == "video":
-        return pool.chunks(path, chunk, depth, name=name)
+        try:
+            return pool.chunks(path, chunk, depth, name=name)
+        except NoRoom as e:
+            if os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip() == "1":
+                raise                       # asked for: say why not
+            _warn_once(f"decoding in threads: {e}")
     return Prefetch(reader.chunks(chunk), depth, name)
+
+
+_WARNED: set = set()
+
+
+def _warn_once(text: str) -> None:
+    import warnings
+
+    if text not in _WARNED:
+        _WARNED.add(text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)

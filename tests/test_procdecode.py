@@ -203,3 +203,23 @@ def test_images_are_read_in_a_thread_even_with_a_pool(pool, tmp_path):
     it = prefetch_chunks(tmp_path / "f.png", 1, 1, pool=pool)
     assert len(list(it)) == 1 and pool.workers == 0
     it.close()
+
+
+def test_without_room_in_shared_memory_it_says_so_or_decodes_in_threads(clips, pool, monkeypatch):
+    from evalkit.procdecode import NoRoom
+    from evalkit.video import Prefetch
+
+    frames, paths = clips
+    monkeypatch.setattr("evalkit.procdecode.shm_free", lambda: 64 * 2**10)    # 64 KB free
+    with pytest.raises(NoRoom, match=r"^/dev/shm: 0 MB free, the decoder processes need \d+ MB "
+                                     r".*--shm-size.*EVALKIT_DECODE_PROCESSES=0$"):
+        pool.chunks(paths["ffv1"], 4, 2)
+    assert pool.workers == 0                # nothing taken, nothing started
+    monkeypatch.delenv("EVALKIT_DECODE_PROCESSES", raising=False)
+    with pytest.warns(RuntimeWarning, match="decoding in threads: /dev/shm"):
+        it = prefetch_chunks(paths["ffv1"], 4, 2, pool=pool)
+    assert isinstance(it, Prefetch)
+    assert np.array_equal(np.concatenate(list(it)), frames)
+    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "1")      # asked for processes: an error
+    with pytest.raises(NoRoom):
+        prefetch_chunks(paths["ffv1"], 4, 2, pool=pool)
