@@ -55,8 +55,8 @@ def use_processes() -> bool:
     from evalkit.video import usable_cores
 
     value = os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip()
-    if not value:
-        return usable_cores() >= PROCESS_MIN_CORES
+    if not value:       # POSIX only: workers get their pipe through pass_fds
+        return os.name == "posix" and usable_cores() >= PROCESS_MIN_CORES
     if value not in ("0", "1"):
         raise UserError(f"EVALKIT_DECODE_PROCESSES: expected 0 (threads) or 1 (processes), "
                         f"found {value!r}")
