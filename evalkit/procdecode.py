@@ -306,8 +306,7 @@ class DecoderPool:
                 self._all.append(w)
                 self._idle.append(w)
 
-    def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2,
-               name: str = "evalkit-decode") -> ProcessChunks:
+    def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2) -> ProcessChunks:
         """One clip's chunks of ``chunk`` frames, decoded in a worker up to ``depth`` chunks
         ahead of the consumer; each chunk stays valid until ``hold`` more have been taken."""
         return ProcessChunks(self, path, chunk, depth, hold)
@@ -462,20 +461,12 @@ def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
     reader = ClipReader(path, threads=threads)
     if pool is not None and reader.kind == "video":
         try:
-            return pool.chunks(path, chunk, depth, name=name)
+            return pool.chunks(path, chunk, depth)
         except NoRoom as e:
             if os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip() == "1":
                 raise                       # asked for: say why not
-            _warn_once(f"decoding in threads: {e}")
+            import warnings
+
+            # the warnings module's default filter shows it once per place, not per clip
+            warnings.warn(f"decoding in threads: {e}", RuntimeWarning, stacklevel=2)
     return Prefetch(reader.chunks(chunk), depth, name)
-
-
-_WARNED: set = set()
-
-
-def _warn_once(text: str) -> None:
-    import warnings
-
-    if text not in _WARNED:
-        _WARNED.add(text)
-        warnings.warn(text, RuntimeWarning, stacklevel=3)
