@@ -116,6 +116,8 @@ def _clip(conn, clip, path, threads, chunk, shm_name, slots, shape) -> tuple:
     ring = np.ndarray((slots, chunk, *shape), np.uint8, buffer=_mapping(shm_name, size))
     try:
         return _decode_clip(conn, clip, path, threads, chunk, shape, ring)
+    except EOFError:
+        raise                               # the parent is gone or said stop: end (_child_main)
     except InputFileError as e:
         return ("err", clip, type(e).__name__, e.path, e.problem)
     except Exception as e:  # noqa: BLE001 - handed to the parent, raised there
