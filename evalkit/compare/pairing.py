@@ -178,12 +178,18 @@ def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
         return int(chunk)
     from metrics.stream import auto_chunk
 
+    h, w = _pair_size(pair)
+    return auto_chunk(h, w, evaluator.device, evaluator.temporal)
+
+
+def _pair_size(pair: Pair) -> tuple[int, int]:
+    """(height, width) of the pair's frames: the manifest's, else the clip's own."""
     out = pair.rec_a.get("output") or {}
     h, w = out.get("height"), out.get("width")
     if not (h and w):
         info = ClipReader(pair.path_a).info
         h, w = info.height, info.width
-    return auto_chunk(int(h), int(w), evaluator.device, evaluator.temporal)
+    return int(h), int(w)
 
 
 def decode_threads(processes: bool = False) -> int:
@@ -213,12 +219,8 @@ class PairDecoder:
         from evalkit.procdecode import prefetch_chunks
 
         self.pair, self.chunk = pair, chunk
-        out = pair.rec_a.get("output") or {}
-        h, w = out.get("height"), out.get("width")
-        if not (h and w):
-            info = ClipReader(pair.path_a).info
-            h, w = info.height, info.width
-        depth = prefetch_depth(chunk, frame_bytes=int(h) * int(w) * 3)
+        h, w = _pair_size(pair)
+        depth = prefetch_depth(chunk, frame_bytes=h * w * 3)
         threads = decode_threads()
         self.a = prefetch_chunks(pair.path_a, chunk, depth, threads=threads, pool=pool,
                                  name="evalkit-decode-a")
@@ -373,11 +375,12 @@ class LocalCompareSession:
         return out
 
     def _warm_up(self, pair: Pair, chunk: int) -> None:
-        out = pair.rec_a.get("output") or {}
-        size = (out.get("height"), out.get("width"), chunk)
-        if self.evaluator.device.type == "cuda" and all(size) and size not in self._warm:
+        if self.evaluator.device.type != "cuda":
+            return
+        size = (*_pair_size(pair), chunk)
+        if size not in self._warm:
             self._warm.add(size)
-            self.evaluator.warm_up(int(size[0]), int(size[1]), chunk)
+            self.evaluator.warm_up(*size)
 
     def close(self) -> None:
         if self.pool is not None:
