@@ -1,0 +1,346 @@
+"""A local render's writers in worker processes: each job's lossless clip and browser copy are
+encoded outside the process that renders.
+
+Why: PyAV's encode path holds the interpreter lock. On the H200 (session 9) a Python thread
+launching small CUDA kernels, as a diffusers pipeline's thread does, ran at 0.50x its idle
+speed while the writers (FFV1 clip, H.264 browser copy) encoded on threads of its process,
+0.49x with those threads at nice +10, and at full speed with the same writers in another
+process (``benchmarks/bench_writer_gil.py``). So when a task renders on a device other than
+the CPU, the writers run in worker processes (:class:`WriterPool`); a CPU render keeps them on
+threads (the pipeline and the writers share the cores anyway). ``$EVALKIT_WRITER_PROCESSES``
+(``0``/``1``) forces either way (:func:`use_processes`).
+
+How: :meth:`WriterPool.submit` (on the rendering thread) only checks that ``/dev/shm`` has
+room; on an encoder thread of the driver the job's frames are copied into a shared-memory
+segment of their own, which two workers map: one writes the lossless clip (in parts at once
+with many cores, :class:`evalkit.render.clipwriter.ClipWriter`: the same code and bytes as the
+writer threads) and returns its sha256, the other writes the browser copy
+(:func:`evalkit.video.write_browser`); then the parent unlinks the segment. The driver has at
+most ``WRITE_AHEAD`` jobs being written, so at most that many segments exist. Files are
+atomic as on threads (:func:`evalkit.fsutil.atomic_path`).
+
+Workers are fresh interpreters (:func:`evalkit.procdecode.start_worker`: ``subprocess`` and a
+pipe, not multiprocessing's ``spawn``); they ignore Ctrl-C (the parent stops them) and end
+when the parent dies (their pipe closes, or, mid-file, their parent process changes: a
+temporary file may stay behind, removed by the next render of that run folder). A writer's
+exception comes back as its one-line text (:class:`WriterError`), and a worker that dies
+mid-file fails that job with a message naming the signal; the next job gets a fresh worker.
+The shared memory is created and unlinked by the parent only (its resource tracker unlinks it
+if the parent is killed).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import traceback
+from concurrent.futures import Executor, Future
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+from evalkit.errors import UserError
+from evalkit.procdecode import SHM_DIR, NoRoom, attach, shm_free, start_worker
+
+#: seconds between liveness checks while waiting for a worker (and the worker's checks of its
+#: parent)
+_POLL = 0.5
+_ENV = "EVALKIT_WRITER_PROCESSES"
+
+
+def use_processes(tasks) -> bool:
+    """Whether a local render of ``tasks`` (:class:`evalkit.render.driver.BackendTask`) writes
+    in worker processes: ``$EVALKIT_WRITER_PROCESSES`` (``0``/``1``), else whether one of them
+    renders jobs on a device other than the CPU (POSIX only: workers get their pipe through
+    ``pass_fds``)."""
+    value = forced()
+    if value is not None:
+        return value
+    on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
+    return os.name == "posix" and on_device
+
+
+def forced() -> bool | None:
+    """``$EVALKIT_WRITER_PROCESSES`` as a bool, None when unset (a user error otherwise)."""
+    value = os.environ.get(_ENV, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise UserError(f"{_ENV}: expected 0 (threads) or 1 (processes), found {value!r}")
+    return value == "1"
+
+
+def failure_text(e: BaseException) -> str:
+    """A failure in one line: the exception and where it was raised (a job's error)."""
+    tb = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+
+
+class WriterError(Exception):
+    """A writer process's failure, already in one line (:func:`failure_text` of the worker's
+    exception, or how the worker died)."""
+
+
+# -- the worker process -------------------------------------------------------------------------
+def _child_main(fd: int) -> None:
+    """A worker: ``python -c 'from evalkit.render.procwrite import _child_main; ...' FD``, ``FD``
+    its end of the parent's pipe. It ends at ``None`` or when the parent is gone."""
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
+    parent = os.getppid()
+
+    def orphaned() -> None:                         # mid-file the pipe is not read: watch
+        while os.getppid() == parent:
+            threading.Event().wait(_POLL)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    conn = Connection(fd)
+    import av  # noqa: F401 - loaded while the first job renders, not when it is written
+
+    from evalkit.render.clipwriter import ClipWriter
+
+    clips: dict[int, ClipWriter] = {}               # by parts
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            conn.send(_write(clips, *msg))
+    except (EOFError, OSError):                     # the parent is gone
+        return
+    finally:
+        for w in clips.values():
+            w.close()
+
+
+def _write(clips: dict, kind, name, shape, fps, path, codec=None, parts=1) -> tuple:
+    """Write one file from the frames in shared memory ``name``: ``("ok", sha256 or frames)``
+    or ``("err", one line)``."""
+    from evalkit.render.clipwriter import ClipWriter
+    from evalkit.video import write_browser
+
+    size = int(np.prod(shape))
+    mm = attach(name, size)
+    try:
+        frames = np.ndarray(shape, np.uint8, buffer=mm)
+        try:
+            if kind == "clip":
+                if parts not in clips:
+                    clips[parts] = ClipWriter(parts)
+                return ("ok", clips[parts].write(Path(path), frames, fps, codec))
+            return ("ok", write_browser(path, frames, fps))
+        except Exception as e:  # noqa: BLE001 - handed to the parent, a job's error there
+            return ("err", failure_text(e))
+        finally:
+            del frames
+    finally:
+        try:
+            mm.close()
+        except BufferError:                         # a view outlives the write: left to it
+            pass
+
+
+# -- the parent's side ----------------------------------------------------------------------------
+class _Worker:
+    def __init__(self):
+        self.process, self.conn = start_worker("evalkit.render.procwrite", "_child_main")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:                     # it died: the receive says so
+            pass
+
+    def receive(self, path) -> tuple:
+        """Its answer; a worker that died answers ``("err", how)``."""
+        while True:
+            if self.conn.poll(_POLL):
+                try:
+                    return self.conn.recv()
+                except (EOFError, OSError):
+                    break
+            if not self.alive():
+                break
+        code = self.process.wait()
+        how = f"exit code {code}"
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+            if -code == signal.SIGBUS:
+                how += f": {SHM_DIR} full?"
+        return ("died", f"the writer process died while writing {Path(path).name} ({how})")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        import subprocess
+
+        if self.alive():
+            self.send(None)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.conn.close()
+
+
+class WriterPool:
+    """Worker processes writing a render's files (see the module's note); :meth:`close` stops
+    them. ``parts``: parts each lossless clip is encoded in at once
+    (:func:`evalkit.render.driver.clip_parts`)."""
+
+    def __init__(self, parts: int = 1):
+        self.parts = max(1, int(parts))
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        #: bytes of frames reserved by submitted jobs (shared memory made or about to be)
+        self._reserved: dict[int, int] = {}
+        self._segments: dict[int, str] = {}
+        self._ids = 0
+        #: the most jobs' frames in shared memory at once (tests, benchmarks)
+        self.peak_segments = 0
+        #: a fallback to threads was reported (the driver warns once per render)
+        self.warned = False
+
+    @property
+    def workers(self) -> int:
+        return len(self._all)
+
+    def start(self, n: int) -> None:
+        """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
+        with self._lock:
+            while len(self._all) < n and not self._closed:
+                w = _Worker()
+                self._all.append(w)
+                self._idle.append(w)
+
+    def submit(self, encoders: Executor, clip: Path, preview: Path, frames: np.ndarray, fps,
+               codec: str) -> list[Future]:
+        """Write a job's lossless clip ``clip`` (in ``codec``) and browser copy ``preview``;
+        its frames are copied into shared memory on a thread of ``encoders``. Returns the two
+        files' futures, as the writer threads' (the clip's gives its sha256; a failure is a
+        :class:`WriterError`). Raises :class:`evalkit.procdecode.NoRoom` (nothing started)
+        when ``/dev/shm`` has no room for the frames."""
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
+            raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} "
+                             f"{frames.shape}")
+        token = self._reserve(frames.nbytes)
+        futures = [Future(), Future()]
+        try:
+            encoders.submit(self._job, token, futures, clip, preview, frames, fps, codec)
+        except BaseException:
+            self._unreserve(token)
+            raise
+        return futures
+
+    def _reserve(self, size: int) -> int:
+        """Reserve room for ``size`` bytes of frames; raise :class:`NoRoom` without it. The
+        segments of the jobs in flight count, those not written yet too (pages are taken as
+        they are written: a segment larger than the room left would kill its writer with
+        SIGBUS)."""
+        free = shm_free()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the writer pool is closed")
+            if free is not None:
+                ours = sum(self._reserved.values())
+                written = 0
+                for name in self._segments.values():
+                    try:
+                        written += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+                    except OSError:
+                        pass
+                if size + ours > free + written:
+                    raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the writer processes "
+                                 f"need {(size + ours) / 2**20:.0f} MB for the frames of the "
+                                 "jobs being written (in a container: --shm-size); or write in "
+                                 f"threads: {_ENV}=0")
+            self._ids += 1
+            self._reserved[self._ids] = size
+            return self._ids
+
+    def _unreserve(self, token: int) -> None:
+        with self._lock:
+            self._reserved.pop(token, None)
+            self._segments.pop(token, None)
+
+    def _acquire(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                w = self._idle.pop()
+                if w.alive():
+                    return w
+                self._all.remove(w)         # died while idle: replaced
+                w.stop()
+            w = _Worker()
+            self._all.append(w)
+            return w
+
+    def _release(self, w: _Worker) -> None:
+        with self._lock:
+            if not self._closed and w.alive():
+                self._idle.append(w)
+                return
+            if w in self._all:
+                self._all.remove(w)
+        w.stop()
+
+    def _job(self, token: int, futures: list[Future], clip, preview, frames, fps, codec) -> None:
+        """On an encoder thread: frames into shared memory, both files written by two
+        workers, the segment unlinked, then the futures set (the driver counts a job's memory
+        as held until they are)."""
+        answers = []
+        try:
+            shm = shared_memory.SharedMemory(create=True, size=max(1, frames.nbytes))
+            try:
+                with self._lock:
+                    self._segments[token] = shm.name
+                    self.peak_segments = max(self.peak_segments, len(self._segments))
+                view = np.ndarray(frames.shape, np.uint8, buffer=shm.buf)
+                view[...] = frames
+                del view
+                shape, workers = tuple(frames.shape), []
+                try:
+                    for msg in (("clip", shm.name, shape, fps, str(clip), codec, self.parts),
+                                ("preview", shm.name, shape, fps, str(preview))):
+                        w = self._acquire()
+                        workers.append(w)
+                        w.send(msg)
+                    answers = [w.receive(p) for w, p in zip(workers, (clip, preview))]
+                finally:
+                    for w in workers:
+                        self._release(w)
+            finally:
+                shm.close()
+                shm.unlink()
+                self._unreserve(token)
+        except BaseException as e:
+            for f in futures:
+                f.set_exception(e)
+            return
+        for f, (kind, value) in zip(futures, answers):
+            if kind == "ok":
+                f.set_result(value)
+            else:
+                f.set_exception(WriterError(value))
+
+    def close(self) -> None:
+        """Stop every worker (call it once no job is being written)."""
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = self._all, [], []
+        for w in workers:
+            w.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
