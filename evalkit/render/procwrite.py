@@ -203,8 +203,10 @@ class WriterPool:
         self._reserved: dict[int, int] = {}
         self._segments: dict[int, str] = {}
         self._ids = 0
-        #: the most jobs' frames in shared memory at once (tests, benchmarks)
+        #: the most jobs' frames in shared memory at once, and the names of the segments made
+        #: (tests: never more than the driver's WRITE_AHEAD, each unlinked)
         self.peak_segments = 0
+        self.made: list[str] = []
         #: a fallback to threads was reported (the driver warns once per render)
         self.warned = False
 
@@ -302,6 +304,7 @@ class WriterPool:
             try:
                 with self._lock:
                     self._segments[token] = shm.name
+                    self.made.append(shm.name)
                     self.peak_segments = max(self.peak_segments, len(self._segments))
                 view = np.ndarray(frames.shape, np.uint8, buffer=shm.buf)
                 view[...] = frames
