@@ -8,8 +8,8 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --suite datasets/smoke/suite.yaml \\
         --model PATH --pipeline-class evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline
     python benchmarks/bench_render.py --fake-gpu 0.08 --lossless utvideo   # no pipeline at all
-    python benchmarks/bench_render.py --backend cuda --writer-processes 0 1  # writers: threads
-                                                                # vs processes, side by side
+    python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
+                                                   # threads vs processes, side by side
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -29,10 +29,11 @@ the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer th
 it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
 run where evalkit tells them apart (``driver.use_processes``: its writers in worker processes).
 
-``--writer-processes 0 1``: each repeat runs the harness once per value, with
+``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
 ``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
-in worker processes, ``evalkit/render/procwrite.py``), and reports each; default: the
-evalkit's own choice (processes when a device renders).
+in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones waiting for
+the workers to start; auto: unset, evalkit's own choice: processes when a device renders, the
+jobs done before they have started written on threads), and reports each; default: auto.
 """
 from __future__ import annotations
 
@@ -90,9 +91,9 @@ def main() -> int:
     p.add_argument("--fake-python", type=float, default=0.0, metavar="SECONDS",
                    help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps")
     p.add_argument("--no-progress", action="store_true", help="harness without progress bars")
-    p.add_argument("--writer-processes", nargs="+", choices=("0", "1"), default=None,
+    p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
                    help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
-                        "each repeat (default: unset, evalkit's own choice)")
+                        "each repeat (auto: unset, evalkit's own choice; the default)")
     a = p.parse_args()
 
     import torch
@@ -181,7 +182,7 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    settings = a.writer_processes or [None]
+    settings = [None if v == "auto" else v for v in a.writer_processes or ["auto"]]
 
     def harness_with(value):
         if value is None:
@@ -191,7 +192,8 @@ def main() -> int:
         return harness()
 
     def named(value) -> str:
-        return {None: "evalkit render", "0": "writers: threads", "1": "writers: processes"}[value]
+        return {None: "evalkit render (auto)", "0": "writers: threads (0)",
+                "1": "writers: processes (1)"}[value]
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []

@@ -58,7 +58,7 @@ class Writers:
         self.clips = ClipWriter(parts, WRITE_AHEAD)
         self.procs = None
         if mode == "processes":
-            self.procs = WriterPool(parts)
+            self.procs = WriterPool(parts, wait=True)
             self.procs.start(2 * WRITE_AHEAD)
             self._one(0)                    # booted and warm before the clock starts
         self.jobs = 0

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evalkit.errors import UserError
@@ -151,8 +152,8 @@ from evalkit.testing.suites import write_suite
 
 pools = []
 class Pool(driver.WriterPool):
-    def __init__(self, *a):
-        super().__init__(*a)
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
         pools.append(self)
 driver.WriterPool = Pool
 
@@ -232,6 +233,37 @@ def test_without_room_in_shared_memory_it_warns_once_and_writes_in_threads(tmp_p
         render_suite(SMOKE, ["cpu"], tmp_path / "b", renderer=INVERT, progress=False)
     assert "\n" not in str(e.value) and str(e.value).startswith("/dev/shm: 0 MB free")
     assert pools[1].workers == 0
+
+
+def test_jobs_submitted_while_the_writers_start_go_to_threads_unless_asked_to_wait(tmp_path):
+    """By default a job submitted before two workers have started is refused (Booting: the
+    driver writes it on threads); with ``wait`` (EVALKIT_WRITER_PROCESSES=1) it waits for them.
+    The clip's future gives its sha256, the preview's its frame count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evalkit.fsutil import sha256_file
+    from evalkit.render.procwrite import Booting
+    from evalkit.video import read_frames
+
+    frames = read_frames(PAN)[0]
+    with ThreadPoolExecutor(2) as encoders:
+        with WriterPool() as pool:
+            pool.start(2)
+            with pytest.raises(Booting):
+                pool.submit(encoders, tmp_path / "a.mkv", tmp_path / "a.mp4", frames, 24, "ffv1")
+            assert pool.made == [] and not pool._reserved
+            deadline = time.monotonic() + 60
+            while pool.started() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            clip, preview = pool.submit(encoders, tmp_path / "a.mkv", tmp_path / "a.mp4",
+                                        frames, 24, "ffv1")
+            assert clip.result() == sha256_file(tmp_path / "a.mkv") and preview.result() == 8
+        with WriterPool(wait=True) as pool:
+            pool.start(2)
+            clip, _ = pool.submit(encoders, tmp_path / "b.nut", tmp_path / "b.mp4", frames, 24,
+                                  "utvideo")
+            assert clip.result() == sha256_file(tmp_path / "b.nut")
+    assert np.array_equal(read_frames(tmp_path / "b.nut")[0], frames)
 
 
 def test_the_switch_and_its_default(monkeypatch):

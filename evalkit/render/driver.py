@@ -39,7 +39,8 @@ from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS
 from evalkit.procdecode import NoRoom
 from evalkit.render.clipwriter import ClipWriter
-from evalkit.render.procwrite import WriterError, WriterPool, failure_text, use_processes
+from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
+                                      use_processes)
 from evalkit.render.procwrite import forced as procs_forced
 from evalkit.video import ClipReader
 
@@ -498,7 +499,9 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     writer = ClipWriter(clip_parts(), WRITE_AHEAD)
     procs = None
     if in_procs:
-        procs = WriterPool(clip_parts())
+        # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
+        # to start); else the jobs done before they have started are written on threads
+        procs = WriterPool(clip_parts(), wait=bool(procs_forced()))
         procs.start(2 * WRITE_AHEAD)        # they boot while the first job renders
     pending: collections.deque = collections.deque()
     try:
@@ -555,7 +558,8 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: Cl
             procs: WriterPool | None = None) -> list[Future]:
     """Start writing a rendered job's lossless clip and browser copy (atomic files): in the
     writer processes ``procs`` (the frames copied into shared memory on an encoder thread),
-    else, or when ``/dev/shm`` has no room for them, on the encoder threads ``pool``."""
+    else, or while they start, or when ``/dev/shm`` has no room for the frames, on the encoder
+    threads ``pool``."""
     from evalkit.video import write_browser
 
     if result.error is not None or result.encoded is not None or result.frames is None:
@@ -565,6 +569,8 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: Cl
         try:
             return procs.submit(pool, run.clip_path(jid), run.preview_path(jid), result.frames,
                                 result.fps, run.lossless)
+        except Booting:
+            pass                                        # on threads, as a CPU render
         except NoRoom as e:
             if procs_forced():
                 raise UserError(str(e)) from None       # asked for: say why not

@@ -17,7 +17,10 @@ with many cores, :class:`evalkit.render.clipwriter.ClipWriter`: the same code an
 writer threads) and returns its sha256, the other writes the browser copy
 (:func:`evalkit.video.write_browser`); then the parent unlinks the segment. The driver has at
 most ``WRITE_AHEAD`` jobs being written, so at most that many segments exist. Files are
-atomic as on threads (:func:`evalkit.fsutil.atomic_path`).
+atomic as on threads (:func:`evalkit.fsutil.atomic_path`). A worker takes 0.2-0.5 s to start
+(its imports: numpy, PyAV) and a canary job renders in 0.13 s: the jobs done before two
+workers have started are written on the driver's threads (:class:`Booting`), unless
+``$EVALKIT_WRITER_PROCESSES`` is ``1`` (then they wait for the workers).
 
 Workers are fresh interpreters (:func:`evalkit.procdecode.start_worker`: ``subprocess`` and a
 pipe, not multiprocessing's ``spawn``); they ignore Ctrl-C (the parent stops them) and end
@@ -47,6 +50,8 @@ from evalkit.procdecode import SHM_DIR, NoRoom, attach, shm_free, start_worker
 #: parent)
 _POLL = 0.5
 _ENV = "EVALKIT_WRITER_PROCESSES"
+#: a worker's first message: its imports are done
+_READY = ("ready",)
 
 
 def use_processes(tasks) -> bool:
@@ -77,6 +82,10 @@ def failure_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
 
 
+class Booting(Exception):
+    """Fewer than two writer processes have started yet (:meth:`WriterPool.submit`)."""
+
+
 class WriterError(Exception):
     """A writer process's failure, already in one line (:func:`failure_text` of the worker's
     exception, or how the worker died)."""
@@ -101,9 +110,11 @@ def _child_main(fd: int) -> None:
     import av  # noqa: F401 - loaded while the first job renders, not when it is written
 
     from evalkit.render.clipwriter import ClipWriter
+    from evalkit.video import write_browser  # noqa: F401 - as av
 
     clips: dict[int, ClipWriter] = {}               # by parts
     try:
+        conn.send(_READY)
         while True:
             msg = conn.recv()
             if msg is None:
@@ -147,9 +158,20 @@ def _write(clips: dict, kind, name, shape, fps, path, codec=None, parts=1) -> tu
 class _Worker:
     def __init__(self):
         self.process, self.conn = start_worker("evalkit.render.procwrite", "_child_main")
+        self.ready = False
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def started(self) -> bool:
+        """Whether its imports are done (it said so; an idle worker's only message)."""
+        if not self.ready:
+            try:
+                if self.conn.poll(0):
+                    self.ready = self.conn.recv() == _READY
+            except (EOFError, OSError):     # died: the next job's receive says so
+                pass
+        return self.ready
 
     def send(self, msg) -> None:
         try:
@@ -162,9 +184,13 @@ class _Worker:
         while True:
             if self.conn.poll(_POLL):
                 try:
-                    return self.conn.recv()
+                    msg = self.conn.recv()
                 except (EOFError, OSError):
                     break
+                if msg == _READY:
+                    self.ready = True
+                    continue
+                return msg
             if not self.alive():
                 break
         code = self.process.wait()
@@ -191,10 +217,14 @@ class _Worker:
 class WriterPool:
     """Worker processes writing a render's files (see the module's note); :meth:`close` stops
     them. ``parts``: parts each lossless clip is encoded in at once
-    (:func:`evalkit.render.driver.clip_parts`)."""
+    (:func:`evalkit.render.driver.clip_parts`). ``wait``: jobs submitted while the workers
+    are still starting wait for them; else :meth:`submit` raises :class:`Booting` (the driver
+    writes such a job on its threads: a worker takes 0.2-0.5 s to start, a canary job renders
+    in 0.13 s)."""
 
-    def __init__(self, parts: int = 1):
+    def __init__(self, parts: int = 1, *, wait: bool = False):
         self.parts = max(1, int(parts))
+        self.wait = wait
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -214,6 +244,11 @@ class WriterPool:
     def workers(self) -> int:
         return len(self._all)
 
+    def started(self) -> int:
+        """Idle workers whose imports are done."""
+        with self._lock:
+            return sum(w.started() for w in self._idle)
+
     def start(self, n: int) -> None:
         """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
         with self._lock:
@@ -228,12 +263,16 @@ class WriterPool:
         its frames are copied into shared memory on a thread of ``encoders``. Returns the two
         files' futures, as the writer threads' (the clip's gives its sha256; a failure is a
         :class:`WriterError`). Raises :class:`evalkit.procdecode.NoRoom` (nothing started)
-        when ``/dev/shm`` has no room for the frames."""
+        when ``/dev/shm`` has no room for the frames, :class:`Booting` (nothing started) when
+        not ``wait`` and fewer than two workers have started."""
         frames = np.asarray(frames)
         if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
             raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} "
                              f"{frames.shape}")
         token = self._reserve(frames.nbytes)
+        if not self.wait and self.started() < 2:
+            self._unreserve(token)
+            raise Booting("the writer processes are starting")
         futures = [Future(), Future()]
         try:
             encoders.submit(self._job, token, futures, clip, preview, frames, fps, codec)
