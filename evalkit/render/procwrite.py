@@ -33,6 +33,7 @@ if the parent is killed).
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -345,9 +346,21 @@ class WriterPool:
                     self._segments[token] = shm.name
                     self.made.append(shm.name)
                     self.peak_segments = max(self.peak_segments, len(self._segments))
+                # its pages taken now: if /dev/shm filled up since submit, an OSError (the job's
+                # error) rather than SIGBUS in this process while copying
+                if hasattr(os, "posix_fallocate") and getattr(shm, "_fd", -1) >= 0:
+                    try:
+                        os.posix_fallocate(shm._fd, 0, shm.size)
+                    except OSError as e:        # (not supported: pages taken as written)
+                        if e.errno == errno.ENOSPC:
+                            raise OSError(e.errno, f"{SHM_DIR}: no room for the frames of "
+                                          f"{Path(clip).name} ({frames.nbytes / 2**20:.0f} "
+                                          "MB)") from None
                 view = np.ndarray(frames.shape, np.uint8, buffer=shm.buf)
-                view[...] = frames
-                del view
+                try:
+                    view[...] = frames
+                finally:
+                    del view                        # (shm.close() refuses while it lives)
                 shape, workers = tuple(frames.shape), []
                 try:
                     for msg in (("clip", shm.name, shape, fps, str(clip), codec, self.parts),
