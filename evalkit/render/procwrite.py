@@ -5,7 +5,7 @@ Why: PyAV's encode path holds the interpreter lock. On the H200 (session 9) a Py
 launching small CUDA kernels, as a diffusers pipeline's thread does, ran at 0.50x its idle
 speed while the writers (FFV1 clip, H.264 browser copy) encoded on threads of its process,
 0.49x with those threads at nice +10, and at full speed with the same writers in another
-process (``benchmarks/bench_writer_gil.py``). So when a task renders on a device other than
+process (the script that became ``benchmarks/bench_writer_gil.py``). So when a task renders on a device other than
 the CPU, the writers run in worker processes (:class:`WriterPool`); a CPU render keeps them on
 threads (the pipeline and the writers share the cores anyway). ``$EVALKIT_WRITER_PROCESSES``
 (``0``/``1``) forces either way (:func:`use_processes`).
@@ -134,8 +134,10 @@ def _write(clips: dict, kind, name, shape, fps, path, codec=None, parts=1) -> tu
     from evalkit.render.clipwriter import ClipWriter
     from evalkit.video import write_browser
 
-    size = int(np.prod(shape))
-    mm = attach(name, size)
+    try:
+        mm = attach(name, int(np.prod(shape)))
+    except OSError as e:
+        return ("err", failure_text(e))
     try:
         frames = np.ndarray(shape, np.uint8, buffer=mm)
         try:
