@@ -108,19 +108,24 @@ def test_a_writers_error_is_the_jobs_error_as_on_threads(tmp_path, monkeypatch):
 
 class _KillWriters(Invert):
     """Job ``a``: stops every writer process (its files wait on them); job ``b``: once they
-    have them, kills every writer."""
+    have them, kills every writer (and leaves a temporary file of job a's clip, as a writer
+    killed mid-file would)."""
 
     pools: list = []
 
     def render(self, request):
         pool = self.pools[0]
         if request.job.prompt == "a":
+            self.first = request.job.id
             for w in pool._all:
                 os.kill(w.process.pid, signal.SIGSTOP)
         else:
             deadline = time.monotonic() + 60
             while len(pool._all) - len(pool._idle) < 2 and time.monotonic() < deadline:
                 time.sleep(0.005)
+            clips = request.work_dir.parent / "clips"
+            clips.mkdir(exist_ok=True)
+            (clips / f".tmp-{self.first}-0dead.mkv").write_bytes(b"partial")
             for w in list(pool._all):
                 os.kill(w.process.pid, signal.SIGKILL)
         return super().render(request)
@@ -140,6 +145,7 @@ def test_a_writer_killed_mid_job_fails_that_job_and_the_render_goes_on(tmp_path,
                                    f"writing {a['id']}.mkv (killed by SIGKILL)"}
     assert not run.clip_path(a["id"]).exists() and not run.preview_path(a["id"]).exists()
     assert run.is_done(b["id"], verify=True)        # fresh writers wrote the next job
+    assert not [p for p in s.path.rglob(".tmp-*")]
     assert pools[0].workers == 0 and not _shm_left(pools[0].made)
 
 

@@ -27,7 +27,8 @@ pipe, not multiprocessing's ``spawn``); they ignore Ctrl-C (the parent stops the
 when the parent dies (their pipe closes, or, mid-file, their parent process changes: a
 temporary file may stay behind, removed by the next render of that run folder). A writer's
 exception comes back as its one-line text (:class:`WriterError`), and a worker that dies
-mid-file fails that job with a message naming the signal; the next job gets a fresh worker.
+mid-file fails that job with a message naming the signal (its temporary file removed); the
+next job gets a fresh worker.
 The shared memory is created and unlinked by the parent only (its resource tracker unlinks it
 if the parent is killed).
 """
@@ -382,11 +383,15 @@ class WriterPool:
             for f in futures:
                 f.set_exception(e)
             return
-        for f, (kind, value) in zip(futures, answers):
+        for f, (kind, value), path in zip(futures, answers, (clip, preview)):
             if kind == "ok":
                 f.set_result(value)
-            else:
-                f.set_exception(WriterError(value))
+                continue
+            if kind == "died":              # its temporary file (fsutil.atomic_path's name)
+                path = Path(path)
+                for tmp in path.parent.glob(f".tmp-{path.stem}-*{path.suffix}"):
+                    tmp.unlink(missing_ok=True)
+            f.set_exception(WriterError(value))
 
     def close(self) -> None:
         """Stop every worker (call it once no job is being written)."""
