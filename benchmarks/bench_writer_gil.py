@@ -10,7 +10,11 @@ back, ``WRITE_AHEAD`` jobs in flight as in a render:
 
 - ``threads``: on encoder threads of this process (a CPU render's writers);
 - ``processes``: in :class:`evalkit.render.procwrite.WriterPool` workers, the frames copied
-  into shared memory on an encoder thread (a device render's writers).
+  into shared memory on an encoder thread (a device render's writers);
+- ``decoding`` (unless ``--no-decode``): no writers, but a thread decoding a canary source
+  clip again and again as the render's source prefetch does (``driver.SourceCache``, a
+  :class:`evalkit.video.ClipReader` on a thread of the rendering process): does decoding hold
+  the GIL too?
 
 Rounds alternate idle / threads / processes so that machine noise hits all alike; printed per
 round: the foreground's rate, the writers' jobs/s; at the end, medians and the ratios against
@@ -104,6 +108,29 @@ class Writers:
             self.procs.close()
 
 
+class Decoding:
+    """A thread decoding ``path`` again and again, as the render's source prefetch does."""
+
+    def __init__(self, path: Path):
+        self.path, self.jobs = path, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-decode")
+
+    def _loop(self) -> None:
+        from evalkit.video import ClipReader
+
+        while not self._stop.is_set():
+            ClipReader(self.path).read()
+            self.jobs += 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def launches(x, seconds: float, cuda: bool) -> float:
     """Small torch ops launched back to back for ``seconds``: ops per second."""
     import torch
@@ -146,6 +173,11 @@ def main() -> int:
     p.add_argument("--parts", type=int, default=None,
                    help="parts a clip is encoded in at once (default: a render's, clip_parts())")
     p.add_argument("--no-python", action="store_true", help="skip the pure-Python foreground")
+    p.add_argument("--no-decode", action="store_true",
+                   help="skip the source-decoding thread condition")
+    p.add_argument("--source", default=str(Path(__file__).resolve().parents[1] / "datasets"
+                                           / "canary" / "clips" / "astronaut_pan.mkv"),
+                   help="the clip the decoding condition decodes (default: a canary source)")
     a = p.parse_args()
 
     import torch
@@ -166,11 +198,16 @@ def main() -> int:
         print(f"device {spec.spec}, job {a.frames} frames {w}x{h}, {a.codec} in {parts} part(s) "
               f"+ H.264 preview, {a.seconds} s a measurement, {a.rounds} rounds", flush=True)
         rates: dict = {}
+        modes = ("idle", "threads", "processes") + (() if a.no_decode else ("decoding",))
         for r in range(a.rounds):
             for name, fg in grounds.items():
-                for mode in ("idle", "threads", "processes"):
+                for mode in modes:
                     writers = None
-                    if mode != "idle":
+                    if mode == "decoding":
+                        writers = Decoding(Path(a.source))
+                        writers.start()
+                        time.sleep(0.5)
+                    elif mode != "idle":
                         writers = Writers(mode, frames, Path(tmp), a.codec, parts)
                         writers.start()
                         time.sleep(0.5)                     # writers in their stride
@@ -182,15 +219,18 @@ def main() -> int:
                     if writers:
                         writers.stop()
                     rates.setdefault((name, mode), []).append((rate, jps))
+                    what = "clips/s" if mode == "decoding" else "jobs/s"
                     print(f"round {r + 1}: {name:11s} writers {mode:9s}: {rate:14,.0f}/s"
-                          + (f"  (writers {jps:5.1f} jobs/s)" if writers else ""), flush=True)
+                          + (f"  ({mode} {jps:5.1f} {what})" if writers else ""), flush=True)
         print("medians, against idle:")
         for name in grounds:
             idle = statistics.median(v[0] for v in rates[(name, "idle")])
-            for mode in ("idle", "threads", "processes"):
+            for mode in modes:
                 med = statistics.median(v[0] for v in rates[(name, mode)])
                 jps = statistics.median(v[1] for v in rates[(name, mode)])
-                extra = f", writers {jps:.1f} jobs/s" if mode != "idle" else ""
+                what = "source decoded" if mode == "decoding" else "writers"
+                unit = "clips/s" if mode == "decoding" else "jobs/s"
+                extra = f", {what} {jps:.1f} {unit}" if mode != "idle" else ""
                 print(f"  {name:11s} writers {mode:9s}: {med:14,.0f}/s = {med / idle:.2f}x idle"
                       f"{extra}")
     return 0
