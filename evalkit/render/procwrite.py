@@ -249,8 +249,14 @@ class WriterPool:
         return len(self._all)
 
     def started(self) -> int:
-        """Idle workers whose imports are done."""
+        """Idle workers whose imports are done (one that died idle is replaced)."""
         with self._lock:
+            for i, w in enumerate(self._idle):
+                if not self._closed and not w.alive():
+                    self._all.remove(w)
+                    w.stop()
+                    self._idle[i] = _Worker()
+                    self._all.append(self._idle[i])
             return sum(w.started() for w in self._idle)
 
     def start(self, n: int) -> None:
@@ -287,9 +293,7 @@ class WriterPool:
 
     def _reserve(self, size: int) -> int:
         """Reserve room for ``size`` bytes of frames; raise :class:`NoRoom` without it. The
-        segments of the jobs in flight count, those not written yet too (pages are taken as
-        they are written: a segment larger than the room left would kill its writer with
-        SIGBUS)."""
+        reservations of the jobs in flight count, whether their pages are taken yet or not."""
         free = shm_free()
         with self._lock:
             if self._closed:
