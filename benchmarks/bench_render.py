@@ -8,6 +8,8 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --suite datasets/smoke/suite.yaml \\
         --model PATH --pipeline-class evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline
     python benchmarks/bench_render.py --fake-gpu 0.08 --lossless utvideo   # no pipeline at all
+    python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
+                                                   # threads vs processes, side by side
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -25,11 +27,18 @@ upside down, so the harness's own cost around a GIL-free pipeline shows on a CPU
 ``--fake-python SECONDS`` adds that much pure-Python work per job, spread over 12 steps between
 the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer threads that want
 it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
-run where evalkit tells them apart (``driver.writer_niceness``: its writers' CPU priority).
+run where evalkit tells them apart (``driver.use_processes``: its writers in worker processes).
+
+``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
+``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
+in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones waiting for
+the workers to start; auto: unset, evalkit's own choice: processes when a device renders, the
+jobs done before they have started written on threads), and reports each; default: auto.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -82,9 +91,9 @@ def main() -> int:
     p.add_argument("--fake-python", type=float, default=0.0, metavar="SECONDS",
                    help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps")
     p.add_argument("--no-progress", action="store_true", help="harness without progress bars")
-    p.add_argument("--writer-niceness", type=int, default=None, metavar="N",
-                   help="the nice increment of the writer threads of a GPU render "
-                        "(driver.WRITER_NICENESS, where this evalkit has it; default: its own)")
+    p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
+                   help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
+                        "each repeat (auto: unset, evalkit's own choice; the default)")
     a = p.parse_args()
 
     import torch
@@ -107,14 +116,14 @@ def main() -> int:
 
     if a.fake_gpu is not None:
         renderer = fake_gpu_renderer(a.fake_gpu, a.fake_python)
-        if hasattr(driver, "writer_niceness"):     # the writers' priority of a GPU render
-            driver.writer_niceness = lambda tasks: driver.WRITER_NICENESS
+        if hasattr(driver, "use_processes"):       # the writers of a GPU render
+            from evalkit.render import procwrite
+
+            driver.use_processes = lambda tasks: (procwrite.forced() is not False
+                                                  and os.name == "posix")
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)
-    if a.writer_niceness is not None and hasattr(driver, "WRITER_NICENESS"):
-        driver.WRITER_NICENESS = a.writer_niceness
-        renderer_name += f", writers' nice +{a.writer_niceness}"
 
     class LoadedOnce(LocalExecutor):
         """The harness's executor, reusing the pipeline loaded for the direct runs."""
@@ -173,35 +182,54 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
+    settings = [None if v == "auto" else v for v in a.writer_processes or ["auto"]]
+
+    def harness_with(value):
+        if value is None:
+            os.environ.pop("EVALKIT_WRITER_PROCESSES", None)
+        else:
+            os.environ["EVALKIT_WRITER_PROCESSES"] = value
+        return harness()
+
+    def named(value) -> str:
+        return {None: "evalkit render (auto)", "0": "writers: threads (0)",
+                "1": "writers: processes (1)"}[value]
+
     direct()  # warm-up (first-call allocations, kernels)
-    d, own, h, parts = [], [], [], []
+    d, own = [], []
+    h = {v: [] for v in settings}
+    parts = {v: [] for v in settings}
     for i in range(a.repeats):
         wall, pipe = direct()
         d.append(wall)
         own.append(pipe)
-        wall, where = harness()
-        h.append(wall)
-        parts.append(where)
-        print(f"repeat {i + 1}: direct {d[-1]:.3f} s (pipeline {own[-1]:.3f} s)  harness "
-              f"{h[-1]:.3f} s (pipeline {where['calls']:.3f}, before the first call "
-              f"{where['head']:.3f}, between calls {where['gaps']:.3f} (at most "
-              f"{where['max_gap']:.3f}), after the last {where['tail']:.3f})", file=sys.stderr)
-    md, mo, mh = statistics.median(d), statistics.median(own), statistics.median(h)
+        line = f"repeat {i + 1}: direct {d[-1]:.3f} s (pipeline {own[-1]:.3f} s)"
+        for value in settings:
+            wall, where = harness_with(value)
+            h[value].append(wall)
+            parts[value].append(where)
+            line += (f"\n  {named(value)}: {wall:.3f} s (pipeline {where['calls']:.3f}, before "
+                     f"the first call {where['head']:.3f}, between calls {where['gaps']:.3f} (at "
+                     f"most {where['max_gap']:.3f}), after the last {where['tail']:.3f})")
+        print(line, file=sys.stderr)
+    md, mo = statistics.median(d), statistics.median(own)
     n = len(jobs)
     print(f"suite {suite.name}, {n} jobs, backend {spec.spec}, renderer {renderer_name}, "
           f"lossless {a.lossless or 'ffv1'}")
     print(f"pipeline's own time   : median {mo:.3f} s  ({mo / n:.3f} s/job)")
     print(f"direct pipeline calls : median {md:.3f} s  ({md / n:.3f} s/job, sources decoded "
           "in line)")
-    print(f"evalkit render        : median {mh:.3f} s  ({mh / n:.3f} s/job)")
-    print(f"harness overhead      : {100 * (mh - md) / md:+.2f}% of the direct loop's wall time "
-          f"(ratio {mh / md:.4f}); {mh - mo:+.3f} s = {100 * (mh - mo) / mo:+.2f}% of the "
-          f"pipeline's own time ({(mh - mo) / n:+.4f} s/job)")
-    med = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
-    print(f"harness's time, median: pipeline calls {med['calls']:.3f} s, before the first call "
-          f"{med['head']:.3f} s (set-up and the first source), between calls {med['gaps']:.3f} s "
-          f"(at most {med['max_gap']:.3f} s), after the last call {med['tail']:.3f} s (its "
-          "clip, preview and manifest)")
+    for value in settings:
+        mh = statistics.median(h[value])
+        print(f"{named(value)}: median {mh:.3f} s  ({mh / n:.3f} s/job)")
+        print(f"  harness overhead: {100 * (mh - md) / md:+.2f}% of the direct loop's wall time "
+              f"(ratio {mh / md:.4f}); {mh - mo:+.3f} s = {100 * (mh - mo) / mo:+.2f}% of the "
+              f"pipeline's own time ({(mh - mo) / n:+.4f} s/job)")
+        med = {k: statistics.median(p[k] for p in parts[value]) for k in parts[value][0]}
+        print(f"  harness's time, median: pipeline calls {med['calls']:.3f} s, before the first "
+              f"call {med['head']:.3f} s (set-up and the first source), between calls "
+              f"{med['gaps']:.3f} s (at most {med['max_gap']:.3f} s), after the last call "
+              f"{med['tail']:.3f} s (its clip, preview and manifest)")
     writes(suite, jobs)
     return 0
 

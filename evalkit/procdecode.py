@@ -64,10 +64,11 @@ def use_processes() -> bool:
 
 
 # -- the worker process -------------------------------------------------------------------------
-def _attach(name: str, size: int):
-    """The parent's shared memory, mapped here without registering it with a resource
+def attach(name: str, size: int):
+    """The parent's shared memory, mapped in a worker without registering it with a resource
     tracker (the parent alone unlinks it; SharedMemory(name) would register it, and a tracker
-    of this process would unlink it when this process ends)."""
+    of this process would unlink it when this process ends). Also used by
+    :mod:`evalkit.render.procwrite`."""
     import mmap
 
     import _posixshmem
@@ -107,7 +108,7 @@ def _mapping(name: str, size: int):
         _MAPPED.pop(1).close()
         _MAPPED.clear()
     if not _MAPPED:
-        _MAPPED.extend([name, _attach(name, size)])
+        _MAPPED.extend([name, attach(name, size)])
     return _MAPPED[1]
 
 
@@ -186,31 +187,43 @@ def ours_written(workers) -> int:
     return total
 
 
+def start_worker(module: str, function: str):
+    """A worker process: a fresh interpreter (nothing of the parent's ``__main__`` runs there,
+    unlike multiprocessing's ``spawn``) calling ``module.function(FD)``, ``FD`` its end of a
+    duplex :func:`multiprocessing.Pipe`. Returns ``(Popen, the parent's Connection)``. POSIX
+    (``pass_fds``); also used by :mod:`evalkit.render.procwrite`."""
+    import subprocess
+    import sys
+    from multiprocessing import Pipe
+    from pathlib import Path
+
+    import evalkit
+
+    conn, child = Pipe(duplex=True)
+    root = str(Path(evalkit.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", f"import sys; from {module} import {function}; "
+             f"{function}(int(sys.argv[1]))", str(child.fileno())],
+            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+    except BaseException:
+        conn.close()
+        raise
+    finally:
+        child.close()
+    return process, conn
+
+
 class _Worker:
     """A worker process (a fresh interpreter: nothing of the parent's ``__main__`` runs there)
     and the parent's end of its pipe."""
 
     def __init__(self):
-        import subprocess
-        import sys
-        from multiprocessing import Pipe
-        from pathlib import Path
-
-        import evalkit
-
         #: this worker's ring (shared memory), reused from clip to clip while large enough
         self.segment: shared_memory.SharedMemory | None = None
-        self.conn, child = Pipe(duplex=True)
-        root = str(Path(evalkit.__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from evalkit.procdecode import _child_main; "
-                 "_child_main(int(sys.argv[1]))", str(child.fileno())],
-                pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
-        finally:
-            child.close()
+        self.process, self.conn = start_worker("evalkit.procdecode", "_child_main")
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -350,43 +350,33 @@ def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, m
     assert seen == [("hubble_object", True)]
 
 
-def test_writer_threads_run_at_a_lower_cpu_priority_than_the_rendering_thread(tmp_path,
-                                                                             monkeypatch):
-    """Linux, a GPU render with WRITER_NICENESS 3 (writer_niceness forced: no GPU here): the
-    threads that encode the clips (and the parts of a clip, encoded at once with many cores:
-    forced too) have a nice value 3 above the rendering thread's, which keeps its own, so the
-    pipeline's thread gets a core first. A CPU render leaves them as they are."""
+def test_with_many_cores_clips_are_encoded_in_parts_and_hashed_on_the_encoder_thread(tmp_path,
+                                                                                    monkeypatch):
+    """A CPU render (writer threads) with 2 parts a clip (as with 8+ cores): each clip's parts
+    are encoded at once, off the rendering thread, and the sha256 taken there is the file's."""
     import threading
 
     from evalkit.render import clipwriter, driver
 
-    def nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    base, clips, parts = nice(), [], []
-    write, part_packets = driver.ClipWriter.write, clipwriter._part_packets
+    main, clips, parts = threading.get_ident(), [], []
+    write, part_packets = clipwriter.ClipWriter.write, clipwriter._part_packets
 
     def write_clip(self, *args):
-        clips.append(nice())
+        clips.append(threading.get_ident())
         return write(self, *args)
 
     def part(*args):
-        parts.append(nice())
+        parts.append(threading.get_ident())
         return part_packets(*args)
 
-    monkeypatch.setattr(driver.ClipWriter, "write", write_clip)
+    monkeypatch.setattr(clipwriter.ClipWriter, "write", write_clip)
     monkeypatch.setattr(clipwriter, "_part_packets", part)
     monkeypatch.setattr(driver, "clip_parts", lambda: 2)
+    monkeypatch.delenv("EVALKIT_WRITER_PROCESSES", raising=False)
     kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
     [s] = render_suite(SMOKE, ["cpu"], tmp_path / "cpu", **kw)
-    assert s.done == 2 and clips == [base] * 2 and parts == [base] * 4    # 8 frames: 2 parts
-    clips.clear()
-    parts.clear()
-    monkeypatch.setattr(driver, "writer_niceness", lambda tasks: 3)
-    [s] = render_suite(SMOKE, ["cpu"], tmp_path / "o", **kw)
-    assert s.done == 2 and nice() == base
-    lowered = min(19, base + 3) if sys.platform.startswith("linux") else base
-    assert clips == [lowered] * 2 and parts == [lowered] * 4
+    assert s.done == 2 and len(clips) == 2 and len(parts) == 4      # 8 frames: 2 parts
+    assert main not in clips + parts
     run = RunDir.open(s.path)
     for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
         assert rec["output"]["sha256"] == sha256_file(s.path / rec["output"]["path"])
@@ -417,25 +407,6 @@ def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_pa
         with pytest.raises(ValueError, match="clips are"):
             write_lossless_parts(tmp_path / "x.mp4", frames, 24, codec=codec, pool=pool, parts=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([one.name, parts.name])
-
-
-def test_writers_are_lowered_only_when_a_device_renders(monkeypatch):
-    from evalkit.render import driver
-    from evalkit.render.backend import parse_spec
-    from evalkit.render.driver import BackendTask, writer_niceness
-
-    monkeypatch.setattr(driver, "WRITER_NICENESS", 5)
-
-    job = load_suite(SMOKE).jobs[0]
-
-    def task(spec, jobs=(job,), apply=True):
-        return BackendTask(parse_spec(spec), list(jobs), apply=apply)
-
-    assert writer_niceness([task("cpu"), task("cpu,dtype=bf16")]) == 0
-    assert writer_niceness([task("cpu"), task("cuda:1,dtype=bf16")]) == 5
-    assert writer_niceness([task("mps")]) == 5
-    assert writer_niceness([task("cuda", jobs=())]) == 0            # nothing left to render
-    assert writer_niceness([task("cuda", apply=False)]) == 0        # adopted: nothing renders
 
 
 def test_progress_reuses_one_job_bar():

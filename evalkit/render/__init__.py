@@ -5,6 +5,14 @@
 - :mod:`.ray`: the Ray executor (optional extra)
 - :mod:`.renderers`: one file per renderer (base protocol, diffusers, canary, command, import)
 """
-from evalkit.render.driver import render_suite, run_dir_name
-
 __all__ = ["render_suite", "run_dir_name"]
+
+
+def __getattr__(name: str):
+    """``render_suite`` and ``run_dir_name`` from :mod:`.driver`, imported on first use: a
+    writer process (:mod:`.procwrite`) imports this package without the driver's imports."""
+    if name in __all__:
+        from evalkit.render import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ NTSC rates included). FFV1 level 3 encodes its 4 slices on at most 4 threads: on
 """
 from __future__ import annotations
 
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -92,3 +92,34 @@ def write_lossless_parts(path, frames: np.ndarray, fps, *, codec: str, pool: Exe
         for f in futures:
             f.cancel()
     return len(frames)
+
+
+class ClipWriter:
+    """Writes a render's lossless clips (:meth:`write`), each in ``parts`` at once on a pool of
+    its own when ``parts`` > 1 (``jobs``: clips written at once, which sizes the pool). The
+    render's writer threads use one (:mod:`evalkit.render.driver`), and so does each writer
+    process (:mod:`evalkit.render.procwrite`): the same code, the same bytes."""
+
+    def __init__(self, parts: int, jobs: int = 1):
+        self.parts = max(1, int(parts))
+        self.pool = None
+        if self.parts > 1:
+            self.pool = ThreadPoolExecutor(max_workers=self.parts * max(1, int(jobs)),
+                                           thread_name_prefix="evalkit-encode-part")
+
+    def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
+        """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
+        the browser copy's encoding, not after it on the recorder)."""
+        from evalkit.fsutil import sha256_file
+        from evalkit.video import usable_cores, write_lossless
+
+        if self.pool is None:
+            write_lossless(path, frames, fps, codec=codec)
+        else:
+            write_lossless_parts(path, frames, fps, codec=codec, pool=self.pool,
+                                 parts=self.parts, threads=max(1, usable_cores() // self.parts))
+        return sha256_file(path)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)

@@ -24,7 +24,6 @@ import re
 import resource
 import shutil
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,6 +37,11 @@ from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_rend
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS
+from evalkit.procdecode import NoRoom
+from evalkit.render.clipwriter import ClipWriter
+from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
+                                      use_processes)
+from evalkit.render.procwrite import forced as procs_forced
 from evalkit.video import ClipReader
 
 
@@ -481,19 +485,24 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
                         "saved": float("-inf"), "dirty": False} for task, run in runs}
     # Results are written while the next jobs render: each job's lossless clip and browser
-    # copy are encoded side by side in a pool of encoder threads (PyAV lets go of the GIL), and
-    # one recorder thread marks the jobs done in the manifest in the order they came, each once
-    # both its files are in place. At most WRITE_AHEAD results wait to be written (memory).
-    # With a GPU their threads may run at a lower CPU priority than this one (writer_niceness):
-    # the thread that feeds the pipeline gets a core first.
-    increment = writer_niceness([task for task, _ in runs])
-    nice = thread_nice() if increment else None
-    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
-                                  initializer=lower_thread_priority, initargs=(nice, increment))
-    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer",
-                                  initializer=lower_thread_priority, initargs=(nice, increment))
+    # copy are encoded side by side, and one recorder thread marks the jobs done in the manifest
+    # in the order they came, each once both its files are in place. At most WRITE_AHEAD
+    # results wait to be written (memory). On a CPU render the writers are threads of this
+    # process; when a device renders they are worker processes (procwrite: PyAV's encoders
+    # hold the GIL, which the thread that feeds the device needs), the frames handed over in
+    # shared memory by the encoder threads.
+    # (a cluster executor's results come encoded: nothing to write here)
+    in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
+    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
+    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ClipWriter(clip_parts(), nice, increment)
+    writer = ClipWriter(clip_parts(), WRITE_AHEAD)
+    procs = None
+    if in_procs:
+        # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
+        # to start); else the jobs done before they have started are written on threads
+        procs = WriterPool(clip_parts(), wait=bool(procs_forced()))
+        procs.start(2 * WRITE_AHEAD)        # they boot while the first job renders
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
@@ -501,7 +510,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             st = state[id(task)]
             while len(pending) >= WRITE_AHEAD:
                 pending.popleft().result()
-            files = _encode(encoders, st["run"], result, writer)
+            files = _encode(encoders, st["run"], result, writer, procs)
             pending.append(recorder.submit(_record, st, result, seed_offset, files))
         while pending:
             pending.popleft().result()
@@ -511,6 +520,8 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
         writer.close()
+        if procs is not None:
+            procs.close()
         for st in state.values():  # results whose manifest save was deferred
             if st["dirty"]:
                 st["run"].save()
@@ -520,63 +531,8 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                           state[id(task)]["failures"]) for task, run in runs]
 
 
-def failure_text(e: BaseException) -> str:
-    """A job's failure in one line: the exception and where it was raised."""
-    tb = traceback.extract_tb(e.__traceback__)[-1]
-    return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
-
-
 #: results rendered but not yet recorded, at most (each holds its frames until written)
 WRITE_AHEAD = 2
-
-
-#: how much lower (a nice increment) the CPU priority of a local render's encoder and recorder
-#: threads is than the rendering thread's when a GPU renders (Linux: priorities are per thread,
-#: and the threads FFmpeg and x264 start inherit their creator's). 0 (off) until measured on a
-#: GPU: on the shared 2-core CPU, +5 lost 0.6-1.5 s a run whenever decoding and encoding
-#: saturate the cores (the writers fall behind, and behind other programs) and its gain with a
-#: busy pipeline thread was within noise (benchmarks/results/render_harness_cpu2_s8.txt);
-#: ``bench_render.py --writer-niceness 5`` measures it.
-WRITER_NICENESS = 0
-
-
-def writer_niceness(tasks: list[BackendTask]) -> int:
-    """The writer threads' nice increment for a local render of ``tasks``:
-    :data:`WRITER_NICENESS` when one renders on a device other than the CPU (its thread only
-    feeds the device: it must get a core at once, and the CPU has time to spare), else 0 (on
-    the CPU the pipeline and the writers share the cores; lower-priority writers would only
-    fall behind, and lose to other programs)."""
-    on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
-    return WRITER_NICENESS if on_device else 0
-
-
-def thread_nice() -> int | None:
-    """The calling thread's nice value (Linux; None elsewhere)."""
-    import sys
-    import threading
-
-    if not sys.platform.startswith("linux"):
-        return None
-    with contextlib.suppress(OSError, AttributeError):
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    return None
-
-
-def lower_thread_priority(base: int | None, increment: int | None = None) -> None:
-    """Give the calling thread the nice value ``base + increment`` (``base``: the rendering
-    thread's, :func:`thread_nice`; ``increment``: :data:`WRITER_NICENESS`), unless it is lower
-    already: a pool's thread inherits the nice value of the thread that started it, which may
-    be lowered itself. Linux only (elsewhere ``setpriority`` would name the whole process);
-    never raises: a priority is a preference."""
-    import threading
-
-    if base is None:
-        return
-    target = min(19, base + (WRITER_NICENESS if increment is None else increment))
-    with contextlib.suppress(OSError, AttributeError):
-        tid = threading.get_native_id()
-        if os.getpriority(os.PRIO_PROCESS, tid) < target:
-            os.setpriority(os.PRIO_PROCESS, tid, target)
 
 
 def encoder_threads() -> int:
@@ -598,48 +554,31 @@ def clip_parts() -> int:
 MAX_CLIP_PARTS = 4
 
 
-class ClipWriter:
-    """Writes lossless clips, in ``parts`` at once on a pool of its own when ``parts`` > 1
-    (:mod:`evalkit.render.clipwriter`); its threads run at the writers' priority (``nice``: the
-    rendering thread's nice value, :func:`thread_nice`, None: unchanged; ``increment``: see
-    :func:`lower_thread_priority`)."""
-
-    def __init__(self, parts: int, nice: int | None = None, increment: int | None = None):
-        self.parts = max(1, int(parts))
-        self.pool = None
-        if self.parts > 1:
-            self.pool = ThreadPoolExecutor(max_workers=self.parts * WRITE_AHEAD,
-                                           thread_name_prefix="evalkit-encode-part",
-                                           initializer=lower_thread_priority,
-                                           initargs=(nice, increment))
-
-    def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
-        """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
-        the browser copy's encoding, not after it on the recorder)."""
-        from evalkit.fsutil import sha256_file
-        from evalkit.render.clipwriter import write_lossless_parts
-        from evalkit.video import usable_cores, write_lossless
-
-        if self.pool is None:
-            write_lossless(path, frames, fps, codec=codec)
-        else:
-            write_lossless_parts(path, frames, fps, codec=codec, pool=self.pool,
-                                 parts=self.parts, threads=max(1, usable_cores() // self.parts))
-        return sha256_file(path)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
-            writer: ClipWriter) -> list[Future]:
-    """Start writing a rendered job's lossless clip and browser copy (atomic files)."""
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: ClipWriter,
+            procs: WriterPool | None = None) -> list[Future]:
+    """Start writing a rendered job's lossless clip and browser copy (atomic files): in the
+    writer processes ``procs`` (the frames copied into shared memory on an encoder thread),
+    else, or while they start, or when ``/dev/shm`` has no room for the frames, on the encoder
+    threads ``pool``."""
     from evalkit.video import write_browser
 
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
+    if procs is not None:
+        try:
+            return procs.submit(pool, run.clip_path(jid), run.preview_path(jid), result.frames,
+                                result.fps, run.lossless)
+        except Booting:
+            pass                                        # on threads, as a CPU render
+        except NoRoom as e:
+            if procs_forced():
+                raise UserError(str(e)) from None       # asked for: say why not
+            if not procs.warned:
+                import warnings
+
+                procs.warned = True
+                warnings.warn(f"writing in threads: {e}", RuntimeWarning, stacklevel=2)
     return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
                         run.lossless),
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
@@ -651,14 +590,16 @@ def _write_error(files: list[Future]) -> str | None:
     for f in files:
         try:
             f.result()
+        except WriterError as e:        # a writer process's, in one line already
+            error = error or f"writing the clip failed: {e}"
         except Exception as e:
             error = error or f"writing the clip failed: {failure_text(e)}"
     return error
 
 
 def _clip_sha256(files: list[Future]) -> str | None:
-    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`; None: none
-    written)."""
+    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`, or a writer
+    process; None: none written)."""
     return files[0].result() if files else None
 
 
