@@ -32,8 +32,9 @@ run where evalkit tells them apart (``driver.use_processes``: its writers in wor
 ``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
 ``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
 in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones waiting for
-the workers to start; auto: unset, evalkit's own choice: processes when a device renders, the
-jobs done before they have started written on threads), and reports each; default: auto.
+the workers to start; auto: unset, evalkit's own choice: threads, or, if
+``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
+have started written on threads), and reports each; default: auto.
 """
 from __future__ import annotations
 

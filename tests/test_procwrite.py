@@ -283,6 +283,11 @@ def test_the_switch_and_its_default(monkeypatch):
         return BackendTask(parse_spec(spec), list(jobs), apply=apply)
 
     monkeypatch.delenv("EVALKIT_WRITER_PROCESSES", raising=False)
+    # the default: threads everywhere (processes measured slower on the H200's canary render)
+    assert not use_processes([task("cpu"), task("cuda:1,dtype=bf16")])
+    assert not use_processes([task("mps")])
+    # with processes the default for device renders (DEVICE_DEFAULT), only those use them
+    monkeypatch.setattr("evalkit.render.procwrite.DEVICE_DEFAULT", True)
     assert not use_processes([task("cpu"), task("cpu,dtype=bf16")])
     assert use_processes([task("cpu"), task("cuda:1,dtype=bf16")]) == (os.name == "posix")
     assert use_processes([task("mps")]) == (os.name == "posix")

@@ -487,10 +487,10 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # Results are written while the next jobs render: each job's lossless clip and browser
     # copy are encoded side by side, and one recorder thread marks the jobs done in the manifest
     # in the order they came, each once both its files are in place. At most WRITE_AHEAD
-    # results wait to be written (memory). On a CPU render the writers are threads of this
-    # process; when a device renders they are worker processes (procwrite: PyAV's encoders
-    # hold the GIL, which the thread that feeds the device needs), the frames handed over in
-    # shared memory by the encoder threads.
+    # results wait to be written (memory). The writers are threads of this process, or on
+    # request (procwrite.use_processes) worker processes (PyAV's encoders hold the GIL, which
+    # the thread that feeds a device needs), the frames handed over in shared memory by the
+    # encoder threads.
     # (a cluster executor's results come encoded: nothing to write here)
     in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
     encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")

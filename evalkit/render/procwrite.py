@@ -5,10 +5,10 @@ Why: PyAV's encode path holds the interpreter lock. On the H200 (session 9) a Py
 launching small CUDA kernels, as a diffusers pipeline's thread does, ran at 0.50x its idle
 speed while the writers (FFV1 clip, H.264 browser copy) encoded on threads of its process,
 0.49x with those threads at nice +10, and at full speed with the same writers in another
-process (the script that became ``benchmarks/bench_writer_gil.py``). So when a task renders on a device other than
-the CPU, the writers run in worker processes (:class:`WriterPool`); a CPU render keeps them on
-threads (the pipeline and the writers share the cores anyway). ``$EVALKIT_WRITER_PROCESSES``
-(``0``/``1``) forces either way (:func:`use_processes`).
+process (the script that became ``benchmarks/bench_writer_gil.py``). Yet the canary render on
+the H200 was slower with its writers in worker processes than on threads (:data:`DEVICE_DEFAULT`),
+so they are used when asked for: ``$EVALKIT_WRITER_PROCESSES=1`` (``0``: threads, the default
+on every device; :func:`use_processes`).
 
 How: :meth:`WriterPool.submit` (on the rendering thread) only checks that ``/dev/shm`` has
 room; on an encoder thread of the driver the job's frames are copied into a shared-memory
@@ -52,20 +52,27 @@ from evalkit.procdecode import SHM_DIR, NoRoom, attach, shm_free, start_worker
 #: parent)
 _POLL = 0.5
 _ENV = "EVALKIT_WRITER_PROCESSES"
+#: whether a render on a device writes in worker processes when ``$EVALKIT_WRITER_PROCESSES``
+#: is unset. Off: on the H200 (session 9, ``bench_render.py --writer-processes 0 1 auto``) the
+#: canary render took 2.27 s with them against 1.92 s on threads (its pipeline calls 1.90
+#: against 1.79 s, and 0.31 s at the end stopping the workers one after the other, since made
+#: parallel), although a thread launching CUDA kernels beside them kept 0.88x of its speed
+#: against 0.21x beside writer threads (``bench_writer_gil.py``)
+DEVICE_DEFAULT = False
 #: a worker's first message: its imports are done
 _READY = ("ready",)
 
 
 def use_processes(tasks) -> bool:
     """Whether a local render of ``tasks`` (:class:`evalkit.render.driver.BackendTask`) writes
-    in worker processes: ``$EVALKIT_WRITER_PROCESSES`` (``0``/``1``), else whether one of them
-    renders jobs on a device other than the CPU (POSIX only: workers get their pipe through
-    ``pass_fds``)."""
+    in worker processes: ``$EVALKIT_WRITER_PROCESSES`` (``0``/``1``), else, if
+    :data:`DEVICE_DEFAULT` (off), whether one of them renders jobs on a device other than the
+    CPU (POSIX only: workers get their pipe through ``pass_fds``)."""
     value = forced()
     if value is not None:
         return value
     on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
-    return os.name == "posix" and on_device
+    return DEVICE_DEFAULT and os.name == "posix" and on_device
 
 
 def forced() -> bool | None:
@@ -206,10 +213,17 @@ class _Worker:
         return ("died", f"the writer process died while writing {Path(path).name} ({how})")
 
     def stop(self, timeout: float = 5.0) -> None:
+        self.ask_to_stop()
+        self.wait_stopped(timeout)
+
+    def ask_to_stop(self) -> None:
+        if self.alive():
+            self.send(None)
+
+    def wait_stopped(self, timeout: float = 5.0) -> None:
         import subprocess
 
         if self.alive():
-            self.send(None)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -402,8 +416,10 @@ class WriterPool:
         with self._lock:
             self._closed = True
             workers, self._all, self._idle = self._all, [], []
+        for w in workers:       # all told first: they end side by side (~0.1 s each)
+            w.ask_to_stop()
         for w in workers:
-            w.stop()
+            w.wait_stopped()
 
     def __enter__(self):
         return self
