@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.errors import UserError
-from evalkit.procdecode import SHM_DIR, NoRoom, attach, shm_free, start_worker
+from evalkit.procdecode import SHM_DIR, NoRoom, WorkerProcess, attach, shm_free, stop_all
 
 #: seconds between liveness checks while waiting for a worker (and the worker's checks of its
 #: parent)
@@ -166,13 +166,10 @@ def _write(clips: dict, kind, name, shape, fps, path, codec=None, parts=1) -> tu
 
 
 # -- the parent's side ----------------------------------------------------------------------------
-class _Worker:
+class _Worker(WorkerProcess):
     def __init__(self):
-        self.process, self.conn = start_worker("evalkit.render.procwrite", "_child_main")
+        super().__init__("evalkit.render.procwrite", "_child_main")
         self.ready = False
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
     def started(self) -> bool:
         """Whether its imports are done (it said so; an idle worker's only message)."""
@@ -183,12 +180,6 @@ class _Worker:
             except (EOFError, OSError):     # died: the next job's receive says so
                 pass
         return self.ready
-
-    def send(self, msg) -> None:
-        try:
-            self.conn.send(msg)
-        except OSError:                     # it died: the receive says so
-            pass
 
     def receive(self, path) -> tuple:
         """Its answer; a worker that died answers ``("err", how)``."""
@@ -211,25 +202,6 @@ class _Worker:
             if -code == signal.SIGBUS:
                 how += f": {SHM_DIR} full?"
         return ("died", f"the writer process died while writing {Path(path).name} ({how})")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.ask_to_stop()
-        self.wait_stopped(timeout)
-
-    def ask_to_stop(self) -> None:
-        if self.alive():
-            self.send(None)
-
-    def wait_stopped(self, timeout: float = 5.0) -> None:
-        import subprocess
-
-        if self.alive():
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.conn.close()
 
 
 class WriterPool:
@@ -416,10 +388,7 @@ class WriterPool:
         with self._lock:
             self._closed = True
             workers, self._all, self._idle = self._all, [], []
-        for w in workers:       # all told first: they end side by side (~0.1 s each)
-            w.ask_to_stop()
-        for w in workers:
-            w.wait_stopped()
+        stop_all(workers)
 
     def __enter__(self):
         return self
