@@ -59,6 +59,15 @@ def env(tmp_path_factory):
     return {"db": db, "sids": sids, "secret": secret, "root": root}
 
 
+@pytest.fixture(scope="module")
+def server(env):
+    """One real `evalkit serve` on the module's database for the browser tests (each test's
+    rater has a token of their own; nothing a test checks depends on a fresh process)."""
+    server = Server(env["db"]).start()
+    yield server
+    server.stop()
+
+
 def recurring_pictures(trials) -> dict:
     """(rater, coded picture) -> the trials that show it, for pictures shown in several."""
     by_rater: dict = {}
@@ -240,13 +249,13 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
-def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser, protocol):
+def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server, browser,
+                                                                    protocol):
     """A whole study through Chromium: every response (URL, status, headers, bytes) and the DOM
     at every trial. Nothing names a backend, run or job; within each trial the videos' URLs are
     unique and their responses have identical headers and lengths."""
     db, sid = env["db"], env["sids"][protocol]
     token = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     page = ctx.new_page()
     seen, dom = [], []
@@ -280,7 +289,6 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser
         dom.append(page.content())
     finally:
         ctx.close()
-        server.stop()
     # the replies of the Gradio events (the trials) are among what was collected: one POST per
     # event (/gradio_api/run/...), or their event streams if they are queued
     replies = [s["body"] for s in seen if "/gradio_api/run/" in s["url"]]
@@ -325,14 +333,10 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser
         assert len(set(heads)) == 1, heads
     # media cannot be had by anyone else, nor before a trial is handed out
     other = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
-    try:
-        name = trials[0]["media"][next(iter(trials[0]["media"]))]
-        assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
-        assert httpx.get(f"{server.url}/media/{name}").status_code == 404
-        nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
-        assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
-                         params={"token": other}).status_code == 200
-    finally:
-        server.stop()
+    name = trials[0]["media"][next(iter(trials[0]["media"]))]
+    assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
+    assert httpx.get(f"{server.url}/media/{name}").status_code == 404
+    nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
+    assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
+                     params={"token": other}).status_code == 200
     assert Path(env["root"]).exists()
