@@ -17,7 +17,7 @@ from evalkit.study.live import media_name
 
 from evalkit.testing.page import ENABLED, answer, boxes, in_viewport, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from evalkit.testing.studies import current, hidden, make_report, progress, secrets_of
+from evalkit.testing.studies import current, hidden, progress, secrets_of
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
@@ -27,9 +27,9 @@ VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("app")
-    report = make_report(root, fps=FPS)
+    report = reports(seeds=tuple(range(8)), fps=FPS)   # test_blind's report (16 clips): made once
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
             for p in ("preference", "abx")}

@@ -33,16 +33,16 @@ from evalkit import study
 
 from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
-from evalkit.testing.studies import hidden, make_report, secrets_of
+from evalkit.testing.studies import hidden, secrets_of
 
 FPS = 12
 VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("blind")
-    report = make_report(root, seeds=tuple(range(8)), fps=FPS)     # 16 clips
+    report = reports(seeds=tuple(range(8)), fps=FPS)     # 16 clips (shared with test_app)
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
