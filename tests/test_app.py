@@ -29,7 +29,7 @@ VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("app")
-    report = reports(seeds=tuple(range(8)), fps=FPS)   # test_blind's report (16 clips): made once
+    report = reports(fps=FPS)
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
             for p in ("preference", "abx")}

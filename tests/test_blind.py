@@ -35,14 +35,15 @@ from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
 from evalkit.testing.studies import hidden, secrets_of
 
-FPS = 12
 VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("blind")
-    report = reports(seeds=tuple(range(8)), fps=FPS)     # 16 clips (shared with test_app)
+    # 16 clips of 8 frames at 24 fps: the page waits a third of a second per trial (nothing
+    # here depends on the frame rate; test_app runs the page at 12 fps, test_app_more at 8)
+    report = reports(seeds=tuple(range(8)))
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
