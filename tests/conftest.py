@@ -59,6 +59,24 @@ def browser():
         b.close()
 
 
+@pytest.fixture(scope="session")
+def reports(tmp_path_factory):
+    """``reports(seeds=..., fps=...)``: :func:`evalkit.testing.studies.make_report` made once per
+    session for each (seeds, fps) and shared by the modules that ask for the same one (a report
+    takes about a second a clip to render and compare). Shared read-only: tests make their
+    studies from it (each study's media lie beside its own database), never change it."""
+    from evalkit.testing.studies import make_report
+
+    made = {}
+
+    def get(seeds=(0, 1, 2), fps=None):
+        key = (tuple(seeds), fps)
+        if key not in made:
+            made[key] = make_report(tmp_path_factory.mktemp("report"), seeds=key[0], fps=fps)
+        return made[key]
+    return get
+
+
 def load_tool(name: str):
     """A script of ``tools/`` as a module (they are not part of the installed package)."""
     import importlib.util

@@ -15,9 +15,9 @@ from evalkit import study
 from evalkit.study import store
 from evalkit.study.live import media_name
 
-from evalkit.testing.page import ENABLED, answer, boxes, in_viewport, open_page
+from evalkit.testing.page import ENABLED, answer, in_viewport, inside, layout, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from evalkit.testing.studies import current, hidden, make_report, progress, secrets_of
+from evalkit.testing.studies import current, hidden, progress, secrets_of
 
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
@@ -27,9 +27,9 @@ VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("app")
-    report = make_report(root, fps=FPS)
+    report = reports(fps=FPS)
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
             for p in ("preference", "abx")}
@@ -103,17 +103,18 @@ def check_layout(page, view, trial):
     """The whole trial on one screen: at 1280x800 every video and answer button lies inside the
     viewport; on a phone the answers and controls do and nothing runs off the sides; the page
     never scrolls sideways, and a touch screen gets no keyboard hints."""
-    vw, vh, sw, sh = page.evaluate("[innerWidth, innerHeight, document.scrollingElement.scrollWidth,"
-                                   " document.scrollingElement.scrollHeight]")
+    g = layout(page, ["video", "#answers button", "#controls button", ".ek-head"])  # one read
+    vw, vh, sw, sh = g["vw"], g["vh"], g["sw"], g["sh"]
     assert sw <= vw, (sw, vw)
-    videos = boxes(page, "video")
+    videos = g["boxes"]["video"]
     assert sorted(b["slot"] for b in videos) == sorted(trial["media"])
     assert all(b["w"] >= 100 and b["h"] >= 60 for b in videos), videos   # big enough to judge
-    assert in_viewport(page, "#answers button") and in_viewport(page, "#controls button")
-    assert in_viewport(page, ".ek-head")
+    assert inside(g["boxes"]["#answers button"], vw, vh), g
+    assert inside(g["boxes"]["#controls button"], vw, vh), g
+    assert inside(g["boxes"][".ek-head"], vw, vh), g
     if view == "desktop":
         assert sh <= vh, (sh, vh)
-        assert in_viewport(page, "video"), videos
+        assert inside(videos, vw, vh), videos
     else:
         assert all(b["x"] >= 0 and b["x"] + b["w"] <= vw + 0.5 for b in videos), videos
     if page.is_hidden("#instructions"):     # open on a new rater's first trial

@@ -22,88 +22,94 @@ from evalkit.study import store
 
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
-from evalkit.testing.studies import answer, current, make_report, progress
+from evalkit.testing.studies import answer, current, progress
 from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
 from test_app import export, hidden, rate  # noqa: F401
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("appmore")
-    report = make_report(root, fps=8)          # 8 frames at 8 fps: a 1 s play-through
+    report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
                              seed=2)["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
-    yield {"db": db, "sid": sid, "root": root}
+    yield {"db": db, "sid": sid, "root": root, "report": report}
 
 
-def test_refusals(env):
+@pytest.fixture(scope="module")
+def server(env):
+    """One real `evalkit serve` on the module's database, shared by the tests that need no
+    process of their own (each uses raters and studies of its own; the restart test stops and
+    starts it, as a server restart is what it tests)."""
+    server = Server(env["db"]).start()
+    yield server
+    server.stop()
+
+
+def test_refusals(env, server):
     """Through the real server: answers out of order or before the videos were requested are
     refused and change nothing; tokens, trials and media names are checked; admin routes need
     the password. (The play-through timing itself is tested with a fake clock in
     test_study_db: no wall-clock bound here.)"""
     db, sid = env["db"], env["sid"]
     t1, t2 = (r["token"] for r in study.invite(db, sid, 2))
-    server = Server(db).start()
     u = server.url
-    try:
-        for tok in ("", "nope", t1[:-1] + ("A" if t1[-1] != "A" else "B")):
-            r = httpx.get(f"{u}/api/trial", params={"token": tok})
-            assert r.status_code == 403 and tok not in r.text if tok else r.status_code == 403
-        first = httpx.get(f"{u}/api/trial", params={"token": t1}).json()
-        mine = first["trial"]
-        assert mine["fps"] == 8 and first["progress"] == {"done": 0, "total": mine["total"],
-                                                          "finished": False}
-        post = lambda **b: httpx.post(f"{u}/api/answer", json=b)  # noqa: E731
-        # t2's first trial was never handed out: refused (409), and that starts nothing
-        other = _trials(db, t2)[0]
-        r = post(token=t2, trial=other, answer="left", response_ms=5)
-        assert r.status_code == 409 and "not the trial being shown" in r.json()["error"], r.text
-        assert hidden(db, other)["served"] is None
-        # handed out but its videos never requested: refused (425) however long one waits
-        early = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
-        assert early.status_code == 425, early.text
-        assert "were not loaded" in early.json()["error"] and early.json()["wait_ms"] > 0
-        later = _trials(db, t1)[1]
-        assert post(token=t1, trial=later, answer="left").status_code == 409    # out of order
-        assert post(token=t1, trial=10**6, answer="left", response_ms=5).status_code == 404
-        assert post(token=t1, trial="1 or 1=1", answer="left", response_ms=5).status_code == 404
-        assert post(token=t1, trial=other, answer="left", response_ms=5).status_code == 403
-        assert post(token="bad", trial=mine["trial"], answer="left", response_ms=5).status_code == 403
-        assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
-        assert httpx.post(f"{u}/api/answer", content=b"[1]",
-                          headers={"content-type": "application/json"}).status_code == 400
-        assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
-        # media: only by the opaque names of the rater's own handed-out trials
-        name = mine["media"]["left"]
-        r = httpx.get(f"{u}/media/{name}", params={"token": t1})
-        assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
-        assert "last-modified" not in r.headers and "etag" not in r.headers
-        assert httpx.get(f"{u}/media/{name}").status_code == 404
-        assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 404
-        assert httpx.get(f"{u}/media/{name}", params={"token": t2}).status_code == 404
-        sha = hidden(db, mine["trial"])["shown"]["left"]
-        for bad in ("secret.mp4", "..%2Fsecret.mp4", "..%2Fs.db", "%2E%2E%2Fsecret.mp4",
-                    name.upper(), name + "x", "0" * 40 + ".mp4", f"{sha}.mp4", f"{sha[:40]}.mp4"):
-            r = httpx.get(f"{u}/media/{bad}", params={"token": t1})
-            assert r.status_code == 404 and b"not for raters" not in r.content, bad
-        assert httpx.get(f"{u}/media/../secret.mp4", params={"token": t1}).status_code == 404
-        for n in mine["media"].values():           # the page loads the videos: now it counts
-            assert httpx.get(f"{u}/media/{n}", params={"token": t1},
-                             headers={"Range": "bytes=0-99"}).status_code == 206
-        assert hidden(db, mine["trial"])["fetched"] is not None
-        # admin: CSV export and Gradio admin refuse without the password
-        for auth in (None, ("admin", "wrong")):
-            r = httpx.get(f"{u}/export/{sid}/ratings.csv", auth=auth)
-            assert r.status_code == 401 and "rater" not in r.text
-        assert httpx.get(f"{u}/admin/config").status_code in (401, 403)
-        r = httpx.post(f"{u}/admin/login", data={"username": "admin", "password": "wrong"})
-        assert r.status_code in (400, 401)
-        assert export(server, sid) == []
-    finally:
-        server.stop()
+    for tok in ("", "nope", t1[:-1] + ("A" if t1[-1] != "A" else "B")):
+        r = httpx.get(f"{u}/api/trial", params={"token": tok})
+        assert r.status_code == 403 and tok not in r.text if tok else r.status_code == 403
+    first = httpx.get(f"{u}/api/trial", params={"token": t1}).json()
+    mine = first["trial"]
+    assert mine["fps"] == 8 and first["progress"] == {"done": 0, "total": mine["total"],
+                                                      "finished": False}
+    post = lambda **b: httpx.post(f"{u}/api/answer", json=b)  # noqa: E731
+    # t2's first trial was never handed out: refused (409), and that starts nothing
+    other = _trials(db, t2)[0]
+    r = post(token=t2, trial=other, answer="left", response_ms=5)
+    assert r.status_code == 409 and "not the trial being shown" in r.json()["error"], r.text
+    assert hidden(db, other)["served"] is None
+    # handed out but its videos never requested: refused (425) however long one waits
+    early = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
+    assert early.status_code == 425, early.text
+    assert "were not loaded" in early.json()["error"] and early.json()["wait_ms"] > 0
+    later = _trials(db, t1)[1]
+    assert post(token=t1, trial=later, answer="left").status_code == 409    # out of order
+    assert post(token=t1, trial=10**6, answer="left", response_ms=5).status_code == 404
+    assert post(token=t1, trial="1 or 1=1", answer="left", response_ms=5).status_code == 404
+    assert post(token=t1, trial=other, answer="left", response_ms=5).status_code == 403
+    assert post(token="bad", trial=mine["trial"], answer="left", response_ms=5).status_code == 403
+    assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
+    assert httpx.post(f"{u}/api/answer", content=b"[1]",
+                      headers={"content-type": "application/json"}).status_code == 400
+    assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
+    # media: only by the opaque names of the rater's own handed-out trials
+    name = mine["media"]["left"]
+    r = httpx.get(f"{u}/media/{name}", params={"token": t1})
+    assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
+    assert "last-modified" not in r.headers and "etag" not in r.headers
+    assert httpx.get(f"{u}/media/{name}").status_code == 404
+    assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 404
+    assert httpx.get(f"{u}/media/{name}", params={"token": t2}).status_code == 404
+    sha = hidden(db, mine["trial"])["shown"]["left"]
+    for bad in ("secret.mp4", "..%2Fsecret.mp4", "..%2Fs.db", "%2E%2E%2Fsecret.mp4",
+                name.upper(), name + "x", "0" * 40 + ".mp4", f"{sha}.mp4", f"{sha[:40]}.mp4"):
+        r = httpx.get(f"{u}/media/{bad}", params={"token": t1})
+        assert r.status_code == 404 and b"not for raters" not in r.content, bad
+    assert httpx.get(f"{u}/media/../secret.mp4", params={"token": t1}).status_code == 404
+    for n in mine["media"].values():           # the page loads the videos: now it counts
+        assert httpx.get(f"{u}/media/{n}", params={"token": t1},
+                         headers={"Range": "bytes=0-99"}).status_code == 206
+    assert hidden(db, mine["trial"])["fetched"] is not None
+    # admin: CSV export and Gradio admin refuse without the password
+    for auth in (None, ("admin", "wrong")):
+        r = httpx.get(f"{u}/export/{sid}/ratings.csv", auth=auth)
+        assert r.status_code == 401 and "rater" not in r.text
+    assert httpx.get(f"{u}/admin/config").status_code in (401, 403)
+    r = httpx.post(f"{u}/admin/login", data={"username": "admin", "password": "wrong"})
+    assert r.status_code in (400, 401)
+    assert export(server, sid) == []
 
 
 def _trials(db, tok):
@@ -114,13 +120,16 @@ def _trials(db, tok):
             .order_by(store.trials.c.ord))]
 
 
-def test_resume_after_server_restart(env, browser):
+def test_resume_after_server_restart(env, server, browser, reports):
     """Two answers, then the server restarts under the open page: the page's next answer is
     taken by the new process without a reload, and after a reload the study goes on at the
-    next unanswered trial; the export holds every answer once."""
-    db, sid = env["db"], env["sid"]
+    next unanswered trial; the export holds every answer once. (A study of its own at 24 fps:
+    the page plays each trial through once, a third of a second, not the 1 s of the 8 fps
+    clips; nothing here depends on the frame rate.)"""
+    db = env["db"]
+    sid = study.create_study(reports(), db, protocol="preference", clips_spec="worst:3",
+                             seed=2)["study"]
     token = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
     ctx = browser.new_context()
     page = ctx.new_page()
     try:
@@ -149,11 +158,11 @@ def test_resume_after_server_restart(env, browser):
         assert {int(r["trial"]): r["answer"] for r in rows} == {k: v[0] for k, v in clicked.items()}
     finally:
         ctx.close()
-        server.stop()
+        if server.proc.poll() is not None:       # stopped by a failure above: for the others
+            server.start()
 
 
-def test_a_link_without_a_valid_token_shows_one_message_and_nothing_else(env, browser):
-    server = Server(env["db"]).start()
+def test_a_link_without_a_valid_token_shows_one_message_and_nothing_else(server, browser):
     ctx = browser.new_context()
     page = ctx.new_page()
     media = []
@@ -167,15 +176,13 @@ def test_a_link_without_a_valid_token_shows_one_message_and_nothing_else(env, br
         assert media == []
     finally:
         ctx.close()
-        server.stop()
 
 
-def test_a_stale_tab_goes_on_with_the_next_trial(env, browser):
+def test_a_stale_tab_goes_on_with_the_next_trial(env, server, browser):
     """Two tabs of one rater: the second answers a trial the first already answered and is
     shown the next unanswered trial (not an error); the first answer stands; no 404s."""
     db, sid = env["db"], env["sid"]
     token = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
     ctx = browser.new_context()
     tabs = [ctx.new_page(), ctx.new_page()]
     missing = []
@@ -196,7 +203,6 @@ def test_a_stale_tab_goes_on_with_the_next_trial(env, browser):
         assert missing == []
     finally:
         ctx.close()
-        server.stop()
 
 
 def _rater(db, token):
@@ -207,17 +213,16 @@ def _rater(db, token):
             store.raters.c.token_sha256 == token_hash(token))).scalar_one()
 
 
-def test_admin_page(env, browser):
+def test_admin_page(env, server, browser):
     db = env["db"]
     # a one-rater design (complete once that rater is done), a prompt with HTML in it
-    sid = study.create_study(env["root"] / "report", db, protocol="preference",
+    sid = study.create_study(env["report"], db, protocol="preference",
                              clips_spec="worst:3", seed=3, raters_planned=1)["study"]
     html = '<img src=x onerror="window.__xss=1"><b>bold</b>'
     with store.open_db(db).engine.begin() as conn:
         conn.execute(update(store.clips).where(store.clips.c.study_id == sid).values(prompt=html))
     tok = study.invite(db, sid, 1)[0]["token"]
     answer(db, tok, lambda t: hidden(db, t["trial"])["expected"] or "left")   # pass the catches
-    server = Server(db).start()
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     page = ctx.new_page()
     try:
@@ -242,21 +247,18 @@ def test_admin_page(env, browser):
         page.screenshot(path=str(ARTIFACTS / "admin-1280x800.png"), full_page=False)
     finally:
         ctx.close()
-        server.stop()
 
 
-def test_admin_export_downloads_csv(env, browser, tmp_path):
+def test_admin_export_downloads_csv(env, server, browser):
     """The admin's Export tab in Chromium: pick a study, export, download both CSVs through
     Gradio's download buttons; the files hold exactly the ratings that were given."""
-    report = env["root"] / "report"
-    db = tmp_path / "export.db"
+    report, db = env["report"], env["db"]
     study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1)
     sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     given = {}
     for tok, limit in zip(toks, (None, 2)):
         given.update(answer(db, tok, lambda t: ("A", "B")[t["trial"] % 2], limit))
-    server = Server(db).start()
     ctx = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
     page = ctx.new_page()
     try:
@@ -281,7 +283,6 @@ def test_admin_export_downloads_csv(env, browser, tmp_path):
             files[name] = open(dl.value.path(), encoding="utf-8").read()
     finally:
         ctx.close()
-        server.stop()
     rows = list(csv.DictReader(io.StringIO(files["ratings"])))
     assert {int(r["trial"]): r["answer"] for r in rows} == given and len(rows) == len(given)
     assert files["ratings"] == study.ratings_csv(db, sid)

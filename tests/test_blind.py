@@ -33,16 +33,17 @@ from evalkit import study
 
 from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
-from evalkit.testing.studies import hidden, make_report, secrets_of
+from evalkit.testing.studies import hidden, secrets_of
 
-FPS = 12
 VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("blind")
-    report = make_report(root, seeds=tuple(range(8)), fps=FPS)     # 16 clips
+    # 16 clips of 8 frames at 24 fps: the page waits a third of a second per trial (nothing
+    # here depends on the frame rate; test_app runs the page at 12 fps, test_app_more at 8)
+    report = reports(seeds=tuple(range(8)))
     db = root / "s.db"
     sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
             for p in ("abx", "preference")}
@@ -57,6 +58,15 @@ def env(tmp_path_factory):
                                                 clips_spec="worst:3", raters_planned=4)["study"]
     secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
+
+
+@pytest.fixture(scope="module")
+def server(env):
+    """One real `evalkit serve` on the module's database for the browser tests (each test's
+    rater has a token of their own; nothing a test checks depends on a fresh process)."""
+    server = Server(env["db"]).start()
+    yield server
+    server.stop()
 
 
 def recurring_pictures(trials) -> dict:
@@ -240,13 +250,13 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
-def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser, protocol):
+def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server, browser,
+                                                                    protocol):
     """A whole study through Chromium: every response (URL, status, headers, bytes) and the DOM
     at every trial. Nothing names a backend, run or job; within each trial the videos' URLs are
     unique and their responses have identical headers and lengths."""
     db, sid = env["db"], env["sids"][protocol]
     token = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     page = ctx.new_page()
     seen, dom = [], []
@@ -280,7 +290,6 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser
         dom.append(page.content())
     finally:
         ctx.close()
-        server.stop()
     # the replies of the Gradio events (the trials) are among what was collected: one POST per
     # event (/gradio_api/run/...), or their event streams if they are queued
     replies = [s["body"] for s in seen if "/gradio_api/run/" in s["url"]]
@@ -325,14 +334,10 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, browser
         assert len(set(heads)) == 1, heads
     # media cannot be had by anyone else, nor before a trial is handed out
     other = study.invite(db, sid, 1)[0]["token"]
-    server = Server(db).start()
-    try:
-        name = trials[0]["media"][next(iter(trials[0]["media"]))]
-        assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
-        assert httpx.get(f"{server.url}/media/{name}").status_code == 404
-        nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
-        assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
-                         params={"token": other}).status_code == 200
-    finally:
-        server.stop()
+    name = trials[0]["media"][next(iter(trials[0]["media"]))]
+    assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
+    assert httpx.get(f"{server.url}/media/{name}").status_code == 404
+    nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
+    assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
+                     params={"token": other}).status_code == 200
     assert Path(env["root"]).exists()

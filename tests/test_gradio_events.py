@@ -13,13 +13,12 @@ from evalkit import study
 from evalkit.testing.gradio_client import GradioRater
 from evalkit.testing import aio
 from evalkit.testing.server import Server
-from evalkit.testing.studies import make_report
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("gradio-events")
-    report = make_report(root, seeds=(0,), fps=8)      # 8 frames at 8 fps: a 1 s play-through
+    report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2",
                              seed=2)["study"]

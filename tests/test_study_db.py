@@ -22,12 +22,12 @@ from evalkit import study
 from evalkit.study import store
 
 from conftest import ROOT, assert_one_line_error
-from evalkit.testing.studies import answer, current, hidden, make_report, progress, rate
+from evalkit.testing.studies import answer, current, hidden, progress, rate
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return make_report(tmp_path_factory.mktemp("study"))
+def report(reports):
+    return reports()
 
 
 def _answers(db, token, pick):

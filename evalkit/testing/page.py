@@ -48,20 +48,38 @@ def answer(page, choice: str, how: str = "click") -> dict:
     return wait_reply(page, n)
 
 
+_BOXES = ("(sel) => Array.from(document.querySelectorAll(sel)).map(e => {"
+          " const b = e.getBoundingClientRect(); return {slot: e.dataset.slot,"
+          " x: b.x, y: b.y, w: b.width, h: b.height}; })")
+
+
 def boxes(page, selector: str) -> list[dict]:
     """Bounding boxes (viewport coordinates) of every element matching ``selector``."""
-    return page.evaluate("(sel) => Array.from(document.querySelectorAll(sel)).map(e => {"
-                         " const b = e.getBoundingClientRect(); return {slot: e.dataset.slot,"
-                         " x: b.x, y: b.y, w: b.width, h: b.height}; })", selector)
+    return page.evaluate(_BOXES, selector)
+
+
+def layout(page, selectors) -> dict:
+    """The viewport (``vw``, ``vh``), the page's scroll size (``sw``, ``sh``) and the
+    :func:`boxes` of each of ``selectors`` (``boxes[selector]``), read in one round trip at
+    one moment."""
+    return page.evaluate("(sels) => { const boxes = " + _BOXES + "; const s ="
+                         " document.scrollingElement; return {vw: innerWidth, vh: innerHeight,"
+                         " sw: s.scrollWidth, sh: s.scrollHeight,"
+                         " boxes: Object.fromEntries(sels.map(q => [q, boxes(q)]))}; }",
+                         list(selectors))
+
+
+def inside(bs: list[dict], vw: float, vh: float) -> bool:
+    """There are boxes, and each lies wholly inside a ``vw`` x ``vh`` viewport."""
+    return bool(bs) and all(b["w"] > 0 and b["h"] > 0 and b["x"] >= 0 and b["y"] >= 0
+                            and b["x"] + b["w"] <= vw + 0.5 and b["y"] + b["h"] <= vh + 0.5
+                            for b in bs)
 
 
 def in_viewport(page, selector: str) -> bool:
     """Every element matching ``selector`` lies wholly inside the viewport, with no scrolling."""
-    vw, vh = page.evaluate("[innerWidth, innerHeight]")
-    bs = boxes(page, selector)
-    return bool(bs) and all(b["w"] > 0 and b["h"] > 0 and b["x"] >= 0 and b["y"] >= 0
-                            and b["x"] + b["w"] <= vw + 0.5 and b["y"] + b["h"] <= vh + 0.5
-                            for b in bs)
+    g = layout(page, [selector])
+    return inside(g["boxes"][selector], g["vw"], g["vh"])
 
 
 def admin_results(page, sid, password: str, *, pattern: str = "verdict",
