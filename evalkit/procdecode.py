@@ -47,20 +47,28 @@ _STOP = "stop"
 _SLOT = "slot"
 
 
+def env_switch(name: str) -> bool | None:
+    """The environment variable ``name`` as a threads/processes switch: ``1`` True, ``0``
+    False, unset None; anything else a one-line user error. Also read by
+    :mod:`evalkit.render.procwrite`."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise UserError(f"{name}: expected 0 (threads) or 1 (processes), found {value!r}")
+    return value == "1"
+
+
 def use_processes() -> bool:
     """Whether readers decode in worker processes: ``$EVALKIT_DECODE_PROCESSES`` (``0``/``1``),
     else whether there are at least :data:`PROCESS_MIN_CORES` usable cores (on fewer, the
     processes' start-up and the shared-memory hand-off cost more than the lock they spare)."""
-    from evalkit.errors import UserError
     from evalkit.video import usable_cores
 
-    value = os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip()
-    if not value:       # POSIX only: workers get their pipe through pass_fds
+    value = env_switch("EVALKIT_DECODE_PROCESSES")
+    if value is None:   # POSIX only: workers get their pipe through pass_fds
         return os.name == "posix" and usable_cores() >= PROCESS_MIN_CORES
-    if value not in ("0", "1"):
-        raise UserError(f"EVALKIT_DECODE_PROCESSES: expected 0 (threads) or 1 (processes), "
-                        f"found {value!r}")
-    return value == "1"
+    return value
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -174,17 +182,29 @@ def shm_free() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def ours_written(workers) -> int:
-    """Bytes of the pool's rings already counted as used by the filesystem (pages written):
-    free space plus these is what the rings may take in all."""
+def shm_written(names) -> int:
+    """Bytes of the shared-memory segments ``names`` already counted as used by the filesystem
+    (pages written): free space plus these is what the segments may take in all. Also used by
+    :mod:`evalkit.render.procwrite`."""
     total = 0
-    for w in workers:
-        if w.segment is not None:
-            try:
-                total += os.stat(os.path.join(SHM_DIR, w.segment.name)).st_blocks * 512
-            except OSError:
-                pass
+    for name in names:
+        try:
+            total += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+        except OSError:
+            pass
     return total
+
+
+def death_text(code: int | None) -> str:
+    """How a worker process ended, from its return code: ``exit code N`` or ``killed by
+    SIGNAL`` (SIGBUS: writing to a full :data:`SHM_DIR`). Also used by
+    :mod:`evalkit.render.procwrite`."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    how = f"killed by {signal.Signals(-code).name}"
+    if -code == signal.SIGBUS:
+        how += f": {SHM_DIR} full?"
+    return how
 
 
 def start_worker(module: str, function: str):
@@ -336,7 +356,8 @@ class DecoderPool:
             return
         with self._lock:
             ours = sum(w.segment.size for w in self._all if w.segment is not None)
-        if size + ours > free + ours_written(self._all):
+        if size + ours > free + shm_written(w.segment.name for w in self._all
+                                            if w.segment is not None):
             raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
                          f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
                          "--shm-size); or decode in threads: EVALKIT_DECODE_PROCESSES=0")
@@ -435,13 +456,8 @@ class ProcessChunks:
         msg = self._w.receive(self._clip)
         if msg is None:
             self._finished = True
-            code = self._w.process.returncode
-            how = f"exit code {code}"
-            if code is not None and code < 0:
-                how = f"killed by {signal.Signals(-code).name}"
-                if -code == signal.SIGBUS:
-                    how += f": {SHM_DIR} full?"
-            raise VideoError(self.path, f"the decoder process died while decoding it ({how})")
+            raise VideoError(self.path, "the decoder process died while decoding it "
+                             f"({death_text(self._w.process.returncode)})")
         return msg
 
     def __next__(self) -> np.ndarray:
@@ -505,7 +521,7 @@ def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
         try:
             return pool.chunks(path, chunk, depth)
         except NoRoom as e:
-            if os.environ.get("EVALKIT_DECODE_PROCESSES", "").strip() == "1":
+            if env_switch("EVALKIT_DECODE_PROCESSES"):
                 raise                       # asked for: say why not
             import warnings
 

@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evalkit.errors import UserError
-from evalkit.procdecode import SHM_DIR, NoRoom, WorkerProcess, attach, shm_free, stop_all
+from evalkit.procdecode import (SHM_DIR, NoRoom, WorkerProcess, attach, death_text, env_switch,
+                                shm_free, shm_written, stop_all)
 
 #: seconds between liveness checks while waiting for a worker (and the worker's checks of its
 #: parent)
@@ -77,12 +77,7 @@ def use_processes(tasks) -> bool:
 
 def forced() -> bool | None:
     """``$EVALKIT_WRITER_PROCESSES`` as a bool, None when unset (a user error otherwise)."""
-    value = os.environ.get(_ENV, "").strip()
-    if not value:
-        return None
-    if value not in ("0", "1"):
-        raise UserError(f"{_ENV}: expected 0 (threads) or 1 (processes), found {value!r}")
-    return value == "1"
+    return env_switch(_ENV)
 
 
 def failure_text(e: BaseException) -> str:
@@ -195,13 +190,8 @@ class _Worker(WorkerProcess):
                 return msg
             if not self.alive():
                 break
-        code = self.process.wait()
-        how = f"exit code {code}"
-        if code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
-            if -code == signal.SIGBUS:
-                how += f": {SHM_DIR} full?"
-        return ("died", f"the writer process died while writing {Path(path).name} ({how})")
+        return ("died", f"the writer process died while writing {Path(path).name} "
+                        f"({death_text(self.process.wait())})")
 
 
 class WriterPool:
@@ -286,13 +276,7 @@ class WriterPool:
                 raise RuntimeError("the writer pool is closed")
             if free is not None:
                 ours = sum(self._reserved.values())
-                written = 0
-                for name in self._segments.values():
-                    try:
-                        written += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
-                    except OSError:
-                        pass
-                if size + ours > free + written:
+                if size + ours > free + shm_written(self._segments.values()):
                     raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the writer processes "
                                  f"need {(size + ours) / 2**20:.0f} MB for the frames of the "
                                  "jobs being written (in a container: --shm-size); or write in "
