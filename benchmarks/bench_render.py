@@ -27,7 +27,8 @@ upside down, so the harness's own cost around a GIL-free pipeline shows on a CPU
 ``--fake-python SECONDS`` adds that much pure-Python work per job, spread over 12 steps between
 the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer threads that want
 it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
-run where evalkit tells them apart (``driver.use_processes``: its writers in worker processes).
+run where evalkit tells them apart (``driver.use_processes``: its writers where a GPU render's
+would be, threads unless ``procwrite.DEVICE_DEFAULT`` or ``--writer-processes 1``).
 
 ``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
 ``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
@@ -120,8 +121,13 @@ def main() -> int:
         if hasattr(driver, "use_processes"):       # the writers of a GPU render
             from evalkit.render import procwrite
 
-            driver.use_processes = lambda tasks: (procwrite.forced() is not False
-                                                  and os.name == "posix")
+            def as_on_a_gpu(tasks) -> bool:
+                forced = procwrite.forced()
+                if forced is not None:
+                    return forced
+                return procwrite.DEVICE_DEFAULT and os.name == "posix"
+
+            driver.use_processes = as_on_a_gpu
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)
