@@ -573,7 +573,7 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: Cl
             pass                                        # on threads, as a CPU render
         except NoRoom as e:
             if procs_forced():
-                raise UserError(str(e)) from None       # asked for: say why not
+                raise                                   # asked for: say why not (one line)
             if not procs.warned:
                 import warnings
 
