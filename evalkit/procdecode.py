@@ -328,7 +328,26 @@ class _Worker(WorkerProcess):
             shm.unlink()
 
 
-class DecoderPool:
+class WorkerPoolBase:
+    """What the worker pools share (this module's :class:`DecoderPool`,
+    :class:`evalkit.render.procwrite.WriterPool`): their workers (``_all``, ``_idle``) under
+    ``_lock``, and closing, which stops them side by side (:func:`stop_all`); also a context
+    manager."""
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = self._all, [], []
+        stop_all(workers)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DecoderPool(WorkerPoolBase):
     """Worker processes decoding clips (:class:`ProcessChunks`); :meth:`close` stops them.
 
     ``threads``: decoding threads of each worker's :class:`evalkit.video.ClipReader`."""
@@ -398,16 +417,7 @@ class DecoderPool:
         """Stop every clip still open, then every worker; unlink the shared memory."""
         for pc in list(self._open):
             pc.close()
-        with self._lock:
-            self._closed = True
-            workers, self._all, self._idle = self._all, [], []
-        stop_all(workers)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
 
 
 class ProcessChunks:

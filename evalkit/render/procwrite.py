@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evalkit.procdecode import (SHM_DIR, NoRoom, WorkerProcess, attach, death_text, env_switch,
-                                shm_free, shm_written, stop_all)
+from evalkit.procdecode import (SHM_DIR, NoRoom, WorkerPoolBase, WorkerProcess, attach,
+                                death_text, env_switch, shm_free, shm_written)
 
 #: seconds between liveness checks while waiting for a worker (and the worker's checks of its
 #: parent)
@@ -194,7 +194,7 @@ class _Worker(WorkerProcess):
                         f"({death_text(self.process.wait())})")
 
 
-class WriterPool:
+class WriterPool(WorkerPoolBase):
     """Worker processes writing a render's files (see the module's note); :meth:`close` stops
     them. ``parts``: parts each lossless clip is encoded in at once
     (:func:`evalkit.render.driver.clip_parts`). ``wait``: jobs submitted while the workers
@@ -369,13 +369,4 @@ class WriterPool:
 
     def close(self) -> None:
         """Stop every worker (call it once no job is being written)."""
-        with self._lock:
-            self._closed = True
-            workers, self._all, self._idle = self._all, [], []
-        stop_all(workers)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
