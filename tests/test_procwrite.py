@@ -126,8 +126,11 @@ class _KillWriters(Invert):
             clips = request.work_dir.parent / "clips"
             clips.mkdir(exist_ok=True)
             (clips / f".tmp-{self.first}-0dead.mkv").write_bytes(b"partial")
-            for w in list(pool._all):
+            killed = list(pool._all)
+            for w in killed:
                 os.kill(w.process.pid, signal.SIGKILL)
+            for w in killed:        # dead before job b's files are handed out (a kill is
+                w.process.wait()    # asynchronous: an idle one could still look alive)
         return super().render(request)
 
 
