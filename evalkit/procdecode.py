@@ -332,7 +332,17 @@ class WorkerPoolBase:
     """What the worker pools share (this module's :class:`DecoderPool`,
     :class:`evalkit.render.procwrite.WriterPool`): their workers (``_all``, ``_idle``) under
     ``_lock``, and closing, which stops them side by side (:func:`stop_all`); also a context
-    manager."""
+    manager. ``_worker_class``: the pool's kind of :class:`WorkerProcess`."""
+
+    _worker_class: type        # each pool's own
+
+    def start(self, n: int) -> None:
+        """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
+        with self._lock:
+            while len(self._all) < n and not self._closed:
+                w = self._worker_class()
+                self._all.append(w)
+                self._idle.append(w)
 
     def close(self) -> None:
         with self._lock:
@@ -351,6 +361,8 @@ class DecoderPool(WorkerPoolBase):
     """Worker processes decoding clips (:class:`ProcessChunks`); :meth:`close` stops them.
 
     ``threads``: decoding threads of each worker's :class:`evalkit.video.ClipReader`."""
+
+    _worker_class = _Worker
 
     def __init__(self, threads: int = 0):
         self.threads = int(threads)
@@ -380,14 +392,6 @@ class DecoderPool(WorkerPoolBase):
             raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
                          f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
                          "--shm-size); or decode in threads: EVALKIT_DECODE_PROCESSES=0")
-
-    def start(self, n: int) -> None:
-        """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
-        with self._lock:
-            while len(self._all) < n and not self._closed:
-                w = _Worker()
-                self._all.append(w)
-                self._idle.append(w)
 
     def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2) -> ProcessChunks:
         """One clip's chunks of ``chunk`` frames, decoded in a worker up to ``depth`` chunks

@@ -202,6 +202,8 @@ class WriterPool(WorkerPoolBase):
     writes such a job on its threads: a worker takes 0.2-0.5 s to start, a canary job renders
     in 0.13 s)."""
 
+    _worker_class = _Worker
+
     def __init__(self, parts: int = 1, *, wait: bool = False):
         self.parts = max(1, int(parts))
         self.wait = wait
@@ -234,14 +236,6 @@ class WriterPool(WorkerPoolBase):
                     self._idle[i] = _Worker()
                     self._all.append(self._idle[i])
             return sum(w.started() for w in self._idle)
-
-    def start(self, n: int) -> None:
-        """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
-        with self._lock:
-            while len(self._all) < n and not self._closed:
-                w = _Worker()
-                self._all.append(w)
-                self._idle.append(w)
 
     def submit(self, encoders: Executor, clip: Path, preview: Path, frames: np.ndarray, fps,
                codec: str) -> list[Future]:
