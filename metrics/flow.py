@@ -20,7 +20,7 @@ Methods:
   (pyr_scale 0.5, levels 3, winsize 15, iterations 3, poly_n 5, poly_sigma 1.2, flags 0).
 
 * ``"torch"`` -- a coarse-to-fine combined local-global flow in torch (:mod:`metrics.torchflow`,
-  convention ``torch-clg-v1``), computed on the frames' device (CUDA or CPU), batched over
+  convention ``torch-clg-v2``), computed on the frames' device (CUDA or CPU), batched over
   frame pairs, float32, deterministic. On a GPU it takes the flow off the CPU, which otherwise
   bounds the temporal metrics; its end-point error on synthetic motion is lower than DIS
   ``fast``'s (figures in ``docs/metrics.md``). Opt-in: ``"dis"`` stays the default on every

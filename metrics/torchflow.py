@@ -5,7 +5,7 @@ on the frames' device, batched over frame pairs, in float32 with TF32 off and de
 kernels only (separable convolutions, bilinear ``grid_sample`` forward, elementwise ops), so a
 flow does not depend on the batch it was computed in, and never leaves the device.
 
-Method (``v1``): the combined local-global (CLG) flow of Bruhn, Weickert, Schnoerr,
+Method (``v2``): the combined local-global (CLG) flow of Bruhn, Weickert, Schnoerr,
 "Lucas/Kanade Meets Horn/Schunck: Combining Local and Global Optic Flow Methods", IJCV 2005
 (Lucas-Kanade's windowed structure tensor as the data term, Horn-Schunck's quadratic
 smoothness), linearised around the current flow and solved coarse to fine with warping
@@ -16,18 +16,24 @@ for Warping", ECCV 2004):
    [0, 1] and a Gaussian pyramid is built (binomial 5-tap blur, every second pixel) down to a
    coarsest side of at least :data:`MIN_SIDE` pixels, at most :data:`MAX_LEVELS` levels
    (1/32 scale: displacements of 20 px and more are found).
-2. From the coarsest level to the finest, the flow (upsampled from the level above, vectors
-   doubled) is refined ``warps`` times: ``dst`` is warped back by the flow (bilinear), the
-   spatial gradient is taken on the mean of ``src`` and the warped ``dst`` (5-tap central
+2. From the coarsest level to level ``finest``, the flow (upsampled from the level above,
+   vectors doubled) is refined ``warps`` times: ``dst`` is warped back by the flow (bilinear),
+   the spatial gradient is taken on the mean of ``src`` and the warped ``dst`` (5-tap central
    differences), the products ``Ix^2, IxIy, Iy^2, IxIt, IyIt`` are averaged with a Gaussian
    window of standard deviation ``window`` pixels (pixels whose warped position leaves
    ``dst`` do not vote), and the increment minimising ``w' J w + alpha |grad(flow + w)|^2``
-   is approached with ``inner`` Jacobi iterations started at 0.
-3. ``finest`` > 0 stops at that pyramid level and upsamples the flow bilinearly from there
-   (as OpenCV DIS ``fast`` stops at 1/4 scale): 2-4x less work, but measured on 1280x720
-   synthetic motion its end-point error is above DIS ``fast``'s (0.50 px at level 1, 0.70 at
-   level 2, against 0.41), so the method, and its convention, solve down to the frames'
-   own resolution (``finest=0``).
+   is approached with ``inner`` Jacobi iterations started at 0. ``warps`` and ``inner`` may
+   differ by level (:func:`per_level`).
+3. The flow of level ``finest`` is upsampled bilinearly to the frames' resolution (as OpenCV
+   DIS ``fast`` stops at 1/4 scale).
+
+``v2`` (:data:`PARAMS`) solves down to 1/2 scale with 4 warps of 15 Jacobi iterations at every
+level. ``v1`` solved down to the frames' resolution with 3 warps of 10: 2.1x slower on one
+H200 at 1280x720, and less accurate there (mean end-point error on the synthetic motion of
+``benchmarks/bench_flow.py``, 1280x720: v1 0.402 px, v2 0.388, DIS ``fast`` 0.412; 320x180:
+0.273, 0.359, 0.527). Work at the coarse levels is cheap and buys accuracy on large and
+textureless motion; the frames' own level cost 3/4 of the time for little (schedules measured in
+``benchmarks/README.md``).
 
 On CUDA, when Triton imports, each warp step runs as a few fused Triton kernels
 (:mod:`metrics._triton_flow`: warp + gradient + products, the window's two passes with the Jacobi
@@ -49,11 +55,11 @@ import torch.nn.functional as F
 from ._common import TritonFallback, precise
 
 #: Convention name recorded in reports; bump it whenever a change can move the flow.
-CONVENTION = "torch-clg-v1"
+CONVENTION = "torch-clg-v2"
 MAX_LEVELS = 6
 MIN_SIDE = 16
 #: Default parameters (part of the convention: changing one changes :data:`CONVENTION`).
-PARAMS = dict(warps=3, inner=10, window=4.0, alpha=1e-4, finest=0)
+PARAMS = dict(warps=4, inner=15, window=4.0, alpha=1e-4, finest=1)
 #: Pixels (pairs x height x width) handled in one batch (memory bound); results do not depend on it.
 BATCH_PIXELS = {"cuda": 1 << 25, "cpu": 1 << 21}
 
@@ -218,7 +224,15 @@ def use_fused(device, fused: bool | None = None) -> bool:
     return TRITON_FUSED.kernel() is not None
 
 
-def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, window: float,
+def per_level(value, level: int) -> int:
+    """``warps``/``inner`` at pyramid ``level`` (0: the frames' resolution): an int applies to
+    every level; a sequence gives the finest levels first, its last value repeating above."""
+    if isinstance(value, int):
+        return value
+    return int(value[min(level, len(value) - 1)])
+
+
+def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
                 alpha: float, finest: int, fused: bool = False) -> torch.Tensor:
     n, _, h, w = src.shape
     p0, p1 = [src], [dst]
@@ -228,8 +242,10 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
         p0.append(_down(p0[-1]))
         p1.append(_down(p1[-1]))
     flow = None
-    for i0, i1 in zip(reversed(p0[finest:]), reversed(p1[finest:])):
+    for k in range(levels - 1, finest - 1, -1):
+        i0, i1 = p0[k], p1[k]
         hk, wk = i0.shape[2:]
+        nw, ni = per_level(warps, k), per_level(inner, k)
         if flow is None:
             flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
         else:
@@ -238,11 +254,11 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
             from ._triton_flow import warp_step
 
             g = _gauss1d(window, src.device)
-            for _ in range(warps):
-                flow = warp_step(i0, i1, flow, g, inner, alpha)
+            for _ in range(nw):
+                flow = warp_step(i0, i1, flow, g, ni, alpha)
             continue
         xs, ys = _base_grid(hk, wk, src.device)
-        for _ in range(warps):
+        for _ in range(nw):
             i1w, inside = _warp(i1, flow, xs, ys)
             ix, iy = _grad((i0 + i1w) * 0.5)
             it = (i1w - i0) * inside
@@ -258,7 +274,7 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
             gain = alpha * inv
             cross = torch.cat([j12, j12], 1) * inv
             d = cst
-            for _ in range(inner - 1):
+            for _ in range(ni - 1):
                 d = torch.addcmul(cst, gain, _neigh(d)).addcmul_(cross, d.flip(1), value=-1.0)
             flow = flow + d
     for k in range(finest - 1, -1, -1):       # up to the frames' resolution
@@ -266,8 +282,8 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps: int, inner: int, wi
     return flow
 
 
-def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps: int = PARAMS["warps"],
-               inner: int = PARAMS["inner"], window: float = PARAMS["window"],
+def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
+               inner=PARAMS["inner"], window: float = PARAMS["window"],
                alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
                batch_pixels: int | None = None, fused: bool | None = None) -> torch.Tensor:
     """Flow from each grey frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.

@@ -104,7 +104,7 @@ def test_stream_with_torch_flow_is_chunk_invariant_and_matches_functional():
     a = _clip("astronaut_pan", 4)[:, :, :64, :96].contiguous()
     b = torch.flip(a, (3,)).contiguous()
     runs = [evaluate_pair(iter(a), iter(b), device="cpu", chunk=c, flow="torch") for c in (1, 3)]
-    assert runs[0]["conventions"]["flow"] == "torch-clg-v1,luma8"
+    assert runs[0]["conventions"]["flow"] == "torch-clg-v2,luma8"
     for r0, r1 in zip(runs[0]["records"], runs[1]["records"]):
         for k in r0:
             assert r1[k] == pytest.approx(r0[k], rel=1e-5, abs=1e-6), (k, r0["frame"])
@@ -126,7 +126,7 @@ def test_cli_metrics_and_compare_take_flow_torch(cli, tmp_path):
                          "--device", "cpu", "--flow", "torch", "--json")
     assert code == 0, err
     got = json.loads(out)
-    assert got["conventions"]["flow"] == "torch-clg-v1,luma8"
+    assert got["conventions"]["flow"] == "torch-clg-v2,luma8"
     assert got["tof"] > 0.1
     # compare parses --flow torch (and gets as far as the missing run folder), refuses others
     code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o",
