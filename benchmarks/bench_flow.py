@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_flow.py --part synthetic --device cpu
     PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --out OUT      # everything, GPU
+    PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --part temporal  # Triton warping error on/off
 
 Parts (``--part``, default all):
 
@@ -17,6 +18,12 @@ Parts (``--part``, default all):
   sizes) against DIS ``fast`` (and ``medium``) in a pool of ``--threads`` OpenCV threads.
 * ``stream`` -- :class:`metrics.stream.PairEvaluator` from frames in host memory at 1280x720:
   LPIPS+SSIM+PSNR, and the full set with ``--flow torch`` against ``dis``, pairs/s.
+* ``temporal`` -- the warping errors and tOF from flows on the device: the Triton pass
+  (:mod:`metrics._triton_temporal`, CUDA) against the torch path, side by side in one process:
+  ms per pair on chunks of 8 and 16 pairs at ``--size`` with their differences and batch
+  invariance, then the PairEvaluator full set with ``--flow torch`` (stream rows 2 and 3, or
+  ``--stream-rows``) inside ``fast_paths(triton_temporal=False)`` and ``=True``, in turn
+  (``--repeats`` rounds), pairs/s and the ratio.
 * ``fused`` -- the torch flow's fused Triton path (:mod:`metrics._triton_flow`, CUDA) against its
   torch path, side by side in one process: flows/s at 1280x720 and 1920x1080 (``--fused-batches``),
   the max |difference| between the two flows, batch invariance, the end-point error of both on
@@ -48,7 +55,7 @@ from metrics.flow import flow_u8  # noqa: E402
 from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
 from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
 
-PARTS = ("synthetic", "real", "speed", "stream", "fused", "lpips")
+PARTS = ("synthetic", "real", "speed", "stream", "temporal", "fused", "lpips")
 #: Working levels of the torch flow measured beside the default (``finest=0``: solved down to
 #: the frames' resolution; 1 and 2 stop at 1/2 and 1/4 scale and upsample).
 VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
@@ -278,17 +285,27 @@ def part_speed(dev, threads: int, batches, sizes, dis: bool = True, big_batches:
 
 # -- stream -----------------------------------------------------------------------------------
 
-def part_stream(dev, seconds: float, size, rows=None):
+def stream_clips(size, frames: int = 17):
+    """Two (T, H, W, 3) uint8 clips at ``size`` (h, w): a photograph moving 1.3 px right and
+    0.4 px down per frame (its channels offset), and a noisy copy (+-3)."""
     from skimage import data as skdata
-
-    from metrics.stream import PairEvaluator, stream_pair
 
     h, w = size
     photo = photo_grey(skdata.coffee(), max(h / 400, w / 600) * 1.1)
-    frames = [synthetic_pair(photo, (h, w), shift=(1.3 * t, 0.4 * t))[1] for t in range(17)]
-    a = np.stack([np.stack([f, np.roll(f, 3, 0), np.roll(f, 5, 1)], -1) for f in frames])  # (T, H, W, 3)
+    grey = [synthetic_pair(photo, (h, w), shift=(1.3 * t, 0.4 * t))[1] for t in range(frames)]
+    a = np.stack([np.stack([f, np.roll(f, 3, 0), np.roll(f, 5, 1)], -1) for f in grey])
     rng = np.random.default_rng(0)
     b = np.clip(a.astype(np.int16) + rng.integers(-3, 4, a.shape), 0, 255).astype(np.uint8)
+    return a, b
+
+
+def part_stream(dev, seconds: float, size, rows=None) -> dict[int, float]:
+    """PairEvaluator rows (all, or the numbers in ``rows``); returns pairs/s by row number."""
+    from metrics.stream import PairEvaluator, stream_pair
+
+    h, w = size
+    a, b = stream_clips(size)
+    rates = {}
     say(f"\n## PairEvaluator from frames in host memory, {w}x{h}, {dev.type} (cycle of {len(a)} frames)")
     from metrics import torchflow
 
@@ -324,9 +341,72 @@ def part_stream(dev, seconds: float, size, rows=None):
             dt = time.perf_counter() - t0
             tm = ", ".join(f"{k} {v:.2f} s" for k, v in ev.timings.items())
             say(f"{label:26s} chunk {chunk:2d}: {done / dt:7.1f} pairs/s ({done} pairs in {dt:.2f} s; {tm})")
+            rates[i] = done / dt
         finally:
             ev.close()
             torchflow.torch_flow.__kwdefaults__["finest"] = default_finest
+    return rates
+
+
+# -- temporal ---------------------------------------------------------------------------------
+
+def part_temporal(dev, seconds: float, size, chunks=(8, 16), rows=(2, 3), repeats: int = 2):
+    """The warping errors and tOF from flows on the device: the Triton pass
+    (:mod:`metrics._triton_temporal`) against the torch path, side by side in one process
+    (``fast_paths(triton_temporal=...)``): alone on a chunk of flows, then the PairEvaluator
+    full set with ``--flow torch`` (part_stream's ``rows``), each ``repeats`` times in turn."""
+    from metrics import temporal
+    from metrics._common import fast_paths, luma, precise, to_unit
+    from metrics.flow import device_flows
+
+    if temporal._temporal_kernel(dev) is None:
+        say(f"\n## temporal kernels: not used on {dev.type} (CUDA and triton needed; EVALKIT_TRITON=0?)")
+        return
+    h, w = size
+    a, b = stream_clips(size)
+    say(f"\n## warping errors + tOF from flows on the device, {w}x{h}, {dev.type}: Triton pass vs torch path")
+    for m in chunks:
+        clips = [on_device(torch.from_numpy(x[:m + 1]), dev).permute(0, 3, 1, 2) for x in (a, b)]
+        with precise():
+            pa, pb = (to_unit(c).contiguous() for c in clips)          # as the stream stages them
+            y = [luma(c) for c in clips]
+            fl = [device_flows(torch.cat([yy[:-1], yy[1:]]), torch.cat([yy[1:], yy[:-1]])) for yy in y]
+        args = (pa, pb, fl[0][:m], fl[0][m:], fl[1][:m], fl[1][m:])   # fwd_a, bwd_a, fwd_b, bwd_b
+        res, rate = {}, {}
+        for on in (False, True):
+            with fast_paths(triton_temporal=on):
+                res[on] = temporal.temporal_from_flows(*args)
+                t = timed(lambda args=args: temporal.temporal_from_flows(*args), dev, min_s=1.0, min_n=5)
+            rate[on] = m / t
+            say(f"chunk {m:2d} {'triton' if on else 'torch ':6s}: {t * 1000 / m:6.3f} ms/pair "
+                f"({m / t:8.1f} pairs/s)")
+        if temporal.TRITON_TEMPORAL.failed:
+            say(f"  the Triton pass FAILED here and fell back: {temporal.TRITON_TEMPORAL.failed}")
+        say(f"chunk {m:2d} triton/torch: x{rate[True] / rate[False]:.2f}")
+        for name, x, ref in zip(("warp_error_a", "warp_error_b", "tof"), res[True], res[False]):
+            both = x.isnan() == ref.isnan()
+            rel = ((x - ref).abs() / ref.abs()).nan_to_num(0).max()
+            say(f"  {name}: max relative difference {float(rel):.1e}, NaN alike {bool(both.all())}, "
+                f"mean {float(ref.nanmean()):.6g}")
+        with fast_paths(triton_temporal=True):
+            two = temporal.temporal_from_flows(pa[:3], pb[:3], *(f[:2] for f in args[2:]))
+        same = all(torch.equal(x[:2], y_) for x, y_ in zip(res[True], two))
+        say(f"  batch invariance: frames 1-2 alone give the same bits as in the chunk of {m}: {same}")
+        del clips, pa, pb, y, fl, args, res
+    say(f"\n## PairEvaluator full set, flow torch, {w}x{h}: warping error + tOF by the Triton pass vs "
+        "the torch path (fast_paths(triton_temporal=...)), best of each")
+    best: dict[tuple[int, bool], float] = {}
+    for rep in range(repeats):
+        for on in (False, True):
+            say(f"\n(triton_temporal={on}, round {rep + 1} of {repeats})")
+            with fast_paths(triton_temporal=on):
+                for i, r in part_stream(dev, seconds, size, rows=list(rows)).items():
+                    best[i, on] = max(best.get((i, on), 0.0), r)
+    say("")
+    for i in rows:
+        if (i, False) in best and (i, True) in best:
+            off, on = best[i, False], best[i, True]
+            say(f"full set row {i}: torch path {off:7.1f} pairs/s, Triton pass {on:7.1f} pairs/s, x{on / off:.2f}")
 
 
 # -- fused ------------------------------------------------------------------------------------
@@ -544,6 +624,7 @@ def main(argv=None):
     p.add_argument("--jacobi", default="3", help="fused part: Jacobi iterations per launch to measure "
                    "beside the default (EVALKIT_TRITON_JACOBI), comma-separated; '' for none")
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
+    p.add_argument("--repeats", type=int, default=2, help="temporal part: rounds of the full set off and on")
     p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
     p.add_argument("--sizes", default="1280x720,1920x1080", help="frame sizes of the speed part")
     p.add_argument("--size", default="1280x720", help="frame size of the stream and lpips parts")
@@ -587,6 +668,10 @@ def main(argv=None):
             elif part == "stream":
                 part_stream(dev, args.seconds, hw(args.size),
                             None if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")])
+            elif part == "temporal":
+                part_temporal(dev, args.seconds, hw(args.size),
+                              rows=(2, 3) if args.stream_rows is None else [int(x) for x in args.stream_rows.split(",")],
+                              repeats=args.repeats)
             elif part == "fused":
                 part_fused(dev, [int(x) for x in args.fused_batches.split(",")],
                            [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile,

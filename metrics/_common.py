@@ -68,13 +68,15 @@ def precise(cudnn_benchmark: bool | None = None):
 
 
 #: Faster kernels for the same numbers on CUDA, each with the environment variable that turns
-#: it off ("0"): SSIM, the pixel checks (MSE, exactness) and the rounded luma as Triton
-#: kernels, AlexNet's first convolution by space-to-depth, the stream's uint8 -> [0, 1]
-#: conversion in one pass (the last two: also on the CPU inside a ``fast_paths`` block that
-#: turns them on). Same conventions: values move by float32 rounding at most (exactly
-#: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
+#: it off ("0"): SSIM, the pixel checks (MSE, exactness), the rounded luma and the warping
+#: error with tOF as Triton kernels, AlexNet's first convolution by space-to-depth, the
+#: stream's uint8 -> [0, 1] conversion in one pass (the last two and the warping error: also on
+#: the CPU inside a ``fast_paths`` block that turns them on, the Triton one for its interpreter
+#: in tests). Same conventions: values move by float32 rounding at most (exactly equal for MSE,
+#: exactness, luma and the conversion). Nothing records which one ran.
 FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
-              "conv1_s2d": "EVALKIT_CONV1_S2D", "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
+              "triton_temporal": "EVALKIT_TRITON", "conv1_s2d": "EVALKIT_CONV1_S2D",
+              "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 
 

@@ -40,8 +40,7 @@ from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_co
                        ssim_kernel)
 from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
-from .temporal import (FLICKER_BLOCK, check_block, lowpass_luma, tof_from_flows,
-                       warping_error_from_flows)
+from .temporal import FLICKER_BLOCK, check_block, lowpass_luma, temporal_from_flows
 
 ALIGN_MODES = ("error", "shortest")
 
@@ -472,10 +471,10 @@ class PairEvaluator:
                 else:
                     fl, job.flow_dev = job.flow_dev, None
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
-                out["warp_error_a"] = warping_error_from_flows(job.pa[:-1], job.pa[1:], bwd_a, fwd_a)
-                out["warp_error_b"] = warping_error_from_flows(job.pb[:-1], job.pb[1:], bwd_b, fwd_b)
+                # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
+                out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
+                    job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
                 out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]
-                out["tof"] = tof_from_flows(fwd_a, fwd_b)
             del fl, fwd_a, bwd_a, fwd_b, bwd_b
         # one transfer to the host for the whole chunk
         keys = list(out)

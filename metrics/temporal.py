@@ -32,7 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._common import as_frames, check_pair, luma, luma_u8, precise, to_unit
+from ._common import (TritonFallback, as_frames, check_pair, fast_path, fast_path_forced, luma, luma_u8,
+                      precise, to_unit)
 from ._errors import MetricInputError
 from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, fb_consistent, flow_grid,
                    flows_u8, to_tensor_flow)
@@ -65,6 +66,59 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
         return torch.where(kept > 0, err, torch.full_like(err, float("nan")))
 
 
+def _load_temporal():
+    from ._triton_temporal import warp_errors_tof
+    return warp_errors_tof
+
+
+#: The Triton kernels of :func:`temporal_from_flows` as a family with a torch fallback (one
+#: warning, then the torch path for the process: :class:`metrics._common.TritonFallback`). Not
+#: strict: a new frame size compiles new kernels, which may fail where others ran.
+TRITON_TEMPORAL = TritonFallback("warping error/tOF kernels (warp_errors_tof)", _load_temporal, strict=False)
+
+
+def _temporal_kernel(device: torch.device):
+    """The Triton entry point when it is to be used on ``device`` (CUDA by default; any device
+    inside a ``fast_paths(triton_temporal=True)`` block), else None."""
+    forced = fast_path_forced("triton_temporal")
+    on = forced if forced is not None else device.type == "cuda" and fast_path("triton_temporal")
+    return TRITON_TEMPORAL.kernel() if on else None
+
+
+def temporal_from_flows(pa: torch.Tensor, pb: torch.Tensor | None, fwd_a: torch.Tensor, bwd_a: torch.Tensor,
+                        fwd_b: torch.Tensor | None = None, bwd_b: torch.Tensor | None = None):
+    """Warping errors of clip a (and b) and the tOF between them from their flows.
+
+    ``pa``, ``pb``: (N+1, 3, H, W) float32 frames in [0, 1]; ``fwd_*`` (t-1 -> t) and ``bwd_*``
+    (t -> t-1): (N, 2, H, W). Returns ``(warp_error_a, warp_error_b, tof)``, each (N,), the
+    last two None without clip b. :func:`warping_error_from_flows` and :func:`tof_from_flows`,
+    or on CUDA the Triton kernels of :mod:`metrics._triton_temporal` in one pass per clip
+    (the same numbers up to the order of float32 sums; ``fast_paths(triton_temporal=False)``
+    or ``EVALKIT_TRITON=0`` keeps the torch path).
+    """
+    two = pb is not None
+
+    def torch_path():
+        with precise():
+            wa = warping_error_from_flows(pa[:-1], pa[1:], bwd_a, fwd_a)
+            if not two:
+                return wa, None, None
+            return (wa, warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b),
+                    tof_from_flows(fwd_a, fwd_b))
+
+    fn = _temporal_kernel(pa.device)
+    if fn is None:
+        return torch_path()
+
+    def triton_path():
+        sides = [(pa[:-1], pa[1:], bwd_a, fwd_a)] + ([(pb[:-1], pb[1:], bwd_b, fwd_b)] if two else [])
+        errs, t = fn(sides, (fwd_a, fwd_b) if two else None)
+        return (errs[0], errs[1], t) if two else (errs[0], None, None)
+
+    with precise():
+        return TRITON_TEMPORAL.run(triton_path, torch_path)
+
+
 def _pair_flows(srcs, dsts, clips, method, preset, scale) -> torch.Tensor:
     """Flows ``srcs[i] -> dsts[i]`` between frames of the ``clips`` (a list of (N, 3, H, W),
     frames numbered across the list) -> ``(len(srcs), 2, H, W)`` on the clips' device
@@ -90,8 +144,7 @@ def warping_error(clip, *, method: str = "dis", preset: str = DEFAULT_PRESET, sc
     clip = as_frames(clip, "clip")
     _need_two(clip, "clip")
     fwd, bwd = _flows(clip, method, preset, scale)
-    u = to_unit(clip)
-    return warping_error_from_flows(u[:-1], u[1:], bwd, fwd)
+    return temporal_from_flows(to_unit(clip), None, fwd, bwd)[0]
 
 
 def tlp(a, b, *, net: str = "alex") -> torch.Tensor:
