@@ -678,15 +678,23 @@ def _on_device(ev: PairEvaluator, chunk: tuple) -> torch.Tensor:
 
 def auto_chunk(height: int, width: int, device=None, temporal: bool = True) -> int:
     """Frames per batch: 8 at 256x256 and 2 at 720p on the CPU (resident memory stays near
-    2 GB at 720p); on a GPU 16 at 720p without temporal metrics and 8 with them (host memory
-    holds uint8 frames and, with temporal metrics, 4 float32 flows per frame for two chunks
-    in flight, pinned: 16 frames put a 2,000-frame 720p stream at 3.5 GB resident on an H200
-    machine). Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the
-    records it yields, and callers that keep recent frames size their memory on that."""
+    2 GB at 720p); on a GPU 16 at 720p without flows on the host and 8 with them (host memory
+    holds uint8 frames and, with OpenCV's flows, 4 float32 flows per frame for two chunks in
+    flight, pinned: 16 frames put a 2,000-frame 720p stream at 3.5 GB resident on an H200
+    machine). ``temporal``: whether flows come through the host (temporal metrics with a CPU
+    flow; :func:`evaluator_chunk` says it for an evaluator: the ``"torch"`` flow stays on the
+    device, and chunks of 16 ran at 222-224 full-set pairs/s on an H200 against 197-205 with 8).
+    Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the records it
+    yields, and callers that keep recent frames size their memory on that."""
     dev = resolve_device(device)
     budget = ((8e6 if temporal else 16e6) if dev.type == "cuda"
               else 2.2e6)                               # pixels per side per batch
     return int(max(1, min(16 if dev.type == "cuda" else 8, budget // (height * width))))
+
+
+def evaluator_chunk(height: int, width: int, ev: "PairEvaluator") -> int:
+    """:func:`auto_chunk` for frames of ``height`` x ``width`` measured by ``ev``."""
+    return auto_chunk(height, width, ev.device, ev.temporal and ev.flow[0] != "torch")
 
 
 def _count(chunks: Iterator[tuple]) -> int:
@@ -721,7 +729,7 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
         first = next(frames_a, None)
         if first is not None:
             x = _frames_of(first, "a", 0)
-            chunk = auto_chunk(x.shape[2], x.shape[3], ev.device, ev.temporal)
+            chunk = evaluator_chunk(x.shape[2], x.shape[3], ev)
             frames_a = itertools.chain([first], frames_a)
         else:
             chunk = 1

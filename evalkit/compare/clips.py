@@ -86,9 +86,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
 
         check_available()
     if chunk is None:
-        from metrics.stream import auto_chunk
+        from metrics.stream import evaluator_chunk
 
-        chunk = auto_chunk(ia.height, ia.width, ev.device, ev.temporal)
+        chunk = evaluator_chunk(ia.height, ia.width, ev)
     from tqdm import tqdm
 
     from evalkit.procdecode import DecoderPool, prefetch_chunks, use_processes

@@ -173,13 +173,13 @@ def _copy(frame):
 
 def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
     """Frames per batch for ``pair``: ``chunk``, else what :func:`metrics.stream.stream_pair`
-    would pick from its first frame (:func:`metrics.stream.auto_chunk`)."""
+    would pick from its first frame (:func:`metrics.stream.evaluator_chunk`)."""
     if chunk:
         return int(chunk)
-    from metrics.stream import auto_chunk
+    from metrics.stream import evaluator_chunk
 
     h, w = _pair_size(pair)
-    return auto_chunk(h, w, evaluator.device, evaluator.temporal)
+    return evaluator_chunk(h, w, evaluator)
 
 
 def _pair_size(pair: Pair) -> tuple[int, int]:
