@@ -686,15 +686,23 @@ def auto_chunk(height: int, width: int, device=None, temporal: bool = True) -> i
     device, and chunks of 16 ran at 222-224 full-set pairs/s on an H200 against 197-205 with 8).
     Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the records it
     yields, and callers that keep recent frames size their memory on that."""
-    dev = resolve_device(device)
-    budget = ((8e6 if temporal else 16e6) if dev.type == "cuda"
+    return _chunk_for(resolve_device(device).type, height, width, temporal)
+
+
+def _chunk_for(device_type: str, height: int, width: int, host_flows: bool) -> int:
+    budget = ((8e6 if host_flows else 16e6) if device_type == "cuda"
               else 2.2e6)                               # pixels per side per batch
-    return int(max(1, min(16 if dev.type == "cuda" else 8, budget // (height * width))))
+    return int(max(1, min(16 if device_type == "cuda" else 8, budget // (height * width))))
+
+
+def flows_on_host(ev: "PairEvaluator") -> bool:
+    """Whether ``ev``'s flows come through host memory (temporal metrics with an OpenCV flow)."""
+    return ev.temporal and ev.flow[0] != "torch"
 
 
 def evaluator_chunk(height: int, width: int, ev: "PairEvaluator") -> int:
     """:func:`auto_chunk` for frames of ``height`` x ``width`` measured by ``ev``."""
-    return auto_chunk(height, width, ev.device, ev.temporal and ev.flow[0] != "torch")
+    return auto_chunk(height, width, ev.device, flows_on_host(ev))
 
 
 def _count(chunks: Iterator[tuple]) -> int:

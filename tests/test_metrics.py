@@ -305,8 +305,24 @@ def test_stream_without_temporal_metrics_stages_alike():
     for r0, r in zip(full, fid):
         for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction"):
             assert r[k] == r0[k], (k, r0["frame"])
-    from metrics.stream import auto_chunk
+    from metrics.stream import _chunk_for, auto_chunk
     assert auto_chunk(720, 1280, "cpu") == 2 and auto_chunk(256, 256, "cpu") == 8
+    # on a GPU: 8 frames at 720p while OpenCV's flows pass through pinned host memory, 16 when
+    # they do not (no temporal metrics, or the torch flow, whose flows stay on the device)
+    assert _chunk_for("cuda", 720, 1280, True) == 8 and _chunk_for("cuda", 720, 1280, False) == 16
+    assert _chunk_for("cuda", 1080, 1920, True) == 3 and _chunk_for("cuda", 1080, 1920, False) == 7
+
+
+def test_flows_on_host_only_for_opencv_flows():
+    from metrics.stream import PairEvaluator, flows_on_host
+
+    for kw, want in ((dict(flow="dis"), True), (dict(flow="farneback"), True),
+                     (dict(flow="torch"), False), (dict(flow="dis", temporal=False), False)):
+        ev = PairEvaluator(device="cpu", **kw)
+        try:
+            assert flows_on_host(ev) is want, kw
+        finally:
+            ev.close()
 
 
 def test_stream_accepts_chunks_and_tensors_and_is_deterministic():
