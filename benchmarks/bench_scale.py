@@ -12,6 +12,8 @@ only) is measured on the FFV1 pair, ours on both; each row says which.
     # on a GPU machine: two real-scale runs (scale720 suite, 8 jobs x 240 frames; run B is run
     # A plus seeded noise), `evalkit compare` of them with each tree; then scale1080
     python benchmarks/bench_scale.py compare --baseline /path/to/main --out OUT
+    # both trees on the same UT Video runs, row by row, alternating (session 10's figures)
+    python benchmarks/bench_scale.py ab --baseline /path/to/main --rows lpips gpuflow --out OUT
     # the 2-core CPU: `study create` of a 20-clip 720p study, wall time and peak memory
     python benchmarks/bench_scale.py study --baseline /work/main --out OUT
 
@@ -440,6 +442,51 @@ def cmd_compare(a) -> dict:
     return results
 
 
+#: ``ab``'s rows: name -> compare options
+AB_ROWS = {"lpips": ("LPIPS+SSIM+PSNR", ["--no-temporal"]),
+           "gpuflow": ("full set, GPU flow", ["--flow", "torch"]),
+           "cpuflow": ("full set, CPU flow (DIS fast)", [])}
+
+
+def cmd_ab(a) -> dict:
+    """Both trees on the same runs, row by row, alternating which goes first (baseline, ours,
+    then ours, baseline, ...), each ``--repeats`` times; best pairs/s of each and the ratio."""
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trees = {"baseline": Path(a.baseline).resolve(), "ours": Path(a.new).resolve()}
+    results: dict = {}
+    sfx = "" if a.lossless == "ffv1" else f"@{a.lossless}"
+    for suite, jobs in (("scale720", a.jobs), ("scale1080", a.hd_jobs)):
+        if not jobs:
+            continue
+        t = time.perf_counter()
+        runs = make_runs(suite, Path(a.work) / suite, frames=a.frames, clips=jobs,
+                         workers=a.workers, subsets={}, lossless=a.lossless)
+        print(f"[{suite}] {jobs} jobs x {a.frames} frames ({a.lossless}) made in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+        for row in a.rows:
+            what, opts = AB_ROWS[row]
+            best: dict = {}
+            for i in range(a.repeats):
+                for tree in (("baseline", "ours") if i % 2 == 0 else ("ours", "baseline")):
+                    key = f"{suite} | {what} | {tree} | {i}"
+                    try:
+                        r = run_in(trees[tree], "compare", runs["a" + sfx], runs["b" + sfx],
+                                   Path(a.work) / "reports" / f"{suite}-{row}-{tree}-{i}",
+                                   "--device", a.device, *opts, timeout=a.child_timeout)
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        print(f"  {what} [{tree}]: FAILED {str(e)[-800:]}", flush=True)
+                        continue
+                    results[key] = r
+                    best[tree] = max(best.get(tree, 0.0), r["pairs_per_s"])
+                    print(_line(f"{what} [{tree}]", r), flush=True)
+            if len(best) == 2:
+                print(f"    {suite} {what}: ours / baseline {best['ours'] / best['baseline']:.2f}x "
+                      f"pairs/s (best of {a.repeats} each)", flush=True)
+            (out / "ab.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
 def make_study_report(root: Path, *, clips: int, frames: int, workers: int,
                       sources: int = 8) -> Path:
     """A compare report folder holding what ``study create`` reads (summary.json with the two
@@ -552,6 +599,22 @@ def main(argv=None) -> int:
                    help="utvideo: also UT Video copies of both runs (render --lossless "
                         "utvideo), measured by ours beside the FFV1 pair (the baseline reads "
                         "FFV1 only)")
+    b = sub.add_parser("ab", help="two trees on the same runs, row by row, alternating")
+    b.add_argument("--baseline", required=True, help="checkout of today's code (e.g. main)")
+    b.add_argument("--new", default=str(ROOT), help="checkout measured as ours (default: this one)")
+    b.add_argument("--out", required=True)
+    b.add_argument("--work", default="/tmp/bench_scale_ab")
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--frames", type=int, default=240)
+    b.add_argument("--jobs", type=int, default=8, help="1280x720 jobs (0: none)")
+    b.add_argument("--hd-jobs", type=int, default=0, help="1920x1080 jobs (0: none)")
+    b.add_argument("--rows", nargs="+", choices=list(AB_ROWS), default=["lpips", "gpuflow"])
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--child-timeout", type=float, default=240)
+    b.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    b.add_argument("--lossless", choices=["ffv1", "utvideo"], default="utvideo",
+                   help="the runs both trees read (default utvideo: FFV1 runs are decode-bound "
+                        "near 85 pairs/s at 720p on 16 cores)")
     s = sub.add_parser("study")
     s.add_argument("--baseline", required=True)
     s.add_argument("--new", default=str(ROOT))
@@ -563,7 +626,7 @@ def main(argv=None) -> int:
     s.add_argument("--protocol", default="preference")
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    for p in (c, s):
+    for p in (c, b, s):
         p.add_argument("--tiny", type=int, default=1, metavar="N",
                        help="frame sizes divided by N (a quick try on a small machine)")
     a = ap.parse_args(argv)
@@ -571,7 +634,7 @@ def main(argv=None) -> int:
     SHRINK = a.tiny
     print(f"bench_scale {a.cmd}: baseline {a.baseline}, ours {a.new}; host {os.uname().nodename}, "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", flush=True)
-    {"compare": cmd_compare, "study": cmd_study}[a.cmd](a)
+    {"compare": cmd_compare, "ab": cmd_ab, "study": cmd_study}[a.cmd](a)
     return 0
 
 
