@@ -3,13 +3,28 @@
     PYTHONPATH=. python benchmarks/bench_flow.py --part synthetic --device cpu
     PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --out OUT      # everything, GPU
     PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --part temporal  # Triton warping error on/off
+    PYTHONPATH=. python benchmarks/bench_flow.py --device cuda --part schedules --large  # pyramid schedules
 
 Parts (``--part``, default all):
 
 * ``synthetic`` -- end-point error against the known flow of synthetic motion
   (:mod:`metrics.flowcheck`: four bundled photographs, translations from 0.3 to 19 px, a
   rotation, a zoom and a mix; windows of 320x180 and, ``--large``, 1280x720 from photographs
-  upscaled 2.6x): ``torch`` on ``--device`` against DIS ``fast`` and ``medium``.
+  upscaled 2.6x): ``torch`` on ``--device`` against DIS ``fast`` and ``medium``, and the torch
+  flow solved down to the other working levels (:data:`VARIANTS`).
+* ``schedules`` -- the torch flow's pyramid schedules (``finest``, and ``warps``/``inner`` per
+  level, :func:`metrics.torchflow.per_level`): for each schedule of ``--schedules`` (default
+  :data:`SCHEDULES`: v1, v2 = the default, and the session-10 sweep), the mean (median)
+  end-point error on the synthetic sets above beside DIS ``fast``'s, the cases where it is <=
+  DIS ``fast``, flows/s at the ``--sizes`` frame sizes (one batch of the flow's own batch size:
+  the fused Triton path on CUDA, the torch path on the CPU), then the schedules whose mean EPE
+  is <= DIS ``fast``'s on every set measured, fastest first. A schedule is ``NAME=KEY=VALUE,...``
+  or just ``KEY=VALUE,...`` (named after its values), keys those of
+  :data:`metrics.torchflow.PARAMS`; ``warps``/``inner`` take one int or ints joined by ``/``,
+  one per pyramid level from level 0 (the frames' resolution: not solved when ``finest`` is 1),
+  the last one repeating above, e.g. ``--schedules "v1=finest=0,warps=3,inner=10"
+  "finest=1,warps=1/3/4,inner=15"``. Raw H200 output:
+  ``benchmarks/results/flow_schedules_h200.txt``.
 * ``real`` -- the canary clips (256x256, 24 frames): warping error of each clip and tOF
   against a degraded copy (blur 0.7 px + noise 2/255) with each flow, their ratios to DIS
   ``fast``, and the mean end-point distance of the torch and DIS ``medium`` flows to DIS
@@ -53,12 +68,13 @@ sys.path.insert(0, str(ROOT))
 from metrics._common import precise, resolve_device  # noqa: E402
 from metrics.flow import flow_u8  # noqa: E402
 from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
-from metrics.torchflow import CONVENTION, torch_flow  # noqa: E402
+from metrics.torchflow import BATCH_PIXELS, CONVENTION, PARAMS, torch_flow, use_fused  # noqa: E402
 
-PARTS = ("synthetic", "real", "speed", "stream", "temporal", "fused", "lpips")
-#: Working levels of the torch flow measured beside the default (``finest=0``: solved down to
-#: the frames' resolution; 1 and 2 stop at 1/2 and 1/4 scale and upsample).
-VARIANTS = {"fin0": dict(finest=0), "fin1": dict(finest=1), "fin2": dict(finest=2)}
+PARTS = ("synthetic", "schedules", "real", "speed", "stream", "temporal", "fused", "lpips")
+#: Working levels of the torch flow measured beside the default (level ``PARAMS["finest"]``, 1:
+#: solved down to 1/2 scale and upsampled): ``fin0`` solved down to the frames' resolution,
+#: ``fin2`` stopped at 1/4 scale; the default's warps and inner iterations at every level.
+VARIANTS = {f"fin{k}": dict(finest=k) for k in (0, 1, 2) if k != PARAMS["finest"]}
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 CASES = [("shift 0.3", dict(shift=(0.3, -0.2))), ("shift 2.7", dict(shift=(2.7, 1.4))),
          ("shift 7.5", dict(shift=(-7.5, 3.0))), ("shift 19", dict(shift=(19.2, -6.1))),
@@ -103,32 +119,42 @@ def tflow(src, dst, dev, **kw):
 
 # -- synthetic --------------------------------------------------------------------------------
 
-def part_synthetic(dev, large: bool, small: bool = True):
+def synthetic_sets(large: bool, small: bool = True):
+    """(label, (h, w), prescale) of the synthetic sets: 320x180 windows of the photographs
+    scaled 0.8x, and (``large``) 1280x720 windows of the photographs upscaled to cover them."""
+    return (([("320x180", (180, 320), 0.8)] if small else [])
+            + ([("1280x720", (720, 1280), None)] if large else []))
+
+
+def synthetic_cases(size, prescale=None):
+    """(photo, motion, src, dst, true flow) for each of PHOTOS x CASES in windows of ``size``
+    (h, w); ``prescale`` None: the photograph upscaled (bicubic) to cover the window with margin."""
     from skimage import data as skdata
 
-    sets = ([("320x180", (180, 320), 0.8)] if small else []) + ([("1280x720", (720, 1280), None)] if large else [])
-    for label, size, prescale in sets:
+    for name in PHOTOS:
+        rgb = getattr(skdata, name)()
+        photo = photo_grey(rgb, prescale or 1.12 * max(size[0] / rgb.shape[0], size[1] / rgb.shape[1]))
+        for case, kw in CASES:
+            yield (name, case, *synthetic_pair(photo, size, **kw))
+
+
+def part_synthetic(dev, large: bool, small: bool = True):
+    for label, size, prescale in synthetic_sets(large, small):
         say(f"\n## synthetic motion, {label} windows, end-point error in pixels "
             f"(torch {CONVENTION} on {dev.type}; DIS on the CPU)")
-        from metrics.torchflow import PARAMS
-
-        say(f"(torch: the default, level {PARAMS['finest']}; fin0/1/2: solved down to level 0/1/2)")
+        say(f"(torch: the default, level {PARAMS['finest']}; "
+            + ", ".join(f"{k}: solved down to level {v['finest']}" for k, v in VARIANTS.items()) + ")")
         say(f"{'photo':10s} {'motion':22s} {'torch':>7s} {'fast':>7s} {'medium':>7s} "
             + " ".join(f"{k:>7s}" for k in VARIANTS))
         tot = {"torch": [], "fast": [], "medium": [], **{k: [] for k in VARIANTS}}
-        for name in PHOTOS:
-            rgb = getattr(skdata, name)()
-            # large windows: the photograph upscaled (bicubic) to cover the window with margin
-            photo = photo_grey(rgb, prescale or 1.12 * max(size[0] / rgb.shape[0], size[1] / rgb.shape[1]))
-            for case, kw in CASES:
-                src, dst, truth = synthetic_pair(photo, size, **kw)
-                e = {"torch": endpoint_error(tflow(src, dst, dev), truth),
-                     "fast": endpoint_error(flow_u8(src, dst, "dis", "fast"), truth),
-                     "medium": endpoint_error(flow_u8(src, dst, "dis", "medium"), truth),
-                     **{k: endpoint_error(tflow(src, dst, dev, **v), truth) for k, v in VARIANTS.items()}}
-                for k, v in e.items():
-                    tot[k].append(v)
-                say(f"{name:10s} {case:22s} " + " ".join(f"{v:7.3f}" for v in e.values()))
+        for name, case, src, dst, truth in synthetic_cases(size, prescale):
+            e = {"torch": endpoint_error(tflow(src, dst, dev), truth),
+                 "fast": endpoint_error(flow_u8(src, dst, "dis", "fast"), truth),
+                 "medium": endpoint_error(flow_u8(src, dst, "dis", "medium"), truth),
+                 **{k: endpoint_error(tflow(src, dst, dev, **v), truth) for k, v in VARIANTS.items()}}
+            for k, v in e.items():
+                tot[k].append(v)
+            say(f"{name:10s} {case:22s} " + " ".join(f"{v:7.3f}" for v in e.values()))
         m = {k: float(np.mean(v)) for k, v in tot.items()}
         md = {k: float(np.median(v)) for k, v in tot.items()}
         wins = sum(t <= f for t, f in zip(tot["torch"], tot["fast"]))
@@ -137,6 +163,107 @@ def part_synthetic(dev, large: bool, small: bool = True):
         say(f"torch <= DIS fast on {wins}/{len(tot['torch'])} cases; mean EPE torch/fast "
             f"{m['torch'] / m['fast']:.2f}, torch/medium {m['torch'] / m['medium']:.2f} "
             f"[no worse than DIS fast: {'met' if m['torch'] <= m['fast'] else 'NOT met'}]")
+
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+#: Pyramid schedules of the ``schedules`` part (``--schedules`` syntax; see the module's
+#: docstring): torch-clg-v1 and v2 (the default), then the session-10 sweep of warps and inner
+#: iterations per level (benchmarks/results/flow_schedules_h200.txt, run 2).
+SCHEDULES = (
+    "v1=finest=0,warps=3,inner=10",
+    "v2=finest=1,warps=4,inner=15",
+    "finest=0,warps=1/4,inner=10/15",
+    "finest=0,warps=1/4,inner=10/20",
+    "finest=0,warps=1/5,inner=10/20",
+    "finest=0,warps=1/6,inner=10/20",
+    "finest=0,warps=1/4,inner=5/15",
+    "finest=0,warps=1/4,inner=10/30",
+    "finest=0,warps=1/3,inner=10/20",
+    "finest=1,warps=1/2/4,inner=15",
+    "finest=1,warps=1/3/4,inner=15",
+    "finest=1,warps=6,inner=20",
+    "finest=1,warps=4,inner=10/10/20",
+    "finest=1,warps=1/2/6,inner=10/15/20",
+)
+
+
+def parse_schedule(text: str) -> tuple[str, dict]:
+    """``NAME=KEY=VALUE,...`` or ``KEY=VALUE,...`` -> (name, torch_flow keywords). Keys: those of
+    :data:`metrics.torchflow.PARAMS`; ``warps``/``inner``: an int or ints joined by ``/`` (one per
+    pyramid level from level 0, the last repeating above); ``finest`` an int; the rest floats.
+    Unnamed: named ``f<finest> w<warps> i<inner>`` (the default's values where not given)."""
+    head, sep, rest = text.partition("=")
+    name, body = (None, text) if head.strip() in PARAMS else (head.strip(), rest)
+    if not sep or not body:
+        raise ValueError(f"schedule {text!r}: expected [NAME=]KEY=VALUE,... (keys {', '.join(PARAMS)})")
+    kw: dict = {}
+    for item in body.split(","):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if key not in PARAMS or not eq:
+            raise ValueError(f"schedule {text!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(PARAMS)}")
+        if key in ("warps", "inner"):
+            levels = tuple(int(v) for v in value.split("/"))
+            kw[key] = levels[0] if len(levels) == 1 else levels
+        else:
+            kw[key] = int(value) if key == "finest" else float(value)
+    if name is None:
+        v = {**PARAMS, **kw}
+        fmt = lambda x: "/".join(map(str, x)) if isinstance(x, tuple) else str(x)  # noqa: E731
+        name = f"f{v['finest']} w{fmt(v['warps'])} i{fmt(v['inner'])}" + "".join(
+            f" {k}={kw[k]:g}" for k in ("window", "alpha") if k in kw)
+    return name, kw
+
+
+def part_schedules(dev, schedules, sizes, large: bool, small: bool = True) -> list[str]:
+    """EPE of each schedule on the synthetic sets beside DIS fast's, flows/s at ``sizes``, and
+    the schedules no worse than DIS fast on every set, fastest first (returned)."""
+    named = dict(parse_schedule(t) for t in schedules)
+    width = max(len(k) for k in [*named, "DIS fast"])
+    mean: dict[str, dict[str, float]] = {}
+    for label, size, prescale in synthetic_sets(large, small):
+        tot: dict[str, list] = {"DIS fast": [], **{k: [] for k in named}}
+        rocket: dict[str, list] = {k: [] for k in tot}
+        for photo, _case, src, dst, truth in synthetic_cases(size, prescale):
+            e = {"DIS fast": endpoint_error(flow_u8(src, dst, "dis", "fast"), truth),
+                 **{k: endpoint_error(tflow(src, dst, dev, **kw), truth) for k, kw in named.items()}}
+            for k, v in e.items():
+                tot[k].append(v)
+                if photo == "rocket":
+                    rocket[k].append(v)
+        say(f"\n## schedules, synthetic {label}: mean EPE (median) [cases <= DIS fast] "
+            f"(torch on {dev.type}; DIS on the CPU)")
+        for k, v in tot.items():
+            wins = sum(t <= f for t, f in zip(v, tot["DIS fast"]))
+            say(f"  {k:{width}s} {np.mean(v):.4f} ({np.median(v):.4f}) [{wins}/{len(v)}]"
+                + (f"  no-texture rocket mean {np.mean(rocket[k]):.3f}" if rocket[k] else ""))
+        mean[label] = {k: float(np.mean(v)) for k, v in tot.items()}
+    speed: dict[tuple, float] = {}
+    say(f"\n## schedules, speed on {dev.type} ({'fused Triton path' if use_fused(dev) else 'torch path'}), "
+        "flows/s (one batch of the flow's own batch size)")
+    for (h, w) in sizes:
+        _, _, s1, d1 = device_pair(h, w, dev)
+        bs = 1 << max(0, (BATCH_PIXELS["cuda" if dev.type == "cuda" else "cpu"] // (h * w)).bit_length() - 1)
+        s, d = batch_of(s1, bs), batch_of(d1, bs)
+        for k, kw in named.items():
+            speed[w, h, k] = bs / timed(lambda kw=kw, s=s, d=d: torch_flow(s, d, **kw), dev,
+                                        min_s=1.0, min_n=3)
+            say(f"  {w}x{h} batch {bs:3d} {k:{width}s} {speed[w, h, k]:8.1f} flows/s")
+    if not mean:
+        return []
+    ok = [k for k in named if all(m[k] <= m["DIS fast"] for m in mean.values())]
+    if sizes:
+        h, w = sizes[0]
+        ok.sort(key=lambda k: -speed[w, h, k])
+    say(f"\ncandidates (mean EPE <= DIS fast on {', '.join(mean)})"
+        + (f", fastest at {sizes[0][1]}x{sizes[0][0]} first:" if sizes else ":"))
+    for k in ok:
+        say(f"  {k:{width}s} " + (f"{speed[sizes[0][1], sizes[0][0], k]:8.1f} flows/s, " if sizes else "")
+            + "EPE " + " / ".join(f"{m[k]:.3f} ({label})" for label, m in mean.items()))
+    if not ok:
+        say("  none")
+    return ok
 
 
 # -- real clips -------------------------------------------------------------------------------
@@ -426,10 +553,6 @@ def env_var(name: str, value: str):
 
 def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool = False,
                syn_size=(720, 1280), jacobi=(3,)):
-    from skimage import data as skdata
-
-    from metrics.torchflow import use_fused
-
     if not use_fused(dev):
         say(f"\n## fused flow: not available on {dev.type} (CUDA and triton needed; EVALKIT_TRITON=0?)")
         return
@@ -483,15 +606,11 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
     say(f"\n## synthetic motion, {sw}x{sh} windows, end-point error in pixels: torch path vs fused path")
     errs = {False: [], True: []}
     diffs = []
-    for name in PHOTOS:
-        rgb = getattr(skdata, name)()
-        photo = photo_grey(rgb, 1.12 * max(sh / rgb.shape[0], sw / rgb.shape[1]))
-        for case, kw in CASES:
-            src, dst, truth = synthetic_pair(photo, syn_size, **kw)
-            f = {fu: tflow(src, dst, dev, fused=fu) for fu in (False, True)}
-            for fu in f:
-                errs[fu].append(endpoint_error(f[fu], truth))
-            diffs.append(float(np.abs(f[True] - f[False]).max()))
+    for _, _, src, dst, truth in synthetic_cases(syn_size):
+        f = {fu: tflow(src, dst, dev, fused=fu) for fu in (False, True)}
+        for fu in f:
+            errs[fu].append(endpoint_error(f[fu], truth))
+        diffs.append(float(np.abs(f[True] - f[False]).max()))
     good = [dv for dv, e in zip(diffs, errs[False]) if e < 1.0]
     say(f"mean EPE torch path {np.mean(errs[False]):.4f} px, fused {np.mean(errs[True]):.4f} px "
         f"({len(errs[True])} cases); max |per-case EPE difference| "
@@ -626,10 +745,20 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
     p.add_argument("--repeats", type=int, default=2, help="temporal part: rounds of the full set off and on")
     p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
-    p.add_argument("--sizes", default="1280x720,1920x1080", help="frame sizes of the speed part")
+    p.add_argument("--sizes", default="1280x720,1920x1080",
+                   help="frame sizes of the speed, fused and schedules parts (schedules: '' for none)")
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), metavar="[NAME=]KEY=VALUE,...",
+                   help="schedules part: torch flow schedules, e.g. 'v1=finest=0,warps=3,inner=10' "
+                        "'finest=1,warps=1/3/4,inner=15' (warps/inner per pyramid level from level 0, "
+                        "joined by /; default: v1, v2 and the session-10 sweep)")
     p.add_argument("--size", default="1280x720", help="frame size of the stream and lpips parts")
     p.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     args = p.parse_args(argv)
+    for text in args.schedules:
+        try:
+            parse_schedule(text)
+        except ValueError as e:
+            p.error(str(e))
     dev = resolve_device(args.device)
     hw = lambda s: tuple(int(v) for v in s.split("x"))[::-1]  # noqa: E731
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -659,6 +788,9 @@ def main(argv=None):
         try:
             if part == "synthetic":
                 part_synthetic(dev, args.large, not args.no_small)
+            elif part == "schedules":
+                part_schedules(dev, args.schedules, [hw(x) for x in args.sizes.split(",") if x],
+                               args.large, not args.no_small)
             elif part == "real":
                 part_real(dev, args.frames)
             elif part == "speed":
