@@ -472,7 +472,7 @@ def main(argv=None):
         return run_all(args, argv)
     part = args.part or ("memory" if args.memory else "fidelity" if args.no_temporal else "full")
     if args.chunk is None:
-        args.chunk = auto_chunk(h, w, dev, temporal=part != "fidelity")
+        args.chunk = auto_chunk(h, w, dev, host_flows=part != "fidelity" and args.flow != "torch")
     if args.frames is None:
         args.frames = 1000 if gpu else 32
     if args.seconds is None:

@@ -676,17 +676,17 @@ def _on_device(ev: PairEvaluator, chunk: tuple) -> torch.Tensor:
     return ev._ring.to_device(slot, frames).permute(0, 3, 1, 2)
 
 
-def auto_chunk(height: int, width: int, device=None, temporal: bool = True) -> int:
+def auto_chunk(height: int, width: int, device=None, host_flows: bool = True) -> int:
     """Frames per batch: 8 at 256x256 and 2 at 720p on the CPU (resident memory stays near
     2 GB at 720p); on a GPU 16 at 720p without flows on the host and 8 with them (host memory
     holds uint8 frames and, with OpenCV's flows, 4 float32 flows per frame for two chunks in
     flight, pinned: 16 frames put a 2,000-frame 720p stream at 3.5 GB resident on an H200
-    machine). ``temporal``: whether flows come through the host (temporal metrics with a CPU
-    flow; :func:`evaluator_chunk` says it for an evaluator: the ``"torch"`` flow stays on the
-    device, and chunks of 16 ran at 222-224 full-set pairs/s on an H200 against 197-205 with 8).
-    Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the records it
+    machine). ``host_flows``: whether flows come through the host (temporal metrics with an
+    OpenCV flow: :func:`flows_on_host`; :func:`evaluator_chunk` passes it for an evaluator: the
+    ``"torch"`` flow stays on the device, and chunks of 16 ran at 222-224 full-set pairs/s on
+    an H200 against 197-205 with 8). Never more than 16: :func:`stream_pair` reads at most one chunk ahead of the records it
     yields, and callers that keep recent frames size their memory on that."""
-    return _chunk_for(resolve_device(device).type, height, width, temporal)
+    return _chunk_for(resolve_device(device).type, height, width, host_flows)
 
 
 def _chunk_for(device_type: str, height: int, width: int, host_flows: bool) -> int:
