@@ -98,13 +98,12 @@ def temporal_from_flows(pa: torch.Tensor, pb: torch.Tensor | None, fwd_a: torch.
     """
     two = pb is not None
 
-    def torch_path():
-        with precise():
-            wa = warping_error_from_flows(pa[:-1], pa[1:], bwd_a, fwd_a)
-            if not two:
-                return wa, None, None
-            return (wa, warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b),
-                    tof_from_flows(fwd_a, fwd_b))
+    def torch_path():                 # each function runs in its own precise() block
+        wa = warping_error_from_flows(pa[:-1], pa[1:], bwd_a, fwd_a)
+        if not two:
+            return wa, None, None
+        return (wa, warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b),
+                tof_from_flows(fwd_a, fwd_b))
 
     fn = _temporal_kernel(pa.device)
     if fn is None:

@@ -290,8 +290,10 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
 
     ``src``, ``dst``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units (uint8 or
     float), on any device; the flow is computed there in float32 (OpenCV's convention, see
-    :mod:`metrics.flow`). Pairs are processed ``batch_pixels`` pixels at a time (default by
-    device, :data:`BATCH_PIXELS`); the result does not depend on it. ``fused``: the Triton
+    :mod:`metrics.flow`). ``warps``, ``inner``: an int for every pyramid level or a sequence,
+    finest level first (:func:`per_level`); the defaults are the convention's (:data:`PARAMS`).
+    Pairs are processed ``batch_pixels`` pixels at a time (default by device,
+    :data:`BATCH_PIXELS`); the result does not depend on it. ``fused``: the Triton
     path (:func:`use_fused`; default: on CUDA when available), equal up to float32 rounding.
     """
     if src.ndim == 3:
