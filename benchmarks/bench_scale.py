@@ -224,12 +224,13 @@ def peak_rss_gb(pid: int | str = "self") -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
-def run_in(tree: Path, *argv, timeout: float = 900) -> dict:
-    """Run this script's ``_child`` command under ``tree``'s code; its JSON result."""
+def run_in(tree: Path, *argv, timeout: float = 900, env_extra: dict | None = None) -> dict:
+    """Run this script's ``_child`` command under ``tree``'s code (``env_extra``: settings
+    of that process alone); its JSON result."""
     path = os.pathsep.join([str(tree)] + ([os.environ["PYTHONPATH"]]
                                           if os.environ.get("PYTHONPATH") else []))
-    env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False",
-           "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, **(env_extra or {}), "PYTHONPATH": path,
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *map(str, argv)],
                        env=env, cwd=str(tree), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
@@ -453,7 +454,10 @@ def cmd_ab(a) -> dict:
     then ours, baseline, ...), each ``--repeats`` times; best pairs/s of each and the ratio."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    trees = {"baseline": Path(a.baseline).resolve(), "ours": Path(a.new).resolve()}
+    trees = {"baseline": (Path(a.baseline).resolve(), {}), "ours": (Path(a.new).resolve(), {})}
+    for extra in a.also or []:                    # ours again, under other settings
+        trees[f"ours:{extra}"] = (Path(a.new).resolve(), dict(
+            kv.split("=", 1) for kv in extra.split(",") if "=" in kv))
     results: dict = {}
     sfx = "" if a.lossless == "ffv1" else f"@{a.lossless}"
     for suite, jobs in (("scale720", a.jobs), ("scale1080", a.hd_jobs)):
@@ -468,21 +472,23 @@ def cmd_ab(a) -> dict:
             what, opts = AB_ROWS[row]
             best: dict = {}
             for i in range(a.repeats):
-                for tree in (("baseline", "ours") if i % 2 == 0 else ("ours", "baseline")):
+                for tree in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
                     key = f"{suite} | {what} | {tree} | {i}"
                     try:
-                        r = run_in(trees[tree], "compare", runs["a" + sfx], runs["b" + sfx],
-                                   Path(a.work) / "reports" / f"{suite}-{row}-{tree}-{i}",
-                                   "--device", a.device, *opts, timeout=a.child_timeout)
+                        r = run_in(trees[tree][0], "compare", runs["a" + sfx], runs["b" + sfx],
+                                   Path(a.work) / "reports" / f"{suite}-{row}-{list(trees).index(tree)}-{i}",
+                                   "--device", a.device, *opts, timeout=a.child_timeout,
+                                   env_extra=trees[tree][1])
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
                         print(f"  {what} [{tree}]: FAILED {str(e)[-800:]}", flush=True)
                         continue
                     results[key] = r
                     best[tree] = max(best.get(tree, 0.0), r["pairs_per_s"])
                     print(_line(f"{what} [{tree}]", r), flush=True)
-            if len(best) == 2:
-                print(f"    {suite} {what}: ours / baseline {best['ours'] / best['baseline']:.2f}x "
-                      f"pairs/s (best of {a.repeats} each)", flush=True)
+            for name in best:
+                if name != "baseline" and "baseline" in best:
+                    print(f"    {suite} {what}: {name} / baseline {best[name] / best['baseline']:.2f}x "
+                          f"pairs/s (best of {a.repeats} each)", flush=True)
             (out / "ab.json").write_text(json.dumps(results, indent=1))
     return results
 
@@ -610,6 +616,8 @@ def main(argv=None) -> int:
     b.add_argument("--hd-jobs", type=int, default=0, help="1920x1080 jobs (0: none)")
     b.add_argument("--rows", nargs="+", choices=list(AB_ROWS), default=["lpips", "gpuflow"])
     b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--also", nargs="*", metavar="VAR=V[,VAR=V]",
+                   help="also ours with these environment settings (e.g. EVALKIT_FLOW_STREAM=0)")
     b.add_argument("--child-timeout", type=float, default=240)
     b.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     b.add_argument("--lossless", choices=["ffv1", "utvideo"], default="utvideo",

@@ -180,10 +180,16 @@ class _HostRing:
 
 
 class _Job:
-    """One chunk on its way through :class:`PairEvaluator` (prepare -> launch -> collect)."""
+    """One chunk on its way through :class:`PairEvaluator` (prepare -> launch -> finish -> records)."""
 
     __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
-                 "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel")
+                 "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel",
+                 "keys", "sizes", "flat", "result_slot", "finished", "flow_ready")
+
+    def __init__(self):
+        self.futures = []
+        self.finished = False
+        self.result_slot = self.flow_ready = None
 
 
 class PairEvaluator:
@@ -248,6 +254,7 @@ class PairEvaluator:
                 _cv_threads_acquire()
                 self._cv_held = True
         self._ring = _HostRing(self.device)
+        self._flow_stream = None          # CUDA stream of the "torch" flows (_device_flows)
         self.alignment: dict[str, Any] = {"mode": "error"}
         self.reset()
 
@@ -357,7 +364,7 @@ class PairEvaluator:
                     src += list(range(o, o + m)) + list(range(o + 1, o + k))
                     dst += list(range(o + 1, o + k)) + list(range(o, o + m))
                 y = torch.cat([ya, yb])
-                job.flow_dev = device_flows(y[src], y[dst], self.flow[2])
+                job.flow_dev, job.flow_ready = self._device_flows(y, src, dst)
                 job.futures = []
                 if job.has_prev:
                     job.pa = torch.cat([self._carry_unit[0], job.ua])
@@ -403,6 +410,26 @@ class PairEvaluator:
         self._next += n
         self.timings["prepare"] += time.perf_counter() - t_start
         return job
+
+    def _device_flows(self, y: torch.Tensor, src: list, dst: list):
+        """The ``"torch"`` flows ``y[src] -> y[dst]`` queued on the device -> (flows, event).
+
+        On CUDA (fast path ``flow_stream``, ``EVALKIT_FLOW_STREAM=0`` turns it off) they run
+        on a second stream, so the flow's memory-bound kernels overlap the LPIPS trunk's
+        compute-bound ones queued after them; ``event`` marks their end (None: same stream).
+        The kernels and their order within each stream are the same: so are the numbers."""
+        if self.device.type != "cuda" or not fast_path("flow_stream"):
+            return device_flows(y[src], y[dst], self.flow[2]), None
+        if self._flow_stream is None:
+            self._flow_stream = torch.cuda.Stream(self.device)
+        side, main = self._flow_stream, torch.cuda.current_stream(self.device)
+        side.wait_stream(main)                        # y is written on the main stream
+        with torch.cuda.stream(side):
+            flows = device_flows(y[src], y[dst], self.flow[2])
+            ready = torch.cuda.Event()
+            ready.record(side)
+        y.record_stream(side)                         # not reused before the side stream is done
+        return flows, ready
 
     def _launch(self, job: _Job) -> None:
         """Queue the chunk's LPIPS, tLP, SSIM, PSNR, exactness and flicker (no host wait)."""
@@ -452,9 +479,18 @@ class PairEvaluator:
         job.a = job.b = job.ya = job.yb = job.u = job.ua = job.ub = None
         self.timings["launch"] += time.perf_counter() - t_start
 
-    def _collect(self, job: _Job) -> list[dict]:
-        """Finish the chunk (warping error and tOF from its flows) and return its records."""
-        n, t0, out = job.n, job.t0, job.out
+    def waits_for_threads(self, job: _Job) -> bool:
+        """Whether finishing ``job`` waits for flow threads (then give them time first)."""
+        return bool(job.futures)
+
+    def _finish(self, job: _Job) -> None:
+        """Queue the chunk's warping errors and tOF (from its flows) and the copy of all its
+        per-frame numbers to the host. Waits only for the flow threads, if any: on a GPU the
+        copy is asynchronous (pinned memory), so the next chunk's work can be queued before
+        :meth:`_records` waits for this one."""
+        if job.finished:
+            return
+        out = job.out
         t_start = time.perf_counter()
         if job.temporal:
             for fu in job.futures:
@@ -470,21 +506,56 @@ class PairEvaluator:
                     fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
                 else:
                     fl, job.flow_dev = job.flow_dev, None
+                    if job.flow_ready is not None:    # computed on the flow stream
+                        main = torch.cuda.current_stream(self.device)
+                        main.wait_event(job.flow_ready)
+                        fl.record_stream(main)
+                        job.flow_ready = None
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
                 # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
                 out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
                     job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
                 out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]
             del fl, fwd_a, bwd_a, fwd_b, bwd_b
-        # one transfer to the host for the whole chunk
-        keys = list(out)
+            job.pa = job.pb = None
+        # one copy to the host for the whole chunk
+        job.keys = list(out)
         with torch.inference_mode():
-            flat = torch.cat([out[k].reshape(-1).double() for k in keys] + [job.mse.double()]).cpu().numpy()
+            flat = torch.cat([out[k].reshape(-1).double() for k in job.keys] + [job.mse.double()])
+            if self.device.type == "cpu":
+                job.flat = flat
+            else:
+                slot = job.result_slot = self._ring.get("results", (flat.numel(),), torch.float64)
+                job.flat = slot["buf"][:flat.numel()]
+                job.flat.copy_(flat, non_blocking=self._ring.pin)
+                if self._ring.pin and self.device.type == "cuda":
+                    event = torch.cuda.Event()
+                    event.record(torch.cuda.current_stream(self.device))
+                    slot["event"] = event
+        job.sizes = {k: out[k].numel() for k in job.keys}
+        job.out = job.mse = None
+        job.finished = True
+        self.timings["collect"] += time.perf_counter() - t_start
+
+    def _collect(self, job: _Job) -> list[dict]:
+        """Finish the chunk (:meth:`_finish`) and return its records."""
+        self._finish(job)
+        return self._records(job)
+
+    def _records(self, job: _Job) -> list[dict]:
+        """Wait for the chunk's numbers on the host and return its records."""
+        t_start = time.perf_counter()
+        slot = job.result_slot
+        if slot is not None and slot.get("event") is not None:
+            slot.pop("event").synchronize()
+        flat = job.flat.numpy()
+        n, t0, keys = job.n, job.t0, job.keys
         host, at = {}, 0
         for k in keys:
-            host[k] = flat[at:at + out[k].numel()]
-            at += out[k].numel()
-        mse_h = flat[at:]
+            size = job.sizes[k]
+            host[k] = flat[at:at + size]
+            at += size
+        mse_h = flat[at:at + n]
         first = job.first
         t_first = t0 if job.has_prev else t0 + 1    # first frame with a t-1 -> t transition
         records = []
@@ -724,7 +795,8 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
 
     Two chunks are in flight: chunk k+1 is read, staged and its optical flows started before
     the records of chunk k are finished and yielded, so the flow threads never run dry and
-    the device works while the next frames are read. The iterators are therefore read at
+    the device works while the next frames are read. Without flow threads all of chunk k+1's
+    device work (flows included) is queued before the host waits for chunk k's numbers. The iterators are therefore read at
     most one chunk ahead of the records yielded (never more).
     """
     if align not in ALIGN_MODES:
@@ -777,9 +849,17 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
             if pending is not None:         # the frames before the bad chunk still count
                 yield from ev._collect(pending)
             raise
-        if pending is not None:
+        if pending is not None and ev.waits_for_threads(pending):
+            # flow threads: they get this chunk's reading and staging time before the wait
             yield from ev._collect(pending)
+            pending = None
         ev._launch(job)
+        if not ev.waits_for_threads(job):
+            # everything of this chunk is queued on the device before the host waits for the
+            # previous chunk's numbers: the device never idles while records are handed out
+            ev._finish(job)
+        if pending is not None:
+            yield from ev._records(pending)
         pending = job
     if pending is not None:
         yield from ev._collect(pending)

@@ -1,0 +1,135 @@
+"""``stream_pair`` from frames in host memory: code trees and settings side by side, one process each.
+
+    PYTHONPATH=. python benchmarks/bench_pipeline.py --baseline BASE_TREE --out OUT/pipeline.txt
+    PYTHONPATH=. python benchmarks/bench_pipeline.py --device cpu --size 128x72 --pairs 32 \\
+        --variants ours,ours:EVALKIT_FLOW_STREAM=0                        # smoke check
+
+What it measures: the metric pipeline of ``evalkit compare`` without the decoders. Each variant
+runs in a fresh interpreter (its start-up, cuDNN autotuning and Triton loading are its own, as a
+user's ``compare`` has them): ``PairEvaluator`` on ``--device``, ``warm_up`` timed, then
+``stream_pair`` over ``--pairs`` pairs of uint8 numpy frames (a cycle of 32 synthetic pairs of
+``bench_chain.frames``, in host memory) with the full set and the ``"torch"`` flow, then
+LPIPS+SSIM+PSNR; pairs/s, the warm-up's seconds and the mean of each metric (the variants must
+agree up to float32 rounding). Variants: ``TREE[:VAR=VALUE,...]`` where TREE is ``ours`` (this
+checkout) or ``baseline`` (``--baseline``), each environment setting applied in its process
+only, e.g. ``ours:EVALKIT_FLOW_STREAM=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
+``torch.backends.cudnn.benchmark_limit``). ``--repeats`` rounds, the variants' order reversed
+every second round; the best rate of each and its ratio to the first variant are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(args) -> dict:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_chain import CYCLE, frames
+    from metrics.stream import PairEvaluator, stream_pair
+
+    if os.environ.get("CUDNN_LIMIT"):
+        torch.backends.cudnn.benchmark_limit = int(os.environ["CUDNN_LIMIT"])
+    w, h = map(int, args.size.split("x"))
+    a, b = frames(CYCLE, h, w)
+    out = {}
+    for name, temporal in (("full set torch", True), ("LPIPS+SSIM+PSNR", False)):
+        ev = PairEvaluator(device=args.device, temporal=temporal, flow="torch")
+        t = time.perf_counter()
+        ev.warm_up(h, w, args.chunk)
+        warm = time.perf_counter() - t
+
+        def gen(x, n):
+            for i in range(n):
+                yield x[i % len(x)]
+
+        t = time.perf_counter()
+        n = sum(1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev,
+                                       chunk=args.chunk))
+        rate = n / (time.perf_counter() - t)
+        means = {k: v for k, v in ev.compute()["means"].items() if isinstance(v, float)}
+        ev.close()
+        out[name] = {"pairs_per_s": rate, "warm_up_s": warm, "means": means}
+    return out
+
+
+def run(tree: Path, env_extra: dict, args) -> dict:
+    env = {**os.environ, **env_extra, "PYTHONPATH": os.pathsep.join(
+        [str(tree)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+        "PYTHONWARNINGS": "ignore"}
+    argv = [sys.executable, str(Path(__file__).resolve()), "_child", "--device", args.device,
+            "--size", args.size, "--pairs", str(args.pairs), "--chunk", str(args.chunk)]
+    t = time.perf_counter()
+    p = subprocess.run(argv, env=env, cwd=str(tree), capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1]), time.perf_counter() - t
+
+
+def parse_variant(text: str, baseline: str | None) -> tuple[Path, dict]:
+    tree, _, settings = text.partition(":")
+    if tree not in ("ours", "baseline") or (tree == "baseline" and not baseline):
+        raise SystemExit(f"--variants: {text!r}: expected ours[:VAR=V,...] or baseline[...] "
+                         "(baseline needs --baseline)")
+    env = dict(s.split("=", 1) for s in settings.split(",") if s)
+    return (ROOT if tree == "ours" else Path(baseline).resolve()), env
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", nargs="?", default="ab", choices=("ab", "_child"))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--size", default="1280x720")
+    p.add_argument("--pairs", type=int, default=1024)
+    p.add_argument("--chunk", type=int, default=16)
+    p.add_argument("--baseline", default=None, help="checkout of the code to compare against")
+    p.add_argument("--variants", default="baseline,ours,ours:EVALKIT_FLOW_STREAM=0")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default=None, help="also write the printed lines here")
+    args = p.parse_args(argv)
+    if args.what == "_child":
+        print(json.dumps(child(args)))
+        return 0
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    names = args.variants.split(",")
+    variants = [parse_variant(v, args.baseline) for v in names]
+    say(f"# bench_pipeline {args.size} on {args.device}, {args.pairs} pairs, chunk {args.chunk}; "
+        f"variants: {', '.join(names)}")
+    best: dict = {}
+    for i in range(args.repeats):
+        order = list(range(len(names)))[:: 1 if i % 2 == 0 else -1]
+        for j in order:
+            r, took = run(*variants[j], args)
+            for row, v in r.items():
+                say(f"  {names[j]:40s} {row:16s} {v['pairs_per_s']:8.1f} pairs/s | warm-up "
+                    f"{v['warm_up_s']:.2f} s | process {took:.1f} s | means " +
+                    " ".join(f"{k}={x:.6g}" for k, x in sorted(v["means"].items())
+                             if k in ("lpips", "ssim", "tof", "warp_error_a")))
+                key = (names[j], row)
+                best[key] = max(best.get(key, 0.0), v["pairs_per_s"])
+    say(f"best of {args.repeats}, ratio to {names[0]}:")
+    for row in ("full set torch", "LPIPS+SSIM+PSNR"):
+        for name in names:
+            say(f"  {row:16s} {name:40s} {best[(name, row)]:8.1f} pairs/s "
+                f"{best[(name, row)] / best[(names[0], row)]:6.2f}x")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
