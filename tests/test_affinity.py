@@ -111,3 +111,38 @@ def test_pinned_threads_and_writer_processes():
         assert os.sched_getaffinity(pool._all[0].process.pid) == os.sched_getaffinity(0)
     finally:
         pool.close()
+
+
+@linux
+def test_a_render_pins_its_writers_not_its_rendering_thread(tmp_path, monkeypatch):
+    """With the writers' cores chosen (here: the last allowed CPU), the encoder threads, the
+    clip's part encoders and the recorder run there; the rendering thread keeps its cores."""
+    from conftest import DATASETS
+    from evalkit import video
+    from evalkit.render import clipwriter, driver
+
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    seen = {}
+    write, part_packets, browser = (clipwriter.ClipWriter.write, clipwriter._part_packets,
+                                    video.write_browser)
+    record = driver._record
+
+    def spy(name, f):
+        def g(*args, **kw):
+            seen.setdefault(name, set()).add(frozenset(os.sched_getaffinity(0)))
+            return f(*args, **kw)
+        return g
+
+    monkeypatch.setattr(clipwriter.ClipWriter, "write", spy("clip", write))
+    monkeypatch.setattr(clipwriter, "_part_packets", spy("part", part_packets))
+    monkeypatch.setattr(video, "write_browser", spy("preview", browser))
+    monkeypatch.setattr(driver, "_record", spy("recorder", record))
+    monkeypatch.setattr(driver, "clip_parts", lambda: 2)
+    monkeypatch.setattr(driver, "render_writer_cpus", lambda: frozenset({cpu}))
+    monkeypatch.delenv("EVALKIT_WRITER_PROCESSES", raising=False)
+    [s] = driver.render_suite(DATASETS / "smoke" / "suite.yaml", ["cpu"], tmp_path / "o",
+                              renderer="evalkit.testing.renderers:Invert", progress=False)
+    assert s.done == 2
+    assert seen == {k: {frozenset({cpu})} for k in ("clip", "part", "preview", "recorder")}
+    assert os.sched_getaffinity(0) == allowed
