@@ -15,6 +15,7 @@ checkout) or ``baseline`` (``--baseline``), each environment setting applied in 
 only, e.g. ``ours:EVALKIT_FLOW_STREAM=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
 ``torch.backends.cudnn.benchmark_limit``). ``--repeats`` rounds, the variants' order reversed
 every second round; the best rate of each and its ratio to the first variant are printed.
+``--profile PAIRS`` adds a table of the kernels' device time per pair of each variant.
 """
 from __future__ import annotations
 
@@ -56,9 +57,48 @@ def child(args) -> dict:
                                        chunk=args.chunk))
         rate = n / (time.perf_counter() - t)
         means = {k: v for k, v in ev.compute()["means"].items() if isinstance(v, float)}
-        ev.close()
         out[name] = {"pairs_per_s": rate, "warm_up_s": warm, "means": means}
+        if args.profile:
+            out[name]["profile"] = profile(ev, a, b, args)
+        ev.close()
     return out
+
+
+def profile(ev, a, b, args) -> str:
+    """Kernel table of ``args.profile`` pairs through ``stream_pair``: self device time of each
+    kernel (on the CPU: self CPU time of each op)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from metrics.stream import stream_pair
+
+    n = args.profile
+    cuda = ev.device.type == "cuda"
+
+    def self_us(e) -> float:
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    ev.reset()
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in stream_pair((a[i % len(a)] for i in range(n)), (b[i % len(b)] for i in range(n)),
+                             evaluator=ev, chunk=args.chunk):
+            pass
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    events = [e for e in prof.key_averages() if self_us(e) > 0]
+    events.sort(key=lambda e: -self_us(e))
+    total = sum(self_us(e) for e in events) / 1e3
+    lines = [f"-- profile: {n} pairs, wall {wall * 1e3:.1f} ms (profiled), kernel time {total:.1f} ms "
+             f"= {total / n:.3f} ms a pair"]
+    for e in events[:args.profile_top]:
+        ms = self_us(e) / 1e3
+        lines.append(f"   {ms:9.2f} ms {100 * ms / total:5.1f}% {ms / n:7.4f} ms/pair x{e.count:<6d} {e.key[:90]}")
+    return "\n".join(lines)
 
 
 def run(tree: Path, env_extra: dict, args) -> dict:
@@ -66,7 +106,8 @@ def run(tree: Path, env_extra: dict, args) -> dict:
         [str(tree)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
         "PYTHONWARNINGS": "ignore"}
     argv = [sys.executable, str(Path(__file__).resolve()), "_child", "--device", args.device,
-            "--size", args.size, "--pairs", str(args.pairs), "--chunk", str(args.chunk)]
+            "--size", args.size, "--pairs", str(args.pairs), "--chunk", str(args.chunk),
+            "--profile", str(args.profile), "--profile-top", str(args.profile_top)]
     t = time.perf_counter()
     p = subprocess.run(argv, env=env, cwd=str(tree), capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
@@ -93,6 +134,9 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", default=None, help="checkout of the code to compare against")
     p.add_argument("--variants", default="baseline,ours,ours:EVALKIT_FLOW_STREAM=0")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--profile", type=int, default=0, metavar="PAIRS",
+                   help="also a kernel table of this many pairs (last round only)")
+    p.add_argument("--profile-top", type=int, default=25)
     p.add_argument("--out", default=None, help="also write the printed lines here")
     args = p.parse_args(argv)
     if args.what == "_child":
@@ -118,6 +162,8 @@ def main(argv=None) -> int:
                     f"{v['warm_up_s']:.2f} s | process {took:.1f} s | means " +
                     " ".join(f"{k}={x:.6g}" for k, x in sorted(v["means"].items())
                              if k in ("lpips", "ssim", "tof", "warp_error_a")))
+                if "profile" in v and i == args.repeats - 1:
+                    say(v["profile"])
                 key = (names[j], row)
                 best[key] = max(best.get(key, 0.0), v["pairs_per_s"])
     say(f"best of {args.repeats}, ratio to {names[0]}:")
