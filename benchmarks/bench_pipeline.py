@@ -13,7 +13,8 @@ LPIPS+SSIM+PSNR; pairs/s, the warm-up's seconds and the mean of each metric (the
 agree up to float32 rounding). Variants: ``TREE[:VAR=VALUE,...]`` where TREE is ``ours`` (this
 checkout) or ``baseline`` (``--baseline``), each environment setting applied in its process
 only, e.g. ``ours:EVALKIT_FLOW_STREAM=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
-``torch.backends.cudnn.benchmark_limit``). ``--repeats`` rounds, the variants' order reversed
+``torch.backends.cudnn.benchmark_limit``) or ``ours:CUDNN_BENCH=0`` (the evaluator's
+``cudnn_benchmark``: cuDNN's heuristics instead of its autotuning). ``--repeats`` rounds, the variants' order reversed
 every second round; the best rate of each and its ratio to the first variant are printed.
 ``--profile PAIRS`` adds a table of the kernels' device time per pair of each variant.
 """
@@ -43,7 +44,9 @@ def child(args) -> dict:
     a, b = frames(CYCLE, h, w)
     out = {}
     for name, temporal in (("full set torch", True), ("LPIPS+SSIM+PSNR", False)):
-        ev = PairEvaluator(device=args.device, temporal=temporal, flow="torch")
+        bench = os.environ.get("CUDNN_BENCH")
+        ev = PairEvaluator(device=args.device, temporal=temporal, flow="torch",
+                           cudnn_benchmark=None if bench is None else bench == "1")
         t = time.perf_counter()
         ev.warm_up(h, w, args.chunk)
         warm = time.perf_counter() - t
