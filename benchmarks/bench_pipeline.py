@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_pipeline.py --baseline BASE_TREE --out OUT/pipeline.txt
     PYTHONPATH=. python benchmarks/bench_pipeline.py --device cpu --size 128x72 --pairs 32 \\
-        --variants ours,ours:EVALKIT_FLOW_STREAM=0                        # smoke check
+        --variants ours,ours:EVALKIT_TRITON=0                             # smoke check
 
 What it measures: the metric pipeline of ``evalkit compare`` without the decoders. Each variant
 runs in a fresh interpreter (its start-up, cuDNN autotuning and Triton loading are its own, as a
@@ -12,7 +12,7 @@ user's ``compare`` has them): ``PairEvaluator`` on ``--device``, ``warm_up`` tim
 LPIPS+SSIM+PSNR; pairs/s, the warm-up's seconds and the mean of each metric (the variants must
 agree up to float32 rounding). Variants: ``TREE[:VAR=VALUE,...]`` where TREE is ``ours`` (this
 checkout) or ``baseline`` (``--baseline``), each environment setting applied in its process
-only, e.g. ``ours:EVALKIT_FLOW_STREAM=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
+only, e.g. ``ours:EVALKIT_TRITON=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
 ``torch.backends.cudnn.benchmark_limit``) or ``ours:CUDNN_BENCH=0`` (the evaluator's
 ``cudnn_benchmark``: cuDNN's heuristics instead of its autotuning). ``--repeats`` rounds, the variants' order reversed
 every second round; the best rate of each and its ratio to the first variant are printed.
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=16)
     p.add_argument("--baseline", default=None, help="checkout of the code to compare against")
-    p.add_argument("--variants", default="baseline,ours,ours:EVALKIT_FLOW_STREAM=0")
+    p.add_argument("--variants", default="baseline,ours")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--profile", type=int, default=0, metavar="PAIRS",
                    help="also a kernel table of this many pairs (last round only)")

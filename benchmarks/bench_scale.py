@@ -617,7 +617,7 @@ def main(argv=None) -> int:
     b.add_argument("--rows", nargs="+", choices=list(AB_ROWS), default=["lpips", "gpuflow"])
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--also", nargs="*", metavar="VAR=V[,VAR=V]",
-                   help="also ours with these environment settings (e.g. EVALKIT_FLOW_STREAM=0)")
+                   help="also ours with these environment settings (e.g. EVALKIT_TRITON=0)")
     b.add_argument("--child-timeout", type=float, default=240)
     b.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     b.add_argument("--lossless", choices=["ffv1", "utvideo"], default="utvideo",

@@ -76,7 +76,7 @@ def precise(cudnn_benchmark: bool | None = None):
 #: exactness, luma and the conversion). Nothing records which one ran.
 FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
               "triton_temporal": "EVALKIT_TRITON", "conv1_s2d": "EVALKIT_CONV1_S2D",
-              "one_pass_unit": "EVALKIT_ONE_PASS_UNIT", "flow_stream": "EVALKIT_FLOW_STREAM"}
+              "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 
 

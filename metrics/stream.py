@@ -184,12 +184,12 @@ class _Job:
 
     __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
                  "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel",
-                 "keys", "sizes", "flat", "result_slot", "finished", "flow_ready")
+                 "keys", "sizes", "flat", "result_slot", "finished")
 
     def __init__(self):
         self.futures = []
         self.finished = False
-        self.result_slot = self.flow_ready = None
+        self.result_slot = None
 
 
 class PairEvaluator:
@@ -254,7 +254,6 @@ class PairEvaluator:
                 _cv_threads_acquire()
                 self._cv_held = True
         self._ring = _HostRing(self.device)
-        self._flow_stream = None          # CUDA stream of the "torch" flows (_device_flows)
         self.alignment: dict[str, Any] = {"mode": "error"}
         self.reset()
 
@@ -364,7 +363,7 @@ class PairEvaluator:
                     src += list(range(o, o + m)) + list(range(o + 1, o + k))
                     dst += list(range(o + 1, o + k)) + list(range(o, o + m))
                 y = torch.cat([ya, yb])
-                job.flow_dev, job.flow_ready = self._device_flows(y, src, dst)
+                job.flow_dev = device_flows(y[src], y[dst], self.flow[2])
                 job.futures = []
                 if job.has_prev:
                     job.pa = torch.cat([self._carry_unit[0], job.ua])
@@ -410,26 +409,6 @@ class PairEvaluator:
         self._next += n
         self.timings["prepare"] += time.perf_counter() - t_start
         return job
-
-    def _device_flows(self, y: torch.Tensor, src: list, dst: list):
-        """The ``"torch"`` flows ``y[src] -> y[dst]`` queued on the device -> (flows, event).
-
-        On CUDA (fast path ``flow_stream``, ``EVALKIT_FLOW_STREAM=0`` turns it off) they run
-        on a second stream, so the flow's memory-bound kernels overlap the LPIPS trunk's
-        compute-bound ones queued after them; ``event`` marks their end (None: same stream).
-        The kernels and their order within each stream are the same: so are the numbers."""
-        if self.device.type != "cuda" or not fast_path("flow_stream"):
-            return device_flows(y[src], y[dst], self.flow[2]), None
-        if self._flow_stream is None:
-            self._flow_stream = torch.cuda.Stream(self.device)
-        side, main = self._flow_stream, torch.cuda.current_stream(self.device)
-        side.wait_stream(main)                        # y is written on the main stream
-        with torch.cuda.stream(side):
-            flows = device_flows(y[src], y[dst], self.flow[2])
-            ready = torch.cuda.Event()
-            ready.record(side)
-        y.record_stream(side)                         # not reused before the side stream is done
-        return flows, ready
 
     def _launch(self, job: _Job) -> None:
         """Queue the chunk's LPIPS, tLP, SSIM, PSNR, exactness and flicker (no host wait)."""
@@ -506,11 +485,6 @@ class PairEvaluator:
                     fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
                 else:
                     fl, job.flow_dev = job.flow_dev, None
-                    if job.flow_ready is not None:    # computed on the flow stream
-                        main = torch.cuda.current_stream(self.device)
-                        main.wait_event(job.flow_ready)
-                        fl.record_stream(main)
-                        job.flow_ready = None
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
                 # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
                 out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
