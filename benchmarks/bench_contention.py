@@ -36,8 +36,9 @@ CUDA context's scheduling flags), then times: idle; the pipeline's (main) thread
 CPU ``C`` (``--pin-cpu``, default the one it is on); busy processes one per CPU other than ``C``
 and its SMT siblings, the pipeline not pinned, then pinned to ``C``; busy processes on the
 siblings too (with SMT); 2 encoder processes, the pipeline not pinned / pinned to ``C``, the
-encoders free / kept off ``C`` and its siblings (the last is what ``EVALKIT_WRITER_CPUS=auto``
-does in a render); then, each in a fresh process (the flag is read when the CUDA context is
+encoders free / kept off ``C`` and its siblings (the last is what a render whose writers were
+kept off the pipeline's core would do: built in session 11 as ``EVALKIT_WRITER_CPUS=auto`` and
+removed, since a real canary render measured the same with it, 1.968 against 1.983 s); then, each in a fresh process (the flag is read when the CUDA context is
 made), the pipeline idle and beside 2 encoders with the CUDA runtime's default scheduling,
 ``cudaDeviceScheduleSpin`` and ``cudaDeviceScheduleBlockingSync`` (``cudaSetDeviceFlags``
 through ctypes on the libcudart torch loaded; read back from the runtime and the driver's
@@ -222,6 +223,43 @@ def cpu_mhz(cpu: int | None) -> float | None:
     return None
 
 
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """A kernel CPU list (``"0-3,8,10-11"``) as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        cpus.update(range(int(a), int(b or a) + 1))
+    return cpus
+
+
+def siblings_map(cpus, root: Path = Path("/sys/devices/system/cpu")) -> dict[int, frozenset[int]]:
+    """Each CPU of ``cpus``'s SMT siblings, itself included (sysfs ``thread_siblings_list``;
+    a CPU whose list cannot be read: itself alone)."""
+    out = {}
+    for c in cpus:
+        try:
+            sib = parse_cpu_list((root / f"cpu{c}" / "topology" / "thread_siblings_list").read_text())
+        except (OSError, ValueError):
+            sib = set()
+        out[c] = frozenset(sib | {c})
+    return out
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread is running on now (field 39 of its ``/proc`` stat), None
+    where that cannot be read."""
+    try:
+        text = Path(f"/proc/self/task/{threading.get_native_id()}/stat").read_text()
+        return int(text.rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def _read(path: str) -> str | None:
     try:
         return Path(path).read_text().strip()
@@ -231,8 +269,6 @@ def _read(path: str) -> str | None:
 
 def topology_lines(allowed) -> list[str]:
     """The CPU topology as printed first."""
-    from evalkit.render.affinity import siblings_map
-
     sys_cpu = "/sys/devices/system/cpu"
     model, mhz, proc = None, {}, None
     try:
@@ -379,7 +415,6 @@ class Bench:
         """Seconds in the render calls of one loop over the jobs, the launching thread's
         counters over them (:func:`thread_counters` summed; None when unknown) and the CPUs
         it was seen on after each call."""
-        from evalkit.render.affinity import current_cpu
         from evalkit.render.backend import apply_backend
         from evalkit.render.renderers import RenderRequest
 
@@ -405,8 +440,6 @@ class Bench:
         """``repeats`` loops: seconds, the counters' medians, the CPUs seen, the clock of the
         last one (sampled now, under the load)."""
         runs = [self.loop() for _ in range(repeats)]
-        from evalkit.render.affinity import current_cpu
-
         med = [None if any(r[1][i] is None for r in runs)
                else statistics.median(r[1][i] for r in runs) for i in range(5)]
         cpus = set().union(*(r[2] for r in runs))
@@ -552,8 +585,6 @@ def main(argv=None) -> int:
                    "may take (load, warm-up, both timings)")
     p.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     a = p.parse_args(argv)
-
-    from evalkit.render.affinity import current_cpu, siblings_map
 
     out = open(a.out, "w") if a.out else None
 

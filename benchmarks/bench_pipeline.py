@@ -12,9 +12,8 @@ user's ``compare`` has them): ``PairEvaluator`` on ``--device``, ``warm_up`` tim
 LPIPS+SSIM+PSNR; pairs/s, the warm-up's seconds and the mean of each metric (the variants must
 agree up to float32 rounding). Variants: ``TREE[:VAR=VALUE,...]`` where TREE is ``ours`` (this
 checkout) or ``baseline`` (``--baseline``), each environment setting applied in its process
-only, e.g. ``ours:EVALKIT_TRITON=0`` or ``ours:CUDNN_LIMIT=3`` (this script's own:
-``torch.backends.cudnn.benchmark_limit``) or ``ours:CUDNN_BENCH=0`` (the evaluator's
-``cudnn_benchmark``: cuDNN's heuristics instead of its autotuning). ``--repeats`` rounds, the variants' order reversed
+only, e.g. ``ours:EVALKIT_TRITON=0`` or ``ours:CUDNN_BENCH=0`` (this script's own: the
+evaluator's ``cudnn_benchmark`` off, cuDNN's heuristics instead of its autotuning). ``--repeats`` rounds, the variants' order reversed
 every second round; the best rate of each and its ratio to the first variant are printed.
 ``--profile PAIRS`` adds a table of the kernels' device time per pair of each variant.
 """
@@ -32,14 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(args) -> dict:
-    import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_chain import CYCLE, frames
     from metrics.stream import PairEvaluator, stream_pair
 
-    if os.environ.get("CUDNN_LIMIT"):
-        torch.backends.cudnn.benchmark_limit = int(os.environ["CUDNN_LIMIT"])
     w, h = map(int, args.size.split("x"))
     a, b = frames(CYCLE, h, w)
     out = {}

@@ -36,8 +36,6 @@ in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones 
 the workers to start; auto: unset, evalkit's own choice: threads, or, if
 ``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
 have started written on threads), and reports each; default: auto.
-``--writer-cpus off auto``: likewise with ``EVALKIT_WRITER_CPUS`` (the writers kept off the
-rendering thread's core and its SMT siblings, ``evalkit/render/affinity.py``).
 """
 from __future__ import annotations
 
@@ -98,9 +96,6 @@ def main() -> int:
     p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
                    help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
                         "each repeat (auto: unset, evalkit's own choice; the default)")
-    p.add_argument("--writer-cpus", nargs="+", choices=("off", "auto"), default=None,
-                   help="EVALKIT_WRITER_CPUS for the harness runs, one run per value (and per "
-                        "--writer-processes value) each repeat; default: unset")
     a = p.parse_args()
 
     import torch
@@ -194,21 +189,18 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    settings = [(None if v == "auto" else v, c) for v in a.writer_processes or ["auto"]
-                for c in a.writer_cpus or [None]]
+    settings = [None if v == "auto" else v for v in a.writer_processes or ["auto"]]
 
     def harness_with(value):
-        for name, v in zip(("EVALKIT_WRITER_PROCESSES", "EVALKIT_WRITER_CPUS"), value):
-            if v is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = v
+        if value is None:
+            os.environ.pop("EVALKIT_WRITER_PROCESSES", None)
+        else:
+            os.environ["EVALKIT_WRITER_PROCESSES"] = value
         return harness()
 
     def named(value) -> str:
-        text = {None: "evalkit render (auto)", "0": "writers: threads (0)",
-                "1": "writers: processes (1)"}[value[0]]
-        return text if value[1] is None else f"{text}, writer CPUs {value[1]}"
+        return {None: "evalkit render (auto)", "0": "writers: threads (0)",
+                "1": "writers: processes (1)"}[value]
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []

@@ -207,12 +207,11 @@ def death_text(code: int | None) -> str:
     return how
 
 
-def start_worker(module: str, function: str, cpus=None):
+def start_worker(module: str, function: str):
     """A worker process: a fresh interpreter (nothing of the parent's ``__main__`` runs there,
     unlike multiprocessing's ``spawn``) calling ``module.function(FD)``, ``FD`` its end of a
     duplex :func:`multiprocessing.Pipe`. Returns ``(Popen, the parent's Connection)``. POSIX
-    (``pass_fds``); also used by :mod:`evalkit.render.procwrite`. ``cpus``: the cores it runs
-    on (set first thing, before its imports start threads), else the parent thread's."""
+    (``pass_fds``); also used by :mod:`evalkit.render.procwrite`."""
     import subprocess
     import sys
     from multiprocessing import Pipe
@@ -224,11 +223,9 @@ def start_worker(module: str, function: str, cpus=None):
     root = str(Path(evalkit.__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    pin = (f"import os; os.sched_setaffinity(0, {sorted(int(c) for c in cpus)!r}); "
-           if cpus else "")
     try:
         process = subprocess.Popen(
-            [sys.executable, "-c", f"{pin}import sys; from {module} import {function}; "
+            [sys.executable, "-c", f"import sys; from {module} import {function}; "
              f"{function}(int(sys.argv[1]))", str(child.fileno())],
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
     except BaseException:
@@ -243,8 +240,8 @@ class WorkerProcess:
     """A worker process started by :func:`start_worker` and the parent's end of its pipe; a
     worker ends when it receives ``None``. Also the base of :mod:`evalkit.render.procwrite`'s."""
 
-    def __init__(self, module: str, function: str, cpus=None):
-        self.process, self.conn = start_worker(module, function, cpus)
+    def __init__(self, module: str, function: str):
+        self.process, self.conn = start_worker(module, function)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -339,14 +336,11 @@ class WorkerPoolBase:
 
     _worker_class: type        # each pool's own
 
-    def _new_worker(self):
-        return self._worker_class()
-
     def start(self, n: int) -> None:
         """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
         with self._lock:
             while len(self._all) < n and not self._closed:
-                w = self._new_worker()
+                w = self._worker_class()
                 self._all.append(w)
                 self._idle.append(w)
 

@@ -98,18 +98,14 @@ class ClipWriter:
     """Writes a render's lossless clips (:meth:`write`), each in ``parts`` at once on a pool of
     its own when ``parts`` > 1 (``jobs``: clips written at once, which sizes the pool). The
     render's writer threads use one (:mod:`evalkit.render.driver`), and so does each writer
-    process (:mod:`evalkit.render.procwrite`): the same code, the same bytes. ``cpus``: the
-    cores its encoder threads run on (:mod:`evalkit.render.affinity`; None: any)."""
+    process (:mod:`evalkit.render.procwrite`): the same code, the same bytes."""
 
-    def __init__(self, parts: int, jobs: int = 1, cpus=None):
-        from evalkit.render.affinity import pin_thread
-
+    def __init__(self, parts: int, jobs: int = 1):
         self.parts = max(1, int(parts))
         self.pool = None
         if self.parts > 1:
             self.pool = ThreadPoolExecutor(max_workers=self.parts * max(1, int(jobs)),
-                                           thread_name_prefix="evalkit-encode-part",
-                                           initializer=pin_thread, initargs=(cpus,))
+                                           thread_name_prefix="evalkit-encode-part")
 
     def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
         """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside

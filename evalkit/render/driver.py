@@ -38,7 +38,6 @@ from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS
 from evalkit.procdecode import NoRoom
-from evalkit.render.affinity import pin_thread, render_writer_cpus
 from evalkit.render.clipwriter import ClipWriter
 from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
                                       use_processes)
@@ -494,20 +493,15 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # encoder threads.
     # (a cluster executor's results come encoded: nothing to write here)
     in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
-    # EVALKIT_WRITER_CPUS=auto: the writers kept off this (the rendering) thread's core and its
-    # SMT siblings (render/affinity.py); None: not pinned
-    cpus = render_writer_cpus() if isinstance(executor, LocalExecutor) else None
-    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode",
-                                  initializer=pin_thread, initargs=(cpus,))
-    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer",
-                                  initializer=pin_thread, initargs=(cpus,))
+    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
+    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ClipWriter(clip_parts(), WRITE_AHEAD, cpus=cpus)
+    writer = ClipWriter(clip_parts(), WRITE_AHEAD)
     procs = None
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
         # to start); else the jobs done before they have started are written on threads
-        procs = WriterPool(clip_parts(), wait=bool(procs_forced()), cpus=cpus)
+        procs = WriterPool(clip_parts(), wait=bool(procs_forced()))
         procs.start(2 * WRITE_AHEAD)        # they boot while the first job renders
     pending: collections.deque = collections.deque()
     try:

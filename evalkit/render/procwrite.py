@@ -162,8 +162,8 @@ def _write(clips: dict, kind, name, shape, fps, path, codec=None, parts=1) -> tu
 
 # -- the parent's side ----------------------------------------------------------------------------
 class _Worker(WorkerProcess):
-    def __init__(self, cpus=None):
-        super().__init__("evalkit.render.procwrite", "_child_main", cpus)
+    def __init__(self):
+        super().__init__("evalkit.render.procwrite", "_child_main")
         self.ready = False
 
     def started(self) -> bool:
@@ -200,15 +200,13 @@ class WriterPool(WorkerPoolBase):
     (:func:`evalkit.render.driver.clip_parts`). ``wait``: jobs submitted while the workers
     are still starting wait for them; else :meth:`submit` raises :class:`Booting` (the driver
     writes such a job on its threads: a worker takes 0.2-0.5 s to start, a canary job renders
-    in 0.13 s). ``cpus``: the cores the workers run on (:mod:`evalkit.render.affinity`;
-    None: the parent's)."""
+    in 0.13 s)."""
 
     _worker_class = _Worker
 
-    def __init__(self, parts: int = 1, *, wait: bool = False, cpus=None):
+    def __init__(self, parts: int = 1, *, wait: bool = False):
         self.parts = max(1, int(parts))
         self.wait = wait
-        self.cpus = cpus
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -228,9 +226,6 @@ class WriterPool(WorkerPoolBase):
     def workers(self) -> int:
         return len(self._all)
 
-    def _new_worker(self) -> _Worker:
-        return _Worker(self.cpus)
-
     def started(self) -> int:
         """Idle workers whose imports are done (one that died idle is replaced)."""
         with self._lock:
@@ -238,7 +233,7 @@ class WriterPool(WorkerPoolBase):
                 if not self._closed and not w.alive():
                     self._all.remove(w)
                     w.stop()
-                    self._idle[i] = self._new_worker()
+                    self._idle[i] = _Worker()
                     self._all.append(self._idle[i])
             return sum(w.started() for w in self._idle)
 
@@ -297,7 +292,7 @@ class WriterPool(WorkerPoolBase):
                     return w
                 self._all.remove(w)         # died while idle: replaced
                 w.stop()
-            w = self._new_worker()
+            w = _Worker()
             self._all.append(w)
             return w
 
