@@ -15,7 +15,9 @@ for Warping", ECCV 2004):
 1. Both grey frames (rounded 8-bit luma, the same input as the OpenCV methods) are scaled to
    [0, 1] and a Gaussian pyramid is built (binomial 5-tap blur, every second pixel) down to a
    coarsest side of at least :data:`MIN_SIDE` pixels, at most :data:`MAX_LEVELS` levels
-   (1/32 scale: displacements of 20 px and more are found).
+   (1/32 scale: displacements of 20 px and more are found). Flows that share frames
+   (:func:`torch_flow_indexed`, the stream's forward and backward flows) build each frame's
+   pyramid once.
 2. From the coarsest level to level ``finest``, the flow (upsampled from the level above,
    vectors doubled) is refined ``warps`` times: ``dst`` is warped back by the flow (bilinear),
    the spatial gradient is taken on the mean of ``src`` and the warped ``dst`` (5-tap central
