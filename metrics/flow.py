@@ -164,28 +164,6 @@ def device_flows(src: torch.Tensor, dst: torch.Tensor, scale: float = 1.0) -> to
     return f
 
 
-def device_flows_indexed(y: torch.Tensor, src, dst, scale: float = 1.0) -> torch.Tensor:
-    """:func:`device_flows` of ``y[src]`` to ``y[dst]`` (``y``: rounded-luma planes
-    ``(N, 1, H, W)``, ``src``/``dst``: equal-length index lists), the same values, with each
-    frame downscaled (``scale`` < 1) and its pyramid built once however many flows use it
-    (:func:`metrics.torchflow.torch_flow_indexed`)."""
-    from ._common import precise
-    from .torchflow import torch_flow_indexed
-
-    h, w = y.shape[2:]
-    if scale == 1:
-        return torch_flow_indexed(y, src, dst)
-    sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
-    with precise():
-        small = F.interpolate(y.float(), size=(sh, sw), mode="area")
-    f = torch_flow_indexed(small, src, dst)
-    with precise():
-        f = F.interpolate(f, size=(h, w), mode="bilinear", align_corners=False)
-        f[:, 0] *= w / sw
-        f[:, 1] *= h / sh
-    return f
-
-
 def to_tensor_flow(flows: list[np.ndarray], device) -> torch.Tensor:
     """List of (H, W, 2) arrays -> (N, 2, H, W) float32 tensor on ``device``."""
     return torch.from_numpy(np.stack(flows)).permute(0, 3, 1, 2).to(device).contiguous()

@@ -38,7 +38,7 @@ from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
                        ssim_kernel)
-from .flow import DEFAULT_PRESET, check_flow_options, device_flows_indexed, flow_convention, flow_into
+from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
 from .perceptual import get_model
 from .temporal import FLICKER_BLOCK, check_block, lowpass_luma, temporal_from_flows
 
@@ -363,7 +363,7 @@ class PairEvaluator:
                     src += list(range(o, o + m)) + list(range(o + 1, o + k))
                     dst += list(range(o + 1, o + k)) + list(range(o, o + m))
                 y = torch.cat([ya, yb])
-                job.flow_dev = device_flows_indexed(y, src, dst, self.flow[2])   # pyramids once a frame
+                job.flow_dev = device_flows(y[src], y[dst], self.flow[2])
                 job.futures = []
                 if job.has_prev:
                     job.pa = torch.cat([self._carry_unit[0], job.ua])

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ._common import (TritonFallback, as_frames, check_pair, fast_path, fast_path_forced, luma, luma_u8,
                       precise, to_unit)
 from ._errors import MetricInputError
-from .flow import (DEFAULT_PRESET, check_flow_options, device_flows_indexed, fb_consistent, flow_grid,
+from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, fb_consistent, flow_grid,
                    flows_u8, to_tensor_flow)
 
 FLICKER_BLOCK = 16
@@ -124,7 +124,7 @@ def _pair_flows(srcs, dsts, clips, method, preset, scale) -> torch.Tensor:
     (``"torch"``: computed there)."""
     if method == "torch":
         y = torch.cat([luma(c) for c in clips])
-        return device_flows_indexed(y, list(srcs), list(dsts), scale)
+        return device_flows(y[list(srcs)], y[list(dsts)], scale)
     g = np.concatenate([luma_u8(c) for c in clips])
     return to_tensor_flow(flows_u8([(g[s], g[d]) for s, d in zip(srcs, dsts)], method, preset, scale),
                           clips[0].device)

@@ -15,9 +15,7 @@ for Warping", ECCV 2004):
 1. Both grey frames (rounded 8-bit luma, the same input as the OpenCV methods) are scaled to
    [0, 1] and a Gaussian pyramid is built (binomial 5-tap blur, every second pixel) down to a
    coarsest side of at least :data:`MIN_SIDE` pixels, at most :data:`MAX_LEVELS` levels
-   (1/32 scale: displacements of 20 px and more are found). Flows that share frames
-   (:func:`torch_flow_indexed`, the stream's forward and backward flows) build each frame's
-   pyramid once.
+   (1/32 scale: displacements of 20 px and more are found).
 2. From the coarsest level to level ``finest``, the flow (upsampled from the level above,
    vectors doubled) is refined ``warps`` times: ``dst`` is warped back by the flow (bilinear),
    the spatial gradient is taken on the mean of ``src`` and the warped ``dst`` (5-tap central
@@ -234,58 +232,32 @@ def per_level(value, level: int) -> int:
     return int(value[min(level, len(value) - 1)])
 
 
-def _sizes(h: int, w: int, levels: int) -> list[tuple[int, int]]:
-    """(height, width) of each pyramid level: :func:`_down` halves a side rounding up."""
-    out = [(h, w)]
-    for _ in range(levels - 1):
-        h, w = (h + 1) // 2, (w + 1) // 2
-        out.append((h, w))
-    return out
-
-
-def _pyramid(x: torch.Tensor, levels: int, finest: int) -> list:
-    """Gaussian pyramid of float frames ``x`` (N, 1, H, W) in [0, 1]: ``levels`` entries, level 0
-    is ``x``; the levels below ``finest`` (never read by :func:`_solve`) are None, not kept."""
-    out = []
-    for k in range(levels):
-        if k:
-            x = _down(x)
-        out.append(x if k >= finest else None)
-    return out
-
-
 def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
                 alpha: float, finest: int, fused: bool = False) -> torch.Tensor:
-    h, w = src.shape[2:]
+    n, _, h, w = src.shape
+    p0, p1 = [src], [dst]
     levels = _levels(h, w)
     finest = min(finest, levels - 1)
-    return _solve(_pyramid(src, levels, finest), _pyramid(dst, levels, finest), _sizes(h, w, levels),
-                  warps, inner, window, alpha, finest, fused)
-
-
-def _solve(p0: list, p1: list, sizes: list, warps, inner, window: float, alpha: float,
-           finest: int, fused: bool = False) -> torch.Tensor:
-    """Coarse-to-fine flow from the pyramids ``p0`` (src) to ``p1`` (dst): lists of level tensors
-    (N, 1, h_k, w_k), entries below ``finest`` (already clamped to the levels) unused, ``sizes``
-    the (h_k, w_k) of every level -> flow (N, 2, H, W) at the size of level 0."""
-    levels = len(sizes)
+    for _ in range(levels - 1):
+        p0.append(_down(p0[-1]))
+        p1.append(_down(p1[-1]))
     flow = None
     for k in range(levels - 1, finest - 1, -1):
         i0, i1 = p0[k], p1[k]
         hk, wk = i0.shape[2:]
         nw, ni = per_level(warps, k), per_level(inner, k)
         if flow is None:
-            flow = torch.zeros((i0.shape[0], 2, hk, wk), dtype=torch.float32, device=i0.device)
+            flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
         else:
             flow = _upsample(flow, hk, wk)
         if fused:
             from ._triton_flow import warp_step
 
-            g = _gauss1d(window, i0.device)
+            g = _gauss1d(window, src.device)
             for _ in range(nw):
                 flow = warp_step(i0, i1, flow, g, ni, alpha)
             continue
-        xs, ys = _base_grid(hk, wk, i0.device)
+        xs, ys = _base_grid(hk, wk, src.device)
         for _ in range(nw):
             i1w, inside = _warp(i1, flow, xs, ys)
             ix, iy = _grad((i0 + i1w) * 0.5)
@@ -306,17 +278,8 @@ def _solve(p0: list, p1: list, sizes: list, warps, inner, window: float, alpha: 
                 d = torch.addcmul(cst, gain, _neigh(d)).addcmul_(cross, d.flip(1), value=-1.0)
             flow = flow + d
     for k in range(finest - 1, -1, -1):       # up to the frames' resolution
-        flow = _upsample(flow, *sizes[k])
+        flow = _upsample(flow, *p0[k].shape[2:])
     return flow
-
-
-def _step(batch_pixels: int, h: int, w: int, fused: bool) -> int:
-    """Pairs per batch: ``batch_pixels`` pixels, and int32 indexing of (pairs, 5, H, W) in the
-    fused kernels."""
-    step = max(1, batch_pixels // (h * w))
-    if fused:
-        step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
-    return step
 
 
 def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
@@ -340,7 +303,9 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
         batch_pixels = BATCH_PIXELS["cuda" if src.device.type == "cuda" else "cpu"]
     auto = fused is None
     fused = use_fused(src.device, fused)
-    step = _step(batch_pixels, h, w, fused)
+    step = max(1, batch_pixels // (h * w))
+    if fused:                                 # int32 indexing of (pairs, 5, H, W) in the kernels
+        step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
 
     def compute() -> torch.Tensor:
@@ -355,73 +320,4 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
         return TRITON_FUSED.run(compute, lambda: torch_flow(
             src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
             batch_pixels=batch_pixels, fused=False))
-    return compute()
-
-
-def torch_flow_indexed(frames: torch.Tensor, src_idx, dst_idx, *, warps=PARAMS["warps"],
-                       inner=PARAMS["inner"], window: float = PARAMS["window"],
-                       alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
-                       batch_pixels: int | None = None, fused: bool | None = None) -> torch.Tensor:
-    """Flows ``frames[src_idx[i]] -> frames[dst_idx[i]]`` -> ``(len(src_idx), 2, H, W)``: the
-    values of ``torch_flow(frames[src_idx], frames[dst_idx])`` with the same keywords (bit for
-    bit where elementwise ops are batch-invariant: CUDA, or one CPU thread), but the pyramid of
-    each frame is built once, however many flows use it (the streaming evaluator's four flows
-    per frame pair use each frame twice as a source and twice as a target).
-
-    ``frames``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units; ``src_idx``,
-    ``dst_idx``: equal-length sequences of frame indices (ints, repeats allowed). The pyramids of
-    the frames used are built ``batch_pixels`` pixels at a time and kept from level ``finest``
-    up (a third of the frames' size in float32 with the default ``finest=1``); the flows are then
-    solved in the batches of :func:`torch_flow`, their pyramids gathered by index.
-    """
-    if frames.ndim == 3:
-        frames = frames.unsqueeze(1)
-    src_idx = [int(i) for i in src_idx]
-    dst_idx = [int(i) for i in dst_idx]
-    nf, _, h, w = frames.shape
-    if len(src_idx) != len(dst_idx):
-        raise ValueError(f"torch_flow_indexed: {len(src_idx)} source indices, {len(dst_idx)} targets")
-    bad = [i for i in src_idx + dst_idx if not -nf <= i < nf]
-    if bad:
-        raise IndexError(f"torch_flow_indexed: frame index {bad[0]} out of range for {nf} frames")
-    n, dev = len(src_idx), frames.device
-    if batch_pixels is None:
-        batch_pixels = BATCH_PIXELS["cuda" if dev.type == "cuda" else "cpu"]
-    auto = fused is None
-    fused = use_fused(dev, fused)
-    step = _step(batch_pixels, h, w, fused)
-    out = torch.empty((n, 2, h, w), dtype=torch.float32, device=dev)
-
-    def compute() -> torch.Tensor:
-        if n == 0:
-            return out
-        levels = _levels(h, w)
-        fin = min(finest, levels - 1)
-        used = sorted({i % nf for i in src_idx + dst_idx})
-        pos = {f: j for j, f in enumerate(used)}
-        every = len(used) == nf
-        sel = None if every else torch.tensor(used, device=dev)
-        chunk = max(1, batch_pixels // (h * w))
-        with precise():
-            parts: list[list] = [[] for _ in range(levels)]
-            for i in range(0, len(used), chunk):      # each frame's pyramid, once
-                x = frames[i:i + chunk] if every else frames.index_select(0, sel[i:i + chunk])
-                for k, t in enumerate(_pyramid(x.float() * (1.0 / 255), levels, fin)):
-                    if t is not None:
-                        parts[k].append(t)
-            pyr = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
-            del parts
-            si = torch.tensor([pos[i % nf] for i in src_idx], device=dev)
-            di = torch.tensor([pos[i % nf] for i in dst_idx], device=dev)
-            sizes = _sizes(h, w, levels)
-            for i in range(0, n, step):
-                p0 = [None if t is None else t.index_select(0, si[i:i + step]) for t in pyr]
-                p1 = [None if t is None else t.index_select(0, di[i:i + step]) for t in pyr]
-                out[i:i + step] = _solve(p0, p1, sizes, warps, inner, window, alpha, fin, fused)
-        return out
-
-    if auto and fused:                        # the default fused path: torch if it cannot run here
-        return TRITON_FUSED.run(compute, lambda: torch_flow_indexed(
-            frames, src_idx, dst_idx, warps=warps, inner=inner, window=window, alpha=alpha,
-            finest=finest, batch_pixels=batch_pixels, fused=False))
     return compute()

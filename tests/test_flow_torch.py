@@ -13,10 +13,10 @@ import torch
 from skimage import data as skdata
 
 import metrics
-from metrics.flow import device_flows, device_flows_indexed, flow_u8
+from metrics.flow import flow_u8
 from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair
 from metrics.stream import PairEvaluator, evaluate_pair
-from metrics.torchflow import torch_flow, torch_flow_indexed
+from metrics.torchflow import torch_flow
 
 from conftest import ROOT
 
@@ -85,57 +85,6 @@ def test_torch_flow_is_batch_invariant_and_deterministic():
     assert half.shape == together.shape
     assert all((half[i] - together[i]).norm(dim=0).median() < 0.5 for i in range(len(half)))
     assert together[1].norm(dim=0).median() > 4.0                  # the 4.6 px shift is there
-
-
-def _frames(n: int, size=(33, 47)) -> torch.Tensor:
-    """``n`` grey frames: one photo moving a few pixels a frame, with noise (odd sizes: pyramid
-    levels of odd sizes)."""
-    photo = photo_grey(skdata.astronaut(), 0.4)
-    h, w = size
-    rng = np.random.default_rng(0)
-    fr = np.stack([photo[20 + i:20 + i + h, 30 + 2 * i:30 + 2 * i + w] for i in range(n)]).astype(np.float32)
-    return torch.from_numpy(np.clip(np.round(fr + rng.normal(0, 3, fr.shape)), 0, 255).astype(np.uint8))
-
-
-def test_indexed_flows_build_each_pyramid_once_and_equal_the_direct_flows_bit_for_bit():
-    frames = _frames(6)
-    hw = 33 * 47
-    patterns = [([0, 1, 2, 3, 4], [1, 2, 3, 4, 5], None),          # forward along the clip
-                ([1, 2, 3, 0, 1, 2], [0, 1, 2, 1, 2, 3], 2 * hw),     # stream order, batches of 2
-                ([0, 0, 5, 2, 2, 1, -1], [1, 1, 4, 2, 0, 5, 0], 3 * hw),  # repeats, a self-pair, -1
-                ([4], [2], 1)]                                       # one pair, one frame a batch
-    for src, dst, bp in patterns:
-        for finest in (0, 1):
-            got = torch_flow_indexed(frames, src, dst, batch_pixels=bp, finest=finest)
-            want = torch_flow(frames[src], frames[dst], batch_pixels=bp, finest=finest)
-            assert got.shape == (len(src), 2, 33, 47)
-            assert torch.equal(got, want), (src, bp, finest, float((got - want).abs().max()))
-    assert got.abs().max() > 1.0                                  # real motion, not zeros
-    # (N, 1, H, W) float frames, as the stream gives them, and device_flows with --flow-scale
-    y = frames[:, None].float()
-    src, dst = [0, 1, 2, 1, 2, 3], [1, 2, 3, 0, 1, 2]
-    for scale in (1.0, 0.5):
-        got = device_flows_indexed(y, src, dst, scale)
-        assert torch.equal(got, device_flows(y[src], y[dst], scale)), scale
-    assert torch_flow_indexed(frames, [], []).shape == (0, 2, 33, 47)
-    with pytest.raises(ValueError):
-        torch_flow_indexed(frames, [0, 1], [1])
-    with pytest.raises(IndexError):
-        torch_flow_indexed(frames, [0], [6])
-
-
-def test_indexed_pyramid_keeps_levels_from_finest_only(monkeypatch):
-    """The frames' own level is not kept when the solve starts at 1/2 scale (``finest=1``):
-    what _solve receives at level 0 is None."""
-    from metrics import torchflow
-
-    seen = []
-    real = torchflow._solve
-    monkeypatch.setattr(torchflow, "_solve", lambda p0, p1, *a, **k: seen.append((p0, p1)) or real(p0, p1, *a, **k))
-    torch_flow_indexed(_frames(3), [0, 1], [1, 2])
-    [(p0, p1)] = seen
-    assert p0[0] is None and p1[0] is None
-    assert p0[1].shape == (2, 1, 17, 24) and len(p0) == torchflow._levels(33, 47)
 
 
 def test_temporal_metrics_with_torch_flow_within_tolerance_of_dis_on_a_real_clip():

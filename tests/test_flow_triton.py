@@ -27,7 +27,7 @@ import os
 import torch
 from skimage import data as skdata
 from metrics.flowcheck import photo_grey, synthetic_pair
-from metrics.torchflow import torch_flow, torch_flow_indexed
+from metrics.torchflow import torch_flow
 
 torch.set_num_threads(1)
 astro, coffee = photo_grey(skdata.astronaut(), 0.4), photo_grey(skdata.coffee(), 0.4)
@@ -37,12 +37,8 @@ odd = synthetic_pair(coffee, (33, 47), zoom=1.04, shift=(0.4, -0.3))
 t = lambda a: torch.from_numpy(a)  # noqa: E731
 # solved down to the frames' own (odd) sizes: the default stops at 1/2 scale
 torch_flow = functools.partial(torch_flow, finest=0)
-torch_flow_indexed = functools.partial(torch_flow_indexed, finest=0)
 src, dst = torch.stack([t(p[0]) for p in pairs]), torch.stack([t(p[1]) for p in pairs])
 ref, fused = torch_flow(src, dst, fused=False), torch_flow(src, dst, fused=True)
-# pyramids built once per frame, gathered by index (frames 0-1 the sources, 2-3 the targets;
-# pair 1 twice, in a batch of 3): the direct call's values (the fused path is batch-invariant)
-indexed = torch_flow_indexed(torch.cat([src, dst]), [1, 0, 1], [3, 2, 3], fused=True)
 os.environ["EVALKIT_TRITON_JACOBI"] = "3"     # 3 Jacobi iterations per launch, in tiles
 alone = torch_flow(src[1:], dst[1:], fused=True)
 os.environ["EVALKIT_TRITON_JACOBI"] = "1"
@@ -54,7 +50,6 @@ print(json.dumps({
     "max_diff": float((ref - fused).abs().max()),
     "odd_max_diff": float((oref - ofused).abs().max()),
     "batch_diff": float((alone[0] - fused[1]).abs().max()),
-    "indexed_equal": bool(torch.equal(indexed, fused[[1, 0, 1]])),
     "finite": bool(fused.isfinite().all() and ofused.isfinite().all()),
     "epe_ref": [float((r - g).norm(dim=0).mean()) for r, g in zip(ref, truth)],
     "epe_fused": [float((r - g).norm(dim=0).mean()) for r, g in zip(fused, truth)],
@@ -80,8 +75,6 @@ def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
     # tiled kernel doing 3 Jacobi iterations per launch, used for the pair alone, gives the
     # same values as one iteration per launch)
     assert got["batch_diff"] == 0.0, got
-    # the indexed flows (each frame's pyramid built once) are those of the direct call, bit for bit
-    assert got["indexed_equal"], got
     # and it is a real flow: the 4.6 px shift is there, the error against the truth is small
     assert got["median_shift"] > 4.0, got
     for e_ref, e_fused in zip(got["epe_ref"], got["epe_fused"]):
@@ -134,24 +127,3 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
         torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
     with pytest.raises(Exception):                       # forced: the error is not hidden
         torchflow.torch_flow(src, dst, fused=True)
-
-
-def test_default_fused_path_of_indexed_flows_falls_back_to_the_torch_path(monkeypatch):
-    from metrics._common import TritonFallback
-
-    fam = TritonFallback(torchflow.TRITON_FUSED.family, torchflow.TRITON_FUSED.load, strict=False)
-    monkeypatch.setattr(torchflow, "TRITON_FUSED", fam)
-    real = torchflow.use_fused
-    monkeypatch.setattr(torchflow, "use_fused",
-                        lambda dev, fused=None: (fam.kernel() is not None) if fused is None else real(dev, fused))
-    g = torch.Generator().manual_seed(1)
-    frames = (torch.rand((3, 40, 48), generator=g) * 255).round().to(torch.uint8)
-    want = torchflow.torch_flow(frames[[0, 2]], frames[[1, 1]], fused=False)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        got = torchflow.torch_flow_indexed(frames, [0, 2], [1, 1])
-    [w] = seen
-    assert "fused flow kernels (warp_step) failed" in str(w.message), w.message
-    assert torch.equal(got, want)
-    with pytest.raises(Exception):                       # forced: the error is not hidden
-        torchflow.torch_flow_indexed(frames, [0, 2], [1, 1], fused=True)
