@@ -386,6 +386,50 @@ def test_stream_reads_at_most_one_chunk_ahead():
         assert read["a"] <= limit and read["b"] <= limit, (rec["frame"], read)
 
 
+class _OrderSpy(PairEvaluator):
+    """A CPU evaluator that logs when each chunk is finished (its device work all queued) and
+    when its records are handed out."""
+
+    def __init__(self, **kw):
+        super().__init__(device="cpu", **kw)
+        self.log = []
+
+    def _finish(self, job):
+        if not job.finished:
+            self.log.append(("finish", job.t0))
+        super()._finish(job)
+
+    def _records(self, job):
+        self.log.append(("records", job.t0))
+        return super()._records(job)
+
+
+def test_stream_queues_the_next_chunk_before_handing_out_records():
+    """Without flow threads, chunk k+1's work is all queued (finished) before chunk k's records
+    are handed out, so a GPU never idles meanwhile; with flow threads, chunk k is finished
+    after chunk k+1 is prepared (the threads get that time); the records are the same."""
+    a = translated_clip(n=9, seed=4)
+    b = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
+    chunk = 3
+    logs, records = {}, {}
+    for name, kw in (("torch flow", dict(flow="torch")), ("no temporal", dict(temporal=False)),
+                     ("flow threads", dict(flow_workers=2))):
+        ev = _OrderSpy(**kw)
+        try:
+            records[name] = list(stream_pair(iter(a), iter(b), evaluator=ev, chunk=chunk))
+            logs[name] = ev.log
+        finally:
+            ev.close()
+    queued_first = [("finish", 0), ("finish", 3), ("records", 0), ("finish", 6), ("records", 3),
+                    ("records", 6)]
+    assert logs["torch flow"] == logs["no temporal"] == queued_first
+    assert logs["flow threads"] == [("finish", 0), ("records", 0), ("finish", 3), ("records", 3),
+                                    ("finish", 6), ("records", 6)]
+    assert [r["frame"] for r in records["torch flow"]] == list(range(9))
+    ref = evaluate_pair(iter(a), iter(b), device="cpu", chunk=chunk, flow="torch")["records"]
+    assert records["torch flow"] == ref
+
+
 def test_stream_frame_size_change_and_dtype_change_name_the_frame():
     a = translated_clip(n=5)
     bad = list(a[:3]) + [a[3, :40]] + [a[4]]
