@@ -177,7 +177,7 @@ def affinity_conditions(allowed, siblings, c: int, frames, folder: str) -> list[
         Cond("2 encoders free, pipeline free", enc(None)),
         Cond(f"2 encoders free, pipeline on cpu {c}", enc(None), pin=c),
         Cond(f"2 encoders {away}, pipeline on cpu {c}", enc(frozenset(off)), pin=c, skip=need),
-        Cond(f"2 encoders {away}, pipeline free (=auto)", enc(frozenset(off)), skip=need),
+        Cond(f"2 encoders {away}, pipeline free", enc(frozenset(off)), skip=need),
         *[Cond(f"fresh process, CUDA sched {name}", fresh=name) for name in CUDA_SCHED],
     ]
 
