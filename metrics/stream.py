@@ -115,11 +115,12 @@ def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 class _HostRing:
-    """Host buffers that stage data for the device: two per key, handed out in turn.
+    """Host buffers that stage data for the device, and results coming back from it: two per
+    key, handed out in turn.
 
-    On a GPU they are pinned, so host-to-device copies run asynchronously (``non_blocking``);
+    On a GPU they are pinned, so copies either way run asynchronously (``non_blocking``);
     a buffer is handed out again only when everything that used it has finished: the flow
-    threads writing it (their futures) and the copy reading it (a CUDA event). On the CPU the
+    threads writing it (their futures) and the copy reading or writing it (a CUDA event). On the CPU the
     "device copy" is the buffer itself; the stream's pipeline (at most two chunks in flight)
     guarantees that a buffer is consumed before its turn comes again.
     """
@@ -166,11 +167,33 @@ class _HostRing:
         if self.device.type == "cpu":
             return host
         out = host.to(self.device, non_blocking=self.pin)
+        self._mark(slot)
+        return out
+
+    def to_host(self, key: str, x: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
+        """``x`` (1-D, on the device) in ``key``'s next buffer -> ``(host view, slot)``; one
+        asynchronous copy on a GPU (wait for it with :meth:`ready`). On the CPU ``x`` itself
+        and no slot."""
+        if self.device.type == "cpu":
+            return x, None
+        slot = self.get(key, (x.numel(),), x.dtype)
+        host = slot["buf"][:x.numel()]
+        host.copy_(x, non_blocking=self.pin)
+        self._mark(slot)
+        return host, slot
+
+    def ready(self, slot: dict | None) -> None:
+        """Wait until everything that uses ``slot``'s buffer has finished (None: nothing)."""
+        if slot is not None:
+            self._wait(slot)
+
+    def _mark(self, slot: dict) -> None:
+        """Record the end of the copy just queued (pinned buffers on CUDA only: otherwise
+        the copy was synchronous)."""
         if self.pin and self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
             slot["event"] = event
-        return out
 
     def clear(self) -> None:
         for slots in self._slots.values():
@@ -458,7 +481,7 @@ class PairEvaluator:
         job.a = job.b = job.ya = job.yb = job.u = job.ua = job.ub = None
         self.timings["launch"] += time.perf_counter() - t_start
 
-    def waits_for_threads(self, job: _Job) -> bool:
+    def _waits_for_threads(self, job: _Job) -> bool:
         """Whether finishing ``job`` waits for flow threads (then give them time first)."""
         return bool(job.futures)
 
@@ -496,16 +519,7 @@ class PairEvaluator:
         job.keys = list(out)
         with torch.inference_mode():
             flat = torch.cat([out[k].reshape(-1).double() for k in job.keys] + [job.mse.double()])
-            if self.device.type == "cpu":
-                job.flat = flat
-            else:
-                slot = job.result_slot = self._ring.get("results", (flat.numel(),), torch.float64)
-                job.flat = slot["buf"][:flat.numel()]
-                job.flat.copy_(flat, non_blocking=self._ring.pin)
-                if self._ring.pin and self.device.type == "cuda":
-                    event = torch.cuda.Event()
-                    event.record(torch.cuda.current_stream(self.device))
-                    slot["event"] = event
+            job.flat, job.result_slot = self._ring.to_host("results", flat)
         job.sizes = {k: out[k].numel() for k in job.keys}
         job.out = job.mse = None
         job.finished = True
@@ -519,9 +533,7 @@ class PairEvaluator:
     def _records(self, job: _Job) -> list[dict]:
         """Wait for the chunk's numbers on the host and return its records."""
         t_start = time.perf_counter()
-        slot = job.result_slot
-        if slot is not None and slot.get("event") is not None:
-            slot.pop("event").synchronize()
+        self._ring.ready(job.result_slot)
         flat = job.flat.numpy()
         n, t0, keys = job.n, job.t0, job.keys
         host, at = {}, 0
@@ -770,8 +782,8 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
     Two chunks are in flight: chunk k+1 is read, staged and its optical flows started before
     the records of chunk k are finished and yielded, so the flow threads never run dry and
     the device works while the next frames are read. Without flow threads all of chunk k+1's
-    device work (flows included) is queued before the host waits for chunk k's numbers. The iterators are therefore read at
-    most one chunk ahead of the records yielded (never more).
+    device work (flows included) is queued before the host waits for chunk k's numbers. The
+    iterators are therefore read at most one chunk ahead of the records yielded (never more).
     """
     if align not in ALIGN_MODES:
         raise MetricInputError(f"align: expected one of {', '.join(ALIGN_MODES)}, found {align!r}")
@@ -823,12 +835,12 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
             if pending is not None:         # the frames before the bad chunk still count
                 yield from ev._collect(pending)
             raise
-        if pending is not None and ev.waits_for_threads(pending):
+        if pending is not None and ev._waits_for_threads(pending):
             # flow threads: they get this chunk's reading and staging time before the wait
             yield from ev._collect(pending)
             pending = None
         ev._launch(job)
-        if not ev.waits_for_threads(job):
+        if not ev._waits_for_threads(job):
             # everything of this chunk is queued on the device before the host waits for the
             # previous chunk's numbers: the device never idles while records are handed out
             ev._finish(job)
