@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -100,18 +99,17 @@ def profile(ev, a, b, args) -> str:
     return "\n".join(lines)
 
 
-def run(tree: Path, env_extra: dict, args) -> dict:
-    env = {**os.environ, **env_extra, "PYTHONPATH": os.pathsep.join(
-        [str(tree)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-        "PYTHONWARNINGS": "ignore"}
-    argv = [sys.executable, str(Path(__file__).resolve()), "_child", "--device", args.device,
-            "--size", args.size, "--pairs", str(args.pairs), "--chunk", str(args.chunk),
-            "--profile", str(args.profile), "--profile-top", str(args.profile_top)]
+def run(tree: Path, env_extra: dict, args) -> tuple[dict, float]:
+    """One variant's :func:`child` in a fresh interpreter under ``tree``'s code -> (its
+    result, the process's seconds)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_scale import run_in
+
     t = time.perf_counter()
-    p = subprocess.run(argv, env=env, cwd=str(tree), capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(p.stderr[-2000:])
-    return json.loads(p.stdout.strip().splitlines()[-1]), time.perf_counter() - t
+    r = run_in(tree, "--device", args.device, "--size", args.size, "--pairs", args.pairs,
+               "--chunk", args.chunk, "--profile", args.profile, "--profile-top",
+               args.profile_top, timeout=600, env_extra=env_extra, script=Path(__file__))
+    return r, time.perf_counter() - t
 
 
 def parse_variant(text: str, baseline: str | None) -> tuple[Path, dict]:

@@ -224,14 +224,16 @@ def peak_rss_gb(pid: int | str = "self") -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
-def run_in(tree: Path, *argv, timeout: float = 900, env_extra: dict | None = None) -> dict:
-    """Run this script's ``_child`` command under ``tree``'s code (``env_extra``: settings
-    of that process alone); its JSON result."""
+def run_in(tree: Path, *argv, timeout: float = 900, env_extra: dict | None = None,
+           script: Path | None = None) -> dict:
+    """Run this script's (or ``script``'s) ``_child`` command under ``tree``'s code
+    (``env_extra``: settings of that process alone); its JSON result (its last line)."""
     path = os.pathsep.join([str(tree)] + ([os.environ["PYTHONPATH"]]
                                           if os.environ.get("PYTHONPATH") else []))
     env = {**os.environ, **(env_extra or {}), "PYTHONPATH": path,
            "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *map(str, argv)],
+    p = subprocess.run([sys.executable, str(Path(script or __file__).resolve()), "_child",
+                        *map(str, argv)],
                        env=env, cwd=str(tree), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{tree}: {' '.join(map(str, argv))} failed:\n{p.stderr[-3000:]}")
