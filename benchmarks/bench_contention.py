@@ -211,18 +211,24 @@ def cpu_mhz(cpu: int | None) -> float | None:
         return int(open(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq").read()) / 1e3
     except (OSError, ValueError):
         pass
+    return cpuinfo()[1].get(cpu)
+
+
+def cpuinfo() -> tuple[str | None, dict[int, float]]:
+    """``/proc/cpuinfo``'s model name and each CPU's clock now (MHz); what it cannot tell is
+    left out."""
+    model, mhz, proc = None, {}, None
     try:
-        proc = None
         for line in open("/proc/cpuinfo"):
-            if line.startswith("processor"):
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("processor"):
                 proc = int(line.split(":")[1])
-            elif line.startswith("cpu MHz") and proc == cpu:
-                return float(line.split(":")[1])
+            elif line.startswith("cpu MHz"):
+                mhz[proc] = float(line.split(":")[1])
     except (OSError, ValueError):
         pass
-    return None
-
-
+    return model, mhz
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -270,17 +276,7 @@ def _read(path: str) -> str | None:
 def topology_lines(allowed) -> list[str]:
     """The CPU topology as printed first."""
     sys_cpu = "/sys/devices/system/cpu"
-    model, mhz, proc = None, {}, None
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("processor"):
-                proc = int(line.split(":")[1])
-            elif line.startswith("cpu MHz"):
-                mhz[proc] = float(line.split(":")[1])
-    except (OSError, ValueError):
-        pass
+    model, mhz = cpuinfo()
     present = _read(f"{sys_cpu}/present")
     lines = [f"cpu model: {model}; online {_read(f'{sys_cpu}/online')}, present {present}; "
              f"allowed here ({len(allowed)}): {','.join(map(str, sorted(allowed)))}"]
@@ -532,7 +528,7 @@ def fresh_child(conn, opts: dict, name: str) -> None:
 def run_fresh(ctx, a, name: str, full, say, idle: float | None) -> None:
     """Run :func:`fresh_child` for ``name`` and print its lines."""
     parent, child = ctx.Pipe(duplex=False)
-    opts = {k: v for k, v in vars(a).items()}
+    opts = dict(vars(a))
     os.sched_setaffinity(0, full)
     p = ctx.Process(target=fresh_child, args=(child, opts, name))   # not daemon: it has children
     p.start()
