@@ -114,10 +114,13 @@ def run(tree: Path, env_extra: dict, args) -> tuple[dict, float]:
 
 def parse_variant(text: str, baseline: str | None) -> tuple[Path, dict]:
     tree, _, settings = text.partition(":")
-    if tree not in ("ours", "baseline") or (tree == "baseline" and not baseline):
-        raise SystemExit(f"--variants: {text!r}: expected ours[:VAR=V,...] or baseline[...] "
-                         "(baseline needs --baseline)")
-    env = dict(s.split("=", 1) for s in settings.split(",") if s)
+    pairs = [s for s in settings.split(",") if s]
+    if (tree not in ("ours", "baseline") or (tree == "baseline" and not baseline)
+            or any("=" not in s for s in pairs)):
+        print(f"--variants: {text!r}: expected ours[:VAR=V,...] or baseline[...] "
+              "(baseline needs --baseline)", file=sys.stderr)
+        raise SystemExit(2)
+    env = dict(s.split("=", 1) for s in pairs)
     return (ROOT if tree == "ours" else Path(baseline).resolve()), env
 
 

@@ -458,8 +458,12 @@ def cmd_ab(a) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     trees = {"baseline": (Path(a.baseline).resolve(), {}), "ours": (Path(a.new).resolve(), {})}
     for extra in a.also or []:                    # ours again, under other settings
-        trees[f"ours:{extra}"] = (Path(a.new).resolve(), dict(
-            kv.split("=", 1) for kv in extra.split(",") if "=" in kv))
+        bad = [kv for kv in extra.split(",") if "=" not in kv]
+        if bad:
+            print(f"--also: {bad[0]!r} in {extra!r}: expected VAR=VALUE[,VAR=VALUE]", file=sys.stderr)
+            raise SystemExit(2)
+        trees[f"ours:{extra}"] = (Path(a.new).resolve(),
+                                  dict(kv.split("=", 1) for kv in extra.split(",")))
     results: dict = {}
     sfx = "" if a.lossless == "ffv1" else f"@{a.lossless}"
     for suite, jobs in (("scale720", a.jobs), ("scale1080", a.hd_jobs)):
