@@ -50,12 +50,15 @@ def child(args) -> dict:
             for i in range(n):
                 yield x[i % len(x)]
 
+        ev.timings = dict.fromkeys(ev.timings, 0.0)
         t = time.perf_counter()
         n = sum(1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev,
                                        chunk=args.chunk))
         rate = n / (time.perf_counter() - t)
         means = {k: v for k, v in ev.compute()["means"].items() if isinstance(v, float)}
-        out[name] = {"pairs_per_s": rate, "warm_up_s": warm, "means": means}
+        chunks = -(-n // args.chunk)
+        host = {k: 1e3 * v / chunks for k, v in ev.timings.items()}
+        out[name] = {"pairs_per_s": rate, "warm_up_s": warm, "means": means, "host_ms": host}
         if args.profile:
             out[name]["profile"] = profile(ev, a, b, args)
         ev.close()
@@ -160,8 +163,10 @@ def main(argv=None) -> int:
             for row, v in r.items():
                 say(f"  {names[j]:40s} {row:16s} {v['pairs_per_s']:8.1f} pairs/s | warm-up "
                     f"{v['warm_up_s']:.2f} s | process {took:.1f} s | means " +
-                    " ".join(f"{k}={x:.6g}" for k, x in sorted(v["means"].items())
+                    " ".join(f"{k}={x:.9g}" for k, x in sorted(v["means"].items())
                              if k in ("lpips", "ssim", "tof", "warp_error_a")))
+                say("      host ms a chunk (the thread that feeds the device): " +
+                    " ".join(f"{k} {x:.1f}" for k, x in v.get("host_ms", {}).items()))
                 if "profile" in v and i == args.repeats - 1:
                     say(v["profile"])
                 key = (names[j], row)

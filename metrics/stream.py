@@ -337,6 +337,9 @@ class PairEvaluator:
             _cv_threads_release()
             self._cv_held = False
         self._ring.clear()
+        if self.device.type == "cuda":
+            from .torchflow import FLOW_GRAPHS
+            FLOW_GRAPHS.clear()               # the graphs' memory pool back to the allocator
 
     # -- work ----------------------------------------------------------------------------------
     def update(self, a, b) -> list[dict]:

@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import TritonFallback, precise
+from ._cudagraph import GraphCache
 
 #: Convention name recorded in reports; bump it whenever a change can move the flow.
 CONVENTION = "torch-clg-v2"
@@ -209,6 +210,11 @@ def _load_fused():
 TRITON_FUSED = TritonFallback("fused flow kernels (warp_step)", _load_fused, strict=False)
 
 
+#: CUDA graphs of the fused path's batches (one per batch shape and parameters): the ~350
+#: kernels of a batch in one launch, the same numbers (``EVALKIT_CUDA_GRAPHS=0``: launched one by one).
+FLOW_GRAPHS = GraphCache("fused flow")
+
+
 def use_fused(device, fused: bool | None = None) -> bool:
     """Whether :func:`torch_flow` takes the fused Triton path on ``device``.
 
@@ -308,12 +314,20 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
         step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
 
+    def batch(s: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return _flow_batch(s.float() * (1.0 / 255), d.float() * (1.0 / 255), warps, inner, window,
+                           alpha, finest, fused)
+
+    key = (repr(warps), repr(inner), window, alpha, finest)
+
     def compute() -> torch.Tensor:
         with precise():
             for i in range(0, n, step):
-                s = src[i:i + step].float() * (1.0 / 255)
-                d = dst[i:i + step].float() * (1.0 / 255)
-                out[i:i + step] = _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
+                s, d = src[i:i + step], dst[i:i + step]
+                if fused:                     # a CUDA graph per batch shape (metrics._cudagraph)
+                    FLOW_GRAPHS.run(batch, (s, d), key, out[i:i + step].copy_)
+                else:
+                    out[i:i + step] = batch(s, d)
         return out
 
     if auto and fused:                        # the default fused path: torch if it cannot run here
