@@ -382,14 +382,12 @@ class PairEvaluator:
                 if job.has_prev:
                     ya = torch.cat([self._carry_grey[0], ya])
                     yb = torch.cat([self._carry_grey[1], yb])
-                m = job.m = ya.shape[0] - 1
-                k = m + 1
-                src, dst = [], []
-                for o in (0, k):                              # fwd a, bwd a, fwd b, bwd b
-                    src += list(range(o, o + m)) + list(range(o + 1, o + k))
-                    dst += list(range(o + 1, o + k)) + list(range(o, o + m))
-                y = torch.cat([ya, yb])
-                job.flow_dev = device_flows(y[src], y[dst], self.flow[2])
+                job.m = ya.shape[0] - 1
+                # fwd a, bwd a, fwd b, bwd b, from slices: an index list would be copied to the
+                # device from pageable memory, and the host would wait for the queue to drain
+                src = torch.cat([ya[:-1], ya[1:], yb[:-1], yb[1:]])
+                dst = torch.cat([ya[1:], ya[:-1], yb[1:], yb[:-1]])
+                job.flow_dev = device_flows(src, dst, self.flow[2])
                 job.futures = []
                 if job.has_prev:
                     job.pa = torch.cat([self._carry_unit[0], job.ua])
