@@ -20,10 +20,12 @@ every second round; the best rate of each and its ratio to the first variant are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,18 +53,43 @@ def child(args) -> dict:
                 yield x[i % len(x)]
 
         ev.timings = dict.fromkeys(ev.timings, 0.0)
-        t = time.perf_counter()
-        n = sum(1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev,
-                                       chunk=args.chunk))
-        rate = n / (time.perf_counter() - t)
+        with sync_points(args.sync_debug and ev.device.type == "cuda") as syncs:
+            t = time.perf_counter()
+            n = sum(1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev,
+                                           chunk=args.chunk))
+            rate = n / (time.perf_counter() - t)
         means = {k: v for k, v in ev.compute()["means"].items() if isinstance(v, float)}
         chunks = -(-n // args.chunk)
         host = {k: 1e3 * v / chunks for k, v in ev.timings.items()}
         out[name] = {"pairs_per_s": rate, "warm_up_s": warm, "means": means, "host_ms": host}
+        if syncs:
+            out[name]["syncs"] = syncs
         if args.profile:
             out[name]["profile"] = profile(ev, a, b, args)
         ev.close()
     return out
+
+
+@contextlib.contextmanager
+def sync_points(on: bool):
+    """With ``on``: torch's CUDA sync debug mode for the block; yields a dict that then holds
+    each place (file:line) that made the host wait for the device, and how often."""
+    found: dict = {}
+    if not on:
+        yield found
+        return
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where = f"{os.path.relpath(w.filename, ROOT)}:{w.lineno}"
+            found[where] = found.get(where, 0) + 1
 
 
 def profile(ev, a, b, args) -> str:
@@ -111,7 +138,8 @@ def run(tree: Path, env_extra: dict, args) -> tuple[dict, float]:
     t = time.perf_counter()
     r = run_in(tree, "--device", args.device, "--size", args.size, "--pairs", args.pairs,
                "--chunk", args.chunk, "--profile", args.profile, "--profile-top",
-               args.profile_top, timeout=600, env_extra=env_extra, script=Path(__file__))
+               args.profile_top, *(["--sync-debug"] if args.sync_debug else []), timeout=600,
+               env_extra=env_extra, script=Path(__file__))
     return r, time.perf_counter() - t
 
 
@@ -140,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="PAIRS",
                    help="also a kernel table of this many pairs (last round only)")
     p.add_argument("--profile-top", type=int, default=25)
+    p.add_argument("--sync-debug", action="store_true",
+                   help="list the places where the host waited for the device (CUDA sync debug mode)")
     p.add_argument("--out", default=None, help="also write the printed lines here")
     args = p.parse_args(argv)
     if args.what == "_child":
@@ -167,6 +197,8 @@ def main(argv=None) -> int:
                              if k in ("lpips", "ssim", "tof", "warp_error_a")))
                 say("      host ms a chunk (the thread that feeds the device): " +
                     " ".join(f"{k} {x:.1f}" for k, x in v.get("host_ms", {}).items()))
+                for where, count in sorted(v.get("syncs", {}).items(), key=lambda kv: -kv[1]):
+                    say(f"      host waited for the device at {where} x{count}")
                 if "profile" in v and i == args.repeats - 1:
                     say(v["profile"])
                 key = (names[j], row)
