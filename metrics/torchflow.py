@@ -37,8 +37,11 @@ textureless motion; the frames' own level cost 3/4 of the time for little (sched
 
 On CUDA, when Triton imports, each warp step runs as a few fused Triton kernels
 (:mod:`metrics._triton_flow`: warp + gradient + products, the window's two passes with the Jacobi
-coefficients, one kernel per Jacobi iteration) instead of ~80 torch ops: the same arithmetic, equal
-to the torch path up to float32 rounding, so the convention is the same. ``fused=False`` or the
+coefficients, one kernel per Jacobi iteration) instead of ~80 torch ops, and the pyramid and the
+flow's upsampling too (:mod:`metrics._triton_pyramid`: one launch per level for both frames of
+every pair, level 1 straight from the 8-bit frames, scaled in the kernel; one per upsampling, the
+last one into the output): the same arithmetic, equal to the torch path up to float32 rounding,
+so the convention is the same. ``fused=False`` or the
 environment variable ``EVALKIT_TRITON=0`` keeps the torch path; the CPU always uses it.
 
 Accuracy and speed against OpenCV DIS are measured in ``benchmarks/bench_flow.py`` (figures in
@@ -200,6 +203,7 @@ def _neigh(x: torch.Tensor) -> torch.Tensor:
 
 def _load_fused():
     from ._triton_flow import warp_step
+    from ._triton_pyramid import down  # noqa: F401  (the pyramid's kernels: the same family)
     return warp_step
 
 
@@ -239,11 +243,47 @@ def per_level(value, level: int) -> int:
 
 
 def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
-                alpha: float, finest: int, fused: bool = False) -> torch.Tensor:
+                alpha: float, finest: int, fused: bool = False,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The flow of a batch of pairs of grey frames in 8-bit units, (N, 1, H, W) each. ``fused``:
+    the Triton path; the final upsampling then writes into ``out`` when given."""
     n, _, h, w = src.shape
-    p0, p1 = [src], [dst]
     levels = _levels(h, w)
     finest = min(finest, levels - 1)
+    if fused:
+        from ._triton_flow import warp_step
+        from ._triton_pyramid import down, down_size, upsample
+
+        sizes = [(h, w)]
+        for _ in range(levels - 1):
+            sizes.append(down_size(*sizes[-1]))
+        if finest == 0:                       # the frames' own level is solved: scaled here
+            p0, p1 = [src.float() * (1.0 / 255)], [dst.float() * (1.0 / 255)]
+        else:                                 # level 1 straight from the frames, scaled in the kernel
+            p0, p1 = [None], [None]
+            a, b = down(src, dst, scale=True)
+            p0.append(a)
+            p1.append(b)
+        while len(p0) < levels:
+            a, b = down(p0[-1], p1[-1])
+            p0.append(a)
+            p1.append(b)
+        g = _gauss1d(window, src.device)
+        flow = None
+        for k in range(levels - 1, finest - 1, -1):
+            i0, i1 = p0[k], p1[k]
+            hk, wk = sizes[k]
+            if flow is None:
+                flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
+            else:
+                flow = upsample(flow, hk, wk)
+            for _ in range(per_level(warps, k)):
+                flow = warp_step(i0, i1, flow, g, per_level(inner, k), alpha)
+        for k in range(finest - 1, -1, -1):   # up to the frames' resolution
+            flow = upsample(flow, *sizes[k], out=out if k == 0 else None)
+        return flow
+    src, dst = src.float() * (1.0 / 255), dst.float() * (1.0 / 255)
+    p0, p1 = [src], [dst]
     for _ in range(levels - 1):
         p0.append(_down(p0[-1]))
         p1.append(_down(p1[-1]))
@@ -256,13 +296,6 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: floa
             flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
         else:
             flow = _upsample(flow, hk, wk)
-        if fused:
-            from ._triton_flow import warp_step
-
-            g = _gauss1d(window, src.device)
-            for _ in range(nw):
-                flow = warp_step(i0, i1, flow, g, ni, alpha)
-            continue
         xs, ys = _base_grid(hk, wk, src.device)
         for _ in range(nw):
             i1w, inside = _warp(i1, flow, xs, ys)
@@ -315,19 +348,20 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
 
     def batch(s: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        return _flow_batch(s.float() * (1.0 / 255), d.float() * (1.0 / 255), warps, inner, window,
-                           alpha, finest, fused)
+        return _flow_batch(s, d, warps, inner, window, alpha, finest, fused)
 
     key = (repr(warps), repr(inner), window, alpha, finest)
 
     def compute() -> torch.Tensor:
         with precise():
             for i in range(0, n, step):
-                s, d = src[i:i + step], dst[i:i + step]
-                if fused:                     # a CUDA graph per batch shape (metrics._cudagraph)
-                    FLOW_GRAPHS.run(batch, (s, d), key, out[i:i + step].copy_)
-                else:
-                    out[i:i + step] = batch(s, d)
+                s, d, o = src[i:i + step], dst[i:i + step], out[i:i + step]
+                if fused and FLOW_GRAPHS.usable(s, d):   # a CUDA graph per batch shape
+                    FLOW_GRAPHS.run(batch, (s, d), key, o.copy_)
+                    continue
+                f = _flow_batch(s, d, warps, inner, window, alpha, finest, fused, out=o)
+                if f is not o:
+                    o.copy_(f)
         return out
 
     if auto and fused:                        # the default fused path: torch if it cannot run here

@@ -1,0 +1,140 @@
+"""The Triton pyramid of the fused torch flow (metrics/_triton_pyramid.py) against the torch
+path's ``_down`` and ``_upsample``: Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess:
+it must be set before triton is imported) runs the kernels on CPU tensors, at small and odd sizes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import json
+import torch
+from skimage import data as skdata
+from metrics import _triton_pyramid as tp, torchflow as tf
+from metrics.flowcheck import photo_grey, synthetic_pair
+
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+diff = lambda a, b: float((a - b).abs().max())  # noqa: E731
+got = {"down": 0.0, "down_scaled": 0.0, "upsample": 0.0, "shapes": True}
+# 33x47 -> 17x24 -> 9x12 -> 5x6: odd and even sides at every level; 3 pairs per launch
+for h, w in [(33, 47), (18, 17)]:
+    u8 = [(torch.rand((3, 1, h, w), generator=g) * 255).round().to(torch.uint8) for _ in range(2)]
+    ref = [tf._down(x.float() * (1.0 / 255)) for x in u8]
+    for inp in (u8, [x.float() for x in u8], [x.double() for x in u8]):   # 8-bit units, any dtype
+        lvl = tp.down(*inp, scale=True)
+        got["down_scaled"] = max(got["down_scaled"], *(diff(a, b) for a, b in zip(lvl, ref)))
+    for _ in range(3):                        # the levels above, from the kernel's own levels
+        nxt, ref = tp.down(*lvl), [tf._down(x) for x in lvl]
+        got["shapes"] &= all(a.shape == b.shape for a, b in zip(nxt, ref))
+        got["down"] = max(got["down"], *(diff(a, b) for a, b in zip(nxt, ref)))
+        lvl = nxt
+# upsampling: to twice the size less one, to twice the size (the last row and column clamped
+# at the border), and odd sizes
+for (ph, pw), (h, w) in [((17, 24), (33, 47)), ((9, 12), (17, 24)), ((20, 32), (40, 64)),
+                         ((5, 6), (9, 12))]:
+    fl = torch.randn((2, 2, ph, pw), generator=g) * 3
+    up, ref = tp.upsample(fl, h, w), tf._upsample(fl, h, w)
+    got["shapes"] &= up.shape == ref.shape
+    got["upsample"] = max(got["upsample"], diff(up, ref))
+
+# the whole flow at the default finest level (1/2 scale, then upsampled to the frames): the
+# pyramid's kernels are called once per level for both images, level 1 from the uint8 frames
+calls = []
+real_down = tp.down
+def spy(a, b, scale=False):
+    calls.append((str(a.dtype), tuple(a.shape), scale))
+    return real_down(a, b, scale)
+tp.down = spy
+astro, coffee = photo_grey(skdata.astronaut(), 0.4), photo_grey(skdata.coffee(), 0.4)
+t = lambda a: torch.from_numpy(a)  # noqa: E731
+pairs = [synthetic_pair(astro, (48, 64), shift=(4.6, 2.2)),
+         synthetic_pair(coffee, (48, 64), zoom=1.04, shift=(0.4, -0.3))]
+src, dst = torch.stack([t(p[0]) for p in pairs]), torch.stack([t(p[1]) for p in pairs])
+ref = tf.torch_flow(src, dst, fused=False)
+fused = tf.torch_flow(src, dst, fused=True, batch_pixels=48 * 64)    # one pair per batch
+got["calls"] = calls
+odd = synthetic_pair(coffee, (35, 50), angle=2.0, shift=(1.5, -1.0))   # 35x50 -> 18x25 -> 9x13
+oref = tf.torch_flow(t(odd[0])[None], t(odd[1])[None], fused=False)
+ofused = tf.torch_flow(t(odd[0])[None], t(odd[1])[None], fused=True)
+got["flow_max_diff"] = diff(ref, fused)
+got["odd_flow_max_diff"] = diff(oref, ofused)
+got["finite"] = bool(fused.isfinite().all() and ofused.isfinite().all())
+got["median_shift"] = float(fused[0].norm(dim=0).median())
+print(json.dumps(got))
+"""
+
+
+def test_pyramid_kernels_match_the_torch_path_under_the_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), EVALKIT_TRITON="1",
+               EVALKIT_TRITON_JACOBI="1")
+    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    print(got)
+    assert got["shapes"], got
+    # values in [0, 1]: float32 rounding only (torch's CPU add and grid_sample round differently)
+    assert got["down"] < 1e-6 and got["down_scaled"] < 1e-6, got
+    # flows up to ~25 px (float32 ulp 2e-6): torch's CPU grid_sample computes the source
+    # coordinate as (g + 1) * ((size - 1) / 2), CUDA's (and the kernel's) as ((g + 1) / 2) * (size - 1)
+    assert got["upsample"] < 2e-6, got
+    # one launch per level for both images of every pair: level 1 from the uint8 frames (scaled
+    # in the kernel); 48x64 (two batches of one pair) and 35x50 have 2 levels (1/2 scale)
+    assert got["calls"] == [["torch.uint8", [1, 1, 48, 64], True]] * 2 + [
+        ["torch.uint8", [1, 1, 35, 50], True]], got
+    # the whole flow as in tests/test_flow_triton.py
+    assert got["finite"] and got["median_shift"] > 4.0, got
+    assert got["flow_max_diff"] < 1e-4 and got["odd_flow_max_diff"] < 1e-4, got
+
+
+def test_pyramid_kernels_refuse_mismatched_inputs_in_one_line():
+    from metrics import _triton_pyramid as tp
+
+    a = torch.zeros((2, 1, 8, 8))
+    with pytest.raises(ValueError, match="one size"):
+        tp.down(a, torch.zeros((2, 1, 8, 9)))
+    with pytest.raises(ValueError, match="float32 levels"):
+        tp.down(a.double(), a.double())
+    with pytest.raises(ValueError, match="contiguous float32"):
+        tp.upsample(torch.zeros((2, 2, 4, 4)), 8, 8, out=torch.zeros((2, 2, 8, 7)))
+    with pytest.raises(ValueError, match="int32"):
+        big = torch.zeros((1, 1, 1, 1), dtype=torch.uint8).expand(1 << 20, 1, 40, 64)
+        tp.down(big, big, scale=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the compiled kernels against torch's CUDA ops")
+def test_pyramid_kernels_match_torch_on_cuda():
+    """On a GPU (``pytest tests/test_flow_pyramid_triton.py``): the compiled kernels at 1280x720
+    against torch's CUDA ``_down`` and ``_upsample``, at every level (expected bit-identical:
+    the same float32 operations and FMAs; asserted up to float32 rounding)."""
+    from metrics import _triton_pyramid as tp
+    from metrics import torchflow as tf
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    u8 = [torch.randint(0, 256, (4, 1, 720, 1280), generator=g, device="cuda", dtype=torch.uint8)
+          for _ in range(2)]
+    lvl, ref = tp.down(*u8, scale=True), [tf._down(x.float() * (1.0 / 255)) for x in u8]
+    diffs = {"down_scaled": max(float((a - b).abs().max()) for a, b in zip(lvl, ref))}
+    sizes = [(720, 1280), (360, 640)]
+    for k in range(4):
+        nxt, ref = tp.down(*lvl), [tf._down(x) for x in lvl]
+        diffs[f"down{k + 2}"] = max(float((a - b).abs().max()) for a, b in zip(nxt, ref))
+        sizes.append(tuple(nxt[0].shape[2:]))
+        lvl = nxt
+    for (ph, pw), (h, w) in zip(sizes[1:], sizes):
+        fl = torch.randn((4, 2, ph, pw), generator=g, device="cuda") * 8
+        diffs[f"up{w}x{h}"] = float((tp.upsample(fl, h, w) - tf._upsample(fl, h, w)).abs().max())
+    print(diffs)
+    assert all(v < 1e-6 for k, v in diffs.items() if k.startswith("down")), diffs
+    assert all(v < 1e-5 for k, v in diffs.items() if k.startswith("up")), diffs
