@@ -32,10 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(args) -> dict:
+    # the measured tree's code first: bench_chain puts this checkout at the head of sys.path,
+    # and a package imported after it would come from here (the baseline would run ours)
+    import metrics
+    from metrics.stream import PairEvaluator, stream_pair
 
+    tree = Path.cwd().resolve()
+    if not Path(metrics.__file__).resolve().is_relative_to(tree):
+        raise SystemExit(f"bench_pipeline: metrics imported from {metrics.__file__}, not from {tree}")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_chain import CYCLE, frames
-    from metrics.stream import PairEvaluator, stream_pair
 
     w, h = map(int, args.size.split("x"))
     a, b = frames(CYCLE, h, w)
