@@ -16,11 +16,6 @@ warp step:
    the constant term, which needs the 4-neighbour mean of the flow) and the first iterate.
 3. :func:`_jacobi_kernel` -- one Jacobi iteration (4-neighbour mean with replicate borders,
    both components), ping-ponging two buffers; the last one adds the increment to the flow.
-   By default the iterations run in pairs, :func:`_jacobi2_kernel`: two per launch, the first
-   recomputed at the pixel's 4 neighbours (no scratch, no barrier), bit-identical to two
-   launches of :func:`_jacobi_kernel` at about half the DRAM traffic per iteration; an odd
-   count ends with one :func:`_jacobi_kernel`. ``EVALKIT_TRITON_JACOBI2=0`` runs one per launch
-   (:func:`jacobi2_enabled`); ``EVALKIT_TRITON_JACOBI`` > 1 the tiled kernel, as before.
 
 Every output pixel is computed by the same code from its own neighbourhood, with no reduction
 across pixels or pairs: the result is deterministic and does not depend on the batch.
@@ -219,23 +214,6 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
     tl.store(d_ptr + f + HW + rem, cv, mask=live)
 
 
-@triton.jit
-def _jacobi_pair(inv_u, inv_v, j12, cu, cv, nu, nv, su, sv, alpha):
-    """One Jacobi update of both components at a pixel from its coefficients, the 4-neighbour
-    means (nu, nv) and its own iterate (su, sv): the only copy of the formula, so that
-    :func:`_jacobi_kernel` and :func:`_jacobi2_kernel` do the same float operations."""
-    ru = (cu + (alpha * inv_u) * nu) - (j12 * inv_u) * sv
-    rv = (cv + (alpha * inv_v) * nv) - (j12 * inv_v) * su
-    return ru, rv
-
-
-@triton.jit
-def _coef5(cp, HW, off):
-    """The five Jacobi coefficients at offset ``off`` of one pair's (5, H, W) block."""
-    return (tl.load(cp + off), tl.load(cp + off + HW), tl.load(cp + off + 2 * HW),
-            tl.load(cp + off + 3 * HW), tl.load(cp + off + 4 * HW))
-
-
 @triton.jit(do_not_specialize=["total", "H", "W"])
 def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
                    FINAL: tl.constexpr, BLOCK: tl.constexpr):
@@ -253,106 +231,13 @@ def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
     cv = tl.load(coef_ptr + o + 4 * HW)
     d0u = tl.load(du + rem)
     d0v = tl.load(dv + rem)
-    ru, rv = _jacobi_pair(inv_u, inv_v, j12, cu, cv, nu, nv, d0u, d0v, alpha)
+    ru = (cu + (alpha * inv_u) * nu) - (j12 * inv_u) * d0v
+    rv = (cv + (alpha * inv_v) * nv) - (j12 * inv_v) * d0u
     if FINAL:
         ru = tl.load(fl_ptr + f + rem) + ru
         rv = tl.load(fl_ptr + f + HW + rem) + rv
     tl.store(out_ptr + f + rem, ru, mask=live)
     tl.store(out_ptr + f + HW + rem, rv, mask=live)
-
-
-@triton.jit(do_not_specialize=["H", "W", "tiles_y"])
-def _jacobi2_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, H, W, tiles_y, alpha,
-                    FINAL: tl.constexpr, TY: tl.constexpr, TX: tl.constexpr):
-    """Two Jacobi iterations in one launch, by recomputation: the first iterate d1 at the pixel
-    and at its 4 (clamped) neighbours, each from d0 exactly as :func:`_jacobi_kernel` computes
-    it, then the second at the pixel; bit-identical to two launches of it (FINAL: the second
-    adds the flow). A (TY, TX) tile per program on a 2-D grid (axis 0: image n and tile row,
-    axis 1: tile column), so no per-lane division. d0 is read at the 13 pixels within 2 steps
-    (clamped); the 4 paths that step out and back, which land on the pixel itself except at a
-    border, select the value already loaded (the same float, so the same result)."""
-    r = tl.program_id(0)
-    n = r // tiles_y
-    gy = (r - n * tiles_y) * TY + tl.arange(0, TY)[:, None]
-    gx = tl.program_id(1) * TX + tl.arange(0, TX)[None, :]
-    live = (gy < H) & (gx < W)
-    y = tl.minimum(gy, H - 1)                 # lanes past the image compute its last row/column
-    x = tl.minimum(gx, W - 1)
-    HW = H * W
-    pu = d_ptr + n * (2 * HW)                 # d0, both planes
-    pv = pu + HW
-    cp = coef_ptr + n * (5 * HW)
-    xl = tl.maximum(x - 1, 0)
-    xr = tl.minimum(x + 1, W - 1)
-    xll = tl.maximum(x - 2, 0)                # = max(xl - 1, 0)
-    xrr = tl.minimum(x + 2, W - 1)            # = min(xr + 1, W - 1)
-    yc = y * W
-    yu = tl.maximum(y - 1, 0) * W
-    yd = tl.minimum(y + 1, H - 1) * W
-    yuu = tl.maximum(y - 2, 0) * W
-    ydd = tl.minimum(y + 2, H - 1) * W
-    c_u = tl.load(pu + yc + x)
-    c_v = tl.load(pv + yc + x)
-    u_u = tl.load(pu + yu + x)
-    u_v = tl.load(pv + yu + x)
-    d_u = tl.load(pu + yd + x)
-    d_v = tl.load(pv + yd + x)
-    l_u = tl.load(pu + yc + xl)
-    l_v = tl.load(pv + yc + xl)
-    r_u = tl.load(pu + yc + xr)
-    r_v = tl.load(pv + yc + xr)
-    uu_u = tl.load(pu + yuu + x)
-    uu_v = tl.load(pv + yuu + x)
-    dd_u = tl.load(pu + ydd + x)
-    dd_v = tl.load(pv + ydd + x)
-    ll_u = tl.load(pu + yc + xll)
-    ll_v = tl.load(pv + yc + xll)
-    rr_u = tl.load(pu + yc + xrr)
-    rr_v = tl.load(pv + yc + xrr)
-    ul_u = tl.load(pu + yu + xl)
-    ul_v = tl.load(pv + yu + xl)
-    ur_u = tl.load(pu + yu + xr)
-    ur_v = tl.load(pv + yu + xr)
-    dl_u = tl.load(pu + yd + xl)
-    dl_v = tl.load(pv + yd + xl)
-    dr_u = tl.load(pu + yd + xr)
-    dr_v = tl.load(pv + yd + xr)
-    # out and back: the up neighbour's down neighbour is the pixel, except on row 0 (where up is
-    # the pixel itself and its down neighbour the pixel's); likewise the other three
-    ud_u = tl.where(y > 0, c_u, d_u)
-    ud_v = tl.where(y > 0, c_v, d_v)
-    du_u = tl.where(y < H - 1, c_u, u_u)
-    du_v = tl.where(y < H - 1, c_v, u_v)
-    lr_u = tl.where(x > 0, c_u, r_u)
-    lr_v = tl.where(x > 0, c_v, r_v)
-    rl_u = tl.where(x < W - 1, c_u, l_u)
-    rl_v = tl.where(x < W - 1, c_v, l_v)
-    # the first iteration at the pixel and its 4 neighbours (means in _avg4_pair's order:
-    # up, down, left, right)
-    ic_u, ic_v, jc, cc_u, cc_v = _coef5(cp, HW, yc + x)
-    a_u, a_v, ja, ca_u, ca_v = _coef5(cp, HW, yu + x)
-    b_u, b_v, jb, cb_u, cb_v = _coef5(cp, HW, yd + x)
-    e_u, e_v, je, ce_u, ce_v = _coef5(cp, HW, yc + xl)
-    f_u, f_v, jf, cf_u, cf_v = _coef5(cp, HW, yc + xr)
-    p_u, p_v = _jacobi_pair(ic_u, ic_v, jc, cc_u, cc_v, (u_u + d_u + l_u + r_u) * 0.25,
-                            (u_v + d_v + l_v + r_v) * 0.25, c_u, c_v, alpha)
-    pu_u, pu_v = _jacobi_pair(a_u, a_v, ja, ca_u, ca_v, (uu_u + ud_u + ul_u + ur_u) * 0.25,
-                              (uu_v + ud_v + ul_v + ur_v) * 0.25, u_u, u_v, alpha)
-    pd_u, pd_v = _jacobi_pair(b_u, b_v, jb, cb_u, cb_v, (du_u + dd_u + dl_u + dr_u) * 0.25,
-                              (du_v + dd_v + dl_v + dr_v) * 0.25, d_u, d_v, alpha)
-    pl_u, pl_v = _jacobi_pair(e_u, e_v, je, ce_u, ce_v, (ul_u + dl_u + ll_u + lr_u) * 0.25,
-                              (ul_v + dl_v + ll_v + lr_v) * 0.25, l_u, l_v, alpha)
-    pr_u, pr_v = _jacobi_pair(f_u, f_v, jf, cf_u, cf_v, (ur_u + dr_u + rl_u + rr_u) * 0.25,
-                              (ur_v + dr_v + rl_v + rr_v) * 0.25, r_u, r_v, alpha)
-    # the second at the pixel
-    ru, rv = _jacobi_pair(ic_u, ic_v, jc, cc_u, cc_v, (pu_u + pd_u + pl_u + pr_u) * 0.25,
-                          (pu_v + pd_v + pl_v + pr_v) * 0.25, p_u, p_v, alpha)
-    o = n * (2 * HW) + yc + x
-    if FINAL:
-        ru = tl.load(fl_ptr + o) + ru
-        rv = tl.load(fl_ptr + o + HW) + rv
-    tl.store(out_ptr + o, ru, mask=live)
-    tl.store(out_ptr + o + HW, rv, mask=live)
 
 
 @triton.jit(do_not_specialize=["H", "W", "tiles_x", "tiles_img", "ntiles"])
@@ -430,13 +315,6 @@ def jacobi_per_launch() -> int:
         return 1
 
 
-def jacobi2_enabled() -> bool:
-    """Whether one-iteration-per-launch runs its iterations in pairs (:func:`_jacobi2_kernel`:
-    the same values, half the launches, about half the DRAM traffic): env
-    ``EVALKIT_TRITON_JACOBI2``, default on, ``0`` off. Read per call."""
-    return os.environ.get("EVALKIT_TRITON_JACOBI2", "1").strip() != "0"
-
-
 def _block(total: int) -> int:
     return min(triton.next_power_of_2(total), 1 << 16) if INTERPRET else BLOCK
 
@@ -447,13 +325,10 @@ def _launch(kernel, total: int, *args, **kw):
 
 
 def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.Tensor,
-              inner: int, alpha: float, jacobi: int | None = None,
-              pairs: bool | None = None) -> torch.Tensor:
+              inner: int, alpha: float, jacobi: int | None = None) -> torch.Tensor:
     """One warp step of ``torchflow._flow_batch`` (i0, i1: (N, 1, H, W), flow: (N, 2, H, W),
     g: the window's 1-D taps) -> the refined flow, a new tensor. ``jacobi``: iterations per
-    launch (default :func:`jacobi_per_launch`); at 1, ``pairs`` (default
-    :func:`jacobi2_enabled`) runs them two per launch (:func:`_jacobi2_kernel`), the last one
-    alone when their number is odd."""
+    launch (default :func:`jacobi_per_launch`)."""
     n, _, h, w = i0.shape
     i0, i1, flow = i0.contiguous(), i1.contiguous(), flow.contiguous()
     if n * 5 * h * w > MAX_ELEMENTS:
@@ -474,20 +349,13 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
     e = torch.empty_like(flow)
     left = inner - 1
     per = min(jacobi_per_launch() if jacobi is None else max(1, jacobi), (TILE[0] - 8) // 2)
-    ty, tx = _jacobi2_tile(h, w)
-    tiles_y, tiles_x = triton.cdiv(h, ty), triton.cdiv(w, tx)
-    two = (per == 1 and (jacobi2_enabled() if pairs is None else pairs)
-           and n * tiles_y < 1 << 31 and tiles_x < 1 << 16)   # grid limits (axis 1: 65535)
     scratch = None
     while left:
-        k = 2 if two and left >= 2 else min(per, left)
+        k = min(per, left)
         left -= k
         out = e if left else torch.empty_like(flow)
         if k == 1:
             _launch(_jacobi_kernel, px, d, coef, flow, out, px, h, w, alpha, FINAL=not left)
-        elif two:
-            _jacobi2_kernel[(n * tiles_y, tiles_x)](d, coef, flow, out, h, w, tiles_y, alpha,
-                                                    FINAL=not left, TY=ty, TX=tx)
         else:
             bh, bw = TILE
             tiles_x, tiles_y = triton.cdiv(w, bw - 2 * k), triton.cdiv(h, bh - 2 * k)
@@ -505,22 +373,6 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
 
 #: Block (tile + halo) of the multi-iteration Jacobi kernel.
 TILE = (32, 64)
-#: Tile (rows, columns) of :func:`_jacobi2_kernel`: 256 pixels, rows of 32 floats (128 bytes).
-JACOBI2_TILE = (8, 32)
-
-
-#: Its tile under the interpreter; None: whole rows, up to 4096 pixels (few programs: the
-#: interpreter's cost is per operation). The tests set it to cover tiles across and down.
-INTERPRET_TILE: tuple[int, int] | None = None
-
-
-def _jacobi2_tile(h: int, w: int) -> tuple[int, int]:
-    if not INTERPRET:
-        return JACOBI2_TILE
-    if INTERPRET_TILE:
-        return INTERPRET_TILE
-    tx = triton.next_power_of_2(w)
-    return max(1, min(triton.next_power_of_2(h), 4096 // tx)), tx
 
 
 def _programs(device) -> int:
