@@ -41,7 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # -- one measurement, in the measured tree's process ------------------------------------------
 
 def _child_compare(args) -> dict:
+    import evalkit
     import evalkit.compare.pairing as P
+
+    tree = Path.cwd().resolve()
+    if not Path(evalkit.__file__).resolve().is_relative_to(tree):
+        raise SystemExit(f"bench_scale: evalkit imported from {evalkit.__file__}, not from {tree}")
 
     t0 = time.perf_counter()
     spans: dict = {"measure": [], "report": []}
