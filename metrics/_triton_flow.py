@@ -17,6 +17,9 @@ warp step:
 3. :func:`_jacobi_kernel` -- one Jacobi iteration (4-neighbour mean with replicate borders,
    both components), ping-ponging two buffers; the last one adds the increment to the flow.
 
+The products and blur kernels run on a 2-D grid (blocks of rows, blocks of x: no per-lane
+division; blur_x programs whose window stays inside the row load at constant offsets, without
+clamping), the Jacobi kernels on the flattened batch.
 Every output pixel is computed by the same code from its own neighbourhood, with no reduction
 across pixels or pairs: the result is deterministic and does not depend on the batch.
 Sizes are not specialised on (one compilation per kernel and constant, whatever the pyramid
@@ -112,10 +115,27 @@ def _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy):
     return out
 
 
-@triton.jit(do_not_specialize=["total", "H", "W"])
-def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy,
-                     BLOCK: tl.constexpr):
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+@triton.jit
+def _row_index(rows, W, ROWS: tl.constexpr, BX: tl.constexpr):
+    """This program's (ROWS, BX) pixels of ``rows`` rows of W pixels (2-D grid: axis 0 over
+    blocks of rows, axis 1 over blocks of x): the row ``r`` (ROWS, 1), its first pixel ``x0``
+    (a scalar), ``x`` (1, BX) and ``live``. Lanes past the last row or past W read row
+    ``rows - 1`` or pixel ``W - 1`` (their stores are masked by ``live``)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    x0 = tl.program_id(1) * BX
+    x = x0 + tl.arange(0, BX)[None, :]
+    live = (r < rows) & (x < W)
+    return tl.minimum(r, rows - 1), x0, tl.minimum(x, W - 1), live
+
+
+@triton.jit(do_not_specialize=["rows", "H", "W"])
+def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, rows, H, W, sx, sy,
+                     ROWS: tl.constexpr, BX: tl.constexpr):
+    r, x0, x, live = _row_index(rows, W, ROWS, BX)       # rows: n * H + y
+    n = r // H
+    y = r - n * H
+    HW = H * W
+    rem = y * W + x
     img = n * HW
     fimg = n * (2 * HW)
     wm1 = (W - 1).to(tl.float32)
@@ -157,45 +177,58 @@ def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy,
     tl.store(out_ptr + o + 4 * HW, gy * it, mask=live)
 
 
-@triton.jit(do_not_specialize=["total", "W"])
-def _blur_x_kernel(in_ptr, g_ptr, out_ptr, total, W, R: tl.constexpr, BLOCK: tl.constexpr):
-    """Correlation of every row with the 2R+1 taps at ``g_ptr``, replicate borders."""
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    row = idx // W
-    x = idx - row * W
-    base = row * W
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(2 * R + 1):
-        xq = tl.minimum(tl.maximum(x + (j - R), 0), W - 1)
-        acc += tl.load(g_ptr + j) * tl.load(in_ptr + base + xq)
-    tl.store(out_ptr + idx, acc, mask=live)
+@triton.jit(do_not_specialize=["rows", "W"])
+def _blur_x_kernel(in_ptr, g_ptr, out_ptr, rows, W, R: tl.constexpr, ROWS: tl.constexpr,
+                   BX: tl.constexpr):
+    """Correlation of every row with the 2R+1 taps at ``g_ptr``, replicate borders. Programs
+    whose pixels and R on either side lie inside the row load at constant offsets; the others
+    clamp (x - k at 0, x + k at W - 1: x itself is in the row)."""
+    r, x0, x, live = _row_index(rows, W, ROWS, BX)
+    row = in_ptr + r * W
+    acc = tl.zeros([ROWS, BX], dtype=tl.float32)
+    if (x0 >= R) & (x0 + (BX + R) <= W):
+        p = row + x0 + tl.arange(0, BX)[None, :]
+        for j in tl.static_range(2 * R + 1):
+            acc += tl.load(g_ptr + j) * tl.load(p + (j - R))
+    else:
+        for j in tl.static_range(2 * R + 1):
+            if j < R:
+                xq = tl.maximum(x + (j - R), 0)
+            elif j > R:
+                xq = tl.minimum(x + (j - R), W - 1)
+            else:
+                xq = x
+            acc += tl.load(g_ptr + j) * tl.load(row + xq)
+    tl.store(out_ptr + r * W + x, acc, mask=live)
 
 
-@triton.jit(do_not_specialize=["total", "H", "W"])
-def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha,
-                        R: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["rows", "H", "W"])
+def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, rows, H, W, alpha,
+                        R: tl.constexpr, ROWS: tl.constexpr, BX: tl.constexpr):
     """Column pass of the window on the five products, then the Jacobi coefficients.
 
     coef channels: 1/(J11+a), 1/(J22+a), J12, cst_u, cst_v, with
     cst = (a (avg4(flow) - flow) - J13|J23) / (J11|J22 + a); d (first iterate) = cst.
     """
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
-    src = n * (5 * HW) + x
-    j11 = tl.zeros([BLOCK], dtype=tl.float32)
-    j12 = tl.zeros([BLOCK], dtype=tl.float32)
-    j22 = tl.zeros([BLOCK], dtype=tl.float32)
-    j13 = tl.zeros([BLOCK], dtype=tl.float32)
-    j23 = tl.zeros([BLOCK], dtype=tl.float32)
+    r, x0, x, live = _row_index(rows, W, ROWS, BX)       # rows: n * H + y
+    n = r // H
+    y = r - n * H
+    HW = H * W
+    rem = y * W + x
+    src = in_ptr + n * (5 * HW) + x
+    j11 = tl.zeros([ROWS, BX], dtype=tl.float32)
+    j12 = tl.zeros([ROWS, BX], dtype=tl.float32)
+    j22 = tl.zeros([ROWS, BX], dtype=tl.float32)
+    j13 = tl.zeros([ROWS, BX], dtype=tl.float32)
+    j23 = tl.zeros([ROWS, BX], dtype=tl.float32)
     for j in tl.static_range(2 * R + 1):
         g = tl.load(g_ptr + j)
         p = src + tl.minimum(tl.maximum(y + (j - R), 0), H - 1) * W
-        j11 += g * tl.load(in_ptr + p)
-        j12 += g * tl.load(in_ptr + p + HW)
-        j22 += g * tl.load(in_ptr + p + 2 * HW)
-        j13 += g * tl.load(in_ptr + p + 3 * HW)
-        j23 += g * tl.load(in_ptr + p + 4 * HW)
+        j11 += g * tl.load(p)
+        j12 += g * tl.load(p + HW)
+        j22 += g * tl.load(p + 2 * HW)
+        j13 += g * tl.load(p + 3 * HW)
+        j23 += g * tl.load(p + 4 * HW)
     inv_u = 1.0 / (j11 + alpha)
     inv_v = 1.0 / (j22 + alpha)
     f = n * (2 * HW)
@@ -324,6 +357,26 @@ def _launch(kernel, total: int, *args, **kw):
     kernel[(triton.cdiv(total, b),)](*args, BLOCK=b, **kw)
 
 
+#: (rows, pixels of a row, warps) per program of the row kernels on a GPU: 2 or 4 pixels a thread,
+#: and (ptxas, sm_90) no spills and no more registers than the former 1-D kernels.
+PRODUCTS_TILE = (1, 128, 2)
+BLUR_X_TILE = (2, 128, 2)
+BLUR_Y_TILE = (1, 128, 2)
+
+
+def _row_tile(rows: int, w: int, tile: tuple[int, int, int]) -> tuple[int, int, int]:
+    if INTERPRET:
+        bx = triton.next_power_of_2(w)
+        return max(1, min(triton.next_power_of_2(rows), (1 << 16) // bx)), bx, 4
+    return tile
+
+
+def _launch_rows(kernel, tile, rows: int, w: int, *args, **kw):
+    """``kernel`` over ``rows`` rows of ``w`` pixels: a 2-D grid (blocks of rows, blocks of x)."""
+    tr, tx, warps = _row_tile(rows, w, tile)
+    kernel[(triton.cdiv(rows, tr), triton.cdiv(w, tx))](*args, ROWS=tr, BX=tx, num_warps=warps, **kw)
+
+
 def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.Tensor,
               inner: int, alpha: float, jacobi: int | None = None) -> torch.Tensor:
     """One warp step of ``torchflow._flow_batch`` (i0, i1: (N, 1, H, W), flow: (N, 2, H, W),
@@ -337,13 +390,13 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
     sx = 2.0 / max(w - 1, 1)
     sy = 2.0 / max(h - 1, 1)
     prod = torch.empty((n, 5, h, w), dtype=torch.float32, device=i0.device)
-    _launch(_products_kernel, px, i0, i1, flow, prod, px, h, w, sx, sy)
+    _launch_rows(_products_kernel, PRODUCTS_TILE, n * h, w, i0, i1, flow, prod, n * h, h, w, sx, sy)
     tmp = torch.empty_like(prod)
     r = g.numel() // 2
-    _launch(_blur_x_kernel, prod.numel(), prod, g, tmp, prod.numel(), w, R=r)
+    _launch_rows(_blur_x_kernel, BLUR_X_TILE, n * 5 * h, w, prod, g, tmp, n * 5 * h, w, R=r)
     coef = prod                               # the products are no longer needed
     d = torch.empty_like(flow)
-    _launch(_blur_y_coef_kernel, px, tmp, g, flow, coef, d, px, h, w, alpha, R=r)
+    _launch_rows(_blur_y_coef_kernel, BLUR_Y_TILE, n * h, w, tmp, g, flow, coef, d, n * h, h, w, alpha, R=r)
     if inner <= 1:
         return flow + d
     e = torch.empty_like(flow)

@@ -127,3 +127,176 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
         torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
     with pytest.raises(Exception):                       # forced: the error is not hidden
         torchflow.torch_flow(src, dst, fused=True)
+
+
+# The products and blur kernels as they were before the 2-D launch grid (one lane per pixel of
+# the flattened batch, per-lane divisions, clamps at every tap): the new ones must give the same
+# bits (the same float operations in the same order; only the index work changed).
+OLD_KERNELS = r'''
+import triton
+import triton.language as tl
+from metrics._triton_flow import _avg4_pair, _pixel_index, _sample, _warp_mean
+
+
+@triton.jit
+def products(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy, BLOCK: tl.constexpr):
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    img = n * HW
+    fimg = n * (2 * HW)
+    wm1 = (W - 1).to(tl.float32)
+    hm1 = (H - 1).to(tl.float32)
+    u = tl.load(fl_ptr + fimg + rem)
+    v = tl.load(fl_ptr + fimg + HW + rem)
+    px = x.to(tl.float32) + u
+    py = y.to(tl.float32) + v
+    inside = (px >= 0.0) & (px <= wm1) & (py >= 0.0) & (py <= hm1)
+    insf = tl.where(inside, 1.0, 0.0)
+    w1 = _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy)
+    i0 = tl.load(i0_ptr + img + rem)
+    it = (w1 - i0) * insf
+    xa = tl.maximum(x - 2, 0)
+    xb = tl.maximum(x - 1, 0)
+    xc = tl.minimum(x + 1, W - 1)
+    xd = tl.minimum(x + 2, W - 1)
+    ya = tl.maximum(y - 2, 0)
+    yb = tl.maximum(y - 1, 0)
+    yc = tl.minimum(y + 1, H - 1)
+    yd = tl.minimum(y + 2, H - 1)
+    gx = (_warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xa, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xb, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xc, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xd, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12))
+    gy = (_warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, ya, x, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yb, x, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yc, x, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
+          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yd, x, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12))
+    gx = gx * insf
+    gy = gy * insf
+    o = n * (5 * HW) + rem
+    tl.store(out_ptr + o, gx * gx, mask=live)
+    tl.store(out_ptr + o + HW, gx * gy, mask=live)
+    tl.store(out_ptr + o + 2 * HW, gy * gy, mask=live)
+    tl.store(out_ptr + o + 3 * HW, gx * it, mask=live)
+    tl.store(out_ptr + o + 4 * HW, gy * it, mask=live)
+
+
+@triton.jit
+def blur_x(in_ptr, g_ptr, out_ptr, total, W, R: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = idx < total
+    idx = tl.where(live, idx, 0)
+    row = idx // W
+    x = idx - row * W
+    base = row * W
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(2 * R + 1):
+        xq = tl.minimum(tl.maximum(x + (j - R), 0), W - 1)
+        acc += tl.load(g_ptr + j) * tl.load(in_ptr + base + xq)
+    tl.store(out_ptr + idx, acc, mask=live)
+
+
+@triton.jit
+def blur_y_coef(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha, R: tl.constexpr,
+                BLOCK: tl.constexpr):
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    src = n * (5 * HW) + x
+    j11 = tl.zeros([BLOCK], dtype=tl.float32)
+    j12 = tl.zeros([BLOCK], dtype=tl.float32)
+    j22 = tl.zeros([BLOCK], dtype=tl.float32)
+    j13 = tl.zeros([BLOCK], dtype=tl.float32)
+    j23 = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(2 * R + 1):
+        g = tl.load(g_ptr + j)
+        p = src + tl.minimum(tl.maximum(y + (j - R), 0), H - 1) * W
+        j11 += g * tl.load(in_ptr + p)
+        j12 += g * tl.load(in_ptr + p + HW)
+        j22 += g * tl.load(in_ptr + p + 2 * HW)
+        j13 += g * tl.load(in_ptr + p + 3 * HW)
+        j23 += g * tl.load(in_ptr + p + 4 * HW)
+    inv_u = 1.0 / (j11 + alpha)
+    inv_v = 1.0 / (j22 + alpha)
+    f = n * (2 * HW)
+    fu = fl_ptr + f
+    fv = fl_ptr + f + HW
+    nu, nv = _avg4_pair(fu, fv, x, y, H, W)
+    cu = (alpha * (nu - tl.load(fu + rem)) - j13) * inv_u
+    cv = (alpha * (nv - tl.load(fv + rem)) - j23) * inv_v
+    o = n * (5 * HW) + rem
+    tl.store(coef_ptr + o, inv_u, mask=live)
+    tl.store(coef_ptr + o + HW, inv_v, mask=live)
+    tl.store(coef_ptr + o + 2 * HW, j12, mask=live)
+    tl.store(coef_ptr + o + 3 * HW, cu, mask=live)
+    tl.store(coef_ptr + o + 4 * HW, cv, mask=live)
+    tl.store(d_ptr + f + rem, cu, mask=live)
+    tl.store(d_ptr + f + HW + rem, cv, mask=live)
+'''
+
+EXACT = r"""
+import json
+import sys
+import torch
+import triton
+from metrics import _triton_flow as tf
+from metrics.torchflow import _gauss1d
+import old_flow_kernels as old
+
+torch.set_num_threads(1)
+gen = torch.Generator().manual_seed(0)
+
+
+def one(kernel, total, *args, **kw):
+    b = min(triton.next_power_of_2(total), 1 << 16)
+    kernel[(triton.cdiv(total, b),)](*args, BLOCK=b, **kw)
+
+
+def step(n, h, w, g, new):
+    i0 = torch.rand((n, 1, h, w), generator=gen) * 255
+    i1 = torch.roll(i0, (1, 2), (2, 3)) + torch.rand((n, 1, h, w), generator=gen) * 8
+    flow = (torch.rand((n, 2, h, w), generator=gen) - 0.5) * 10     # warps outside the frame too
+    sx, sy, r, alpha = 2.0 / max(w - 1, 1), 2.0 / max(h - 1, 1), g.numel() // 2, 1e-4
+    out = []
+    for kernels in ("old", "new"):
+        prod = torch.full((n, 5, h, w), float("nan"))
+        tmp, coef, d = torch.full_like(prod, float("nan")), torch.full_like(prod, float("nan")), torch.full_like(flow, float("nan"))
+        if kernels == "old":
+            one(old.products, n * h * w, i0, i1, flow, prod, n * h * w, h, w, sx, sy)
+            one(old.blur_x, prod.numel(), prod, g, tmp, prod.numel(), w, R=r)
+            one(old.blur_y_coef, n * h * w, tmp, g, flow, coef, d, n * h * w, h, w, alpha, R=r)
+        else:
+            tf._launch_rows(tf._products_kernel, None, n * h, w, i0, i1, flow, prod, n * h, h, w, sx, sy)
+            tf._launch_rows(tf._blur_x_kernel, None, n * 5 * h, w, prod, g, tmp, n * 5 * h, w, R=r)
+            tf._launch_rows(tf._blur_y_coef_kernel, None, n * h, w, tmp, g, flow, coef, d, n * h, h, w, alpha, R=r)
+        out.append((prod, tmp, coef, d))
+    return [bool(torch.equal(a, b)) for a, b in zip(*out)]
+
+
+got, interior = [], 0
+real = tf._row_tile
+for tile in (None, (64, 16, 4)):          # the interpreter's one program; small tiles
+    tf._row_tile = real if tile is None else (lambda rows, w, t, tile=tile: tile)
+    for n, h, w, sigma in ((2, 33, 47, 4.0), (3, 9, 20, 4.0), (2, 33, 47, 1.0), (1, 28, 70, 4.0)):
+        g = _gauss1d(sigma, "cpu")
+        r = g.numel() // 2
+        if tile is not None:                 # blur_x programs without clamping
+            interior += sum(1 for x0 in range(0, w, tile[1]) if x0 >= r and x0 + tile[1] + r <= w)
+        got.append([tile, [n, h, w, r], step(n, h, w, g, True)])
+print(json.dumps({"got": got, "interior": interior}))
+"""
+
+
+def test_row_kernels_give_the_same_bits_as_the_per_pixel_kernels(tmp_path):
+    """The 2-D grid products and blur kernels against the former per-pixel ones, under the
+    interpreter: the same bits for the products, both blur passes, the coefficients and the first
+    iterate, on odd sizes, a width below the window's radius, at a single program and at small
+    tiles (blur_x programs on the unclamped path and at the borders, blocks of rows across
+    images, rows and lanes past the end)."""
+    (tmp_path / "old_flow_kernels.py").write_text(OLD_KERNELS)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    run = subprocess.run([sys.executable, "-c", EXACT], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["interior"] >= 3, got
+    assert len(got["got"]) == 8, got
+    for tile, size, same in got["got"]:
+        assert same == [True] * 4, (tile, size, same)
