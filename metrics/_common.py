@@ -67,16 +67,17 @@ def precise(cudnn_benchmark: bool | None = None):
         _AUTOTUNE.reset(token)
 
 
-#: Faster kernels for the same numbers on CUDA, each with the environment variable that turns
-#: it off ("0"): SSIM, the pixel checks (MSE, exactness), the rounded luma and the warping
-#: error with tOF as Triton kernels, AlexNet's first convolution by space-to-depth, the
-#: stream's uint8 -> [0, 1] conversion in one pass (the last two and the warping error: also on
-#: the CPU inside a ``fast_paths`` block that turns them on, the Triton one for its interpreter
-#: in tests). Same conventions: values move by float32 rounding at most (exactly equal for MSE,
-#: exactness, luma and the conversion). Nothing records which one ran.
+#: Faster kernels for the same numbers on CUDA, each with the environment variable(s) that turn
+#: it off ("0"): SSIM, the pixel checks (MSE, exactness), the rounded luma, the warping
+#: error with tOF and LPIPS's head (normalisation and distance; also ``EVALKIT_TRITON_LPIPS``)
+#: as Triton kernels, AlexNet's first convolution by space-to-depth, the stream's uint8 ->
+#: [0, 1] conversion in one pass (the last two, the warping error and the LPIPS head: also on
+#: the CPU inside a ``fast_paths`` block that turns them on, the Triton ones for their
+#: interpreter in tests). Same conventions: values move by float32 rounding at most (exactly
+#: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
 FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
-              "triton_temporal": "EVALKIT_TRITON", "conv1_s2d": "EVALKIT_CONV1_S2D",
-              "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
+              "triton_temporal": "EVALKIT_TRITON", "triton_lpips": ("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"),
+              "conv1_s2d": "EVALKIT_CONV1_S2D", "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 
 
@@ -85,7 +86,8 @@ def fast_path(name: str) -> bool:
     override = _FAST.get()
     if override is not None and name in override:
         return override[name]
-    return os.environ.get(FAST_PATHS[name], "1") != "0"
+    env = FAST_PATHS[name]
+    return all(os.environ.get(v, "1") != "0" for v in ((env,) if isinstance(env, str) else env))
 
 
 def fast_path_forced(name: str) -> bool | None:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_pair, fast_path, fast_path_forced, precise, to_unit
+from ._common import TritonFallback, check_pair, fast_path, fast_path_forced, precise, to_unit
 from ._errors import MetricInputError
 from .weights import NETS, load_state_dict
 
@@ -52,6 +52,22 @@ def _vgg16_layers():
 
 _VGG_CUTS = (4, 9, 16, 23, 30)
 _VGG_CHANNELS = (64, 128, 256, 512, 512)
+
+
+def _load_head():
+    from ._triton_lpips import lpips_distance
+    return lpips_distance
+
+
+#: The Triton head (:func:`metrics._triton_lpips.lpips_distance`) as a family with a torch
+#: fallback (one warning, then the torch path for the process). Not strict: a new frame size
+#: compiles new kernels, which may fail where others ran.
+TRITON_LPIPS = TritonFallback("LPIPS head kernels (lpips_distance)", _load_head, strict=False)
+
+
+def _normalise(h: torch.Tensor) -> torch.Tensor:
+    """lpips' ``normalize_tensor``: each pixel's channel vector over its norm (+ eps)."""
+    return h / (torch.sqrt(torch.sum(h * h, dim=1, keepdim=True)) + _EPS)
 
 
 def _make(spec):
@@ -148,8 +164,9 @@ class LPIPS(nn.Module):
     def device(self) -> torch.device:
         return self.shift.device
 
-    def features(self, x) -> list[torch.Tensor]:
-        """Unit-normalised trunk features of each frame (five tensors, one per slice)."""
+    def features(self, x, *, normalised: bool = True) -> list[torch.Tensor]:
+        """Trunk features of each frame (five tensors, one per slice), unit-normalised per pixel
+        (``normalised=False``: the raw slice outputs, for :meth:`distance` with the same flag)."""
         if min(x.shape[2], x.shape[3]) < MIN_SIDE[self.net_name]:
             raise MetricInputError(f"frames: {x.shape[3]}x{x.shape[2]} is too small for LPIPS-"
                                    f"{self.net_name}; expected both sides >= {MIN_SIDE[self.net_name]}")
@@ -165,9 +182,8 @@ class LPIPS(nn.Module):
                     h = torch.relu_(conv_s2d(h, self._conv1_s2d(), conv.bias, k=conv.kernel_size[0],
                                              stride=conv.stride[0], padding=conv.padding[0]))
                 else:
-                    h = sl(h)
-                norm = torch.sqrt(torch.sum(h * h, dim=1, keepdim=True))
-                feats.append(h / (norm + _EPS))
+                    h = sl(h)     # no slice starts with an in-place op: a raw h stays as it is
+                feats.append(_normalise(h) if normalised else h)
             return feats
 
     def _use_s2d(self) -> bool:
@@ -187,8 +203,34 @@ class LPIPS(nn.Module):
             cached = self._s2d_cache = (conv.weight, s2d_weight(conv.weight, conv.stride[0]))
         return cached[1]
 
-    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
-        """LPIPS between two feature lists of equal batch size -> ``(N,)`` float32."""
+    def _head_kernel(self):
+        forced = fast_path_forced("triton_lpips")
+        on = forced if forced is not None else self.device.type == "cuda" and fast_path("triton_lpips")
+        return TRITON_LPIPS.kernel() if on else None
+
+    def fused(self) -> bool:
+        """Whether :meth:`distance` of raw features runs as one Triton pass per layer here (on
+        CUDA unless turned off: ``EVALKIT_TRITON=0``, ``EVALKIT_TRITON_LPIPS=0`` or
+        ``fast_paths(triton_lpips=False)``; a ``fast_paths`` block can turn it on anywhere)."""
+        return self._head_kernel() is not None
+
+    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor], *, normalised: bool = True) -> torch.Tensor:
+        """LPIPS between two feature lists of equal batch size -> ``(N,)`` float32.
+        ``normalised``: how both lists came from :meth:`features`; raw features go through the
+        Triton head where :meth:`fused` (the same numbers up to the order of float32 sums), else
+        are normalised here first."""
+        if not normalised:
+            fn = self._head_kernel()
+            if fn is not None:
+                with precise():
+                    return TRITON_LPIPS.run(
+                        lambda: fn(fa, fb, [lin.weight.reshape(-1) for lin in self.lins], _EPS),
+                        lambda: self._distance([_normalise(t) for t in fa], [_normalise(t) for t in fb]))
+            with precise():
+                fa, fb = [_normalise(t) for t in fa], [_normalise(t) for t in fb]
+        return self._distance(fa, fb)
+
+    def _distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
         with precise():
             total = None
             for lin, x, y in zip(self.lins, fa, fb):
@@ -200,8 +242,9 @@ class LPIPS(nn.Module):
     def forward(self, a, b) -> torch.Tensor:
         a, b = check_pair(a, b, device=self.device)
         n = a.shape[0]
-        f = self.features(torch.cat([to_unit(a), to_unit(b)], 0))
-        return self.distance([t[:n] for t in f], [t[n:] for t in f])
+        raw = self.fused()
+        f = self.features(torch.cat([to_unit(a), to_unit(b)], 0), normalised=not raw)
+        return self.distance([t[:n] for t in f], [t[n:] for t in f], normalised=not raw)
 
 
 _MODELS: dict[tuple[str, str], LPIPS] = {}

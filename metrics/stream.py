@@ -308,6 +308,7 @@ class PairEvaluator:
         # carries from the previous chunk: grey frames and [0, 1] frames (prepare), LPIPS
         # features and low-passed luma (launch)
         self._carry_grey = self._carry_unit = self._carry_feats = self._carry_low = None
+        self._lpips_raw = False  # LPIPS features raw for the Triton head (set per clip)
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._identical = 0
@@ -441,14 +442,19 @@ class PairEvaluator:
         out: dict[str, torch.Tensor] = {}
         first: dict[str, int] = {}                    # frame number of each array's element 0
         with precise(self.cudnn_benchmark):
-            # LPIPS: one trunk pass per frame (A and B in one batch), reused by tLP
-            f = self.model.features(job.u)
+            # LPIPS: one trunk pass per frame (A and B in one batch), reused by tLP. Where the
+            # Triton head runs (picked at a clip's first chunk: the carried features match),
+            # the features stay raw and each distance normalises them in its one pass.
+            if not job.has_prev:
+                self._lpips_raw = self.model.fused()
+            raw = self._lpips_raw
+            f = self.model.features(job.u, normalised=not raw)
             fa, fb = [t[:n] for t in f], [t[n:] for t in f]
-            out["lpips"] = self.model.distance(fa, fb)
+            out["lpips"] = self.model.distance(fa, fb, normalised=not raw)
             if job.temporal:
                 pf = self._carry_feats
-                da = self._successive(pf[0] if job.has_prev else None, fa)
-                db = self._successive(pf[1] if job.has_prev else None, fb)
+                da = self._successive(pf[0] if job.has_prev else None, fa, raw)
+                db = self._successive(pf[1] if job.has_prev else None, fb, raw)
                 out["tlp"] = (da - db).abs()
             if self.temporal:
                 # clones: views would keep the whole chunk's features alive
@@ -569,13 +575,15 @@ class PairEvaluator:
         self.timings["collect"] += time.perf_counter() - t_start
         return records
 
-    def _successive(self, prev_feats, feats) -> torch.Tensor:
-        """LPIPS(x_t, x_t-1) for each frame of the chunk that has a predecessor (no copies)."""
+    def _successive(self, prev_feats, feats, raw: bool = False) -> torch.Tensor:
+        """LPIPS(x_t, x_t-1) for each frame of the chunk that has a predecessor (no copies);
+        ``raw``: the features are raw trunk outputs (see :meth:`_launch`)."""
         parts = []
         if prev_feats is not None:
-            parts.append(self.model.distance([f[:1] for f in feats], prev_feats))
+            parts.append(self.model.distance([f[:1] for f in feats], prev_feats, normalised=not raw))
         if feats[0].shape[0] > 1:
-            parts.append(self.model.distance([f[1:] for f in feats], [f[:-1] for f in feats]))
+            parts.append(self.model.distance([f[1:] for f in feats], [f[:-1] for f in feats],
+                                             normalised=not raw))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _accumulate(self, rec: dict) -> None:

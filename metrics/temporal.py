@@ -153,9 +153,10 @@ def tlp(a, b, *, net: str = "alex") -> torch.Tensor:
     a, b = check_pair(a, b)
     _need_two(a, "a")
     m = get_model(net, a.device)
-    fa, fb = m.features(a), m.features(b)
-    da = m.distance([f[1:] for f in fa], [f[:-1] for f in fa])
-    db = m.distance([f[1:] for f in fb], [f[:-1] for f in fb])
+    norm = not m.fused()             # raw features for the Triton head (CUDA), as the stream
+    fa, fb = m.features(a, normalised=norm), m.features(b, normalised=norm)
+    da = m.distance([f[1:] for f in fa], [f[:-1] for f in fa], normalised=norm)
+    db = m.distance([f[1:] for f in fb], [f[:-1] for f in fb], normalised=norm)
     return (da - db).abs()
 
 
