@@ -28,8 +28,7 @@ from triton.compiler import ASTSource
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 TARGET = GPUTarget("cuda", 90, 32)
-KERNELS = {"_products_kernel": "PRODUCTS_TILE", "_blur_x_kernel": "BLUR_X_TILE",
-           "_blur_y_coef_kernel": "BLUR_Y_TILE"}
+KERNELS = {"_products_kernel": "PRODUCTS_TILE", "_blur_x_kernel": "BLUR_X_TILE"}
 FLOATS = ("sx", "sy", "alpha")
 
 
