@@ -59,6 +59,15 @@ FB_BETA = 0.5
 _local = threading.local()
 
 
+def resolve_flow(method: str, device) -> str:
+    """``method``, with ``"auto"`` resolved for ``device``: the ``"torch"`` flow on a GPU (the
+    full set is then not bound by the CPU), OpenCV DIS elsewhere (the CPU's fastest at its
+    accuracy). Reports record the resolved method in their conventions."""
+    if method != "auto":
+        return method
+    return "torch" if torch.device(device).type == "cuda" else "dis"
+
+
 def check_flow_options(method: str, preset: str, scale: float) -> None:
     if method not in FLOW_METHODS:
         raise MetricInputError(f"flow method: expected one of {', '.join(FLOW_METHODS)}, found {method!r}")

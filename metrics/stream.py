@@ -38,7 +38,8 @@ from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
                        ssim_kernel)
-from .flow import DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into
+from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into,
+                   resolve_flow)
 from .perceptual import get_model
 from .temporal import FLICKER_BLOCK, check_block, lowpass_luma, temporal_from_flows
 
@@ -221,7 +222,8 @@ class PairEvaluator:
     Settings that change scores (all named in :attr:`conventions`):
     net (``"alex"``/``"vgg"``), ssim_channel (``"luma"``/``"rgb"``), ssim_round_luma,
     ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``/
-    ``"torch"``: on the evaluator's device, no flow threads),
+    ``"torch"``: on the evaluator's device, no flow threads; ``"auto"``: ``"torch"`` on a GPU,
+    ``"dis"`` elsewhere, :func:`metrics.flow.resolve_flow`),
     flow_preset (DIS preset, default ``"fast"``: see :mod:`metrics.flow`), flow_scale,
     flicker_block, temporal (compute temporal metrics).
 
@@ -253,10 +255,11 @@ class PairEvaluator:
         if ssim_channel not in SSIM_CHANNELS:
             raise MetricInputError(f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, "
                                    f"found {ssim_channel!r}")
+        self.device = resolve_device(device)
+        flow = resolve_flow(flow, self.device)
         if temporal:
             check_flow_options(flow, flow_preset, flow_scale)
             check_block(flicker_block)
-        self.device = resolve_device(device)
         self.net = net
         self.model = get_model(net, self.device)
         self.ssim_kw = dict(channel=ssim_channel, round_luma=ssim_round_luma,

@@ -135,3 +135,31 @@ def test_cli_metrics_and_compare_take_flow_torch(cli, tmp_path):
     code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o",
                          "--flow", "lk")
     assert code == 2 and "--flow" in err and "invalid choice" in err, err
+
+
+def test_flow_auto_is_the_torch_flow_on_a_gpu_and_dis_elsewhere(cli):
+    import argparse
+
+    from evalkit.cli.compare import flow_method
+    from metrics.flow import resolve_flow
+
+    assert resolve_flow("auto", "cuda") == "torch" and resolve_flow("auto", "cuda:1") == "torch"
+    assert resolve_flow("auto", "cpu") == "dis"
+    for method in ("dis", "farneback", "torch"):
+        assert resolve_flow(method, "cuda") == method == resolve_flow(method, "cpu")
+    # a DIS preset asked for with the default --flow means DIS, on any device
+    ns = argparse.Namespace
+    assert flow_method(ns(flow="auto", flow_preset="medium")) == "dis"
+    assert flow_method(ns(flow="auto", flow_preset=None)) == "auto"
+    assert flow_method(ns(flow="torch", flow_preset="medium")) == "torch"
+    ev = PairEvaluator(device="cpu", flow="auto")
+    try:
+        assert ev.flow[0] == "dis" and ev.conventions["flow"] == "dis-fast,luma8"
+    finally:
+        ev.close()
+    # the command's default on the CPU: DIS, recorded as such
+    clips = ROOT / "datasets" / "smoke" / "clips"
+    code, out, err = cli("metrics", clips / "astronaut_pan.mkv", clips / "hubble_object.mkv",
+                         "--device", "cpu", "--json")
+    assert code == 0, err
+    assert json.loads(out)["conventions"]["flow"] == "dis-fast,luma8"

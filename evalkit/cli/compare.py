@@ -8,6 +8,18 @@ from pathlib import Path
 from evalkit.cli.common import executor_args, make_executor, output_file, positive_int
 
 
+FLOW_CHOICES = ("auto", "dis", "farneback", "torch")
+FLOW_HELP = ("optical flow for the temporal metrics: auto (default: torch on a GPU, dis "
+             "elsewhere; dis when --flow-preset is given), dis (OpenCV DIS) or farneback on the "
+             "CPU, or torch on the metrics device (on a GPU: no CPU-bound flow)")
+
+
+def flow_method(args) -> str:
+    """``--flow``, with ``auto`` meaning DIS when a DIS preset is asked for (else the
+    evaluator resolves it for its device: :func:`metrics.flow.resolve_flow`)."""
+    return "dis" if args.flow == "auto" and args.flow_preset else args.flow
+
+
 def cmd_compare(args) -> int:
     from evalkit.compare.pairing import compare_runs
     from metrics.catalogue import fmt, keys
@@ -17,8 +29,9 @@ def cmd_compare(args) -> int:
         options["temporal"] = False
     if args.flow_preset:
         options["flow_preset"] = args.flow_preset
-    if args.flow != "dis":
-        options["flow"] = args.flow
+    flow = flow_method(args)
+    if flow != "dis":
+        options["flow"] = flow
     executor = make_executor(args)
     try:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
@@ -56,7 +69,7 @@ def cmd_metrics(args) -> int:
 
     result = compare_clips(
         args.a, args.b, device=args.device, net=args.net, chunk=args.chunk, align=args.align,
-        temporal=not args.no_temporal, flow=args.flow, flow_preset=args.flow_preset,
+        temporal=not args.no_temporal, flow=flow_method(args), flow_preset=args.flow_preset,
         flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
         keep_frames=args.json, vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
         progress=not args.quiet and sys.stderr.isatty(),
@@ -79,9 +92,7 @@ def add_compare(sub, common) -> None:
                    help="noise-floor run compared against A: a re-render on A's backend, or a "
                         "--seed-offset run (repeatable)")
     s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
-    s.add_argument("--flow", choices=("dis", "farneback", "torch"), default="dis",
-                   help="optical flow for the temporal metrics: OpenCV DIS (default) or Farneback "
-                        "on the CPU, or torch on the metrics device (a GPU: no CPU-bound flow)")
+    s.add_argument("--flow", choices=FLOW_CHOICES, default="auto", help=FLOW_HELP)
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
@@ -105,9 +116,7 @@ def add_metrics(sub, common) -> None:
     s.add_argument("--net", choices=("alex", "vgg"), default="alex", help="LPIPS trunk (default alex)")
     s.add_argument("--ssim-channel", choices=("luma", "rgb"), default="luma",
                    help="SSIM on rounded BT.601 luma (default, original convention) or per RGB plane")
-    s.add_argument("--flow", choices=("dis", "farneback", "torch"), default="dis",
-                   help="optical flow for the temporal metrics: OpenCV DIS (default) or Farneback "
-                        "on the CPU, or torch on the metrics device (a GPU: no CPU-bound flow)")
+    s.add_argument("--flow", choices=FLOW_CHOICES, default="auto", help=FLOW_HELP)
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset (default fast)")
     s.add_argument("--flow-scale", type=float, default=1.0,
