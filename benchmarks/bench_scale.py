@@ -453,7 +453,7 @@ def cmd_compare(a) -> dict:
 #: ``ab``'s rows: name -> compare options
 AB_ROWS = {"lpips": ("LPIPS+SSIM+PSNR", ["--no-temporal"]),
            "gpuflow": ("full set, GPU flow", ["--flow", "torch"]),
-           "cpuflow": ("full set, CPU flow (DIS fast)", [])}
+           "cpuflow": ("full set, CPU flow (DIS fast)", ["--flow", "dis"])}
 
 
 def cmd_ab(a) -> dict:
