@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._triton_flow import _pixel_index
+
 MAX_ELEMENTS = (1 << 31) - 1
 BLOCK = 256
 #: Under TRITON_INTERPRET=1 (tests on CPU tensors) one program per launch: the interpreter's cost
@@ -85,14 +87,8 @@ def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.co
     """Level down of ``a`` and ``b`` ((N, H, W) each) -> ``oa``, ``ob`` ((N, Ho, Wo) each): this
     program's BLOCK output pixels of each (``total`` = N Ho Wo). Output pixel (ox, oy) sums input
     columns ``clamp(2 ox - 2 .. 2 ox + 2)`` and rows ``clamp(2 oy - 2 .. 2 oy + 2)``."""
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    HWo = Ho * Wo
-    n = idx // HWo
-    rem = idx - n * HWo
-    oy = rem // Wo
-    ox = rem - oy * Wo
+    live, HWo, n, rem, oy, ox = _pixel_index(total, Ho, Wo, BLOCK)
+    o = n * HWo + rem                         # the output pixel (lanes past total: pixel 0)
     cx = 2 * ox
     cy = 2 * oy
     x0 = tl.maximum(cx - 2, 0)
@@ -107,23 +103,16 @@ def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.co
     r4 = tl.minimum(cy + 2, H - 1) * W
     img = n * (H * W)
     va = _down_at(a_ptr + img, x0, x1, x2, x3, x4, r0, r1, r2, r3, r4, SCALE)
-    tl.store(oa_ptr + idx, va, mask=live)
+    tl.store(oa_ptr + o, va, mask=live)
     vb = _down_at(b_ptr + img, x0, x1, x2, x3, x4, r0, r1, r2, r3, r4, SCALE)
-    tl.store(ob_ptr + idx, vb, mask=live)
+    tl.store(ob_ptr + o, vb, mask=live)
 
 
 @triton.jit(do_not_specialize=["total", "H", "W", "PH", "PW"], do_not_specialize_on_alignment=["out_ptr"])
 def _upsample_kernel(fl_ptr, out_ptr, total, H, W, PH, PW, sx, sy, BLOCK: tl.constexpr):
     """``out`` (N, 2, H, W) = 2 x the flow ``fl`` (N, 2, PH, PW) sampled at grid_sample's
     ``(x * sx - 1, y * sy - 1)`` (bilinear, border, align_corners=True); ``total`` = N H W."""
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < total
-    idx = tl.where(live, idx, 0)
-    HW = H * W
-    n = idx // HW
-    rem = idx - n * HW
-    y = rem // W
-    x = rem - y * W
+    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
     wm1 = (PW - 1).to(tl.float32)
     hm1 = (PH - 1).to(tl.float32)
     gx = x.to(tl.float32) * sx - 1.0          # the grid, as torch's two kernels round it
