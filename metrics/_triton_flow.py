@@ -42,7 +42,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
-def _pixel_index(total, H, W, BLOCK: tl.constexpr):
+def pixel_index(total, H, W, BLOCK: tl.constexpr):
     """This program's BLOCK pixels of a (N, H, W) batch: ``live`` (inside ``total``), the plane
     size ``HW``, the image ``n``, the offset ``rem`` in its plane and the pixel (x, y). Lanes
     past ``total`` read pixel 0 (their stores are masked by ``live``)."""
@@ -211,7 +211,7 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
     coef channels: 1/(J11+a), 1/(J22+a), J12, cst_u, cst_v, with
     cst = (a (avg4(flow) - flow) - J13|J23) / (J11|J22 + a); d (first iterate) = cst.
     """
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     src = n * (5 * HW) + x
     j11 = tl.zeros([BLOCK], dtype=tl.float32)
     j12 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -248,7 +248,7 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
 def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
                    FINAL: tl.constexpr, BLOCK: tl.constexpr):
     """d' = cst + a inv avg4(d) - J12 inv d_other (per component); FINAL: out = flow + d'."""
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     f = n * (2 * HW)
     du = d_ptr + f
     dv = d_ptr + f + HW

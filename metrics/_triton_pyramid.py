@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_flow import _pixel_index
+from ._triton_flow import pixel_index
 
 MAX_ELEMENTS = (1 << 31) - 1
 BLOCK = 256
@@ -87,7 +87,7 @@ def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.co
     """Level down of ``a`` and ``b`` ((N, H, W) each) -> ``oa``, ``ob`` ((N, Ho, Wo) each): this
     program's BLOCK output pixels of each (``total`` = N Ho Wo). Output pixel (ox, oy) sums input
     columns ``clamp(2 ox - 2 .. 2 ox + 2)`` and rows ``clamp(2 oy - 2 .. 2 oy + 2)``."""
-    live, HWo, n, rem, oy, ox = _pixel_index(total, Ho, Wo, BLOCK)
+    live, HWo, n, rem, oy, ox = pixel_index(total, Ho, Wo, BLOCK)
     o = n * HWo + rem                         # the output pixel (lanes past total: pixel 0)
     cx = 2 * ox
     cy = 2 * oy
@@ -112,7 +112,7 @@ def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.co
 def _upsample_kernel(fl_ptr, out_ptr, total, H, W, PH, PW, sx, sy, BLOCK: tl.constexpr):
     """``out`` (N, 2, H, W) = 2 x the flow ``fl`` (N, 2, PH, PW) sampled at grid_sample's
     ``(x * sx - 1, y * sy - 1)`` (bilinear, border, align_corners=True); ``total`` = N H W."""
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     wm1 = (PW - 1).to(tl.float32)
     hm1 = (PH - 1).to(tl.float32)
     gx = x.to(tl.float32) * sx - 1.0          # the grid, as torch's two kernels round it

@@ -135,12 +135,12 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
 OLD_KERNELS = r'''
 import triton
 import triton.language as tl
-from metrics._triton_flow import _avg4_pair, _pixel_index, _sample, _warp_mean
+from metrics._triton_flow import _avg4_pair, pixel_index, _sample, _warp_mean
 
 
 @triton.jit
 def products(i0_ptr, i1_ptr, fl_ptr, out_ptr, total, H, W, sx, sy, BLOCK: tl.constexpr):
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     img = n * HW
     fimg = n * (2 * HW)
     wm1 = (W - 1).to(tl.float32)
@@ -198,7 +198,7 @@ def blur_x(in_ptr, g_ptr, out_ptr, total, W, R: tl.constexpr, BLOCK: tl.constexp
 @triton.jit
 def blur_y_coef(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha, R: tl.constexpr,
                 BLOCK: tl.constexpr):
-    live, HW, n, rem, y, x = _pixel_index(total, H, W, BLOCK)
+    live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     src = n * (5 * HW) + x
     j11 = tl.zeros([BLOCK], dtype=tl.float32)
     j12 = tl.zeros([BLOCK], dtype=tl.float32)
