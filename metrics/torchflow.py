@@ -242,82 +242,91 @@ def per_level(value, level: int) -> int:
     return int(value[min(level, len(value) - 1)])
 
 
-def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
-                alpha: float, finest: int, fused: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """The flow of a batch of pairs of grey frames in 8-bit units, (N, 1, H, W) each. ``fused``:
-    the Triton path; the final upsampling then writes into ``out`` when given."""
-    n, _, h, w = src.shape
-    levels = _levels(h, w)
-    finest = min(finest, levels - 1)
+def _pyramids(src: torch.Tensor, dst: torch.Tensor, levels: int, finest: int, fused: bool):
+    """Both frames' Gaussian pyramids (8-bit frames in, [0, 1] levels out) and every level's
+    size. Fused: Triton kernels, level 1 straight from the frames unless level 0 is solved
+    (level 0 is then None: only its size is needed)."""
     if fused:
-        from ._triton_flow import warp_step
-        from ._triton_pyramid import down, down_size, upsample
+        from ._triton_pyramid import down, down_size
 
-        sizes = [(h, w)]
+        sizes = [tuple(src.shape[2:])]
         for _ in range(levels - 1):
             sizes.append(down_size(*sizes[-1]))
         if finest == 0:                       # the frames' own level is solved: scaled here
             p0, p1 = [src.float() * (1.0 / 255)], [dst.float() * (1.0 / 255)]
         else:                                 # level 1 straight from the frames, scaled in the kernel
-            p0, p1 = [None], [None]
             a, b = down(src, dst, scale=True)
-            p0.append(a)
-            p1.append(b)
+            p0, p1 = [None, a], [None, b]
         while len(p0) < levels:
             a, b = down(p0[-1], p1[-1])
             p0.append(a)
             p1.append(b)
-        g = _gauss1d(window, src.device)
-        flow = None
-        for k in range(levels - 1, finest - 1, -1):
-            i0, i1 = p0[k], p1[k]
-            hk, wk = sizes[k]
-            if flow is None:
-                flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
-            else:
-                flow = upsample(flow, hk, wk)
-            for _ in range(per_level(warps, k)):
-                flow = warp_step(i0, i1, flow, g, per_level(inner, k), alpha)
-        for k in range(finest - 1, -1, -1):   # up to the frames' resolution
-            flow = upsample(flow, *sizes[k], out=out if k == 0 else None)
-        return flow
-    src, dst = src.float() * (1.0 / 255), dst.float() * (1.0 / 255)
-    p0, p1 = [src], [dst]
+        return p0, p1, sizes
+    p0, p1 = [src.float() * (1.0 / 255)], [dst.float() * (1.0 / 255)]
     for _ in range(levels - 1):
         p0.append(_down(p0[-1]))
         p1.append(_down(p1[-1]))
+    return p0, p1, [tuple(p.shape[2:]) for p in p0]
+
+
+def _warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, inner: int, window: float,
+               alpha: float) -> torch.Tensor:
+    """One warp step in torch ops: warp, structure tensor, ``inner`` Jacobi iterations."""
+    xs, ys = _base_grid(*i0.shape[2:], i0.device)
+    i1w, inside = _warp(i1, flow, xs, ys)
+    ix, iy = _grad((i0 + i1w) * 0.5)
+    it = (i1w - i0) * inside
+    ix = ix * inside
+    iy = iy * inside
+    s = _blur(torch.cat([ix * ix, ix * iy, iy * iy, ix * it, iy * it], 1), window)
+    j11, j12, j22, j13, j23 = s[:, 0:1], s[:, 1:2], s[:, 2:3], s[:, 3:4], s[:, 4:5]
+    # combined local-global (Bruhn et al. 2005): Jacobi iterations on the increment d
+    # of  sum w' J w + alpha |grad(flow + d)|^2, both components at once:
+    #   d_u = (alpha (avg(u + d_u) - u) - J12 d_v - J13) / (J11 + alpha)   (avg: 4 neighbours)
+    inv = 1.0 / (torch.cat([j11, j22], 1) + alpha)
+    cst = (alpha * (_neigh(flow) - flow) - torch.cat([j13, j23], 1)) * inv
+    gain = alpha * inv
+    cross = torch.cat([j12, j12], 1) * inv
+    d = cst
+    for _ in range(inner - 1):
+        d = torch.addcmul(cst, gain, _neigh(d)).addcmul_(cross, d.flip(1), value=-1.0)
+    return flow + d
+
+
+def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
+                alpha: float, finest: int, fused: bool = False,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The flow of a batch of pairs of grey frames in 8-bit units, (N, 1, H, W) each. ``fused``:
+    the Triton path; the final upsampling then writes into ``out`` when given."""
+    n = src.shape[0]
+    levels = _levels(*src.shape[2:])
+    finest = min(finest, levels - 1)
+    p0, p1, sizes = _pyramids(src, dst, levels, finest, fused)
+    if fused:
+        from ._triton_flow import warp_step
+        from ._triton_pyramid import upsample
+
+        g = _gauss1d(window, src.device)
+
+        def step(i0, i1, flow, ni):
+            return warp_step(i0, i1, flow, g, ni, alpha)
+    else:
+        def step(i0, i1, flow, ni):
+            return _warp_step(i0, i1, flow, ni, window, alpha)
+
+        def upsample(flow, h, w, out=None):
+            return _upsample(flow, h, w)
     flow = None
     for k in range(levels - 1, finest - 1, -1):
-        i0, i1 = p0[k], p1[k]
-        hk, wk = i0.shape[2:]
-        nw, ni = per_level(warps, k), per_level(inner, k)
+        hk, wk = sizes[k]
         if flow is None:
             flow = torch.zeros((n, 2, hk, wk), dtype=torch.float32, device=src.device)
         else:
-            flow = _upsample(flow, hk, wk)
-        xs, ys = _base_grid(hk, wk, src.device)
-        for _ in range(nw):
-            i1w, inside = _warp(i1, flow, xs, ys)
-            ix, iy = _grad((i0 + i1w) * 0.5)
-            it = (i1w - i0) * inside
-            ix = ix * inside
-            iy = iy * inside
-            s = _blur(torch.cat([ix * ix, ix * iy, iy * iy, ix * it, iy * it], 1), window)
-            j11, j12, j22, j13, j23 = s[:, 0:1], s[:, 1:2], s[:, 2:3], s[:, 3:4], s[:, 4:5]
-            # combined local-global (Bruhn et al. 2005): Jacobi iterations on the increment d
-            # of  sum w' J w + alpha |grad(flow + d)|^2, both components at once:
-            #   d_u = (alpha (avg(u + d_u) - u) - J12 d_v - J13) / (J11 + alpha)   (avg: 4 neighbours)
-            inv = 1.0 / (torch.cat([j11, j22], 1) + alpha)
-            cst = (alpha * (_neigh(flow) - flow) - torch.cat([j13, j23], 1)) * inv
-            gain = alpha * inv
-            cross = torch.cat([j12, j12], 1) * inv
-            d = cst
-            for _ in range(ni - 1):
-                d = torch.addcmul(cst, gain, _neigh(d)).addcmul_(cross, d.flip(1), value=-1.0)
-            flow = flow + d
+            flow = upsample(flow, hk, wk)
+        for _ in range(per_level(warps, k)):
+            flow = step(p0[k], p1[k], flow, per_level(inner, k))
     for k in range(finest - 1, -1, -1):       # up to the frames' resolution
-        flow = _upsample(flow, *p0[k].shape[2:])
+        flow = upsample(flow, *sizes[k], out=out if k == 0 else None)
     return flow
 
 
