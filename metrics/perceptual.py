@@ -219,16 +219,19 @@ class LPIPS(nn.Module):
         ``normalised``: how both lists came from :meth:`features`; raw features go through the
         Triton head where :meth:`fused` (the same numbers up to the order of float32 sums), else
         are normalised here first."""
-        if not normalised:
-            fn = self._head_kernel()
-            if fn is not None:
-                with precise():
-                    return TRITON_LPIPS.run(
-                        lambda: fn(fa, fb, [lin.weight.reshape(-1) for lin in self.lins], _EPS),
-                        lambda: self._distance([_normalise(t) for t in fa], [_normalise(t) for t in fb]))
+        if normalised:
+            return self._distance(fa, fb)
+
+        def torch_path() -> torch.Tensor:
             with precise():
-                fa, fb = [_normalise(t) for t in fa], [_normalise(t) for t in fb]
-        return self._distance(fa, fb)
+                return self._distance([_normalise(t) for t in fa], [_normalise(t) for t in fb])
+
+        fn = self._head_kernel()
+        if fn is None:
+            return torch_path()
+        with precise():
+            return TRITON_LPIPS.run(
+                lambda: fn(fa, fb, [lin.weight.reshape(-1) for lin in self.lins], _EPS), torch_path)
 
     def _distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
         with precise():
