@@ -26,6 +26,23 @@ def cli(capsys):
     return run
 
 
+def run_interpreted(script: str, *, path=(), drop=(), **env) -> dict:
+    """``script`` in a fresh interpreter under Triton's interpreter (``TRITON_INTERPRET=1`` must
+    be set before triton is imported), from the repository with ``path`` after it on
+    ``PYTHONPATH``, ``env`` added and the variables in ``drop`` removed; its last line of
+    output as JSON (NaN parses as nan)."""
+    import json
+
+    full = dict(os.environ, TRITON_INTERPRET="1", **env,
+                PYTHONPATH=os.pathsep.join([str(ROOT), *map(str, path)]))
+    for name in drop:
+        full.pop(name, None)
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=full, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def run_evalkit(*args, **kw) -> subprocess.CompletedProcess:
     """Run the installed ``evalkit`` entry point as a real process."""
     return subprocess.run([sys.executable, "-m", "evalkit", *map(str, args)],

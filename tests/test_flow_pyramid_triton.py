@@ -4,15 +4,11 @@ it must be set before triton is imported) runs the kernels on CPU tensors, at sm
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -76,12 +72,7 @@ print(json.dumps(got))
 
 
 def test_pyramid_kernels_match_the_torch_path_under_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), EVALKIT_TRITON="1",
-               EVALKIT_TRITON_JACOBI="1")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_interpreted(SCRIPT, EVALKIT_TRITON="1", EVALKIT_TRITON_JACOBI="1")
     print(got)
     assert got["shapes"], got
     # values in [0, 1]: float32 rounding only (torch's CPU add and grid_sample round differently)

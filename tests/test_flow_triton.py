@@ -5,10 +5,6 @@ measured in ``benchmarks/bench_flow.py --part speed --fused``.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -16,7 +12,7 @@ import torch
 
 from metrics import torchflow
 
-from conftest import ROOT
+from conftest import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -59,12 +55,7 @@ print(json.dumps({
 
 
 def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), EVALKIT_TRITON="1",
-               EVALKIT_TRITON_JACOBI="1")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_interpreted(SCRIPT, EVALKIT_TRITON="1", EVALKIT_TRITON_JACOBI="1")
     assert got["finite"], got
     # the same flow up to float32 rounding (2 pairs of 48x64, warped outside the frame at the
     # borders; 1 pair of 33x47: odd sizes, pyramid levels of odd sizes, its 9 Jacobi
@@ -291,11 +282,7 @@ def test_row_kernels_give_the_same_bits_as_the_per_pixel_kernels(tmp_path):
     tiles (blur_x programs on the unclamped path and at the borders, blocks of rows across
     images, rows and lanes past the end)."""
     (tmp_path / "old_flow_kernels.py").write_text(OLD_KERNELS)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
-    run = subprocess.run([sys.executable, "-c", EXACT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_interpreted(EXACT, path=[tmp_path])
     assert got["interior"] >= 3, got
     assert len(got["got"]) == 8, got
     for tile, size, same in got["got"]:

@@ -8,10 +8,6 @@ pipeline: ``benchmarks/bench_pipeline.py --variants ours,ours:EVALKIT_TRITON_LPI
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 from types import SimpleNamespace
 
@@ -22,7 +18,7 @@ import torch
 from metrics import perceptual
 from metrics._common import TritonFallback, fast_paths
 
-from conftest import ROOT
+from conftest import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -104,13 +100,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    env.pop("EVALKIT_TRITON", None)
-    env.pop("EVALKIT_TRITON_LPIPS", None)
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_interpreted(SCRIPT, drop=("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"))
 
 
 # The same float32 operations per element, the channel and pixel sums in another order:

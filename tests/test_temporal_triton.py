@@ -7,10 +7,6 @@ subprocess: it must be set before triton is imported), at small sizes. Speed on 
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -20,7 +16,7 @@ import torch
 from metrics import temporal
 from metrics._common import TritonFallback, fast_paths
 
-from conftest import ROOT
+from conftest import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -126,11 +122,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])      # NaN parses as nan
+    return run_interpreted(SCRIPT)                 # NaN parses as nan
 
 
 def _close(got, want):
