@@ -42,28 +42,34 @@ _AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar("metrics_cudnn_
 
 
 @contextlib.contextmanager
-def precise(cudnn_benchmark: bool | None = None):
+def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = None):
     """float32 for real: TF32 off, deterministic cuDNN (restored on exit).
 
     ``cudnn_benchmark``: let cuDNN time its algorithms and keep the fastest (only deterministic
     ones are candidates, TF32 stays off). ``None`` (default) inherits the setting of an
     enclosing ``precise`` block, else off. An autotuned process may pick another deterministic
     algorithm than the next one, which moves results by float32 rounding (~1e-7) only.
+    ``benchmark_limit``: how many of cuDNN's candidate algorithms autotuning times
+    (``torch.backends.cudnn.benchmark_limit``; 0: all; None: leave it as it is).
     """
     bench = _AUTOTUNE.get() if cudnn_benchmark is None else bool(cudnn_benchmark)
     token = _AUTOTUNE.set(bench)
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.benchmark_limit)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = bench
+    if benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = int(benchmark_limit)
     try:
         with torch.inference_mode():
             yield
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = saved
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+         torch.backends.cudnn.benchmark_limit) = saved
         _AUTOTUNE.reset(token)
 
 

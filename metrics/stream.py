@@ -45,6 +45,27 @@ from .temporal import FLICKER_BLOCK, check_block, lowpass_luma, temporal_from_fl
 
 ALIGN_MODES = ("error", "shortest")
 
+#: cuDNN autotuning's candidates per convolution (``torch.backends.cudnn.benchmark_limit``;
+#: PyTorch's own default is 10). See :class:`PairEvaluator` (``cudnn_benchmark_limit``).
+CUDNN_BENCHMARK_LIMIT = 10
+
+
+def _cudnn_limit(value: int | None) -> int:
+    """``value``, else the environment's ``EVALKIT_CUDNN_LIMIT``, else the default."""
+    if value is None:
+        text = os.environ.get("EVALKIT_CUDNN_LIMIT", "").strip()
+        if not text:
+            return CUDNN_BENCHMARK_LIMIT
+        value = text
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit < 0:
+        raise MetricInputError(f"cudnn_benchmark_limit (or EVALKIT_CUDNN_LIMIT): expected a "
+                               f"non-negative integer (0: all), found {value!r}")
+    return limit
+
 
 def _u8(y: torch.Tensor) -> np.ndarray:
     """Rounded luma planes (N, 1, H, W) float -> (N, H, W) uint8 numpy (OpenCV flow input)."""
@@ -235,6 +256,9 @@ class PairEvaluator:
     cudnn_benchmark: let cuDNN autotune the LPIPS and SSIM convolutions (default: on for CUDA).
     Only deterministic algorithms are candidates and TF32 stays off; two processes may still
     pick different algorithms, which moves LPIPS by float32 rounding (~1e-7).
+    cudnn_benchmark_limit: how many candidate algorithms autotuning times per convolution
+    (``torch.backends.cudnn.benchmark_limit``, 0: all; default :data:`CUDNN_BENCHMARK_LIMIT`,
+    or the environment's ``EVALKIT_CUDNN_LIMIT``). Fewer shorten the warm-up.
 
     How a chunk flows (see :func:`stream_pair`, which keeps two chunks in flight): *prepare*
     copies the frames to the device once (uint8, pinned host memory, asynchronous), computes
@@ -251,7 +275,8 @@ class PairEvaluator:
                  ssim_data_range: float | None = None, psnr_data_range: float | None = None,
                  temporal: bool = True, flow: str = "dis", flow_preset: str = DEFAULT_PRESET,
                  flow_scale: float = 1.0, flicker_block: int = FLICKER_BLOCK,
-                 flow_workers: int | None = None, cudnn_benchmark: bool | None = None):
+                 flow_workers: int | None = None, cudnn_benchmark: bool | None = None,
+                 cudnn_benchmark_limit: int | None = None):
         if ssim_channel not in SSIM_CHANNELS:
             raise MetricInputError(f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, "
                                    f"found {ssim_channel!r}")
@@ -269,6 +294,7 @@ class PairEvaluator:
         self.flow = (flow, flow_preset, flow_scale)
         self.flicker_block = flicker_block
         self.cudnn_benchmark = (self.device.type == "cuda") if cudnn_benchmark is None else bool(cudnn_benchmark)
+        self.cudnn_benchmark_limit = _cudnn_limit(cudnn_benchmark_limit)
         if flow_workers is None:
             flow_workers = default_flow_workers(self.device)
         self.flow_workers = flow_workers if temporal and flow != "torch" else 0
@@ -444,7 +470,7 @@ class PairEvaluator:
         n, t0 = job.n, job.t0
         out: dict[str, torch.Tensor] = {}
         first: dict[str, int] = {}                    # frame number of each array's element 0
-        with precise(self.cudnn_benchmark):
+        with precise(self.cudnn_benchmark, self.cudnn_benchmark_limit):
             # LPIPS: one trunk pass per frame (A and B in one batch), reused by tLP. Where the
             # Triton head runs (picked at a clip's first chunk: the carried features match),
             # the features stay raw and each distance normalises them in its one pass.
@@ -513,7 +539,7 @@ class PairEvaluator:
             m = job.m
             if job.flow_dev is None:
                 fl = self._ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
-            with precise(self.cudnn_benchmark):
+            with precise(self.cudnn_benchmark, self.cudnn_benchmark_limit):
                 if job.flow_dev is None:
                     fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
                 else:

@@ -318,3 +318,59 @@ def test_plot_titles_show_what_the_font_can_draw(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fig.savefig(tmp_path / "t.png")
+
+
+class _Session:
+    def __init__(self, log):
+        self.log = log
+        log.append("session started")
+
+    def close(self):
+        self.log.append("session closed")
+
+
+def test_the_hash_checks_run_while_the_session_starts():
+    """compare starts its session (torch, the device, LPIPS) while the clips' hashes are
+    checked; an error of either comes out once both have ended, and a started session is
+    closed when the pairing fails."""
+    import threading
+
+    from evalkit.compare.pairing import _session_and_pairs
+    from evalkit.errors import UserError
+
+    log: list = []
+    hashing = threading.Event()
+
+    def pairing():
+        hashing.set()
+        return ["pair"], {}
+
+    def start():
+        assert hashing.wait(10), "the hash checks did not start before the session"
+        return _Session(log)
+
+    session, (pairs, problems) = _session_and_pairs(pairing, start)
+    assert pairs == ["pair"] and log == ["session started"]
+
+    log.clear()
+
+    def bad_pairing():
+        raise UserError("a.mkv: clip fails its hash")
+
+    with pytest.raises(UserError, match="fails its hash"):
+        _session_and_pairs(bad_pairing, lambda: _Session(log))
+    assert log == ["session started", "session closed"]
+
+    finished = threading.Event()
+
+    def slow_pairing():
+        finished.wait(0.2)
+        finished.set()
+        return [], {}
+
+    def no_device():
+        raise UserError("device: 'cuda' requested but no CUDA device is available here")
+
+    with pytest.raises(UserError, match="no CUDA device"):
+        _session_and_pairs(slow_pairing, no_device)
+    assert finished.is_set()            # the hashing thread ended before the error came out

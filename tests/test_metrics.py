@@ -534,3 +534,29 @@ def test_cli_metrics_on_clips_json_csv_and_errors(cli, tmp_path):
     code, out, err = cli("metrics", tmp_path / "full.png", small, "--device", "cpu")
     assert code == 2
     assert_one_line_error(err, str(small), "64x40", "64x48")
+
+
+def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
+    """``PairEvaluator(cudnn_benchmark_limit=)`` / ``EVALKIT_CUDNN_LIMIT``: the number of
+    candidates cuDNN's autotuning times, set only inside the metric's ``precise`` blocks."""
+    import torch
+
+    from metrics._common import precise
+    from metrics._errors import MetricInputError
+    from metrics.stream import CUDNN_BENCHMARK_LIMIT, PairEvaluator
+
+    before = torch.backends.cudnn.benchmark_limit
+    with precise(True, 3):
+        assert torch.backends.cudnn.benchmark_limit == 3
+        with precise():
+            assert torch.backends.cudnn.benchmark_limit == 3
+    assert torch.backends.cudnn.benchmark_limit == before
+    monkeypatch.delenv("EVALKIT_CUDNN_LIMIT", raising=False)
+    assert PairEvaluator(device="cpu", temporal=False).cudnn_benchmark_limit == CUDNN_BENCHMARK_LIMIT
+    assert PairEvaluator(device="cpu", temporal=False,
+                         cudnn_benchmark_limit=0).cudnn_benchmark_limit == 0
+    monkeypatch.setenv("EVALKIT_CUDNN_LIMIT", "2")
+    assert PairEvaluator(device="cpu", temporal=False).cudnn_benchmark_limit == 2
+    monkeypatch.setenv("EVALKIT_CUDNN_LIMIT", "few")
+    with pytest.raises(MetricInputError, match="EVALKIT_CUDNN_LIMIT.*found 'few'"):
+        PairEvaluator(device="cpu", temporal=False)

@@ -10,6 +10,7 @@ start decoding while the current job is measured (:class:`PairDecoder`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
@@ -313,6 +314,30 @@ def _fingerprint_diff(a: dict, b: dict) -> dict:
             if k not in skip and a.get(k) != b.get(k)}
 
 
+def _session_and_pairs(pairing, start_session):
+    """``(start_session(), pairing())``, the two at once: the clips' hash checks (files read and
+    hashed on threads, which hold the interpreter lock only between blocks) run while the
+    session starts (``import torch``, the device, the LPIPS weights: seconds). An error of
+    either is raised once both have ended; a session already started is then closed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="evalkit-pairing") as pool:
+        paired = pool.submit(pairing)
+        try:
+            session = start_session()
+        except BaseException:
+            paired.cancel()
+            with contextlib.suppress(BaseException):
+                paired.result()
+            raise
+        try:
+            pairs = paired.result()
+        except BaseException:
+            session.close()
+            raise
+    return session, pairs
+
+
 class LocalCompareSession:
     """Measures pairs in this process with one evaluator (the LPIPS model loaded once).
 
@@ -420,11 +445,11 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     cleanup_dir_leftovers(out)  # what a killed compare left next to the report (or the old one)
     check_report_folder(out)
 
-    pairs, problems = pair_jobs(a, b, same_seed=True)
-    if executor is None:
-        session = LocalCompareSession(device=device, metric_options=metric_options)
-    else:
-        session = executor.compare_session(device=device, metric_options=metric_options)
+    session, (pairs, problems) = _session_and_pairs(
+        lambda: pair_jobs(a, b, same_seed=True),
+        lambda: (LocalCompareSession(device=device, metric_options=metric_options)
+                 if executor is None else
+                 executor.compare_session(device=device, metric_options=metric_options)))
     try:
         unit = getattr(session, "progress_unit", "job")
 
