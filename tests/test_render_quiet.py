@@ -87,6 +87,29 @@ def test_batch_writes_the_run_folder_an_overlapping_render_writes(processes, tmp
     assert_same_run(a.path, b.path)
 
 
+def test_an_executor_that_renders_job_by_job_still_gets_every_job_written(tmp_path,
+                                                                          monkeypatch):
+    """An executor that calls ``render_job`` itself (as bench_diffusers' does), in batch mode:
+    each result is written when handed over (nothing held without windows), the same folder."""
+    from evalkit.render.backend import apply_backend
+    from evalkit.render.driver import LocalExecutor
+
+    class JobByJob(LocalExecutor):
+        def run(self, rend, task, sources, progress):
+            with apply_backend(task.spec) as runtime:
+                rend.load(runtime)
+                for job in task.jobs:
+                    assert sources.held == []
+                    yield self.render_job(rend, runtime, job, sources, task.seed_offset,
+                                          progress)
+
+    suite = two_clip_suite(tmp_path)
+    a = render(suite, tmp_path / "a", "overlap", monkeypatch)
+    b = render(suite, tmp_path / "b", "batch", monkeypatch, executor=JobByJob())
+    assert (b.done, b.failed) == (6, 0)
+    assert_same_run(a.path, b.path)
+
+
 class Events:
     """What ran, in order, from every thread: ``(kind, name, "start" | "end")``."""
 

@@ -137,6 +137,9 @@ class QuietSources:
         self._early: dict[str, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._sizes: dict[str, int] = {}
+        #: inside :meth:`run` (else the executor renders job by job on its own: each result
+        #: is written when handed over, one source kept, as a plain SourceCache would)
+        self._windows = False
 
     # -- as a SourceCache (the executor's and the driver's set-up) ------------------------------
     def prefetch(self, clip_id: str | None) -> None:
@@ -152,7 +155,10 @@ class QuietSources:
         if clip_id in self.failed:
             raise self.failed[clip_id]
         if clip_id not in self.frames:
-            self.frames[clip_id] = self._decode(clip_id, 0)
+            if not self._windows:
+                self.frames.clear()
+            early = self._early.pop(clip_id, None)
+            self.frames[clip_id] = early.result() if early else self._decode(clip_id, 0)
         return self.frames[clip_id]
 
     def close(self) -> None:
@@ -167,8 +173,11 @@ class QuietSources:
 
     # -- the driver's side -------------------------------------------------------------------
     def hold(self, item) -> None:
-        """Keep a rendered job (the driver's record of it) until the window's burst."""
+        """Keep a rendered job (the driver's record of it) until the window's burst (outside
+        :meth:`run`: written now)."""
         self.held.append(item)
+        if not self._windows:
+            self._burst(list(self.frames))
 
     def finish(self) -> None:
         """Write what is still held (the driver, after the last result)."""
@@ -178,7 +187,14 @@ class QuietSources:
     def run(self, jobs, render_one: Callable) -> Iterator:
         """Render ``jobs`` window by window with ``render_one(job) -> JobResult``, yielding each
         result; between windows, the burst; after the last one, its writes."""
-        jobs = list(jobs)
+        self._windows = True
+        try:
+            yield from self._run(list(jobs), render_one)
+        finally:
+            self._windows = False
+        self._burst([])
+
+    def _run(self, jobs: list, render_one: Callable) -> Iterator:
         w = self.windows
         i = 0
         while i < len(jobs):
@@ -204,7 +220,6 @@ class QuietSources:
                     after = self._clip_bytes(window[k + 1].clip) * w.ratio
                     if w.full(seconds, held_bytes, int(after)):
                         break
-        self._burst([])
 
     # -- inside --------------------------------------------------------------------------------
     def _decoders(self) -> ThreadPoolExecutor:
