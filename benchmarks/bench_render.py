@@ -109,6 +109,14 @@ def main() -> int:
                    help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
                         "repeat (default: unset, overlap)")
     a = p.parse_args()
+    if a.writes:
+        try:
+            import evalkit.render.quiet  # noqa: F401
+        except ImportError:
+            import evalkit
+
+            raise SystemExit(f"--writes: the evalkit imported ({evalkit.__file__}) has no "
+                             "EVALKIT_RENDER_WRITES; run with PYTHONPATH=<this checkout>")
 
     import torch
 
