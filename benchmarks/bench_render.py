@@ -10,6 +10,8 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --fake-gpu 0.08 --lossless utvideo   # no pipeline at all
     python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
                                                    # threads vs processes, side by side
+    python benchmarks/bench_render.py --backend cuda --writes overlap batch   # quiet phases
+    python benchmarks/bench_render.py --fake-gpu 0.15 --fake-python 0.02 --writes overlap batch
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -36,6 +38,13 @@ in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones 
 the workers to start; auto: unset, evalkit's own choice: threads, or, if
 ``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
 have started written on threads), and reports each; default: auto.
+
+``--writes overlap batch``: likewise with ``EVALKIT_RENDER_WRITES`` (``evalkit/render/quiet.py``;
+overlap: the next source decoded and the finished jobs written beside the pipeline calls;
+batch: quiet phases, the jobs in windows, the window's sources decoded before it and its
+results written in one burst after it, nothing beside the calls); default: unset (overlap).
+With both options, one harness run per pair of values. In batch mode "before the first call"
+includes decoding the first window's sources, "between calls" the bursts.
 """
 from __future__ import annotations
 
@@ -96,7 +105,18 @@ def main() -> int:
     p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
                    help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
                         "each repeat (auto: unset, evalkit's own choice; the default)")
+    p.add_argument("--writes", nargs="+", choices=("overlap", "batch"), default=None,
+                   help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
+                        "repeat (default: unset, overlap)")
     a = p.parse_args()
+    if a.writes:
+        try:
+            import evalkit.render.quiet  # noqa: F401
+        except ImportError:
+            import evalkit
+
+            raise SystemExit(f"--writes: the evalkit imported ({evalkit.__file__}) has no "
+                             "EVALKIT_RENDER_WRITES; run with PYTHONPATH=<this checkout>")
 
     import torch
 
@@ -189,18 +209,25 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    settings = [None if v == "auto" else v for v in a.writer_processes or ["auto"]]
+    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES) of each harness run, None: unset
+    settings = [(w, None if v == "auto" else v) for w in a.writes or [None]
+                for v in a.writer_processes or ["auto"]]
 
     def harness_with(value):
-        if value is None:
-            os.environ.pop("EVALKIT_WRITER_PROCESSES", None)
-        else:
-            os.environ["EVALKIT_WRITER_PROCESSES"] = value
+        for name, v in zip(("EVALKIT_RENDER_WRITES", "EVALKIT_WRITER_PROCESSES"), value):
+            if v is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = v
         return harness()
 
     def named(value) -> str:
-        return {None: "evalkit render (auto)", "0": "writers: threads (0)",
-                "1": "writers: processes (1)"}[value]
+        writes, procs = value
+        writers = {None: "evalkit render (auto)", "0": "writers: threads (0)",
+                   "1": "writers: processes (1)"}[procs]
+        if writes is None:
+            return writers
+        return f"writes {writes}" + (f", {writers}" if a.writer_processes else "")
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []

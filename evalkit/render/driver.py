@@ -42,6 +42,7 @@ from evalkit.render.clipwriter import ClipWriter
 from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
                                       use_processes)
 from evalkit.render.procwrite import forced as procs_forced
+from evalkit.render.quiet import QuietSources, writes_mode
 from evalkit.video import ClipReader
 
 
@@ -193,8 +194,14 @@ class LocalExecutor:
     @classmethod
     def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
                     work_dir: Path | None = None) -> Iterator[JobResult]:
-        """Render ``jobs`` one after the other, each next job's source decoded meanwhile."""
+        """Render ``jobs`` one after the other, each next job's source decoded meanwhile; or,
+        with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch``), in windows of jobs,
+        decoding and writing only between them."""
         jobs = list(jobs)
+        if isinstance(sources, QuietSources):
+            yield from sources.run(jobs, lambda job: cls.render_job(
+                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir))
+            return
         for i, job in enumerate(jobs):
             yield cls.render_job(renderer, runtime, job, sources, seed_offset, progress,
                                  work_dir=work_dir,
@@ -413,7 +420,10 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
-    sources = SourceCache(suite)
+    if isinstance(executor, LocalExecutor) and writes_mode() == "batch":
+        sources = QuietSources(suite)       # decoding and writing between windows of jobs
+    else:
+        sources = SourceCache(suite)
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         # every run folder's lock first: a render refused by one has written nothing anywhere
@@ -492,8 +502,12 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # the thread that feeds a device needs), the frames handed over in shared memory by the
     # encoder threads.
     # (a cluster executor's results come encoded: nothing to write here)
+    # EVALKIT_RENDER_WRITES=batch (quiet.py): the results are held and written in bursts
+    # between windows of jobs, each burst writing every held job at once
+    batch = isinstance(sources, QuietSources)
     in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
-    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
+    encoders = ThreadPoolExecutor(max_workers=burst_threads() if batch else encoder_threads(),
+                                  thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
     writer = ClipWriter(clip_parts(), WRITE_AHEAD)
@@ -501,19 +515,30 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
         # to start); else the jobs done before they have started are written on threads
-        procs = WriterPool(clip_parts(), wait=bool(procs_forced()))
-        procs.start(2 * WRITE_AHEAD)        # they boot while the first job renders
+        # (in a batch render they start in the first burst, nothing beside the calls)
+        procs = WriterPool(clip_parts(), wait=batch or bool(procs_forced()))
+        if not batch:
+            procs.start(2 * WRITE_AHEAD)    # they boot while the first job renders
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
-        for task, result in executor.run_all(rend, tasks, sources, bars):
-            st = state[id(task)]
-            while len(pending) >= WRITE_AHEAD:
+        if batch:
+            # held by the sources (quiet.py), written by each burst here
+            in_flight = max(1, burst_threads() // 2) if procs is not None else None
+            sources.flush = lambda held: _write_held(held, encoders, writer, procs, seed_offset,
+                                                     in_flight)
+            for task, result in executor.run_all(rend, tasks, sources, bars):
+                sources.hold((state[id(task)], result))
+            sources.finish()
+        else:
+            for task, result in executor.run_all(rend, tasks, sources, bars):
+                st = state[id(task)]
+                while len(pending) >= WRITE_AHEAD:
+                    pending.popleft().result()
+                files = _encode(encoders, st["run"], result, writer, procs)
+                pending.append(recorder.submit(_record, st, result, seed_offset, files))
+            while pending:
                 pending.popleft().result()
-            files = _encode(encoders, st["run"], result, writer, procs)
-            pending.append(recorder.submit(_record, st, result, seed_offset, files))
-        while pending:
-            pending.popleft().result()
     finally:
         for f in pending:
             f.cancel()
@@ -533,6 +558,14 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
 
 #: results rendered but not yet recorded, at most (each holds its frames until written)
 WRITE_AHEAD = 2
+
+
+def burst_threads() -> int:
+    """Encoder threads of a batch render's bursts (``EVALKIT_RENDER_WRITES=batch``): one per
+    usable core, at least two (a clip and a preview)."""
+    from evalkit.video import usable_cores
+
+    return max(2, usable_cores())
 
 
 def encoder_threads() -> int:
@@ -582,6 +615,21 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: Cl
     return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
                         run.lossless),
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
+
+
+def _write_held(held: list, pool: ThreadPoolExecutor, writer: ClipWriter,
+                procs: WriterPool | None, seed_offset: int, in_flight: int | None) -> None:
+    """A batch render's burst (:mod:`evalkit.render.quiet`): every held ``(state, result)``'s
+    clip and preview written at once, each job recorded in order as its files land.
+    ``in_flight``: jobs being written at once, at most (None: all; the writer processes take
+    two workers and the frames in shared memory per job)."""
+    queue, writing = collections.deque(held), collections.deque()
+    while queue or writing:
+        while queue and (in_flight is None or len(writing) < in_flight):
+            st, result = queue.popleft()
+            writing.append((st, result, _encode(pool, st["run"], result, writer, procs)))
+        st, result, files = writing.popleft()
+        _record(st, result, seed_offset, files)
 
 
 def _write_error(files: list[Future]) -> str | None:
