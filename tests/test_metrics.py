@@ -560,3 +560,48 @@ def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
     monkeypatch.setenv("EVALKIT_CUDNN_LIMIT", "few")
     with pytest.raises(MetricInputError, match="EVALKIT_CUDNN_LIMIT.*found 'few'"):
         PairEvaluator(device="cpu", temporal=False)
+
+
+def test_warm_up_loads_every_triton_kernel_module():
+    """The warm-up's loading thread imports Triton's kernel modules of the stream
+    (:data:`metrics.stream.KERNEL_MODULES`): every ``metrics/_triton_*.py`` is listed, and
+    loading them imports each (here with the CPU's Triton, as CI installs it)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import metrics
+    from metrics import stream
+
+    on_disk = {p.stem for p in Path(metrics.__file__).parent.glob("_triton_*.py")}
+    assert on_disk == set(stream.KERNEL_MODULES)
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    for name in stream.KERNEL_MODULES:
+        sys.modules.pop(f"metrics.{name}", None)
+    stream._load_kernel_modules()
+    assert all(f"metrics.{name}" in sys.modules for name in stream.KERNEL_MODULES)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="CUDA: the autotuned trunk in two passes against one pass")
+def test_autotuned_trunk_in_two_passes_matches_one_pass_on_cuda():
+    """On a GPU: with cuDNN autotuning (the trunk runs A and B in two passes after a warm-up)
+    the records agree with the untuned one-pass path up to float32 rounding."""
+    import numpy as np
+
+    from metrics.stream import PairEvaluator, stream_pair
+
+    r = np.random.default_rng(0)
+    fa = r.integers(0, 256, (20, 256, 320, 3), np.uint8)
+    fb = np.clip(fa.astype(int) + r.integers(-9, 10, fa.shape), 0, 255).astype(np.uint8)
+    out = {}
+    for tuned in (True, False):
+        ev = PairEvaluator(device="cuda", temporal=True, flow="torch", cudnn_benchmark=tuned)
+        ev.warm_up(256, 320, 8)
+        out[tuned] = list(stream_pair(iter([fa]), iter([fb]), evaluator=ev, chunk=8))
+        ev.close()
+    for a, b in zip(out[True], out[False]):
+        for k in ("lpips", "tlp"):
+            if a.get(k) is not None:
+                assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(b[k])), (k, a[k], b[k])
