@@ -305,13 +305,15 @@ def test_a_broken_source_ends_the_window_before_its_job_and_fails_as_without_win
 
 
 def test_the_switch(monkeypatch):
+    """Unset: ``overlap`` on the CPU, ``auto`` on a device; a value set wins either way."""
     monkeypatch.delenv("EVALKIT_RENDER_WRITES", raising=False)
-    assert writes_mode() == "overlap"
-    monkeypatch.setenv("EVALKIT_RENDER_WRITES", "batch")
-    assert writes_mode() == "batch"
+    assert writes_mode() == "overlap" and writes_mode(on_device=True) == "auto"
+    for mode in ("overlap", "batch", "auto"):
+        monkeypatch.setenv("EVALKIT_RENDER_WRITES", mode)
+        assert writes_mode() == mode == writes_mode(on_device=True)
     monkeypatch.setenv("EVALKIT_RENDER_WRITES", "later")
     with pytest.raises(UserError, match=r"^EVALKIT_RENDER_WRITES: expected one of overlap, "
-                                        r"batch, found 'later'$"):
+                                        r"batch, auto, found 'later'$"):
         writes_mode()
 
 
