@@ -226,9 +226,9 @@ class QuietSources:
     def settle(self) -> None:
         """Wait for the background burst, if any, to end (the driver, before its writers stop;
         its error, if any, was raised already or is dropped for the one being raised)."""
-        behind, self._behind = self._behind, None
-        if behind is not None:
-            wait([behind])
+        if self._behind is not None:
+            wait([self._behind])
+            self._behind = None
 
     # -- the executor's side -----------------------------------------------------------------
     def run(self, jobs, render_one: Callable) -> Iterator:
@@ -323,10 +323,15 @@ class QuietSources:
         return self._sizes[clip_id]
 
     def _wait_behind(self) -> None:
-        """Wait for the background burst, if any; raise its error."""
-        behind, self._behind = self._behind, None
-        if behind is not None:
-            behind.result()
+        """Wait for the background burst, if any; raise its error (kept for :meth:`settle` if
+        the wait is interrupted)."""
+        if self._behind is not None:
+            try:
+                self._behind.result()
+            except Exception:
+                self._behind = None
+                raise
+            self._behind = None
 
     def _write_behind(self) -> None:
         """Start writing the held results in the background, once the previous background burst
