@@ -17,17 +17,18 @@ than in a direct loop, and any CPU load beside its kernel-launching thread slowe
 - ``auto`` (the default for a render on a device): ``batch`` while the calls are short; as soon
   as their mean time reaches :data:`LONG_CALL_SECONDS` (GPU work that long hides the writers'
   CPU load, and a window of such jobs would make the device wait for each burst) the window
-  ends and the rest of the run goes as ``overlap`` does: each result written in the background
-  (one burst of the held results at a time, each waiting for the one before, so the recording
-  order stays job order) while the next job renders, whose next source is decoded meanwhile.
-  The first window cannot know the call time: it starts as a ``batch`` window and ends after
-  its first job if that one took that long.
+  ends and the jobs go as ``overlap`` does: the held results written in the background (one
+  burst at a time, each waiting for the one before, so the recording order stays job order)
+  while the next job renders, whose next source is decoded meanwhile. The first window is the
+  first job alone (only its source decoded before it, as ``overlap`` does): its time decides.
+  Should the mean fall below the limit again (a slow first call: warm-up, compilation),
+  windows come back.
 
 A window is bounded by the bytes it holds (its sources and results, :func:`held_budget`) and by
 the pipeline time it holds unwritten (:data:`BATCH_SECONDS`: a crash or Ctrl-C loses about that
 much rendering; the held jobs are simply not done, and a resumed render redoes them). The first
-window takes up to :data:`FIRST_WINDOW_JOBS` jobs, later ones ``BATCH_SECONDS`` over the mean
-call time so far (at least one job); a job whose own time exceeds that ends its window. A source
+window of each backend's run takes up to :data:`FIRST_WINDOW_JOBS` jobs (``auto``: one), later
+ones ``BATCH_SECONDS`` over the run's mean call time so far (at least one job); a job whose own time exceeds that ends its window. A source
 that fails to decode ends the window before the job that needs it; that job's ``get`` raises
 the error, as without windows.
 
@@ -86,7 +87,7 @@ class Windows:
     """How many of the next jobs a window takes (:meth:`size`) and when a window is full
     (:meth:`full`), and whether the calls are :attr:`long`; told each job's call time and bytes
     (:meth:`ran`). Pure bookkeeping: the tests give it sizes and times. ``long_seconds``: see
-    :attr:`long` (None: never long, ``batch``)."""
+    :attr:`long` (None: never long, ``batch``; else the first window is one job)."""
 
     def __init__(self, budget: int, seconds: float, first: int,
                  long_seconds: float | None = None):
@@ -102,7 +103,8 @@ class Windows:
 
     @property
     def long(self) -> bool:
-        """Whether the mean call time so far reaches ``long_seconds`` (``auto``'s switch)."""
+        """Whether the mean call time so far reaches ``long_seconds`` (``auto``: the next job
+        runs as ``overlap`` renders it, not in a window)."""
         return (self.long_seconds is not None and self.calls > 0
                 and self.call_seconds / self.calls >= self.long_seconds)
 
@@ -112,8 +114,8 @@ class Windows:
         return self._out / self._in if self._in else 1.0
 
     def jobs_limit(self) -> int:
-        if not self.calls:
-            return self.first
+        if not self.calls:              # auto: the first job alone, to learn its time
+            return self.first if self.long_seconds is None else 1
         return max(1, int(self.seconds / (self.call_seconds / self.calls)))
 
     def size(self, clips: list[str], clip_bytes: Callable[[str], int]) -> int:
@@ -233,8 +235,8 @@ class QuietSources:
     # -- the executor's side -----------------------------------------------------------------
     def run(self, jobs, render_one: Callable) -> Iterator:
         """Render ``jobs`` window by window with ``render_one(job) -> JobResult``, yielding each
-        result; between windows, the burst; after the last one, its writes. With long calls
-        (``auto``), the rest job by job, each result written in the background."""
+        result; between windows, the burst; after the last one, its writes. While the calls are
+        long (``auto``), job by job, the held results written in the background."""
         self._windows = True
         self.windows.new_run()
         try:
@@ -247,6 +249,10 @@ class QuietSources:
         w = self.windows
         i = 0
         while i < len(jobs):
+            if w.long:                  # a long job: as overlap
+                yield self._ran(self._run_long(jobs[i], jobs[i + 1:i + 2], render_one))
+                i += 1
+                continue
             n = w.size([j.clip for j in jobs[i:]], self._clip_bytes)
             window = jobs[i:i + n]
             self._burst([j.clip for j in window])
@@ -257,13 +263,10 @@ class QuietSources:
             held_bytes = sum(self._clip_bytes(c) for c in {j.clip for j in window})
             seconds = 0.0
             for k, job in enumerate(window):
-                result = render_one(job)
+                result = self._ran(render_one(job))
                 i += 1
-                out = result.frames.nbytes if result.frames is not None else 0
-                took = float(result.timing.get("seconds", 0.0))
-                w.ran(took, out, self._clip_bytes(job.clip))
-                held_bytes += out
-                seconds += took
+                held_bytes += result.frames.nbytes if result.frames is not None else 0
+                seconds += float(result.timing.get("seconds", 0.0))
                 yield result
                 if w.long:
                     break
@@ -271,25 +274,28 @@ class QuietSources:
                     after = self._clip_bytes(window[k + 1].clip) * w.ratio
                     if w.full(seconds, held_bytes, int(after)):
                         break
-            if w.long:
-                yield from self._run_long(jobs[i:], render_one)
-                return
 
-    def _run_long(self, jobs: list, render_one: Callable) -> Iterator:
-        """Long calls: as ``overlap``, each held result written in the background while the next
-        job renders, that job's next source decoded meanwhile (the sources of the job and the
-        next one kept, no others)."""
-        for k, job in enumerate(jobs):
-            self._write_behind()
-            after = jobs[k + 1].clip if k + 1 < len(jobs) else None
-            keep = {job.clip, after}
-            for c in [c for c in self.frames if c not in keep]:
-                del self.frames[c]
-            for c in [c for c in self._early if c not in keep]:
-                self._early.pop(c).cancel()
-            self.failed = {c: e for c, e in self.failed.items() if c in keep}
-            self.prefetch(after)
-            yield render_one(job)
+    def _ran(self, result):
+        """Tell the windows a result's call time and bytes; return it."""
+        out = result.frames.nbytes if result.frames is not None else 0
+        self.windows.ran(float(result.timing.get("seconds", 0.0)), out,
+                         self._clip_bytes(result.job.clip))
+        return result
+
+    def _run_long(self, job, after: list, render_one: Callable):
+        """A long job, as ``overlap`` renders it: the held results written in the background
+        meanwhile, the next job's source (``after``: that job, or none) decoded; only these two
+        sources kept."""
+        self._write_behind()
+        nxt = after[0].clip if after else None
+        keep = {job.clip, nxt}
+        for c in [c for c in self.frames if c not in keep]:
+            del self.frames[c]
+        for c in [c for c in self._early if c not in keep]:
+            self._early.pop(c).cancel()
+        self.failed = {c: e for c, e in self.failed.items() if c in keep}
+        self.prefetch(nxt)
+        return render_one(job)
 
     # -- inside --------------------------------------------------------------------------------
     def _decoders(self) -> ThreadPoolExecutor:
