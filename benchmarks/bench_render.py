@@ -10,8 +10,8 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --fake-gpu 0.08 --lossless utvideo   # no pipeline at all
     python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
                                                    # threads vs processes, side by side
-    python benchmarks/bench_render.py --backend cuda --writes overlap batch   # quiet phases
-    python benchmarks/bench_render.py --fake-gpu 0.15 --fake-python 0.02 --writes overlap batch
+    python benchmarks/bench_render.py --backend cuda --writes overlap batch auto   # quiet phases
+    python benchmarks/bench_render.py --fake-gpu 0.15 --fake-python 0.02 --writes overlap batch auto
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -30,7 +30,8 @@ upside down, so the harness's own cost around a GIL-free pipeline shows on a CPU
 the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer threads that want
 it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
 run where evalkit tells them apart (``driver.use_processes``: its writers where a GPU render's
-would be, threads unless ``procwrite.DEVICE_DEFAULT`` or ``--writer-processes 1``).
+would be, threads unless ``procwrite.DEVICE_DEFAULT`` or ``--writer-processes 1``; its
+``EVALKIT_RENDER_WRITES`` default, ``auto``, as a GPU render's: ``driver.on_device``).
 
 ``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
 ``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
@@ -39,12 +40,15 @@ the workers to start; auto: unset, evalkit's own choice: threads, or, if
 ``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
 have started written on threads), and reports each; default: auto.
 
-``--writes overlap batch``: likewise with ``EVALKIT_RENDER_WRITES`` (``evalkit/render/quiet.py``;
-overlap: the next source decoded and the finished jobs written beside the pipeline calls;
-batch: quiet phases, the jobs in windows, the window's sources decoded before it and its
-results written in one burst after it, nothing beside the calls); default: unset (overlap).
-With both options, one harness run per pair of values. In batch mode "before the first call"
-includes decoding the first window's sources, "between calls" the bursts.
+``--writes overlap batch auto``: likewise with ``EVALKIT_RENDER_WRITES``
+(``evalkit/render/quiet.py``; overlap: the next source decoded and the finished jobs written
+beside the pipeline calls; batch: quiet phases, the jobs in windows, the window's sources
+decoded before it and its results written in one burst after it, nothing beside the calls;
+auto: batch while the calls are short, overlap once their mean reaches
+``quiet.LONG_CALL_SECONDS``); default: unset (evalkit's own choice: auto on a device, the fake
+GPU included, overlap on the CPU). With both options, one harness run per pair of values. In
+batch mode "before the first call" includes decoding the first window's sources, "between
+calls" the bursts.
 """
 from __future__ import annotations
 
@@ -105,18 +109,23 @@ def main() -> int:
     p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
                    help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
                         "each repeat (auto: unset, evalkit's own choice; the default)")
-    p.add_argument("--writes", nargs="+", choices=("overlap", "batch"), default=None,
+    p.add_argument("--writes", nargs="+", choices=("overlap", "batch", "auto"), default=None,
                    help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
-                        "repeat (default: unset, overlap)")
+                        "repeat (default: unset, evalkit's own choice)")
     a = p.parse_args()
     if a.writes:
-        try:
-            import evalkit.render.quiet  # noqa: F401
-        except ImportError:
-            import evalkit
+        import evalkit
 
-            raise SystemExit(f"--writes: the evalkit imported ({evalkit.__file__}) has no "
-                             "EVALKIT_RENDER_WRITES; run with PYTHONPATH=<this checkout>")
+        try:
+            from evalkit.render.quiet import MODES
+        except ImportError:
+            MODES = ()
+        missing = [w for w in a.writes if w not in MODES]
+        if missing:
+            print(f"--writes: the evalkit imported ({evalkit.__file__}) has no "
+                  f"EVALKIT_RENDER_WRITES={missing[0]}; run with PYTHONPATH=<this checkout>",
+                  file=sys.stderr)
+            return 2
 
     import torch
 
@@ -148,6 +157,8 @@ def main() -> int:
                 return procwrite.DEVICE_DEFAULT and os.name == "posix"
 
             driver.use_processes = as_on_a_gpu
+        if hasattr(driver, "on_device"):           # EVALKIT_RENDER_WRITES: a GPU render's default
+            driver.on_device = lambda runs: True
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)

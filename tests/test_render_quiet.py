@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -111,15 +112,28 @@ def test_an_executor_that_renders_job_by_job_still_gets_every_job_written(tmp_pa
 
 
 class Events:
-    """What ran, in order, from every thread: ``(kind, name, "start" | "end")``."""
+    """What ran, in order, from every thread: ``(kind, name, "start" | "end")``. A gate holds
+    the end of what it matches until the log shows something else (a handshake that proves two
+    things overlapped; a gate that waits in vain, 5 s, is listed in ``timeouts``)."""
 
     def __init__(self):
         self.log: list[tuple[str, str, str]] = []
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        #: (kind, does the name match, is the log ready): the end of a match waits for ready
+        self.gates: list[tuple[str, Callable, Callable]] = []
+        self.timeouts: list[tuple[str, str]] = []
 
     def add(self, kind, name, when):
-        with self._lock:
+        with self._cond:
             self.log.append((kind, name, when))
+            self._cond.notify_all()
+
+    def gate(self, kind, name):
+        for k, match, ready in self.gates:
+            if k == kind and match(name):
+                with self._cond:
+                    if not self._cond.wait_for(lambda: ready(self.log), timeout=5):
+                        self.timeouts.append((kind, name))
 
     def wrap(self, kind, fn, name_of):
         def wrapped(*args, **kw):
@@ -127,6 +141,7 @@ class Events:
             try:
                 return fn(*args, **kw)
             finally:
+                self.gate(kind, name_of(*args, **kw))
                 self.add(kind, name_of(*args, **kw), "end")
         return wrapped
 
@@ -161,6 +176,7 @@ def events(monkeypatch):
             try:
                 return super().render(request)
             finally:
+                ev.gate("call", request.job.prompt)
                 ev.add("call", request.job.prompt, "end")
 
     ev.renderer = Logged
@@ -305,26 +321,246 @@ def test_a_broken_source_ends_the_window_before_its_job_and_fails_as_without_win
 
 
 def test_the_switch(monkeypatch):
+    """Unset: ``overlap`` on the CPU, ``auto`` on a device; a value set wins either way."""
     monkeypatch.delenv("EVALKIT_RENDER_WRITES", raising=False)
-    assert writes_mode() == "overlap"
-    monkeypatch.setenv("EVALKIT_RENDER_WRITES", "batch")
-    assert writes_mode() == "batch"
+    assert writes_mode() == "overlap" and writes_mode(on_device=True) == "auto"
+    for mode in ("overlap", "batch", "auto"):
+        monkeypatch.setenv("EVALKIT_RENDER_WRITES", mode)
+        assert writes_mode() == mode == writes_mode(on_device=True)
     monkeypatch.setenv("EVALKIT_RENDER_WRITES", "later")
     with pytest.raises(UserError, match=r"^EVALKIT_RENDER_WRITES: expected one of overlap, "
-                                        r"batch, found 'later'$"):
+                                        r"batch, auto, found 'later'$"):
         writes_mode()
 
 
-def test_bench_render_compares_overlap_and_batch_on_a_fake_gpu(tmp_path):
+def test_bench_render_compares_overlap_batch_and_auto_on_a_fake_gpu(tmp_path):
     """The benchmark's smoke run on the CPU: one harness run per --writes value a repeat."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), GRADIO_ANALYTICS_ENABLED="False")
     env.pop("EVALKIT_RENDER_WRITES", None)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_render.py"),
                         "--suite", str(DATASETS / "smoke" / "suite.yaml"), "--fake-gpu", "0.02",
                         "--fake-python", "0.002", "--repeats", "1", "--no-progress",
-                        "--writes", "overlap", "batch", "--writer-processes", "0"],
+                        "--writes", "overlap", "batch", "auto", "--writer-processes", "0"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
-    for name in ("writes overlap, writers: threads (0)", "writes batch, writers: threads (0)"):
+    for mode in ("overlap", "batch", "auto"):
+        name = f"writes {mode}, writers: threads (0)"
         assert f"{name}: median" in r.stdout and f"  {name}: " in r.stderr
-    assert r.stdout.count("harness overhead:") == 2
+    assert r.stdout.count("harness overhead:") == 3
+
+
+# -- auto: batch while the calls are short, overlap once they are long ---------------------------
+SHORT, LONG = 0.01, 5.0         # injected call times (seconds), against LONG_CALL_SECONDS = 2
+
+
+def call_times(monkeypatch, seconds: Callable[[str], float]) -> None:
+    """Each job's call time as the windows see it: ``seconds(prompt)`` (its timing only; the
+    calls themselves take what they take)."""
+    from evalkit.render.driver import LocalExecutor
+
+    real = LocalExecutor.render_job
+
+    def render_job(*args, **kw):
+        result = real(*args, **kw)
+        result.timing["seconds"] = seconds(result.job.prompt)
+        return result
+
+    monkeypatch.setattr(LocalExecutor, "render_job", staticmethod(render_job))
+
+
+def of(prompt: str) -> Callable[[str], bool]:
+    """Matches a call's name (the prompt) or a write's (the job id holds the prompt)."""
+    return lambda name: name == prompt or f"-{prompt}-" in name
+
+
+def ended(kind: str, prompt: str, count: int = 1) -> Callable[[list], bool]:
+    return lambda log: sum(1 for k, n, w in log
+                           if k == kind and w == "end" and of(prompt)(n)) >= count
+
+
+def started(kind: str, prompt: str) -> Callable[[list], bool]:
+    return lambda log: any(k == kind and w == "start" and of(prompt)(n) for k, n, w in log)
+
+
+def overlapped(ev: Events, written: str, call: str) -> None:
+    """Gates: the writes of job ``written`` end only once the call of ``call`` has started, and
+    that call ends only once both have ended (so they ran at the same time, or time out)."""
+    ev.gates.append(("write", of(written), started("call", call)))
+    ev.gates.append(("call", of(call), ended("write", written, 2)))
+
+
+def quiet_between(log, first: str, last: str) -> None:
+    """Nothing but calls from the start of ``first``'s call to the end of ``last``'s."""
+    span = log[log.index(("call", first, "start")):log.index(("call", last, "end")) + 1]
+    assert {k for k, n, w in span} == {"call"}, span
+
+
+@pytest.mark.parametrize("calls", ["short", "long", "switch", "warm-up"])
+def test_auto_writes_the_run_folder_an_overlapping_render_writes(calls, tmp_path, monkeypatch):
+    """Short calls (windows of two jobs by bytes), long ones, short then long, a slow first
+    call then short ones: a failed job among them; the same records, clips, previews and files
+    as ``overlap``."""
+    suite = two_clip_suite(tmp_path, prompts=["a", "b", "bad", "c", "d", "e"])
+    monkeypatch.setattr(quiet, "held_budget", lambda: int(4.5 * CLIP_BYTES))
+    times = {"short": lambda p: SHORT, "long": lambda p: LONG,
+             "switch": lambda p: SHORT if p in ("a", "b") else LONG,
+             "warm-up": lambda p: 4.0 if p == "a" else SHORT}[calls]
+    call_times(monkeypatch, times)
+    a = render(suite, tmp_path / "a", "overlap", monkeypatch, Invert(bad="raise"))
+    b = render(suite, tmp_path / "b", "auto", monkeypatch, Invert(bad="raise"))
+    assert (a.done, a.failed) == (b.done, b.failed) == (5, 1)
+    assert a.failures == b.failures
+    assert_same_run(a.path, b.path)
+
+
+def test_auto_with_short_calls_runs_as_batch(tmp_path, monkeypatch, events):
+    """Short calls: the first job alone (its time decides), then the windows of ``batch`` (two
+    jobs by bytes), nothing decoded or written during a call."""
+    suite = two_clip_suite(tmp_path)
+    monkeypatch.setattr(quiet, "held_budget", lambda: int(4.5 * CLIP_BYTES))
+    call_times(monkeypatch, lambda p: SHORT)
+    s = render(suite, tmp_path / "o", "auto", monkeypatch, events.renderer())
+    assert (s.done, s.failed) == (6, 0)
+    jobs = [f"p{i}" for i in range(6)]
+    assert events.windows() == [jobs[0:1], jobs[1:3], jobs[3:5], jobs[5:6]]
+    check_quiet(events, jobs)
+
+
+def test_auto_with_long_calls_writes_each_job_while_the_next_renders(tmp_path, monkeypatch,
+                                                                     events):
+    """Long calls: the first job alone, quiet, only its source decoded before it; from then on
+    the writes of job k run during the call of job k + 1 (a handshake: neither ends before the
+    other has started), one job's writes at a time, the last job's after its call; the next
+    job's source decoded during the call before it (another handshake), each once; every job
+    done, each file written once."""
+    suite = two_clip_suite(tmp_path)
+    call_times(monkeypatch, lambda p: LONG)
+    for k in range(5):
+        overlapped(events, f"p{k}", f"p{k + 1}")
+    # pan (p0, p1), hub (p2): hub decoded during p1; then each next source is at hand
+    events.gates.append(("decode", lambda n: n == "hub", started("call", "p1")))
+    events.gates.append(("call", of("p1"), ended("decode", "hub")))
+    s = render(suite, tmp_path / "o", "auto", monkeypatch, events.renderer())
+    assert events.timeouts == []
+    assert (s.done, s.failed) == (6, 0)
+    log = events.log
+    first = log.index(("call", "p0", "start"))
+    assert [n for k, n, w in log[:first] if k == "decode"] == ["pan", "pan"]   # start, end
+    quiet_between(log, "p0", "p0")
+    assert [n for k, n, w in log if k == "decode" and w == "start"] == ["pan", "hub"]
+    for k in range(1, 6):     # job k-1's writes start after call k-1, job k-2's before call k
+        start = log.index(("call", f"p{k}", "start"))
+        assert started("write", f"p{k - 2}")(log[:start]) if k > 1 else True
+        assert not started("write", f"p{k - 1}")(log[:log.index(("call", f"p{k - 1}", "end"))])
+        assert not started("write", f"p{k}")(log[:log.index(("call", f"p{k}", "end"))])
+    tail = log[log.index(("call", "p5", "end")):]
+    assert ended("write", "p5", 2)(tail) and not started("write", "p4")(tail)
+    writes = [n for k, n, w in log if k == "write" and w == "start"]
+    assert len(writes) == len(set(writes)) == 12
+    assert [j["status"] for j in read_manifest(s.path)["jobs"]] == ["done"] * 6
+
+
+def test_a_switch_from_short_to_long_calls_mid_window_loses_nothing(tmp_path, monkeypatch,
+                                                                    events):
+    """Two short jobs (p0 alone, then a window planned for the other five, no limit on its
+    time), then long ones: the window ends once the mean reaches LONG_CALL_SECONDS (after p3:
+    2.5 s), its three jobs written in the background during p4, p4's during p5; the same
+    folder as ``overlap``."""
+    suite = two_clip_suite(tmp_path)
+    monkeypatch.setattr(quiet, "BATCH_SECONDS", 1e9)
+    call_times(monkeypatch, lambda p: SHORT if p in ("p0", "p1") else LONG)
+    for k in (1, 2, 3):
+        overlapped(events, f"p{k}", "p4")
+    overlapped(events, "p4", "p5")
+    s = render(suite, tmp_path / "o", "auto", monkeypatch, events.renderer())
+    assert events.timeouts == []
+    assert (s.done, s.failed) == (6, 0)
+    log = events.log
+    quiet_between(log, "p0", "p0")
+    quiet_between(log, "p1", "p3")
+    burst = log[log.index(("call", "p0", "end")):log.index(("call", "p1", "start"))]
+    assert ended("write", "p0", 2)(burst)
+    assert {n for k, n, w in burst if k == "decode"} == {"hub"}
+    writes = [n for k, n, w in log if k == "write" and w == "start"]
+    assert len(writes) == len(set(writes)) == 12
+    whole = render(suite, tmp_path / "w", "overlap", monkeypatch)
+    assert_same_run(s.path, whole.path)
+
+
+def test_after_a_slow_first_call_the_windows_come_back(tmp_path, monkeypatch, events):
+    """A first call of 4 s (a warm-up), then short ones: p1 and p2 run as overlap (the mean
+    still at 2 s or more before each), then the mean is 1.34 s: the rest is one quiet window;
+    nothing lost."""
+    suite = two_clip_suite(tmp_path)
+    call_times(monkeypatch, lambda p: 4.0 if p == "p0" else SHORT)
+    overlapped(events, "p1", "p2")
+    s = render(suite, tmp_path / "o", "auto", monkeypatch, events.renderer())
+    assert events.timeouts == []
+    assert (s.done, s.failed) == (6, 0)
+    log = events.log
+    quiet_between(log, "p3", "p5")
+    burst = log[log.index(("call", "p2", "end")):log.index(("call", "p3", "start"))]
+    assert ended("write", "p2", 2)(burst)       # the window's burst writes what was held
+    writes = [n for k, n, w in log if k == "write" and w == "start"]
+    assert len(writes) == len(set(writes)) == 12
+    whole = render(suite, tmp_path / "w", "overlap", monkeypatch)
+    assert_same_run(s.path, whole.path)
+
+
+def test_ctrl_c_with_long_calls_keeps_the_recorded_jobs_and_a_resume_completes(tmp_path,
+                                                                              monkeypatch):
+    """Long calls, Ctrl-C in p3's call: p0-p2 are done (p2's background writes finish first),
+    the rest pending, no file of theirs, no temporary file; a resumed render completes,
+    identical to an uninterrupted one."""
+    suite = two_clip_suite(tmp_path)
+    call_times(monkeypatch, lambda p: LONG)
+    with pytest.raises(KeyboardInterrupt):
+        render(suite, tmp_path / "o", "auto", monkeypatch, Interrupt(at="p3"))
+    run = tmp_path / "o" / "cpu"
+    jobs = read_manifest(run)["jobs"]
+    done = [j["id"] for j in jobs if j["status"] == "done"]
+    assert done == [j["id"] for j in jobs[:3]]
+    assert all(j["status"] == "pending" for j in jobs[3:])
+    assert sorted(p.name for p in (run / "clips").iterdir()) == sorted(f"{i}.mkv" for i in done)
+    assert sorted(p.name for p in (run / "preview").iterdir()) == sorted(f"{i}.mp4" for i in done)
+    assert not list(run.rglob(".tmp-*"))
+    again = render(suite, tmp_path / "o", "auto", monkeypatch, Interrupt(at="none"))
+    assert (again.done, again.skipped, again.failed) == (3, 3, 0)
+    whole = render(suite, tmp_path / "w", "overlap", monkeypatch, Interrupt(at="none"))
+    assert_same_run(run, whole.path)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_unset_a_device_render_runs_auto_a_cpu_render_overlap(device, tmp_path, monkeypatch):
+    """``$EVALKIT_RENDER_WRITES`` unset: a render on a device (here pretended, as bench_render's
+    fake GPU does) gets quiet sources in ``auto`` mode, a CPU render the overlapping sources."""
+    from evalkit.render import driver
+
+    made = []
+
+    class Spy(quiet.QuietSources):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self.windows.long_seconds)
+
+    monkeypatch.setattr(driver, "QuietSources", Spy)
+    if device:
+        monkeypatch.setattr(driver, "on_device", lambda runs: True)
+    monkeypatch.delenv("EVALKIT_RENDER_WRITES", raising=False)
+    [s] = render_suite(two_clip_suite(tmp_path), ["cpu"], tmp_path / "o", renderer=Invert(),
+                       progress=False)
+    assert (s.done, s.failed) == (6, 0)
+    assert made == ([quiet.LONG_CALL_SECONDS] if device else [])
+
+
+def test_on_device():
+    from evalkit.render.backend import parse_spec
+    from evalkit.render.driver import BackendTask
+    from evalkit.render.procwrite import on_device
+
+    def task(spec, apply=True):
+        return BackendTask(parse_spec(spec), [], apply=apply)
+
+    assert not on_device([task("cpu"), task("cpu,dtype=bf16")])
+    assert on_device([task("cpu"), task("cuda:1,dtype=bf16")])
+    assert not on_device([task("cuda", apply=False)])       # adopted: recorded, not applied

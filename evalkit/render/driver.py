@@ -40,7 +40,7 @@ from evalkit.lossless import LOSSLESS_FORMATS
 from evalkit.procdecode import NoRoom
 from evalkit.render.clipwriter import ClipWriter
 from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
-                                      use_processes)
+                                      on_device, use_processes)
 from evalkit.render.procwrite import forced as procs_forced
 from evalkit.render.quiet import QuietSources, writes_mode
 from evalkit.video import ClipReader
@@ -195,8 +195,8 @@ class LocalExecutor:
     def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
                     work_dir: Path | None = None) -> Iterator[JobResult]:
         """Render ``jobs`` one after the other, each next job's source decoded meanwhile; or,
-        with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch``), in windows of jobs,
-        decoding and writing only between them."""
+        with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch`` or ``auto``), in windows of
+        jobs, decoding and writing only between them (``auto``: while the calls are short)."""
         jobs = list(jobs)
         if isinstance(sources, QuietSources):
             yield from sources.run(jobs, lambda job: cls.render_job(
@@ -420,10 +420,11 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
-    if isinstance(executor, LocalExecutor) and writes_mode() == "batch":
-        sources = QuietSources(suite)       # decoding and writing between windows of jobs
-    else:
+    mode = writes_mode(on_device(idents)) if isinstance(executor, LocalExecutor) else "overlap"
+    if mode == "overlap":
         sources = SourceCache(suite)
+    else:                                   # decoding and writing between windows of jobs
+        sources = QuietSources(suite, mode=mode)
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         # every run folder's lock first: a render refused by one has written nothing anywhere
@@ -502,8 +503,9 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # the thread that feeds a device needs), the frames handed over in shared memory by the
     # encoder threads.
     # (a cluster executor's results come encoded: nothing to write here)
-    # EVALKIT_RENDER_WRITES=batch (quiet.py): the results are held and written in bursts
-    # between windows of jobs, each burst writing every held job at once
+    # EVALKIT_RENDER_WRITES=batch or auto (quiet.py): the results are held and written in bursts
+    # between windows of jobs, each burst writing every held job at once (auto, once the calls
+    # are long: each job's burst in the background while the next one renders)
     batch = isinstance(sources, QuietSources)
     in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
     encoders = ThreadPoolExecutor(max_workers=burst_threads() if batch else encoder_threads(),
@@ -540,6 +542,8 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             while pending:
                 pending.popleft().result()
     finally:
+        if batch:
+            sources.settle()            # a background burst ends before its writers stop
         for f in pending:
             f.cancel()
         recorder.shutdown(wait=True)
@@ -561,8 +565,8 @@ WRITE_AHEAD = 2
 
 
 def burst_threads() -> int:
-    """Encoder threads of a batch render's bursts (``EVALKIT_RENDER_WRITES=batch``): one per
-    usable core, at least two (a clip and a preview)."""
+    """Encoder threads of a batch render's bursts (``EVALKIT_RENDER_WRITES=batch`` or
+    ``auto``): one per usable core, at least two (a clip and a preview)."""
     from evalkit.video import usable_cores
 
     return max(2, usable_cores())

@@ -71,8 +71,15 @@ def use_processes(tasks) -> bool:
     value = forced()
     if value is not None:
         return value
-    on_device = any(t.apply and t.spec.device.split(":")[0] != "cpu" for t in tasks if t.jobs)
-    return DEVICE_DEFAULT and os.name == "posix" and on_device
+    return DEVICE_DEFAULT and os.name == "posix" and on_device([t for t in tasks if t.jobs])
+
+
+def on_device(runs) -> bool:
+    """Whether one of ``runs`` (anything with ``spec`` and ``apply``: a
+    :class:`evalkit.render.driver.BackendTask`, a :class:`evalkit.render.adopt.RunIdentity`)
+    renders on a device other than the CPU (its spec applied)."""
+    return any(r.apply and r.spec is not None and r.spec.device.split(":")[0] != "cpu"
+               for r in runs)
 
 
 def forced() -> bool | None:
