@@ -321,8 +321,11 @@ def test_a_broken_source_ends_the_window_before_its_job_and_fails_as_without_win
 
 
 def test_the_switch(monkeypatch):
-    """Unset: ``overlap`` on the CPU, ``auto`` on a device; a value set wins either way."""
+    """Unset: ``overlap`` on the CPU, :data:`quiet.DEVICE_DEFAULT` (``overlap``) on a device;
+    a value set wins either way."""
     monkeypatch.delenv("EVALKIT_RENDER_WRITES", raising=False)
+    assert writes_mode() == "overlap" == writes_mode(on_device=True) == quiet.DEVICE_DEFAULT
+    monkeypatch.setattr(quiet, "DEVICE_DEFAULT", "auto")
     assert writes_mode() == "overlap" and writes_mode(on_device=True) == "auto"
     for mode in ("overlap", "batch", "auto"):
         monkeypatch.setenv("EVALKIT_RENDER_WRITES", mode)
@@ -531,10 +534,13 @@ def test_ctrl_c_with_long_calls_keeps_the_recorded_jobs_and_a_resume_completes(t
 
 
 @pytest.mark.parametrize("device", [False, True])
-def test_unset_a_device_render_runs_auto_a_cpu_render_overlap(device, tmp_path, monkeypatch):
+def test_unset_a_device_render_runs_the_device_default(device, tmp_path, monkeypatch):
     """``$EVALKIT_RENDER_WRITES`` unset: a render on a device (here pretended, as bench_render's
-    fake GPU does) gets quiet sources in ``auto`` mode, a CPU render the overlapping sources."""
+    fake GPU does) gets the device default, here set to ``auto`` (quiet sources), a CPU render
+    the overlapping sources."""
     from evalkit.render import driver
+
+    monkeypatch.setattr(quiet, "DEVICE_DEFAULT", "auto")
 
     made = []
 

@@ -60,11 +60,20 @@ FIRST_WINDOW_JOBS = 16
 MAX_HELD_BYTES = 2 * 2**30
 
 
+#: the mode of a render on a device when ``$EVALKIT_RENDER_WRITES`` is unset. ``overlap``: on
+#: the H200 the canary's calls ran at the direct loop's speed in ``batch``/``auto`` windows
+#: (1.15-1.47 s against 1.71-1.77 s beside the writers), but the bursts (8 sources decoded,
+#: 16 files written on threads: 0.5 s) took most of that back: ``auto`` 1.80 and 2.03 s against
+#: ``overlap``'s 1.91 and 1.92 s in two runs, ``batch`` 1.70-1.98 s against 1.83-1.92 s
+#: (benchmarks/README.md, "Render overhead"). No gain shown, so nothing is held by default.
+DEVICE_DEFAULT = "overlap"
+
+
 def writes_mode(on_device: bool = False) -> str:
-    """``$EVALKIT_RENDER_WRITES``: ``overlap``, ``batch`` or ``auto``; when unset, ``auto`` for a
-    render on a device (``on_device``), else ``overlap``; anything else is a one-line user
-    error."""
-    value = os.environ.get(_ENV, "").strip() or ("auto" if on_device else "overlap")
+    """``$EVALKIT_RENDER_WRITES``: ``overlap``, ``batch`` or ``auto``; when unset,
+    :data:`DEVICE_DEFAULT` for a render on a device (``on_device``), else ``overlap``;
+    anything else is a one-line user error."""
+    value = os.environ.get(_ENV, "").strip() or (DEVICE_DEFAULT if on_device else "overlap")
     if value not in MODES:
         raise UserError(f"{_ENV}: expected one of {', '.join(MODES)}, found {value!r}")
     return value
