@@ -289,18 +289,7 @@ def test_ctrl_c_mid_window_keeps_the_recorded_jobs_and_a_resume_completes(tmp_pa
     monkeypatch.setattr(quiet, "held_budget", lambda: int(4.5 * CLIP_BYTES))
     with pytest.raises(KeyboardInterrupt):
         render(suite, tmp_path / "o", "batch", monkeypatch, Interrupt(at="p3"))
-    run = tmp_path / "o" / "cpu"
-    jobs = read_manifest(run)["jobs"]
-    done = [j["id"] for j in jobs if j["status"] == "done"]
-    assert done == [j["id"] for j in jobs[:2]]
-    assert all(j["status"] == "pending" for j in jobs[2:])
-    assert sorted(p.name for p in (run / "clips").iterdir()) == sorted(f"{i}.mkv" for i in done)
-    assert sorted(p.name for p in (run / "preview").iterdir()) == sorted(f"{i}.mp4" for i in done)
-    assert not list(run.rglob(".tmp-*"))
-    again = render(suite, tmp_path / "o", "batch", monkeypatch, Interrupt(at="none"))
-    assert (again.done, again.skipped, again.failed) == (4, 2, 0)
-    whole = render(suite, tmp_path / "w", "overlap", monkeypatch, Interrupt(at="none"))
-    assert_same_run(run, whole.path)
+    assert_interrupted_then_resumed(suite, tmp_path, "batch", 2, monkeypatch)
 
 
 def test_a_broken_source_ends_the_window_before_its_job_and_fails_as_without_windows(
@@ -519,18 +508,7 @@ def test_ctrl_c_with_long_calls_keeps_the_recorded_jobs_and_a_resume_completes(t
     call_times(monkeypatch, lambda p: LONG)
     with pytest.raises(KeyboardInterrupt):
         render(suite, tmp_path / "o", "auto", monkeypatch, Interrupt(at="p3"))
-    run = tmp_path / "o" / "cpu"
-    jobs = read_manifest(run)["jobs"]
-    done = [j["id"] for j in jobs if j["status"] == "done"]
-    assert done == [j["id"] for j in jobs[:3]]
-    assert all(j["status"] == "pending" for j in jobs[3:])
-    assert sorted(p.name for p in (run / "clips").iterdir()) == sorted(f"{i}.mkv" for i in done)
-    assert sorted(p.name for p in (run / "preview").iterdir()) == sorted(f"{i}.mp4" for i in done)
-    assert not list(run.rglob(".tmp-*"))
-    again = render(suite, tmp_path / "o", "auto", monkeypatch, Interrupt(at="none"))
-    assert (again.done, again.skipped, again.failed) == (3, 3, 0)
-    whole = render(suite, tmp_path / "w", "overlap", monkeypatch, Interrupt(at="none"))
-    assert_same_run(run, whole.path)
+    assert_interrupted_then_resumed(suite, tmp_path, "auto", 3, monkeypatch)
 
 
 @pytest.mark.parametrize("device", [False, True])
@@ -570,3 +548,21 @@ def test_on_device():
     assert not on_device([task("cpu"), task("cpu,dtype=bf16")])
     assert on_device([task("cpu"), task("cuda:1,dtype=bf16")])
     assert not on_device([task("cuda", apply=False)])       # adopted: recorded, not applied
+
+
+def assert_interrupted_then_resumed(suite, tmp_path, mode, recorded, monkeypatch):
+    """After a render into ``tmp_path/o`` was interrupted: exactly its first ``recorded`` jobs
+    are done, with their files and no others, no temporary file; resuming in ``mode`` renders
+    the rest, and the folder is then the one an uninterrupted overlapping render writes."""
+    run = tmp_path / "o" / "cpu"
+    jobs = read_manifest(run)["jobs"]
+    done = [j["id"] for j in jobs if j["status"] == "done"]
+    assert done == [j["id"] for j in jobs[:recorded]]
+    assert all(j["status"] == "pending" for j in jobs[recorded:])
+    assert sorted(p.name for p in (run / "clips").iterdir()) == sorted(f"{i}.mkv" for i in done)
+    assert sorted(p.name for p in (run / "preview").iterdir()) == sorted(f"{i}.mp4" for i in done)
+    assert not list(run.rglob(".tmp-*"))
+    again = render(suite, tmp_path / "o", mode, monkeypatch, Interrupt(at="none"))
+    assert (again.done, again.skipped, again.failed) == (len(jobs) - recorded, recorded, 0)
+    whole = render(suite, tmp_path / "w", "overlap", monkeypatch, Interrupt(at="none"))
+    assert_same_run(run, whole.path)
