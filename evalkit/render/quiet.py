@@ -3,9 +3,10 @@
 
 Why: on the H200 the canary pipeline's calls ran about 40% slower inside ``evalkit render``
 than in a direct loop, and any CPU load beside its kernel-launching thread slowed it
-(benchmarks/README.md, "Render overhead"). The modes:
+(benchmarks/README.md, "Render overhead"). In windows they do run as fast as in the loop, but
+so far the bursts between them cost about as much (:data:`DEVICE_DEFAULT`). The modes:
 
-- ``overlap`` (the default on the CPU; the driver's own way): the next job's source is decoded
+- ``overlap`` (the default; the driver's own way): the next job's source is decoded
   on a thread and the finished jobs' clips and browser copies are encoded while the next job
   renders.
 - ``batch``: the jobs run in windows of consecutive jobs, and nothing runs beside the calls of a
@@ -14,7 +15,7 @@ than in a direct loop, and any CPU load beside its kernel-launching thread slowe
   burst writes them all at once (the driver's writers: every clip and preview on threads sized
   to the cores, or in the writer processes) while the next window's sources are decoded, each
   job recorded in the manifest in job order as its files land.
-- ``auto`` (the default for a render on a device): ``batch`` while the calls are short; as soon
+- ``auto``: ``batch`` while the calls are short; as soon
   as their mean time reaches :data:`LONG_CALL_SECONDS` (GPU work that long hides the writers'
   CPU load, and a window of such jobs would make the device wait for each burst) the window
   ends and the jobs go as ``overlap`` does: the held results written in the background (one
@@ -28,9 +29,9 @@ A window is bounded by the bytes it holds (its sources and results, :func:`held_
 the pipeline time it holds unwritten (:data:`BATCH_SECONDS`: a crash or Ctrl-C loses about that
 much rendering; the held jobs are simply not done, and a resumed render redoes them). The first
 window of each backend's run takes up to :data:`FIRST_WINDOW_JOBS` jobs (``auto``: one), later
-ones ``BATCH_SECONDS`` over the run's mean call time so far (at least one job); a job whose own time exceeds that ends its window. A source
-that fails to decode ends the window before the job that needs it; that job's ``get`` raises
-the error, as without windows.
+ones ``BATCH_SECONDS`` over the run's mean call time so far (at least one job); a job whose
+own time exceeds that ends its window. A source that fails to decode ends the window before the
+job that needs it; that job's ``get`` raises the error, as without windows.
 
 :class:`QuietSources` is both sides' handle: the executor renders through :meth:`~QuietSources.run`
 and reads sources with :meth:`~QuietSources.get` (as from a
