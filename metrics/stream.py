@@ -67,6 +67,30 @@ def _cudnn_limit(value: int | None) -> int:
     return limit
 
 
+#: the modules of the Triton kernels the stream launches on CUDA
+KERNEL_MODULES = ("_triton_pixels", "_triton_ssim", "_triton_temporal", "_triton_lpips",
+                  "_triton_flow", "_triton_pyramid")
+
+
+def _load_kernel_modules() -> None:
+    """What the first kernel launches would otherwise do on the thread that feeds the device:
+    import Triton, compute its cache key (a hash of its own files, once per process: 0.4 s on
+    the H200) and import :data:`KERNEL_MODULES` (Triton parses each kernel's source). Best
+    effort: whatever fails here is left to the launches, which report it as before."""
+    import importlib
+
+    try:
+        from triton.runtime import cache
+
+        key = getattr(cache, "triton_key", None)    # Triton 3.x; cached for the process
+        if key is not None:
+            key()
+        for name in KERNEL_MODULES:
+            importlib.import_module(f"{__package__}.{name}")
+    except Exception:       # no Triton, another version's layout: the launches load it
+        pass
+
+
 def _u8(y: torch.Tensor) -> np.ndarray:
     """Rounded luma planes (N, 1, H, W) float -> (N, H, W) uint8 numpy (OpenCV flow input)."""
     return y.clamp(0, 255).to(torch.uint8)[:, 0].cpu().numpy()
@@ -483,8 +507,8 @@ class PairEvaluator:
         out: dict[str, torch.Tensor] = {}
         first: dict[str, int] = {}                    # frame number of each array's element 0
         with precise(self.cudnn_benchmark, self.cudnn_benchmark_limit):
-            # LPIPS: one trunk pass per frame (A and B in one batch), reused by tLP. Where the
-            # Triton head runs (picked at a clip's first chunk: the carried features match),
+            # LPIPS: one trunk pass per frame (A and B in one batch, or in two passes when
+            # autotuned: below), reused by tLP. Where the Triton head runs (picked at a clip's first chunk: the carried features match),
             # the features stay raw and each distance normalises them in its one pass.
             if not job.has_prev:
                 self._lpips_raw = self.model.fused()
@@ -683,30 +707,6 @@ class PairEvaluator:
 
 
 # -- driving from iterators ------------------------------------------------------------------
-
-#: the modules of the Triton kernels the stream launches on CUDA
-KERNEL_MODULES = ("_triton_pixels", "_triton_ssim", "_triton_temporal", "_triton_lpips",
-                  "_triton_flow", "_triton_pyramid")
-
-
-def _load_kernel_modules() -> None:
-    """What the first kernel launches would otherwise do on the thread that feeds the device:
-    import Triton, compute its cache key (a hash of its own files, once per process: 0.4 s on
-    the H200) and import :data:`KERNEL_MODULES` (Triton parses each kernel's source). Best
-    effort: whatever fails here is left to the launches, which report it as before."""
-    import importlib
-
-    try:
-        from triton.runtime import cache
-
-        key = getattr(cache, "triton_key", None)    # Triton 3.x; cached for the process
-        if key is not None:
-            key()
-        for name in KERNEL_MODULES:
-            importlib.import_module(f"{__package__}.{name}")
-    except Exception:       # no Triton, another version's layout: the launches load it
-        pass
-
 
 def _frames_of(item, name: str, index: int) -> torch.Tensor:
     """One item of a frame iterator -> (n, 3, H, W) tensor.
