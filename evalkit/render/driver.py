@@ -506,9 +506,9 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # EVALKIT_RENDER_WRITES=batch or auto (quiet.py): the results are held and written in bursts
     # between windows of jobs, each burst writing every held job at once (auto, once the calls
     # are long: each job's burst in the background while the next one renders)
-    batch = isinstance(sources, QuietSources)
+    quiet = isinstance(sources, QuietSources)
     in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
-    encoders = ThreadPoolExecutor(max_workers=burst_threads() if batch else encoder_threads(),
+    encoders = ThreadPoolExecutor(max_workers=burst_threads() if quiet else encoder_threads(),
                                   thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
@@ -517,14 +517,14 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
         # to start); else the jobs done before they have started are written on threads
-        # (in a batch render they start in the first burst, nothing beside the calls)
-        procs = WriterPool(clip_parts(), wait=batch or bool(procs_forced()))
-        if not batch:
+        # (in a quiet render, batch or auto, they start in the first burst, nothing beside the calls)
+        procs = WriterPool(clip_parts(), wait=quiet or bool(procs_forced()))
+        if not quiet:
             procs.start(2 * WRITE_AHEAD)    # they boot while the first job renders
     pending: collections.deque = collections.deque()
     try:
         tasks = [task for task, _ in runs]
-        if batch:
+        if quiet:
             # held by the sources (quiet.py), written by each burst here
             in_flight = max(1, burst_threads() // 2) if procs is not None else None
             sources.flush = lambda held: _write_held(held, encoders, writer, procs, seed_offset,
@@ -542,7 +542,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             while pending:
                 pending.popleft().result()
     finally:
-        if batch:
+        if quiet:
             sources.settle()            # a background burst ends before its writers stop
         for f in pending:
             f.cancel()
