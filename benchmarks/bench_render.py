@@ -11,6 +11,7 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
                                                    # threads vs processes, side by side
     python benchmarks/bench_render.py --backend cuda --writes overlap batch auto   # quiet phases
+    python benchmarks/bench_render.py --backend cuda --writes overlap auto --encoders pyav ffmpeg
     python benchmarks/bench_render.py --fake-gpu 0.15 --fake-python 0.02 --writes overlap batch auto
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
@@ -39,6 +40,10 @@ in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones 
 the workers to start; auto: unset, evalkit's own choice: threads, or, if
 ``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
 have started written on threads), and reports each; default: auto.
+
+``--encoders pyav ffmpeg``: likewise with ``EVALKIT_RENDER_ENCODER`` (pyav: PyAV's encoders
+on threads of this process; ffmpeg: each file by an FFmpeg program a thread feeds through a
+pipe, ``evalkit/render/ffwrite.py``).
 
 ``--writes overlap batch auto``: likewise with ``EVALKIT_RENDER_WRITES``
 (``evalkit/render/quiet.py``; overlap: the next source decoded and the finished jobs written
@@ -112,6 +117,10 @@ def main() -> int:
     p.add_argument("--writes", nargs="+", choices=("overlap", "batch", "auto"), default=None,
                    help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
                         "repeat (default: unset, evalkit's own choice)")
+    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg"), default=None,
+                   help="EVALKIT_RENDER_ENCODER for the harness runs, one run per value each "
+                        "repeat (pyav: in this process; ffmpeg: FFmpeg programs fed through "
+                        "pipes; default: unset, pyav)")
     a = p.parse_args()
     if a.writes:
         import evalkit
@@ -220,12 +229,14 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES) of each harness run, None: unset
-    settings = [(w, None if v == "auto" else v) for w in a.writes or [None]
-                for v in a.writer_processes or ["auto"]]
+    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES, EVALKIT_RENDER_ENCODER) of each
+    # harness run, None: unset
+    settings = [(w, None if v == "auto" else v, e) for w in a.writes or [None]
+                for v in a.writer_processes or ["auto"] for e in a.encoders or [None]]
 
     def harness_with(value):
-        for name, v in zip(("EVALKIT_RENDER_WRITES", "EVALKIT_WRITER_PROCESSES"), value):
+        for name, v in zip(("EVALKIT_RENDER_WRITES", "EVALKIT_WRITER_PROCESSES",
+                            "EVALKIT_RENDER_ENCODER"), value):
             if v is None:
                 os.environ.pop(name, None)
             else:
@@ -233,12 +244,12 @@ def main() -> int:
         return harness()
 
     def named(value) -> str:
-        writes, procs = value
+        writes, procs, enc = value
         writers = {None: "evalkit render (auto)", "0": "writers: threads (0)",
                    "1": "writers: processes (1)"}[procs]
-        if writes is None:
-            return writers
-        return f"writes {writes}" + (f", {writers}" if a.writer_processes else "")
+        name = writers if writes is None else (
+            f"writes {writes}" + (f", {writers}" if a.writer_processes else ""))
+        return name + (f", encoder {enc}" if enc else "")
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []
@@ -318,6 +329,35 @@ def writes(suite, jobs) -> None:
             print(line)
         print(f"the last job's browser copy alone: "
               f"{best(lambda: write_browser(f'{tmp}/b.mp4', frames, fps)):.3f} s")
+        try:
+            from evalkit.render import ffwrite
+
+            ffwrite.ffmpeg_exe()
+        except Exception:  # noqa: BLE001 - an older tree, or no FFmpeg program here
+            return
+        print(f"by FFmpeg programs (ffwrite): the ffv1 clip alone "
+              f"{best(lambda: ffwrite.write_lossless(f'{tmp}/f.mkv', frames, fps)):.3f} s, the "
+              f"browser copy alone "
+              f"{best(lambda: ffwrite.write_browser(f'{tmp}/f.mp4', frames, fps)):.3f} s")
+        # a burst as a batch render's: every job's clip and copy at once on burst_threads()
+        from evalkit.render.driver import burst_threads
+
+        everything = [np.ascontiguousarray(sources_frames[::-1]) for sources_frames in
+                      [frames] * len(jobs)]
+        n = burst_threads()
+        for name, clip, copy in (("PyAV on threads", write_lossless, write_browser),
+                                 ("FFmpeg programs", ffwrite.write_lossless,
+                                  ffwrite.write_browser)):
+            def burst():
+                with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                    fs = [pool.submit(clip, f"{tmp}/burst{i}.mkv", f, fps)
+                          for i, f in enumerate(everything)]
+                    fs += [pool.submit(copy, f"{tmp}/burst{i}.mp4", f, fps)
+                           for i, f in enumerate(everything)]
+                    for f in fs:
+                        f.result()
+            print(f"a burst of {len(everything)} clips and {len(everything)} browser copies "
+                  f"on {n} threads, {name}: {best(burst):.3f} s")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS
 from evalkit.procdecode import NoRoom
+from evalkit.render import ffwrite
 from evalkit.render.clipwriter import ClipWriter
 from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
                                       on_device, use_processes)
@@ -421,6 +422,7 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
     mode = writes_mode(on_device(idents)) if isinstance(executor, LocalExecutor) else "overlap"
+    ffwrite.encoder()                       # $EVALKIT_RENDER_ENCODER checked before anything
     if mode == "overlap":
         sources = SourceCache(suite)
     else:                                   # decoding and writing between windows of jobs
@@ -506,13 +508,16 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # EVALKIT_RENDER_WRITES=batch or auto (quiet.py): the results are held and written in bursts
     # between windows of jobs, each burst writing every held job at once (auto, once the calls
     # are long: each job's burst in the background while the next one renders)
+    # EVALKIT_RENDER_ENCODER=ffmpeg (ffwrite.py): the encoder threads feed FFmpeg programs
     quiet = isinstance(sources, QuietSources)
-    in_procs = isinstance(executor, LocalExecutor) and use_processes([task for task, _ in runs])
+    programs = ffwrite.encoder() == "ffmpeg"
+    in_procs = (not programs and isinstance(executor, LocalExecutor)
+                and use_processes([task for task, _ in runs]))
     encoders = ThreadPoolExecutor(max_workers=burst_threads() if quiet else encoder_threads(),
                                   thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ClipWriter(clip_parts(), WRITE_AHEAD)
+    writer = ffwrite if programs else ClipWriter(clip_parts(), WRITE_AHEAD)
     procs = None
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
@@ -548,7 +553,8 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             f.cancel()
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
-        writer.close()
+        if not programs:
+            writer.close()
         if procs is not None:
             procs.close()
         for st in state.values():  # results whose manifest save was deferred
@@ -591,17 +597,23 @@ def clip_parts() -> int:
 MAX_CLIP_PARTS = 4
 
 
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: ClipWriter,
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
             procs: WriterPool | None = None) -> list[Future]:
     """Start writing a rendered job's lossless clip and browser copy (atomic files): in the
     writer processes ``procs`` (the frames copied into shared memory on an encoder thread),
     else, or while they start, or when ``/dev/shm`` has no room for the frames, on the encoder
-    threads ``pool``."""
+    threads ``pool``; ``writer`` is a :class:`ClipWriter`, or :mod:`evalkit.render.ffwrite`
+    (each file by an FFmpeg program the thread feeds)."""
     from evalkit.video import write_browser
 
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
+    if writer is ffwrite:
+        return [pool.submit(ffwrite.write_clip, run.clip_path(jid), result.frames, result.fps,
+                            run.lossless),
+                pool.submit(ffwrite.write_browser, run.preview_path(jid), result.frames,
+                            result.fps)]
     if procs is not None:
         try:
             return procs.submit(pool, run.clip_path(jid), run.preview_path(jid), result.frames,
@@ -621,7 +633,7 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: Cl
             pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
 
 
-def _write_held(held: list, pool: ThreadPoolExecutor, writer: ClipWriter,
+def _write_held(held: list, pool: ThreadPoolExecutor, writer,
                 procs: WriterPool | None, seed_offset: int, in_flight: int | None) -> None:
     """A batch render's burst (:mod:`evalkit.render.quiet`): every held ``(state, result)``'s
     clip and preview written at once, each job recorded in order as its files land.
@@ -642,7 +654,7 @@ def _write_error(files: list[Future]) -> str | None:
     for f in files:
         try:
             f.result()
-        except WriterError as e:        # a writer process's, in one line already
+        except (WriterError, ffwrite.FFmpegError) as e:     # in one line already
             error = error or f"writing the clip failed: {e}"
         except Exception as e:
             error = error or f"writing the clip failed: {failure_text(e)}"
