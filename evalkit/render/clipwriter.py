@@ -120,6 +120,13 @@ class ClipWriter:
                                  parts=self.parts, threads=max(1, usable_cores() // self.parts))
         return sha256_file(path)
 
+    @staticmethod
+    def write_browser(path: Path, frames: np.ndarray, fps) -> int:
+        """Write a job's browser copy (:func:`evalkit.video.write_browser`)."""
+        from evalkit.video import write_browser
+
+        return write_browser(path, frames, fps)
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)

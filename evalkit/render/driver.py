@@ -517,7 +517,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                                   thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ffwrite if programs else ClipWriter(clip_parts(), WRITE_AHEAD)
+    writer = ffwrite.ProgramWriter() if programs else ClipWriter(clip_parts(), WRITE_AHEAD)
     procs = None
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
@@ -553,8 +553,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
             f.cancel()
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
-        if not programs:
-            writer.close()
+        writer.close()
         if procs is not None:
             procs.close()
         for st in state.values():  # results whose manifest save was deferred
@@ -602,18 +601,12 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
     """Start writing a rendered job's lossless clip and browser copy (atomic files): in the
     writer processes ``procs`` (the frames copied into shared memory on an encoder thread),
     else, or while they start, or when ``/dev/shm`` has no room for the frames, on the encoder
-    threads ``pool``; ``writer`` is a :class:`ClipWriter`, or :mod:`evalkit.render.ffwrite`
-    (each file by an FFmpeg program the thread feeds)."""
-    from evalkit.video import write_browser
-
+    threads ``pool`` by ``writer`` (a :class:`ClipWriter`, or an
+    :class:`evalkit.render.ffwrite.ProgramWriter`: each file by an FFmpeg program the thread
+    feeds)."""
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    if writer is ffwrite:
-        return [pool.submit(ffwrite.write_clip, run.clip_path(jid), result.frames, result.fps,
-                            run.lossless),
-                pool.submit(ffwrite.write_browser, run.preview_path(jid), result.frames,
-                            result.fps)]
     if procs is not None:
         try:
             return procs.submit(pool, run.clip_path(jid), run.preview_path(jid), result.frames,
@@ -630,7 +623,7 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
                 warnings.warn(f"writing in threads: {e}", RuntimeWarning, stacklevel=2)
     return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
                         run.lossless),
-            pool.submit(write_browser, run.preview_path(jid), result.frames, result.fps)]
+            pool.submit(writer.write_browser, run.preview_path(jid), result.frames, result.fps)]
 
 
 def _write_held(held: list, pool: ThreadPoolExecutor, writer,

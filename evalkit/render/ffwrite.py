@@ -32,6 +32,7 @@ import numpy as np
 from evalkit.errors import UserError
 from evalkit.fsutil import atomic_path
 from evalkit.lossless import lossless_format
+from evalkit.video import _fps       # the frame rate as evalkit.video's writers take it
 
 ENV = "EVALKIT_RENDER_ENCODER"
 #: ``pyav``: encoders in this process (the default); ``ffmpeg``: FFmpeg programs
@@ -64,13 +65,6 @@ def ffmpeg_exe() -> str:
         raise UserError(f"{ENV}=ffmpeg: no FFmpeg program found (pip install imageio-ffmpeg, "
                         f"or set IMAGEIO_FFMPEG_EXE): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                         ) from None
-
-
-def _fps(fps) -> Fraction:
-    fps = Fraction(fps).limit_denominator(1001 * 1000)     # as evalkit.video's writers do
-    if fps <= 0:
-        raise ValueError(f"fps: expected a positive frame rate, found {fps}")
-    return fps
 
 
 def _frames(frames) -> np.ndarray:
@@ -155,10 +149,18 @@ def write_browser(path, frames, fps, encoding=None) -> int:
     return _run(path, frames, _fps(fps), output)
 
 
-def write_clip(path, frames, fps, codec: str) -> str:
-    """A render's lossless clip (:func:`write_lossless`); returns its sha256 (as
-    :meth:`evalkit.render.clipwriter.ClipWriter.write` does)."""
-    from evalkit.fsutil import sha256_file
+class ProgramWriter:
+    """A render's writer (as :class:`evalkit.render.clipwriter.ClipWriter`): :meth:`write` a
+    job's lossless clip (returns its sha256), :meth:`write_browser` its browser copy, each by
+    an FFmpeg program."""
 
-    write_lossless(path, frames, fps, codec=codec)
-    return sha256_file(path)
+    def write(self, path, frames, fps, codec: str) -> str:
+        from evalkit.fsutil import sha256_file
+
+        write_lossless(path, frames, fps, codec=codec)
+        return sha256_file(path)
+
+    write_browser = staticmethod(write_browser)
+
+    def close(self) -> None:
+        """Nothing to stop: each program ends with its file."""
