@@ -508,18 +508,40 @@ def _as_frames(frames) -> Iterator[np.ndarray]:
         yield f
 
 
-def _fps(fps) -> Fraction:
+def writer_fps(fps) -> Fraction:
+    """A writer's frame rate: ``fps`` as a fraction (NTSC rates exact), a ValueError naming
+    ``fps`` unless positive. Every writer of clips takes its rate from here."""
     fps = Fraction(fps).limit_denominator(1001 * 1000)
     if fps <= 0:
         raise ValueError(f"fps: expected a positive frame rate, found {fps}")
     return fps
 
 
+def lossless_target(path, codec: str):
+    """``(format, path)`` of a lossless clip to write: the :class:`LosslessFormat` named
+    ``codec`` and ``path`` as a Path, a ValueError naming ``path`` unless its extension is the
+    format's."""
+    fmt = lossless_format(codec)
+    path = Path(path)
+    if path.suffix.lower() != fmt.ext:
+        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found "
+                         f"{str(path)!r}")
+    return fmt, path
+
+
+def browser_target(path) -> Path:
+    """``path`` of a browser copy to write, a ValueError naming ``path`` unless it is .mp4."""
+    path = Path(path)
+    if path.suffix.lower() != ".mp4":
+        raise ValueError(f"path: browser copies are .mp4 files, found {path.name!r}")
+    return path
+
+
 def _encode(path: Path, frames, fps, *, fmt: str, codec: str, pix_fmt: str,
             options: dict, container_options: dict | None = None, pad_even: bool = False) -> int:
     import av
 
-    fps = _fps(fps)
+    fps = writer_fps(fps)
     n = 0
     # bitexact: no random segment ids, dates or encoder version strings in the file, so the
     # same frames always give the same bytes (and nothing in the file says where it was made)
@@ -557,20 +579,14 @@ def write_lossless(path, frames, fps, *, codec: str = DEFAULT_LOSSLESS) -> int:
     """Write frames losslessly in the format ``codec`` (:data:`LOSSLESS_FORMATS`: ``ffv1`` in
     ``.mkv``, ``utvideo`` in ``.nut``; the path's extension must be the format's). Returns the
     number of frames. Any size, odd included."""
-    fmt = lossless_format(codec)
-    path = Path(path)
-    if path.suffix.lower() != fmt.ext:
-        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found "
-                         f"{str(path)!r}")
+    fmt, path = lossless_target(path, codec)
     return _encode(path, frames, fps, fmt=fmt.container, codec=fmt.codec, pix_fmt=fmt.pix_fmt,
                    options=dict(fmt.options))
 
 
 def write_browser(path, frames, fps, encoding: BrowserEncoding = BROWSER_ENCODING) -> int:
     """Write a browser copy (H.264 yuv420p +faststart MP4). Returns the number of frames."""
-    path = Path(path)
-    if path.suffix.lower() != ".mp4":
-        raise ValueError(f"path: browser copies are .mp4 files, found {path.name!r}")
+    path = browser_target(path)
     return _encode(path, frames, fps, fmt="mp4", codec=encoding.codec, pix_fmt=encoding.pix_fmt,
                    options=encoding.codec_options(),
                    container_options={"movflags": "+faststart"}, pad_even=True)

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.fsutil import atomic_path
-from evalkit.lossless import lossless_format
 
 #: frames per part at least (below that, one encoder: starting one costs more than it saves)
 MIN_PART_FRAMES = 4
@@ -62,19 +61,13 @@ def write_lossless_parts(path, frames: np.ndarray, fps, *, codec: str, pool: Exe
     Returns the number of frames."""
     import av
 
-    from evalkit.video import write_lossless
+    from evalkit.video import lossless_target, write_lossless, writer_fps
 
     ranges = split_points(len(frames), parts) if len(frames) else []
     if len(ranges) <= 1 or frames.ndim != 4 or frames.dtype != np.uint8 or frames.shape[3] != 3:
         return write_lossless(path, frames, fps, codec=codec)
-    fmt = lossless_format(codec)
-    path = Path(path)
-    if path.suffix.lower() != fmt.ext:
-        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found "
-                         f"{str(path)!r}")
-    fps = Fraction(fps).limit_denominator(1001 * 1000)    # as evalkit.video's writers do
-    if fps <= 0:
-        raise ValueError(f"fps: expected a positive frame rate, found {fps}")
+    fmt, path = lossless_target(path, codec)
+    fps = writer_fps(fps)
     futures = [pool.submit(_part_packets, fmt, frames[a:b], fps, a, threads) for a, b in ranges]
     try:
         with atomic_path(path) as tmp:

@@ -31,8 +31,7 @@ import numpy as np
 
 from evalkit.errors import UserError
 from evalkit.fsutil import atomic_path
-from evalkit.lossless import lossless_format
-from evalkit.video import _fps       # the frame rate as evalkit.video's writers take it
+from evalkit.video import browser_target, lossless_target, writer_fps
 
 ENV = "EVALKIT_RENDER_ENCODER"
 #: ``pyav``: encoders in this process (the default); ``ffmpeg``: FFmpeg programs
@@ -116,15 +115,11 @@ def _run(path: Path, frames: np.ndarray, fps: Fraction, output: list[str]) -> in
 def write_lossless(path, frames, fps, *, codec: str = "ffv1", threads: int = 0) -> int:
     """:func:`evalkit.video.write_lossless` by an FFmpeg program (``threads``: its encoder's,
     0: FFmpeg's choice). Returns the number of frames."""
-    fmt = lossless_format(codec)
-    path = Path(path)
-    if path.suffix.lower() != fmt.ext:
-        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found "
-                         f"{str(path)!r}")
+    fmt, path = lossless_target(path, codec)
     output = ["-c:v", fmt.codec, *_options(fmt.options), "-pix_fmt", fmt.pix_fmt,
               "-threads", str(int(threads)), "-flags", "+bitexact", "-fflags", "+bitexact",
               "-f", fmt.container]
-    return _run(path, _frames(frames), _fps(fps), output)
+    return _run(path, _frames(frames), writer_fps(fps), output)
 
 
 def write_browser(path, frames, fps, encoding=None) -> int:
@@ -133,9 +128,7 @@ def write_browser(path, frames, fps, encoding=None) -> int:
     from evalkit.video import BROWSER_ENCODING
 
     encoding = encoding or BROWSER_ENCODING
-    path = Path(path)
-    if path.suffix.lower() != ".mp4":
-        raise ValueError(f"path: browser copies are .mp4 files, found {path.name!r}")
+    path = browser_target(path)
     frames = _frames(frames)
     h, w = frames.shape[1:3]
     if h % 2 or w % 2:                              # as evalkit.video: edge rows repeated
@@ -146,7 +139,7 @@ def write_browser(path, frames, fps, encoding=None) -> int:
               *(["-profile:v", profile] if profile else []), "-pix_fmt", encoding.pix_fmt,
               "-flags", "+bitexact", "-fflags", "+bitexact", "-movflags", "+faststart",
               "-f", "mp4"]
-    return _run(path, frames, _fps(fps), output)
+    return _run(path, frames, writer_fps(fps), output)
 
 
 class ProgramWriter:
