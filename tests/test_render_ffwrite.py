@@ -121,13 +121,118 @@ def test_bad_arguments_name_the_argument(tmp_path):
 
 def test_the_switch(monkeypatch, tmp_path):
     monkeypatch.delenv(ffwrite.ENV, raising=False)
-    assert ffwrite.encoder() == "pyav"
+    assert ffwrite.encoder() == "pyav"                  # the CPU renders: PyAV
+    assert ffwrite.encoder(device=True) == "ffmpeg"     # a device renders: programs
+    monkeypatch.setenv(ffwrite.ENV, "auto")
+    assert (ffwrite.encoder(), ffwrite.encoder(True)) == ("pyav", "ffmpeg")
+    monkeypatch.setenv(ffwrite.ENV, "pyav")
+    assert ffwrite.encoder(True) == "pyav"
     monkeypatch.setenv(ffwrite.ENV, "ffmpeg")
     assert ffwrite.encoder() == "ffmpeg"
     monkeypatch.setenv(ffwrite.ENV, "gstreamer")
-    with pytest.raises(UserError, match="EVALKIT_RENDER_ENCODER: expected one of pyav, ffmpeg, "
-                                        "found 'gstreamer'"):
+    with pytest.raises(UserError, match="EVALKIT_RENDER_ENCODER: expected one of auto, pyav, "
+                                        "ffmpeg, found 'gstreamer'"):
         ffwrite.encoder()
+
+
+def test_auto_without_a_program_keeps_pyav(monkeypatch):
+    monkeypatch.delenv(ffwrite.ENV, raising=False)
+    no_program(monkeypatch)
+    assert ffwrite.encoder(device=True) == "pyav"
+
+
+@pytest.mark.parametrize("value", ["-1", "20", "ten"])
+def test_a_bad_nice_is_one_line(value, monkeypatch):
+    monkeypatch.setenv(ffwrite.NICE_ENV, value)
+    with pytest.raises(UserError, match=f"EVALKIT_FFMPEG_NICE: expected a whole number from 0 "
+                                        f"to 19, found '{value}'"):
+        ffwrite.encoder()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no CPU priorities")
+@pytest.mark.parametrize("value", [None, "0", "3"])
+def test_programs_run_at_a_lower_priority(value, monkeypatch):
+    """The program (here a shell that waits for its input, then reports the priority its own
+    children inherit) runs `nice` steps below the render."""
+    if value is None:
+        monkeypatch.delenv(ffwrite.NICE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ffwrite.NICE_ENV, value)
+    step = ffwrite.DEFAULT_NICE if value is None else int(value)
+    proc = ffwrite._start(["sh", "-c", "cat >/dev/null; cut -d' ' -f19 /proc/self/stat"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(b"")
+    assert int(out) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + step)
+
+
+def yuv_ffv1(path: Path, frames: np.ndarray) -> Path:
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("ffv1", rate=24)
+        s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames:
+            c.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p")))
+        c.mux(s.encode())
+    return path
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "utvideo"])
+@pytest.mark.parametrize("size", [(33, 47), (64, 80)])
+def test_a_program_decodes_an_exact_rgb_source_to_pyavs_frames(codec, size, tmp_path):
+    frames = noise(7, *size)
+    path = tmp_path / ("s.mkv" if codec == "ffv1" else "s.nut")
+    video.write_lossless(path, frames, Fraction(24000, 1001), codec=codec)
+    got = ffwrite.read_exact(path)
+    assert got is not None
+    assert got[1] == Fraction(24000, 1001)
+    assert np.array_equal(got[0], video.ClipReader(path).read())
+    assert np.array_equal(got[0], frames)
+
+
+def test_other_sources_are_left_to_pyav(tmp_path):
+    frames = noise(4, 32, 48)
+    assert ffwrite.read_exact(yuv_ffv1(tmp_path / "y.mkv", frames)) is None     # converted
+    mp4 = tmp_path / "b.mp4"
+    video.write_browser(mp4, frames, 24)
+    assert ffwrite.read_exact(mp4) is None                                     # lossy
+    assert ffwrite.read_exact(tmp_path / "missing.mkv") is None               # its error: PyAV's
+    assert ffwrite.read_exact(SMOOTH) is not None
+
+
+def test_a_source_with_more_frames_than_announced_is_left_to_pyav(tmp_path, monkeypatch):
+    path = tmp_path / "s.mkv"
+    video.write_lossless(path, noise(6, 16, 16), 24)
+    assert ffwrite.read_exact(path) is not None
+    real = video.ClipReader.info.fget
+
+    def fewer(self):
+        import dataclasses
+
+        i = real(self)
+        return dataclasses.replace(i, frames=i.frames_estimate - 1)
+
+    monkeypatch.setattr(video.ClipReader, "info", property(fewer))
+    assert ffwrite.read_exact(path) is None
+
+
+@pytest.mark.parametrize("programs", [True, False])
+def test_sources_decoded_by_programs_are_pyavs(programs, tmp_path):
+    from evalkit.formats.suite import load_suite
+    from evalkit.render.driver import SourceCache
+    from evalkit.render.quiet import QuietSources
+
+    suite = load_suite(two_clip_suite(tmp_path))
+    for cache in (SourceCache(suite, programs=programs),
+                  QuietSources(suite, programs=programs)):
+        try:
+            for clip in ("pan", "hub"):
+                frames, fps, path = cache.get(clip) if isinstance(cache, SourceCache) \
+                    else cache._decode(clip, 0)
+                ref = video.ClipReader(path)
+                assert fps == ref.info.fps and np.array_equal(frames, ref.read())
+        finally:
+            cache.close()
 
 
 def runs_decode_alike(a: Path, b: Path) -> None:
@@ -229,3 +334,24 @@ def test_a_ctrl_c_at_the_terminal_lets_the_file_being_written_finish(tmp_path):
     assert proc.returncode == 0, err
     assert out.strip() == "written ['int']"
     assert (tmp_path / "c.mkv").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ")
+def test_the_pipes_to_and_from_a_program_are_wide():
+    import fcntl
+
+    proc = ffwrite._start(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        for pipe in (proc.stdin, proc.stdout):
+            assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) == min(ffwrite.PIPE_BYTES, limit)
+    finally:
+        proc.communicate(b"")
+
+
+def test_programs_share_the_cores_but_one():
+    cores = video.usable_cores()
+    assert ffwrite.program_threads(1) == max(1, cores - 1)
+    assert ffwrite.program_threads(cores * 4) == 1
+    w = ffwrite.ProgramWriter(threads=1)
+    assert w.threads == 1

@@ -46,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable, Iterator
 
 from evalkit.errors import UserError
+from evalkit.render import ffwrite
 
 _ENV = "EVALKIT_RENDER_WRITES"
 #: ``overlap``: write and decode beside the pipeline calls; ``batch``: in bursts between windows;
@@ -162,10 +163,12 @@ class QuietSources:
     :data:`FIRST_WINDOW_JOBS` when None; ``mode``: ``batch`` or ``auto``."""
 
     def __init__(self, suite, *, budget: int | None = None, seconds: float | None = None,
-                 first: int | None = None, mode: str = "batch"):
+                 first: int | None = None, mode: str = "batch", programs: bool = False):
         if mode not in ("batch", "auto"):
             raise ValueError(f"QuietSources: mode {mode!r}")
         self.suite = suite
+        #: exact-RGB lossless sources decoded by FFmpeg programs (ffwrite.read_exact)
+        self.programs = programs
         self.windows = Windows(held_budget() if budget is None else budget,
                                BATCH_SECONDS if seconds is None else seconds,
                                FIRST_WINDOW_JOBS if first is None else first,
@@ -320,6 +323,9 @@ class QuietSources:
         from evalkit.video import ClipReader
 
         path = self.suite.clips[clip_id].path
+        got = ffwrite.read_exact(path, threads) if self.programs else None
+        if got is not None:
+            return got[0], got[1], path
         reader = ClipReader(path, threads=threads)
         return reader.read(), reader.info.fps, path
 
