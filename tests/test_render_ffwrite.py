@@ -349,9 +349,9 @@ def test_the_pipes_to_and_from_a_program_are_wide():
         proc.communicate(b"")
 
 
-def test_programs_share_the_cores_but_one():
-    cores = video.usable_cores()
-    assert ffwrite.program_threads(1) == max(1, cores - 1)
-    assert ffwrite.program_threads(cores * 4) == 1
+def test_a_program_writer_passes_its_threads(tmp_path):
     w = ffwrite.ProgramWriter(threads=1)
-    assert w.threads == 1
+    frames = noise(3, 16, 16)
+    w.write(tmp_path / "c.mkv", frames, 24, "ffv1")
+    assert w.write_browser(tmp_path / "c.mp4", frames, 24) == 3
+    assert np.array_equal(video.ClipReader(tmp_path / "c.mkv").read(), frames)

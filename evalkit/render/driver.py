@@ -292,8 +292,7 @@ class SourceCache:
 
     def _decode(self, clip_id: str):
         path = self.suite.clips[clip_id].path
-        got = (ffwrite.read_exact(path, ffwrite.program_threads(encoder_threads() + 1))
-               if self.programs else None)
+        got = ffwrite.read_exact(path) if self.programs else None
         if got is not None:
             return got[0], got[1], path
         reader = ClipReader(path)
@@ -527,8 +526,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     encoders = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = (ffwrite.ProgramWriter(ffwrite.program_threads(at_once))
-              if programs else ClipWriter(clip_parts(), WRITE_AHEAD))
+    writer = ffwrite.ProgramWriter() if programs else ClipWriter(clip_parts(), WRITE_AHEAD)
     procs = None
     if in_procs:
         # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them

@@ -323,7 +323,7 @@ class QuietSources:
         from evalkit.video import ClipReader
 
         path = self.suite.clips[clip_id].path
-        got = ffwrite.read_exact(path, threads) if self.programs else None
+        got = ffwrite.read_exact(path) if self.programs else None
         if got is not None:
             return got[0], got[1], path
         reader = ClipReader(path, threads=threads)
