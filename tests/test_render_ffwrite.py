@@ -355,3 +355,40 @@ def test_a_program_writer_passes_its_threads(tmp_path):
     w.write(tmp_path / "c.mkv", frames, 24, "ffv1")
     assert w.write_browser(tmp_path / "c.mp4", frames, 24) == 3
     assert np.array_equal(video.ClipReader(tmp_path / "c.mkv").read(), frames)
+
+
+def test_a_device_render_writes_with_programs_in_auto_windows_by_default(tmp_path, monkeypatch):
+    """Nothing set: a render on a device (here the CPU taken for one) has FFmpeg programs
+    write its files and decode its sources, in ``auto`` windows; the same run folder as a CPU
+    render's (PyAV, overlap)."""
+    from evalkit.render import driver, quiet
+
+    for var in (ffwrite.ENV, "EVALKIT_RENDER_WRITES"):
+        monkeypatch.delenv(var, raising=False)
+    suite = two_clip_suite(tmp_path)
+    [a] = render_suite(suite, ["cpu"], tmp_path / "a", renderer=Invert(), progress=False)
+    seen = {"modes": [], "writes": 0, "reads": 0}
+    real_init, real_write, real_read = quiet.QuietSources.__init__, ffwrite.write_lossless, \
+        ffwrite.read_exact
+
+    def init(self, *args, **kw):
+        seen["modes"].append((kw.get("mode"), kw.get("programs")))
+        real_init(self, *args, **kw)
+
+    def write(*args, **kw):
+        seen["writes"] += 1
+        return real_write(*args, **kw)
+
+    def read(*args, **kw):
+        seen["reads"] += 1
+        return real_read(*args, **kw)
+
+    monkeypatch.setattr(driver, "on_device", lambda idents: True)
+    monkeypatch.setattr(quiet.QuietSources, "__init__", init)
+    monkeypatch.setattr(ffwrite, "write_lossless", write)
+    monkeypatch.setattr(ffwrite, "read_exact", read)
+    [b] = render_suite(suite, ["cpu"], tmp_path / "b", renderer=Invert(), progress=False)
+    assert seen["modes"] == [("auto", True)]
+    assert seen["writes"] == 6 and seen["reads"] >= 2
+    assert (a.done, b.done) == (6, 6)
+    runs_decode_alike(b.path, a.path)

@@ -428,10 +428,10 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
     device = on_device(idents)
-    mode = writes_mode(device) if isinstance(executor, LocalExecutor) else "overlap"
     # $EVALKIT_RENDER_ENCODER checked before anything; FFmpeg programs write the files and
     # decode the exact-RGB sources
     programs = ffwrite.encoder(device) == "ffmpeg" and isinstance(executor, LocalExecutor)
+    mode = writes_mode(device, programs) if isinstance(executor, LocalExecutor) else "overlap"
     if mode == "overlap":
         sources = SourceCache(suite, programs=programs)
     else:                                   # decoding and writing between windows of jobs
