@@ -43,7 +43,9 @@ have started written on threads), and reports each; default: auto.
 
 ``--encoders pyav ffmpeg``: likewise with ``EVALKIT_RENDER_ENCODER`` (pyav: PyAV's encoders
 on threads of this process; ffmpeg: each file by an FFmpeg program a thread feeds through a
-pipe, ``evalkit/render/ffwrite.py``).
+pipe, ``evalkit/render/ffwrite.py``). ``raw``, a diagnostic: ``ffmpeg`` with each file's
+encoding replaced by a dump of the frames' bytes in one write (what the calls cost beside the
+harness's own Python alone; the files are not playable).
 
 ``--writes overlap batch auto``: likewise with ``EVALKIT_RENDER_WRITES``
 (``evalkit/render/quiet.py``; overlap: the next source decoded and the finished jobs written
@@ -117,7 +119,7 @@ def main() -> int:
     p.add_argument("--writes", nargs="+", choices=("overlap", "batch", "auto"), default=None,
                    help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
                         "repeat (default: unset, evalkit's own choice)")
-    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg"), default=None,
+    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg", "raw"), default=None,
                    help="EVALKIT_RENDER_ENCODER for the harness runs, one run per value each "
                         "repeat (pyav: in this process; ffmpeg: FFmpeg programs fed through "
                         "pipes; default: unset, pyav)")
@@ -240,8 +242,17 @@ def main() -> int:
             if v is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = v
-        return harness()
+                os.environ[name] = "ffmpeg" if v == "raw" else v
+        if value[2] != "raw":
+            return harness()
+        from evalkit.render import ffwrite
+
+        real = ffwrite.write_lossless, ffwrite.write_browser
+        ffwrite.write_lossless, ffwrite.write_browser = _raw_dump, _raw_dump
+        try:
+            return harness()
+        finally:
+            ffwrite.write_lossless, ffwrite.write_browser = real
 
     def named(value) -> str:
         writes, procs, enc = value
@@ -288,6 +299,22 @@ def main() -> int:
               f"{med['tail']:.3f} s (its clip, preview and manifest)")
     writes(suite, jobs)
     return 0
+
+
+def _raw_dump(path, frames, fps, *args, codec: str = "ffv1", **kw) -> int:
+    """``--encoders raw`` (a diagnostic): the frames' bytes dumped into the file in one write,
+    no encoding, so what is left beside the calls is the harness's own Python."""
+    import numpy as np
+
+    from evalkit.fsutil import atomic_path
+    from evalkit.video import browser_target, lossless_target
+
+    path = lossless_target(path, codec)[1] if str(path).endswith((".mkv", ".nut")) \
+        else browser_target(path)
+    frames = np.ascontiguousarray(frames)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(frames).cast("B"))
+    return len(frames)
 
 
 def writes(suite, jobs) -> None:

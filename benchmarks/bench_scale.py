@@ -41,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # -- one measurement, in the measured tree's process ------------------------------------------
 
 def _child_compare(args) -> dict:
+    try:                                    # the command's first step (trees that have it)
+        from evalkit.bytecode import ensure
+
+        ensure()
+    except ImportError:
+        pass
     import evalkit
     import evalkit.compare.pairing as P
 

@@ -121,13 +121,118 @@ def test_bad_arguments_name_the_argument(tmp_path):
 
 def test_the_switch(monkeypatch, tmp_path):
     monkeypatch.delenv(ffwrite.ENV, raising=False)
-    assert ffwrite.encoder() == "pyav"
+    assert ffwrite.encoder() == "pyav"                  # the CPU renders: PyAV
+    assert ffwrite.encoder(device=True) == "ffmpeg"     # a device renders: programs
+    monkeypatch.setenv(ffwrite.ENV, "auto")
+    assert (ffwrite.encoder(), ffwrite.encoder(True)) == ("pyav", "ffmpeg")
+    monkeypatch.setenv(ffwrite.ENV, "pyav")
+    assert ffwrite.encoder(True) == "pyav"
     monkeypatch.setenv(ffwrite.ENV, "ffmpeg")
     assert ffwrite.encoder() == "ffmpeg"
     monkeypatch.setenv(ffwrite.ENV, "gstreamer")
-    with pytest.raises(UserError, match="EVALKIT_RENDER_ENCODER: expected one of pyav, ffmpeg, "
-                                        "found 'gstreamer'"):
+    with pytest.raises(UserError, match="EVALKIT_RENDER_ENCODER: expected one of auto, pyav, "
+                                        "ffmpeg, found 'gstreamer'"):
         ffwrite.encoder()
+
+
+def test_auto_without_a_program_keeps_pyav(monkeypatch):
+    monkeypatch.delenv(ffwrite.ENV, raising=False)
+    no_program(monkeypatch)
+    assert ffwrite.encoder(device=True) == "pyav"
+
+
+@pytest.mark.parametrize("value", ["-1", "20", "ten"])
+def test_a_bad_nice_is_one_line(value, monkeypatch):
+    monkeypatch.setenv(ffwrite.NICE_ENV, value)
+    with pytest.raises(UserError, match=f"EVALKIT_FFMPEG_NICE: expected a whole number from 0 "
+                                        f"to 19, found '{value}'"):
+        ffwrite.encoder()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no CPU priorities")
+@pytest.mark.parametrize("value", [None, "0", "3"])
+def test_programs_run_at_a_lower_priority(value, monkeypatch):
+    """The program (here a shell that waits for its input, then reports the priority its own
+    children inherit) runs `nice` steps below the render."""
+    if value is None:
+        monkeypatch.delenv(ffwrite.NICE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ffwrite.NICE_ENV, value)
+    step = ffwrite.DEFAULT_NICE if value is None else int(value)
+    proc = ffwrite._start(["sh", "-c", "cat >/dev/null; cut -d' ' -f19 /proc/self/stat"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(b"")
+    assert int(out) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + step)
+
+
+def yuv_ffv1(path: Path, frames: np.ndarray) -> Path:
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("ffv1", rate=24)
+        s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames:
+            c.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p")))
+        c.mux(s.encode())
+    return path
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "utvideo"])
+@pytest.mark.parametrize("size", [(33, 47), (64, 80)])
+def test_a_program_decodes_an_exact_rgb_source_to_pyavs_frames(codec, size, tmp_path):
+    frames = noise(7, *size)
+    path = tmp_path / ("s.mkv" if codec == "ffv1" else "s.nut")
+    video.write_lossless(path, frames, Fraction(24000, 1001), codec=codec)
+    got = ffwrite.read_exact(path)
+    assert got is not None
+    assert got[1] == Fraction(24000, 1001)
+    assert np.array_equal(got[0], video.ClipReader(path).read())
+    assert np.array_equal(got[0], frames)
+
+
+def test_other_sources_are_left_to_pyav(tmp_path):
+    frames = noise(4, 32, 48)
+    assert ffwrite.read_exact(yuv_ffv1(tmp_path / "y.mkv", frames)) is None     # converted
+    mp4 = tmp_path / "b.mp4"
+    video.write_browser(mp4, frames, 24)
+    assert ffwrite.read_exact(mp4) is None                                     # lossy
+    assert ffwrite.read_exact(tmp_path / "missing.mkv") is None               # its error: PyAV's
+    assert ffwrite.read_exact(SMOOTH) is not None
+
+
+def test_a_source_with_more_frames_than_announced_is_left_to_pyav(tmp_path, monkeypatch):
+    path = tmp_path / "s.mkv"
+    video.write_lossless(path, noise(6, 16, 16), 24)
+    assert ffwrite.read_exact(path) is not None
+    real = video.ClipReader.info.fget
+
+    def fewer(self):
+        import dataclasses
+
+        i = real(self)
+        return dataclasses.replace(i, frames=i.frames_estimate - 1)
+
+    monkeypatch.setattr(video.ClipReader, "info", property(fewer))
+    assert ffwrite.read_exact(path) is None
+
+
+@pytest.mark.parametrize("programs", [True, False])
+def test_sources_decoded_by_programs_are_pyavs(programs, tmp_path):
+    from evalkit.formats.suite import load_suite
+    from evalkit.render.driver import SourceCache
+    from evalkit.render.quiet import QuietSources
+
+    suite = load_suite(two_clip_suite(tmp_path))
+    for cache in (SourceCache(suite, programs=programs),
+                  QuietSources(suite, programs=programs)):
+        try:
+            for clip in ("pan", "hub"):
+                frames, fps, path = cache.get(clip) if isinstance(cache, SourceCache) \
+                    else cache._decode(clip, 0)
+                ref = video.ClipReader(path)
+                assert fps == ref.info.fps and np.array_equal(frames, ref.read())
+        finally:
+            cache.close()
 
 
 def runs_decode_alike(a: Path, b: Path) -> None:
@@ -229,3 +334,61 @@ def test_a_ctrl_c_at_the_terminal_lets_the_file_being_written_finish(tmp_path):
     assert proc.returncode == 0, err
     assert out.strip() == "written ['int']"
     assert (tmp_path / "c.mkv").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ")
+def test_the_pipes_to_and_from_a_program_are_wide():
+    import fcntl
+
+    proc = ffwrite._start(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        for pipe in (proc.stdin, proc.stdout):
+            assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) == min(ffwrite.PIPE_BYTES, limit)
+    finally:
+        proc.communicate(b"")
+
+
+def test_a_program_writer_passes_its_threads(tmp_path):
+    w = ffwrite.ProgramWriter(threads=1)
+    frames = noise(3, 16, 16)
+    w.write(tmp_path / "c.mkv", frames, 24, "ffv1")
+    assert w.write_browser(tmp_path / "c.mp4", frames, 24) == 3
+    assert np.array_equal(video.ClipReader(tmp_path / "c.mkv").read(), frames)
+
+
+def test_a_device_render_writes_with_programs_in_auto_windows_by_default(tmp_path, monkeypatch):
+    """Nothing set: a render on a device (here the CPU taken for one) has FFmpeg programs
+    write its files and decode its sources, in ``auto`` windows; the same run folder as a CPU
+    render's (PyAV, overlap)."""
+    from evalkit.render import driver, quiet
+
+    for var in (ffwrite.ENV, "EVALKIT_RENDER_WRITES"):
+        monkeypatch.delenv(var, raising=False)
+    suite = two_clip_suite(tmp_path)
+    [a] = render_suite(suite, ["cpu"], tmp_path / "a", renderer=Invert(), progress=False)
+    seen = {"modes": [], "writes": 0, "reads": 0}
+    real_init, real_write, real_read = quiet.QuietSources.__init__, ffwrite.write_lossless, \
+        ffwrite.read_exact
+
+    def init(self, *args, **kw):
+        seen["modes"].append((kw.get("mode"), kw.get("programs")))
+        real_init(self, *args, **kw)
+
+    def write(*args, **kw):
+        seen["writes"] += 1
+        return real_write(*args, **kw)
+
+    def read(*args, **kw):
+        seen["reads"] += 1
+        return real_read(*args, **kw)
+
+    monkeypatch.setattr(driver, "on_device", lambda idents: True)
+    monkeypatch.setattr(quiet.QuietSources, "__init__", init)
+    monkeypatch.setattr(ffwrite, "write_lossless", write)
+    monkeypatch.setattr(ffwrite, "read_exact", read)
+    [b] = render_suite(suite, ["cpu"], tmp_path / "b", renderer=Invert(), progress=False)
+    assert seen["modes"] == [("auto", True)]
+    assert seen["writes"] == 6 and seen["reads"] >= 2
+    assert (a.done, b.done) == (6, 6)
+    runs_decode_alike(b.path, a.path)

@@ -310,15 +310,18 @@ def test_a_broken_source_ends_the_window_before_its_job_and_fails_as_without_win
 
 
 def test_the_switch(monkeypatch):
-    """Unset: ``overlap`` on the CPU, :data:`quiet.DEVICE_DEFAULT` (``overlap``) on a device;
-    a value set wins either way."""
+    """Unset: ``overlap`` on the CPU; on a device :data:`quiet.DEVICE_DEFAULT` (``overlap``)
+    with PyAV's writers, :data:`quiet.PROGRAMS_DEVICE_DEFAULT` (``auto``) with FFmpeg
+    programs; a value set wins either way."""
     monkeypatch.delenv("EVALKIT_RENDER_WRITES", raising=False)
     assert writes_mode() == "overlap" == writes_mode(on_device=True) == quiet.DEVICE_DEFAULT
+    assert writes_mode(programs=True) == "overlap"
+    assert writes_mode(True, programs=True) == "auto" == quiet.PROGRAMS_DEVICE_DEFAULT
     monkeypatch.setattr(quiet, "DEVICE_DEFAULT", "auto")
     assert writes_mode() == "overlap" and writes_mode(on_device=True) == "auto"
     for mode in ("overlap", "batch", "auto"):
         monkeypatch.setenv("EVALKIT_RENDER_WRITES", mode)
-        assert writes_mode() == mode == writes_mode(on_device=True)
+        assert writes_mode() == mode == writes_mode(on_device=True) == writes_mode(True, True)
     monkeypatch.setenv("EVALKIT_RENDER_WRITES", "later")
     with pytest.raises(UserError, match=r"^EVALKIT_RENDER_WRITES: expected one of overlap, "
                                         r"batch, auto, found 'later'$"):

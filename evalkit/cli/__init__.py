@@ -11,6 +11,7 @@ import argparse
 import sys
 import traceback
 
+from evalkit import bytecode
 from evalkit.cli import compare, render, serve, setup, study
 from evalkit.errors import EvalkitError, UserError
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    bytecode.ensure()                # before anything imports torch: evalkit.bytecode says why
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

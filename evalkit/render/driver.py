@@ -280,8 +280,11 @@ class SourceCache:
     decoding error is raised by the :meth:`get` that needs the clip, as without prefetching.
     """
 
-    def __init__(self, suite: Suite):
+    def __init__(self, suite: Suite, *, programs: bool = False):
         self.suite = suite
+        #: decode exact-RGB lossless sources by FFmpeg programs (ffwrite.read_exact): the
+        #: lock stays with the thread that feeds the device
+        self.programs = programs
         self._key = None
         self._value = None
         self._next: tuple[str, Future] | None = None
@@ -289,6 +292,9 @@ class SourceCache:
 
     def _decode(self, clip_id: str):
         path = self.suite.clips[clip_id].path
+        got = ffwrite.read_exact(path) if self.programs else None
+        if got is not None:
+            return got[0], got[1], path
         reader = ClipReader(path)
         return reader.read(), reader.info.fps, path
 
@@ -421,12 +427,15 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
-    mode = writes_mode(on_device(idents)) if isinstance(executor, LocalExecutor) else "overlap"
-    ffwrite.encoder()                       # $EVALKIT_RENDER_ENCODER checked before anything
+    device = on_device(idents)
+    # $EVALKIT_RENDER_ENCODER checked before anything; FFmpeg programs write the files and
+    # decode the exact-RGB sources
+    programs = ffwrite.encoder(device) == "ffmpeg" and isinstance(executor, LocalExecutor)
+    mode = writes_mode(device, programs) if isinstance(executor, LocalExecutor) else "overlap"
     if mode == "overlap":
-        sources = SourceCache(suite)
+        sources = SourceCache(suite, programs=programs)
     else:                                   # decoding and writing between windows of jobs
-        sources = QuietSources(suite, mode=mode)
+        sources = QuietSources(suite, mode=mode, programs=programs)
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         # every run folder's lock first: a render refused by one has written nothing anywhere
@@ -510,11 +519,11 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # are long: each job's burst in the background while the next one renders)
     # EVALKIT_RENDER_ENCODER=ffmpeg (ffwrite.py): the encoder threads feed FFmpeg programs
     quiet = isinstance(sources, QuietSources)
-    programs = ffwrite.encoder() == "ffmpeg"
+    programs = ffwrite.encoder(on_device([task for task, _ in runs])) == "ffmpeg"
     in_procs = (not programs and isinstance(executor, LocalExecutor)
                 and use_processes([task for task, _ in runs]))
-    encoders = ThreadPoolExecutor(max_workers=burst_threads() if quiet else encoder_threads(),
-                                  thread_name_prefix="evalkit-encode")
+    at_once = burst_threads() if quiet else encoder_threads()
+    encoders = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
     writer = ffwrite.ProgramWriter() if programs else ClipWriter(clip_parts(), WRITE_AHEAD)

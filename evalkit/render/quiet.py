@@ -46,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable, Iterator
 
 from evalkit.errors import UserError
+from evalkit.render import ffwrite
 
 _ENV = "EVALKIT_RENDER_WRITES"
 #: ``overlap``: write and decode beside the pipeline calls; ``batch``: in bursts between windows;
@@ -66,15 +67,24 @@ MAX_HELD_BYTES = 2 * 2**30
 #: (1.15-1.47 s against 1.71-1.77 s beside the writers), but the bursts (8 sources decoded,
 #: 16 files written on threads: 0.5 s) took most of that back: ``auto`` 1.80 and 2.03 s against
 #: ``overlap``'s 1.91 and 1.92 s in two runs, ``batch`` 1.70-1.98 s against 1.83-1.92 s
-#: (benchmarks/README.md, "Render overhead"). No gain shown, so nothing is held by default.
+#: (benchmarks/README.md, "Render overhead"). No gain shown, so nothing is held by default
+#: while PyAV writes.
 DEVICE_DEFAULT = "overlap"
+#: the same when FFmpeg programs write (``evalkit.render.ffwrite``, a device render's default
+#: since session 15): on the H200 ``auto`` cost the canary +12.2% and +16.3% of the pipeline's
+#: own time against ``overlap``'s +20.6% and +30.8% (two runs on one machine; +35.8% against
+#: +44.1% on another), the bursts' 16 files taking 0.13-0.14 s instead of PyAV's 0.24-0.25
+PROGRAMS_DEVICE_DEFAULT = "auto"
 
 
-def writes_mode(on_device: bool = False) -> str:
-    """``$EVALKIT_RENDER_WRITES``: ``overlap``, ``batch`` or ``auto``; when unset,
-    :data:`DEVICE_DEFAULT` for a render on a device (``on_device``), else ``overlap``;
+def writes_mode(on_device: bool = False, programs: bool = False) -> str:
+    """``$EVALKIT_RENDER_WRITES``: ``overlap``, ``batch`` or ``auto``; when unset, for a
+    render on a device (``on_device``) :data:`PROGRAMS_DEVICE_DEFAULT` if FFmpeg programs
+    write its files (``programs``), else :data:`DEVICE_DEFAULT`; ``overlap`` on the CPU;
     anything else is a one-line user error."""
-    value = os.environ.get(_ENV, "").strip() or (DEVICE_DEFAULT if on_device else "overlap")
+    default = ((PROGRAMS_DEVICE_DEFAULT if programs else DEVICE_DEFAULT) if on_device
+               else "overlap")
+    value = os.environ.get(_ENV, "").strip() or default
     if value not in MODES:
         raise UserError(f"{_ENV}: expected one of {', '.join(MODES)}, found {value!r}")
     return value
@@ -162,10 +172,12 @@ class QuietSources:
     :data:`FIRST_WINDOW_JOBS` when None; ``mode``: ``batch`` or ``auto``."""
 
     def __init__(self, suite, *, budget: int | None = None, seconds: float | None = None,
-                 first: int | None = None, mode: str = "batch"):
+                 first: int | None = None, mode: str = "batch", programs: bool = False):
         if mode not in ("batch", "auto"):
             raise ValueError(f"QuietSources: mode {mode!r}")
         self.suite = suite
+        #: exact-RGB lossless sources decoded by FFmpeg programs (ffwrite.read_exact)
+        self.programs = programs
         self.windows = Windows(held_budget() if budget is None else budget,
                                BATCH_SECONDS if seconds is None else seconds,
                                FIRST_WINDOW_JOBS if first is None else first,
@@ -320,6 +332,9 @@ class QuietSources:
         from evalkit.video import ClipReader
 
         path = self.suite.clips[clip_id].path
+        got = ffwrite.read_exact(path) if self.programs else None
+        if got is not None:
+            return got[0], got[1], path
         reader = ClipReader(path, threads=threads)
         return reader.read(), reader.info.fps, path
 
