@@ -108,3 +108,12 @@ def test_the_command_takes_the_step_first(tmp_path):
             "import heavylib; print(sys.pycache_prefix)")
     assert _run(tmp_path, code).splitlines()[-1] == str(tmp_path / "cache" / "pycache")
     assert _pycs(tmp_path / "cache" / "pycache")
+
+
+def test_an_unusable_cache_folder_changes_nothing(tmp_path):
+    """The cache folder cannot be made (a file stands where it would be): the settings stay as
+    they were and the import still works, compiled in memory as before."""
+    pkg = _package(tmp_path, 1)
+    (tmp_path / "cache").write_text("not a folder")
+    assert _run(tmp_path, ENSURE).split() == ["1", "None", "None"]
+    assert not (pkg / "__pycache__").exists()
