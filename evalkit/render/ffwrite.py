@@ -1,5 +1,6 @@
 """A job's lossless clip and browser copy encoded by FFmpeg programs, fed raw frames through a
-pipe (``$EVALKIT_RENDER_ENCODER=ffmpeg``; :func:`encoder`).
+pipe, and exact-RGB sources decoded by them (:func:`read_exact`): a device render's default
+unless ``$EVALKIT_RENDER_ENCODER`` (:func:`encoder`) says otherwise.
 
 Why: PyAV's encoding holds the interpreter lock between frames (its frame conversion and
 packet muxing are Python). On the H200 (session 13) the 16 files of the canary render's burst
@@ -16,8 +17,14 @@ given (the bytes may differ: another FFmpeg build), and a browser copy's odd siz
 by repeating the last row or column, as there. ``tests/test_render_ffwrite.py`` checks both
 against PyAV's files.
 
+On the H200 (session 15) a burst of 16 files took 0.11-0.16 s this way against PyAV's
+0.21-0.31 s, and the canary render's harness cost +12-16% of the pipeline's own time in
+``auto`` windows against +37-40% with PyAV beside the calls (benchmarks/README.md, "Render
+overhead"). The programs run :func:`nice` steps below the render.
+
 The program is imageio-ffmpeg's (which honours ``$IMAGEIO_FFMPEG_EXE``: a system FFmpeg with
-libx264). Asking for it without one is a user error naming the variable.
+libx264). Asking for it without one is a user error naming the variable; ``auto`` without one
+keeps PyAV.
 """
 from __future__ import annotations
 
@@ -263,8 +270,11 @@ def read_exact(path, threads: int = 0) -> tuple[np.ndarray, Fraction] | None:
     cmd = [ffmpeg_exe(), "-nostdin", "-hide_banner", "-loglevel", "error",
            "-threads", str(int(threads)), "-i", str(path),
            "-map", "0:v:0", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
-    proc = _start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                  stderr=subprocess.DEVNULL)
+    try:
+        proc = _start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                      stderr=subprocess.DEVNULL)
+    except OSError:                          # the program would not start: PyAV decodes
+        return None
     got = 0
     try:
         view = memoryview(out)
