@@ -81,6 +81,7 @@ class ClipInfo:
     frames: int | None   # declared frame count where the container says; None if unknown
     codec: str | None
     duration: float | None = None   # seconds, where the container says
+    pix_fmt: str | None = None      # the stream's pixel format, where the header says
 
     @property
     def frames_estimate(self) -> int | None:
@@ -211,9 +212,10 @@ class ClipReader:
                     # NUT's demuxer gives the last frame's start time (no frame count, no
                     # duration in the file): the clip lasts one frame longer
                     duration += 1 / float(fps)
-                return ClipInfo(self.path, "video", s.codec_context.width,
-                                s.codec_context.height, Fraction(fps),
-                                s.frames or None, s.codec_context.name, duration)
+                ctx = s.codec_context
+                return ClipInfo(self.path, "video", ctx.width, ctx.height, Fraction(fps),
+                                s.frames or None, ctx.name, duration,
+                                ctx.format.name if ctx.format is not None else None)
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
 

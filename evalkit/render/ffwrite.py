@@ -251,19 +251,14 @@ def read_exact(path, threads: int = 0) -> tuple[np.ndarray, Fraction] | None:
     the frames its header announces; None otherwise (decode it with
     :class:`evalkit.video.ClipReader`, as before). ``threads``: the decoder's (0: FFmpeg's
     choice). The read lets go of the lock."""
-    import av
-
     from evalkit.video import ClipReader
 
     try:
         info = ClipReader(path).info
-        with av.open(str(path)) as container:
-            ctx = container.streams.video[0].codec_context
-            key = (ctx.name, ctx.format.name if ctx.format is not None else None)
     except Exception:  # noqa: BLE001 - ClipReader's own decode will say what is wrong
         return None
     count = info.frames_estimate
-    if info.kind != "video" or key not in EXACT_SOURCES or not count:
+    if info.kind != "video" or (info.codec, info.pix_fmt) not in EXACT_SOURCES or not count:
         return None
     frame = info.width * info.height * 3
     out = np.empty((count + 1) * frame, np.uint8)    # one frame more: an overrun shows
