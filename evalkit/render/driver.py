@@ -519,7 +519,7 @@ def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
     # are long: each job's burst in the background while the next one renders)
     # EVALKIT_RENDER_ENCODER=ffmpeg (ffwrite.py): the encoder threads feed FFmpeg programs
     quiet = isinstance(sources, QuietSources)
-    programs = ffwrite.encoder(on_device([task for task, _ in runs])) == "ffmpeg"
+    programs = sources.programs             # render_suite's one decision (ffwrite.encoder)
     in_procs = (not programs and isinstance(executor, LocalExecutor)
                 and use_processes([task for task, _ in runs]))
     at_once = burst_threads() if quiet else encoder_threads()
