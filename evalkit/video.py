@@ -510,6 +510,18 @@ def _as_frames(frames) -> Iterator[np.ndarray]:
         yield f
 
 
+def frame_batch(frames) -> np.ndarray:
+    """Frames handed to a writer as one contiguous ``(N, H, W, 3)`` uint8 array (one
+    ``(H, W, 3)`` frame becomes a batch of one); a ValueError naming ``frames`` otherwise."""
+    frames = np.asarray(frames)
+    if frames.ndim == 3:
+        frames = frames[None]
+    if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} "
+                         f"{frames.shape}")
+    return np.ascontiguousarray(frames)
+
+
 def writer_fps(fps) -> Fraction:
     """A writer's frame rate: ``fps`` as a fraction (NTSC rates exact), a ValueError naming
     ``fps`` unless positive. Every writer of clips takes its rate from here."""

@@ -38,7 +38,7 @@ import numpy as np
 
 from evalkit.errors import UserError
 from evalkit.fsutil import atomic_path
-from evalkit.video import browser_target, lossless_target, writer_fps
+from evalkit.video import browser_target, frame_batch, lossless_target, writer_fps
 
 ENV = "EVALKIT_RENDER_ENCODER"
 #: ``auto`` (unset): FFmpeg programs when a device renders and a program is found, else PyAV;
@@ -148,15 +148,10 @@ def ffmpeg_exe() -> str:
 
 
 def _frames(frames) -> np.ndarray:
-    frames = np.asarray(frames)
-    if frames.ndim == 3:
-        frames = frames[None]
-    if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.shape} "
-                         f"{frames.dtype}")
+    frames = frame_batch(frames)
     if not len(frames):
         raise ValueError("frames: expected at least one frame, found none")
-    return np.ascontiguousarray(frames)
+    return frames
 
 
 def _options(options: dict) -> list[str]:

@@ -47,6 +47,7 @@ import numpy as np
 
 from evalkit.procdecode import (SHM_DIR, NoRoom, WorkerPoolBase, WorkerProcess, attach,
                                 death_text, env_switch, shm_free, shm_written)
+from evalkit.video import frame_batch
 
 #: seconds between liveness checks while waiting for a worker (and the worker's checks of its
 #: parent)
@@ -252,10 +253,7 @@ class WriterPool(WorkerPoolBase):
         :class:`WriterError`). Raises :class:`evalkit.procdecode.NoRoom` (nothing started)
         when ``/dev/shm`` has no room for the frames, :class:`Booting` (nothing started) when
         not ``wait`` and fewer than two workers have started."""
-        frames = np.asarray(frames)
-        if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
-            raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} "
-                             f"{frames.shape}")
+        frames = frame_batch(frames)
         token = self._reserve(frames.nbytes)
         if not self.wait and self.started() < 2:
             self._unreserve(token)
