@@ -25,11 +25,10 @@ def _package(root: Path, value: int) -> Path:
 
 
 def _run(root: Path, code: str, **env) -> str:
-    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(ROOT)]),
+    full = {**os.environ, "PYTHONPYCACHEPREFIX": None, "PYTHONPATH": os.pathsep.join(
+                [str(root / "lib"), str(ROOT)]),
             "EVALKIT_CACHE_DIR": str(root / "cache"), "PYTHONDONTWRITEBYTECODE": "1", **env}
-    for k in [k for k, v in full.items() if v is None]:
-        del full[k]
-    full.pop("PYTHONPYCACHEPREFIX", None) if "PYTHONPYCACHEPREFIX" not in env else None
+    full = {k: v for k, v in full.items() if v is not None}      # None: unset
     p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
