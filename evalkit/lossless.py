@@ -25,9 +25,10 @@ class LosslessFormat:
 
 
 #: The lossless formats of run clips (``render --lossless``), every one exact RGB.
-#: FFV1 (the default) makes the smallest files; UT Video's files are 1.15-1.5x larger and decode
-#: 6-7x faster (11-14 ms of CPU per 1280x720 frame against FFV1's 75-98). PyAV refuses UT Video
-#: in Matroska (its compliance check), so it lives in NUT, FFmpeg's own container.
+#: FFV1 (a new run's default on the CPU) makes the smallest files; UT Video's (the default on a
+#: device) are 1.15-1.5x larger and decode 6-7x faster (11-14 ms of CPU per 1280x720 frame
+#: against FFV1's 75-98). PyAV refuses UT Video in Matroska (its compliance check), so it lives
+#: in NUT, FFmpeg's own container.
 LOSSLESS_FORMATS: dict[str, LosslessFormat] = {
     "ffv1": LosslessFormat("ffv1", ".mkv", "matroska", "ffv1", "bgr0",
                            {"level": "3", "slicecrc": "1", "g": "1"},
