@@ -106,9 +106,9 @@ def main() -> int:
     p.add_argument("--pipeline-class", default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--jobs", nargs="*", default=None)
-    p.add_argument("--lossless", nargs="+", choices=("ffv1", "utvideo"), default=None,
+    p.add_argument("--lossless", nargs="+", choices=("default", "ffv1", "utvideo"), default=None,
                    help="the runs' lossless format, one harness run per value each repeat "
-                        "(default: unset, evalkit's own choice)")
+                        "(default: not given, evalkit's own choice: UT Video on a device)")
     p.add_argument("--trace", action="store_true",
                    help="print a timeline of each harness run's bursts in the last repeat "
                         "(benchmarks/render_trace.py)")
@@ -235,8 +235,10 @@ def main() -> int:
                 t0 = time.perf_counter()
                 [summary] = render_suite(a.suite, [a.backend], tmp, renderer=renderer,
                                          jobs=a.jobs, executor=LoadedOnce(),
-                                         progress=not a.no_progress, lossless=lossless)
+                                         progress=not a.no_progress,
+                                         lossless=None if lossless == "default" else lossless)
                 elapsed = time.perf_counter() - t0
+                made = _clips_format(summary.path)
         finally:
             del renderer.render
             if traced:
@@ -246,6 +248,8 @@ def main() -> int:
         if summary.failed:
             raise SystemExit(f"harness run failed: {summary.failures}")
         gaps = [b[0] - a_[1] for a_, b in zip(calls, calls[1:])]
+        if lossless == "default":
+            print(f"    (--lossless not given: the run's clips are {made})", file=sys.stderr)
         return elapsed, {"calls": sum(e - b for b, e in calls), "head": calls[0][0] - t0,
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
@@ -324,6 +328,14 @@ def main() -> int:
               f"{med['tail']:.3f} s (its clip, preview and manifest)")
     writes(suite, jobs)
     return 0
+
+
+def _clips_format(run) -> str:
+    """The lossless format a run's manifest records (``ffv1`` when it names none)."""
+    import json
+
+    doc = json.loads((Path(run) / "manifest.json").read_text())
+    return (doc.get("lossless") or {}).get("codec", "ffv1")
 
 
 def _gentle(fn):
