@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import threading
 import time
 
@@ -53,11 +54,13 @@ class Trace:
         for module, path, kind in TIMED:
             try:
                 owner, name = _owner(module, path)
-                fn = getattr(owner, name)
+                raw = inspect.getattr_static(owner, name)
             except (ImportError, AttributeError):
                 continue
-            setattr(owner, name, self._wrap(fn, kind))
-            self._undo.append((owner, name, fn))
+            wrapped = (staticmethod(self._wrap(raw.__func__, kind))
+                       if isinstance(raw, staticmethod) else self._wrap(raw, kind))
+            setattr(owner, name, wrapped)
+            self._undo.append((owner, name, raw))
 
     def off(self) -> None:
         while self._undo:
