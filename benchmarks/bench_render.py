@@ -106,7 +106,12 @@ def main() -> int:
     p.add_argument("--pipeline-class", default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--jobs", nargs="*", default=None)
-    p.add_argument("--lossless", default=None, help="the run's lossless format (default ffv1)")
+    p.add_argument("--lossless", nargs="+", choices=("default", "ffv1", "utvideo"), default=None,
+                   help="the runs' lossless format, one harness run per value each repeat "
+                        "(default: not given, evalkit's own choice: UT Video on a device)")
+    p.add_argument("--trace", action="store_true",
+                   help="print a timeline of each harness run's bursts in the last repeat "
+                        "(benchmarks/render_trace.py)")
     p.add_argument("--fake-gpu", type=float, default=None, metavar="SECONDS",
                    help="no pipeline: sleep SECONDS per job (GIL released), return the source "
                         "flipped")
@@ -119,7 +124,8 @@ def main() -> int:
     p.add_argument("--writes", nargs="+", choices=("overlap", "batch", "auto"), default=None,
                    help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
                         "repeat (default: unset, evalkit's own choice)")
-    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg", "raw"), default=None,
+    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg", "raw", "gentle"),
+                   default=None,
                    help="EVALKIT_RENDER_ENCODER for the harness runs, one run per value each "
                         "repeat (pyav: in this process; ffmpeg: FFmpeg programs fed through "
                         "pipes; default: unset, pyav)")
@@ -211,56 +217,76 @@ def main() -> int:
         finally:
             calls.append((t, time.perf_counter()))
 
-    def harness() -> tuple[float, dict]:
+    trace = None
+    traced_lines: list[str] = []        # the last traced harness run's timeline
+    if a.trace:
+        from render_trace import Trace
+
+        trace = Trace()
+
+    def harness(lossless: str | None = None, traced: bool = False) -> tuple[float, dict]:
         """(wall time, where the time outside the pipeline calls went)"""
         calls.clear()
         renderer.render = timed_render
+        if traced:
+            trace.on()
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
                 [summary] = render_suite(a.suite, [a.backend], tmp, renderer=renderer,
                                          jobs=a.jobs, executor=LoadedOnce(),
-                                         progress=not a.no_progress, lossless=a.lossless)
+                                         progress=not a.no_progress,
+                                         lossless=None if lossless == "default" else lossless)
                 elapsed = time.perf_counter() - t0
+                made = _clips_format(summary.path)
         finally:
             del renderer.render
+            if traced:
+                trace.off()
+        if traced:
+            traced_lines[:] = trace.report(t0, t0 + elapsed, calls)
         if summary.failed:
             raise SystemExit(f"harness run failed: {summary.failures}")
         gaps = [b[0] - a_[1] for a_, b in zip(calls, calls[1:])]
+        if lossless == "default":
+            print(f"    (--lossless not given: the run's clips are {made})", file=sys.stderr)
         return elapsed, {"calls": sum(e - b for b, e in calls), "head": calls[0][0] - t0,
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES, EVALKIT_RENDER_ENCODER) of each
-    # harness run, None: unset
-    settings = [(w, None if v == "auto" else v, e) for w in a.writes or [None]
-                for v in a.writer_processes or ["auto"] for e in a.encoders or [None]]
+    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES, EVALKIT_RENDER_ENCODER, --lossless)
+    # of each harness run, None: unset
+    settings = [(w, None if v == "auto" else v, e, f) for w in a.writes or [None]
+                for v in a.writer_processes or ["auto"] for e in a.encoders or [None]
+                for f in a.lossless or [None]]
 
-    def harness_with(value):
+    def harness_with(value, traced: bool = False):
         for name, v in zip(("EVALKIT_RENDER_WRITES", "EVALKIT_WRITER_PROCESSES",
                             "EVALKIT_RENDER_ENCODER"), value):
             if v is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = "ffmpeg" if v == "raw" else v
+                os.environ[name] = "ffmpeg" if v in ("raw", "gentle") else v
+        if value[2] == "gentle":
+            return _gentle(lambda: harness(value[3], traced))
         if value[2] != "raw":
-            return harness()
+            return harness(value[3], traced)
         from evalkit.render import ffwrite
 
         real = ffwrite.write_lossless, ffwrite.write_browser
         ffwrite.write_lossless, ffwrite.write_browser = _raw_dump, _raw_dump
         try:
-            return harness()
+            return harness(value[3], traced)
         finally:
             ffwrite.write_lossless, ffwrite.write_browser = real
 
     def named(value) -> str:
-        writes, procs, enc = value
+        writes, procs, enc, lossless = value
         writers = {None: "evalkit render (auto)", "0": "writers: threads (0)",
                    "1": "writers: processes (1)"}[procs]
         name = writers if writes is None else (
             f"writes {writes}" + (f", {writers}" if a.writer_processes else ""))
-        return name + (f", encoder {enc}" if enc else "")
+        return name + (f", encoder {enc}" if enc else "") + (f", {lossless}" if lossless else "")
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []
@@ -272,17 +298,20 @@ def main() -> int:
         own.append(pipe)
         line = f"repeat {i + 1}: direct {d[-1]:.3f} s (pipeline {own[-1]:.3f} s)"
         for value in settings:
-            wall, where = harness_with(value)
+            wall, where = harness_with(value, traced=trace is not None and i == a.repeats - 1)
             h[value].append(wall)
             parts[value].append(where)
             line += (f"\n  {named(value)}: {wall:.3f} s (pipeline {where['calls']:.3f}, before "
                      f"the first call {where['head']:.3f}, between calls {where['gaps']:.3f} (at "
                      f"most {where['max_gap']:.3f}), after the last {where['tail']:.3f})")
+            if traced_lines:
+                line += "".join(f"\n    {t}" for t in traced_lines)
+                traced_lines.clear()
         print(line, file=sys.stderr)
     md, mo = statistics.median(d), statistics.median(own)
     n = len(jobs)
     print(f"suite {suite.name}, {n} jobs, backend {spec.spec}, renderer {renderer_name}, "
-          f"lossless {a.lossless or 'ffv1'}")
+          f"lossless {' / '.join(a.lossless) if a.lossless else 'unset'}")
     print(f"pipeline's own time   : median {mo:.3f} s  ({mo / n:.3f} s/job)")
     print(f"direct pipeline calls : median {md:.3f} s  ({md / n:.3f} s/job, sources decoded "
           "in line)")
@@ -299,6 +328,43 @@ def main() -> int:
               f"{med['tail']:.3f} s (its clip, preview and manifest)")
     writes(suite, jobs)
     return 0
+
+
+def _clips_format(run) -> str:
+    """The lossless format a run's manifest records (``ffv1`` when it names none)."""
+    import json
+
+    doc = json.loads((Path(run) / "manifest.json").read_text())
+    return (doc.get("lossless") or {}).get("codec", "ffv1")
+
+
+def _gentle(fn):
+    """``--encoders gentle`` (an experiment): FFmpeg programs with one codec thread each, at
+    niceness 19, one file at a time beside the calls (``driver.encoder_threads``: 1), sources
+    decoded by one-threaded programs too: what the calls lose beside a light, steady load."""
+    import evalkit.render.driver as driver
+    from evalkit.render import ffwrite
+
+    real = (ffwrite.ProgramWriter, ffwrite.read_exact, driver.encoder_threads,
+            os.environ.get("EVALKIT_FFMPEG_NICE"))
+    read = real[1]
+
+    class OneThread(real[0]):
+        def __init__(self, threads: int = 1):
+            super().__init__(1)
+
+    ffwrite.ProgramWriter = OneThread
+    ffwrite.read_exact = lambda path, threads=0: read(path, 1)
+    driver.encoder_threads = lambda: 1
+    os.environ["EVALKIT_FFMPEG_NICE"] = "19"
+    try:
+        return fn()
+    finally:
+        ffwrite.ProgramWriter, ffwrite.read_exact, driver.encoder_threads = real[:3]
+        if real[3] is None:
+            os.environ.pop("EVALKIT_FFMPEG_NICE", None)
+        else:
+            os.environ["EVALKIT_FFMPEG_NICE"] = real[3]
 
 
 def _raw_dump(path, frames, fps, *args, codec: str = "ffv1", **kw) -> int:

@@ -111,6 +111,38 @@ def test_manifest_records_the_format_and_old_manifests_read_as_ffv1(tmp_path):
         RunDir.open(run.path)
 
 
+def test_a_new_run_on_a_device_is_utvideo_unless_asked_and_a_resumed_one_keeps_its_own(
+        tmp_path, monkeypatch):
+    """No --lossless: a new run rendered on a device (as the driver tells it: ``on_device``)
+    writes UT Video, one on the CPU FFV1; --lossless wins either way; a run resumed on a device
+    keeps the format it was made with (no error for not naming it)."""
+    from evalkit.lossless import DEVICE_LOSSLESS, new_run_format
+    from evalkit.render import driver
+    from evalkit.render.driver import render_suite
+    from evalkit.testing.renderers import Invert
+
+    assert (new_run_format(True), new_run_format(False)) == ("utvideo", "ffv1") \
+        == (DEVICE_LOSSLESS, "ffv1")
+    suite = load_suite(SMOKE)
+    first = [suite.jobs[0].id]
+
+    def render(out, device, **kw):
+        monkeypatch.setattr(driver, "on_device", lambda runs: device)
+        [s] = render_suite(SMOKE, ["cpu"], tmp_path / out, renderer=Invert(), progress=False,
+                           **kw)
+        assert s.failed == 0
+        m = read_manifest(s.path)
+        return m["lossless"]["codec"], sorted(p.suffix for p in (s.path / "clips").iterdir())
+
+    n = len(suite.jobs)
+    assert render("gpu", True) == ("utvideo", [".nut"] * n)
+    assert render("cpu", False) == ("ffv1", [".mkv"] * n)
+    assert render("asked", True, lossless="ffv1") == ("ffv1", [".mkv"] * n)
+    # made on the CPU (FFV1) with one job, resumed on a device: FFV1 still, every job
+    assert render("resumed", False, jobs=first) == ("ffv1", [".mkv"])
+    assert render("resumed", True) == ("ffv1", [".mkv"] * n)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The smoke suite through the fake renderer twice: FFV1 (default) and UT Video; then an

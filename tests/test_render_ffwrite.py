@@ -366,7 +366,9 @@ def test_a_device_render_writes_with_programs_in_auto_windows_by_default(tmp_pat
     for var in (ffwrite.ENV, "EVALKIT_RENDER_WRITES"):
         monkeypatch.delenv(var, raising=False)
     suite = two_clip_suite(tmp_path)
-    [a] = render_suite(suite, ["cpu"], tmp_path / "a", renderer=Invert(), progress=False)
+    # a device's new run is UT Video (lossless.DEVICE_LOSSLESS): the CPU's made alike by asking
+    [a] = render_suite(suite, ["cpu"], tmp_path / "a", renderer=Invert(), progress=False,
+                       lossless="utvideo")
     seen = {"modes": [], "writes": 0, "reads": 0}
     real_init, real_write, real_read = quiet.QuietSources.__init__, ffwrite.write_lossless, \
         ffwrite.read_exact
@@ -391,4 +393,5 @@ def test_a_device_render_writes_with_programs_in_auto_windows_by_default(tmp_pat
     assert seen["modes"] == [("auto", True)]
     assert seen["writes"] == 6 and seen["reads"] >= 2
     assert (a.done, b.done) == (6, 6)
+    assert read_manifest(b.path)["lossless"]["codec"] == "utvideo"
     runs_decode_alike(b.path, a.path)

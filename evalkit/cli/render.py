@@ -104,7 +104,8 @@ def add_render(sub, common) -> None:
                    help="add N to every seed (a seed-shifted run for the noise floor)")
     s.add_argument("--lossless", choices=list(LOSSLESS_FORMATS), default=None,
                    help="format of the lossless clips: ffv1 (.mkv, smallest; the default for a "
-                        "new run) or utvideo (.nut, 1.15-1.5x larger, decodes 6-7x faster); a "
+                        "new run on the CPU) or utvideo (.nut, 1.15-1.5x larger, encodes and "
+                        "decodes several times faster; the default for a new run on a GPU); a "
                         "resumed run keeps its own")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     executor_args(s, retries=True)

@@ -36,7 +36,7 @@ from evalkit.errors import InputFileError, UserError
 from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
-from evalkit.lossless import LOSSLESS_FORMATS
+from evalkit.lossless import LOSSLESS_FORMATS, new_run_format
 from evalkit.procdecode import NoRoom
 from evalkit.render import ffwrite
 from evalkit.render.clipwriter import ClipWriter
@@ -401,7 +401,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     renderer that adopts renders made elsewhere (``import``) needs no backend when it has a
     label (or a fingerprint file that names one): the spec is recorded, never applied.
     ``lossless``: the format of the clips (:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render
-    --lossless``); None: ``ffv1`` for a new run, its own for a resumed one (another one for a
+    --lossless``); None: for a new run ``utvideo`` when it renders on a device, else ``ffv1``
+    (:func:`evalkit.lossless.new_run_format`), its own for a resumed one (another one for a
     resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
     executor = executor or LocalExecutor()
@@ -478,10 +479,13 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                 old = RunDir.open(path).manifest["fingerprint"] \
                     if (path / "manifest.json").exists() else None
                 fp = old or {"pending": "set from the worker that renders the first job"}
+            fmt = lossless
+            if fmt is None and not (path / "manifest.json").exists():
+                fmt = new_run_format(on_device([ident]))    # a resumed run keeps its own
             run = RunDir.create(path, suite=suite, renderer=rend.describe(),
                                 backend=ident.backend_record(), fingerprint=fp,
                                 notes={"seed_offset": seed_offset, "executor": executor.name},
-                                label=ident.label, adopted=adopted, lossless=lossless)
+                                label=ident.label, adopted=adopted, lossless=fmt)
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
             if early and todo:                   # a resumed run: its first job still to do
