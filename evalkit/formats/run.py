@@ -121,14 +121,15 @@ class RunDir:
     @classmethod
     def create(cls, path, *, suite, renderer: dict, backend: dict, fingerprint: dict,
                jobs: Iterable | None = None, notes: dict | None = None, label: str | None = None,
-               adopted: dict | None = None, lossless: str | None = None) -> "RunDir":
+               adopted: dict | None = None, lossless: str | None = None,
+               new_lossless: str | None = None) -> "RunDir":
         """Create a run folder, or reopen it to resume when it was made for the same suite,
         renderer, backend and label (new jobs are added as pending). ``label`` names the run
         (``render --label``); ``adopted`` records what came from elsewhere (an adopted
         fingerprint, imported files); both are left out of the manifest when None.
-        ``lossless``: the clips' format (:data:`evalkit.lossless.LOSSLESS_FORMATS`; None: ``ffv1``
-        for a new run, the recorded one for a resumed run, which keeps its format: asking for
-        another is a :class:`UserError`)."""
+        ``lossless``: the clips' format (:data:`evalkit.lossless.LOSSLESS_FORMATS`; None:
+        ``new_lossless`` for a new run, ``ffv1`` when that is None too, the recorded one for a
+        resumed run, which keeps its format: asking for another is a :class:`UserError`)."""
         from evalkit.lossless import DEFAULT_LOSSLESS, lossless_format
 
         path = Path(path)
@@ -173,7 +174,7 @@ class RunDir:
             manifest["label"] = label
         if adopted is not None:
             manifest["adopted"] = dict(adopted)
-        fmt = lossless_format(lossless or DEFAULT_LOSSLESS)
+        fmt = lossless_format(lossless or new_lossless or DEFAULT_LOSSLESS)
         manifest["lossless"] = {"codec": fmt.name, "ext": fmt.ext}
         run = cls(path, manifest)
         for job in jobs:

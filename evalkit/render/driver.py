@@ -479,13 +479,11 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                 old = RunDir.open(path).manifest["fingerprint"] \
                     if (path / "manifest.json").exists() else None
                 fp = old or {"pending": "set from the worker that renders the first job"}
-            fmt = lossless
-            if fmt is None and not (path / "manifest.json").exists():
-                fmt = new_run_format(on_device([ident]))    # a resumed run keeps its own
             run = RunDir.create(path, suite=suite, renderer=rend.describe(),
                                 backend=ident.backend_record(), fingerprint=fp,
                                 notes={"seed_offset": seed_offset, "executor": executor.name},
-                                label=ident.label, adopted=adopted, lossless=fmt)
+                                label=ident.label, adopted=adopted, lossless=lossless,
+                                new_lossless=new_run_format(on_device([ident])))
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
             if early and todo:                   # a resumed run: its first job still to do
