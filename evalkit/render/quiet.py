@@ -333,8 +333,8 @@ class QuietSources:
 
         path = self.suite.clips[clip_id].path
         # a program decodes with FFmpeg's own thread count, not ``threads``: on the H200 the
-        # canary's 8 sources decoded at once in 0.142 s so, in 0.235 s with 2 threads each
-        # (benchmarks/bench_burst.py)
+        # canary's 8 sources decoded at once in 0.142 s that way, in 0.235 s with 2 threads
+        # each (benchmarks/bench_burst.py)
         got = ffwrite.read_exact(path) if self.programs else None
         if got is not None:
             return got[0], got[1], path
