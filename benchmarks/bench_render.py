@@ -60,12 +60,14 @@ calls" the bursts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -267,18 +269,8 @@ def main() -> int:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = "ffmpeg" if v in ("raw", "gentle") else v
-        if value[2] == "gentle":
-            return _gentle(lambda: harness(value[3], traced))
-        if value[2] != "raw":
+        with _swapped(value[2]):
             return harness(value[3], traced)
-        from evalkit.render import ffwrite
-
-        real = ffwrite.write_lossless, ffwrite.write_browser
-        ffwrite.write_lossless, ffwrite.write_browser = _raw_dump, _raw_dump
-        try:
-            return harness(value[3], traced)
-        finally:
-            ffwrite.write_lossless, ffwrite.write_browser = real
 
     def named(value) -> str:
         writes, procs, enc, lossless = value
@@ -338,33 +330,32 @@ def _clips_format(run) -> str:
     return (doc.get("lossless") or {}).get("codec", "ffv1")
 
 
-def _gentle(fn):
-    """``--encoders gentle`` (an experiment): FFmpeg programs with one codec thread each, at
-    niceness 19, one file at a time beside the calls (``driver.encoder_threads``: 1), sources
-    decoded by one-threaded programs too: what the calls lose beside a light, steady load."""
+@contextlib.contextmanager
+def _swapped(encoder: str | None):
+    """The experiments of ``--encoders`` on top of FFmpeg programs, swapped in for one harness
+    run. ``raw`` (a diagnostic): each file's encoding replaced by :func:`_raw_dump`. ``gentle``:
+    programs with one codec thread each, at niceness 19, one file at a time beside the calls
+    (``driver.encoder_threads``: 1), sources decoded by one-threaded programs too: what the
+    calls lose beside a light, steady load."""
     import evalkit.render.driver as driver
     from evalkit.render import ffwrite
 
-    real = (ffwrite.ProgramWriter, ffwrite.read_exact, driver.encoder_threads,
-            os.environ.get("EVALKIT_FFMPEG_NICE"))
-    read = real[1]
+    with contextlib.ExitStack() as stack:
+        if encoder == "raw":
+            stack.enter_context(mock.patch.object(ffwrite, "write_lossless", _raw_dump))
+            stack.enter_context(mock.patch.object(ffwrite, "write_browser", _raw_dump))
+        elif encoder == "gentle":
+            class OneThread(ffwrite.ProgramWriter):
+                def __init__(self, threads: int = 1):
+                    super().__init__(1)
 
-    class OneThread(real[0]):
-        def __init__(self, threads: int = 1):
-            super().__init__(1)
-
-    ffwrite.ProgramWriter = OneThread
-    ffwrite.read_exact = lambda path, threads=0: read(path, 1)
-    driver.encoder_threads = lambda: 1
-    os.environ["EVALKIT_FFMPEG_NICE"] = "19"
-    try:
-        return fn()
-    finally:
-        ffwrite.ProgramWriter, ffwrite.read_exact, driver.encoder_threads = real[:3]
-        if real[3] is None:
-            os.environ.pop("EVALKIT_FFMPEG_NICE", None)
-        else:
-            os.environ["EVALKIT_FFMPEG_NICE"] = real[3]
+            read = ffwrite.read_exact
+            stack.enter_context(mock.patch.object(ffwrite, "ProgramWriter", OneThread))
+            stack.enter_context(mock.patch.object(ffwrite, "read_exact",
+                                                  lambda path, threads=0: read(path, 1)))
+            stack.enter_context(mock.patch.object(driver, "encoder_threads", lambda: 1))
+            stack.enter_context(mock.patch.dict(os.environ, {"EVALKIT_FFMPEG_NICE": "19"}))
+        yield
 
 
 def _raw_dump(path, frames, fps, *args, codec: str = "ffv1", **kw) -> int:
