@@ -12,7 +12,8 @@ import torch
 
 from metrics import torchflow
 
-from conftest import run_interpreted
+from conftest import ROOT, run_interpreted
+from numerics import gamma
 
 pytest.importorskip("triton")
 
@@ -21,6 +22,7 @@ import functools
 import json
 import os
 import torch
+from numerics import flow_tolerance
 from skimage import data as skdata
 from metrics.flowcheck import photo_grey, synthetic_pair
 from metrics.torchflow import torch_flow
@@ -43,8 +45,10 @@ os.environ["EVALKIT_TRITON_JACOBI"] = "9"     # 9 iterations in one launch (halo
 ofused = torch_flow(t(odd[0])[None], t(odd[1])[None], fused=True)
 truth = [torch.from_numpy(p[2]).permute(2, 0, 1) for p in pairs]
 print(json.dumps({
-    "max_diff": float((ref - fused).abs().max()),
-    "odd_max_diff": float((oref - ofused).abs().max()),
+    # over their tolerances (numerics.flow_tolerance; finest=0: 2 levels at 48x64 and 33x47)
+    "max_diff": float((ref - fused).abs().max()) / flow_tolerance(float(ref.abs().max()), levels=2),
+    "odd_max_diff": float((oref - ofused).abs().max()) / flow_tolerance(float(oref.abs().max()), levels=2),
+    "max_diff_px": float((ref - fused).abs().max()),
     "batch_diff": float((alone[0] - fused[1]).abs().max()),
     "finite": bool(fused.isfinite().all() and ofused.isfinite().all()),
     "epe_ref": [float((r - g).norm(dim=0).mean()) for r, g in zip(ref, truth)],
@@ -55,13 +59,13 @@ print(json.dumps({
 
 
 def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
-    got = run_interpreted(SCRIPT, EVALKIT_TRITON="1", EVALKIT_TRITON_JACOBI="1")
+    got = run_interpreted(SCRIPT, path=(ROOT / "tests",), EVALKIT_TRITON="1", EVALKIT_TRITON_JACOBI="1")
     assert got["finite"], got
     # the same flow up to float32 rounding (2 pairs of 48x64, warped outside the frame at the
     # borders; 1 pair of 33x47: odd sizes, pyramid levels of odd sizes, its 9 Jacobi
     # iterations in one launch on tiles of 14x46 pixels, then 5)
-    assert got["max_diff"] < 1e-4, got
-    assert got["odd_max_diff"] < 1e-4, got
+    assert got["max_diff"] <= 1, got
+    assert got["odd_max_diff"] <= 1, got
     # batch-invariant: a pair computed alone is the same pair computed beside another (and the
     # tiled kernel doing 3 Jacobi iterations per launch, used for the pair alone, gives the
     # same values as one iteration per launch)
@@ -69,7 +73,9 @@ def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
     # and it is a real flow: the 4.6 px shift is there, the error against the truth is small
     assert got["median_shift"] > 4.0, got
     for e_ref, e_fused in zip(got["epe_ref"], got["epe_fused"]):
-        assert e_fused < 0.5 and abs(e_fused - e_ref) < 1e-4, got
+        # a mean end-point error moves by at most the largest change of a vector (triangle
+        # inequality), plus its own mean's rounding over 48x64 pixels
+        assert e_fused < 0.5 and abs(e_fused - e_ref) <= got["max_diff_px"] + 2 * gamma(48 * 64 + 4) * e_ref, got
 
 
 def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):

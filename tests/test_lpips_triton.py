@@ -18,7 +18,10 @@ import torch
 from metrics import perceptual
 from metrics._common import TritonFallback, fast_paths
 
-from conftest import run_interpreted
+from conftest import ROOT, run_interpreted
+from numerics import U32, ab_tolerance
+
+TESTS = ROOT / "tests"
 
 pytest.importorskip("triton")
 
@@ -31,6 +34,7 @@ from metrics._triton_lpips import lpips_distance
 from metrics.perceptual import get_model, lpips
 from metrics.stream import evaluate_pair
 from metrics.temporal import tlp
+from numerics import lpips_head_bound
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
@@ -58,6 +62,7 @@ def compare(a, b):
     got = lpips_distance(fa, fb, weights, 1e-10)                  # channels-last (the CPU's)
     dense = lpips_distance([t.contiguous() for t in fa], [t.contiguous() for t in fb], weights, 1e-10)
     return {"got": got.tolist(), "want": want.tolist(), "dense": dense.tolist(),
+            "bound": lpips_head_bound(fa, fb, weights, 1e-10).tolist(),
             "channels_last": bool(raw[0].is_contiguous(memory_format=torch.channels_last)
                                   and not raw[0].is_contiguous()),
             "alone": [bool(torch.equal(lpips_distance([t[i:i + 1] for t in fa], [t[i:i + 1] for t in fb],
@@ -76,7 +81,18 @@ with fast_paths(triton_lpips=True):
     on = [lpips(a, b).tolist(), tlp(a, b).tolist()]
 with fast_paths(triton_lpips=False):
     off = [lpips(a, b).tolist(), tlp(a, b).tolist()]
-out["public"] = {"on": on, "off": off}
+def head_bound(x, y):
+    return lpips_head_bound(m.features(x, normalised=False), m.features(y, normalised=False), weights, 1e-10)
+
+
+# the rounding bounds of the same distances: LPIPS of each pair, and each clip's frame-to-frame
+# distance (tLP is |d_a - d_b|: the bounds of both)
+def bounds(x, y):
+    steps = head_bound(x[1:], x[:-1]) + head_bound(y[1:], y[:-1])
+    return head_bound(x, y).tolist(), steps.tolist()
+
+
+out["public"] = {"on": on, "off": off, "bound": bounds(a, b)}
 
 # the stream end to end: raw features carried across chunks of 2 for tLP
 rng = np.random.default_rng(3)
@@ -89,7 +105,9 @@ for flag in (False, True):
     with fast_paths(triton_lpips=flag):
         runs[flag] = evaluate_pair(iter(fa_), iter(fb_), device="cpu", chunk=2, flow="torch")["records"]
 keys = ["lpips", "tlp"]
-out["stream"] = {"got": [[r.get(k) for r in runs[True]] for k in keys],
+chw = lambda f: torch.from_numpy(f).permute(0, 3, 1, 2).float() / 255  # noqa: E731
+out["stream"] = {"bound": bounds(chw(fa_), chw(fb_)),
+                 "got": [[r.get(k) for r in runs[True]] for k in keys],
                  "want": [[r.get(k) for r in runs[False]] for k in keys],
                  "others_equal": all({k: v for k, v in r1.items() if k not in keys} ==
                                      {k: v for k, v in r0.items() if k not in keys}
@@ -100,19 +118,25 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted():
-    return run_interpreted(SCRIPT, drop=("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"))
+    return run_interpreted(SCRIPT, path=(TESTS,), drop=("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"))
 
 
-# The same float32 operations per element, the channel and pixel sums in another order:
-# float32 rounding of the sums (about 2e-7 of the value measured).
-RTOL = 2e-6
+# Tolerances: both paths take the same float32 raw features and do the same operations per
+# element (normalise, subtract, square, weight), summing channels and pixels in other orders.
+# Each stays within numerics.lpips_head_bound of the exact distance of those features (Higham's
+# gamma_n of float32 for every sum, the cancellation in n_a - n_b included), so two differ by at
+# most twice that (numerics.ab_tolerance), per frame; a tLP |d_a - d_b| by twice the bounds of
+# d_a and d_b, plus the subtraction's own rounding.
+def assert_within(got, want, bound, *, extra=None):
+    tol = ab_tolerance(np.asarray(bound)) + (0 if extra is None else U32 * np.abs(want))
+    assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= tol), (got, want, tol)
 
 
 @pytest.mark.parametrize("size", ["64x64", "70x45"])
 def test_head_matches_the_torch_distance(interpreted, size):
     r = interpreted[size]
     assert r["channels_last"]
-    np.testing.assert_allclose(r["got"], r["want"], rtol=RTOL, atol=0)
+    assert_within(r["got"], r["want"], r["bound"])
     # the same pixels through the NCHW strides (the GPU's layout): the same numbers here (the
     # interpreter sums in one order; compiled, the layout may change the order of the sums)
     assert r["dense"] == r["got"]
@@ -130,22 +154,19 @@ def test_a_frame_against_itself_is_zero(interpreted):
 
 def test_public_lpips_and_tlp_agree_with_the_head_on_or_off(interpreted):
     r = interpreted["public"]
-    for got, want in zip(r["on"], r["off"]):
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=0)
-    # tLP: a difference of two distances, rounded on the scale of the distances
+    assert_within(r["on"][0], r["off"][0], r["bound"][0])
+    assert_within(r["on"][1], r["off"][1], r["bound"][1], extra=True)
     assert max(r["off"][1]) > 0
 
 
 def test_stream_lpips_and_tlp_with_carried_raw_features(interpreted):
     r = interpreted["stream"]
     assert r["others_equal"]
-    lp_got, lp_want = r["got"][0], r["want"][0]
-    np.testing.assert_allclose(lp_got, lp_want, rtol=RTOL, atol=0)
-    # tLP of frames 1..4 (frames 2 and 4 start a chunk: LPIPS against the carried frame);
-    # |d_a - d_b| rounded on the scale of the distances themselves
+    assert_within(r["got"][0], r["want"][0], r["bound"][0])
+    # tLP of frames 1..4 (frames 2 and 4 start a chunk: LPIPS against the carried frame)
     t_got, t_want = r["got"][1][1:], r["want"][1][1:]
     assert r["want"][1][0] is None or np.isnan(r["want"][1][0])
-    np.testing.assert_allclose(t_got, t_want, rtol=0, atol=RTOL * max(lp_want))
+    assert_within(t_got, t_want, r["bound"][1], extra=True)
     assert min(t_want) > 0
 
 
