@@ -148,6 +148,28 @@ METRICS: Mapping[str, Metric] = {m.key: m for m in (
 #: Every metric key, in CSV column order.
 KEYS: tuple[str, ...] = tuple(METRICS)
 
+#: The conventions (keys of :meth:`metrics.stream.PairEvaluator.conventions`, recorded in a
+#: compare report's ``summary.json["conventions"]``) each metric's numbers depend on: the same
+#: frames give other numbers under another (tOF with the torch flow against DIS: a median ratio
+#: of 1.45 on real clips). A gate that records them refuses a report measured under others.
+CONVENTIONS: Mapping[str, tuple[str, ...]] = {
+    "lpips": ("lpips",), "ssim": ("ssim",), "psnr": ("psnr",),
+    "max_abs_diff": ("exactness",), "diff_fraction": ("exactness",),
+    "tlp": ("lpips", "tlp"), "tof": ("flow", "tof"),
+    "warp_error_a": ("flow", "warp_error"), "warp_error_b": ("flow", "warp_error"),
+    "warp_error_diff": ("flow", "warp_error"),
+    "flicker": ("flicker",), "flicker_a": ("flicker",), "flicker_b": ("flicker",),
+    "vmaf": ("vmaf",),
+}
+
+
+def conventions_of(metric_keys) -> tuple[str, ...]:
+    """The convention keys the numbers of ``metric_keys`` depend on, each once, in order."""
+    out: list[str] = []
+    for k in metric_keys:
+        out += [c for c in CONVENTIONS[metric(k).key] if c not in out]
+    return tuple(out)
+
 
 def metric(key: str) -> Metric:
     """The catalogue entry of ``key``; KeyError naming the known keys otherwise."""

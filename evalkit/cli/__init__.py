@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_probe(sub, common)
     render.add_render(sub, common)
     compare.add_compare(sub, common)
+    compare.add_gate(sub, common)
     study.add_study(sub, common)
     serve.add_serve(sub, common)
     render.add_suite(sub, common)

@@ -37,7 +37,8 @@ def cmd_compare(args) -> int:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
                               device=None if args.device == "auto" else args.device,
                               metric_options=options, progress=not args.quiet, executor=executor,
-                              vmaf=args.vmaf, vmaf_threads=args.vmaf_threads)
+                              vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
+                              ignore_conventions=args.ignore_conventions)
     finally:
         if executor is not None:
             executor.close()
@@ -58,10 +59,49 @@ def cmd_compare(args) -> int:
     for jid, why in s["jobs"]["not_compared"].items():
         print(f"  not compared {jid}: {why}")
     if s["gate"] is not None:
-        print(f"gate: {s['gate']['verdict'].upper()}")
-        for reason in s["gate"]["reasons"]:
-            print(f"  {reason}")
+        print_verdict(s["gate"])
     return result.exit_code
+
+
+def print_verdict(verdict: dict) -> None:
+    """A gate's verdict as ``compare --gate`` and ``evalkit gate`` print it."""
+    print(f"gate: {verdict['verdict'].upper()}")
+    for reason in verdict["reasons"]:
+        print(f"  {reason}")
+
+
+def cmd_gate(args) -> int:
+    import json
+
+    from evalkit.compare.gating import judge_report, pin_conventions
+
+    if args.pin:
+        pinned = pin_conventions(args.report, args.gate)
+        print(f"{args.gate}: conventions recorded: " + ", ".join(f"{k}={v}" for k, v in pinned.items()))
+    verdict = judge_report(args.report, args.gate, ignore_conventions=args.ignore_conventions)
+    if args.json:
+        print(json.dumps(verdict, indent=2))
+    else:
+        print_verdict(verdict)
+    return 0 if verdict["verdict"] == "pass" else 1
+
+
+def add_gate(sub, common) -> None:
+    s = sub.add_parser("gate", parents=[common],
+                       help="judge a saved compare report against a gate (no new compare)")
+    s.add_argument("report", type=Path, help="compare report folder (or its summary.json)")
+    s.add_argument("--gate", type=Path, required=True, help="gate YAML (exit 1 when it fails)")
+    s.add_argument("--pin", action="store_true",
+                   help="first record in the gate the report's conventions of the metrics it bounds")
+    s.add_argument("--json", action="store_true", help="the verdict and every check as JSON")
+    conventions_arg(s)
+    s.set_defaults(func=cmd_gate)
+
+
+def conventions_arg(s) -> None:
+    s.add_argument("--ignore-conventions", action="store_true",
+                   help="judge even when the gate records other conventions (flow, SSIM...) than "
+                        "the report was measured under")
 
 
 def cmd_metrics(args) -> int:
@@ -97,6 +137,7 @@ def add_compare(sub, common) -> None:
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    conventions_arg(s)
     vmaf_args(s)
     executor_args(s)
     s.set_defaults(func=cmd_compare)

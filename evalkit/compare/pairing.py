@@ -21,16 +21,15 @@ import numpy as np
 from evalkit import __version__
 from evalkit.errors import InputFileError, UserError
 from evalkit.compare.aggregate import aggregate, floor_ratio
-from evalkit.formats.gate import load_gate
+from evalkit.compare.gating import check_conventions, open_gate
 from evalkit.formats.run import RunDir, sha256_file
-from evalkit.compare.report import (check_report_folder, floor_notice, run_entry, same_run_warnings,
+from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
                                     write_report)
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader, usable_cores
-from metrics.catalogue import KEYS, METRICS, keys, units
+from metrics.catalogue import KEYS, METRICS, units
 
-SUMMARY_SCHEMA_VERSION = 1
 #: fields of a job that must agree for two renders to be comparable
 _SAME = ("clip", "prompt", "params")
 
@@ -415,10 +414,12 @@ class LocalCompareSession:
 
 def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
                  metric_options: dict | None = None, progress: bool = True,
-                 executor=None, vmaf: bool = False, vmaf_threads: int | None = None) -> CompareResult:
+                 executor=None, vmaf: bool = False, vmaf_threads: int | None = None,
+                 ignore_conventions: bool = False) -> CompareResult:
     """``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
     cross-backend pairs and the floors: :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
-    libvmaf's threads (default every usable core)."""
+    libvmaf's threads (default every usable core); ``ignore_conventions``: judge with a gate
+    that records other conventions than this compare's (:mod:`evalkit.compare.gating`)."""
     from tqdm import tqdm
 
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
@@ -426,8 +427,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     floor_runs = [_open_run(f, "--floor") for f in floors]
     for f in floor_runs:
         check_same_suite(a, f)
-    gate_obj = (load_gate(gate, metrics=keys(compares=True), ratio_metrics=keys(ratio=True))
-                if gate else None)
+    gate_obj = open_gate(gate) if gate else None
     if gate_obj and gate_obj.ratios and not floor_runs:
         raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
                         "was given")
@@ -451,6 +451,8 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                  if executor is None else
                  executor.compare_session(device=device, metric_options=metric_options)))
     try:
+        if gate_obj is not None and not ignore_conventions:   # before any work
+            check_conventions(gate_obj, session.conventions)
         unit = getattr(session, "progress_unit", "job")
 
         def bar_of(pairs_, desc):

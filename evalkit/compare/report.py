@@ -35,6 +35,9 @@ from evalkit.errors import UserError
 from evalkit.fsutil import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text, write_csv
 from metrics.catalogue import KEYS, METRICS, fmt
 
+#: summary.json's schema version (written by :func:`evalkit.compare.pairing.compare_runs`)
+SUMMARY_SCHEMA_VERSION = 1
+
 
 def _cell(v):
     """The report CSVs' cells: bools as true/false, nan as an empty cell (None too: write_csv)."""

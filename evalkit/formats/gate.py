@@ -8,6 +8,8 @@ Shape::
       lpips: {mean: {max: 0.5}}
     floor: seed                                        # which floor the ratios use: seed (default
                                                        # when present), rerender, or a floor's name
+    conventions: {flow: "dis,fast,...", ssim: ...}     # optional: what the thresholds were set
+                                                       # under (evalkit gate --pin writes them)
     max_missing_jobs: 0                                # jobs not compared (missing, failed, corrupt)
     human_threshold:                                   # optional: people set this gate
       {metric: lpips, value: 0.05, ci: [0.04, 0.063], study: s1, safety_factor: 2,
@@ -62,6 +64,25 @@ class Gate:
     #: the ``human_threshold`` block (metric, value, ci, study, safety_factor, criterion,
     #: aggregate, bound) when people set the gate, else None
     human_threshold: dict | None = None
+    #: the conventions the thresholds were set under (a report's ``conventions`` entries), or None
+    conventions: dict | None = None
+
+    @property
+    def metric_keys(self) -> list[str]:
+        """The metrics the gate bounds, absolute or as floor ratios, each once."""
+        return list(dict.fromkeys([*self.absolute, *self.ratios]))
+
+    def convention_problem(self, report_conventions: dict) -> tuple[str, str] | None:
+        """``(field, problem)`` when a report measured under ``report_conventions`` cannot be
+        judged by this gate (a convention it records differs, or the report records none)."""
+        for key, want in (self.conventions or {}).items():
+            got = report_conventions.get(key)
+            if got != want:
+                shown = "none" if got is None else repr(got)
+                return (f"conventions.{key}", f"the gate was set under {want!r}, the report was "
+                        f"measured under {shown} (measure under the gate's conventions, or pass "
+                        "--ignore-conventions)")
+        return None
 
     def evaluate(self, aggregates: dict, floor_ratios: dict, missing: int) -> dict:
         """{"verdict": "pass"|"fail", "reasons": [...], "checks": [...]}"""
@@ -127,4 +148,4 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     # pydantic has made every limit a float (35 -> 35.0); the mappings keep the file's order
     human = model.human_threshold.model_dump() if model.human_threshold is not None else None
     return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs,
-                human)
+                human, model.conventions)

@@ -468,6 +468,13 @@ class GateFile(FormatModel):
         None, description="Where the gate came from when people set it: a threshold study's "
                           "result (see `HumanThreshold`); informative, checked but not a check.")
 
+    conventions: Annotated[Optional[dict[str, Annotated[str, Expect("a string")]]],
+                           Expect("a mapping of convention names to strings")] = Field(
+        None, description="The conventions the thresholds were set under, as a compare report "
+                          "records them (`summary.json` `conventions`: `flow`, `ssim`...); a "
+                          "report measured under others is refused unless told "
+                          "(`--ignore-conventions`). `evalkit gate --pin` writes them.")
+
     @classmethod
     def known_keys(cls, context) -> list[str] | None:
         # the caller names the metrics (evalkit.compare: the catalogue's); without them (a round

@@ -1,0 +1,97 @@
+"""Gates on compare reports: the gate a compare checks, and ``evalkit gate`` judging a saved
+report again (a changed gate needs no new compare: the verdict reads only ``summary.json``'s
+aggregates, floor ratios and jobs not compared, as :meth:`evalkit.formats.gate.Gate.evaluate`
+does at the end of a compare).
+
+A gate may record the conventions its thresholds were set under (``conventions:``, the report's
+``summary.json["conventions"]`` entries its metrics depend on: :data:`metrics.catalogue.CONVENTIONS`);
+a report measured under others (tOF with the torch flow against a gate set on DIS) is refused in
+one line unless the caller says to ignore them. :func:`pin_conventions` writes them into a gate.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evalkit.compare.report import SUMMARY_SCHEMA_VERSION
+from evalkit.errors import InputFileError
+from evalkit.formats.gate import Gate, GateError, load_gate
+from evalkit.formats.models import version_problem
+from evalkit.fsutil import atomic_write_text
+from metrics.catalogue import conventions_of, keys
+
+
+def open_gate(path) -> Gate:
+    """A gate YAML checked against the metrics a compare report holds."""
+    return load_gate(path, metrics=keys(compares=True), ratio_metrics=keys(ratio=True))
+
+
+def check_conventions(gate: Gate, conventions: dict) -> None:
+    """GateError (one line naming the gate file and the convention) when the gate records a
+    convention the report (or the compare about to run) does not share."""
+    problem = gate.convention_problem(conventions)
+    if problem is not None:
+        raise GateError(gate.path, *problem)
+
+
+def read_summary(report) -> dict:
+    """A compare report's ``summary.json``, its schema version checked; errors name the file."""
+    report = Path(report)
+    path = report / "summary.json" if report.is_dir() else report
+    if not path.is_file():
+        raise InputFileError(path, "not found (expected a compare report folder or its summary.json)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputFileError(path, f"not JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(summary, dict):
+        raise InputFileError(path, "expected a compare summary object")
+    problem = version_problem(summary, SUMMARY_SCHEMA_VERSION)
+    if problem:
+        raise InputFileError(path, f"field 'schema_version': {problem}")
+    for field, kind in (("aggregates", dict), ("floor_ratios", dict), ("jobs", dict), ("conventions", dict)):
+        if not isinstance(summary.get(field), kind):
+            raise InputFileError(path, f"field '{field}': expected an object, found "
+                                       f"{type(summary.get(field)).__name__} (not a compare summary)")
+    if not isinstance(summary["jobs"].get("not_compared"), dict):
+        raise InputFileError(path, "field 'jobs.not_compared': expected an object")
+    return summary
+
+
+def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict:
+    """The verdict of the gate at ``gate_path`` on a saved compare report, as ``compare --gate``
+    gives it (``{"verdict", "reasons", "checks", "gate_file"}``)."""
+    summary = read_summary(report)
+    gate = open_gate(gate_path)
+    if gate.ratios and not summary["floor_ratios"]:
+        raise GateError(gate.path, "floor_ratio", "the gate sets floor_ratio thresholds but the "
+                        "report has no noise floor (compare with --floor)")
+    missing = [k for k in gate.absolute if k not in summary["aggregates"]]
+    if missing:
+        raise GateError(gate.path, missing[0], "the gate checks a metric the report does not hold "
+                        f"(compare with --{missing[0]})" if missing[0] == "vmaf" else
+                        "the gate checks a metric the report does not hold")
+    if not ignore_conventions:
+        check_conventions(gate, summary["conventions"])
+    return gate.evaluate(summary["aggregates"], summary["floor_ratios"],
+                         len(summary["jobs"]["not_compared"]))
+
+
+def pin_conventions(report, gate_path) -> dict:
+    """Write into the gate the report's conventions of the metrics it bounds (appended as a
+    ``conventions:`` block, the rest of the file kept as written); the mapping written."""
+    summary = read_summary(report)
+    gate = open_gate(gate_path)
+    wanted = [c for c in conventions_of(gate.metric_keys) if c != "vmaf"]
+    missing = [c for c in wanted if c not in summary["conventions"]]
+    if missing:
+        raise InputFileError(Path(report), f"field 'conventions.{missing[0]}': the report records "
+                             "none (compared without temporal metrics?)")
+    pinned = {c: summary["conventions"][c] for c in wanted}
+    if gate.conventions is not None:
+        raise GateError(gate.path, "conventions", "already recorded; remove the block to pin again")
+    text = gate.path.read_text(encoding="utf-8")
+    block = "conventions:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in pinned.items())
+    atomic_write_text(gate.path, text + ("" if text.endswith("\n") else "\n") + block)
+    open_gate(gate.path)        # what was written reads back
+    return pinned
