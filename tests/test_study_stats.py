@@ -3,7 +3,6 @@ of each error claim (the full grid: benchmarks/bench_study_sim.py)."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -203,15 +202,11 @@ def test_catch_screening():
 
 @pytest.fixture(scope="module")
 def plan01():
-    t = time.time()
-    p = stats.plan("abx", 0.1)
-    p["seconds"] = time.time() - t
-    return p
+    return stats.plan("abx", 0.1)
 
 
 def test_plan_abx(plan01):
     p = plan01
-    assert p["seconds"] < 20
     assert p["raters"] >= 12 and p["clips"] == 15 and p["ratings_per_clip"] == p["raters"]
     assert p["invite"] == math.ceil(p["raters"] / 0.9)
     assert p["simulated_power"] - p["simulated_power_se"] >= 0.8
