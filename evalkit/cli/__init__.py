@@ -11,7 +11,6 @@ import argparse
 import sys
 import traceback
 
-from evalkit import bytecode
 from evalkit.cli import compare, render, serve, setup, study
 from evalkit.errors import EvalkitError, UserError
 
@@ -54,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    bytecode.ensure()                # before anything imports torch: evalkit.bytecode says why
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
