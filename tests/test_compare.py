@@ -104,6 +104,31 @@ def test_end_to_end_report_agrees_with_evalkit_metrics(runs, tmp_path, cli):
                                   / seed["aggregates"]["lpips"]["mean"])
     assert 0 < ratio < 1   # bf16 noise is far below what another seed changes
     assert "LPIPS mean / seed floor" in stdout
+    # the headline: the largest ratio of every family, against the seed floor, printed and kept
+    head = summary["headline"]
+    ratios = summary["floor_ratios"]["seed"]
+    largest = max(("lpips", "ssim", "psnr", "tlp", "tof", "flicker"), key=lambda k: ratios[k]["mean"])
+    assert head["metric"] == largest and head["ratio"] == ratios[largest]["mean"] < 1
+    assert head["text"].startswith("within the seed floor") and head["text"] in stdout
+    assert set(head["families"]) == {"fidelity", "temporal"}
+
+
+def test_headline_names_the_worst_family_against_the_floor():
+    from evalkit.compare.aggregate import headline
+
+    # a brightness flicker: LPIPS looks better than the floor, flicker 39 times worse
+    ratios = {"seed": {"lpips": {"mean": 0.099}, "ssim": {"mean": 0.5}, "psnr": {"mean": 1.2},
+                       "tlp": {"mean": 0.8}, "tof": {"mean": None}, "flicker": {"mean": 39.0}},
+              "rerender": {"lpips": {"mean": 2.0}}}
+    h = headline(ratios)
+    assert (h["floor"], h["family"], h["metric"], h["ratio"]) == ("seed", "temporal", "flicker", 39.0)
+    assert h["text"].startswith("worst: flicker 39x the seed floor's (brightness flickers: people notice flicker")
+    assert "fidelity: PSNR 1.2x the seed floor's" in h["text"]
+    # the gate's floor when it names one; a zero floor is inf; nothing above 1 says so
+    assert headline(ratios, "rerender")["text"].startswith("worst: LPIPS 2x the rerender floor's")
+    assert "LPIPS infx" in headline({"seed": {"lpips": {"mean": float("inf")}}})["text"]
+    assert headline({"seed": {"lpips": {"mean": 1.0}}})["text"].startswith("within the seed floor")
+    assert headline({}) is None and headline({"seed": {"tof": {"mean": None}}}) is None
 
 
 def test_floor_ratio_conventions():

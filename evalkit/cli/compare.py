@@ -52,6 +52,8 @@ def cmd_compare(args) -> int:
             print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
     for name, ratios in s["floor_ratios"].items():
         print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
+    if s.get("headline"):
+        print(s["headline"]["text"])
     if s.get("floor_notice"):
         print(f"note: {s['floor_notice']}")
     for w in s.get("warnings", []):

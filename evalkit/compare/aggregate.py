@@ -50,3 +50,53 @@ def floor_ratio(cross: dict, floor: dict) -> dict:
             else:
                 out[metric][agg] = c / f
     return out
+
+
+#: The metric families a headline names, and what a ratio above 1 means to a release manager.
+FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker")}
+MEANING = {
+    "lpips": "frames look different (perceptual distance)",
+    "ssim": "frames differ in structure",
+    "psnr": "pixels differ more",
+    "tlp": "frames change differently over time",
+    "tof": "things move differently",
+    "flicker": "brightness flickers: people notice flicker",
+}
+
+
+def _ratio_text(metric: str, ratio: float, floor: str) -> str:
+    shown = "inf" if math.isinf(ratio) else f"{ratio:.3g}"
+    return f"{METRICS[metric].name} {shown}x the {floor} floor's"
+
+
+def headline(floor_ratios: dict, floor: str | None = None) -> dict | None:
+    """The worst finding across the metric families, against a noise floor: for each family
+    (fidelity: LPIPS, SSIM, PSNR; temporal: tLP, tOF, flicker) the metric whose mean is the
+    largest multiple of the floor's, and one sentence naming the worst of all. ``floor``: the
+    floor a gate uses (default: ``seed`` when present, else the first). None without a floor.
+
+    A ratio above 1 means the two backends differ more than the floor run differs from A (for a
+    seed floor: more than another seed changes the output): a change people may see."""
+    name = floor if floor in floor_ratios else ("seed" if "seed" in floor_ratios else next(iter(floor_ratios), None))
+    if name is None:
+        return None
+    ratios = floor_ratios[name]
+    found = {}
+    for family, members in FAMILIES.items():
+        vals = [(k, ratios[k]["mean"]) for k in members if k in ratios and ratios[k].get("mean") is not None
+                and not math.isnan(ratios[k]["mean"])]
+        if vals:
+            found[family] = max(vals, key=lambda kv: kv[1])
+    if not found:
+        return None
+    family, (metric, ratio) = max(found.items(), key=lambda kv: kv[1][1])
+    others = "; ".join(f"{fam}: {_ratio_text(k, r, name)}" for fam, (k, r) in found.items() if fam != family)
+    if ratio > 1:
+        text = (f"worst: {_ratio_text(metric, ratio, name)} ({MEANING[metric]}; the backends differ "
+                f"more than the {name} floor run does)")
+    else:
+        text = (f"within the {name} floor: the largest is {_ratio_text(metric, ratio, name)} (the "
+                f"backends differ less than the floor run does)")
+    return {"floor": name, "family": family, "metric": metric, "ratio": ratio,
+            "families": {fam: {"metric": k, "ratio": r} for fam, (k, r) in found.items()},
+            "text": text + (f"; {others}" if others else "")}

@@ -20,7 +20,7 @@ import numpy as np
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, UserError
-from evalkit.compare.aggregate import aggregate, floor_ratio
+from evalkit.compare.aggregate import aggregate, floor_ratio, headline
 from evalkit.compare.gating import check_conventions, open_gate
 from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
@@ -502,6 +502,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "aggregates": aggregates,
         "floors": floor_info,
         "floor_ratios": ratios,
+        "headline": headline(ratios, gate_obj.floor if gate_obj else None),
         "floor_notice": floor_notice(floor_info),
         "gate": verdict,
     }
