@@ -112,6 +112,12 @@ COMMAND = textwrap.dedent("""\
     elif mode == "many_mkv":        # 400 frames where 8 are expected (no count in the header)
         from evalkit.video import write_lossless
         write_lossless(f"{out}/o.mkv", np.zeros((50 * n, h, w, 3), np.uint8), 24)
+    elif mode == "png16":           # 16-bit PNGs: the source's values x 257, plus 100
+        import cv2
+        src = os.environ["EVALKIT_INPUT_FRAMES"]
+        for i, name in enumerate(sorted(os.listdir(src))):
+            x = np.asarray(Image.open(os.path.join(src, name))).astype(np.uint16) * 257 + 100
+            cv2.imwrite(f"{out}/{i:05d}.png", np.ascontiguousarray(x[..., ::-1]))
     else:                           # right: as many frames of the source's size
         for i in range(n):
             Image.fromarray(np.zeros((h, w, 3), np.uint8)).save(f"{out}/{i:05d}.png")
@@ -220,6 +226,70 @@ def _cmd(mode):
                       "-O", f"cmd={sys.executable} {w.root / 'cmd.py'} {mode}"]
 
 
+def _png16_kept(w, out, err):
+    """The 16-bit PNGs (8-bit values x 257 + 100) were stored as the 8-bit values, not white."""
+    from evalkit.video import read_frames
+
+    assert "1 rendered, 0 already done, 0 failed" in out, out
+    clip = next((w.root / "cmd_png16" / "cpu" / "clips").glob("pan-*"))
+    assert (read_frames(clip)[0] == read_frames(SMOKE_CLIP)[0]).all()
+
+
+def _ramp16(w, name: str) -> Path:
+    """A 16-bit gray ramp PNG (ramp16.png) and its 8-bit rounding (ramp8.png) in the work
+    folder; the path of ``name``."""
+    import cv2
+    import numpy as np
+
+    ramp = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16 + 7).astype(np.uint16)
+    cv2.imwrite(str(w.root / "ramp16.png"), ramp)
+    cv2.imwrite(str(w.root / "ramp8.png"), np.floor(ramp / 257 + 0.5).astype(np.uint8))
+    return w.root / name
+
+
+def _bit_identical(w, out, err):
+    assert "bit-identical: every frame is exactly the same" in out, out
+
+
+def _fifo(w, name: str) -> Path:
+    """A FIFO in the work folder (nothing ever writes it: a reader would wait for good)."""
+    p = w.root / name
+    if not p.exists():
+        os.mkfifo(p)
+    return p
+
+
+def _pan_job(w):
+    from evalkit.formats.suite import load_suite
+
+    return next(j for j in load_suite(w.suite, check_clips=False).jobs if j.clip == "pan")
+
+
+def _import(w, name: str, write=None):
+    """``render -r import`` of job pan from ``import_NAME/``, where ``write(stem, frames)`` put
+    the job's file (``stem``: the folder and the job id; ``frames``: the source's)."""
+    from evalkit.video import read_frames
+
+    d = w.root / f"import_{name}"
+    if write is not None and not d.exists():
+        d.mkdir()
+        write(d / _pan_job(w).id, read_frames(SMOKE_CLIP)[0])
+    return ["render", w.suite, "-b", "cpu", "-o", w.root / f"imp_{name}", "--quiet", "--jobs",
+            "pan", "-r", "import", "-O", f"dir={d}"]
+
+
+def _reimport(w):
+    """Job pan imported from one folder, then again from another whose file differs."""
+    from evalkit.render.driver import render_suite
+    from evalkit.video import write_lossless
+
+    first = _import(w, "first", lambda stem, f: write_lossless(f"{stem}.mkv", f, 24))
+    render_suite(w.suite, ["cpu"], w.root / "imp_first", renderer="import", jobs=["pan"],
+                 options={"dir": str(w.root / "import_first")}, progress=False)
+    again = _import(w, "again", lambda stem, f: write_lossless(f"{stem}.mkv", 255 - f, 24))
+    return [*first[:5], w.root / "imp_first", *again[6:]]
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -253,6 +323,11 @@ ROWS = [
     E("metrics", "huge-image", lambda w: ["metrics", w.clip, w.big], "big.png", "frame too large"),
     E("metrics", "yaml-as-clip", lambda w: ["metrics", w.suite, w.clip], "suite.yaml",
       "unsupported file type"),
+    S("metrics", "16-bit-png-against-its-8-bit-rounding",
+      lambda w: ["metrics", _ramp16(w, "ramp16.png"), _ramp16(w, "ramp8.png"), "--device", "cpu"],
+      _bit_identical),
+    E("metrics", "fifo-as-clip", lambda w: ["metrics", _fifo(w, "fifo.mkv"), w.clip], "fifo.mkv",
+      "not a regular file", "found a FIFO", process=True),
     E("metrics", "chunk-0", lambda w: ["metrics", w.clip, w.clip, "--chunk", "0"], "chunk",
       "positive integer", "found 0"),
     E("metrics", "flow-scale-0", lambda w: ["metrics", w.clip, w.clip, "--flow-scale", "0"],
@@ -280,6 +355,9 @@ ROWS = [
     E("suite", "recursive-alias", lambda w: ["suite", "validate",
                                              _suite(w, "rec", HEAD + "clips: &c [*c]\n")],
       "rec.yaml", "alias *c refers to a value that contains it"),
+    E("suite", "clip-is-a-fifo", lambda w: ["suite", "validate", _suite(
+        w, "fifo", HEAD + f"clips: [{{id: x, path: {_fifo(w, 'fifo.mkv')}}}]\n" + JOBS)],
+      "field 'clips[0].path'", "not a regular file", "found a FIFO"),
     E("suite", "schema-version-2", lambda w: ["suite", "validate", _suite(
         w, "v2", "schema_version: 2\nname: s\n" + CLIPS + JOBS)], "field 'schema_version'",
       "unsupported version 2"),
@@ -413,6 +491,22 @@ ROWS = [
       _job_failed("command output", "24 frames, expected 8"), code=1),
     S("render", "command-too-many-frames-in-a-video", _cmd("many_mkv"),
       _job_failed("command output", "more than 8 frames, expected 8"), code=1),
+    S("render", "command-writes-16-bit-pngs", _cmd("png16"), _png16_kept),
+    S("render", "import-frames-too-small", lambda w: _import(
+        w, "small", lambda stem, f: __import__("evalkit.video").video.write_lossless(
+            f"{stem}.mkv", f[:, ::2, ::2], 24)),
+      _job_failed("import of job pan-", "import_small/pan-", ".mkv", "frames are 32x32",
+                  "expected 64x64"), code=1),
+    S("render", "import-30-fps-for-a-24-fps-source", lambda w: _import(
+        w, "fps30", lambda stem, f: __import__("evalkit.video").video.write_lossless(
+            f"{stem}.mkv", f, 30)),
+      _job_failed("import_fps30/pan-", "30 frames/s, expected 24"), code=1),
+    S("render", "import-a-fifo", lambda w: _import(
+        w, "fifo", lambda stem, f: os.mkfifo(f"{stem}.mkv")),
+      _job_failed("import_fifo/pan-", "not a regular file"), code=1),
+    E("render", "import-again-with-other-content", _reimport, "imp_first/cpu/manifest.json",
+      "was imported from", "import_first/pan-", "import_again/pan-", "has other content",
+      "render into another --out folder", process=True),
     # -- compare ---------------------------------------------------------------------------
     E("compare", "run-missing", lambda w: ["compare", w.root / "nothere", w.run_b, "-o", w.root / "r"],
       "nothere", "run folder not found (RUN_A)"),
