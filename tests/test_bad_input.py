@@ -290,6 +290,19 @@ def _reimport(w):
     return [*first[:5], w.root / "imp_first", *again[6:]]
 
 
+def _gate_e3_read_as_a_number(w, out, err):
+    summary = json.loads((w.root / "r_e3" / "summary.json").read_text())
+    assert summary["gate"]["checks"][0]["max"] == 1e-5, summary["gate"]["checks"][0]
+
+
+def _floor_copy(w) -> Path:
+    """A copy of run A elsewhere: a floor compare takes for a re-render of A."""
+    dst = w.root / "floor_copy" / "cpu"
+    if not dst.exists():
+        shutil.copytree(w.run_a, dst)
+    return dst
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -358,6 +371,15 @@ ROWS = [
     E("suite", "clip-is-a-fifo", lambda w: ["suite", "validate", _suite(
         w, "fifo", HEAD + f"clips: [{{id: x, path: {_fifo(w, 'fifo.mkv')}}}]\n" + JOBS)],
       "field 'clips[0].path'", "not a regular file", "found a FIFO"),
+    E("suite", "duplicate-key", lambda w: ["suite", "validate", _suite(
+        w, "dupkey", HEAD + CLIPS + JOBS + "prompts: [b]\n")], "dupkey.yaml",
+      "at line 6", "duplicate key 'prompts'", "first at line 4", process=True),
+    E("suite", "duplicate-key-in-a-clip", lambda w: ["suite", "validate", _suite(
+        w, "dupclip", HEAD + "clips: [{id: pan, path: {clip}, id: x}]\n" + JOBS)], "dupclip.yaml",
+      "at line 3", "duplicate key 'id'"),
+    E("suite", "nested-20000-deep", lambda w: ["suite", "validate", _suite(
+        w, "deep", HEAD + CLIPS + JOBS + "params: {x: " + "[" * 20000 + "]" * 20000 + "}\n")],
+      "deep.yaml", "invalid YAML at line 6", "nested more than 100 levels deep", process=True),
     E("suite", "schema-version-2", lambda w: ["suite", "validate", _suite(
         w, "v2", "schema_version: 2\nname: s\n" + CLIPS + JOBS)], "field 'schema_version'",
       "unsupported version 2"),
@@ -539,6 +561,48 @@ ROWS = [
     E("compare", "manifest-sha256-bogus", lambda w: ["compare", _run_with(
         w, "sha", lambda d: d["jobs"][0]["output"].update(sha256="xyz")), w.run_b, "-o", w.root / "r"],
       "manifest.json", "field 'jobs[0].output.sha256'", "64 lowercase hex digits"),
+    E("compare", "manifest-output-path-absolute", lambda w: ["compare", _run_with(
+        w, "outabs", lambda d: d["jobs"][0]["output"].update(
+            path=str(w.run_b / d["jobs"][0]["output"]["path"]))), w.run_b, "-o", w.root / "r"],
+      "outabs/cpu/manifest.json", "field 'jobs[0].output.path'", "relative to the run folder",
+      process=True),
+    E("compare", "manifest-output-path-dotdot", lambda w: ["compare", _run_with(
+        w, "outdots", lambda d: d["jobs"][0]["output"].update(
+            path="../../../runs/cpu_dtype-bf16/" + d["jobs"][0]["output"]["path"])), w.run_b,
+        "-o", w.root / "r"],
+      "outdots/cpu/manifest.json", "field 'jobs[0].output.path'", "inside it", "'../../../runs"),
+    E("compare", "manifest-preview-outside", lambda w: ["compare", _run_with(
+        w, "prevabs", lambda d: d["jobs"][0].update(preview="/etc/passwd")), w.run_b, "-o",
+        w.root / "r"], "prevabs/cpu/manifest.json", "field 'jobs[0].preview'", "'/etc/passwd'"),
+    E("compare", "manifest-nested-100000-deep", lambda w: ["compare", _run_with(
+        w, "deepjson", raw="[" * 100000), w.run_b, "-o", w.root / "r"],
+      "deepjson/cpu/manifest.json", "not valid JSON (nested too deeply)", process=True),
+    E("compare", "floor-is-run-a", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                              "--floor", w.run_a], "--floor",
+      "is RUN_A itself", process=True),
+    E("compare", "floor-is-run-b", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                              "--floor", w.run_b], "--floor", "is RUN_B itself"),
+    E("compare", "gate-floor-unknown", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                  "--floor", _floor_copy(w), "--gate", _gate(
+                                                      w, "nofloor", "floor_ratio: {lpips: {mean: "
+                                                      "{max: 2}}}\nfloor: nosuchfloor\n")],
+      "nofloor.yaml", "field 'floor'", "no floor 'nosuchfloor'", "are: rerender", process=True),
+    E("compare", "gate-duplicate-metric", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                     "--gate", _gate(w, "dupmetric", "lpips: {mean: {max: 0.1}}\n"
+                                                                     "lpips: {mean: {max: 0.9}}\n")],
+      "dupmetric.yaml", "at line 2", "duplicate key 'lpips' (first at line 1)", process=True),
+    E("compare", "gate-duplicate-bound", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                    "--gate", _gate(w, "dupbound",
+                                                                    "lpips: {mean: {max: 0.1, max: 0.9}}\n")],
+      "dupbound.yaml", "at line 1", "duplicate key 'max'"),
+    E("compare", "gate-min-above-max", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                  "--gate", _gate(w, "minmax",
+                                                                  "psnr: {mean: {min: 40, max: 30}}\n")],
+      "minmax.yaml", "field 'psnr.mean'", "expected min <= max", "min 40 > max 30"),
+    S("compare", "gate-bound-1e-5-is-a-number", lambda w: [
+        "compare", w.run_a, w.run_b, "-o", w.root / "r_e3", "--device", "cpu", "--quiet",
+        "--no-temporal", "--gate", _gate(w, "e3", "lpips: {mean: {max: 1e-5}}\n")],
+      _gate_e3_read_as_a_number, code=1),
     E("compare", "gate-missing", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
                                             "--gate", w.root / "nothere.yaml"], "nothere.yaml",
       "file not found"),

@@ -425,12 +425,22 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     check_same_suite(a, b)
     floor_runs = [_open_run(f, "--floor") for f in floors]
     for f in floor_runs:
+        for run, role in ((a, "RUN_A"), (b, "RUN_B")):
+            if f.path == run.path:
+                raise UserError(f"--floor {f.path}: is {role} itself (a floor is another render "
+                                "of A's jobs: a re-render, or other seeds with --seed-offset)")
         check_same_suite(a, f)
+    floor_names: list[str] = []
+    for f in floor_runs:
+        floor_names.append(_floor_name(a, f, set(floor_names)))
     gate_obj = (load_gate(gate, metrics=keys(compares=True), ratio_metrics=keys(ratio=True))
                 if gate else None)
     if gate_obj and gate_obj.ratios and not floor_runs:
         raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
                         "was given")
+    if gate_obj and gate_obj.ratios and gate_obj.floor and gate_obj.floor not in floor_names:
+        raise UserError(f"{gate_obj.path}: field 'floor': no floor {gate_obj.floor!r} in this "
+                        f"compare (its --floor runs are: {', '.join(floor_names)})")
     optional = [k for k in gate_obj.absolute if METRICS[k].optional] if gate_obj else []
     if optional and not vmaf:
         raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
@@ -462,10 +472,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info = {}
-        taken: set = set()
-        for f in floor_runs:
-            name = _floor_name(a, f, taken)
-            taken.add(name)
+        for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
             with bar_of(fpairs, f"floor {name}") as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
