@@ -326,3 +326,15 @@ def csv_text(header, rows, *, lineterminator: str = "\n") -> str:
 def write_csv(path: os.PathLike | str, header, rows, *, lineterminator: str = "\n") -> None:
     """Write :func:`csv_text` of ``header`` and ``rows`` to ``path`` atomically (UTF-8)."""
     atomic_write_text(path, csv_text(header, rows, lineterminator=lineterminator))
+
+
+def file_kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a folder is, in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "a special file"

@@ -38,7 +38,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import VideoError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, file_kind
 from .lossless import DEFAULT_LOSSLESS, LOSSLESS_FORMATS, LosslessFormat, lossless_format  # noqa: F401
 
 VIDEO_EXTS = {".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".nut"}
@@ -113,18 +113,6 @@ def _check_exists(path: Path) -> None:
                          f"folder of images, found {file_kind(path)})")
     if path.is_file() and path.stat().st_size == 0:
         raise VideoError(path, "empty file (0 bytes)")
-
-
-def file_kind(path: Path) -> str:
-    """What a path that is neither a regular file nor a folder is, in words."""
-    import stat
-
-    mode = path.stat().st_mode
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def _av_error_types():

@@ -303,6 +303,21 @@ def _floor_copy(w) -> Path:
     return dst
 
 
+def _db_with(w, name: str, sql: str) -> Path:
+    """A copy of the study database, changed by ``sql`` (a damaged or tampered database)."""
+    import sqlite3
+
+    dst = w.root / f"{name}.db"
+    if not dst.exists():
+        src, conn = sqlite3.connect(w.db), sqlite3.connect(dst)
+        src.backup(conn)                      # the WAL's pages too
+        src.close()
+        with conn:
+            conn.execute(sql)
+        conn.close()
+    return dst
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -649,6 +664,16 @@ ROWS = [
     E("study create", "db-postgresql-driver-missing",
       lambda w: _study(w, db=f"postgresql+nosuchdriver://u@127.0.0.1:{w.port}/x"),
       "--db postgresql+nosuchdriver://", "unknown database driver"),
+    E("study create", "db-url-five-slashes", lambda w: _study(w, db="sqlite://///:::"),
+      "--db sqlite://///:::", "expected sqlite:///relative/path or sqlite:////absolute/path",
+      "5 slashes", process=True),
+    E("study create", "db-url-with-a-host", lambda w: _study(w, db="sqlite://host/x.db"),
+      "--db sqlite://host/x.db", "found the host 'host'"),
+    E("study create", "db-folder-missing", lambda w: _study(w, db=w.root / "nofolder" / "s.db"),
+      "--db", "nofolder/s.db", "the folder", "does not exist"),
+    E("study create", "db-ratings-table-dropped", lambda w: _study(
+        w, db=_db_with(w, "noratings", "DROP TABLE ratings")), "--db", "noratings.db",
+      "a damaged study database", "table(s) ratings missing"),
     E("study create", "db-text-file", lambda w: _study(w, db=w.text), "--db", "notes.txt",
       "not an SQLite study database"),
     E("study create", "db-folder", lambda w: _study(w, db=w.folder), "--db", "a_folder",
@@ -721,6 +746,22 @@ ROWS = [
                                                  "1"], "--db", "typo.db", "no study database there"),
     E("study results", "db-text-file", lambda w: ["study", "results", "--db", w.text, "--study", "1"],
       "--db", "notes.txt", "not an SQLite study database"),
+    E("study results", "db-ratings-table-dropped", lambda w: [
+        "study", "results", "--db", _db_with(w, "noratings", "DROP TABLE ratings"), "--study", "1"],
+      "--db", "noratings.db", "a damaged study database", "table(s) ratings missing",
+      process=True),
+    E("study results", "db-schema-version-abc", lambda w: [
+        "study", "results", "--db", _db_with(w, "vabc", "UPDATE meta SET value = 'abc' WHERE key "
+                                             "= 'schema_version'"), "--study", "1"],
+      "--db", "vabc.db", "meta.schema_version", "expected an integer 1-4", "found 'abc'",
+      process=True),
+    E("study results", "db-schema-version-0", lambda w: [
+        "study", "results", "--db", _db_with(w, "v0", "UPDATE meta SET value = '0' WHERE key = "
+                                             "'schema_version'"), "--study", "1"],
+      "--db", "v0.db", "meta.schema_version", "found '0'"),
+    E("study results", "study-id-too-large", lambda w: ["study", "results", "--db", w.db, "--study",
+                                                       "99999999999999999999999"],
+      "study 99999999999999999999999", "no such study", process=True),
     E("study results", "study-not-a-number", lambda w: ["study", "results", "--db", w.db, "--study", "x"],
       "study x", "no such study"),
     # -- study plan ------------------------------------------------------------------------
@@ -772,6 +813,13 @@ ROWS = [
       "notes.txt", "not an SQLite study database", process=True),
     E("serve", "db-folder", lambda w: ["serve", "--db", w.folder, "--port", _free_port()], "--db",
       "a_folder", "found a folder"),
+    E("serve", "db-schema-version-abc", lambda w: [
+        "serve", "--db", _db_with(w, "vabc", "UPDATE meta SET value = 'abc' WHERE key = "
+                                  "'schema_version'"), "--port", _free_port()],
+      "--db", "vabc.db", "meta.schema_version", "found 'abc'", process=True),
+    E("serve", "db-ratings-table-dropped", lambda w: [
+        "serve", "--db", _db_with(w, "noratings", "DROP TABLE ratings"), "--port", _free_port()],
+      "--db", "noratings.db", "table(s) ratings missing"),
     E("serve", "db-mistyped", lambda w: ["serve", "--db", w.root / "typo.db", "--port", _free_port()],
       "--db", "typo.db", "no study database there"),
 ]
