@@ -18,6 +18,7 @@ the source tree on ``sys.path``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ import shutil
 import signal
 from importlib.resources import files
 from pathlib import Path
+
+from evalkit.errors import WriteError
 
 _TEMP_FLAGS = (os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
                | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
@@ -44,16 +47,46 @@ def mkstemp(*, dir: os.PathLike | str, prefix: str = ".tmp-", suffix: str = "") 
     raise FileExistsError(f"{dir}: no unused temporary file name found")
 
 
+#: errnos of a write refused for want of room: the disk or the quota is full, or the file is
+#: over the process's size limit (``ulimit -f``)
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_room(e: BaseException) -> bool:
+    """Whether ``e`` (or what it was raised from) is a write refused for want of room."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _reason(e: BaseException) -> str:
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return e.strerror or os.strerror(e.errno)
+        e = e.__cause__ or e.__context__
+    return "no room"
+
+
 @contextlib.contextmanager
 def atomic_path(path: os.PathLike | str, suffix: str | None = None):
     """Yield a temporary path next to ``path``; on success rename it over ``path``.
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and ``path``
-    is left untouched. ``suffix`` keeps the extension (codecs pick formats by it).
+    is left untouched. ``suffix`` keeps the extension (codecs pick formats by it). A write
+    refused for want of room (:data:`NO_ROOM`) is a :class:`~evalkit.errors.WriteError`
+    naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix, dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix,
+                          dir=path.parent)
+    except OSError as e:
+        if no_room(e):
+            raise _write_error(path, e) from e
+        raise
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -63,10 +96,18 @@ def atomic_path(path: os.PathLike | str, suffix: str | None = None):
         crash_point()
         os.replace(tmp, path)
         crash_point()
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if no_room(e) and not isinstance(e, WriteError):
+            raise _write_error(path, e) from e
         raise
+
+
+def _write_error(path: Path, e: BaseException) -> WriteError:
+    kept = (f"the {path.name} there is kept as it was" if path.exists()
+            else f"no {path.name} was written")
+    return WriteError(path, _reason(e), kept)
 
 
 def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
@@ -239,9 +280,14 @@ def atomic_dir(path: os.PathLike | str):
                 crash_point()
                 shutil.rmtree(old, ignore_errors=True)
             _fsync_dir(path.parent)
-        except BaseException:
+        except BaseException as e:
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
+            if no_room(e):          # named by its place in the folder, not the temporary's
+                name = Path(getattr(e, "path", None) or getattr(e, "filename", None) or tmp)
+                where = path / name.relative_to(tmp) if name.is_relative_to(tmp) else path
+                raise WriteError(where, _reason(e), f"{path} is kept as it was" if path.exists()
+                                 else f"no {path.name} was made") from e
             raise
     finally:
         os.close(fd)

@@ -207,3 +207,62 @@ def test_compare_refuses_an_out_folder_that_is_not_a_report(two_runs, tmp_path, 
     assert_one_line_error(err, str(out), "'notes.txt'", "not part of a compare report")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     shutil.rmtree(out)
+
+
+# -- no room to write ------------------------------------------------------------------------
+
+def _limited(limit: int):
+    """A child's ``preexec_fn``: files it writes may grow to ``limit`` bytes (``ulimit -f``), a
+    write beyond fails with EFBIG ("File too large"), as a full disk's fails with ENOSPC."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the error, not the signal's kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _run_limited(cmd, limit):
+    return crash.subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_limited(limit),
+                                timeout=600)
+
+
+def test_render_without_room_for_its_manifest_says_which_file_and_loses_nothing(tmp_path):
+    """Two jobs done; the rest rendered where no file may pass 2,000 bytes: each clip's write
+    fails (that job fails), then the manifest's save (5 KB): one line naming it, exit 2, the
+    manifest as it was, no temporary file left; the same command with room resumes."""
+    suite = make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1))
+    out, run = tmp_path / "out", tmp_path / "out" / "cpu"
+    render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
+                               "--renderer", INVERT, "--quiet")
+    first = crash.run([*render, "--jobs", "pan-a"])
+    assert first.returncode == 0, first.stderr
+    before = crash.tree(run)
+    assert before["manifest.json"][1] > 2000
+
+    full = _run_limited(render, 2000)
+    assert full.returncode == 2, full.stderr
+    assert_one_line_error(full.stderr, str(run / "manifest.json"), "could not be written",
+                          "File too large", "kept as it was", "nothing was lost")
+    assert {k: v for k, v in crash.tree(run).items() if k != ".lock"} == \
+        {k: v for k, v in before.items() if k != ".lock"}
+    assert crash.temporaries(run) == []
+    again = crash.run(render)
+    assert again.returncode == 0, again.stderr
+    assert "4 rendered, 2 already done, 0 failed" in again.stdout
+
+
+def test_compare_without_room_for_its_report_keeps_the_old_one(two_runs, tmp_path):
+    """A report of 2 jobs written where no file may pass 1,000 bytes: one line naming the
+    report's file that did not fit, exit 2, the old report whole, nothing left beside it."""
+    r, out = two_runs, tmp_path / "report"
+    old = crash.run(compare_cmd(r["b"], r["a"], out))
+    assert old.returncode == 0, old.stderr
+    digest = crash.report_digest(out)
+    full = _run_limited(compare_cmd(r["a"], r["b"], out), 1000)
+    assert full.returncode == 2, full.stderr
+    assert_one_line_error(full.stderr, str(out) + "/", "could not be written", "File too large",
+                          f"{out} is kept as it was", "nothing was lost")
+    assert crash.report_digest(out) == digest
+    assert crash.temporaries(out) == [] and not dir_leftovers(out)
