@@ -69,6 +69,47 @@ def _reason(e: BaseException) -> str:
     return "no room"
 
 
+def hold(fd: int) -> None:
+    """Mark the temporary file open as ``fd`` as in use (an flock, released when ``fd`` is
+    closed or the process dies): :func:`remove_stale_temporaries` leaves it alone."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+_swept: set = set()
+
+
+def remove_stale_temporaries(folder: os.PathLike | str, pattern: str = ".tmp-*") -> int:
+    """Remove the temporary files (``pattern``) a killed process left in ``folder``: those no
+    live process holds (:func:`hold`). Once per folder and process (a folder of many files is
+    listed once). Returns how many were removed."""
+    import fcntl
+
+    folder = Path(folder)
+    key = str(folder.resolve())
+    if key in _swept or not folder.is_dir():
+        return 0
+    _swept.add(key)
+    n = 0
+    for p in folder.glob(pattern):
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:              # gone meanwhile, or a link: not ours
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:      # being written
+            os.close(fd)
+            continue
+        try:
+            p.unlink(missing_ok=True)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
 @contextlib.contextmanager
 def atomic_path(path: os.PathLike | str, suffix: str | None = None):
     """Yield a temporary path next to ``path``; on success rename it over ``path``.

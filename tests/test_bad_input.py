@@ -318,6 +318,36 @@ def _db_with(w, name: str, sql: str) -> Path:
     return dst
 
 
+def _b_with_clip(w, name: str, edit, honest: bool) -> Path:
+    """A copy of run B whose pan job's clip is ``edit(frames)`` (its sha256 recorded); its
+    manifest's frame count and size updated too when ``honest`` (as a render records them)."""
+    from evalkit.fsutil import sha256_file
+    from evalkit.video import read_frames, write_lossless
+
+    dst = w.root / "bad_b" / name / "cpu_dtype-bf16"
+    if not dst.exists():
+        shutil.copytree(w.run_b, dst)
+        doc = json.loads((dst / "manifest.json").read_text())
+        rec = next(j for j in doc["jobs"] if j["clip"] == "pan")
+        clip = dst / rec["output"]["path"]
+        frames = edit(read_frames(clip)[0])
+        write_lossless(clip, frames, 24)
+        rec["output"]["sha256"] = sha256_file(clip)
+        if honest:
+            rec["output"].update(frames=len(frames), width=frames.shape[2], height=frames.shape[1])
+        (dst / "manifest.json").write_text(json.dumps(doc))
+    return dst
+
+
+def _pan_not_compared(*needles):
+    def check(w, out, err):
+        line = next(ln for ln in out.splitlines() if "not compared pan-" in ln)
+        for n in needles:
+            assert n in line, (n, line)
+        assert "compared 1 jobs (1 not compared)" in out, out
+    return check
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -618,6 +648,22 @@ ROWS = [
         "compare", w.run_a, w.run_b, "-o", w.root / "r_e3", "--device", "cpu", "--quiet",
         "--no-temporal", "--gate", _gate(w, "e3", "lpips: {mean: {max: 1e-5}}\n")],
       _gate_e3_read_as_a_number, code=1),
+    S("compare", "b-clip-with-fewer-frames", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "short", lambda f: f[:5], True), "-o",
+        w.root / "r_short", "--device", "cpu", "--quiet", "--no-temporal"],
+      _pan_not_compared("not comparable: A ", "runs/cpu/clips/pan-", "is 8 frames of 64x64",
+                        "bad_b/short/cpu_dtype-bf16/clips/pan-", "is 5 frames of 64x64",
+                        "--align shortest")),
+    S("compare", "b-clip-of-another-size", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "small", lambda f: f[:, :32, :32], True), "-o",
+        w.root / "r_small", "--device", "cpu", "--quiet", "--no-temporal"],
+      _pan_not_compared("not comparable", "is 8 frames of 64x64", "is 8 frames of 32x32")),
+    E("compare", "b-clip-unlike-its-manifest", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "liar", lambda f: f[:5], False), "-o",
+        w.root / "r_liar", "--device", "cpu", "--quiet", "--no-temporal"],
+      "job pan-", "runs/cpu/clips/pan-", "bad_b/liar/cpu_dtype-bf16/clips/pan-",
+      "do not pair frame by frame", "5 frames, expected 8", "metrics --align shortest",
+      process=True),
     E("compare", "gate-missing", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
                                             "--gate", w.root / "nothere.yaml"], "nothere.yaml",
       "file not found"),

@@ -266,3 +266,44 @@ def test_compare_without_room_for_its_report_keeps_the_old_one(two_runs, tmp_pat
                           f"{out} is kept as it was", "nothing was lost")
     assert crash.report_digest(out) == digest
     assert crash.temporaries(out) == [] and not dir_leftovers(out)
+
+
+# -- study create killed ---------------------------------------------------------------------
+
+TEMP_HOLDER = """\
+import os, sys
+from evalkit.fsutil import hold, mkstemp
+fd, path = mkstemp(prefix=".tmp-", suffix=".mp4", dir=sys.argv[1])
+hold(fd)                                   # as study create holds a browser copy it writes
+os.write(fd, b"half a video")
+print(path, flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), 9)                # killed mid-write: the file stays behind
+sys.stdin.read()                           # still writing until told to stop
+"""
+
+
+def test_study_create_removes_what_a_killed_create_left_in_the_media_folder(reports, tmp_path):
+    """A create killed while writing a browser copy leaves its ``.tmp-*.mp4``; the next create
+    into that media folder removes it, and leaves alone one that a live process is writing."""
+    media = tmp_path / "s.media"
+    media.mkdir()
+    cmd = [sys.executable, "-c", TEMP_HOLDER, str(media)]
+    dead = crash.subprocess.run([*cmd, "die"], capture_output=True, text=True, timeout=60)
+    assert dead.returncode == -9, dead.stderr
+    stale = crash.Path(dead.stdout.strip())
+    live = crash.subprocess.Popen([*cmd, "live"], stdin=crash.subprocess.PIPE,
+                                  stdout=crash.subprocess.PIPE, text=True)
+    try:
+        busy = crash.Path(live.stdout.readline().strip())
+        assert stale.is_file() and busy.is_file()
+        made = crash.run(crash.evalkit_cmd("study", "create", reports(seeds=(0,)), "--db",
+                                           tmp_path / "s.db", "--protocol", "abx", "--clips",
+                                           "sample:1"))
+        assert made.returncode == 0, made.stderr
+        assert not stale.exists()
+        assert busy.is_file()
+        assert [p.name for p in media.glob(".tmp-*")] == [busy.name]
+        assert len(list(media.glob("*.mp4"))) > 1
+    finally:
+        live.communicate("")
