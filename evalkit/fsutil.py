@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -380,17 +382,28 @@ def datasets_dir() -> Path:
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
+def _neutral(line: str) -> str:
+    if line.startswith(FORMULA_PREFIXES):
+        try:
+            float(line)
+        except ValueError:
+            return "'" + line
+    return line
+
+
 def csv_cell(v):
     """One cell as written: ``None`` empty; a text that a spreadsheet would run as a formula
     (it starts with ``= + - @``, a tab or a carriage return, and is not a number) gets a leading
-    ``'``, as OWASP's "CSV Injection" page recommends; numbers and other text unchanged."""
+    ``'``, as OWASP's "CSV Injection" page recommends, and so does each line of it after a line
+    break (``\r``, ``\n``: a reader that splits lines first must meet no formula either);
+    numbers and other text unchanged."""
     if v is None:
         return ""
-    if isinstance(v, str) and v.startswith(FORMULA_PREFIXES):
-        try:
-            float(v)
-        except ValueError:
-            return "'" + v
+    if isinstance(v, str):
+        v = _neutral(v)
+        if "\r" in v or "\n" in v:
+            parts = re.split(r"(\r\n|\r|\n)", v)      # lines, with their breaks between
+            v = "".join(p if i % 2 else _neutral(p) for i, p in enumerate(parts))
     return v
 
 
@@ -398,16 +411,24 @@ def csv_text(header, rows, *, lineterminator: str = "\n") -> str:
     """CSV text: the ``header`` row, then ``rows`` (iterables of cells). Cells pass through
     :func:`csv_cell` (``None`` empty, formula-like text neutralised); every other cell is
     written as :mod:`csv` writes it (``str``; bools as True/False, floats at full precision,
-    ``inf``/``nan`` as such): callers map other conventions first."""
+    ``inf``/``nan`` as such): callers map other conventions first. A cell holding a carriage
+    return or a line feed is quoted whatever ``lineterminator`` is (:mod:`csv` quotes only the
+    characters of its own line terminator: with ``\n``, a lone ``\r`` went out bare, and a
+    reader started a new row there)."""
     import csv
     import io
 
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator=lineterminator)
-    w.writerow([csv_cell(v) for v in header])
-    for row in rows:
+    # "\r\n": both characters make a cell quoted; each row's own ending is then swapped for
+    # the one asked for
+    w = csv.writer(buf, lineterminator="\r\n")
+    out = []
+    for row in itertools.chain([header], rows):
+        buf.seek(0)
+        buf.truncate()
         w.writerow([csv_cell(v) for v in row])
-    return buf.getvalue()
+        out.append(buf.getvalue()[:-2] + lineterminator)
+    return "".join(out)
 
 
 def write_csv(path: os.PathLike | str, header, rows, *, lineterminator: str = "\n") -> None:

@@ -348,6 +348,71 @@ def _pan_not_compared(*needles):
     return check
 
 
+#: a cell that a reader splitting rows at a bare carriage return would end a row in, its next
+#: row a formula (the sweep's `--label $'lab\r=cmd...'` and prompts)
+EVIL = "lab\r=cmd|' /C calc'!A0"
+
+
+def _no_formula_anywhere(text: str, rows: int, column: str, expect: str) -> None:
+    """The CSV ``text`` parses to ``rows`` rows whose ``column`` is ``expect`` neutralised; no
+    line of it (split at any line break, as a careless reader would) starts a formula."""
+    import csv
+    import io
+
+    parsed = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert len(parsed) == rows, parsed
+    assert {r[column] for r in parsed} == {expect.replace("\r=", "\r'=")}, parsed
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        for cell in line.split(","):
+            assert not cell.strip('"').startswith(("=", "+", "@")), (cell, line)
+
+
+def _evil_prompt_runs(w) -> list[Path]:
+    """Copies of runs A and B whose pan job's prompt is :data:`EVIL` (in both manifests)."""
+    out = []
+    for run in (w.run_a, w.run_b):
+        dst = w.root / "evil_runs" / run.name
+        if not dst.exists():
+            shutil.copytree(run, dst)
+            doc = json.loads((dst / "manifest.json").read_text())
+            next(j for j in doc["jobs"] if j["clip"] == "pan")["prompt"] = EVIL
+            (dst / "manifest.json").write_text(json.dumps(doc))
+        out.append(dst)
+    return out
+
+
+def _report_csvs_safe(w, out, err):
+    import csv
+    import io
+
+    rep = w.root / "r_evil"
+    assert len(json.loads((rep / "summary.json").read_text())["jobs"]["compared"]) == 2
+    for name, n in (("clips.csv", 2), ("frames.csv", 16)):
+        text = (rep / name).read_bytes().decode()
+        parsed = list(csv.DictReader(io.StringIO(text, newline="")))
+        assert len(parsed) == n, (name, len(parsed))
+        assert {r["prompt"] for r in parsed} == {"a", EVIL.replace("\r=", "\r'=")}, name
+        for line in text.replace("\r", "\n").split("\n"):
+            assert not line.lstrip('"').startswith(("=", "+", "@")), (name, line)
+
+
+def _evil_label_db(w) -> Path:
+    """A copy of the study database with a rater labelled :data:`EVIL` who answered a trial."""
+    from evalkit import study
+    from evalkit.testing.studies import answer
+
+    db = w.root / "evil.db"
+    if not db.exists():
+        _db_with(w, "evil", "SELECT 1")
+        token = study.invite(db, 1, 1, label=EVIL)[0]["token"]
+        answer(db, token, lambda t: "A", limit=1)
+    return db
+
+
+def _ratings_csv_safe(w, out, err):
+    _no_formula_anywhere((w.root / "evil.csv").read_bytes().decode(), 1, "rater_label", EVIL)
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -664,6 +729,9 @@ ROWS = [
       "job pan-", "runs/cpu/clips/pan-", "bad_b/liar/cpu_dtype-bf16/clips/pan-",
       "do not pair frame by frame", "5 frames, expected 8", "metrics --align shortest",
       process=True),
+    S("compare", "prompt-with-a-carriage-return", lambda w: [
+        "compare", *_evil_prompt_runs(w), "-o", w.root / "r_evil", "--device", "cpu", "--quiet",
+        "--no-temporal"], _report_csvs_safe),
     E("compare", "gate-missing", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
                                             "--gate", w.root / "nothere.yaml"], "nothere.yaml",
       "file not found"),
@@ -808,6 +876,9 @@ ROWS = [
     E("study results", "study-id-too-large", lambda w: ["study", "results", "--db", w.db, "--study",
                                                        "99999999999999999999999"],
       "study 99999999999999999999999", "no such study", process=True),
+    S("study results", "rater-label-with-a-carriage-return", lambda w: [
+        "study", "results", "--db", _evil_label_db(w), "--study", "1", "--csv", w.root / "evil.csv"],
+      _ratings_csv_safe),
     E("study results", "study-not-a-number", lambda w: ["study", "results", "--db", w.db, "--study", "x"],
       "study x", "no such study"),
     # -- study plan ------------------------------------------------------------------------
