@@ -8,7 +8,10 @@ actually rendered**: the job's own id in a run without ``--seed-offset``, and in
 them). The adopted clip is decoded and stored losslessly like any render, in the run's format
 (``render --lossless``: FFV1 ``.mkv`` by default, UT Video ``.nut``), so everything downstream
 treats it alike; the job's manifest record gets ``adopted_from`` (the file's path and sha256). A job with
-no file fails with a message naming the exact path looked for.
+no file fails with a message naming the exact path looked for; so does one whose file has
+another frame size, frame count or (a video) frame rate than the source clip, naming the file.
+A resumed import checks the jobs it has done: a file of other content (sha256) for one is
+refused with one line (:meth:`ImportRenderer.check_done`), never kept silently.
 
 The renderer only copies frames in: the backend spec of such a run says where the files were
 rendered (it is not applied here), the run's fingerprint is the one adopted with ``render
