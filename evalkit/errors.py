@@ -8,6 +8,7 @@ The hierarchy::
     │   │   └── VideoError        a clip cannot be decoded (truncated, no frames, mixed sizes...)
     │   ├── SuiteError            a suite YAML is invalid (names file, field, expected, found)
     │   ├── SchemaVersionError    a file written by another evalkit version we cannot read
+    │   ├── WriteError            a file could not be written (disk full, quota, file size limit)
     │   └── WeightsError          LPIPS weights missing or corrupt in the cache; names the set-up command
     └── InternalError             a bug; the CLI prints it with a traceback hint (exit 1)
 
@@ -24,6 +25,7 @@ __all__ = [
     "VideoError",
     "SuiteError",
     "SchemaVersionError",
+    "WriteError",
     "WeightsError",
     "InternalError",
 ]
@@ -65,6 +67,16 @@ class SuiteError(InputFileError):
 
 class SchemaVersionError(InputFileError):
     """A file carries a schema version this evalkit cannot read."""
+
+
+class WriteError(UserError):
+    """A file could not be written for want of room (disk full, quota, file size limit): the
+    write was atomic, so what was there before is whole; the message says so."""
+
+    def __init__(self, path: os.PathLike | str, reason: str, kept: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: could not be written ({reason}); {kept}, nothing was "
+                         "lost: make room and run the command again")
 
 
 class WeightsError(UserError):

@@ -18,14 +18,19 @@ the source tree on ``sys.path``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import itertools
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 from importlib.resources import files
 from pathlib import Path
+
+from evalkit.errors import WriteError
 
 _TEMP_FLAGS = (os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
                | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
@@ -44,16 +49,87 @@ def mkstemp(*, dir: os.PathLike | str, prefix: str = ".tmp-", suffix: str = "") 
     raise FileExistsError(f"{dir}: no unused temporary file name found")
 
 
+#: errnos of a write refused for want of room: the disk or the quota is full, or the file is
+#: over the process's size limit (``ulimit -f``)
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_room(e: BaseException) -> bool:
+    """Whether ``e`` (or what it was raised from) is a write refused for want of room."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _reason(e: BaseException) -> str:
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return e.strerror or os.strerror(e.errno)
+        e = e.__cause__ or e.__context__
+    return "no room"
+
+
+def hold(fd: int) -> None:
+    """Mark the temporary file open as ``fd`` as in use (an flock, released when ``fd`` is
+    closed or the process dies): :func:`remove_stale_temporaries` leaves it alone."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+_swept: set = set()
+
+
+def remove_stale_temporaries(folder: os.PathLike | str, pattern: str = ".tmp-*") -> int:
+    """Remove the temporary files (``pattern``) a killed process left in ``folder``: those no
+    live process holds (:func:`hold`). Once per folder and process (a folder of many files is
+    listed once). Returns how many were removed."""
+    import fcntl
+
+    folder = Path(folder)
+    key = str(folder.resolve())
+    if key in _swept or not folder.is_dir():
+        return 0
+    _swept.add(key)
+    n = 0
+    for p in folder.glob(pattern):
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:              # gone meanwhile, or a link: not ours
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:      # being written
+            os.close(fd)
+            continue
+        try:
+            p.unlink(missing_ok=True)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
 @contextlib.contextmanager
 def atomic_path(path: os.PathLike | str, suffix: str | None = None):
     """Yield a temporary path next to ``path``; on success rename it over ``path``.
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and ``path``
-    is left untouched. ``suffix`` keeps the extension (codecs pick formats by it).
+    is left untouched. ``suffix`` keeps the extension (codecs pick formats by it). A write
+    refused for want of room (:data:`NO_ROOM`) is a :class:`~evalkit.errors.WriteError`
+    naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix, dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix,
+                          dir=path.parent)
+    except OSError as e:
+        if no_room(e):
+            raise _write_error(path, e) from e
+        raise
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -63,10 +139,18 @@ def atomic_path(path: os.PathLike | str, suffix: str | None = None):
         crash_point()
         os.replace(tmp, path)
         crash_point()
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if no_room(e) and not isinstance(e, WriteError):
+            raise _write_error(path, e) from e
         raise
+
+
+def _write_error(path: Path, e: BaseException) -> WriteError:
+    kept = (f"the {path.name} there is kept as it was" if path.exists()
+            else f"no {path.name} was written")
+    return WriteError(path, _reason(e), kept)
 
 
 def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
@@ -239,9 +323,14 @@ def atomic_dir(path: os.PathLike | str):
                 crash_point()
                 shutil.rmtree(old, ignore_errors=True)
             _fsync_dir(path.parent)
-        except BaseException:
+        except BaseException as e:
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
+            if no_room(e):          # named by its place in the folder, not the temporary's
+                name = Path(getattr(e, "path", None) or getattr(e, "filename", None) or tmp)
+                where = path / name.relative_to(tmp) if name.is_relative_to(tmp) else path
+                raise WriteError(where, _reason(e), f"{path} is kept as it was" if path.exists()
+                                 else f"no {path.name} was made") from e
             raise
     finally:
         os.close(fd)
@@ -293,17 +382,28 @@ def datasets_dir() -> Path:
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
+def _neutral(line: str) -> str:
+    if line.startswith(FORMULA_PREFIXES):
+        try:
+            float(line)
+        except ValueError:
+            return "'" + line
+    return line
+
+
 def csv_cell(v):
     """One cell as written: ``None`` empty; a text that a spreadsheet would run as a formula
     (it starts with ``= + - @``, a tab or a carriage return, and is not a number) gets a leading
-    ``'``, as OWASP's "CSV Injection" page recommends; numbers and other text unchanged."""
+    ``'``, as OWASP's "CSV Injection" page recommends, and so does each line of it after a line
+    break (``\r``, ``\n``: a reader that splits lines first must meet no formula either);
+    numbers and other text unchanged."""
     if v is None:
         return ""
-    if isinstance(v, str) and v.startswith(FORMULA_PREFIXES):
-        try:
-            float(v)
-        except ValueError:
-            return "'" + v
+    if isinstance(v, str):
+        v = _neutral(v)
+        if "\r" in v or "\n" in v:
+            parts = re.split(r"(\r\n|\r|\n)", v)      # lines, with their breaks between
+            v = "".join(p if i % 2 else _neutral(p) for i, p in enumerate(parts))
     return v
 
 
@@ -311,18 +411,38 @@ def csv_text(header, rows, *, lineterminator: str = "\n") -> str:
     """CSV text: the ``header`` row, then ``rows`` (iterables of cells). Cells pass through
     :func:`csv_cell` (``None`` empty, formula-like text neutralised); every other cell is
     written as :mod:`csv` writes it (``str``; bools as True/False, floats at full precision,
-    ``inf``/``nan`` as such): callers map other conventions first."""
+    ``inf``/``nan`` as such): callers map other conventions first. A cell holding a carriage
+    return or a line feed is quoted whatever ``lineterminator`` is (:mod:`csv` quotes only the
+    characters of its own line terminator: with ``\n``, a lone ``\r`` went out bare, and a
+    reader started a new row there)."""
     import csv
     import io
 
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator=lineterminator)
-    w.writerow([csv_cell(v) for v in header])
-    for row in rows:
+    # "\r\n": both characters make a cell quoted; each row's own ending is then swapped for
+    # the one asked for
+    w = csv.writer(buf, lineterminator="\r\n")
+    out = []
+    for row in itertools.chain([header], rows):
+        buf.seek(0)
+        buf.truncate()
         w.writerow([csv_cell(v) for v in row])
-    return buf.getvalue()
+        out.append(buf.getvalue()[:-2] + lineterminator)
+    return "".join(out)
 
 
 def write_csv(path: os.PathLike | str, header, rows, *, lineterminator: str = "\n") -> None:
     """Write :func:`csv_text` of ``header`` and ``rows`` to ``path`` atomically (UTF-8)."""
     atomic_write_text(path, csv_text(header, rows, lineterminator=lineterminator))
+
+
+def file_kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a folder is, in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "a special file"

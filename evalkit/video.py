@@ -25,6 +25,7 @@ so several clips decode at once and alongside the metric work.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import queue
 import re
@@ -37,7 +38,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import VideoError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, file_kind
 from .lossless import DEFAULT_LOSSLESS, LOSSLESS_FORMATS, LosslessFormat, lossless_format  # noqa: F401
 
 VIDEO_EXTS = {".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".nut"}
@@ -107,6 +108,9 @@ def _image_files(folder: Path) -> list[Path]:
 def _check_exists(path: Path) -> None:
     if not path.exists():
         raise VideoError(path, "file not found")
+    if not (path.is_file() or path.is_dir()):    # a FIFO or a device: reading it may never end
+        raise VideoError(path, "not a regular file (expected a video file, an image or a "
+                         f"folder of images, found {file_kind(path)})")
     if path.is_file() and path.stat().st_size == 0:
         raise VideoError(path, "empty file (0 bytes)")
 
@@ -134,15 +138,38 @@ def _load_image(path: Path) -> np.ndarray:
     if im.width * im.height > MAX_IMAGE_PIXELS:
         im.close()
         raise VideoError(path, too_large(f"{im.width}x{im.height}"))
+    if im.format == "PNG" and _png_bit_depth(path) == 16:
+        im.close()
+        return _load_deep_png(path)
     try:
         with im:
             im.load()
-            if im.mode not in ("RGB", "L", "RGBA", "P", "LA", "I;16", "I"):
+            if im.mode not in ("RGB", "L", "RGBA", "P", "LA"):
                 raise VideoError(path, f"unsupported image mode {im.mode}")
             arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise VideoError(path, f"not a readable image ({e.__class__.__name__}: {e})") from None
     return np.ascontiguousarray(arr)
+
+
+def _png_bit_depth(path: Path) -> int:
+    """The bit depth in a PNG's header (byte 24: the signature, IHDR's length, type, size)."""
+    with open(path, "rb") as f:
+        head = f.read(25)
+    return head[24] if len(head) == 25 else 8
+
+
+def _load_deep_png(path: Path) -> np.ndarray:
+    """A 16-bit PNG (Pillow truncates 16-bit RGB to its high bytes and clips 16-bit gray to
+    white): decoded by FFmpeg at its full depth, then rounded to 8 bits (:func:`to_uint8`)."""
+    import av
+
+    try:
+        with av.open(str(path)) as c:
+            frame = next(c.decode(video=0))
+            return np.ascontiguousarray(_rgb(frame))
+    except (StopIteration, *_av_error_types()) as e:
+        raise VideoError(path, f"not a readable image ({e.__class__.__name__}: {e})") from None
 
 
 def too_large(found: str) -> str:
@@ -337,8 +364,29 @@ def usable_cores() -> int:
 def _rgb(frame) -> np.ndarray:
     """A decoded frame as (H, W, 3) uint8 RGB. ``threads=1``: FFmpeg would otherwise build a
     pool of one swscale thread per core for every frame (3.1 ms instead of 1.2 for a 720p
-    frame, measured); the decoding threads are what use the cores."""
+    frame, measured); the decoding threads are what use the cores. A frame of more than 8 bits
+    a component (16-bit PNGs, ``rgb48``/``gray16``/``yuv*p16`` clips...) is converted to 16-bit
+    RGB, then rounded to 8 bits by :func:`to_uint8` (FFmpeg's own 8-bit conversion truncates)."""
+    if _deep(frame.format.name):
+        return to_uint8(frame.to_ndarray(format="rgb48le", threads=1))
     return frame.to_ndarray(format="rgb24", threads=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _deep(pix_fmt: str) -> bool:
+    """Whether a pixel format holds more than 8 bits in a component."""
+    import av
+
+    return max(c.bits for c in av.VideoFormat(pix_fmt).components) > 8
+
+
+def to_uint8(frames16: np.ndarray) -> np.ndarray:
+    """16-bit values as 8-bit ones, each the nearest: ``round(v * 255 / 65535)``, exact in
+    integers (``(v * 255 + 32767) // 65535``; ``v * 255 / 65535`` is never halfway between two
+    integers, so there are no ties). The pipeline is 8-bit: a 16-bit input is measured and
+    stored at the nearest 8-bit value, never clipped."""
+    x = frames16.astype(np.uint32)
+    return ((x * 255 + 32767) // 65535).astype(np.uint8)
 
 
 def _decode_parallel(container, stream, workers: int) -> Iterator[tuple[float | None, np.ndarray]]:

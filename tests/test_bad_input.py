@@ -112,6 +112,12 @@ COMMAND = textwrap.dedent("""\
     elif mode == "many_mkv":        # 400 frames where 8 are expected (no count in the header)
         from evalkit.video import write_lossless
         write_lossless(f"{out}/o.mkv", np.zeros((50 * n, h, w, 3), np.uint8), 24)
+    elif mode == "png16":           # 16-bit PNGs: the source's values x 257, plus 100
+        import cv2
+        src = os.environ["EVALKIT_INPUT_FRAMES"]
+        for i, name in enumerate(sorted(os.listdir(src))):
+            x = np.asarray(Image.open(os.path.join(src, name))).astype(np.uint16) * 257 + 100
+            cv2.imwrite(f"{out}/{i:05d}.png", np.ascontiguousarray(x[..., ::-1]))
     else:                           # right: as many frames of the source's size
         for i in range(n):
             Image.fromarray(np.zeros((h, w, 3), np.uint8)).save(f"{out}/{i:05d}.png")
@@ -220,6 +226,193 @@ def _cmd(mode):
                       "-O", f"cmd={sys.executable} {w.root / 'cmd.py'} {mode}"]
 
 
+def _png16_kept(w, out, err):
+    """The 16-bit PNGs (8-bit values x 257 + 100) were stored as the 8-bit values, not white."""
+    from evalkit.video import read_frames
+
+    assert "1 rendered, 0 already done, 0 failed" in out, out
+    clip = next((w.root / "cmd_png16" / "cpu" / "clips").glob("pan-*"))
+    assert (read_frames(clip)[0] == read_frames(SMOKE_CLIP)[0]).all()
+
+
+def _ramp16(w, name: str) -> Path:
+    """A 16-bit gray ramp PNG (ramp16.png) and its 8-bit rounding (ramp8.png) in the work
+    folder; the path of ``name``."""
+    import cv2
+    import numpy as np
+
+    ramp = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16 + 7).astype(np.uint16)
+    cv2.imwrite(str(w.root / "ramp16.png"), ramp)
+    cv2.imwrite(str(w.root / "ramp8.png"), np.floor(ramp / 257 + 0.5).astype(np.uint8))
+    return w.root / name
+
+
+def _bit_identical(w, out, err):
+    assert "bit-identical: every frame is exactly the same" in out, out
+
+
+def _fifo(w, name: str) -> Path:
+    """A FIFO in the work folder (nothing ever writes it: a reader would wait for good)."""
+    p = w.root / name
+    if not p.exists():
+        os.mkfifo(p)
+    return p
+
+
+def _pan_job(w):
+    from evalkit.formats.suite import load_suite
+
+    return next(j for j in load_suite(w.suite, check_clips=False).jobs if j.clip == "pan")
+
+
+def _import(w, name: str, write=None):
+    """``render -r import`` of job pan from ``import_NAME/``, where ``write(stem, frames)`` put
+    the job's file (``stem``: the folder and the job id; ``frames``: the source's)."""
+    from evalkit.video import read_frames
+
+    d = w.root / f"import_{name}"
+    if write is not None and not d.exists():
+        d.mkdir()
+        write(d / _pan_job(w).id, read_frames(SMOKE_CLIP)[0])
+    return ["render", w.suite, "-b", "cpu", "-o", w.root / f"imp_{name}", "--quiet", "--jobs",
+            "pan", "-r", "import", "-O", f"dir={d}"]
+
+
+def _reimport(w):
+    """Job pan imported from one folder, then again from another whose file differs."""
+    from evalkit.render.driver import render_suite
+    from evalkit.video import write_lossless
+
+    first = _import(w, "first", lambda stem, f: write_lossless(f"{stem}.mkv", f, 24))
+    render_suite(w.suite, ["cpu"], w.root / "imp_first", renderer="import", jobs=["pan"],
+                 options={"dir": str(w.root / "import_first")}, progress=False)
+    again = _import(w, "again", lambda stem, f: write_lossless(f"{stem}.mkv", 255 - f, 24))
+    return [*first[:5], w.root / "imp_first", *again[6:]]
+
+
+def _gate_e3_read_as_a_number(w, out, err):
+    summary = json.loads((w.root / "r_e3" / "summary.json").read_text())
+    assert summary["gate"]["checks"][0]["max"] == 1e-5, summary["gate"]["checks"][0]
+
+
+def _floor_copy(w) -> Path:
+    """A copy of run A elsewhere: a floor compare takes for a re-render of A."""
+    dst = w.root / "floor_copy" / "cpu"
+    if not dst.exists():
+        shutil.copytree(w.run_a, dst)
+    return dst
+
+
+def _db_with(w, name: str, sql: str) -> Path:
+    """A copy of the study database, changed by ``sql`` (a damaged or tampered database)."""
+    import sqlite3
+
+    dst = w.root / f"{name}.db"
+    if not dst.exists():
+        src, conn = sqlite3.connect(w.db), sqlite3.connect(dst)
+        src.backup(conn)                      # the WAL's pages too
+        src.close()
+        with conn:
+            conn.execute(sql)
+        conn.close()
+    return dst
+
+
+def _b_with_clip(w, name: str, edit, honest: bool) -> Path:
+    """A copy of run B whose pan job's clip is ``edit(frames)`` (its sha256 recorded); its
+    manifest's frame count and size updated too when ``honest`` (as a render records them)."""
+    from evalkit.fsutil import sha256_file
+    from evalkit.video import read_frames, write_lossless
+
+    dst = w.root / "bad_b" / name / "cpu_dtype-bf16"
+    if not dst.exists():
+        shutil.copytree(w.run_b, dst)
+        doc = json.loads((dst / "manifest.json").read_text())
+        rec = next(j for j in doc["jobs"] if j["clip"] == "pan")
+        clip = dst / rec["output"]["path"]
+        frames = edit(read_frames(clip)[0])
+        write_lossless(clip, frames, 24)
+        rec["output"]["sha256"] = sha256_file(clip)
+        if honest:
+            rec["output"].update(frames=len(frames), width=frames.shape[2], height=frames.shape[1])
+        (dst / "manifest.json").write_text(json.dumps(doc))
+    return dst
+
+
+def _pan_not_compared(*needles):
+    def check(w, out, err):
+        line = next(ln for ln in out.splitlines() if "not compared pan-" in ln)
+        for n in needles:
+            assert n in line, (n, line)
+        assert "compared 1 jobs (1 not compared)" in out, out
+    return check
+
+
+#: a cell that a reader splitting rows at a bare carriage return would end a row in, its next
+#: row a formula (the sweep's `--label $'lab\r=cmd...'` and prompts)
+EVIL = "lab\r=cmd|' /C calc'!A0"
+
+
+def _no_formula_anywhere(text: str, rows: int, column: str, expect: str) -> None:
+    """The CSV ``text`` parses to ``rows`` rows whose ``column`` is ``expect`` neutralised; no
+    line of it (split at any line break, as a careless reader would) starts a formula."""
+    import csv
+    import io
+
+    parsed = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert len(parsed) == rows, parsed
+    assert {r[column] for r in parsed} == {expect.replace("\r=", "\r'=")}, parsed
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        for cell in line.split(","):
+            assert not cell.strip('"').startswith(("=", "+", "@")), (cell, line)
+
+
+def _evil_prompt_runs(w) -> list[Path]:
+    """Copies of runs A and B whose pan job's prompt is :data:`EVIL` (in both manifests)."""
+    out = []
+    for run in (w.run_a, w.run_b):
+        dst = w.root / "evil_runs" / run.name
+        if not dst.exists():
+            shutil.copytree(run, dst)
+            doc = json.loads((dst / "manifest.json").read_text())
+            next(j for j in doc["jobs"] if j["clip"] == "pan")["prompt"] = EVIL
+            (dst / "manifest.json").write_text(json.dumps(doc))
+        out.append(dst)
+    return out
+
+
+def _report_csvs_safe(w, out, err):
+    import csv
+    import io
+
+    rep = w.root / "r_evil"
+    assert len(json.loads((rep / "summary.json").read_text())["jobs"]["compared"]) == 2
+    for name, n in (("clips.csv", 2), ("frames.csv", 16)):
+        text = (rep / name).read_bytes().decode()
+        parsed = list(csv.DictReader(io.StringIO(text, newline="")))
+        assert len(parsed) == n, (name, len(parsed))
+        assert {r["prompt"] for r in parsed} == {"a", EVIL.replace("\r=", "\r'=")}, name
+        for line in text.replace("\r", "\n").split("\n"):
+            assert not line.lstrip('"').startswith(("=", "+", "@")), (name, line)
+
+
+def _evil_label_db(w) -> Path:
+    """A copy of the study database with a rater labelled :data:`EVIL` who answered a trial."""
+    from evalkit import study
+    from evalkit.testing.studies import answer
+
+    db = w.root / "evil.db"
+    if not db.exists():
+        _db_with(w, "evil", "SELECT 1")
+        token = study.invite(db, 1, 1, label=EVIL)[0]["token"]
+        answer(db, token, lambda t: "A", limit=1)
+    return db
+
+
+def _ratings_csv_safe(w, out, err):
+    _no_formula_anywhere((w.root / "evil.csv").read_bytes().decode(), 1, "rater_label", EVIL)
+
+
 def _study(w, *extra, db=None):
     return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
@@ -253,6 +446,11 @@ ROWS = [
     E("metrics", "huge-image", lambda w: ["metrics", w.clip, w.big], "big.png", "frame too large"),
     E("metrics", "yaml-as-clip", lambda w: ["metrics", w.suite, w.clip], "suite.yaml",
       "unsupported file type"),
+    S("metrics", "16-bit-png-against-its-8-bit-rounding",
+      lambda w: ["metrics", _ramp16(w, "ramp16.png"), _ramp16(w, "ramp8.png"), "--device", "cpu"],
+      _bit_identical),
+    E("metrics", "fifo-as-clip", lambda w: ["metrics", _fifo(w, "fifo.mkv"), w.clip], "fifo.mkv",
+      "not a regular file", "found a FIFO", process=True),
     E("metrics", "chunk-0", lambda w: ["metrics", w.clip, w.clip, "--chunk", "0"], "chunk",
       "positive integer", "found 0"),
     E("metrics", "flow-scale-0", lambda w: ["metrics", w.clip, w.clip, "--flow-scale", "0"],
@@ -280,6 +478,18 @@ ROWS = [
     E("suite", "recursive-alias", lambda w: ["suite", "validate",
                                              _suite(w, "rec", HEAD + "clips: &c [*c]\n")],
       "rec.yaml", "alias *c refers to a value that contains it"),
+    E("suite", "clip-is-a-fifo", lambda w: ["suite", "validate", _suite(
+        w, "fifo", HEAD + f"clips: [{{id: x, path: {_fifo(w, 'fifo.mkv')}}}]\n" + JOBS)],
+      "field 'clips[0].path'", "not a regular file", "found a FIFO"),
+    E("suite", "duplicate-key", lambda w: ["suite", "validate", _suite(
+        w, "dupkey", HEAD + CLIPS + JOBS + "prompts: [b]\n")], "dupkey.yaml",
+      "at line 6", "duplicate key 'prompts'", "first at line 4", process=True),
+    E("suite", "duplicate-key-in-a-clip", lambda w: ["suite", "validate", _suite(
+        w, "dupclip", HEAD + "clips: [{id: pan, path: {clip}, id: x}]\n" + JOBS)], "dupclip.yaml",
+      "at line 3", "duplicate key 'id'"),
+    E("suite", "nested-20000-deep", lambda w: ["suite", "validate", _suite(
+        w, "deep", HEAD + CLIPS + JOBS + "params: {x: " + "[" * 20000 + "]" * 20000 + "}\n")],
+      "deep.yaml", "invalid YAML at line 6", "nested more than 100 levels deep", process=True),
     E("suite", "schema-version-2", lambda w: ["suite", "validate", _suite(
         w, "v2", "schema_version: 2\nname: s\n" + CLIPS + JOBS)], "field 'schema_version'",
       "unsupported version 2"),
@@ -413,6 +623,22 @@ ROWS = [
       _job_failed("command output", "24 frames, expected 8"), code=1),
     S("render", "command-too-many-frames-in-a-video", _cmd("many_mkv"),
       _job_failed("command output", "more than 8 frames, expected 8"), code=1),
+    S("render", "command-writes-16-bit-pngs", _cmd("png16"), _png16_kept),
+    S("render", "import-frames-too-small", lambda w: _import(
+        w, "small", lambda stem, f: __import__("evalkit.video").video.write_lossless(
+            f"{stem}.mkv", f[:, ::2, ::2], 24)),
+      _job_failed("import of job pan-", "import_small/pan-", ".mkv", "frames are 32x32",
+                  "expected 64x64"), code=1),
+    S("render", "import-30-fps-for-a-24-fps-source", lambda w: _import(
+        w, "fps30", lambda stem, f: __import__("evalkit.video").video.write_lossless(
+            f"{stem}.mkv", f, 30)),
+      _job_failed("import_fps30/pan-", "30 frames/s, expected 24"), code=1),
+    S("render", "import-a-fifo", lambda w: _import(
+        w, "fifo", lambda stem, f: os.mkfifo(f"{stem}.mkv")),
+      _job_failed("import_fifo/pan-", "not a regular file"), code=1),
+    E("render", "import-again-with-other-content", _reimport, "imp_first/cpu/manifest.json",
+      "was imported from", "import_first/pan-", "import_again/pan-", "has other content",
+      "render into another --out folder", process=True),
     # -- compare ---------------------------------------------------------------------------
     E("compare", "run-missing", lambda w: ["compare", w.root / "nothere", w.run_b, "-o", w.root / "r"],
       "nothere", "run folder not found (RUN_A)"),
@@ -445,6 +671,67 @@ ROWS = [
     E("compare", "manifest-sha256-bogus", lambda w: ["compare", _run_with(
         w, "sha", lambda d: d["jobs"][0]["output"].update(sha256="xyz")), w.run_b, "-o", w.root / "r"],
       "manifest.json", "field 'jobs[0].output.sha256'", "64 lowercase hex digits"),
+    E("compare", "manifest-output-path-absolute", lambda w: ["compare", _run_with(
+        w, "outabs", lambda d: d["jobs"][0]["output"].update(
+            path=str(w.run_b / d["jobs"][0]["output"]["path"]))), w.run_b, "-o", w.root / "r"],
+      "outabs/cpu/manifest.json", "field 'jobs[0].output.path'", "relative to the run folder",
+      process=True),
+    E("compare", "manifest-output-path-dotdot", lambda w: ["compare", _run_with(
+        w, "outdots", lambda d: d["jobs"][0]["output"].update(
+            path="../../../runs/cpu_dtype-bf16/" + d["jobs"][0]["output"]["path"])), w.run_b,
+        "-o", w.root / "r"],
+      "outdots/cpu/manifest.json", "field 'jobs[0].output.path'", "inside it", "'../../../runs"),
+    E("compare", "manifest-preview-outside", lambda w: ["compare", _run_with(
+        w, "prevabs", lambda d: d["jobs"][0].update(preview="/etc/passwd")), w.run_b, "-o",
+        w.root / "r"], "prevabs/cpu/manifest.json", "field 'jobs[0].preview'", "'/etc/passwd'"),
+    E("compare", "manifest-nested-100000-deep", lambda w: ["compare", _run_with(
+        w, "deepjson", raw="[" * 100000), w.run_b, "-o", w.root / "r"],
+      "deepjson/cpu/manifest.json", "not valid JSON (nested too deeply)", process=True),
+    E("compare", "floor-is-run-a", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                              "--floor", w.run_a], "--floor",
+      "is RUN_A itself", process=True),
+    E("compare", "floor-is-run-b", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                              "--floor", w.run_b], "--floor", "is RUN_B itself"),
+    E("compare", "gate-floor-unknown", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                  "--floor", _floor_copy(w), "--gate", _gate(
+                                                      w, "nofloor", "floor_ratio: {lpips: {mean: "
+                                                      "{max: 2}}}\nfloor: nosuchfloor\n")],
+      "nofloor.yaml", "field 'floor'", "no floor 'nosuchfloor'", "are: rerender", process=True),
+    E("compare", "gate-duplicate-metric", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                     "--gate", _gate(w, "dupmetric", "lpips: {mean: {max: 0.1}}\n"
+                                                                     "lpips: {mean: {max: 0.9}}\n")],
+      "dupmetric.yaml", "at line 2", "duplicate key 'lpips' (first at line 1)", process=True),
+    E("compare", "gate-duplicate-bound", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                    "--gate", _gate(w, "dupbound",
+                                                                    "lpips: {mean: {max: 0.1, max: 0.9}}\n")],
+      "dupbound.yaml", "at line 1", "duplicate key 'max'"),
+    E("compare", "gate-min-above-max", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
+                                                  "--gate", _gate(w, "minmax",
+                                                                  "psnr: {mean: {min: 40, max: 30}}\n")],
+      "minmax.yaml", "field 'psnr.mean'", "expected min <= max", "min 40 > max 30"),
+    S("compare", "gate-bound-1e-5-is-a-number", lambda w: [
+        "compare", w.run_a, w.run_b, "-o", w.root / "r_e3", "--device", "cpu", "--quiet",
+        "--no-temporal", "--gate", _gate(w, "e3", "lpips: {mean: {max: 1e-5}}\n")],
+      _gate_e3_read_as_a_number, code=1),
+    S("compare", "b-clip-with-fewer-frames", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "short", lambda f: f[:5], True), "-o",
+        w.root / "r_short", "--device", "cpu", "--quiet", "--no-temporal"],
+      _pan_not_compared("not comparable: A ", "runs/cpu/clips/pan-", "is 8 frames of 64x64",
+                        "bad_b/short/cpu_dtype-bf16/clips/pan-", "is 5 frames of 64x64",
+                        "--align shortest")),
+    S("compare", "b-clip-of-another-size", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "small", lambda f: f[:, :32, :32], True), "-o",
+        w.root / "r_small", "--device", "cpu", "--quiet", "--no-temporal"],
+      _pan_not_compared("not comparable", "is 8 frames of 64x64", "is 8 frames of 32x32")),
+    E("compare", "b-clip-unlike-its-manifest", lambda w: [
+        "compare", w.run_a, _b_with_clip(w, "liar", lambda f: f[:5], False), "-o",
+        w.root / "r_liar", "--device", "cpu", "--quiet", "--no-temporal"],
+      "job pan-", "runs/cpu/clips/pan-", "bad_b/liar/cpu_dtype-bf16/clips/pan-",
+      "do not pair frame by frame", "5 frames, expected 8", "metrics --align shortest",
+      process=True),
+    S("compare", "prompt-with-a-carriage-return", lambda w: [
+        "compare", *_evil_prompt_runs(w), "-o", w.root / "r_evil", "--device", "cpu", "--quiet",
+        "--no-temporal"], _report_csvs_safe),
     E("compare", "gate-missing", lambda w: ["compare", w.run_a, w.run_b, "-o", w.root / "r",
                                             "--gate", w.root / "nothere.yaml"], "nothere.yaml",
       "file not found"),
@@ -491,6 +778,16 @@ ROWS = [
     E("study create", "db-postgresql-driver-missing",
       lambda w: _study(w, db=f"postgresql+nosuchdriver://u@127.0.0.1:{w.port}/x"),
       "--db postgresql+nosuchdriver://", "unknown database driver"),
+    E("study create", "db-url-five-slashes", lambda w: _study(w, db="sqlite://///:::"),
+      "--db sqlite://///:::", "expected sqlite:///relative/path or sqlite:////absolute/path",
+      "5 slashes", process=True),
+    E("study create", "db-url-with-a-host", lambda w: _study(w, db="sqlite://host/x.db"),
+      "--db sqlite://host/x.db", "found the host 'host'"),
+    E("study create", "db-folder-missing", lambda w: _study(w, db=w.root / "nofolder" / "s.db"),
+      "--db", "nofolder/s.db", "the folder", "does not exist"),
+    E("study create", "db-ratings-table-dropped", lambda w: _study(
+        w, db=_db_with(w, "noratings", "DROP TABLE ratings")), "--db", "noratings.db",
+      "a damaged study database", "table(s) ratings missing"),
     E("study create", "db-text-file", lambda w: _study(w, db=w.text), "--db", "notes.txt",
       "not an SQLite study database"),
     E("study create", "db-folder", lambda w: _study(w, db=w.folder), "--db", "a_folder",
@@ -563,6 +860,25 @@ ROWS = [
                                                  "1"], "--db", "typo.db", "no study database there"),
     E("study results", "db-text-file", lambda w: ["study", "results", "--db", w.text, "--study", "1"],
       "--db", "notes.txt", "not an SQLite study database"),
+    E("study results", "db-ratings-table-dropped", lambda w: [
+        "study", "results", "--db", _db_with(w, "noratings", "DROP TABLE ratings"), "--study", "1"],
+      "--db", "noratings.db", "a damaged study database", "table(s) ratings missing",
+      process=True),
+    E("study results", "db-schema-version-abc", lambda w: [
+        "study", "results", "--db", _db_with(w, "vabc", "UPDATE meta SET value = 'abc' WHERE key "
+                                             "= 'schema_version'"), "--study", "1"],
+      "--db", "vabc.db", "meta.schema_version", "expected an integer 1-4", "found 'abc'",
+      process=True),
+    E("study results", "db-schema-version-0", lambda w: [
+        "study", "results", "--db", _db_with(w, "v0", "UPDATE meta SET value = '0' WHERE key = "
+                                             "'schema_version'"), "--study", "1"],
+      "--db", "v0.db", "meta.schema_version", "found '0'"),
+    E("study results", "study-id-too-large", lambda w: ["study", "results", "--db", w.db, "--study",
+                                                       "99999999999999999999999"],
+      "study 99999999999999999999999", "no such study", process=True),
+    S("study results", "rater-label-with-a-carriage-return", lambda w: [
+        "study", "results", "--db", _evil_label_db(w), "--study", "1", "--csv", w.root / "evil.csv"],
+      _ratings_csv_safe),
     E("study results", "study-not-a-number", lambda w: ["study", "results", "--db", w.db, "--study", "x"],
       "study x", "no such study"),
     # -- study plan ------------------------------------------------------------------------
@@ -614,6 +930,13 @@ ROWS = [
       "notes.txt", "not an SQLite study database", process=True),
     E("serve", "db-folder", lambda w: ["serve", "--db", w.folder, "--port", _free_port()], "--db",
       "a_folder", "found a folder"),
+    E("serve", "db-schema-version-abc", lambda w: [
+        "serve", "--db", _db_with(w, "vabc", "UPDATE meta SET value = 'abc' WHERE key = "
+                                  "'schema_version'"), "--port", _free_port()],
+      "--db", "vabc.db", "meta.schema_version", "found 'abc'", process=True),
+    E("serve", "db-ratings-table-dropped", lambda w: [
+        "serve", "--db", _db_with(w, "noratings", "DROP TABLE ratings"), "--port", _free_port()],
+      "--db", "noratings.db", "table(s) ratings missing"),
     E("serve", "db-mistyped", lambda w: ["serve", "--db", w.root / "typo.db", "--port", _free_port()],
       "--db", "typo.db", "no study database there"),
 ]

@@ -207,3 +207,103 @@ def test_compare_refuses_an_out_folder_that_is_not_a_report(two_runs, tmp_path, 
     assert_one_line_error(err, str(out), "'notes.txt'", "not part of a compare report")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     shutil.rmtree(out)
+
+
+# -- no room to write ------------------------------------------------------------------------
+
+def _limited(limit: int):
+    """A child's ``preexec_fn``: files it writes may grow to ``limit`` bytes (``ulimit -f``), a
+    write beyond fails with EFBIG ("File too large"), as a full disk's fails with ENOSPC."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the error, not the signal's kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _run_limited(cmd, limit):
+    return crash.subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_limited(limit),
+                                timeout=600)
+
+
+def test_render_without_room_for_its_manifest_says_which_file_and_loses_nothing(tmp_path):
+    """Two jobs done; the rest rendered where no file may pass 2,000 bytes: each clip's write
+    fails (that job fails), then the manifest's save (5 KB): one line naming it, exit 2, the
+    manifest as it was, no temporary file left; the same command with room resumes."""
+    suite = make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1))
+    out, run = tmp_path / "out", tmp_path / "out" / "cpu"
+    render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
+                               "--renderer", INVERT, "--quiet")
+    first = crash.run([*render, "--jobs", "pan-a"])
+    assert first.returncode == 0, first.stderr
+    before = crash.tree(run)
+    assert before["manifest.json"][1] > 2000
+
+    full = _run_limited(render, 2000)
+    assert full.returncode == 2, full.stderr
+    assert_one_line_error(full.stderr, str(run / "manifest.json"), "could not be written",
+                          "File too large", "kept as it was", "nothing was lost")
+    assert {k: v for k, v in crash.tree(run).items() if k != ".lock"} == \
+        {k: v for k, v in before.items() if k != ".lock"}
+    assert crash.temporaries(run) == []
+    again = crash.run(render)
+    assert again.returncode == 0, again.stderr
+    assert "4 rendered, 2 already done, 0 failed" in again.stdout
+
+
+def test_compare_without_room_for_its_report_keeps_the_old_one(two_runs, tmp_path):
+    """A report of 2 jobs written where no file may pass 1,000 bytes: one line naming the
+    report's file that did not fit, exit 2, the old report whole, nothing left beside it."""
+    r, out = two_runs, tmp_path / "report"
+    old = crash.run(compare_cmd(r["b"], r["a"], out))
+    assert old.returncode == 0, old.stderr
+    digest = crash.report_digest(out)
+    full = _run_limited(compare_cmd(r["a"], r["b"], out), 1000)
+    assert full.returncode == 2, full.stderr
+    assert_one_line_error(full.stderr, str(out) + "/", "could not be written", "File too large",
+                          f"{out} is kept as it was", "nothing was lost")
+    assert crash.report_digest(out) == digest
+    assert crash.temporaries(out) == [] and not dir_leftovers(out)
+
+
+# -- study create killed ---------------------------------------------------------------------
+
+TEMP_HOLDER = """\
+import os, sys
+from evalkit.fsutil import hold, mkstemp
+fd, path = mkstemp(prefix=".tmp-", suffix=".mp4", dir=sys.argv[1])
+hold(fd)                                   # as study create holds a browser copy it writes
+os.write(fd, b"half a video")
+print(path, flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), 9)                # killed mid-write: the file stays behind
+sys.stdin.read()                           # still writing until told to stop
+"""
+
+
+def test_study_create_removes_what_a_killed_create_left_in_the_media_folder(reports, tmp_path):
+    """A create killed while writing a browser copy leaves its ``.tmp-*.mp4``; the next create
+    into that media folder removes it, and leaves alone one that a live process is writing."""
+    media = tmp_path / "s.media"
+    media.mkdir()
+    cmd = [sys.executable, "-c", TEMP_HOLDER, str(media)]
+    dead = crash.subprocess.run([*cmd, "die"], capture_output=True, text=True, timeout=60)
+    assert dead.returncode == -9, dead.stderr
+    stale = crash.Path(dead.stdout.strip())
+    live = crash.subprocess.Popen([*cmd, "live"], stdin=crash.subprocess.PIPE,
+                                  stdout=crash.subprocess.PIPE, text=True)
+    try:
+        busy = crash.Path(live.stdout.readline().strip())
+        assert stale.is_file() and busy.is_file()
+        made = crash.run(crash.evalkit_cmd("study", "create", reports(seeds=(0,)), "--db",
+                                           tmp_path / "s.db", "--protocol", "abx", "--clips",
+                                           "sample:1"))
+        assert made.returncode == 0, made.stderr
+        assert not stale.exists()
+        assert busy.is_file()
+        assert [p.name for p in media.glob(".tmp-*")] == [busy.name]
+        assert len(list(media.glob("*.mp4"))) > 1
+    finally:
+        live.communicate("")

@@ -66,6 +66,9 @@ def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict
     if gate.ratios and not summary["floor_ratios"]:
         raise GateError(gate.path, "floor_ratio", "the gate sets floor_ratio thresholds but the "
                         "report has no noise floor (compare with --floor)")
+    if gate.ratios and gate.floor and gate.floor not in summary["floor_ratios"]:
+        raise GateError(gate.path, "floor", f"no floor {gate.floor!r} in this report (its floors "
+                        f"are: {', '.join(summary['floor_ratios'])})")
     missing = [k for k in gate.absolute if k not in summary["aggregates"]]
     if missing:
         raise GateError(gate.path, missing[0], "the gate checks a metric the report does not hold "

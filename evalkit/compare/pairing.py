@@ -131,6 +131,13 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
                 break
             paths.append(p)
         else:
+            shapes = [_shape(rec) for rec in (ra, rb)]
+            if None not in shapes and shapes[0] != shapes[1]:
+                problems[jid] = (f"not comparable: A {paths[0]} is {_shown(shapes[0])}, B "
+                                 f"{paths[1]} is {_shown(shapes[1])} (the frames pair one by one; "
+                                 "`evalkit metrics --align shortest A B` compares the common "
+                                 "frames of two such clips)")
+                continue
             pairs.append(Pair(jid, ra, rb, paths[0], paths[1]))
     # problems in the runs' job order, as before
     order = {jid: i for i, jid in enumerate(list(by_a) + [i for i in by_b if i not in by_a])}
@@ -169,6 +176,21 @@ def _recall(mem: collections.deque, frame: int):
 
 def _copy(frame):
     return None if frame is None else np.array(frame)
+
+
+def _shape(rec: dict) -> tuple[int, int, int] | None:
+    """A done job's (frames, width, height) as its manifest records them (None: not all)."""
+    out = rec.get("output") or {}
+    shape = (out.get("frames"), out.get("width"), out.get("height"))
+    return shape if all(isinstance(v, int) for v in shape) else None
+
+
+def _shown(shape: tuple[int, int, int]) -> str:
+    return f"{shape[0]} frames of {shape[1]}x{shape[2]}"
+
+
+class PairMismatch(UserError):
+    """A pair's clips turned out not to pair frame by frame (their manifests said they would)."""
 
 
 def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
@@ -243,6 +265,7 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
 
     ``decoder``: the pair already decoding (:class:`PairDecoder`, made with the same chunk);
     else one is made here. ``on_frame``: called with 1 after each frame's record."""
+    from metrics import MetricInputError
     from metrics.stream import stream_pair
 
     evaluator.reset()
@@ -258,14 +281,23 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
         gen = stream_pair(_chunks_with_memory(decoder.a, mem_a),
                           _chunks_with_memory(decoder.b, mem_b),
                           evaluator=evaluator, chunk=chunk)
-        for rec in gen:
-            records.append(rec)
-            if rec["lpips"] > worst_val:
-                worst, worst_val = rec["frame"], rec["lpips"]
-                if keep_worst:
-                    worst_a, worst_b = _copy(_recall(mem_a, worst)), _copy(_recall(mem_b, worst))
-            if on_frame is not None:
-                on_frame(1)
+        try:
+            for rec in gen:
+                records.append(rec)
+                if rec["lpips"] > worst_val:
+                    worst, worst_val = rec["frame"], rec["lpips"]
+                    if keep_worst:
+                        worst_a, worst_b = (_copy(_recall(mem_a, worst)),
+                                            _copy(_recall(mem_b, worst)))
+                if on_frame is not None:
+                    on_frame(1)
+        except MetricInputError as e:       # the clips' frames differ in count or size
+            what = str(e).split(" (frame counts differ")[0]
+            raise PairMismatch(
+                f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b} do not pair frame by "
+                f"frame ({what}; not what their manifests say): render or import it again "
+                "(`evalkit metrics --align shortest A B`: their common frames)"
+            ) from None
     finally:
         mem_a.clear()       # no chunk outlives the clip: the decoders' rings are reused
         mem_b.clear()
@@ -426,11 +458,21 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     check_same_suite(a, b)
     floor_runs = [_open_run(f, "--floor") for f in floors]
     for f in floor_runs:
+        for run, role in ((a, "RUN_A"), (b, "RUN_B")):
+            if f.path == run.path:
+                raise UserError(f"--floor {f.path}: is {role} itself (a floor is another render "
+                                "of A's jobs: a re-render, or other seeds with --seed-offset)")
         check_same_suite(a, f)
+    floor_names: list[str] = []
+    for f in floor_runs:
+        floor_names.append(_floor_name(a, f, set(floor_names)))
     gate_obj = open_gate(gate) if gate else None
     if gate_obj and gate_obj.ratios and not floor_runs:
         raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
                         "was given")
+    if gate_obj and gate_obj.ratios and gate_obj.floor and gate_obj.floor not in floor_names:
+        raise UserError(f"{gate_obj.path}: field 'floor': no floor {gate_obj.floor!r} in this "
+                        f"compare (its --floor runs are: {', '.join(floor_names)})")
     optional = [k for k in gate_obj.absolute if METRICS[k].optional] if gate_obj else []
     if optional and not vmaf:
         raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
@@ -464,10 +506,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info = {}
-        taken: set = set()
-        for f in floor_runs:
-            name = _floor_name(a, f, taken)
-            taken.add(name)
+        for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
             with bar_of(fpairs, f"floor {name}") as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from evalkit.errors import InputFileError, SchemaVersionError
-from evalkit.formats.models import (FINGERPRINT_SCHEMA_VERSION, FingerprintFile, first_problem,
+from evalkit.formats.models import (json_problem, FINGERPRINT_SCHEMA_VERSION, FingerprintFile, first_problem,
                                     found, version_problem)
 from evalkit.fsutil import sha256_file
 
@@ -36,8 +36,8 @@ def read_fingerprint_file(path) -> dict:
                              + f" (--fingerprint: {WRITE_HINT})")
     try:
         doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InputFileError(path, f"not valid JSON ({e}); {WRITE_HINT}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InputFileError(path, f"not valid JSON ({json_problem(e)}); {WRITE_HINT}") from None
     if not isinstance(doc, dict):
         raise InputFileError(path, f"expected a JSON object, found {found(doc)}; {WRITE_HINT}")
     problem = version_problem(doc, FINGERPRINT_SCHEMA_VERSION)

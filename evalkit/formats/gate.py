@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from evalkit.errors import InputFileError, SchemaVersionError
 from evalkit.formats.models import GATE_SCHEMA_VERSION, GateFile, first_problem, found, version_problem
-from evalkit.formats.yaml_load import safe_load
+from evalkit.formats.yaml_load import problem as yaml_problem, safe_load
 
 
 class GateError(InputFileError):
@@ -134,7 +134,7 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     try:
         doc = safe_load(path.read_bytes())
     except yaml.YAMLError as e:
-        raise GateError(path, None, f"invalid YAML: {str(e).splitlines()[0]}") from None
+        raise GateError(path, None, yaml_problem(e)) from None
     if not isinstance(doc, dict) or not doc:
         raise GateError(path, None, f"expected a mapping of thresholds, found {found(doc)}")
     problem = version_problem(doc, GATE_SCHEMA_VERSION, default=GATE_SCHEMA_VERSION)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
@@ -50,6 +50,14 @@ def found(value, *, typed: bool = True) -> str:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return f"{type(value).__name__} {shown}" if typed else shown
+
+
+def json_problem(e: Exception) -> str:
+    """Why a JSON file did not parse, in words (a document nested beyond Python's recursion
+    limit, e.g. 100,000 ``[``, is one case: the decoder recurses)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e)
 
 
 def bounded_repr(value, limit: int) -> str:
@@ -377,8 +385,18 @@ def _duplicates(values: list):
 # -- gate.yaml -------------------------------------------------------------------------------
 
 Number = Annotated[float, Field(allow_inf_nan=False), Expect("a number", "a finite number")]
+
+
+def _ordered(bounds: dict) -> dict:
+    """A min above its max can never pass: a contradiction, not a gate."""
+    if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+        raise PydanticCustomError(_OWN + "expected", f"expected min <= max, found min "
+                                  f"{bounds['min']:g} > max {bounds['max']:g} (no value passes)")
+    return bounds
+
+
 BoundMap = Annotated[dict[str, Number], Keys("bound", BOUNDS, non_empty=True),
-                     Expect("a mapping like {max: 0.05}")]
+                     Expect("a mapping like {max: 0.05}"), AfterValidator(_ordered)]
 Thresholds = Annotated[dict[str, BoundMap], Keys("aggregate", AGGREGATES, non_empty=True),
                        Expect("a mapping like {mean: {max: 0.05}}")]
 
@@ -498,7 +516,7 @@ Int = Annotated[int, Expect("an integer")]
 class OutputRecord(OpenModel):
     """A done job's clip (a job's `output`)."""
 
-    path: Str = Field(description="The lossless clip, relative to the run folder.")
+    path: Str = Field(description="The lossless clip, relative to the run folder and inside it.")
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$"),
                       Expect("a string", "64 lowercase hex digits")] = Field(
         description="Of the clip's bytes; a done job whose clip differs is rendered again.")
@@ -506,6 +524,23 @@ class OutputRecord(OpenModel):
     width: Optional[Int] = Field(None, description="In pixels.")
     height: Optional[Int] = Field(None, description="In pixels.")
     fps: Optional[Str] = Field(None, description="Frame rate, as a fraction (`24`, `30000/1001`).")
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, rel: str) -> str:
+        return inside_run(rel)
+
+
+def inside_run(rel: str | None) -> str | None:
+    """A path of a manifest, relative to the run folder and inside it (a path that leaves it,
+    absolute or through ``..``, would have a run read another run's clips)."""
+    if rel is None:
+        return rel
+    p = Path(rel)
+    if not rel or p.is_absolute() or ".." in p.parts:
+        raise PydanticCustomError(_OWN + "expected", "expected a path relative to the run "
+                                  f"folder and inside it, found {found(rel, typed=False)}")
+    return rel
 
 
 class JobRecord(OpenModel):
@@ -527,6 +562,11 @@ class JobRecord(OpenModel):
         None, description="The browser copy, relative to the run folder.")
     finished: Annotated[Optional[str], Expect("a string or null")] = Field(
         None, description="When it finished (ISO 8601, UTC).")
+
+    @field_validator("preview")
+    @classmethod
+    def _inside(cls, rel: str | None) -> str | None:
+        return inside_run(rel)
     effective_seed: Optional[Int] = Field(
         None, description="The seed rendered with: `seed` plus the run's `--seed-offset`.")
     adopted_from: Optional[Object] = Field(

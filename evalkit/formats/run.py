@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, SchemaVersionError, UserError
-from evalkit.formats.models import (LABEL_PATTERN, LABEL_RULE, MANIFEST_SCHEMA_VERSION, STATUSES,
+from evalkit.formats.models import (json_problem, LABEL_PATTERN, LABEL_RULE, MANIFEST_SCHEMA_VERSION, STATUSES,
                                     ManifestFile, first_problem)
 from evalkit.fsutil import atomic_write_json, sha256_file
 
@@ -72,8 +72,8 @@ def read_manifest(path: Path) -> dict:
         raise InputFileError(path, "not found (expected a run folder's manifest.json)")
     try:
         doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InputFileError(path, f"not valid JSON ({e})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InputFileError(path, f"not valid JSON ({json_problem(e)})") from None
     if not isinstance(doc, dict):
         raise InputFileError(path, f"expected a JSON object, found {type(doc).__name__}")
     version = doc.get("schema_version")

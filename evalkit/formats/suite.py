@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from evalkit.errors import SchemaVersionError, SuiteError, VideoError
 from evalkit.formats.models import (SUITE_SCHEMA_VERSION as SCHEMA_VERSION, SuiteFile,
                                     first_problem, found, version_problem)
-from evalkit.formats.yaml_load import safe_load
+from evalkit.formats.yaml_load import problem as yaml_problem, safe_load
 
 
 class SuiteVersionError(SuiteError, SchemaVersionError):
@@ -111,10 +111,7 @@ def load_suite(path, *, check_clips: bool = False) -> Suite:
     try:
         doc = safe_load(raw)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SuiteError(path, None, f"invalid YAML{where}: {problem}") from None
+        raise SuiteError(path, None, yaml_problem(e)) from None
     if not isinstance(doc, dict):
         raise SuiteError(path, None, f"expected a YAML mapping at the top level, found {found(doc)}")
     problem = version_problem(doc, SCHEMA_VERSION)

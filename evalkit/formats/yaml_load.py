@@ -5,15 +5,25 @@ validation and error messages would otherwise walk), and recursive aliases.
 
 Counting happens while the document is composed, from the sizes of the anchored nodes, so a
 bomb is refused after reading its own few lines, before any value is built. Refusals are
-``yaml.MarkedYAMLError`` (line and column of the alias), which callers already report as
-invalid YAML.
+``yaml.MarkedYAMLError`` (line and column of the alias), which callers report with
+:func:`problem` as invalid YAML.
+
+Beyond ``yaml.safe_load``: a document nested more than :data:`MAX_DEPTH` levels is refused
+(composing is recursive: 20,000 levels would exhaust Python's stack), as is a mapping that
+holds one key twice (YAML says keys are unique; PyYAML keeps the last one without a word), and
+numbers in exponent notation without a dot (``1e-3``) are numbers, as in YAML 1.2 and JSON
+(YAML 1.1, which PyYAML follows, makes them strings).
 """
 from __future__ import annotations
+
+import re
 
 import yaml
 
 #: the most values (scalars, lists, mappings) a document may hold with its aliases expanded
 MAX_NODES = 1_000_000
+#: the deepest a document may nest (lists and mappings in each other)
+MAX_DEPTH = 100
 
 
 class YAMLTooLarge(yaml.MarkedYAMLError):
@@ -30,6 +40,7 @@ class BoundedLoader(yaml.SafeLoader):
         self._nodes = 0
         self._sizes: dict[int, int] = {}
         self._open: list[str] = []      # anchors of the values being composed
+        self._depth = 0
 
     def _size(self, node) -> int:
         size = self._sizes.get(id(node))
@@ -63,11 +74,54 @@ class BoundedLoader(yaml.SafeLoader):
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             self._open.append(anchor)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise YAMLTooLarge(problem=f"nested more than {MAX_DEPTH} levels deep",
+                               problem_mark=event.start_mark)
         try:
             return super().compose_node(parent, index)
         finally:
+            self._depth -= 1
             if anchor is not None:
                 self._open.pop()
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node,
+                                                                               yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    seen = first.setdefault(key, key_node)
+                except TypeError:            # not hashable: the constructor says so
+                    continue
+                if seen is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        problem=f"duplicate key {key_node.value!r} (first at line "
+                        f"{seen.start_mark.line + 1})", problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats: PyYAML's (YAML 1.1) need a dot, so `1e-3` would be the string '1e-3'
+BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def problem(e: yaml.YAMLError) -> str:
+    """A YAML error as ``invalid YAML at line L, column C: what``."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"invalid YAML{where}: {what}"
 
 
 def safe_load(stream):

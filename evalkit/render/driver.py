@@ -486,6 +486,7 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                                 new_lossless=new_run_format(on_device([ident])))
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
+            rend.check_done(run, [j for j in selected if j not in todo], seed_offset)
             if early and todo:                   # a resumed run: its first job still to do
                 sources.prefetch(todo[0].clip)
                 early = False

@@ -381,6 +381,8 @@ def _study(conn, study) -> dict:
         sid = int(study)
     except (TypeError, ValueError):
         raise UnknownStudy(study) from None
+    if not 0 < sid < 2**63:          # no such id; the driver would overflow on a larger one
+        raise UnknownStudy(study)
     row = conn.execute(select(studies).where(studies.c.id == sid)).mappings().first()
     if row is None:
         raise UnknownStudy(study)

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import mkstemp, sha256_file
+from ..fsutil import hold, mkstemp, remove_stale_temporaries, sha256_file
 from ..video import BROWSER_ENCODING, BrowserEncoding, read_frames, write_browser
 
 #: x264 settings of every clip of a matched set, on top of :data:`BROWSER_ENCODING`:
@@ -157,8 +157,9 @@ def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
     differently now and then (see :data:`MATCHED_X264`; matched sets avoid both)."""
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(media_dir)        # what a killed create left
     fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
-    os.close(fd)
+    hold(fd)
     tmp = Path(tmp)
     try:
         write_browser(tmp, frames, fps, BROWSER_ENCODING)
@@ -166,6 +167,7 @@ def store_browser_copy(frames: np.ndarray, fps, media_dir: Path) -> str:
         os.replace(tmp, media_dir / f"{digest}.mp4")
     finally:
         tmp.unlink(missing_ok=True)
+        os.close(fd)
     return digest
 
 
@@ -419,6 +421,7 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
     items = _check_items(items)
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(media_dir)        # what a killed create left
     with tempfile.TemporaryDirectory(prefix="evalkit-matched-") as d:
         def encode(k: int) -> dict:
             frames, variant = items[k]
@@ -467,7 +470,7 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
         digests = []
         for path in outs:
             fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
-            os.close(fd)
+            hold(fd)
             tmp = Path(tmp)
             try:
                 with open(path, "rb") as src, open(tmp, "wb") as dst:
@@ -478,5 +481,6 @@ def store_matched_set(items: list[tuple[np.ndarray, int]], fps, media_dir) -> li
                 os.replace(tmp, media_dir / f"{digest}.mp4")
             finally:
                 tmp.unlink(missing_ok=True)
+                os.close(fd)
             digests.append(digest)
     return digests

@@ -38,6 +38,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, Me
                         UniqueConstraint, create_engine, event, exc, inspect, select, text)
 
 from ..errors import SchemaVersionError
+from ..fsutil import file_kind
 from .errors import StudyError
 
 SCHEMA_VERSION = 4
@@ -171,7 +172,8 @@ def shown_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        return url if parsed.password is None else parsed.render_as_string(hide_password=True)
     except Exception:       # not a URL at all: as given
         return url
 
@@ -198,18 +200,19 @@ class StudyDB:
         self.is_sqlite = scheme.startswith("sqlite")
         kw = {}
         if self.is_sqlite:
-            path = self.url.split("///", 1)[1] if "///" in self.url else ""
-            self.path = Path(path) if path and path != ":memory:" else None
+            self.path = _sqlite_path(self.url, where)
             if self.path is not None:
                 if self.path.is_dir():
                     raise StudyError(f"{where}: expected an SQLite file, found a folder")
+                if self.path.exists() and not self.path.is_file():
+                    raise StudyError(f"{where}: expected an SQLite file, found "
+                                     f"{file_kind(self.path)}")
                 if not self.path.exists() and not create:
                     raise StudyError(f"{where}: no study database there (file not found; "
                                      "`evalkit study create` makes one)")
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise StudyError(f"{where}: cannot make its folder ({_first_line(e)})") from e
+                if not self.path.parent.is_dir():   # nothing is made but what the user named
+                    raise StudyError(f"{where}: the folder {self.path.parent} does not exist "
+                                     "(make it first, or name a file in an existing folder)")
             kw["connect_args"] = {"timeout": 60, "check_same_thread": False}
         else:
             self.path = None
@@ -258,15 +261,19 @@ class StudyDB:
     def _prepare(self, create: bool) -> None:
         with self.engine.begin() as conn:
             have = set(inspect(conn).get_table_names())
-            if "meta" not in have:
+            ours = set(metadata.tables)
+            if not have & ours:
                 if not create:
                     raise StudyError(f"{self._where}: not a study database (no "
                                      "evalkit tables; `evalkit study create` makes them)")
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
-            version = int(conn.execute(select(meta.c.value).where(
-                meta.c.key == "schema_version")).scalar_one())
+            if ours - have:        # damaged: never re-created empty (they held ratings)
+                raise StudyError(f"{self._where}: a damaged study database: table(s) "
+                                 f"{', '.join(sorted(ours - have))} missing (found "
+                                 f"{', '.join(sorted(have & ours))}); restore it from a backup")
+            version = self._version(conn)
             if version > SCHEMA_VERSION:
                 raise SchemaVersionError(self.url, f"study database schema version {version} is "
                                          f"newer than this evalkit's ({SCHEMA_VERSION})")
@@ -277,16 +284,45 @@ class StudyDB:
                              .values(value=str(version)))
             metadata.create_all(conn)   # tables added by later versions
 
+    def _version(self, conn) -> int:
+        """``meta.schema_version``: an integer from 1 (a StudyError naming it otherwise)."""
+        value = conn.execute(select(meta.c.value).where(
+            meta.c.key == "schema_version")).scalar_one_or_none()
+        if value is None or not str(value).strip().isdigit() or int(value) < 1:
+            raise StudyError(f"{self._where}: a damaged study database: meta.schema_version: "
+                             f"expected an integer 1-{SCHEMA_VERSION}, found "
+                             f"{'nothing' if value is None else repr(str(value)[:40])}")
+        return int(value)
+
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
-            return int(conn.execute(select(meta.c.value).where(
-                meta.c.key == "schema_version")).scalar_one())
+            return self._version(conn)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
 
 _OPEN: dict[str, StudyDB] = {}
+
+
+def _sqlite_path(url: str, where: str) -> Path | None:
+    """The file of an ``sqlite://`` URL (None: in memory): ``sqlite:///relative/path`` or
+    ``sqlite:////absolute/path``, nothing else (no host, no query, no further slashes)."""
+    rest = url.split("://", 1)[1]
+    form = "expected sqlite:///relative/path or sqlite:////absolute/path"
+    if rest == "":
+        return None
+    if not rest.startswith("/"):
+        raise StudyError(f"{where}: {form}, found the host {rest.split('/', 1)[0]!r}")
+    path = rest[1:]
+    if path in ("", ":memory:"):
+        return None
+    if path.startswith("//"):
+        raise StudyError(f"{where}: {form}, found {len(rest) - len(rest.lstrip('/')) + 2} "
+                         "slashes after 'sqlite:'")
+    if "?" in path:
+        raise StudyError(f"{where}: {form}, found a query ({path[path.index('?'):][:40]!r})")
+    return Path(path)
 
 
 def sqlite_url(path) -> str:

@@ -87,6 +87,10 @@ class Renderer:
         """Called once before any backend loads: raise a UserError for jobs this renderer
         cannot take (a frame count or size its model refuses); default: nothing to check."""
 
+    def check_done(self, run, jobs, seed_offset: int) -> None:
+        """Called for the jobs a resumed run has done already, before anything renders: raise a
+        UserError where they no longer hold (an imported file changed); default: nothing."""
+
     def job_info(self) -> dict:
         """Extra keys for the last rendered job's manifest record (e.g. what computed
         attention); default: none."""

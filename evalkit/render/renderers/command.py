@@ -108,10 +108,13 @@ def read_output_folder(folder: Path, *, what: str, frames: int | None = None,
 
 
 def read_expected(path: Path, *, what: str, frames: int | None = None,
-                  size: tuple[int, int] | None = None) -> np.ndarray:
-    """A clip that must have ``frames`` frames of ``size`` (width, height) -> (N, H, W, 3)
-    uint8. A wrong size or a wrong declared frame count (the container's header, the number of
-    images) fails before anything is decoded; decoding stops at the first frame too many."""
+                  size: tuple[int, int] | None = None, fps=None) -> np.ndarray:
+    """A clip that must have ``frames`` frames of ``size`` (width, height) (and, a video,
+    ``fps`` frames a second) -> (N, H, W, 3) uint8. A wrong size, rate or declared frame count
+    (the container's header, the number of images) fails before anything is decoded; decoding
+    stops at the first frame too many."""
+    from fractions import Fraction
+
     from evalkit.errors import VideoError
 
     try:
@@ -120,6 +123,9 @@ def read_expected(path: Path, *, what: str, frames: int | None = None,
         if size is not None and (info.width, info.height) != tuple(size):
             raise JobError(f"{what}: frames are {info.width}x{info.height}, expected "
                            f"{size[0]}x{size[1]} (the source clip's size)")
+        if fps is not None and abs(info.fps / Fraction(fps) - 1) > Fraction(1, 10000):
+            raise JobError(f"{what}: {float(info.fps):g} frames/s, expected "
+                           f"{float(Fraction(fps)):g} (the source clip's rate)")
         if frames is not None and info.frames and info.frames != frames:
             raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
                            "clip's count)")

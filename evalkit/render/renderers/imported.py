@@ -8,7 +8,10 @@ actually rendered**: the job's own id in a run without ``--seed-offset``, and in
 them). The adopted clip is decoded and stored losslessly like any render, in the run's format
 (``render --lossless``: FFV1 ``.mkv`` by default, UT Video ``.nut``), so everything downstream
 treats it alike; the job's manifest record gets ``adopted_from`` (the file's path and sha256). A job with
-no file fails with a message naming the exact path looked for.
+no file fails with a message naming the exact path looked for; so does one whose file has
+another frame size, frame count or (a video) frame rate than the source clip, naming the file.
+A resumed import checks the jobs it has done: a file of other content (sha256) for one is
+refused with one line (:meth:`ImportRenderer.check_done`), never kept silently.
 
 The renderer only copies frames in: the backend spec of such a run says where the files were
 rendered (it is not applied here), the run's fingerprint is the one adopted with ``render
@@ -23,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from evalkit import video
+from evalkit.errors import UserError
 from evalkit.formats.suite import job_id
 from evalkit.fsutil import sha256_file
 from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError
@@ -67,25 +71,58 @@ class ImportRenderer(Renderer):
                 "options": {"dir": str(self.dir.resolve())}, "noise": None,
                 "noise_note": NOISE_NOTE}
 
-    def render(self, request: RenderRequest) -> np.ndarray:
-        jid = request.job.id
-        name = import_name(request.job, request.seed)
+    def _find(self, job, seed: int) -> Path:
+        """The one render of ``job`` at ``seed`` in the folder (a JobError when none or several)."""
+        jid = job.id
+        name = import_name(job, seed)
         candidates = [p for p in self.dir.glob(f"{name}.*") if p.suffix.lower() in video.VIDEO_EXTS]
         folder = self.dir / name
         if folder.is_dir():
             candidates.append(folder)
-        seed = "" if name == jid else f" at seed {request.seed} (seed {request.job.seed} + offset)"
+        at = "" if name == jid else f" at seed {seed} (seed {job.seed} + offset)"
         if not candidates:
-            raise JobError(f"no render for job {jid}{seed}: expected {self.dir / name}.mkv "
+            raise JobError(f"no render for job {jid}{at}: expected {self.dir / name}.mkv "
                            f"(or another video extension, or a frame folder {self.dir / name}/)")
         if len(candidates) > 1:
-            raise JobError(f"{self.dir}: several renders for job {jid}{seed}: "
+            raise JobError(f"{self.dir}: several renders for job {jid}{at}: "
                            f"{', '.join(sorted(p.name for p in candidates))}")
+        return candidates[0]
+
+    @staticmethod
+    def _adopted(src: Path) -> dict:
+        return {"path": str(src.resolve()), "kind": "frames" if src.is_dir() else "video",
+                "sha256": folder_sha256(src) if src.is_dir() else sha256_file(src)}
+
+    def check_done(self, run, jobs, seed_offset: int) -> None:
+        """Jobs of ``run`` already imported: a UserError when the folder now holds a render of
+        other content for one (by sha256, at the same path or another), whose old frames a
+        resumed import would otherwise keep without a word. The same content from another
+        folder is the same render: nothing to do."""
+        for job in jobs:
+            old = run.job(job.id).get("adopted_from")
+            try:
+                src = self._find(job, job.seed + seed_offset)
+            except JobError:
+                continue                 # nothing here for it: the done job stays as it is
+            if not old or not (src.is_file() or src.is_dir()):
+                continue
+            new = self._adopted(src)
+            if new["sha256"] != old.get("sha256"):
+                raise UserError(
+                    f"{run.path / 'manifest.json'}: job {job.id} was imported from "
+                    f"{old.get('path')} (sha256 {str(old.get('sha256'))[:12]}...), {new['path']} "
+                    f"has other content (sha256 {new['sha256'][:12]}...): to import it, render "
+                    "into another --out folder (this run stays as it is)")
+
+    def render(self, request: RenderRequest) -> np.ndarray:
         from evalkit.render.renderers.command import read_expected
 
-        src = candidates[0]
-        frames = read_expected(src, what=f"import of job {jid}", frames=len(request.source))
-        request.record["adopted_from"] = {
-            "path": str(src.resolve()), "kind": "frames" if src.is_dir() else "video",
-            "sha256": folder_sha256(src) if src.is_dir() else sha256_file(src)}
+        jid = request.job.id
+        src = self._find(request.job, request.seed)
+        if not (src.is_file() or src.is_dir()):
+            raise JobError(f"import of job {jid}: {src}: not a regular file or folder")
+        n, h, w = request.source.shape[:3]
+        frames = read_expected(src, what=f"import of job {jid} ({src})", frames=n, size=(w, h),
+                               fps=None if src.is_dir() else request.fps)
+        request.record["adopted_from"] = self._adopted(src)
         return frames
