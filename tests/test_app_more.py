@@ -269,12 +269,13 @@ def test_admin_export_downloads_csv(env, server, browser):
     ctx = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
     page = ctx.new_page()
 
-    def download():
+    def download(key):
         page.click("#export")
         page.wait_for_selector("#raw-csv:visible", timeout=60000)
         page.wait_for_function("document.querySelector('#export-note') && "
-                               f"document.querySelector('#export-note').innerText.includes('Study {sid}:')",
-                               timeout=60000)
+                               "document.querySelector('#export-note').innerText.includes("
+                               f"'Study {sid}:') && document.querySelector('#export-note')"
+                               f".innerText.includes('{key}')", timeout=60000)
         files = {}
         for elem, name in (("#raw-csv", "ratings"), ("#summary-csv", "summary")):
             with page.expect_download(timeout=30000) as dl:
@@ -293,7 +294,7 @@ def test_admin_export_downloads_csv(env, server, browser):
         page.fill("#study-id input", str(sid))
         page.get_by_role("tab", name="Export").click()
         # interim (2 raters of the planned 26): the downloads hold counts and timing, no key
-        sealed = download()
+        sealed = download("sealed until")
         rows = list(csv.DictReader(io.StringIO(sealed["ratings"])))
         assert {int(r["trial"]) for r in rows} == set(given)
         assert all(r[k] == "" for r in rows for k in study.api.KEY_COLUMNS if k in r)
@@ -302,8 +303,7 @@ def test_admin_export_downloads_csv(env, server, browser):
         assert [(r["scope"], r["status"], r["accuracy"]) for r in summ] == [
             ("study", "interim", "")]
         study.unblind(db, sid, reason="test: the export against the answers", who="test")
-        page.fill("#study-id input", str(sid))
-        files = download()
+        files = download("key opened early by test")
     finally:
         ctx.close()
     rows = list(csv.DictReader(io.StringIO(files["ratings"])))

@@ -639,18 +639,10 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000,
         raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
                          f"({res['verdict_text']})")
     pooled = res["threshold"]["pooled"]
-    if pooled.get("threshold") is not None and not allow_wide_interval:
-        lo, hi = (pooled.get("ci") or [None, None])[:2]
-        thr_txt = f"threshold {pooled['threshold']:.4g}, interval {_num(lo)} to {_num(hi)}"
-        if lo is None or hi is None or lo <= 0:
-            raise StudyError(f"--study {study}: expected a threshold interval closed at both "
-                             f"ends to set a gate, found {thr_txt} (a pilot: add raters or "
-                             "clips, or --allow-wide-interval to gate anyway)")
-        if hi / lo > max_interval_ratio:
-            raise StudyError(f"--study {study}: expected a threshold interval at most "
-                             f"{max_interval_ratio:g}x wide to set a gate, found {thr_txt} "
-                             f"({hi / lo:.3g}x; add raters or clips, or --allow-wide-interval "
-                             "to gate anyway)")
+    problem = gate_interval_problem(pooled, max_interval_ratio)
+    if problem and not allow_wide_interval:
+        raise StudyError(f"--study {study}: {problem} (a pilot: add raters or clips, or "
+                         "--allow-wide-interval to gate anyway)")
     # a threshold above every level shown gates on its lower bound; below them or none: refused
     # (the psychometric module's ThresholdError, a user error naming the study)
     text = gate_from_analysis(res["threshold"], study=str(res["study"]),
@@ -668,6 +660,24 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000,
     return {"path": str(path), "threshold": thr, "bound": bound,
             "max": thr / float(safety_factor), "text": text,
             "unblinding": res.get("unblinding")}
+
+
+def gate_interval_problem(pooled: dict, max_interval_ratio: float = MAX_INTERVAL_RATIO) -> str | None:
+    """Why a threshold fit cannot set a gate, or None: a measured threshold whose interval is
+    open at either end, or whose upper end is more than ``max_interval_ratio`` times its lower
+    end. A threshold above every level shown (none measured, a lower bound) is not refused here:
+    its gate is the bound itself."""
+    thr = pooled.get("threshold")
+    if thr is None:
+        return None
+    lo, hi = (pooled.get("ci") or [None, None])[:2]
+    found = f"threshold {thr:.4g}, interval {_num(lo)} to {_num(hi)}"
+    if lo is None or hi is None or lo <= 0:
+        return f"expected a threshold interval closed at both ends to set a gate, found {found}"
+    if hi / lo > max_interval_ratio:
+        return (f"expected a threshold interval at most {max_interval_ratio:g}x wide to set a "
+                f"gate, found {found} ({hi / lo:.3g}x)")
+    return None
 
 
 def _num(v) -> str:
@@ -753,11 +763,6 @@ def _unblinding_out(unb: list[dict]) -> dict | None:
                     for u in unb]}
 
 
-#: the verdict of a study whose key was opened before its planned raters were complete, where
-#: its rule would have said "indistinguishable"
-UNBLINDED_EARLY = "unblinded early"
-
-
 def results(db, study, *, reps: int = 1000) -> dict:
     """Analysis of a study (every rule in :mod:`evalkit.study.stats`).
 
@@ -770,7 +775,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
     ``unblinding``: None, or the first logged :func:`unblind` (``text``, who, when, at how many
     included raters, ``log`` of all). Then, while interim, ``pilot`` holds the rule's figures on
     the included raters so far, labelled as a pilot (never a verdict); once complete, a verdict
-    of "indistinguishable" becomes :data:`UNBLINDED_EARLY` (the figures stay). ABX:
+    of "indistinguishable" becomes :data:`.stats.UNBLINDED_EARLY` (the figures stay). ABX:
     ``coverage`` (:func:`.stats.coverage`) says which clips the verdict covers and bounds the
     share of visibly different clips like these."""
     if isinstance(reps, bool) or not isinstance(reps, int) or not 100 <= reps <= MAX_REPS:
@@ -825,11 +830,10 @@ def results(db, study, *, reps: int = 1000) -> dict:
         return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
     early = out["unblinding"] is not None
-    if early and dec["verdict"] == "indistinguishable":
-        dec["verdict"] = UNBLINDED_EARLY
+    dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)
     out["verdict_text"] = dec["verdict"]
-    if dec["verdict"] == UNBLINDED_EARLY:
+    if dec["verdict"] == stats.UNBLINDED_EARLY:
         out["verdict_text"] += (": no equivalence claim, the figures below are shown without "
                                 f"one (the {out['unblinding']['text']}; a look before the "
                                 "planned raters finished can steer when a study stops)")
@@ -842,8 +846,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
     used_all = set(complete[:planned])
     test_all = [r for r in rows if r["kind"] == "test" and r["rater"] in used_all]
     d2 = _decide(protocol, test_all, margin, alpha, reps, st["seed"])
-    if early and d2["verdict"] == "indistinguishable":
-        d2["verdict"] = UNBLINDED_EARLY
+    d2["verdict"] = stats.after_unblinding(d2["verdict"], early)
     out["without_exclusions"] = {k: d2.get(k) for k in (
         "verdict", "n", "accuracy", "p_value", "p_text", "upper_bound", "win_rate_b",
         "ties", "flagged") if k in d2}
@@ -905,6 +908,13 @@ def key_text(state: dict) -> str:
         return "open: the planned included raters are complete"
     return (f"sealed until {state['planned']} planned included raters are complete "
             f"({len(state['kept'])} now; `evalkit study unblind` opens it, logged)")
+
+
+def key_status(db, study) -> str:
+    """The study's key in one line (:func:`key_text`): sealed with the progress, open, or the
+    logged unblinding."""
+    st, rows = raw_ratings(db, study)
+    return key_text(_state(db, st, rows))
 
 
 def ratings_csv(db, study) -> str:

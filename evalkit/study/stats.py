@@ -814,6 +814,19 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
             "se": {k: mc_se(v, studies) for k, v in rates.items()}}
 
 
+#: the verdict of a study whose key was opened before its planned raters were complete, where
+#: its rule would have said "indistinguishable"
+UNBLINDED_EARLY = "unblinded early"
+
+
+def after_unblinding(verdict: str, unblinded_early: bool) -> str:
+    """The verdict as reported: a study whose key was opened before its planned included raters
+    were complete (a logged unblinding) never claims "indistinguishable" (a look can steer
+    when a study stops, which the rule's error rate does not allow for); every other verdict
+    stands, with the unblinding reported beside it."""
+    return UNBLINDED_EARLY if unblinded_early and verdict == "indistinguishable" else verdict
+
+
 def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneous", *,
                          start: int = MIN_RATERS, margin: float = 0.1,
                          mu: float | None = None, alpha: float = 0.05, studies: int = 400,
@@ -824,11 +837,15 @@ def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneo
     ``raters_max`` (the rule applied to the raters so far, fresh bootstrap draws each look).
     Returns ``fixed`` (rate of "indistinguishable" at the single look at ``raters_max``: what
     the product does), ``peeking`` (rate of "indistinguishable" at any look, i.e. stopping at
-    the first one), ``looks`` and ``se`` of both."""
+    the first one), ``closed`` (rate of "indistinguishable" the product reports to an owner
+    who looks at every rater: each look needs the key, so a logged unblinding at the first
+    look; stopping at the first look that would say "indistinguishable" leaves an interim study
+    without a verdict, and a study carried on to the planned size is judged by
+    :func:`after_unblinding`), ``looks`` and ``se`` of each."""
     if mu is None:
         mu = 0.5 + margin
     rng = np.random.default_rng(seed)
-    fixed = any_look = 0
+    fixed = any_look = closed = 0
     for sb in _batches(studies, reps, raters_max, clips):
         P = _truth(rng, scenario, sb, raters_max, clips, mu, rater_sd=rater_sd,
                    clip_sd=clip_sd, clip_accuracy=0.95)
@@ -838,15 +855,22 @@ def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneo
             wr = _draw_counts(rng, r, (sb, reps))
             wc = _draw_counts(rng, clips, (sb, reps))
             o = _abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
-            hit |= o["indistinguishable"]
             if r == raters_max:
                 fixed += int(o["indistinguishable"].sum())
+                # the owner looked (unblinded at the first look, before the planned size):
+                # stopped studies have no verdict, the others are judged as reported
+                carried_on = ~hit
+                reported = [after_unblinding("indistinguishable" if v else "other", True)
+                            for v in o["indistinguishable"][carried_on]]
+                closed += sum(v == "indistinguishable" for v in reported)
+            hit |= o["indistinguishable"]
         any_look += int(hit.sum())
-    f, p = fixed / studies, any_look / studies
+    f, p, c = fixed / studies, any_look / studies, closed / studies
     return {"scenario": scenario, "raters_max": raters_max, "clips": clips, "start": start,
             "mu": mu, "margin": margin, "looks": raters_max - start + 1, "studies": studies,
-            "fixed": f, "peeking": p, "se": {"fixed": mc_se(f, studies),
-                                             "peeking": mc_se(p, studies)}}
+            "fixed": f, "peeking": p, "closed": c,
+            "se": {"fixed": mc_se(f, studies), "peeking": mc_se(p, studies),
+                   "closed": mc_se(c, studies)}}
 
 
 def simulate_visible_share(raters: int, clips: int, share: float, *, margin: float = 0.1,
