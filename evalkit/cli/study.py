@@ -138,7 +138,7 @@ def cmd_study_plan(args) -> int:
 
 
 def add_study(sub, common) -> None:
-    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, plan")
+    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, unblind, plan")
     ss = s.add_subparsers(dest="study_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("create", parents=[common], help="create a study from a compare report")
     v.add_argument("report", type=Path, help="compare report folder")
