@@ -199,3 +199,22 @@ def test_unblindings_table_added_to_a_version_4_database(report, tmp_path):
     u = study.unblind(d, sid, reason="upgrade check", who="carol")
     assert u["raters_included"] == 0 and u["who"] == "carol"
     d.dispose()
+
+
+def test_a_pilot_interval_cannot_set_a_gate():
+    """`study gate`'s check (the CLI refusal and the override run in
+    tests/test_threshold_study.py): a measured threshold whose interval is open at either end
+    or wider than the stated factor is refused; a lower bound (threshold above every level)
+    gates on the bound itself."""
+    from evalkit.study.api import gate_interval_problem
+
+    pilot = {"threshold": 0.0015, "ci": [None, 0.062]}         # the 4-rater pilot of issue 34
+    assert "closed at both ends" in gate_interval_problem(pilot)
+    assert "n/a to 0.062" in gate_interval_problem(pilot)
+    assert "closed" in gate_interval_problem({"threshold": 0.01, "ci": [0.005, None]})
+    wide = {"threshold": 0.01, "ci": [0.004, 0.0201]}
+    assert "at most 4x wide" in gate_interval_problem(wide)
+    assert "(5.03x)" in gate_interval_problem(wide)
+    assert gate_interval_problem(wide, 6) is None
+    assert gate_interval_problem({"threshold": 0.01, "ci": [0.006, 0.02]}) is None
+    assert gate_interval_problem({"threshold": None, "ci": [0.2, None], "bound": "lower"}) is None
