@@ -212,9 +212,9 @@ def test_a_pilot_interval_cannot_set_a_gate():
     assert "closed at both ends" in gate_interval_problem(pilot)
     assert "n/a to 0.062" in gate_interval_problem(pilot)
     assert "closed" in gate_interval_problem({"threshold": 0.01, "ci": [0.005, None]})
-    wide = {"threshold": 0.01, "ci": [0.004, 0.0201]}
+    wide = {"threshold": 0.01, "ci": [0.004, 0.024]}
     assert "at most 4x wide" in gate_interval_problem(wide)
-    assert "(5.03x)" in gate_interval_problem(wide)
-    assert gate_interval_problem(wide, 6) is None
+    assert "(6x)" in gate_interval_problem(wide)
+    assert gate_interval_problem(wide, 6.5) is None
     assert gate_interval_problem({"threshold": 0.01, "ci": [0.006, 0.02]}) is None
     assert gate_interval_problem({"threshold": None, "ci": [0.2, None], "bound": "lower"}) is None
