@@ -820,7 +820,10 @@ def results(db, study, *, reps: int = 1000) -> dict:
         out.update(status="interim", verdict="interim",
                    verdict_text=f"interim: {len(kept)} of {planned} planned included raters "
                                 f"complete ({len(complete)} complete, {len(excluded)} excluded); "
-                                "no verdict is shown before the planned design is complete")
+                                "no verdict is shown before the planned design is complete"
+                                + ("" if out["unblinding"] else " (a pilot look needs the key: "
+                                   "`evalkit study unblind`, logged, and the verdict then never "
+                                   "says indistinguishable)"))
         return _with_pilot(out, st, rows, kept, reps)
     used = kept[:planned]
     out["raters_used"] = used
