@@ -217,7 +217,8 @@ def build_admin(db) -> gr.Blocks:
         a.write_text(raw)
         b.write_text(summ)
         n = len(raw.splitlines()) - 1
-        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} exported.",
+        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} exported (the key: "
+                f"{study.key_status(db, sid)}).",
                 gr.DownloadButton(value=str(a), visible=True),
                 gr.DownloadButton(value=str(b), visible=True))
 

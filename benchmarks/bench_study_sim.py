@@ -18,12 +18,19 @@ Tables:
    and of "indistinguishable" (the power; target >= 80% at the planned size);
 4. ABX, one visible clip (0.5 everywhere but one clip): rate at which that clip is flagged;
 5. sequential looks: the rule applied after every rater from 12 to the planned size, stopping
-   at the first "indistinguishable", against the single look at the planned size;
+   at the first "indistinguishable", against the single look at the planned size; and what
+   the product reports to such an owner (each look needs a logged unblinding, after which no
+   verdict says "indistinguishable": target 0);
 6. preference: rate of any preference claimed when there is none (raters' win rates spread
-   around 0.5: split taste), and the power at the planned size;
+   around 0.5: split taste; raters' tie propensities spread, Beta mean 0.85 SD 0.3), and the
+   power at the planned size;
 7. catch screening error rates;
 8. outside the planned sizes (documentation of a limit, not a target): golden ears with few
-   raters and many clips at small margins.
+   raters and many clips at small margins;
+9. sparse visible clips: a share of the suite's clips plainly visible (accuracy 1.0), the rest
+   at chance, clips drawn at random: how often "indistinguishable" is said, and how often the
+   bound on the visible share it carries covers the truth (target >= 95%) and a claim is made
+   with a bound below the truth (target <= 5%).
 """
 from __future__ import annotations
 
@@ -150,10 +157,13 @@ def main() -> int:
             k += 1
             o = stats.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
                                            reps=B_peek, seed=seed + k)
+            ok = o["closed"] == 0
+            fails += not ok
             print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x 15 clips "
                   f"({o['looks']} looks): single look {_fmt(o['fixed'], o['se']['fixed'])}; "
-                  f"peeking {_fmt(o['peeking'], o['se']['peeking'])}  "
-                  f"({S_peek} studies, {B_peek} reps)", flush=True)
+                  f"peeking {_fmt(o['peeking'], o['se']['peeking'])}; reported to the peeking "
+                  f"owner (unblinded) {o['closed']:.4f}  ({S_peek} studies, {B_peek} reps)"
+                  f"{'' if ok else ' FAIL'}", flush=True)
 
     # 6. preference -----------------------------------------------------------------------
     Bp = max(B, 2000)
@@ -173,6 +183,20 @@ def main() -> int:
                 fails += not ok
                 cells.append(f"sd {sd:.2f} ties {tie:.2f}: {_fmt(r, se)}{'' if ok else ' FAIL'}")
         print(f"{R:3d} x {C:2d}: " + " | ".join(cells), flush=True)
+    print("raters who differ in how often they say 'no difference' (tie propensity Beta mean "
+          "0.85, SD 0.3) and split taste (rater SD 0.3 or 0.45): P(any preference) (target <= "
+          "0.05 + 1 SE)")
+    for R, C in ((12, 15), (26, 15), (47, 20), (40, 40)):
+        cells = []
+        for sd in (0.3, 0.45):
+            k += 1
+            o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
+                                          rater_sd=sd, studies=S, reps=Bp, seed=seed + k)
+            r, se = o["any preference"], o["se"]["any preference"]
+            ok = r - se <= 0.05
+            fails += not ok
+            cells.append(f"sd {sd:.2f}: {_fmt(r, se)}{'' if ok else ' FAIL'}")
+        print(f"{R:3d} x {C:2d}, ties 0.85 +- 0.3: " + " | ".join(cells), flush=True)
     for margin in (0.1, 0.2):
         p = stats.plan("preference", margin)
         k += 1
@@ -208,6 +232,31 @@ def main() -> int:
               f"{stats.plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
               f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])}; P(no golden ear "
               f"among {R}) = {0.9 ** R:.3f}")
+
+    # 9. sparse visible clips ----------------------------------------------------------------
+    print("\n== 9. sparse visible clips: a share of the suite's clips plainly visible (accuracy "
+          "1.0), the rest at chance, the clips drawn at random; the verdict carries the bound on "
+          "the share of clips at accuracy >= 0.9 (Clopper-Pearson over the clip veto's power). "
+          "covered: bound >= the true share (target >= 0.95 - 1 SE); false claim: "
+          "'indistinguishable' with a bound below the truth (target <= 0.05 + 1 SE) ==")
+    vb = stats.plan("abx", 0.1, visible_bound=0.1)
+    cases = [(107, 15, 0.05, 0.1), (planned[(0.05, 40)], 40, 0.05, 0.1), (26, 15, 0.1, 0.05),
+             (26, 15, 0.1, 0.1), (26, 15, 0.1, 0.2), (26, 15, 0.1, 0.3),
+             (planned[(0.1, 40)], 40, 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
+             (vb["raters"], vb["clips"], 0.1, 0.2)]
+    for R, C, margin, share in cases:
+        k += 1
+        o = stats.simulate_visible_share(R, C, share, margin=margin, studies=S, reps=B,
+                                         seed=seed + k)
+        ok = (o["covered"] + o["se"]["covered"] >= 0.95
+              and o["false_claim"] - o["se"]["false_claim"] <= 0.05)
+        fails += not ok
+        tag = " (plan --visible-bound 0.1)" if (R, C) == (vb["raters"], vb["clips"]) else ""
+        print(f"{R:3d} raters x {C:2d} clips, margin {margin:4.2f}, visible share {share:4.2f}"
+              f"{tag}: indistinguishable {_fmt(o['indistinguishable'], o['se']['indistinguishable'])}"
+              f", covered {_fmt(o['covered'], o['se']['covered'])}, false claim "
+              f"{_fmt(o['false_claim'], o['se']['false_claim'])}, mean bound "
+              f"{o['mean_bound']:.3f}{'' if ok else ' FAIL'}", flush=True)
 
     print(f"\n{fails} target(s) missed; {time.time() - t0:.0f} s")
     return 0 if fails == 0 else 1

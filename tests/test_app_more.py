@@ -154,7 +154,7 @@ def test_resume_after_server_restart(env, server, browser, reports):
         assert not set(rest) & set(clicked)
         clicked.update(rest)
         assert len(clicked) == progress(db, token)["total"]
-        rows = [r for r in export(server, sid) if r["rater"] == str(_rater(db, token))]
+        rows = [r for r in opened_export(server, db, sid) if r["rater"] == str(_rater(db, token))]
         assert {int(r["trial"]): r["answer"] for r in rows} == {k: v[0] for k, v in clicked.items()}
     finally:
         ctx.close()
@@ -198,11 +198,18 @@ def test_a_stale_tab_goes_on_with_the_next_trial(env, server, browser):
         tabs[1].wait_for_function("document.body.dataset.trialIndex === '2'", timeout=30000)
         assert "already answered" in tabs[1].inner_text("#message")
         assert tabs[1].is_visible("#answers button") and tabs[1].is_hidden("#done")
-        rows = [r for r in export(server, sid) if r["rater"] == str(_rater(db, token))]
+        rows = [r for r in opened_export(server, db, sid) if r["rater"] == str(_rater(db, token))]
         assert [r["answer"] for r in rows] == ["left"]
         assert missing == []
     finally:
         ctx.close()
+
+
+def opened_export(server, db, sid):
+    """/export's raw ratings after a logged unblinding (the study is interim: sealed before)."""
+    if not study.unblinding_log(db, sid):
+        study.unblind(db, sid, reason="test: the export against the answers", who="test")
+    return export(server, sid)
 
 
 def _rater(db, token):
@@ -261,6 +268,22 @@ def test_admin_export_downloads_csv(env, server, browser):
         given.update(answer(db, tok, lambda t: ("A", "B")[t["trial"] % 2], limit))
     ctx = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
     page = ctx.new_page()
+
+    def download(key):
+        page.click("#export")
+        page.wait_for_selector("#raw-csv:visible", timeout=60000)
+        page.wait_for_function("document.querySelector('#export-note') && "
+                               "document.querySelector('#export-note').innerText.includes("
+                               f"'Study {sid}:') && document.querySelector('#export-note')"
+                               f".innerText.includes('{key}')", timeout=60000)
+        files = {}
+        for elem, name in (("#raw-csv", "ratings"), ("#summary-csv", "summary")):
+            with page.expect_download(timeout=30000) as dl:
+                page.click(elem)
+            assert dl.value.suggested_filename == f"study{sid}-{name}.csv"
+            files[name] = open(dl.value.path(), encoding="utf-8").read()
+        return files
+
     try:
         page.goto(f"{server.url}/admin/")
         page.wait_for_selector("input[type=password]", timeout=30000)
@@ -270,17 +293,17 @@ def test_admin_export_downloads_csv(env, server, browser):
         page.wait_for_selector("#studies", timeout=30000)
         page.fill("#study-id input", str(sid))
         page.get_by_role("tab", name="Export").click()
-        page.click("#export")
-        page.wait_for_selector("#raw-csv:visible", timeout=60000)
-        page.wait_for_function("document.querySelector('#export-note') && "
-                               f"document.querySelector('#export-note').innerText.includes('Study {sid}:')",
-                               timeout=60000)
-        files = {}
-        for elem, name in (("#raw-csv", "ratings"), ("#summary-csv", "summary")):
-            with page.expect_download(timeout=30000) as dl:
-                page.click(elem)
-            assert dl.value.suggested_filename == f"study{sid}-{name}.csv"
-            files[name] = open(dl.value.path(), encoding="utf-8").read()
+        # interim (2 raters of the planned 26): the downloads hold counts and timing, no key
+        sealed = download("sealed until")
+        rows = list(csv.DictReader(io.StringIO(sealed["ratings"])))
+        assert {int(r["trial"]) for r in rows} == set(given)
+        assert all(r[k] == "" for r in rows for k in study.api.KEY_COLUMNS if k in r)
+        assert all(r["key"].startswith("sealed until") for r in rows)
+        summ = list(csv.DictReader(io.StringIO(sealed["summary"])))
+        assert [(r["scope"], r["status"], r["accuracy"]) for r in summ] == [
+            ("study", "interim", "")]
+        study.unblind(db, sid, reason="test: the export against the answers", who="test")
+        files = download("key opened early by test")
     finally:
         ctx.close()
     rows = list(csv.DictReader(io.StringIO(files["ratings"])))

@@ -30,6 +30,9 @@ def env(tmp_path_factory, reports):
 
 
 def _rows(db, sid) -> list[dict]:
+    """The study's raw CSV with its key opened (a logged unblinding: the study is interim)."""
+    if not study.unblinding_log(db, sid):
+        study.unblind(db, sid, reason="test: the stored answers", who="test")
     return list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
 
 

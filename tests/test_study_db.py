@@ -278,11 +278,12 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     cfg = json.loads(con.execute("select config from studies").fetchone()[0])
     del cfg["media_key"]
     con.execute("update studies set config = ?", (json.dumps(cfg),))
+    con.execute("drop table unblindings")
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 4
+    assert d.schema_version() == store.SCHEMA_VERSION == 5
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
                        ("trials", "fetched"), ("clips", "media_a_alt")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
@@ -395,6 +396,17 @@ def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, t
     code, _, err = cli("study", "results", "--db", postgres, "--study", "999")
     assert code == 2
     assert_one_line_error(err, "study 999")
+
+
+def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
+    sid = study.create_study(report, postgres, protocol="abx", clips_spec="sample:1",
+                             media_dir=tmp_path / "media")["study"]
+    code, out, err = cli("study", "unblind", "--db", postgres, "--study", sid, "--reason",
+                         "pilot", "--who", "dana")
+    assert code == 0, err
+    res = study.results(postgres, sid, reps=100)
+    assert res["unblinding"]["who"] == "dana" and res["unblinding"]["raters_included"] == 0
+    assert study.unblinding_log(postgres, sid)[0]["reason"] == "pilot"
 
 
 WRITER = """

@@ -261,6 +261,52 @@ def test_mc_peeking_inflates_the_single_look_does_not(plan01):
     assert o["looks"] == plan01["raters"] - 11
     assert o["fixed"] <= 0.05 + o["se"]["fixed"]
     assert o["peeking"] > o["fixed"]
+    # peeking closed: every look needs a logged unblinding, after which the product never says
+    # "indistinguishable" (the studies carried on would have said it often enough)
+    assert o["closed"] == 0 and o["fixed"] > 0
+    assert stats.after_unblinding("indistinguishable", True) == "unblinded early"
+    assert stats.after_unblinding("indistinguishable", False) == "indistinguishable"
+    assert stats.after_unblinding("distinguishable", True) == "distinguishable"
+
+
+def test_visible_share_bound_is_clopper_pearson_over_the_flag_power():
+    from scipy.stats import beta
+
+    b, power = stats.visible_share_bound(0, 15, 107)
+    assert power == pytest.approx(1.0, abs=1e-6) and b == pytest.approx(1 - 0.05 ** (1 / 15))
+    b, power = stats.visible_share_bound(2, 30, 26)
+    assert 0.8 <= power < 1 and b == pytest.approx(beta.ppf(0.95, 3, 28) / power)
+    assert stats.visible_share_bound(0, 6, 6)[0] == 1.0          # nothing can be flagged
+    assert stats.clopper_pearson_upper(5, 5) == 1.0
+    n = stats.clips_for_bound(0.1, 200)                   # power ~1: the rule of three
+    assert n == math.ceil(math.log(0.05) / math.log(0.9)) == 29
+    assert stats.visible_share_bound(0, n, 200)[0] <= 0.1 < stats.visible_share_bound(0, n - 1, 200)[0]
+
+
+def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
+    """10% of a suite's clips plainly visible, the rest at chance, 15 drawn at random, 107
+    raters at margin 0.05: "indistinguishable" is said (the 15 often miss every visible clip)
+    but the bound it carries covers the true visible share >= 95% of the time, so a false
+    unlimited claim (indistinguishable with a bound below the truth) stays <= 5%."""
+    for k, (R, C, margin, share) in enumerate([(107, 15, 0.05, 0.1), (26, 15, 0.1, 0.2),
+                                               (26, 40, 0.1, 0.05)]):
+        o = stats.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200,
+                                         seed=700 + k)
+        assert o["covered"] >= 0.95 - o["se"]["covered"], o
+        assert o["false_claim"] <= 0.05 + o["se"]["false_claim"], o
+        if k == 0:
+            assert o["indistinguishable"] >= 0.08, o       # the case the bound is for
+
+
+def test_plan_visible_bound_raises_the_clips():
+    p = stats.plan("abx", 0.1, visible_bound=0.1)
+    assert p["clips"] > 15 and p["clips_requested"] == 15 and p["visible_share_bound"] <= 0.1
+    assert any(r.startswith("visible bound:") for r in p["reasons"])
+    assert stats.plan("abx", 0.1)["visible_share_bound"] > 0.18
+    with pytest.raises(ValueError, match="--visible-bound"):
+        stats.plan("preference", 0.2, visible_bound=0.1)
+    with pytest.raises(ValueError, match="--visible-bound"):
+        stats.plan("abx", 0.1, visible_bound=1.5)
 
 
 def test_mc_preference_no_false_preference_when_taste_splits():
@@ -274,3 +320,24 @@ def test_mc_preference_no_false_preference_when_taste_splits():
         assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, sd, tie, o)
     o = stats.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, seed=600, **MC)
     assert o["B preferred"] >= 0.95
+
+
+def test_mc_preference_raters_differ_in_tie_propensity():
+    """Tie propensity per rater Beta(mean 0.85, SD 0.3) and split taste (SD 0.45): the bootstrap
+    interval alone said "preferred" 6.0-7.6%; with the rater-level sign-flip test <= 5%."""
+    for k, (R, C) in enumerate([(26, 15), (47, 20)]):
+        o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
+                                      rater_sd=0.45, seed=800 + k, studies=400, reps=1000)
+        assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, o)
+
+
+def test_sign_flip_test_is_exact_by_enumeration():
+    """Up to 12 raters every sign pattern is enumerated: the p-value is the share of patterns
+    whose |sum| reaches the observed one (by hand for 3 raters)."""
+    f = stats.sign_flips(np.random.default_rng(0), 3)
+    assert f.shape == (8, 3) and {tuple(r) for r in f} == {
+        (a, b, c) for a in (1, -1) for b in (1, -1) for c in (1, -1)}
+    # |+-3 +-1 +-1| over the 8 patterns: 5, 3, 3, 1, each twice
+    d = np.array([[3.0, 1.0, 1.0], [3.0, 1.0, -1.0], [1.0, 1.0, -3.0]])
+    assert stats._flip_p(d, f) == pytest.approx([2 / 8, 6 / 8, 8 / 8])
+    assert stats.sign_flips(np.random.default_rng(0), 13).shape == (stats.SIGN_FLIPS, 13)

@@ -314,10 +314,28 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
     summ = list(csv.DictReader(open(out_csv.with_name("thr.summary.csv"), newline="")))
     assert Counter(r["scope"] for r in summ) == {"pooled": 1, "clip": 2, "level": 8}
     assert float(summ[0]["threshold"]) == pytest.approx(pooled["threshold"])
-    # the gate set by people, and compare gated on it
+    # a pilot cannot set a gate: an interval wider than the stated factor is refused (one
+    # line, nothing written) unless the owner overrides
+    ratio = hi / lo
+    wide = tmp_path / "wide.yaml"
+    code, out, err = cli("study", "gate", "--db", db, "--study", sid, "--out", wide, "--reps",
+                         "200", "--max-interval-ratio", f"{ratio * 0.99:.6g}")
+    assert code == 2 and not wide.exists()
+    assert_one_line_error(err, f"--study {sid}", "interval at most", "--allow-wide-interval")
+    code, out, err = cli("study", "gate", "--db", db, "--study", sid, "--out", wide, "--reps",
+                         "200", "--max-interval-ratio", f"{ratio * 0.99:.6g}",
+                         "--allow-wide-interval")
+    assert code == 0 and wide.exists(), err
+    # the gate set by people, and compare gated on it (this test's design is pilot-sized, 2
+    # clips: an interval wider than the default 4x is refused unless the owner overrides)
     gate = tmp_path / "gate.yaml"
-    code, out, err = cli("study", "gate", "--db", db, "--study", sid, "--out", gate, "--reps",
-                         "200", "--safety-factor", "2")
+    args = ("study", "gate", "--db", db, "--study", sid, "--out", gate, "--reps", "200",
+            "--safety-factor", "2")
+    code, out, err = cli(*args)
+    if ratio > 4:
+        assert code == 2 and not gate.exists()
+        assert_one_line_error(err, "at most 4x wide", f"({ratio:.3g}x")
+        code, out, err = cli(*args, "--allow-wide-interval")
     assert code == 0, err
     g = yaml.safe_load(gate.read_text())
     assert g["lpips"]["mean"]["max"] == pytest.approx(pooled["threshold"] / 2)

@@ -1,4 +1,4 @@
-"""``evalkit study``: create, invite, results, gate, plan."""
+"""``evalkit study``: create, invite, results, unblind, gate, plan."""
 from __future__ import annotations
 
 import json
@@ -71,11 +71,33 @@ def cmd_study_results(args) -> int:
 def cmd_study_gate(args) -> int:
     from evalkit.study import write_gate
 
+    ratio = {} if args.max_interval_ratio is None else {
+        "max_interval_ratio": args.max_interval_ratio}
     r = write_gate(args.db, args.study, args.out, safety_factor=args.safety_factor,
-                   reps=args.reps)
+                   reps=args.reps, allow_wide_interval=args.allow_wide_interval, **ratio)
     what = "threshold" if r["bound"] is None else "lower bound of the threshold"
     print(f"gate -> {r['path']}: lpips mean at most {r['max']:.6g} ({what} {r['threshold']:.6g} "
           f"/ safety factor {args.safety_factor:g})")
+    if r.get("unblinding"):
+        print(f"warning: {r['unblinding']['text']}", file=sys.stderr)
+    return 0
+
+
+def cmd_study_unblind(args) -> int:
+    import getpass
+
+    from evalkit.study import unblind
+
+    who = args.who
+    if who is None:
+        try:
+            who = getpass.getuser()
+        except (KeyError, OSError):   # no user name in this environment
+            who = "unknown"
+    u = unblind(args.db, args.study, reason=args.reason, who=who)
+    print(f"study {u['study_id']}: {u['text']}")
+    print("every later result and CSV reports this; the completed study's verdict can no "
+          "longer be 'indistinguishable'", file=sys.stderr)
     return 0
 
 
@@ -94,7 +116,8 @@ def cmd_study_plan(args) -> int:
         try:
             p = plan(args.protocol, args.margin, args.power, clips=args.clips,
                      tie_rate=args.tie_rate, exclusion_rate=args.exclusion_rate,
-                     clip_accuracy=args.clip_accuracy, progress=step)
+                     clip_accuracy=args.clip_accuracy, progress=step,
+                     visible_bound=args.visible_bound)
         except ValueError as e:
             raise UserError(str(e)) from None
     if args.json:
@@ -107,11 +130,15 @@ def cmd_study_plan(args) -> int:
         v = p.get(k)
         for line in ([v] if isinstance(v, str) else (v or [])):
             print(f"  {line}")
+    if p.get("visible_share_bound") is not None:
+        print(f"  with --clips sample:{p['clips']} and none flagged, the verdict bounds the share "
+              f"of visibly different clips like these at {100 * p['visible_share_bound']:.3g}% "
+              "(one-sided 95%)")
     return 0
 
 
 def add_study(sub, common) -> None:
-    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, plan")
+    s = sub.add_parser("study", parents=[common], help="human A/B studies: create, invite, results, unblind, plan")
     ss = s.add_subparsers(dest="study_command", metavar="SUBCOMMAND", required=True)
     v = ss.add_parser("create", parents=[common], help="create a study from a compare report")
     v.add_argument("report", type=Path, help="compare report folder")
@@ -167,7 +194,21 @@ def add_study(sub, common) -> None:
                    help="the gate's LPIPS mean bound is the threshold divided by this "
                    "(at least 1; default 2)")
     v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    v.add_argument("--max-interval-ratio", type=float, default=None,
+                   help="refuse a gate when the threshold interval's upper end is more than "
+                   "this many times its lower end, or the interval is open (default 4)")
+    v.add_argument("--allow-wide-interval", action="store_true",
+                   help="write the gate even from an open or wide threshold interval (a pilot)")
     v.set_defaults(func=cmd_study_gate)
+    v = ss.add_parser("unblind", parents=[common],
+                      help="open a study's key before its planned raters finish (logged; the "
+                      "verdict then never says indistinguishable)")
+    v.add_argument("--db", required=True, help="database URL or SQLite file")
+    v.add_argument("--study", required=True, help="study id")
+    v.add_argument("--reason", required=True, help="why the key is opened (logged, one line)")
+    v.add_argument("--who", default=None,
+                   help="who opens it (logged; default: this system user's name)")
+    v.set_defaults(func=cmd_study_unblind)
     v = ss.add_parser("plan", parents=[common], help="raters and trials needed for a study")
     v.add_argument("--protocol", required=True, choices=("preference", "abx"))
     v.add_argument("--margin", type=float, default=0.1,
@@ -181,5 +222,8 @@ def add_study(sub, common) -> None:
                    help="ABX accuracy of a single visible clip that must be flagged (default 0.9)")
     v.add_argument("--tie-rate", type=float, default=0.0,
                    help="expected share of 'no difference' answers (preference)")
+    v.add_argument("--visible-bound", type=float, default=None, metavar="SHARE",
+                   help="ABX: enough clips drawn at random (sample:N) that, with none flagged, "
+                   "at most this share of clips like these is visibly different (e.g. 0.1)")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=cmd_study_plan)

@@ -1,4 +1,11 @@
-"""Study operations: create, invite, results, CSV export.
+"""Study operations: create, invite, results, CSV export, unblinding, gate.
+
+The key (which side is which backend, which answer is right) stays sealed until the planned
+number of included raters has finished: before that, :func:`results`, :func:`ratings_csv` and
+:func:`summary_csv` give counts and progress only, on every route that calls them (CLI, the
+admin page, ``/export``). An owner who must look calls :func:`unblind`, which is logged (who,
+when, at how many included raters, why) and reported with every later verdict and CSV; a study
+unblinded early never claims "indistinguishable".
 
 Every function takes ``db`` (a URL, an SQLite path or an open :class:`StudyDB`). What raters
 do (next trial, media, answer, progress) lives in :mod:`.live`.
@@ -23,7 +30,8 @@ from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, ordered_map, store_matched_set
-from .store import clips, new_media_key, now, open_db, raters, ratings, studies, trials
+from .store import (clips, new_media_key, now, open_db, raters, ratings, studies, trials,
+                    unblindings)
 
 
 
@@ -210,7 +218,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
-              "plan": the_plan, **timing}
+              "plan": the_plan, "clips_of": len(rep["jobs"]), **timing}
     if protocol == "threshold":
         config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
                                "metrics_device": str(metrics_device),
@@ -591,11 +599,30 @@ def _ladder(db, study) -> str:
     return ((st["config"] or {}).get("threshold") or {}).get("ladder", "amplify")
 
 
-def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) -> dict:
+#: ``study gate``'s default widest threshold interval (upper end / lower end): a pilot whose
+#: interval spans more cannot set a gate (``--max-interval-ratio``; ``--allow-wide-interval``)
+MAX_INTERVAL_RATIO = 4.0
+
+
+def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000,
+               max_interval_ratio: float = MAX_INTERVAL_RATIO,
+               allow_wide_interval: bool = False) -> dict:
     """Write a gate YAML from a complete threshold study (atomically): LPIPS mean at most the
     pooled threshold / ``safety_factor``, with the study, threshold and interval recorded
-    (:func:`.psychometric.gate_from_analysis`). Returns ``{"path", "threshold", "max"}``."""
+    (:func:`.psychometric.gate_from_analysis`). Returns ``{"path", "threshold", "max",
+    "unblinding"}``.
+
+    Refused (a pilot cannot set a gate) when the measured threshold's interval is open at either
+    end or its upper end is more than ``max_interval_ratio`` times its lower end, unless
+    ``allow_wide_interval``. A threshold above every level shown gates on its lower bound (an
+    interval open above by construction: conservative, allowed). A study unblinded early gets
+    the unblinding as a comment in the gate file."""
     from .psychometric import gate_from_analysis
+
+    if isinstance(max_interval_ratio, bool) or not isinstance(max_interval_ratio, (int, float)) \
+            or not math.isfinite(max_interval_ratio) or max_interval_ratio <= 1:
+        raise StudyError(f"--max-interval-ratio: expected a number above 1, found "
+                         f"{max_interval_ratio}")
 
     if isinstance(safety_factor, bool) or not isinstance(safety_factor, (int, float)) \
             or not math.isfinite(safety_factor) or safety_factor < 1:
@@ -613,25 +640,129 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000) 
     if res["status"] != "complete":
         raise StudyError(f"--study {study}: expected a complete study, found {res['status']} "
                          f"({res['verdict_text']})")
+    pooled = res["threshold"]["pooled"]
+    problem = gate_interval_problem(pooled, max_interval_ratio)
+    if problem and not allow_wide_interval:
+        raise StudyError(f"--study {study}: {problem} (a pilot: add raters or clips, or "
+                         "--allow-wide-interval to gate anyway)")
     # a threshold above every level shown gates on its lower bound; below them or none: refused
     # (the psychometric module's ThresholdError, a user error naming the study)
     text = gate_from_analysis(res["threshold"], study=str(res["study"]),
                               safety_factor=float(safety_factor))
+    if res.get("unblinding"):
+        text = text.rstrip("\n") + f"\n# {res['unblinding']['text']}\n"
     path = Path(out)
     if path.is_dir():
         raise StudyError(f"--out {path}: expected a file name, found a folder")
     atomic_write_text(path, text)
-    pooled = res["threshold"]["pooled"]
     thr = pooled.get("threshold")
     bound = None
     if thr is None:
         thr, bound = pooled["ci"][0], "lower"
     return {"path": str(path), "threshold": thr, "bound": bound,
-            "max": thr / float(safety_factor), "text": text}
+            "max": thr / float(safety_factor), "text": text,
+            "unblinding": res.get("unblinding")}
+
+
+def gate_interval_problem(pooled: dict, max_interval_ratio: float = MAX_INTERVAL_RATIO) -> str | None:
+    """Why a threshold fit cannot set a gate, or None: a measured threshold whose interval is
+    open at either end, or whose upper end is more than ``max_interval_ratio`` times its lower
+    end. A threshold above every level shown (none measured, a lower bound) is not refused here:
+    its gate is the bound itself."""
+    thr = pooled.get("threshold")
+    if thr is None:
+        return None
+    lo, hi = (pooled.get("ci") or [None, None])[:2]
+    found = f"threshold {thr:.4g}, interval {_num(lo)} to {_num(hi)}"
+    if lo is None or hi is None or lo <= 0:
+        return f"expected a threshold interval closed at both ends to set a gate, found {found}"
+    if hi / lo > max_interval_ratio:
+        return (f"expected a threshold interval at most {max_interval_ratio:g}x wide to set a "
+                f"gate, found {found} ({hi / lo:.3g}x)")
+    return None
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
 
 
 #: the most bootstrap replicates :func:`results` draws (more changes nothing but the wait)
 MAX_REPS = 100_000
+
+
+def _state(db, st: dict, rows: list[dict]) -> dict:
+    """Where a study stands: complete raters in order of completion, the catch screening, the
+    logged unblindings and whether the key is open (the planned included raters are complete,
+    or an unblinding was logged)."""
+    planned = int(st["raters_planned"] or 0)
+    prog = _progress_by_rater(db, st["id"])
+    complete = sorted((rid for rid, p in prog.items() if p["finished_at"] is not None),
+                      key=lambda rid: (prog[rid]["finished_at"], rid))
+    rule = _catch_rule(st)
+    kept, excluded, graded = _screen(rows, complete, rule)
+    done = planned > 0 and len(kept) >= planned
+    unb = unblinding_log(db, st["id"])
+    return {"planned": planned, "prog": prog, "complete": complete, "rule": rule, "kept": kept,
+            "excluded": excluded, "graded": graded, "done": done, "unblindings": unb,
+            "key_open": done or bool(unb)}
+
+
+def unblinding_log(db, study) -> list[dict]:
+    """The study's logged unblindings, oldest first: ``who``, ``reason``, ``created``,
+    ``raters_included``, ``raters_planned``, ``text`` (one line for verdicts and CSVs)."""
+    with open_db(db).engine.connect() as conn:
+        sid = _study(conn, study)["id"]
+        rows = [dict(r) for r in conn.execute(
+            select(unblindings).where(unblindings.c.study_id == sid)
+            .order_by(unblindings.c.id)).mappings()]
+    for r in rows:
+        r["text"] = (f"key opened early by {r['who']} on {r['created']} at "
+                     f"{r['raters_included']} of {r['raters_planned']} planned included "
+                     f"raters: {r['reason']}")
+    return rows
+
+
+#: the longest ``--reason`` / ``--who`` kept in the log
+MAX_REASON = 500
+
+
+def unblind(db, study, *, reason: str, who: str) -> dict:
+    """Open a study's key before its planned included raters are complete, logged in the
+    database (who, when, at how many included raters, why). From then on the CSVs carry the key,
+    :func:`results` shows a clearly labelled pilot summary while the study is interim, and every
+    later verdict and CSV reports the unblinding; the verdict of the completed study never
+    claims "indistinguishable". Refused for a complete study (its key is open already).
+    Returns the logged entry."""
+    for name, v in (("--reason", reason), ("--who", who)):
+        if not isinstance(v, str) or not v.strip():
+            raise StudyError(f"{name}: expected a non-empty text, found {v!r}")
+        if len(v) > MAX_REASON or "\n" in v or "\r" in v:
+            raise StudyError(f"{name}: expected one line of at most {MAX_REASON} characters, "
+                             f"found {len(v)} characters" + (" over several lines"
+                                                             if "\n" in v or "\r" in v else ""))
+    st, rows = raw_ratings(db, study)
+    state = _state(db, st, rows)
+    if state["done"]:
+        raise StudyError(f"--study {st['id']}: expected a study still short of its planned "
+                         f"raters, found it complete ({len(state['kept'])} of "
+                         f"{state['planned']} included raters): its key is open already, "
+                         "nothing to unblind")
+    entry = {"study_id": st["id"], "who": who.strip(), "reason": reason.strip(), "created": now(),
+             "raters_included": len(state["kept"]), "raters_planned": state["planned"]}
+    with open_db(db).engine.begin() as conn:
+        entry["id"] = conn.execute(unblindings.insert().values(**entry)).inserted_primary_key[0]
+    return unblinding_log(db, st["id"])[-1]
+
+
+def _unblinding_out(unb: list[dict]) -> dict | None:
+    if not unb:
+        return None
+    first = unb[0]
+    return {"text": first["text"], "who": first["who"], "created": first["created"],
+            "reason": first["reason"], "raters_included": first["raters_included"],
+            "raters_planned": first["raters_planned"], "count": len(unb),
+            "log": [{k: u[k] for k in ("who", "created", "raters_included", "reason")}
+                    for u in unb]}
 
 
 def results(db, study, *, reps: int = 1000) -> dict:
@@ -641,17 +772,21 @@ def results(db, study, *, reps: int = 1000) -> dict:
     verdict and no figure that would show where it is heading, on any page or command) or
     ``complete``. The verdict uses the first ``raters_planned`` included raters in order of
     completion (later raters are counted, not used: adding raters after a look cannot change a
-    verdict), and is repeated without the catch exclusions as a sensitivity check."""
+    verdict), and is repeated without the catch exclusions as a sensitivity check.
+
+    ``unblinding``: None, or the first logged :func:`unblind` (``text``, who, when, at how many
+    included raters, ``log`` of all). Then, while interim, ``pilot`` holds the rule's figures on
+    the included raters so far, labelled as a pilot (never a verdict); once complete, a verdict
+    of "indistinguishable" becomes :data:`.stats.UNBLINDED_EARLY` (the figures stay). ABX:
+    ``coverage`` (:func:`.stats.coverage`) says which clips the verdict covers and bounds the
+    share of visibly different clips like these."""
     if isinstance(reps, bool) or not isinstance(reps, int) or not 100 <= reps <= MAX_REPS:
         raise StudyError(f"--reps: expected 100 to {MAX_REPS:,} bootstrap replicates, found {reps}")
     st, rows = raw_ratings(db, study)
     protocol, margin, alpha = st["protocol"], st["margin"], st["alpha"]
-    planned = int(st["raters_planned"] or 0)
-    prog = _progress_by_rater(db, st["id"])
-    complete = sorted((rid for rid, p in prog.items() if p["finished_at"] is not None),
-                      key=lambda rid: (prog[rid]["finished_at"], rid))
-    rule = _catch_rule(st)
-    kept, excluded, graded = _screen(rows, complete, rule)
+    state = _state(db, st, rows)
+    planned, prog, complete = state["planned"], state["prog"], state["complete"]
+    rule, kept, excluded, graded = state["rule"], state["kept"], state["excluded"], state["graded"]
     out = {"study": st["id"], "protocol": protocol, "margin": margin, "alpha": alpha,
            "raters_planned": planned, "raters_invited": len(prog),
            "raters_started": sum(1 for p in prog.values() if p["answered"]),
@@ -662,7 +797,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
                           "text": "a rater is kept when their correct easy catch answers are "
                                   "better than guessing (one-sided exact binomial, level "
                                   f"{rule['alpha']:g}); graded catches are reported only"},
-           "graded_catches": graded, "bootstrap_reps": reps}
+           "graded_catches": graded, "bootstrap_reps": reps,
+           "unblinding": _unblinding_out(state["unblindings"])}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "
@@ -681,13 +817,16 @@ def results(db, study, *, reps: int = 1000) -> dict:
         out.update(status="interim", verdict="interim",
                    verdict_text="no verdict: this study has no planned number of raters "
                                 "(made before plans were recorded)")
-        return out
+        return _with_pilot(out, st, rows, kept, reps)
     if len(kept) < planned:
         out.update(status="interim", verdict="interim",
                    verdict_text=f"interim: {len(kept)} of {planned} planned included raters "
                                 f"complete ({len(complete)} complete, {len(excluded)} excluded); "
-                                "no verdict is shown before the planned design is complete")
-        return out
+                                "no verdict is shown before the planned design is complete"
+                                + ("" if out["unblinding"] else " (a pilot look needs the key: "
+                                   "`evalkit study unblind`, logged, and the verdict then never "
+                                   "says indistinguishable)"))
+        return _with_pilot(out, st, rows, kept, reps)
     used = kept[:planned]
     out["raters_used"] = used
     test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(used)]
@@ -695,15 +834,24 @@ def results(db, study, *, reps: int = 1000) -> dict:
         out.update(status="complete", **_threshold_results(st, test, reps))
         return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
+    early = out["unblinding"] is not None
+    dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)
     out["verdict_text"] = dec["verdict"]
+    if dec["verdict"] == stats.UNBLINDED_EARLY:
+        out["verdict_text"] += (": no equivalence claim, the figures below are shown without "
+                                f"one (the {out['unblinding']['text']}; a look before the "
+                                "planned raters finished can steer when a study stops)")
     if dec.get("flagged"):
         out["verdict_text"] += ("; detectably different clip" + ("s" if len(dec["flagged"]) > 1
                                 else "") + ": " + ", ".join(map(str, dec["flagged"])))
+    if protocol in design.FORCED_CHOICE:
+        out["coverage"] = _coverage(st, dec)
     # sensitivity: the same rule on the first planned complete raters, exclusions ignored
     used_all = set(complete[:planned])
     test_all = [r for r in rows if r["kind"] == "test" and r["rater"] in used_all]
     d2 = _decide(protocol, test_all, margin, alpha, reps, st["seed"])
+    d2["verdict"] = stats.after_unblinding(d2["verdict"], early)
     out["without_exclusions"] = {k: d2.get(k) for k in (
         "verdict", "n", "accuracy", "p_value", "p_text", "upper_bound", "win_rate_b",
         "ties", "flagged") if k in d2}
@@ -716,18 +864,75 @@ def results(db, study, *, reps: int = 1000) -> dict:
     return out
 
 
+def _coverage(st: dict, dec: dict) -> dict:
+    """What an ABX verdict covers (:func:`.stats.coverage`): the clips and how they were chosen,
+    and the bound on the share of visibly different clips like these."""
+    per_clip = dec.get("per_clip") or []
+    return stats.coverage(st["clips_spec"], len(per_clip),
+                          (st["config"] or {}).get("clips_of"), len(dec.get("flagged") or []),
+                          min((c["ratings"] for c in per_clip), default=0), alpha=st["alpha"])
+
+
+def _with_pilot(out: dict, st: dict, rows: list[dict], kept: list, reps: int) -> dict:
+    """An interim result after a logged unblinding: ``pilot`` holds the rule's figures on the
+    included raters so far, labelled as a pilot (``verdict`` "pilot", never a claim)."""
+    if out["unblinding"] is None:
+        return out
+    label = (f"PILOT on {len(kept)} included raters of {out['raters_planned']} planned, not a "
+             f"verdict ({out['unblinding']['text']})")
+    test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(kept)]
+    if not test:
+        out["pilot"] = {"label": label, "verdict": "pilot", "n": 0,
+                        "note": "no included rater has finished yet"}
+        return out
+    if st["protocol"] == "threshold":
+        p = _threshold_results(st, test, reps)
+    else:
+        p = _decide(st["protocol"], test, st["margin"], st["alpha"], reps, st["seed"])
+        p.pop("margin_terms", None)
+    p.update(label=label, verdict="pilot")
+    out["pilot"] = p
+    return out
+
+
 RAW_COLUMNS = ("rating", "rater", "rater_label", "trial", "trial_index", "kind", "catch_kind",
                "job", "clip", "prompt", "seed", "positions", "backend_per_side", "answer",
-               "expected", "correct", "score_b", "response_ms", "client_ms", "created")
+               "expected", "correct", "score_b", "response_ms", "client_ms", "created", "key")
+#: the columns that carry the key, or let it be rebuilt (the answers with the study's seed, from
+#: which the assignment is drawn): empty while the key is sealed
+KEY_COLUMNS = ("positions", "backend_per_side", "answer", "expected", "correct", "score_b",
+               "level", "stimulus_lpips")
+
+
+def key_text(state: dict) -> str:
+    """The ``key`` column and line: ``open`` (the planned design is complete), the logged
+    unblinding, or ``sealed: ...`` with the progress."""
+    if state["unblindings"]:
+        return state["unblindings"][0]["text"]
+    if state["done"]:
+        return "open: the planned included raters are complete"
+    return (f"sealed until {state['planned']} planned included raters are complete "
+            f"({len(state['kept'])} now; `evalkit study unblind` opens it, logged)")
+
+
+def key_status(db, study) -> str:
+    """The study's key in one line (:func:`key_text`): sealed with the progress, open, or the
+    logged unblinding."""
+    st, rows = raw_ratings(db, study)
+    return key_text(_state(db, st, rows))
 
 
 def ratings_csv(db, study) -> str:
     """One row per rating: rater, trial, clip, positions (slot -> stored media), backend per
     side (slot -> a/b/reference/degraded), answer, correct, score for B, response time measured
-    by the server (``response_ms``) and as the page reported it (``client_ms``). A threshold
-    study's rows add the test trial's ``level`` and its stimulus's ``stimulus_lpips`` (against
-    A; backend b in ``backend_per_side`` is the stimulus of that level)."""
+    by the server (``response_ms``) and as the page reported it (``client_ms``), and ``key``
+    (:func:`key_text`). A threshold study's rows add the test trial's ``level`` and its
+    stimulus's ``stimulus_lpips`` (against A; backend b in ``backend_per_side`` is the stimulus
+    of that level). While the key is sealed (before the planned included raters are complete,
+    without a logged unblinding) the :data:`KEY_COLUMNS` are empty: counts and timing only."""
     st, rows = raw_ratings(db, study)
+    state = _state(db, st, rows)
+    key = key_text(state)
     columns = RAW_COLUMNS
     stimuli = {}
     if st["protocol"] == "threshold":
@@ -736,10 +941,13 @@ def ratings_csv(db, study) -> str:
 
     def cells(r):
         r = dict(r, positions=json.dumps(r["shown"], sort_keys=True),
-                 backend_per_side=json.dumps(r["sources"], sort_keys=True))
+                 backend_per_side=json.dumps(r["sources"], sort_keys=True), key=key)
         s = stimuli.get(str(r["clip_id"])) if r["kind"] == "test" else None
         if s is not None:
             r["level"], r["stimulus_lpips"] = s["level"], s["metrics"].get("lpips")
+        if not state["key_open"]:
+            for k in KEY_COLUMNS:
+                r[k] = None
         return [r.get(k) for k in columns]
 
     return csv_text(columns, (cells(r) for r in rows))
@@ -747,26 +955,44 @@ def ratings_csv(db, study) -> str:
 
 SUMMARY_COLUMNS = ("scope", "job", "status", "verdict", "ratings", "raters", "accuracy",
                    "correct", "wins_b", "wins_a", "ties", "win_rate_b", "p_value", "p_holm",
-                   "flagged", "upper_bound", "margin", "alpha", "raters_planned",
+                   "flip_p", "flagged", "upper_bound", "margin", "alpha", "raters_planned",
                    "raters_complete", "raters_included", "raters_excluded",
-                   "krippendorff_alpha", "rule")
+                   "krippendorff_alpha", "visible_share_bound", "coverage", "unblinding",
+                   "rule")
 
 
 def summary_csv(res: dict) -> str:
     """The summary as CSV: one ``scope=study`` row, then one ``scope=clip`` row per clip (only
-    once the design is complete: interim results show no figure that would reveal a trend).
-    Numbers are full precision (p-values are never rounded to 0). A threshold study's summary
-    has its own columns (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the
-    points per level)."""
+    once the design is complete: interim results show no figure that would reveal a trend;
+    after a logged unblinding, an interim study adds one ``scope=pilot`` row). Every row of a
+    study unblinded early names the unblinding (``unblinding``); ABX rows carry the
+    ``coverage`` and its ``visible_share_bound``. Numbers are full precision (p-values are
+    never rounded to 0). A threshold study's summary has its own columns
+    (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the points per level; the
+    unblinding in ``notes``)."""
+    unb = (res.get("unblinding") or {}).get("text")
     if res.get("protocol") == "threshold":
-        return csv_text(threshold.SUMMARY_COLUMNS, threshold.summary_rows(res))
+        rows = threshold.summary_rows(res)
+        if unb:
+            i = threshold.SUMMARY_COLUMNS.index("notes")
+            rows[0][i] = "; ".join(x for x in (rows[0][i], unb) if x)
+        return csv_text(threshold.SUMMARY_COLUMNS, rows)
+    cov = res.get("coverage") or {}
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),
-                 "raters_excluded": len(res["excluded_raters"]), **res}
+                 "raters_excluded": len(res["excluded_raters"]), **res,
+                 "visible_share_bound": cov.get("bound"), "coverage": cov.get("text"),
+                 "unblinding": unb}
     study_row["flagged"] = ";".join(map(str, res.get("flagged") or [])) or None
     rows = [[study_row.get(k) if k != "ratings" else res.get("n") for k in SUMMARY_COLUMNS]]
+    pilot = res.get("pilot")
+    if pilot:
+        row = {"scope": "pilot", "status": res.get("status"), "ratings": pilot.get("n"),
+               "raters": pilot.get("rater_count"), **pilot, "unblinding": unb,
+               "flagged": ";".join(map(str, pilot.get("flagged") or [])) or None}
+        rows.append([row.get(k) if k != "ratings" else pilot.get("n") for k in SUMMARY_COLUMNS])
     for c in res.get("per_clip", []):
-        row = {"scope": "clip", **c, "raters": None}
+        row = {"scope": "clip", **c, "raters": None, "unblinding": unb}
         rows.append([row.get(k) for k in SUMMARY_COLUMNS])
     return csv_text(SUMMARY_COLUMNS, rows)
 

@@ -444,10 +444,36 @@ def _preference_codes(choices) -> tuple[np.ndarray, np.ndarray]:
     return win, dec
 
 
+#: raters up to which the sign-flip test enumerates every sign pattern (2**12 = 4096); above,
+#: :data:`SIGN_FLIPS` random patterns
+EXACT_FLIP_RATERS = 12
+SIGN_FLIPS = 4000
+
+
+def sign_flips(rng: np.random.Generator, raters: int) -> np.ndarray:
+    """The sign patterns of the rater-level sign-flip test, (F, raters) of +-1: all 2**raters
+    up to :data:`EXACT_FLIP_RATERS` raters (an exact test), else :data:`SIGN_FLIPS` random
+    ones (the observed pattern is counted once more: a valid Monte Carlo p)."""
+    if raters <= EXACT_FLIP_RATERS:
+        codes = np.arange(2 ** raters)[:, None] >> np.arange(raters)[None, :]
+        return 1.0 - 2.0 * (codes & 1)
+    return 1.0 - 2.0 * rng.integers(0, 2, size=(SIGN_FLIPS, raters))
+
+
+def _flip_p(d: np.ndarray, flips: np.ndarray) -> np.ndarray:
+    """Two-sided p of the rater-level sign-flip test of sum(d) = 0, per study: ``d`` (S, R) the
+    raters' net preferences (wins of B minus wins of A), ``flips`` from :func:`sign_flips`."""
+    obs = np.abs(d.sum(axis=1))
+    hits = (np.abs(d @ flips.T) >= obs[:, None] - 0.5).sum(axis=1)   # integer sums
+    exact = flips.shape[0] == 2 ** flips.shape[1]
+    return hits / flips.shape[0] if exact else (hits + 1) / (flips.shape[0] + 1)
+
+
 def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
-                     alpha: float) -> dict:
+                     alpha: float, flips: np.ndarray) -> dict:
     """The preference rule for S studies at once: ``W`` (S, R, C) wins of B, ``D`` decisive
-    counts, ``wr``/``wc`` bootstrap draw counts."""
+    counts, ``wr``/``wc`` bootstrap draw counts, ``flips`` the sign patterns of the
+    rater-level test (:func:`sign_flips`)."""
     wins = W.sum(axis=(1, 2))
     dec = D.sum(axis=(1, 2))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -469,11 +495,14 @@ def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarra
     # spread: then the exact sign test decides
     sign_p = np.minimum(1.0, 2 * _sf_half(np.maximum(wins, dec - wins), dec))
     degenerate = sd == 0
-    sig = np.where(degenerate, sign_p < alpha, True)
+    # and the rater-level sign-flip test: each rater's net preference is symmetric about 0
+    # when the population has none, whatever the raters' tie propensities (exact)
+    flip_p = _flip_p((2 * W - D).sum(axis=2), flips)
+    sig = np.where(degenerate, sign_p < alpha, True) & (flip_p <= alpha)
     b_pref = (np.nan_to_num(lo, nan=-1.0) > 0.5) & sig
     a_pref = (np.nan_to_num(hi, nan=2.0) < 0.5) & sig
     return {"wins": wins, "decisive": dec, "win_rate": est, "sd": sd, "df": df, "t": t,
-            "lo": lo, "hi": hi, "sign_p": sign_p, "degenerate": degenerate,
+            "lo": lo, "hi": hi, "sign_p": sign_p, "degenerate": degenerate, "flip_p": flip_p,
             "b_preferred": b_pref, "a_preferred": a_pref}
 
 
@@ -485,7 +514,8 @@ def preference_rule_text(alpha: float, df: int, reps: int) -> str:
             f"excludes 0.5, SD = sqrt(m/(m-1)) x standard deviation of {reps} two-way cluster "
             f"bootstrap replicates of B's win rate over decisive ratings (ties left out), m = "
             f"min(raters, clips with a decisive rating) = {df + 1}, df = m - 1 (SD 0: the exact "
-            f"sign test at {alpha:g} decides); otherwise NO "
+            f"sign test at {alpha:g} decides), and the rater-level sign-flip test of the raters' "
+            f"net preferences (wins of B minus wins of A) gives p <= {alpha:g}; otherwise NO "
             f"PREFERENCE SHOWN (alpha {alpha:g}; a preference study never claims "
             f"indistinguishable: use ABX)")
 
@@ -522,7 +552,8 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
     rng = np.random.default_rng(seed)
     wr = _draw_counts(rng, len(rlab), (1, reps))
     wc = _draw_counts(rng, len(clab), (1, reps))
-    o = _preference_rule(W[None], D[None], wr, wc, alpha=alpha)
+    o = _preference_rule(W[None], D[None], wr, wc, alpha=alpha,
+                         flips=sign_flips(rng, len(rlab)))
     wins_b, decisive = int(o["wins"][0]), int(o["decisive"][0])
     wins_a, ties = decisive - wins_b, n - decisive
     df = int(o["df"][0])
@@ -553,8 +584,104 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
             "wins_b": wins_b, "wins_a": wins_a, "ties": ties, "tie_rate": ties / n,
             "decisive": decisive, "win_rate_b": est, "ci": ci, "p_value": p,
             "p_text": format_p(p), "sign_p": sign_p, "sign_p_text": format_p(sign_p),
+            "flip_p": float(o["flip_p"][0]), "flip_p_text": format_p(float(o["flip_p"][0])),
             "t": t if math.isfinite(t) else None, "df": df, "sd": sd, "raters": len(rlab),
             "clips": len(clab), "per_clip": per_clip}
+
+
+# -- what a verdict covers: the share of visibly different clips ---------------------------------
+
+#: ABX accuracy from which a clip counts as visibly different in the coverage bound (the
+#: planner's ``clip_accuracy``: the clip veto flags such a clip with probability >= 0.8)
+VISIBLE_ACCURACY = 0.9
+
+
+def clopper_pearson_upper(k, n, level: float = 0.95):
+    """One-sided upper confidence bound of a binomial proportion (Clopper-Pearson, exact;
+    vectorised): ``1 - (1 - level) ** (1 / n)`` when k = 0 (the "rule of three" is its
+    approximation 3 / n), 1 when k = n."""
+    from scipy.stats import beta
+
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(k >= n, 1.0, beta.ppf(level, k + 1, np.maximum(n - k, 1)))
+    return out
+
+
+def visible_share_bound(flagged, clips: int, ratings_per_clip: int, *, alpha: float = 0.05,
+                        visible_accuracy: float = VISIBLE_ACCURACY, level: float = 0.95):
+    """Upper bound (one-sided, ``level``) on the share of clips like these (the population the
+    ``clips`` were drawn from at random) whose ABX accuracy is at least ``visible_accuracy``,
+    from ``flagged`` of them flagged by the clip veto. Each such clip is flagged with
+    probability at least ``power`` (exact binomial at the first Holm step with
+    ``ratings_per_clip`` ratings, :func:`_clip_power`), so the flagged count is at least
+    Binomial(clips, share x power): the Clopper-Pearson bound of the flagged share divided by
+    ``power``, at most 1. Returns ``(bound, power)``; vectorised over ``flagged``."""
+    power = _clip_power(int(ratings_per_clip), int(clips), alpha, visible_accuracy)
+    cp = clopper_pearson_upper(flagged, clips, level)
+    with np.errstate(divide="ignore"):
+        b = np.minimum(1.0, cp / power) if power > 0 else np.ones_like(cp)
+    return b, power
+
+
+def coverage(selection: str, clips: int, of: int | None, flagged: int, ratings_per_clip: int, *,
+             alpha: float = 0.05, visible_accuracy: float = VISIBLE_ACCURACY) -> dict:
+    """What a verdict covers, from how its clips were chosen (``selection``: a ``--clips`` spec:
+    ``sample:N``, ``worst:N`` or ``all``), how many (``clips``, of ``of`` compared in the
+    report; None when unknown) and how many were flagged. A random sample (and ``all``, taken
+    as a sample of clips like these) gets :func:`visible_share_bound`; ``worst:N`` covers the
+    N clips with the highest LPIPS mean of the report and bounds nothing beyond them.
+    Returns ``{"selection", "clips", "of", "flagged", "visible_accuracy", "flag_power",
+    "bound", "text"}`` (``bound`` None for ``worst``)."""
+    kind = selection.split(":", 1)[0] if selection else "all"
+    b, power = visible_share_bound(flagged, clips, ratings_per_clip, alpha=alpha,
+                                   visible_accuracy=visible_accuracy)
+    b = float(b)
+    out = {"selection": selection, "clips": clips, "of": of, "flagged": flagged,
+           "visible_accuracy": visible_accuracy, "flag_power": power, "bound": b}
+    of_txt = f" of {of}" if of else ""
+    why = (f"one-sided 95% bound from {flagged} of {clips} flagged: Clopper-Pearson"
+           + (f" 1 - 0.05^(1/{clips})" if flagged == 0 else "")
+           + f" = {float(clopper_pearson_upper(flagged, clips)):.3g}, over the chance "
+             f"{power:.2f} that the clip veto flags a clip at accuracy {visible_accuracy:g} "
+             f"with {ratings_per_clip} ratings")
+    if power <= 0:
+        why = (f"no bound: with {ratings_per_clip} ratings per clip the clip veto cannot flag a "
+               f"clip at accuracy {visible_accuracy:g}")
+    if kind == "worst":
+        out["bound"] = None
+        out["text"] = (f"covers the {clips} clips{of_txt} with the highest LPIPS mean in the "
+                       f"report ({selection}: chosen by the metric, not at random), {flagged} "
+                       "flagged; it bounds nothing about the other clips (their LPIPS is lower, "
+                       "which says they differ less only as far as LPIPS ranks what people see)")
+    elif kind == "sample":
+        out["text"] = (f"covers {clips} clips drawn at random{of_txt} ({selection}), {flagged} "
+                       f"flagged: at most {100 * b:.3g}% of clips like these are visibly "
+                       f"different (ABX accuracy >= {visible_accuracy:g}; {why})")
+    else:
+        out["text"] = (f"covers every compared clip ({clips}{of_txt}), {flagged} flagged; as a "
+                       f"sample of clips like these: at most {100 * b:.3g}% visibly different "
+                       f"(ABX accuracy >= {visible_accuracy:g}; {why})")
+    return out
+
+
+def clips_for_bound(target: float, ratings_per_clip: int, *, alpha: float = 0.05,
+                    visible_accuracy: float = VISIBLE_ACCURACY, start: int = 1) -> int:
+    """The fewest clips, from ``start``, drawn at random whose :func:`visible_share_bound` with
+    none flagged is at most ``target`` (ValueError when the flag power makes it unreachable)."""
+    if not 0 < target < 1:
+        raise ValueError(f"--visible-bound: expected a share in (0, 1), found {target}")
+    c = max(1, int(start), math.ceil(math.log(0.05) / math.log(1 - target)))
+    while True:
+        b, power = visible_share_bound(0, c, ratings_per_clip, alpha=alpha,
+                                       visible_accuracy=visible_accuracy)
+        if float(b) <= target:
+            return c
+        if power <= target or c > 100_000:
+            raise ValueError(f"--visible-bound {target:g}: not reachable with "
+                             f"{ratings_per_clip} ratings per clip")
+        c = max(c + 1, math.ceil(math.log(0.05) / math.log(1 - target * power)))
 
 
 # -- Krippendorff's alpha --------------------------------------------------------------------
@@ -687,6 +814,19 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
             "se": {k: mc_se(v, studies) for k, v in rates.items()}}
 
 
+#: the verdict of a study whose key was opened before its planned raters were complete, where
+#: its rule would have said "indistinguishable"
+UNBLINDED_EARLY = "unblinded early"
+
+
+def after_unblinding(verdict: str, unblinded_early: bool) -> str:
+    """The verdict as reported: a study whose key was opened before its planned included raters
+    were complete (a logged unblinding) never claims "indistinguishable" (a look can steer
+    when a study stops, which the rule's error rate does not allow for); every other verdict
+    stands, with the unblinding reported beside it."""
+    return UNBLINDED_EARLY if unblinded_early and verdict == "indistinguishable" else verdict
+
+
 def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneous", *,
                          start: int = MIN_RATERS, margin: float = 0.1,
                          mu: float | None = None, alpha: float = 0.05, studies: int = 400,
@@ -697,11 +837,15 @@ def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneo
     ``raters_max`` (the rule applied to the raters so far, fresh bootstrap draws each look).
     Returns ``fixed`` (rate of "indistinguishable" at the single look at ``raters_max``: what
     the product does), ``peeking`` (rate of "indistinguishable" at any look, i.e. stopping at
-    the first one), ``looks`` and ``se`` of both."""
+    the first one), ``closed`` (rate of "indistinguishable" the product reports to an owner
+    who looks at every rater: each look needs the key, so a logged unblinding at the first
+    look; stopping at the first look that would say "indistinguishable" leaves an interim study
+    without a verdict, and a study carried on to the planned size is judged by
+    :func:`after_unblinding`), ``looks`` and ``se`` of each."""
     if mu is None:
         mu = 0.5 + margin
     rng = np.random.default_rng(seed)
-    fixed = any_look = 0
+    fixed = any_look = closed = 0
     for sb in _batches(studies, reps, raters_max, clips):
         P = _truth(rng, scenario, sb, raters_max, clips, mu, rater_sd=rater_sd,
                    clip_sd=clip_sd, clip_accuracy=0.95)
@@ -711,22 +855,70 @@ def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneo
             wr = _draw_counts(rng, r, (sb, reps))
             wc = _draw_counts(rng, clips, (sb, reps))
             o = _abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
-            hit |= o["indistinguishable"]
             if r == raters_max:
                 fixed += int(o["indistinguishable"].sum())
+                # the owner looked (unblinded at the first look, before the planned size):
+                # stopped studies have no verdict, the others are judged as reported
+                carried_on = ~hit
+                reported = [after_unblinding("indistinguishable" if v else "other", True)
+                            for v in o["indistinguishable"][carried_on]]
+                closed += sum(v == "indistinguishable" for v in reported)
+            hit |= o["indistinguishable"]
         any_look += int(hit.sum())
-    f, p = fixed / studies, any_look / studies
+    f, p, c = fixed / studies, any_look / studies, closed / studies
     return {"scenario": scenario, "raters_max": raters_max, "clips": clips, "start": start,
             "mu": mu, "margin": margin, "looks": raters_max - start + 1, "studies": studies,
-            "fixed": f, "peeking": p, "se": {"fixed": mc_se(f, studies),
-                                             "peeking": mc_se(p, studies)}}
+            "fixed": f, "peeking": p, "closed": c,
+            "se": {"fixed": mc_se(f, studies), "peeking": mc_se(p, studies),
+                   "closed": mc_se(c, studies)}}
+
+
+def simulate_visible_share(raters: int, clips: int, share: float, *, margin: float = 0.1,
+                           visible_accuracy: float = 1.0, alpha: float = 0.05,
+                           studies: int = 400, reps: int = 400, seed: int = 0,
+                           bound_accuracy: float = VISIBLE_ACCURACY) -> dict:
+    """Sparse visible clips: each of the ``clips`` drawn at random is visible with probability
+    ``share`` (every rater right with probability ``visible_accuracy``), the others at chance.
+    Applies the ABX rule and the coverage bound (:func:`visible_share_bound` for accuracy
+    ``bound_accuracy``) to ``studies`` simulated studies. Returns the rate of each verdict,
+    ``covered`` (the bound >= ``share``: the bound's coverage, target >= 0.95),
+    ``false_claim`` ("indistinguishable" with a bound below ``share``: the claim not limited
+    honestly), ``mean_bound`` and ``se``."""
+    rng = np.random.default_rng(seed)
+    acc = {"distinguishable": 0, "indistinguishable": 0, "covered": 0, "false_claim": 0,
+           "indistinguishable_covered": 0}
+    bound_sum = 0.0
+    for sb in _batches(studies, reps, raters, clips):
+        vis = rng.random((sb, 1, clips)) < share
+        P = np.broadcast_to(np.where(vis, visible_accuracy, 0.5), (sb, raters, clips))
+        Y = (rng.random((sb, raters, clips)) < P).astype(float)
+        wr = _draw_counts(rng, raters, (sb, reps))
+        wc = _draw_counts(rng, clips, (sb, reps))
+        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
+        b, _ = visible_share_bound(o["flagged"].sum(axis=1), clips, raters, alpha=alpha,
+                                   visible_accuracy=bound_accuracy)
+        cov = b >= share
+        acc["distinguishable"] += int(o["distinguishable"].sum())
+        acc["indistinguishable"] += int(o["indistinguishable"].sum())
+        acc["covered"] += int(cov.sum())
+        acc["false_claim"] += int((o["indistinguishable"] & ~cov).sum())
+        acc["indistinguishable_covered"] += int((o["indistinguishable"] & cov).sum())
+        bound_sum += float(b.sum())
+    rates = {k: v / studies for k, v in acc.items()}
+    return {"raters": raters, "clips": clips, "share": share, "margin": margin,
+            "visible_accuracy": visible_accuracy, "bound_accuracy": bound_accuracy,
+            "studies": studies, "reps": reps, "seed": seed, **rates,
+            "mean_bound": bound_sum / studies,
+            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
 
 
 def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
-                        tie_rate: float = 0.0, rater_sd: float = 0.0, alpha: float = 0.05,
-                        studies: int = 400, reps: int = 400, seed: int = 0) -> dict:
+                        tie_rate: float = 0.0, rater_sd: float = 0.0, tie_sd: float = 0.0,
+                        alpha: float = 0.05, studies: int = 400, reps: int = 400,
+                        seed: int = 0) -> dict:
     """Simulate complete preference studies and apply the rule of :func:`decide_preference`:
-    each rating is a tie with probability ``tie_rate``, else B wins with the rater's win rate
+    each rating is a tie with the rater's tie propensity t_r ~ Beta(mean ``tie_rate``, SD
+    ``tie_sd``) (``tie_sd`` 0: every rater ``tie_rate``), else B wins with the rater's win rate
     p_r ~ Beta(mean ``win_rate``, SD ``rater_sd``) (``rater_sd`` large at win rate 0.5:
     raters who see the difference but split their taste). Returns the rate of each verdict
     and ``se``."""
@@ -734,18 +926,19 @@ def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
     b = a = 0
     for sb in _batches(studies, reps, raters, clips):
         pr = _beta_mean_sd(rng, win_rate, rater_sd, (sb, raters, 1))
-        D = (rng.random((sb, raters, clips)) >= tie_rate).astype(float)
+        tr = _beta_mean_sd(rng, tie_rate, tie_sd, (sb, raters, 1))
+        D = (rng.random((sb, raters, clips)) >= tr).astype(float)
         W = D * (rng.random((sb, raters, clips)) < pr)
         wr = _draw_counts(rng, raters, (sb, reps))
         wc = _draw_counts(rng, clips, (sb, reps))
-        o = _preference_rule(W, D, wr, wc, alpha=alpha)
+        o = _preference_rule(W, D, wr, wc, alpha=alpha, flips=sign_flips(rng, raters))
         b += int(o["b_preferred"].sum())
         a += int(o["a_preferred"].sum())
     rates = {"B preferred": b / studies, "A preferred": a / studies,
              "no preference shown": (studies - a - b) / studies}
     rates["any preference"] = (a + b) / studies
     return {"raters": raters, "clips": clips, "win_rate": win_rate, "tie_rate": tie_rate,
-            "rater_sd": rater_sd, "studies": studies, "reps": reps, "seed": seed, **rates,
+            "rater_sd": rater_sd, "tie_sd": tie_sd, "studies": studies, "reps": reps, "seed": seed, **rates,
             "se": {k: mc_se(v, studies) for k, v in rates.items()}}
 
 
@@ -832,7 +1025,8 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
          alpha: float = 0.05, exclusion_rate: float = 0.1, clip_accuracy: float = 0.9,
          clip_power: float = 0.8, heterogeneity: float = 0.15, tie_rate: float = 0.0,
          studies: int = 400, reps: int = 400, seed: int = 12345,
-         clips_per_rater: int | None = None, progress=None) -> dict:
+         clips_per_rater: int | None = None, progress=None,
+         visible_bound: float | None = None) -> dict:
     """Included raters (each rates every clip once) needed by a study.
 
     ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
@@ -856,7 +1050,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
     a note). ``invite`` = ceil(R / (1 - exclusion_rate)) raters to invite.
     ``clips_per_rater``: old name of ``clips``. ``progress``: called with a short text after
-    each simulation (how many are needed is not known in advance)."""
+    each simulation (how many are needed is not known in advance).
+
+    ABX, ``visible_bound`` (a share, e.g. 0.1): clips drawn at random are raised until, with
+    none flagged, the verdict can say that at most this share of clips like these is visibly
+    different (:func:`visible_share_bound` at the planned raters; the plan is redone at the
+    larger number of clips). Every ABX plan reports ``visible_share_bound``: that bound at
+    its size, with none flagged."""
     if clips_per_rater is not None:
         clips = clips_per_rater
     if protocol not in ("abx", "preference"):
@@ -873,6 +1073,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         raise ValueError(f"--clip-accuracy: expected a number in (0.5, 1], found {clip_accuracy}")
     if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
         raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
+    if visible_bound is not None:
+        if protocol != "abx":
+            raise ValueError("--visible-bound: only for --protocol abx (a preference study "
+                             "makes no claim that clips look the same)")
+        if not 0 < visible_bound < 1:
+            raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
+                             f"{visible_bound}")
     notes = []
     clips_requested = clips
     if clips < MIN_CLIPS:
@@ -1012,6 +1219,23 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
            "clips_per_rater": C, "analytic_trials": approx * C}
     big = method != "simulation" or not checks_simulated
     if protocol == "abx":
+        vb, _ = visible_share_bound(0, C, R, alpha=alpha, visible_accuracy=clip_accuracy)
+        out["visible_share_bound"] = float(vb)
+        if visible_bound is not None:
+            need = clips_for_bound(visible_bound, R, alpha=alpha,
+                                   visible_accuracy=clip_accuracy, start=C)
+            if need > C:        # more clips may need more raters: plan again at that size
+                again = plan(protocol, margin, power, clips=need, alpha=alpha,
+                             exclusion_rate=exclusion_rate, clip_accuracy=clip_accuracy,
+                             clip_power=clip_power, heterogeneity=heterogeneity,
+                             tie_rate=tie_rate, studies=studies, reps=reps, seed=seed,
+                             progress=progress, visible_bound=visible_bound)
+                again["clips_requested"] = clips_requested
+                return again
+            out["visible_bound_target"] = visible_bound
+            reasons.append(f"visible bound: {C} clips drawn at random bound the share of "
+                           f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
+                           f"{float(vb):.3g} <= {visible_bound:g} when none is flagged")
         out["margin_terms"] = margin_terms(margin)
         out["rule"] = abx_rule_text(margin, alpha, R, C, 2000)
         out["clip_accuracy"] = clip_accuracy

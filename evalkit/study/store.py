@@ -24,6 +24,10 @@ opened, newer ones are refused):
   server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
   shown), client, created, client_ms (the page's own response time, as sent; version 4);
   unique (rater_id, trial_id)
+- ``unblindings`` (version 5): id, study_id, who, reason, created, raters_included (included
+  raters complete when the key was opened), raters_planned: the owner's logged look at the key
+  before the planned design was complete (``evalkit study unblind``); every later verdict and
+  CSV reports it
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -41,7 +45,7 @@ from ..errors import SchemaVersionError
 from ..fsutil import file_kind
 from .errors import StudyError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -130,6 +134,17 @@ ratings = Table(
     UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
 )
 
+unblindings = Table(
+    "unblindings", metadata,                 # added in schema version 5
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
+    Column("who", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created", String(40), nullable=False),
+    Column("raters_included", Integer, nullable=False),
+    Column("raters_planned", Integer, nullable=False),
+)
+
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
@@ -154,13 +169,17 @@ def _upgrade_3_to_4(conn) -> None:
         conn.execute(studies.update().where(studies.c.id == sid).values(config=cfg))
 
 
+def _upgrade_4_to_5(conn) -> None:
+    unblindings.create(conn, checkfirst=True)
+
+
 def new_media_key() -> str:
     """A study's media secret (256 bits)."""
     return secrets.token_hex(32)
 
 
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4}
+UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4, 4: _upgrade_4_to_5}
 
 
 #: the database kinds ``--db`` takes (an SQLAlchemy URL's dialect, before any ``+driver``)

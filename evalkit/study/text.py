@@ -20,14 +20,44 @@ def results_lines(res: dict) -> list[str]:
     people = (f"{res['raters_included']} included of {res['raters_complete']} complete raters "
               f"({len(res['excluded_raters'])} excluded by catch trials; "
               f"{res['raters_planned']} planned, {res['raters_invited']} invited)")
+    unb = res.get("unblinding")
     if res["status"] != "complete":
         lines = [f"{head}: {res['verdict_text']}", people]
+        if unb:
+            lines.append(f"UNBLINDED: {unb['text']}")
+        pilot = res.get("pilot")
+        if pilot:
+            lines.append(pilot["label"])
+            if pilot.get("n"):
+                fig = _figure_lines(dict(pilot, protocol=res["protocol"]))
+                lines += [f"pilot: {ln}" for ln in fig if not ln.startswith("rule: ")]
+            else:
+                lines.append(f"pilot: {pilot.get('note', 'no ratings')}")
         lines += _exclusions(res)
         lines.append(f"verdict: {res['verdict'].upper()}")
         return lines
     lines = [f"{head}: verdict {res['verdict'].upper()}", people]
+    if unb:
+        lines.append(f"UNBLINDED EARLY: {unb['text']}")
     if res["protocol"] == "threshold":
         return lines + _threshold_lines(res)
+    lines += _figure_lines(res)
+    cov = res.get("coverage")
+    if cov:
+        lines.append(f"coverage: {cov['text']}")
+    we = res.get("without_exclusions") or {}
+    if we:
+        lines.append(f"without catch exclusions ({we.get('raters')} raters): "
+                     f"{str(we.get('verdict')).upper()}")
+    return lines + _closing(res)
+
+
+def _figure_lines(res: dict) -> list[str]:
+    """The figures of an ABX or preference analysis (a verdict's or a pilot's), the rule and
+    the flagged clips."""
+    lines = []
+    if res["protocol"] == "threshold":
+        return [res["verdict_text"]] if res.get("verdict_text") else []
     if res["protocol"] == "abx":
         mt = res.get("margin_terms") or {}
         lines.append(f"ABX accuracy {num(res['accuracy'])} ({res['correct']} of {res['n']} "
@@ -42,19 +72,16 @@ def results_lines(res: dict) -> list[str]:
         lines.append(f"B preferred {res['wins_b']}, A preferred {res['wins_a']}, no difference "
                      f"{res['ties']} (tie rate {num(res['tie_rate'])}); win rate of B "
                      f"{num(res['win_rate_b'])} (interval {num(res['ci'][0])} to "
-                     f"{num(res['ci'][1])}), cluster p {_p(res['p_value'])}, sign test p "
-                     f"{_p(res['sign_p'])}")
-        lines.append(f"Krippendorff's alpha {num(res.get('krippendorff_alpha'))}")
+                     f"{num(res['ci'][1])}), cluster p {_p(res['p_value'])}, rater sign-flip "
+                     f"p {_p(res.get('flip_p'))}, sign test p {_p(res['sign_p'])}")
+        if "krippendorff_alpha" in res:
+            lines.append(f"Krippendorff's alpha {num(res.get('krippendorff_alpha'))}")
     lines.append(f"rule: {res['rule']}")
     for c in res.get("per_clip", []):
         if c.get("flagged"):
             lines.append(f"clip {c['job']} DETECTABLY DIFFERENT: {c['correct']} of "
                          f"{c['ratings']} correct, Holm-adjusted p {_p(c['p_holm'])}")
-    we = res.get("without_exclusions") or {}
-    if we:
-        lines.append(f"without catch exclusions ({we.get('raters')} raters): "
-                     f"{str(we.get('verdict')).upper()}")
-    return lines + _closing(res)
+    return lines
 
 
 def _threshold_lines(res: dict) -> list[str]:
