@@ -24,6 +24,9 @@ opened, newer ones are refused):
   server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
   shown), client, created, client_ms (the page's own response time, as sent; version 4);
   unique (rater_id, trial_id)
+- ``deliveries`` (version 5): trial_id, slot, ranges (JSON: the union of the byte ranges of
+  that video sent to the rater, ``[[start, stop), ...]``); unique (trial_id, slot). The gate's
+  ``fetched`` is stored when every video of the trial is covered whole.
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -40,7 +43,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, Me
 from ..errors import SchemaVersionError
 from .errors import StudyError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -129,6 +132,15 @@ ratings = Table(
     UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
 )
 
+deliveries = Table(
+    "deliveries", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
+    Column("slot", String(16), nullable=False),
+    Column("ranges", JSON, nullable=False),
+    UniqueConstraint("trial_id", "slot", name="uq_delivery_slot"),
+)
+
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
@@ -153,13 +165,17 @@ def _upgrade_3_to_4(conn) -> None:
         conn.execute(studies.update().where(studies.c.id == sid).values(config=cfg))
 
 
+def _upgrade_4_to_5(conn) -> None:
+    deliveries.create(conn, checkfirst=True)
+
+
 def new_media_key() -> str:
     """A study's media secret (256 bits)."""
     return secrets.token_hex(32)
 
 
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4}
+UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4, 4: _upgrade_4_to_5}
 
 
 #: the database kinds ``--db`` takes (an SQLAlchemy URL's dialect, before any ``+driver``)
