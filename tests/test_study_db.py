@@ -278,11 +278,14 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     cfg = json.loads(con.execute("select config from studies").fetchone()[0])
     del cfg["media_key"]
     con.execute("update studies set config = ?", (json.dumps(cfg),))
+    con.execute("drop table deliveries")
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 4
+    assert d.schema_version() == store.SCHEMA_VERSION == 5
+    assert "deliveries" in {r[0] for r in sqlite3.connect(path).execute(
+        "select name from sqlite_master where type = 'table'")}
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
                        ("trials", "fetched"), ("clips", "media_a_alt")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
@@ -604,3 +607,64 @@ def test_rater_service_group_commit_sqlite(report, tmp_path):
 
 def test_rater_service_group_commit_postgresql(report, postgres, tmp_path):
     _group_commit(postgres, report, tmp_path / "media")
+
+
+def _byte_gate(db, report, media):
+    """The gate counts bytes delivered, in the database: nothing and one byte of each video
+    open nothing; the bytes of every video delivered by two services (two server processes'
+    writers, each its own transactions) in interleaved halves open it once the last byte is
+    in, whichever service the answer then reaches."""
+    from concurrent.futures import wait
+
+    sid, (tok,) = _service_study(db, report, media, 1)
+    clock = study.FakeClock()
+    one = study.RaterService(db, clock=clock)
+    two = study.RaterService(db, clock=clock)
+    try:
+        t = one.state_sync(tok)["trial"]
+        names = list(t["media"].values())
+        sizes = {n: _run_async(one.open_media(tok, n)).stat().st_size for n in names}
+        clock.advance(60)
+        with pytest.raises(study.NotLoaded):          # opened (as a HEAD does): nothing sent
+            one.answer_sync(tok, t["trial"], "A")
+        wait([one.delivered(tok, n, 0, 1) for n in names])
+        with pytest.raises(study.NotLoaded):          # one byte of each
+            two.answer_sync(tok, t["trial"], "A")
+        futs = []
+        for n in names:                               # halves from both, the last byte left out
+            half = sizes[n] // 2
+            futs += [one.delivered(tok, n, half, sizes[n] - (n == names[-1])),
+                     two.delivered(tok, n, 0, half + 1)]
+        wait(futs)
+        assert all(f.exception() is None for f in futs)
+        assert hidden(db, t["trial"])["fetched"] is None
+        with pytest.raises(study.NotLoaded):
+            one.answer_sync(tok, t["trial"], "A")
+        clock.advance(5)
+        two.delivered(tok, names[-1], sizes[names[-1]] - 1, 10**12).result()
+        assert hidden(db, t["trial"])["fetched"] == clock.now
+        with pytest.raises(study.TooSoon):            # the play-through starts now
+            one.answer_sync(tok, t["trial"], "A")
+        clock.advance(1)
+        assert one.answer_sync(tok, t["trial"], "A")["saved"] is True
+        with pytest.raises(study.UnknownMedia):       # a name of no trial of this rater
+            two.delivered(tok, "0" * 40 + ".mp4", 0, 1).result()
+    finally:
+        one.close()
+        two.close()
+
+
+def test_byte_gate_in_the_database_sqlite(report, tmp_path):
+    _byte_gate(str(tmp_path / "b.db"), report, tmp_path / "media")
+
+
+def test_byte_gate_in_the_database_postgresql(report, postgres, tmp_path):
+    _byte_gate(postgres, report, tmp_path / "media")
+
+
+def test_merge_ranges():
+    from evalkit.study.live import covers, merge_ranges
+
+    assert merge_ranges([[5, 10], [0, 5], [20, 30], [25, 40], [7, 7]]) == [[0, 10], [20, 40]]
+    assert covers(merge_ranges([[0, 3], [3, 8]]), 8) and not covers([[0, 7]], 8)
+    assert not covers([[0, 4], [5, 8]], 8) and not covers([], 8)
