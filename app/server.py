@@ -154,8 +154,9 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
             return not_found
         if path.is_symlink() or not path.is_file():     # a link in the media folder: refused
             return not_found
+        began = svc.clock()
         return _Counted(_BlindFile(path, media_type="video/mp4", headers=MEDIA_HEADERS),
-                        lambda a, b: svc.delivered(token, name, a, b))
+                        lambda a, b: svc.delivered(token, name, a, b, began))
 
     api.router.routes.insert(0, Route("/media/{name}", media, methods=["GET", "HEAD"]))
 

@@ -20,7 +20,9 @@ Gate (server side, with an injected ``clock``: tests drive time, never sleep):
    the union of the byte ranges sent, per video, covers the whole file: ``deliveries`` in the
    database, so the videos of one trial may come from several server processes; a ``HEAD``
    delivers nothing); before that :class:`~.errors.NotLoaded`.
-3. One play-through of the longest video (less one frame) must have passed since ``fetched``;
+3. One play-through of the longest video (less one frame) must have passed since ``fetched``
+   (the start of the first response of the video whose delivery began last: a browser plays
+   while it loads);
    before that :class:`~.errors.TooSoon` with the wait.
 4. ``response_ms`` is measured here (answer arrival minus ``fetched``); the page's own figure is
    kept as ``client_ms``.
@@ -173,11 +175,12 @@ class RaterService:
         # trial are merged one after another, whichever process sent them
         self._q_one = (select(trials.c.served, trials.c.fetched)
                        .where(trials.c.id == bindparam("tid")).with_for_update())
-        self._q_got = select(deliveries.c.slot, deliveries.c.ranges).where(
+        self._q_got = select(deliveries.c.slot, deliveries.c.ranges, deliveries.c.first_at).where(
             deliveries.c.trial_id == bindparam("tid"))
         i_got = insert(deliveries)
         self._i_got = i_got.on_conflict_do_update(
-            index_elements=["trial_id", "slot"], set_={"ranges": i_got.excluded.ranges})
+            index_elements=["trial_id", "slot"],
+            set_={"ranges": i_got.excluded.ranges, "first_at": i_got.excluded.first_at})
         self._u_served = (trials.update().where(trials.c.id == bindparam("tid"),
                                                 trials.c.served.is_(None))
                           .values(served=bindparam("at")))
@@ -215,10 +218,12 @@ class RaterService:
         :class:`~.errors.UnknownMedia` for anything else."""
         return await asyncio.wrap_future(self.submit_job("media", token, name, False))
 
-    def delivered(self, token: str, name: str, start: int, stop: int) -> concurrent.futures.Future:
-        """Record that bytes ``[start, stop)`` of a media file went to the rater (the web app,
-        once they were sent; nothing waits for it)."""
-        return self.submit_job("delivered", token, name, int(start), int(stop))
+    def delivered(self, token: str, name: str, start: int, stop: int,
+                  began: float | None = None) -> concurrent.futures.Future:
+        """Record that bytes ``[start, stop)`` of a media file went to the rater, by a response
+        that ``began`` then (this service's clock; default now): the web app, once they were
+        sent; nothing waits for it."""
+        return self.submit_job("delivered", token, name, int(start), int(stop), began)
 
     async def media(self, token: str, name: str) -> Path:
         """As :meth:`open_media`, for a script that reads the whole file: every byte of it
@@ -421,10 +426,10 @@ class RaterService:
                 raise UnknownMedia()            # not handed out yet: as if it did not exist
         return Path(st["media_dir"]) / f"{sha}.mp4"
 
-    def _delivered(self, conn, token, name, start, stop, *, arrived) -> None:
+    def _delivered(self, conn, token, name, start, stop, began, *, arrived) -> None:
         r, tid, slot, _ = self._hit(conn, token, name)
         if tid not in self._loaded:             # once stored, fetched never changes: no query
-            self._deliver(conn, r, tid, slot, start, stop, arrived)
+            self._deliver(conn, r, tid, slot, start, stop, arrived if began is None else began)
 
     def _size(self, st: dict, sha: str) -> int:
         n = self._sizes.get(sha)
@@ -433,9 +438,11 @@ class RaterService:
         return n
 
     def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int,
-                 arrived: float) -> None:
-        """Add bytes ``[start, stop)`` of the trial's video in ``slot`` to what was delivered;
-        once every video of the trial is covered, ``fetched`` is stored (the gate's clock)."""
+                 began: float) -> None:
+        """Add bytes ``[start, stop)`` of the trial's video in ``slot``, sent by a response
+        that ``began`` then, to what was delivered; once every video of the trial is covered
+        whole, ``fetched`` is stored (the gate's clock: the latest first response of a video,
+        as a browser plays while it loads)."""
         served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
         if served is None:                      # not handed out yet: as if it did not exist
             raise UnknownMedia()
@@ -444,16 +451,19 @@ class RaterService:
             return
         st = self._study(conn, r["study_id"])
         t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-        got = {s: rng for s, rng in conn.execute(self._q_got, {"tid": tid})}
+        got = {s: (rng, first) for s, rng, first in conn.execute(self._q_got, {"tid": tid})}
         size = self._size(st, t["shown"][slot])
         start, stop = max(0, start), min(size, stop)
         if stop > start:
-            merged = merge_ranges([*got.get(slot, []), [start, stop]])
-            if merged != got.get(slot) and len(merged) <= MAX_RANGES:
-                conn.execute(self._i_got, {"trial_id": tid, "slot": slot, "ranges": merged})
-                got[slot] = merged
-        if all(covers(got.get(s, []), self._size(st, sha)) for s, sha in t["shown"].items()):
-            conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
+            rng, first = got.get(slot, ([], began))
+            merged, first = merge_ranges([*rng, [start, stop]]), min(first, began)
+            if (merged, first) != got.get(slot) and len(merged) <= MAX_RANGES:
+                conn.execute(self._i_got, {"trial_id": tid, "slot": slot, "ranges": merged,
+                                           "first_at": first})
+                got[slot] = (merged, first)
+        if all(covers(got.get(s, ([],))[0], self._size(st, sha)) for s, sha in t["shown"].items()):
+            conn.execute(self._u_fetched, {"tid": tid, "at": max(
+                (got[s][1] for s in t["shown"] if s in got), default=began)})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)

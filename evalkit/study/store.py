@@ -18,15 +18,18 @@ opened, newer ones are refused):
 - ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
   slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
-  then; added in schema version 3), fetched (seconds since the epoch when every video of the
-  trial had been requested by the rater's browser; version 4); unique (rater_id, ord)
+  then; added in schema version 3), fetched (seconds since the epoch when the last of the
+  trial's videos began to be delivered, stored once every byte of each went to the rater:
+  ``deliveries``; version 4); unique (rater_id, ord)
 - ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms (measured by the
   server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
   shown), client, created, client_ms (the page's own response time, as sent; version 4);
   unique (rater_id, trial_id)
 - ``deliveries`` (version 5): trial_id, slot, ranges (JSON: the union of the byte ranges of
-  that video sent to the rater, ``[[start, stop), ...]``); unique (trial_id, slot). The gate's
-  ``fetched`` is stored when every video of the trial is covered whole.
+  that video sent to the rater, ``[[start, stop), ...]``), first_at (when the first response
+  carrying its bytes began); unique (trial_id, slot). Once every video of the trial is
+  covered whole, the trial's ``fetched`` is stored: the latest first_at of its videos (a
+  browser plays while it loads).
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -138,6 +141,7 @@ deliveries = Table(
     Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
     Column("slot", String(16), nullable=False),
     Column("ranges", JSON, nullable=False),
+    Column("first_at", Float, nullable=False),
     UniqueConstraint("trial_id", "slot", name="uq_delivery_slot"),
 )
 
