@@ -243,8 +243,9 @@ class _Shield:
         try:
             await self.app(scope, receive, holding)
         except Exception as e:  # noqa: BLE001 - every failure of Gradio on a request: a 400
-            LOG.warning("%s %s: refused (%s)", scope.get("method"), scope.get("path", "")[:80],
-                        type(e).__name__)
+            first = (str(e).strip().splitlines() or [""])[0][:120]
+            LOG.warning("%s %s: refused (%s: %s)", scope.get("method"),
+                        scope.get("path", "")[:80], type(e).__name__, first)
             if held:
                 body = b"bad request"
                 await send({"type": "http.response.start", "status": 400, "headers": [
