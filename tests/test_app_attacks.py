@@ -420,6 +420,14 @@ def test_slow_clients_are_cut_off_and_connections_capped(env):
             got += more
         return got
     try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")      # kept alive
+            got = b""
+            while b'{"ok":true}' not in got:
+                got += s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")            # a slow next head
+            assert drained(s) == b""
         for i in range(60):
             s = socket.create_connection(("127.0.0.1", port), timeout=60)
             if i % 2:                                          # a head never finished
