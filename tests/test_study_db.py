@@ -670,3 +670,36 @@ def test_merge_ranges():
     assert merge_ranges([[5, 10], [0, 5], [20, 30], [25, 40], [7, 7]]) == [[0, 10], [20, 40]]
     assert covers(merge_ranges([[0, 3], [3, 8]]), 8) and not covers([[0, 7]], 8)
     assert not covers([[0, 4], [5, 8]], 8) and not covers([], 8)
+
+
+def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
+    """Two real `evalkit serve` processes on one PostgreSQL database: half of every video from
+    each; the answer is accepted (waiting the play-through the server asks for)."""
+    import time
+
+    import httpx
+
+    from evalkit.testing.server import Server
+
+    sid, (tok,) = _service_study(postgres, report, tmp_path / "media", 1)
+    a, b = Server(postgres).start(), Server(postgres).start()
+    try:
+        with httpx.Client(base_url=a.url, timeout=30) as c1, \
+                httpx.Client(base_url=b.url, timeout=30) as c2:
+            t = c1.get("/api/trial", params={"token": tok}).json()["trial"]
+            for name in t["media"].values():
+                q = {"token": tok}
+                size = int(c1.head(f"/media/{name}", params=q).headers["content-length"])
+                assert c1.get(f"/media/{name}", params=q, headers={
+                    "range": f"bytes=0-{size // 2 - 1}"}).status_code == 206
+                assert c2.get(f"/media/{name}", params=q, headers={
+                    "range": f"bytes={size // 2}-"}).status_code == 206
+            for _ in range(100):        # recorded once sent, then the play-through
+                r = c2.post("/api/answer", json={"token": tok, "trial": t["trial"], "answer": "A"})
+                if r.status_code != 425:
+                    break
+                time.sleep(max(0.05, r.json()["wait_ms"] / 1000))
+            assert r.status_code == 200 and r.json()["saved"] is True, r.text
+    finally:
+        a.stop()
+        b.stop()
