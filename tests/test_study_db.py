@@ -278,16 +278,14 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     cfg = json.loads(con.execute("select config from studies").fetchone()[0])
     del cfg["media_key"]
     con.execute("update studies set config = ?", (json.dumps(cfg),))
-    con.execute("drop table deliveries")
+    con.execute("alter table trials drop column delivered")
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 5
-    assert "deliveries" in {r[0] for r in sqlite3.connect(path).execute(
-        "select name from sqlite_master where type = 'table'")}
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
-                       ("trials", "fetched"), ("clips", "media_a_alt")):
+                       ("trials", "fetched"), ("clips", "media_a_alt"), ("trials", "delivered")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
     cfg = json.loads(sqlite3.connect(path).execute("select config from studies").fetchone()[0])
     assert len(cfg["media_key"]) == 64

@@ -17,8 +17,8 @@ Gate (server side, with an injected ``clock``: tests drive time, never sleep):
    order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
    which changes nothing.
 2. Every byte of its videos must have been delivered to the rater (``fetched`` is stored when
-   the union of the byte ranges sent, per video, covers the whole file: ``deliveries`` in the
-   database, so the videos of one trial may come from several server processes; a ``HEAD``
+   the union of the byte ranges sent, per video, covers the whole file: ``trials.delivered`` in
+   the database, so the videos of one trial may come from several server processes; a ``HEAD``
    delivers nothing); before that :class:`~.errors.NotLoaded`.
 3. One play-through of the longest video (less one frame) must have passed since ``fetched``
    (the start of the first response of the video whose delivery began last: a browser plays
@@ -52,7 +52,7 @@ from ..errors import UserError
 from . import design
 from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, TooSoon, TrialNotAssigned,
                      UnknownMedia, UnknownToken, UnknownTrial)
-from .store import deliveries, now, open_db, raters, ratings, studies, trials
+from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
 DEFAULT_FPS = 24.0       # frame rate assumed for studies created before it was recorded
@@ -69,6 +69,7 @@ def media_name(key: str, trial_id: int, slot: str) -> str:
 
 
 MAX_TOKEN = 512               # characters; invite tokens are 43
+MAX_ID = 2**63 - 1            # database ids are 64-bit
 MAX_RANGES = 64               # disjoint byte ranges kept per video (a browser sends a few)
 
 
@@ -87,7 +88,6 @@ def merge_ranges(ranges) -> list[list[int]]:
 def covers(ranges, size: int) -> bool:
     """Whether merged ``ranges`` hold every byte of a file of ``size`` bytes."""
     return size <= 0 or (len(ranges) == 1 and ranges[0][0] <= 0 and ranges[0][1] >= size)
-MAX_ID = 2**63 - 1            # database ids are 64-bit
 
 
 def shown(value, limit: int = 60) -> str:
@@ -173,14 +173,10 @@ class RaterService:
                         .where(trials.c.rater_id == bindparam("rid")))
         # locked (PostgreSQL; SQLite's BEGIN IMMEDIATE locks the database): deliveries of one
         # trial are merged one after another, whichever process sent them
-        self._q_one = (select(trials.c.served, trials.c.fetched)
+        self._q_one = (select(trials.c.served, trials.c.fetched, trials.c.delivered)
                        .where(trials.c.id == bindparam("tid")).with_for_update())
-        self._q_got = select(deliveries.c.slot, deliveries.c.ranges, deliveries.c.first_at).where(
-            deliveries.c.trial_id == bindparam("tid"))
-        i_got = insert(deliveries)
-        self._i_got = i_got.on_conflict_do_update(
-            index_elements=["trial_id", "slot"],
-            set_={"ranges": i_got.excluded.ranges, "first_at": i_got.excluded.first_at})
+        self._u_got = (trials.update().where(trials.c.id == bindparam("tid"))
+                       .values(delivered=bindparam("got")))
         self._u_served = (trials.update().where(trials.c.id == bindparam("tid"),
                                                 trials.c.served.is_(None))
                           .values(served=bindparam("at")))
@@ -443,7 +439,7 @@ class RaterService:
         that ``began`` then, to what was delivered; once every video of the trial is covered
         whole, ``fetched`` is stored (the gate's clock: the latest first response of a video,
         as a browser plays while it loads)."""
-        served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
+        served, fetched, got = conn.execute(self._q_one, {"tid": tid}).one()
         if served is None:                      # not handed out yet: as if it did not exist
             raise UnknownMedia()
         if fetched is not None:                 # committed: read back from the database
@@ -451,19 +447,20 @@ class RaterService:
             return
         st = self._study(conn, r["study_id"])
         t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-        got = {s: (rng, first) for s, rng, first in conn.execute(self._q_got, {"tid": tid})}
+        got = dict(got or {})                   # slot -> {"ranges", "first"}
         size = self._size(st, t["shown"][slot])
         start, stop = max(0, start), min(size, stop)
         if stop > start:
-            rng, first = got.get(slot, ([], began))
-            merged, first = merge_ranges([*rng, [start, stop]]), min(first, began)
-            if (merged, first) != got.get(slot) and len(merged) <= MAX_RANGES:
-                conn.execute(self._i_got, {"trial_id": tid, "slot": slot, "ranges": merged,
-                                           "first_at": first})
-                got[slot] = (merged, first)
-        if all(covers(got.get(s, ([],))[0], self._size(st, sha)) for s, sha in t["shown"].items()):
+            old = got.get(slot) or {"ranges": [], "first": began}
+            new = {"ranges": merge_ranges([*old["ranges"], [start, stop]]),
+                   "first": min(old["first"], began)}
+            if new != got.get(slot) and len(new["ranges"]) <= MAX_RANGES:
+                got[slot] = new
+                conn.execute(self._u_got, {"tid": tid, "got": got})
+        if all(slot in got and covers(got[slot]["ranges"], self._size(st, sha))
+               for slot, sha in t["shown"].items()):
             conn.execute(self._u_fetched, {"tid": tid, "at": max(
-                (got[s][1] for s in t["shown"] if s in got), default=began)})
+                got[s]["first"] for s in t["shown"])})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)

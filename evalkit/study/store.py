@@ -20,16 +20,14 @@ opened, newer ones are refused):
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
   then; added in schema version 3), fetched (seconds since the epoch when the last of the
   trial's videos began to be delivered, stored once every byte of each went to the rater:
-  ``deliveries``; version 4); unique (rater_id, ord)
+  ``delivered``; version 4), delivered (JSON, version 5: slot -> ``{"ranges": [[start, stop),
+  ...], "first": t}``, the union of the byte ranges of that video sent to the rater and when the
+  first response carrying them began; ``fetched`` is the latest ``first`` once every video is
+  covered whole, as a browser plays while it loads); unique (rater_id, ord)
 - ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms (measured by the
   server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
   shown), client, created, client_ms (the page's own response time, as sent; version 4);
   unique (rater_id, trial_id)
-- ``deliveries`` (version 5): trial_id, slot, ranges (JSON: the union of the byte ranges of
-  that video sent to the rater, ``[[start, stop), ...]``), first_at (when the first response
-  carrying its bytes began); unique (trial_id, slot). Once every video of the trial is
-  covered whole, the trial's ``fetched`` is stored: the latest first_at of its videos (a
-  browser plays while it loads).
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -115,6 +113,7 @@ trials = Table(
     Column("expected", String(16)),
     Column("served", Float),             # added in schema version 3
     Column("fetched", Float),            # added in schema version 4
+    Column("delivered", JSON),           # added in schema version 5
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
@@ -134,17 +133,6 @@ ratings = Table(
     Column("client_ms", Integer),        # added in schema version 4
     UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
 )
-
-deliveries = Table(
-    "deliveries", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
-    Column("slot", String(16), nullable=False),
-    Column("ranges", JSON, nullable=False),
-    Column("first_at", Float, nullable=False),
-    UniqueConstraint("trial_id", "slot", name="uq_delivery_slot"),
-)
-
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
@@ -170,7 +158,7 @@ def _upgrade_3_to_4(conn) -> None:
 
 
 def _upgrade_4_to_5(conn) -> None:
-    deliveries.create(conn, checkfirst=True)
+    conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
 
 
 def new_media_key() -> str:
