@@ -293,8 +293,9 @@ def test_uploads_are_refused_and_nothing_is_kept(env):
 
 def test_password_checks_are_counted_before_the_check(env):
     """60 wrong /export passwords and 60 wrong admin logins sent at once by one client: at most
-    the free 5 of each are checked, the rest wait (429); meanwhile the right password from
-    another client works, and the throttled client stays throttled."""
+    the free 5 of each are checked, the rest wait (429); the right password sent by another
+    client among them works. (That the throttled client's own right password waits too, and
+    for how long: test_password_guessing_backs_off, with the clock injected.)"""
     u, sid = env["server"].url, env["sid"]
     url = f"/export/{sid}/ratings.csv"
 
@@ -303,21 +304,19 @@ def test_password_checks_are_counted_before_the_check(env):
         async with _client("127.0.0.2", base_url=u, limits=limits, timeout=60) as a, \
                 _client("127.0.0.3", base_url=u, limits=limits, timeout=60) as b, \
                 _client("127.0.0.4", base_url=u, timeout=60) as c:
-            wrong = await asyncio.gather(*[a.get(url, auth=("admin", f"guess{i}"))
-                                           for i in range(60)])
-            logins = await asyncio.gather(*[b.post("/admin/login", data={
-                "username": "admin", "password": f"guess{i}"}) for i in range(60)])
-            right_a = await a.get(url, auth=("admin", ADMIN_PASSWORD))
-            right_c = await c.get(url, auth=("admin", ADMIN_PASSWORD))
-            login_c = await c.post("/admin/login", data={"username": "admin",
-                                                         "password": ADMIN_PASSWORD})
-            return ([r.status_code for r in wrong], [r.status_code for r in logins], right_a,
-                    right_c, login_c)
-    wrong, logins, right_a, right_c, login_c = aio.run(go())
+            *wrong, right_c = await asyncio.gather(
+                *[a.get(url, auth=("admin", f"guess{i}")) for i in range(60)],
+                c.get(url, auth=("admin", ADMIN_PASSWORD)))
+            *logins, login_c = await asyncio.gather(
+                *[b.post("/admin/login", data={"username": "admin", "password": f"guess{i}"})
+                  for i in range(60)],
+                c.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD}))
+            return ([r.status_code for r in wrong], [r.status_code for r in logins], right_c,
+                    login_c)
+    wrong, logins, right_c, login_c = aio.run(go())
     assert wrong.count(401) <= 5 and wrong.count(429) >= 55, wrong
     assert logins.count(400) <= 5 and logins.count(429) >= 55, logins
-    assert right_a.status_code == 429 and int(right_a.headers["retry-after"]) >= 1
-    assert right_c.status_code == 200 and login_c.status_code == 200
+    assert right_c.status_code == 200 and login_c.status_code == 200, (right_c, login_c)
 
 
 def test_password_checks_of_many_clients_are_slowed_never_locked(env):
