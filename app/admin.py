@@ -5,11 +5,7 @@ Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``su
 ``invite``); this module only lays them out."""
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -146,35 +142,15 @@ def curve_plot(res: dict):
     return fig
 
 
-def export_root() -> Path:
-    """This process's folder for CSV exports, ``<tmp>/evalkit-admin-<uid>-<pid>``: made on the
-    first export, removed when the process exits; folders of processes no longer alive (a
-    killed server) are removed here, so none pile up."""
-    base = Path(tempfile.gettempdir())
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    for old in base.glob(f"evalkit-admin-{uid}-*"):
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    return base / f"evalkit-admin-{uid}-{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def export_links(sid: int) -> str:
+    """The two download links of a study's CSVs: ``/export``, which wants the admin password
+    or this page's login session (never Gradio's file route, and no copy on disk)."""
+    return (f'<a id="raw-csv" href="/export/{sid}/ratings.csv" download>Download raw ratings '
+            f'CSV</a> &nbsp; <a id="summary-csv" href="/export/{sid}/summary.csv" download>'
+            'Download summary CSV</a>')
 
 
 def build_admin(db) -> gr.Blocks:
-    out_dir = export_root()
-    # a folder under our own pid can only be a killed earlier server's (a container's pid 1)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    atexit.register(shutil.rmtree, out_dir, True)
-
     def refresh():
         return studies_table(db)
 
@@ -201,26 +177,14 @@ def build_admin(db) -> gr.Blocks:
         return "\n".join(f"rater {m['rater']}: http://{host}/?token={m['token']}" for m in made)
 
     def export(sid):
-        """Write both CSVs of the study; the two download buttons then serve them."""
-        hidden = gr.DownloadButton(value=None, visible=False)
+        """Check the study and show the links to its two CSVs (made when downloaded)."""
         try:
             sid = int(sid or 0)
-            raw = study.ratings_csv(db, sid)
-            summ = study.summary_csv(study.results(db, sid, reps=1000))
-        except (UserError, ValueError) as e:
-            return f"**error:** {e}", hidden, hidden
-        # a fresh folder per export: the file names stay readable, and an older export's
-        # files are never overwritten while a download may still be reading them
-        out_dir.mkdir(mode=0o700, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=f"study{sid}-", dir=out_dir))
-        a, b = folder / f"study{sid}-ratings.csv", folder / f"study{sid}-summary.csv"
-        a.write_text(raw)
-        b.write_text(summ)
-        n = len(raw.splitlines()) - 1
-        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} exported (the key: "
-                f"{study.key_status(db, sid)}).",
-                gr.DownloadButton(value=str(a), visible=True),
-                gr.DownloadButton(value=str(b), visible=True))
+            n = len(study.ratings_csv(db, sid).splitlines()) - 1
+        except (UserError, ValueError, OverflowError) as e:
+            return f"**error:** {e}", ""
+        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} to export (the key: "
+                f"{study.key_status(db, sid)}).", export_links(sid))
 
     with gr.Blocks(title="evalkit study admin", analytics_enabled=False) as demo:
         gr.Markdown("## evalkit study admin")
@@ -251,10 +215,6 @@ def build_admin(db) -> gr.Blocks:
         with gr.Tab("Export"):
             exp_btn = gr.Button("Export CSV", elem_id="export")
             exp_note = gr.Markdown(elem_id="export-note")
-            with gr.Row():
-                raw_file = gr.DownloadButton("Download raw ratings CSV", visible=False,
-                                             elem_id="raw-csv")
-                sum_file = gr.DownloadButton("Download summary CSV", visible=False,
-                                             elem_id="summary-csv")
-            exp_btn.click(export, inputs=sid, outputs=[exp_note, raw_file, sum_file])
+            dl_links = gr.HTML(elem_id="export-links")
+            exp_btn.click(export, inputs=sid, outputs=[exp_note, dl_links])
     return demo

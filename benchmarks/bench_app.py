@@ -109,9 +109,8 @@ class JsonRater:
         self.trial = json.loads(body)["trial"]
 
     async def media(self) -> None:
-        for name in (self.trial or {}).get("media", {}).values():
-            await self.conn.request("GET", f"/media/{name}?token={self.token}",
-                                    headers={"Range": "bytes=0-0"})
+        for name in (self.trial or {}).get("media", {}).values():   # whole: the gate counts bytes
+            await self.conn.request("GET", f"/media/{name}?token={self.token}")
 
     async def answer(self) -> tuple[str | None, float]:
         """One answer: (error kind or None, latency in ms); the reply's trial becomes current."""

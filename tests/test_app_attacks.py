@@ -1,13 +1,17 @@
-"""Attacks on the web app through HTTP (issue 19's web part): malformed answers, body floods,
-password guessing, formula injection in exports, links in the media folder, missing headers.
+"""Attacks on the web app through HTTP (issues 19 and 35's web parts): malformed answers, body
+floods, password guessing (in parallel, from several addresses), formula injection in exports,
+links in the media folder, missing headers, Gradio's file and upload routes, requests that made
+Gradio answer 500, slow clients, and the gate's count of bytes delivered (two servers).
 The real `evalkit serve` on loopback unless the case needs a clock (the back-off: the real app
 object in process, with an injected clock)."""
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import os
 import socket
+import time
 
 import httpx
 import pytest
@@ -20,7 +24,7 @@ from app.guard import MAX_BODY, Throttle
 from evalkit.study.live import FakeClock
 from evalkit.testing import aio
 from evalkit.testing.server import ADMIN_PASSWORD, Server
-from evalkit.testing.studies import current
+from evalkit.testing.studies import current, hidden
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +105,8 @@ def test_body_floods_are_cut_off_and_memory_stays_bounded(env):
         try:
             r = httpx.post(u + path, content=chunks(), headers={"content-type": "application/json"},
                            timeout=60)
-            # Gradio's own body parser turns the cut-off into its 400; ours says 413
-            assert r.status_code == (413 if path.startswith("/api") else 400), (path, r.status_code)
+            # read whole by the guard before any app sees it: 413 for Gradio's routes too
+            assert r.status_code == 413, (path, r.status_code)
         except (httpx.RemoteProtocolError, httpx.WriteError):
             pass                               # the server answered 413 and closed mid-upload
     assert httpx.get(f"{u}/healthz").status_code == 200
@@ -221,3 +225,295 @@ def test_server_killed_while_raters_answer_loses_nothing(tmp_path, reports):
     assert out["kills"] == 1 and out["acknowledged"] >= 20, out
     assert out["lost"] == 0 and out["duplicates"] == 0 and out["integrity"] == "ok", out
     assert out["stored"] == study.list_studies(db)[0]["trials"], out
+
+
+# -- issue 35: doors, parallel guessing, uploads, 500s, slow clients; issue 34: bytes delivered --
+
+def _client(address: str, **kw) -> httpx.AsyncClient:
+    """An HTTP client whose connections come from ``address`` (any 127.x.y.z on Linux): one
+    more client as the server's back-off tells them apart."""
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=address), **kw)
+
+
+def _temp_dir(server) -> "os.PathLike":
+    """The server's own temporary folder (Gradio's), ``<tmp>/evalkit-serve-<uid>-<pid>``."""
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.gettempdir()) / f"evalkit-serve-{os.getuid()}-{server.proc.pid}"
+
+
+def test_admin_downloads_need_the_password_and_leave_no_copies(env):
+    """The admin page's CSV links are /export (the password, or the admin page's own login
+    session); Gradio's file routes are closed on both apps, and the server writes no copy."""
+    u, sid = env["server"].url, env["sid"]
+    with httpx.Client(base_url=u) as admin:
+        assert admin.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD}
+                          ).status_code == 200
+        assert any(c.startswith("access-token") for c in admin.cookies)
+        r = admin.get(f"/export/{sid}/ratings.csv")             # the session cookie
+        assert r.status_code == 200 and r.text.startswith(study.ratings_csv(env["db"], sid)[:20])
+        assert r.headers["cache-control"] == "no-store"
+    for path in (f"/export/{sid}/ratings.csv", f"/export/{sid}/summary.csv"):
+        r = httpx.get(u + path)                                    # no password: nothing
+        assert r.status_code == 401 and "rater" not in r.text, path
+        r = httpx.get(u + path, cookies={"access-token-unsecure-x": "guess"})
+        assert r.status_code == 401, path
+    tmp = _temp_dir(env["server"])
+    assert tmp.is_dir()
+    files = [p for p in tmp.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix == ".csv"], files      # no copy anywhere
+    for prefix in ("", "/admin"):
+        for path in (f"/gradio_api/file={env['db']}", f"/gradio_api/file={tmp}/x.csv",
+                     f"/gradio_api/file/{env['db']}", f"/file={env['db']}",
+                     "/gradio_api/proxy=http://127.0.0.1/"):
+            r = httpx.get(u + prefix + path, auth=("admin", ADMIN_PASSWORD))
+            assert r.status_code == 404 and len(r.text) < 50, (prefix + path, r.status_code)
+
+
+def test_uploads_are_refused_and_nothing_is_kept(env):
+    """Gradio's upload route on the rater app (and the admin app): refused before a byte is
+    stored; 200 uploads write nothing."""
+    u = env["server"].url
+    tmp = _temp_dir(env["server"])
+    before = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+
+    async def go():
+        async with httpx.AsyncClient(base_url=u, timeout=60) as c:
+            rs = await asyncio.gather(*[c.post(path, files={"files": ("a.bin", b"x" * 60000)})
+                                        for path in ["/gradio_api/upload"] * 190
+                                        + ["/admin/gradio_api/upload"] * 10])
+            return [r.status_code for r in rs]
+    assert set(aio.run(go())) == {404}
+    r = httpx.get(u + "/gradio_api/upload_progress?upload_id=x")
+    assert r.status_code == 404
+    after = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+    assert after == before, (before, after)
+
+
+def test_password_checks_are_counted_before_the_check(env):
+    """60 wrong /export passwords and 60 wrong admin logins sent at once by one client: at most
+    the free 5 of each are checked, the rest wait (429); the right password sent by another
+    client among them works. (That the throttled client's own right password waits too, and
+    for how long: test_password_guessing_backs_off, with the clock injected.)"""
+    u, sid = env["server"].url, env["sid"]
+    url = f"/export/{sid}/ratings.csv"
+
+    async def go():
+        limits = httpx.Limits(max_connections=100)
+        async with _client("127.0.0.2", base_url=u, limits=limits, timeout=60) as a, \
+                _client("127.0.0.3", base_url=u, limits=limits, timeout=60) as b, \
+                _client("127.0.0.4", base_url=u, timeout=60) as c:
+            *wrong, right_c = await asyncio.gather(
+                *[a.get(url, auth=("admin", f"guess{i}")) for i in range(60)],
+                c.get(url, auth=("admin", ADMIN_PASSWORD)))
+            *logins, login_c = await asyncio.gather(
+                *[b.post("/admin/login", data={"username": "admin", "password": f"guess{i}"})
+                  for i in range(60)],
+                c.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD}))
+            return ([r.status_code for r in wrong], [r.status_code for r in logins], right_c,
+                    login_c)
+    wrong, logins, right_c, login_c = aio.run(go())
+    assert wrong.count(401) <= 5 and wrong.count(429) >= 55, wrong
+    assert logins.count(400) <= 5 and logins.count(429) >= 55, logins
+    assert right_c.status_code == 200 and login_c.status_code == 200, (right_c, login_c)
+
+
+def test_password_checks_of_many_clients_are_slowed_never_locked(env):
+    """The admin account's checks over every client: a bucket of 20, then 2 a second; a client
+    waits at most half a second for its turn, and a throttled client uses none (in process,
+    the clock injected)."""
+    from app.guard import ACCOUNT_BURST, ACCOUNT_RATE
+
+    clock = FakeClock()
+    th = Throttle(clock=clock)
+    waits = [th.begin(f"10.0.0.{i}") for i in range(ACCOUNT_BURST + 5)]
+    assert waits[:ACCOUNT_BURST] == [0.0] * ACCOUNT_BURST
+    assert all(0 < w <= 1 / ACCOUNT_RATE for w in waits[ACCOUNT_BURST:]), waits
+    clock.advance(1 / ACCOUNT_RATE)
+    assert th.begin("10.0.1.1") == 0.0 and th.begin("10.0.1.2") > 0
+    for _ in range(4):                                   # one client burns its free failures
+        clock.advance(1 / ACCOUNT_RATE)
+        assert th.begin("10.0.9.9") == 0.0
+    clock.advance(1 / ACCOUNT_RATE)
+    assert th.begin("10.0.9.9") == 0.0                   # the 5th: now locked for 1 s
+    assert th.begin("10.0.9.9") > 0                       # locked: and it uses no check
+    clock.advance(1 / ACCOUNT_RATE)
+    assert th.begin("10.0.1.3") == 0.0                   # another client's turn is not taken
+
+
+def test_requests_that_made_500s_are_4xx_with_one_log_line(env, tmp_path):
+    """Each request the sweep answered with a 500 and a 6.6 KB traceback: a 4xx with a short
+    body, at most one log line, no traceback (a server of its own: its log is read)."""
+    db = env["db"]
+    server = Server(db).start()
+    u = server.url
+    try:
+        tok = study.invite(db, env["sid"], 1)[0]["token"]
+        tid = httpx.get(f"{u}/api/trial", params={"token": tok}).json()["trial"]["trial"]
+        huge = "1" + "0" * 400
+        cases = [
+            ("POST", "/gradio_api/run/nosuch", '{"data": []}'),
+            ("POST", "/gradio_api/api/nosuch", '{"data": []}'),
+            *[("POST", "/gradio_api/queue/join",
+               f'{{"data": [], "fn_index": {i}, "session_hash": "s{i}"}}') for i in range(2, 8)],
+            ("POST", "/api/answer", f'{{"token": "{tok}", "trial": {tid}, "answer": "left", '
+                                    f'"response_ms": {huge}}}'),
+            ("POST", f"/gradio_api/run/answer?token={tok}",
+             f'{{"data": [], "event_data": {{"trial": {tid}, "answer": "left", '
+             f'"response_ms": {huge}}}}}'),
+            ("GET", "/export/99999999999999999999999/ratings.csv", None),
+            ("GET", "/export/-1/summary.csv", None),
+        ]
+        for method, path, body in cases:
+            r = httpx.request(method, u + path, content=body, auth=("admin", ADMIN_PASSWORD),
+                              headers={"content-type": "application/json"})
+            # the response_ms cases reach the gate (videos not loaded): 425, not a 500
+            assert 400 <= r.status_code < 500 or (path.startswith("/gradio_api/run/answer")
+                                                  and r.status_code == 200
+                                                  and "not loaded" in r.text), (path, r.status_code)
+            assert len(r.text) < 400 and "Traceback" not in r.text, (path, r.text[:300])
+
+        def chunks(n=200 * 1024, size=8192):                 # 200 KB without a length
+            for _ in range(n // size):
+                yield b"x" * size
+        for path in ("/gradio_api/upload", "/gradio_api/run/answer", "/api/answer"):
+            try:
+                r = httpx.post(u + path, content=chunks(), timeout=60,
+                               headers={"content-type": "application/json"})
+                assert r.status_code in ((404,) if "upload" in path else (413,)), (path, r)
+            except (httpx.RemoteProtocolError, httpx.WriteError):
+                pass                                          # answered and closed mid-upload
+    finally:
+        server.stop()
+    log = server.proc.stdout.read()
+    assert "Traceback" not in log and "refused (KeyError" in log, log[-2000:]
+    assert len(log.splitlines()) <= len(cases) + 3, log
+
+
+def test_admin_address_printed_by_serve_answers(env):
+    """`serve` prints the admin page's address; it answers (and /admin redirects to it)."""
+    banner = env["server"].banner
+    url = next(w for w in banner.split() if "/admin" in w)
+    assert url == env["server"].url + "/admin/", banner
+    assert "evalkit study admin" in httpx.get(url).text
+    r = httpx.get(env["server"].url + "/admin")
+    assert r.status_code == 307 and r.headers["location"] == "/admin/"
+
+
+def test_slow_clients_are_cut_off_and_connections_capped(env):
+    """Slow clients (a request head never finished, a body never finished, nothing sent) are
+    closed by the server after its timeouts (shortened here to 1 s through the environment:
+    nothing waits on the wall clock but the sockets' own generous timeouts), and beyond the
+    connection cap a request is answered 503 instead of queueing forever."""
+    server = Server(env["db"], env={"EVALKIT_SERVE_HEADER_TIMEOUT_S": "1",
+                                    "EVALKIT_SERVE_BODY_TIMEOUT_S": "1",
+                                    "EVALKIT_SERVE_MAX_CONNECTIONS": "40"}).start()
+    port = int(server.url.rsplit(":", 1)[1])
+    socks: list[socket.socket] = []
+
+    def drained(s: socket.socket) -> bytes:
+        """All the server sends until it closes the connection (60 s: a timeout fails)."""
+        got = b""
+        while more := s.recv(4096):
+            got += more
+        return got
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")      # kept alive
+            got = b""
+            while b'{"ok":true}' not in got:
+                got += s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")            # a slow next head
+            assert drained(s) == b""
+        for i in range(60):
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            if i % 2:                                          # a head never finished
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)                                    # else: nothing at all
+        # every slow socket held: a new request finds the cap reached
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert drained(s).startswith(b"HTTP/1.1 503"), "cap not applied"
+        for i, s in enumerate(socks):                          # each is closed by the server
+            assert drained(s) == b"", i
+            s.close()
+        socks = []
+        for i in range(10):                                    # bodies never finished
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(b"POST /api/answer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 100\r\n\r\n{\"tok")
+            socks.append(s)
+        for i, s in enumerate(socks):
+            got = drained(s)
+            assert got.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in got, got
+        assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+        server.stop()
+    log = server.proc.stdout.read()
+    assert "Traceback" not in log, log[-2000:]
+
+
+def _media(client: httpx.Client, tok: str) -> tuple[int, dict]:
+    t = client.get("/api/trial", params={"token": tok}).json()["trial"]
+    return t["trial"], t["media"]
+
+
+def _answer_when_played(client: httpx.Client, tok: str, tid: int, answer: str) -> httpx.Response:
+    """POST the answer, waiting the play-through the server asks for (``wait_ms``) when the
+    videos were delivered; any other refusal is returned at once."""
+    for _ in range(20):
+        r = client.post("/api/answer", json={"token": tok, "trial": tid, "answer": answer})
+        if r.status_code != 425 or "not loaded" in r.text:
+            return r
+        time.sleep(r.json()["wait_ms"] / 1000 + 0.05)
+    return r
+
+
+def test_gate_counts_bytes_delivered_across_two_servers(env):
+    """HEAD and a 1-byte Range GET of every video deliver 1 byte: the answer is refused (not
+    loaded). Every byte fetched, half of each video from one server process and the rest from
+    another on the same database: the answer is accepted (the bytes are counted in the
+    database, not in one process's memory)."""
+    db, sid = env["db"], env["sid"]
+    one = env["server"]
+    two = Server(db).start()
+    try:
+        tok, tok2 = (r["token"] for r in study.invite(db, sid, 2))
+        with httpx.Client(base_url=one.url, timeout=30) as c1:
+            tid, media = _media(c1, tok)
+            for name in media.values():
+                assert c1.head(f"/media/{name}", params={"token": tok}).status_code == 200
+                r = c1.get(f"/media/{name}", params={"token": tok}, headers={"range": "bytes=0-0"})
+                assert r.status_code == 206 and len(r.content) == 1
+            r = _answer_when_played(c1, tok, tid, "left")
+            assert r.status_code == 425 and "not loaded" in r.text, r.text
+        with httpx.Client(base_url=one.url, timeout=30) as c1, \
+                httpx.Client(base_url=two.url, timeout=30) as c2:
+            tid, media = _media(c1, tok2)
+            whole = {}
+            for name in media.values():
+                size = int(c1.head(f"/media/{name}", params={"token": tok2}
+                                   ).headers["content-length"])
+                half = size // 2
+                a = c1.get(f"/media/{name}", params={"token": tok2},
+                           headers={"range": f"bytes=0-{half - 1}"})
+                b = c2.get(f"/media/{name}", params={"token": tok2},
+                           headers={"range": f"bytes={half}-"})
+                assert a.status_code == b.status_code == 206
+                whole[name] = a.content + b.content
+                assert len(whole[name]) == size
+            # both processes report what they sent after sending it: give them a moment
+            for _ in range(50):
+                if hidden(db, tid)["fetched"] is not None:
+                    break
+                time.sleep(0.1)
+            r = _answer_when_played(c2, tok2, tid, "left")
+            assert r.status_code == 200 and r.json()["saved"] is True, r.text
+            assert _answer_when_played(c1, tok2, tid, "left").json()["saved"] is False
+    finally:
+        two.stop()
+    assert "Traceback" not in two.proc.stdout.read()

@@ -101,6 +101,14 @@ def test_refusals(env, server):
     for n in mine["media"].values():           # the page loads the videos: now it counts
         assert httpx.get(f"{u}/media/{n}", params={"token": t1},
                          headers={"Range": "bytes=0-99"}).status_code == 206
+    assert hidden(db, mine["trial"])["fetched"] is None      # 100 bytes are not the video
+    for n in mine["media"].values():
+        assert httpx.get(f"{u}/media/{n}", params={"token": t1},
+                         headers={"Range": "bytes=100-"}).status_code == 206
+    for _ in range(100):                       # recorded once sent: a moment after
+        if hidden(db, mine["trial"])["fetched"] is not None:
+            break
+        time.sleep(0.05)
     assert hidden(db, mine["trial"])["fetched"] is not None
     # admin: CSV export and Gradio admin refuse without the password
     for auth in (None, ("admin", "wrong")):
@@ -258,7 +266,8 @@ def test_admin_page(env, server, browser):
 
 def test_admin_export_downloads_csv(env, server, browser):
     """The admin's Export tab in Chromium: pick a study, export, download both CSVs through
-    Gradio's download buttons; the files hold exactly the ratings that were given."""
+    its two links (/export, with the page's login session); the files hold exactly the
+    ratings that were given."""
     report, db = env["report"], env["db"]
     study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1)
     sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4)["study"]
@@ -357,21 +366,21 @@ def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
     with pytest.raises(httpx.HTTPError):                   # and the port is closed
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
     import tempfile                                         # and it left no folder behind
-    assert not list(Path(tempfile.gettempdir()).glob(f"evalkit-admin-*-{proc.pid}"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"evalkit-serve-*-{proc.pid}"))
 
 
-def test_admin_export_folders_of_dead_servers_are_removed(tmp_path, monkeypatch):
+def test_temp_folders_of_dead_servers_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from app.admin import export_root
+    from app.server import temp_root
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     uid = os.getuid()
-    stale = tmp_path / f"evalkit-admin-{uid}-{dead.pid}"
-    (stale / "study1-x").mkdir(parents=True)
-    mine = tmp_path / f"evalkit-admin-{uid}-{os.getpid()}"
-    assert export_root() == mine and not stale.exists() and not mine.exists()
+    stale = tmp_path / f"evalkit-serve-{uid}-{dead.pid}"
+    (stale / "gradio").mkdir(parents=True)
+    mine = tmp_path / f"evalkit-serve-{uid}-{os.getpid()}"
+    assert temp_root() == mine and not stale.exists() and not mine.exists()
 
 
 def test_serve_port_in_use_is_a_one_line_error(env):

@@ -279,13 +279,14 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     del cfg["media_key"]
     con.execute("update studies set config = ?", (json.dumps(cfg),))
     con.execute("drop table unblindings")
+    con.execute("alter table trials drop column delivered")
     con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 5
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
-                       ("trials", "fetched"), ("clips", "media_a_alt")):
+                       ("trials", "fetched"), ("clips", "media_a_alt"), ("trials", "delivered")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
     cfg = json.loads(sqlite3.connect(path).execute("select config from studies").fetchone()[0])
     assert len(cfg["media_key"]) == 64
@@ -616,3 +617,99 @@ def test_rater_service_group_commit_sqlite(report, tmp_path):
 
 def test_rater_service_group_commit_postgresql(report, postgres, tmp_path):
     _group_commit(postgres, report, tmp_path / "media")
+
+
+def _byte_gate(db, report, media):
+    """The gate counts bytes delivered, in the database: nothing and one byte of each video
+    open nothing; the bytes of every video delivered by two services (two server processes'
+    writers, each its own transactions) in interleaved halves open it once the last byte is
+    in, whichever service the answer then reaches."""
+    from concurrent.futures import wait
+
+    sid, (tok,) = _service_study(db, report, media, 1)
+    clock = study.FakeClock()
+    one = study.RaterService(db, clock=clock)
+    two = study.RaterService(db, clock=clock)
+    try:
+        t = one.state_sync(tok)["trial"]
+        names = list(t["media"].values())
+        sizes = {n: _run_async(one.open_media(tok, n)).stat().st_size for n in names}
+        clock.advance(60)
+        with pytest.raises(study.NotLoaded):          # opened (as a HEAD does): nothing sent
+            one.answer_sync(tok, t["trial"], "A")
+        began = clock.now
+        wait([one.delivered(tok, n, 0, 1) for n in names])
+        with pytest.raises(study.NotLoaded):          # one byte of each
+            two.answer_sync(tok, t["trial"], "A")
+        futs = []
+        for n in names:                               # halves from both, the last byte left out
+            half = sizes[n] // 2
+            futs += [one.delivered(tok, n, half, sizes[n] - (n == names[-1])),
+                     two.delivered(tok, n, 0, half + 1)]
+        wait(futs)
+        assert all(f.exception() is None for f in futs)
+        assert hidden(db, t["trial"])["fetched"] is None
+        with pytest.raises(study.NotLoaded):
+            one.answer_sync(tok, t["trial"], "A")
+        clock.advance(0.1)
+        two.delivered(tok, names[-1], sizes[names[-1]] - 1, 10**12).result()
+        # the play-through counts from the first response of the last video to start loading
+        assert hidden(db, t["trial"])["fetched"] == began
+        with pytest.raises(study.TooSoon):            # 0.1 s of 0.29 s
+            one.answer_sync(tok, t["trial"], "A")
+        clock.advance(0.2)
+        assert one.answer_sync(tok, t["trial"], "A")["saved"] is True
+        with pytest.raises(study.UnknownMedia):       # a name of no trial of this rater
+            two.delivered(tok, "0" * 40 + ".mp4", 0, 1).result()
+    finally:
+        one.close()
+        two.close()
+
+
+def test_byte_gate_in_the_database_sqlite(report, tmp_path):
+    _byte_gate(str(tmp_path / "b.db"), report, tmp_path / "media")
+
+
+def test_byte_gate_in_the_database_postgresql(report, postgres, tmp_path):
+    _byte_gate(postgres, report, tmp_path / "media")
+
+
+def test_merge_ranges():
+    from evalkit.study.live import covers, merge_ranges
+
+    assert merge_ranges([[5, 10], [0, 5], [20, 30], [25, 40], [7, 7]]) == [[0, 10], [20, 40]]
+    assert covers(merge_ranges([[0, 3], [3, 8]]), 8) and not covers([[0, 7]], 8)
+    assert not covers([[0, 4], [5, 8]], 8) and not covers([], 8)
+
+
+def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
+    """Two real `evalkit serve` processes on one PostgreSQL database: half of every video from
+    each; the answer is accepted (waiting the play-through the server asks for)."""
+    import time
+
+    import httpx
+
+    from evalkit.testing.server import Server
+
+    sid, (tok,) = _service_study(postgres, report, tmp_path / "media", 1)
+    a, b = Server(postgres).start(), Server(postgres).start()
+    try:
+        with httpx.Client(base_url=a.url, timeout=30) as c1, \
+                httpx.Client(base_url=b.url, timeout=30) as c2:
+            t = c1.get("/api/trial", params={"token": tok}).json()["trial"]
+            for name in t["media"].values():
+                q = {"token": tok}
+                size = int(c1.head(f"/media/{name}", params=q).headers["content-length"])
+                assert c1.get(f"/media/{name}", params=q, headers={
+                    "range": f"bytes=0-{size // 2 - 1}"}).status_code == 206
+                assert c2.get(f"/media/{name}", params=q, headers={
+                    "range": f"bytes={size // 2}-"}).status_code == 206
+            for _ in range(100):        # recorded once sent, then the play-through
+                r = c2.post("/api/answer", json={"token": tok, "trial": t["trial"], "answer": "A"})
+                if r.status_code != 425:
+                    break
+                time.sleep(max(0.05, r.json()["wait_ms"] / 1000))
+            assert r.status_code == 200 and r.json()["saved"] is True, r.text
+    finally:
+        a.stop()
+        b.stop()

@@ -24,7 +24,7 @@ def add_serve(sub, common) -> None:
     s = sub.add_parser("serve", parents=[common],
                        help="the blind A/B web app: rater page (invite links) and admin page",
                        description="Serve the rater page (/?token=...) and the admin page "
-                       "(/admin) until Ctrl-C or SIGTERM, which stop it cleanly (exit 0).")
+                       "(/admin/) until Ctrl-C or SIGTERM, which stop it cleanly (exit 0).")
     s.add_argument("--db", required=True, help="database URL or SQLite file")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=port_number, default=7860, help="port, 1-65535 (default 7860)")

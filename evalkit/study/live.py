@@ -16,9 +16,13 @@ Gate (server side, with an injected ``clock``: tests drive time, never sleep):
 1. A trial can only be answered when it is the rater's *current* trial (the first unanswered, in
    order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
    which changes nothing.
-2. Its videos must all have been requested by the browser (``fetched`` is stored when the last
-   one is first requested); before that :class:`~.errors.NotLoaded`.
-3. One play-through of the longest video (less one frame) must have passed since ``fetched``;
+2. Every byte of its videos must have been delivered to the rater (``fetched`` is stored when
+   the union of the byte ranges sent, per video, covers the whole file: ``trials.delivered`` in
+   the database, so the videos of one trial may come from several server processes; a ``HEAD``
+   delivers nothing); before that :class:`~.errors.NotLoaded`.
+3. One play-through of the longest video (less one frame) must have passed since ``fetched``
+   (the start of the first response of the video whose delivery began last: a browser plays
+   while it loads);
    before that :class:`~.errors.TooSoon` with the wait.
 4. ``response_ms`` is measured here (answer arrival minus ``fetched``); the page's own figure is
    kept as ``client_ms``.
@@ -66,6 +70,24 @@ def media_name(key: str, trial_id: int, slot: str) -> str:
 
 MAX_TOKEN = 512               # characters; invite tokens are 43
 MAX_ID = 2**63 - 1            # database ids are 64-bit
+MAX_RANGES = 64               # disjoint byte ranges kept per video (a browser sends a few)
+
+
+def merge_ranges(ranges) -> list[list[int]]:
+    """Half-open byte ranges ``[start, stop)`` as their union: sorted, disjoint, adjacent ones
+    joined, empty ones dropped."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in ranges if int(b) > int(a)):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def covers(ranges, size: int) -> bool:
+    """Whether merged ``ranges`` hold every byte of a file of ``size`` bytes."""
+    return size <= 0 or (len(ranges) == 1 and ranges[0][0] <= 0 and ranges[0][1] >= size)
 
 
 def shown(value, limit: int = 60) -> str:
@@ -109,7 +131,7 @@ def check_client_ms(trial_id, client_ms) -> int | None:
     if client_ms is None:
         return None
     if isinstance(client_ms, bool) or not isinstance(client_ms, (int, float)) \
-            or not math.isfinite(client_ms):
+            or (isinstance(client_ms, float) and not math.isfinite(client_ms)):
         raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected a finite number of "
                         f"milliseconds, found {shown(client_ms)}")
     if client_ms < 0:
@@ -133,7 +155,7 @@ class RaterService:
         self._plans: dict[int, list[dict]] = {}  # rater id -> trials in order
         self._names: dict[int, dict] = {}       # rater id -> media name -> (trial id, slot, sha)
         self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media, key
-        self._seen: dict[int, set] = {}         # trial id -> slots requested (this process)
+        self._sizes: dict[str, int] = {}        # media sha256 -> bytes
         self._loaded: set[int] = set()          # trials whose ``fetched`` was read back (final)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         if self.db.is_sqlite:
@@ -149,7 +171,12 @@ class RaterService:
                             ratings.c.rater_id == trials.c.rater_id,
                             ratings.c.trial_id == trials.c.id)))
                         .where(trials.c.rater_id == bindparam("rid")))
-        self._q_one = select(trials.c.served, trials.c.fetched).where(trials.c.id == bindparam("tid"))
+        # locked (PostgreSQL; SQLite's BEGIN IMMEDIATE locks the database): deliveries of one
+        # trial are merged one after another, whichever process sent them
+        self._q_one = (select(trials.c.served, trials.c.fetched, trials.c.delivered)
+                       .where(trials.c.id == bindparam("tid")).with_for_update())
+        self._u_got = (trials.update().where(trials.c.id == bindparam("tid"))
+                       .values(delivered=bindparam("got")))
         self._u_served = (trials.update().where(trials.c.id == bindparam("tid"),
                                                 trials.c.served.is_(None))
                           .values(served=bindparam("at")))
@@ -181,10 +208,23 @@ class RaterService:
         return await asyncio.wrap_future(
             self.submit_job("answer", token, trial, answer, client_ms, client))
 
+    async def open_media(self, token: str, name: str) -> Path:
+        """The file behind a media name of one of the rater's handed-out trials, recording
+        nothing (the web app then reports what it sent: :meth:`delivered`);
+        :class:`~.errors.UnknownMedia` for anything else."""
+        return await asyncio.wrap_future(self.submit_job("media", token, name, False))
+
+    def delivered(self, token: str, name: str, start: int, stop: int,
+                  began: float | None = None) -> concurrent.futures.Future:
+        """Record that bytes ``[start, stop)`` of a media file went to the rater, by a response
+        that ``began`` then (this service's clock; default now): the web app, once they were
+        sent; nothing waits for it."""
+        return self.submit_job("delivered", token, name, int(start), int(stop), began)
+
     async def media(self, token: str, name: str) -> Path:
-        """The file behind a media name of one of the rater's handed-out trials (recording the
-        request for the gate); :class:`~.errors.UnknownMedia` for anything else."""
-        return await asyncio.wrap_future(self.submit_job("media", token, name))
+        """As :meth:`open_media`, for a script that reads the whole file: every byte of it
+        counts as delivered."""
+        return await asyncio.wrap_future(self.submit_job("media", token, name, True))
 
     def state_sync(self, token: str) -> dict:
         return self.submit_job("state", token).result()
@@ -193,7 +233,7 @@ class RaterService:
         return self.submit_job("answer", token, trial, answer, client_ms, client).result()
 
     def media_sync(self, token: str, name: str) -> Path:
-        return self.submit_job("media", token, name).result()
+        return self.submit_job("media", token, name, True).result()
 
     def progress(self, token: str) -> dict:
         """``{"done", "total", "finished"}``; hands nothing out."""
@@ -266,6 +306,8 @@ class RaterService:
                 return self._media(conn, *args, arrived=arrived), None
             if kind == "progress":
                 return self._progress(conn, *args), None
+            if kind == "delivered":
+                return self._delivered(conn, *args, arrived=arrived), None
             return self._answer(conn, *args, arrived=arrived), None
         except UserError as e:
             return None, e
@@ -362,27 +404,63 @@ class RaterService:
         done = sum(1 for v in self._live(conn, r["id"]).values() if v[2] is not None)
         return {"done": done, "total": len(plan), "finished": done >= len(plan)}
 
-    def _media(self, conn, token, name, *, arrived) -> Path:
+    def _hit(self, conn, token, name) -> tuple[dict, int, str, str]:
         r = self._rater(conn, token)
         self._plan(conn, r)
         hit = self._names[r["id"]].get(name) if isinstance(name, str) else None
         if hit is None:
             raise UnknownMedia()
-        tid, slot, sha = hit
+        return (r, *hit)
+
+    def _media(self, conn, token, name, whole, *, arrived) -> Path:
+        r, tid, slot, sha = self._hit(conn, token, name)
+        st = self._study(conn, r["study_id"])
+        if tid not in self._loaded:
+            if whole:
+                self._deliver(conn, r, tid, slot, 0, self._size(st, sha), arrived)
+            elif conn.execute(self._q_one, {"tid": tid}).one()[0] is None:
+                raise UnknownMedia()            # not handed out yet: as if it did not exist
+        return Path(st["media_dir"]) / f"{sha}.mp4"
+
+    def _delivered(self, conn, token, name, start, stop, began, *, arrived) -> None:
+        r, tid, slot, _ = self._hit(conn, token, name)
         if tid not in self._loaded:             # once stored, fetched never changes: no query
-            served, fetched = conn.execute(self._q_one, {"tid": tid}).one()
-            if served is None:                  # not handed out yet: as if it did not exist
-                raise UnknownMedia()
-            if fetched is None:
-                seen = self._seen.setdefault(tid, set())
-                seen.add(slot)
-                t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-                if seen >= set(t["shown"]):
-                    conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
-            else:                               # committed: read back from the database
-                self._loaded.add(tid)
-                self._seen.pop(tid, None)
-        return Path(self._study(conn, r["study_id"])["media_dir"]) / f"{sha}.mp4"
+            self._deliver(conn, r, tid, slot, start, stop, arrived if began is None else began)
+
+    def _size(self, st: dict, sha: str) -> int:
+        n = self._sizes.get(sha)
+        if n is None:
+            n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}.mp4").stat().st_size
+        return n
+
+    def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int,
+                 began: float) -> None:
+        """Add bytes ``[start, stop)`` of the trial's video in ``slot``, sent by a response
+        that ``began`` then, to what was delivered; once every video of the trial is covered
+        whole, ``fetched`` is stored (the gate's clock: the latest first response of a video,
+        as a browser plays while it loads)."""
+        served, fetched, got = conn.execute(self._q_one, {"tid": tid}).one()
+        if served is None:                      # not handed out yet: as if it did not exist
+            raise UnknownMedia()
+        if fetched is not None:                 # committed: read back from the database
+            self._loaded.add(tid)
+            return
+        st = self._study(conn, r["study_id"])
+        t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
+        got = dict(got or {})                   # slot -> {"ranges", "first"}
+        size = self._size(st, t["shown"][slot])
+        start, stop = max(0, start), min(size, stop)
+        if stop > start:
+            old = got.get(slot) or {"ranges": [], "first": began}
+            new = {"ranges": merge_ranges([*old["ranges"], [start, stop]]),
+                   "first": min(old["first"], began)}
+            if new != got.get(slot) and len(new["ranges"]) <= MAX_RANGES:
+                got[slot] = new
+                conn.execute(self._u_got, {"tid": tid, "got": got})
+        if all(slot in got and covers(got[slot]["ranges"], self._size(st, sha))
+               for slot, sha in t["shown"].items()):
+            conn.execute(self._u_fetched, {"tid": tid, "at": max(
+                got[s]["first"] for s in t["shown"])})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)

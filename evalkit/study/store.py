@@ -18,8 +18,12 @@ opened, newer ones are refused):
 - ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
   slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
-  then; added in schema version 3), fetched (seconds since the epoch when every video of the
-  trial had been requested by the rater's browser; version 4); unique (rater_id, ord)
+  then; added in schema version 3), fetched (seconds since the epoch when the last of the
+  trial's videos began to be delivered, stored once every byte of each went to the rater:
+  ``delivered``; version 4), delivered (JSON, version 5: slot -> ``{"ranges": [[start, stop),
+  ...], "first": t}``, the union of the byte ranges of that video sent to the rater and when the
+  first response carrying them began; ``fetched`` is the latest ``first`` once every video is
+  covered whole, as a browser plays while it loads); unique (rater_id, ord)
 - ``ratings``: id, study_id, rater_id, trial_id, answer, correct, response_ms (measured by the
   server: from ``fetched`` to the answer's arrival), shown, sources (the hidden mapping as
   shown), client, created, client_ms (the page's own response time, as sent; version 4);
@@ -114,6 +118,7 @@ trials = Table(
     Column("expected", String(16)),
     Column("served", Float),             # added in schema version 3
     Column("fetched", Float),            # added in schema version 4
+    Column("delivered", JSON),           # added in schema version 5
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
@@ -171,6 +176,7 @@ def _upgrade_3_to_4(conn) -> None:
 
 def _upgrade_4_to_5(conn) -> None:
     unblindings.create(conn, checkfirst=True)
+    conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
 
 
 def new_media_key() -> str:

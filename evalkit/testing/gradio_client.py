@@ -234,9 +234,10 @@ class GradioRater:
         return await self._event("answer", {"trial": trial, "answer": answer,
                                             "response_ms": response_ms, "nonce": self.nonce})
 
-    async def media(self, trial: dict | None = None, range_: str | None = "bytes=0-0") -> list[int]:
-        """GET every video of ``trial`` (default: the current state's) as a browser starting to
-        play it (a one-byte ``Range`` by default); returns the statuses."""
+    async def media(self, trial: dict | None = None, range_: str | None = None) -> list[int]:
+        """GET every video of ``trial`` (default: the current state's) whole, as a browser
+        playing it (the gate counts the bytes delivered; ``range_``: a ``Range`` header
+        instead); returns the statuses."""
         trial = trial if trial is not None else (self.state or {}).get("trial")
         out = []
         for name in (trial or {}).get("media", {}).values():

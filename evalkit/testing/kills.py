@@ -29,9 +29,8 @@ async def _rater(url, token, acked: list, stop: asyncio.Event, watch_s: float, e
                 if s.get("trial") is None:
                     return
                 t = s["trial"]
-                for name in t["media"].values():
-                    await c.get(f"/media/{name}", params={"token": token},
-                                headers={"Range": "bytes=0-0"})
+                for name in t["media"].values():    # whole: the gate counts bytes
+                    await c.get(f"/media/{name}", params={"token": token})
                 await asyncio.sleep(watch_s)
                 a = t["answers"][t["trial"] % len(t["answers"])]
                 r = await c.post("/api/answer", json={"token": token, "trial": t["trial"],

@@ -24,15 +24,19 @@ def free_port() -> int:
 
 
 class Server:
-    """``evalkit serve`` as a real process on 127.0.0.1; ``stop()`` ends it (the tests do)."""
+    """``evalkit serve`` as a real process on 127.0.0.1; ``stop()`` ends it (the tests do).
+    ``env``: extra environment variables (the server's limits, ``EVALKIT_SERVE_*``);
+    ``banner``: the line it printed on start."""
 
-    def __init__(self, db, port=None):
+    def __init__(self, db, port=None, env=None):
         self.db, self.port = str(db), port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
+        self.env = dict(env or {})
+        self.banner = ""
 
     def start(self, timeout=120):
-        env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False")
+        env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evalkit", "serve", "--db", self.db, "--host", "127.0.0.1",
              "--port", str(self.port), "--admin-password", ADMIN_PASSWORD,
@@ -44,6 +48,7 @@ class Server:
                 raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    self.banner = self.proc.stdout.readline()    # printed before listening
                     return self
             except httpx.HTTPError:
                 pass
