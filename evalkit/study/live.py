@@ -3,20 +3,22 @@
 
 Blindness (what a rater's browser can learn):
 
-- **Opaque media names.** A trial's videos are named ``HMAC-SHA256(study media key, "trial
-  id:slot")`` (:func:`media_name`): a name is unique to one slot of one trial of one rater, says
-  nothing about its content, and cannot be linked across raters, trials or studies. The server
-  maps a name back to the stored file; X never shares a name with the side it matches, and (the
-  study's media being encoded as matched sets) never shares its bytes either.
+- **One stream per trial.** A trial's videos are the tiles of one file (:mod:`.media`), named
+  ``HMAC-SHA256(study media key, "trial id:video")`` (:func:`media_name`): unique to one trial of
+  one rater, says nothing about its content, cannot be linked across raters, trials or studies.
+  The server maps the name back to the stored file. No file, size or byte belongs to one side.
+- **Tiles, not sides.** The page is told which rectangle of the stream each box shows
+  (``tiles``: slot -> [x, y, w, h]); the positions are drawn at random per trial, so they say
+  nothing about which side is which.
 - **Nothing else.** The public trial carries only the trial id, its position, the protocol, the
-  answer labels, the study's frame rate and the media names.
+  answer labels, the study's frame rate, the media name and the tiles.
 
 Gate (server side, with an injected ``clock``: tests drive time, never sleep):
 
 1. A trial can only be answered when it is the rater's *current* trial (the first unanswered, in
    order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
    which changes nothing.
-2. Its videos must all have been requested by the browser (``fetched`` is stored when the last
+2. Its video must have been requested by the browser (``fetched`` is stored when the last
    one is first requested); before that :class:`~.errors.NotLoaded`.
 3. One play-through of the longest video (less one frame) must have passed since ``fetched``;
    before that :class:`~.errors.TooSoon` with the wait.
@@ -304,17 +306,17 @@ class RaterService:
             key = self._study(conn, r["study_id"])["key"]
             names = {}
             for t in plan:
-                t["names"] = {slot: media_name(key, t["id"], slot) for slot in t["shown"]}
+                t["names"] = {"video": media_name(key, t["id"], "video")}
                 for slot, name in t["names"].items():
-                    names[name] = (t["id"], slot, t["shown"][slot])
+                    names[name] = (t["id"], slot, t["shown"]["media"])
             self._names[r["id"]] = names
             self._plans[r["id"]] = plan
         return plan
 
     def _seconds(self, st: dict, trial: dict) -> float:
-        """One play-through of a trial: its longest video."""
+        """One play-through of a trial: its stream."""
         out = 0.0
-        for sha in trial["shown"].values():
+        for sha in (trial["shown"]["media"],):
             s = st["seconds"].get(sha)
             if s is None:                       # a study made before durations were stored
                 s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}.mp4")
@@ -332,7 +334,8 @@ class RaterService:
         return {"trial": t["id"], "index": t["ord"] + 1, "total": total,
                 "protocol": design.page_protocol(st["protocol"]),
                 "answers": list(design.ANSWERS[st["protocol"]]),
-                "fps": st["fps"], "media": dict(t["names"])}
+                "fps": st["fps"], "media": dict(t["names"]),
+                "tiles": {slot: list(r) for slot, r in t["shown"]["tiles"].items()}}
 
     def _view(self, conn, st: dict, plan: list[dict], live: dict, at: float) -> dict:
         done = sum(1 for v in live.values() if v[2] is not None)
@@ -377,7 +380,7 @@ class RaterService:
                 seen = self._seen.setdefault(tid, set())
                 seen.add(slot)
                 t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-                if seen >= set(t["shown"]):
+                if seen >= set(t["names"]):
                     conn.execute(self._u_fetched, {"tid": tid, "at": arrived})
             else:                               # committed: read back from the database
                 self._loaded.add(tid)
