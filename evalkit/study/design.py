@@ -88,7 +88,7 @@ EASY_CATCHES = 8
 #: graded catch trials per rater: mild degradations, reported (are raters sensitive near the
 #: margin?), never used to exclude anyone
 GRADED_CATCHES = 2
-GRADED_KINDS = ("shift_mild",)
+GRADED_KINDS = ("hue_mild",)
 
 
 def n_catch(n_clips: int) -> int:

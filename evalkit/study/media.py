@@ -2,9 +2,9 @@
 
 **One stream per trial.** Every video of a trial (ABX: X, A and B; preference: left and right)
 is a *tile* of one H.264 stream (:func:`store_tiled`): the tiles side by side in one row, each in
-its own cell of a 16-pixel grid with a black 16-pixel gutter around it, so every tile starts on
-a macroblock edge and has the same black surroundings (its coding does not depend on its
-neighbours). Which tile goes where is drawn per trial (:func:`evalkit.study.design.assign`); the
+its own cell of a 16-pixel grid with a mid-grey 16-pixel gutter around it, so every tile starts
+on a macroblock edge and has the same surroundings (its coding does not depend on its
+neighbours; grey, the midpoint of the negative, so a negated tile meets the same edge contrast). Which tile goes where is drawn per trial (:func:`evalkit.study.design.assign`); the
 page is told the rectangle of each box's tile and draws each box from the one decoded frame, so
 sync is exact by construction. A file holds every pixel of every side: its size, its frame
 sizes, its NAL and slice lengths and its byte runs belong to no side. One slice per frame (one
@@ -20,8 +20,8 @@ tiles fit (3904 px); larger tiles are downscaled (area filter) to fit, and the l
 **Catch trials** (:func:`degrade`): the easy degradation is the colour negative of the
 reference (255 - value on every channel): plain to anyone, and its coded cost is the
 reference's (the transform coefficients and motion-compensated residuals only change sign), so a
-catch trial's file is as large as a test trial's of the same clip; the graded one is a 2-pixel
-shift, also cost-neutral. (Blur, coarse compression and dropped frames, used before, changed the
+catch trial's file is as large as a test trial's of the same clip; the graded one is a 20 degree
+hue rotation (the chroma vector turned: its energy, and so its coded cost, unchanged). (Blur, coarse compression and dropped frames, used before, changed the
 coded size by 5-30%: a script told catch trials from test trials by the file size alone.)
 
 Reproducible: the same tiles give the same file (on one kind of CPU: x264's SIMD code is not
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import mkstemp, sha256_file
-from ..video import BROWSER_ENCODING, BrowserEncoding, write_browser
+from ..video import BROWSER_ENCODING, write_browser
 
 #: x264 settings of every trial stream, on top of :data:`BROWSER_ENCODING` (``veryfast``, GOP
 #: 12, no B-frames, High profile): ``qp=12`` (constant QP instead of CRF 12: every slice header
@@ -50,8 +50,9 @@ from ..video import BROWSER_ENCODING, BrowserEncoding, write_browser
 #: addressing) and one thread (x264's output depends on its thread count; one thread is also one
 #: slice a frame, so slice lengths are frame sizes, never a tile's).
 TILED_X264 = "scenecut=0:no-mbtree=1:qp=12:weightp=0"
-#: the grid and gutter of a trial stream, in pixels (one macroblock)
+#: the grid and gutter of a trial stream, in pixels (one macroblock), and the gutter's value
 GUTTER = 16
+GUTTER_GREY = 128
 #: the widest stream (pixels) and the most macroblocks a frame (H.264 level 5.1: 36864, e.g.
 #: 4096x2304) a trial stream may have; larger tiles are downscaled to fit
 MAX_WIDTH = 4096
@@ -141,9 +142,9 @@ def tile_layout(n: int, height: int, width: int) -> dict:
 
 def tile_frames(tiles: list[np.ndarray], layout: dict) -> np.ndarray:
     """The frames of a trial stream: each tile (resized to ``layout["tile"]`` if it differs) in
-    its rectangle, black elsewhere."""
+    its rectangle, mid-grey (:data:`GUTTER_GREY`) elsewhere."""
     t = tiles[0].shape[0]
-    out = np.zeros((t, layout["height"], layout["width"], 3), np.uint8)
+    out = np.full((t, layout["height"], layout["width"], 3), GUTTER_GREY, np.uint8)
     w, h = layout["tile"]
     for frames, (x, y, _, _) in zip(tiles, layout["rects"]):
         if frames.shape[1:3] != (h, w):
@@ -178,15 +179,28 @@ def store_tiled(tiles: list[np.ndarray], fps, media_dir) -> tuple[str, dict]:
 
 def degrade(frames: np.ndarray, fps, kind: str) -> np.ndarray:
     """A degraded copy for catch trials (the kinds of :data:`.design.CATCH_KINDS` and
-    :data:`.design.GRADED_KINDS`). ``negative`` (easy; screening uses it): 255 - value on every channel, plain to anyone, and
-    it costs the encoder what the reference does. ``shift_mild`` (graded, reported only):
-    the picture moved 2 pixels right and down (edges repeated), seen when flickering."""
+    :data:`.design.GRADED_KINDS`). ``negative`` (easy; screening uses it): 255 - value on every
+    channel, plain to anyone, and it costs the encoder what the reference does. ``hue_mild``
+    (graded, reported only): the hue turned by 20 degrees (BT.601 chroma rotated about grey;
+    luma kept), a tint seen side by side or when flickering, at the reference's coded cost
+    (within 1.5% in the tests; a 2-pixel shift cost +1..8% from its repeated edges, a blur -13%
+    and more)."""
     if kind == "negative":
         return 255 - frames
-    if kind == "shift_mild":
-        return np.pad(frames, ((0, 0), (2, 0), (2, 0), (0, 0)), mode="edge")[:, :frames.shape[1],
-                                                                           :frames.shape[2]]
-    raise ValueError(f"kind: expected negative or shift_mild, found {kind!r}")
+    if kind == "hue_mild":
+        c, s = np.cos(np.radians(20.0)), np.sin(np.radians(20.0))
+        rot = np.array([[1, 0, 0], [0, c, -s], [0, s, c]], np.float32)
+        m = (np.linalg.inv(_YCC) @ rot @ _YCC).astype(np.float32)
+        out = np.empty_like(frames)
+        for i in range(0, len(frames), 8):      # a few frames at a time: float32 memory bounded
+            out[i:i + 8] = np.clip(frames[i:i + 8].astype(np.float32) @ m.T + 0.5, 0, 255)
+        return out
+    raise ValueError(f"kind: expected negative or hue_mild, found {kind!r}")
+
+
+#: RGB -> (Y, Cb, Cr) of BT.601 (offsets aside: the rotation is about grey)
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]],
+                np.float32)
 
 
 def avcc_nal_units(sample: bytes) -> list[bytes]:
