@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import http.server
 import threading
-from pathlib import Path
 
 import av
 import numpy as np
@@ -14,7 +13,6 @@ import pytest
 from scipy.ndimage import gaussian_filter
 
 from evalkit.study import media
-from evalkit.video import write_browser
 
 FPS = 24
 
