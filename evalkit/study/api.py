@@ -170,13 +170,16 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     # the rows and their catch draws are planned in clip order (the same draws as one clip at a
     # time); each clip's media are then made in a worker (:func:`.media.ordered_map`), the
     # results taken in clip order
+    # the rows with catch versions are drawn at random (the first rows of a report's order, or
+    # the worst clips, would differ from the rest in size and content: catch files told apart)
+    rank = np.random.default_rng([seed, 5]).permutation(n_rows).tolist()
     work = []
     for c in chosen:
         rows = []
         for k in ladder:
             i += 1
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(i, n_easy, per_row)]))
+                                for kind_ in _catch_kinds(rank[i], n_easy, per_row)]))
         work.append((c, rows))
 
     def clip_media(job) -> dict:
@@ -288,8 +291,9 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, x
 
 
 def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
-    """The catch versions of row ``i``: ``per_row`` easy ones for the first ``n_easy`` rows, a
-    graded one for the first :data:`.design.GRADED_CATCHES`."""
+    """The catch versions of the row of rank ``i`` (rows ranked at random): ``per_row`` easy
+    ones for the first ``n_easy`` ranks, a graded one for the first
+    :data:`.design.GRADED_CATCHES`."""
     kinds = []
     if i < n_easy:
         kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
