@@ -48,8 +48,8 @@ from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design
-from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, TooSoon, TrialNotAssigned,
-                     UnknownMedia, UnknownToken, UnknownTrial)
+from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
+                     TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
@@ -306,6 +306,10 @@ class RaterService:
             key = self._study(conn, r["study_id"])["key"]
             names = {}
             for t in plan:
+                if "media" not in t["shown"]:       # one file per video: made before streams
+                    raise StudyError(f"study {r['study_id']}: made before trial streams (one "
+                                     "file per video, which its sizes could tell apart); "
+                                     "create it again with `evalkit study create`")
                 t["names"] = {"video": media_name(key, t["id"], "video")}
                 for slot, name in t["names"].items():
                     names[name] = (t["id"], slot, t["shown"]["media"])
