@@ -335,11 +335,13 @@ def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, m
 def _store_catches(i, catches, fa, fb, fps, forced, media, pool, seconds, offsets=None) -> None:
     """The catch versions of row ``i`` (``catches``: (kind, reference from B), drawn by the
     caller, :func:`_catch_kinds`), each as trial streams of the reference and its degraded copy
-    (:func:`_streams`). Each reference is its source shifted by the next of the clip's unused
-    ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so no two
+    (:func:`_streams`). Each reference is its source mirrored left to right and shifted by the
+    next of the clip's unused ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so no two
     catch versions of a clip share a reference picture, nor a test trial's."""
     for kind, from_b in catches:
-        src = fb if from_b else fa
+        # mirrored: a colour offset alone left the chroma, and so runs of coded bytes, the same
+        # as the clip's test trial's (a script matched a catch to its clip by shared byte runs)
+        src = (fb if from_b else fa)[:, :, ::-1]
         if offsets is None:
             ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
         else:
