@@ -9,8 +9,7 @@ families, then guesses on held-out studies of two other families: which box matc
 shows backend B, which box of a catch trial is the reference, which of a (catch, test) pair is
 the catch. Every predictor is counted on at least 100 distinct trials (or pairs) and must be
 consistent with chance: two-sided exact binomial p > 0.001 (with about 70 predictors, one
-p < 0.001 by chance happens in about 7% of seeds: the seed is fixed), except the one known
-leak (:data:`KNOWN_LEAKS`). A bot that answers with
+p < 0.001 by chance happens in about 7% of seeds: the seed is fixed). A bot that answers with
 the best rule on the training studies is screened by the study's own catch rule and must pass
 at the rate of a random clicker.
 """
@@ -23,13 +22,10 @@ from evalkit import study
 from evalkit.testing import attack
 
 LEVEL = 0.001
-#: predictors known to beat chance, with the full run's figures (benchmarks/README.md): a catch
-#: version's clip is also one of the rater's test trials, so a catch file has a near twin in
-#: per-frame coded sizes among the rater's trials (a random test file has one only if its clip
-#: got a catch version): "the file with the nearer twin is the catch" was right 63-77% of the
-#: time. It tells which trials are catches, not their answer: the file-reading bot below is
-#: still screened like a random clicker. Counted here, not asserted at chance.
-KNOWN_LEAKS = {("catch or test: which of a pair is the catch", "twin")}
+# (Before catch references were mirrored, a catch file had a near twin in per-frame coded sizes,
+# and shared 12-byte runs, with its clip's test trial among the rater's trials: "the file with
+# the nearer twin is the catch" was right 63-77% of the time in the full run; mirrored: 50-57%,
+# p >= 0.06.)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +64,7 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
             or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
             assert r["n"] >= 100, (question, feature, r)
-            if r["p"] <= LEVEL and (question, feature) not in KNOWN_LEAKS:
+            if r["p"] <= LEVEL:
                 bad.append((question, feature, r))
     assert not bad, bad
 
