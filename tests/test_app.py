@@ -53,7 +53,7 @@ def export(server, sid, which="ratings"):
 
 def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=None,
          each=None):
-    """Answer every trial through the page; returns {trial id: (answer, media shown)}.
+    """Answer every trial through the page; returns {trial id: (answer, public trial)}.
     ``how``: the ways of answering, taken in turn; ``each(page, trial)`` runs at every trial
     once its answers are enabled."""
     clicks = {}
@@ -71,7 +71,7 @@ def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=N
         a = t["answers"][(t["index"] + t["trial"]) % len(t["answers"])]
         new = answer(page, a, how[n % len(how)])
         assert "error" not in new and new["progress"]["done"] == t["index"], new
-        clicks[t["trial"]] = (a, t["media"])
+        clicks[t["trial"]] = (a, t)
         n += 1
         state = new
         if reload_after == n and state["trial"] is not None:
@@ -93,11 +93,13 @@ def check_csv(env, sid, clicks):
     assert len(rows) == len(clicks) and len({r["rater"] for r in rows}) == 1
     for r in rows:
         tid = int(r["trial"])
-        answer, media = clicks[tid]
+        answer, public = clicks[tid]
         h = hidden(env["db"], tid)
         assert r["answer"] == answer
         assert json.loads(r["positions"]) == h["shown"]
-        assert media == {k: media_name(key(env["db"], sid), tid, k) for k in h["shown"]}
+        # one stream per trial, under one opaque name; the page is told each box's tile
+        assert public["media"] == {"video": media_name(key(env["db"], sid), tid, "video")}
+        assert public["tiles"] == h["shown"]["tiles"]
         assert json.loads(r["backend_per_side"]) == h["sources"]
         if h["expected"]:
             assert r["correct"] == str(int(answer == h["expected"]))
@@ -105,14 +107,14 @@ def check_csv(env, sid, clicks):
 
 
 def check_layout(page, view, trial):
-    """The whole trial on one screen: at 1280x800 every video and answer button lies inside the
+    """The whole trial on one screen: at 1280x800 every box and answer button lies inside the
     viewport; on a phone the answers and controls do and nothing runs off the sides; the page
     never scrolls sideways, and a touch screen gets no keyboard hints."""
-    g = layout(page, ["video", "#answers button", "#controls button", ".ek-head"])  # one read
+    g = layout(page, [".ek-stage canvas", "#answers button", "#controls button", ".ek-head"])
     vw, vh, sw, sh = g["vw"], g["vh"], g["sw"], g["sh"]
     assert sw <= vw, (sw, vw)
-    videos = g["boxes"]["video"]
-    assert sorted(b["slot"] for b in videos) == sorted(trial["media"])
+    videos = g["boxes"][".ek-stage canvas"]
+    assert sorted(b["slot"] for b in videos) == sorted(trial["tiles"])
     assert all(b["w"] >= 100 and b["h"] >= 60 for b in videos), videos   # big enough to judge
     assert inside(g["boxes"]["#answers button"], vw, vh), g
     assert inside(g["boxes"]["#controls button"], vw, vh), g
@@ -164,15 +166,17 @@ def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol, view
     media = [u for u in urls if "/media/" in u]
     assert media and all(re.search(r"/media/[0-9a-f]{40}\.mp4\?token=", u) for u in media)
     texts = [httpx.get(f"{server.url}/?token={token}").text]
-    texts += [json.dumps(m) for _, m in clicks.values()]
+    texts += [json.dumps(m["media"]) for _, m in clicks.values()]
     # random media names and the token masked: hex and base64 hold "bf16" by chance
     haystack = re.sub(r"[0-9a-f]{40}\.mp4", "NAME.mp4", "\n".join([*dom, *urls, *texts]))
     haystack = haystack.replace(token, "TOKEN")
     for s in env["secret"]:
         assert s not in haystack, s
-    # the positions shown are the server-side assignment's
+    # the boxes shown are the server-side assignment's, each its own tile of the one stream
     for tid, (_, m) in clicks.items():
-        assert set(m) == ({"left", "right"} if protocol == "preference" else {"X", "A", "B"})
+        assert set(m["tiles"]) == ({"left", "right"} if protocol == "preference"
+                                   else {"X", "A", "B"})
+        assert len({tuple(r) for r in m["tiles"].values()}) == len(m["tiles"])
 
 
 SWAPS = {"preference": {"f": ("left", "right")},
@@ -181,9 +185,10 @@ SWAPS = {"preference": {"f": ("left", "right")},
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
 def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
-    """Every video of a trial shows the same frame within one frame while playing, and the same
-    frame after pause, frame steps (buttons and keys) and play; each swap (X with A, X with B,
-    A with B; left with right) exchanges two videos in place and back; zoom is full size."""
+    """Every box of a trial shows its tile of the same decoded frame (one stream: the same
+    stream time in every box, exactly) while playing, after pause, frame steps (buttons and keys)
+    and play; each swap (X with A, X with B, A with B; left with right) exchanges two boxes in
+    place and back; zoom is the tile's full size."""
     server = env["server"]
     token = study.invite(env["db"], env["sids"][protocol], 1)[0]["token"]
     n = 3 if protocol == "abx" else 2
@@ -191,13 +196,16 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
     page = ctx.new_page()
     try:
         open_page(page, server.url, token)
+        # not before one play-through (read as the first trial is rendered: its 8 frames at
+        # 12 fps play through in 0.67 s)
+        assert page.is_disabled("#answers button")
         page.click("#btn-close-help")
-        page.wait_for_selector("#answers button")
-        assert page.is_disabled("#answers button")          # not before one play-through
         page.wait_for_function(f"window.evalkitPlayers().length === {n} && "
-                               "window.evalkitPlayers().every(p => p.ready === 4)", timeout=30000)
+                               "window.evalkitPlayers().every(p => p.ready === 4 && p.t >= 0)",
+                               timeout=30000)
         players = lambda: page.evaluate("window.evalkitPlayers()")  # noqa: E731
         assert all(p["fps"] == FPS for p in players())              # the study's, from the server
+        assert all(p["streams"] == 1 for p in players())           # one stream per trial
 
         def spread(ps):
             d = ps[0]["duration"]
@@ -211,7 +219,7 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
             page.wait_for_timeout(70)
         assert any(abs(s[0]["t"] - t0) > 1e-3 for s in samples)          # time advances
         assert all(not p["paused"] for s in samples for p in s)
-        assert max(spread(s) for s in samples) <= FRAME, samples          # playing: in sync
+        assert max(spread(s) for s in samples) == 0, samples              # playing: one frame
         page.wait_for_function(ENABLED, timeout=30000)
         page.keyboard.press(" ")                                         # pause
         page.wait_for_timeout(200)
@@ -244,9 +252,9 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
         page.wait_for_timeout(300)
         assert not any(p["paused"] for p in players())
         ps = players()
-        assert spread(ps) <= FRAME, ps                                    # play again: in sync
+        assert spread(ps) == 0, ps                                        # play again: one frame
         # each swap exchanges two videos in place (by key, then back by its button)
-        box = lambda s: page.locator(f"video[data-slot='{s}']").bounding_box()  # noqa: E731
+        box = lambda s: page.locator(f"canvas[data-slot='{s}']").bounding_box()  # noqa: E731
         home = {s: box(s) for pair in SWAPS[protocol].values() for s in pair}
         for k, (a, b) in SWAPS[protocol].items():
             page.keyboard.press(k)
@@ -258,13 +266,14 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
             assert {s: box(s) for s in home} == home
         page.keyboard.press("f")                                          # swapped, still in sync
         page.wait_for_timeout(200)
-        assert spread(players()) <= FRAME
+        assert spread(players()) == 0
         page.keyboard.press("f")
-        # zoom: full size (natural width)
+        # zoom: full size (the tile's width in the stream)
         page.keyboard.press("z")
-        w = page.evaluate("(() => { const v = document.querySelector('video');"
-                          " return [v.getBoundingClientRect().width, v.videoWidth]; })()")
-        assert abs(w[0] - w[1]) < 1, w
+        w = page.evaluate("(() => { const v = document.querySelector('.ek-stage canvas');"
+                          " return [v.getBoundingClientRect().width, v.width]; })()")
+        tile = page.evaluate("window.evalkitState().state.trial.tiles")
+        assert abs(w[0] - w[1]) < 1 and w[1] == next(iter(tile.values()))[2], w
         page.keyboard.press("z")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"rater-{protocol}-controls.png"))

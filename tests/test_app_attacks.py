@@ -121,7 +121,7 @@ def test_every_response_carries_the_security_headers(env):
     asset = next(p for p in page.text.split('"') if p.startswith(("/assets/", "./assets/"))
                  and p.endswith(".js"))
     urls = [f"/?token={tok}", "/", "/admin/", "/healthz", f"/api/trial?token={tok}",
-            f"/media/{t['media']['left']}?token={tok}", f"/media/{'0' * 40}.mp4",
+            f"/media/{t['media']['video']}?token={tok}", f"/media/{'0' * 40}.mp4",
             f"/export/{env['sid']}/ratings.csv", "/favicon.ico", "/nothing-here",
             "/" + asset.lstrip("./")]
     for path in urls:
@@ -161,12 +161,12 @@ def test_a_link_in_the_media_folder_is_not_followed(env, tmp_path):
     with store.open_db(db).engine.connect() as conn:
         media_dir = conn.execute(store.studies.select().with_only_columns(store.studies.c.media_dir)
                                  .where(store.studies.c.id == env["sid"])).scalar_one()
-    f = os.path.join(media_dir, hidden(db, t["trial"])["shown"]["left"] + ".mp4")
+    f = os.path.join(media_dir, hidden(db, t["trial"])["shown"]["media"] + ".mp4")
     saved = tmp_path / "saved.mp4"
     os.replace(f, saved)
     try:
         os.symlink(env["root"] / "secret.mp4", f)
-        r = httpx.get(f"{u}/media/{t['media']['left']}", params={"token": tok})
+        r = httpx.get(f"{u}/media/{t['media']['video']}", params={"token": tok})
         assert r.status_code == 404 and b"not for raters" not in r.content
     finally:
         os.unlink(f)

@@ -85,14 +85,14 @@ def test_refusals(env, server):
                       headers={"content-type": "application/json"}).status_code == 400
     assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
     # media: only by the opaque names of the rater's own handed-out trials
-    name = mine["media"]["left"]
+    name = mine["media"]["video"]
     r = httpx.get(f"{u}/media/{name}", params={"token": t1})
     assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
     assert "last-modified" not in r.headers and "etag" not in r.headers
     assert httpx.get(f"{u}/media/{name}").status_code == 404
     assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 404
     assert httpx.get(f"{u}/media/{name}", params={"token": t2}).status_code == 404
-    sha = hidden(db, mine["trial"])["shown"]["left"]
+    sha = hidden(db, mine["trial"])["shown"]["media"]
     for bad in ("secret.mp4", "..%2Fsecret.mp4", "..%2Fs.db", "%2E%2E%2Fsecret.mp4",
                 name.upper(), name + "x", "0" * 40 + ".mp4", f"{sha}.mp4", f"{sha[:40]}.mp4"):
         r = httpx.get(f"{u}/media/{bad}", params={"token": t1})

@@ -45,7 +45,7 @@ def test_load_media_answer_through_gradio_events(env):
             first = await g.load()
             t = first["trial"]
             assert t["index"] == 1 and first["progress"]["done"] == 0, first
-            assert "left" in t["answers"] and set(t["media"]) >= {"left", "right"}
+            assert "left" in t["answers"] and set(t["tiles"]) == {"left", "right"}
             assert all(s in (200, 206) for s in await g.media()), "media refused"
             # at once: refused with the time left, the trial stays, nothing stored
             early = await g.answer(t["trial"], "left", 5)

@@ -155,17 +155,16 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
     assert "study media" in capsys.readouterr().err
 
 
-def test_blur_catch_version_by_frame_groups_is_the_whole_clip_filter():
-    from scipy.ndimage import gaussian_filter
-
-    from evalkit.study.media import degrade
+def test_hue_catch_version_by_frame_groups_is_the_whole_clip_transform():
+    from evalkit.study import media
 
     frames = ClipReader(DATASETS / "smoke" / "clips" / "hubble_object.mkv").read()
     frames = np.concatenate([frames, frames[::-1], frames[:3]])      # 19 frames: 8 + 8 + 3
-    for kind, s in (("blur", max(2.0, 64 / 20)), ("blur_mild", max(0.7, 64 / 160))):
-        whole = np.clip(gaussian_filter(frames.astype(np.float32), sigma=(0, s, s, 0)) + 0.5,
-                        0, 255).astype(np.uint8)
-        assert np.array_equal(degrade(frames, 24, kind), whole)
+    c, s = np.cos(np.radians(20.0)), np.sin(np.radians(20.0))
+    rot = np.array([[1, 0, 0], [0, c, -s], [0, s, c]], np.float32)
+    m = (np.linalg.inv(media._YCC) @ rot @ media._YCC).astype(np.float32)
+    whole = np.clip(frames.astype(np.float32) @ m.T + 0.5, 0, 255).astype(np.uint8)
+    assert np.array_equal(media.degrade(frames, 24, "hue_mild"), whole)
 
 
 def test_study_plan_reports_each_simulation():

@@ -52,9 +52,10 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert sorted(r[0] for r in con.execute("select job from clips")) == sorted(worst)
     assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
     # media: content-hash file names on disk (never sent to raters), nothing about backend,
-    # run or job in the bytes; 4 per clip (both sides and their X encodings), 3 per catch
+    # run or job in the bytes; one stream per arrangement of a trial's tiles: 6 per clip (X
+    # and its match, the other side, in every order), 3 per catch version (X the reference)
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 4 + 10 * 3 and not (tmp_path / "media").exists()   # its own folder
+    assert len(media) == 4 * 6 + 10 * 3 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
@@ -77,10 +78,10 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert len(tokens) == 4
     stored = {r[0] for r in con.execute("select token_sha256 from raters")}
     assert all(t not in stored and study.api.token_hash(t) in stored for t in tokens)
-    # the public trial: opaque per-trial names and slots only
+    # the public trial: one opaque per-trial name, and the tile of each slot
     t = current(str(db), tokens[0])
-    assert set(t["media"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
-    assert len(set(t["media"].values())) == 3
+    assert set(t["tiles"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
+    assert list(t["media"]) == ["video"]
     assert not any((tmp_path / "s.media" / m).exists() for m in t["media"].values())
     # the random media names masked: 40 hex digits hold "bf16" by chance
     public = json.dumps({**t, "media": {k: "NAME" for k in t["media"]}})
@@ -520,13 +521,12 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         with pytest.raises(study.NotLoaded, match="videos of this trial were not loaded"):
             post(tok, t["trial"], "A")
         names = list(t["media"].values())
-        svc.media_sync(tok, names[0])
-        svc.media_sync(tok, names[1])
-        with pytest.raises(study.NotLoaded):          # one video still not requested
-            post(tok, t["trial"], "A")
+        assert len(names) == 1                        # one stream per trial
         with pytest.raises(study.UnknownMedia):       # not a name of this rater's trials
-            svc.media_sync(tok2, names[2])
-        svc.media_sync(tok, names[2])
+            svc.media_sync(tok2, names[0])
+        with pytest.raises(study.NotLoaded):          # still not requested by its rater
+            post(tok, t["trial"], "A")
+        svc.media_sync(tok, names[0])
         assert hidden(db, t["trial"])["fetched"] == clock.now
         need = 8 / 24 - 1 / 24
         clock.advance(need - 0.01)

@@ -9,15 +9,57 @@ import pytest
 from evalkit.study import design, stats
 
 
+RECTS = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
+
+
+def _streams(name, catch=False):
+    """Fake trial streams of a row (or catch version): one per arrangement, named by it."""
+    keys = design.stream_keys("abx", catch) + design.stream_keys("preference", catch)
+    return {"rects": RECTS, "files": {k: f"{name}-{k}" for k in keys}}
+
+
 def _clips(n, seed=0):
     swap, x = design.base_bits(n, seed)
-    return [{"id": i + 1, "media_a": f"a{i}", "media_b": f"b{i}", "base_swap": swap[i],
-             "base_x": x[i]} for i in range(n)]
+    return [{"id": i + 1, "base_swap": swap[i], "base_x": x[i], "streams": _streams(f"c{i}")}
+            for i in range(n)]
 
 
-POOL = [{"clip_id": 1, "kind": "blur", "reference": "a0", "degraded": "d0"},
-        {"clip_id": 2, "kind": "compression", "reference": "a1", "degraded": "d1"},
-        {"clip_id": 3, "kind": "dropped_frames", "reference": "a2", "degraded": "d2"}]
+POOL = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)}
+        for i in range(3)] + [{"clip_id": 1, "kind": "hue_mild", "streams": _streams("g", True)}]
+
+
+def test_stream_keys_cover_every_arrangement():
+    assert design.stream_keys("preference") == ["ab", "ba"]
+    assert design.stream_keys("preference", True) == ["rd", "dr"]
+    assert sorted(design.stream_keys("abx")) == ["aab", "aba", "abb", "baa", "bab", "bba"]
+    assert sorted(design.stream_keys("abx", True)) == ["drr", "rdr", "rrd"]
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_each_box_shows_its_sides_tile_and_positions_are_uniform(protocol):
+    """The stream a trial shows holds, in each box's tile, that slot's content; the tile of each
+    slot is drawn at random per trial: every slot is in every position about equally often,
+    whatever the answer."""
+    clips = _clips(12)
+    letter = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
+    pos = Counter()
+    n = 0
+    for k in range(40):
+        for t in design.assign(protocol, clips, POOL, k, design.rater_seed(3, k)):
+            arrangement = t["shown"]["media"].rsplit("-", 1)[1]
+            tiles = t["shown"]["tiles"]
+            assert set(tiles) == set(t["sources"])
+            for slot, rect in tiles.items():
+                assert arrangement[RECTS.index(rect)] == letter[t["sources"][slot]]
+            assert len({tuple(r) for r in tiles.values()}) == len(tiles)
+            answer = t["expected"] or t["sources"]["left"]
+            for slot, rect in tiles.items():
+                pos[(answer, slot, RECTS.index(rect))] += 1
+            n += 1
+    slots = 2 if protocol == "preference" else 3
+    for (answer, slot, _), c in pos.items():
+        total = sum(v for (a, s, _), v in pos.items() if (a, s) == (answer, slot))
+        assert abs(c / total - 1 / slots) < 0.08, (answer, slot, c, total)
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
@@ -29,8 +71,10 @@ def test_assignment_balance_uniqueness_catch_and_seed(protocol):
         catches = [t for t in plan if t["kind"] == "catch"]
         # each clip exactly once per rater, catch trials present with a known answer
         assert sorted(t["clip_id"] for t in tests) == [c["id"] for c in clips]
-        assert len(catches) == design.n_catch(10) and all(t["expected"] for t in catches)
-        assert {t["catch_kind"] for t in catches} <= set(design.CATCH_KINDS)
+        assert len(catches) == design.n_catch(10) + design.GRADED_CATCHES
+        assert all(t["expected"] for t in catches)
+        assert Counter(design.catch_grade(t["catch_kind"]) for t in catches) == {
+            "easy": design.n_catch(10), "graded": design.GRADED_CATCHES}
         for t in catches:   # the degraded side is one of the two compared videos
             assert "degraded" in t["sources"].values() and "reference" in t["sources"].values()
             slot = [s for s, v in t["sources"].items() if v == "reference" and s != "X"][0]

@@ -144,8 +144,11 @@ def test_stimuli_amplify_the_real_difference(env):
     # each (clip, level) is one row of the clips table: its B side is that level's stimulus
     lp_rows = sorted(r["lpips_mean"] for r in env["rows"])
     assert lp_rows == sorted(s["metrics"]["lpips"] for s in cfg["stimuli"].values())
-    assert all(r["media_a_alt"] and r["media_b_alt"] for r in env["rows"])
-    assert len({r["media_b"] for r in env["rows"]}) == len(env["rows"])
+    # each row: one stream per ABX arrangement of its tiles, no file shared between rows
+    streams = [env["config"]["streams"][str(r["id"])] for r in env["rows"]]
+    assert all(sorted(s["files"]) == sorted(design.stream_keys("abx")) for s in streams)
+    files = [f for s in streams for f in s["files"].values()]
+    assert len(set(files)) == len(files)
 
 
 def test_blur_ladder_for_comparison(env, cli, tmp_path):
@@ -173,13 +176,16 @@ def test_blur_ladder_for_comparison(env, cli, tmp_path):
 # -- design --------------------------------------------------------------------------------------
 
 def test_design_is_balanced_interleaved_and_reproducible():
-    rows = [{"id": i + 1, "media_a": f"a{i}", "media_b": f"s{i}", "media_a_alt": f"a{i}x",
-             "media_b_alt": f"s{i}x"} for i in range(12)]          # 3 clips x 4 levels
+    rects = [[16, 16, 8, 8], [40, 16, 8, 8], [64, 16, 8, 8]]
+
+    def streams(name, catch=False):
+        return {"rects": rects, "files": {k: f"{name}{k}" for k in design.stream_keys("abx", catch)}}
+    rows = [{"id": i + 1, "streams": streams(f"s{i}")} for i in range(12)]   # 3 clips x 4 levels
     level = {r["id"]: LEVELS[i % 4] for i, r in enumerate(rows)}
     swap, xbit = design.base_bits(len(rows), 7)
     for r, s, x in zip(rows, swap, xbit):
         r["base_swap"], r["base_x"] = s, x
-    pool = [{"clip_id": 1, "kind": k, "reference": "r", "degraded": "d", "reference_alt": "rx"}
+    pool = [{"clip_id": 1, "kind": k, "streams": streams(f"k{k}", True)}
             for k in design.CATCH_KINDS + design.GRADED_KINDS]
     plans = [design.assign("threshold", rows, pool, k, design.rater_seed(7, k)) for k in range(8)]
     assert plans[3] == design.assign("threshold", rows, pool, 3, design.rater_seed(7, 3))
@@ -194,7 +200,8 @@ def test_design_is_balanced_interleaved_and_reproducible():
         assert sum(t["sources"]["A"] == "a" for t in tests) == 6
         for t in tests:
             assert t["expected"] == ("A" if t["sources"]["A"] == t["sources"]["X"] else "B")
-            assert t["shown"]["X"] != t["shown"][t["expected"]]     # X is another encoding
+            # X and its match: two tiles of the trial's one stream
+            assert t["shown"]["tiles"]["X"] != t["shown"]["tiles"][t["expected"]]
         seq = [level[t["clip_id"]] for t in tests]
         assert seq != sorted(seq) and seq != sorted(seq, reverse=True)
         # interleaved: levels not in blocks (some level change between neighbours >= 6 times)
@@ -229,7 +236,7 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
         seen = 0
         while state["trial"] is not None:
             t = state["trial"]
-            assert t["protocol"] == "abx" and sorted(t["media"]) == ["A", "B", "X"]
+            assert t["protocol"] == "abx" and sorted(t["tiles"]) == ["A", "B", "X"]
             assert "level" not in json.dumps(t)
             page.wait_for_function(ENABLED, timeout=30000)
             state = answer(page, pick(t), "click" if seen % 2 else "key")

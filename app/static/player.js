@@ -1,9 +1,11 @@
 // The synced player of the rater page: the body of gr.HTML's js_on_load (element, trigger,
 // props, watch are Gradio's). The value is the study service's view of the rater: {progress,
 // trial, completion_code} from the load and answer events, plus notice / error / fatal. One
-// trial at a time; looping players kept in sync; frame step; swapping any two videos in place;
-// zoom; answers enabled after one play-through; keys on a keyboard, buttons on a touch screen.
-// Server data is only ever set as text or attributes, never as HTML.
+// trial at a time, one stream per trial: its videos are tiles of one H.264 file, played by one
+// hidden <video>; each box is a <canvas> that draws its tile (trial.tiles[slot] = [x, y, w, h])
+// from the same decoded frame, so the boxes are in sync by construction; frame step; swapping
+// any two boxes in place; zoom; answers enabled after one play-through; keys on a keyboard,
+// buttons on a touch screen. Server data is only ever set as text or attributes, never as HTML.
 const DEFAULT_FPS = 24, STEP_EPS = 0.001, REPLY_TIMEOUT_MS = 20000;
 let FPS = DEFAULT_FPS, FRAME = 1 / FPS;
 const LABELS = {left: "Left", right: "Right", same: "No difference", A: "A is X", B: "B is X"};
@@ -17,7 +19,7 @@ const KEYS = {
 };
 const root = element.querySelector(".ek");
 const $ = (id) => element.querySelector("#" + id);
-let cur = null, videos = [], watched = 0, lastTick = null, shownAt = 0, busy = false;
+let cur = null, videos = [], boxes = [], watched = 0, lastTick = null, shownAt = 0, busy = false;
 let playing = true, enabled = false, swapped = null, nonce = 0, waiting = null, last = null;
 let replies = 0;
 
@@ -35,24 +37,51 @@ function showHelp(on) {
   $("btn-help").setAttribute("aria-expanded", String(on));
 }
 
-function cell(slot, name, i) {
+// one box: a label and a canvas the size of its tile
+function cell(slot, rect, i) {
   const c = document.createElement("div");
   c.className = "cell"; c.dataset.slot = slot; c.style.order = String(i);
   const l = document.createElement("div");
   l.className = "label"; l.textContent = SLOT_LABELS[slot] || slot;
-  const v = document.createElement("video");
-  v.muted = true; v.loop = true; v.playsInline = true; v.preload = "auto"; v.autoplay = true;
-  v.dataset.slot = slot;
-  // relative: the page may sit under a path prefix; the token is the page's own
-  const token = new URLSearchParams(location.search).get("token") || "";
-  v.src = "media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token);
-  c.appendChild(l); c.appendChild(v);
+  const cv = document.createElement("canvas");
+  cv.dataset.slot = slot; cv.width = rect[2]; cv.height = rect[3];
+  c.appendChild(l); c.appendChild(cv);
+  boxes.push({slot: slot, canvas: cv, ctx: cv.getContext("2d"), rect: rect, drawn: null});
   return c;
 }
 
+// the trial's one stream (never shown itself: the boxes draw its tiles)
+function stream(name) {
+  const v = document.createElement("video");
+  v.muted = true; v.loop = true; v.playsInline = true; v.preload = "auto";
+  v.className = "ek-source"; v.setAttribute("aria-hidden", "true");
+  // relative: the page may sit under a path prefix; the token is the page's own
+  const token = new URLSearchParams(location.search).get("token") || "";
+  v.src = "media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token);
+  const redraw = () => draw();
+  v.addEventListener("seeked", redraw); v.addEventListener("loadeddata", redraw);
+  if (v.requestVideoFrameCallback) {
+    const onFrame = () => { if (videos[0] === v) { draw(); v.requestVideoFrameCallback(onFrame); } };
+    v.requestVideoFrameCallback(onFrame);
+  }
+  return v;
+}
+
+// every box from the one current frame of the stream
+function draw() {
+  const v = videos[0];
+  if (!v || v.readyState < 2) return;
+  const t = v.currentTime;
+  for (const b of boxes) {
+    const r = b.rect;
+    b.ctx.drawImage(v, r[0], r[1], r[2], r[3], 0, 0, r[2], r[3]);
+    b.drawn = t;
+  }
+}
+
 function stopVideos() {
-  videos.forEach((v) => { v.pause(); v.removeAttribute("src"); v.load(); });
-  videos = [];
+  videos.forEach((v) => { v.pause(); v.removeAttribute("src"); v.load(); v.remove(); });
+  videos = []; boxes = [];
 }
 
 function finish(state) {
@@ -73,9 +102,11 @@ function renderTrial(t) {
   root.dataset.protocol = t.protocol;
   const order = t.protocol === "abx" ? ["X", "A", "B"] : ["left", "right"];
   const stage = $("stage");
-  stage.replaceChildren(...order.filter((s) => s in t.media).map((s, i) => cell(s, t.media[s], i)));
+  stage.replaceChildren(...order.filter((s) => s in t.tiles).map((s, i) => cell(s, t.tiles[s], i)));
   stage.dataset.count = String(stage.children.length);
-  videos = Array.from(stage.querySelectorAll("video"));
+  const v = stream(Object.values(t.media)[0]);
+  root.appendChild(v);
+  videos = [v];
   const swaps = $("swaps"); swaps.replaceChildren();
   for (const [a, b, k] of SWAPS[t.protocol] || []) {
     const btn = document.createElement("button");
@@ -128,17 +159,14 @@ function enableAnswers() {
   element.querySelectorAll("#answers button").forEach((b) => { b.disabled = busy; });
 }
 
-// one loop drives sync and the play-through count: followers snap to the first video
+// one loop draws the boxes and counts the play-through (one stream: nothing to keep in sync)
 function tick(now) {
   if (!element.isConnected) return;
   if (videos.length) {
     const m = videos[0];
+    draw();
     if (playing && !m.paused && m.readyState >= 2) {
       if (lastTick !== null) watched += (now - lastTick) / 1000 * m.playbackRate;
-      for (const o of videos.slice(1)) {
-        if (o.paused) o.play().catch(() => {});
-        if (Math.abs(o.currentTime - m.currentTime) > FRAME / 2) o.currentTime = m.currentTime;
-      }
       if (!enabled && m.duration && watched >= m.duration) enableAnswers();
     }
     lastTick = (playing && !m.paused) ? now : null;
@@ -156,8 +184,6 @@ function setPlaying(on) {
   if (on) { videos.forEach((v) => v.play().catch(() => {})); }
   else {
     videos.forEach((v) => v.pause());
-    const t = videos[0].currentTime;
-    videos.slice(1).forEach((v) => { v.currentTime = t; });
   }
 }
 
@@ -177,7 +203,7 @@ function step(n) {
   seekTo(k * FRAME + STEP_EPS);
 }
 
-// swap two videos in place (their cells exchange grid positions; playback goes on)
+// swap two boxes in place (their cells exchange grid positions; playback goes on)
 function toggleSwap(a, b) {
   const key = a + "-" + b, on = swapped !== key;
   const cells = Array.from($("stage").children);
@@ -234,9 +260,11 @@ document.addEventListener("keydown", (e) => {
   if (a) { e.preventDefault(); answer(a); }
 });
 
-// test hooks (read-only): the players' sync state and the last reply of the service
-window.evalkitPlayers = () => videos.map((v) => ({slot: v.dataset.slot, t: v.currentTime,
-  paused: v.paused, ready: v.readyState, duration: v.duration, fps: FPS}));
+// test hooks (read-only): per box, the stream time of the frame it shows, and the stream's
+// state; and the last reply of the service
+window.evalkitPlayers = () => boxes.map((b) => { const v = videos[0]; return {slot: b.slot,
+  t: b.drawn === null ? NaN : b.drawn, paused: v.paused, ready: v.readyState,
+  duration: v.duration, fps: FPS, streams: videos.length}; });
 window.evalkitState = () => ({replies: replies, state: last ? JSON.parse(JSON.stringify(last)) : null});
 
 watch("value", () => render(props.value));

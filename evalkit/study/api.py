@@ -29,7 +29,7 @@ from ..video import read_frames
 from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
-from .media import degrade, ordered_map, store_matched_set
+from .media import degrade, ordered_map, store_tiled
 from .store import (clips, new_media_key, now, open_db, raters, ratings, studies, trials,
                     unblindings)
 
@@ -93,9 +93,10 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                  margin: float = 0.1, seed: int = 0, media_dir=None,
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
                  ladder: str | None = None, metrics_device="cpu", progress: bool = False) -> dict:
-    """Create a study from a compare report: select clips, write the browser copies (equal-size
-    matched sets, see :func:`.media.store_matched_set`) and the catch versions, record
-    everything. ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
+    """Create a study from a compare report: select clips, write the trial streams (every
+    arrangement of each row's tiles, see :func:`.media.store_tiled` and
+    :func:`.design.stream_keys`) and the catch versions, record everything.
+    ``raters_planned`` 0: the planner's figure (:func:`.stats.plan`).
 
     ``protocol="threshold"``: ``levels`` (``"1,2,4"`` or numbers; default
     :data:`.threshold.DEFAULT_LEVELS`) amplify each clip's backend difference
@@ -177,13 +178,16 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     # the rows and their catch draws are planned in clip order (the same draws as one clip at a
     # time); each clip's media are then made in a worker (:func:`.media.ordered_map`), the
     # results taken in clip order
+    # the rows with catch versions are drawn at random (the first rows of a report's order, or
+    # the worst clips, would differ from the rest in size and content: catch files told apart)
+    rank = np.random.default_rng([seed, 5]).permutation(n_rows).tolist()
     work = []
     for c in chosen:
         rows = []
         for k in ladder:
             i += 1
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(i, n_easy, per_row)]))
+                                for kind_ in _catch_kinds(rank[i], n_easy, per_row)]))
         work.append((c, rows))
 
     def clip_media(job) -> dict:
@@ -234,11 +238,13 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             media_dir=str(media), created=now(), config=config)).inserted_primary_key[0]
         ids = []
         for row in clip_rows:
+            row = dict(row)
+            streams = row.pop("streams")
             ids.append(conn.execute(clips.insert().values(study_id=sid, **row))
                        .inserted_primary_key[0])
+            config.setdefault("streams", {})[str(ids[-1])] = streams
         config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
-                                 "reference": p["reference"], "degraded": p["degraded"],
-                                 "reference_alt": p["reference_alt"]} for p in pool]
+                                 "streams": p["streams"]} for p in pool]
         if protocol == "threshold":
             config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
                 k: v for k, v in s.items() if k != "ord"} for s in stimuli}
@@ -257,22 +263,27 @@ def _conventions(reference: dict) -> dict:
     return next((m.get("conventions") for m in reference.values()), None) or {}
 
 
+def _streams(contents: dict, keys: list[str], fps, media, seconds) -> dict:
+    """One trial stream per arrangement in ``keys`` (letters of ``contents``, tile by tile):
+    ``{"rects", "scale", "files": {key: sha256}}``."""
+    files, layout = {}, None
+    for key in keys:
+        files[key], layout = store_tiled([contents[ch] for ch in key], fps, media)
+        seconds[files[key]] = len(contents[key[0]]) / fps
+    return {"rects": layout["rects"], "scale": layout["scale"], "files": files}
+
+
 def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, xbit,
                clip_rows, stimuli, seconds, metrics_device) -> None:
-    """One row of the clips table: its matched set (both sides and, for ABX and threshold,
-    their alternate encodings shown as X: the same length, box layout and per-frame sample
-    sizes) and, for the threshold protocol (``level`` not None), the stimulus's metrics,
+    """One row of the clips table: its trial streams (:func:`_streams`, every arrangement of
+    its tiles) and, for the threshold protocol (``level`` not None), the stimulus's metrics,
     measured on the pair as shown (both shifted by the level's ``offset``,
     :func:`.threshold.shifted`)."""
     identical = level is not None and np.array_equal(fb, fb_real)
     if level is not None:
         fa, fb = threshold.shifted(fa, offset), threshold.shifted(fb, offset)
-    items = [(fa, 0), (fb, 0)] + ([(fa, 1), (fb, 1)] if forced else [])
-    names = store_matched_set(items, fps, media)
-    ma, mb = names[0], names[1]
-    alt_a, alt_b = (names[2], names[3]) if forced else (None, None)
-    for n in names:
-        seconds[n] = len(fa) / fps
+    streams = _streams({"a": fa, "b": fb},
+                       design.stream_keys("abx" if forced else "preference"), fps, media, seconds)
     lp = c["lpips_mean"]
     if level is not None:
         m = _measured(threshold.measure(fa, fb, device=metrics_device))
@@ -280,15 +291,17 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, x
         stimuli.append({"ord": i, "job": c["job"], "level": level, "metrics": m,
                         "offset": list(offset), "identical_to_b": bool(identical)})
         lp = m["lpips"]
+    # media_a/media_b (one file per side) are unused since trials are streams: left empty
     clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                      "seed": c["seed"], "lpips_mean": lp, "media_a": ma,
-                      "media_b": mb, "media_a_alt": alt_a, "media_b_alt": alt_b,
-                      "base_swap": swap[i], "base_x": xbit[i]})
+                      "seed": c["seed"], "lpips_mean": lp, "media_a": "",
+                      "media_b": "", "media_a_alt": None, "media_b_alt": None,
+                      "base_swap": swap[i], "base_x": xbit[i], "streams": streams})
 
 
 def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
-    """The catch versions of row ``i``: ``per_row`` easy ones for the first ``n_easy`` rows, a
-    graded one for the first :data:`.design.GRADED_CATCHES`."""
+    """The catch versions of the row of rank ``i`` (rows ranked at random): ``per_row`` easy
+    ones for the first ``n_easy`` ranks, a graded one for the first
+    :data:`.design.GRADED_CATCHES`."""
     kinds = []
     if i < n_easy:
         kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
@@ -329,24 +342,23 @@ def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, m
 
 def _store_catches(i, catches, fa, fb, fps, forced, media, pool, seconds, offsets=None) -> None:
     """The catch versions of row ``i`` (``catches``: (kind, reference from B), drawn by the
-    caller, :func:`_catch_kinds`). Each reference is its source shifted by the next of the clip's
-    unused ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so
-    no two catch versions of a clip share a reference picture."""
+    caller, :func:`_catch_kinds`), each as trial streams of the reference and its degraded copy
+    (:func:`_streams`). Each reference is its source mirrored left to right and shifted by the
+    next of the clip's unused ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so no two
+    catch versions of a clip share a reference picture, nor a test trial's."""
     for kind, from_b in catches:
-        # re-encoded from shifted frames, so the reference's bytes never match a test trial's video
-        src = fb if from_b else fa
+        # mirrored: a colour offset alone left the chroma, and so runs of coded bytes, the same
+        # as the clip's test trial's (a script matched a catch to its clip by shared byte runs)
+        src = (fb if from_b else fa)[:, :, ::-1]
         if offsets is None:
             ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
         else:
             ref = threshold.shifted(src, offsets.pop(0))
-        deg = degrade(ref, fps, kind)
-        names = store_matched_set([(ref, 0), (deg, 0)] + ([(ref, 1)] if forced else []),
-                                  fps, media)
-        for n in names:
-            seconds[n] = len(ref) / fps
-        pool.append({"ord": i, "kind": kind, "reference": names[0], "degraded": names[1],
-                     "reference_alt": names[2] if forced else None})
-        del ref, deg
+        streams = _streams({"r": ref, "d": degrade(ref, fps, kind)},
+                           design.stream_keys("abx" if forced else "preference", catch=True),
+                           fps, media, seconds)
+        pool.append({"ord": i, "kind": kind, "streams": streams})
+        del ref
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:
@@ -414,6 +426,8 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
         cl = [dict(r) for r in conn.execute(select(clips).where(clips.c.study_id == st["id"])
                                             .order_by(clips.c.ord)).mappings()]
         pool = st["config"]["catch_pool"]
+        for c in cl:
+            c["streams"] = st["config"]["streams"][str(c["id"])]
         n = conn.execute(select(func.count()).select_from(raters)
                          .where(raters.c.study_id == st["id"])).scalar_one()
         for k in range(n, n + count):

@@ -8,7 +8,8 @@ slot A (ABX), when ``base_swap XOR (k mod 2)``; in ABX X is backend B when
 Catch trials (known answer) are mixed in: :data:`EASY_CATCHES` obvious degradations (the
 exclusion rule uses these) and :data:`GRADED_CATCHES` mild ones (reported only). The order is
 shuffled from the rater's seed, derived from the study seed and the rater's index
-(reproducible).
+(reproducible). Each trial is one stream whose tiles are its videos (:mod:`.media`); which tile
+each slot shows is drawn per trial from the rater's seed, uniformly over every arrangement.
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
 ``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
@@ -17,6 +18,7 @@ levels of all clips are interleaved in one shuffled order with the catch trials.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -32,7 +34,8 @@ def page_protocol(protocol: str) -> str:
     """The protocol the rater page is told: a threshold study's trials are ABX trials, shown
     exactly as ABX (the page does not learn that levels exist)."""
     return "abx" if protocol == "threshold" else protocol
-CATCH_KINDS = ("blur", "compression", "dropped_frames")
+#: easy catch degradations (:func:`.media.degrade`; the exclusion rule uses these)
+CATCH_KINDS = ("negative",)
 
 
 def parse_clips_spec(spec: str) -> tuple[str, int | None]:
@@ -85,7 +88,7 @@ EASY_CATCHES = 8
 #: graded catch trials per rater: mild degradations, reported (are raters sensitive near the
 #: margin?), never used to exclude anyone
 GRADED_CATCHES = 2
-GRADED_KINDS = ("blur_mild", "compression_mild")
+GRADED_KINDS = ("hue_mild",)
 
 
 def n_catch(n_clips: int) -> int:
@@ -109,58 +112,83 @@ def _draw(pool: list[dict], k: int, rng: np.random.Generator) -> list[dict]:
     return [pool[i] for i in idx]
 
 
+def stream_keys(protocol: str, catch: bool = False) -> list[str]:
+    """The tile arrangements a row (or a catch version) needs one stream for: each a string
+    whose letter ``i`` is the content of tile ``i`` (``a``/``b`` the backends, ``r``/``d``
+    reference and degraded). ABX: three tiles, two of them the same content (X and its
+    match), in every order (6 for a test row, 3 for a catch version: X is the reference);
+    preference: two tiles in both orders."""
+    one, two = ("r", "d") if catch else ("a", "b")
+    n = 2 if protocol == "preference" else 3
+    keys = ["".join(k) for k in itertools.product((one, two), repeat=n) if len(set(k)) == 2]
+    return [k for k in keys if not catch or n == 2 or k.count(one) == 2]
+
+
+def _place(contents: dict, streams: dict, rng: np.random.Generator) -> dict:
+    """``shown`` of a trial: the tiles' positions drawn at random (every slot a distinct tile
+    of the trial's stream); ``contents``: slot -> content letter; ``streams``:
+    ``{"rects": [[x, y, w, h], ...], "files": {arrangement: sha256}}``."""
+    slots = list(contents)
+    pos = rng.permutation(len(slots))
+    key = [""] * len(slots)
+    for s, p in zip(slots, pos):
+        key[p] = contents[s]
+    return {"media": streams["files"]["".join(key)],
+            "tiles": {s: list(streams["rects"][p]) for s, p in zip(slots, pos.tolist())}}
+
+
+_LETTER = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
+
+
 def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
            seed: int) -> list[dict]:
     """One rater's trials, in presentation order.
 
-    ``clips``: dicts with ``id``, ``media_a``, ``media_b``, ``base_swap``, ``base_x`` and
-    optionally ``media_a_alt``/``media_b_alt`` (the alternate encodings ABX shows as X, so X
-    never has the bytes of the side it matches).
-    ``catch_pool``: dicts with ``clip_id``, ``kind``, ``reference``, ``degraded`` and optionally
-    ``reference_alt`` (media); kinds in :data:`GRADED_KINDS` are graded catches.
-    ``seed``: the rater's seed (:func:`rater_seed`). Returns dicts with ``kind`` (test/catch),
-    ``clip_id``, ``catch_kind``, ``shown`` (slot -> media), ``sources`` (slot -> a, b,
-    reference or degraded) and ``expected`` (catch trials and ABX: the right answer)."""
+    ``clips``: dicts with ``id``, ``base_swap``, ``base_x`` and ``streams`` (the row's trial
+    streams: ``{"rects", "files": {arrangement: sha256}}``, :func:`stream_keys`).
+    ``catch_pool``: dicts with ``clip_id``, ``kind`` and ``streams``; kinds in
+    :data:`GRADED_KINDS` are graded catches. ``seed``: the rater's seed (:func:`rater_seed`).
+    Returns dicts with ``kind`` (test/catch), ``clip_id``, ``catch_kind``, ``shown`` (``{"media":
+    the trial's stream, "tiles": slot -> [x, y, w, h] of its tile}``, the tiles' positions drawn
+    at random per trial), ``sources`` (slot -> a, b, reference or degraded) and ``expected``
+    (catch trials and ABX: the right answer)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: expected preference, abx or threshold, found {protocol!r}")
     rng = np.random.default_rng(seed)
+    place = np.random.default_rng([seed, 7])     # tile positions: a stream of their own
     out = []
     for c in clips:
         swap = c["base_swap"] ^ (idx % 2)
-        media = {"a": c["media_a"], "b": c["media_b"]}
-        alt = {"a": c.get("media_a_alt") or c["media_a"], "b": c.get("media_b_alt") or c["media_b"]}
         first, second = ("b", "a") if swap else ("a", "b")
         if protocol == "preference":
             sources = {"left": first, "right": second}
-            shown = {k: media[v] for k, v in sources.items()}
             expected = None
         else:
             x = "b" if c["base_x"] ^ ((idx // 2) % 2) else "a"
             sources = {"X": x, "A": first, "B": second}
-            shown = {"X": alt[x], "A": media[first], "B": media[second]}
             expected = "A" if first == x else "B"
         out.append({"kind": "test", "clip_id": c["id"], "catch_kind": None,
-                    "shown": shown, "sources": sources, "expected": expected})
+                    "sources": sources, "expected": expected, "streams": c["streams"]})
     easy = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "easy"]
     graded = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "graded"]
     picks = _draw(easy, n_catch(len(clips)), rng) + _draw(graded, GRADED_CATCHES, rng)
     sides = balanced_bits(len(picks), rng)
     for cp, side in zip(picks, sides):
-        media = {"reference": cp["reference"], "degraded": cp["degraded"]}
         first, second = ("degraded", "reference") if side else ("reference", "degraded")
         if protocol == "preference":
             sources = {"left": first, "right": second}
-            shown = {s: media[v] for s, v in sources.items()}
             expected = "left" if first == "reference" else "right"
         else:
             sources = {"X": "reference", "A": first, "B": second}
-            shown = {"X": cp.get("reference_alt") or cp["reference"], "A": media[first],
-                     "B": media[second]}
             expected = "A" if first == "reference" else "B"
         out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
-                    "shown": shown, "sources": sources, "expected": expected})
+                    "sources": sources, "expected": expected, "streams": cp["streams"]})
     order = rng.permutation(len(out))
-    return [out[i] for i in order]
+    out = [out[i] for i in order]
+    for t in out:                                 # positions drawn in presentation order
+        t["shown"] = _place({s: _LETTER[v] for s, v in t["sources"].items()},
+                            t.pop("streams"), place)
+    return out
 
 
 def score(protocol: str, trial: dict, answer: str) -> tuple[int | None, float | None]:

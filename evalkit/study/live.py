@@ -3,20 +3,22 @@
 
 Blindness (what a rater's browser can learn):
 
-- **Opaque media names.** A trial's videos are named ``HMAC-SHA256(study media key, "trial
-  id:slot")`` (:func:`media_name`): a name is unique to one slot of one trial of one rater, says
-  nothing about its content, and cannot be linked across raters, trials or studies. The server
-  maps a name back to the stored file; X never shares a name with the side it matches, and (the
-  study's media being encoded as matched sets) never shares its bytes either.
+- **One stream per trial.** A trial's videos are the tiles of one file (:mod:`.media`), named
+  ``HMAC-SHA256(study media key, "trial id:video")`` (:func:`media_name`): unique to one trial of
+  one rater, says nothing about its content, cannot be linked across raters, trials or studies.
+  The server maps the name back to the stored file. No file, size or byte belongs to one side.
+- **Tiles, not sides.** The page is told which rectangle of the stream each box shows
+  (``tiles``: slot -> [x, y, w, h]); the positions are drawn at random per trial, so they say
+  nothing about which side is which.
 - **Nothing else.** The public trial carries only the trial id, its position, the protocol, the
-  answer labels, the study's frame rate and the media names.
+  answer labels, the study's frame rate, the media name and the tiles.
 
 Gate (server side, with an injected ``clock``: tests drive time, never sleep):
 
 1. A trial can only be answered when it is the rater's *current* trial (the first unanswered, in
    order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
    which changes nothing.
-2. Every byte of its videos must have been delivered to the rater (``fetched`` is stored when
+2. Every byte of its video (one stream per trial) must have been delivered to the rater (``fetched`` is stored when
    the union of the byte ranges sent, per video, covers the whole file: ``trials.delivered`` in
    the database, so the videos of one trial may come from several server processes; a ``HEAD``
    delivers nothing); before that :class:`~.errors.NotLoaded`.
@@ -50,8 +52,8 @@ from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design
-from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, TooSoon, TrialNotAssigned,
-                     UnknownMedia, UnknownToken, UnknownTrial)
+from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
+                     TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
@@ -346,17 +348,22 @@ class RaterService:
             key = self._study(conn, r["study_id"])["key"]
             names = {}
             for t in plan:
-                t["names"] = {slot: media_name(key, t["id"], slot) for slot in t["shown"]}
+                if "media" not in t["shown"]:       # one file per video: made before streams
+                    raise StudyError(f"study {r['study_id']}: made before trial streams (one "
+                                     "file per video, which its sizes could tell apart); "
+                                     "create it again with `evalkit study create`")
+                t["names"] = {"video": media_name(key, t["id"], "video")}
+                t["files"] = {"video": t["shown"]["media"]}
                 for slot, name in t["names"].items():
-                    names[name] = (t["id"], slot, t["shown"][slot])
+                    names[name] = (t["id"], slot, t["shown"]["media"])
             self._names[r["id"]] = names
             self._plans[r["id"]] = plan
         return plan
 
     def _seconds(self, st: dict, trial: dict) -> float:
-        """One play-through of a trial: its longest video."""
+        """One play-through of a trial: its stream."""
         out = 0.0
-        for sha in trial["shown"].values():
+        for sha in (trial["shown"]["media"],):
             s = st["seconds"].get(sha)
             if s is None:                       # a study made before durations were stored
                 s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}.mp4")
@@ -374,7 +381,8 @@ class RaterService:
         return {"trial": t["id"], "index": t["ord"] + 1, "total": total,
                 "protocol": design.page_protocol(st["protocol"]),
                 "answers": list(design.ANSWERS[st["protocol"]]),
-                "fps": st["fps"], "media": dict(t["names"])}
+                "fps": st["fps"], "media": dict(t["names"]),
+                "tiles": {slot: list(r) for slot, r in t["shown"]["tiles"].items()}}
 
     def _view(self, conn, st: dict, plan: list[dict], live: dict, at: float) -> dict:
         done = sum(1 for v in live.values() if v[2] is not None)
@@ -448,7 +456,7 @@ class RaterService:
         st = self._study(conn, r["study_id"])
         t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
         got = dict(got or {})                   # slot -> {"ranges", "first"}
-        size = self._size(st, t["shown"][slot])
+        size = self._size(st, t["files"][slot])
         start, stop = max(0, start), min(size, stop)
         if stop > start:
             old = got.get(slot) or {"ranges": [], "first": began}
@@ -458,9 +466,9 @@ class RaterService:
                 got[slot] = new
                 conn.execute(self._u_got, {"tid": tid, "got": got})
         if all(slot in got and covers(got[slot]["ranges"], self._size(st, sha))
-               for slot, sha in t["shown"].items()):
+               for slot, sha in t["files"].items()):
             conn.execute(self._u_fetched, {"tid": tid, "at": max(
-                got[s]["first"] for s in t["shown"])})
+                got[s]["first"] for s in t["files"])})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)

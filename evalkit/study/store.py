@@ -9,14 +9,13 @@ opened, newer ones are refused):
 
 - ``studies``: id, protocol, margin, seed, clips_spec, raters_planned, catch_threshold, alpha,
   report, run_a, run_b, media_dir, created, config (JSON)
-- ``clips``: id, study_id, ord, job, clip, prompt, seed, lpips_mean, media_a, media_b (sha256),
-  base_swap, base_x (counterbalancing bits), media_a_alt, media_b_alt (sha256 of the alternate
-  encodings shown as ABX's X, whose bytes share nothing with the sides'; NULL in studies made
-  before schema version 4)
+- ``clips``: id, study_id, ord, job, clip, prompt, seed, lpips_mean, media_a, media_b (empty
+  since trial streams: a row's streams are in ``studies.config["streams"]``), base_swap, base_x
+  (counterbalancing bits), media_a_alt, media_b_alt (NULL since trial streams)
 - ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
   seed, created
 - ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
-  slot -> media sha256), sources (JSON: slot -> a/b/reference/degraded), expected, served
+  ``{"media": the trial's stream sha256, "tiles": slot -> [x, y, w, h]}``), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
   then; added in schema version 3), fetched (seconds since the epoch when the last of the
   trial's videos began to be delivered, stored once every byte of each went to the rater:
