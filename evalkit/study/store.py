@@ -173,6 +173,10 @@ def _upgrade_3_to_4(conn) -> None:
         conn.execute(studies.update().where(studies.c.id == sid).values(config=cfg))
 
 
+#: schema version -> the tables it added (an older database lacks them until upgraded)
+ADDED_TABLES = {5: ("unblindings",)}
+
+
 def _upgrade_4_to_5(conn) -> None:
     unblindings.create(conn, checkfirst=True)
     conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
@@ -293,11 +297,14 @@ class StudyDB:
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
-            if ours - have:        # damaged: never re-created empty (they held ratings)
+            version = self._version(conn) if "meta" in have else 0
+            # damaged: never re-created empty (they held ratings); tables a later version adds
+            # are made by its upgrade
+            missing = ours - have - {t for v, ts in ADDED_TABLES.items() if v > version for t in ts}
+            if missing:
                 raise StudyError(f"{self._where}: a damaged study database: table(s) "
-                                 f"{', '.join(sorted(ours - have))} missing (found "
+                                 f"{', '.join(sorted(missing))} missing (found "
                                  f"{', '.join(sorted(have & ours))}); restore it from a backup")
-            version = self._version(conn)
             if version > SCHEMA_VERSION:
                 raise SchemaVersionError(self.url, f"study database schema version {version} is "
                                          f"newer than this evalkit's ({SCHEMA_VERSION})")
