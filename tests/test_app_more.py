@@ -86,8 +86,9 @@ def test_refusals(env, server):
     assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
     # media: only by the opaque names of the rater's own handed-out trials
     name = mine["media"]["video"]
-    r = httpx.get(f"{u}/media/{name}", params={"token": t1})
-    assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
+    # one byte (the trial's one stream, fetched whole, would open the gate here)
+    r = httpx.get(f"{u}/media/{name}", params={"token": t1}, headers={"Range": "bytes=0-0"})
+    assert r.status_code == 206 and r.headers["content-type"] == "video/mp4"
     assert "last-modified" not in r.headers and "etag" not in r.headers
     assert httpx.get(f"{u}/media/{name}").status_code == 404
     assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 404

@@ -179,7 +179,8 @@ ADDED_TABLES = {5: ("unblindings",)}
 
 def _upgrade_4_to_5(conn) -> None:
     unblindings.create(conn, checkfirst=True)
-    conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
+    if "delivered" not in {c["name"] for c in inspect(conn).get_columns("trials")}:
+        conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
 
 
 def new_media_key() -> str:
