@@ -114,7 +114,7 @@ def cmd_metrics(args) -> int:
         temporal=not args.no_temporal, flow=flow_method(args), flow_preset=args.flow_preset,
         flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
         keep_frames=args.json, vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
-        progress=not args.quiet and sys.stderr.isatty(),
+        progress=not args.quiet and sys.stderr.isatty(), offset=args.offset,
     )
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
@@ -168,12 +168,29 @@ def add_metrics(sub, common) -> None:
     s.add_argument("--align", choices=("error", "shortest"), default="error",
                    help="different frame counts: error (default) or compare the common prefix "
                         "(recorded in the output)")
+    s.add_argument("--offset", type=offset_arg, default="auto",
+                   help="temporal offset of B: auto (default: tested on the first frames; an "
+                        "offset found is compared at and reported, a frame-rate mismatch is an "
+                        "error) or a whole number of frames, untested (0: frame by frame; "
+                        "N > 0: B is N frames late)")
     s.add_argument("--chunk", type=int, default=None,
                    help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
     s.add_argument("--quiet", action="store_true",
                    help="no progress bar (shown on a terminal's stderr, per frame)")
     vmaf_args(s)
     s.set_defaults(func=cmd_metrics)
+
+
+def offset_arg(s: str):
+    """``--offset``: ``auto`` or a whole number of frames."""
+    import argparse
+
+    if s == "auto":
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of frames, found {s!r}") from None
 
 
 def vmaf_args(s) -> None:
