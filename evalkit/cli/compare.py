@@ -38,7 +38,7 @@ def cmd_compare(args) -> int:
                               device=None if args.device == "auto" else args.device,
                               metric_options=options, progress=not args.quiet, executor=executor,
                               vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
-                              ignore_conventions=args.ignore_conventions)
+                              ignore_conventions=args.ignore_conventions, offset=args.offset)
     finally:
         if executor is not None:
             executor.close()
@@ -52,6 +52,9 @@ def cmd_compare(args) -> int:
             print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
     for name, ratios in s["floor_ratios"].items():
         print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
+    for jid, al in s["alignment"]["jobs"].items():
+        if al["offset"]:
+            print(f"  offset {jid}: {al['text']}")
     if s.get("headline"):
         print(s["headline"]["text"])
     if s.get("floor_notice"):
@@ -138,6 +141,10 @@ def add_compare(sub, common) -> None:
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--offset", choices=("auto", "0"), default="auto",
+                   help="temporal offset of each B clip: auto (default: tested on the first frames; "
+                        "a job with one is compared at it and named in the report) or 0 (frame by "
+                        "frame, untested)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     conventions_arg(s)
     vmaf_args(s)

@@ -88,7 +88,7 @@ class Alignment:
 
     def text(self, compared: int | None = None) -> str:
         """The finding in words; ``compared``: frames compared at the offset."""
-        if self.finding != "shifted":
+        if not self.offset:
             return self.reason
         n = abs(self.offset)
         side = "late" if self.offset > 0 else "early"
@@ -231,6 +231,16 @@ def probe_clips(path_a, path_b) -> Alignment:
         if why:
             return Alignment("rate", reason=why)
     return detect_offset(read_small_luma(path_a), read_small_luma(path_b))
+
+
+def resolve_offset(path_a, path_b, offset="auto") -> Alignment:
+    """``offset="auto"``: :func:`probe_clips`; a whole number: that offset, untested
+    (``given``). A ``rate`` finding is the caller's to refuse."""
+    if offset != "auto":
+        n = int(offset)
+        return Alignment("given", n, reason=(f"offset {n:+d} given (--offset), not tested" if n
+                                             else "frame by frame (--offset 0), not tested"))
+    return probe_clips(path_a, path_b)
 
 
 def skip_frames(chunks: Iterable, n: int) -> Iterator:

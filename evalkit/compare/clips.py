@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit import fsutil
-from evalkit.compare.alignment import Alignment, probe_clips, skip_frames
+from evalkit.compare.alignment import resolve_offset, skip_frames
 from evalkit.errors import InputFileError, UserError
 from evalkit.video import ClipReader
 from metrics.catalogue import KEYS, fmt, units
@@ -77,7 +77,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if (ia.width, ia.height) != (ib.width, ib.height):
         raise InputFileError(paths["b"], f"frames are {ib.width}x{ib.height}, expected "
                              f"{ia.width}x{ia.height} like {paths['a']}")
-    al = _offset_of(paths, offset)
+    al = resolve_offset(paths["a"], paths["b"], offset)
+    if al.finding == "rate":
+        raise InputFileError(paths["b"], al.reason)
     if al.offset:
         align = "shortest"      # the frames both clips share at the offset
     if align == "error" and ia.frames and ib.frames and ia.frames != ib.frames:
@@ -163,18 +165,6 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     out["offset"] = al.as_dict(compared=summary["frames"])
     out["nan_counts"] = summary["nan_counts"]
     return json_safe(out)
-
-
-def _offset_of(paths: dict, offset) -> Alignment:
-    """``offset="auto"``: :func:`probe_clips` (a frame-rate mismatch is an error naming B);
-    a whole number: that offset, untested."""
-    if offset != "auto":
-        n = int(offset)
-        return Alignment("given", n, reason=f"offset {n:+d} given (--offset), not tested")
-    al = probe_clips(paths["a"], paths["b"])
-    if al.finding == "rate":
-        raise InputFileError(paths["b"], al.reason)
-    return al
 
 
 def write_csv(path, records: list[dict]) -> None:
