@@ -194,3 +194,18 @@ def test_metrics_refuses_a_frame_rate_mismatch(cli, clips):
 def test_probe_clips_reads_only_the_window(clips):
     r = probe_clips(clips["a"], clips["early"])
     assert r.frames == 11 and r.offset == -1
+
+
+def test_metrics_vmaf_is_scored_at_the_offset(cli, clips):
+    """VMAF (a separate pass over the clips) pairs the frames at the offset too: B early by one
+    frame is A's frames, so every frame after the first scores the model's maximum, 100."""
+    from evalkit.compare.vmaf import clip_vmaf
+
+    code, out, err = cli("metrics", clips["a"], clips["early"], "--json", "--device", "cpu",
+                         "--no-temporal", "--quiet", "--vmaf")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["offset"]["offset"] == -1 and len(r["per_frame"]["vmaf"]) == 11
+    assert r["per_frame"]["vmaf"][1:] == [100.0] * 10
+    frame_by_frame = clip_vmaf(clips["a"], clips["early"], frames=11).scores
+    assert max(frame_by_frame[1:]) < 100.0

@@ -133,8 +133,9 @@ def detect_offset(luma_a: Sequence[np.ndarray], luma_b: Sequence[np.ndarray], *,
             f"{max_offset + MIN_PAIRS}"))
     a = np.stack([np.asarray(f, dtype=np.float32) for f in luma_a[:WINDOW]])
     b = np.stack([np.asarray(f, dtype=np.float32) for f in luma_b[:WINDOW]])
-    if a.shape[1:] != b.shape[1:]:
-        raise ValueError(f"small frames differ in size: {a.shape[1:]} and {b.shape[1:]}")
+    if a.shape[1:] != b.shape[1:]:      # the clips' sizes differ: the measuring says so
+        return Alignment("short", frames=n, reason="not tested for a temporal offset: the "
+                         "clips' frames differ in size")
     na, nb = len(a), len(b)
     mad = {}
     for k in range(-max_offset, max_offset + 1):
