@@ -191,9 +191,17 @@ def test_metrics_refuses_a_frame_rate_mismatch(cli, clips):
     assert_one_line_error(err, str(clips["rate"]), "frame-rate mismatch", "A is 24 fps, B is 30 fps")
 
 
-def test_probe_clips_reads_only_the_window(clips):
-    r = probe_clips(clips["a"], clips["early"])
-    assert r.frames == 11 and r.offset == -1
+def test_probe_clips_reads_only_the_window(clips, tmp_path):
+    """Frames after the first WINDOW are never read: B's differ from A's there, and the offset's
+    difference is still exactly 0."""
+    frames, fps = read_frames(CANARY[1])
+    rng = np.random.default_rng(1)
+    tail = rng.integers(0, 256, (8, *frames.shape[1:]), dtype=np.uint8)
+    write_lossless(tmp_path / "a.mkv", frames, fps)
+    write_lossless(tmp_path / "b.mkv", np.concatenate([frames[1:WINDOW + 1], tail]), fps)
+    r = probe_clips(tmp_path / "a.mkv", tmp_path / "b.mkv")
+    assert (r.finding, r.offset, r.frames) == ("shifted", -1, WINDOW) and r.mad[-1] == 0.0
+    assert probe_clips(clips["a"], clips["early"]).frames == 11
 
 
 def test_metrics_vmaf_is_scored_at_the_offset(cli, clips):

@@ -43,7 +43,7 @@ import numpy as np
 #: offsets tested: -MAX_OFFSET..MAX_OFFSET frames
 MAX_OFFSET = 3
 #: frames read from the start of each clip (at most)
-WINDOW = 24
+WINDOW = 16
 #: width of the small luma frames (height in proportion, at least 1)
 WIDTH = 64
 #: pairs of frames an offset needs at the least (clips shorter than MAX_OFFSET + this: ``short``)
