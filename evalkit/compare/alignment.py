@@ -143,7 +143,8 @@ def detect_offset(luma_a: Sequence[np.ndarray], luma_b: Sequence[np.ndarray], *,
         mad[k] = float(np.mean(np.abs(a[lo:hi] - b[lo + k:hi + k], dtype=np.float64)))
     motion = float(np.mean(np.abs(np.diff(a, axis=0)), dtype=np.float64))
     best = min(mad, key=lambda k: (mad[k], abs(k)))
-    figures = f"difference {mad[best]:.3g} at the offset against {mad[0]:.3g} frame by frame"
+    figures = (f"mean luma difference {mad[best]:.3g} grey levels at the offset, {mad[0]:.3g} "
+               "frame by frame")
     if motion < MIN_MOTION:
         return Alignment("static", 0, mad, motion, n, reason=(
             f"not tested for a temporal offset: A barely moves in its first {na} frames "
