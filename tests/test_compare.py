@@ -361,6 +361,26 @@ def test_compare_refuses_a_job_of_another_frame_rate(copies, tmp_path, cli):
     assert len(s["jobs"]["compared"]) == 1 and f"not compared {job}: not comparable: frame-rate" in stdout
 
 
+def test_compare_stops_on_a_clip_whose_rate_is_not_its_manifests(copies, tmp_path, cli):
+    """The manifest says 24 fps, the clip (hash made true) is 30 fps: one line naming the job."""
+    from evalkit.fsutil import sha256_file
+    from evalkit.video import read_frames, write_lossless
+
+    m = json.loads((copies["b"] / "manifest.json").read_text())
+    rec = m["jobs"][0]
+    clip = copies["b"] / rec["output"]["path"]
+    frames, _ = read_frames(clip)
+    write_lossless(clip, frames, 30)
+    rec["output"]["sha256"] = sha256_file(clip)
+    (copies["b"] / "manifest.json").write_text(json.dumps(m))
+    code, _, err = cli("compare", copies["a"], copies["b"], "--out", tmp_path / "r", "--quiet",
+                       "--device", "cpu", "--no-temporal")
+    assert code == 2
+    assert_one_line_error(err, f"job {rec['id']}", str(clip), "frame-rate mismatch: A is 24 fps, B is 30 fps",
+                          "not what their manifests say")
+    assert not (tmp_path / "r").exists()
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 def test_missing_and_malformed_run_folders(copies, tmp_path, cli):
