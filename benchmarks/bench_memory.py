@@ -11,8 +11,10 @@ The baseline is checked out with ``git worktree add --detach`` into a temporary 
 at the end) and run from there (``PYTHONPATH`` set to that tree). The clips: a smooth noise
 texture (noise at 1/8 resolution, enlarged) panning 3 px a frame, so FFV1 files stay small; run
 B is run A with a brightness offset of 2 code values on one colour and a 1 px shift, so every
-metric has something to measure. ``compare`` runs with ``--no-temporal`` only where asked
-(``--no-temporal``): the temporal metrics' flow dominates a CPU run's time, not its memory.
+metric has something to measure. ``metrics`` and ``compare`` run with ``--no-temporal`` only
+where asked (``--no-temporal``): the temporal metrics' flow dominates a CPU run's time. The
+commands run in order (import a, import b, metrics, compare): ``--only`` picks some, by the
+start of their names (``--only "import a"``); compare needs both imports.
 """
 from __future__ import annotations
 
@@ -102,13 +104,15 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
 def commands(tree: Path, s: dict, work: Path, no_temporal: bool) -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-m", "evalkit"]
     runs = work / "runs"
-    clip = lambda label: runs / label / "clips" / f"{s['job']}.mkv"   # noqa: E731
+    # metrics reads the farms' files (FFV1 like the runs' clips): it needs no import first
+    clip = lambda label: s["farms"][label] / f"{s['job']}.mkv"   # noqa: E731
     out = [(f"import {label}", py + ["render", str(s["suite"]), "-r", "import",
                                      "--renderer-opt", f"dir={s['farms'][label]}", "--label",
                                      label, "--out", str(runs), "--quiet"])
            for label in ("a", "b")]
     out.append(("metrics A B", py + ["metrics", str(clip("a")), str(clip("b")), "--device",
-                                     "cpu", "--quiet", "--csv", str(work / "frames.csv")]))
+                                     "cpu", "--quiet", "--csv", str(work / "frames.csv")]
+                    + (["--no-temporal"] if no_temporal else [])))
     out.append(("compare", py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
                                  str(work / "report"), "--device", "cpu", "--quiet"]
                 + (["--no-temporal"] if no_temporal else [])))
@@ -121,7 +125,8 @@ def main() -> None:
     ap.add_argument("--size", default="1280x720")
     ap.add_argument("--baseline", default="main", help="git ref of the baseline tree, or none")
     ap.add_argument("--keep", type=Path, help="keep the clips in this folder (reused next time)")
-    ap.add_argument("--no-temporal", action="store_true", help="compare --no-temporal")
+    ap.add_argument("--no-temporal", action="store_true",
+                    help="metrics and compare --no-temporal")
     ap.add_argument("--only", nargs="*", help="commands to run (import, metrics, compare)")
     args = ap.parse_args()
     width, height = map(int, args.size.split("x"))

@@ -147,7 +147,52 @@ def test_import_streams_and_keeps_the_files(sets, monkeypatch):
     assert clip.read_bytes() == (ref / "clip.mkv").read_bytes()
     assert run.preview_path(s["job"]).read_bytes() == (ref / "p.mp4").read_bytes()
     assert rec["output"]["sha256"] == sha256_file(clip)
-    assert not list((run.path / ".work").glob("**/*")) if (run.path / ".work").exists() else True
+    assert not (run.path / ".work").exists()
+
+
+@pytest.mark.parametrize("frames, message", [
+    (N - 3, f"returned {N - 3} frames, expected {N} (the source clip's count)"),
+    (N + 20, f"more than {N} frames, expected {N} (the source clip's count)")])
+def test_import_of_a_wrong_length_fails_and_leaves_nothing(sets, tmp_path, frames, message):
+    """A file shorter or longer than the source: the job fails with one line, found late in
+    the stream (no header says the count), and no clip or preview is left in the run."""
+    from evalkit.render.driver import render_suite
+
+    s = sets[N]
+    farm = tmp_path / "farm"
+    farm.mkdir()
+    video.write_lossless(farm / f"{s['job']}.mkv", clip_frames(frames), 24)
+    (summary,) = render_suite(s["suite"], [], tmp_path / "runs", renderer="import",
+                              options={"dir": str(farm)}, label="short", progress=False)
+    assert summary.failed == 1 and message in summary.failures[s["job"]]
+    run = RunDir.open(tmp_path / "runs" / "short")
+    assert not run.clip_path(s["job"]).exists() and not run.preview_path(s["job"]).exists()
+    assert not (run.path / ".work").exists()
+
+
+def test_streamed_write_is_atomic(tmp_path):
+    """A reader that fails halfway: its error is raised, neither file is left (nor a
+    temporary one); the same chunks whole: the files of the two writers given the clip."""
+    from evalkit.render.clipwriter import write_streamed
+
+    frames = np.stack(list(clip_frames(40)))
+
+    def failing():
+        yield frames[:16]
+        yield frames[16:32]
+        raise RuntimeError("disk gone")
+
+    clip, preview = tmp_path / "c.mkv", tmp_path / "p.mp4"
+    with pytest.raises(RuntimeError, match="disk gone"):
+        write_streamed(failing(), clip, preview, 24, codec="ffv1")
+    assert list(tmp_path.iterdir()) == []
+    n, h, w, sha = write_streamed(iter([frames[:16], frames[16:]]), tmp_path / "c.nut",
+                                  preview, 24, codec="utvideo")
+    assert (n, h, w) == (40, H, W) and sha == sha256_file(tmp_path / "c.nut")
+    video.write_lossless(tmp_path / "ref.nut", frames, 24, codec="utvideo")
+    video.write_browser(tmp_path / "ref.mp4", frames, 24)
+    assert (tmp_path / "c.nut").read_bytes() == (tmp_path / "ref.nut").read_bytes()
+    assert preview.read_bytes() == (tmp_path / "ref.mp4").read_bytes()
 
 
 def test_metrics_streams(sets, monkeypatch):
