@@ -542,6 +542,14 @@ def read_frames(path, **kw) -> tuple[np.ndarray, Fraction]:
     return frames, r.info.fps
 
 
+def shape_only(frames: int, height: int, width: int) -> np.ndarray:
+    """A read-only ``(frames, height, width, 3)`` uint8 array that holds no frames (one black
+    pixel, broadcast: 3 bytes whatever the shape): a clip's shape where its pixels are not
+    needed (the sources of an import, a clip already written)."""
+    return np.broadcast_to(np.zeros((1, 1, 1, 3), np.uint8), (int(frames), int(height),
+                                                              int(width), 3))
+
+
 # -- writing -------------------------------------------------------------------------------
 
 def _as_frames(frames) -> Iterator[np.ndarray]:

@@ -284,6 +284,103 @@ def test_prompts_with_dollar_signs_are_not_mathtext(hostile_report):
     assert not [p for p in out.rglob("*") if p.name.startswith(".tmp")]
 
 
+# -- temporal alignment (evalkit.compare.alignment) ---------------------------------------------
+
+def _late_by_one(run, job: str) -> None:
+    """Job ``job``'s clip in ``run`` made one frame late (its first frame twice, its last one
+    gone: the frame count stays), the manifest's hash kept true."""
+    import numpy as np
+
+    from evalkit.fsutil import sha256_file
+    from evalkit.video import read_frames, write_lossless
+
+    m = json.loads((run / "manifest.json").read_text())
+    rec = next(j for j in m["jobs"] if j["id"] == job)
+    clip = run / rec["output"]["path"]
+    frames, fps = read_frames(clip)
+    write_lossless(clip, np.concatenate([frames[:1], frames[:-1]]), fps)
+    rec["output"]["sha256"] = sha256_file(clip)
+    (run / "manifest.json").write_text(json.dumps(m))
+
+
+def test_compare_names_a_late_clip_and_compares_it_at_its_offset(runs, copies, tmp_path, cli):
+    """fp32 against bf16 (and the seed floor): no offset anywhere; then one job of B one frame
+    late: named with its offset in the output, summary.json, clips.csv and the page, and
+    measured on the frames the clips share, which are those of the aligned compare."""
+    base = tmp_path / "base"
+    code, _, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", base,
+                       "--quiet", "--device", "cpu", "--no-temporal")
+    assert code == 0, err
+    s0 = json.loads((base / "summary.json").read_text())
+    assert s0["alignment"]["shifted"] == {} and "floors" in s0
+    assert {a["finding"] for a in s0["alignment"]["jobs"].values()} == {"aligned"}
+    assert "alignment" not in s0["floors"]["seed"]              # the seed floor: no offset either
+    job = s0["jobs"]["compared"][0]
+    _late_by_one(copies["b"], job)
+    out = tmp_path / "late"
+    code, stdout, err = cli("compare", runs["a"], copies["b"], "--out", out, "--quiet",
+                            "--device", "cpu", "--no-temporal")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    al = s["alignment"]["jobs"][job]
+    assert s["alignment"]["shifted"] == {job: 1} and al["compared"] == 7
+    assert al["text"].startswith("B is 1 frame late (offset +1;") and "A frames 0-6 with B frames 1-7" in al["text"]
+    assert f"offset {job}: B is 1 frame late" in stdout
+    rows = {r["job"]: r for r in read_csv(out / "clips.csv")}
+    assert (rows[job]["offset"], rows[job]["alignment"], rows[job]["frames"]) == ("1", "shifted", "7")
+    other = next(j for j in rows if j != job)
+    assert (rows[other]["offset"], rows[other]["alignment"]) == ("0", "aligned")
+    html = (out / "index.html").read_text()
+    assert "Temporal offset:" in html and "B is 1 frame late" in html
+    # at the offset, A's frames 0-6 meet the very frames of B they met before the shift
+    before = {r["frame"]: float(r["lpips"]) for r in read_csv(base / "frames.csv") if r["job"] == job}
+    after = {r["frame"]: float(r["lpips"]) for r in read_csv(out / "frames.csv") if r["job"] == job}
+    assert sorted(after) == [str(i) for i in range(7)]
+    assert all(after[f] == pytest.approx(before[f], rel=1e-4, abs=1e-6) for f in after)
+    # --offset 0: frame by frame, untested, and the shift shows as a difference
+    code, _, err = cli("compare", runs["a"], copies["b"], "--out", tmp_path / "forced", "--quiet",
+                       "--device", "cpu", "--no-temporal", "--offset", "0")
+    assert code == 0, err
+    s2 = json.loads((tmp_path / "forced" / "summary.json").read_text())
+    assert s2["alignment"]["shifted"] == {} and s2["alignment"]["jobs"][job]["finding"] == "given"
+    forced = [float(r["lpips"]) for r in read_csv(tmp_path / "forced" / "frames.csv") if r["job"] == job]
+    assert len(forced) == 8 and max(forced) > 2 * max(before.values())
+
+
+def test_compare_refuses_a_job_of_another_frame_rate(copies, tmp_path, cli):
+    m = json.loads((copies["b"] / "manifest.json").read_text())
+    job = m["jobs"][0]["id"]
+    m["jobs"][0]["output"]["fps"] = "30"
+    (copies["b"] / "manifest.json").write_text(json.dumps(m))
+    out = tmp_path / "r"
+    code, stdout, err = cli("compare", copies["a"], copies["b"], "--out", out, "--quiet",
+                            "--device", "cpu", "--no-temporal")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["jobs"]["not_compared"][job].startswith("not comparable: frame-rate mismatch: A is 24 fps, B is 30 fps")
+    assert len(s["jobs"]["compared"]) == 1 and f"not compared {job}: not comparable: frame-rate" in stdout
+
+
+def test_compare_stops_on_a_clip_whose_rate_is_not_its_manifests(copies, tmp_path, cli):
+    """The manifest says 24 fps, the clip (hash made true) is 30 fps: one line naming the job."""
+    from evalkit.fsutil import sha256_file
+    from evalkit.video import read_frames, write_lossless
+
+    m = json.loads((copies["b"] / "manifest.json").read_text())
+    rec = m["jobs"][0]
+    clip = copies["b"] / rec["output"]["path"]
+    frames, _ = read_frames(clip)
+    write_lossless(clip, frames, 30)
+    rec["output"]["sha256"] = sha256_file(clip)
+    (copies["b"] / "manifest.json").write_text(json.dumps(m))
+    code, _, err = cli("compare", copies["a"], copies["b"], "--out", tmp_path / "r", "--quiet",
+                       "--device", "cpu", "--no-temporal")
+    assert code == 2
+    assert_one_line_error(err, f"job {rec['id']}", str(clip), "frame-rate mismatch: A is 24 fps, B is 30 fps",
+                          "not what their manifests say")
+    assert not (tmp_path / "r").exists()
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 def test_missing_and_malformed_run_folders(copies, tmp_path, cli):

@@ -180,7 +180,7 @@ def test_compare_through_ray_gives_the_local_clips_csv(cluster, tmp_path):
                            executor=executor(cpus_per_worker=torch.get_num_threads()))
     for name in ("clips.csv", "frames.csv"):
         assert (tmp_path / "ray" / name).read_text() == (tmp_path / "local" / name).read_text()
-    for key in ("aggregates", "floor_ratios", "jobs", "conventions", "metrics_device"):
+    for key in ("aggregates", "floor_ratios", "jobs", "conventions", "metrics_device", "alignment"):
         assert ray_res.summary[key] == local.summary[key]
     assert len(local.summary["jobs"]["compared"]) == 2 and torch.get_num_threads() <= 2
 

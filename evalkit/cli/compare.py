@@ -38,7 +38,7 @@ def cmd_compare(args) -> int:
                               device=None if args.device == "auto" else args.device,
                               metric_options=options, progress=not args.quiet, executor=executor,
                               vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
-                              ignore_conventions=args.ignore_conventions)
+                              ignore_conventions=args.ignore_conventions, offset=args.offset)
     finally:
         if executor is not None:
             executor.close()
@@ -52,6 +52,9 @@ def cmd_compare(args) -> int:
             print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
     for name, ratios in s["floor_ratios"].items():
         print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
+    for jid, al in s["alignment"]["jobs"].items():
+        if al["offset"]:
+            print(f"  offset {jid}: {al['text']}")
     if s.get("headline"):
         print(s["headline"]["text"])
     if s.get("floor_notice"):
@@ -114,7 +117,7 @@ def cmd_metrics(args) -> int:
         temporal=not args.no_temporal, flow=flow_method(args), flow_preset=args.flow_preset,
         flow_scale=args.flow_scale, ssim_channel=args.ssim_channel, csv_path=args.csv,
         keep_frames=args.json, vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
-        progress=not args.quiet and sys.stderr.isatty(),
+        progress=not args.quiet and sys.stderr.isatty(), offset=args.offset,
     )
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
@@ -138,6 +141,10 @@ def add_compare(sub, common) -> None:
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,
                    help="DIS preset for the temporal metrics (default fast)")
     s.add_argument("--no-temporal", action="store_true", help="skip the temporal metrics")
+    s.add_argument("--offset", choices=("auto", "0"), default="auto",
+                   help="temporal offset of each B clip: auto (default: tested on the first frames; "
+                        "a job with one is compared at it and named in the report) or 0 (frame by "
+                        "frame, untested)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     conventions_arg(s)
     vmaf_args(s)
@@ -168,12 +175,29 @@ def add_metrics(sub, common) -> None:
     s.add_argument("--align", choices=("error", "shortest"), default="error",
                    help="different frame counts: error (default) or compare the common prefix "
                         "(recorded in the output)")
+    s.add_argument("--offset", type=offset_arg, default="auto",
+                   help="temporal offset of B: auto (default: tested on the first frames; an "
+                        "offset found is compared at and reported, a frame-rate mismatch is an "
+                        "error) or a whole number of frames, untested (0: frame by frame; "
+                        "N > 0: B is N frames late)")
     s.add_argument("--chunk", type=int, default=None,
                    help="frames per batch (default: by frame size and device, 8 at 256x256 on cpu)")
     s.add_argument("--quiet", action="store_true",
                    help="no progress bar (shown on a terminal's stderr, per frame)")
     vmaf_args(s)
     s.set_defaults(func=cmd_metrics)
+
+
+def offset_arg(s: str):
+    """``--offset``: ``auto`` or a whole number of frames."""
+    import argparse
+
+    if s == "auto":
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of frames, found {s!r}") from None
 
 
 def vmaf_args(s) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit import fsutil
+from evalkit.compare.alignment import resolve_offset, skip_frames
 from evalkit.errors import InputFileError, UserError
 from evalkit.video import ClipReader
 from metrics.catalogue import KEYS, fmt, units
@@ -39,7 +40,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                   flow_preset: str | None = None, flow_scale: float = 1.0,
                   ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True,
                   vmaf: bool = False, vmaf_threads: int | None = None,
-                  progress: bool = False) -> dict:
+                  progress: bool = False, offset="auto") -> dict:
     """Metrics of clip (or image) ``path_a`` against ``path_b``.
 
     Returns a JSON-ready dict::
@@ -60,6 +61,11 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     identical frames). ``vmaf``: also VMAF (``"vmaf"`` mean, per frame and convention; a
     separate pass over the compared frames, :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
     libvmaf's threads. ``progress``: a per-frame progress bar on stderr.
+
+    ``offset``: ``"auto"`` (default) tests the clips for a temporal offset and a frame-rate
+    mismatch first (:mod:`evalkit.compare.alignment`): a mismatch is an error, an offset is
+    compared at, on the frames both clips share (``"offset"`` in the result says which; the
+    records keep A's frame numbers); a whole number: that offset, untested (0: frame by frame).
     """
     from metrics import MetricInputError
     from metrics.flow import DEFAULT_PRESET
@@ -71,6 +77,11 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if (ia.width, ia.height) != (ib.width, ib.height):
         raise InputFileError(paths["b"], f"frames are {ib.width}x{ib.height}, expected "
                              f"{ia.width}x{ia.height} like {paths['a']}")
+    al = resolve_offset(paths["a"], paths["b"], offset)
+    if al.finding == "rate":
+        raise InputFileError(paths["b"], al.reason)
+    if al.offset:
+        align = "shortest"      # the frames both clips share at the offset
     if align == "error" and ia.frames and ib.frames and ia.frames != ib.frames:
         raise InputFileError(paths["b"], f"{ib.frames} frames, expected {ia.frames} like "
                              f"{paths['a']} (frame counts differ; --align shortest compares "
@@ -106,7 +117,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
         pb = prefetch_chunks(paths["b"], chunk, depth, pool=pool)
         with tqdm(total=total, desc="metrics", unit="frame", disable=not progress,
                   mininterval=0.5) as bar:
-            for rec in stream_pair(pa, pb, evaluator=ev, chunk=chunk, align=align):
+            for rec in stream_pair(skip_frames(pa, al.skip_a), skip_frames(pb, al.skip_b),
+                                   evaluator=ev, chunk=chunk, align=align):
+                rec["frame"] += al.skip_a       # A's frame number
                 records.append(rec)
                 bar.update(1)
         summary = ev.compute()
@@ -125,7 +138,8 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if vmaf and records:
         from evalkit.compare.vmaf import add_vmaf
 
-        summary["conventions"]["vmaf"] = add_vmaf(records, paths["a"], paths["b"], n_threads=vmaf_threads)
+        summary["conventions"]["vmaf"] = add_vmaf(records, paths["a"], paths["b"], n_threads=vmaf_threads,
+                                                 skip=(al.skip_a, al.skip_b))
         summary["means"]["vmaf"] = sum(r["vmaf"] for r in records) / len(records)
     if csv_path is not None:
         write_csv(csv_path, records)
@@ -148,6 +162,7 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     descriptions = units()
     out["units"] = {k: descriptions[k] for k in keys}
     out["alignment"] = summary["alignment"]
+    out["offset"] = al.as_dict(compared=summary["frames"])
     out["nan_counts"] = summary["nan_counts"]
     return json_safe(out)
 
@@ -180,6 +195,9 @@ def format_text(result: dict) -> str:
     if al.get("mode") == "shortest" and (al.get("dropped_a") or al.get("dropped_b")):
         lines.append(f"alignment: compared the first {al['compared']} frames "
                      f"(a has {al['frames_a']}, b has {al['frames_b']})")
+    off = result.get("offset") or {}
+    if off.get("offset") or off.get("finding") in ("static", "short"):
+        lines.append(f"offset: {off['text']}")
     conv = result["conventions"]
     lines.append("conventions: " + "; ".join(f"{k}={v}" for k, v in conv.items()))
     return "\n".join(lines)

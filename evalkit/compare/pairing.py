@@ -21,6 +21,7 @@ import numpy as np
 from evalkit import __version__
 from evalkit.errors import InputFileError, UserError
 from evalkit.compare.aggregate import aggregate, floor_ratio, headline
+from evalkit.compare.alignment import Alignment, rate_mismatch, resolve_offset, skip_frames
 from evalkit.compare.gating import check_conventions, open_gate
 from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
@@ -41,6 +42,8 @@ class Pair:
     rec_b: dict
     path_a: Path
     path_b: Path
+    #: temporal offset of B: "auto" (tested: :mod:`evalkit.compare.alignment`) or frames, untested
+    offset: str | int = "auto"
 
 
 @dataclass
@@ -51,6 +54,8 @@ class JobMeasure:
     worst_frame: int
     worst_a: np.ndarray | None = None
     worst_b: np.ndarray | None = None
+    #: the pair's temporal alignment (:class:`evalkit.compare.alignment.Alignment`)
+    alignment: Alignment | None = None
 
 
 @dataclass
@@ -137,6 +142,10 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
                                  f"{paths[1]} is {_shown(shapes[1])} (the frames pair one by one; "
                                  "`evalkit metrics --align shortest A B` compares the common "
                                  "frames of two such clips)")
+                continue
+            rates = rate_mismatch(*((rec.get("output") or {}).get("fps") for rec in (ra, rb)))
+            if rates:
+                problems[jid] = f"not comparable: {rates}"
                 continue
             pairs.append(Pair(jid, ra, rb, paths[0], paths[1]))
     # problems in the runs' job order, as before
@@ -272,23 +281,33 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     chunk = _pair_chunk(evaluator, pair, chunk)
     if decoder is None:
         decoder = PairDecoder(pair, chunk)
+    try:       # the clips' first frames, small: their offset; and their frame rates
+        al = resolve_offset(pair.path_a, pair.path_b, pair.offset)
+        if al.finding == "rate":
+            raise PairMismatch(f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b}: "
+                               f"{al.reason} (not what their manifests say)")
+    except BaseException:
+        decoder.close()
+        raise
     # stream_pair reads at most one chunk ahead of the records it yields; a chunk decoded in a
     # worker process is valid until two more are read (evalkit.procdecode): keep copies
     mem_a, mem_b = collections.deque(maxlen=2), collections.deque(maxlen=2)
     records = []
     worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
     try:
-        gen = stream_pair(_chunks_with_memory(decoder.a, mem_a),
-                          _chunks_with_memory(decoder.b, mem_b),
-                          evaluator=evaluator, chunk=chunk)
+        gen = stream_pair(_chunks_with_memory(skip_frames(decoder.a, al.skip_a), mem_a),
+                          _chunks_with_memory(skip_frames(decoder.b, al.skip_b), mem_b),
+                          evaluator=evaluator, chunk=chunk,
+                          align="shortest" if al.offset else "error")
         try:
             for rec in gen:
-                records.append(rec)
                 if rec["lpips"] > worst_val:
-                    worst, worst_val = rec["frame"], rec["lpips"]
+                    worst, worst_val = rec["frame"] + al.skip_a, rec["lpips"]
                     if keep_worst:
-                        worst_a, worst_b = (_copy(_recall(mem_a, worst)),
-                                            _copy(_recall(mem_b, worst)))
+                        worst_a, worst_b = (_copy(_recall(mem_a, rec["frame"])),
+                                            _copy(_recall(mem_b, rec["frame"])))
+                rec["frame"] += al.skip_a       # A's frame number
+                records.append(rec)
                 if on_frame is not None:
                     on_frame(1)
         except MetricInputError as e:       # the clips' frames differ in count or size
@@ -302,7 +321,18 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
         mem_a.clear()       # no chunk outlives the clip: the decoders' rings are reused
         mem_b.clear()
         decoder.close()
-    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b)
+    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b, al)
+
+
+def alignment_of(measures: list[JobMeasure]) -> dict:
+    """summary.json's ``alignment``: the rule, the jobs compared at an offset (``shifted``:
+    job -> offset) and each job's finding (:meth:`evalkit.compare.alignment.Alignment.as_dict`)."""
+    from evalkit.compare.alignment import RULE
+
+    jobs = {m.pair.job_id: m.alignment.as_dict(compared=len(m.records))
+            for m in measures if m.alignment is not None}
+    return {"rule": RULE, "shifted": {j: a["offset"] for j, a in jobs.items() if a["offset"]},
+            "jobs": jobs}
 
 
 def aggregates_of(measures: list[JobMeasure]) -> dict:
@@ -447,8 +477,10 @@ class LocalCompareSession:
 def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
                  metric_options: dict | None = None, progress: bool = True,
                  executor=None, vmaf: bool = False, vmaf_threads: int | None = None,
-                 ignore_conventions: bool = False) -> CompareResult:
-    """``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
+                 ignore_conventions: bool = False, offset="auto") -> CompareResult:
+    """``offset``: ``"auto"`` tests every pair for a temporal offset and compares at one found
+    (:mod:`evalkit.compare.alignment`; summary.json's ``alignment``), ``0`` pairs frames one by
+    one untested. ``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
     cross-backend pairs and the floors: :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
     libvmaf's threads (default every usable core); ``ignore_conventions``: judge with a gate
     that records other conventions than this compare's (:mod:`evalkit.compare.gating`)."""
@@ -502,18 +534,24 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                      if unit == "frame" else len(pairs_))
             return tqdm(total=total, desc=desc, unit=unit, disable=not progress, mininterval=0.5)
 
+        for p in pairs:
+            p.offset = offset
         with bar_of(pairs, "compare") as bar:
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info = {}
         for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
+            for p in fpairs:
+                p.offset = offset
             with bar_of(fpairs, f"floor {name}") as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
             _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
                                 "name": run_name(f.manifest), "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
                                 "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
+            if any(m.alignment is not None and m.alignment.offset for m in fm):
+                floor_info[name]["alignment"] = alignment_of(fm)
         conventions = dict(session.conventions)
         if vmaf:
             from metrics.vmaf import vmaf_convention as _default
@@ -538,6 +576,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "conventions": conventions,
         "units": units(),
         "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},
+        "alignment": alignment_of(measures),
         "aggregates": aggregates,
         "floors": floor_info,
         "floor_ratios": ratios,

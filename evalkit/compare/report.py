@@ -7,7 +7,9 @@ the keys of :mod:`metrics.catalogue`, in its order):
   metric is undefined, e.g. temporal metrics at frame 0; ``inf`` for the PSNR of identical frames;
   an optional metric such as ``vmaf`` only when it was computed: ``--vmaf``).
 - ``clips.csv``: job, clip, prompt, seed, status (``compared`` or why not), frames,
-  worst_frame (highest LPIPS), identical, then ``<metric>_mean``, ``<metric>_p95``,
+  worst_frame (highest LPIPS), identical, offset (B's temporal offset in frames the job was
+  compared at: +1 = B one frame late; :mod:`evalkit.compare.alignment`), alignment (its
+  finding: aligned, shifted, static, short, given), then ``<metric>_mean``, ``<metric>_p95``,
   ``<metric>_worst`` per metric.
 - ``index.html``: ``templates/report.html.j2`` rendered by Jinja2 with autoescaping on.
 
@@ -76,20 +78,23 @@ def write_frames_csv(path: Path, measures) -> None:
 
 def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) -> None:
     cols = metric_columns(measures)
-    header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical"]
+    header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical",
+              "offset", "alignment"]
     for k in cols:
         header += [f"{k}_mean", f"{k}_p95", f"{k}_worst"]
     rows = []
     for m in measures:
+        al = m.alignment
         row = _job_cols(m.pair.rec_a) + ["compared", len(m.records), m.worst_frame,
-                                         m.summary["identical"]]
+                                         m.summary["identical"], al and al.offset,
+                                         al and al.finding]
         for k in cols:
             agg = aggregate([r.get(k) for r in m.records], k)
             row += [agg["mean"], agg["p95"], agg["worst"]]
         rows.append(row)
     for jid, reason in not_compared.items():
         rec = jobs_by_id.get(jid, {"id": jid, "clip": "", "prompt": "", "seed": ""})
-        rows.append(_job_cols(rec) + [reason, 0, None, None] + [None] * (3 * len(cols)))
+        rows.append(_job_cols(rec) + [reason, 0, None, None, None, None] + [None] * (3 * len(cols)))
     _write_csv(path, header, rows)
 
 
@@ -297,7 +302,9 @@ def render_html(summary: dict, measures, images: dict) -> str:
     clips = [{"rec": m.pair.rec_a, "job": m.pair.job_id, "img": images[m.pair.job_id],
               "seed": m.pair.rec_a.get("effective_seed", m.pair.rec_a["seed"]),
               "means": m.summary["means"], "worst_frame": m.worst_frame,
-              "identical": m.summary["identical"]} for m in measures]
+              "identical": m.summary["identical"],
+              "offset": (summary.get("alignment") or {}).get("jobs", {}).get(m.pair.job_id)}
+             for m in measures]
     return _template().render(summary=summary, gate=summary.get("gate"),
                               fingerprints=fingerprints, clips=clips)
 

@@ -33,7 +33,7 @@ import numpy as np
 from evalkit.render.adopt import plan_identity
 from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint
 from evalkit.errors import InputFileError, UserError
-from evalkit.render.renderers import JobError, RenderRequest, Renderer, get_renderer
+from evalkit.render.renderers import JobError, RenderRequest, Renderer, WrittenClip, get_renderer
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS, new_run_format
@@ -44,7 +44,7 @@ from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_
                                       on_device, use_processes)
 from evalkit.render.procwrite import forced as procs_forced
 from evalkit.render.quiet import QuietSources, writes_mode
-from evalkit.video import ClipReader
+from evalkit.video import ClipReader, shape_only
 
 
 def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
@@ -81,6 +81,8 @@ class JobResult:
     extra: dict = field(default_factory=dict)
     #: the fingerprint of the environment that rendered it (None: the driver's own)
     fingerprint: dict | None = None
+    #: files the renderer wrote itself, streaming (``frames`` is None): moved into place
+    written: WrittenClip | None = None
 
 
 @dataclass
@@ -186,7 +188,8 @@ class LocalExecutor:
             renderer.load(runtime)
             try:
                 yield from self.render_jobs(renderer, runtime, task.jobs, sources,
-                                            task.seed_offset, progress, work_dir=task.work_dir)
+                                            task.seed_offset, progress, work_dir=task.work_dir,
+                                            lossless=task.lossless)
             finally:
                 renderer.unload()
                 if runtime.device.type == "cuda":
@@ -194,24 +197,27 @@ class LocalExecutor:
 
     @classmethod
     def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
-                    work_dir: Path | None = None) -> Iterator[JobResult]:
+                    work_dir: Path | None = None, lossless: str = "ffv1") -> Iterator[JobResult]:
         """Render ``jobs`` one after the other, each next job's source decoded meanwhile; or,
         with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch`` or ``auto``), in windows of
         jobs, decoding and writing only between them (``auto``: while the calls are short)."""
         jobs = list(jobs)
         if isinstance(sources, QuietSources):
             yield from sources.run(jobs, lambda job: cls.render_job(
-                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir))
+                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
+                lossless=lossless))
             return
         for i, job in enumerate(jobs):
             yield cls.render_job(renderer, runtime, job, sources, seed_offset, progress,
-                                 work_dir=work_dir,
+                                 work_dir=work_dir, lossless=lossless,
                                  next_clip=jobs[i + 1].clip if i + 1 < len(jobs) else None)
 
     @staticmethod
     def render_job(renderer, runtime, job, sources, seed_offset, progress,
-                   work_dir: Path | None = None, next_clip: str | None = None) -> JobResult:
-        """Render one job (``next_clip``: the next job's clip, decoded while this one renders)."""
+                   work_dir: Path | None = None, next_clip: str | None = None,
+                   lossless: str = "ffv1") -> JobResult:
+        """Render one job (``next_clip``: the next job's clip, decoded while this one renders;
+        ``lossless``: the run's format, for a renderer that writes its files itself)."""
         import torch
 
         frames_in, fps, path = sources.get(job.clip)
@@ -223,14 +229,18 @@ class LocalExecutor:
             torch.cuda.reset_peak_memory_stats(runtime.device)
         update = progress.start_job(f"{job.clip} {job.prompt}")
         t0 = time.perf_counter()
-        error = frames = None
+        error = frames = written = None
         request = RenderRequest(job=job, source=frames_in, fps=fps, seed=job.seed + seed_offset,
-                                source_path=path, progress=update, work_dir=work_dir)
+                                source_path=path, progress=update, work_dir=work_dir,
+                                lossless=lossless)
         try:
             out = renderer.render(request)
             if cuda:
                 torch.cuda.synchronize(runtime.device)
-            frames = check_output(out, frames_in, renderer)
+            if isinstance(out, WrittenClip):
+                written = check_written(out, frames_in, renderer)
+            else:
+                frames = check_output(out, frames_in, renderer)
         except JobError as e:
             error = str(e)
         except torch.cuda.OutOfMemoryError as e:
@@ -250,7 +260,16 @@ class LocalExecutor:
         if cuda:
             timing["peak_device_memory_bytes"] = int(torch.cuda.max_memory_allocated(runtime.device))
         progress.end_job(error is None)
-        return JobResult(job, frames, fps, error, timing, extra={**info, **request.record})
+        return JobResult(job, frames, fps, error, timing, extra={**info, **request.record},
+                         written=written)
+
+
+def check_written(out: WrittenClip, source: np.ndarray, renderer: Renderer) -> WrittenClip:
+    """A renderer's own files (:class:`WrittenClip`) must hold the source's frame count."""
+    if getattr(renderer, "same_frame_count", True) and out.frames != len(source):
+        raise JobError(f"renderer {renderer.name!r} returned {out.frames} frames, "
+                       f"expected {len(source)} (the source clip's count)")
+    return out
 
 
 def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
@@ -280,8 +299,12 @@ class SourceCache:
     decoding error is raised by the :meth:`get` that needs the clip, as without prefetching.
     """
 
-    def __init__(self, suite: Suite, *, programs: bool = False):
+    def __init__(self, suite: Suite, *, programs: bool = False, shape_only: bool = False):
         self.suite = suite
+        #: the renderer needs the sources' size, rate and frame count, not their frames (the
+        #: ``import`` renderer): each is counted, streaming, and stands as a frame-less
+        #: (N, H, W, 3) view (:func:`evalkit.video.shape_only`), whatever the clip's length
+        self.shape_only = shape_only
         #: decode exact-RGB lossless sources by FFmpeg programs (ffwrite.read_exact): the
         #: lock stays with the thread that feeds the device
         self.programs = programs
@@ -292,6 +315,10 @@ class SourceCache:
 
     def _decode(self, clip_id: str):
         path = self.suite.clips[clip_id].path
+        if self.shape_only:
+            reader = ClipReader(path)
+            n = reader.count_frames()
+            return shape_only(n, reader.info.height, reader.info.width), reader.info.fps, path
         got = ffwrite.read_exact(path) if self.programs else None
         if got is not None:
             return got[0], got[1], path
@@ -433,7 +460,10 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     # decode the exact-RGB sources
     programs = ffwrite.encoder(device) == "ffmpeg" and isinstance(executor, LocalExecutor)
     mode = writes_mode(device, programs) if isinstance(executor, LocalExecutor) else "overlap"
-    if mode == "overlap":
+    if getattr(rend, "adopts_renders", False):
+        # an import: the sources' shapes only, and no device calls to keep quiet beside
+        sources = SourceCache(suite, programs=programs, shape_only=True)
+    elif mode == "overlap":
         sources = SourceCache(suite, programs=programs)
     else:                                   # decoding and writing between windows of jobs
         sources = QuietSources(suite, mode=mode, programs=programs)
@@ -616,6 +646,8 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
     threads ``pool`` by ``writer`` (a :class:`ClipWriter`, or an
     :class:`evalkit.render.ffwrite.ProgramWriter`: each file by an FFmpeg program the thread
     feeds)."""
+    if result.error is None and result.written is not None:
+        return [pool.submit(_move_written, run, result.job.id, result.written)]
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
@@ -636,6 +668,17 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
     return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
                         run.lossless),
             pool.submit(writer.write_browser, run.preview_path(jid), result.frames, result.fps)]
+
+
+def _move_written(run: RunDir, jid: str, w: WrittenClip) -> str:
+    """A renderer's own files moved into the run folder (clip, then preview: renames on the
+    run folder's file system, or copies from elsewhere); the clip's sha256."""
+    for src, dst in ((w.clip, run.clip_path(jid)), (w.preview, run.preview_path(jid))):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), str(dst))
+    with contextlib.suppress(OSError):
+        Path(w.clip).parent.rmdir()
+    return w.sha256
 
 
 def _write_held(held: list, pool: ThreadPoolExecutor, writer,
@@ -714,7 +757,9 @@ def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] =
             if save:
                 st["saved"] = now
         else:
-            run.record_done(result.job.id, result.frames, result.fps, timing=result.timing,
+            frames = result.frames if result.written is None else shape_only(
+                result.written.frames, result.written.height, result.written.width)
+            run.record_done(result.job.id, frames, result.fps, timing=result.timing,
                             extra=extra, written=bool(files), sha256=_clip_sha256(files))
             st["dirty"] = False
     else:

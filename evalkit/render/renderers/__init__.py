@@ -11,7 +11,7 @@ canary      the built-in reference pipeline (models/canary), through the diffuse
 """
 from __future__ import annotations
 
-from evalkit.render.renderers.base import JobError, NOISE_POLICY, import_object, RenderRequest, Renderer, RendererError, to_uint8_frames
+from evalkit.render.renderers.base import JobError, NOISE_POLICY, import_object, RenderRequest, Renderer, RendererError, WrittenClip, to_uint8_frames
 
 BUILTIN = {
     "diffusers": "evalkit.render.renderers.diffusers:DiffusersRenderer",
@@ -21,7 +21,7 @@ BUILTIN = {
 }
 
 __all__ = ["BUILTIN", "JobError", "NOISE_POLICY", "RenderRequest", "Renderer", "RendererError",
-           "get_renderer", "to_uint8_frames"]
+           "WrittenClip", "get_renderer", "to_uint8_frames"]
 
 
 def get_renderer(name: str, options: dict | None = None) -> Renderer:

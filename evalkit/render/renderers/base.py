@@ -49,11 +49,28 @@ class RenderRequest:
     #: extra keys for the job's manifest record, filled in by the renderer (the ``import``
     #: renderer: where the adopted file came from and its sha256)
     record: dict = field(default_factory=dict)
+    #: the run's lossless format (a renderer that writes its clip itself, :class:`WrittenClip`)
+    lossless: str = "ffv1"
 
     def generator(self):
         import torch
 
         return torch.Generator("cpu").manual_seed(self.seed)
+
+
+@dataclass
+class WrittenClip:
+    """What a renderer returns instead of frames when it has written the job's files itself,
+    streaming (the ``import`` renderer: a clip of any length in a window of frames): the
+    lossless clip (in :attr:`RenderRequest.lossless`) and browser copy as the driver's writers
+    write them, in ``request.work_dir``; the driver moves them into the run folder."""
+
+    clip: Any                      # pathlib.Path, on the run folder's file system
+    preview: Any                   # pathlib.Path
+    frames: int
+    height: int
+    width: int
+    sha256: str                    # the clip file's
 
 
 class Renderer:

@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -110,9 +111,19 @@ def read_output_folder(folder: Path, *, what: str, frames: int | None = None,
 def read_expected(path: Path, *, what: str, frames: int | None = None,
                   size: tuple[int, int] | None = None, fps=None) -> np.ndarray:
     """A clip that must have ``frames`` frames of ``size`` (width, height) (and, a video,
-    ``fps`` frames a second) -> (N, H, W, 3) uint8. A wrong size, rate or declared frame count
-    (the container's header, the number of images) fails before anything is decoded; decoding
-    stops at the first frame too many."""
+    ``fps`` frames a second) -> (N, H, W, 3) uint8 (the checks of :func:`iter_expected`)."""
+    return np.concatenate(list(iter_expected(path, what=what, frames=frames, size=size,
+                                             fps=fps)))
+
+
+def iter_expected(path: Path, *, what: str, frames: int | None = None,
+                  size: tuple[int, int] | None = None, fps=None,
+                  chunk: int = 16) -> Iterator[np.ndarray]:
+    """:func:`read_expected`'s frames in ``(n, H, W, 3)`` chunks of at most ``chunk`` frames,
+    read as they are consumed (memory: a chunk and the decoder's window, whatever the clip's
+    length). A wrong size, rate or declared frame count (the container's header, the number of
+    images) fails before anything is decoded; decoding stops at the first frame too many (a
+    JobError naming ``what``). Fewer frames than ``frames`` are the caller's to check."""
     from fractions import Fraction
 
     from evalkit.errors import VideoError
@@ -129,12 +140,12 @@ def read_expected(path: Path, *, what: str, frames: int | None = None,
         if frames is not None and info.frames and info.frames != frames:
             raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
                            "clip's count)")
-        out = []
-        for f in reader:
-            if frames is not None and len(out) == frames:
+        n = 0
+        for c in reader.chunks(chunk):
+            if frames is not None and n + len(c) > frames:
                 raise JobError(f"{what}: more than {frames} frames, expected {frames} (the "
                                "source clip's count)")
-            out.append(f)
+            n += len(c)
+            yield c
     except VideoError as e:
         raise JobError(f"{what}: {e}") from None
-    return np.stack(out)
