@@ -418,6 +418,14 @@ def _study(w, *extra, db=None):
             "--protocol", "abx", *extra]
 
 
+def _deep_report(w):
+    """A report folder whose summary.json is 100,000 nested arrays."""
+    d = w.root / "deepreport"
+    d.mkdir(exist_ok=True)
+    (d / "summary.json").write_text("[" * 100000)
+    return d
+
+
 def _pg(w):
     return f"postgresql+psycopg://evalkit:secret@127.0.0.1:{w.port}/studies"
 
@@ -768,6 +776,9 @@ ROWS = [
                                                          "--device", "cpu", "--quiet"],
       _math_report_ok),
     # -- study create ----------------------------------------------------------------------
+    E("study create", "summary-nested-100000-deep",
+      lambda w: ["study", "create", _deep_report(w), "--db", w.root / "deep.db", "--protocol", "abx"],
+      "deepreport/summary.json", "not a compare summary", process=True),
     E("study create", "db-unknown-scheme", lambda w: _study(w, db="foo://bar"), "--db foo://bar",
       "found the scheme 'foo'", process=True),
     E("study create", "db-mysql", lambda w: _study(w, db="mysql://u:pw@localhost/x"),

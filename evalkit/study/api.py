@@ -58,7 +58,7 @@ def read_report(report) -> dict:
         run_a = _resolve(summary["runs"]["a"]["path"], report)
         run_b = _resolve(summary["runs"]["b"]["path"], report)
         compared = list(summary["jobs"]["compared"])
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputFileError(summary_path, f"not a compare summary ({e.__class__.__name__}: {e})")
     for side, run in (("a", run_a), ("b", run_b)):
         if not run.is_absolute() and not run.is_dir():   # older reports kept paths as given
