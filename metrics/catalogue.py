@@ -163,6 +163,18 @@ CONVENTIONS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+#: The metric families a headline names, and what a ratio above 1 means to a release manager.
+FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker")}
+MEANING = {
+    "lpips": "frames look different (perceptual distance)",
+    "ssim": "frames differ in structure",
+    "psnr": "pixels differ more",
+    "tlp": "frames change differently over time",
+    "tof": "things move differently",
+    "flicker": "brightness flickers: people notice flicker",
+}
+
+
 def conventions_of(metric_keys) -> tuple[str, ...]:
     """The convention keys the numbers of ``metric_keys`` depend on, each once, in order."""
     out: list[str] = []

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from metrics.catalogue import AGGREGATES, METRICS, keys
+from metrics.catalogue import AGGREGATES, FAMILIES, MEANING, METRICS, keys
 
 
 def _finite(values):
@@ -50,18 +50,6 @@ def floor_ratio(cross: dict, floor: dict) -> dict:
             else:
                 out[metric][agg] = c / f
     return out
-
-
-#: The metric families a headline names, and what a ratio above 1 means to a release manager.
-FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker")}
-MEANING = {
-    "lpips": "frames look different (perceptual distance)",
-    "ssim": "frames differ in structure",
-    "psnr": "pixels differ more",
-    "tlp": "frames change differently over time",
-    "tof": "things move differently",
-    "flicker": "brightness flickers: people notice flicker",
-}
 
 
 def _ratio_text(metric: str, ratio: float, floor: str) -> str:
