@@ -29,7 +29,7 @@ from ..video import read_frames
 from . import design, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
-from .media import degrade, ordered_map, store_tiled
+from .media import degrade, ordered_map, prepare_media_dir, store_tiled
 from .store import (clips, new_media_key, now, open_db, raters, ratings, studies, trials,
                     unblindings)
 
@@ -147,6 +147,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     if media is None:
         raise StudyError("--media: a folder for the browser copies is needed with a "
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
+    prepare_media_dir(media)                   # what a killed create left, before any encode
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
     if protocol == "threshold":

@@ -91,12 +91,22 @@ def ordered_map(fn, items, workers: int | None = None):
                 f.cancel()
 
 
+def prepare_media_dir(media_dir) -> Path:
+    """The study's media folder, made if needed, with what a killed create left removed (its
+    ``.tmp-*`` files that no live process holds). Called once, before any stream is encoded:
+    the encoders' own temporaries inside a ``.tmp-`` file's writing are not held, so a sweep
+    beside running encoders would take them."""
+    media_dir = Path(media_dir)
+    media_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(media_dir)
+    return media_dir
+
+
 def _store(write, media_dir: Path) -> str:
     """Run ``write(tmp_path)`` to a temporary name in ``media_dir``; rename the file to its
     sha256 (``<sha256>.mp4``) and return that."""
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(media_dir)        # what a killed create left (held ones stay)
     fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
     hold(fd)                                   # held while written: not stale to another create
     tmp = Path(tmp)
