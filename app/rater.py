@@ -82,6 +82,16 @@ async def answer(svc: RaterService, token: str, data: dict, client: str | None) 
     return out
 
 
+class AnswerEvent(gr.EventData):
+    """The player's ``answer`` event, as Gradio passes an event's payload to a listener whose
+    argument is hinted with a :class:`gradio.EventData` subclass (as ``gr.SelectData`` does):
+    ``payload`` is what the page sent (the answer, its nonce and the trial's token)."""
+
+    def __init__(self, target, data):
+        super().__init__(target, data)
+        self.payload = data
+
+
 def build_rater(svc: RaterService) -> gr.Blocks:
     """The rater page over ``svc``. Both events bypass Gradio's queue (the service orders and
     batches the database work itself) and show no progress overlay."""
@@ -93,8 +103,8 @@ def build_rater(svc: RaterService) -> gr.Blocks:
         async def on_load(request: gr.Request):
             return await load(svc, _token(request))
 
-        async def on_answer(evt: gr.EventData, request: gr.Request):
-            return await answer(svc, _token(request), evt._data,
+        async def on_answer(evt: AnswerEvent, request: gr.Request):
+            return await answer(svc, _token(request), evt.payload,
                                 request.headers.get("user-agent"))
 
         # not through Gradio's queue: each event is one POST (/gradio_api/run/<name>) answered

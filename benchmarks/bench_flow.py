@@ -8,7 +8,7 @@
 Parts (``--part``, default all):
 
 * ``synthetic`` -- end-point error against the known flow of synthetic motion
-  (:mod:`metrics.flowcheck`: four bundled photographs, translations from 0.3 to 19 px, a
+  (:mod:`evalkit.testing.flowcheck`: four bundled photographs, translations from 0.3 to 19 px, a
   rotation, a zoom and a mix; windows of 320x180 and, ``--large``, 1280x720 from photographs
   upscaled 2.6x): ``torch`` on ``--device`` against DIS ``fast`` and ``medium``, and the torch
   flow solved down to the other working levels (:data:`VARIANTS`).
@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from metrics._common import precise, resolve_device  # noqa: E402
 from metrics.flow import flow_u8  # noqa: E402
-from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
+from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
 from metrics.torchflow import BATCH_PIXELS, CONVENTION, PARAMS, torch_flow, use_fused  # noqa: E402
 
 PARTS = ("synthetic", "schedules", "real", "speed", "stream", "temporal", "fused", "lpips")

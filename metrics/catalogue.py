@@ -213,10 +213,6 @@ def higher_is_better(key: str) -> bool:
     return metric(key).higher_is_better
 
 
-def is_temporal(key: str) -> bool:
-    return metric(key).temporal
-
-
 def units() -> dict[str, str]:
     """key -> description (what the number means, in which units), in CSV column order."""
     return {k: m.description for k, m in METRICS.items()}

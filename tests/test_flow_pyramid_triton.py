@@ -19,7 +19,7 @@ import torch
 from numerics import ab_tolerance, flow_tolerance, gamma
 from skimage import data as skdata
 from metrics import _triton_pyramid as tp, torchflow as tf
-from metrics.flowcheck import photo_grey, synthetic_pair
+from evalkit.testing.flowcheck import photo_grey, synthetic_pair
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)

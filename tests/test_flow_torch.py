@@ -15,7 +15,7 @@ from skimage import data as skdata
 
 import metrics
 from metrics.flow import flow_u8
-from metrics.flowcheck import endpoint_error, photo_grey, synthetic_pair
+from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair
 from metrics.stream import PairEvaluator, evaluate_pair
 from metrics.torchflow import torch_flow
 

@@ -24,7 +24,7 @@ import os
 import torch
 from numerics import flow_tolerance
 from skimage import data as skdata
-from metrics.flowcheck import photo_grey, synthetic_pair
+from evalkit.testing.flowcheck import photo_grey, synthetic_pair
 from metrics.torchflow import torch_flow
 
 torch.set_num_threads(1)
