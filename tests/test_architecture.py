@@ -19,7 +19,7 @@ PACKAGES = ("evalkit", "app", "metrics")
 
 #: room -> the rooms it may import (itself always). A room is a module's first two name parts
 #: for evalkit (evalkit.render, evalkit.study, ...), the first part otherwise.
-CORE = {"evalkit", "evalkit.errors", "evalkit.fsutil", "evalkit.lossless",
+CORE = {"evalkit", "evalkit.concurrency", "evalkit.errors", "evalkit.fsutil", "evalkit.lossless",
         "evalkit.procdecode", "evalkit.video", "evalkit.weights"}
 ALLOWED = {
     "metrics": set(),

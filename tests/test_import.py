@@ -358,3 +358,39 @@ def test_bad_label_and_fingerprint_input_is_one_line_and_exit_2(case, farms, cli
     assert code == 2, (out, err)
     assert_one_line_error(err, *needles)
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
+        farms, imported, tmp_path, monkeypatch):
+    """On a machine with a GPU (where compare would be decode-bound on FFV1) a new import is
+    stored in the fast format, and its files are adopted two at a time here: the same frames as
+    the one-at-a-time FFV1 import, every job recorded, in suite order."""
+    from evalkit.cli import main
+    from evalkit.render import driver
+
+    seen = []
+    real = driver.LocalExecutor.render_job
+
+    def render_job(*a, **kw):          # which threads adopt (the real work, unchanged)
+        import threading
+
+        seen.append(threading.current_thread().name)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(driver, "accelerator_here", lambda: True)
+    monkeypatch.setattr(driver, "adopt_workers", lambda: 2)
+    monkeypatch.setattr(driver.LocalExecutor, "render_job", staticmethod(render_job))
+    assert main(["render", str(farms["suite"]), "-r", "import", "-O", f"dir={farms['amd']}",
+                 "--label", "mi325x-bf16", "--fingerprint", str(farms["fp_amd"]), "--out",
+                 str(tmp_path), "--quiet"]) == 0
+    run = tmp_path / "mi325x-bf16"
+    m = read_manifest(run)
+    assert m["lossless"]["codec"] == "utvideo"
+    assert [r["id"] for r in m["jobs"]] == [j.id for j in farms["jobs"]]
+    assert len(seen) == 2 and all(n.startswith("evalkit-adopt") for n in seen)
+    for rec in m["jobs"]:
+        ours = video.read_frames(run / "clips" / f"{rec['id']}.nut")[0]
+        theirs = video.read_frames(imported["amd"] / "clips" / f"{rec['id']}.mkv")[0]
+        assert np.array_equal(ours, theirs)
+    # a machine without a GPU keeps FFV1 (the fixture's imports)
+    assert read_manifest(imported["amd"])["lossless"]["codec"] == "ffv1"

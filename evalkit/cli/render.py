@@ -105,8 +105,8 @@ def add_render(sub, common) -> None:
     s.add_argument("--lossless", choices=list(LOSSLESS_FORMATS), default=None,
                    help="format of the lossless clips: ffv1 (.mkv, smallest; the default for a "
                         "new run on the CPU) or utvideo (.nut, 1.15-1.5x larger, encodes and "
-                        "decodes several times faster; the default for a new run on a GPU); a "
-                        "resumed run keeps its own")
+                        "decodes several times faster; the default for a new run on a GPU, or "
+                        "imported on a machine with one); a resumed run keeps its own")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     executor_args(s, retries=True)
     s.set_defaults(func=cmd_render)

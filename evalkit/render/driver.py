@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from evalkit.concurrency import ordered_map
 from evalkit.render.adopt import plan_identity
 from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint
 from evalkit.errors import InputFileError, UserError
@@ -153,6 +154,27 @@ class Progress:
         self.overall.close()
 
 
+def adopt_workers() -> int:
+    """Jobs an import (``-r import``) adopts at once: a quarter of the cores, 1 to 8 (each
+    decodes its file and encodes two, with codec threads of its own)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
+def accelerator_here() -> bool:
+    """Whether this machine has a GPU torch can use (CUDA or ROCm): the compare of a run
+    imported here is then likely to run here too, decode-bound on FFV1."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def lossless_of_new_run(ident) -> str:
+    """A new run's format when ``--lossless`` names none: the fast one for a run rendered on a
+    device, or imported on a machine with one (:func:`accelerator_here`); FFV1 otherwise
+    (:func:`evalkit.lossless.new_run_format`)."""
+    return new_run_format(on_device([ident]) or (not ident.apply and accelerator_here()))
+
+
 class LocalExecutor:
     """Render in this process: per backend, load the renderer once, then every job in turn."""
 
@@ -202,6 +224,12 @@ class LocalExecutor:
         with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch`` or ``auto``), in windows of
         jobs, decoding and writing only between them (``auto``: while the calls are short)."""
         jobs = list(jobs)
+        if getattr(renderer, "adopts_renders", False):
+            # adopted files: decoding and encoding only, no device calls: several at once
+            yield from ordered_map(lambda job: cls.render_job(
+                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
+                lossless=lossless), jobs, adopt_workers(), name="evalkit-adopt")
+            return
         if isinstance(sources, QuietSources):
             yield from sources.run(jobs, lambda job: cls.render_job(
                 renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
@@ -429,7 +457,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     label (or a fingerprint file that names one): the spec is recorded, never applied.
     ``lossless``: the format of the clips (:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render
     --lossless``); None: for a new run ``utvideo`` when it renders on a device, else ``ffv1``
-    (:func:`evalkit.lossless.new_run_format`), its own for a resumed one (another one for a
+    (:func:`lossless_of_new_run`: also for an import on a machine with a GPU), its own for a
+    resumed one (another one for a
     resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
     executor = executor or LocalExecutor()
@@ -513,7 +542,7 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                                 backend=ident.backend_record(), fingerprint=fp,
                                 notes={"seed_offset": seed_offset, "executor": executor.name},
                                 label=ident.label, adopted=adopted, lossless=lossless,
-                                new_lossless=new_run_format(on_device([ident])))
+                                new_lossless=lossless_of_new_run(ident))
             clean_run_folder(run)
             todo = [j for j in selected if not run.is_done(j.id, verify=True)]
             rend.check_done(run, [j for j in selected if j not in todo], seed_offset)

@@ -29,15 +29,14 @@ bit-exact with its C code); see :data:`TILED_X264` for why MB-tree is off.
 """
 from __future__ import annotations
 
-import collections
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from ..concurrency import ordered_map as _ordered_map
 from ..fsutil import hold, mkstemp, remove_stale_temporaries, sha256_file
 from ..video import BROWSER_ENCODING, write_browser
 
@@ -68,27 +67,9 @@ def media_workers() -> int:
 
 
 def ordered_map(fn, items, workers: int | None = None):
-    """Yield ``fn(item)`` for each item, in order, computed in a pool of ``workers`` threads
-    (default :func:`media_workers`) with at most ``workers`` items in flight (memory stays
-    bounded). PyAV, x264, numpy and scipy let go of the GIL for the heavy parts. An exception
-    of ``fn`` is raised when its item's turn comes; the items not started yet are cancelled."""
-    workers = max(1, int(workers or media_workers()))
-    if workers == 1:
-        for item in items:
-            yield fn(item)
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="evalkit-media") as pool:
-        futs: collections.deque = collections.deque()
-        try:
-            for item in items:
-                futs.append(pool.submit(fn, item))
-                if len(futs) >= workers:
-                    yield futs.popleft().result()
-            while futs:
-                yield futs.popleft().result()
-        finally:
-            for f in futs:
-                f.cancel()
+    """:func:`evalkit.concurrency.ordered_map` with ``workers`` defaulting to
+    :func:`media_workers`."""
+    return _ordered_map(fn, items, workers or media_workers(), name="evalkit-media")
 
 
 def prepare_media_dir(media_dir) -> Path:
