@@ -1059,153 +1059,39 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     its size, with none flagged."""
     if clips_per_rater is not None:
         clips = clips_per_rater
-    if protocol not in ("abx", "preference"):
-        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
-    if not 0 < margin < 0.5:
-        raise ValueError(f"--margin: expected a number in (0, 0.5), found {margin}")
-    if not 0 < power < 1:
-        raise ValueError(f"--power: expected a number in (0, 1), found {power}")
-    if not 0 <= exclusion_rate < 1:
-        raise ValueError(f"--exclusion-rate: expected a number in [0, 1), found {exclusion_rate}")
-    if not 0 <= tie_rate < 1:
-        raise ValueError(f"--tie-rate: expected a number in [0, 1), found {tie_rate}")
-    if not 0.5 < clip_accuracy <= 1:
-        raise ValueError(f"--clip-accuracy: expected a number in (0.5, 1], found {clip_accuracy}")
-    if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
-        raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
-    if visible_bound is not None:
-        if protocol != "abx":
-            raise ValueError("--visible-bound: only for --protocol abx (a preference study "
-                             "makes no claim that clips look the same)")
-        if not 0 < visible_bound < 1:
-            raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
-                             f"{visible_bound}")
-    notes = []
+    _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
+                visible_bound)
+    notes: list[str] = []
     clips_requested = clips
     if clips < MIN_CLIPS:
         notes.append(f"clips raised from {clips} to the floor of {MIN_CLIPS}")
         clips = MIN_CLIPS
     C = int(clips)
-    mc = math.sqrt(power * (1 - power) / studies)
-    two_sided = protocol == "preference"
     share = 1 - tie_rate if protocol == "preference" else 1.0
     h = heterogeneity if protocol == "preference" else 0.0
-    approx = _normal_raters(margin, power, C, alpha, two_sided=two_sided, decisive_share=share,
-                            rater_sd=h)
+    approx = _normal_raters(margin, power, C, alpha, two_sided=protocol == "preference",
+                            decisive_share=share, rater_sd=h)
     if approx > MAX_RATERS:
         need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
                 f"about {approx:,}")
         raise ValueError(f"--margin {margin:g}: {need} included raters would be "
                          f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
                          f"--margin or more clips")
-    cache: dict[int, float] = {}
-
-    def pw(R: int) -> float:
-        if R not in cache:
-            if protocol == "abx":
-                cache[R] = simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin,
-                                        alpha=alpha, studies=studies, reps=reps,
-                                        seed=seed + R)["indistinguishable"]
-            else:
-                cache[R] = simulate_preference(R, C, win_rate=0.5 + margin, tie_rate=tie_rate,
-                                               rater_sd=heterogeneity, alpha=alpha,
-                                               studies=studies, reps=reps,
-                                               seed=seed + R)["B preferred"]
-            if progress is not None:
-                progress(f"{R} raters: power {cache[R]:.3f}")
-        return cache[R]
-
-    def ok(R: int) -> bool:
-        return pw(R) - mc >= power
-
-    simulate = approx * C <= SIMULATE_MAX_CELLS
-    if simulate:
-        # bracket [lo, hi] with ok(hi) and not ok(lo) (lo = 11: below the floor) around the
-        # normal approximation, then bisect
-        r0 = max(MIN_RATERS, approx)
-        if ok(r0):
-            lo, hi = max(MIN_RATERS - 1, int(r0 * 0.85)), r0
-            if lo >= MIN_RATERS and ok(lo):
-                lo, hi = MIN_RATERS - 1, lo
-        else:
-            lo, hi = r0, math.ceil(r0 * 1.15) + 1
-            while not ok(hi):
-                lo, hi = hi, math.ceil(hi * 1.15) + 1
-                if hi * C > 2 * SIMULATE_MAX_CELLS:
-                    simulate = False
-                    break
-    if simulate:
-        r_power = _smallest(lo, hi, ok)
-        method = "simulation"
-    else:
-        r_power = max(MIN_RATERS, approx)
-        method = "normal approximation"
-        notes.append(f"{r_power} raters x {C} clips is too large to simulate quickly: the "
-                     f"power figure is the normal approximation")
-    reasons = []
-    R = max(MIN_RATERS, r_power)
+    pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
+                  heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
+                  progress=progress)
+    r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
     chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
-    edges: dict[str, dict] = {}
     if protocol == "abx":
-        # the search below is linear (the exact power is a saw-tooth) and each step costs O(R):
-        # refuse a clip accuracy so close to 0.5 that it would run for minutes
-        need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
-        if need > MAX_CLIP_RATERS:
-            raise ValueError(f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
-                             f"would be needed to flag one clip (the limit is "
-                             f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
-        r_clip = MIN_RATERS
-        while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
-            r_clip += 1
-            if r_clip > MAX_RATERS:
-                raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
-                                 f"{MAX_RATERS:,} ratings per clip")
-
-        def clip_ok_from(r: int) -> int:
-            while _clip_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
-                r += 1
-            return r
-
-        R = clip_ok_from(max(R, r_clip))
-        checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
-        if method == "simulation" and not checks_simulated:     # the clip veto made R large
-            notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
-                         "at this size are the normal approximation")
-        r_base = R
-        if R == r_power and r_power > MIN_RATERS:
-            reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
-                           f"everyone guesses needs {r_power} raters")
-        if R > r_power:
-            reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
-                           f"probability {clip_power:g} needs {R} ratings per clip "
-                           f"(power alone: {r_power})")
-        # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
-        # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
-        # (golden ears missed by the sample) it may not: add raters until it does
-        while checks_simulated:
-            edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
-                     for i, sc in enumerate(BOUNDARY_SCENARIOS)}
-            if progress is not None:
-                progress(f"{R} raters: boundary checks")
-            bad = {sc: o["indistinguishable"] for sc, o in edges.items()
-                   if o["indistinguishable"] - o["se"]["indistinguishable"] > alpha}
-            if not bad:
-                break
-            if R * C > 2 * SIMULATE_MAX_CELLS:
-                notes.append(f"boundary error above {alpha:g} at {R} raters "
-                             f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
-                             f"adding raters")
-                break
-            R = clip_ok_from(math.ceil(R * 1.1) + 1)
-        if R > r_base:
-            reasons.append(f"heterogeneity: 'indistinguishable' at true accuracy "
-                           f"{0.5 + margin:g} stays <= {alpha:g} in every scenario from {R} "
-                           f"raters (not at {r_base})")
+        R, reasons, edges, checks_simulated = _abx_raters(
+            r_power, method, C, power=power, alpha=alpha, clip_accuracy=clip_accuracy,
+            clip_power=clip_power, heterogeneity=heterogeneity, seed=seed, chk=chk,
+            notes=notes, progress=progress)
     else:
-        checks_simulated = method == "simulation"
-    if protocol != "abx" and R == r_power and r_power > MIN_RATERS:
-        reasons.append(f"power: {power:g} probability of 'B preferred' at win rate "
-                       f"{0.5 + margin:g} needs {r_power} raters")
+        R, edges, checks_simulated = max(MIN_RATERS, r_power), {}, method == "simulation"
+        reasons = ([f"power: {power:g} probability of 'B preferred' at win rate "
+                    f"{0.5 + margin:g} needs {r_power} raters"]
+                   if R == r_power and r_power > MIN_RATERS else [])
     if R == MIN_RATERS and not reasons:
         reasons.append(f"floor: at least {MIN_RATERS} included raters")
     out = {"protocol": protocol, "margin": margin, "power_target": power, "alpha": alpha,
@@ -1236,42 +1122,208 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
             reasons.append(f"visible bound: {C} clips drawn at random bound the share of "
                            f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
                            f"{float(vb):.3g} <= {visible_bound:g} when none is flagged")
-        out["margin_terms"] = margin_terms(margin)
-        out["rule"] = abx_rule_text(margin, alpha, R, C, 2000)
-        out["clip_accuracy"] = clip_accuracy
-        out["clip_power_target"] = clip_power
-        out["clip_flag_power"] = _clip_power(R, C, alpha, clip_accuracy)
-        if big:
-            out["simulated_power"] = _normal_power(R, C, margin, alpha, two_sided=False)
-            out["simulated_power_se"] = None
-            out.update(boundary_error=None, boundary_error_se=None,
-                       distinguishable_at_chance=None, clip_flag_simulated=None)
-        else:
-            null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
-            vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy,
-                               seed=seed + 7, **chk)
-            out.update(simulated_power=null["indistinguishable"],
-                       simulated_power_se=null["se"]["indistinguishable"],
-                       distinguishable_at_chance=null["distinguishable"],
-                       boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
-                       boundary_error_se=max(o["se"]["indistinguishable"]
-                                             for o in edges.values()),
-                       clip_flag_simulated=vis["clip_flagged"])
+        out.update(_abx_figures(R, C, margin=margin, alpha=alpha, clip_accuracy=clip_accuracy,
+                                clip_power=clip_power, seed=seed, chk=chk, edges=edges,
+                                big=big))
     else:
-        out["tie_rate"] = tie_rate
-        out["rule"] = preference_rule_text(alpha, min(R, C) - 1, 2000)
-        if big:
-            out["simulated_power"] = _normal_power(R, C, margin, alpha, two_sided=True,
-                                                   decisive_share=share, rater_sd=h)
-            out["simulated_power_se"] = None
-            out["any_preference_at_chance"] = None
+        out.update(_preference_figures(R, C, pw, margin=margin, alpha=alpha, tie_rate=tie_rate,
+                                       share=share, h=h, heterogeneity=heterogeneity,
+                                       studies=studies, reps=reps, seed=seed, big=big))
+    return out
+
+
+def _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
+                visible_bound) -> None:
+    """:func:`plan`'s arguments, each refused with a message naming its option."""
+    if protocol not in ("abx", "preference"):
+        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
+    if not 0 < margin < 0.5:
+        raise ValueError(f"--margin: expected a number in (0, 0.5), found {margin}")
+    if not 0 < power < 1:
+        raise ValueError(f"--power: expected a number in (0, 1), found {power}")
+    if not 0 <= exclusion_rate < 1:
+        raise ValueError(f"--exclusion-rate: expected a number in [0, 1), found {exclusion_rate}")
+    if not 0 <= tie_rate < 1:
+        raise ValueError(f"--tie-rate: expected a number in [0, 1), found {tie_rate}")
+    if not 0.5 < clip_accuracy <= 1:
+        raise ValueError(f"--clip-accuracy: expected a number in (0.5, 1], found {clip_accuracy}")
+    if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
+        raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
+    if visible_bound is not None:
+        if protocol != "abx":
+            raise ValueError("--visible-bound: only for --protocol abx (a preference study "
+                             "makes no claim that clips look the same)")
+        if not 0 < visible_bound < 1:
+            raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
+                             f"{visible_bound}")
+
+
+class _PowerAt:
+    """The simulated power of a design with ``R`` raters (cached per R): the probability of
+    "indistinguishable" when everyone guesses (ABX), or of "B preferred" at win rate
+    0.5 + margin (preference)."""
+
+    def __init__(self, protocol, C, *, margin, alpha, tie_rate, heterogeneity, studies, reps,
+                 seed, progress):
+        self.protocol, self.C, self.margin, self.alpha = protocol, C, margin, alpha
+        self.tie_rate, self.heterogeneity = tie_rate, heterogeneity
+        self.studies, self.reps, self.seed, self.progress = studies, reps, seed, progress
+        self.cache: dict[int, float] = {}
+
+    def __call__(self, R: int) -> float:
+        if R not in self.cache:
+            if self.protocol == "abx":
+                self.cache[R] = simulate_abx(R, self.C, "homogeneous", mu=0.5,
+                                             margin=self.margin, alpha=self.alpha,
+                                             studies=self.studies, reps=self.reps,
+                                             seed=self.seed + R)["indistinguishable"]
+            else:
+                self.cache[R] = simulate_preference(
+                    R, self.C, win_rate=0.5 + self.margin, tie_rate=self.tie_rate,
+                    rater_sd=self.heterogeneity, alpha=self.alpha, studies=self.studies,
+                    reps=self.reps, seed=self.seed + R)["B preferred"]
+            if self.progress is not None:
+                self.progress(f"{R} raters: power {self.cache[R]:.3f}")
+        return self.cache[R]
+
+
+def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: int,
+                      notes: list) -> tuple[int, str]:
+    """The smallest R whose simulated power minus one MC SE reaches ``power``, and the method:
+    bracketed around the normal approximation ``approx`` and bisected; the approximation itself
+    where the design is too large to simulate quickly (a note says so)."""
+    mc = math.sqrt(power * (1 - power) / studies)
+
+    def ok(R: int) -> bool:
+        return pw(R) - mc >= power
+
+    simulate = approx * C <= SIMULATE_MAX_CELLS
+    if simulate:
+        # bracket [lo, hi] with ok(hi) and not ok(lo) (lo = 11: below the floor) around the
+        # normal approximation, then bisect
+        r0 = max(MIN_RATERS, approx)
+        if ok(r0):
+            lo, hi = max(MIN_RATERS - 1, int(r0 * 0.85)), r0
+            if lo >= MIN_RATERS and ok(lo):
+                lo, hi = MIN_RATERS - 1, lo
         else:
-            out["simulated_power"] = pw(R)
-            out["simulated_power_se"] = mc_se(pw(R), studies)
-            null = simulate_preference(R, C, win_rate=0.5, tie_rate=tie_rate,
-                                       rater_sd=heterogeneity, alpha=alpha, studies=studies,
-                                       reps=reps, seed=seed + 1)
-            out["any_preference_at_chance"] = null["any preference"]
+            lo, hi = r0, math.ceil(r0 * 1.15) + 1
+            while not ok(hi):
+                lo, hi = hi, math.ceil(hi * 1.15) + 1
+                if hi * C > 2 * SIMULATE_MAX_CELLS:
+                    simulate = False
+                    break
+    if simulate:
+        return _smallest(lo, hi, ok), "simulation"
+    r_power = max(MIN_RATERS, approx)
+    notes.append(f"{r_power} raters x {C} clips is too large to simulate quickly: the "
+                 f"power figure is the normal approximation")
+    return r_power, "normal approximation"
+
+
+def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, heterogeneity,
+                seed, chk, notes, progress) -> tuple[int, list, dict, bool]:
+    """ABX raters past the power figure ``r_power``: the clip veto (one clip at
+    ``clip_accuracy`` flagged with probability ``clip_power``), then the boundary error in every
+    scenario of :data:`BOUNDARY_SCENARIOS`. Returns (raters, reasons, the boundary
+    simulations, whether the checks were simulated)."""
+    reasons: list[str] = []
+    edges: dict[str, dict] = {}
+    R = max(MIN_RATERS, r_power)
+    # the search below is linear (the exact power is a saw-tooth) and each step costs O(R):
+    # refuse a clip accuracy so close to 0.5 that it would run for minutes
+    need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
+    if need > MAX_CLIP_RATERS:
+        raise ValueError(f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
+                         f"would be needed to flag one clip (the limit is "
+                         f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
+    r_clip = MIN_RATERS
+    while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
+        r_clip += 1
+        if r_clip > MAX_RATERS:
+            raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
+                             f"{MAX_RATERS:,} ratings per clip")
+
+    def clip_ok_from(r: int) -> int:
+        while _clip_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
+            r += 1
+        return r
+
+    R = clip_ok_from(max(R, r_clip))
+    checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
+    if method == "simulation" and not checks_simulated:     # the clip veto made R large
+        notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
+                     "at this size are the normal approximation")
+    r_base = R
+    if R == r_power and r_power > MIN_RATERS:
+        reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
+                       f"everyone guesses needs {r_power} raters")
+    if R > r_power:
+        reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
+                       f"probability {clip_power:g} needs {R} ratings per clip "
+                       f"(power alone: {r_power})")
+    # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
+    # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
+    # (golden ears missed by the sample) it may not: add raters until it does
+    while checks_simulated:
+        edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
+                 for i, sc in enumerate(BOUNDARY_SCENARIOS)}
+        if progress is not None:
+            progress(f"{R} raters: boundary checks")
+        bad = {sc: o["indistinguishable"] for sc, o in edges.items()
+               if o["indistinguishable"] - o["se"]["indistinguishable"] > alpha}
+        if not bad:
+            break
+        if R * C > 2 * SIMULATE_MAX_CELLS:
+            notes.append(f"boundary error above {alpha:g} at {R} raters "
+                         f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
+                         f"adding raters")
+            break
+        R = clip_ok_from(math.ceil(R * 1.1) + 1)
+    if R > r_base:
+        reasons.append(f"heterogeneity: 'indistinguishable' at true accuracy "
+                       f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
+                       f"raters (not at {r_base})")
+    return R, reasons, edges, checks_simulated
+
+
+def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges,
+                 big) -> dict:
+    """An ABX plan's rule, clip-flag power and its checks at the planned size (simulated, or
+    the normal approximation when ``big``)."""
+    out = {"margin_terms": margin_terms(margin), "rule": abx_rule_text(margin, alpha, R, C, 2000),
+           "clip_accuracy": clip_accuracy, "clip_power_target": clip_power,
+           "clip_flag_power": _clip_power(R, C, alpha, clip_accuracy)}
+    if big:
+        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
+                   simulated_power_se=None, boundary_error=None, boundary_error_se=None,
+                   distinguishable_at_chance=None, clip_flag_simulated=None)
+        return out
+    null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
+    vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy, seed=seed + 7,
+                       **chk)
+    out.update(simulated_power=null["indistinguishable"],
+               simulated_power_se=null["se"]["indistinguishable"],
+               distinguishable_at_chance=null["distinguishable"],
+               boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
+               boundary_error_se=max(o["se"]["indistinguishable"] for o in edges.values()),
+               clip_flag_simulated=vis["clip_flagged"])
+    return out
+
+
+def _preference_figures(R, C, pw, *, margin, alpha, tie_rate, share, h, heterogeneity, studies,
+                        reps, seed, big) -> dict:
+    """A preference plan's rule and its power and chance-level checks at the planned size."""
+    out = {"tie_rate": tie_rate, "rule": preference_rule_text(alpha, min(R, C) - 1, 2000)}
+    if big:
+        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=True,
+                                                 decisive_share=share, rater_sd=h),
+                   simulated_power_se=None, any_preference_at_chance=None)
+        return out
+    null = simulate_preference(R, C, win_rate=0.5, tie_rate=tie_rate, rater_sd=heterogeneity,
+                               alpha=alpha, studies=studies, reps=reps, seed=seed + 1)
+    out.update(simulated_power=pw(R), simulated_power_se=mc_se(pw(R), studies),
+               any_preference_at_chance=null["any preference"])
     return out
 
 
