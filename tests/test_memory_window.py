@@ -152,6 +152,40 @@ def test_import_streams_and_keeps_the_files(sets, monkeypatch):
     assert not (run.path / ".work").exists()
 
 
+COPY_PROGRAM = """import os, shutil
+shutil.copy(os.environ["EVALKIT_INPUT"], os.path.join(os.environ["EVALKIT_OUTPUT_DIR"], "out.mkv"))
+"""
+
+
+def test_command_renderer_streams_its_input_and_output(sets, monkeypatch):
+    """The ``command`` renderer writes the program's inputs (a lossless clip and PNG frames)
+    and reads its output a window at a time: the harness's frames alive do not grow with the
+    clip; the run's clip is the program's output (here: the source, copied)."""
+    import sys
+
+    from evalkit.render.driver import render_suite
+
+    counter = FramesAlive(monkeypatch)
+    peaks = {}
+    for n in (N, 2 * N):
+        s = sets[n]
+        script = s["root"] / "copy.py"
+        script.write_text(COPY_PROGRAM)
+        counter.reset()
+        render_suite(s["suite"], ["cpu"], s["root"] / "cmd-runs", renderer="command",
+                     options={"cmd": f"{sys.executable} {script}"}, progress=False)
+        peaks[n] = counter.peak
+    check_window(peaks)
+    s = sets[2 * N]
+    run = RunDir.open(next((s["root"] / "cmd-runs").iterdir()))
+    rec = run.job(s["job"])
+    assert rec["status"] == "done" and rec["output"]["frames"] == 2 * N
+    got = video.read_frames(run.clip_path(s["job"]))[0]
+    assert np.array_equal(got, np.stack(list(clip_frames(2 * N))))
+    assert rec["output"]["sha256"] == sha256_file(run.clip_path(s["job"]))
+    assert not (run.path / ".work").exists()
+
+
 @pytest.mark.parametrize("frames, message", [
     (N - 3, f"returned {N - 3} frames, expected {N} (the source clip's count)"),
     (N + 20, f"more than {N} frames, expected {N} (the source clip's count)")])

@@ -89,6 +89,27 @@ def test_smoke_suite_is_bit_identical_to_the_local_executor(cluster, tmp_path):
     assert read_manifest(tmp_path / "ray" / "cpu")["fingerprint"] == m["fingerprint"]
 
 
+def test_a_command_render_through_ray_is_the_local_one(cluster, tmp_path):
+    """The ``command`` renderer writes its files itself (streaming): a Ray worker sends those
+    bytes back, in the run's format, the same clips as the local executor's."""
+    import sys
+
+    suite = make_suite(tmp_path)
+    script = tmp_path / "copy.py"
+    script.write_text("import os, shutil\nshutil.copy(os.environ['EVALKIT_INPUT'], "
+                      "os.path.join(os.environ['EVALKIT_OUTPUT_DIR'], 'out.mkv'))\n")
+    opts = {"cmd": f"{sys.executable} {script}"}
+    render_suite(suite, ["cpu"], tmp_path / "local", renderer="command", options=opts,
+                 progress=False)
+    s = render_suite(suite, ["cpu"], tmp_path / "ray", renderer="command", options=opts,
+                     progress=False, executor=executor())
+    assert s[0].failed == 0
+    local, ray = jobs_of(tmp_path / "local" / "cpu"), assert_complete(tmp_path / "ray" / "cpu",
+                                                                         len(s[0].failures) + s[0].done)
+    assert {i: j["output"]["sha256"] for i, j in ray.items()} == \
+        {i: j["output"]["sha256"] for i, j in local.items()}
+
+
 def test_two_backends_land_on_the_nodes_with_their_resources(cluster, tmp_path):
     suite = make_suite(tmp_path)
     s = render_suite(suite, ["cpu,resource=rA", "cpu,dtype=bf16,resource=rB"], tmp_path / "o",

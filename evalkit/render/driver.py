@@ -489,8 +489,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     # decode the exact-RGB sources
     programs = ffwrite.encoder(device) == "ffmpeg" and isinstance(executor, LocalExecutor)
     mode = writes_mode(device, programs) if isinstance(executor, LocalExecutor) else "overlap"
-    if getattr(rend, "adopts_renders", False):
-        # an import: the sources' shapes only, and no device calls to keep quiet beside
+    if getattr(rend, "streams_clips", False):
+        # an import or a command: the sources' shapes only (the renderer streams them itself)
         sources = SourceCache(suite, programs=programs, shape_only=True)
     elif mode == "overlap":
         sources = SourceCache(suite, programs=programs)

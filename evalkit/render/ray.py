@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import shutil
 import platform
 import sys
 import tempfile
@@ -212,11 +213,19 @@ class RenderWorker:
             self._load()
         self.sources.refs[job.clip] = clip[0]  # (name, ObjectRef): not resolved by Ray
         result = LocalExecutor.render_job(self.renderer, self.runtime, job, self.sources, seed_offset,
-                                    _NoProgress())
+                                          _NoProgress(), lossless=lossless)
         out = {"error": result.error, "timing": result.timing, "fps": result.fps,
                "node": self.node, "fingerprint": self.fp, "encoded": None,
                "extra": result.extra}
-        if result.error is None:
+        if result.error is None and result.written is not None:
+            w = result.written             # a renderer that wrote its files (``command``)
+            try:
+                out["encoded"] = {"clip": Path(w.clip).read_bytes(),
+                                  "preview": Path(w.preview).read_bytes() if preview else None,
+                                  "frames": w.frames, "width": w.width, "height": w.height}
+            finally:
+                shutil.rmtree(Path(w.clip).parent, ignore_errors=True)
+        elif result.error is None:
             frames = result.frames
             clip_path = self.out / f"clip{lossless_format(lossless).ext}"
             prev_path = self.out / "preview.mp4"

@@ -61,7 +61,7 @@ class RenderRequest:
 @dataclass
 class WrittenClip:
     """What a renderer returns instead of frames when it has written the job's files itself,
-    streaming (the ``import`` renderer: a clip of any length in a window of frames): the
+    streaming (``import`` and ``command``: a clip of any length in a window of frames): the
     lossless clip (in :attr:`RenderRequest.lossless`) and browser copy as the driver's writers
     write them, in ``request.work_dir``; the driver moves them into the run folder."""
 
@@ -85,6 +85,10 @@ class Renderer:
     #: True: the renderer adopts renders made elsewhere (``import``): the backend spec only
     #: says where they were made; it is neither checked nor applied here
     adopts_renders = False
+    #: True: the renderer reads the source clip itself from ``request.source_path`` and writes
+    #: its files itself (:class:`WrittenClip`), so the driver hands it the source's shape only
+    #: (memory: a window of frames, whatever the clip's length)
+    streams_clips = False
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options_help))

@@ -31,12 +31,14 @@ from typing import Iterator
 import numpy as np
 
 from evalkit import video
-from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError
+from evalkit.render.renderers.base import (JobError, RenderRequest, Renderer, RendererError,
+                                          WrittenClip)
 
 
 class CommandRenderer(Renderer):
     name = "command"
     version = "1"
+    streams_clips = True
     options_help = {"cmd": "the program and its arguments (the job JSON path is appended)",
                     "timeout": "seconds before a job is stopped (default: none)"}
 
@@ -54,24 +56,24 @@ class CommandRenderer(Renderer):
             raise RendererError(f"renderer 'command': option timeout: expected seconds (a "
                                 f"positive number), found {self.options['timeout']!r}")
 
-    def render(self, request: RenderRequest) -> np.ndarray:
-        from PIL import Image
+    def render(self, request: RenderRequest) -> WrittenClip:
+        """Run the program on one job. The source is streamed to its input files and its
+        output streamed into the run's files (:func:`evalkit.render.clipwriter.write_streamed`),
+        a window of frames at a time: memory does not grow with the clip's length."""
+        from evalkit.render.clipwriter import write_streamed
 
         work = request.work_dir
         if work is not None:
             Path(work).mkdir(parents=True, exist_ok=True)
+        n, h, w = request.source.shape[:3]
+        jid = request.job.id
         with tempfile.TemporaryDirectory(prefix="cmd-" if work else "evalkit-cmd-", dir=work,
                                          ignore_cleanup_errors=True) as tmp:
             tmp = Path(tmp).resolve()   # the program runs in it: absolute paths only
-            src = tmp / "input.mkv"
-            video.write_lossless(src, request.source, request.fps)
-            frames_dir = tmp / "input_frames"
-            frames_dir.mkdir()
-            for i, f in enumerate(request.source):
-                Image.fromarray(f).save(frames_dir / f"{i:05d}.png", compress_level=1)
+            src, frames_dir = tmp / "input.mkv", tmp / "input_frames"
+            write_inputs(request, src, frames_dir)
             out_dir = tmp / "output"
             out_dir.mkdir()
-            n, h, w = request.source.shape[:3]
             job = {**request.job.to_dict(), "seed": request.seed,
                    "backend": self.runtime.spec.to_dict() if self.runtime else None,
                    "fps": str(request.fps), "frames": n, "width": w, "height": h,
@@ -90,20 +92,54 @@ class CommandRenderer(Renderer):
             if proc.returncode != 0:
                 tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no stderr"
                 raise JobError(f"command exited with {proc.returncode}: {tail}")
-            return read_output_folder(out_dir, what="command output", frames=n, size=(w, h))
+            chunks = iter_expected(output_path(out_dir, what="command output"),
+                                   what="command output", frames=n, size=(w, h))
+            folder = Path(tempfile.mkdtemp(prefix=f"command-{jid[:40]}-", dir=work))
+            clip = folder / f"{jid}{video.lossless_format(request.lossless).ext}"
+            preview = folder / f"{jid}.mp4"
+            got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps,
+                                              codec=request.lossless)
+        if got != n:
+            for p in (clip, preview):
+                p.unlink(missing_ok=True)
+            raise JobError(f"command output: {got} frames, expected {n} (the source clip's "
+                           "count)")
+        return WrittenClip(clip, preview, got, fh, fw, sha)
 
 
-def read_output_folder(folder: Path, *, what: str, frames: int | None = None,
-                       size: tuple[int, int] | None = None) -> np.ndarray:
-    """One video file, or image files, in ``folder`` -> (N, H, W, 3) uint8; see
-    :func:`read_expected` for ``frames`` and ``size``."""
+def write_inputs(request: RenderRequest, clip: Path, frames_dir: Path, chunk: int = 16) -> None:
+    """The source as the program reads it: a lossless ``.mkv`` and ``00000.png``... frames,
+    written a chunk at a time from ``request.source_path`` (or from ``request.source``'s
+    frames when it has no path)."""
+    from PIL import Image
+
+    frames_dir.mkdir()
+    if request.source_path is not None:
+        chunks = video.ClipReader(request.source_path).chunks(chunk)
+    else:
+        chunks = (request.source[i:i + chunk] for i in range(0, len(request.source), chunk))
+
+    def frames():
+        i = 0
+        for c in chunks:
+            for f in c:
+                Image.fromarray(f).save(frames_dir / f"{i:05d}.png", compress_level=1)
+                i += 1
+                yield f
+
+    video.write_lossless(clip, frames(), request.fps)
+
+
+def output_path(folder: Path, *, what: str) -> Path:
+    """The program's result in ``folder``: its one video file, or the folder itself when it
+    holds image files (a JobError naming ``what`` for anything else)."""
     entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
     videos = [p for p in entries if p.suffix.lower() in video.VIDEO_EXTS]
     images = [p for p in entries if p.suffix.lower() in video.IMAGE_EXTS]
     if len(videos) == 1 and not images:
-        return read_expected(videos[0], what=what, frames=frames, size=size)
+        return videos[0]
     if images and not videos:
-        return read_expected(folder, what=what, frames=frames, size=size)
+        return folder
     raise JobError(f"{what}: expected one video file or image frames in the output folder, "
                    f"found {sorted(p.name for p in entries) or 'nothing'}")
 

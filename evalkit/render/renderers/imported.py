@@ -55,6 +55,7 @@ class ImportRenderer(Renderer):
     options_help = {"dir": "folder of <job id>.<video ext> files or <job id>/ frame folders "
                            "(a --seed-offset N run: the job id of seed + N)"}
     adopts_renders = True
+    streams_clips = True
 
     def __init__(self, **options):
         super().__init__(**options)
