@@ -168,6 +168,15 @@ def main(argv=None) -> int:
         make_farms(work, frames=a.frames, clips=a.clips, workers=a.workers, shrink=a.tiny)
         if a.stage == "farms":
             return 0
+        # the steps from a fresh, small process: a child's peak RSS (wait4) starts from its
+        # parent's high-water mark at fork, and making the farms took gigabytes here
+        given, args = list(sys.argv[1:] if argv is None else argv), []
+        for i, x in enumerate(given):
+            if not (x == "--stage" or x.startswith("--stage=") or
+                    (i and given[i - 1] == "--stage")):
+                args.append(x)
+        return subprocess.call([sys.executable, str(Path(__file__).resolve()), *args,
+                                "--stage", "steps"])
     suite, farm_a, farm_b = work / "scale720" / "suite.yaml", work / "farm_a", work / "farm_b"
     for tag in ("ours", "baseline"):
         shutil.rmtree(work / f"runs-{tag}", ignore_errors=True)

@@ -394,3 +394,31 @@ def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
         assert np.array_equal(ours, theirs)
     # a machine without a GPU keeps FFV1 (the fixture's imports)
     assert read_manifest(imported["amd"])["lossless"]["codec"] == "ffv1"
+
+
+def test_files_adopted_at_once_are_each_checked_against_their_own_source(tmp_path, monkeypatch):
+    """Several jobs adopted at once ask for their sources' frame counts at once: each job is
+    checked against its own clip's count (clips of 12 and 20 frames here), never another's."""
+    from evalkit.render import driver
+    from evalkit.render.renderers.imported import import_name
+
+    rng = np.random.default_rng(5)
+    lengths = {"short": 12, "long": 20}
+    for cid, n in lengths.items():
+        video.write_lossless(tmp_path / f"{cid}.mkv",
+                             rng.integers(0, 256, (n, 24, 32, 3), dtype=np.uint8), 24)
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text("schema_version: 1\nname: two\nclips:\n"
+                          + "".join(f"  - {{id: {c}, path: {c}.mkv}}\n" for c in lengths)
+                          + "prompts: [a, b]\nseeds: [0]\n")
+    farm = tmp_path / "farm"
+    farm.mkdir()
+    suite = load_suite(suite_path)
+    for job in suite.jobs:
+        shutil.copy(tmp_path / f"{job.clip}.mkv", farm / f"{import_name(job, job.seed)}.mkv")
+    monkeypatch.setattr(driver, "adopt_workers", lambda: 4)
+    s = driver.render_suite(suite_path, [], tmp_path / "runs", renderer="import",
+                            options={"dir": str(farm)}, label="farm", progress=False)
+    assert s[0].failed == 0 and s[0].done == 4
+    for rec in read_manifest(tmp_path / "runs" / "farm")["jobs"]:
+        assert rec["output"]["frames"] == lengths[rec["clip"]]

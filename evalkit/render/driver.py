@@ -23,6 +23,7 @@ import os
 import re
 import resource
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,8 @@ import numpy as np
 
 from evalkit.concurrency import ordered_map
 from evalkit.render.adopt import plan_identity
-from evalkit.render.backend import BackendSpec, apply_backend, check_available, fingerprint
+from evalkit.render.backend import (BackendSpec, Runtime, apply_backend, check_available,
+                                    fingerprint)
 from evalkit.errors import InputFileError, UserError
 from evalkit.render.renderers import JobError, RenderRequest, Renderer, WrittenClip, get_renderer
 from evalkit.formats.run import RunDir
@@ -206,7 +208,11 @@ class LocalExecutor:
             progress: Progress) -> Iterator[JobResult]:
         import torch
 
-        with apply_backend(task.spec if task.apply else BackendSpec()) as runtime:
+        # a spec that is only recorded (an import) changes none of torch's settings (turning
+        # deterministic algorithms on imports TorchInductor: 4 s of a short command's start-up)
+        with (apply_backend(task.spec) if task.apply else
+              contextlib.nullcontext(Runtime(BackendSpec(), torch.device("cpu"), torch.float32,
+                                             False))) as runtime:
             renderer.load(runtime)
             try:
                 yield from self.render_jobs(renderer, runtime, task.jobs, sources,
@@ -340,6 +346,9 @@ class SourceCache:
         self._value = None
         self._next: tuple[str, Future] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        #: shape-only: every clip's count, once (several jobs adopted at once ask at once)
+        self._shapes: dict[str, Future] = {}
+        self._lock = threading.Lock()
 
     def _decode(self, clip_id: str):
         path = self.suite.clips[clip_id].path
@@ -355,7 +364,7 @@ class SourceCache:
 
     def prefetch(self, clip_id: str | None) -> None:
         """Start decoding ``clip_id`` (the next job's clip) unless it is already at hand."""
-        if clip_id is None or clip_id == self._key or (self._next and self._next[0] == clip_id):
+        if self.shape_only or clip_id is None or clip_id == self._key or (self._next and self._next[0] == clip_id):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-source")
@@ -364,6 +373,8 @@ class SourceCache:
         self._next = (clip_id, self._pool.submit(self._decode, clip_id))
 
     def get(self, clip_id: str):
+        if self.shape_only:
+            return self._shape(clip_id)
         if self._key != clip_id:
             ahead, self._next = self._next, None
             self._value = self._key = None          # let the previous clip go first
@@ -375,6 +386,21 @@ class SourceCache:
                 self._value = self._decode(clip_id)
             self._key = clip_id
         return self._value
+
+    def _shape(self, clip_id: str):
+        """A clip's frame-less view, counted once, safe to ask from several threads (each clip
+        is counted by the first thread that asks; the others wait for that count)."""
+        with self._lock:
+            fut = self._shapes.get(clip_id)
+            mine = fut is None
+            if mine:
+                fut = self._shapes[clip_id] = Future()
+        if mine:
+            try:
+                fut.set_result(self._decode(clip_id))
+            except BaseException as e:
+                fut.set_exception(e)
+        return fut.result()
 
     def close(self) -> None:
         """Stop the prefetch thread (a decode under way finishes; its result is dropped)."""
