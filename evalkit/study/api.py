@@ -574,7 +574,7 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     """The threshold analysis of a complete threshold study's test trials
     (:func:`.psychometric.threshold_analysis`), the points per (clip, level), and a verdict
     line."""
-    from .psychometric import threshold_analysis
+    from .psychometric import headroom_sentence, threshold_analysis
     from .text import num
 
     cfg = st["config"].get("threshold") or {}
@@ -596,8 +596,9 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     else:
         verdict = "threshold measured"
         text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
-                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}, headroom "
-                f"{num(head.get('value'), 2)}x (interval {num(hci[0], 2)} to {num(hci[1], 2)})")
+                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}; "
+                f"{headroom_sentence(head.get('value'))} (interval {num(hci[0], 2)} to "
+                f"{num(hci[1], 2)})")
     return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
             "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
             "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
