@@ -128,14 +128,17 @@ def headline(floor_ratios: dict, floor: str | None = None) -> dict | None:
 
 
 def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
-                 offset: dict | None = None, lpips_mean: float | None = None) -> dict:
+                 offset: dict | None = None, lpips_mean: float | None = None,
+                 vmaf: tuple | None = None) -> dict:
     """One clip's worst finding, in one sentence: its temporal offset first when B's clip was
     shifted (named with the offset: a shift is a failure whatever the metrics say once
     aligned), then the metric with the largest mean ratio to the clip's own floor across the
     families, with what that ratio means (:func:`ratio_sentence`). ``floor_ratios``: floor name
     -> metric -> aggregate -> ratio, of this clip alone; ``offset``: the clip's alignment
     (``summary.json["alignment"]["jobs"][job]``). ``rank``: what sorts the clips, worst first
-    (a shift ranks above every ratio)."""
+    (a shift ranks above every ratio). ``vmaf``: (B's VMAF mean, the floor job's or None) when
+    VMAF was asked for: said after the worst finding (VMAF has no ratio: a floor identical to A
+    scores 97.4 to 100)."""
     name = _pick_floor(floor_ratios, floor)
     found = _worst_by_family(floor_ratios[name]) if name else {}
     parts, out = [], {"clip": clip, "floor": name, "metric": None, "ratio": None, "offset": 0}
@@ -151,6 +154,10 @@ def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
         parts.append(("once aligned, " if parts else "") + ratio_sentence(metric, ratio, name))
     elif lpips_mean is not None:
         parts.append(f"LPIPS mean {lpips_mean:.3g}, with no floor to read it against")
+    if vmaf and vmaf[0] is not None:
+        out["vmaf"] = vmaf[0]
+        parts.append(f"VMAF {vmaf[0]:.3g}" + (f" (the {name} floor's {vmaf[1]:.3g})" if vmaf[1] is not None
+                                                else "") + " of 100")
     out["rank"] = math.inf if out["offset"] else (out["ratio"] if out["ratio"] is not None else -1.0)
     out["text"] = f"{clip}: " + "; ".join(parts) if parts else f"{clip}: nothing measured"
     return out

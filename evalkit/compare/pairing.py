@@ -353,9 +353,18 @@ def clip_findings(measures: list[JobMeasure], floor_jobs: dict, alignment: dict,
         agg = aggregates_of([m])
         ratios = {name: floor_ratio(agg, per[jid]) for name, per in floor_jobs.items() if jid in per}
         f = clip_finding(jid, ratios, floor, alignment["jobs"].get(jid),
-                         (agg.get("lpips") or {}).get("mean"))
+                         (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor))
         out.append(f)
     return sorted(out, key=lambda f: -f["rank"])
+
+
+def _vmaf_of(agg: dict, floor_jobs: dict, jid: str, floor: str | None):
+    """(B's VMAF mean, the chosen floor job's or None) of one job, None without VMAF."""
+    if "vmaf" not in agg:
+        return None
+    name = floor if floor in floor_jobs else ("seed" if "seed" in floor_jobs else next(iter(floor_jobs), None))
+    fagg = (floor_jobs.get(name) or {}).get(jid) or {}
+    return agg["vmaf"]["mean"], (fagg.get("vmaf") or {}).get("mean")
 
 
 def _vmaf_pass(measures: list[JobMeasure], desc: str, on: bool, threads, progress) -> str | None:
