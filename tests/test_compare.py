@@ -192,6 +192,16 @@ def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
     if reason:
         assert any(r.startswith(reason) for r in verdict["reasons"])
         assert reason in stdout
+    # each clip is judged by the gate alone too, in its sentence
+    findings = json.loads((out / "summary.json").read_text())["clip_findings"]
+    assert len(findings) == 2
+    for f in findings:
+        if reason:
+            assert f["gate_failed"] and f["text"].split("; ")[-1].startswith(
+                "over the gate on this clip alone: " + reason), f["text"]
+        else:
+            assert f["gate_failed"] == [] and f["text"].endswith("; within the gate")
+        assert f["text"] in stdout
 
 
 def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):

@@ -129,7 +129,7 @@ def headline(floor_ratios: dict, floor: str | None = None) -> dict | None:
 
 def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
                  offset: dict | None = None, lpips_mean: float | None = None,
-                 vmaf: tuple | None = None) -> dict:
+                 vmaf: tuple | None = None, gate: dict | None = None) -> dict:
     """One clip's worst finding, in one sentence: its temporal offset first when B's clip was
     shifted (named with the offset: a shift is a failure whatever the metrics say once
     aligned), then the metric with the largest mean ratio to the clip's own floor across the
@@ -138,7 +138,8 @@ def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
     (``summary.json["alignment"]["jobs"][job]``). ``rank``: what sorts the clips, worst first
     (a shift ranks above every ratio). ``vmaf``: (B's VMAF mean, the floor job's or None) when
     VMAF was asked for: said after the worst finding (VMAF has no ratio: a floor identical to A
-    scores 97.4 to 100)."""
+    scores 97.4 to 100). ``gate``: the gate's verdict on this clip alone (``Gate.evaluate``):
+    the checks it fails are named last, or that it is within the gate."""
     name = _pick_floor(floor_ratios, floor)
     found = _worst_by_family(floor_ratios[name]) if name else {}
     parts, out = [], {"clip": clip, "floor": name, "metric": None, "ratio": None, "offset": 0}
@@ -158,6 +159,11 @@ def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
         out["vmaf"] = vmaf[0]
         parts.append(f"VMAF {vmaf[0]:.3g}" + (f" (the {name} floor's {vmaf[1]:.3g})" if vmaf[1] is not None
                                                 else "") + " of 100")
+    if gate is not None:
+        failed = [c["text"] for c in gate["checks"] if not c["pass"]]
+        out["gate_failed"] = failed
+        parts.append(("over the gate on this clip alone: " + ", ".join(failed)) if failed
+                     else "within the gate")
     out["rank"] = math.inf if out["offset"] else (out["ratio"] if out["ratio"] is not None else -1.0)
     out["text"] = f"{clip}: " + "; ".join(parts) if parts else f"{clip}: nothing measured"
     return out

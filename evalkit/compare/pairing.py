@@ -343,17 +343,19 @@ def aggregates_of(measures: list[JobMeasure]) -> dict:
 
 
 def clip_findings(measures: list[JobMeasure], floor_jobs: dict, alignment: dict,
-                  floor: str | None = None) -> list[dict]:
+                  floor: str | None = None, gate=None) -> list[dict]:
     """summary.json's ``clip_findings``: each compared job's worst finding against its own
     floor jobs (:func:`evalkit.compare.aggregate.clip_finding`), worst first. ``floor_jobs``:
-    floor name -> job id -> the floor job's aggregates."""
+    floor name -> job id -> the floor job's aggregates; ``gate``: the compare's gate, judged on
+    each clip alone too."""
     out = []
     for m in measures:
         jid = m.pair.job_id
         agg = aggregates_of([m])
         ratios = {name: floor_ratio(agg, per[jid]) for name, per in floor_jobs.items() if jid in per}
         f = clip_finding(jid, ratios, floor, alignment["jobs"].get(jid),
-                         (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor))
+                         (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor),
+                         gate.evaluate(agg, ratios, 0) if gate is not None else None)
         out.append(f)
     return sorted(out, key=lambda f: -f["rank"])
 
@@ -601,7 +603,8 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
     verdict = gate_obj.evaluate(aggregates, ratios, len(problems)) if gate_obj else None
     alignment = alignment_of(measures)
-    findings = clip_findings(measures, floor_jobs, alignment, gate_obj.floor if gate_obj else None)
+    findings = clip_findings(measures, floor_jobs, alignment, gate_obj.floor if gate_obj else None,
+                             gate_obj)
     fa, fb = a.manifest["fingerprint"], b.manifest["fingerprint"]
     summary = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
