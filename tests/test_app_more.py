@@ -437,5 +437,14 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
             loc = page.locator(hidden_id)
             assert loc.count() == 0 or not loc.first.is_visible(), hidden_id
         page.screenshot(path=str(ARTIFACTS / "admin-interim-1280x900.png"), full_page=True)
+        # a pilot look only through the logged unblinding: none before it, labelled after it
+        assert "PILOT" not in text and "pilot:" not in text
+        study.unblind(db, sid, reason="test: pilot look", who="owner")
+        page.click("#show-results")
+        page.wait_for_function("/PILOT on 1 included raters of 3 planned, not a verdict/.test("
+                               "document.querySelector('#verdict').innerText)", timeout=60000)
+        text = page.inner_text("#verdict")
+        assert "UNBLINDED: key opened early by owner" in text and "pilot: " in text
+        assert prog["text"] in page.inner_text("#progress")      # progress unchanged by a look
     finally:
         ctx.close()
