@@ -38,7 +38,7 @@ def clip_plot(res: dict):
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 3))
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
     ax = fig.subplots()
     pc = res["per_clip"]
     key = _accuracy_key(res)
@@ -46,13 +46,18 @@ def clip_plot(res: dict):
     ax.bar(range(len(pc)), vals, color=["#c0392b" if c.get("flagged") else "#4a78b0" for c in pc])
     ax.axhline(0.5, color="k", lw=1)
     ax.set_xticks(range(len(pc)))
-    ax.set_xticklabels([str(c["job"]) for c in pc], rotation=30, ha="right", fontsize=7)
+    ax.set_xticklabels([tick_label(c["job"]) for c in pc], rotation=45, ha="right", fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel(key)
     ax.set_title(f"per clip {key} (red: detectably different, Holm-adjusted)"
                  if res["protocol"] == "abx" else f"per clip {key}")
-    fig.tight_layout()
     return fig
+
+
+def tick_label(job: str, limit: int = 16) -> str:
+    """A job id short enough that neighbouring labels do not overlap (the table has it whole)."""
+    job = str(job)
+    return job if len(job) <= limit else job[:limit - 1] + "…"
 
 
 def _accuracy_key(res: dict) -> str:
@@ -77,12 +82,12 @@ def lpips_plot(res: dict):
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
     ax = fig.subplots()
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=[12 + 4 * (p[2] or 0) for p in pts],
                color="#4a78b0", alpha=0.7)
     for x, y, n, label in pts:
-        ax.annotate(f"{label} (n={n})", (x, y), fontsize=6, xytext=(3, 3),
+        ax.annotate(tick_label(label), (x, y), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xscale("log")
     ax.axhline(0.5, color="k", lw=1)
@@ -90,7 +95,6 @@ def lpips_plot(res: dict):
     ax.set_xlabel("LPIPS against A (mean over frames)")
     ax.set_ylabel(key)
     ax.set_title(f"per clip {key} against LPIPS (marker size: ratings)")
-    fig.tight_layout()
     return fig
 
 
@@ -107,7 +111,7 @@ def curve_plot(res: dict):
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 3.6))
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.subplots()
     xs = [p["x"] for p in pts]
     ys = [p["correct"] / p["n"] for p in pts]
@@ -138,8 +142,27 @@ def curve_plot(res: dict):
     ax.set_ylabel("proportion correct (ABX)")
     ax.set_title("psychometric curve (pooled over clips and raters)")
     ax.legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
     return fig
+
+
+# -- progress until the verdict (evalkit.study.study_progress lays down every figure) -----------
+
+def progress_markdown(prog: dict) -> str:
+    """The study's progress in one line, headed; shown above the per-rater table."""
+    return f"#### Progress\n\n{prog['text']}"
+
+
+def progress_table(prog: dict) -> pd.DataFrame:
+    """One row per invited rater: answered of their trials, percentage done, state (named
+    columns: never an empty frame headed 1 2 3)."""
+    return pd.DataFrame(prog["raters"], columns=list(study.api.PROGRESS_COLUMNS)).rename(
+        columns={"done": "done %"})
+
+
+def shown(value, ok: bool):
+    """A component's new value, and hidden when there is nothing to show (an empty plot box or
+    an empty table says nothing)."""
+    return gr.update(value=value, visible=bool(ok))
 
 
 def export_links(sid: int) -> str:
@@ -157,16 +180,22 @@ def build_admin(db) -> gr.Blocks:
     def show(sid):
         try:
             res = study.results(db, int(sid or 0), reps=1000)
+            prog = study.study_progress(db, int(sid or 0))
         except (UserError, ValueError) as e:
-            return (f"**error:** {e}",
-                    None, None, None, pd.DataFrame(), pd.DataFrame())
+            return (f"**error:** {e}", shown("", False), shown(None, False),
+                    *(shown(None, False) for _ in range(3)), shown(None, False),
+                    shown(None, False))
         clips = pd.DataFrame(res.get("levels") if res["protocol"] == "threshold"
                              and res["status"] == "complete" else res.get("per_clip") or [])
         excl = pd.DataFrame(res["excluded_raters"],
                             columns=["rater", "catch_trials", "catch_correct", "catch_needed",
                                      "reason"])
-        return (verdict_markdown(res), curve_plot(res), clip_plot(res), lpips_plot(res), clips,
-                excl)
+        figs = [curve_plot(res), clip_plot(res), lpips_plot(res)]
+        interim = res["status"] != "complete"
+        return (verdict_markdown(res), shown(progress_markdown(prog), True),
+                shown(progress_table(prog), bool(prog["raters"])),
+                *(shown(f, f is not None) for f in figs),
+                shown(clips, not interim and len(clips)), shown(excl, len(excl)))
 
     def make_invites(sid, count, label, request: gr.Request):
         try:
@@ -198,14 +227,19 @@ def build_admin(db) -> gr.Blocks:
         with gr.Tab("Results"):
             res_btn = gr.Button("Show results", elem_id="show-results")
             verdict = gr.Markdown(elem_id="verdict")
-            curve = gr.Plot(label="Psychometric curve (threshold studies)", elem_id="curve")
-            plot = gr.Plot(label="Per clip")
-            lp_plot = gr.Plot(label="Accuracy against LPIPS", elem_id="lpips-plot")
-            per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip")
+            prog_md = gr.Markdown(elem_id="progress", visible=False)
+            prog_tab = gr.Dataframe(label="Raters (answered of their trials)", interactive=False,
+                                    elem_id="rater-progress", visible=False)
+            curve = gr.Plot(label="Psychometric curve (threshold studies)", elem_id="curve",
+                            visible=False)
+            plot = gr.Plot(label="Per clip", elem_id="clip-plot", visible=False)
+            lp_plot = gr.Plot(label="Accuracy against LPIPS", elem_id="lpips-plot", visible=False)
+            per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip",
+                                    visible=False)
             excluded = gr.Dataframe(label="Excluded raters (catch trials)", interactive=False,
-                                    elem_id="excluded")
-            res_btn.click(show, inputs=sid,
-                          outputs=[verdict, curve, plot, lp_plot, per_clip, excluded])
+                                    elem_id="excluded", visible=False)
+            res_btn.click(show, inputs=sid, outputs=[verdict, prog_md, prog_tab, curve, plot,
+                                                     lp_plot, per_clip, excluded])
         with gr.Tab("Invites"):
             count = gr.Number(label="How many raters", value=1, precision=0)
             label = gr.Textbox(label="Label (optional)")

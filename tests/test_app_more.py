@@ -393,3 +393,58 @@ def test_serve_port_in_use_is_a_one_line_error(env):
                         env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
     assert r.returncode == 2
     assert_one_line_error(r.stderr, "--port", f"127.0.0.1:{port}")
+
+
+def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, browser):
+    """Until the verdict the Results tab shows where the study stands (raters done of planned,
+    trials answered, one row per rater under named columns) and no plot box or per-clip table;
+    the figures come from study.study_progress, which holds counts only."""
+    db = env["db"]
+    sid = study.create_study(env["report"], db, protocol="abx", clips_spec="worst:3", seed=5,
+                             raters_planned=3)["study"]
+    toks = [r["token"] for r in study.invite(db, sid, 3, "lab")]
+    answer(db, toks[0], lambda t: hidden(db, t["trial"])["expected"] or "A")   # one done
+    answer(db, toks[1], lambda t: "A", 2)                                     # two answers
+    prog = study.study_progress(db, sid)
+    per = {r["rater"]: r for r in prog["raters"]}
+    assert [r["state"] for r in prog["raters"]] == ["complete", "rating", "not started"]
+    first, second, _third = (per[k] for k in sorted(per))
+    assert first["answered"] == first["trials"] and first["done"] == 100
+    assert second["answered"] == 2 and 0 < second["done"] < 100
+    assert prog["trials_answered"] == first["trials"] + 2
+    assert prog["text"].startswith("1 of 3 planned raters done (0 excluded by catch trials; 2 "
+                                   "more needed for the verdict); 3 invited, 2 started; "
+                                   f"{first['trials'] + 2} of {prog['trials_assigned']} assigned")
+    # counts only: nothing of the key or of a clip's figures
+    assert not {"accuracy", "correct", "answer", "per_clip"} & {k for r in prog["raters"] for k in r}
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{server.url}/admin/")
+        page.wait_for_selector("input[type=password]", timeout=30000)
+        text = admin_results(page, sid, ADMIN_PASSWORD, pattern="INTERIM")
+        assert "interim: 1 of 3 planned included raters" in text
+        page.wait_for_function("document.querySelector('#progress') && document.querySelector("
+                               "'#progress').innerText.includes('planned raters done')",
+                               timeout=30000)
+        assert prog["text"] in page.inner_text("#progress")
+        page.wait_for_selector("#rater-progress table", timeout=30000)
+        table = page.inner_text("#rater-progress")
+        for col in ("rater", "label", "answered", "trials", "done", "state"):
+            assert col in table
+        assert "not started" in table and "complete" in table
+        for hidden_id in ("#curve", "#clip-plot", "#lpips-plot", "#per-clip", "#excluded"):
+            loc = page.locator(hidden_id)
+            assert loc.count() == 0 or not loc.first.is_visible(), hidden_id
+        page.screenshot(path=str(ARTIFACTS / "admin-interim-1280x900.png"), full_page=True)
+        # a pilot look only through the logged unblinding: none before it, labelled after it
+        assert "PILOT" not in text and "pilot:" not in text
+        study.unblind(db, sid, reason="test: pilot look", who="owner")
+        page.click("#show-results")
+        page.wait_for_function("/PILOT on 1 included raters of 3 planned, not a verdict/.test("
+                               "document.querySelector('#verdict').innerText)", timeout=60000)
+        text = page.inner_text("#verdict")
+        assert "UNBLINDED: key opened early by owner" in text and "pilot: " in text
+        assert prog["text"] in page.inner_text("#progress")      # progress unchanged by a look
+    finally:
+        ctx.close()

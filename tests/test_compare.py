@@ -131,6 +131,33 @@ def test_headline_names_the_worst_family_against_the_floor():
     assert headline({}) is None and headline({"seed": {"tof": {"mean": None}}}) is None
 
 
+def test_every_ratio_and_clip_finding_is_one_sentence_in_words():
+    from evalkit.compare.aggregate import clip_finding, ratio_sentence, with_offsets
+    from evalkit.study.psychometric import headroom_sentence
+
+    assert ratio_sentence("flicker", 39.0, "seed") == (
+        "flicker 39x the seed floor's: B differs from A 39x more than the seed floor run does; "
+        "brightness flickers: people notice flicker")
+    assert ratio_sentence("lpips", 0.099, "seed").endswith(
+        "B differs from A 10.1x less than the seed floor run does (within what the pipeline "
+        "varies by itself)")
+    assert "does not differ from A at all" in ratio_sentence("lpips", float("inf"), "rerender")
+    # a clip without a floor says so; an offset ranks above any ratio and is named first
+    bare = clip_finding("j1", {}, lpips_mean=0.02)
+    assert bare["text"] == "j1: LPIPS mean 0.02, with no floor to read it against"
+    shifted = clip_finding("j2", {"seed": {"lpips": {"mean": 0.5}}}, offset={"offset": -2})
+    assert shifted["text"].startswith("j2: B is 2 frames early (offset -2; compared at that offset)")
+    assert "once aligned, LPIPS 0.5x the seed floor's" in shifted["text"]
+    big = clip_finding("j3", {"seed": {"lpips": {"mean": 50.0}}})
+    assert shifted["rank"] > big["rank"] > bare["rank"]
+    assert with_offsets(None, [bare, big]) is None
+    assert with_offsets(None, [shifted])["text"].startswith("temporal offset: 1 clip out of step")
+    # the headroom: threshold / real difference, in words
+    assert headroom_sentence(0.11) == ("headroom 0.11x: the real difference is 9.1x the human "
+                                       "threshold (75% correct in ABX), people see it")
+    assert headroom_sentence(3.0).startswith("headroom 3x: the real difference would have to grow 3x")
+
+
 def test_floor_ratio_conventions():
     cross = {"lpips": {"mean": 0.02, "p95": 0.04, "worst": 0.05},
              "ssim": {"mean": 0.99, "p95": 0.98, "worst": 0.97},
@@ -165,6 +192,16 @@ def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
     if reason:
         assert any(r.startswith(reason) for r in verdict["reasons"])
         assert reason in stdout
+    # each clip is judged by the gate alone too, in its sentence
+    findings = json.loads((out / "summary.json").read_text())["clip_findings"]
+    assert len(findings) == 2
+    for f in findings:
+        if reason:
+            assert f["gate_failed"] and f["text"].split("; ")[-1].startswith(
+                "over the gate on this clip alone: " + reason), f["text"]
+        else:
+            assert f["gate_failed"] == [] and f["text"].endswith("; within the gate")
+        assert f["text"] in stdout
 
 
 def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -206,6 +207,12 @@ def test_compare_vmaf_writes_the_columns_and_gates_on_them(runs, tmp_path, cli):
     assert summary["conventions"]["vmaf"].startswith("libvmaf ")
     floor = summary["floors"]["seed"]["aggregates"]["vmaf"]       # the floor is scored too
     assert floor["frames"] == 16 and "vmaf" not in summary["floor_ratios"]["seed"]
+    # each clip's sentence says its VMAF and its floor job's (no ratio: VMAF has none)
+    for f in summary["clip_findings"]:
+        row = next(r for r in clips if r["job"] == f["clip"])
+        assert f["vmaf"] == pytest.approx(float(row["vmaf_mean"]))
+        assert re.search(rf"; VMAF {f['vmaf']:.3g} \(the seed floor's [0-9.]+\) of 100$", f["text"])
+        assert f["text"] in stdout
     checks = {c["check"]: c for c in summary["gate"]["checks"]}
     assert checks["vmaf mean"]["pass"] and checks["vmaf mean"]["value"] == agg["mean"]
     assert not checks["vmaf worst"]["pass"] and checks["vmaf worst"]["value"] == agg["worst"]

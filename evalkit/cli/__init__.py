@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_render(sub, common)
     compare.add_compare(sub, common)
     compare.add_gate(sub, common)
+    compare.add_floor(sub, common)
     study.add_study(sub, common)
     serve.add_serve(sub, common)
     render.add_suite(sub, common)

@@ -22,6 +22,7 @@ def flow_method(args) -> str:
 
 def cmd_compare(args) -> int:
     from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.aggregate import ratio_meaning
     from metrics.catalogue import fmt, keys
 
     options = {}
@@ -51,12 +52,14 @@ def cmd_compare(args) -> int:
             a = agg[key]
             print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
     for name, ratios in s["floor_ratios"].items():
-        print(f"  LPIPS mean / {name} floor: {fmt(ratios.get('lpips', {}).get('mean'))}x")
+        r = ratios.get("lpips", {}).get("mean")
+        print(f"  LPIPS mean / {name} floor: {fmt(r)}x: {ratio_meaning('lpips', r, name)}")
     for jid, al in s["alignment"]["jobs"].items():
         if al["offset"]:
             print(f"  offset {jid}: {al['text']}")
     if s.get("headline"):
         print(s["headline"]["text"])
+    print_findings(s.get("clip_findings") or [])
     if s.get("floor_notice"):
         print(f"note: {s['floor_notice']}")
     for w in s.get("warnings", []):
@@ -66,6 +69,21 @@ def cmd_compare(args) -> int:
     if s["gate"] is not None:
         print_verdict(s["gate"])
     return result.exit_code
+
+
+#: clips printed by ``compare`` (worst first); the rest are in the report
+MAX_FINDINGS = 10
+
+
+def print_findings(findings: list[dict]) -> None:
+    """Each clip's worst finding, one line each, worst first (``summary.json["clip_findings"]``)."""
+    if not findings:
+        return
+    print("clips, worst first:")
+    for f in findings[:MAX_FINDINGS]:
+        print(f"  {f['text']}")
+    if len(findings) > MAX_FINDINGS:
+        print(f"  ... {len(findings) - MAX_FINDINGS} more in summary.json and index.html")
 
 
 def print_verdict(verdict: dict) -> None:
@@ -103,6 +121,26 @@ def add_gate(sub, common) -> None:
     s.set_defaults(func=cmd_gate)
 
 
+def cmd_floor(args) -> int:
+    from evalkit.compare.floors import make_reencode_floor
+
+    out = make_reencode_floor(args.run_a, args.out, progress=not args.quiet)
+    print(f"reencode floor of {args.run_a} -> {out}")
+    print(f"use it: evalkit compare {args.run_a} RUN_B --floor {out} --out REPORT")
+    return 0
+
+
+def add_floor(sub, common) -> None:
+    s = sub.add_parser("floor", parents=[common],
+                       help="make a noise-floor run for footage without seeds: A's frames "
+                            "re-encoded through 4:2:0 (see docs/metrics.md#comparing-two-runs)")
+    s.add_argument("run_a", type=Path, help="run folder A (the reference backend)")
+    s.add_argument("--out", "-o", type=Path, required=True,
+                   help="folder of runs: the floor is written to OUT/<A's folder>_reencode")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_floor)
+
+
 def conventions_arg(s) -> None:
     s.add_argument("--ignore-conventions", action="store_true",
                    help="judge even when the gate records other conventions (flow, SSIM...) than "
@@ -134,8 +172,8 @@ def add_compare(sub, common) -> None:
     s.add_argument("--out", "-o", type=Path, required=True, help="report folder")
     s.add_argument("--gate", type=Path, default=None, help="gate YAML (exit 1 when it fails)")
     s.add_argument("--floor", type=Path, action="append", default=[], metavar="RUN",
-                   help="noise-floor run compared against A: a re-render on A's backend, or a "
-                        "--seed-offset run (repeatable)")
+                   help="noise-floor run compared against A: a re-render on A's backend, a "
+                        "--seed-offset run, or `evalkit floor`'s re-encode of A (repeatable)")
     s.add_argument("--device", default="auto", help="where metrics run: auto, cpu, cuda, cuda:N")
     s.add_argument("--flow", choices=FLOW_CHOICES, default="auto", help=FLOW_HELP)
     s.add_argument("--flow-preset", choices=("ultrafast", "fast", "medium"), default=None,

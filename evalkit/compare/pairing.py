@@ -20,8 +20,9 @@ import numpy as np
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, UserError
-from evalkit.compare.aggregate import aggregate, floor_ratio, headline
+from evalkit.compare.aggregate import aggregate, clip_finding, floor_ratio, headline, with_offsets
 from evalkit.compare.alignment import Alignment, rate_mismatch, resolve_offset, skip_frames
+from evalkit.compare.floors import floor_kind, floor_refusal, identical_floor
 from evalkit.compare.gating import check_conventions, open_gate
 from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
@@ -341,6 +342,33 @@ def aggregates_of(measures: list[JobMeasure]) -> dict:
             if any(k in r for m in measures for r in m.records)}
 
 
+def clip_findings(measures: list[JobMeasure], floor_jobs: dict, alignment: dict,
+                  floor: str | None = None, gate=None) -> list[dict]:
+    """summary.json's ``clip_findings``: each compared job's worst finding against its own
+    floor jobs (:func:`evalkit.compare.aggregate.clip_finding`), worst first. ``floor_jobs``:
+    floor name -> job id -> the floor job's aggregates; ``gate``: the compare's gate, judged on
+    each clip alone too."""
+    out = []
+    for m in measures:
+        jid = m.pair.job_id
+        agg = aggregates_of([m])
+        ratios = {name: floor_ratio(agg, per[jid]) for name, per in floor_jobs.items() if jid in per}
+        f = clip_finding(jid, ratios, floor, alignment["jobs"].get(jid),
+                         (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor),
+                         gate.evaluate(agg, ratios, 0) if gate is not None else None)
+        out.append(f)
+    return sorted(out, key=lambda f: -f["rank"])
+
+
+def _vmaf_of(agg: dict, floor_jobs: dict, jid: str, floor: str | None):
+    """(B's VMAF mean, the chosen floor job's or None) of one job, None without VMAF."""
+    if "vmaf" not in agg:
+        return None
+    name = floor if floor in floor_jobs else ("seed" if "seed" in floor_jobs else next(iter(floor_jobs), None))
+    fagg = (floor_jobs.get(name) or {}).get(jid) or {}
+    return agg["vmaf"]["mean"], (fagg.get("vmaf") or {}).get("mean")
+
+
 def _vmaf_pass(measures: list[JobMeasure], desc: str, on: bool, threads, progress) -> str | None:
     """The optional VMAF pass over measured pairs (:mod:`evalkit.compare.vmaf`)."""
     if not on or not measures:
@@ -357,7 +385,9 @@ def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
     # the same backend: the same run name (label, else spec), and the same spec
     same_backend = (run_name(a.manifest) == run_name(f.manifest)
                     and a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec"))
-    if same_backend and _seed_offset(a) != _seed_offset(f):
+    if floor_kind(f.manifest):
+        name = floor_kind(f.manifest)
+    elif same_backend and _seed_offset(a) != _seed_offset(f):
         name = "seed"
     elif same_backend:
         name = "rerender"
@@ -505,6 +535,10 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     if gate_obj and gate_obj.ratios and gate_obj.floor and gate_obj.floor not in floor_names:
         raise UserError(f"{gate_obj.path}: field 'floor': no floor {gate_obj.floor!r} in this "
                         f"compare (its --floor runs are: {', '.join(floor_names)})")
+    for f in floor_runs:
+        why = floor_refusal(a, b, f)
+        if why:
+            raise UserError(why)
     optional = [k for k in gate_obj.absolute if METRICS[k].optional] if gate_obj else []
     if optional and not vmaf:
         raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
@@ -539,14 +573,18 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         with bar_of(pairs, "compare") as bar:
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
-        floor_info = {}
+        floor_info, floor_jobs = {}, {}
         for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
             for p in fpairs:
                 p.offset = offset
             with bar_of(fpairs, f"floor {name}") as bar:
                 fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
+            why = identical_floor(f.path, fm)
+            if why:
+                raise UserError(why)
             _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
+            floor_jobs[name] = {m.pair.job_id: aggregates_of([m]) for m in fm}
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
                                 "name": run_name(f.manifest), "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
                                 "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
@@ -564,6 +602,9 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
     aggregates = aggregates_of(measures)
     ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
     verdict = gate_obj.evaluate(aggregates, ratios, len(problems)) if gate_obj else None
+    alignment = alignment_of(measures)
+    findings = clip_findings(measures, floor_jobs, alignment, gate_obj.floor if gate_obj else None,
+                             gate_obj)
     fa, fb = a.manifest["fingerprint"], b.manifest["fingerprint"]
     summary = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -576,11 +617,12 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "conventions": conventions,
         "units": units(),
         "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},
-        "alignment": alignment_of(measures),
+        "alignment": alignment,
         "aggregates": aggregates,
         "floors": floor_info,
         "floor_ratios": ratios,
-        "headline": headline(ratios, gate_obj.floor if gate_obj else None),
+        "headline": with_offsets(headline(ratios, gate_obj.floor if gate_obj else None), findings),
+        "clip_findings": findings,
         "floor_notice": floor_notice(floor_info),
         "gate": verdict,
     }

@@ -299,12 +299,16 @@ def render_html(summary: dict, measures, images: dict) -> str:
                      False)]
     fingerprints += [(k, str(fa.get(k)), str(fb.get(k)), fa.get(k) != fb.get(k))
                      for k in sorted(set(fa) | set(fb))]
+    findings = {f["clip"]: f for f in summary.get("clip_findings") or []}
     clips = [{"rec": m.pair.rec_a, "job": m.pair.job_id, "img": images[m.pair.job_id],
               "seed": m.pair.rec_a.get("effective_seed", m.pair.rec_a["seed"]),
               "means": m.summary["means"], "worst_frame": m.worst_frame,
               "identical": m.summary["identical"],
-              "offset": (summary.get("alignment") or {}).get("jobs", {}).get(m.pair.job_id)}
+              "offset": (summary.get("alignment") or {}).get("jobs", {}).get(m.pair.job_id),
+              "finding": findings.get(m.pair.job_id)}
              for m in measures]
+    rank = {f["clip"]: i for i, f in enumerate(summary.get("clip_findings") or [])}
+    clips.sort(key=lambda c: rank.get(c["job"], len(rank)))
     return _template().render(summary=summary, gate=summary.get("gate"),
                               fingerprints=fingerprints, clips=clips)
 

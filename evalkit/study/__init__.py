@@ -7,8 +7,8 @@ Raters go through :class:`.live.RaterService`, the one implementation of next tr
 answer and progress (opaque per-trial media names, a server-side gate with an injected clock,
 group commit).
 """
-from .api import (create_study, invite, key_status, list_studies, ratings_csv, read_report, results, summary_csv,
-                  unblind, unblinding_log, write_csvs, write_gate)
+from .api import (create_study, invite, key_status, list_studies, ratings_csv, read_report, results, study_progress,
+                  summary_csv, unblind, unblinding_log, write_csvs, write_gate)
 from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownStudy, UnknownToken, UnknownTrial)
 from .live import FakeClock, RaterService
@@ -16,7 +16,7 @@ from .stats import plan
 from .store import SCHEMA_VERSION, StudyDB, open_db
 
 __all__ = ["create_study", "invite", "list_studies", "results", "plan", "RaterService", "FakeClock",
-           "ratings_csv", "summary_csv", "write_csvs", "write_gate", "unblind", "unblinding_log", "key_status", "read_report", "open_db", "StudyDB",
+           "ratings_csv", "study_progress", "summary_csv", "write_csvs", "write_gate", "unblind", "unblinding_log", "key_status", "read_report", "open_db", "StudyDB",
            "SCHEMA_VERSION", "StudyError", "UnknownStudy", "UnknownToken", "UnknownTrial",
            "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon", "OutOfOrder",
            "NotLoaded", "UnknownMedia"]

@@ -574,7 +574,7 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     """The threshold analysis of a complete threshold study's test trials
     (:func:`.psychometric.threshold_analysis`), the points per (clip, level), and a verdict
     line."""
-    from .psychometric import threshold_analysis
+    from .psychometric import headroom_sentence, threshold_analysis
     from .text import num
 
     cfg = st["config"].get("threshold") or {}
@@ -596,8 +596,9 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     else:
         verdict = "threshold measured"
         text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
-                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}, headroom "
-                f"{num(head.get('value'), 2)}x (interval {num(hci[0], 2)} to {num(hci[1], 2)})")
+                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}; "
+                f"{headroom_sentence(head.get('value'))} (interval {num(hci[0], 2)} to "
+                f"{num(hci[1], 2)})")
     return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
             "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
             "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
@@ -907,6 +908,51 @@ def _with_pilot(out: dict, st: dict, rows: list[dict], kept: list, reps: int) ->
         p.pop("margin_terms", None)
     p.update(label=label, verdict="pilot")
     out["pilot"] = p
+    return out
+
+
+# -- progress (the admin page until the verdict) ------------------------------------------------
+
+#: the per-rater progress table's columns (:func:`study_progress`)
+PROGRESS_COLUMNS = ("rater", "label", "answered", "trials", "done", "state")
+
+
+def study_progress(db, study) -> dict:
+    """Where a study stands, without its key: raters planned, invited, started, complete,
+    included and excluded (catch trials, as :func:`results` counts them); trials answered of
+    those assigned; one row per invited rater (:data:`PROGRESS_COLUMNS`: answered of their
+    trials, ``done`` as a whole percentage, ``state`` not started / rating / complete /
+    excluded); ``text``: one line saying it. Counts only: no answer, accuracy or clip figure."""
+    st, rows = raw_ratings(db, study)
+    state = _state(db, st, rows)
+    prog, planned = state["prog"], state["planned"]
+    excluded = {e["rater"] for e in state["excluded"]}
+    table = []
+    for rid in sorted(prog):
+        p = prog[rid]
+        if rid in excluded:
+            what = "excluded (catch trials)"
+        elif p["finished_at"] is not None:
+            what = "complete"
+        else:
+            what = "rating" if p["answered"] else "not started"
+        table.append({"rater": rid, "label": p["label"] or "", "answered": p["answered"],
+                      "trials": p["trials"],
+                      "done": int(100 * p["answered"] // p["trials"]) if p["trials"] else 0,
+                      "state": what})
+    answered = sum(p["answered"] for p in prog.values())
+    assigned = sum(p["trials"] for p in prog.values())
+    out = {"study": st["id"], "protocol": st["protocol"], "raters_planned": planned,
+           "raters_invited": len(prog), "raters_started": sum(1 for p in prog.values() if p["answered"]),
+           "raters_complete": len(state["complete"]), "raters_included": len(state["kept"]),
+           "raters_excluded": len(excluded), "trials_answered": answered,
+           "trials_assigned": assigned, "complete": state["done"], "raters": table}
+    need = max(0, planned - len(state["kept"]))
+    out["text"] = (f"{len(state['kept'])} of {planned} planned raters done"
+                   f" ({len(excluded)} excluded by catch trials"
+                   + (f"; {need} more needed for the verdict" if need else "; the verdict is ready")
+                   + f"); {len(prog)} invited, {out['raters_started']} started; "
+                   f"{answered} of {assigned} assigned trials answered")
     return out
 
 

@@ -728,6 +728,26 @@ def _headroom(block, ci, reference):
     return {"value": None if t is None else t / reference, "ci": [lo, hi]}
 
 
+def headroom_sentence(headroom: float | None, *, lower_bound: bool = False) -> str:
+    """The headroom (human threshold / real difference) in one sentence a release manager reads:
+    ``"headroom 0.11x: the real difference is 9.1x the human threshold, people see it"``.
+    ``lower_bound``: the headroom is at least ``headroom`` (the threshold lies above the
+    levels shown)."""
+    if headroom is None:
+        return "headroom unknown (no real difference or no threshold measured)"
+    at = ">= " if lower_bound else ""
+    if headroom <= 0:
+        return f"headroom {at}{headroom:.3g}x: no threshold above zero was measured"
+    if headroom < 1 and not lower_bound:
+        return (f"headroom {headroom:.2g}x: the real difference is {1 / headroom:.2g}x the human "
+                "threshold (75% correct in ABX), people see it")
+    if headroom < 1:
+        return (f"headroom {at}{headroom:.2g}x: the threshold lies above every level shown; the "
+                "real difference may be visible (show larger levels)")
+    return (f"headroom {at}{headroom:.2g}x: the real difference would have to grow "
+            f"{at}{headroom:.2g}x before people notice it (75% correct in ABX)")
+
+
 def _model_text(model):
     f = ("1 - exp(-ln2 (x / threshold) ^ slope)" if model == "weibull"
          else "1 / (1 + (x / threshold) ^ -slope)")
@@ -777,8 +797,8 @@ def gate_from_analysis(analysis: dict, *, study: str, safety_factor: float = 2.0
     ]
     if ref is not None:
         lines.append(f"# Real backend difference ({metric}, geometric mean over clips): "
-                     f"{ref:.6g}; headroom " + (f"{head:.3g}x" if head is not None
-                                                   else f">= {t / ref:.3g}x") + ".")
+                     f"{ref:.6g}; " + (headroom_sentence(head) if head is not None
+                                        else headroom_sentence(t / ref, lower_bound=True)) + ".")
     lines += [f"# Gate: {metric} {aggregate} <= threshold / safety factor {safety_factor:g} "
               f"= {limit:.6g}.",
               "schema_version: 1",
