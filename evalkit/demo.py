@@ -79,7 +79,7 @@ def run(argv=None) -> int:
     shutil.rmtree(a.out / "media", ignore_errors=True)
     base = f"http://127.0.0.1:{a.port}/"
     link = f"{base}?token="
-    for step in (["study", "create", a.out / "report", "--db", db, "--protocol", "abx",
+    for step in (["study", "create", "--allow-masking", a.out / "report", "--db", db, "--protocol", "abx",
                   "--clips", "all", "--seed", "1"],
                  ["study", "invite", "--db", db, "--study", "1", "--base-url", link]):
         print(f"\n$ evalkit {' '.join(map(str, step))}", flush=True)

@@ -34,7 +34,7 @@ def env(tmp_path_factory, reports):
     report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                             seed=2)["study"]
+                             seed=2, allow_masking=True)["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
     yield {"db": db, "sid": sid, "root": root, "report": report}
 
@@ -137,7 +137,7 @@ def test_resume_after_server_restart(env, server, browser, reports):
     clips; nothing here depends on the frame rate.)"""
     db = env["db"]
     sid = study.create_study(reports(), db, protocol="preference", clips_spec="worst:3",
-                             seed=2)["study"]
+                             seed=2, allow_masking=True)["study"]
     token = study.invite(db, sid, 1)[0]["token"]
     ctx = browser.new_context()
     page = ctx.new_page()
@@ -233,7 +233,7 @@ def test_admin_page(env, server, browser):
     db = env["db"]
     # a one-rater design (complete once that rater is done), a prompt with HTML in it
     sid = study.create_study(env["report"], db, protocol="preference",
-                             clips_spec="worst:3", seed=3, raters_planned=1)["study"]
+                             clips_spec="worst:3", seed=3, raters_planned=1, allow_masking=True)["study"]
     html = '<img src=x onerror="window.__xss=1"><b>bold</b>'
     with store.open_db(db).engine.begin() as conn:
         conn.execute(update(store.clips).where(store.clips.c.study_id == sid).values(prompt=html))
@@ -270,8 +270,8 @@ def test_admin_export_downloads_csv(env, server, browser):
     its two links (/export, with the page's login session); the files hold exactly the
     ratings that were given."""
     report, db = env["report"], env["db"]
-    study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1)
-    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4)["study"]
+    study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1, allow_masking=True)
+    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     given = {}
     for tok, limit in zip(toks, (None, 2)):
