@@ -19,6 +19,7 @@ from sqlalchemy import update
 
 from evalkit import study
 from evalkit.study import store
+from evalkit.study.fidelity import bytes_text
 
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
@@ -251,6 +252,12 @@ def test_admin_page(env, server, browser):
         res = study.results(db, sid)
         assert res["status"] == "complete" and f"verdict: {res['verdict'].upper()}" in text
         assert "rule:" in text
+        # what raters were sent (issue 34 item 9): this report's i.i.d. noise is finer than the
+        # stream carries (created with --allow-masking), and the streams' bytes
+        mb = res["media_bytes"]
+        assert "DELIVERY MASKED: 3 of 3 rows" in text and "least headroom: clip" in text
+        assert (f"{mb['streams']} trial streams, {bytes_text(mb['total'])} in all; per trial "
+                f"median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}") in text
         try:
             page.wait_for_function("document.querySelector('#per-clip') && "
                                    "document.querySelector('#per-clip').innerText.includes('onerror')",
