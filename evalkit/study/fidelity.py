@@ -65,13 +65,20 @@ class Sums:
         if not (a.shape == b.shape == a2.shape == b2.shape):
             raise ValueError(f"frames: expected four arrays of one shape, found {a.shape}, "
                              f"{b.shape}, {a2.shape}, {b2.shape}")
-        a, b, a2, b2 = (np.asarray(x, np.int64).ravel() for x in (a, b, a2, b2))
-        d, d2 = b - a, b2 - a2
+        fa, fb, fa2, fb2 = (_exact(x) for x in (a, b, a2, b2))
+        self.add_pair(fa, fb, fb - fa, fa2, fb2, _sse(fa2 - fa), _sse(fb2 - fb))
+
+    def add_pair(self, a, b, d, a2, b2, enc_a: int, enc_b: int) -> None:
+        """One (A tile, B tile) pair of a window as :func:`_exact` arrays, with the lossless
+        difference ``d = b - a`` and each tile's error sum given (shared between pairs)."""
+        d2 = b2 - a2
         s = self.s
         s["n"] += a.size
-        for key, x in (("ab", d), ("ab_delivered", d2), ("enc_a", a2 - a), ("enc_b", b2 - b),
-                       ("diff_err", d2 - d)):
-            s[key] += int(x @ x)
+        s["ab"] += _sse(d)
+        s["ab_delivered"] += _sse(d2)
+        s["enc_a"] += enc_a
+        s["enc_b"] += enc_b
+        s["diff_err"] += _sse(d2 - d)
 
     def figures(self) -> dict:
         """The figures (dB PSNR, None where undefined) and the integer sums they come from."""
@@ -83,6 +90,17 @@ class Sums:
                "difference_error_db": psnr(s["diff_err"], n),
                "headroom_db": headroom(s["ab"], s["diff_err"]), "sums": dict(s)}
         return out
+
+
+def _exact(x: np.ndarray) -> np.ndarray:
+    """Frames as a flat int32 array: their differences (of differences: at most 510) and
+    squares (at most 260,100) fit, and :func:`_sse` sums them in int64: exact integers, no
+    tolerance. (Not float64 through BLAS: its threads stall on a busy machine, 8x slower.)"""
+    return np.asarray(x, np.int32).ravel()
+
+
+def _sse(x: np.ndarray) -> int:
+    return int(np.square(x).sum(dtype=np.int64))
 
 
 def psnr(sse: int, n: int) -> float | None:
@@ -137,14 +155,17 @@ def measure_stream(path, key: str, rects: list, contents: dict, sums: Sums | Non
     for n, frame in enumerate(open_clip(Path(path), threads=1)):
         if n >= t:
             raise ValueError(f"{path}: expected {t} frames, found more")
-        tiles = {}
+        a, b = _exact(fa[n]), _exact(fb[n])
+        d = b - a
+        tiles, err = {}, {}
         for i in ia + ib:
             x, y, tw, th = rects[i]
             tile = frame[y:y + th, x:x + tw]
-            tiles[i] = tile if (tw, th) == (w, h) else _resize(tile, w, h)
+            tiles[i] = _exact(tile if (tw, th) == (w, h) else _resize(tile, w, h))
+            err[i] = _sse(tiles[i] - (a if i in ia else b))
         for i in ia:
             for j in ib:
-                sums.add(fa[n], fb[n], tiles[i], tiles[j])
+                sums.add_pair(a, b, d, tiles[i], tiles[j], err[i], err[j])
     if n + 1 != t:
         raise ValueError(f"{path}: expected {t} frames, found {n + 1}")
     return sums
