@@ -12,6 +12,7 @@ from evalkit import study
 from evalkit.study import fidelity
 from evalkit.study.store import open_db, studies
 from evalkit.study.text import results_lines
+from evalkit.testing.studies import answer, hidden
 
 PATTERN = "evalkit.testing.renderers:Pattern"
 
@@ -101,6 +102,9 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
         assert row["streams"] == 6
     text = "\n".join(results_lines(study.results(db, 1)))
     assert "DELIVERY MASKED" in text and "--allow-masking" in text
+    for row in d["rows"]:
+        assert (f"{row['job']} {row['ab_lossless_db']:.1f} dB / "
+                f"{row['difference_error_db']:.1f} dB") in text
 
 
 def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_reports,
@@ -118,7 +122,14 @@ def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_re
     files = sorted((tmp_path / "s.media").glob("*.mp4"))
     assert mb["streams"] == len(files) and mb["total"] == sum(p.stat().st_size for p in files)
     assert mb["max"] == max(p.stat().st_size for p in files)
+    tok = study.invite(db, made["study"], 3)
+    for t in tok:                                 # complete: the per-clip rows carry it
+        answer(db, t["token"], lambda trial: hidden(db, trial["trial"])["expected"])
     res = study.results(db, made["study"])
+    assert res["status"] == "complete" and len(res["per_clip"]) == 2
+    for c in res.get("per_clip") or []:
+        row = next(r for r in d["rows"] if r["job"] == c["job"])
+        assert c["delivery_headroom_db"] == row["headroom_db"] and c["delivery_ok"] is True
     page = verdict_markdown(res)                  # what the admin page shows
     w = d["worst"]
     assert f"least headroom: clip {w['job']}" in page

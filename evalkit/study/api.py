@@ -885,6 +885,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
         out.update(status="complete", **_threshold_results(st, test, reps))
         return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
+    fidelity.per_clip_headroom(dec.get("per_clip") or [], out["delivery"])
     early = out["unblinding"] is not None
     dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)

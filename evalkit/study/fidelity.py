@@ -242,6 +242,16 @@ RULE_TEXT = ("the browser encode's error on the A-B difference (PSNR of B'-A' ag
              "(PSNR of A against B, lossless)")
 
 
+def per_clip_headroom(per_clip: list[dict], delivery: dict | None) -> None:
+    """Add each clip's ``delivery_headroom_db`` (None: identical sides, an exact delivery, or
+    not measured) and ``delivery_ok`` to a verdict's ``per_clip`` rows (by job)."""
+    rows = {r["job"]: r for r in (delivery or {}).get("rows") or []}
+    for c in per_clip:
+        r = rows.get(c.get("job"))
+        c["delivery_headroom_db"] = r["headroom_db"] if r else None
+        c["delivery_ok"] = r["ok"] if r else None
+
+
 def media_bytes(media_dir, streams: list[dict]) -> dict:
     """Bytes of the trial streams a study stored (one stream is one trial's media):
     ``{"streams", "total", "median", "max"}``."""
@@ -283,6 +293,10 @@ def lines(config: dict) -> list[str]:
                        f"(encode error on the difference not {d['margin_db']:g} dB below it), "
                        f"created with --allow-masking: raters may have judged the encoder"
                        + worst)
+            out.append("masked rows (difference / encode error on it): " + ", ".join(
+                f"{r['job']}" + ("" if r.get("level") is None else f" x{r['level']:g}")
+                + f" {db_text(r['ab_lossless_db'])} / {db_text(r['difference_error_db'])}"
+                for r in d["rows"] if not r["ok"]))
         else:
             out.append(f"delivery: every row's encode error on the A-B difference is at least "
                        f"{d['margin_db']:g} dB below the difference ({n} rows)" + worst)
