@@ -150,3 +150,14 @@ def test_threshold_stimuli_are_measured_as_delivered(pattern_reports, tmp_path):
     with pytest.raises(study.StudyError, match=r"delivery fidelity: clip .* at level 0.5"):
         study.create_study(pattern_reports["square"], tmp_path / "u.db", protocol="threshold",
                            levels="0.5,1,2", raters_planned=2, delivery_margin_db=60)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "100"])
+def test_a_bad_delivery_margin_is_one_line_before_anything_is_written(pattern_reports, tmp_path,
+                                                                      cli, value):
+    db = tmp_path / "s.db"
+    code, _, err = cli("study", "create", pattern_reports["square"], "--db", db, "--protocol",
+                       "abx", "--delivery-margin", value)
+    assert code == 2
+    assert_one_line_error(err, "--delivery-margin", "expected dB in (0, 100)")
+    assert not db.exists() and not (tmp_path / "s.media").exists()

@@ -137,6 +137,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
+    if not 0 < delivery_margin_db < 100:
+        raise StudyError(f"--delivery-margin: expected dB in (0, 100), found {delivery_margin_db}")
     if not 0 < catch_alpha < 1:
         raise StudyError(f"--catch-alpha: expected a number in (0, 1), found {catch_alpha}")
     if raters_planned < 0:
@@ -198,9 +200,6 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
                                 for kind_ in _catch_kinds(rank[i], n_easy, per_row)]))
         work.append((c, rows))
-
-    if not 0 < delivery_margin_db < 100:
-        raise StudyError(f"--delivery-margin: expected dB in (0, 100), found {delivery_margin_db}")
 
     def clip_media(job) -> dict:
         out = _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
