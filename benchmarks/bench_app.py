@@ -257,7 +257,7 @@ async def main(n: int, rounds: int, repeat: int, sides: tuple[str, ...]) -> dict
         for side in (sides if i % 2 == 0 else sides[::-1]):
             db = root / f"{side}-{i}.db"
             sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3",
-                                     media_dir=root / "media")["study"]
+                                     media_dir=root / "media", allow_masking=True)["study"]
             server = (BaselineServer(db) if side == "before" else Server(db)).start()
             try:
                 r = await load(side, server, db, sid, n, rounds)

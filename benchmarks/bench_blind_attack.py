@@ -34,7 +34,7 @@ def fold(root: Path, train_fams, held_fams, clips: int, raters: int, bots: int, 
             n = 1 if name == "train" else seeds if protocol == "abx" else 2 * seeds
             for seed in range(1, 1 + n):
                 sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10)["study"]
+                                         raters_planned=10, allow_masking=True)["study"]
                 trials[name] += attack.collect(db, sid, raters)
                 if name == "held" and protocol == "abx":
                     abx.append(sid)

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         for rep in range(a.repeat):
             db = Path(tmp) / f"s{rep}.db"
             sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                                     seed=rep)["study"]
+                                     seed=rep, allow_masking=True)["study"]
             tokens = [r["token"] for r in study.invite(db, sid, a.raters)]
             total = study.list_studies(db)[0]["trials"]
             points = sorted(rng.randrange(1, total) for _ in range(a.kills))

@@ -31,7 +31,7 @@ def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("app")
     report = reports(fps=FPS)
     db = root / "s.db"
-    sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5)["study"]
+    sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5, allow_masking=True)["study"]
             for p in ("preference", "abx")}
     secret = secrets_of(db, report)
     server = Server(db).start()

@@ -33,7 +33,7 @@ def env(tmp_path_factory, reports):
     report = reports(fps=8)
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                             seed=4)["study"]
+                             seed=4, allow_masking=True)["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
     server = Server(db).start()
     yield {"db": db, "sid": sid, "root": root, "server": server}
@@ -219,7 +219,7 @@ def test_server_killed_while_raters_answer_loses_nothing(tmp_path, reports):
     report = reports()
     db = tmp_path / "k.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                             seed=6)["study"]
+                             seed=6, allow_masking=True)["study"]
     tokens = [r["token"] for r in study.invite(db, sid, 6)]
     out = kills.run(db, tokens, [20], watch_s=0.35)
     assert out["kills"] == 1 and out["acknowledged"] >= 20, out

@@ -19,6 +19,7 @@ from sqlalchemy import update
 
 from evalkit import study
 from evalkit.study import store
+from evalkit.study.fidelity import bytes_text
 
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
@@ -34,7 +35,7 @@ def env(tmp_path_factory, reports):
     report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                             seed=2)["study"]
+                             seed=2, allow_masking=True)["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
     yield {"db": db, "sid": sid, "root": root, "report": report}
 
@@ -137,7 +138,7 @@ def test_resume_after_server_restart(env, server, browser, reports):
     clips; nothing here depends on the frame rate.)"""
     db = env["db"]
     sid = study.create_study(reports(), db, protocol="preference", clips_spec="worst:3",
-                             seed=2)["study"]
+                             seed=2, allow_masking=True)["study"]
     token = study.invite(db, sid, 1)[0]["token"]
     ctx = browser.new_context()
     page = ctx.new_page()
@@ -233,7 +234,7 @@ def test_admin_page(env, server, browser):
     db = env["db"]
     # a one-rater design (complete once that rater is done), a prompt with HTML in it
     sid = study.create_study(env["report"], db, protocol="preference",
-                             clips_spec="worst:3", seed=3, raters_planned=1)["study"]
+                             clips_spec="worst:3", seed=3, raters_planned=1, allow_masking=True)["study"]
     html = '<img src=x onerror="window.__xss=1"><b>bold</b>'
     with store.open_db(db).engine.begin() as conn:
         conn.execute(update(store.clips).where(store.clips.c.study_id == sid).values(prompt=html))
@@ -251,6 +252,12 @@ def test_admin_page(env, server, browser):
         res = study.results(db, sid)
         assert res["status"] == "complete" and f"verdict: {res['verdict'].upper()}" in text
         assert "rule:" in text
+        # what raters were sent (issue 34 item 9): this report's i.i.d. noise is finer than the
+        # stream carries (created with --allow-masking), and the streams' bytes
+        mb = res["media_bytes"]
+        assert "DELIVERY MASKED: 3 of 3 rows" in text and "least headroom: clip" in text
+        assert (f"{mb['streams']} trial streams, {bytes_text(mb['total'])} in all; per trial "
+                f"median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}") in text
         try:
             page.wait_for_function("document.querySelector('#per-clip') && "
                                    "document.querySelector('#per-clip').innerText.includes('onerror')",
@@ -270,8 +277,8 @@ def test_admin_export_downloads_csv(env, server, browser):
     its two links (/export, with the page's login session); the files hold exactly the
     ratings that were given."""
     report, db = env["report"], env["db"]
-    study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1)
-    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4)["study"]
+    study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1, allow_masking=True)
+    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     given = {}
     for tok, limit in zip(toks, (None, 2)):

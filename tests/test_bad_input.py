@@ -137,7 +137,7 @@ def w(tmp_path_factory):
                         run_a=root / "runs" / "cpu", run_b=root / "runs" / "cpu_dtype-bf16",
                         db=root / "s.db")
     w.clip = next((w.run_a / "clips").glob("pan-*.mkv"))
-    study.create_study(report, w.db, protocol="abx", clips_spec="sample:1")
+    study.create_study(report, w.db, protocol="abx", clips_spec="sample:1", allow_masking=True)
     study.invite(w.db, 1, 1)
     w.text = root / "notes.txt"
     w.text.write_text("not a database\n")
@@ -414,7 +414,7 @@ def _ratings_csv_safe(w, out, err):
 
 
 def _study(w, *extra, db=None):
-    return ["study", "create", w.report, "--db", db if db is not None else w.root / "new.db",
+    return ["study", "create", "--allow-masking", w.report, "--db", db if db is not None else w.root / "new.db",
             "--protocol", "abx", *extra]
 
 
@@ -777,7 +777,7 @@ ROWS = [
       _math_report_ok),
     # -- study create ----------------------------------------------------------------------
     E("study create", "summary-nested-100000-deep",
-      lambda w: ["study", "create", _deep_report(w), "--db", w.root / "deep.db", "--protocol", "abx"],
+      lambda w: ["study", "create", "--allow-masking", _deep_report(w), "--db", w.root / "deep.db", "--protocol", "abx"],
       "deepreport/summary.json", "not a compare summary", process=True),
     E("study create", "db-unknown-scheme", lambda w: _study(w, db="foo://bar"), "--db foo://bar",
       "found the scheme 'foo'", process=True),
@@ -804,26 +804,26 @@ ROWS = [
     E("study create", "db-folder", lambda w: _study(w, db=w.folder), "--db", "a_folder",
       "found a folder"),
     E("study create", "db-empty-string", lambda w: _study(w, db=""), "--db", "empty string"),
-    E("study create", "report-missing", lambda w: ["study", "create", w.root / "nothere", "--db",
+    E("study create", "report-missing", lambda w: ["study", "create", "--allow-masking", w.root / "nothere", "--db",
                                                    w.root / "new.db", "--protocol", "abx"],
       "nothere", "report folder not found"),
-    E("study create", "report-without-summary", lambda w: ["study", "create", w.folder, "--db",
+    E("study create", "report-without-summary", lambda w: ["study", "create", "--allow-masking", w.folder, "--db",
                                                            w.root / "new.db", "--protocol", "abx"],
       "summary.json", "not found"),
-    E("study create", "summary-not-json", lambda w: ["study", "create", _report_with(w, "notjson", raw="{"),
+    E("study create", "summary-not-json", lambda w: ["study", "create", "--allow-masking", _report_with(w, "notjson", raw="{"),
                                                      "--db", w.root / "new.db", "--protocol", "abx"],
       "summary.json", "not a compare summary"),
-    E("study create", "summary-without-runs", lambda w: ["study", "create", _report_with(
+    E("study create", "summary-without-runs", lambda w: ["study", "create", "--allow-masking", _report_with(
         w, "noruns", lambda d: d.pop("runs")), "--db", w.root / "new.db", "--protocol", "abx"],
       "summary.json", "not a compare summary"),
-    E("study create", "summary-relative-run-gone", lambda w: ["study", "create", _report_with(
+    E("study create", "summary-relative-run-gone", lambda w: ["study", "create", "--allow-masking", _report_with(
         w, "relative", lambda d: d["runs"]["a"].update(path="runs/elsewhere")), "--db",
         w.root / "new.db", "--protocol", "abx"],
       "summary.json", "field 'runs.a.path'", "'runs/elsewhere' not found"),
-    E("study create", "summary-nothing-compared", lambda w: ["study", "create", _report_with(
+    E("study create", "summary-nothing-compared", lambda w: ["study", "create", "--allow-masking", _report_with(
         w, "none", lambda d: d["jobs"].update(compared=[])), "--db", w.root / "new.db", "--protocol",
         "abx"], "field 'jobs.compared'", "no compared jobs"),
-    E("study create", "protocol-bogus", lambda w: ["study", "create", w.report, "--db", w.root / "new.db",
+    E("study create", "protocol-bogus", lambda w: ["study", "create", "--allow-masking", w.report, "--db", w.root / "new.db",
                                                    "--protocol", "mushra"], "argument --protocol",
       "invalid choice: 'mushra'"),
     E("study create", "raters-negative", lambda w: _study(w, "--raters", "-5"), "--raters", "found -5"),
@@ -839,7 +839,7 @@ ROWS = [
     E("study create", "media-is-a-file", lambda w: _study(w, "--media", w.text), "--media", "notes.txt",
       "expected a folder"),
     S("study create", "report-read-from-another-folder",
-      lambda w: ["study", "create", w.root / "math_report", "--db", w.root / "math.db", "--protocol",
+      lambda w: ["study", "create", "--allow-masking", w.root / "math_report", "--db", w.root / "math.db", "--protocol",
                  "abx", "--clips", "sample:1"], _study_created),
     # -- study invite ----------------------------------------------------------------------
     E("study invite", "db-mistyped", lambda w: ["study", "invite", "--db", w.root / "typo.db", "--study", "1"],

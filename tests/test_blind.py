@@ -41,17 +41,17 @@ def env(tmp_path_factory, reports):
     # here depends on the frame rate; test_app runs the page at 12 fps, test_app_more at 8)
     report = reports(seeds=tuple(range(8)))
     db = root / "s.db"
-    sids = {p: study.create_study(report, db, protocol=p, seed=11)["study"]
+    sids = {p: study.create_study(report, db, protocol=p, seed=11, allow_masking=True)["study"]
             for p in ("abx", "preference")}
     # the threshold protocol: ABX over amplified differences (4 clips x 3 levels)
     sids["threshold"] = study.create_study(report, db, protocol="threshold", seed=11,
                                            clips_spec="worst:4", levels="1,4,16",
-                                           raters_planned=4)["study"]
+                                           raters_planned=4, allow_masking=True)["study"]
     # small studies: fewer clips than a rater's 8 easy catch trials (several catch versions
     # per clip, each with its own reference picture)
     for p in ("abx", "preference"):
         sids[f"{p}-small"] = study.create_study(report, db, protocol=p, seed=12,
-                                                clips_spec="worst:3", raters_planned=4)["study"]
+                                                clips_spec="worst:3", raters_planned=4, allow_masking=True)["study"]
     secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
 

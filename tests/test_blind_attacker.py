@@ -44,7 +44,7 @@ def env(tmp_path_factory):
         for protocol in ("abx", "preference"):
             for seed in seeds[protocol]:
                 sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10)["study"]
+                                         raters_planned=10, allow_masking=True)["study"]
                 sids[(name, protocol, seed)] = sid
                 trials[name] += attack.collect(db, sid, raters)
     return {"db": db, "sids": sids, "train": attack.add_features(trials["train"]),

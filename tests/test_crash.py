@@ -297,7 +297,7 @@ def test_study_create_removes_what_a_killed_create_left_in_the_media_folder(repo
     try:
         busy = crash.Path(live.stdout.readline().strip())
         assert stale.is_file() and busy.is_file()
-        made = crash.run(crash.evalkit_cmd("study", "create", reports(seeds=(0,)), "--db",
+        made = crash.run(crash.evalkit_cmd("study", "create", "--allow-masking", reports(seeds=(0,)), "--db",
                                            tmp_path / "s.db", "--protocol", "abx", "--clips",
                                            "sample:1"))
         assert made.returncode == 0, made.stderr

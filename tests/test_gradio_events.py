@@ -21,7 +21,7 @@ def env(tmp_path_factory, reports):
     report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
     sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2",
-                             seed=2)["study"]
+                             seed=2, allow_masking=True)["study"]
     server = Server(db).start()
     try:
         yield {"db": db, "sid": sid, "url": server.url}

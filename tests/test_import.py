@@ -202,7 +202,7 @@ def test_compare_and_study_of_two_imports_name_them_by_label_and_show_both_machi
     from evalkit.study.api import create_study
     from evalkit.study.store import open_db, studies
 
-    made = create_study(out, tmp_path / "s.db", protocol="abx", seed=3)
+    made = create_study(out, tmp_path / "s.db", protocol="abx", seed=3, allow_masking=True)
     with open_db(tmp_path / "s.db").engine.connect() as conn:
         row = conn.execute(studies.select().where(studies.c.id == made["study"])).one()
     assert (row.run_a, row.run_b) == (str(imported["amd"].resolve()),

@@ -214,5 +214,5 @@ def test_study_create_over_utvideo_runs(runs, tmp_path):
     assert {p["path_a"].suffix for p in r["jobs"]} == {".mkv"}
     assert {p["path_b"].suffix for p in r["jobs"]} == {".nut"}
     assert all(p["path_b"].is_file() for p in r["jobs"])
-    made = create_study(report, tmp_path / "s.db", protocol="preference", raters_planned=4)
+    made = create_study(report, tmp_path / "s.db", protocol="preference", raters_planned=4, allow_masking=True)
     assert made["clips"] == len(r["jobs"])

@@ -140,7 +140,7 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
     for workers in (1, 2):
         monkeypatch.setattr(media, "media_workers", lambda w=workers: w)
         db = tmp_path / f"s{workers}.db"
-        r = create_study(tmp_path / "r", db, protocol="abx", seed=3, progress=workers == 2)
+        r = create_study(tmp_path / "r", db, protocol="abx", seed=3, progress=workers == 2, allow_masking=True)
         assert r["clips"] == 2 and r["catch_versions"] >= 2
         d = open_db(db)
         with d.engine.begin() as conn:

@@ -37,7 +37,7 @@ def _answers(db, token, pick):
 
 def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     db = tmp_path / "s.db"
-    code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
+    code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
                          "--clips", "worst:4", "--raters", "3", "--seed", "3")
     assert code == 0, err
     # 8 easy catch trials per rater over 4 clips: 2 easy versions per clip (no rater sees one
@@ -135,7 +135,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
 
 def test_preference_results_count_ties(report, tmp_path):
     db = str(tmp_path / "p.db")
-    sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2)["study"]
+    sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     con = sqlite3.connect(tmp_path / "p.db")
     tr = {r[0]: (r[1], r[2], json.loads(r[3])) for r in
@@ -160,7 +160,7 @@ def test_preference_results_count_ties(report, tmp_path):
 
 def test_answer_is_idempotent_written_once_and_timed_by_the_server(report, tmp_path):
     db = str(tmp_path / "i.db")
-    sid = study.create_study(report, db, protocol="abx", clips_spec="sample:2")["study"]
+    sid = study.create_study(report, db, protocol="abx", clips_spec="sample:2", allow_masking=True)["study"]
     tok = study.invite(db, sid, 1)[0]["token"]
     clock = study.FakeClock()
     with study.RaterService(db, clock=clock) as svc:
@@ -182,7 +182,7 @@ def test_answer_is_idempotent_written_once_and_timed_by_the_server(report, tmp_p
 
 def test_bad_input(report, tmp_path, cli):
     db = tmp_path / "b.db"
-    assert cli("study", "create", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
+    assert cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
     code, out, _ = cli("study", "invite", "--db", db, "--study", "1", "--count", "2")
     t1, t2 = [ln.rsplit("token=", 1)[1] for ln in out.splitlines()]
     code, _, err = cli("study", "results", "--db", db, "--study", "9")
@@ -191,7 +191,7 @@ def test_bad_input(report, tmp_path, cli):
     code, _, err = cli("study", "invite", "--db", db, "--study", "x")
     assert code == 2
     assert_one_line_error(err, "study x")
-    code, _, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
+    code, _, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
                        "--catch-alpha", "0.001")        # 8 catch trials cannot show that
     assert code == 2
     assert_one_line_error(err, "--catch-alpha", "8 catch trials")
@@ -220,25 +220,25 @@ def test_bad_input(report, tmp_path, cli):
     s = json.loads((broken / "summary.json").read_text())
     s["runs"]["b"]["path"] = str(tmp_path / "gone")
     (broken / "summary.json").write_text(json.dumps(s))
-    code, _, err = cli("study", "create", broken, "--db", db, "--protocol", "abx")
+    code, _, err = cli("study", "create", "--allow-masking", broken, "--db", db, "--protocol", "abx")
     assert code == 2
     assert_one_line_error(err, str(tmp_path / "gone" / "clips"), "not found")
     s["jobs"]["compared"] = []
     (broken / "summary.json").write_text(json.dumps(s))
-    code, _, err = cli("study", "create", broken, "--db", db, "--protocol", "abx")
+    code, _, err = cli("study", "create", "--allow-masking", broken, "--db", db, "--protocol", "abx")
     assert code == 2
     assert_one_line_error(err, "jobs.compared", "no compared jobs")
-    code, _, err = cli("study", "create", tmp_path, "--db", db, "--protocol", "abx")
+    code, _, err = cli("study", "create", "--allow-masking", tmp_path, "--db", db, "--protocol", "abx")
     assert code == 2
     assert_one_line_error(err, "summary.json", "not found")
-    code, _, err = cli("study", "create", report, "--db", db, "--protocol", "abx", "--clips", "best:3")
+    code, _, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "best:3")
     assert code == 2
     assert_one_line_error(err, "--clips", "best:3")
 
 
 def test_invite_links_from_the_server_base_url(report, tmp_path, cli):
     db = tmp_path / "l.db"
-    assert cli("study", "create", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
+    assert cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
     for base, prefix in (("http://h:8000", "http://h:8000/?token="),
                          ("http://h:8000/", "http://h:8000/?token="),
                          ("https://h/evalkit", "https://h/evalkit/?token="),
@@ -267,7 +267,7 @@ def test_plan_command(cli):
 
 def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     path = tmp_path / "u.db"
-    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1")["study"]
+    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1", allow_masking=True)["study"]
     store.close_all()
     con = sqlite3.connect(path)   # make it a version 1 database
     con.execute("alter table ratings drop column client")
@@ -308,7 +308,7 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
 def _hammer(db, report, media, n_threads=50):
     """10 raters, each driven by 5 threads at once through one rater service (every answer
     sent up to 5 times): every rating stored exactly once, no thread sees an error."""
-    sid = study.create_study(report, db, protocol="abx", media_dir=media)["study"]
+    sid = study.create_study(report, db, protocol="abx", media_dir=media, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 10)]
     ticks = iter(range(0, 10**9, 100))          # every request 100 s after the previous one
     svc = study.RaterService(db, clock=lambda: next(ticks))
@@ -402,7 +402,7 @@ def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, t
 
 def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
     sid = study.create_study(report, postgres, protocol="abx", clips_spec="sample:1",
-                             media_dir=tmp_path / "media")["study"]
+                             media_dir=tmp_path / "media", allow_masking=True)["study"]
     code, out, err = cli("study", "unblind", "--db", postgres, "--study", sid, "--reason",
                          "pilot", "--who", "dana")
     assert code == 0, err
@@ -431,7 +431,7 @@ print("done", flush=True)
 
 def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
     db = str(tmp_path / "k.db")
-    sid = study.create_study(report, db, protocol="abx", media_dir=tmp_path / "media")["study"]
+    sid = study.create_study(report, db, protocol="abx", media_dir=tmp_path / "media", allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 30)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen([sys.executable, "-c", WRITER, db, str(sid)], stdin=subprocess.PIPE,
@@ -459,7 +459,7 @@ def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
 
 def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     db = tmp_path / "f.db"
-    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2")["study"]
+    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2", allow_masking=True)["study"]
     with store.open_db(db).engine.connect() as conn:
         cfg = conn.execute(select(store.studies.c.config)).scalar_one()
     assert cfg["fps"] == 24.0 and cfg["fps_fraction"] == "24"
@@ -485,14 +485,14 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     from evalkit.video import read_frames, write_lossless
     clip = run_b / "clips" / f"{s['jobs']['compared'][0]}.mkv"
     write_lossless(clip, read_frames(clip)[0], 30)
-    code, _, err = cli("study", "create", broken, "--db", tmp_path / "g.db", "--protocol", "abx")
+    code, _, err = cli("study", "create", "--allow-masking", broken, "--db", tmp_path / "g.db", "--protocol", "abx")
     assert code == 2
     assert_one_line_error(err, str(clip), "field 'fps'", "expected 24 fps", "found 30")
 
 
 def _service_study(db, report, media, n=4):
     sid = study.create_study(report, db, protocol="abx", clips_spec="worst:2",
-                             media_dir=media)["study"]
+                             media_dir=media, allow_masking=True)["study"]
     return sid, [r["token"] for r in study.invite(db, sid, n)]
 
 

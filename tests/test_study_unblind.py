@@ -60,7 +60,7 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     db = tmp_path / "s.db"
     sids = []
     for _ in range(2):        # the same design twice: a control and one to be unblinded early
-        code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
+        code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
                              "--clips", "all", "--raters", RATERS, "--margin", "0.45",
                              "--seed", "9")
         assert code == 0, err
@@ -157,7 +157,7 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
     functions: tests/test_app_more.py downloads them in Chromium)."""
     db = tmp_path / "e.db"
     sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4,
-                             raters_planned=3)["study"]
+                             raters_planned=3, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     answer(db, toks[0], lambda t: "A")
     answer(db, toks[1], lambda t: "B", limit=4)
@@ -186,7 +186,7 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
 
 def test_unblindings_table_added_to_a_version_4_database(report, tmp_path):
     path = tmp_path / "v4.db"
-    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1")["study"]
+    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1", allow_masking=True)["study"]
     store.close_all()
     con = sqlite3.connect(path)           # as a version 4 database was: no unblindings table
     con.execute("drop table unblindings")

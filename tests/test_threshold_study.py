@@ -35,7 +35,7 @@ def env(tmp_path_factory):
     report = make_report(root, seeds=(0,))          # 2 clips of 8 frames, 24 fps
     db = root / "s.db"
     made = study.create_study(report, db, protocol="threshold", levels="1,2,4,8",
-                              raters_planned=RATERS, seed=7)
+                              raters_planned=RATERS, seed=7, allow_masking=True)
     with store.open_db(db).engine.connect() as conn:
         cfg = conn.execute(select(store.studies.c.config).where(
             store.studies.c.id == made["study"])).scalar_one()
@@ -86,7 +86,7 @@ def test_cli_refuses_bad_threshold_input(env, cli, tmp_path):
             (["--protocol", "threshold", "--levels", "1,2,4"], ("--raters", "found 0")),
             (["--protocol", "abx", "--levels", "1,2,4"], ("--levels", "only for --protocol threshold")),
             (["--protocol", "abx", "--ladder", "blur"], ("--ladder", "only for --protocol threshold"))):
-        code, out, err = cli("study", "create", report, "--db", db, *args)
+        code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, *args)
         assert code == 2, (args, out, err)
         assert_one_line_error(err, *needles)
     assert not (tmp_path / "x.media").exists()          # refused before any encoding
@@ -156,7 +156,7 @@ def test_blur_ladder_for_comparison(env, cli, tmp_path):
     stimuli, the real difference still the reference; it sets no gate."""
     db = tmp_path / "b.db"
     made = study.create_study(env["report"], db, protocol="threshold", ladder="blur",
-                              levels="0.5,1,2", raters_planned=2, clips_spec="worst:1")
+                              levels="0.5,1,2", raters_planned=2, clips_spec="worst:1", allow_masking=True)
     assert made["warnings"] == []                   # level 1 is not "the real B" here
     with store.open_db(db).engine.connect() as conn:
         cfg = conn.execute(select(store.studies.c.config)).scalar_one()["threshold"]

@@ -16,7 +16,9 @@ def cmd_study_create(args) -> int:
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
                      media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
                      ladder=args.ladder, metrics_device=args.metrics_device,
-                     progress=sys.stderr.isatty())
+                     progress=sys.stderr.isatty(), allow_masking=args.allow_masking,
+                     **({} if args.delivery_margin is None else
+                        {"delivery_margin_db": args.delivery_margin}))
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
@@ -24,6 +26,10 @@ def cmd_study_create(args) -> int:
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
     print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
+    from evalkit.study.fidelity import lines
+
+    for ln in lines(r):
+        print(f"  {ln}")
     return 0
 
 
@@ -165,6 +171,14 @@ def add_study(sub, common) -> None:
     v.add_argument("--catch-alpha", type=float, default=0.05,
                    help="a rater is kept when better than guessing on the easy catch trials "
                    "(one-sided exact binomial at this level; default 0.05)")
+    v.add_argument("--allow-masking", action="store_true",
+                   help="create the study even where the browser encode's error on the A-B "
+                   "difference is not --delivery-margin below the difference (recorded in the "
+                   "study and printed with its results)")
+    v.add_argument("--delivery-margin", type=float, default=None, metavar="DB",
+                   help="how far (dB) the encode's error on the A-B difference must lie below "
+                   "the difference (default 10: the delivered difference's amplitude within "
+                   "0.68-1.32 of the lossless one's; docs/studies.md)")
     v.set_defaults(func=cmd_study_create)
     v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
     v.add_argument("--db", required=True, help="database URL or SQLite file")

@@ -26,7 +26,7 @@ from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
 from ..video import read_frames
-from . import design, stats, threshold
+from . import design, fidelity, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, ordered_map, prepare_media_dir, store_tiled
@@ -92,7 +92,9 @@ def read_report(report) -> dict:
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
-                 ladder: str | None = None, metrics_device="cpu", progress: bool = False) -> dict:
+                 ladder: str | None = None, metrics_device="cpu", progress: bool = False,
+                 allow_masking: bool = False,
+                 delivery_margin_db: float = fidelity.MARGIN_DB) -> dict:
     """Create a study from a compare report: select clips, write the trial streams (every
     arrangement of each row's tiles, see :func:`.media.store_tiled` and
     :func:`.design.stream_keys`) and the catch versions, record everything.
@@ -106,8 +108,14 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     ``ladder``: ``amplify`` (default) or ``blur`` (A blurred with sigma k px: a known
     degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
+    Delivery fidelity (:mod:`.fidelity`): every row's trial streams are decoded and measured
+    against the lossless frames; a row whose encode error on the A-B difference is not
+    ``delivery_margin_db`` below the difference refuses the study (:class:`StudyError`, one
+    line naming the clip and both figures, nothing written to the database) unless
+    ``allow_masking`` (recorded in the study's config, ``delivery``).
+
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for.
+    "warnings", "delivery", "media_bytes"}``; ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
     a progress bar per clip on stderr."""
     if protocol not in design.PROTOCOLS:
@@ -129,6 +137,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
+    if not 0 < delivery_margin_db < 100:
+        raise StudyError(f"--delivery-margin: expected dB in (0, 100), found {delivery_margin_db}")
     if not 0 < catch_alpha < 1:
         raise StudyError(f"--catch-alpha: expected a number in (0, 1), found {catch_alpha}")
     if raters_planned < 0:
@@ -192,9 +202,12 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         work.append((c, rows))
 
     def clip_media(job) -> dict:
-        return _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
-                           xbit=xbit, metrics_device=metrics_device,
-                           measure_reference=protocol == "threshold")
+        out = _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
+                          xbit=xbit, metrics_device=metrics_device,
+                          measure_reference=protocol == "threshold")
+        for row in out["rows"]:
+            _deliver(row, media, delivery_margin_db, allow_masking)
+        return out
 
     from tqdm import tqdm
 
@@ -217,13 +230,18 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             pool.extend(done["catches"])
             seconds.update(done["seconds"])
             bar.update(1)
+    delivery = fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db,
+                                allow_masking)
+    media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
+                                       + [p["streams"] for p in pool])
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
-              "plan": the_plan, "clips_of": len(rep["jobs"]), **timing}
+              "plan": the_plan, "clips_of": len(rep["jobs"]), "delivery": delivery,
+              "media_bytes": media_bytes, **timing}
     if protocol == "threshold":
         config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
                                "metrics_device": str(metrics_device),
@@ -241,6 +259,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         for row in clip_rows:
             row = dict(row)
             streams = row.pop("streams")
+            row.pop("delivery")
             ids.append(conn.execute(clips.insert().values(study_id=sid, **row))
                        .inserted_primary_key[0])
             config.setdefault("streams", {})[str(ids[-1])] = streams
@@ -252,7 +271,19 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
-            "plan": the_plan, "warnings": warnings}
+            "plan": the_plan, "warnings": warnings, "delivery": delivery,
+            "media_bytes": media_bytes}
+
+
+def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
+    """Judge a row's measured delivery (:func:`.fidelity.judge`); refuse
+    (:class:`StudyError`) a masked row unless ``allow_masking``."""
+    fig = fidelity.judge(row["delivery"], margin_db)
+    row["delivery"] = fig
+    if not fig["ok"] and not allow_masking:
+        label = f"clip {row['job']}" + ("" if fig["level"] is None else
+                                        f" at level {fig['level']:g}")
+        raise StudyError(fidelity.refusal(label, fig))
 
 
 def _measured(m: dict) -> dict:
@@ -296,7 +327,9 @@ def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, x
     clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
                       "seed": c["seed"], "lpips_mean": lp, "media_a": "",
                       "media_b": "", "media_a_alt": None, "media_b_alt": None,
-                      "base_swap": swap[i], "base_x": xbit[i], "streams": streams})
+                      "base_swap": swap[i], "base_x": xbit[i], "streams": streams,
+                      "delivery": {"job": c["job"], "level": level,
+                                   **fidelity.row_figures(media, streams, {"a": fa, "b": fb})}})
 
 
 def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
@@ -814,7 +847,9 @@ def results(db, study, *, reps: int = 1000) -> dict:
                                   "better than guessing (one-sided exact binomial, level "
                                   f"{rule['alpha']:g}); graded catches are reported only"},
            "graded_catches": graded, "bootstrap_reps": reps,
-           "unblinding": _unblinding_out(state["unblindings"])}
+           "unblinding": _unblinding_out(state["unblindings"]),
+           "delivery": (st["config"] or {}).get("delivery"),
+           "media_bytes": (st["config"] or {}).get("media_bytes")}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "
@@ -850,6 +885,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
         out.update(status="complete", **_threshold_results(st, test, reps))
         return out
     dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
+    fidelity.per_clip_headroom(dec.get("per_clip") or [], out["delivery"])
     early = out["unblinding"] is not None
     dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)

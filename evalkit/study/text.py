@@ -2,6 +2,7 @@
 admin page (plain lines that also read as Markdown)."""
 from __future__ import annotations
 
+from . import fidelity
 from .stats import format_p
 
 
@@ -15,7 +16,12 @@ def num(v, nd: int = 3) -> str:
 
 
 def results_lines(res: dict) -> list[str]:
-    """The results as lines: the verdict first, then how it was reached."""
+    """The results as lines: the verdict first, then how it was reached, then what raters
+    were sent (delivery fidelity and media bytes, :func:`.fidelity.lines`)."""
+    return _verdict_lines(res) + fidelity.lines(res)
+
+
+def _verdict_lines(res: dict) -> list[str]:
     head = f"study {res['study']} ({res['protocol']})"
     people = (f"{res['raters_included']} included of {res['raters_complete']} complete raters "
               f"({len(res['excluded_raters'])} excluded by catch trials; "

@@ -46,3 +46,27 @@ class Invert(Renderer):
             request.progress(i + 1, 3)
         out = 255 - request.source.astype(np.int16) + noise.numpy().astype(np.int16)
         return np.clip(out, 0, 255).astype(np.uint8)
+
+
+class Pattern(Renderer):
+    """The source on ``fp32``; on any other dtype the source plus a known difference (option
+    ``diff``): ``checker`` (+-1 code value on every channel in a one-pixel checkerboard: finer
+    than a browser stream's quantizer, which erases it: the delivery-fidelity masking case) or
+    ``square`` (+``amount``, default 24, in the clip's central square: a difference any stream
+    carries)."""
+
+    name = "pattern"
+    version = "1"
+    options_help = {"diff": "checker or square", "amount": "square: code values added"}
+
+    def render(self, request):
+        out = request.source.astype(np.int16)
+        if self.runtime is None or self.runtime.spec.dtype == "fp32":
+            return request.source
+        h, w = out.shape[1:3]
+        if self.options.get("diff", "checker") == "checker":
+            yy, xx = np.mgrid[0:h, 0:w]
+            out += np.where((yy + xx) % 2 == 0, 1, -1).astype(np.int16)[None, :, :, None]
+        else:
+            out[:, h // 4:3 * h // 4, w // 4:3 * w // 4] += int(self.options.get("amount", 24))
+        return np.clip(out, 0, 255).astype(np.uint8)

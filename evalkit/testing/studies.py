@@ -7,9 +7,13 @@ import textwrap
 from evalkit.fsutil import datasets_dir
 
 
-def make_report(root, seeds=(0, 1, 2), fps=None):
-    """A compare report of two fake-rendered runs of the smoke clips (24 fps, 8 frames);
-    ``fps``: the source clips re-timed to that frame rate first (same frames)."""
+def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.renderers:Invert",
+                options=None):
+    """A compare report of two fake-rendered runs (``cpu`` and ``cpu,dtype=bf16``) of the smoke
+    clips (24 fps, 8 frames); ``fps``: the source clips re-timed to that frame rate first (same
+    frames); ``renderer`` and its ``options``: the fake renderer (default ``Invert``: i.i.d.
+    noise as the difference, which no 4:2:0 stream carries, so its studies are created with
+    ``allow_masking``)."""
     from evalkit.compare.pairing import compare_runs
     from evalkit.render.driver import render_suite
 
@@ -32,8 +36,8 @@ def make_report(root, seeds=(0, 1, 2), fps=None):
         prompts: ["a"]
         seeds: {json.dumps(list(seeds))}
     """))
-    render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer="evalkit.testing.renderers:Invert",
-                 progress=False)
+    render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer=renderer,
+                 options=options, progress=False)
     compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
                  device="cpu", metric_options={"temporal": False}, progress=False)
     return root / "report"
