@@ -408,7 +408,7 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
     the figures come from study.study_progress, which holds counts only."""
     db = env["db"]
     sid = study.create_study(env["report"], db, protocol="abx", clips_spec="worst:3", seed=5,
-                             raters_planned=3)["study"]
+                             raters_planned=3, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 3, "lab")]
     answer(db, toks[0], lambda t: hidden(db, t["trial"])["expected"] or "A")   # one done
     answer(db, toks[1], lambda t: "A", 2)                                     # two answers
