@@ -110,8 +110,15 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     def favicon():                  # no icon, and no 404 in every page load's log
         return Response(status_code=204)
 
-    # the two hot rater routes are plain Starlette routes (FastAPI's per-request parameter
-    # machinery is about a third of a request's server time, and they need none of it)
+    _add_rater_routes(api, svc)
+    _add_export_routes(api, db)
+    return _mount_pages(api, db, svc, with_admin)
+
+
+def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
+    """The rater's JSON routes (a trial, an answer) and the media route, first in the table.
+    They are plain Starlette routes: FastAPI's per-request parameter machinery is about a third
+    of a request's server time, and they need none of it."""
     async def get_trial(request: Request):
         try:
             return JSONResponse(await svc.state(request.query_params.get("token", "")),
@@ -139,9 +146,6 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
         except UserError as e:
             return _error(e)
 
-    api.router.routes[:0] = [Route("/api/trial", get_trial, methods=["GET"]),
-                             Route("/api/answer", post_answer, methods=["POST"])]
-
     async def media(request: Request):
         name = request.path_params["name"]
         not_found = PlainTextResponse("not found", status_code=404, headers=NO_STORE)
@@ -158,24 +162,30 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
         return _Counted(_BlindFile(path, media_type="video/mp4", headers=MEDIA_HEADERS),
                         lambda a, b: svc.delivered(token, name, a, b, began))
 
-    api.router.routes.insert(0, Route("/media/{name}", media, methods=["GET", "HEAD"]))
+    api.router.routes[:0] = [Route("/media/{name}", media, methods=["GET", "HEAD"]),
+                             Route("/api/trial", get_trial, methods=["GET"]),
+                             Route("/api/answer", post_answer, methods=["POST"])]
 
-    def admin_ok(request: Request) -> bool:
-        """The admin password (HTTP Basic), or the admin page's login session (Gradio's
-        cookie, a token that only a successful login makes)."""
-        import base64
-        h = request.headers.get("authorization", "")
-        if not h.lower().startswith("basic "):
-            return _admin_session(api, request)
-        try:
-            user, _, pw = base64.b64decode(h[6:], validate=True).decode().partition(":")
-        except Exception:
-            return False
-        return user == "admin" and secrets.compare_digest(pw.encode(),
-                                                          api.state.admin_password.encode())
 
+def _admin_ok(api: FastAPI, request: Request) -> bool:
+    """The admin password (HTTP Basic), or the admin page's login session (Gradio's cookie, a
+    token that only a successful login makes)."""
+    import base64
+    h = request.headers.get("authorization", "")
+    if not h.lower().startswith("basic "):
+        return _admin_session(api, request)
+    try:
+        user, _, pw = base64.b64decode(h[6:], validate=True).decode().partition(":")
+    except Exception:
+        return False
+    return user == "admin" and secrets.compare_digest(pw.encode(),
+                                                      api.state.admin_password.encode())
+
+
+def _add_export_routes(api: FastAPI, db: str) -> None:
+    """The admin's CSV downloads, behind the admin password or the admin page's session."""
     def export(request: Request, sid: str, which: str) -> Response:
-        if not admin_ok(request):
+        if not _admin_ok(api, request):
             return PlainTextResponse("admin password required", status_code=401,
                                      headers={"WWW-Authenticate": 'Basic realm="evalkit admin"'})
         if not (sid.isascii() and sid.isdigit() and 0 < int(sid[:20]) <= MAX_ID):
@@ -196,6 +206,11 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     def export_summary(request: Request, sid: str):
         return export(request, sid, "summary")
 
+
+def _mount_pages(api: FastAPI, db: str, svc: RaterService, with_admin: bool) -> FastAPI:
+    """The Gradio pages: the admin page at /admin (its password, Gradio's login) and the rater
+    page at the root, which answers every path not matched before it; each behind
+    :class:`_Shield`."""
     import gradio as gr
 
     if with_admin:
