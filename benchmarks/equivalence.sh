@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Behaviour unchanged across a refactor: render the canary suite on two backends (cpu fp32 and
-# cpu bf16, `-r canary`) and compare them, once with the code of
+# cpu bf16, `-r canary`) and compare them against the canary gate (its verdict is in
+# summary.json and compare.txt; exit code 1, a failed gate, is a verdict too), once with the code of
 # commit BEFORE and once with the working tree, then diff the CSV rows and summary figures
 # (timestamps, paths and the version string aside). Usage, from the repository root:
 #   bash benchmarks/equivalence.sh BEFORE_COMMIT [OUT]      (about 6 minutes on 2 cores)
@@ -17,8 +18,8 @@ run() {  # $1: label, $2: source tree
   ( cd "$dir" && export PYTHONPATH="$2" GRADIO_ANALYTICS_ENABLED=False &&
     "$PY" -m evalkit render "$2/datasets/canary/suite.yaml" -b cpu -b cpu,dtype=bf16 \
         -r canary --out runs --quiet >/dev/null &&
-    "$PY" -m evalkit compare runs/cpu runs/cpu_dtype-bf16 --out report --device cpu \
-        --quiet > compare.txt )
+    { "$PY" -m evalkit compare runs/cpu runs/cpu_dtype-bf16 --out report --device cpu \
+        --gate "$2/datasets/canary/gate.yaml" --quiet > compare.txt || test $? -eq 1; } )
 }
 run before "$OUT/before-src"
 run after "$PWD"
