@@ -57,8 +57,12 @@ def _gpu_work():
     return cls
 
 
-#: the renderer of every variant (``-r bench_render_scale:GpuWork``)
-GpuWork = _gpu_work()
+def __getattr__(name: str):
+    """``GpuWork``, the renderer of every variant (``-r bench_render_scale:GpuWork``), found
+    when a render imports it (this script's own process needs no evalkit)."""
+    if name == "GpuWork":
+        return _gpu_work()
+    raise AttributeError(name)
 
 
 def direct(suite_path: str, backend: str, steps: int) -> float:
@@ -69,7 +73,7 @@ def direct(suite_path: str, backend: str, steps: int) -> float:
     from evalkit.video import ClipReader
 
     suite = load_suite(suite_path)
-    renderer = GpuWork(steps=steps)
+    renderer = _gpu_work()(steps=steps)
     own = 0.0
     with apply_backend(parse_spec(backend)) as runtime:
         renderer.load(runtime)
