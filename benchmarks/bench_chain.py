@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     out(f"bench_chain | device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}) "
         f"| size {w}x{h} | torch {torch.__version__} | triton {tv} | torch threads "
         f"{torch.get_num_threads()} | cpus {os.cpu_count()} | env EVALKIT_TRITON="
-        f"{os.environ.get('EVALKIT_TRITON', '-')} EVALKIT_CONV1_S2D={os.environ.get('EVALKIT_CONV1_S2D', '-')}")
+        f"{os.environ.get('EVALKIT_TRITON', '-')}")
     from metrics import fidelity
 
     with precise():

@@ -552,16 +552,14 @@ def env_var(name: str, value: str):
 
 
 def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool = False,
-               syn_size=(720, 1280), jacobi=(3,)):
+               syn_size=(720, 1280)):
     if not use_fused(dev):
         say(f"\n## fused flow: not available on {dev.type} (CUDA and triton needed; EVALKIT_TRITON=0?)")
         return
     import triton
 
-    from metrics._triton_flow import jacobi_per_launch
-
     say(f"\n## torch flow ({CONVENTION}): fused Triton path vs torch path, {dev.type}, triton {triton.__version__} "
-        f"(fused default: {jacobi_per_launch()} Jacobi iteration(s) per launch)")
+        "(one Jacobi iteration per launch)")
     for (h, w) in sizes:
         _, _, s1, d1 = device_pair(h, w, dev)
         for bs in batches:
@@ -580,23 +578,12 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
                     f"({t * 1000 / bs:.2f} ms/flow, peak GPU {mem:.1f} GiB)")
             if len(rate) == 2:
                 say(f"{w}x{h} batch {bs:3d} fused/torch: x{rate[True] / rate[False]:.2f}")
-            for k in jacobi:               # Jacobi iterations per launch (EVALKIT_TRITON_JACOBI)
-                with env_var("EVALKIT_TRITON_JACOBI", str(k)):
-                    t = timed(lambda s=s, d=d: torch_flow(s, d, fused=True), dev, min_s=1.5, min_n=2)
-                    say(f"{w}x{h} batch {bs:3d} fused, {k} Jacobi iterations per launch: {bs / t:8.1f} flows/s"
-                        + (f" (x{bs / t / rate[False]:.2f} torch)" if False in rate else ""))
         bs = batches[-1]
         s, d = batch_of(s1, bs), batch_of(d1, bs)
         ref, got = torch_flow(s[:2], d[:2], fused=False), torch_flow(s, d, fused=True)
         say(f"{w}x{h} max |flow fused - flow torch| = {float((got[:2] - ref).abs().max()):.1e} px; "
             f"batch invariance max |fused(batch 2) - fused(batch {bs})[:2]| = "
             f"{float((torch_flow(s[:2], d[:2], fused=True) - got[:2]).abs().max()):.1e} px")
-        for k in jacobi:
-            with env_var("EVALKIT_TRITON_JACOBI", str(k)):
-                tiled = torch_flow(s[:2], d[:2], fused=True)
-            say(f"{w}x{h} {k} Jacobi iterations per launch: max |flow - flow torch| = "
-                f"{float((tiled - ref).abs().max()):.1e} px, max |flow - fused default| = "
-                f"{float((tiled - got[:2]).abs().max()):.1e} px")
         del s, d, ref, got
         if profile:
             sg, dg = batch_of(s1, 16), batch_of(d1, 16)
@@ -620,10 +607,6 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
     for flag in ("0", "1"):
         with env_var("EVALKIT_TRITON", flag):
             say(f"\n(EVALKIT_TRITON={flag}: fused path {'on' if flag == '1' else 'off'})")
-            part_stream(dev, seconds, stream_size, rows=[3])
-    for k in jacobi:
-        with env_var("EVALKIT_TRITON", "1"), env_var("EVALKIT_TRITON_JACOBI", str(k)):
-            say(f"\n(EVALKIT_TRITON=1, EVALKIT_TRITON_JACOBI={k}: {k} Jacobi iterations per launch)")
             part_stream(dev, seconds, stream_size, rows=[3])
 
 
@@ -740,8 +723,6 @@ def main(argv=None):
     p.add_argument("--batches", default="8,16,32", help="flow batch sizes (speed part)")
     p.add_argument("--lpips-batches", default="8,16,32")
     p.add_argument("--fused-batches", default="16,32", help="flow batch sizes (fused part)")
-    p.add_argument("--jacobi", default="3", help="fused part: Jacobi iterations per launch to measure "
-                   "beside the default (EVALKIT_TRITON_JACOBI), comma-separated; '' for none")
     p.add_argument("--seconds", type=float, default=3.0, help="stream part: about this long per row")
     p.add_argument("--repeats", type=int, default=2, help="temporal part: rounds of the full set off and on")
     p.add_argument("--frames", type=int, default=24, help="real part: frames per clip")
@@ -806,8 +787,7 @@ def main(argv=None):
                               repeats=args.repeats)
             elif part == "fused":
                 part_fused(dev, [int(x) for x in args.fused_batches.split(",")],
-                           [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile,
-                           jacobi=[int(x) for x in args.jacobi.split(",") if x])
+                           [hw(x) for x in args.sizes.split(",")], args.seconds, hw(args.size), args.profile)
             elif part == "lpips":
                 part_lpips(dev, [int(x) for x in args.lpips_batches.split(",")], hw(args.size))
         except Exception as e:  # noqa: BLE001 -- one part failing must not lose the others

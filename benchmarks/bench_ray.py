@@ -174,7 +174,7 @@ def main() -> int:
 
     import torch
 
-    from evalkit.render.ray import RayExecutor, import_ray
+    from evalkit.executor.ray import RayExecutor, import_ray
     from evalkit.render.driver import LocalExecutor
 
     threads = torch.get_num_threads()

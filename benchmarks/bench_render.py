@@ -8,11 +8,6 @@ noise hits both alike; prints per-repeat wall times, medians and the overhead ra
     python benchmarks/bench_render.py --suite datasets/smoke/suite.yaml \\
         --model PATH --pipeline-class evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline
     python benchmarks/bench_render.py --fake-gpu 0.08 --lossless utvideo   # no pipeline at all
-    python benchmarks/bench_render.py --backend cuda --writer-processes 0 1 auto   # writers:
-                                                   # threads vs processes, side by side
-    python benchmarks/bench_render.py --backend cuda --writes overlap batch auto   # quiet phases
-    python benchmarks/bench_render.py --backend cuda --writes overlap auto --encoders pyav ffmpeg
-    python benchmarks/bench_render.py --fake-gpu 0.15 --fake-python 0.02 --writes overlap batch auto
 
 "direct" = load the pipeline once, then per job: decode the source clip, call the pipeline
 exactly as the diffusers renderer does, convert to uint8. "harness" = `render_suite` into a fresh
@@ -29,45 +24,21 @@ target, at most 10%).
 upside down, so the harness's own cost around a GIL-free pipeline shows on a CPU-only machine.
 ``--fake-python SECONDS`` adds that much pure-Python work per job, spread over 12 steps between
 the sleeps, like a diffusion loop launching kernels (it holds the GIL: writer threads that want
-it slow the pipeline down, as they would on a GPU). The harness treats a fake-GPU run as a GPU
-run where evalkit tells them apart (``driver.use_processes``: its writers where a GPU render's
-would be, threads unless ``procwrite.DEVICE_DEFAULT`` or ``--writer-processes 1``; its
-``EVALKIT_RENDER_WRITES`` default, ``auto``, as a GPU render's: ``driver.on_device``).
+it slow the pipeline down, as they would on a GPU). A fake-GPU run is treated as a GPU run where
+evalkit tells them apart (``driver.on_device``: its runs' clips are UT Video).
 
-``--writer-processes 0 1 auto``: each repeat runs the harness once per value, with
-``EVALKIT_WRITER_PROCESSES`` set to it (0: the writers on threads of the rendering process, 1:
-in worker processes, ``evalkit/render/procwrite.py``, every job, the first ones waiting for
-the workers to start; auto: unset, evalkit's own choice: threads, or, if
-``procwrite.DEVICE_DEFAULT`` is on, processes when a device renders, the jobs done before they
-have started written on threads), and reports each; default: auto.
-
-``--encoders pyav ffmpeg``: likewise with ``EVALKIT_RENDER_ENCODER`` (pyav: PyAV's encoders
-on threads of this process; ffmpeg: each file by an FFmpeg program a thread feeds through a
-pipe, ``evalkit/render/ffwrite.py``). ``raw``, a diagnostic: ``ffmpeg`` with each file's
-encoding replaced by a dump of the frames' bytes in one write (what the calls cost beside the
-harness's own Python alone; the files are not playable).
-
-``--writes overlap batch auto``: likewise with ``EVALKIT_RENDER_WRITES``
-(``evalkit/render/quiet.py``; overlap: the next source decoded and the finished jobs written
-beside the pipeline calls; batch: quiet phases, the jobs in windows, the window's sources
-decoded before it and its results written in one burst after it, nothing beside the calls;
-auto: batch while the calls are short, overlap once their mean reaches
-``quiet.LONG_CALL_SECONDS``); default: unset (evalkit's own choice: auto on a device, the fake
-GPU included, overlap on the CPU). With both options, one harness run per pair of values. In
-batch mode "before the first call" includes decoding the first window's sources, "between
-calls" the bursts.
+The writer modes measured in sessions 9-16 (writer processes, quiet windows, FFmpeg programs)
+were removed by issue 37; their raw output stays in ``results/``, and
+``bench_render_scale.py`` measures the one path against an older tree at real scale.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
@@ -120,31 +91,7 @@ def main() -> int:
     p.add_argument("--fake-python", type=float, default=0.0, metavar="SECONDS",
                    help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps")
     p.add_argument("--no-progress", action="store_true", help="harness without progress bars")
-    p.add_argument("--writer-processes", nargs="+", choices=("0", "1", "auto"), default=None,
-                   help="EVALKIT_WRITER_PROCESSES for the harness runs, one run per value "
-                        "each repeat (auto: unset, evalkit's own choice; the default)")
-    p.add_argument("--writes", nargs="+", choices=("overlap", "batch", "auto"), default=None,
-                   help="EVALKIT_RENDER_WRITES for the harness runs, one run per value each "
-                        "repeat (default: unset, evalkit's own choice)")
-    p.add_argument("--encoders", nargs="+", choices=("pyav", "ffmpeg", "raw", "gentle"),
-                   default=None,
-                   help="EVALKIT_RENDER_ENCODER for the harness runs, one run per value each "
-                        "repeat (pyav: in this process; ffmpeg: FFmpeg programs fed through "
-                        "pipes; default: unset, pyav)")
     a = p.parse_args()
-    if a.writes:
-        import evalkit
-
-        try:
-            from evalkit.render.quiet import MODES
-        except ImportError:
-            MODES = ()
-        missing = [w for w in a.writes if w not in MODES]
-        if missing:
-            print(f"--writes: the evalkit imported ({evalkit.__file__}) has no "
-                  f"EVALKIT_RENDER_WRITES={missing[0]}; run with PYTHONPATH=<this checkout>",
-                  file=sys.stderr)
-            return 2
 
     import torch
 
@@ -166,18 +113,7 @@ def main() -> int:
 
     if a.fake_gpu is not None:
         renderer = fake_gpu_renderer(a.fake_gpu, a.fake_python)
-        if hasattr(driver, "use_processes"):       # the writers of a GPU render
-            from evalkit.render import procwrite
-
-            def as_on_a_gpu(tasks) -> bool:
-                forced = procwrite.forced()
-                if forced is not None:
-                    return forced
-                return procwrite.DEVICE_DEFAULT and os.name == "posix"
-
-            driver.use_processes = as_on_a_gpu
-        if hasattr(driver, "on_device"):           # EVALKIT_RENDER_WRITES: a GPU render's default
-            driver.on_device = lambda runs: True
+        driver.on_device = lambda runs: True        # a GPU render's defaults (UT Video clips)
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)
@@ -256,29 +192,10 @@ def main() -> int:
                          "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
                          "tail": t0 + elapsed - calls[-1][1]}
 
-    # (EVALKIT_RENDER_WRITES, EVALKIT_WRITER_PROCESSES, EVALKIT_RENDER_ENCODER, --lossless)
-    # of each harness run, None: unset
-    settings = [(w, None if v == "auto" else v, e, f) for w in a.writes or [None]
-                for v in a.writer_processes or ["auto"] for e in a.encoders or [None]
-                for f in a.lossless or [None]]
+    settings = list(a.lossless or [None])           # --lossless of each harness run
 
-    def harness_with(value, traced: bool = False):
-        for name, v in zip(("EVALKIT_RENDER_WRITES", "EVALKIT_WRITER_PROCESSES",
-                            "EVALKIT_RENDER_ENCODER"), value):
-            if v is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = "ffmpeg" if v in ("raw", "gentle") else v
-        with _swapped(value[2]):
-            return harness(value[3], traced)
-
-    def named(value) -> str:
-        writes, procs, enc, lossless = value
-        writers = {None: "evalkit render (auto)", "0": "writers: threads (0)",
-                   "1": "writers: processes (1)"}[procs]
-        name = writers if writes is None else (
-            f"writes {writes}" + (f", {writers}" if a.writer_processes else ""))
-        return name + (f", encoder {enc}" if enc else "") + (f", {lossless}" if lossless else "")
+    def named(lossless) -> str:
+        return "evalkit render" + (f", {lossless}" if lossless else "")
 
     direct()  # warm-up (first-call allocations, kernels)
     d, own = [], []
@@ -290,7 +207,7 @@ def main() -> int:
         own.append(pipe)
         line = f"repeat {i + 1}: direct {d[-1]:.3f} s (pipeline {own[-1]:.3f} s)"
         for value in settings:
-            wall, where = harness_with(value, traced=trace is not None and i == a.repeats - 1)
+            wall, where = harness(value, traced=trace is not None and i == a.repeats - 1)
             h[value].append(wall)
             parts[value].append(where)
             line += (f"\n  {named(value)}: {wall:.3f} s (pipeline {where['calls']:.3f}, before "
@@ -328,50 +245,6 @@ def _clips_format(run) -> str:
 
     doc = json.loads((Path(run) / "manifest.json").read_text())
     return (doc.get("lossless") or {}).get("codec", "ffv1")
-
-
-@contextlib.contextmanager
-def _swapped(encoder: str | None):
-    """The experiments of ``--encoders`` on top of FFmpeg programs, swapped in for one harness
-    run. ``raw`` (a diagnostic): each file's encoding replaced by :func:`_raw_dump`. ``gentle``:
-    programs with one codec thread each, at niceness 19, one file at a time beside the calls
-    (``driver.encoder_threads``: 1), sources decoded by one-threaded programs too: what the
-    calls lose beside a light, steady load."""
-    import evalkit.render.driver as driver
-    from evalkit.render import ffwrite
-
-    with contextlib.ExitStack() as stack:
-        if encoder == "raw":
-            stack.enter_context(mock.patch.object(ffwrite, "write_lossless", _raw_dump))
-            stack.enter_context(mock.patch.object(ffwrite, "write_browser", _raw_dump))
-        elif encoder == "gentle":
-            class OneThread(ffwrite.ProgramWriter):
-                def __init__(self, threads: int = 1):
-                    super().__init__(1)
-
-            read = ffwrite.read_exact
-            stack.enter_context(mock.patch.object(ffwrite, "ProgramWriter", OneThread))
-            stack.enter_context(mock.patch.object(ffwrite, "read_exact",
-                                                  lambda path, threads=0: read(path, 1)))
-            stack.enter_context(mock.patch.object(driver, "encoder_threads", lambda: 1))
-            stack.enter_context(mock.patch.dict(os.environ, {"EVALKIT_FFMPEG_NICE": "19"}))
-        yield
-
-
-def _raw_dump(path, frames, fps, *args, codec: str = "ffv1", **kw) -> int:
-    """``--encoders raw`` (a diagnostic): the frames' bytes dumped into the file in one write,
-    no encoding, so what is left beside the calls is the harness's own Python."""
-    import numpy as np
-
-    from evalkit.fsutil import atomic_path
-    from evalkit.video import browser_target, lossless_target
-
-    path = lossless_target(path, codec)[1] if str(path).endswith((".mkv", ".nut")) \
-        else browser_target(path)
-    frames = np.ascontiguousarray(frames)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(memoryview(frames).cast("B"))
-    return len(frames)
 
 
 def writes(suite, jobs) -> None:
@@ -413,35 +286,6 @@ def writes(suite, jobs) -> None:
             print(line)
         print(f"the last job's browser copy alone: "
               f"{best(lambda: write_browser(f'{tmp}/b.mp4', frames, fps)):.3f} s")
-        try:
-            from evalkit.render import ffwrite
-
-            ffwrite.ffmpeg_exe()
-        except Exception:  # noqa: BLE001 - an older tree, or no FFmpeg program here
-            return
-        print(f"by FFmpeg programs (ffwrite): the ffv1 clip alone "
-              f"{best(lambda: ffwrite.write_lossless(f'{tmp}/f.mkv', frames, fps)):.3f} s, the "
-              f"browser copy alone "
-              f"{best(lambda: ffwrite.write_browser(f'{tmp}/f.mp4', frames, fps)):.3f} s")
-        # a burst as a batch render's: every job's clip and copy at once on burst_threads()
-        from evalkit.render.driver import burst_threads
-
-        everything = [np.ascontiguousarray(sources_frames[::-1]) for sources_frames in
-                      [frames] * len(jobs)]
-        n = burst_threads()
-        for name, clip, copy in (("PyAV on threads", write_lossless, write_browser),
-                                 ("FFmpeg programs", ffwrite.write_lossless,
-                                  ffwrite.write_browser)):
-            def burst():
-                with concurrent.futures.ThreadPoolExecutor(n) as pool:
-                    fs = [pool.submit(clip, f"{tmp}/burst{i}.mkv", f, fps)
-                          for i, f in enumerate(everything)]
-                    fs += [pool.submit(copy, f"{tmp}/burst{i}.mp4", f, fps)
-                           for i, f in enumerate(everything)]
-                    for f in fs:
-                        f.result()
-            print(f"a burst of {len(everything)} clips and {len(everything)} browser copies "
-                  f"on {n} threads, {name}: {best(burst):.3f} s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Behaviour unchanged across a refactor: render the canary suite on two backends (cpu fp32 and
-# cpu bf16, `-r canary`) and compare them, once with the code of
+# cpu bf16, `-r canary`) and compare them against the canary gate's absolute thresholds (its verdict is in
+# summary.json and compare.txt; exit code 1, a failed gate, is a verdict too), once with the code of
 # commit BEFORE and once with the working tree, then diff the CSV rows and summary figures
 # (timestamps, paths and the version string aside). Usage, from the repository root:
 #   bash benchmarks/equivalence.sh BEFORE_COMMIT [OUT]      (about 6 minutes on 2 cores)
@@ -17,9 +18,11 @@ run() {  # $1: label, $2: source tree
   ( cd "$dir" && export PYTHONPATH="$2" GRADIO_ANALYTICS_ENABLED=False &&
     "$PY" -m evalkit render "$2/datasets/canary/suite.yaml" -b cpu -b cpu,dtype=bf16 \
         -r canary --out runs --quiet >/dev/null &&
-    "$PY" -m evalkit compare runs/cpu runs/cpu_dtype-bf16 --out report --device cpu \
-        --quiet > compare.txt )
+    { "$PY" -m evalkit compare runs/cpu runs/cpu_dtype-bf16 --out report --device cpu \
+        --gate "$OUT/gate.yaml" --quiet > compare.txt || test $? -eq 1; } )
 }
+# the canary gate's absolute thresholds (its floor ratio needs a seed floor run)
+printf 'lpips: {mean: {max: 0.05}, worst: {max: 0.2}}\nssim: {mean: {min: 0.9}}\n' > "$OUT/gate.yaml"
 run before "$OUT/before-src"
 run after "$PWD"
 "$PY" - "$OUT" <<'PY'
@@ -46,6 +49,7 @@ sb = json.loads((out / "after/report/summary.json").read_text())
 same = strip(sa.get("aggregates")) == strip(sb.get("aggregates")) and sa.get("gate") == sb.get("gate")
 ok &= same
 print(f"summary.json aggregates and gate: {'identical' if same else 'DIFFERENT'}")
+print(f"gate verdict: before {(sa.get('gate') or {}).get('verdict')}, after {(sb.get('gate') or {}).get('verdict')}")
 for run in ("cpu", "cpu_dtype-bf16"):
     for clip in sorted((out / "before/runs" / run / "clips").glob("*.mkv")):
         other = out / "after/runs" / run / "clips" / clip.name

@@ -1,6 +1,7 @@
 """``bench_render.py --trace``: a timeline of the harness's own work in one render, so the
-bursts of a quiet render (``EVALKIT_RENDER_WRITES=batch`` or ``auto``) can be taken apart:
-which decodes, file writes and manifest saves each burst waits for, and how long each took.
+stretches between the pipeline calls can be taken apart: which decodes, file writes and
+manifest saves each one waits for, and how long each took. The ``quiet``/``ffwrite`` entries
+time trees before issue 37 (their writer modes), as baselines.
 
 :class:`Trace` wraps a few of evalkit's functions while a render runs (a diagnostic: nothing
 in evalkit knows of it) and :meth:`Trace.report` prints one line per burst or gap between two

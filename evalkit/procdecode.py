@@ -37,8 +37,9 @@ import numpy as np
 
 from evalkit.errors import InputFileError, UserError, VideoError
 
-#: ``$EVALKIT_DECODE_PROCESSES``: ``0`` decodes in threads of this process, ``1`` in worker
-#: processes; unset: processes where there are at least this many usable cores
+#: readers decode in worker processes where there are at least this many usable cores, else in
+#: threads of this process (tests and benchmarks set it to choose: 0 processes, a large number
+#: threads)
 PROCESS_MIN_CORES = 8
 #: seconds between liveness checks while waiting on a queue
 _POLL = 0.5
@@ -47,36 +48,21 @@ _STOP = "stop"
 _SLOT = "slot"
 
 
-def env_switch(name: str) -> bool | None:
-    """The environment variable ``name`` as a threads/processes switch: ``1`` True, ``0``
-    False, unset None; anything else a one-line user error. Also read by
-    :mod:`evalkit.render.procwrite`."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    if value not in ("0", "1"):
-        raise UserError(f"{name}: expected 0 (threads) or 1 (processes), found {value!r}")
-    return value == "1"
-
-
 def use_processes() -> bool:
-    """Whether readers decode in worker processes: ``$EVALKIT_DECODE_PROCESSES`` (``0``/``1``),
-    else whether there are at least :data:`PROCESS_MIN_CORES` usable cores (on fewer, the
-    processes' start-up and the shared-memory hand-off cost more than the lock they spare)."""
+    """Whether readers decode in worker processes: where there are at least
+    :data:`PROCESS_MIN_CORES` usable cores (on fewer, the processes' start-up and the
+    shared-memory hand-off cost more than the lock they spare). POSIX only: workers get their
+    pipe through ``pass_fds``."""
     from evalkit.video import usable_cores
 
-    value = env_switch("EVALKIT_DECODE_PROCESSES")
-    if value is None:   # POSIX only: workers get their pipe through pass_fds
-        return os.name == "posix" and usable_cores() >= PROCESS_MIN_CORES
-    return value
+    return os.name == "posix" and usable_cores() >= PROCESS_MIN_CORES
 
 
 # -- the worker process -------------------------------------------------------------------------
 def attach(name: str, size: int):
     """The parent's shared memory, mapped in a worker without registering it with a resource
     tracker (the parent alone unlinks it; SharedMemory(name) would register it, and a tracker
-    of this process would unlink it when this process ends). Also used by
-    :mod:`evalkit.render.procwrite`."""
+    of this process would unlink it when this process ends)."""
     import mmap
 
     import _posixshmem
@@ -184,8 +170,7 @@ def shm_free() -> int | None:
 
 def shm_written(names) -> int:
     """Bytes of the shared-memory segments ``names`` already counted as used by the filesystem
-    (pages written): free space plus these is what the segments may take in all. Also used by
-    :mod:`evalkit.render.procwrite`."""
+    (pages written): free space plus these is what the segments may take in all."""
     total = 0
     for name in names:
         try:
@@ -197,8 +182,7 @@ def shm_written(names) -> int:
 
 def death_text(code: int | None) -> str:
     """How a worker process ended, from its return code: ``exit code N`` or ``killed by
-    SIGNAL`` (SIGBUS: writing to a full :data:`SHM_DIR`). Also used by
-    :mod:`evalkit.render.procwrite`."""
+    SIGNAL`` (SIGBUS: writing to a full :data:`SHM_DIR`)."""
     if code is None or code >= 0:
         return f"exit code {code}"
     how = f"killed by {signal.Signals(-code).name}"
@@ -211,7 +195,7 @@ def start_worker(module: str, function: str):
     """A worker process: a fresh interpreter (nothing of the parent's ``__main__`` runs there,
     unlike multiprocessing's ``spawn``) calling ``module.function(FD)``, ``FD`` its end of a
     duplex :func:`multiprocessing.Pipe`. Returns ``(Popen, the parent's Connection)``. POSIX
-    (``pass_fds``); also used by :mod:`evalkit.render.procwrite`."""
+    (``pass_fds``)."""
     import subprocess
     import sys
     from multiprocessing import Pipe
@@ -238,7 +222,7 @@ def start_worker(module: str, function: str):
 
 class WorkerProcess:
     """A worker process started by :func:`start_worker` and the parent's end of its pipe; a
-    worker ends when it receives ``None``. Also the base of :mod:`evalkit.render.procwrite`'s."""
+    worker ends when it receives ``None``."""
 
     def __init__(self, module: str, function: str):
         self.process, self.conn = start_worker(module, function)
@@ -329,8 +313,7 @@ class _Worker(WorkerProcess):
 
 
 class WorkerPoolBase:
-    """What the worker pools share (this module's :class:`DecoderPool`,
-    :class:`evalkit.render.procwrite.WriterPool`): their workers (``_all``, ``_idle``) under
+    """A worker pool's common part (:class:`DecoderPool`'s): its workers (``_all``, ``_idle``) under
     ``_lock``, and closing, which stops them side by side (:func:`stop_all`); also a context
     manager. ``_worker_class``: the pool's kind of :class:`WorkerProcess`."""
 
@@ -391,7 +374,7 @@ class DecoderPool(WorkerPoolBase):
                                             if w.segment is not None):
             raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
                          f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
-                         "--shm-size); or decode in threads: EVALKIT_DECODE_PROCESSES=0")
+                         "--shm-size)")
 
     def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2) -> ProcessChunks:
         """One clip's chunks of ``chunk`` frames, decoded in a worker up to ``depth`` chunks
@@ -535,8 +518,6 @@ def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
         try:
             return pool.chunks(path, chunk, depth)
         except NoRoom as e:
-            if env_switch("EVALKIT_DECODE_PROCESSES"):
-                raise                       # asked for: say why not
             import warnings
 
             # the warnings module's default filter shows it once per place, not per clip

@@ -74,7 +74,7 @@ def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = N
 
 
 #: Faster kernels for the same numbers on CUDA, each with the environment variable(s) that turn
-#: it off ("0"): SSIM, the pixel checks (MSE, exactness), the rounded luma, the warping
+#: it off ("0"; None: none, :func:`fast_paths` only): SSIM, the pixel checks (MSE, exactness), the rounded luma, the warping
 #: error with tOF and LPIPS's head (normalisation and distance; also ``EVALKIT_TRITON_LPIPS``)
 #: as Triton kernels, AlexNet's first convolution by space-to-depth, the stream's uint8 ->
 #: [0, 1] conversion in one pass (the last two, the warping error and the LPIPS head: also on
@@ -83,7 +83,7 @@ def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = N
 #: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
 FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
               "triton_temporal": "EVALKIT_TRITON", "triton_lpips": ("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"),
-              "conv1_s2d": "EVALKIT_CONV1_S2D", "one_pass_unit": "EVALKIT_ONE_PASS_UNIT"}
+              "conv1_s2d": None, "one_pass_unit": None}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 
 
@@ -93,6 +93,8 @@ def fast_path(name: str) -> bool:
     if override is not None and name in override:
         return override[name]
     env = FAST_PATHS[name]
+    if env is None:
+        return True
     return all(os.environ.get(v, "1") != "0" for v in ((env,) if isinstance(env, str) else env))
 
 

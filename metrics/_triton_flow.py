@@ -270,81 +270,6 @@ def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
     tl.store(out_ptr + f + HW + rem, rv, mask=live)
 
 
-@triton.jit(do_not_specialize=["H", "W", "tiles_x", "tiles_img", "ntiles"])
-def _jacobi_tiles_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, scr_ptr, H, W, tiles_x, tiles_img, ntiles,
-                         alpha, K: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
-                         TH: tl.constexpr, TW: tl.constexpr, FINAL: tl.constexpr):
-    """K Jacobi iterations in one launch: a (BH, BW) block (a tile and a halo of K pixels) is
-    iterated in this program's own scratch (global memory, in L1/L2: a CTA barrier makes one
-    iteration's stores visible to the next one's loads), its edge values going wrong by one pixel per
-    iteration (their neighbours lie outside the block), so after K the tile is exact; persistent
-    programs (``range(pid, ntiles, nprog)``, launched with ``num_stages=1``: nothing is
-    pipelined across the barriers) reuse their scratch."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    HW = H * W
-    by = tl.arange(0, BH)[:, None]
-    bx = tl.arange(0, BW)[None, :]
-    sp = scr_ptr + pid * (4 * BH * BW)
-    for t in range(pid, ntiles, nprog):
-        n = t // tiles_img
-        r = t - n * tiles_img
-        ty = r // tiles_x
-        tx = r - ty * tiles_x
-        oy = ty * TH - K
-        ox = tx * TW - K
-        gy = oy + by
-        gx = ox + bx
-        cy = tl.minimum(tl.maximum(gy, 0), H - 1)
-        cx = tl.minimum(tl.maximum(gx, 0), W - 1)
-        p = cy * W + cx
-        # neighbours: clamped to the image (replicate borders), then into the block (halo)
-        up = tl.minimum(tl.maximum(tl.maximum(cy - 1, 0) - oy, 0), BH - 1) * BW + bx
-        down = tl.minimum(tl.maximum(tl.minimum(cy + 1, H - 1) - oy, 0), BH - 1) * BW + bx
-        left = by * BW + tl.minimum(tl.maximum(tl.maximum(cx - 1, 0) - ox, 0), BW - 1)
-        right = by * BW + tl.minimum(tl.maximum(tl.minimum(cx + 1, W - 1) - ox, 0), BW - 1)
-        o = n * (5 * HW) + p
-        inv_u = tl.load(coef_ptr + o)
-        inv_v = tl.load(coef_ptr + o + HW)
-        j12 = tl.load(coef_ptr + o + 2 * HW)
-        cu = tl.load(coef_ptr + o + 3 * HW)
-        cv = tl.load(coef_ptr + o + 4 * HW)
-        f = n * (2 * HW) + p
-        du = tl.load(d_ptr + f)
-        dv = tl.load(d_ptr + f + HW)
-        me = by * BW + bx
-        for k in tl.static_range(K):
-            bu = sp + (k % 2) * (2 * BH * BW)
-            bv = bu + BH * BW
-            tl.store(bu + me, du)
-            tl.store(bv + me, dv)
-            tl.debug_barrier()
-            nu = (tl.load(bu + up) + tl.load(bu + down)
-                  + tl.load(bu + left) + tl.load(bu + right)) * 0.25
-            nv = (tl.load(bv + up) + tl.load(bv + down)
-                  + tl.load(bv + left) + tl.load(bv + right)) * 0.25
-            ru = (cu + (alpha * inv_u) * nu) - (j12 * inv_u) * dv
-            rv = (cv + (alpha * inv_v) * nv) - (j12 * inv_v) * du
-            du = ru
-            dv = rv
-        tl.debug_barrier()                    # the next tile writes the same scratch
-        keep = (by >= K) & (by < K + TH) & (bx >= K) & (bx < K + TW) & (gy < H) & (gx < W)
-        if FINAL:
-            du = tl.load(fl_ptr + f) + du
-            dv = tl.load(fl_ptr + f + HW) + dv
-        tl.store(out_ptr + f, du, mask=keep)
-        tl.store(out_ptr + f + HW, dv, mask=keep)
-
-
-def jacobi_per_launch() -> int:
-    """Jacobi iterations per launch (env ``EVALKIT_TRITON_JACOBI``, default 1: one kernel per
-    iteration; more: :func:`_jacobi_tiles_kernel`, the same values)."""
-    try:
-        return max(1, int(os.environ.get("EVALKIT_TRITON_JACOBI", "1")))
-    except ValueError:
-        return 1
-
-
 def _block(total: int) -> int:
     return min(triton.next_power_of_2(total), 1 << 16) if INTERPRET else BLOCK
 
@@ -374,10 +299,9 @@ def _launch_rows(kernel, tile, rows: int, w: int, *args, **kw):
 
 
 def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.Tensor,
-              inner: int, alpha: float, jacobi: int | None = None) -> torch.Tensor:
+              inner: int, alpha: float) -> torch.Tensor:
     """One warp step of ``torchflow._flow_batch`` (i0, i1: (N, 1, H, W), flow: (N, 2, H, W),
-    g: the window's 1-D taps) -> the refined flow, a new tensor. ``jacobi``: iterations per
-    launch (default :func:`jacobi_per_launch`)."""
+    g: the window's 1-D taps) -> the refined flow, a new tensor."""
     n, _, h, w = i0.shape
     i0, i1, flow = i0.contiguous(), i1.contiguous(), flow.contiguous()
     if n * 5 * h * w > MAX_ELEMENTS:
@@ -396,38 +320,8 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
     if inner <= 1:
         return flow + d
     e = torch.empty_like(flow)
-    left = inner - 1
-    per = min(jacobi_per_launch() if jacobi is None else max(1, jacobi), (TILE[0] - 8) // 2)
-    scratch = None
-    while left:
-        k = min(per, left)
-        left -= k
+    for left in range(inner - 2, -1, -1):   # one launch per Jacobi iteration
         out = e if left else torch.empty_like(flow)
-        if k == 1:
-            _launch(_jacobi_kernel, px, d, coef, flow, out, px, h, w, alpha, FINAL=not left)
-        else:
-            bh, bw = TILE
-            tiles_x, tiles_y = triton.cdiv(w, bw - 2 * k), triton.cdiv(h, bh - 2 * k)
-            ntiles = n * tiles_x * tiles_y
-            nprog = min(ntiles, _programs(i0.device))
-            if scratch is None:
-                scratch = torch.empty(_programs(i0.device) * 4 * bh * bw, dtype=torch.float32,
-                                      device=i0.device)
-            _jacobi_tiles_kernel[(nprog,)](d, coef, flow, out, scratch, h, w, tiles_x, tiles_x * tiles_y,
-                                           ntiles, alpha, K=k, BH=bh, BW=bw, TH=bh - 2 * k,
-                                           TW=bw - 2 * k, FINAL=not left, num_warps=16, num_stages=1)
+        _launch(_jacobi_kernel, px, d, coef, flow, out, px, h, w, alpha, FINAL=not left)
         d, e = out, d
     return d
-
-
-#: Block (tile + halo) of the multi-iteration Jacobi kernel.
-TILE = (32, 64)
-
-
-def _programs(device) -> int:
-    """Persistent programs of the multi-iteration Jacobi kernel: 2 per SM (16 warps of ~124
-    registers each: sm_90 holds one at a time); 3 when interpreting, so that a program does
-    several tiles in the tests."""
-    if INTERPRET or device.type != "cuda":
-        return 3
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count

@@ -51,19 +51,16 @@ CUDNN_BENCHMARK_LIMIT = 10
 
 
 def _cudnn_limit(value: int | None) -> int:
-    """``value``, else the environment's ``EVALKIT_CUDNN_LIMIT``, else the default."""
+    """``value``, else the default; a non-negative integer (0: all)."""
     if value is None:
-        text = os.environ.get("EVALKIT_CUDNN_LIMIT", "").strip()
-        if not text:
-            return CUDNN_BENCHMARK_LIMIT
-        value = text
+        return CUDNN_BENCHMARK_LIMIT
     try:
         limit = int(value)
     except (TypeError, ValueError):
         limit = -1
     if limit < 0:
-        raise MetricInputError(f"cudnn_benchmark_limit (or EVALKIT_CUDNN_LIMIT): expected a "
-                               f"non-negative integer (0: all), found {value!r}")
+        raise MetricInputError(f"cudnn_benchmark_limit: expected a non-negative integer "
+                               f"(0: all), found {value!r}")
     return limit
 
 
@@ -281,8 +278,8 @@ class PairEvaluator:
     Only deterministic algorithms are candidates and TF32 stays off; two processes may still
     pick different algorithms, which moves LPIPS by float32 rounding (~1e-7).
     cudnn_benchmark_limit: how many candidate algorithms autotuning times per convolution
-    (``torch.backends.cudnn.benchmark_limit``, 0: all; default :data:`CUDNN_BENCHMARK_LIMIT`,
-    or the environment's ``EVALKIT_CUDNN_LIMIT``). Fewer shorten the warm-up.
+    (``torch.backends.cudnn.benchmark_limit``, 0: all; default :data:`CUDNN_BENCHMARK_LIMIT`).
+    Fewer shorten the warm-up.
 
     How a chunk flows (see :func:`stream_pair`, which keeps two chunks in flight): *prepare*
     copies the frames to the device once (uint8, pinned host memory, asynchronous), computes

@@ -27,8 +27,10 @@ ALLOWED = {
     "evalkit.canary": CORE,
     "evalkit.formats": CORE,
     "evalkit.compare": CORE | {"evalkit.formats", "metrics"},
-    # the Ray executor runs both flows' work on a cluster: it calls compare's measure_pair
-    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "evalkit.compare", "metrics"},
+    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "metrics"},
+    # the Ray executor runs both flows' work on a cluster: render's job loop and compare's
+    # measure_pair; neither flow imports it (the front doors choose it)
+    "evalkit.executor": CORE | {"evalkit.formats", "evalkit.render", "evalkit.compare", "metrics"},
     # the threshold protocol measures its amplified stimuli as compare measures a pair; a
     # report's run folders are read through evalkit.formats (their clips)
     "evalkit.study": CORE | {"evalkit.formats", "metrics"},

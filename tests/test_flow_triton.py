@@ -37,11 +37,8 @@ t = lambda a: torch.from_numpy(a)  # noqa: E731
 torch_flow = functools.partial(torch_flow, finest=0)
 src, dst = torch.stack([t(p[0]) for p in pairs]), torch.stack([t(p[1]) for p in pairs])
 ref, fused = torch_flow(src, dst, fused=False), torch_flow(src, dst, fused=True)
-os.environ["EVALKIT_TRITON_JACOBI"] = "3"     # 3 Jacobi iterations per launch, in tiles
 alone = torch_flow(src[1:], dst[1:], fused=True)
-os.environ["EVALKIT_TRITON_JACOBI"] = "1"
 oref = torch_flow(t(odd[0])[None], t(odd[1])[None], fused=False)
-os.environ["EVALKIT_TRITON_JACOBI"] = "9"     # 9 iterations in one launch (halo of 9), then 5
 ofused = torch_flow(t(odd[0])[None], t(odd[1])[None], fused=True)
 truth = [torch.from_numpy(p[2]).permute(2, 0, 1) for p in pairs]
 print(json.dumps({
@@ -59,16 +56,13 @@ print(json.dumps({
 
 
 def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
-    got = run_interpreted(SCRIPT, path=(ROOT / "tests",), EVALKIT_TRITON="1", EVALKIT_TRITON_JACOBI="1")
+    got = run_interpreted(SCRIPT, path=(ROOT / "tests",), EVALKIT_TRITON="1")
     assert got["finite"], got
     # the same flow up to float32 rounding (2 pairs of 48x64, warped outside the frame at the
-    # borders; 1 pair of 33x47: odd sizes, pyramid levels of odd sizes, its 9 Jacobi
-    # iterations in one launch on tiles of 14x46 pixels, then 5)
+    # borders; 1 pair of 33x47: odd sizes, pyramid levels of odd sizes)
     assert got["max_diff"] <= 1, got
     assert got["odd_max_diff"] <= 1, got
-    # batch-invariant: a pair computed alone is the same pair computed beside another (and the
-    # tiled kernel doing 3 Jacobi iterations per launch, used for the pair alone, gives the
-    # same values as one iteration per launch)
+    # batch-invariant: a pair computed alone is the same pair computed beside another
     assert got["batch_diff"] == 0.0, got
     # and it is a real flow: the 4.6 px shift is there, the error against the truth is small
     assert got["median_shift"] > 4.0, got
@@ -87,14 +81,6 @@ def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("EVALKIT_TRITON", "0")
     assert not torchflow.use_fused("cuda")
     assert torchflow.use_fused("cuda", fused=True)
-    from metrics._triton_flow import jacobi_per_launch
-
-    monkeypatch.delenv("EVALKIT_TRITON_JACOBI", raising=False)
-    assert jacobi_per_launch() == 1
-    monkeypatch.setenv("EVALKIT_TRITON_JACOBI", "3")
-    assert jacobi_per_launch() == 3
-    monkeypatch.setenv("EVALKIT_TRITON_JACOBI", "three")
-    assert jacobi_per_launch() == 1
 
 
 def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeypatch):

@@ -11,7 +11,7 @@ the clip's frame count or more; a streaming one at its window (a few chunks), th
 and 2N frames. The assertions: the peak with 2N frames is below N (half the clip), and at
 most one chunk above the peak with N frames (threads may hand a chunk over a little earlier
 or later). Copies made from the frames (the report's worst frame, kept on purpose) are not
-counted: they are single frames. Decoding runs in threads here (``EVALKIT_DECODE_PROCESSES=0``)
+counted: they are single frames. Decoding runs in threads here (``procdecode.PROCESS_MIN_CORES`` set high)
 so every reader is in this process. The whole commands' peak resident memory at real scale is
 ``benchmarks/bench_memory.py``'s (benchmarks/README.md).
 
@@ -70,7 +70,7 @@ class FramesAlive:
         monkeypatch.setattr(video.ClipReader, "__iter__", it)
         monkeypatch.setattr(video.ClipReader, "chunks", chunks)
         monkeypatch.setattr(video.ClipReader, "read", read)
-        monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "0")
+        monkeypatch.setattr("evalkit.procdecode.PROCESS_MIN_CORES", 10**6)    # threads
 
     def _gone(self, n: int) -> None:
         with self._lock:

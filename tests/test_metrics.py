@@ -630,7 +630,7 @@ def test_cli_metrics_on_clips_json_csv_and_errors(cli, tmp_path):
 
 
 def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
-    """``PairEvaluator(cudnn_benchmark_limit=)`` / ``EVALKIT_CUDNN_LIMIT``: the number of
+    """``PairEvaluator(cudnn_benchmark_limit=)``: the number of
     candidates cuDNN's autotuning times, set only inside the metric's ``precise`` blocks."""
     import torch
 
@@ -644,15 +644,13 @@ def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
         with precise():
             assert torch.backends.cudnn.benchmark_limit == 3
     assert torch.backends.cudnn.benchmark_limit == before
-    monkeypatch.delenv("EVALKIT_CUDNN_LIMIT", raising=False)
     assert PairEvaluator(device="cpu", temporal=False).cudnn_benchmark_limit == CUDNN_BENCHMARK_LIMIT
     assert PairEvaluator(device="cpu", temporal=False,
                          cudnn_benchmark_limit=0).cudnn_benchmark_limit == 0
-    monkeypatch.setenv("EVALKIT_CUDNN_LIMIT", "2")
-    assert PairEvaluator(device="cpu", temporal=False).cudnn_benchmark_limit == 2
-    monkeypatch.setenv("EVALKIT_CUDNN_LIMIT", "few")
-    with pytest.raises(MetricInputError, match="EVALKIT_CUDNN_LIMIT.*found 'few'"):
-        PairEvaluator(device="cpu", temporal=False)
+    with pytest.raises(MetricInputError, match="cudnn_benchmark_limit.*found 'few'"):
+        PairEvaluator(device="cpu", temporal=False, cudnn_benchmark_limit="few")
+    with pytest.raises(MetricInputError, match="cudnn_benchmark_limit.*found -1"):
+        PairEvaluator(device="cpu", temporal=False, cudnn_benchmark_limit=-1)
 
 
 def test_warm_up_loads_every_triton_kernel_module():

@@ -179,21 +179,15 @@ def test_workers_ignore_ctrl_c_and_a_killed_parent_leaves_no_process_or_memory(c
         pytest.fail(f"worker {pid} alive: {not ended}; ring {ring} left: {not gone}")
 
 
-def test_the_switch_and_its_default(monkeypatch):
-    from evalkit.errors import UserError
+def test_processes_from_eight_usable_cores(monkeypatch):
+    import evalkit.procdecode as PD
 
-    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "1")
-    assert use_processes()
-    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "0")
-    assert not use_processes()
-    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "yes")
-    with pytest.raises(UserError, match="EVALKIT_DECODE_PROCESSES: expected 0 .* found 'yes'"):
-        use_processes()
-    monkeypatch.delenv("EVALKIT_DECODE_PROCESSES")
-    monkeypatch.setattr("evalkit.video.usable_cores", lambda: 16)
-    assert use_processes()
-    monkeypatch.setattr("evalkit.video.usable_cores", lambda: 2)
-    assert not use_processes()
+    for cores, want in ((16, True), (8, True), (7, False), (2, False)):
+        monkeypatch.setattr("evalkit.video.usable_cores", lambda: cores)
+        assert use_processes() is (want and os.name == "posix")
+    assert PD.PROCESS_MIN_CORES == 8
+    monkeypatch.setattr(PD, "PROCESS_MIN_CORES", 0)            # how tests choose processes
+    assert use_processes() is (os.name == "posix")
 
 
 def test_images_are_read_in_a_thread_even_with_a_pool(pool, tmp_path):
@@ -205,21 +199,17 @@ def test_images_are_read_in_a_thread_even_with_a_pool(pool, tmp_path):
     it.close()
 
 
-def test_without_room_in_shared_memory_it_says_so_or_decodes_in_threads(clips, pool, monkeypatch):
+def test_without_room_in_shared_memory_it_says_so_and_decodes_in_threads(clips, pool, monkeypatch):
     from evalkit.procdecode import NoRoom
     from evalkit.video import Prefetch
 
     frames, paths = clips
     monkeypatch.setattr("evalkit.procdecode.shm_free", lambda: 64 * 2**10)    # 64 KB free
     with pytest.raises(NoRoom, match=r"^/dev/shm: 0 MB free, the decoder processes need \d+ MB "
-                                     r".*--shm-size.*EVALKIT_DECODE_PROCESSES=0$"):
+                                     r".*--shm-size\)$"):
         pool.chunks(paths["ffv1"], 4, 2)
     assert pool.workers == 0                # nothing taken, nothing started
-    monkeypatch.delenv("EVALKIT_DECODE_PROCESSES", raising=False)
     with pytest.warns(RuntimeWarning, match="decoding in threads: /dev/shm"):
         it = prefetch_chunks(paths["ffv1"], 4, 2, pool=pool)
     assert isinstance(it, Prefetch)
     assert np.array_equal(np.concatenate(list(it)), frames)
-    monkeypatch.setenv("EVALKIT_DECODE_PROCESSES", "1")      # asked for processes: an error
-    with pytest.raises(NoRoom):
-        prefetch_chunks(paths["ffv1"], 4, 2, pool=pool)

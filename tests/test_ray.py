@@ -48,7 +48,7 @@ def cluster():
 
 
 def executor(**kw):
-    from evalkit.render.ray import RayExecutor
+    from evalkit.executor.ray import RayExecutor
 
     return RayExecutor(**kw)  # joins the cluster this process is connected to
 

@@ -372,7 +372,6 @@ def test_with_many_cores_clips_are_encoded_in_parts_and_hashed_on_the_encoder_th
     monkeypatch.setattr(clipwriter.ClipWriter, "write", write_clip)
     monkeypatch.setattr(clipwriter, "_part_packets", part)
     monkeypatch.setattr(driver, "clip_parts", lambda: 2)
-    monkeypatch.delenv("EVALKIT_WRITER_PROCESSES", raising=False)
     kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
     [s] = render_suite(SMOKE, ["cpu"], tmp_path / "cpu", **kw)
     assert s.done == 2 and len(clips) == 2 and len(parts) == 4      # 8 frames: 2 parts

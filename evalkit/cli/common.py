@@ -34,7 +34,7 @@ def make_executor(args):
             if value is not None:
                 raise UserError(f"{flag}: only with --executor ray")
         return None
-    from evalkit.render.ray import RayExecutor, import_ray
+    from evalkit.executor.ray import RayExecutor, import_ray
 
     import_ray(local=args.ray_address is None)  # a missing Ray fails here, in one line
     kw = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as _dt
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,19 +224,11 @@ def _pair_size(pair: Pair) -> tuple[int, int]:
 
 
 def decode_threads(processes: bool = False) -> int:
-    """Decoding threads of each clip reader of a compare: ``$EVALKIT_DECODE_THREADS``, else a
-    quarter of the cores (at least 2), since four readers run at once (both clips of a pair,
-    the next pair ahead); half of them for readers in worker processes (``processes``), since
-    those of the next pair soon wait for room in their rings. On the H200's 16 cores 4 threads
-    per reader compared UT Video runs as fast as 16 (175-177 against 111-183 pairs/s) with a
-    third less memory; in worker processes 8 decoded 522 pairs/s against 434 for 4."""
-    value = os.environ.get("EVALKIT_DECODE_THREADS", "").strip()
-    try:
-        return (max(0, int(value)) if value
-                else max(2, usable_cores() // (2 if processes else 4)))
-    except ValueError:
-        raise UserError(f"EVALKIT_DECODE_THREADS: expected a whole number of threads, found "
-                        f"{value!r}") from None
+    """Decoding threads of each clip reader of a compare: a quarter of the cores (at least 2),
+    since four readers run at once (both clips of a pair, the next pair ahead); half of them for
+    readers in worker processes (``processes``), since those of the next pair soon wait for
+    room in their rings (figures: benchmarks/README.md, "Real scale")."""
+    return max(2, usable_cores() // (2 if processes else 4))
 
 
 class PairDecoder:
@@ -434,7 +425,7 @@ class LocalCompareSession:
 
     An executor's ``compare_session(device=, metric_options=)`` returns an object with the same
     ``measure``, ``conventions``, ``device`` and ``close``; the Ray executor's spreads the pairs
-    over workers (:mod:`evalkit.render.ray`).
+    over workers (:mod:`evalkit.executor.ray`).
     """
 
     def __init__(self, *, device=None, metric_options: dict | None = None):

@@ -2,15 +2,15 @@
 
 - :mod:`.backend`: backend specs (``cuda,dtype=bf16,...``), applying them, machine fingerprints
 - :mod:`.driver`: the job loop (resume, progress, atomic writes) and the local executor
-- :mod:`.ray`: the Ray executor (optional extra)
+- the Ray executor (optional extra) is :mod:`evalkit.executor.ray`
 - :mod:`.renderers`: one file per renderer (base protocol, diffusers, canary, command, import)
 """
 __all__ = ["render_suite", "run_dir_name"]
 
 
 def __getattr__(name: str):
-    """``render_suite`` and ``run_dir_name`` from :mod:`.driver`, imported on first use: a
-    writer process (:mod:`.procwrite`) imports this package without the driver's imports."""
+    """``render_suite`` and ``run_dir_name`` from :mod:`.driver`, imported on first use (the
+    package imports nothing heavy until a render needs it)."""
     if name in __all__:
         from evalkit.render import driver
 

@@ -92,8 +92,7 @@ def write_lossless_parts(path, frames: np.ndarray, fps, *, codec: str, pool: Exe
 class ClipWriter:
     """Writes a render's lossless clips (:meth:`write`), each in ``parts`` at once on a pool of
     its own when ``parts`` > 1 (``jobs``: clips written at once, which sizes the pool). The
-    render's writer threads use one (:mod:`evalkit.render.driver`), and so does each writer
-    process (:mod:`evalkit.render.procwrite`): the same code, the same bytes."""
+    render's encoder threads use one (:mod:`evalkit.render.driver`)."""
 
     def __init__(self, parts: int, jobs: int = 1):
         self.parts = max(1, int(parts))

@@ -5,7 +5,7 @@ missing or does not match its recorded sha256), hands jobs to an executor, and r
 result as it arrives (clip, preview, manifest; all atomic). The executor only turns jobs into
 frames. :class:`LocalExecutor` runs in-process, one backend after the other, loading the
 pipeline once per backend; a cluster executor can dispatch the same tasks elsewhere and hand the
-results back to the same driver (:class:`evalkit.render.ray.RayExecutor`: Ray actors, one per
+results back to the same driver (:class:`evalkit.executor.ray.RayExecutor`: Ray actors, one per
 GPU or CPU slot, return encoded clips that this driver writes the same way).
 
 The executor interface: ``check(specs)`` (can these backends run?), ``fingerprint(spec)`` (the
@@ -25,6 +25,7 @@ import resource
 import shutil
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -40,14 +41,22 @@ from evalkit.render.renderers import JobError, RenderRequest, Renderer, WrittenC
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS, new_run_format
-from evalkit.procdecode import NoRoom
-from evalkit.render import ffwrite
 from evalkit.render.clipwriter import ClipWriter
-from evalkit.render.procwrite import (Booting, WriterError, WriterPool, failure_text,
-                                      on_device, use_processes)
-from evalkit.render.procwrite import forced as procs_forced
-from evalkit.render.quiet import QuietSources, writes_mode
 from evalkit.video import ClipReader, shape_only
+
+
+def failure_text(e: BaseException) -> str:
+    """A failure in one line: the exception and where it was raised (a job's error)."""
+    tb = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+
+
+def on_device(runs) -> bool:
+    """Whether one of ``runs`` (anything with ``spec`` and ``apply``: a :class:`BackendTask`, a
+    :class:`evalkit.render.adopt.RunIdentity`) renders on a device other than the CPU (its spec
+    applied)."""
+    return any(r.apply and r.spec is not None and r.spec.device.split(":")[0] != "cpu"
+               for r in runs)
 
 
 def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
@@ -226,20 +235,13 @@ class LocalExecutor:
     @classmethod
     def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
                     work_dir: Path | None = None, lossless: str = "ffv1") -> Iterator[JobResult]:
-        """Render ``jobs`` one after the other, each next job's source decoded meanwhile; or,
-        with :class:`QuietSources` (``EVALKIT_RENDER_WRITES=batch`` or ``auto``), in windows of
-        jobs, decoding and writing only between them (``auto``: while the calls are short)."""
+        """Render ``jobs`` one after the other, each next job's source decoded meanwhile."""
         jobs = list(jobs)
         if getattr(renderer, "adopts_renders", False):
             # adopted files: decoding and encoding only, no device calls: several at once
             yield from ordered_map(lambda job: cls.render_job(
                 renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
                 lossless=lossless), jobs, adopt_workers(), name="evalkit-adopt")
-            return
-        if isinstance(sources, QuietSources):
-            yield from sources.run(jobs, lambda job: cls.render_job(
-                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
-                lossless=lossless))
             return
         for i, job in enumerate(jobs):
             yield cls.render_job(renderer, runtime, job, sources, seed_offset, progress,
@@ -333,15 +335,12 @@ class SourceCache:
     decoding error is raised by the :meth:`get` that needs the clip, as without prefetching.
     """
 
-    def __init__(self, suite: Suite, *, programs: bool = False, shape_only: bool = False):
+    def __init__(self, suite: Suite, *, shape_only: bool = False):
         self.suite = suite
         #: the renderer needs the sources' size, rate and frame count, not their frames (the
         #: ``import`` renderer): each is counted, streaming, and stands as a frame-less
         #: (N, H, W, 3) view (:func:`evalkit.video.shape_only`), whatever the clip's length
         self.shape_only = shape_only
-        #: decode exact-RGB lossless sources by FFmpeg programs (ffwrite.read_exact): the
-        #: lock stays with the thread that feeds the device
-        self.programs = programs
         self._key = None
         self._value = None
         self._next: tuple[str, Future] | None = None
@@ -356,9 +355,6 @@ class SourceCache:
             reader = ClipReader(path)
             n = reader.count_frames()
             return shape_only(n, reader.info.height, reader.info.width), reader.info.fps, path
-        got = ffwrite.read_exact(path) if self.programs else None
-        if got is not None:
-            return got[0], got[1], path
         reader = ClipReader(path)
         return reader.read(), reader.info.fps, path
 
@@ -510,18 +506,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
-    device = on_device(idents)
-    # $EVALKIT_RENDER_ENCODER checked before anything; FFmpeg programs write the files and
-    # decode the exact-RGB sources
-    programs = ffwrite.encoder(device) == "ffmpeg" and isinstance(executor, LocalExecutor)
-    mode = writes_mode(device, programs) if isinstance(executor, LocalExecutor) else "overlap"
-    if getattr(rend, "streams_clips", False):
-        # an import or a command: the sources' shapes only (the renderer streams them itself)
-        sources = SourceCache(suite, programs=programs, shape_only=True)
-    elif mode == "overlap":
-        sources = SourceCache(suite, programs=programs)
-    else:                                   # decoding and writing between windows of jobs
-        sources = QuietSources(suite, mode=mode, programs=programs)
+    # an import or a command needs the sources' shapes only (the renderer streams them itself)
+    sources = SourceCache(suite, shape_only=getattr(rend, "streams_clips", False))
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         # every run folder's lock first: a render refused by one has written nothing anywhere
@@ -587,91 +573,67 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                 shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
 
 
+@dataclass
+class RunState:
+    """What the driver knows of one run while its results arrive (the recorder thread's)."""
+
+    task: BackendTask
+    run: RunDir
+    #: job id -> its error, for the jobs that failed this time
+    failures: dict[str, str] = field(default_factory=dict)
+    done: int = 0
+    #: the cluster nodes that rendered a job of this run so far
+    nodes: set = field(default_factory=set)
+    #: when the manifest was last saved (monotonic seconds), and whether it has unsaved records
+    saved: float = float("-inf")
+    dirty: bool = False
+
+    def summary(self, selected: int) -> "RenderSummary":
+        return RenderSummary(self.task.name or self.task.spec.spec, self.run.path, self.done,
+                             len(self.failures), selected - len(self.task.jobs), self.failures)
+
+
 def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                  progress) -> list[RenderSummary]:
     """Render every run's pending jobs (their run folders locked by the caller; ``sources``
-    closed by the caller)."""
+    closed by the caller).
+
+    Results are written while the next jobs render: each job's lossless clip and browser copy
+    are encoded side by side on encoder threads, and one recorder thread marks the jobs done in
+    the manifest in the order they came, each once both its files are in place. At most
+    :data:`WRITE_AHEAD` results wait to be written (memory). A cluster executor's results come
+    encoded: only their records are written here."""
     bars = Progress(total, enabled=progress)
-    state = {id(task): {"failures": {}, "done": 0, "run": run, "nodes": set(),
-                        "saved": float("-inf"), "dirty": False} for task, run in runs}
-    # Results are written while the next jobs render: each job's lossless clip and browser
-    # copy are encoded side by side, and one recorder thread marks the jobs done in the manifest
-    # in the order they came, each once both its files are in place. At most WRITE_AHEAD
-    # results wait to be written (memory). The writers are threads of this process, or on
-    # request (procwrite.use_processes) worker processes (PyAV's encoders hold the GIL, which
-    # the thread that feeds a device needs), the frames handed over in shared memory by the
-    # encoder threads.
-    # (a cluster executor's results come encoded: nothing to write here)
-    # EVALKIT_RENDER_WRITES=batch or auto (quiet.py): the results are held and written in bursts
-    # between windows of jobs, each burst writing every held job at once (auto, once the calls
-    # are long: each job's burst in the background while the next one renders)
-    # EVALKIT_RENDER_ENCODER=ffmpeg (ffwrite.py): the encoder threads feed FFmpeg programs
-    quiet = isinstance(sources, QuietSources)
-    programs = sources.programs             # render_suite's one decision (ffwrite.encoder)
-    in_procs = (not programs and isinstance(executor, LocalExecutor)
-                and use_processes([task for task, _ in runs]))
-    at_once = burst_threads() if quiet else encoder_threads()
-    encoders = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="evalkit-encode")
+    states = [RunState(task, run) for task, run in runs]
+    encoders = ThreadPoolExecutor(max_workers=encoder_threads(), thread_name_prefix="evalkit-encode")
     recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-writer")
     # with many cores each lossless clip is encoded in parts at once (clipwriter: same bytes)
-    writer = ffwrite.ProgramWriter() if programs else ClipWriter(clip_parts(), WRITE_AHEAD)
-    procs = None
-    if in_procs:
-        # EVALKIT_WRITER_PROCESSES=1: every job in the processes (the first ones wait for them
-        # to start); else the jobs done before they have started are written on threads
-        # (in a quiet render, batch or auto, they start in the first burst, nothing beside the calls)
-        procs = WriterPool(clip_parts(), wait=quiet or bool(procs_forced()))
-        if not quiet:
-            procs.start(2 * WRITE_AHEAD)    # they boot while the first job renders
+    writer = ClipWriter(clip_parts(), WRITE_AHEAD)
     pending: collections.deque = collections.deque()
     try:
-        tasks = [task for task, _ in runs]
-        if quiet:
-            # held by the sources (quiet.py), written by each burst here
-            in_flight = max(1, burst_threads() // 2) if procs is not None else None
-            sources.flush = lambda held: _write_held(held, encoders, writer, procs, seed_offset,
-                                                     in_flight)
-            for task, result in executor.run_all(rend, tasks, sources, bars):
-                sources.hold((state[id(task)], result))
-            sources.finish()
-        else:
-            for task, result in executor.run_all(rend, tasks, sources, bars):
-                st = state[id(task)]
-                while len(pending) >= WRITE_AHEAD:
-                    pending.popleft().result()
-                files = _encode(encoders, st["run"], result, writer, procs)
-                pending.append(recorder.submit(_record, st, result, seed_offset, files))
-            while pending:
+        for task, result in executor.run_all(rend, [st.task for st in states], sources, bars):
+            st = next(st for st in states if st.task is task)
+            while len(pending) >= WRITE_AHEAD:
                 pending.popleft().result()
+            files = _encode(encoders, st.run, result, writer)
+            pending.append(recorder.submit(_record, st, result, seed_offset, files))
+        while pending:
+            pending.popleft().result()
     finally:
-        if quiet:
-            sources.settle()            # a background burst ends before its writers stop
         for f in pending:
             f.cancel()
         recorder.shutdown(wait=True)
         encoders.shutdown(wait=True, cancel_futures=True)
         writer.close()
-        if procs is not None:
-            procs.close()
-        for st in state.values():  # results whose manifest save was deferred
-            if st["dirty"]:
-                st["run"].save()
+        for st in states:  # results whose manifest save was deferred
+            if st.dirty:
+                st.run.save()
         bars.close()
-    return [RenderSummary(task.name or task.spec.spec, run.path, state[id(task)]["done"],
-                          len(state[id(task)]["failures"]), len(selected) - len(task.jobs),
-                          state[id(task)]["failures"]) for task, run in runs]
+    return [st.summary(len(selected)) for st in states]
 
 
 #: results rendered but not yet recorded, at most (each holds its frames until written)
 WRITE_AHEAD = 2
-
-
-def burst_threads() -> int:
-    """Encoder threads of a batch render's bursts (``EVALKIT_RENDER_WRITES=batch`` or
-    ``auto``): one per usable core, at least two (a clip and a preview)."""
-    from evalkit.video import usable_cores
-
-    return max(2, usable_cores())
 
 
 def encoder_threads() -> int:
@@ -693,33 +655,15 @@ def clip_parts() -> int:
 MAX_CLIP_PARTS = 4
 
 
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer,
-            procs: WriterPool | None = None) -> list[Future]:
-    """Start writing a rendered job's lossless clip and browser copy (atomic files): in the
-    writer processes ``procs`` (the frames copied into shared memory on an encoder thread),
-    else, or while they start, or when ``/dev/shm`` has no room for the frames, on the encoder
-    threads ``pool`` by ``writer`` (a :class:`ClipWriter`, or an
-    :class:`evalkit.render.ffwrite.ProgramWriter`: each file by an FFmpeg program the thread
-    feeds)."""
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
+            writer: ClipWriter) -> list[Future]:
+    """Start writing a rendered job's lossless clip and browser copy (atomic files) on the
+    encoder threads ``pool``; a renderer's own files are moved into place instead."""
     if result.error is None and result.written is not None:
         return [pool.submit(_move_written, run, result.job.id, result.written)]
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    if procs is not None:
-        try:
-            return procs.submit(pool, run.clip_path(jid), run.preview_path(jid), result.frames,
-                                result.fps, run.lossless)
-        except Booting:
-            pass                                        # on threads, as a CPU render
-        except NoRoom as e:
-            if procs_forced():
-                raise                                   # asked for: say why not (one line)
-            if not procs.warned:
-                import warnings
-
-                procs.warned = True
-                warnings.warn(f"writing in threads: {e}", RuntimeWarning, stacklevel=2)
     return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
                         run.lossless),
             pool.submit(writer.write_browser, run.preview_path(jid), result.frames, result.fps)]
@@ -736,45 +680,28 @@ def _move_written(run: RunDir, jid: str, w: WrittenClip) -> str:
     return w.sha256
 
 
-def _write_held(held: list, pool: ThreadPoolExecutor, writer,
-                procs: WriterPool | None, seed_offset: int, in_flight: int | None) -> None:
-    """A batch render's burst (:mod:`evalkit.render.quiet`): every held ``(state, result)``'s
-    clip and preview written at once, each job recorded in order as its files land.
-    ``in_flight``: jobs being written at once, at most (None: all; the writer processes take
-    two workers and the frames in shared memory per job)."""
-    queue, writing = collections.deque(held), collections.deque()
-    while queue or writing:
-        while queue and (in_flight is None or len(writing) < in_flight):
-            st, result = queue.popleft()
-            writing.append((st, result, _encode(pool, st["run"], result, writer, procs)))
-        st, result, files = writing.popleft()
-        _record(st, result, seed_offset, files)
-
-
 def _write_error(files: list[Future]) -> str | None:
     """Wait for a job's files; the first writer error as a job error (None: both written)."""
     error = None
     for f in files:
         try:
             f.result()
-        except (WriterError, ffwrite.FFmpegError) as e:     # in one line already
-            error = error or f"writing the clip failed: {e}"
         except Exception as e:
             error = error or f"writing the clip failed: {failure_text(e)}"
     return error
 
 
 def _clip_sha256(files: list[Future]) -> str | None:
-    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`, or a writer
-    process; None: none written)."""
+    """The lossless clip's sha256 from its writer (:meth:`ClipWriter.write`; None: none
+    written)."""
     return files[0].result() if files else None
 
 
-def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] = ()) -> None:
+def _record(st: RunState, result: JobResult, seed_offset: int, files: list[Future] = ()) -> None:
     """Record one result in its run folder (on the recorder thread), once ``files`` (its clip
     and preview being written by the encoder threads) are in place; a writer's error fails the
     job (its files, if any, are removed: a done job always has both)."""
-    run: RunDir = st["run"]
+    run = st.run
     if result.error is None:
         error = _write_error(list(files))
         if error is not None:
@@ -783,17 +710,17 @@ def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] =
                     p.unlink()
             result = dataclasses.replace(result, frames=None, error=error)
     if result.error is None:
-        st["done"] += 1
+        st.done += 1
     else:
-        st["failures"][result.job.id] = result.error
+        st.failures[result.job.id] = result.error
     if result.fingerprint is not None:
         # the fingerprint is the rendering node's: the first one seen this time becomes the
         # run's; every node that rendered a job is listed with its own under "nodes"
         node = result.extra.get("node", {})
-        if not st["nodes"]:
+        if not st.nodes:
             run.manifest["fingerprint"] = result.fingerprint
-        if node.get("id") and node["id"] not in st["nodes"]:
-            st["nodes"].add(node["id"])
+        if node.get("id") and node["id"] not in st.nodes:
+            st.nodes.add(node["id"])
             run.manifest.setdefault("nodes", {})[node["id"]] = {
                 "host": node.get("host"), "ip": node.get("ip"), "fingerprint": result.fingerprint}
     if result.error is None:
@@ -804,20 +731,20 @@ def _record(st: dict, result: JobResult, seed_offset: int, files: list[Future] =
             # first, so a crash in between only leaves finished jobs pending (rendered again)
             e = result.encoded
             now = time.monotonic()
-            save = now - st["saved"] >= MANIFEST_SAVE_INTERVAL
+            save = now - st.saved >= MANIFEST_SAVE_INTERVAL
             run.record_done_encoded(result.job.id, e["clip"], e.get("preview"), frames=e["frames"],
                                     width=e["width"], height=e["height"], fps=result.fps,
                                     timing=result.timing, extra=extra, save=save)
-            st["dirty"] = not save
+            st.dirty = not save
             if save:
-                st["saved"] = now
+                st.saved = now
         else:
             frames = result.frames if result.written is None else shape_only(
                 result.written.frames, result.written.height, result.written.width)
             run.record_done(result.job.id, frames, result.fps, timing=result.timing,
                             extra=extra, written=bool(files), sha256=_clip_sha256(files))
-            st["dirty"] = False
+            st.dirty = False
     else:
         run.record_failed(result.job.id, result.error, timing=result.timing,
                           extra=result.extra or None)
-        st["dirty"] = False
+        st.dirty = False

@@ -70,3 +70,47 @@ class Pattern(Renderer):
         else:
             out[:, h // 4:3 * h // 4, w // 4:3 * w // 4] += int(self.options.get("amount", 24))
         return np.clip(out, 0, 255).astype(np.uint8)
+
+class GpuWork(Renderer):
+    """A stand-in video pipeline (``benchmarks/bench_render_scale.py``): per chunk of 16 frames,
+    ``steps`` denoising-like steps of 3x3 convolutions (``channels`` wide, in the backend's
+    dtype) at 1/8 of the frame size, launched one by one from the Python thread as a diffusion
+    loop launches its kernels; returns the source upside down. Fixed work per job."""
+
+    name = "gpu-work"
+    version = "1"
+    options_help = {"steps": "steps per chunk of 16 frames (default 30)",
+                    "channels": "width of the convolutions (default 320)"}
+
+    def load(self, runtime) -> None:
+        import torch
+
+        super().load(runtime)
+        c = int(self.options.get("channels", 320))
+        g = torch.Generator().manual_seed(0)
+        self.w_in = (torch.randn(c, 3, 1, 1, generator=g) * 0.5).to(runtime.device, runtime.dtype)
+        self.w = [(torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5)).to(runtime.device,
+                                                                             runtime.dtype)
+                  for _ in range(2)]
+
+    def render(self, request):
+        import torch
+        import torch.nn.functional as F
+
+        device = self.runtime.device
+        steps = int(self.options.get("steps", 30))
+        src = request.source
+        out = np.empty_like(src)
+        chunks = range(0, len(src), 16)
+        for k, i in enumerate(chunks):
+            x = torch.from_numpy(np.ascontiguousarray(src[i:i + 16])).to(device)
+            h = F.avg_pool2d(x.permute(0, 3, 1, 2).to(self.w_in.dtype), 8)
+            h = F.conv2d(h, self.w_in)
+            for s in range(steps):
+                r = F.conv2d(F.silu(h), self.w[s % 2], padding=1)
+                h = h + 0.1 * r
+                h = h * torch.rsqrt(h.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-6)
+            keep = (h.float().abs().sum() >= 0).to(torch.uint8)       # 1: the work is waited on
+            out[i:i + 16] = (x.flip(1) * keep).cpu().numpy()
+            request.progress(k + 1, len(chunks))
+        return out
