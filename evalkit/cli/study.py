@@ -16,12 +16,16 @@ def cmd_study_create(args) -> int:
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
                      media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
                      ladder=args.ladder, metrics_device=args.metrics_device,
-                     progress=sys.stderr.isatty())
+                     progress=sys.stderr.isatty(), excerpt_seconds=args.excerpt,
+                     excerpt_at=args.excerpt_at)
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
     print(f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    if r.get("excerpt"):
+        from evalkit.study.text import excerpt_lines
+        print("  " + excerpt_lines(r["excerpt"])[0])
     print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
     return 0
@@ -165,6 +169,12 @@ def add_study(sub, common) -> None:
     v.add_argument("--catch-alpha", type=float, default=0.05,
                    help="a rater is kept when better than guessing on the easy catch trials "
                    "(one-sided exact binomial at this level; default 0.05)")
+    v.add_argument("--excerpt", default=None, metavar="SECONDS",
+                   help="show raters one window of SECONDS of each clip (less to load, the part "
+                   "that differs): the same window on both sides and in every trial of a clip")
+    v.add_argument("--excerpt-at", default=None, metavar="START|worst",
+                   help="with --excerpt: the window's start in seconds, or worst (default: the "
+                   "window of highest mean per-frame LPIPS in the report's frames.csv)")
     v.set_defaults(func=cmd_study_create)
     v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
     v.add_argument("--db", required=True, help="database URL or SQLite file")

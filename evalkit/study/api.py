@@ -25,8 +25,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from ..video import read_frames
-from . import design, stats, threshold
+from . import design, excerpt, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, ordered_map, prepare_media_dir, store_tiled
@@ -92,7 +91,8 @@ def read_report(report) -> dict:
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
-                 ladder: str | None = None, metrics_device="cpu", progress: bool = False) -> dict:
+                 ladder: str | None = None, metrics_device="cpu", progress: bool = False,
+                 excerpt_seconds=None, excerpt_at=None) -> dict:
     """Create a study from a compare report: select clips, write the trial streams (every
     arrangement of each row's tiles, see :func:`.media.store_tiled` and
     :func:`.design.stream_keys`) and the catch versions, record everything.
@@ -109,7 +109,13 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
-    a progress bar per clip on stderr."""
+    a progress bar per clip on stderr.
+
+    ``excerpt_seconds``: every clip shown as one window of that many seconds, the same for
+    both sides, catch versions and stimuli; ``excerpt_at``: ``"worst"`` (default: the window of
+    highest mean per-frame LPIPS in the report) or the start in seconds
+    (:mod:`.excerpt`; recorded as ``config["excerpt"]``)."""
+    ex_seconds, ex_at = excerpt.parse(excerpt_seconds, excerpt_at)
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
     kind = "amplify" if ladder is None else ladder
@@ -149,6 +155,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     prepare_media_dir(media)                   # what a killed create left, before any encode
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
+    cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
     if protocol == "threshold":
         the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
@@ -192,7 +199,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         work.append((c, rows))
 
     def clip_media(job) -> dict:
-        return _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
+        window = cut and (cut["windows"][job[0]["job"]], ex_seconds, ex_at)
+        return _clip_media(*job, window=window, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
                            xbit=xbit, metrics_device=metrics_device,
                            measure_reference=protocol == "threshold")
 
@@ -224,6 +232,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
               "plan": the_plan, "clips_of": len(rep["jobs"]), **timing}
+    if cut:
+        config["excerpt"] = cut
     if protocol == "threshold":
         config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
                                "metrics_device": str(metrics_device),
@@ -252,7 +262,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
-            "plan": the_plan, "warnings": warnings}
+            "plan": the_plan, "warnings": warnings, "excerpt": cut}
 
 
 def _measured(m: dict) -> dict:
@@ -312,12 +322,13 @@ def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
     return kinds
 
 
-def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, metrics_device,
+def _clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit, metrics_device,
                 measure_reference: bool) -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
-    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)])."""
-    fa, fps = read_frames(c["path_a"])
-    fb_real, fps_b = read_frames(c["path_b"])
+    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
+    ``window``: (the clip's excerpt window, seconds, at) or None (:func:`.excerpt.cut`)."""
+    fa, fps = excerpt.cut(c["path_a"], *(window or (None,)))
+    fb_real, fps_b = excerpt.cut(c["path_b"], *(window or (None,)))
     out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
     if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
         return out
@@ -813,7 +824,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
                                   "better than guessing (one-sided exact binomial, level "
                                   f"{rule['alpha']:g}); graded catches are reported only"},
            "graded_catches": graded, "bootstrap_reps": reps,
-           "unblinding": _unblinding_out(state["unblindings"])}
+           "unblinding": _unblinding_out(state["unblindings"]),
+           "excerpt": (st["config"] or {}).get("excerpt")}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "
