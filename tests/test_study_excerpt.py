@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from scipy.ndimage import gaussian_filter
 
-from evalkit import study, video
-from evalkit.formats.suite import load_suite
+from evalkit import study
 from evalkit.study import excerpt
 from evalkit.study.store import open_db, studies
-from evalkit.testing.suites import write_suite
+from evalkit.testing.studies import import_report, moving_texture
 
 from conftest import assert_one_line_error
 
@@ -24,15 +23,6 @@ FPS = 24
 T = 48                       # 2 s
 #: the frames where B differs from A, per prompt (the report's worst window lies over them)
 NOISY = {"watercolor": range(30, 40), "night": range(4, 14)}
-
-
-def texture(t=T, h=64, w=96, seed=0):
-    """A fine texture panning 3 px right and 2 px down a frame: every frame differs."""
-    rng = np.random.default_rng(seed)
-    tex = gaussian_filter(rng.standard_normal((h + 2 * t, w + 3 * t)), 1.0)
-    tex = 128 + tex * (50 / tex.std())
-    return np.clip(np.stack([np.stack([tex[2 * i:2 * i + h, 3 * i:3 * i + w]] * 3, -1)
-                             for i in range(t)]), 0, 255).astype(np.uint8)
 
 
 def blurred(frames, where):
@@ -47,30 +37,12 @@ def blurred(frames, where):
 def report(tmp_path_factory):
     """Two imported runs of one 2 s clip with two prompts; B differs from A (blurred) only in
     the frames of :data:`NOISY`; compared with real LPIPS."""
-    from evalkit.cli import main
-    from evalkit.compare.pairing import compare_runs
-
-    root = tmp_path_factory.mktemp("excerpt")
-    src = texture()
-    clip = root / "pan.mkv"
-    video.write_lossless(clip, src, FPS)
-    suite = load_suite(write_suite(root, clip, prompts=tuple(NOISY), seeds=(0,)))
-    for side in ("a", "b"):
-        (root / side).mkdir()
-    frames = {}
-    for k, job in enumerate(suite.jobs):
-        fa = texture(seed=10 + k)
-        fb = blurred(fa, NOISY[job.prompt])
-        video.write_lossless(root / "a" / f"{job.id}.mkv", fa, FPS)
-        video.write_lossless(root / "b" / f"{job.id}.mkv", fb, FPS)
-        frames[job.id] = (fa, fb, job.prompt)
-    for side in ("a", "b"):
-        assert main(["render", str(root / "suite.yaml"), "-r", "import", "-O",
-                     f"dir={root / side}", "--label", side, "--out", str(root / "runs"),
-                     "--quiet"]) == 0
-    compare_runs(root / "runs" / "a", root / "runs" / "b", root / "report", device="cpu",
-                 metric_options={"temporal": False}, progress=False)
-    return {"root": root, "report": root / "report", "frames": frames}
+    pairs = {}
+    for k, prompt in enumerate(NOISY):
+        fa = moving_texture(T, 64, 96, seed=10 + k)
+        pairs[prompt] = (fa, blurred(fa, NOISY[prompt]))
+    rep, jobs = import_report(tmp_path_factory.mktemp("excerpt"), pairs, FPS)
+    return {"report": rep, "frames": {j: (*pairs[p], p) for j, p in jobs.items()}}
 
 
 def decode(path):
