@@ -5,9 +5,7 @@ LPIPS, real x264 streams decoded back); bad values are one line and exit code 2.
 from __future__ import annotations
 
 import json
-import math
 
-import av
 import numpy as np
 import pytest
 from scipy.ndimage import gaussian_filter
@@ -18,6 +16,7 @@ from evalkit.study.store import open_db, studies
 from evalkit.testing.studies import import_report, moving_texture
 
 from conftest import assert_one_line_error
+from test_study_media import decode, psnr
 
 FPS = 24
 T = 48                       # 2 s
@@ -43,16 +42,6 @@ def report(tmp_path_factory):
         pairs[prompt] = (fa, blurred(fa, NOISY[prompt]))
     rep, jobs = import_report(tmp_path_factory.mktemp("excerpt"), pairs, FPS)
     return {"report": rep, "frames": {j: (*pairs[p], p) for j, p in jobs.items()}}
-
-
-def decode(path):
-    with av.open(str(path)) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
-
-
-def psnr(a, b):
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
 
 
 def config(db, sid) -> dict:
