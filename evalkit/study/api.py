@@ -107,7 +107,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings"}``; ``warnings`` lists every way the design is below what the planner asks for.
+    "warnings", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
     a progress bar per clip on stderr.
 
