@@ -165,7 +165,9 @@ function tick(now) {
   if (videos.length) {
     const m = videos[0];
     draw();
-    if (playing && !m.paused && m.readyState >= 2) {
+    // counted only while the stream can play on (HAVE_FUTURE_DATA): playback starts before the
+    // whole file has arrived, and a stall waiting for bytes is not watching
+    if (playing && !m.paused && m.readyState >= 3) {
       if (lastTick !== null) watched += (now - lastTick) / 1000 * m.playbackRate;
       if (!enabled && m.duration && watched >= m.duration) enableAnswers();
     }

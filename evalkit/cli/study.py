@@ -17,6 +17,7 @@ def cmd_study_create(args) -> int:
                      media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
                      ladder=args.ladder, metrics_device=args.metrics_device,
                      progress=sys.stderr.isatty(), allow_masking=args.allow_masking,
+                     excerpt_seconds=args.excerpt, excerpt_at=args.excerpt_at,
                      **({} if args.delivery_margin is None else
                         {"delivery_margin_db": args.delivery_margin}))
     for w in r["warnings"]:
@@ -24,6 +25,9 @@ def cmd_study_create(args) -> int:
     rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
     print(f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    if r.get("excerpt"):
+        from evalkit.study.text import excerpt_lines
+        print("  " + excerpt_lines(r["excerpt"])[0])
     print(f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
     from evalkit.study.fidelity import lines
@@ -179,6 +183,12 @@ def add_study(sub, common) -> None:
                    help="how far (dB) the encode's error on the A-B difference must lie below "
                    "the difference (default 10: the delivered difference's amplitude within "
                    "0.68-1.32 of the lossless one's; docs/studies.md)")
+    v.add_argument("--excerpt", default=None, metavar="SECONDS",
+                   help="show raters one window of SECONDS of each clip (less to load, the part "
+                   "that differs): the same window on both sides and in every trial of a clip")
+    v.add_argument("--excerpt-at", default=None, metavar="START|worst",
+                   help="with --excerpt: the window's start in seconds, or worst (default: the "
+                   "window of highest mean per-frame LPIPS in the report's frames.csv)")
     v.set_defaults(func=cmd_study_create)
     v = ss.add_parser("invite", parents=[common], help="create raters; prints each link once")
     v.add_argument("--db", required=True, help="database URL or SQLite file")

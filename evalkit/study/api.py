@@ -25,8 +25,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from ..video import read_frames
-from . import design, fidelity, stats, threshold
+from . import design, excerpt, fidelity, stats, threshold
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import degrade, ordered_map, prepare_media_dir, store_tiled
@@ -94,7 +93,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
                  ladder: str | None = None, metrics_device="cpu", progress: bool = False,
                  allow_masking: bool = False,
-                 delivery_margin_db: float = fidelity.MARGIN_DB) -> dict:
+                 delivery_margin_db: float = fidelity.MARGIN_DB,
+                 excerpt_seconds=None, excerpt_at=None) -> dict:
     """Create a study from a compare report: select clips, write the trial streams (every
     arrangement of each row's tiles, see :func:`.media.store_tiled` and
     :func:`.design.stream_keys`) and the catch versions, record everything.
@@ -115,9 +115,15 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     ``allow_masking`` (recorded in the study's config, ``delivery``).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings", "delivery", "media_bytes"}``; ``warnings`` lists every way the design is below what the planner asks for.
+    "warnings", "delivery", "media_bytes", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
-    a progress bar per clip on stderr."""
+    a progress bar per clip on stderr.
+
+    ``excerpt_seconds``: every clip shown as one window of that many seconds, the same for
+    both sides, catch versions and stimuli; ``excerpt_at``: ``"worst"`` (default: the window of
+    highest mean per-frame LPIPS in the report) or the start in seconds
+    (:mod:`.excerpt`; recorded as ``config["excerpt"]``)."""
+    ex_seconds, ex_at = excerpt.parse(excerpt_seconds, excerpt_at)
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
     kind = "amplify" if ladder is None else ladder
@@ -159,6 +165,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     prepare_media_dir(media)                   # what a killed create left, before any encode
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
+    cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
     if protocol == "threshold":
         the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
@@ -202,8 +209,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         work.append((c, rows))
 
     def clip_media(job) -> dict:
-        out = _clip_media(*job, kind=kind, forced=forced, media=media, offs=offs, swap=swap,
-                          xbit=xbit, metrics_device=metrics_device,
+        window = cut and (cut["windows"][job[0]["job"]], ex_seconds, ex_at)
+        out = _clip_media(*job, window=window, kind=kind, forced=forced, media=media, offs=offs,
+                          swap=swap, xbit=xbit, metrics_device=metrics_device,
                           measure_reference=protocol == "threshold")
         for row in out["rows"]:
             _deliver(row, media, delivery_margin_db, allow_masking)
@@ -242,6 +250,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
               "plan": the_plan, "clips_of": len(rep["jobs"]), "delivery": delivery,
               "media_bytes": media_bytes, **timing}
+    if cut:
+        config["excerpt"] = cut
     if protocol == "threshold":
         config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
                                "metrics_device": str(metrics_device),
@@ -272,7 +282,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
-            "media_bytes": media_bytes}
+            "media_bytes": media_bytes, "excerpt": cut}
 
 
 def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
@@ -345,12 +355,13 @@ def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
     return kinds
 
 
-def _clip_media(c: dict, rows: list, *, kind, forced, media, offs, swap, xbit, metrics_device,
+def _clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit, metrics_device,
                 measure_reference: bool) -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
-    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)])."""
-    fa, fps = read_frames(c["path_a"])
-    fb_real, fps_b = read_frames(c["path_b"])
+    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
+    ``window``: (the clip's excerpt window, seconds, at) or None (:func:`.excerpt.cut`)."""
+    fa, fps = excerpt.cut(c["path_a"], *(window or (None,)))
+    fb_real, fps_b = excerpt.cut(c["path_b"], *(window or (None,)))
     out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
     if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
         return out
@@ -849,7 +860,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "graded_catches": graded, "bootstrap_reps": reps,
            "unblinding": _unblinding_out(state["unblindings"]),
            "delivery": (st["config"] or {}).get("delivery"),
-           "media_bytes": (st["config"] or {}).get("media_bytes")}
+           "media_bytes": (st["config"] or {}).get("media_bytes"),
+           "excerpt": (st["config"] or {}).get("excerpt")}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "

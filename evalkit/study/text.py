@@ -27,8 +27,9 @@ def _verdict_lines(res: dict) -> list[str]:
               f"({len(res['excluded_raters'])} excluded by catch trials; "
               f"{res['raters_planned']} planned, {res['raters_invited']} invited)")
     unb = res.get("unblinding")
+    ex = excerpt_lines(res.get("excerpt"))
     if res["status"] != "complete":
-        lines = [f"{head}: {res['verdict_text']}", people]
+        lines = [f"{head}: {res['verdict_text']}", people, *ex]
         if unb:
             lines.append(f"UNBLINDED: {unb['text']}")
         pilot = res.get("pilot")
@@ -42,7 +43,7 @@ def _verdict_lines(res: dict) -> list[str]:
         lines += _exclusions(res)
         lines.append(f"verdict: {res['verdict'].upper()}")
         return lines
-    lines = [f"{head}: verdict {res['verdict'].upper()}", people]
+    lines = [f"{head}: verdict {res['verdict'].upper()}", people, *ex]
     if unb:
         lines.append(f"UNBLINDED EARLY: {unb['text']}")
     if res["protocol"] == "threshold":
@@ -56,6 +57,19 @@ def _verdict_lines(res: dict) -> list[str]:
         lines.append(f"without catch exclusions ({we.get('raters')} raters): "
                      f"{str(we.get('verdict')).upper()}")
     return lines + _closing(res)
+
+
+def excerpt_lines(ex: dict | None) -> list[str]:
+    """The line naming a study's excerpt (:mod:`.excerpt`): what each clip showed."""
+    if not ex:
+        return []
+    how = ("the window of highest mean per-frame LPIPS" if ex["at"] == "worst"
+           else f"from {num(ex['at'])} s")
+    wins = ", ".join(f"{job} {num(w['start_s'], 2)}-{num(w['end_s'], 2)} s"
+                     for job, w in sorted(ex["windows"].items())[:6])
+    more = len(ex["windows"]) - 6
+    return [f"excerpt: {num(ex['seconds'])} s of each clip, {how} ({wins}"
+            + (f", {more} more in --json" if more > 0 else "") + ")"]
 
 
 def _figure_lines(res: dict) -> list[str]:

@@ -108,3 +108,52 @@ def secrets_of(db, report) -> set[str]:
     runs = [summary["runs"][k]["path"] for k in ("a", "b")]
     return {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
             "studytest", str(report)}
+
+
+def import_report(root, pairs: dict, fps, *, temporal: bool = False, device: str = "cpu"):
+    """A compare report of two imported runs (``render -r import``, the real CLI): ``pairs``
+    maps a prompt to ``(frames_a, frames_b)`` (``(T, H, W, 3)`` uint8), one job per prompt of
+    one source clip (A's first frames). Returns ``(report folder, {job id: prompt})``."""
+    from pathlib import Path
+
+    from evalkit.cli import main
+    from evalkit.compare.pairing import compare_runs
+    from evalkit.formats.suite import load_suite
+    from evalkit.testing.suites import write_suite
+    from evalkit.video import write_lossless
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    first = next(iter(pairs.values()))[0]
+    write_lossless(root / "source.mkv", first, fps)
+    suite = load_suite(write_suite(root, root / "source.mkv", prompts=tuple(pairs), seeds=(0,)))
+    jobs = {}
+    for side, k in (("a", 0), ("b", 1)):
+        (root / side).mkdir(exist_ok=True)
+        for job in suite.jobs:
+            write_lossless(root / side / f"{job.id}.mkv", pairs[job.prompt][k], fps)
+            jobs[job.id] = job.prompt
+    for side in ("a", "b"):
+        code = main(["render", str(root / "suite.yaml"), "-r", "import", "-O",
+                     f"dir={root / side}", "--label", side, "--out", str(root / "runs"),
+                     "--quiet"])
+        if code != 0:
+            raise RuntimeError(f"import of {side} failed ({code})")
+    compare_runs(root / "runs" / "a", root / "runs" / "b", root / "report", device=device,
+                 metric_options={"temporal": temporal}, progress=False)
+    return root / "report", jobs
+
+
+def moving_texture(t: int, h: int, w: int, seed: int = 0, grey: bool = True):
+    """A fine texture panning 3 px right and 2 px down a frame (every frame differs; costly to
+    code, like detailed generated video): ``(t, h, w, 3)`` uint8."""
+    import numpy as np
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    tex = gaussian_filter(rng.standard_normal((h + 2 * t, w + 3 * t)).astype(np.float32), 1.0)
+    tex = 128 + tex * (50 / tex.std())
+    out = np.empty((t, h, w, 3), np.uint8)
+    for i in range(t):
+        out[i] = np.clip(tex[2 * i:2 * i + h, 3 * i:3 * i + w], 0, 255)[..., None]
+    return out

@@ -1,0 +1,201 @@
+"""Media raters can load (issue 36 item 3): per trial, the bytes a rater's browser gets and the
+time to the first frame on screen at 20 and 100 Mbit/s, for a 1280x720 x 10 s clip, with and
+without ``study create --excerpt 2``.
+
+Steps, through the product's own paths:
+
+1. a scale720 clip (``datasets/make_scale.py``: the canary's ``astronaut_pan`` filmed at
+   1280x720 for 240 frames) as run A, and as run B the same frames lightly blurred (sigma 0.6)
+   with a stronger blur (sigma 1.5) over frames 120-167 (a backend whose difference peaks at
+   5-7 s), both imported (``render -r import``) and compared on the CPU (real LPIPS);
+2. ``evalkit study create --protocol preference`` from that report, whole clips and with
+   ``--excerpt 2`` (the window of highest mean per-frame LPIPS), each timed as a whole process;
+3. each study served by the real ``evalkit serve``; for each rate, fresh raters open their
+   invite link in Chromium with ``Network.emulateNetworkConditions`` (latency 20 ms, down and
+   up at the rate) set through CDP before the page loads. Per rater's first trial: the stream's
+   size, the bytes its media requests took on the wire (CDP ``loadingFinished``
+   ``encodedDataLength``, headers included, every request summed), the time from the first
+   media request to the first frame drawn in every box of the page (``window.evalkitPlayers``,
+   polled every animation frame) and to the last media byte (``loadingFinished``).
+
+Times are the host's clock as the browser reports events (a benchmark, not a test).
+
+    .venv/bin/python benchmarks/bench_media_load.py [--raters 2] [--rates 20,100]
+                                                   [--work /tmp/evalkit-media-load]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "datasets"))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import numpy as np  # noqa: E402
+
+from evalkit import study  # noqa: E402
+from evalkit.testing.server import Server  # noqa: E402
+from evalkit.testing.studies import import_report  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
+               " return !!(p && p.length && p.every(b => b.t === b.t)); }")
+CLIP = "astronaut_pan"
+WORSE = range(120, 168)
+
+
+def make_report(work: Path) -> Path:
+    """The scale720 clip as A, A blurred as B, imported and compared (made once per ``work``)."""
+    from scipy.ndimage import gaussian_filter
+
+    import make_scale
+    from evalkit.video import read_frames
+
+    report = work / "pair" / "report"
+    if (report / "summary.json").is_file():
+        return report
+    src = work / "scale720" / "clips" / f"{CLIP}.mkv"
+    if not src.is_file():
+        make_scale.generate("scale720", work, clips=[CLIP], verbose=True)
+    fa, fps = read_frames(src)
+    fb = np.empty_like(fa)
+    for i, f in enumerate(fa):
+        fb[i] = gaussian_filter(f, (1.5, 1.5, 0) if i in WORSE else (0.6, 0.6, 0))
+    t0 = time.perf_counter()
+    rep, _ = import_report(work / "pair", {"studio": (fa, fb)}, fps)
+    print(f"imports and compare: {time.perf_counter() - t0:.1f} s", flush=True)
+    return rep
+
+
+def create(report: Path, db: Path, excerpt: str | None) -> dict:
+    """``evalkit study create`` as a process; its wall time and the study's stream sizes."""
+    args = [sys.executable, "-m", "evalkit", "study", "create", str(report), "--db", str(db),
+            "--protocol", "preference", "--raters", "2", "--seed", "1"]
+    if excerpt:
+        args += ["--excerpt", excerpt]
+    t0 = time.perf_counter()
+    run = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if run.returncode:
+        raise SystemExit(f"study create failed: {run.stderr.strip()}")
+    sizes = [p.stat().st_size for p in db.with_suffix(".media").glob("*.mp4")]
+    return {"wall_s": wall, "out": run.stdout.strip(), "streams": len(sizes),
+            "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
+
+
+def load_first_trial(browser, url: str, token: str, mbit: float) -> dict:
+    """One rater's first trial in a fresh context throttled to ``mbit`` (latency 20 ms)."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    cdp = ctx.new_cdp_session(page)
+    cdp.send("Network.enable")
+    rate = mbit * 1e6 / 8
+    cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": 20,
+                                                  "downloadThroughput": rate,
+                                                  "uploadThroughput": rate})
+    media: dict[str, dict] = {}
+
+    def sent(e):
+        if "/media/" in e["request"]["url"]:
+            media[e["requestId"]] = {"start": time.perf_counter(), "end": None, "bytes": 0}
+
+    def finished(e):
+        m = media.get(e["requestId"])
+        if m is not None:
+            m["end"], m["bytes"] = time.perf_counter(), e["encodedDataLength"]
+
+    def failed(e):
+        m = media.get(e["requestId"])
+        if m is not None:
+            m["end"], m["failed"] = time.perf_counter(), e.get("errorText")
+
+    cdp.on("Network.requestWillBeSent", sent)
+    cdp.on("Network.loadingFinished", finished)
+    cdp.on("Network.loadingFailed", failed)
+    try:
+        t_nav = time.perf_counter()
+        page.goto(f"{url}/?token={token}", timeout=120_000)
+        page.wait_for_function(FIRST_FRAME, polling="raf", timeout=120_000)
+        t_first = time.perf_counter()
+        deadline = time.perf_counter() + 180
+        while (not media or any(m["end"] is None for m in media.values())) \
+                and time.perf_counter() < deadline:
+            page.wait_for_timeout(50)
+        start = min(m["start"] for m in media.values())
+        done = [m for m in media.values() if m["end"] is not None]
+        return {"requests": len(media), "wire_bytes": sum(m["bytes"] for m in done),
+                "failed": sum(1 for m in done if m.get("failed")),
+                "first_frame_s": t_first - start, "whole_s": max(m["end"] for m in done) - start,
+                "page_s": start - t_nav}
+    finally:
+        ctx.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/evalkit-media-load"))
+    ap.add_argument("--raters", type=int, default=2, help="fresh raters per study and rate")
+    ap.add_argument("--rates", default="20,100", help="Mbit/s, comma-separated")
+    ap.add_argument("--excerpt", default="2", help="seconds of the excerpt study")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    report = make_report(args.work)
+    rates = [float(r) for r in args.rates.split(",")]
+    rows = []
+    # the excerpt first: the whole clips' study takes minutes more to encode
+    for name, ex in ((f"--excerpt {args.excerpt}", args.excerpt), ("whole 10 s", None)):
+        db = args.work / f"study_{'whole' if ex is None else 'excerpt'}.db"
+        for p in (db, db.with_suffix(".db-wal"), db.with_suffix(".db-shm")):
+            p.unlink(missing_ok=True)
+        if db.with_suffix(".media").is_dir():
+            for p in db.with_suffix(".media").iterdir():
+                p.unlink()
+        made = create(report, db, ex)
+        print(f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
+              f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
+              f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})", flush=True)
+        server = Server(db).start()
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    for mbit in rates:
+                        for tok in study.invite(db, 1, args.raters):
+                            r = load_first_trial(browser, server.url, tok["token"], mbit)
+                            r.update(study=name, mbit=mbit, stream_bytes=made["median_bytes"])
+                            rows.append(r)
+                            print(f"  {mbit:g} Mbit/s: first frame {r['first_frame_s']:.2f} s, "
+                                  f"whole file {r['whole_s']:.2f} s, {r['wire_bytes'] / 1e6:.2f} "
+                                  f"MB on the wire in {r['requests']} request(s)"
+                                  f"{', failed ' + str(r['failed']) if r['failed'] else ''}; "
+                                  f"page before the first media request {r['page_s']:.2f} s",
+                                  flush=True)
+                finally:
+                    browser.close()
+        finally:
+            server.stop()
+    print("\n| study | Mbit/s | stream MB | MB on the wire | first frame s | whole file s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in dict.fromkeys(r["study"] for r in rows):
+        for mbit in rates:
+            rs = [r for r in rows if r["study"] == name and r["mbit"] == mbit]
+            med = {k: statistics.median(r[k] for r in rs)
+                   for k in ("wire_bytes", "first_frame_s", "whole_s")}
+            print(f"| {name} | {mbit:g} | {rs[0]['stream_bytes'] / 1e6:.2f} | "
+                  f"{med['wire_bytes'] / 1e6:.2f} | {med['first_frame_s']:.2f} | "
+                  f"{med['whole_s']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

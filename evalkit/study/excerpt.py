@@ -1,0 +1,180 @@
+"""Excerpts: a study that shows every clip's one window of ``seconds`` instead of the whole clip
+(``study create --excerpt SECONDS [--excerpt-at START|worst]``), so a rater loads less and
+judges what differs.
+
+The window is one per clip (job): both sides, every arrangement, the catch versions and the
+threshold stimuli of that clip are cut from the same frames, so the window predicts nothing
+about the answer. ``worst`` (the default) is the window of the highest mean per-frame LPIPS in
+the report's ``frames.csv`` (:func:`worst_start`), within the clip; a number is the owner's
+start time in seconds, the same for every clip. The windows are recorded in the study's config
+(``config["excerpt"]``) and shown with its results.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputFileError
+from ..video import open_clip
+from .errors import StudyError
+
+WORST = "worst"
+
+
+def parse(seconds, at) -> tuple[float | None, float | str]:
+    """Check ``--excerpt`` and ``--excerpt-at``: ``(seconds or None, "worst" or a start >= 0)``.
+    A bad value is one :class:`.errors.StudyError` line naming the option."""
+    if seconds is None:
+        if at is not None:
+            raise StudyError(f"--excerpt-at: only with --excerpt SECONDS, found --excerpt-at {at}")
+        return None, WORST
+    s = _number(seconds)
+    if s is None or not s > 0:
+        raise StudyError(f"--excerpt: expected a number of seconds > 0, found {seconds!r}")
+    if at is None or (isinstance(at, str) and at.strip().lower() == WORST):
+        return s, WORST
+    a = _number(at)
+    if a is None or a < 0:
+        raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0, "
+                         f"found {at!r}")
+    return s, a
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def frame_lpips(report) -> dict[str, dict[int, float]]:
+    """Per job, A's frame number -> LPIPS from the report's ``frames.csv`` (frames whose LPIPS
+    is empty left out). Errors name the file."""
+    path = Path(report) / "frames.csv"
+    if not path.is_file():
+        raise InputFileError(path, "not found: --excerpt-at worst needs the report's per-frame "
+                             "LPIPS (give --excerpt-at START in seconds instead)")
+    out: dict[str, dict[int, float]] = {}
+    with open(path, newline="") as f:
+        rows = csv.DictReader(f)
+        missing = {"job", "frame", "lpips"} - set(rows.fieldnames or ())
+        if missing:
+            raise InputFileError(path, f"expected columns job, frame and lpips, found no "
+                                 f"{', '.join(sorted(missing))}")
+        for k, r in enumerate(rows, 2):
+            v = (r["lpips"] or "").strip()
+            if not v:
+                continue
+            try:
+                frame, x = int(r["frame"]), float(v)
+            except ValueError:
+                raise InputFileError(path, f"line {k}: expected an integer frame and a number "
+                                     f"lpips, found {r['frame']!r} and {v!r}") from None
+            if frame < 0 or not math.isfinite(x):
+                raise InputFileError(path, f"line {k}: expected a frame >= 0 and a finite lpips, "
+                                     f"found {frame} and {v}")
+            out.setdefault(r["job"], {})[frame] = x
+    return out
+
+
+def worst_start(per_frame: dict[int, float], n: int, total: int | None = None) -> int:
+    """The first frame of the ``n``-frame window with the highest mean per-frame value, among
+    the windows inside ``[0, total)`` (``total``: the clip's frame count; default the last
+    measured frame + 1). Frames without a value do not count towards a window's mean; a window
+    with none is never chosen over one with some; ties go to the earliest. A clip shorter than
+    ``n`` gives 0 (the caller refuses it)."""
+    if n < 1:
+        raise ValueError(f"n: expected at least 1 frame, found {n}")
+    if not per_frame:
+        return 0
+    total = max(per_frame) + 1 if total is None else int(total)
+    if total <= n:
+        return 0
+    vals = np.zeros(total, np.float64)
+    have = np.zeros(total, np.int64)
+    for f, x in per_frame.items():
+        if 0 <= f < total:
+            vals[f], have[f] = x, 1
+    cv = np.concatenate([[0.0], np.cumsum(vals)])
+    ch = np.concatenate([[0], np.cumsum(have)])
+    sums, counts = cv[n:] - cv[:-n], ch[n:] - ch[:-n]
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+    best = means.max()
+    if not np.isfinite(best):
+        return 0
+    # equal windows are equal within the cumulative sums' rounding (about total float64 ulps)
+    tol = 4 * total * np.finfo(np.float64).eps * float(np.abs(vals).max())
+    return int(np.flatnonzero(means >= best - tol)[0])
+
+
+def plan(report, jobs: list[dict], seconds: float | None, at) -> dict | None:
+    """The excerpt of each of ``jobs`` (the chosen clips of :func:`.api.read_report`), before
+    any encoding: ``None`` without ``seconds``, else ``{"seconds", "at", "frames", "fps",
+    "windows": {job: {"start", "frames", "start_s", "end_s", "lpips_window"}}}`` (frames of
+    A's clip; the clip's frame rate from its header). A window longer than a clip, or past its
+    end, is refused naming the clip (from the header's frame count or duration where it has
+    one; :func:`cut` checks again as it decodes)."""
+    if seconds is None:
+        return None
+    per = frame_lpips(report) if at == WORST else {}
+    windows, n_all, fps_all = {}, None, None
+    for c in jobs:
+        info = open_clip(c["path_a"]).info
+        fps = float(info.fps)
+        n = max(1, round(seconds * fps))
+        if n_all is None:
+            n_all, fps_all = n, fps
+        total = info.frames or (round(info.duration * fps) if info.duration else None)
+        if at == WORST:
+            lp = per.get(c["job"], {})
+            if not lp:
+                raise InputFileError(Path(report) / "frames.csv", f"no per-frame lpips of job "
+                                     f"{c['job']} (give --excerpt-at START in seconds instead)")
+            start = worst_start(lp, n, total)
+            inside = [lp[f] for f in range(start, start + n) if f in lp]
+            lpw = float(np.mean(inside)) if inside else None
+        else:
+            start, lpw = round(at * fps), None
+        if total is not None:
+            check(c["path_a"], start, n, total, fps, seconds, at)
+        windows[c["job"]] = {"start": start, "frames": n, "start_s": start / fps,
+                             "end_s": (start + n) / fps, "lpips_window": lpw}
+    return {"seconds": seconds, "at": at, "frames": n_all, "fps": fps_all, "windows": windows}
+
+
+def check(path, start: int, n: int, total: int, fps: float, seconds: float, at) -> None:
+    """Refuse a window of ``n`` frames from ``start`` that does not fit in ``total`` frames."""
+    if n > total:
+        raise StudyError(f"{path}: --excerpt {seconds:g}: expected at most the clip's length "
+                         f"({total / fps:g} s, {total} frames at {fps:g} fps), found {n} frames")
+    if start + n > total:
+        given = at if isinstance(at, str) else f"{at:g}"
+        raise StudyError(f"{path}: --excerpt-at {given}: expected a start at most "
+                         f"{(total - n) / fps:g} s (the {seconds:g} s window within the clip's "
+                         f"{total / fps:g} s), found {start / fps:g} s")
+
+
+def cut(path, window: dict | None, seconds=None, at=WORST) -> tuple[np.ndarray, object]:
+    """The frames of ``window`` of the clip at ``path`` (the whole clip without one), and its
+    frame rate: ``(frames (n, H, W, 3) uint8, fps)``. The clip is decoded to its end (its length
+    checked, its frames checked like any read); only the window's frames are kept."""
+    from ..video import read_frames
+
+    if window is None:
+        return read_frames(path)
+    r = open_clip(path)
+    start, n = window["start"], window["frames"]
+    kept, total = [], 0
+    for frame in r:
+        if start <= total < start + n:
+            kept.append(frame)
+        total += 1
+    fps = r.info.fps
+    check(path, start, n, total, float(fps), seconds or n / float(fps), at)
+    return np.stack(kept), fps

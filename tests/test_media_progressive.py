@@ -1,0 +1,158 @@
+"""Playback starts before the whole trial stream has arrived, and the byte-delivery gate holds:
+trial streams put the MP4 index (moov) before the media data (mdat), and in Chromium, against
+the real app whose media route is slowed on the server side, the rater page draws its first
+frame while most of the stream is still unsent, an answer then is refused (not loaded), and it is
+accepted once every byte was sent and one play-through passed."""
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+
+import httpx
+import pytest
+
+from evalkit import study
+from evalkit.study import media
+from evalkit.testing.server import ADMIN_PASSWORD, COMPLETION_CODE, free_port
+from evalkit.testing.studies import import_report, moving_texture
+from evalkit.testing import page as pg
+
+FPS = 24
+
+
+def top_boxes(data: bytes) -> list[str]:
+    """The top-level box types of an MP4 file, in order."""
+    out, i = [], 0
+    while i + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[i:i + 8])
+        if size == 1:
+            size = struct.unpack(">Q", data[i + 8:i + 16])[0]
+        elif size == 0:
+            size = len(data) - i
+        assert size >= 8, (i, size)
+        out.append(kind.decode("latin-1"))
+        i += size
+    assert i == len(data)
+    return out
+
+
+def test_trial_streams_put_the_index_before_the_media_data(tmp_path):
+    frames = moving_texture(24, 64, 96)
+    sha, _ = media.store_tiled([frames, 255 - frames], FPS, tmp_path)
+    boxes = top_boxes((tmp_path / f"{sha}.mp4").read_bytes())
+    assert boxes[0] == "ftyp" and "moov" in boxes and "mdat" in boxes, boxes
+    assert boxes.index("moov") < boxes.index("mdat"), boxes
+
+
+class SlowMedia:
+    """ASGI wrapper of the real app: the media route's body goes out in ``chunk``-byte pieces
+    at ``rate`` bytes a second (a slow link on the server's side); ``sent`` counts the bytes
+    passed on, ``done`` the media responses that ended."""
+
+    def __init__(self, app, rate: float, chunk: int = 4096):
+        self.app, self.rate, self.chunk = app, rate, chunk
+        self.sent, self.done, self.requests, self.totals = 0, 0, [], []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/media/"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        self.requests.append(headers.get(b"range", b"").decode())
+
+        async def slow(msg):
+            if msg["type"] == "http.response.start":      # the file's size, whole or ranged
+                h = dict(msg.get("headers") or [])
+                rng = h.get(b"content-range", b"").decode()
+                self.totals.append(int(rng.rsplit("/", 1)[1]) if "/" in rng
+                                   else int(h.get(b"content-length", b"0")))
+            if msg["type"] != "http.response.body" or not msg.get("body"):
+                await send(msg)
+                if msg["type"] == "http.response.body" and not msg.get("more_body"):
+                    self.done += 1
+                return
+            body, more = msg["body"], msg.get("more_body", False)
+            for i in range(0, len(body), self.chunk):
+                part = body[i:i + self.chunk]
+                last = i + self.chunk >= len(body)
+                await asyncio.sleep(len(part) / self.rate)    # paced before each piece: once
+                if not more and last:                        # the last is sent, the response
+                    self.done += 1                           # may be torn down at once
+                self.sent += len(part)
+                await send({"type": "http.response.body", "body": part,
+                            "more_body": more or not last})
+
+        await self.app(scope, receive, slow)
+
+
+@pytest.fixture
+def slow_server(tmp_path):
+    """The real app (app.server.build_app) on loopback in this process, its media slowed to
+    about 4 s a stream; a 2 s preference study of two clips."""
+    import uvicorn
+
+    from app.server import build_app
+
+    pairs = {p: (f, f[:, :, ::-1].copy()) for p, f in
+             (("a", moving_texture(48, 96, 128, seed=3)), ("b", moving_texture(48, 96, 128, seed=4)))}
+    report, _ = import_report(tmp_path / "r", pairs, FPS)
+    db = tmp_path / "s.db"
+    sid = study.create_study(report, db, protocol="preference", raters_planned=2)["study"]
+    sizes = [p.stat().st_size for p in (tmp_path / "s.media").glob("*.mp4")]
+    app = SlowMedia(build_app(str(db), ADMIN_PASSWORD, COMPLETION_CODE), rate=min(sizes) / 4)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    try:
+        yield {"db": db, "sid": sid, "url": url, "slow": app, "media": tmp_path / "s.media"}
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        app.app.state.raters.close()
+
+
+FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
+               " return !!(p && p.length && p.every(b => b.t === b.t)); }")
+
+
+def test_first_frame_draws_before_the_last_byte_is_sent_and_the_gate_holds(slow_server, browser):
+    env, slow = slow_server, slow_server["slow"]
+    token = study.invite(env["db"], env["sid"], 1)[0]["token"]
+    page = browser.new_page()
+    try:
+        first = pg.open_page(page, env["url"], token)
+        trial = first["trial"]
+        page.wait_for_function(FIRST_FRAME, timeout=60_000)
+        sent_at_first_frame, done_at_first_frame = slow.sent, slow.done
+        size = slow.totals[0]                       # the trial's one stream
+        print(f"first frame drawn after {sent_at_first_frame} of {size} bytes sent")
+        # the first frame is on screen while most of the stream is still to be sent
+        assert done_at_first_frame == 0, slow.requests
+        assert set(slow.totals) == {size}, slow.totals
+        assert sent_at_first_frame < 0.6 * size, (sent_at_first_frame, size)
+        # the gate is not weakened: an answer now is refused as not loaded, nothing stored
+        r = httpx.post(env["url"] + "/api/answer", json={"token": token, "trial": trial["trial"],
+                                                          "answer": "left"})
+        assert r.status_code == 425 and "were not loaded" in r.json()["error"], r.text
+        assert study.list_studies(env["db"])[0]["ratings"] == 0
+        # once every byte was sent and one play-through passed, the page's answer is kept (an
+        # earlier click is refused with the time to wait; the page offers the answers again)
+        for _ in range(20):
+            reply = pg.answer(page, "left")
+            if "error" not in reply:
+                break
+        assert reply.get("trial") is None or reply["trial"]["trial"] != trial["trial"], reply
+        assert slow.done >= 1 and slow.sent >= size, (reply, slow.sent, size, slow.done, slow.requests)
+        assert study.list_studies(env["db"])[0]["ratings"] == 1
+    finally:
+        page.close()
