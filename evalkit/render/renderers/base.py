@@ -73,6 +73,35 @@ class WrittenClip:
     sha256: str                    # the clip file's
 
 
+def write_job_files(chunks, request: "RenderRequest", frames: int, *, prefix: str,
+                    short: str) -> WrittenClip:
+    """A renderer's own files for ``request``'s job, streamed from ``chunks`` (``(n, H, W, 3)``
+    uint8 arrays: :func:`evalkit.render.clipwriter.write_streamed`) into a new folder of
+    ``request.work_dir``: the lossless clip in the run's format and the browser copy. Fewer
+    than ``frames`` frames: neither file is kept and a :class:`JobError` says
+    ``"{short} N frames, expected M (the source clip's count)"``."""
+    import tempfile
+    from pathlib import Path
+
+    from evalkit.render.clipwriter import write_streamed
+    from evalkit.video import lossless_format
+
+    work = Path(request.work_dir) if request.work_dir is not None else None
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    jid = request.job.id
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}-{jid[:40]}-", dir=work))
+    clip = folder / f"{jid}{lossless_format(request.lossless).ext}"
+    preview = folder / f"{jid}.mp4"
+    got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps,
+                                      codec=request.lossless)
+    if got != frames:
+        for f in (clip, preview):
+            f.unlink(missing_ok=True)
+        raise JobError(f"{short} {got} frames, expected {frames} (the source clip's count)")
+    return WrittenClip(clip, preview, got, fh, fw, sha)
+
+
 class Renderer:
     """Base class; subclasses set ``name`` and ``version`` and implement ``render``."""
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from evalkit import video
 from evalkit.render.renderers.base import (JobError, RenderRequest, Renderer, RendererError,
-                                          WrittenClip)
+                                          WrittenClip, write_job_files)
 
 
 class CommandRenderer(Renderer):
@@ -60,13 +60,11 @@ class CommandRenderer(Renderer):
         """Run the program on one job. The source is streamed to its input files and its
         output streamed into the run's files (:func:`evalkit.render.clipwriter.write_streamed`),
         a window of frames at a time: memory does not grow with the clip's length."""
-        from evalkit.render.clipwriter import write_streamed
 
         work = request.work_dir
         if work is not None:
             Path(work).mkdir(parents=True, exist_ok=True)
         n, h, w = request.source.shape[:3]
-        jid = request.job.id
         with tempfile.TemporaryDirectory(prefix="cmd-" if work else "evalkit-cmd-", dir=work,
                                          ignore_cleanup_errors=True) as tmp:
             tmp = Path(tmp).resolve()   # the program runs in it: absolute paths only
@@ -94,17 +92,8 @@ class CommandRenderer(Renderer):
                 raise JobError(f"command exited with {proc.returncode}: {tail}")
             chunks = iter_expected(output_path(out_dir, what="command output"),
                                    what="command output", frames=n, size=(w, h))
-            folder = Path(tempfile.mkdtemp(prefix=f"command-{jid[:40]}-", dir=work))
-            clip = folder / f"{jid}{video.lossless_format(request.lossless).ext}"
-            preview = folder / f"{jid}.mp4"
-            got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps,
-                                              codec=request.lossless)
-        if got != n:
-            for p in (clip, preview):
-                p.unlink(missing_ok=True)
-            raise JobError(f"command output: {got} frames, expected {n} (the source clip's "
-                           "count)")
-        return WrittenClip(clip, preview, got, fh, fw, sha)
+            return write_job_files(chunks, request, n, prefix="command",
+                                   short="command output:")
 
 
 def write_inputs(request: RenderRequest, clip: Path, frames_dir: Path, chunk: int = 16) -> None:

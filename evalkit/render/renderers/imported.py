@@ -28,7 +28,7 @@ from evalkit.errors import UserError
 from evalkit.formats.suite import job_id
 from evalkit.fsutil import sha256_file
 from evalkit.render.renderers.base import (JobError, RenderRequest, Renderer, RendererError,
-                                          WrittenClip)
+                                          WrittenClip, write_job_files)
 
 NOISE_NOTE = ("not known: the clips were rendered elsewhere and adopted as files; the run's "
               "fingerprint is the one adopted with --fingerprint")
@@ -119,9 +119,7 @@ class ImportRenderer(Renderer):
         browser encoders at once (:func:`evalkit.render.clipwriter.write_streamed`): memory is
         a window of frames, not the clip (the source clip is not decoded into memory either:
         only its size, rate and frame count are needed, :class:`evalkit.render.driver.SourceCache`)."""
-        import tempfile
 
-        from evalkit.render.clipwriter import write_streamed
         from evalkit.render.renderers.command import iter_expected
 
         jid = request.job.id
@@ -132,18 +130,7 @@ class ImportRenderer(Renderer):
         what = f"import of job {jid} ({src})"
         chunks = iter_expected(src, what=what, frames=n, size=(w, h),
                                fps=None if src.is_dir() else request.fps)
-        work = Path(request.work_dir) if request.work_dir is not None else None
-        if work is not None:
-            work.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=f"import-{jid[:40]}-", dir=work))
-        ext = video.lossless_format(request.lossless).ext
-        clip, preview = folder / f"{jid}{ext}", folder / f"{jid}.mp4"
-        got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps,
-                                          codec=request.lossless)
-        if got != n:
-            for p in (clip, preview):
-                p.unlink(missing_ok=True)
-            raise JobError(f"renderer {self.name!r} returned {got} frames, expected {n} (the "
-                           "source clip's count)")
+        written = write_job_files(chunks, request, n, prefix="import",
+                                  short=f"renderer {self.name!r} returned")
         request.record["adopted_from"] = self._adopted(src)
-        return WrittenClip(clip, preview, got, fh, fw, sha)
+        return written
