@@ -167,6 +167,7 @@ def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
         assert reason in stdout
 
 
+@pytest.mark.slow  # Chromium
 def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):
     out = tmp_path / "r"
     assert cli("compare", runs["a"], runs["b"], "--out", out, "--quiet")[0] == 0

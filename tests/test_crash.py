@@ -28,6 +28,8 @@ import os, sys, time
 from pathlib import Path
 import numpy as np
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # processes killed at crash points
 marker, gate = Path(sys.argv[1]), Path(sys.argv[2])
 marker.touch()
 while not gate.exists():

@@ -21,6 +21,8 @@ from skimage import data as skdata
 from metrics import _triton_pyramid as tp, torchflow as tf
 from metrics.flowcheck import photo_grey, synthetic_pair
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 diff = lambda a, b: float((a - b).abs().max())  # noqa: E731

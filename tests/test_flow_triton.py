@@ -27,6 +27,8 @@ from skimage import data as skdata
 from metrics.flowcheck import photo_grey, synthetic_pair
 from metrics.torchflow import torch_flow
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 torch.set_num_threads(1)
 astro, coffee = photo_grey(skdata.astronaut(), 0.4), photo_grey(skdata.coffee(), 0.4)
 pairs = [synthetic_pair(astro, (48, 64), shift=(4.6, 2.2)),

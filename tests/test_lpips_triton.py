@@ -36,6 +36,8 @@ from metrics.stream import evaluate_pair
 from metrics.temporal import tlp
 from numerics import lpips_head_bound
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 m = get_model("alex", "cpu")

@@ -31,6 +31,8 @@ from metrics._triton_temporal import warp_errors_tof
 from metrics.stream import evaluate_pair
 from metrics.temporal import temporal_from_flows, tof_from_flows, warping_error_from_flows
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 out = {}
