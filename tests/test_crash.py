@@ -19,6 +19,8 @@ from evalkit.testing import crash
 
 from conftest import DATASETS, assert_one_line_error
 
+pytestmark = pytest.mark.slow  # processes killed at crash points
+
 INVERT = "evalkit.testing.renderers:Invert"
 CLIP = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
 
@@ -28,8 +30,6 @@ import os, sys, time
 from pathlib import Path
 import numpy as np
 from PIL import Image
-
-pytestmark = pytest.mark.slow  # processes killed at crash points
 marker, gate = Path(sys.argv[1]), Path(sys.argv[2])
 marker.touch()
 while not gate.exists():

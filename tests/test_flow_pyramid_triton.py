@@ -11,6 +11,8 @@ import torch
 from conftest import ROOT, run_interpreted
 from numerics import ab_tolerance, gamma
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""
@@ -20,8 +22,6 @@ from numerics import ab_tolerance, flow_tolerance, gamma
 from skimage import data as skdata
 from metrics import _triton_pyramid as tp, torchflow as tf
 from metrics.flowcheck import photo_grey, synthetic_pair
-
-pytestmark = pytest.mark.slow  # Triton's interpreter
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)

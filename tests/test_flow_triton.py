@@ -15,6 +15,8 @@ from metrics import torchflow
 from conftest import ROOT, run_interpreted
 from numerics import gamma
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""
@@ -26,8 +28,6 @@ from numerics import flow_tolerance
 from skimage import data as skdata
 from metrics.flowcheck import photo_grey, synthetic_pair
 from metrics.torchflow import torch_flow
-
-pytestmark = pytest.mark.slow  # Triton's interpreter
 
 torch.set_num_threads(1)
 astro, coffee = photo_grey(skdata.astronaut(), 0.4), photo_grey(skdata.coffee(), 0.4)

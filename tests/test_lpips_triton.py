@@ -21,6 +21,8 @@ from metrics._common import TritonFallback, fast_paths
 from conftest import ROOT, run_interpreted
 from numerics import U32, ab_tolerance
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 TESTS = ROOT / "tests"
 
 pytest.importorskip("triton")
@@ -35,8 +37,6 @@ from metrics.perceptual import get_model, lpips
 from metrics.stream import evaluate_pair
 from metrics.temporal import tlp
 from numerics import lpips_head_bound
-
-pytestmark = pytest.mark.slow  # Triton's interpreter
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)

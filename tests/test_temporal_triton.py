@@ -19,6 +19,8 @@ from metrics._common import TritonFallback, fast_paths
 from conftest import run_interpreted
 from numerics import U32, mean_tolerance
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""
@@ -30,8 +32,6 @@ from metrics._common import fast_paths
 from metrics._triton_temporal import warp_errors_tof
 from metrics.stream import evaluate_pair
 from metrics.temporal import temporal_from_flows, tof_from_flows, warping_error_from_flows
-
-pytestmark = pytest.mark.slow  # Triton's interpreter
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
