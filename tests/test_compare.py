@@ -304,6 +304,7 @@ def _late_by_one(run, job: str) -> None:
     (run / "manifest.json").write_text(json.dumps(m))
 
 
+@pytest.mark.slow  # a third run rendered and compared
 def test_compare_names_a_late_clip_and_compares_it_at_its_offset(runs, copies, tmp_path, cli):
     """fp32 against bf16 (and the seed floor): no offset anywhere; then one job of B one frame
     late: named with its offset in the output, summary.json, clips.csv and the page, and

@@ -200,6 +200,7 @@ def test_conv1_space_to_depth_equals_the_strided_conv(hw):
     assert ((got - want).abs().double() <= ab_tolerance(gamma(364) * mag)).all()
 
 
+@pytest.mark.slow  # the lpips package
 def test_lpips_with_space_to_depth_conv1_matches_the_package(lpips_ref_alex):
     from test_metrics import _random_pair, chw, load_png, lpips_tol
 

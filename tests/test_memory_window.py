@@ -197,6 +197,7 @@ def test_streamed_write_is_atomic(tmp_path):
     assert preview.read_bytes() == (tmp_path / "ref.mp4").read_bytes()
 
 
+@pytest.mark.slow  # clips of N and 2N frames measured
 def test_metrics_streams(sets, monkeypatch):
     from evalkit.compare.clips import compare_clips
 
@@ -213,6 +214,7 @@ def test_metrics_streams(sets, monkeypatch):
     check_window(peaks)
 
 
+@pytest.mark.slow  # clips of N and 2N frames compared
 def test_compare_streams(sets, monkeypatch):
     """compare, its report (worst-frame images, per-frame plots) included."""
     from evalkit.compare.pairing import compare_runs

@@ -184,6 +184,7 @@ driver.render_suite(suite, ["cpu"], sys.argv[1] + "/out", renderer=Hold(), progr
 """
 
 
+@pytest.mark.slow  # processes interrupted and killed
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_ctrl_c_or_a_killed_parent_leaves_no_writer_or_shared_memory(how, tmp_path):
     """A render holding a job's frames in shared memory, its writers busy: Ctrl-C (SIGINT to

@@ -328,6 +328,7 @@ def test_the_switch(monkeypatch):
         writes_mode()
 
 
+@pytest.mark.slow  # the render benchmark's three modes
 def test_bench_render_compares_overlap_batch_and_auto_on_a_fake_gpu(tmp_path):
     """The benchmark's smoke run on the CPU: one harness run per --writes value a repeat."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), GRADIO_ANALYTICS_ENABLED="False")
