@@ -1,4 +1,5 @@
-# evalkit: the two commands are `make test` and `make demo`; both set everything up first.
+# evalkit: the commands are `make test` (everything, as CI), `make check` (the fast lane) and
+# `make demo`; all set everything up first.
 # Idempotent: a second run only checks what is already there.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_OUT ?= demo-out
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: all setup venv weights chromium postgresql lint test demo bench clean
+.PHONY: all setup venv weights chromium postgresql lint test check demo bench clean
 
 all: test
 
@@ -49,6 +50,10 @@ lint: $(STAMP)
 
 test: setup chromium postgresql lint
 	$(PY) -m pytest -q
+
+# The fast lane while working: lint and every test not marked `slow` (pyproject's markers).
+check: setup lint
+	$(PY) -m pytest -q -m "not slow"
 
 # The main job on the canary suite: validate, previews, render on two backends, compare.
 demo: setup

@@ -146,6 +146,7 @@ def clips(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # canary clips measured at offsets
 def test_metrics_compares_an_early_clip_at_its_offset(cli, clips):
     code, out, err = cli("metrics", clips["a"], clips["early"], "--json", "--device", "cpu",
                          "--no-temporal", "--quiet")
@@ -161,6 +162,7 @@ def test_metrics_compares_an_early_clip_at_its_offset(cli, clips):
     assert code == 0 and "offset: B is 1 frame early" in out
 
 
+@pytest.mark.slow  # canary clips measured at offsets
 def test_metrics_compares_a_late_clip_at_its_offset(cli, clips, tmp_path):
     code, out, err = cli("metrics", clips["a"], clips["late"], "--json", "--device", "cpu",
                          "--no-temporal", "--quiet", "--csv", tmp_path / "f.csv")
@@ -177,6 +179,7 @@ def test_metrics_compares_a_late_clip_at_its_offset(cli, clips, tmp_path):
     assert r0["offset"]["finding"] == "given" and r0["frames"] == 12 and r0["lpips"] > 0.05
 
 
+@pytest.mark.slow  # canary clips measured
 def test_metrics_aligned_clips_say_so(cli, clips):
     code, out, err = cli("metrics", clips["a"], clips["a"], "--json", "--device", "cpu",
                          "--no-temporal", "--quiet")
@@ -204,6 +207,7 @@ def test_probe_clips_reads_only_the_window(clips, tmp_path):
     assert probe_clips(clips["a"], clips["early"]).frames == 11
 
 
+@pytest.mark.slow  # VMAF at an offset
 def test_metrics_vmaf_is_scored_at_the_offset(cli, clips):
     """VMAF (a separate pass over the clips) pairs the frames at the offset too: B early by one
     frame is A's frames, so every frame after the first scores the model's maximum, 100."""

@@ -19,6 +19,8 @@ from evalkit.testing.page import ENABLED, answer, in_viewport, inside, layout, o
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
 from evalkit.testing.studies import current, hidden, progress, secrets_of
 
+pytestmark = pytest.mark.slow  # the real server and Chromium
+
 FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
 VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),

@@ -26,6 +26,8 @@ from evalkit.testing import aio
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import current, hidden
 
+pytestmark = pytest.mark.slow  # real servers under attack, a killed server
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):

@@ -28,6 +28,8 @@ from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
 from test_app import export, hidden, rate  # noqa: F401
 
+pytestmark = pytest.mark.slow  # the real server and Chromium
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):

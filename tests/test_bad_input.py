@@ -999,6 +999,7 @@ def test_bad_input(row, w, cli, request, monkeypatch):
 PROCESS_ROWS = [r for r in ROWS if r.process]
 
 
+@pytest.mark.slow  # a process per row (the same rows run in-process in test_bad_input)
 @pytest.mark.parametrize("row", PROCESS_ROWS, ids=[f"{r.group}: {r.id}" for r in PROCESS_ROWS])
 def test_rows_as_real_processes(row, w):
     """The same rows through the real entry point: nothing else on stderr (no warnings, no

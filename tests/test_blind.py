@@ -31,6 +31,8 @@ from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
 from evalkit.testing.studies import hidden, secrets_of
 
+pytestmark = pytest.mark.slow  # the real server and Chromium
+
 VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
 
 

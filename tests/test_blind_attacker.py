@@ -21,6 +21,8 @@ from scipy.stats import binomtest
 from evalkit import study
 from evalkit.testing import attack
 
+pytestmark = pytest.mark.slow  # the attacker suite's reports and studies
+
 LEVEL = 0.001
 # (Before catch references were mirrored, a catch file had a near twin in per-frame coded sizes,
 # and shared 12-byte runs, with its clip's test trial among the rater's trials: "the file with

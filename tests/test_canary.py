@@ -22,6 +22,8 @@ from evalkit.canary import MODEL_DIR as SHIPPED_DIR  # noqa: E402
 from evalkit.canary.styles import apply_style_frames  # noqa: E402
 from evalkit.video import ClipReader  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the canary pipeline on the CPU
+
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "datasets" / "smoke" / "clips"
 FAST = dict(strength=0.6, num_inference_steps=6, guidance_scale=4.0)

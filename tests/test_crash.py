@@ -19,6 +19,8 @@ from evalkit.testing import crash
 
 from conftest import DATASETS, assert_one_line_error
 
+pytestmark = pytest.mark.slow  # processes killed at crash points
+
 INVERT = "evalkit.testing.renderers:Invert"
 CLIP = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
 

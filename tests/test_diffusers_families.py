@@ -18,6 +18,8 @@ from conftest import assert_one_line_error
 from evalkit import video
 from evalkit.testing.suites import write_suite
 
+pytestmark = pytest.mark.slow  # diffusers pipelines rendered on the CPU
+
 FAMILIES = {  # tiny_families name (or "animatediff") -> diffusers class
     "wan": "WanVideoToVideoPipeline",
     "wan_vace": "WanVACEPipeline",

@@ -139,6 +139,7 @@ def interpreted():
 
 @pytest.mark.parametrize("case", ["random_37x53", "one_window_11x11", "constant", "extremes",
                                   "float_unrounded", "calibration"])
+@pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_ssim_matches_torch_path(interpreted, case):
     r = interpreted[case]
     got, want = np.array(r["got"]), np.array(r["want"])
@@ -153,6 +154,7 @@ def test_triton_ssim_matches_torch_path(interpreted, case):
         assert abs(got[0] - 1.0) <= bound[0] and got[1] < -0.99 and abs(got[2]) < 1e-3
 
 
+@pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_ssim_matches_skimage_on_a_calibration_crop(interpreted):
     r = interpreted["calibration"]
     # scikit-image's float64: its own rounding is 2^-29 of ours, inside the bound's margin
@@ -160,10 +162,12 @@ def test_triton_ssim_matches_skimage_on_a_calibration_crop(interpreted):
     assert r["got"][0] > 0.3     # a real difference
 
 
+@pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_ssim_is_deterministic_and_independent_of_the_batch(interpreted):
     assert interpreted["deterministic"] and interpreted["batch_independent"]
 
 
+@pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_mse_and_exactness_equal_the_torch_path(interpreted):
     px = interpreted["pixels"]
     assert px["mse"][0] == px["mse"][1]
@@ -174,6 +178,7 @@ def test_triton_mse_and_exactness_equal_the_torch_path(interpreted):
     assert px["diff_fraction"][0][1] == pytest.approx(1 / (37 * 53), rel=U32, abs=0)
 
 
+@pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_luma_equals_numpy_rounding_on_every_tie(interpreted):
     r = interpreted["luma"]
     assert r["ties"] == 13178 and r["pixels"] == 13178 + 3206 and r["equal"]
@@ -195,6 +200,7 @@ def test_conv1_space_to_depth_equals_the_strided_conv(hw):
     assert ((got - want).abs().double() <= ab_tolerance(gamma(364) * mag)).all()
 
 
+@pytest.mark.slow  # the lpips package
 def test_lpips_with_space_to_depth_conv1_matches_the_package(lpips_ref_alex):
     from test_metrics import _random_pair, chw, load_png, lpips_tol
 

@@ -11,6 +11,8 @@ import torch
 from conftest import ROOT, run_interpreted
 from numerics import ab_tolerance, gamma
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""

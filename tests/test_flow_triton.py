@@ -15,6 +15,8 @@ from metrics import torchflow
 from conftest import ROOT, run_interpreted
 from numerics import gamma
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import DATASETS, assert_one_line_error, run_evalkit
 
+pytestmark = pytest.mark.slow  # every check as a real `evalkit` process (the limits in-process: test_boundaries)
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

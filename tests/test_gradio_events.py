@@ -14,6 +14,8 @@ from evalkit.testing.gradio_client import GradioRater
 from evalkit.testing import aio
 from evalkit.testing.server import Server
 
+pytestmark = pytest.mark.slow  # the real server
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):

@@ -360,6 +360,7 @@ def test_bad_label_and_fingerprint_input_is_one_line_and_exit_2(case, farms, cli
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
+@pytest.mark.slow  # a second import of the farm
 def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
         farms, imported, tmp_path, monkeypatch):
     """On a machine with a GPU (where compare would be decode-bound on FFV1) a new import is

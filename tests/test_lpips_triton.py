@@ -21,6 +21,8 @@ from metrics._common import TritonFallback, fast_paths
 from conftest import ROOT, run_interpreted
 from numerics import U32, ab_tolerance
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 TESTS = ROOT / "tests"
 
 pytest.importorskip("triton")

@@ -19,6 +19,8 @@ from evalkit.testing.server import ADMIN_PASSWORD, COMPLETION_CODE, free_port
 from evalkit.testing.studies import import_report, moving_texture
 from evalkit.testing import page as pg
 
+pytestmark = pytest.mark.slow  # Chromium against the real app
+
 FPS = 24
 
 

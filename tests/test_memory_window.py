@@ -157,6 +157,7 @@ shutil.copy(os.environ["EVALKIT_INPUT"], os.path.join(os.environ["EVALKIT_OUTPUT
 """
 
 
+@pytest.mark.slow  # a program run per job, clips of N and 2N frames
 def test_command_renderer_streams_its_input_and_output(sets, monkeypatch):
     """The ``command`` renderer writes the program's inputs (a lossless clip and PNG frames)
     and reads its output a window at a time: the harness's frames alive do not grow with the
@@ -231,6 +232,7 @@ def test_streamed_write_is_atomic(tmp_path):
     assert preview.read_bytes() == (tmp_path / "ref.mp4").read_bytes()
 
 
+@pytest.mark.slow  # clips of N and 2N frames measured
 def test_metrics_streams(sets, monkeypatch):
     from evalkit.compare.clips import compare_clips
 
@@ -247,6 +249,7 @@ def test_metrics_streams(sets, monkeypatch):
     check_window(peaks)
 
 
+@pytest.mark.slow  # clips of N and 2N frames compared
 def test_compare_streams(sets, monkeypatch):
     """compare, its report (worst-frame images, per-frame plots) included."""
     from evalkit.compare.pairing import compare_runs

@@ -232,6 +232,7 @@ def test_psnr_matches_skimage_and_numpy(kind, natural):
     assert np.all(np.abs(gotf - want) <= psnr_bound(want, n, mse_rel=rel) + psnr_bound(want, n))
 
 
+@pytest.mark.slow  # the lpips package's VGG and AlexNet
 @pytest.mark.parametrize("net", ["alex", "vgg"])
 @pytest.mark.parametrize("kind", ["random", "natural"])
 def test_lpips_matches_lpips_package(net, kind, natural, lpips_ref):
@@ -311,6 +312,7 @@ def test_identical_clips_give_zero_temporal_differences():
     assert res["means"]["tlp"] == 0.0 and res["means"]["tof"] == 0.0
 
 
+@pytest.mark.slow  # temporal metrics on clips
 def test_tlp_and_tof_respond_to_a_difference(lpips_ref):
     a = translated_clip(n=4, seed=1)
     b = a.copy()
@@ -332,6 +334,7 @@ def test_tlp_and_tof_respond_to_a_difference(lpips_ref):
 
 # -- streaming ---------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the streaming evaluator on clips
 def test_stream_is_chunk_invariant_and_matches_functional():
     a = translated_clip(n=7, seed=2)
     rng = np.random.default_rng(7)
@@ -426,6 +429,7 @@ def test_stream_accepts_chunks_and_tensors_and_is_deterministic():
     assert r1["means"] == r2["means"]
 
 
+@pytest.mark.slow  # the streaming evaluator on clips
 def test_stream_flow_threads_pipeline_and_update_agree():
     """The flow thread pool, the two-chunks-in-flight pipeline of stream_pair and plain
     update() calls give the same records, bit for bit; OpenCV threading is restored."""
@@ -496,6 +500,7 @@ class _OrderSpy(PairEvaluator):
         return super()._records(job)
 
 
+@pytest.mark.slow  # the streaming evaluator on clips
 def test_stream_queues_the_next_chunk_before_handing_out_records():
     """Without flow threads, chunk k+1's work is all queued (finished) before chunk k's records
     are handed out, so a GPU never idles meanwhile; with flow threads, chunk k is finished

@@ -28,6 +28,8 @@ from evalkit.render.renderers.diffusers import model_digest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # a wheel built and installed
+
 CHECKOUT_MODEL = ROOT / "models" / "canary"
 CHECKOUT_DATASETS = ROOT / "datasets"
 PACKAGES = ("evalkit", "metrics", "app")

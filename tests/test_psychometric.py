@@ -90,6 +90,7 @@ def _not_undercovering(res, confidence=0.95, alpha=1e-3):
     assert binom.cdf(k, n, confidence) > alpha, f"coverage {k}/{n} below {confidence}"
 
 
+@pytest.mark.slow  # a Monte Carlo slice
 def test_intervals_cover_known_thresholds_at_the_nominal_rate():
     """Heterogeneous raters (log threshold sd 0.3) and clips (0.3), lapses up to 0.04, 8 raters
     x 3 clips x 6 levels x 2 repeats: the 95% intervals (pooled: two-way clustered bootstrap;

@@ -23,6 +23,8 @@ from evalkit.formats.run import read_manifest, sha256_file
 from conftest import DATASETS, ROOT, assert_one_line_error
 from test_render import make_suite
 
+pytestmark = pytest.mark.slow  # a real Ray cluster
+
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 ENV = dict(os.environ)
 

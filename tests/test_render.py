@@ -43,6 +43,7 @@ def make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1)):
 
 # -- the diffusers renderer with a tiny pipeline built from configs ---------------------------
 
+@pytest.mark.slow  # a diffusers pipeline in fp32 and bf16 on the CPU
 def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtypes(
         tiny_pipeline, tmp_path, cli):
     opts = ["-O", f"model={tiny_pipeline}", "-O", "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"]
@@ -71,6 +72,7 @@ def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtyp
         assert rec["status"] == "done" and rec["timing"]["seconds"] > 0
 
 
+@pytest.mark.slow  # a diffusers pipeline on the CPU
 def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_path):
     opts = {"model": str(tiny_pipeline), "pipeline_class": "evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"}
     base = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
@@ -85,6 +87,7 @@ def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_pa
 
 # -- resume ----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a diffusers pipeline on the CPU
 def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline, tmp_path, cli):
     import shutil
 
@@ -108,6 +111,7 @@ def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline,
     assert json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text()) == manifest
 
 
+@pytest.mark.slow  # a render killed and re-run as processes
 def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
     suite_path = make_suite(tmp_path, prompts=("a", "b", "c", "d"), seeds=(0, 1))
     out = tmp_path / "out"
@@ -262,6 +266,7 @@ def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
     assert_one_line_error(err, needle)
 
 
+@pytest.mark.slow  # a diffusers pipeline on the CPU
 def test_a_real_diffusers_pipeline_class_animatediff_video_to_video(tmp_path):
     """diffusers' AnimateDiffVideoToVideoPipeline (tiny, from configs), resolved from its
     model_index.json; extra job params (height, width) pass through by name."""

@@ -44,6 +44,7 @@ def _same(x, y) -> bool:
     return x == y
 
 
+@pytest.mark.slow  # compares run several ways
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs, tmp_path, chunk):
     from evalkit.compare.pairing import compare_runs
@@ -252,6 +253,7 @@ def test_real_scale_suites_name_the_generated_clips(make_scale):
         assert gate.ratios
 
 
+@pytest.mark.slow  # decoding in worker processes
 def test_compare_and_metrics_decoding_in_worker_processes_match_threads(import_runs, tmp_path,
                                                                         monkeypatch):
     from evalkit.compare.clips import compare_clips

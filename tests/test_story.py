@@ -16,6 +16,8 @@ from evalkit.video import read_frames
 
 from conftest import DATASETS, assert_one_line_error
 
+pytestmark = pytest.mark.slow  # real imports, compares and a floor of four variants
+
 CLIP = DATASETS / "canary" / "clips" / "chelsea_handheld.mkv"
 FRAMES = 16
 

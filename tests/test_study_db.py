@@ -389,6 +389,7 @@ def postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow  # PostgreSQL
 def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, tmp_path):
     sid = _hammer(postgres, report, tmp_path / "media")
     code, out, err = cli("study", "results", "--db", postgres, "--study", sid, "--json",
@@ -400,6 +401,7 @@ def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, t
     assert_one_line_error(err, "study 999")
 
 
+@pytest.mark.slow  # PostgreSQL
 def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
     sid = study.create_study(report, postgres, protocol="abx", clips_spec="sample:1",
                              media_dir=tmp_path / "media", allow_masking=True)["study"]
@@ -615,6 +617,7 @@ def test_rater_service_group_commit_sqlite(report, tmp_path):
     _group_commit(str(tmp_path / "gc.db"), report, tmp_path / "media")
 
 
+@pytest.mark.slow  # PostgreSQL
 def test_rater_service_group_commit_postgresql(report, postgres, tmp_path):
     _group_commit(postgres, report, tmp_path / "media")
 
@@ -670,6 +673,7 @@ def test_byte_gate_in_the_database_sqlite(report, tmp_path):
     _byte_gate(str(tmp_path / "b.db"), report, tmp_path / "media")
 
 
+@pytest.mark.slow  # PostgreSQL
 def test_byte_gate_in_the_database_postgresql(report, postgres, tmp_path):
     _byte_gate(postgres, report, tmp_path / "media")
 
@@ -682,6 +686,7 @@ def test_merge_ranges():
     assert not covers([[0, 4], [5, 8]], 8) and not covers([], 8)
 
 
+@pytest.mark.slow  # PostgreSQL
 def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
     """Two real `evalkit serve` processes on one PostgreSQL database: half of every video from
     each; the answer is accepted (waiting the play-through the server asks for)."""

@@ -161,6 +161,7 @@ def test_large_tiles_are_downscaled_into_the_stream(tmp_path):
     assert abs(int(out[0, y + h // 2, x - 8, 0]) - 128) <= 3                # the gutter
 
 
+@pytest.mark.slow  # Chromium
 def test_chromium_plays_a_trial_stream(abx, browser):
     path, layout, d = abx
     files = [path]

@@ -298,6 +298,7 @@ def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
             assert o["indistinguishable"] >= 0.08, o       # the case the bound is for
 
 
+@pytest.mark.slow  # the planner's simulations
 def test_plan_visible_bound_raises_the_clips():
     p = stats.plan("abx", 0.1, visible_bound=0.1)
     assert p["clips"] > 15 and p["clips_requested"] == 15 and p["visible_share_bound"] <= 0.1
@@ -309,6 +310,7 @@ def test_plan_visible_bound_raises_the_clips():
         stats.plan("abx", 0.1, visible_bound=1.5)
 
 
+@pytest.mark.slow  # a Monte Carlo slice
 def test_mc_preference_no_false_preference_when_taste_splits():
     """Raters' win rates spread around 0.5 (SD 0.45: each rater nearly always picks the same
     side; at 12 raters that extreme sits at 5.1-5.3%, see the stats docstring, so it is checked

@@ -55,6 +55,7 @@ def _csvs(cli, db, sid, path):
     return json.loads(out), raw, summ
 
 
+@pytest.mark.slow  # whole studies rated
 def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(report, tmp_path,
                                                                             cli):
     db = tmp_path / "s.db"
@@ -152,6 +153,7 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     assert w["bound"] is None and "15 clips of 107 with the highest LPIPS mean" in w["text"]
 
 
+@pytest.mark.slow  # the real server
 def test_export_route_serves_no_key_before_complete(report, tmp_path):
     """Through the real server's /export routes (the admin page's downloads call the same
     functions: tests/test_app_more.py downloads them in Chromium)."""

@@ -19,6 +19,8 @@ from metrics._common import TritonFallback, fast_paths
 from conftest import run_interpreted
 from numerics import U32, mean_tolerance
 
+pytestmark = pytest.mark.slow  # Triton's interpreter
+
 pytest.importorskip("triton")
 
 SCRIPT = r"""

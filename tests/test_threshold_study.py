@@ -19,8 +19,10 @@ from evalkit import study
 from evalkit.study import design, store, threshold
 from evalkit.testing.page import ENABLED, admin_results, answer, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, Server
-from evalkit.testing.studies import hidden, make_report, rate
+from evalkit.testing.studies import hidden, rate
 from evalkit.video import read_frames
+
+pytestmark = pytest.mark.slow  # a whole study through the real app and Chromium
 
 LEVELS = (1.0, 2.0, 4.0, 8.0)
 RATERS = 8
@@ -30,9 +32,9 @@ P_CORRECT = {1.0: 0.5, 2.0: 0.55, 4.0: 0.85, 8.0: 1.0}
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("threshold")
-    report = make_report(root, seeds=(0,))          # 2 clips of 8 frames, 24 fps
+    report = reports(seeds=(0,))                    # 2 clips of 8 frames, 24 fps (shared)
     db = root / "s.db"
     made = study.create_study(report, db, protocol="threshold", levels="1,2,4,8",
                               raters_planned=RATERS, seed=7, allow_masking=True)

@@ -173,6 +173,7 @@ def test_bad_video_input_gives_one_line_error_and_exit_2(case, tmp_path, cli):
     assert_one_line_error(err, str(path), needle)
 
 
+@pytest.mark.slow  # Chromium
 def test_browser_copy_plays_in_chromium(tmp_path, browser):
     frames, fps = video.read_frames(DATASETS / "canary" / "clips" / "coffee_zoom.mkv")
     video.write_browser(tmp_path / "clip.mp4", frames, fps)

@@ -44,6 +44,7 @@ def test_cached_weights_verify_and_match_the_lpips_package_layout():
         assert {k for k in ref if k.startswith("net.")} == {k for k in sd if k.startswith("net.")}
 
 
+@pytest.mark.slow  # the official LPIPS numbers
 def test_converted_weights_reproduce_the_official_lpips_numbers():
     import lpips
     from PIL import Image

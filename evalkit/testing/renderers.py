@@ -17,6 +17,7 @@ class Invert(Renderer):
     name = "invert"
     version = "1"
     options_help = {"sleep": "seconds to sleep per job", "bad": "failure mode for prompt 'bad'",
+                    "noise": "the seed noise's range, 0 to this - 1 code values (default 3)",
                     "wait_for": "a file: each job waits until it exists (holds a render mid-run)"}
 
     def render(self, request):
@@ -39,7 +40,8 @@ class Invert(Renderer):
                 return request.source.astype(np.float32)
             if mode == "count":
                 return request.source[:-1]
-        noise = torch.randint(0, 3, request.source.shape, generator=request.generator())
+        noise = torch.randint(0, int(self.options.get("noise", 3)), request.source.shape,
+                              generator=request.generator())
         if self.runtime is not None and self.runtime.spec.dtype != "fp32":
             noise = noise + torch.randint(0, 4, request.source.shape, generator=request.generator())
         for i in range(3):
