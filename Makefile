@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check evalkit app metrics tests benchmarks tools datasets
 
 test: setup chromium postgresql lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The fast lane while working: lint and every test not marked `slow` (pyproject's markers).
 check: setup lint
