@@ -337,8 +337,8 @@ class SourceCache:
 
     def __init__(self, suite: Suite, *, shape_only: bool = False):
         self.suite = suite
-        #: the renderer needs the sources' size, rate and frame count, not their frames (the
-        #: ``import`` renderer): each is counted, streaming, and stands as a frame-less
+        #: the renderer needs the sources' size, rate and frame count, not their frames (one
+        #: that streams them itself: ``import``, ``command``): each is counted, streaming, and stands as a frame-less
         #: (N, H, W, 3) view (:func:`evalkit.video.shape_only`), whatever the clip's length
         self.shape_only = shape_only
         self._key = None
@@ -360,7 +360,8 @@ class SourceCache:
 
     def prefetch(self, clip_id: str | None) -> None:
         """Start decoding ``clip_id`` (the next job's clip) unless it is already at hand."""
-        if self.shape_only or clip_id is None or clip_id == self._key or (self._next and self._next[0] == clip_id):
+        if (self.shape_only or clip_id is None or clip_id == self._key
+                or (self._next and self._next[0] == clip_id)):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-source")
@@ -480,8 +481,7 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     ``lossless``: the format of the clips (:data:`evalkit.lossless.LOSSLESS_FORMATS`, ``render
     --lossless``); None: for a new run ``utvideo`` when it renders on a device, else ``ffv1``
     (:func:`lossless_of_new_run`: also for an import on a machine with a GPU), its own for a
-    resumed one (another one for a
-    resumed run is a user error)."""
+    resumed one (another one for a resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
     executor = executor or LocalExecutor()
     if isinstance(renderer, Renderer):

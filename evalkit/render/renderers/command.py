@@ -60,7 +60,6 @@ class CommandRenderer(Renderer):
         """Run the program on one job. The source is streamed to its input files and its
         output streamed into the run's files (:func:`evalkit.render.clipwriter.write_streamed`),
         a window of frames at a time: memory does not grow with the clip's length."""
-
         work = request.work_dir
         if work is not None:
             Path(work).mkdir(parents=True, exist_ok=True)
