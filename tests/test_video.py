@@ -222,3 +222,30 @@ def test_split_decoding_of_a_cut_clip_fails_like_one_decoder(tmp_path):
             video.ClipReader(bad, threads=workers).read()
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1]
+
+
+def test_count_packets_gives_the_decoded_frame_count_without_decoding(tmp_path):
+    """An intra-only clip (FFV1, UT Video) is counted from its packets; an H.264 clip and a
+    folder of images are decoded: the same count as decoding every frame, for each."""
+    src = DATASETS / "smoke" / "clips" / "astronaut_pan.mkv"
+    frames = video.ClipReader(src).read()
+    ut, h264, pngs = tmp_path / "clip.nut", tmp_path / "clip.mp4", tmp_path / "frames"
+    video.write_lossless(ut, frames, 24, codec="utvideo")
+    video.write_browser(h264, iter(frames), 24)
+    pngs.mkdir()
+    for i, f in enumerate(frames[:5]):
+        Image.fromarray(f).save(pngs / f"{i:03d}.png")
+    for p, n in ((src, len(frames)), (ut, len(frames)), (h264, len(frames)), (pngs, 5)):
+        assert video.ClipReader(p).count_packets() == video.ClipReader(p).count_frames() == n
+
+
+def test_count_packets_of_an_empty_or_broken_file_is_one_line_error(tmp_path):
+    empty = tmp_path / "empty.mkv"
+    video.write_lossless(tmp_path / "one.mkv", np.zeros((1, 16, 16, 3), np.uint8), 24)
+    empty.write_bytes((tmp_path / "one.mkv").read_bytes()[:200])
+    junk = tmp_path / "junk.mkv"
+    junk.write_bytes(b"not a video at all" * 10)
+    for p in (empty, junk):
+        with pytest.raises(VideoError) as e:
+            video.ClipReader(p).count_packets()
+        assert str(p) in str(e.value) and "\n" not in str(e.value)

@@ -353,7 +353,7 @@ class SourceCache:
         path = self.suite.clips[clip_id].path
         if self.shape_only:
             reader = ClipReader(path)
-            n = reader.count_frames()
+            n = reader.count_packets()
             return shape_only(n, reader.info.height, reader.info.width), reader.info.fps, path
         reader = ClipReader(path)
         return reader.read(), reader.info.fps, path
