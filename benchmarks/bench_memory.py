@@ -101,7 +101,8 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
     return peak[0], time.perf_counter() - t0, p.returncode, " | ".join(tail)
 
 
-def commands(tree: Path, s: dict, work: Path, no_temporal: bool) -> list[tuple[str, list[str]]]:
+def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
+             device: str = "cpu") -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-m", "evalkit"]
     runs = work / "runs"
     # metrics reads the farms' files (FFV1 like the runs' clips): it needs no import first
@@ -111,10 +112,10 @@ def commands(tree: Path, s: dict, work: Path, no_temporal: bool) -> list[tuple[s
                                      label, "--out", str(runs), "--quiet"])
            for label in ("a", "b")]
     out.append(("metrics A B", py + ["metrics", str(clip("a")), str(clip("b")), "--device",
-                                     "cpu", "--quiet", "--csv", str(work / "frames.csv")]
+                                     device, "--quiet", "--csv", str(work / "frames.csv")]
                     + (["--no-temporal"] if no_temporal else [])))
     out.append(("compare", py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
-                                 str(work / "report"), "--device", "cpu", "--quiet"]
+                                 str(work / "report"), "--device", device, "--quiet"]
                 + (["--no-temporal"] if no_temporal else [])))
     return out
 
@@ -128,6 +129,7 @@ def main() -> None:
     ap.add_argument("--no-temporal", action="store_true",
                     help="metrics and compare --no-temporal")
     ap.add_argument("--only", nargs="*", help="commands to run (import, metrics, compare)")
+    ap.add_argument("--device", default="cpu", help="metrics' and compare's --device")
     args = ap.parse_args()
     width, height = map(int, args.size.split("x"))
     data = args.keep or Path(tempfile.mkdtemp(prefix="bench_memory_"))
@@ -150,7 +152,7 @@ def main() -> None:
                 work = Path(tempfile.mkdtemp(prefix=f"bench_memory_{name}_"))
                 env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
                 try:
-                    for what, cmd in commands(tree, s, work, args.no_temporal):
+                    for what, cmd in commands(tree, s, work, args.no_temporal, args.device):
                         if args.only and not any(what.startswith(o) for o in args.only):
                             continue
                         peak, secs, rc, err = peak_rss(cmd, env, tree)
