@@ -59,6 +59,44 @@ def assert_one_line_error(err: str, *needles: str) -> None:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
+#: schema version v -> the SQL that turns a version v+1 study database back into version v (the
+#: reverse of evalkit.study.store.UPGRADES[v]; version 3 also loses the studies' media keys)
+DOWNGRADES = {
+    4: ("drop table unblindings", "alter table trials drop column delivered"),
+    3: ("alter table clips drop column media_a_alt", "alter table clips drop column media_b_alt",
+        "alter table trials drop column fetched", "alter table ratings drop column client_ms"),
+    2: ("alter table trials drop column served",),
+    1: ("alter table ratings drop column client",),
+}
+
+
+def old_study_db(report, path, version: int) -> int:
+    """A SQLite study database at ``path`` as schema ``version`` wrote it: one ABX study of one
+    clip of ``report`` made by this evalkit, then taken back down step by step; its study id."""
+    import json
+    import sqlite3
+
+    from evalkit import study
+    from evalkit.study import store
+
+    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1",
+                             allow_masking=True)["study"]
+    store.close_all()
+    con = sqlite3.connect(path)
+    for v in range(store.SCHEMA_VERSION - 1, version - 1, -1):
+        for sql in DOWNGRADES[v]:
+            con.execute(sql)
+        if v == 3:
+            for row, config in con.execute("select id, config from studies").fetchall():
+                cfg = json.loads(config)
+                del cfg["media_key"]
+                con.execute("update studies set config = ? where id = ?", (json.dumps(cfg), row))
+    con.execute("update meta set value = ? where key = 'schema_version'", (str(version),))
+    con.commit()
+    con.close()
+    return sid
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -30,7 +30,34 @@ ENV = dict(os.environ)
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def worker_tmp(tmp_path_factory):
+    """The temp folder of this module's Ray workers (``TMPDIR`` of the raylets it starts and of
+    the CLI runs; Ray's own session files stay in the usual place)."""
+    import tempfile
+
+    tmp = tmp_path_factory.mktemp("worker-tmp")
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "RAY_TMPDIR")}
+    os.environ["RAY_TMPDIR"] = saved["RAY_TMPDIR"] or tempfile.gettempdir()
+    os.environ["TMPDIR"] = str(tmp)
+    ENV.update(TMPDIR=os.environ["TMPDIR"], RAY_TMPDIR=os.environ["RAY_TMPDIR"])
+    yield tmp
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def no_scratch_left(worker_tmp):
+    """After every test, no worker's scratch folder is left (the product removes them)."""
+    yield
+    left = sorted(p.name for p in worker_tmp.glob("evalkit-ray-*"))
+    assert left == [], f"Ray workers left their scratch folders: {left}"
+
+
+@pytest.fixture(scope="module")
+def cluster(worker_tmp):
     """Two Ray nodes on 127.0.0.1; workers import the test renderers from evalkit.testing."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # stay on loopback
     import ray
@@ -136,26 +163,28 @@ def test_an_unknown_resource_is_a_one_line_error(cluster, tmp_path, capsys):
                      renderer="evalkit.testing.renderers:Invert", progress=False, executor=executor())
 
 
-def _kill_first_worker(markers, killed, stop):
-    """SIGKILL the worker process of the first job that starts (it is sleeping in render)."""
+def _kill_first_worker(markers, killed, stop, tmp):
+    """SIGKILL the worker process of the first job that starts (it is sleeping in render);
+    ``killed``: (job id, pid, the scratch folders in the workers' ``tmp`` at that moment)."""
     while not stop.is_set():
         found = sorted(markers.iterdir())
         if found:
             job_id, pid = found[0].name.rsplit(".", 1)
+            scratch = sorted(p.name for p in tmp.glob("evalkit-ray-*"))
             os.kill(int(pid), signal.SIGKILL)
-            killed.append((job_id, int(pid)))
+            killed.append((job_id, int(pid), scratch))
             return
         time.sleep(0.02)
 
 
 @pytest.mark.parametrize("retries", [2, 0])
-def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(cluster, tmp_path, retries):
+def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(cluster, tmp_path, retries, worker_tmp):
     suite = make_suite(tmp_path, prompts=("a", "b"), seeds=(0, 1))
     markers = tmp_path / "markers"
     markers.mkdir()
     opts = {"marker_dir": str(markers), "hold": "1.0"}
     killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_first_worker, args=(markers, killed, stop))
+    killer = threading.Thread(target=_kill_first_worker, args=(markers, killed, stop, worker_tmp))
     killer.start()
     try:
         s = render_suite(suite, ["cpu"], tmp_path / "o", renderer="evalkit.testing.ray_renderers:PidInvert",
@@ -165,7 +194,9 @@ def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(cluster, tmp_path,
         stop.set()
         killer.join()
     assert len(killed) == 1
-    job_id, pid = killed[0]
+    job_id, pid, scratch = killed[0]
+    # the killed worker had its scratch folder here (gone now: no_scratch_left checks that)
+    assert any(f".{pid}." in name for name in scratch), scratch
     run = tmp_path / "o" / "cpu"
     jobs = jobs_of(run)
     rec = jobs[job_id]
@@ -234,6 +265,37 @@ def test_driver_killed_and_restarted_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     assert f"{6 - done_before} rendered, {done_before} already done, 0 failed" in again.stdout
     assert_complete(out / "cpu", 6)
+
+
+def test_the_sweep_removes_the_scratch_folders_of_dead_workers_of_this_host_only(tmp_path):
+    """A killed worker cannot remove its scratch folder: the next worker's sweep does, for a
+    process that is gone (or a zombie), never for a live one or another host's."""
+    import platform
+
+    from evalkit.executor.ray import SCRATCH_PREFIX, sweep_scratch
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])    # exits, not waited for
+    stat = f"/proc/{zombie.pid}/stat"
+    while open(stat).read().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)
+    host = platform.node()
+    names = {"dead": f"{SCRATCH_PREFIX}render.{host}.{dead.pid}.0a1b2c3d",
+             "zombie": f"{SCRATCH_PREFIX}compare.{host}.{zombie.pid}.0a1b2c3d",
+             "live": f"{SCRATCH_PREFIX}render.{host}.{os.getpid()}.0a1b2c3d",
+             "elsewhere": f"{SCRATCH_PREFIX}render.not-{host}.{dead.pid}.0a1b2c3d",
+             "other": f"{SCRATCH_PREFIX}notes"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "clip.mkv").write_bytes(b"x")
+    try:
+        gone = sweep_scratch(tmp_path)
+    finally:
+        zombie.wait()
+    assert sorted(p.name for p in gone) == sorted([names["dead"], names["zombie"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        sorted([names["live"], names["elsewhere"], names["other"]])
 
 
 SHIM = ("import sys; sys.modules['ray'] = None  # `import ray` raises ImportError\n"

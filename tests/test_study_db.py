@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from evalkit import study
 from evalkit.study import store
 
-from conftest import ROOT, assert_one_line_error
+from conftest import ROOT, assert_one_line_error, old_study_db
 from evalkit.testing.studies import answer, current, hidden, progress, rate
 
 
@@ -267,23 +267,7 @@ def test_plan_command(cli):
 
 def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     path = tmp_path / "u.db"
-    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1", allow_masking=True)["study"]
-    store.close_all()
-    con = sqlite3.connect(path)   # make it a version 1 database
-    con.execute("alter table ratings drop column client")
-    con.execute("alter table ratings drop column client_ms")
-    con.execute("alter table trials drop column served")
-    con.execute("alter table trials drop column fetched")
-    con.execute("alter table clips drop column media_a_alt")
-    con.execute("alter table clips drop column media_b_alt")
-    cfg = json.loads(con.execute("select config from studies").fetchone()[0])
-    del cfg["media_key"]
-    con.execute("update studies set config = ?", (json.dumps(cfg),))
-    con.execute("drop table unblindings")
-    con.execute("alter table trials drop column delivered")
-    con.execute("update meta set value='1' where key='schema_version'")
-    con.commit()
-    con.close()
+    sid = old_study_db(report, path, 1)
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 5
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),

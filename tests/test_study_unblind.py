@@ -14,7 +14,7 @@ import pytest
 from evalkit import study
 from evalkit.study import store
 
-from conftest import assert_one_line_error
+from conftest import assert_one_line_error, old_study_db
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import answer, hidden
 
@@ -188,15 +188,10 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
 
 def test_unblindings_table_added_to_a_version_4_database(report, tmp_path):
     path = tmp_path / "v4.db"
-    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1", allow_masking=True)["study"]
-    store.close_all()
-    con = sqlite3.connect(path)           # as a version 4 database was: no unblindings table
-    con.execute("drop table unblindings")
-    con.execute("update meta set value='4' where key='schema_version'")
-    con.commit()
-    con.close()
+    sid = old_study_db(report, path, 4)   # as a version 4 database was: no unblindings table
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 5
+    assert "delivered" in [r[1] for r in sqlite3.connect(path).execute("pragma table_info(trials)")]
     assert study.results(d, sid, reps=100)["unblinding"] is None
     u = study.unblind(d, sid, reason="upgrade check", who="carol")
     assert u["raters_included"] == 0 and u["who"] == "carol"

@@ -18,7 +18,9 @@ Faults: a worker process that dies (killed, crashed, out of memory) fails its in
 the actor is replaced and each such job goes back to the queue, to be picked up by whichever
 worker is free next, at most ``max_retries`` more times, then it is recorded as failed. A driver
 killed and restarted resumes from the run folders like the local executor (its actors die with
-it).
+it). Each worker keeps the clips it receives and the files it encodes in a scratch folder of its
+node's temp folder, which it removes when its pool closes; the folder of a killed worker is
+removed by the next worker started on that host.
 
 Compare: one actor per GPU (or CPU slot) holds a loaded :class:`metrics.PairEvaluator`; clip
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
@@ -34,6 +36,7 @@ import platform
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from evalkit.errors import EvalkitError, UserError
@@ -41,6 +44,9 @@ from evalkit.errors import EvalkitError, UserError
 INSTALL_HINT = "pip install 'evalkit[ray]'"
 #: how much of a custom resource one worker asks for: the resource acts as a node label
 RESOURCE_SLIVER = 0.001
+#: how long a closing pool waits for its workers to remove their scratch folders (a replaced
+#: worker may still be starting)
+SCRATCH_TIMEOUT_S = 60.0
 
 
 class RayUnavailableError(UserError):
@@ -145,13 +151,66 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(int(threads))
 
 
+# -- scratch folders ---------------------------------------------------------------------------
+
+#: a worker's scratch folder: ``evalkit-ray-<kind>.<host>.<pid>.<random>`` in its node's temp folder
+SCRATCH_PREFIX = "evalkit-ray-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet waited for, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True              # someone else's process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def sweep_scratch(tmp: str | None = None) -> list[Path]:
+    """Remove the scratch folders that workers of this host left when they were killed (a
+    worker removes its own when its pool closes; a killed one cannot): those whose process is
+    gone. Run by every new worker; returns what it removed."""
+    tmp = Path(tmp or tempfile.gettempdir())
+    host = platform.node()
+    gone = []
+    for p in tmp.glob(f"{SCRATCH_PREFIX}*"):
+        parts = p.name.rsplit(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or "." not in parts[0]:
+            continue
+        if parts[0].split(".", 1)[1] == host and not _alive(int(parts[1])):
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
+
+
+class _Scratch:
+    """A worker's scratch folder (received clips, encoded results), removed by :meth:`remove`
+    when its pool closes, or by a later worker's :func:`sweep_scratch` if it is killed."""
+
+    def __init__(self, kind: str):
+        sweep_scratch()
+        name = f"{SCRATCH_PREFIX}{kind}.{platform.node()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.dir = Path(tempfile.gettempdir()) / name
+        self.dir.mkdir(mode=0o700)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # -- actors (plain classes, wrapped with ray.remote when used) -------------------------------
 
 class _WorkerSources:
-    """Source clips on a worker: fetched from the object store once, decoded once, kept."""
+    """Source clips on a worker: fetched from the object store once, decoded once, the last
+    four kept (their files too: a renderer may read its source file)."""
 
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="evalkit-ray-src-"))
+    def __init__(self, folder: Path):
+        self.dir = folder
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self.refs: dict = {}
 
@@ -162,12 +221,12 @@ class _WorkerSources:
 
         if clip_id not in self._cache:
             name, ref = self.refs[clip_id]
-            path = self.dir / f"{len(os.listdir(self.dir))}-{name}"
+            path = self.dir / f"src-{uuid.uuid4().hex[:8]}-{name}"
             path.write_bytes(ray.get(ref))
             reader = ClipReader(path)
             self._cache[clip_id] = (reader.read(), reader.info.fps, path)
             while len(self._cache) > 4:
-                self._cache.popitem(last=False)
+                self._cache.popitem(last=False)[1][2].unlink(missing_ok=True)
         self._cache.move_to_end(clip_id)
         return self._cache[clip_id]
 
@@ -190,8 +249,9 @@ class RenderWorker:
         self.slot = slot
         self.runtime = None
         self.fp = None
-        self.sources = _WorkerSources()
-        self.out = Path(tempfile.mkdtemp(prefix="evalkit-ray-out-"))
+        self.scratch = _Scratch("render")
+        self.sources = _WorkerSources(self.scratch.dir)
+        self.out = self.scratch.dir
 
     def _load(self):
         from evalkit.render.backend import apply_backend, fingerprint
@@ -241,6 +301,9 @@ class RenderWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def remove_scratch(self) -> None:
+        self.scratch.remove()
+
 
 class MeasureWorker:
     """One metric evaluator (LPIPS loaded once) on one GPU/CPU slot."""
@@ -250,7 +313,8 @@ class MeasureWorker:
 
         _set_threads(threads)
         self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
-        self.dir = Path(tempfile.mkdtemp(prefix="evalkit-ray-cmp-"))
+        self.scratch = _Scratch("compare")
+        self.dir = self.scratch.dir
 
     def info(self) -> dict:
         return {"conventions": self.evaluator.conventions, "device": str(self.evaluator.device),
@@ -269,6 +333,9 @@ class MeasureWorker:
         m = measure_pair(self.evaluator, local, chunk=chunk, keep_worst=keep_worst)
         m.pair = pair
         return m
+
+    def remove_scratch(self) -> None:
+        self.scratch.remove()
 
 
 # -- scheduling ------------------------------------------------------------------------------
@@ -304,8 +371,13 @@ class _Pool:
         self.actors[i] = self._new(i)
         self.generation[i] += 1
 
-    def close(self) -> None:
+    def close(self, grace: float = SCRATCH_TIMEOUT_S) -> None:
+        """Kill the workers, each after removing its scratch folder (waiting at most ``grace``
+        seconds: 0 on an error or Ctrl-C, when workers may be busy; a folder left then goes in
+        the next worker's sweep)."""
         if not self.closed:
+            refs = [a.remove_scratch.remote() for a in self.actors]
+            self.ray.wait(refs, num_returns=len(refs), timeout=grace)
             for a in self.actors:
                 try:
                     self.ray.kill(a, no_restart=True)
@@ -492,6 +564,10 @@ class RayExecutor:
                                        fingerprint=value["fingerprint"])
                 progress.end_job(result.error is None)
                 yield task, result
+        except BaseException:
+            for pool in pools:
+                pool.close(grace=0)
+            raise
         finally:
             for pool in pools:
                 pool.close()
@@ -530,6 +606,7 @@ class RayCompareSession:
         self.opts, self.worker_device, self.metric_options = opts, worker_device, metric_options
         self.pool = None
         self._info = None
+        self._busy = False     # a measure() that raised: its workers may still be busy
 
     def _ensure(self, n: int):
         if self.pool is None:
@@ -575,7 +652,8 @@ class RayCompareSession:
             return actor.measure.remote(p, (data(p.path_a), data(p.path_b)), chunk, keep_worst)
 
         # the pool stays up between calls (main pairs, then each floor)
-        orig_close, pool.close = pool.close, (lambda: None)
+        orig_close, pool.close = pool.close, (lambda grace=0: None)
+        self._busy = True
         try:
             for it, value, dead in _schedule(ray, [pool], items, submit,
                                              max_retries=self.executor.max_retries,
@@ -585,10 +663,11 @@ class RayCompareSession:
                 out[it.payload[0]] = value
                 if progress is not None:
                     progress.update(1)
+            self._busy = False
         finally:
             pool.close = orig_close
         return out
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.close()
+            self.pool.close(grace=0 if self._busy else SCRATCH_TIMEOUT_S)
