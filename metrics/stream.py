@@ -25,9 +25,7 @@ import concurrent.futures
 import itertools
 import math
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -38,10 +36,10 @@ from ._errors import MetricInputError
 from .catalogue import METRICS, keys, units
 from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
                        ssim_kernel)
-from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, flow_convention, flow_into,
-                   resolve_flow)
+from ._stream_parts import Chunk, Flicker, Flows, FlowThreads, HostRing, Lpips, Totals, timed
+from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, resolve_flow
 from .perceptual import get_model
-from .temporal import FLICKER_BLOCK, check_block, lowpass_luma, temporal_from_flows
+from .temporal import FLICKER_BLOCK, check_block
 
 ALIGN_MODES = ("error", "shortest")
 
@@ -88,10 +86,6 @@ def _load_kernel_modules() -> None:
         pass
 
 
-def _u8(y: torch.Tensor) -> np.ndarray:
-    """Rounded luma planes (N, 1, H, W) float -> (N, H, W) uint8 numpy (OpenCV flow input)."""
-    return y.clamp(0, 255).to(torch.uint8)[:, 0].cpu().numpy()
-
 #: What each number means (key -> description, from :mod:`metrics.catalogue`). Every value
 #: in records and summaries is in these units.
 UNITS = units()
@@ -115,35 +109,6 @@ def default_flow_workers(device) -> int:
     return 0 if torch.device(device).type == "cpu" else max(1, min(64, cpu_count() - 1))
 
 
-# With a pool of flow threads, each flow should run on one core: OpenCV's own thread pool
-# inside every flow thread only oversubscribes the CPU. The OpenCV setting is process-wide,
-# so evaluators that hold a pool count themselves in and the last one out restores it.
-_CV_LOCK = threading.Lock()
-_CV_USERS = 0
-_CV_SAVED: int | None = None
-
-
-def _cv_threads_acquire() -> None:
-    global _CV_USERS, _CV_SAVED
-    import cv2
-
-    with _CV_LOCK:
-        if _CV_USERS == 0:
-            _CV_SAVED = cv2.getNumThreads()
-            cv2.setNumThreads(1)
-        _CV_USERS += 1
-
-
-def _cv_threads_release() -> None:
-    global _CV_USERS
-    import cv2
-
-    with _CV_LOCK:
-        _CV_USERS -= 1
-        if _CV_USERS == 0 and _CV_SAVED is not None:
-            cv2.setNumThreads(_CV_SAVED)
-
-
 def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
     """Frames ``x`` (uint8 or [0, 1] float) as float32 in [0, 1] written into ``dst``."""
     # one pass on CUDA; on the CPU torch's converting division is slower than copy + divide
@@ -155,107 +120,6 @@ def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(x)
     if x.dtype == torch.uint8:
         dst.div_(PEAK8)
-
-
-class _HostRing:
-    """Host buffers that stage data for the device, and results coming back from it: two per
-    key, handed out in turn.
-
-    On a GPU they are pinned, so copies either way run asynchronously (``non_blocking``);
-    a buffer is handed out again only when everything that used it has finished: the flow
-    threads writing it (their futures) and the copy reading or writing it (a CUDA event). On the CPU the
-    "device copy" is the buffer itself; the stream's pipeline (at most two chunks in flight)
-    guarantees that a buffer is consumed before its turn comes again.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.pin = device.type == "cuda"
-        self._slots: dict[str, list[dict]] = {}
-        self._turn: dict[str, int] = {}
-
-    def get(self, key: str, shape: tuple, dtype: torch.dtype) -> dict:
-        """A slot ``{"buf": tensor, ...}`` whose buffer holds at least ``shape``; use ``buf[:shape[0]]``."""
-        slots = self._slots.setdefault(key, [{}, {}])
-        i = self._turn.get(key, 0)
-        self._turn[key] = 1 - i
-        slot = slots[i]
-        self._wait(slot)
-        buf = slot.get("buf")
-        if (buf is None or buf.dtype != dtype or tuple(buf.shape[1:]) != tuple(shape[1:])
-                or buf.shape[0] < shape[0]):
-            slot["buf"] = None    # let the old one go first
-            slot["buf"] = self._alloc(shape, dtype)
-        return slot
-
-    def _alloc(self, shape, dtype) -> torch.Tensor:
-        if self.pin:
-            try:
-                return torch.empty(shape, dtype=dtype, pin_memory=True)
-            except RuntimeError:    # no page-locked memory to be had: pageable, synchronous copies
-                self.pin = False
-        return torch.empty(shape, dtype=dtype)
-
-    @staticmethod
-    def _wait(slot: dict) -> None:
-        futures = slot.pop("futures", None)
-        if futures:
-            concurrent.futures.wait(futures)
-        event = slot.pop("event", None)
-        if event is not None:
-            event.synchronize()
-
-    def to_device(self, slot: dict, host: torch.Tensor) -> torch.Tensor:
-        """``host`` (a view of ``slot``'s buffer) on the device; one asynchronous copy on a GPU."""
-        if self.device.type == "cpu":
-            return host
-        out = host.to(self.device, non_blocking=self.pin)
-        self._mark(slot)
-        return out
-
-    def to_host(self, key: str, x: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
-        """``x`` (1-D, on the device) in ``key``'s next buffer -> ``(host view, slot)``; one
-        asynchronous copy on a GPU (wait for it with :meth:`ready`). On the CPU ``x`` itself
-        and no slot."""
-        if self.device.type == "cpu":
-            return x, None
-        slot = self.get(key, (x.numel(),), x.dtype)
-        host = slot["buf"][:x.numel()]
-        host.copy_(x, non_blocking=self.pin)
-        self._mark(slot)
-        return host, slot
-
-    def ready(self, slot: dict | None) -> None:
-        """Wait until everything that uses ``slot``'s buffer has finished (None: nothing)."""
-        if slot is not None:
-            self._wait(slot)
-
-    def _mark(self, slot: dict) -> None:
-        """Record the end of the copy just queued (pinned buffers on CUDA only: otherwise
-        the copy was synchronous)."""
-        if self.pin and self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-            slot["event"] = event
-
-    def clear(self) -> None:
-        for slots in self._slots.values():
-            for slot in slots:
-                self._wait(slot)
-        self._slots.clear()
-
-
-class _Job:
-    """One chunk on its way through :class:`PairEvaluator` (prepare -> launch -> finish -> records)."""
-
-    __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
-                 "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel",
-                 "keys", "sizes", "flat", "result_slot", "finished")
-
-    def __init__(self):
-        self.futures = []
-        self.finished = False
-        self.result_slot = None
 
 
 class PairEvaluator:
@@ -288,7 +152,10 @@ class PairEvaluator:
     per frame, A and B in one batch, features reused by tLP), SSIM, PSNR, exactness and
     flicker on the device without waiting; *collect* waits for the flows, copies them to the
     device in one piece, warps and masks there, and brings every per-frame number of the chunk
-    to the host in one copy.
+    to the host in one copy. The parts, one job each, are in :mod:`metrics._stream_parts`:
+    the staging buffers (``HostRing``), the flow threads and the flows (``FlowThreads``,
+    ``Flows``), the metrics that carry state across chunks (``Lpips``, ``Flicker``) and the
+    summary's running sums (``Totals``).
     """
 
     def __init__(self, *, device=None, net: str = "alex", ssim_channel: str = "luma",
@@ -319,14 +186,11 @@ class PairEvaluator:
         if flow_workers is None:
             flow_workers = default_flow_workers(self.device)
         self.flow_workers = flow_workers if temporal and flow != "torch" else 0
-        self._pool = None
-        self._cv_held = False
-        if self.flow_workers > 0:
-            self._pool = ThreadPoolExecutor(self.flow_workers, thread_name_prefix="metrics-flow")
-            if self.flow_workers > 1:
-                _cv_threads_acquire()
-                self._cv_held = True
-        self._ring = _HostRing(self.device)
+        self._threads = FlowThreads(self.flow_workers)
+        self._ring = HostRing(self.device)
+        self._flows = Flows(self.flow, self._ring, self._threads)
+        self._lpips = Lpips(self.model)
+        self._flicker = Flicker(flicker_block)
         self.alignment: dict[str, Any] = {"mode": "error"}
         self.reset()
 
@@ -357,14 +221,10 @@ class PairEvaluator:
         self.size: tuple[int, int] | None = None
         # carries from the previous chunk: grey frames and [0, 1] frames (prepare), LPIPS
         # features and low-passed luma (launch)
-        self._carry_grey = self._carry_unit = self._carry_feats = self._carry_low = None
-        self._lpips_raw = False  # LPIPS features raw for the Triton head (set per clip)
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
-        self._identical = 0
-        self._sq_total = 0.0     # pooled squared error (8-bit or [0,1] units) for psnr_pooled
-        self._px_total = 0
-        self._peak = None
+        self._flows.reset()
+        self._lpips.reset()
+        self._flicker.reset()
+        self._totals = Totals()
         #: wall seconds spent in each stage since the last reset (diagnostics for benchmarks):
         #: read (iterators and staging copies), prepare, launch, flow_wait (waiting for the flow
         #: threads), collect (the rest of collect, including the wait for the device).
@@ -393,16 +253,15 @@ class PairEvaluator:
         self.reset()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        if self._cv_held:
-            _cv_threads_release()
-            self._cv_held = False
+        self._threads.close()
         self._ring.clear()
         if self.device.type == "cuda":
             from .torchflow import FLOW_GRAPHS
             FLOW_GRAPHS.clear()               # the graphs' memory pool back to the allocator
+
+    def _precise(self):
+        """The numeric context of the launches: float32, TF32 off, cuDNN as configured."""
+        return precise(self.cudnn_benchmark, self.cudnn_benchmark_limit)
 
     # -- work ----------------------------------------------------------------------------------
     def update(self, a, b) -> list[dict]:
@@ -411,9 +270,25 @@ class PairEvaluator:
         self._launch(job)
         return self._collect(job)
 
-    def _prepare(self, a, b) -> _Job:
+    def _prepare(self, a, b) -> Chunk:
         """Check and stage a chunk; start its optical flows (in the flow threads, if any)."""
-        t_start = time.perf_counter()
+        with timed(self.timings, "prepare"):
+            a, b = self._checked(a, b)
+            job = Chunk()
+            job.t0, job.n, job.a, job.b = self._next, a.shape[0], a, b
+            job.has_prev = self.temporal and self._next > 0
+            job.temporal = self.temporal and (job.has_prev or job.n > 1)
+            job.numel = a[0].numel()
+            with precise():
+                self._stage(job)
+                if self.temporal:
+                    self._flows.start(job)
+            self._next += job.n
+        return job
+
+    def _checked(self, a, b) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk of both clips as frames on the device, of one size (the first chunk's) and
+        one count."""
         a = as_frames(a, "a", device=self.device, offset=self._next)
         b = as_frames(b, "b", device=self.device, offset=self._next)
         size = (a.shape[3], a.shape[2])
@@ -425,174 +300,64 @@ class PairEvaluator:
         if a.shape[0] != b.shape[0]:
             raise MetricInputError(f"b: chunk of {b.shape[0]} frames, expected {a.shape[0]} like a")
         self.size = size
-        n, h, w = a.shape[0], a.shape[2], a.shape[3]
-        job = _Job()
-        job.t0, job.n, job.a, job.b = self._next, n, a, b
-        job.has_prev = self.temporal and self._next > 0
-        job.temporal = self.temporal and (job.has_prev or n > 1)
-        job.numel = a[0].numel()
-        with precise():
-            # both clips in one [0, 1] float32 batch (the LPIPS input), contiguous NCHW
-            u = torch.empty((2 * n, 3, h, w), dtype=torch.float32, device=self.device)
-            unit_into(a, u[:n])
-            unit_into(b, u[n:])
-            job.u, job.ua, job.ub = u, u[:n], u[n:]
-            job.ya, job.yb = luma_kernel(a), luma_kernel(b)   # rounded luma: SSIM (default) and flow input
-            job.flow_dev = None
-            if job.temporal and self.flow[0] == "torch":
-                # flows on the device, queued with the rest (no host round trip)
-                ya, yb = job.ya, job.yb
-                if job.has_prev:
-                    ya = torch.cat([self._carry_grey[0], ya])
-                    yb = torch.cat([self._carry_grey[1], yb])
-                job.m = ya.shape[0] - 1
-                # fwd a, bwd a, fwd b, bwd b, from slices: an index list would be copied to the
-                # device from pageable memory, and the host would wait for the queue to drain
-                src = torch.cat([ya[:-1], ya[1:], yb[:-1], yb[1:]])
-                dst = torch.cat([ya[1:], ya[:-1], yb[1:], yb[:-1]])
-                job.flow_dev = device_flows(src, dst, self.flow[2])
-                job.futures = []
-                if job.has_prev:
-                    job.pa = torch.cat([self._carry_unit[0], job.ua])
-                    job.pb = torch.cat([self._carry_unit[1], job.ub])
-                else:
-                    job.pa, job.pb = job.ua, job.ub
-                self._carry_grey = (ya[-1:].clone(), yb[-1:].clone())
-            elif job.temporal and self.flow[0] != "torch":
-                g = _u8(torch.cat([job.ya, job.yb]))          # the one wait of the chunk
-                ga, gb = g[:n], g[n:]
-                if job.has_prev:
-                    ga = np.concatenate([self._carry_grey[0][None], ga])
-                    gb = np.concatenate([self._carry_grey[1][None], gb])
-                pairs = []
-                for gr in (ga, gb):
-                    pairs += [(gr[i - 1], gr[i]) for i in range(1, len(gr))]   # forward t-1 -> t
-                    pairs += [(gr[i], gr[i - 1]) for i in range(1, len(gr))]   # backward t -> t-1
-                job.m = len(ga) - 1
-                slot = self._ring.get("flow", (len(pairs), h, w, 2), torch.float32)
-                host = slot["buf"].numpy()
-                if self._pool is not None:
-                    job.futures = slot["futures"] = [
-                        self._pool.submit(flow_into, host[i], s, d, *self.flow)
-                        for i, (s, d) in enumerate(pairs)]
-                else:
-                    for i, (s, d) in enumerate(pairs):
-                        flow_into(host[i], s, d, *self.flow)
-                    job.futures = []
-                job.flow_slot = slot
-                if job.has_prev:
-                    job.pa = torch.cat([self._carry_unit[0], job.ua])
-                    job.pb = torch.cat([self._carry_unit[1], job.ub])
-                else:
-                    job.pa, job.pb = job.ua, job.ub
-                self._carry_grey = (ga[-1].copy(), gb[-1].copy())
-            elif self.temporal and self.flow[0] == "torch":    # a first chunk of one frame
-                self._carry_grey = (job.ya[-1:].clone(), job.yb[-1:].clone())
-            elif self.temporal:                                # a first chunk of one frame
-                g = _u8(torch.cat([job.ya[-1:], job.yb[-1:]]))
-                self._carry_grey = (g[0].copy(), g[1].copy())
-            if self.temporal:
-                self._carry_unit = (job.ua[-1:].clone(), job.ub[-1:].clone())
-        self._next += n
-        self.timings["prepare"] += time.perf_counter() - t_start
-        return job
+        return a, b
 
-    def _launch(self, job: _Job) -> None:
+    def _stage(self, job: Chunk) -> None:
+        """Both clips in one [0, 1] float32 batch (the LPIPS input, contiguous NCHW) and their
+        rounded luma (SSIM's default input and the flows')."""
+        n, h, w = job.n, job.a.shape[2], job.a.shape[3]
+        u = torch.empty((2 * n, 3, h, w), dtype=torch.float32, device=self.device)
+        unit_into(job.a, u[:n])
+        unit_into(job.b, u[n:])
+        job.u, job.ua, job.ub = u, u[:n], u[n:]
+        job.ya, job.yb = luma_kernel(job.a), luma_kernel(job.b)
+        job.flow_dev = None
+
+    def _launch(self, job: Chunk) -> None:
         """Queue the chunk's LPIPS, tLP, SSIM, PSNR, exactness and flicker (no host wait)."""
-        t_start = time.perf_counter()
-        n, t0 = job.n, job.t0
-        out: dict[str, torch.Tensor] = {}
-        first: dict[str, int] = {}                    # frame number of each array's element 0
-        with precise(self.cudnn_benchmark, self.cudnn_benchmark_limit):
-            # LPIPS: one trunk pass per frame (A and B in one batch, or in two passes when
-            # autotuned: below), reused by tLP. Where the Triton head runs (picked at a clip's first chunk: the carried features match),
-            # the features stay raw and each distance normalises them in its one pass.
-            if not job.has_prev:
-                self._lpips_raw = self.model.fused()
-            raw = self._lpips_raw
-            if self.cudnn_benchmark and self.device.type == "cuda":
-                # A and B in two passes: autotuning times each algorithm on the whole batch, so
-                # half the batch halves its share of the warm-up (H200, 720p: 1.2 s against
-                # 2.2 s) for a trunk 3% slower (1,279 against 1,316 images/s)
-                fa = self.model.features(job.u[:n], normalised=not raw)
-                fb = self.model.features(job.u[n:], normalised=not raw)
-            else:
-                f = self.model.features(job.u, normalised=not raw)
-                fa, fb = [t[:n] for t in f], [t[n:] for t in f]
-                del f
-            out["lpips"] = self.model.distance(fa, fb, normalised=not raw)
-            if job.temporal:
-                pf = self._carry_feats
-                da = self._successive(pf[0] if job.has_prev else None, fa, raw)
-                db = self._successive(pf[1] if job.has_prev else None, fb, raw)
-                out["tlp"] = (da - db).abs()
-            if self.temporal:
-                # clones: views would keep the whole chunk's features alive
-                self._carry_feats = ([t[-1:].clone() for t in fa], [t[-1:].clone() for t in fb])
-            del fa, fb
-            # pixel fidelity
-            lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
-            out["ssim"] = ssim_kernel(job.a, job.b, **self.ssim_kw, lumas=lumas)
-            job.mse, ex = mse_exactness_kernel(job.a, job.b)
-            out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
-            # flicker on block-averaged luma (carry: the last two low-passed frames)
-            if self.temporal:
-                la, lb = lowpass_luma(job.a, self.flicker_block), lowpass_luma(job.b, self.flicker_block)
-                if job.has_prev:
-                    la, lb = torch.cat([self._carry_low[0], la]), torch.cat([self._carry_low[1], lb])
-                l_first = t0 + n - la.shape[0]            # frame number of la[0]
-                if la.shape[0] >= 2:
-                    da_, db_ = la[1:] - la[:-1], lb[1:] - lb[:-1]
-                    fl_pair = (da_ - db_).abs().mean((1, 2, 3))
-                    out["flicker"] = fl_pair[max(0, t0 - (l_first + 1)):]
-                    if la.shape[0] >= 3:
-                        out["flicker_a"] = (da_[1:] - da_[:-1]).abs().mean((1, 2, 3))
-                        out["flicker_b"] = (db_[1:] - db_[:-1]).abs().mean((1, 2, 3))
-                        first["flicker_a"] = first["flicker_b"] = l_first + 2
-                self._carry_low = (la[-2:].clone(), lb[-2:].clone())
-        if self._peak is None:
-            u8 = job.a.dtype == torch.uint8 and job.b.dtype == torch.uint8
-            self._peak = (255.0 if u8 else 1.0) if self.psnr_data_range is None else float(self.psnr_data_range)
-        job.out, job.first = out, first
-        # the frames themselves are no longer needed (the staging buffer may be reused)
-        job.a = job.b = job.ya = job.yb = job.u = job.ua = job.ub = None
-        self.timings["launch"] += time.perf_counter() - t_start
+        with timed(self.timings, "launch"):
+            out: dict[str, torch.Tensor] = {}
+            first: dict[str, int] = {}                    # frame number of each array's element 0
+            with self._precise():
+                self._lpips.launch(job, out, carry=self.temporal, two_passes=(
+                    self.cudnn_benchmark and self.device.type == "cuda"))
+                self._pixels(job, out)
+                if self.temporal:
+                    self._flicker.launch(job, out, first)
+            self._totals.set_peak(job.a, job.b, self.psnr_data_range)
+            job.out, job.first = out, first
+            # the frames themselves are no longer needed (the staging buffer may be reused)
+            job.a = job.b = job.ya = job.yb = job.u = job.ua = job.ub = None
 
-    def _waits_for_threads(self, job: _Job) -> bool:
+    def _pixels(self, job: Chunk, out: dict) -> None:
+        """Queue the chunk's pixel fidelity: SSIM, the squared error (PSNR) and exactness."""
+        lumas = (job.ya, job.yb) if self.ssim_kw["channel"] == "luma" and self.ssim_kw["round_luma"] else None
+        out["ssim"] = ssim_kernel(job.a, job.b, **self.ssim_kw, lumas=lumas)
+        job.mse, ex = mse_exactness_kernel(job.a, job.b)
+        out["max_abs_diff"], out["diff_fraction"] = ex["max_abs_diff"], ex["diff_fraction"]
+
+    def _waits_for_threads(self, job: Chunk) -> bool:
         """Whether finishing ``job`` waits for flow threads (then give them time first)."""
         return bool(job.futures)
 
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: Chunk) -> None:
         """Queue the chunk's warping errors and tOF (from its flows) and the copy of all its
         per-frame numbers to the host. Waits only for the flow threads, if any: on a GPU the
         copy is asynchronous (pinned memory), so the next chunk's work can be queued before
         :meth:`_records` waits for this one."""
         if job.finished:
             return
-        out = job.out
-        t_start = time.perf_counter()
         if job.temporal:
-            for fu in job.futures:
-                fu.result()                                # re-raises a flow thread's error
-            t_flows = time.perf_counter()
-            self.timings["flow_wait"] += t_flows - t_start
-            t_start = t_flows
-            m = job.m
-            if job.flow_dev is None:
-                fl = self._ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
-            with precise(self.cudnn_benchmark, self.cudnn_benchmark_limit):
-                if job.flow_dev is None:
-                    fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
-                else:
-                    fl, job.flow_dev = job.flow_dev, None
-                fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
-                # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
-                out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
-                    job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
-                out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]
-            del fl, fwd_a, bwd_a, fwd_b, bwd_b
-            job.pa = job.pb = None
-        # one copy to the host for the whole chunk
+            with timed(self.timings, "flow_wait"):
+                self._flows.wait(job)
+        with timed(self.timings, "collect"):
+            if job.temporal:
+                self._flows.warp_errors(job, job.out, self._precise)
+            self._to_host(job)
+
+    def _to_host(self, job: Chunk) -> None:
+        """Every per-frame number of the chunk to the host in one copy."""
+        out = job.out
         job.keys = list(out)
         with torch.inference_mode():
             flat = torch.cat([out[k].reshape(-1).double() for k in job.keys] + [job.mse.double()])
@@ -600,99 +365,58 @@ class PairEvaluator:
         job.sizes = {k: out[k].numel() for k in job.keys}
         job.out = job.mse = None
         job.finished = True
-        self.timings["collect"] += time.perf_counter() - t_start
 
-    def _collect(self, job: _Job) -> list[dict]:
+    def _collect(self, job: Chunk) -> list[dict]:
         """Finish the chunk (:meth:`_finish`) and return its records."""
         self._finish(job)
         return self._records(job)
 
-    def _records(self, job: _Job) -> list[dict]:
+    def _records(self, job: Chunk) -> list[dict]:
         """Wait for the chunk's numbers on the host and return its records."""
-        t_start = time.perf_counter()
-        self._ring.ready(job.result_slot)
-        flat = job.flat.numpy()
-        n, t0, keys = job.n, job.t0, job.keys
-        host, at = {}, 0
-        for k in keys:
-            size = job.sizes[k]
-            host[k] = flat[at:at + size]
-            at += size
-        mse_h = flat[at:at + n]
-        first = job.first
-        t_first = t0 if job.has_prev else t0 + 1    # first frame with a t-1 -> t transition
-        records = []
-        for i in range(n):
-            t = t0 + i
-            e = float(mse_h[i])
-            rec: dict[str, Any] = {"frame": t,
-                                   "lpips": float(host["lpips"][i]),
-                                   "ssim": float(host["ssim"][i]),
-                                   "psnr": psnr_from_mse(e, self._peak),
-                                   "max_abs_diff": float(host["max_abs_diff"][i]),
-                                   "diff_fraction": float(host["diff_fraction"][i])}
-            rec["identical"] = rec["max_abs_diff"] == 0.0
-            for k in TEMPORAL_KEYS:
-                if k in host:
-                    j = t - first.get(k, t_first)
-                    if 0 <= j < len(host[k]):
-                        rec[k] = float(host[k][j])
-            records.append(rec)
-            self._accumulate(rec)
-            self._sq_total += e * job.numel
-            self._px_total += job.numel
-        self.n += n
-        self.timings["collect"] += time.perf_counter() - t_start
+        with timed(self.timings, "collect"):
+            self._ring.ready(job.result_slot)
+            host, mse_h = _unpacked(job)
+            t_first = job.t0 if job.has_prev else job.t0 + 1   # first frame with a t-1 -> t transition
+            records = []
+            for i in range(job.n):
+                e = float(mse_h[i])
+                rec = self._record(job.t0 + i, i, host, e, job.first, t_first)
+                records.append(rec)
+                self._totals.add(rec, e, job.numel)
+            self.n += job.n
         return records
 
-    def _successive(self, prev_feats, feats, raw: bool = False) -> torch.Tensor:
-        """LPIPS(x_t, x_t-1) for each frame of the chunk that has a predecessor (no copies);
-        ``raw``: the features are raw trunk outputs (see :meth:`_launch`)."""
-        parts = []
-        if prev_feats is not None:
-            parts.append(self.model.distance([f[:1] for f in feats], prev_feats, normalised=not raw))
-        if feats[0].shape[0] > 1:
-            parts.append(self.model.distance([f[1:] for f in feats], [f[:-1] for f in feats],
-                                             normalised=not raw))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def _accumulate(self, rec: dict) -> None:
-        if rec["identical"]:
-            self._identical += 1
-        for k, v in rec.items():
-            if k in ("frame", "identical") or not isinstance(v, float) or math.isnan(v):
-                continue
-            if k == "psnr" and math.isinf(v):
-                continue
-            self._sums[k] = self._sums.get(k, 0.0) + v
-            self._counts[k] = self._counts.get(k, 0) + 1
+    def _record(self, t: int, i: int, host: dict, e: float, first: dict, t_first: int) -> dict:
+        """Frame ``t``'s record (element ``i`` of the chunk; ``e``: its mean squared error)."""
+        rec: dict[str, Any] = {"frame": t,
+                               "lpips": float(host["lpips"][i]),
+                               "ssim": float(host["ssim"][i]),
+                               "psnr": psnr_from_mse(e, self._totals.peak),
+                               "max_abs_diff": float(host["max_abs_diff"][i]),
+                               "diff_fraction": float(host["diff_fraction"][i])}
+        rec["identical"] = rec["max_abs_diff"] == 0.0
+        for k in TEMPORAL_KEYS:
+            if k in host:
+                j = t - first.get(k, t_first)
+                if 0 <= j < len(host[k]):
+                    rec[k] = float(host[k][j])
+        return rec
 
     def compute(self) -> dict:
         """Summary: means (see module doc), counts, identity, conventions, units, alignment."""
         if self.n == 0:
             raise MetricInputError("a: no frames were compared")
-        means: dict[str, float | None] = {}
-        for k in FIDELITY_KEYS + (TEMPORAL_KEYS if self.temporal else ()):
-            c = self._counts.get(k, 0)
-            means[k] = self._sums[k] / c if c else None
-        if means["psnr"] is None and self._identical == self.n:
-            means["psnr"] = math.inf
-        if self.temporal and means.get("warp_error_a") is not None and means.get("warp_error_b") is not None:
-            means["warp_error_diff"] = means["warp_error_b"] - means["warp_error_a"]
-        if self._px_total and self._peak:
-            pooled = psnr_from_mse(self._sq_total / self._px_total, self._peak)
-        else:
-            pooled = None
+        totals = self._totals
         w, h = self.size
         return {
             "frames": self.n, "width": w, "height": h, "device": str(self.device),
-            "means": means,
-            "psnr_pooled": pooled,
-            "identical": self._identical == self.n,
-            "identical_frames": self._identical,
-            "nan_counts": {k: self.n_expected(k) - self._counts.get(k, 0)
+            "means": totals.means(FIDELITY_KEYS + (TEMPORAL_KEYS if self.temporal else ()), self.n),
+            "psnr_pooled": totals.pooled_psnr(),
+            "identical": totals.identical == self.n,
+            "identical_frames": totals.identical,
+            "nan_counts": {k: self.n_expected(k) - totals.counts.get(k, 0)
                            for k in ("warp_error_a", "warp_error_b") if self.temporal
-                           and self.n_expected(k) - self._counts.get(k, 0) > 0},
+                           and self.n_expected(k) - totals.counts.get(k, 0) > 0},
             "conventions": self.conventions,
             "alignment": dict(self.alignment),
         }
@@ -701,6 +425,16 @@ class PairEvaluator:
         """Frames that have ``key``: all but the first ``first_frame`` (see the catalogue)."""
         return max(self.n - METRICS[key].first_frame, 0)
 
+
+def _unpacked(job: Chunk) -> tuple[dict, np.ndarray]:
+    """A chunk's numbers on the host, split by key, and its per-frame squared errors."""
+    flat = job.flat.numpy()
+    host, at = {}, 0
+    for k in job.keys:
+        size = job.sizes[k]
+        host[k] = flat[at:at + size]
+        at += size
+    return host, flat[at:at + job.n]
 
 
 # -- driving from iterators ------------------------------------------------------------------
@@ -733,7 +467,7 @@ def _hwc_of(item: np.ndarray, name: str, index: int) -> np.ndarray:
     return np.ascontiguousarray(item) if any(s < 0 for s in item.strides) else item
 
 
-def _rechunk(frames: Iterable, name: str, size: int, ring: _HostRing,
+def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
              threaded_copy: bool = False) -> Iterator[tuple]:
     """Regroup the items of a frame iterator into chunks of ``size`` frames.
 

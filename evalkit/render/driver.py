@@ -484,18 +484,8 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     resumed one (another one for a resumed run is a user error)."""
     suite = load_suite(suite_path, check_clips=False)
     executor = executor or LocalExecutor()
-    if isinstance(renderer, Renderer):
-        rend = renderer  # an instance (tests, benchmarks, a cluster driver)
-    else:
-        renderer_name = renderer or suite.renderer
-        if not renderer_name:
-            raise UserError(f"{suite.path}: no renderer (give --renderer or 'renderer:' in the suite)")
-        rend = get_renderer(renderer_name, options)
-    if seed_offset < 0:
-        raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
-    if lossless is not None and lossless not in LOSSLESS_FORMATS:
-        raise UserError(f"--lossless: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
-                        f"{lossless!r}")
+    rend = _renderer_of(suite, renderer, options)
+    _check_render_options(seed_offset, lossless)
     idents = plan_identity(list(backends or []), renderer=rend, label=label,
                            fingerprint_file=fingerprint_file, executor_name=executor.name)
     executor.check([i.spec for i in idents if i.apply])
@@ -510,61 +500,10 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
     sources = SourceCache(suite, shape_only=getattr(rend, "streams_clips", False))
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
-        # every run folder's lock first: a render refused by one has written nothing anywhere
-        # (a folder it made for another backend is removed again)
-        made: list[Path] = []
-        try:
-            for ident in idents:
-                path = out / run_folder_name(ident.spec, ident.label, seed_offset)
-                if not path.exists():
-                    made.append(path)
-                locks.callback(os.close, lock_run_folder(path))
-        except BaseException:
-            locks.close()
-            for path in made:
-                with contextlib.suppress(OSError):
-                    (path / LOCK_FILE).unlink()
-                    path.rmdir()
-            raise
-        runs: list[tuple[BackendTask, RunDir]] = []
-        total = 0
-        early = getattr(executor, "decodes_sources", False) and bool(selected)
-        if early and idents and not (out / run_folder_name(idents[0].spec, idents[0].label,
-                                                           seed_offset) / "manifest.json").exists():
-            # a new run renders every selected job: the first one's source is decoded while
-            # the runs are set up (fingerprint, manifest)
-            sources.prefetch(selected[0].clip)
-            early = False
-        for ident in idents:
-            spec = ident.spec or BackendSpec()
-            path = out / run_folder_name(ident.spec, ident.label, seed_offset)
-            adopted = ident.adopted
-            if ident.apply:
-                here = executor.fingerprint(spec)
-            else:                                # nothing is applied: this machine as it is
-                here = fingerprint()
-            fp = ident.fingerprint or here
-            if adopted is not None:
-                adopted = {**adopted, "local_fingerprint": here}
-            if fp is None:  # reported by the workers that render; until then keep what was there
-                old = RunDir.open(path).manifest["fingerprint"] \
-                    if (path / "manifest.json").exists() else None
-                fp = old or {"pending": "set from the worker that renders the first job"}
-            run = RunDir.create(path, suite=suite, renderer=rend.describe(),
-                                backend=ident.backend_record(), fingerprint=fp,
-                                notes={"seed_offset": seed_offset, "executor": executor.name},
-                                label=ident.label, adopted=adopted, lossless=lossless,
-                                new_lossless=lossless_of_new_run(ident))
-            clean_run_folder(run)
-            todo = [j for j in selected if not run.is_done(j.id, verify=True)]
-            rend.check_done(run, [j for j in selected if j not in todo], seed_offset)
-            if early and todo:                   # a resumed run: its first job still to do
-                sources.prefetch(todo[0].clip)
-                early = False
-            runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
-                                     apply=ident.apply, name=ident.name,
-                                     lossless=run.lossless), run))
-            total += len(todo)
+        _lock_run_folders(locks, out, idents, seed_offset)
+        runs = _open_runs(idents, out, suite, rend, executor, sources, selected, seed_offset,
+                          lossless)
+        total = sum(len(task.jobs) for task, _ in runs)
         try:
             return _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
                                 progress)
@@ -572,6 +511,106 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
             for _, run in runs:
                 shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
 
+
+def _renderer_of(suite: Suite, renderer: str | Renderer | None, options: dict | None) -> Renderer:
+    """The renderer: an instance as given, else the one named (``--renderer``, or the suite's
+    ``renderer:``) made with ``options``."""
+    if isinstance(renderer, Renderer):
+        return renderer  # an instance (tests, benchmarks, a cluster driver)
+    renderer_name = renderer or suite.renderer
+    if not renderer_name:
+        raise UserError(f"{suite.path}: no renderer (give --renderer or 'renderer:' in the suite)")
+    return get_renderer(renderer_name, options)
+
+
+def _check_render_options(seed_offset: int, lossless: str | None) -> None:
+    """``--seed-offset`` and ``--lossless``, each refused with a message naming its option."""
+    if seed_offset < 0:
+        raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
+    if lossless is not None and lossless not in LOSSLESS_FORMATS:
+        raise UserError(f"--lossless: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
+                        f"{lossless!r}")
+
+
+def _lock_run_folders(locks: contextlib.ExitStack, out: Path, idents: list, seed_offset: int,
+                      ) -> None:
+    """Every run folder's lock first (released by ``locks``): a render refused by one has
+    written nothing anywhere (a folder it made for another backend is removed again)."""
+    made: list[Path] = []
+    try:
+        for ident in idents:
+            path = out / run_folder_name(ident.spec, ident.label, seed_offset)
+            if not path.exists():
+                made.append(path)
+            locks.callback(os.close, lock_run_folder(path))
+    except BaseException:
+        locks.close()
+        for path in made:
+            with contextlib.suppress(OSError):
+                (path / LOCK_FILE).unlink()
+                path.rmdir()
+        raise
+
+
+def _open_runs(idents: list, out: Path, suite: Suite, rend: Renderer, executor,
+               sources: SourceCache, selected: list[Job], seed_offset: int,
+               lossless: str | None) -> list[tuple[BackendTask, RunDir]]:
+    """Each backend's run folder opened (:func:`_open_run`) with the jobs it still has to
+    render. An executor that decodes sources starts decoding the first job's source while the
+    runs are set up: at once for a new run, else at the first run with a job to do."""
+    runs: list[tuple[BackendTask, RunDir]] = []
+    early = getattr(executor, "decodes_sources", False) and bool(selected)
+    if early and idents and not (out / run_folder_name(idents[0].spec, idents[0].label,
+                                                       seed_offset) / "manifest.json").exists():
+        # a new run renders every selected job: the first one's source is decoded while
+        # the runs are set up (fingerprint, manifest)
+        sources.prefetch(selected[0].clip)
+        early = False
+    for ident in idents:
+        spec = ident.spec or BackendSpec()
+        path = out / run_folder_name(ident.spec, ident.label, seed_offset)
+        run = _open_run(ident, spec, path, suite, rend, executor, seed_offset, lossless)
+        todo = [j for j in selected if not run.is_done(j.id, verify=True)]
+        rend.check_done(run, [j for j in selected if j not in todo], seed_offset)
+        if early and todo:                   # a resumed run: its first job still to do
+            sources.prefetch(todo[0].clip)
+            early = False
+        runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
+                                 apply=ident.apply, name=ident.name,
+                                 lossless=run.lossless), run))
+    return runs
+
+
+def _open_run(ident, spec: BackendSpec, path: Path, suite: Suite, rend: Renderer, executor,
+              seed_offset: int, lossless: str | None) -> RunDir:
+    """One backend's run folder, created or resumed with the fingerprint it records
+    (:func:`_run_fingerprint`) and cleaned of what a killed render left."""
+    adopted = ident.adopted
+    fp, here = _run_fingerprint(ident, spec, path, executor)
+    if adopted is not None:
+        adopted = {**adopted, "local_fingerprint": here}
+    run = RunDir.create(path, suite=suite, renderer=rend.describe(),
+                        backend=ident.backend_record(), fingerprint=fp,
+                        notes={"seed_offset": seed_offset, "executor": executor.name},
+                        label=ident.label, adopted=adopted, lossless=lossless,
+                        new_lossless=lossless_of_new_run(ident))
+    clean_run_folder(run)
+    return run
+
+
+def _run_fingerprint(ident, spec: BackendSpec, path: Path, executor) -> tuple:
+    """The fingerprint a run records (the adopted one, else this machine's under the backend
+    applied, else the run's own until a worker reports one) and this machine's."""
+    if ident.apply:
+        here = executor.fingerprint(spec)
+    else:                                # nothing is applied: this machine as it is
+        here = fingerprint()
+    fp = ident.fingerprint or here
+    if fp is None:  # reported by the workers that render; until then keep what was there
+        old = RunDir.open(path).manifest["fingerprint"] \
+            if (path / "manifest.json").exists() else None
+        fp = old or {"pending": "set from the worker that renders the first job"}
+    return fp, here
 
 @dataclass
 class RunState:

@@ -123,6 +123,54 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     both sides, catch versions and stimuli; ``excerpt_at``: ``"worst"`` (default: the window of
     highest mean per-frame LPIPS in the report) or the start in seconds
     (:mod:`.excerpt`; recorded as ``config["excerpt"]``)."""
+    ex_seconds, ex_at, kind, ladder, ladder_warnings = _check_create(
+        protocol, clips_spec=clips_spec, raters_planned=raters_planned, margin=margin, seed=seed,
+        media_dir=media_dir, catch_alpha=catch_alpha, levels=levels, ladder=ladder,
+        delivery_margin_db=delivery_margin_db, excerpt_seconds=excerpt_seconds,
+        excerpt_at=excerpt_at)
+    rep = read_report(report)
+    d, media = _open_store(db, media_dir)
+    chosen = design.select_clips(rep["jobs"], clips_spec, seed)
+    cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
+    n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
+    the_plan, warnings = _study_plan(protocol, margin, alpha, raters_planned, len(chosen),
+                                     ladder, ladder_warnings)
+    planned = raters_planned or the_plan["raters"]
+    swap, xbit = design.base_bits(n_rows, seed)
+    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
+    min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
+    work = _plan_rows(chosen, ladder, n_catch, seed)
+    encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
+                  offs=threshold.offsets(ladder) if protocol == "threshold" else {},
+                  swap=swap, xbit=xbit, metrics_device=metrics_device,
+                  measure_reference=protocol == "threshold")
+    made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
+                       delivery_margin_db=delivery_margin_db, allow_masking=allow_masking,
+                       progress=progress)
+    clip_rows, pool = made["rows"], made["catches"]
+    delivery = fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db,
+                                allow_masking)
+    media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
+                                       + [p["streams"] for p in pool])
+    config = _study_config(made, protocol=protocol, catch_alpha=catch_alpha, n_catch=n_catch,
+                           min_correct=min_correct, the_plan=the_plan, clips_of=len(rep["jobs"]),
+                           delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
+                           kind=kind, metrics_device=metrics_device)
+    sid = _write_study(d, config, made, protocol=protocol, margin=margin, seed=seed,
+                       clips_spec=clips_spec, planned=planned,
+                       catch_threshold=min_correct / n_catch, alpha=alpha, rep=rep, media=media)
+    return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
+            "raters_planned": planned, "invite": _invite_count(planned, the_plan),
+            "plan": the_plan, "warnings": warnings, "delivery": delivery,
+            "media_bytes": media_bytes, "excerpt": cut}
+
+
+def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, media_dir,
+                  catch_alpha, levels, ladder, delivery_margin_db, excerpt_seconds,
+                  excerpt_at) -> tuple:
+    """:func:`create_study`'s options, each refused (:class:`StudyError`) with a message naming
+    its option, before anything is read or written. Returns the excerpt's (seconds, at), the
+    ladder's kind, the levels (``[None]``: one row per clip) and the levels' warnings."""
     ex_seconds, ex_at = excerpt.parse(excerpt_seconds, excerpt_at)
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
@@ -157,45 +205,55 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         design.parse_clips_spec(clips_spec)
     except ValueError as e:
         raise StudyError(str(e)) from None
-    rep = read_report(report)
+    return ex_seconds, ex_at, kind, ladder, ladder_warnings
+
+
+def _open_store(db, media_dir) -> tuple:
+    """The study database (created if new) and the folder of the browser copies (``media_dir``,
+    or the database's default beside an SQLite file), cleared of what a killed create left."""
     d = open_db(db, create=True)
     media = Path(media_dir) if media_dir else d.default_media_dir
     if media is None:
         raise StudyError("--media: a folder for the browser copies is needed with a "
                          f"non-SQLite database ({d.engine.url.render_as_string()})")
     prepare_media_dir(media)                   # what a killed create left, before any encode
-    chosen = design.select_clips(rep["jobs"], clips_spec, seed)
-    cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
-    n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
+    return d, media
+
+
+def _study_plan(protocol: str, margin: float, alpha: float, raters_planned: int, n_clips: int,
+                ladder: list, ladder_warnings: list) -> tuple[dict, list[str]]:
+    """The study's design (:func:`_plan`; for the threshold protocol, ``--raters`` as given) and
+    the warnings on it (:func:`_design_warnings`, or the levels' warnings)."""
     if protocol == "threshold":
         the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
                     "note": "no planner for the threshold protocol: --raters as given"}
         warnings = list(ladder_warnings)
     else:
-        the_plan = _plan(protocol, margin, len(chosen), alpha)
-        warnings = _design_warnings(protocol, len(chosen), raters_planned, the_plan)
-    planned = raters_planned or the_plan["raters"]
-    swap, xbit = design.base_bits(n_rows, seed)
+        the_plan = _plan(protocol, margin, n_clips, alpha)
+        warnings = _design_warnings(protocol, n_clips, raters_planned, the_plan)
+    return the_plan, warnings
+
+
+def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
+    """The easy catch trials a rater must get right (:func:`.stats.catch_min_correct`)."""
+    try:
+        return stats.catch_min_correct(n_catch, catch_alpha)
+    except ValueError as e:
+        raise StudyError(f"--catch-alpha: {e}") from None
+
+
+def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
+    """The rows of the clips table and their catch draws, planned in clip order (the same draws
+    as one clip at a time): per clip, ``(clip, [(row index, level, [(catch kind, from B)])])``,
+    the work of :func:`_clip_media`."""
+    n_rows = len(chosen) * len(ladder)
     rng = np.random.default_rng([seed, 4])
-    clip_rows, pool, seconds = [], [], {}
-    stimuli, reference = [], {}
-    study_fps = first = None
-    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
     # every row gets enough easy catch versions that a rater's easy catch trials never repeat
     # one (a repeat is the same files twice: which side recurs is the reference); a study of
     # fewer rows than easy catch trials per rater needs several versions per row
     per_row = -(-n_catch // n_rows) if n_rows else 1
-    forced = protocol in design.FORCED_CHOICE
-    offs = threshold.offsets(ladder) if protocol == "threshold" else {}
     i = -1
-    try:                                      # refused before any encoding
-        min_correct = stats.catch_min_correct(n_catch, catch_alpha)
-    except ValueError as e:
-        raise StudyError(f"--catch-alpha: {e}") from None
-    # the rows and their catch draws are planned in clip order (the same draws as one clip at a
-    # time); each clip's media are then made in a worker (:func:`.media.ordered_map`), the
-    # results taken in clip order
     # the rows with catch versions are drawn at random (the first rows of a report's order, or
     # the worst clips, would differ from the rest in size and content: catch files told apart)
     rank = np.random.default_rng([seed, 5]).permutation(n_rows).tolist()
@@ -207,14 +265,24 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
                                 for kind_ in _catch_kinds(rank[i], n_easy, per_row)]))
         work.append((c, rows))
+    return work
+
+
+def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_margin_db: float,
+                allow_masking: bool, progress: bool) -> dict:
+    """Every clip's media (:func:`_clip_media` with ``encode``, its delivery judged by
+    :func:`_deliver`), made in workers (:func:`.media.ordered_map`) and taken in clip order; the
+    clips of one study share one frame rate. Returns ``{"fps", "rows", "stimuli", "catches",
+    "seconds", "reference"}``."""
+    clip_rows, pool, seconds = [], [], {}
+    stimuli, reference = [], {}
+    study_fps = first = None
 
     def clip_media(job) -> dict:
         window = cut and (cut["windows"][job[0]["job"]], ex_seconds, ex_at)
-        out = _clip_media(*job, window=window, kind=kind, forced=forced, media=media, offs=offs,
-                          swap=swap, xbit=xbit, metrics_device=metrics_device,
-                          measure_reference=protocol == "threshold")
+        out = _clip_media(*job, window=window, **encode)
         for row in out["rows"]:
-            _deliver(row, media, delivery_margin_db, allow_masking)
+            _deliver(row, encode["media"], delivery_margin_db, allow_masking)
         return out
 
     from tqdm import tqdm
@@ -238,17 +306,25 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             pool.extend(done["catches"])
             seconds.update(done["seconds"])
             bar.update(1)
-    delivery = fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db,
-                                allow_masking)
-    media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
-                                       + [p["streams"] for p in pool])
+    return {"fps": study_fps, "rows": clip_rows, "stimuli": stimuli, "catches": pool,
+            "seconds": seconds, "reference": reference}
+
+
+def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int,
+                  min_correct: int, the_plan: dict, clips_of: int, delivery: dict,
+                  media_bytes, cut, ladder: list, kind: str, metrics_device) -> dict:
+    """The study's ``config``: catch rule, media key, plan, delivery, frame rate and media
+    durations, the excerpt, the threshold ladder's conventions and reference; the streams,
+    catch pool and stimuli by clip id are added by :func:`_write_study`."""
+    pool, seconds, reference, study_fps = (made["catches"], made["seconds"], made["reference"],
+                                           made["fps"])
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
                   "graded_trials": design.GRADED_CATCHES if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
-              "plan": the_plan, "clips_of": len(rep["jobs"]), "delivery": delivery,
+              "plan": the_plan, "clips_of": clips_of, "delivery": delivery,
               "media_bytes": media_bytes, **timing}
     if cut:
         config["excerpt"] = cut
@@ -258,11 +334,20 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                                "conventions": _conventions(reference), "stimuli": {},
                                "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
                                              for j, m in reference.items()}}
+    return config
+
+
+def _write_study(d, config: dict, made: dict, *, protocol: str, margin: float, seed: int,
+                 clips_spec: str, planned: int, catch_threshold: float, alpha: float, rep: dict,
+                 media) -> int:
+    """The study, its clips table rows and its config (streams, catch pool and stimuli by clip
+    id) written in one transaction; returns the study's id."""
+    clip_rows, pool, stimuli = made["rows"], made["catches"], made["stimuli"]
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
             protocol=protocol, margin=margin, seed=seed, clips_spec=clips_spec,
             raters_planned=planned,
-            catch_threshold=min_correct / n_catch, alpha=alpha,
+            catch_threshold=catch_threshold, alpha=alpha,
             report=str(rep["report"]), run_a=str(rep["run_a"]), run_b=str(rep["run_b"]),
             media_dir=str(media), created=now(), config=config)).inserted_primary_key[0]
         ids = []
@@ -279,11 +364,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
                 k: v for k, v in s.items() if k != "ord"} for s in stimuli}
         conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
-    return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
-            "raters_planned": planned, "invite": _invite_count(planned, the_plan),
-            "plan": the_plan, "warnings": warnings, "delivery": delivery,
-            "media_bytes": media_bytes, "excerpt": cut}
-
+    return sid
 
 def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
     """Judge a row's measured delivery (:func:`.fidelity.judge`); refuse
