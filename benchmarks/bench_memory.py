@@ -101,8 +101,35 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
     return peak[0], time.perf_counter() - t0, p.returncode, " | ".join(tail)
 
 
-def commands(tree: Path, s: dict, work: Path, no_temporal: bool) -> list[tuple[str, list[str]]]:
+#: ``--cheap``: the command run with LPIPS's network replaced by a stand-in (each frame's mean,
+#: no trunk), so that full-resolution clips of 1,440 frames are measured on a 2-core CPU in
+#: minutes; PSNR, SSIM, exactness (and the temporal metrics' flows, unless --no-temporal) run
+#: as ever. A benchmark's variant set in its own process (docs/architecture.md).
+CHEAP = """import sys, torch
+import metrics.stream
+
+
+class Cheap:
+    def fused(self):
+        return False
+
+    def features(self, x, normalised=True):
+        return [x.float().mean(dim=(1, 2, 3), keepdim=True)]
+
+    def distance(self, fa, fb, normalised=True):
+        return (fa[0] - fb[0]).abs().flatten()
+
+
+metrics.stream.get_model = lambda net, device: Cheap()
+from evalkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
+             cheap: bool = False) -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-m", "evalkit"]
+    metric_py = [sys.executable, "-c", CHEAP] if cheap else py
     runs = work / "runs"
     # metrics reads the farms' files (FFV1 like the runs' clips): it needs no import first
     clip = lambda label: s["farms"][label] / f"{s['job']}.mkv"   # noqa: E731
@@ -110,12 +137,17 @@ def commands(tree: Path, s: dict, work: Path, no_temporal: bool) -> list[tuple[s
                                      "--renderer-opt", f"dir={s['farms'][label]}", "--label",
                                      label, "--out", str(runs), "--quiet"])
            for label in ("a", "b")]
-    out.append(("metrics A B", py + ["metrics", str(clip("a")), str(clip("b")), "--device",
+    out.append(("metrics A B", metric_py + ["metrics", str(clip("a")), str(clip("b")), "--device",
                                      "cpu", "--quiet", "--csv", str(work / "frames.csv")]
                     + (["--no-temporal"] if no_temporal else [])))
-    out.append(("compare", py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
-                                 str(work / "report"), "--device", "cpu", "--quiet"]
+    out.append(("compare", metric_py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
+                                        str(work / "report"), "--device", "cpu", "--quiet"]
                 + (["--no-temporal"] if no_temporal else [])))
+    # the study of the report's one clip: ABX (6 test streams, 9 catch versions of 3), every
+    # stream encoded and its delivery measured
+    out.append(("study create", py + ["study", "create", str(work / "report"), "--db",
+                                      str(work / "study.sqlite"), "--protocol", "abx",
+                                      "--allow-masking"]))
     return out
 
 
@@ -127,7 +159,10 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep the clips in this folder (reused next time)")
     ap.add_argument("--no-temporal", action="store_true",
                     help="metrics and compare --no-temporal")
-    ap.add_argument("--only", nargs="*", help="commands to run (import, metrics, compare)")
+    ap.add_argument("--only", nargs="*",
+                    help="commands to run (import, metrics, compare, study; study needs compare)")
+    ap.add_argument("--cheap", action="store_true",
+                    help="metrics and compare with LPIPS's network replaced (see CHEAP)")
     args = ap.parse_args()
     width, height = map(int, args.size.split("x"))
     data = args.keep or Path(tempfile.mkdtemp(prefix="bench_memory_"))
@@ -141,7 +176,8 @@ def main() -> None:
     rows = []
     try:
         print(f"# {width}x{height} FFV1, frames {args.frames}, {os.cpu_count()} cores, "
-              f"baseline {args.baseline}", flush=True)
+              f"baseline {args.baseline}" + (", --no-temporal" if args.no_temporal else "")
+              + (", --cheap (LPIPS's network a stand-in)" if args.cheap else ""), flush=True)
         for n in args.frames:
             t = time.perf_counter()
             s = make_set(data / f"{width}x{height}_{n}", n, width, height)
@@ -150,7 +186,7 @@ def main() -> None:
                 work = Path(tempfile.mkdtemp(prefix=f"bench_memory_{name}_"))
                 env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
                 try:
-                    for what, cmd in commands(tree, s, work, args.no_temporal):
+                    for what, cmd in commands(tree, s, work, args.no_temporal, args.cheap):
                         if args.only and not any(what.startswith(o) for o in args.only):
                             continue
                         peak, secs, rc, err = peak_rss(cmd, env, tree)
