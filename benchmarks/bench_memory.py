@@ -143,10 +143,10 @@ def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
     out.append(("compare", metric_py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
                                         str(work / "report"), "--device", "cpu", "--quiet"]
                 + (["--no-temporal"] if no_temporal else [])))
-    # the study of the report's one clip: ABX (6 test streams, 9 catch versions of 3), every
-    # stream encoded and its delivery measured
+    # the study of the report's one clip: preference (2 test streams, 9 catch versions of 2,
+    # two tiles side by side), every stream encoded and its delivery measured
     out.append(("study create", py + ["study", "create", str(work / "report"), "--db",
-                                      str(work / "study.sqlite"), "--protocol", "abx",
+                                      str(work / "study.sqlite"), "--protocol", "preference",
                                       "--allow-masking"]))
     return out
 
