@@ -1,5 +1,6 @@
 """Peak resident memory of whole commands against the clip's length: ``render -r import``,
-``metrics A B`` and ``compare`` (its report included), each run as a process of its own (the
+``metrics A B``, ``compare`` (its report included) and ``study create`` (a preference study of
+the report's clip), each run as a process of its own (the
 sum of the resident sets of the process and its children, polled by psutil every 20 ms), on
 procedural 1280x720 FFV1 clips of two lengths, for this tree and a baseline tree side by side.
 
@@ -12,9 +13,11 @@ at the end) and run from there (``PYTHONPATH`` set to that tree). The clips: a s
 texture (noise at 1/8 resolution, enlarged) panning 3 px a frame, so FFV1 files stay small; run
 B is run A with a brightness offset of 2 code values on one colour and a 1 px shift, so every
 metric has something to measure. ``metrics`` and ``compare`` run with ``--no-temporal`` only
-where asked (``--no-temporal``): the temporal metrics' flow dominates a CPU run's time. The
-commands run in order (import a, import b, metrics, compare): ``--only`` picks some, by the
-start of their names (``--only "import a"``); compare needs both imports.
+where asked (``--no-temporal``): the temporal metrics' flow dominates a CPU run's time;
+``--cheap`` replaces LPIPS's network by a stand-in and ``--stub-compare`` zeroes SSIM too (for
+full-resolution clips of 1,440 frames on a 2-core CPU; see :data:`CHEAP`). The commands run in
+order (import a, import b, metrics, compare, study create): ``--only`` picks some, by the
+start of their names (``--only "import a"``); compare needs both imports, study create compare.
 """
 from __future__ import annotations
 
@@ -101,9 +104,42 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
     return peak[0], time.perf_counter() - t0, p.returncode, " | ".join(tail)
 
 
+#: ``--cheap``: the command run with LPIPS's network replaced by a stand-in (each frame's mean,
+#: no trunk), so that full-resolution clips of 1,440 frames are measured on a 2-core CPU in
+#: minutes; PSNR, SSIM, exactness (and the temporal metrics' flows, unless --no-temporal) run
+#: as ever. A benchmark's variant set in its own process (docs/architecture.md).
+CHEAP = """import sys, torch
+import metrics.stream
+
+
+class Cheap:
+    def fused(self):
+        return False
+
+    def features(self, x, normalised=True):
+        return [x.float().mean(dim=(1, 2, 3), keepdim=True)]
+
+    def distance(self, fa, fb, normalised=True):
+        return (fa[0] - fb[0]).abs().flatten()
+
+
+metrics.stream.get_model = lambda net, device: Cheap()
+if STUB:
+    metrics.stream.ssim_kernel = lambda a, b, **kw: torch.zeros(a.shape[0], device=a.device)
+from evalkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+#: ``--stub-compare``: SSIM zeroed as well (:data:`CHEAP`): ``compare`` only makes the report
+#: ``study create`` reads (decoding both runs, PSNR and exactness left), its figures of no use
+STUB = CHEAP.replace("if STUB:", "if True:")
+CHEAP = CHEAP.replace("if STUB:", "if False:")
+
+
 def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
+             cheap: bool = False, stub: bool = False,
              device: str = "cpu") -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-m", "evalkit"]
+    metric_py = [sys.executable, "-c", STUB if stub else CHEAP] if cheap or stub else py
     runs = work / "runs"
     # metrics reads the farms' files (FFV1 like the runs' clips): it needs no import first
     clip = lambda label: s["farms"][label] / f"{s['job']}.mkv"   # noqa: E731
@@ -111,12 +147,17 @@ def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
                                      "--renderer-opt", f"dir={s['farms'][label]}", "--label",
                                      label, "--out", str(runs), "--quiet"])
            for label in ("a", "b")]
-    out.append(("metrics A B", py + ["metrics", str(clip("a")), str(clip("b")), "--device",
-                                     device, "--quiet", "--csv", str(work / "frames.csv")]
-                    + (["--no-temporal"] if no_temporal else [])))
-    out.append(("compare", py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
-                                 str(work / "report"), "--device", device, "--quiet"]
-                + (["--no-temporal"] if no_temporal else [])))
+    flags = ["--device", device, "--quiet"] + (["--no-temporal"] if no_temporal else [])
+    out.append(("metrics A B", metric_py + ["metrics", str(clip("a")), str(clip("b")), "--csv",
+                                            str(work / "frames.csv")] + flags))
+    out.append(("compare" + (" (stub)" if stub else ""),
+                metric_py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
+                             str(work / "report")] + flags))
+    # the study of the report's one clip: preference (2 test streams, 9 catch versions of 2,
+    # two tiles side by side), every stream encoded and its delivery measured
+    out.append(("study create", py + ["study", "create", str(work / "report"), "--db",
+                                      str(work / "study.sqlite"), "--protocol", "preference",
+                                      "--allow-masking"]))
     return out
 
 
@@ -128,7 +169,13 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep the clips in this folder (reused next time)")
     ap.add_argument("--no-temporal", action="store_true",
                     help="metrics and compare --no-temporal")
-    ap.add_argument("--only", nargs="*", help="commands to run (import, metrics, compare)")
+    ap.add_argument("--only", nargs="*",
+                    help="commands to run (import, metrics, compare, study; study needs compare)")
+    ap.add_argument("--cheap", action="store_true",
+                    help="metrics and compare with LPIPS's network replaced (see CHEAP)")
+    ap.add_argument("--stub-compare", action="store_true",
+                    help="metrics and compare with SSIM zeroed too: only a report for study "
+                         "create (see STUB)")
     ap.add_argument("--device", default="cpu", help="metrics' and compare's --device")
     args = ap.parse_args()
     width, height = map(int, args.size.split("x"))
@@ -143,7 +190,9 @@ def main() -> None:
     rows = []
     try:
         print(f"# {width}x{height} FFV1, frames {args.frames}, {os.cpu_count()} cores, "
-              f"baseline {args.baseline}", flush=True)
+              f"baseline {args.baseline}" + (", --no-temporal" if args.no_temporal else "")
+              + (", --cheap (LPIPS's network a stand-in)" if args.cheap else "")
+              + (", --stub-compare (SSIM zeroed too)" if args.stub_compare else ""), flush=True)
         for n in args.frames:
             t = time.perf_counter()
             s = make_set(data / f"{width}x{height}_{n}", n, width, height)
@@ -152,7 +201,8 @@ def main() -> None:
                 work = Path(tempfile.mkdtemp(prefix=f"bench_memory_{name}_"))
                 env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
                 try:
-                    for what, cmd in commands(tree, s, work, args.no_temporal, args.device):
+                    for what, cmd in commands(tree, s, work, args.no_temporal, args.cheap,
+                                             args.stub_compare, args.device):
                         if args.only and not any(what.startswith(o) for o in args.only):
                             continue
                         peak, secs, rc, err = peak_rss(cmd, env, tree)

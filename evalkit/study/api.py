@@ -25,10 +25,10 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, stats, threshold
+from . import design, excerpt, fidelity, stats, threshold, trialmedia
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
-from .media import degrade, ordered_map, prepare_media_dir, store_tiled
+from .media import ordered_map, prepare_media_dir
 from .store import (clips, new_media_key, now, open_db, raters, ratings, studies, trials,
                     unblindings)
 
@@ -245,7 +245,7 @@ def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
 def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
     """The rows of the clips table and their catch draws, planned in clip order (the same draws
     as one clip at a time): per clip, ``(clip, [(row index, level, [(catch kind, from B)])])``,
-    the work of :func:`_clip_media`."""
+    the work of :func:`.trialmedia.clip_media`."""
     n_rows = len(chosen) * len(ladder)
     rng = np.random.default_rng([seed, 4])
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
@@ -270,7 +270,7 @@ def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
 
 def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_margin_db: float,
                 allow_masking: bool, progress: bool) -> dict:
-    """Every clip's media (:func:`_clip_media` with ``encode``, its delivery judged by
+    """Every clip's media (:func:`.trialmedia.clip_media` with ``encode``, its delivery judged by
     :func:`_deliver`), made in workers (:func:`.media.ordered_map`) and taken in clip order; the
     clips of one study share one frame rate. Returns ``{"fps", "rows", "stimuli", "catches",
     "seconds", "reference"}``."""
@@ -280,7 +280,7 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
 
     def clip_media(job) -> dict:
         window = cut and (cut["windows"][job[0]["job"]], ex_seconds, ex_at)
-        out = _clip_media(*job, window=window, **encode)
+        out = trialmedia.clip_media(*job, window=window, **encode)
         for row in out["rows"]:
             _deliver(row, encode["media"], delivery_margin_db, allow_masking)
         return out
@@ -377,50 +377,8 @@ def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
         raise StudyError(fidelity.refusal(label, fig))
 
 
-def _measured(m: dict) -> dict:
-    """A stimulus's metrics as stored: finite floats at full precision (JSON has no inf)."""
-    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
-
-
 def _conventions(reference: dict) -> dict:
     return next((m.get("conventions") for m in reference.values()), None) or {}
-
-
-def _streams(contents: dict, keys: list[str], fps, media, seconds) -> dict:
-    """One trial stream per arrangement in ``keys`` (letters of ``contents``, tile by tile):
-    ``{"rects", "scale", "files": {key: sha256}}``."""
-    files, layout = {}, None
-    for key in keys:
-        files[key], layout = store_tiled([contents[ch] for ch in key], fps, media)
-        seconds[files[key]] = len(contents[key[0]]) / fps
-    return {"rects": layout["rects"], "scale": layout["scale"], "files": files}
-
-
-def _store_row(i, c, fa, fb, fb_real, fps, level, offset, forced, media, swap, xbit,
-               clip_rows, stimuli, seconds, metrics_device) -> None:
-    """One row of the clips table: its trial streams (:func:`_streams`, every arrangement of
-    its tiles) and, for the threshold protocol (``level`` not None), the stimulus's metrics,
-    measured on the pair as shown (both shifted by the level's ``offset``,
-    :func:`.threshold.shifted`)."""
-    identical = level is not None and np.array_equal(fb, fb_real)
-    if level is not None:
-        fa, fb = threshold.shifted(fa, offset), threshold.shifted(fb, offset)
-    streams = _streams({"a": fa, "b": fb},
-                       design.stream_keys("abx" if forced else "preference"), fps, media, seconds)
-    lp = c["lpips_mean"]
-    if level is not None:
-        m = _measured(threshold.measure(fa, fb, device=metrics_device))
-        m.pop("conventions", None)
-        stimuli.append({"ord": i, "job": c["job"], "level": level, "metrics": m,
-                        "offset": list(offset), "identical_to_b": bool(identical)})
-        lp = m["lpips"]
-    # media_a/media_b (one file per side) are unused since trials are streams: left empty
-    clip_rows.append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                      "seed": c["seed"], "lpips_mean": lp, "media_a": "",
-                      "media_b": "", "media_a_alt": None, "media_b_alt": None,
-                      "base_swap": swap[i], "base_x": xbit[i], "streams": streams,
-                      "delivery": {"job": c["job"], "level": level,
-                                   **fidelity.row_figures(media, streams, {"a": fa, "b": fb})}})
 
 
 def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
@@ -434,57 +392,6 @@ def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
     if i < design.GRADED_CATCHES:
         kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
     return kinds
-
-
-def _clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit, metrics_device,
-                measure_reference: bool) -> dict:
-    """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
-    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
-    ``window``: (the clip's excerpt window, seconds, at) or None (:func:`.excerpt.cut`)."""
-    fa, fps = excerpt.cut(c["path_a"], *(window or (None,)))
-    fb_real, fps_b = excerpt.cut(c["path_b"], *(window or (None,)))
-    out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
-    if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
-        return out
-    if fa.shape != fb_real.shape:
-        out["error"] = (f"{c['path_b']}: expected {fa.shape[0]} frames of "
-                        f"{fa.shape[2]}x{fa.shape[1]} like {c['path_a']}, found "
-                        f"{fb_real.shape[0]} of {fb_real.shape[2]}x{fb_real.shape[1]}")
-        return out
-    if measure_reference:
-        out["reference"] = _measured(threshold.measure(fa, fb_real, device=metrics_device))
-    # this clip's catch references: each its own colour offset, (1, 1, 1) first (one code value
-    # brighter, the rule of a clip with one catch version), so no two share a picture
-    catch_offsets = list(threshold.CATCH_OFFSETS)
-    for i, k, catches in rows:
-        fb = fb_real if k is None else threshold.stimulus(kind, fa, fb_real, k)
-        _store_row(i, c, fa, fb, fb_real, fps, k, offs.get(k), forced, media, swap, xbit,
-                   out["rows"], out["stimuli"], out["seconds"], metrics_device)
-        _store_catches(i, catches, fa, fb_real, fps, forced, media, out["catches"],
-                       out["seconds"], catch_offsets)
-        del fb
-    return out
-
-
-def _store_catches(i, catches, fa, fb, fps, forced, media, pool, seconds, offsets=None) -> None:
-    """The catch versions of row ``i`` (``catches``: (kind, reference from B), drawn by the
-    caller, :func:`_catch_kinds`), each as trial streams of the reference and its degraded copy
-    (:func:`_streams`). Each reference is its source mirrored left to right and shifted by the
-    next of the clip's unused ``offsets`` (:data:`.threshold.CATCH_OFFSETS`; without: one code value brighter), so no two
-    catch versions of a clip share a reference picture, nor a test trial's."""
-    for kind, from_b in catches:
-        # mirrored: a colour offset alone left the chroma, and so runs of coded bytes, the same
-        # as the clip's test trial's (a script matched a catch to its clip by shared byte runs)
-        src = (fb if from_b else fa)[:, :, ::-1]
-        if offsets is None:
-            ref = np.clip(src.astype(np.int16) + 1, 0, 255).astype(np.uint8)
-        else:
-            ref = threshold.shifted(src, offsets.pop(0))
-        streams = _streams({"r": ref, "d": degrade(ref, fps, kind)},
-                           design.stream_keys("abx" if forced else "preference", catch=True),
-                           fps, media, seconds)
-        pool.append({"ord": i, "kind": kind, "streams": streams})
-        del ref
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:

@@ -162,19 +162,94 @@ def check(path, start: int, n: int, total: int, fps: float, seconds: float, at) 
 
 def cut(path, window: dict | None, seconds=None, at=WORST) -> tuple[np.ndarray, object]:
     """The frames of ``window`` of the clip at ``path`` (the whole clip without one), and its
-    frame rate: ``(frames (n, H, W, 3) uint8, fps)``. The clip is decoded to its end (its length
-    checked, its frames checked like any read); only the window's frames are kept."""
-    from ..video import read_frames
+    frame rate: ``(frames (n, H, W, 3) uint8, fps)``, all in memory (a study streams them
+    instead: :func:`pair_windows`)."""
+    r, seen = open_clip(path), {}
+    frames = np.concatenate(list(_window_chunks(r, window, 64, seen)))
+    _check_window(r, window, seen["total"], seconds, at)
+    return frames, r.info.fps
 
-    if window is None:
-        return read_frames(path)
-    r = open_clip(path)
-    start, n = window["start"], window["frames"]
-    kept, total = [], 0
+
+#: frames a study's media hold per clip side at once (:func:`pair_windows`), at most, and the
+#: bytes a window of one side holds at most (fewer frames when they are large: 8 at 1280x720,
+#: 4 at 1920x1080)
+WINDOW = 8
+WINDOW_BYTES = 24 * 2**20
+
+
+def window_frames(height: int, width: int) -> int:
+    """Frames of a window of ``height`` x ``width`` RGB frames (:data:`WINDOW`,
+    :data:`WINDOW_BYTES`)."""
+    return max(1, min(WINDOW, WINDOW_BYTES // max(1, height * width * 3)))
+
+
+def _window_chunks(r, window: dict | None, size: int, seen: dict):
+    """``(n, H, W, 3)`` chunks of at most ``size`` frames of ``window`` of the clip ``r`` (a
+    :class:`evalkit.video.ClipReader`; every frame without a window). The clip is decoded to its
+    end (its length checked like any read); ``seen["total"]``: its frame count, once done."""
+    start, n = (0, None) if window is None else (window["start"], window["frames"])
+    buf, total = [], 0
     for frame in r:
-        if start <= total < start + n:
-            kept.append(frame)
+        if start <= total and (n is None or total < start + n):
+            buf.append(frame)
+            if len(buf) == size:
+                yield np.stack(buf)
+                buf = []
         total += 1
-    fps = r.info.fps
-    check(path, start, n, total, float(fps), seconds or n / float(fps), at)
-    return np.stack(kept), fps
+    if buf:
+        yield np.stack(buf)
+    seen["total"] = total
+
+
+def _check_window(r, window: dict | None, total: int, seconds, at) -> None:
+    if window is not None:
+        fps = float(r.info.fps)
+        n = window["frames"]
+        check(r.path, window["start"], n, total, fps, seconds or n / fps, at)
+
+
+def side_windows(path, window: dict | None, seconds=None, at=WORST):
+    """One side of :func:`pair_windows`: ``(n, H, W, 3)`` chunks of the clip's shown frames
+    (the same chunks), the window checked at the end."""
+    r, seen = open_clip(path), {}
+    yield from _window_chunks(r, window, window_frames(r.info.height, r.info.width), seen)
+    _check_window(r, window, seen["total"], seconds, at)
+
+
+def pair_windows(path_a, path_b, window: dict | None, seconds=None, at=WORST):
+    """Both sides of a clip as shown (``window``, or the whole clip), decoded side by side:
+    yields ``(a, b)``, ``(n, H, W, 3)`` uint8 chunks of :func:`window_frames`, the same frames
+    of each side, so memory holds a window of frames whatever the clip's length. Both clips are
+    decoded to their end; A's window is checked before B's (:func:`check`), then the sides'
+    frame counts and sizes: a :class:`ShapeError` naming both files (before anything is
+    yielded when the headers' sizes differ)."""
+    ra, rb = open_clip(path_a), open_clip(path_b)
+    seen_a, seen_b = {}, {}
+    sa, sb = (ra.info.height, ra.info.width), (rb.info.height, rb.info.width)
+    size = window_frames(*sa)
+    ia, ib = _window_chunks(ra, window, size, seen_a), _window_chunks(rb, window, size, seen_b)
+    na = nb = 0
+    while sa == sb:
+        a, b = next(ia, None), next(ib, None)
+        if a is not None and b is not None and a.shape == b.shape:
+            na, nb = na + len(a), nb + len(b)
+            yield a, b
+            continue
+        for c, side in ((a, "a"), (b, "b")):
+            if c is not None:
+                if side == "a":
+                    na, sa = na + len(c), c.shape[1:3]
+                else:
+                    nb, sb = nb + len(c), c.shape[1:3]
+        break
+    na += sum(len(c) for c in ia)
+    nb += sum(len(c) for c in ib)
+    _check_window(ra, window, seen_a["total"], seconds, at)
+    _check_window(rb, window, seen_b["total"], seconds, at)
+    if (na, sa) != (nb, sb):
+        raise ShapeError(f"{path_b}: expected {na} frames of {sa[1]}x{sa[0]} like {path_a}, "
+                         f"found {nb} of {sb[1]}x{sb[0]}")
+
+
+class ShapeError(StudyError):
+    """The two sides of a clip differ in frame count or size."""

@@ -138,51 +138,64 @@ def _resize(tile: np.ndarray, w: int, h: int) -> np.ndarray:
     return cv2.resize(tile, (w, h), interpolation=cv2.INTER_LINEAR)
 
 
-def measure_stream(path, key: str, rects: list, contents: dict, sums: Sums | None = None) -> Sums:
-    """Add one trial stream's figures to ``sums`` (a new :class:`Sums` if None) and return it.
+def measure_streams(streams: list[tuple], rects: list, windows) -> list[Sums]:
+    """Each trial stream's figures (a :class:`Sums` per stream, in order).
 
-    ``path``: the stored stream; ``key``: its arrangement (letter ``i`` is tile ``i``'s
-    content, :func:`.design.stream_keys`); ``rects``: [x, y, w, h] of each tile;
-    ``contents``: ``{"a": frames, "b": frames}`` (``(T, H, W, 3)`` uint8, lossless). Every
-    (A tile, B tile) pair counts. Decoded one frame at a time (memory: one frame); a tile
-    stored downscaled is scaled back to the lossless size."""
-    sums = Sums() if sums is None else sums
-    fa, fb = contents["a"], contents["b"]
-    t, h, w = fa.shape[:3]
-    ia = [i for i, ch in enumerate(key) if ch == "a"]
-    ib = [i for i, ch in enumerate(key) if ch == "b"]
-    n = 0
-    for n, frame in enumerate(open_clip(Path(path), threads=1)):
-        if n >= t:
+    ``streams``: ``(path, key)`` of each stored stream (``key``: its arrangement, letter ``i``
+    is tile ``i``'s content, :func:`.design.stream_keys`); ``rects``: [x, y, w, h] of each
+    tile; ``windows``: the lossless contents as an iterable of ``{"a": frames, "b": frames}``
+    (``(n, H, W, 3)`` uint8, consecutive windows of the clip; one dict of whole clips will do).
+    Every (A tile, B tile) pair counts. The streams are decoded side by side, one frame at a
+    time (memory: a window of the contents and one frame per stream); a tile stored downscaled
+    is scaled back to the lossless size."""
+    out = [Sums() for _ in streams]
+    readers = [iter(open_clip(Path(path), threads=1)) for path, _ in streams]
+    pairs = [([i for i, ch in enumerate(key) if ch == "a"], [i for i, ch in enumerate(key)
+                                                               if ch == "b"]) for _, key in streams]
+    t, windows = 0, iter(windows)
+    for win in windows:
+        fa, fb = win["a"], win["b"]
+        h, w = fa.shape[1:3]
+        for f in range(len(fa)):
+            a, b = _exact(fa[f]), _exact(fb[f])
+            d = b - a
+            for (path, _), reader, (ia, ib), sums in zip(streams, readers, pairs, out):
+                frame = next(reader, None)
+                if frame is None:
+                    total = t + len(fa) + sum(len(x["a"]) for x in windows)
+                    raise ValueError(f"{path}: expected {total} frames, found {t + f}")
+                tiles, err = {}, {}
+                for i in ia + ib:
+                    x, y, tw, th = rects[i]
+                    tile = frame[y:y + th, x:x + tw]
+                    tiles[i] = _exact(tile if (tw, th) == (w, h) else _resize(tile, w, h))
+                    err[i] = _sse(tiles[i] - (a if i in ia else b))
+                for i in ia:
+                    for j in ib:
+                        sums.add_pair(a, b, d, tiles[i], tiles[j], err[i], err[j])
+        t += len(fa)
+    for (path, _), reader in zip(streams, readers):
+        if next(reader, None) is not None:
             raise ValueError(f"{path}: expected {t} frames, found more")
-        a, b = _exact(fa[n]), _exact(fb[n])
-        d = b - a
-        tiles, err = {}, {}
-        for i in ia + ib:
-            x, y, tw, th = rects[i]
-            tile = frame[y:y + th, x:x + tw]
-            tiles[i] = _exact(tile if (tw, th) == (w, h) else _resize(tile, w, h))
-            err[i] = _sse(tiles[i] - (a if i in ia else b))
-        for i in ia:
-            for j in ib:
-                sums.add_pair(a, b, d, tiles[i], tiles[j], err[i], err[j])
-    if n + 1 != t:
-        raise ValueError(f"{path}: expected {t} frames, found {n + 1}")
-    return sums
+    return out
 
 
-def row_figures(media_dir, streams: dict, contents: dict) -> dict:
+def row_figures(media_dir, streams: dict, windows) -> dict:
     """A row's delivery figures over all its trial streams (``streams``: ``{"rects", "files":
-    {key: sha256}}`` as :mod:`.api` stores them): those of the stream with the least headroom
-    (every stream is shown to some rater), with ``streams`` (how many were measured) and
-    ``sums`` (that stream's integer sums, for :func:`judge`)."""
+    {key: sha256}}`` as :mod:`.api` stores them; ``windows``: the row's lossless contents,
+    :func:`measure_streams`): those of the stream with the least headroom (every stream is
+    shown to some rater), with ``streams`` (how many were measured) and ``sums`` (that
+    stream's integer sums, for :func:`judge`)."""
+    if isinstance(windows, dict):
+        windows = [windows]
+    files = sorted(streams["files"].items())
     worst = None
-    for key, sha in sorted(streams["files"].items()):
-        f = measure_stream(Path(media_dir) / f"{sha}.mp4", key, streams["rects"],
-                           contents).figures()
+    for sums in measure_streams([(Path(media_dir) / f"{sha}.mp4", key) for key, sha in files],
+                                streams["rects"], windows):
+        f = sums.figures()
         if worst is None or _worse(f, worst):
             worst = f
-    worst["streams"] = len(streams["files"])
+    worst["streams"] = len(files)
     return worst
 
 

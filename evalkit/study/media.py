@@ -61,8 +61,9 @@ TILED_ENCODING = replace(BROWSER_ENCODING, options={**BROWSER_ENCODING.options, 
 
 
 def media_workers() -> int:
-    """Clips whose media a study encodes at once: one per core, at most 4 (each holds its
-    decoded frames and catch versions in memory; each stream is encoded by one x264 thread)."""
+    """Clips whose media a study encodes at once: one per core, at most 4 (each holds a few
+    windows of frames and the encoders of one pass, :mod:`.trialmedia`; each stream is encoded
+    by one x264 thread)."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -153,7 +154,7 @@ def store_tiled(tiles: list[np.ndarray], fps, media_dir) -> tuple[str, dict]:
     """Encode ``tiles`` (each ``(T, H, W, 3)`` uint8 RGB, the same T, H and W) as the tiles of
     one trial stream (:data:`TILED_ENCODING`, layout :func:`tile_layout`), tile ``i`` in
     ``rects[i]``; returns ``(sha256, layout)``. The same tiles in the same order give the
-    same file."""
+    same file (that of :func:`store_tiled_streams` given them window by window)."""
     tiles = [np.asarray(f) for f in tiles]
     if not tiles:
         raise ValueError("tiles: expected at least one, found none")
@@ -165,9 +166,42 @@ def store_tiled(tiles: list[np.ndarray], fps, media_dir) -> tuple[str, dict]:
             raise ValueError(f"tiles[{k}]: every tile of a stream has the same frame count, "
                              f"height and width; found {f.shape[:3]}, tiles[0] "
                              f"{tiles[0].shape[:3]}")
-    layout = tile_layout(len(tiles), tiles[0].shape[1], tiles[0].shape[2])
-    frames = tile_frames(tiles, layout)
-    return _store(lambda p: write_browser(p, frames, fps, TILED_ENCODING), media_dir), layout
+    ((sha, layout, _),) = store_tiled_streams([dict(enumerate(tiles))],
+                                              [list(range(len(tiles)))], fps, media_dir)
+    return sha, layout
+
+
+def store_tiled_streams(windows, streams: list[list], fps, media_dir) -> list[tuple[str, dict, int]]:
+    """Several trial streams encoded at once from one pass over ``windows``: an iterable of
+    dicts, content name -> ``(n, H, W, 3)`` uint8 frames (every content of a window the same
+    n, H and W); stream ``i`` shows content ``streams[i][j]`` in tile ``j``
+    (:func:`tile_layout`). Each stream's encoder runs on a thread of its own and builds its
+    frames one at a time (:func:`tile_frames`), at most two windows queued
+    (:func:`evalkit.concurrency.fan_out`): memory holds a few windows and one frame per stream,
+    whatever the clip's length. Returns ``(sha256, layout, frames)`` per stream; each file is
+    that of :func:`store_tiled` given the whole contents. An error (of the windows' source or
+    an encoder) is raised and no stream of the pass is kept."""
+    from ..concurrency import fan_out
+
+    def encoder(names):
+        def run(items) -> tuple[str, dict, int]:
+            state = {"layout": None, "n": 0}
+
+            def frames():
+                for item in items:
+                    tiles = [item[c] for c in names]
+                    if state["layout"] is None:
+                        state["layout"] = tile_layout(len(tiles), tiles[0].shape[1],
+                                                      tiles[0].shape[2])
+                    for t in range(len(tiles[0])):
+                        yield tile_frames([x[t:t + 1] for x in tiles], state["layout"])[0]
+                        state["n"] += 1
+
+            sha = _store(lambda p: write_browser(p, frames(), fps, TILED_ENCODING), media_dir)
+            return sha, state["layout"], state["n"]
+        return run
+
+    return fan_out(windows, [encoder(names) for names in streams], name="evalkit-media-encode")
 
 
 def degrade(frames: np.ndarray, fps, kind: str) -> np.ndarray:

@@ -145,17 +145,46 @@ def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") ->
     """Full-reference metrics of stimulus ``s`` against ``a`` (``(T, H, W, 3)`` uint8), the
     per-clip means as ``compare`` reports them: ``{"lpips", "ssim", "psnr"}`` (``psnr`` None
     for identical clips) plus ``max_abs_diff``, and the metrics' conventions."""
+    return measure_windows([(a, s)], device=device, net=net)
+
+
+def measure_windows(pairs, *, device="cpu", net: str = "alex") -> dict:
+    """:func:`measure` of two clips given as an iterable of ``(a, s)`` windows (``(n, H, W, 3)``
+    uint8, consecutive): read once, held a window or two at a time; the same figures as
+    :func:`measure` of the whole clips (the metrics batch their frames alike)."""
+    import collections
+
     from metrics.stream import evaluate_pair
 
-    out = evaluate_pair(a, s, temporal=False, device=device, net=net, keep_records=False)
+    it = iter(pairs)
+    bufs = (collections.deque(), collections.deque())
+    diff = [0]
+
+    def pull() -> bool:
+        p = next(it, None)
+        if p is None:
+            return False
+        a, s = p
+        if a.size and a.shape == s.shape:
+            diff[0] = max(diff[0], int(np.abs(a.astype(np.int16) - s.astype(np.int16)).max()))
+        bufs[0].append(a)
+        bufs[1].append(s)
+        return True
+
+    def side(k: int):
+        while bufs[k] or pull():
+            if bufs[k]:
+                yield bufs[k].popleft()
+
+    out = evaluate_pair(side(0), side(1), temporal=False, device=device, net=net,
+                        keep_records=False)
     m = out["means"]
 
     def val(k):
         v = m.get(k)
         return None if v is None or not math.isfinite(v) else float(v)
-    diff = int(np.abs(a.astype(np.int16) - s.astype(np.int16)).max()) if a.size else 0
     return {"lpips": val("lpips"), "ssim": val("ssim"), "psnr": val("psnr"),
-            "max_abs_diff": diff, "conventions": out["conventions"]}
+            "max_abs_diff": diff[0], "conventions": out["conventions"]}
 
 
 def analysis_trials(rows: list[dict], stimuli: dict, metric: str = METRIC) -> list[dict]:

@@ -1,0 +1,178 @@
+"""One clip's trial media, made window by window: memory bounded by a window of frames, not by
+the clip's length (issue 36).
+
+For each row of the clip (the clip itself, or one threshold level) the clip is read window by
+window (:func:`.excerpt.pair_windows`, :func:`.excerpt.window_frames` frames at a time, both
+sides side by side) in these passes:
+
+1. *encode*, one pass or more: each window's contents (the row's sides as shown; each catch
+   version's reference and degraded copy) are built once and handed to every trial stream the
+   pass makes, each encoded on a thread of its own (:func:`.media.store_tiled_streams`): the
+   row's streams, then its catch versions', at most :data:`STREAMS_PER_PASS` streams a pass (a
+   pass of catch versions alone decodes only the side they come from);
+2. *measure*: the row's delivery fidelity, its streams decoded side by side against the
+   lossless contents (:func:`.fidelity.row_figures`), and for a threshold level the
+   stimulus's metrics (:func:`.threshold.measure_windows`) in the same pass.
+
+A threshold study first measures the clip's real difference (one more pass). Every file, figure
+and metric is the one the whole clip in memory gave (``benchmarks/study_identity.py``): the
+frames fed to each encoder are the same, the fidelity sums are exact integers and the metrics
+batch their frames alike.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..concurrency import fan_out
+from ..video import open_clip
+from . import design, excerpt, fidelity, threshold
+from .media import degrade, store_tiled_streams
+
+
+def measured(m: dict) -> dict:
+    """A stimulus's metrics as stored: finite floats at full precision (JSON has no inf)."""
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
+
+
+def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit,
+               metrics_device, measure_reference: bool) -> dict:
+    """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
+    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
+    ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip). Returns
+    ``{"fps_a", "fps_b", "seconds", "rows", "stimuli", "catches"}`` (``"reference"`` when
+    measured; ``"error"``: the sides differ in frame count or size); nothing is encoded when
+    the frame rates differ (the caller's rule)."""
+    fps, fps_b = open_clip(c["path_a"]).info.fps, open_clip(c["path_b"]).info.fps
+    out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
+    if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
+        return out
+
+    args = window or (None,)
+
+    def pairs():
+        return excerpt.pair_windows(c["path_a"], c["path_b"], *args)
+
+    def side(from_b: bool):
+        return excerpt.side_windows(c["path_b"] if from_b else c["path_a"], *args)
+
+    try:
+        if measure_reference:
+            out["reference"] = measured(threshold.measure_windows(pairs(), device=metrics_device))
+        # this clip's catch references: each its own colour offset, (1, 1, 1) first (one code
+        # value brighter, the rule of a clip with one catch version), so no two share a picture
+        catch_offsets = list(threshold.CATCH_OFFSETS)
+        for i, k, catches in rows:
+            refs = [(kind_, from_b, catch_offsets.pop(0)) for kind_, from_b in catches]
+            _row(i, c, k, offs.get(k), refs, pairs, side, fps, kind=kind, forced=forced, media=media,
+                 swap=swap, xbit=xbit, out=out, metrics_device=metrics_device)
+    except excerpt.ShapeError as e:
+        out["error"] = str(e)
+    return out
+
+
+def _shown(a, b_real, level, offset, kind, same: list | None = None) -> dict:
+    """A row's two sides as shown in one window: A and B (level None), or A and the level's
+    stimulus, both shifted by the level's colour offset (:func:`.threshold.shifted`);
+    ``same``: [whether the stimulus has equalled B so far], updated."""
+    if level is None:
+        return {"a": a, "b": b_real}
+    fb = threshold.stimulus(kind, a, b_real, level)
+    if same is not None:
+        same[0] = same[0] and np.array_equal(fb, b_real)
+    return {"a": threshold.shifted(a, offset), "b": threshold.shifted(fb, offset)}
+
+
+#: trial streams one pass encodes at once, at most: each is an x264 encoder holding frames of
+#: its own, so a row with many catch versions (a study of one clip has 9) is encoded in several
+#: passes, not all at once
+STREAMS_PER_PASS = 6
+
+
+def _passes(n_row: int, n_catch: int, refs: list) -> list[list]:
+    """The units (None: the row; ``j``: catch version ``j``) each encoding pass makes, in
+    order: the row first, then catch versions, at most :data:`STREAMS_PER_PASS` streams a pass
+    (one unit at least)."""
+    out, cur, n = [], [None], n_row
+    for j in range(len(refs)):
+        if n + n_catch > STREAMS_PER_PASS:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(j)
+        n += n_catch
+    return out + [cur]
+
+
+def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, swap, xbit, out,
+         metrics_device) -> None:
+    """Row ``i`` of the clips table and its catch versions (``refs``: (kind, reference from B,
+    colour offset) each). Each catch reference is its source mirrored left to right and
+    shifted by its offset (:data:`.threshold.CATCH_OFFSETS`), so no two catch versions of a
+    clip share a reference picture, nor a test trial's (a colour offset alone left the chroma,
+    and so runs of coded bytes, the same as the clip's test trial's: a script matched a catch
+    to its clip by shared byte runs); its degraded copy is :func:`.media.degrade`'s."""
+    protocol = "abx" if forced else "preference"
+    row_keys = design.stream_keys(protocol)
+    catch_keys = design.stream_keys(protocol, catch=True)
+    same = [True]
+    made = {}                                  # unit -> {"rects", "scale", "files"}
+
+    def sides(units):
+        """The windows a pass needs: both sides for the row, else its catches' sources."""
+        if None in units or len({refs[j][1] for j in units}) == 2:
+            yield from pairs()
+            return
+        from_b = refs[units[0]][1]
+        for x in side(from_b):
+            yield (None, x) if from_b else (x, None)
+
+    for units in _passes(len(row_keys), len(catch_keys), refs):
+        def contents(units=units):
+            for a, b in sides(units):
+                item = _shown(a, b, level, offset, kind, same) if None in units else {}
+                for j in units:
+                    if j is not None:
+                        ck, from_b, off = refs[j]
+                        ref = threshold.shifted((b if from_b else a)[:, :, ::-1], off)
+                        item[f"r{j}"], item[f"d{j}"] = ref, degrade(ref, fps, ck)
+                yield item
+
+        specs, keys = [], []
+        for j in units:
+            ks = row_keys if j is None else catch_keys
+            specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
+            keys += [(j, k) for k in ks]
+        for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(contents(), specs, fps,
+                                                                         media)):
+            s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
+                                    "files": {}})
+            s["files"][key] = sha
+            out["seconds"][sha] = n / fps
+
+    def shown():
+        for a, b in pairs():
+            yield _shown(a, b, level, offset, kind)
+
+    lp = c["lpips_mean"]
+    if level is None:
+        fig = fidelity.row_figures(media, made[None], shown())
+    else:
+        fig, m = fan_out(shown(), [
+            lambda items: fidelity.row_figures(media, made[None], items),
+            lambda items: threshold.measure_windows(((x["a"], x["b"]) for x in items),
+                                                    device=metrics_device)],
+            name="evalkit-media-measure")
+        m = measured(m)
+        m.pop("conventions", None)
+        out["stimuli"].append({"ord": i, "job": c["job"], "level": level, "metrics": m,
+                               "offset": list(offset), "identical_to_b": bool(same[0])})
+        lp = m["lpips"]
+    # media_a/media_b (one file per side) are unused since trials are streams: left empty
+    out["rows"].append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
+                        "seed": c["seed"], "lpips_mean": lp, "media_a": "",
+                        "media_b": "", "media_a_alt": None, "media_b_alt": None,
+                        "base_swap": swap[i], "base_x": xbit[i], "streams": made[None],
+                        "delivery": {"job": c["job"], "level": level, **fig}})
+    for j, (ck, _, _) in enumerate(refs):
+        out["catches"].append({"ord": i, "kind": ck, "streams": made[j]})
