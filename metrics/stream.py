@@ -7,7 +7,7 @@ grey image, pixels and low-passed luma); :meth:`~PairEvaluator.compute` gives th
 :func:`stream_pair` drives it from two iterators, :func:`evaluate_pair` collects everything.
 
 Per-frame record keys (the metric keys, units and first frames are those of
-:mod:`metrics.catalogue`; units also in :data:`UNITS`)::
+:mod:`evalkit.metrics.catalogue`; units also in :data:`UNITS`)::
 
     frame, lpips, ssim, psnr, max_abs_diff, diff_fraction, identical
     from frame 1 (temporal=True):  tlp, tof, warp_error_a, warp_error_b, warp_error_diff, flicker
@@ -92,11 +92,11 @@ def _u8(y: torch.Tensor) -> np.ndarray:
     """Rounded luma planes (N, 1, H, W) float -> (N, H, W) uint8 numpy (OpenCV flow input)."""
     return y.clamp(0, 255).to(torch.uint8)[:, 0].cpu().numpy()
 
-#: What each number means (key -> description, from :mod:`metrics.catalogue`). Every value
+#: What each number means (key -> description, from :mod:`evalkit.metrics.catalogue`). Every value
 #: in records and summaries is in these units.
 UNITS = units()
 
-FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): metrics.vmaf
+FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): evalkit.metrics.vmaf
 TEMPORAL_KEYS = keys(temporal=True, optional=False)
 
 
@@ -265,8 +265,8 @@ class PairEvaluator:
     net (``"alex"``/``"vgg"``), ssim_channel (``"luma"``/``"rgb"``), ssim_round_luma,
     ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``/
     ``"torch"``: on the evaluator's device, no flow threads; ``"auto"``: ``"torch"`` on a GPU,
-    ``"dis"`` elsewhere, :func:`metrics.flow.resolve_flow`),
-    flow_preset (DIS preset, default ``"fast"``: see :mod:`metrics.flow`), flow_scale,
+    ``"dis"`` elsewhere, :func:`evalkit.metrics.flow.resolve_flow`),
+    flow_preset (DIS preset, default ``"fast"``: see :mod:`evalkit.metrics.flow`), flow_scale,
     flicker_block, temporal (compute temporal metrics).
 
     device: where the metrics run (default: CUDA if available, else CPU); float32 with TF32 off.
@@ -586,7 +586,7 @@ class PairEvaluator:
                 else:
                     fl, job.flow_dev = job.flow_dev, None
                 fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
-                # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
+                # on CUDA one Triton pass per clip (evalkit.metrics._triton_temporal), else torch
                 out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
                     job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
                 out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]

@@ -22,23 +22,23 @@ PACKAGES = ("evalkit", "app", "metrics")
 CORE = {"evalkit", "evalkit.concurrency", "evalkit.errors", "evalkit.fsutil", "evalkit.lossless",
         "evalkit.procdecode", "evalkit.video", "evalkit.weights"}
 ALLOWED = {
-    "metrics": set(),
-    **{c: CORE | {"metrics"} for c in CORE},
+    "evalkit.metrics": set(),
+    **{c: CORE | {"evalkit.metrics"} for c in CORE},
     "evalkit.canary": CORE,
     "evalkit.formats": CORE,
-    "evalkit.compare": CORE | {"evalkit.formats", "metrics"},
-    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "metrics"},
+    "evalkit.compare": CORE | {"evalkit.formats", "evalkit.metrics"},
+    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "evalkit.metrics"},
     # the Ray executor runs both flows' work on a cluster: render's job loop and compare's
     # measure_pair; neither flow imports it (the front doors choose it)
-    "evalkit.executor": CORE | {"evalkit.formats", "evalkit.render", "evalkit.compare", "metrics"},
+    "evalkit.executor": CORE | {"evalkit.formats", "evalkit.render", "evalkit.compare", "evalkit.metrics"},
     # the threshold protocol measures its amplified stimuli as compare measures a pair; a
     # report's run folders are read through evalkit.formats (their clips)
-    "evalkit.study": CORE | {"evalkit.formats", "metrics"},
+    "evalkit.study": CORE | {"evalkit.formats", "evalkit.metrics"},
     "evalkit.cli": None,           # the front door: any room (None = no limit)
     "evalkit.demo": None,
     "evalkit.testing": None,       # test support (fakes, tiny pipelines, a report, the server)
     "evalkit.__main__": None,
-    "app": CORE | {"evalkit.study"},
+    "evalkit.app": CORE | {"evalkit.study"},
 }
 
 

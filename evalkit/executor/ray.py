@@ -20,7 +20,7 @@ worker is free next, at most ``max_retries`` more times, then it is recorded as 
 killed and restarted resumes from the run folders like the local executor (its actors die with
 it).
 
-Compare: one actor per GPU (or CPU slot) holds a loaded :class:`metrics.PairEvaluator`; clip
+Compare: one actor per GPU (or CPU slot) holds a loaded :class:`evalkit.metrics.PairEvaluator`; clip
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
 driver (:func:`evalkit.compare.pairing.compare_runs`).
 """
@@ -246,7 +246,7 @@ class MeasureWorker:
     """One metric evaluator (LPIPS loaded once) on one GPU/CPU slot."""
 
     def __init__(self, device, metric_options: dict, threads: int | None = None):
-        from metrics.stream import PairEvaluator
+        from evalkit.metrics.stream import PairEvaluator
 
         _set_threads(threads)
         self.evaluator = PairEvaluator(device=device, **(metric_options or {}))

@@ -145,7 +145,7 @@ def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") ->
     """Full-reference metrics of stimulus ``s`` against ``a`` (``(T, H, W, 3)`` uint8), the
     per-clip means as ``compare`` reports them: ``{"lpips", "ssim", "psnr"}`` (``psnr`` None
     for identical clips) plus ``max_abs_diff``, and the metrics' conventions."""
-    from metrics.stream import evaluate_pair
+    from evalkit.metrics.stream import evaluate_pair
 
     out = evaluate_pair(a, s, temporal=False, device=device, net=net, keep_records=False)
     m = out["means"]
