@@ -1,6 +1,7 @@
 """Full-reference and temporal video metrics over batched frames (N, 3, H, W).
 
-This package knows nothing of runs, suites or studies; it never imports ``evalkit``.
+This package (the folder ``metrics/``, imported as ``evalkit.metrics``) knows nothing of runs,
+suites or studies; it imports no other part of evalkit.
 
 Frames are ``(N, 3, H, W)`` tensors (or numpy arrays), uint8 in [0, 255] or float in [0, 1],
 on any torch device; metrics compute in float32 there (TF32 off, deterministic) and return one
@@ -46,7 +47,7 @@ _LAZY = {
 def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
-        raise AttributeError(f"module 'metrics' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     value = getattr(importlib.import_module(mod, __name__), name)

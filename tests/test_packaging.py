@@ -1,5 +1,7 @@
-"""A wheel that works: the canary pipeline and the bundled suites ship inside it, and outputs are
-written with ordinary file modes (0644 files, 0755 folders under umask 022).
+"""A wheel that works: the canary pipeline and the bundled suites ship inside it, the folders
+metrics/ and app/ are imported as ``evalkit.metrics`` and ``evalkit.app`` however the code is run
+(wheel, editable install, plain checkout on ``PYTHONPATH``) and never as top-level ``metrics`` or
+``app``, and outputs are written with ordinary file modes (0644 files, 0755 folders under umask 022).
 
 The wheel test builds a wheel from a copy of the sources, installs it (no dependencies) into a
 fresh venv whose only other packages are this environment's (through a ``.pth`` line, which does
@@ -32,7 +34,8 @@ pytestmark = pytest.mark.slow  # a wheel built and installed
 
 CHECKOUT_MODEL = ROOT / "models" / "canary"
 CHECKOUT_DATASETS = ROOT / "datasets"
-PACKAGES = ("evalkit", "metrics", "app")
+#: folder of the repository -> where a wheel puts it (pyproject.toml's package-dir)
+PACKAGES = {"evalkit": "evalkit", "metrics": "evalkit/metrics", "app": "evalkit/app"}
 
 
 # -- file modes ------------------------------------------------------------------------------
@@ -119,12 +122,9 @@ def _run(args, **kw) -> subprocess.CompletedProcess:
     return r
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """A wheel built from a copy of the sources (no build/ or egg-info left in the checkout)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
+def _copy_sources(src: Path) -> Path:
+    """What a wheel is built from, copied to ``src`` (no build/ or egg-info left in the checkout)."""
+    src.mkdir(parents=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".tmp-*")
     for name in ("pyproject.toml", "README.md", "MANIFEST.in", "setup.py", "setup.cfg",
                  *PACKAGES, "models", "datasets"):
@@ -133,23 +133,16 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copytree(p, src / name, ignore=skip)
         elif p.is_file():
             shutil.copy2(p, src / name)
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-          "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src])
-    [whl] = (tmp / "dist").glob("evalkit-*.whl")
-    return whl
+    return src
 
 
-@pytest.fixture(scope="module")
-def installed(wheel, tmp_path_factory):
-    """A fresh venv with the wheel installed; the dependencies come from this environment."""
-    tmp = tmp_path_factory.mktemp("venv")
+def _venv(tmp: Path) -> dict:
+    """A fresh venv whose other packages are this environment's; a folder ``work`` outside the
+    checkout; an environment without PYTHONPATH."""
     venv = tmp / "venv"
     base = getattr(sys, "_base_executable", None) or sys.executable
     _run([base, "-m", "venv", "--without-pip", venv])
     py = venv / "bin" / "python"
-    # pip of this environment, installing into the new one (pip >= 22.3: --python)
-    _run([sys.executable, "-m", "pip", "--python", py, "install", "--quiet",
-          "--disable-pip-version-check", "--no-deps", "--no-index", wheel])
     site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
                 .stdout.strip())
     # only the directories: a .pth line adds a path, it does not run the .pth files there (the
@@ -163,15 +156,41 @@ def installed(wheel, tmp_path_factory):
     return {"venv": venv, "py": py, "site": site, "work": work, "env": env}
 
 
+def _pip_install(py: Path, *args) -> None:
+    # pip of this environment, installing into the new one (pip >= 22.3: --python)
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "--quiet",
+          "--disable-pip-version-check", "--no-deps", "--no-index", *args])
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the sources."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _copy_sources(tmp / "src")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+          "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src])
+    [whl] = (tmp / "dist").glob("evalkit-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """A fresh venv with the wheel installed; the dependencies come from this environment."""
+    v = _venv(tmp_path_factory.mktemp("venv"))
+    _pip_install(v["py"], wheel)
+    return v
+
+
 def test_wheel_holds_every_module_and_the_shipped_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     top = {n.split("/")[0] for n in names}
-    assert top == {*PACKAGES, next(t for t in top if t.endswith(".dist-info"))}
-    for pkg in PACKAGES:  # the packages list of pyproject.toml is complete
-        for p in (ROOT / pkg).rglob("*.py"):
-            assert p.relative_to(ROOT).as_posix() in names
+    # no top-level metrics or app: both names are taken on PyPI
+    assert top == {"evalkit", next(t for t in top if t.endswith(".dist-info"))}
+    for folder, inside in PACKAGES.items():  # the packages list of pyproject.toml is complete
+        for p in (ROOT / folder).rglob("*.py"):
+            assert f"{inside}/{p.relative_to(ROOT / folder).as_posix()}" in names
     for p in (ROOT / "app" / "static").iterdir():
-        assert p.relative_to(ROOT).as_posix() in names
+        assert f"evalkit/app/static/{p.name}" in names
     for p in (ROOT / "evalkit" / "compare" / "templates").iterdir():   # the report's template
         assert p.relative_to(ROOT).as_posix() in names
     for f in _files(CHECKOUT_MODEL):
@@ -186,13 +205,19 @@ def test_wheel_holds_every_module_and_the_shipped_data(wheel):
 def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
     py, work, env, site = installed["py"], installed["work"], installed["env"], installed["site"]
     probe = _run([py, "-c", (
-        "import json, evalkit, metrics, app, evalkit.demo as demo\n"
+        "import json, importlib.util, evalkit, evalkit.demo as demo\n"
+        "from evalkit import app, metrics\n"
+        "from evalkit.metrics import stream\n"
+        "from evalkit.app import server\n"
+        "assert importlib.util.find_spec('metrics') is None, importlib.util.find_spec('metrics')\n"
+        "assert importlib.util.find_spec('app') is None, importlib.util.find_spec('app')\n"
         "from pathlib import Path\n"
         "from evalkit import fsutil\n"
         "from evalkit.canary import MODEL_DIR\n"
         "from evalkit.render.renderers.canary import MODEL_DIR as RENDERER_DIR\n"
         "print(json.dumps({'evalkit': evalkit.__file__, 'metrics': metrics.__file__,"
-        " 'app': app.__file__, 'static': str(Path(app.__file__).parent / 'static'),"
+        " 'stream': stream.__file__, 'app': app.__file__, 'server': server.__file__,"
+        " 'static': str(Path(app.__file__).parent / 'static'),"
         " 'model': str(MODEL_DIR), 'renderer_model': str(RENDERER_DIR),"
         " 'model_fn': str(fsutil.canary_model_dir()),"
         " 'datasets': str(fsutil.datasets_dir()), 'suite': str(demo.SUITE),"
@@ -203,6 +228,12 @@ def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
     assert where["model"] == where["renderer_model"] == where["model_fn"] == \
         site / "evalkit" / "models" / "canary"
     assert where["datasets"] == site / "evalkit" / "datasets"
+    assert where["stream"] == site / "evalkit" / "metrics" / "stream.py"
+    assert where["server"] == site / "evalkit" / "app" / "server.py"
+    for name in ("metrics", "app"):   # not importable as top-level packages
+        r = subprocess.run([py, "-c", f"import {name}"], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 1 and f"No module named '{name}'" in r.stderr, (name, r.stderr)
     assert where["suite"].is_file() and where["gate"].is_file()
     assert all((where["static"] / f"player.{x}").is_file() for x in ("html", "css", "js"))
     # the folder is copied as is: same files, same bytes, so the same model_sha256
@@ -224,3 +255,57 @@ def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
     manifest = json.loads((run / "manifest.json").read_text())
     assert Path(manifest["renderer"]["model"]) == where["model"]
     assert manifest["renderer"]["model_sha256"] == digest
+
+
+# -- the import names in a checkout ----------------------------------------------------------
+
+#: prints where evalkit's packages and a submodule of each come from, and whether a top-level
+#: ``metrics`` / ``app`` would be found (from a folder outside the checkout)
+WHERE = (
+    "import importlib.util, json, evalkit, evalkit.metrics.stream, evalkit.app.server\n"
+    "print(json.dumps({'evalkit': evalkit.__file__, 'metrics': evalkit.metrics.__file__,"
+    " 'stream': evalkit.metrics.stream.__file__, 'app': evalkit.app.__file__,"
+    " 'server': evalkit.app.server.__file__,"
+    " 'top_metrics': str(importlib.util.find_spec('metrics')),"
+    " 'top_app': str(importlib.util.find_spec('app'))}))")
+
+
+def _where(py, cwd, env) -> dict:
+    return json.loads(_run([py, "-c", WHERE], cwd=cwd, env=env).stdout)
+
+
+def _from_checkout(found: dict, checkout: Path) -> None:
+    assert found["evalkit"] == str(checkout / "evalkit" / "__init__.py")
+    assert found["metrics"] == str(checkout / "metrics" / "__init__.py")
+    assert found["stream"] == str(checkout / "metrics" / "stream.py")
+    assert found["app"] == str(checkout / "app" / "__init__.py")
+    assert found["server"] == str(checkout / "app" / "server.py")
+
+
+def test_editable_install_maps_the_folders(tmp_path):
+    """``make setup``'s ``pip install -e .``: the clone's folders under evalkit's names, and no
+    top-level ``metrics`` or ``app`` outside the clone."""
+    clone = _copy_sources(tmp_path / "clone")
+    v = _venv(tmp_path)
+    _pip_install(v["py"], "--no-build-isolation", "-e", clone)
+    found = _where(v["py"], v["work"], v["env"])
+    _from_checkout(found, clone)
+    assert found["top_metrics"] == found["top_app"] == "None"
+
+
+def test_checkout_on_pythonpath_maps_its_own_folders(tmp_path):
+    """A checkout run with PYTHONPATH and no install (helpers' worktrees, the device runs) in an
+    environment where another checkout of evalkit is installed editable (this one, or the main
+    checkout): evalkit.metrics and evalkit.app come from the checkout on PYTHONPATH, not from
+    the editable install's mapping."""
+    other = _copy_sources(tmp_path / "other")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(PYTHONPATH=str(other), GRADIO_ANALYTICS_ENABLED="False")
+    work = tmp_path / "work"
+    work.mkdir()
+    _from_checkout(_where(sys.executable, work, env), other)
+    # in a child process too (worker processes import by name)
+    probe = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+             f"{WHERE!r}], check=True)")
+    _from_checkout(json.loads(_run([sys.executable, "-c", probe], cwd=work, env=env).stdout),
+                   other)
