@@ -13,8 +13,8 @@ Public surface (see the README for the command line):
 
 ``evalkit.metrics`` and ``evalkit.app`` live in the repository's top-level folders ``metrics/``
 and ``app/``. A wheel (and setuptools' editable install) maps them into this package
-(pyproject.toml's ``package-dir``). A checkout run without an install (``PYTHONPATH=.``, as the
-helpers' worktrees and the device runs do) has no such mapping, and an editable install of
+(pyproject.toml's ``package-dir``). A checkout run without an install (``PYTHONPATH=.``: a
+second worktree, a copy on another machine) has no such mapping, and an editable install of
 another checkout in the same environment would answer for it; so when this package sits in a
 checkout (``../pyproject.toml`` beside ``../metrics/__init__.py``, no ``evalkit/metrics/``), a
 finder placed first on ``sys.meta_path`` maps exactly those two names to the folders of this
@@ -23,6 +23,7 @@ checkout. It answers no other name, and it is not installed from a wheel.
 import os as _os
 import sys as _sys
 from importlib.util import spec_from_file_location as _spec_from_file_location
+
 from .errors import (
     EvalkitError,
     InputFileError,

@@ -1,4 +1,4 @@
-"""Exceptions of the metrics package (it never imports evalkit).
+"""Exceptions of evalkit.metrics (it imports no other part of evalkit).
 
     MetricsError            base
     ├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
