@@ -211,8 +211,8 @@ def test_every_evalkit_variable_read_is_in_the_documented_list():
 
 def test_nothing_imports_the_folders_as_top_level_packages():
     """metrics/ and app/ are imported as evalkit.metrics and evalkit.app everywhere (tests,
-    benchmarks and tools too): from the repository root ``import metrics`` would still work and
-    load a second copy of every module, with its own caches and switches."""
+    benchmarks and tools too): a top-level ``metrics`` imported from the repository root would
+    still load, as a second copy of every module with its own caches and switches."""
     bad = []
     for folder in ("evalkit", "app", "metrics", "tests", "benchmarks", "tools", "datasets"):
         for path in sorted((ROOT / folder).rglob("*.py")):
