@@ -1,5 +1,5 @@
 """The study web app: one FastAPI app holding two Gradio apps, the rater page at ``/``
-(:mod:`app.rater`, entered by the invite link) and the admin page at ``/admin`` (:mod:`app.admin`,
+(:mod:`evalkit.app.rater`, entered by the invite link) and the admin page at ``/admin`` (:mod:`evalkit.app.admin`,
 behind a password), plus the media route and a small JSON API for scripts.
 
 Thin layer: every decision (which trial is next, whether an answer is valid, who may answer
@@ -93,7 +93,7 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
               throttle: Throttle | None = None, body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``).
     Rater requests go through one :class:`evalkit.study.live.RaterService` (``app.state.raters``;
-    ``serve`` closes it on the way out); every request through :class:`app.guard.Guard`
+    ``serve`` closes it on the way out); every request through :class:`evalkit.app.guard.Guard`
     (security headers, closed file routes, body limit and ``body_timeout``, back-off on
     password checks: ``throttle``)."""
     store.open_db(db)          # fail early on a bad database

@@ -64,7 +64,7 @@ TRANSPORT = (OSError, ValueError, asyncio.IncompleteReadError)
 
 def baseline_app(db: str):
     """The app with group commit off, for comparison only."""
-    from app.server import build_app
+    from evalkit.app.server import build_app
 
     return build_app(db, with_admin=False, max_batch=1)
 

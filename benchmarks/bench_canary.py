@@ -17,7 +17,7 @@ hash, which do not change the frames). Backends are therefore named by their spe
 (``cuda,dtype=fp32`` is strict fp32: TF32 off; ``cuda,dtype=fp32,tf32=on`` allows TF32), and no
 code here sets a device, a dtype or a numeric flag of its own (tests/test_benchmarks_paths.py
 checks that). Distances are computed by the metric engine that ``evalkit compare`` uses
-(``metrics.stream.PairEvaluator``: LPIPS-alex, SSIM on luma, PSNR, exactness; float32 with TF32
+(``evalkit.metrics.stream.PairEvaluator``: LPIPS-alex, SSIM on luma, PSNR, exactness; float32 with TF32
 off) and aggregated by ``evalkit.compare.aggregate``.
 
 Quality is measured on data training never saw: the eight photographs the bundled clips are
@@ -172,7 +172,7 @@ def view_job(name: str, style: str, seed: int = 0):
 
 def metric_device(name: str | None = None):
     """The device ``evalkit compare`` measures on (``--metrics-device``; default: a GPU if any)."""
-    from metrics._common import resolve_device
+    from evalkit.metrics._common import resolve_device
 
     return resolve_device(name)
 
@@ -183,7 +183,7 @@ def use_lpips_weights(path: str | None) -> None:
     it with its checksum. Nothing to do without ``path``."""
     if not path:
         return
-    from metrics import weights
+    from evalkit.metrics import weights
 
     cache = Path(tempfile.mkdtemp(prefix="canary_lpips_"))
     folder = cache / "lpips" / weights.LPIPS_VERSION
@@ -198,7 +198,7 @@ class Lpips:
     """Per-frame LPIPS-alex of (N, H, W, 3) uint8 arrays, by the metric engine's model."""
 
     def __init__(self, device=None):
-        from metrics.perceptual import get_model
+        from evalkit.metrics.perceptual import get_model
 
         self.model = get_model("alex", metric_device(device))
 
@@ -421,7 +421,7 @@ def distances(ev, a: dict, b: dict, jobs) -> dict:
     """Per-frame records of the metric engine (as ``evalkit compare`` streams a pair of clips)
     over every job, and their aggregates."""
     from evalkit.compare.aggregate import aggregate
-    from metrics.stream import stream_pair
+    from evalkit.metrics.stream import stream_pair
 
     per_job, records = {}, []
     for job in jobs:
@@ -442,7 +442,7 @@ def cmd_sensitivity(args) -> dict:
     from evalkit.compare.aggregate import floor_ratio
     from evalkit.render.backend import parse_spec
     from evalkit.render.driver import select_jobs
-    from metrics.stream import PairEvaluator
+    from evalkit.metrics.stream import PairEvaluator
 
     reference = parse_spec(args.reference).spec
     specs = [parse_spec(b).spec for b in (args.backend or [])]

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_chain.py --device cuda --size 1280x720 --out OUT/chain.txt
     PYTHONPATH=. python benchmarks/bench_chain.py --device cpu --size 256x256 --pairs 32
 
-"old" runs inside ``metrics._common.fast_paths(all=False)`` (the torch kernels: depthwise
+"old" runs inside ``evalkit.metrics._common.fast_paths(all=False)`` (the torch kernels: depthwise
 convolutions for SSIM, separate MSE and exactness passes, AlexNet's conv1 as a strided conv);
 "new" is the default (on CUDA: SSIM and MSE+exactness as Triton kernels, conv1 by
 space-to-depth; on the CPU the default is today's code, so "new" = "old" there and the extra
@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics._common import as_frames, fast_path, fast_paths, luma, precise, resolve_device  # noqa: E402
-from metrics.fidelity import exactness_kernel, luma_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
-from metrics.perceptual import get_model  # noqa: E402
-from metrics.stream import PairEvaluator, stream_pair, unit_into  # noqa: E402
+from evalkit.metrics._common import as_frames, fast_path, fast_paths, luma, precise, resolve_device  # noqa: E402
+from evalkit.metrics.fidelity import exactness_kernel, luma_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
+from evalkit.metrics.perceptual import get_model  # noqa: E402
+from evalkit.metrics.stream import PairEvaluator, stream_pair, unit_into  # noqa: E402
 
 CYCLE = 32
 
@@ -140,7 +140,7 @@ def stages(a, b, dev, chunk, iters, repeat, out):
 
 def luma_exhaustive(dev, out):
     """Rounded luma of all 2^24 RGB triples (one 4096x4096 frame): the default path against
-    ``metrics._common.luma`` (13,178 of them are exact halves in float64)."""
+    ``evalkit.metrics._common.luma`` (13,178 of them are exact halves in float64)."""
     i = np.arange(1 << 24, dtype=np.int64)
     rgb = np.stack([i >> 16, (i >> 8) & 255, i & 255]).astype(np.uint8).reshape(1, 3, 4096, 4096)
     x = as_frames(torch.from_numpy(rgb), "rgb", device=dev)
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
         f"| size {w}x{h} | torch {torch.__version__} | triton {tv} | torch threads "
         f"{torch.get_num_threads()} | cpus {os.cpu_count()} | env EVALKIT_TRITON="
         f"{os.environ.get('EVALKIT_TRITON', '-')}")
-    from metrics import fidelity
+    from evalkit.metrics import fidelity
 
     with precise():
         active = {"triton_ssim": fidelity._planes_fn(dev) is not fidelity._ssim_planes,

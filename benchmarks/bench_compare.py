@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
 
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     from evalkit.compare.pairing import compare_runs, pair_jobs
     from evalkit.render.driver import render_suite

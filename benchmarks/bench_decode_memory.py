@@ -6,7 +6,7 @@ fills; peak memory of this process and its decoder processes together (PSS, samp
     python benchmarks/bench_decode_memory.py --size 1280x720 --chunk 16
 
 Decoder memory does not depend on the device that measures, so this runs on any machine; the
-chunk is what ``metrics.stream.auto_chunk`` picks on a GPU without temporal metrics (7 at 1080p,
+chunk is what ``evalkit.metrics.stream.auto_chunk`` picks on a GPU without temporal metrics (7 at 1080p,
 16 at 720p). Rows: worker processes (``evalkit.procdecode``) and threads (``Prefetch``), with
 the depth ``compare`` uses now and the 32 frames ahead it used before (``--ahead-frames``).
 """

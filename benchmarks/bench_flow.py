@@ -13,14 +13,14 @@ Parts (``--part``, default all):
   upscaled 2.6x): ``torch`` on ``--device`` against DIS ``fast`` and ``medium``, and the torch
   flow solved down to the other working levels (:data:`VARIANTS`).
 * ``schedules`` -- the torch flow's pyramid schedules (``finest``, and ``warps``/``inner`` per
-  level, :func:`metrics.torchflow.per_level`): for each schedule of ``--schedules`` (default
+  level, :func:`evalkit.metrics.torchflow.per_level`): for each schedule of ``--schedules`` (default
   :data:`SCHEDULES`: v1, v2 = the default, and the session-10 sweep), the mean (median)
   end-point error on the synthetic sets above beside DIS ``fast``'s, the cases where it is <=
   DIS ``fast``, flows/s at the ``--sizes`` frame sizes (one batch of the flow's own batch size:
   the fused Triton path on CUDA, the torch path on the CPU), then the schedules whose mean EPE
   is <= DIS ``fast``'s on every set measured, fastest first. A schedule is ``NAME=KEY=VALUE,...``
   or just ``KEY=VALUE,...`` (named after its values), keys those of
-  :data:`metrics.torchflow.PARAMS`; ``warps``/``inner`` take one int or ints joined by ``/``,
+  :data:`evalkit.metrics.torchflow.PARAMS`; ``warps``/``inner`` take one int or ints joined by ``/``,
   one per pyramid level from level 0 (the frames' resolution: not solved when ``finest`` is 1),
   the last one repeating above, e.g. ``--schedules "v1=finest=0,warps=3,inner=10"
   "finest=1,warps=1/3/4,inner=15"``. Raw H200 output:
@@ -31,21 +31,21 @@ Parts (``--part``, default all):
   ``fast``'s (how far apart two CPU presets already are).
 * ``speed`` -- flows/s at 1280x720 and 1920x1080: ``torch`` on the device (several batch
   sizes) against DIS ``fast`` (and ``medium``) in a pool of ``--threads`` OpenCV threads.
-* ``stream`` -- :class:`metrics.stream.PairEvaluator` from frames in host memory at 1280x720:
+* ``stream`` -- :class:`evalkit.metrics.stream.PairEvaluator` from frames in host memory at 1280x720:
   LPIPS+SSIM+PSNR, and the full set with ``--flow torch`` against ``dis``, pairs/s.
 * ``temporal`` -- the warping errors and tOF from flows on the device: the Triton pass
-  (:mod:`metrics._triton_temporal`, CUDA) against the torch path, side by side in one process:
+  (:mod:`evalkit.metrics._triton_temporal`, CUDA) against the torch path, side by side in one process:
   ms per pair on chunks of 8 and 16 pairs at ``--size`` with their differences and batch
   invariance, then the PairEvaluator full set with ``--flow torch`` (stream rows 2 and 3, or
   ``--stream-rows``) inside ``fast_paths(triton_temporal=False)`` and ``=True``, in turn
   (``--repeats`` rounds), pairs/s and the ratio.
-* ``fused`` -- the torch flow's fused Triton path (:mod:`metrics._triton_flow`, CUDA) against its
+* ``fused`` -- the torch flow's fused Triton path (:mod:`evalkit.metrics._triton_flow`, CUDA) against its
   torch path, side by side in one process: flows/s at 1280x720 and 1920x1080 (``--fused-batches``),
   the max |difference| between the two flows, batch invariance, the end-point error of both on
   the 1280x720 synthetic set, and the PairEvaluator full set with ``--flow torch`` with the
   fused path off and on (``EVALKIT_TRITON``).
 * ``lpips`` -- LPIPS alone in strict fp32 (TF32 off) on frames on the device at 1280x720:
-  today's :mod:`metrics.perceptual` against variants (cuDNN autotuning off, channels-last,
+  today's :mod:`evalkit.metrics.perceptual` against variants (cuDNN autotuning off, channels-last,
   CUDA graphs, batch sizes), side by side, ratios printed, each checked against the
   ``lpips`` package's own model (when installed) and against ours.
 """
@@ -65,10 +65,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from metrics._common import precise, resolve_device  # noqa: E402
-from metrics.flow import flow_u8  # noqa: E402
+from evalkit.metrics._common import precise, resolve_device  # noqa: E402
+from evalkit.metrics.flow import flow_u8  # noqa: E402
 from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair  # noqa: E402
-from metrics.torchflow import BATCH_PIXELS, CONVENTION, PARAMS, torch_flow, use_fused  # noqa: E402
+from evalkit.metrics.torchflow import BATCH_PIXELS, CONVENTION, PARAMS, torch_flow, use_fused  # noqa: E402
 
 PARTS = ("synthetic", "schedules", "real", "speed", "stream", "temporal", "fused", "lpips")
 #: Working levels of the torch flow measured beside the default (level ``PARAMS["finest"]``, 1:
@@ -191,7 +191,7 @@ SCHEDULES = (
 
 def parse_schedule(text: str) -> tuple[str, dict]:
     """``NAME=KEY=VALUE,...`` or ``KEY=VALUE,...`` -> (name, torch_flow keywords). Keys: those of
-    :data:`metrics.torchflow.PARAMS`; ``warps``/``inner``: an int or ints joined by ``/`` (one per
+    :data:`evalkit.metrics.torchflow.PARAMS`; ``warps``/``inner``: an int or ints joined by ``/`` (one per
     pyramid level from level 0, the last repeating above); ``finest`` an int; the rest floats.
     Unnamed: named ``f<finest> w<warps> i<inner>`` (the default's values where not given)."""
     head, sep, rest = text.partition("=")
@@ -286,8 +286,8 @@ def read_clip(path: Path) -> np.ndarray:
 def part_real(dev, frames: int):
     from scipy.ndimage import gaussian_filter
 
-    from metrics.flow import optical_flow
-    from metrics.temporal import tof, warping_error
+    from evalkit.metrics.flow import optical_flow
+    from evalkit.metrics.temporal import tof, warping_error
 
     say(f"\n## real clips (datasets/canary, 256x256, {frames} frames): warping error (x1e-4, [0,1] MSE) "
         "and tOF (px) against a degraded copy")
@@ -428,13 +428,13 @@ def stream_clips(size, frames: int = 17):
 
 def part_stream(dev, seconds: float, size, rows=None) -> dict[int, float]:
     """PairEvaluator rows (all, or the numbers in ``rows``); returns pairs/s by row number."""
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     h, w = size
     a, b = stream_clips(size)
     rates = {}
     say(f"\n## PairEvaluator from frames in host memory, {w}x{h}, {dev.type} (cycle of {len(a)} frames)")
-    from metrics import torchflow
+    from evalkit.metrics import torchflow
 
     default_finest = torchflow.torch_flow.__kwdefaults__["finest"]
     all_rows = (("LPIPS+SSIM+PSNR", dict(temporal=False), 16, None),
@@ -479,12 +479,12 @@ def part_stream(dev, seconds: float, size, rows=None) -> dict[int, float]:
 
 def part_temporal(dev, seconds: float, size, chunks=(8, 16), rows=(2, 3), repeats: int = 2):
     """The warping errors and tOF from flows on the device: the Triton pass
-    (:mod:`metrics._triton_temporal`) against the torch path, side by side in one process
+    (:mod:`evalkit.metrics._triton_temporal`) against the torch path, side by side in one process
     (``fast_paths(triton_temporal=...)``): alone on a chunk of flows, then the PairEvaluator
     full set with ``--flow torch`` (part_stream's ``rows``), each ``repeats`` times in turn."""
-    from metrics import temporal
-    from metrics._common import fast_paths, luma, precise, to_unit
-    from metrics.flow import device_flows
+    from evalkit.metrics import temporal
+    from evalkit.metrics._common import fast_paths, luma, precise, to_unit
+    from evalkit.metrics.flow import device_flows
 
     if temporal._temporal_kernel(dev) is None:
         say(f"\n## temporal kernels: not used on {dev.type} (CUDA and triton needed; EVALKIT_TRITON=0?)")
@@ -613,7 +613,7 @@ def part_fused(dev, batches, sizes, seconds: float, stream_size, profile: bool =
 # -- lpips ------------------------------------------------------------------------------------
 
 def part_lpips(dev, batches, size):
-    from metrics.perceptual import LPIPS
+    from evalkit.metrics.perceptual import LPIPS
 
     h, w = size
     g = torch.Generator().manual_seed(0)
@@ -625,7 +625,7 @@ def part_lpips(dev, batches, size):
     try:
         import lpips as lpips_pkg
 
-        from metrics.weights import load_state_dict
+        from evalkit.metrics.weights import load_state_dict
 
         ref_pkg = lpips_pkg.LPIPS(net="alex", pnet_rand=True, verbose=False)
         ref_pkg.load_state_dict(load_state_dict("alex"), strict=False)

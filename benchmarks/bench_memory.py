@@ -109,7 +109,7 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
 #: minutes; PSNR, SSIM, exactness (and the temporal metrics' flows, unless --no-temporal) run
 #: as ever. A benchmark's variant set in its own process (docs/architecture.md).
 CHEAP = """import sys, torch
-import metrics.stream
+import evalkit.metrics.stream
 
 
 class Cheap:
@@ -123,9 +123,9 @@ class Cheap:
         return (fa[0] - fb[0]).abs().flatten()
 
 
-metrics.stream.get_model = lambda net, device: Cheap()
+evalkit.metrics.stream.get_model = lambda net, device: Cheap()
 if STUB:
-    metrics.stream.ssim_kernel = lambda a, b, **kw: torch.zeros(a.shape[0], device=a.device)
+    evalkit.metrics.stream.ssim_kernel = lambda a, b, **kw: torch.zeros(a.shape[0], device=a.device)
 from evalkit.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -21,7 +21,7 @@ Both sides compute on the same synthetic pair (a moving texture; B is A plus noi
 slight brightness flicker), on the same device, from frames already in memory (a cycle of 32
 distinct frames, so decoding or generating frames is not what is timed):
 
-* ours  -- metrics.stream.stream_pair / PairEvaluator: frames staged once (pinned, one copy per
+* ours  -- evalkit.metrics.stream.stream_pair / PairEvaluator: frames staged once (pinned, one copy per
   chunk), one LPIPS trunk pass per frame reused by tLP, torch SSIM/PSNR on the device, OpenCV
   DIS flow in a thread pool overlapping the device work, warping on the device.
 * naive -- one call per quantity: ``lpips.LPIPS`` forward for LPIPS(a_t, b_t) and once per tLP
@@ -50,9 +50,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from metrics._common import resolve_device  # noqa: E402
-from metrics.flow import DEFAULT_PRESET, DIS_PRESETS  # noqa: E402
-from metrics.stream import PairEvaluator, auto_chunk, default_flow_workers, stream_pair  # noqa: E402
+from evalkit.metrics._common import resolve_device  # noqa: E402
+from evalkit.metrics.flow import DEFAULT_PRESET, DIS_PRESETS  # noqa: E402
+from evalkit.metrics.stream import PairEvaluator, auto_chunk, default_flow_workers, stream_pair  # noqa: E402
 
 PARTS = ("fidelity", "full", "memory")
 #: Targets of issue #3 (pairs/s, ratio to naive) by (device type, part).
@@ -165,7 +165,7 @@ def run_naive(gen_a, gen_b, n, args, device, temporal):
     import lpips
     from skimage.metrics import structural_similarity
 
-    from metrics import weights as _weights
+    from evalkit.metrics import weights as _weights
 
     model = lpips.LPIPS(net=args.net, pnet_rand=True, verbose=False)
     model.load_state_dict(_weights.load_state_dict(args.net), strict=False)
@@ -287,8 +287,8 @@ def part_compare(args, dev, w, h, temporal, out):
 
 def lpips_alone(args, dev, h, w, count_a, count_b, out, seconds=3.0):
     """LPIPS only (trunk + distances), on frames already on the device: the compute ceiling."""
-    from metrics._common import as_frames, precise
-    from metrics.perceptual import get_model
+    from evalkit.metrics._common import as_frames, precise
+    from evalkit.metrics.perceptual import get_model
 
     c = args.chunk
     model = get_model(args.net, dev)
@@ -320,7 +320,7 @@ def flow_capacity(args, h, w, workers, out):
 
     import cv2
 
-    from metrics.flow import flow_u8
+    from evalkit.metrics.flow import flow_u8
 
     ga, _, _, _ = synthetic_pair(8, h, w)
     grey = [cv2.cvtColor(f, cv2.COLOR_RGB2GRAY) for f in ga()]

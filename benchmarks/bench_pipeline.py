@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def child(args) -> dict:
     # the measured tree's code first: bench_chain puts this checkout at the head of sys.path,
     # and a package imported after it would come from here (the baseline would run ours)
-    import metrics
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit import metrics
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     tree = Path.cwd().resolve()
     if not Path(metrics.__file__).resolve().is_relative_to(tree):
@@ -105,7 +105,7 @@ def profile(ev, a, b, args) -> str:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from metrics.stream import stream_pair
+    from evalkit.metrics.stream import stream_pair
 
     n = args.profile
     cuda = ev.device.type == "cuda"

@@ -3,8 +3,8 @@
 Each measurement runs in a fresh process (imports and caches as a user's first command sees
 them; Triton's kernel cache on disk is kept, so the first process of a machine also compiles):
 
-``pieces``: ``import torch``, importing the metric engine, :class:`metrics.stream.PairEvaluator`
-(CUDA initialisation, LPIPS weights), :meth:`~metrics.stream.PairEvaluator.warm_up` (cuDNN
+``pieces``: ``import torch``, importing the metric engine, :class:`evalkit.metrics.stream.PairEvaluator`
+(CUDA initialisation, LPIPS weights), :meth:`~evalkit.metrics.stream.PairEvaluator.warm_up` (cuDNN
 autotuning, Triton kernels, staging buffers) and a second warm-up, then LPIPS+SSIM+PSNR on
 frames in memory; with cuDNN autotuning on (the default on CUDA) and off, alternating. What
 autotuning costs at start-up against what it saves per pair is printed.
@@ -39,8 +39,8 @@ def _child_pieces(device: str, autotune: bool, height: int, width: int, frames: 
     s = time.perf_counter()
     import numpy as np
 
-    from metrics.stream import PairEvaluator, stream_pair
-    t["import metrics"] = time.perf_counter() - s
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
+    t["import evalkit.metrics"] = time.perf_counter() - s
 
     def sync():
         if device.startswith("cuda"):
@@ -118,8 +118,8 @@ STEPS = [("evalkit.compare.pairing", "pair_jobs"),
          ("evalkit.compare.pairing", "LocalCompareSession.measure"),
          ("evalkit.compare.pairing", "write_report"),
          ("evalkit.procdecode", "DecoderPool.start"),
-         ("metrics.stream", "PairEvaluator.__init__"),
-         ("metrics.stream", "PairEvaluator._prepare")]
+         ("evalkit.metrics.stream", "PairEvaluator.__init__"),
+         ("evalkit.metrics.stream", "PairEvaluator._prepare")]
 
 
 def _child_timeline(a_run: str, b_run: str, device: str, flow: str) -> dict:

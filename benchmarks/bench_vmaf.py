@@ -1,4 +1,4 @@
-"""Speed of VMAF (metrics.vmaf: libvmaf in imageio-ffmpeg's ffmpeg) against LPIPS, on the CPU.
+"""Speed of VMAF (evalkit.metrics.vmaf: libvmaf in imageio-ffmpeg's ffmpeg) against LPIPS, on the CPU.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_vmaf.py                  # 256x256 and 1280x720
     PYTHONPATH=. .venv/bin/python benchmarks/bench_vmaf.py --sizes 256x256 --frames 32 --rounds 2
@@ -8,11 +8,11 @@ Both sides score the same pair of clips held in memory: A is a natural clip of t
 re-encoded with x264 at CRF 28 and decoded (so VMAF sees a realistic distortion; LPIPS does
 not care). Timed:
 
-* ``vmaf``       -- :func:`metrics.vmaf.vmaf` end to end: our RGB -> YUV 4:4:4 conversion,
+* ``vmaf``       -- :func:`evalkit.metrics.vmaf.vmaf` end to end: our RGB -> YUV 4:4:4 conversion,
   the pipe, ffmpeg + libvmaf (``n_threads`` = the cores this process may use, and 1), the
   JSON log;
 * ``yuv``        -- the RGB -> YUV conversion alone (both clips), the part done in Python;
-* ``lpips``      -- :func:`metrics.lpips` on the CPU (AlexNet, float32), in batches of 8 at
+* ``lpips``      -- :func:`evalkit.metrics.lpips` on the CPU (AlexNet, float32), in batches of 8 at
   256x256 and 2 at 720p, like the stream evaluator's CPU chunks.
 
 The machine is shared, so the sides alternate in blocks for ``--rounds`` rounds in one
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from metrics.vmaf import check_available, rgb_to_yuv444, vmaf  # noqa: E402
+from evalkit.metrics.vmaf import check_available, rgb_to_yuv444, vmaf  # noqa: E402
 
 
 def cores() -> int:
@@ -71,7 +71,7 @@ def make_pair(n: int, h: int, w: int, clip: str = "chelsea_handheld") -> tuple[n
 def run_size(h: int, w: int, frames: int, rounds: int) -> dict:
     import torch
 
-    import metrics
+    from evalkit import metrics
 
     a, b = make_pair(frames, h, w)
     ta, tb = torch.from_numpy(a).permute(0, 3, 1, 2), torch.from_numpy(b).permute(0, 3, 1, 2)

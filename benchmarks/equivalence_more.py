@@ -5,7 +5,7 @@ code of commit BEFORE and with the working tree,
   worst-window excerpt, threshold with levels 1,2,4); the databases (every table, every row, the
   study's config; its creation time and media key aside) and the media files (content-hashed
   names) compared;
-- ``stream``: :mod:`metrics.stream` on the same synthetic clips, every record and summary
+- ``stream``: :mod:`evalkit.metrics.stream` on the same synthetic clips, every record and summary
   compared exactly (floats as JSON writes them): temporal metrics with flows inline and in flow
   threads, chunks of 1, 3, 4 and the automatic size, fidelity only, Farneback flow with RGB SSIM,
   the ``torch`` flow, ``align="shortest"``, float frames through ``update``, the frame-count
@@ -76,7 +76,7 @@ def make_stream() -> dict:
     import numpy as np
     import torch
 
-    from metrics.stream import PairEvaluator, evaluate_pair, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, evaluate_pair, stream_pair
 
     a = clip(11, seed=1)
     rng = np.random.default_rng(0)

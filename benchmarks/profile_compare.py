@@ -83,7 +83,7 @@ def compute_only(run_a: str, run_b: str, device: str, repeat: int) -> None:
 
     from evalkit.compare.pairing import _open_run, pair_jobs
     from evalkit.video import ClipReader
-    from metrics.stream import PairEvaluator, evaluator_chunk, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, evaluator_chunk, stream_pair
 
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
     pairs, _ = pair_jobs(a, b, same_seed=True)

@@ -15,7 +15,7 @@ one more whenever every worker is busy (a fresh interpreter started with ``subpr
 included (the same :class:`evalkit.errors.VideoError` messages, raised at the same point).
 
 Handing over without copying has one rule: a chunk stays valid until ``hold`` more chunks of
-the same clip have been taken (then its slot is written again). :func:`metrics.stream.stream_pair`
+the same clip have been taken (then its slot is written again). :func:`evalkit.metrics.stream.stream_pair`
 copies each chunk into its staging buffer when it takes it; ``compare`` looks back at most one
 chunk (the worst frame of the records of the chunk before the one just read). The default
 ``hold=2`` covers both.

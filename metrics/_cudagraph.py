@@ -1,6 +1,6 @@
 """Replaying a fixed-shape device computation as a CUDA graph (one launch instead of hundreds).
 
-The fused optical flow (:mod:`metrics.torchflow`) issues about 350 kernels per batch of frame
+The fused optical flow (:mod:`evalkit.metrics.torchflow`) issues about 350 kernels per batch of frame
 pairs, most of them small (the coarse pyramid levels): launching them from Python costs the
 thread that feeds the GPU more time than some of them take on it. :class:`GraphCache` captures
 such a computation once per input shape (after one eager run, which compiles and loads its

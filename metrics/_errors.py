@@ -1,9 +1,9 @@
-"""Exceptions of the metrics package (it never imports evalkit).
+"""Exceptions of evalkit.metrics (it imports no other part of evalkit).
 
     MetricsError            base
     ├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
     ├── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
-    └── VmafUnavailable     no ffmpeg binary with the libvmaf filter (metrics.vmaf)
+    └── VmafUnavailable     no ffmpeg binary with the libvmaf filter (evalkit.metrics.vmaf)
 """
 
 

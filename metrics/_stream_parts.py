@@ -1,4 +1,4 @@
-"""The parts of :class:`metrics.stream.PairEvaluator`, one job each.
+"""The parts of :class:`evalkit.metrics.stream.PairEvaluator`, one job each.
 
 :class:`HostRing` stages frames for the device and brings results back; :class:`Chunk` is one
 chunk on its way through the evaluator; :class:`FlowThreads` runs OpenCV flows beside the
@@ -122,7 +122,7 @@ class HostRing:
 
 
 class Chunk:
-    """One chunk on its way through :class:`~metrics.stream.PairEvaluator` (prepare -> launch
+    """One chunk on its way through :class:`~evalkit.metrics.stream.PairEvaluator` (prepare -> launch
     -> finish -> records)."""
 
     __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
@@ -178,7 +178,7 @@ class FlowThreads:
                 self._cv_held = True
 
     def start(self, host: np.ndarray, pairs: list, flow: tuple) -> list:
-        """Each of ``pairs``' flow (:func:`metrics.flow.flow_into` with the ``flow`` settings)
+        """Each of ``pairs``' flow (:func:`evalkit.metrics.flow.flow_into` with the ``flow`` settings)
         written into ``host[i]``: the threads' futures, or ``[]`` when computed inline."""
         if self._pool is not None:
             return [self._pool.submit(flow_into, host[i], s, d, *flow)
@@ -294,7 +294,7 @@ class Flows:
             else:
                 fl, job.flow_dev = job.flow_dev, None
             fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
-            # on CUDA one Triton pass per clip (metrics._triton_temporal), else torch
+            # on CUDA one Triton pass per clip (evalkit.metrics._triton_temporal), else torch
             out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
                 job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
             out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]

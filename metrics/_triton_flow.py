@@ -1,4 +1,4 @@
-"""Fused Triton kernels for one warp step of :mod:`metrics.torchflow` (CUDA; CPU tensors only
+"""Fused Triton kernels for one warp step of :mod:`evalkit.metrics.torchflow` (CUDA; CPU tensors only
 under ``TRITON_INTERPRET=1``, for tests).
 
 The same arithmetic as the torch path of ``torchflow._flow_batch`` (equal up to float32

@@ -1,4 +1,4 @@
-"""Triton kernels for the Gaussian pyramid and the flow upsampling of :mod:`metrics.torchflow`
+"""Triton kernels for the Gaussian pyramid and the flow upsampling of :mod:`evalkit.metrics.torchflow`
 (CUDA; CPU tensors only under ``TRITON_INTERPRET=1``, for tests).
 
 The fused path of ``torchflow._flow_batch`` builds its pyramid and moves its flow between levels

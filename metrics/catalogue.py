@@ -1,6 +1,6 @@
 """The metric catalogue: every per-frame metric key, once, with what it means.
 
-This is the one list of metric keys. The stream evaluator (:mod:`metrics.stream`), the compare
+This is the one list of metric keys. The stream evaluator (:mod:`evalkit.metrics.stream`), the compare
 report (CSV columns, aggregates, floor ratios), ``evalkit metrics A B``, the gate and the CLI
 take their keys, units, directions and aggregate rules from here. It imports nothing (no
 torch): importing it is cheap.
@@ -30,7 +30,7 @@ the smallest where higher is better. A metric's ``temporal`` values exist from f
 ``first_frame`` on (they need frames t-1, or t-2 and t-1). Metrics that compare clip a with
 clip b (``compares``) are the ones a gate may set thresholds on; ``flicker_a`` and the like
 describe one clip. ``optional`` metrics (``vmaf``) are computed only on request, by a
-separate pass (:mod:`metrics.vmaf`), not by the stream evaluator; report columns list them only
+separate pass (:mod:`evalkit.metrics.vmaf`), not by the stream evaluator; report columns list them only
 when they were computed. The noise-floor ratio divides a cross-backend aggregate by a floor's
 aggregate, each first mapped by :meth:`Metric.ratio_operand`.
 """
@@ -60,7 +60,7 @@ AGGREGATES: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class Metric:
-    """One per-frame metric. ``description`` is what :data:`metrics.stream.UNITS` and a compare
+    """One per-frame metric. ``description`` is what :data:`evalkit.metrics.stream.UNITS` and a compare
     report's ``summary.json["units"]`` say of it."""
 
     key: str
@@ -148,7 +148,7 @@ METRICS: Mapping[str, Metric] = {m.key: m for m in (
 #: Every metric key, in CSV column order.
 KEYS: tuple[str, ...] = tuple(METRICS)
 
-#: The conventions (keys of :meth:`metrics.stream.PairEvaluator.conventions`, recorded in a
+#: The conventions (keys of :meth:`evalkit.metrics.stream.PairEvaluator.conventions`, recorded in a
 #: compare report's ``summary.json["conventions"]``) each metric's numbers depend on: the same
 #: frames give other numbers under another (tOF with the torch flow against DIS: a median ratio
 #: of 1.45 on real clips). A gate that records them refuses a report measured under others.

@@ -100,14 +100,14 @@ def _load_pixels():
 
 
 #: The Triton kernel families of this module (each falls back to its torch code, once, with a
-#: warning, if it fails before it ever ran here: :class:`metrics._common.TritonFallback`).
+#: warning, if it fails before it ever ran here: :class:`evalkit.metrics._common.TritonFallback`).
 TRITON_SSIM = TritonFallback("SSIM kernels (ssim_planes)", _load_ssim)
 TRITON_LUMA = TritonFallback("luma kernel (luma_u8)", _load_luma)
 TRITON_PIXELS = TritonFallback("MSE/exactness kernel (mse_exactness_u8)", _load_pixels)
 
 
 def luma_kernel(x: torch.Tensor, *, rounded: bool = True) -> torch.Tensor:
-    """:func:`metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
+    """:func:`evalkit.metrics._common.luma`; on CUDA, rounded luma of uint8 frames comes from one
     Triton pass (the same float64 arithmetic and rounding: the same numbers) unless turned off."""
     if rounded and x.device.type == "cuda" and x.dtype == torch.uint8 and fast_path("triton_luma"):
         fn = TRITON_LUMA.kernel()

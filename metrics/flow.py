@@ -19,7 +19,7 @@ Methods:
   SCIA 2003 (``cv2.calcOpticalFlowFarneback``) with the parameters TecoGAN's tOF uses
   (pyr_scale 0.5, levels 3, winsize 15, iterations 3, poly_n 5, poly_sigma 1.2, flags 0).
 
-* ``"torch"`` -- a coarse-to-fine combined local-global flow in torch (:mod:`metrics.torchflow`,
+* ``"torch"`` -- a coarse-to-fine combined local-global flow in torch (:mod:`evalkit.metrics.torchflow`,
   convention ``torch-clg-v2``), computed on the frames' device (CUDA or CPU), batched over
   frame pairs, float32, deterministic. On a GPU it takes the flow off the CPU, which otherwise
   bounds the temporal metrics; its end-point error on synthetic motion is lower than DIS

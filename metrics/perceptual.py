@@ -9,7 +9,7 @@ to [-1, 1], i.e. ``normalize=True``) to float32 rounding. The network is rebuilt
 the trunk features of a frame can be computed once and reused: LPIPS(a_t, b_t) and the tLP
 terms LPIPS(a_t, a_t-1), LPIPS(b_t, b_t-1) need only one trunk pass per frame.
 
-Weights come from the evalkit cache (:mod:`metrics.weights`); nothing is ever downloaded.
+Weights come from the evalkit cache (:mod:`evalkit.metrics.weights`); nothing is ever downloaded.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _load_head():
     return lpips_distance
 
 
-#: The Triton head (:func:`metrics._triton_lpips.lpips_distance`) as a family with a torch
+#: The Triton head (:func:`evalkit.metrics._triton_lpips.lpips_distance`) as a family with a torch
 #: fallback (one warning, then the torch path for the process). Not strict: a new frame size
 #: compiles new kernels, which may fail where others ran.
 TRITON_LPIPS = TritonFallback("LPIPS head kernels (lpips_distance)", _load_head, strict=False)

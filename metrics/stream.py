@@ -7,7 +7,7 @@ grey image, pixels and low-passed luma); :meth:`~PairEvaluator.compute` gives th
 :func:`stream_pair` drives it from two iterators, :func:`evaluate_pair` collects everything.
 
 Per-frame record keys (the metric keys, units and first frames are those of
-:mod:`metrics.catalogue`; units also in :data:`UNITS`)::
+:mod:`evalkit.metrics.catalogue`; units also in :data:`UNITS`)::
 
     frame, lpips, ssim, psnr, max_abs_diff, diff_fraction, identical
     from frame 1 (temporal=True):  tlp, tof, warp_error_a, warp_error_b, warp_error_diff, flicker
@@ -86,11 +86,11 @@ def _load_kernel_modules() -> None:
         pass
 
 
-#: What each number means (key -> description, from :mod:`metrics.catalogue`). Every value
+#: What each number means (key -> description, from :mod:`evalkit.metrics.catalogue`). Every value
 #: in records and summaries is in these units.
 UNITS = units()
 
-FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): metrics.vmaf
+FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): evalkit.metrics.vmaf
 TEMPORAL_KEYS = keys(temporal=True, optional=False)
 
 
@@ -129,8 +129,8 @@ class PairEvaluator:
     net (``"alex"``/``"vgg"``), ssim_channel (``"luma"``/``"rgb"``), ssim_round_luma,
     ssim_win_size, ssim_sigma, ssim_data_range, psnr_data_range, flow (``"dis"``/``"farneback"``/
     ``"torch"``: on the evaluator's device, no flow threads; ``"auto"``: ``"torch"`` on a GPU,
-    ``"dis"`` elsewhere, :func:`metrics.flow.resolve_flow`),
-    flow_preset (DIS preset, default ``"fast"``: see :mod:`metrics.flow`), flow_scale,
+    ``"dis"`` elsewhere, :func:`evalkit.metrics.flow.resolve_flow`),
+    flow_preset (DIS preset, default ``"fast"``: see :mod:`evalkit.metrics.flow`), flow_scale,
     flicker_block, temporal (compute temporal metrics).
 
     device: where the metrics run (default: CUDA if available, else CPU); float32 with TF32 off.
@@ -152,7 +152,7 @@ class PairEvaluator:
     per frame, A and B in one batch, features reused by tLP), SSIM, PSNR, exactness and
     flicker on the device without waiting; *collect* waits for the flows, copies them to the
     device in one piece, warps and masks there, and brings every per-frame number of the chunk
-    to the host in one copy. The parts, one job each, are in :mod:`metrics._stream_parts`:
+    to the host in one copy. The parts, one job each, are in :mod:`evalkit.metrics._stream_parts`:
     the staging buffers (``HostRing``), the flow threads and the flows (``FlowThreads``,
     ``Flows``), the metrics that carry state across chunks (``Lpips``, ``Flicker``) and the
     summary's running sums (``Totals``).

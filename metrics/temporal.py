@@ -5,13 +5,13 @@ on the frames' device; the value at index i belongs to frame t = i + 1. Units:
 
 * :func:`warping_error` -- Lai, Huang, Wang, Shechtman, Yumer, Yang, "Learning Blind Video
   Temporal Consistency", ECCV 2018, eq. (9): frame t-1 is warped onto frame t with the flow of
-  the same clip (t -> t-1, see :mod:`metrics.flow`), pixels failing the forward-backward check
+  the same clip (t -> t-1, see :mod:`evalkit.metrics.flow`), pixels failing the forward-backward check
   or whose source leaves the frame are masked out, and the error is the **mean squared
   difference over the kept pixels and the three RGB channels, in [0, 1] units** (as Lai et
   al.'s evaluation code, which reads frames as float in [0, 1]). Multiply by 255^2 = 65025
   for 8-bit units; some papers report it x 1000 or x 100. ``nan`` if no pixel is kept. The
   flow method changes the value (Lai et al. use FlowNet2; we use OpenCV DIS, preset "fast", by default;
-  ``method="torch"`` computes the flows on the frames' device, see :mod:`metrics.flow`).
+  ``method="torch"`` computes the flows on the frames' device, see :mod:`evalkit.metrics.flow`).
 * :func:`tlp` -- Chu, Xie, Mayer, Leal-Taixe, Thuerey, "Learning Temporal Coherence via
   Self-Supervision for GAN-based Video Generation" (TecoGAN), ACM TOG 2020:
   ``|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|``, in LPIPS units (TecoGAN tables show x 100).
@@ -72,7 +72,7 @@ def _load_temporal():
 
 
 #: The Triton kernels of :func:`temporal_from_flows` as a family with a torch fallback (one
-#: warning, then the torch path for the process: :class:`metrics._common.TritonFallback`). Not
+#: warning, then the torch path for the process: :class:`evalkit.metrics._common.TritonFallback`). Not
 #: strict: a new frame size compiles new kernels, which may fail where others ran.
 TRITON_TEMPORAL = TritonFallback("warping error/tOF kernels (warp_errors_tof)", _load_temporal, strict=False)
 
@@ -92,7 +92,7 @@ def temporal_from_flows(pa: torch.Tensor, pb: torch.Tensor | None, fwd_a: torch.
     ``pa``, ``pb``: (N+1, 3, H, W) float32 frames in [0, 1]; ``fwd_*`` (t-1 -> t) and ``bwd_*``
     (t -> t-1): (N, 2, H, W). Returns ``(warp_error_a, warp_error_b, tof)``, each (N,), the
     last two None without clip b. :func:`warping_error_from_flows` and :func:`tof_from_flows`,
-    or on CUDA the Triton kernels of :mod:`metrics._triton_temporal` in one pass per clip
+    or on CUDA the Triton kernels of :mod:`evalkit.metrics._triton_temporal` in one pass per clip
     (the same numbers up to the order of float32 sums; ``fast_paths(triton_temporal=False)``
     or ``EVALKIT_TRITON=0`` keeps the torch path).
     """

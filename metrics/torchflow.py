@@ -1,6 +1,6 @@
 """Dense optical flow in torch: coarse-to-fine combined local-global flow (CPU or CUDA).
 
-The ``"torch"`` flow method of :mod:`metrics.flow` (convention name :data:`CONVENTION`). It runs
+The ``"torch"`` flow method of :mod:`evalkit.metrics.flow` (convention name :data:`CONVENTION`). It runs
 on the frames' device, batched over frame pairs, in float32 with TF32 off and deterministic
 kernels only (separable convolutions, bilinear ``grid_sample`` forward, elementwise ops), so a
 flow does not depend on the batch it was computed in, and never leaves the device.
@@ -36,9 +36,9 @@ textureless motion; the frames' own level cost 3/4 of the time for little (sched
 ``benchmarks/README.md``).
 
 On CUDA, when Triton imports, each warp step runs as a few fused Triton kernels
-(:mod:`metrics._triton_flow`: warp + gradient + products, the window's two passes with the Jacobi
+(:mod:`evalkit.metrics._triton_flow`: warp + gradient + products, the window's two passes with the Jacobi
 coefficients, one kernel per Jacobi iteration) instead of ~80 torch ops, and the pyramid and the
-flow's upsampling too (:mod:`metrics._triton_pyramid`: one launch per level for both frames of
+flow's upsampling too (:mod:`evalkit.metrics._triton_pyramid`: one launch per level for both frames of
 every pair, level 1 straight from the 8-bit frames, scaled in the kernel; one per upsampling, the
 last one into the output): the same arithmetic, equal to the torch path up to float32 rounding,
 so the convention is the same. ``fused=False`` or the
@@ -338,7 +338,7 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
 
     ``src``, ``dst``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units (uint8 or
     float), on any device; the flow is computed there in float32 (OpenCV's convention, see
-    :mod:`metrics.flow`). ``warps``, ``inner``: an int for every pyramid level or a sequence,
+    :mod:`evalkit.metrics.flow`). ``warps``, ``inner``: an int for every pyramid level or a sequence,
     finest level first (:func:`per_level`); the defaults are the convention's (:data:`PARAMS`).
     Pairs are processed ``batch_pixels`` pixels at a time (default by device,
     :data:`BATCH_PIXELS`); the result does not depend on it. ``fused``: the Triton

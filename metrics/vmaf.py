@@ -83,8 +83,8 @@ def ffmpeg_exe(ffmpeg: str | None = None) -> str:
         try:
             import imageio_ffmpeg
         except ImportError:
-            raise VmafUnavailable("VMAF needs the imageio-ffmpeg package (pip install "
-                                  "imageio-ffmpeg; it is pinned in requirements.lock)") from None
+            raise VmafUnavailable("VMAF needs the imageio-ffmpeg package: pip install "
+                                  "'evalkit[vmaf]'") from None
         try:
             ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
         except RuntimeError as e:

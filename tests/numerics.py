@@ -251,7 +251,7 @@ def psnr_bound(psnr_db, n: int, *, mse_rel: float = 0.0, u: float = U64):
 
 # -- the iterative flow -----------------------------------------------------------------------
 
-#: Float32 roundings per pixel in one inner Jacobi iteration of metrics.torchflow's solver (the
+#: Float32 roundings per pixel in one inner Jacobi iteration of evalkit.metrics.torchflow's solver (the
 #: four-neighbour mean: 4; the data term's products and sums: 12; the update's division and the
 #: clamp: 4), and per warp (the warp's coordinates and bilinear sample: 10; the gradients' five
 #: taps: 10; the structure tensor's blur: 22).

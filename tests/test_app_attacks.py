@@ -20,7 +20,7 @@ from sqlalchemy import update
 from evalkit import study
 from evalkit.study import store
 
-from app.guard import MAX_BODY, Throttle
+from evalkit.app.guard import MAX_BODY, Throttle
 from evalkit.study.live import FakeClock
 from evalkit.testing import aio
 from evalkit.testing.server import ADMIN_PASSWORD, Server
@@ -178,7 +178,7 @@ def test_a_link_in_the_media_folder_is_not_followed(env, tmp_path):
 def test_password_guessing_backs_off(env):
     """Failed /export passwords and admin logins: 5 free, then 2**k s waits (429 with
     Retry-After); a success clears the count. The real app in process, clock injected."""
-    from app.server import build_app
+    from evalkit.app.server import build_app
 
     clock = FakeClock()
     app = build_app(str(env["db"]), admin_password=ADMIN_PASSWORD, throttle=Throttle(clock=clock))
@@ -325,7 +325,7 @@ def test_password_checks_of_many_clients_are_slowed_never_locked(env):
     """The admin account's checks over every client: a bucket of 20, then 2 a second; a client
     waits at most half a second for its turn, and a throttled client uses none (in process,
     the clock injected)."""
-    from app.guard import ACCOUNT_BURST, ACCOUNT_RATE
+    from evalkit.app.guard import ACCOUNT_BURST, ACCOUNT_RATE
 
     clock = FakeClock()
     th = Throttle(clock=clock)

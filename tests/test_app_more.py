@@ -382,7 +382,7 @@ def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
 def test_temp_folders_of_dead_servers_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from app.server import temp_root
+    from evalkit.app.server import temp_root
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

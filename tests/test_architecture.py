@@ -1,5 +1,6 @@
-"""The module map of docs/architecture.md, enforced on the AST of every module of ``evalkit``,
-``app`` and ``metrics`` (every import, also those inside functions):
+"""The module map of docs/architecture.md, enforced on the AST of every module of ``evalkit``
+(with ``evalkit.app`` and ``evalkit.metrics``, the folders ``app/`` and ``metrics/``; every
+import, also those inside functions):
 
 - no import cycle between modules;
 - data flows one way: each room imports only the rooms below it (``ALLOWED``);
@@ -15,38 +16,39 @@ import pytest
 
 from conftest import ROOT
 
-PACKAGES = ("evalkit", "app", "metrics")
+#: folder of the repository -> its import name (pyproject.toml's package-dir)
+PACKAGES = {"evalkit": "evalkit", "app": "evalkit.app", "metrics": "evalkit.metrics"}
 
 #: room -> the rooms it may import (itself always). A room is a module's first two name parts
-#: for evalkit (evalkit.render, evalkit.study, ...), the first part otherwise.
+#: (evalkit.render, evalkit.metrics, ...), or ``evalkit`` for the package itself.
 CORE = {"evalkit", "evalkit.concurrency", "evalkit.errors", "evalkit.fsutil", "evalkit.lossless",
         "evalkit.procdecode", "evalkit.video", "evalkit.weights"}
 ALLOWED = {
-    "metrics": set(),
-    **{c: CORE | {"metrics"} for c in CORE},
+    "evalkit.metrics": set(),
+    **{c: CORE | {"evalkit.metrics"} for c in CORE},
     "evalkit.canary": CORE,
     "evalkit.formats": CORE,
-    "evalkit.compare": CORE | {"evalkit.formats", "metrics"},
-    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "metrics"},
+    "evalkit.compare": CORE | {"evalkit.formats", "evalkit.metrics"},
+    "evalkit.render": CORE | {"evalkit.formats", "evalkit.canary", "evalkit.metrics"},
     # the Ray executor runs both flows' work on a cluster: render's job loop and compare's
     # measure_pair; neither flow imports it (the front doors choose it)
-    "evalkit.executor": CORE | {"evalkit.formats", "evalkit.render", "evalkit.compare", "metrics"},
+    "evalkit.executor": CORE | {"evalkit.formats", "evalkit.render", "evalkit.compare", "evalkit.metrics"},
     # the threshold protocol measures its amplified stimuli as compare measures a pair; a
     # report's run folders are read through evalkit.formats (their clips)
-    "evalkit.study": CORE | {"evalkit.formats", "metrics"},
+    "evalkit.study": CORE | {"evalkit.formats", "evalkit.metrics"},
     "evalkit.cli": None,           # the front door: any room (None = no limit)
     "evalkit.demo": None,
     "evalkit.testing": None,       # test support (fakes, tiny pipelines, a report, the server)
     "evalkit.__main__": None,
-    "app": CORE | {"evalkit.study"},
+    "evalkit.app": CORE | {"evalkit.study"},
 }
 
 
 def modules() -> dict[str, Path]:
     out = {}
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, name in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = path
@@ -205,3 +207,19 @@ def test_every_evalkit_variable_read_is_in_the_documented_list():
     undocumented = {n: p for n, p in used.items() if n not in listed}
     assert not undocumented, f"EVALKIT_* variables read but not in docs/architecture.md: {undocumented}"
     assert listed <= set(used), f"listed but never read: {sorted(listed - set(used))}"
+
+
+def test_nothing_imports_the_folders_as_top_level_packages():
+    """metrics/ and app/ are imported as evalkit.metrics and evalkit.app everywhere (tests,
+    benchmarks and tools too): a top-level ``metrics`` imported from the repository root would
+    still load, as a second copy of every module with its own caches and switches."""
+    bad = []
+    for folder in ("evalkit", "app", "metrics", "tests", "benchmarks", "tools", "datasets"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level
+                         else [])
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                        if n and n.split(".")[0] in ("metrics", "app")]
+    assert bad == []

@@ -22,7 +22,7 @@ Scanned with :mod:`ast` (strings and comments do not count):
 - the string ``"CUBLAS_WORKSPACE_CONFIG"`` (``apply_backend`` sets it).
 
 Metrics are not a render backend: the metric engine computes in float32 with TF32 off by its own
-rule, whatever rendered (``metrics._common.precise``; docs/metrics.md). Benchmarks reach a
+rule, whatever rendered (``evalkit.metrics._common.precise``; docs/metrics.md). Benchmarks reach a
 metric device only through the engine: ``PairEvaluator(device=...)``, ``get_model(net,
 device)``, ``resolve_device``, ``as_frames(..., device=...)``. The only exceptions are listed in
 ``ALLOWED`` below, each with its reason; an entry that no longer matches anything fails too, so
@@ -51,11 +51,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("bench_flow.py", "on_device"): (
         "test frames (luma planes or RGB batches) moved to the metric device the engine resolved "
         "(resolve_device) to time and check the torch flow; no dtype or numeric flag is set here "
-        "(the flow computes in float32 under metrics._common.precise)"),
+        "(the flow computes in float32 under evalkit.metrics._common.precise)"),
     ("bench_flow.py", "part_lpips"): (
         "LPIPS variants measured against today's metric engine and the reference `lpips` "
         "package: frames and the package's model placed on the metric device the engine resolved "
-        "(resolve_device), each variant run under metrics._common.precise; a metric baseline, not "
+        "(resolve_device), each variant run under evalkit.metrics._common.precise; a metric baseline, not "
         "a render backend"),
 }
 

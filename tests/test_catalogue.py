@@ -1,4 +1,4 @@
-"""The metric catalogue (metrics.catalogue) is the one list of metric keys: it matches what the
+"""The metric catalogue (evalkit.metrics.catalogue) is the one list of metric keys: it matches what the
 stream evaluator produces, its directions match the aggregate and ratio rules, and no other
 module keeps a list of its own."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from metrics import catalogue
-from metrics.catalogue import KEYS, METRICS, fmt, keys
+from evalkit.metrics import catalogue
+from evalkit.metrics.catalogue import KEYS, METRICS, fmt, keys
 
 from conftest import ROOT
 
@@ -36,7 +36,7 @@ def metric_keys_in_order(records) -> list[str]:
 
 @pytest.fixture(scope="module")
 def evaluated():
-    from metrics.stream import evaluate_pair
+    from evalkit.metrics.stream import evaluate_pair
 
     a, b = random_clips()
     return {t: evaluate_pair(iter(a), iter(b), device="cpu", chunk=2, temporal=t)
@@ -57,11 +57,11 @@ def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated,
 
 
 def test_keys_and_units_agree():
-    from metrics.stream import FIDELITY_KEYS, TEMPORAL_KEYS, UNITS
+    from evalkit.metrics.stream import FIDELITY_KEYS, TEMPORAL_KEYS, UNITS
 
     assert len(set(KEYS)) == len(KEYS) == 14
     assert tuple(METRICS) == KEYS and all(m.key == k for k, m in METRICS.items())
-    # the stream evaluator makes every key but the optional ones (vmaf: metrics.vmaf's pass)
+    # the stream evaluator makes every key but the optional ones (vmaf: evalkit.metrics.vmaf's pass)
     assert FIDELITY_KEYS + TEMPORAL_KEYS == keys(optional=False)
     assert keys(optional=True) == ("vmaf",)
     assert list(UNITS) == list(KEYS) == list(catalogue.units())

@@ -1,4 +1,4 @@
-"""metrics._cudagraph: the switch and the eager path. Replays themselves need a CUDA device (not
+"""evalkit.metrics._cudagraph: the switch and the eager path. Replays themselves need a CUDA device (not
 in CI): their equality with eager launches is shown by ``benchmarks/bench_pipeline.py
 --variants ours,ours:EVALKIT_CUDA_GRAPHS=0`` (the metric means must agree; raw results in
 ``benchmarks/results/``)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from metrics._cudagraph import GraphCache, graphs_enabled
+from evalkit.metrics._cudagraph import GraphCache, graphs_enabled
 
 
 def test_switch_reads_the_environment_per_call(monkeypatch):

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import metrics
-from metrics._common import fast_path, fast_paths, precise
-from metrics.perceptual import conv_s2d, get_model, s2d_weight
+from evalkit import metrics
+from evalkit.metrics._common import fast_path, fast_paths, precise
+from evalkit.metrics.perceptual import conv_s2d, get_model, s2d_weight
 
 from conftest import ROOT
 from numerics import U32, ab_tolerance, gamma
@@ -33,10 +33,10 @@ import json, sys
 import numpy as np, torch
 from PIL import Image
 from skimage.metrics import structural_similarity
-from metrics._common import luma, precise
-from metrics.fidelity import _gaussian_window, _ssim_planes, exactness_kernel, mse_kernel
-from metrics._triton_pixels import mse_exactness_u8
-from metrics._triton_ssim import ssim_planes
+from evalkit.metrics._common import luma, precise
+from evalkit.metrics.fidelity import _gaussian_window, _ssim_planes, exactness_kernel, mse_kernel
+from evalkit.metrics._triton_pixels import mse_exactness_u8
+from evalkit.metrics._triton_ssim import ssim_planes
 from numerics import ssim_bound
 
 g = _gaussian_window(11, 1.5, "cpu")
@@ -102,8 +102,8 @@ for v in out.values():
             v["max_diff_skimage_torch"] = float(np.abs(np.array(v["want"]) - np.array(v["skimage"])).max())
 # rounded luma of uint8 frames: every RGB triple whose float64 luma is an exact half (13,178
 # of them: the rounding convention matters there) and random ones, channels-last
-from metrics._common import LUMA_WEIGHTS
-from metrics._triton_pixels import luma_u8
+from evalkit.metrics._common import LUMA_WEIGHTS
+from evalkit.metrics._triton_pixels import luma_u8
 v = np.arange(256, dtype=np.float64)
 ties = []
 for r in range(256):
@@ -246,7 +246,7 @@ def test_fast_path_switches(monkeypatch):
 
 
 def test_one_pass_unit_conversion_is_the_same_division():
-    from metrics.stream import unit_into
+    from evalkit.metrics.stream import unit_into
 
     x = (torch.arange(2 * 40 * 50 * 3) % 256).to(torch.uint8).reshape(2, 40, 50, 3).permute(0, 3, 1, 2)
     got, want = torch.empty(x.shape), torch.empty(x.shape)
@@ -261,7 +261,7 @@ def test_one_pass_unit_conversion_is_the_same_division():
 def lpips_ref_alex():
     import lpips
 
-    from metrics import weights as _weights
+    from evalkit.metrics import weights as _weights
 
     m = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
     m.load_state_dict(_weights.load_state_dict("alex"), strict=False)
@@ -272,7 +272,7 @@ def test_a_triton_path_that_fails_before_it_ever_ran_falls_back_once_with_a_warn
     """A kernel that does not compile on a user's GPU (say ROCm) must not stop a compare: the
     first failure warns, turns the family off and gives the torch result; once a path has run,
     a later failure is a real error and is raised."""
-    from metrics._common import TritonFallback
+    from evalkit.metrics._common import TritonFallback
 
     calls = []
 
@@ -309,13 +309,13 @@ def _no_triton():
 
 @pytest.mark.parametrize("family", ["TRITON_SSIM", "TRITON_LUMA", "TRITON_PIXELS"])
 def test_each_fidelity_kernel_that_cannot_run_falls_back_to_the_same_torch_numbers(monkeypatch, family):
-    """The real kernels of metrics.fidelity on CPU tensors outside the interpreter: they cannot
+    """The real kernels of evalkit.metrics.fidelity on CPU tensors outside the interpreter: they cannot
     launch, which is what a Triton that cannot compile on a user's GPU looks like. Through
     fidelity's own families: one warning naming the kernel, then the torch path's numbers exactly,
     and from then on no Triton and no warning."""
     pytest.importorskip("triton")
-    from metrics import fidelity
-    from metrics._common import LUMA_WEIGHTS, TritonFallback, luma
+    from evalkit.metrics import fidelity
+    from evalkit.metrics._common import LUMA_WEIGHTS, TritonFallback, luma
 
     old = getattr(fidelity, family)
     fam = TritonFallback(old.family, old.load)              # fresh: nothing failed or ran yet

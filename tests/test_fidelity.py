@@ -109,7 +109,7 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
 
 def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_reports,
                                                                       tmp_path):
-    from app.admin import verdict_markdown
+    from evalkit.app.admin import verdict_markdown
 
     db = tmp_path / "s.db"
     made = study.create_study(pattern_reports["square"], db, protocol="abx", raters_planned=3)

@@ -20,7 +20,7 @@ import json
 import torch
 from numerics import ab_tolerance, flow_tolerance, gamma
 from skimage import data as skdata
-from metrics import _triton_pyramid as tp, torchflow as tf
+from evalkit.metrics import _triton_pyramid as tp, torchflow as tf
 from evalkit.testing.flowcheck import photo_grey, synthetic_pair
 
 torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def test_pyramid_kernels_match_the_torch_path_under_the_triton_interpreter():
 
 
 def test_pyramid_kernels_refuse_mismatched_inputs_in_one_line():
-    from metrics import _triton_pyramid as tp
+    from evalkit.metrics import _triton_pyramid as tp
 
     a = torch.zeros((2, 1, 8, 8))
     with pytest.raises(ValueError, match="one size"):
@@ -124,8 +124,8 @@ def test_pyramid_kernels_match_torch_on_cuda():
     """On a GPU (``pytest tests/test_flow_pyramid_triton.py``): the compiled kernels at 1280x720
     against torch's CUDA ``_down`` and ``_upsample``, at every level (expected bit-identical:
     the same float32 operations and FMAs; asserted up to float32 rounding)."""
-    from metrics import _triton_pyramid as tp
-    from metrics import torchflow as tf
+    from evalkit.metrics import _triton_pyramid as tp
+    from evalkit.metrics import torchflow as tf
 
     g = torch.Generator(device="cuda").manual_seed(0)
     u8 = [torch.randint(0, 256, (4, 1, 720, 1280), generator=g, device="cuda", dtype=torch.uint8)

@@ -13,11 +13,11 @@ import pytest
 import torch
 from skimage import data as skdata
 
-import metrics
-from metrics.flow import flow_u8
+from evalkit import metrics
+from evalkit.metrics.flow import flow_u8
 from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair
-from metrics.stream import PairEvaluator, evaluate_pair
-from metrics.torchflow import torch_flow
+from evalkit.metrics.stream import PairEvaluator, evaluate_pair
+from evalkit.metrics.torchflow import torch_flow
 
 from conftest import ROOT
 from numerics import ab_tolerance, flow_tolerance, gamma, mean_tolerance
@@ -181,7 +181,7 @@ def test_flow_auto_is_the_torch_flow_on_a_gpu_and_dis_elsewhere(cli):
     import argparse
 
     from evalkit.cli.compare import flow_method
-    from metrics.flow import resolve_flow
+    from evalkit.metrics.flow import resolve_flow
 
     assert resolve_flow("auto", "cuda") == "torch" and resolve_flow("auto", "cuda:1") == "torch"
     assert resolve_flow("auto", "cpu") == "dis"

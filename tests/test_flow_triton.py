@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from metrics import torchflow
+from evalkit.metrics import torchflow
 
 from conftest import ROOT, run_interpreted
 from numerics import gamma
@@ -27,7 +27,7 @@ import torch
 from numerics import flow_tolerance
 from skimage import data as skdata
 from evalkit.testing.flowcheck import photo_grey, synthetic_pair
-from metrics.torchflow import torch_flow
+from evalkit.metrics.torchflow import torch_flow
 
 torch.set_num_threads(1)
 astro, coffee = photo_grey(skdata.astronaut(), 0.4), photo_grey(skdata.coffee(), 0.4)
@@ -88,7 +88,7 @@ def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
 def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeypatch):
     """No GPU here: the kernels cannot launch on CPU tensors outside the interpreter, which is
     what a Triton that cannot compile on a user's machine looks like to torch_flow."""
-    from metrics._common import TritonFallback
+    from evalkit.metrics._common import TritonFallback
 
     fam = TritonFallback(torchflow.TRITON_FUSED.family, torchflow.TRITON_FUSED.load, strict=False)
     monkeypatch.setattr(torchflow, "TRITON_FUSED", fam)      # fresh: nothing failed yet
@@ -120,7 +120,7 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
 OLD_KERNELS = r'''
 import triton
 import triton.language as tl
-from metrics._triton_flow import _avg4_pair, pixel_index, _sample, _warp_mean
+from evalkit.metrics._triton_flow import _avg4_pair, pixel_index, _sample, _warp_mean
 
 
 @triton.jit
@@ -221,8 +221,8 @@ import json
 import sys
 import torch
 import triton
-from metrics import _triton_flow as tf
-from metrics.torchflow import _gauss1d
+from evalkit.metrics import _triton_flow as tf
+from evalkit.metrics.torchflow import _gauss1d
 import old_flow_kernels as old
 
 torch.set_num_threads(1)

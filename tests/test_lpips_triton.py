@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from metrics import perceptual
-from metrics._common import TritonFallback, fast_paths
+from evalkit.metrics import perceptual
+from evalkit.metrics._common import TritonFallback, fast_paths
 
 from conftest import ROOT, run_interpreted
 from numerics import U32, ab_tolerance
@@ -31,11 +31,11 @@ SCRIPT = r"""
 import json
 import numpy as np
 import torch
-from metrics._common import fast_paths
-from metrics._triton_lpips import lpips_distance
-from metrics.perceptual import get_model, lpips
-from metrics.stream import evaluate_pair
-from metrics.temporal import tlp
+from evalkit.metrics._common import fast_paths
+from evalkit.metrics._triton_lpips import lpips_distance
+from evalkit.metrics.perceptual import get_model, lpips
+from evalkit.metrics.stream import evaluate_pair
+from evalkit.metrics.temporal import tlp
 from numerics import lpips_head_bound
 
 torch.set_num_threads(1)

@@ -90,11 +90,11 @@ class SlowMedia:
 
 @pytest.fixture
 def slow_server(tmp_path):
-    """The real app (app.server.build_app) on loopback in this process, its media slowed to
+    """The real app (evalkit.app.server.build_app) on loopback in this process, its media slowed to
     about 4 s a stream; a 2 s preference study of two clips."""
     import uvicorn
 
-    from app.server import build_app
+    from evalkit.app.server import build_app
 
     pairs = {p: (f, f[:, :, ::-1].copy()) for p, f in
              (("a", moving_texture(48, 96, 128, seed=3)), ("b", moving_texture(48, 96, 128, seed=4)))}

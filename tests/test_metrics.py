@@ -17,11 +17,11 @@ from PIL import Image
 from scipy.ndimage import gaussian_filter
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-import metrics
-from metrics import MetricInputError
-from metrics.flow import consistency_mask
-from metrics.stream import PairEvaluator, evaluate_pair, stream_pair
-from metrics.temporal import warping_error_from_flows
+from evalkit import metrics
+from evalkit.metrics import MetricInputError
+from evalkit.metrics.flow import consistency_mask
+from evalkit.metrics.stream import PairEvaluator, evaluate_pair, stream_pair
+from evalkit.metrics.temporal import warping_error_from_flows
 
 from conftest import ROOT, assert_one_line_error
 from numerics import (U32, U64, ab_tolerance, gamma, lpips_bound, mean_tolerance, psnr_bound,
@@ -96,7 +96,7 @@ def ssim_ab_tol(x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 
 def lpips_tol(a: np.ndarray, b: np.ndarray, net: str = "alex") -> np.ndarray:
     """Two float32 LPIPS of the same uint8 frames (another trunk layout, batch or library)."""
-    from metrics.perceptual import get_model
+    from evalkit.metrics.perceptual import get_model
 
     return ab_tolerance(lpips_bound(get_model(net, "cpu"), chw(a).double() / 255, chw(b).double() / 255)).numpy()
 
@@ -104,7 +104,7 @@ def lpips_tol(a: np.ndarray, b: np.ndarray, net: str = "alex") -> np.ndarray:
 def tlp_tol(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Two float32 tLP |d_a - d_b| of the same clips: the bounds of both distances, and the
     subtraction's rounding."""
-    from metrics.perceptual import get_model
+    from evalkit.metrics.perceptual import get_model
 
     m = get_model("alex", "cpu")
     x, y = chw(a).double() / 255, chw(b).double() / 255
@@ -125,7 +125,7 @@ def lpips_ref():
     """The lpips package's own model, loaded with the cached weights."""
     import lpips
 
-    from metrics import weights as _weights
+    from evalkit.metrics import weights as _weights
 
     models = {}
 
@@ -400,7 +400,7 @@ def test_stream_without_temporal_metrics_stages_alike():
     for r0, r in zip(full, fid):
         for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction"):
             assert r[k] == r0[k], (k, r0["frame"])
-    from metrics.stream import _chunk_for, auto_chunk
+    from evalkit.metrics.stream import _chunk_for, auto_chunk
     assert auto_chunk(720, 1280, "cpu") == 2 and auto_chunk(256, 256, "cpu") == 8
     # on a GPU: 8 frames at 720p while OpenCV's flows pass through pinned host memory, 16 when
     # they do not (no temporal metrics, or the torch flow, whose flows stay on the device)
@@ -409,7 +409,7 @@ def test_stream_without_temporal_metrics_stages_alike():
 
 
 def test_flows_on_host_only_for_opencv_flows():
-    from metrics.stream import PairEvaluator, flows_on_host
+    from evalkit.metrics.stream import PairEvaluator, flows_on_host
 
     for kw, want in ((dict(flow="dis"), True), (dict(flow="farneback"), True),
                      (dict(flow="torch"), False), (dict(flow="dis", temporal=False), False)):
@@ -456,7 +456,7 @@ def test_flow_does_not_depend_on_what_the_thread_computed_before():
     """A cached DIS instance that saw another frame size gave other flows (fixed)."""
     import concurrent.futures
 
-    from metrics.flow import flow_u8
+    from evalkit.metrics.flow import flow_u8
 
     clip = translated_clip(n=2, seed=5)[..., 1].copy()            # 64x96
     with concurrent.futures.ThreadPoolExecutor(1) as pool:       # a fresh thread: reference
@@ -639,9 +639,9 @@ def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
     candidates cuDNN's autotuning times, set only inside the metric's ``precise`` blocks."""
     import torch
 
-    from metrics._common import precise
-    from metrics._errors import MetricInputError
-    from metrics.stream import CUDNN_BENCHMARK_LIMIT, PairEvaluator
+    from evalkit.metrics._common import precise
+    from evalkit.metrics._errors import MetricInputError
+    from evalkit.metrics.stream import CUDNN_BENCHMARK_LIMIT, PairEvaluator
 
     before = torch.backends.cudnn.benchmark_limit
     with precise(True, 3):
@@ -660,23 +660,23 @@ def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
 
 def test_warm_up_loads_every_triton_kernel_module():
     """The warm-up's loading thread imports Triton's kernel modules of the stream
-    (:data:`metrics.stream.KERNEL_MODULES`): every ``metrics/_triton_*.py`` is listed, and
+    (:data:`evalkit.metrics.stream.KERNEL_MODULES`): every ``metrics/_triton_*.py`` is listed, and
     loading them imports each (here with the CPU's Triton, as CI installs it)."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    import metrics
-    from metrics import stream
+    from evalkit import metrics
+    from evalkit.metrics import stream
 
     on_disk = {p.stem for p in Path(metrics.__file__).parent.glob("_triton_*.py")}
     assert on_disk == set(stream.KERNEL_MODULES)
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed")
     for name in stream.KERNEL_MODULES:
-        sys.modules.pop(f"metrics.{name}", None)
+        sys.modules.pop(f"evalkit.metrics.{name}", None)
     stream._load_kernel_modules()
-    assert all(f"metrics.{name}" in sys.modules for name in stream.KERNEL_MODULES)
+    assert all(f"evalkit.metrics.{name}" in sys.modules for name in stream.KERNEL_MODULES)
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
@@ -686,7 +686,7 @@ def test_autotuned_trunk_in_two_passes_matches_one_pass_on_cuda():
     the records agree with the untuned one-pass path up to float32 rounding."""
     import numpy as np
 
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     r = np.random.default_rng(0)
     fa = r.integers(0, 256, (20, 256, 320, 3), np.uint8)
@@ -697,7 +697,7 @@ def test_autotuned_trunk_in_two_passes_matches_one_pass_on_cuda():
         ev.warm_up(256, 320, 8)
         out[tuned] = list(stream_pair(iter([fa]), iter([fb]), evaluator=ev, chunk=8))
         ev.close()
-    from metrics.perceptual import get_model
+    from evalkit.metrics.perceptual import get_model
 
     m = get_model("alex", "cpu")
     x, y = torch.from_numpy(fa).permute(0, 3, 1, 2).double() / 255, torch.from_numpy(fb).permute(0, 3, 1, 2).double() / 255

@@ -207,7 +207,7 @@ def analysis():
 
 def test_gate_text_round_trips_through_the_gate_reader(analysis, tmp_path):
     from evalkit.formats.gate import load_gate
-    from metrics.catalogue import keys
+    from evalkit.metrics.catalogue import keys
 
     text = P.gate_from_analysis(analysis, study="study-7", safety_factor=2.5)
     (tmp_path / "gate.yaml").write_text(text)
@@ -235,7 +235,7 @@ def test_gate_text_round_trips_through_the_gate_reader(analysis, tmp_path):
 ])
 def test_bad_human_threshold_blocks_name_the_field(analysis, tmp_path, edit, needle):
     from evalkit.formats.gate import GateError, load_gate
-    from metrics.catalogue import keys
+    from evalkit.metrics.catalogue import keys
 
     text = P.gate_from_analysis(analysis, study="s")
     assert edit[0] in text

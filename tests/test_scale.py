@@ -48,7 +48,7 @@ def _same(x, y) -> bool:
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs, tmp_path, chunk):
     from evalkit.compare.pairing import compare_runs
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     res = compare_runs(*import_runs, tmp_path / "r", device="cpu", chunk=chunk, progress=False)
     assert len(res.measures) == 2
@@ -241,7 +241,7 @@ def test_real_scale_suites_name_the_generated_clips(make_scale):
     import yaml
 
     from evalkit.formats.gate import load_gate
-    from metrics.catalogue import keys
+    from evalkit.metrics.catalogue import keys
 
     for name, spec in make_scale.SUITES.items():
         doc = yaml.safe_load((DATASETS / name / "suite.yaml").read_text())
@@ -279,7 +279,7 @@ def test_compare_and_metrics_decoding_in_worker_processes_match_threads(import_r
 
 
 def test_a_warm_up_changes_no_record(import_runs):
-    from metrics.stream import PairEvaluator, stream_pair
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     a, b = (sorted((r / "clips").glob("*.mkv"))[0] for r in import_runs)
     fa, fb = ClipReader(a).read(), ClipReader(b).read()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from metrics import temporal
-from metrics._common import TritonFallback, fast_paths
+from evalkit.metrics import temporal
+from evalkit.metrics._common import TritonFallback, fast_paths
 
 from conftest import run_interpreted
 from numerics import U32, mean_tolerance
@@ -28,10 +28,10 @@ import json
 import numpy as np
 import torch
 import torch.nn.functional as F
-from metrics._common import fast_paths
-from metrics._triton_temporal import warp_errors_tof
-from metrics.stream import evaluate_pair
-from metrics.temporal import temporal_from_flows, tof_from_flows, warping_error_from_flows
+from evalkit.metrics._common import fast_paths
+from evalkit.metrics._triton_temporal import warp_errors_tof
+from evalkit.metrics.stream import evaluate_pair
+from evalkit.metrics.temporal import temporal_from_flows, tof_from_flows, warping_error_from_flows
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
@@ -76,7 +76,7 @@ out["A"] = {"got": [ea.tolist(), eb.tolist(), t.tolist()],
                      tof_from_flows(fa, fb).tolist()]}
 # the kept fraction of each frame (torch path), to show the masks are partial
 with torch.inference_mode():
-    from metrics.flow import consistency_mask
+    from evalkit.metrics.flow import consistency_mask
     out["A"]["kept"] = consistency_mask(ba, fa).float().mean((1, 2)).tolist()
 
 # batch invariance: frame 2 alone, frames 1..2 as a batch of 2, bit for bit

@@ -301,7 +301,7 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
     assert acc[8.0] == 1.0 and acc[1.0] < 0.8
     # the admin page's figures: the curve marks the threshold, its interval and the real
     # difference; accuracy against LPIPS has one point per (clip, level)
-    from app.admin import curve_plot, lpips_plot
+    from evalkit.app.admin import curve_plot, lpips_plot
 
     ax = curve_plot(res).axes[0]
     vlines = {round(float(ln.get_xdata()[0]), 12) for ln in ax.get_lines()

@@ -1,4 +1,4 @@
-"""VMAF (metrics.vmaf; --vmaf on `metrics` and `compare`): real libvmaf in imageio-ffmpeg's
+"""VMAF (evalkit.metrics.vmaf; --vmaf on `metrics` and `compare`): real libvmaf in imageio-ffmpeg's
 ffmpeg, real x264 encodes, the real CLI."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from metrics import MetricInputError
-from metrics.vmaf import (BUILTIN_MODELS, DEFAULT_MODEL, VmafUnavailable, check_available, ffmpeg_exe,
+from evalkit.metrics import MetricInputError
+from evalkit.metrics.vmaf import (BUILTIN_MODELS, DEFAULT_MODEL, VmafUnavailable, check_available, ffmpeg_exe,
                           rgb_to_yuv444, vmaf)
 
 from conftest import DATASETS, assert_one_line_error

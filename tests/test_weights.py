@@ -12,8 +12,8 @@ import torch
 
 from evalkit import weights
 from evalkit.errors import WeightsError
-from metrics import WeightsUnavailable
-from metrics import weights as _weights
+from evalkit.metrics import WeightsUnavailable
+from evalkit.metrics import weights as _weights
 
 from conftest import ROOT, assert_one_line_error
 

@@ -306,7 +306,7 @@ def load_lpips(path: str | None, device):
 
     net = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
     if path is None:
-        from metrics.weights import load_state_dict
+        from evalkit.metrics.weights import load_state_dict
         sd = load_state_dict("alex")
     else:
         from safetensors.torch import load_file

@@ -101,7 +101,7 @@ def _one_line(e: Exception) -> str:
 
 
 def _metrics_user_errors():
-    from metrics import MetricsError
+    from evalkit.metrics import MetricsError
 
     return MetricsError
 

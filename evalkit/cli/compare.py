@@ -16,14 +16,14 @@ FLOW_HELP = ("optical flow for the temporal metrics: auto (default: torch on a G
 
 def flow_method(args) -> str:
     """``--flow``, with ``auto`` meaning DIS when a DIS preset is asked for (else the
-    evaluator resolves it for its device: :func:`metrics.flow.resolve_flow`)."""
+    evaluator resolves it for its device: :func:`evalkit.metrics.flow.resolve_flow`)."""
     return "dis" if args.flow == "auto" and args.flow_preset else args.flow
 
 
 def cmd_compare(args) -> int:
     from evalkit.compare.pairing import compare_runs
     from evalkit.compare.aggregate import ratio_meaning
-    from metrics.catalogue import fmt, keys
+    from evalkit.metrics.catalogue import fmt, keys
 
     options = {}
     if args.no_temporal:

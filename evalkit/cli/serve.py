@@ -7,7 +7,7 @@ from evalkit.cli.common import port_number
 
 
 def cmd_serve(args) -> int:
-    from app.server import serve  # the app package is installed with evalkit
+    from evalkit.app.server import serve  # evalkit.app: the web layer, installed with evalkit
 
     stopped_by = serve(args.db, host=args.host, port=args.port,
                        admin_password=args.admin_password, completion_code=args.completion_code)

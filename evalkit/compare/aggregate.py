@@ -1,7 +1,7 @@
 """Aggregates of per-frame metric values, and their ratio to a noise floor (pure functions).
 
 The definitions (directions, which percentile ``p95`` takes, which extreme ``worst`` is, how
-each noise-floor ratio is taken) are those of :mod:`metrics.catalogue`.
+each noise-floor ratio is taken) are those of :mod:`evalkit.metrics.catalogue`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from metrics.catalogue import AGGREGATES, FAMILIES, MEANING, METRICS, keys
+from evalkit.metrics.catalogue import AGGREGATES, FAMILIES, MEANING, METRICS, keys
 
 
 def _finite(values):
@@ -17,7 +17,7 @@ def _finite(values):
 
 
 def aggregate(values: list, metric: str) -> dict:
-    """mean, p95 and worst of per-frame values (see metrics.catalogue for the definitions)."""
+    """mean, p95 and worst of per-frame values (see evalkit.metrics.catalogue for the definitions)."""
     vals = _finite(values)
     if not vals:
         inf = metric == "psnr" and any(v == math.inf for v in values)

@@ -2,10 +2,10 @@
 
 :func:`compare_clips` reads both inputs with :class:`evalkit.video.ClipReader` (video files,
 single images, folders of images), decodes both ahead in background threads or worker processes (:mod:`evalkit.procdecode`), feeds
-:func:`metrics.stream.stream_pair` and returns one JSON-ready object (see
+:func:`evalkit.metrics.stream.stream_pair` and returns one JSON-ready object (see
 :func:`compare_clips`). Non-finite numbers become ``null`` there: PSNR of identical frames
 (``inf``) and warping errors without any consistent pixel (``nan``). The metric keys, in
-output order, are those of :mod:`metrics.catalogue` that some frame has.
+output order, are those of :mod:`evalkit.metrics.catalogue` that some frame has.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from evalkit import fsutil
 from evalkit.compare.alignment import resolve_offset, skip_frames
 from evalkit.errors import InputFileError, UserError
 from evalkit.video import ClipReader
-from metrics.catalogue import KEYS, fmt, units
+from evalkit.metrics.catalogue import KEYS, fmt, units
 
 TEMPORAL_CONVENTION_KEYS = ("flow", "warp_error", "tlp", "tof", "flicker")
 
@@ -67,9 +67,9 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     compared at, on the frames both clips share (``"offset"`` in the result says which; the
     records keep A's frame numbers); a whole number: that offset, untested (0: frame by frame).
     """
-    from metrics import MetricInputError
-    from metrics.flow import DEFAULT_PRESET
-    from metrics.stream import PairEvaluator, json_safe, stream_pair
+    from evalkit.metrics import MetricInputError
+    from evalkit.metrics.flow import DEFAULT_PRESET
+    from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
     ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
@@ -93,11 +93,11 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     except MetricInputError as e:
         raise UserError(str(e)) from None
     if vmaf:
-        from metrics.vmaf import check_available
+        from evalkit.metrics.vmaf import check_available
 
         check_available()
     if chunk is None:
-        from metrics.stream import evaluator_chunk
+        from evalkit.metrics.stream import evaluator_chunk
 
         chunk = evaluator_chunk(ia.height, ia.width, ev)
     from tqdm import tqdm

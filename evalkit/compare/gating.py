@@ -4,7 +4,7 @@ aggregates, floor ratios and jobs not compared, as :meth:`evalkit.formats.gate.G
 does at the end of a compare).
 
 A gate may record the conventions its thresholds were set under (``conventions:``, the report's
-``summary.json["conventions"]`` entries its metrics depend on: :data:`metrics.catalogue.CONVENTIONS`);
+``summary.json["conventions"]`` entries its metrics depend on: :data:`evalkit.metrics.catalogue.CONVENTIONS`);
 a report measured under others (tOF with the torch flow against a gate set on DIS) is refused in
 one line unless the caller says to ignore them. :func:`pin_conventions` writes them into a gate.
 """
@@ -18,7 +18,7 @@ from evalkit.errors import InputFileError
 from evalkit.formats.gate import Gate, GateError, load_gate
 from evalkit.formats.models import version_problem
 from evalkit.fsutil import atomic_write_text
-from metrics.catalogue import conventions_of, keys
+from evalkit.metrics.catalogue import conventions_of, keys
 
 
 def open_gate(path) -> Gate:

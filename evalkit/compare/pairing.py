@@ -1,7 +1,7 @@
 """``evalkit compare``: pair two runs by job id, measure them, set them against noise floors,
 gate, and write the report (frames.csv, clips.csv, summary.json, index.html).
 
-Every clip is decoded once and streamed through one :class:`metrics.PairEvaluator` (the LPIPS
+Every clip is decoded once and streamed through one :class:`evalkit.metrics.PairEvaluator` (the LPIPS
 model is loaded once for the whole comparison); the frames needed for the report's thumbnails
 (the worst frame of each job) are kept while streaming, never decoded again. Both clips of a
 pair decode in background threads, a bounded number of chunks ahead, and the next job's clips
@@ -29,7 +29,7 @@ from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder,
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader, usable_cores
-from metrics.catalogue import KEYS, METRICS, units
+from evalkit.metrics.catalogue import KEYS, METRICS, units
 
 #: fields of a job that must agree for two renders to be comparable
 _SAME = ("clip", "prompt", "params")
@@ -203,11 +203,11 @@ class PairMismatch(UserError):
 
 
 def _pair_chunk(evaluator, pair: Pair, chunk: int | None) -> int:
-    """Frames per batch for ``pair``: ``chunk``, else what :func:`metrics.stream.stream_pair`
-    would pick from its first frame (:func:`metrics.stream.evaluator_chunk`)."""
+    """Frames per batch for ``pair``: ``chunk``, else what :func:`evalkit.metrics.stream.stream_pair`
+    would pick from its first frame (:func:`evalkit.metrics.stream.evaluator_chunk`)."""
     if chunk:
         return int(chunk)
-    from metrics.stream import evaluator_chunk
+    from evalkit.metrics.stream import evaluator_chunk
 
     h, w = _pair_size(pair)
     return evaluator_chunk(h, w, evaluator)
@@ -266,8 +266,8 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
 
     ``decoder``: the pair already decoding (:class:`PairDecoder`, made with the same chunk);
     else one is made here. ``on_frame``: called with 1 after each frame's record."""
-    from metrics import MetricInputError
-    from metrics.stream import stream_pair
+    from evalkit.metrics import MetricInputError
+    from evalkit.metrics.stream import stream_pair
 
     evaluator.reset()
     chunk = _pair_chunk(evaluator, pair, chunk)
@@ -430,7 +430,7 @@ class LocalCompareSession:
 
     def __init__(self, *, device=None, metric_options: dict | None = None):
         from evalkit.procdecode import DecoderPool, use_processes
-        from metrics.stream import PairEvaluator
+        from evalkit.metrics.stream import PairEvaluator
 
         #: worker processes decoding the clips (:mod:`evalkit.procdecode`), or None: threads
         self.pool = DecoderPool(decode_threads(processes=True)) if use_processes() else None
@@ -461,7 +461,7 @@ class LocalCompareSession:
                 progress=None) -> list[JobMeasure]:
         """Measure ``pairs`` in order; the next :attr:`jobs_ahead` jobs decode meanwhile.
         ``progress``: a bar updated per frame. On a GPU the evaluator is warmed up first
-        (:meth:`metrics.stream.PairEvaluator.warm_up`, once per frame size) while the first
+        (:meth:`evalkit.metrics.stream.PairEvaluator.warm_up`, once per frame size) while the first
         clips decode."""
         out = []
         ahead: collections.deque = collections.deque()
@@ -535,7 +535,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
                         f"compare computes only on request; add --{optional[0]}")
     if vmaf:
-        from metrics.vmaf import check_available
+        from evalkit.metrics.vmaf import check_available
 
         check_available()       # before any work: no ffmpeg with libvmaf is one line, now
     out = Path(out)
@@ -583,7 +583,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                 floor_info[name]["alignment"] = alignment_of(fm)
         conventions = dict(session.conventions)
         if vmaf:
-            from metrics.vmaf import vmaf_convention as _default
+            from evalkit.metrics.vmaf import vmaf_convention as _default
 
             conventions["vmaf"] = vmaf_convention or _default()
         metrics_device = session.device

@@ -1,7 +1,7 @@
 """Compare report writers: frames.csv, clips.csv, summary.json and an offline index.html.
 
 Columns (units: ``summary.json["units"]``; README "Compare report"; the metric columns are
-the keys of :mod:`metrics.catalogue`, in its order):
+the keys of :mod:`evalkit.metrics.catalogue`, in its order):
 
 - ``frames.csv``: job, clip, prompt, seed, frame, then one column per metric (empty where a
   metric is undefined, e.g. temporal metrics at frame 0; ``inf`` for the PSNR of identical frames;
@@ -35,7 +35,7 @@ import numpy as np
 from evalkit.compare.aggregate import aggregate
 from evalkit.errors import UserError
 from evalkit.fsutil import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text, write_csv
-from metrics.catalogue import KEYS, METRICS, fmt
+from evalkit.metrics.catalogue import KEYS, METRICS, fmt
 
 #: summary.json's schema version (written by :func:`evalkit.compare.pairing.compare_runs`)
 SUMMARY_SCHEMA_VERSION = 1
@@ -340,7 +340,7 @@ def write_report(out: Path, summary: dict, measures) -> None:
 
 
 def _write_report_files(out: Path, summary: dict, measures) -> None:
-    from metrics.stream import json_safe
+    from evalkit.metrics.stream import json_safe
 
     (out / "img").mkdir(parents=True, exist_ok=True)
     write_frames_csv(out / "frames.csv", measures)

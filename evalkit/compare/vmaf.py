@@ -1,6 +1,6 @@
 """VMAF as an optional pass over clips already measured (``--vmaf`` on ``compare`` and ``metrics``).
 
-VMAF (:mod:`metrics.vmaf`) runs in an ffmpeg process over the whole clip, not chunk by chunk
+VMAF (:mod:`evalkit.metrics.vmaf`) runs in an ffmpeg process over the whole clip, not chunk by chunk
 like the stream evaluator, so it is a separate pass: after the stream metrics, each pair of
 clips is decoded once more and piped to libvmaf, and the per-frame scores are added to the
 records under the key ``vmaf``. The pass needs nothing but the clip paths: it runs where
@@ -17,11 +17,11 @@ from evalkit.video import ClipReader
 
 def clip_vmaf(path_a, path_b, *, frames: int | None = None, n_threads: int | None = None,
               skip: tuple[int, int] = (0, 0)):
-    """:class:`metrics.vmaf.VmafResult` of clip ``path_b`` against reference ``path_a`` (the
+    """:class:`evalkit.metrics.vmaf.VmafResult` of clip ``path_b`` against reference ``path_a`` (the
     first ``frames`` frames of each, or all, after ``skip``: frames of A and of B left out at
     the start, a temporal offset's). Frame problems name the clip."""
-    from metrics import MetricInputError
-    from metrics.vmaf import vmaf
+    from evalkit.metrics import MetricInputError
+    from evalkit.metrics.vmaf import vmaf
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
     ia, ib = iter(ClipReader(paths["a"])), iter(ClipReader(paths["b"]))

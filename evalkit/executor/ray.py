@@ -22,7 +22,7 @@ it). Each worker keeps the clips it receives and the files it encodes in a scrat
 node's temp folder, which it removes when its pool closes; the folder of a killed worker is
 removed by the next worker started on that host.
 
-Compare: one actor per GPU (or CPU slot) holds a loaded :class:`metrics.PairEvaluator`; clip
+Compare: one actor per GPU (or CPU slot) holds a loaded :class:`evalkit.metrics.PairEvaluator`; clip
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
 driver (:func:`evalkit.compare.pairing.compare_runs`).
 """
@@ -309,7 +309,7 @@ class MeasureWorker:
     """One metric evaluator (LPIPS loaded once) on one GPU/CPU slot."""
 
     def __init__(self, device, metric_options: dict, threads: int | None = None):
-        from metrics.stream import PairEvaluator
+        from evalkit.metrics.stream import PairEvaluator
 
         _set_threads(threads)
         self.evaluator = PairEvaluator(device=device, **(metric_options or {}))

@@ -26,7 +26,7 @@ optional ``schema_version: 1`` may come first. The rules are those of
 :class:`evalkit.formats.models.GateFile`.
 
 The metric keys a gate may name come from the caller (:mod:`evalkit.compare` passes those of
-:mod:`metrics.catalogue`, where the definitions above live): this room reads files and
+:mod:`evalkit.metrics.catalogue`, where the definitions above live): this room reads files and
 imports only the core.
 """
 from __future__ import annotations

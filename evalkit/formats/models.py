@@ -409,7 +409,7 @@ class HumanThreshold(FormatModel):
 
     metric: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$"),
                       Expect("a metric name", "a metric key such as lpips")] = Field(
-        description="The metric the threshold is in (a key of `metrics.catalogue`, e.g. `lpips`).")
+        description="The metric the threshold is in (a key of `evalkit.metrics.catalogue`, e.g. `lpips`).")
     value: Annotated[float, Field(gt=0, allow_inf_nan=False),
                      Expect("a number", "a positive number")] = Field(
         description="The threshold: the metric value at which raters answer the ABX trial "
@@ -466,7 +466,7 @@ class GateFile(FormatModel):
     key_noun: ClassVar[str] = "metric"
     #: (name, description) of the row that documents the extra keys
     extra_keys: ClassVar[tuple[str, str]] = (
-        "<metric>", "Absolute thresholds of one metric (a key of `metrics.catalogue`, such as "
+        "<metric>", "Absolute thresholds of one metric (a key of `evalkit.metrics.catalogue`, such as "
                     "`lpips` or `psnr`): `{aggregate: {max or min: number}}`.")
 
     schema_version: Literal[1] = Field(1, description="The format's version: 1.")

@@ -254,8 +254,9 @@ class StudyDB:
         except (exc.ArgumentError, ValueError) as e:
             raise StudyError(f"{where}: not a valid database URL ({_first_line(e)})") from e
         except ImportError as e:
+            hint = "" if self.is_sqlite else "; for PostgreSQL: pip install 'evalkit[postgres]'"
             raise StudyError(f"{where}: its database driver is not installed "
-                             f"({_first_line(e)})") from e
+                             f"({_first_line(e)}{hint})") from e
         if self.is_sqlite:
             @event.listens_for(self.engine, "connect")
             def _on_connect(dbapi_conn, _record):

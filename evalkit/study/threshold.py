@@ -154,7 +154,7 @@ def measure_windows(pairs, *, device="cpu", net: str = "alex") -> dict:
     :func:`measure` of the whole clips (the metrics batch their frames alike)."""
     import collections
 
-    from metrics.stream import evaluate_pair
+    from evalkit.metrics.stream import evaluate_pair
 
     it = iter(pairs)
     bufs = (collections.deque(), collections.deque())

@@ -2,6 +2,8 @@
 edits): fake renderers (``evalkit.testing.renderers:Invert`` as a ``-r`` path), the renderers
 of the Ray tests, tiny diffusers pipelines built from configs (random weights, no download), a
 compare report for study tests, and the real ``evalkit serve`` as a process on loopback.
+What it imports beyond evalkit's runtime dependencies (transformers and tokenizers, for the
+tiny pipelines) comes with ``pip install 'evalkit[test]'``.
 
 - :mod:`.renderers`: ``Invert`` and friends (a fake transport for the render harness)
 - :mod:`.ray_renderers`: renderers whose workers can be found and killed

@@ -1,6 +1,6 @@
 """Synthetic motion with a known flow, and the end-point error of a flow against it.
 
-Used to validate the optical-flow methods of :mod:`metrics.flow` (tests and
+Used to validate the optical-flow methods of :mod:`evalkit.metrics.flow` (tests and
 ``benchmarks/bench_flow.py``). A photograph (grey, area-downscaled by ``prescale`` so it does
 not alias) is filmed twice by the same ``(h, w)`` window: ``src`` is the window itself (an
 integer crop, no resampling) and ``dst`` is the photograph moved by a similarity transform

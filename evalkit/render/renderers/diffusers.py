@@ -217,7 +217,13 @@ class DiffusersRenderer(Renderer):
         local = Path(model)
         if (model.startswith((".", "/", "~")) or local.exists()) and not (local / "model_index.json").is_file():
             raise RendererError(f"{local}: not a diffusers pipeline folder (no model_index.json)")
-        from diffusers.utils import deprecation_utils, logging as dlogging
+        from diffusers.utils import DummyObject, deprecation_utils, logging as dlogging
+
+        cls = self._resolved_class()
+        if isinstance(cls, DummyObject):   # diffusers' stand-in for a class missing a package
+            raise RendererError(f"renderer {self.name!r}: {model}: {cls.__name__} needs "
+                                f"{' and '.join(getattr(cls, '_backends', []))}: "
+                                "pip install 'evalkit[video-families]'")
 
         # diffusers >= 0.42 renamed torch_dtype to dtype
         dtype_key = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
@@ -227,18 +233,26 @@ class DiffusersRenderer(Renderer):
         verbosity = dlogging.get_verbosity()
         dlogging.set_verbosity_error()       # our own progress bars; no loading chatter
         dlogging.disable_progress_bar()
-        from transformers.utils import logging as tlogging
-
-        tlogging.disable_progress_bar()
+        try:    # the video-families extra: only pipelines with text encoders need transformers
+            from transformers.utils import logging as tlogging
+        except ImportError:
+            tlogging = None
+        if tlogging is not None:
+            tlogging.disable_progress_bar()
         try:
             pipe = self._pipeline_class().from_pretrained(model, **kwargs)
         except (OSError, ValueError) as e:
             raise RendererError(f"renderer {self.name!r}: cannot load {model!r}: "
                                 f"{str(e).strip().splitlines()[0]}") from None
+        except ImportError as e:
+            raise RendererError(f"renderer {self.name!r}: cannot load {model!r}: "
+                                f"{str(e).strip().splitlines()[0]} (pipelines with text encoders "
+                                f"need pip install 'evalkit[video-families]')") from None
         finally:
             dlogging.set_verbosity(verbosity)
             dlogging.enable_progress_bar()
-            tlogging.enable_progress_bar()
+            if tlogging is not None:
+                tlogging.enable_progress_bar()
         self.setup(pipe, runtime)
 
     def setup(self, pipe, runtime) -> None:
