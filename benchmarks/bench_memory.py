@@ -199,7 +199,8 @@ def main() -> None:
             print(f"# {n} frames: clips ready in {time.perf_counter() - t:.1f} s", flush=True)
             for name, tree in trees.items():
                 work = Path(tempfile.mkdtemp(prefix=f"bench_memory_{name}_"))
-                env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
+                path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+                env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False"}
                 try:
                     for what, cmd in commands(tree, s, work, args.no_temporal, args.cheap,
                                              args.stub_compare, args.device):
