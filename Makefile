@@ -14,10 +14,9 @@ export GRADIO_ANALYTICS_ENABLED := False
 all: test
 
 # Pinned dependencies from requirements.lock; pip takes torch from this machine's local wheels.
-# --no-compile: Python compiles what is imported, when first imported (about 50 s of set-up saved).
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
