@@ -48,12 +48,14 @@ postgresql:
 lint: $(STAMP)
 	$(PY) -m ruff check evalkit app metrics tests benchmarks tools datasets
 
+# Two workers (pytest-xdist), each test file on one of them (module fixtures made once): most
+# tests wait on browsers, servers and subprocesses, so two workers on two cores halve the time.
 test: setup chromium postgresql lint
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 
 # The fast lane while working: lint and every test not marked `slow` (pyproject's markers).
 check: setup lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 # The main job on the canary suite: validate, previews, render on two backends, compare.
 demo: setup

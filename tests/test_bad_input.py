@@ -993,7 +993,9 @@ def test_bad_input(row, w, cli, request, monkeypatch):
         row.check(w, out, err)
     else:
         assert_one_line_error(err, *row.needles)
-        assert len(err) < 400, f"error line of {len(err)} characters"
+        # the length of what the message says, not of the test's temporary paths in it
+        said = err.replace(str(w.root), "ROOT")
+        assert len(said) < 400, f"error line of {len(said)} characters"
 
 
 PROCESS_ROWS = [r for r in ROWS if r.process]
