@@ -12,11 +12,9 @@ NTSC rates included). FFV1 level 3 encodes its 4 slices on at most 4 threads: on
 """
 from __future__ import annotations
 
-import queue
 from concurrent.futures import Executor, ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -128,21 +126,6 @@ class ClipWriter:
 
 #: chunks a streamed write (:func:`write_streamed`) holds between its reader and each encoder
 STREAM_DEPTH = 2
-_END = object()
-
-
-class _Aborted(Exception):
-    """The reader of a streamed write failed: the encoders stop (their files are not kept)."""
-
-
-def _queued_frames(q: queue.Queue) -> Iterator[np.ndarray]:
-    while True:
-        item = q.get()
-        if item is _END:
-            return
-        if item is None:
-            raise _Aborted
-        yield from item
 
 
 def write_streamed(chunks, clip_path: Path, preview_path: Path | None, fps, *,
@@ -155,56 +138,29 @@ def write_streamed(chunks, clip_path: Path, preview_path: Path | None, fps, *,
     of the two writers given the whole clip (the same code writes them), each atomic: an error
     of the reader (raised here) or of an encoder leaves neither file. Returns ``(frames,
     height, width, sha256 of the clip file)``."""
+    from evalkit.concurrency import fan_out
     from evalkit.fsutil import sha256_file
     from evalkit.video import write_browser, write_lossless
 
-    targets = [lambda f: write_lossless(clip_path, f, fps, codec=codec)]
+    def frames_to(write):                   # a consumer: chunks in, the writer fed frames
+        return lambda chunks_in: write(f for c in chunks_in for f in c)
+
+    targets = [frames_to(lambda f: write_lossless(clip_path, f, fps, codec=codec))]
     if preview_path is not None:
-        targets.append(lambda f: write_browser(preview_path, f, fps))
-    queues = [queue.Queue(maxsize=max(1, depth)) for _ in targets]
-    n, shape = 0, None
-    with ThreadPoolExecutor(max_workers=len(targets),
-                            thread_name_prefix="evalkit-encode-stream") as pool:
-        futures = [pool.submit(t, _queued_frames(q)) for t, q in zip(targets, queues)]
+        targets.append(frames_to(lambda f: write_browser(preview_path, f, fps)))
+    seen = {"n": 0, "shape": None}
 
-        def put(item) -> None:
-            for q, f in zip(queues, futures):
-                while True:
-                    if f.done():            # an encoder failed (or ended early): no more
-                        break
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+    def counted():
+        for c in chunks:
+            if seen["shape"] is None:
+                seen["shape"] = c.shape[1:3]
+            seen["n"] += len(c)
+            yield c
 
-        try:
-            for c in chunks:
-                if shape is None:
-                    shape = c.shape[1:3]
-                n += len(c)
-                put(c)
-                if any(f.done() for f in futures):
-                    break                   # an encoder's error is raised below
-        except BaseException:
-            put(None)                      # the encoders raise: their temporary files go
-            for f in futures:
-                try:
-                    f.result()
-                except _Aborted:
-                    pass
-                except Exception:           # the reader's error is the one told
-                    pass
-            raise
-        failed = [f for f in futures if f.done() and f.exception() is not None]
-        put(None if failed else _END)
-        for f in futures:
-            try:
-                f.result()
-            except _Aborted:
-                pass
-        if failed:
-            failed[0].result()              # the encoder's own error
+    # each encoder on a thread of its own, at most ``depth`` chunks queued for it; an error of
+    # the reader or of an encoder stops the others (their files are not kept) and is raised
+    fan_out(counted(), targets, depth=depth, name="evalkit-encode-stream")
+    n, shape = seen["n"], seen["shape"]
     if shape is None:
         raise ValueError("frames: expected at least one frame, found none")
     return n, int(shape[0]), int(shape[1]), sha256_file(clip_path)
