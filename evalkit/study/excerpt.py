@@ -119,7 +119,7 @@ def plan(report, jobs: list[dict], seconds: float | None, at) -> dict | None:
     "windows": {job: {"start", "frames", "start_s", "end_s", "lpips_window"}}}`` (frames of
     A's clip; the clip's frame rate from its header). A window longer than a clip, or past its
     end, is refused naming the clip (from the header's frame count or duration where it has
-    one; :func:`cut` checks again as it decodes)."""
+    one; :func:`pair_windows` checks again as it decodes)."""
     if seconds is None:
         return None
     per = frame_lpips(report) if at == WORST else {}
@@ -158,16 +158,6 @@ def check(path, start: int, n: int, total: int, fps: float, seconds: float, at) 
         raise StudyError(f"{path}: --excerpt-at {given}: expected a start at most "
                          f"{(total - n) / fps:g} s (the {seconds:g} s window within the clip's "
                          f"{total / fps:g} s), found {start / fps:g} s")
-
-
-def cut(path, window: dict | None, seconds=None, at=WORST) -> tuple[np.ndarray, object]:
-    """The frames of ``window`` of the clip at ``path`` (the whole clip without one), and its
-    frame rate: ``(frames (n, H, W, 3) uint8, fps)``, all in memory (a study streams them
-    instead: :func:`pair_windows`)."""
-    r, seen = open_clip(path), {}
-    frames = np.concatenate(list(_window_chunks(r, window, 64, seen)))
-    _check_window(r, window, seen["total"], seconds, at)
-    return frames, r.info.fps
 
 
 #: frames a study's media hold per clip side at once (:func:`pair_windows`), at most, and the

@@ -7,7 +7,7 @@ to notice. For each selected clip it shows graded stimuli
 
 so ``k = 1`` is backend B's frames exactly, ``k = 2`` doubles every pixel's difference, and
 ``k < 1`` shrinks it. Each stimulus is measured against A with the cheap full-reference metrics
-(LPIPS, SSIM, PSNR; :func:`measure`), exactly as ``compare`` measures a backend pair, and
+(LPIPS, SSIM, PSNR; :func:`measure_windows`), exactly as ``compare`` measures a backend pair, and
 raters do ABX trials (X is A or S_k) across all levels, interleaved (:mod:`.design`). The
 analysis (:mod:`.psychometric`, pure) fits proportion correct against the measured metric and
 reports the threshold, the real difference (``k = 1``) and their ratio, the headroom.
@@ -141,17 +141,12 @@ def stimulus(ladder: str, a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
     raise ValueError(f"ladder: expected one of {', '.join(LADDERS)}, found {ladder!r}")
 
 
-def measure(a: np.ndarray, s: np.ndarray, *, device="cpu", net: str = "alex") -> dict:
-    """Full-reference metrics of stimulus ``s`` against ``a`` (``(T, H, W, 3)`` uint8), the
-    per-clip means as ``compare`` reports them: ``{"lpips", "ssim", "psnr"}`` (``psnr`` None
-    for identical clips) plus ``max_abs_diff``, and the metrics' conventions."""
-    return measure_windows([(a, s)], device=device, net=net)
-
-
 def measure_windows(pairs, *, device="cpu", net: str = "alex") -> dict:
-    """:func:`measure` of two clips given as an iterable of ``(a, s)`` windows (``(n, H, W, 3)``
-    uint8, consecutive): read once, held a window or two at a time; the same figures as
-    :func:`measure` of the whole clips (the metrics batch their frames alike)."""
+    """Full-reference metrics of a stimulus against clip A, given as an iterable of ``(a, s)``
+    windows (``(n, H, W, 3)`` uint8, consecutive; read once, held a window or two at a time):
+    the per-clip means as ``compare`` reports them, ``{"lpips", "ssim", "psnr"}`` (``psnr``
+    None for identical clips) plus ``max_abs_diff``, and the metrics' conventions; the same
+    figures as the whole clips in memory gave (the metrics batch their frames alike)."""
     import collections
 
     from evalkit.metrics.stream import evaluate_pair
