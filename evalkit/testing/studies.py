@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 from evalkit.fsutil import datasets_dir
@@ -108,6 +109,23 @@ def secrets_of(db, report) -> set[str]:
     runs = [summary["runs"][k]["path"] for k in ("a", "b")]
     return {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
             "studytest", str(report)}
+
+
+#: random identifiers in what a browser receives (media names, Gradio's event and session ids,
+#: hashes): runs of 12 or more hex digits, where a short secret such as "bf16" turns up by chance
+_RANDOM_HEX = re.compile(r"[0-9a-fA-F]{12,}")
+
+
+def leaked(texts, secrets, token: str) -> str | None:
+    """The first of ``secrets`` found in ``texts`` (what a rater's browser received) with the
+    rater's token and every random hex identifier masked, with 60 characters of context either
+    side; None when none is found."""
+    haystack = _RANDOM_HEX.sub("HEX", "\n".join(texts).replace(token, "TOKEN"))
+    for s in sorted(secrets):
+        i = haystack.find(s)
+        if i >= 0:
+            return f"{s!r} in ...{haystack[max(0, i - 60):i + len(s) + 60]!r}..."
+    return None
 
 
 def import_report(root, pairs: dict, fps, *, temporal: bool = False, device: str = "cpu"):
