@@ -28,44 +28,85 @@ POOL = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True
         for i in range(3)] + [{"clip_id": 1, "kind": "hue_mild", "streams": _streams("g", True)}]
 
 
-def test_stream_keys_cover_every_arrangement():
+def test_stream_keys_put_x_in_tile_0_with_every_match_and_content():
     assert design.stream_keys("preference") == ["ab", "ba"]
     assert design.stream_keys("preference", True) == ["rd", "dr"]
-    assert sorted(design.stream_keys("abx")) == ["aab", "aba", "abb", "baa", "bab", "bba"]
-    assert sorted(design.stream_keys("abx", True)) == ["drr", "rdr", "rrd"]
+    assert design.stream_keys("abx") == ["aab", "aba", "bba", "bab"]
+    assert design.stream_keys("abx", True) == ["rrd", "rdr", "ddr", "drd"]
+    for catch in (False, True):
+        keys = design.stream_keys("abx", catch)
+        # every (match tile, X content) once; X's match is exactly one of tiles 1 and 2
+        assert {(k.index(k[0], 1), k[0]) for k in keys} == {(t, c) for t in (1, 2)
+                                                            for c in set("".join(keys))}
+        assert all((k[1] == k[0]) != (k[2] == k[0]) for k in keys)
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
-def test_each_box_shows_its_sides_tile_and_positions_are_uniform(protocol):
-    """The stream a trial shows holds, in each box's tile, that slot's content; the tile of each
-    slot is drawn at random per trial: every slot is in every position about equally often,
-    whatever the answer."""
+def test_each_box_shows_its_sides_tile_and_labels_say_nothing(protocol):
+    """The stream a trial shows holds, in each box's tile, that slot's content; X is always in
+    tile 0; per file, across raters, each label lands on each of the other tiles about equally
+    often whatever the answer (what raters pool per file says nothing)."""
     clips = _clips(12)
     letter = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
     pos = Counter()
-    n = 0
     for k in range(40):
-        for t in design.assign(protocol, clips, POOL, k, design.rater_seed(3, k)):
+        for t in design.assign(protocol, clips, POOL, k, design.rater_seed(3, k), 3):
             arrangement = t["shown"]["media"].rsplit("-", 1)[1]
             tiles = t["shown"]["tiles"]
             assert set(tiles) == set(t["sources"])
             for slot, rect in tiles.items():
                 assert arrangement[RECTS.index(rect)] == letter[t["sources"][slot]]
             assert len({tuple(r) for r in tiles.values()}) == len(tiles)
+            if protocol == "abx":
+                assert RECTS.index(tiles["X"]) == 0
+                assert t["sources"][t["expected"]] == t["sources"]["X"]
             answer = t["expected"] or t["sources"]["left"]
-            for slot, rect in tiles.items():
-                pos[(answer, slot, RECTS.index(rect))] += 1
-            n += 1
-    slots = 2 if protocol == "preference" else 3
-    for (answer, slot, _), c in pos.items():
-        total = sum(v for (a, s, _), v in pos.items() if (a, s) == (answer, slot))
-        assert abs(c / total - 1 / slots) < 0.08, (answer, slot, c, total)
+            first = "A" if protocol == "abx" else "left"
+            pos[(answer, RECTS.index(tiles[first]))] += 1
+    tiles = (1, 2) if protocol == "abx" else (0, 1)
+    for answer in {a for a, _ in pos}:
+        total = sum(pos[(answer, i)] for i in tiles)
+        for i in tiles:
+            assert abs(pos[(answer, i)] / total - 0.5) < 0.08, (answer, i, pos)
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_every_file_test_or_catch_goes_to_the_same_number_of_raters(protocol):
+    """Every F consecutive raters (F files a row: 2 or 4) get every file of every row and of
+    every catch version exactly once: a file's share of raters never tells a catch file."""
+    clips = _clips(10)
+    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)}
+            for i in range(design.n_catch(10))] + [
+        {"clip_id": 1 + i, "kind": "hue_mild", "streams": _streams(f"g{i}", True)}
+        for i in range(design.GRADED_CATCHES)]
+    f = 2 if protocol == "preference" else 4
+    for raters in (f, 3 * f):
+        seen = Counter()
+        for k in range(raters):
+            plan = design.assign(protocol, clips, pool, k, design.rater_seed(5, k), 5)
+            assert len({t["shown"]["media"] for t in plan}) == len(plan)   # no file twice
+            seen.update(t["shown"]["media"] for t in plan)
+        everything = {v for c in clips for v in c["streams"]["files"].values()
+                      if v.rsplit("-", 1)[1] in design.stream_keys(protocol)}
+        everything |= {v for p in pool for v in p["streams"]["files"].values()
+                       if v.rsplit("-", 1)[1] in design.stream_keys(protocol, True)}
+        assert set(seen) == everything and set(seen.values()) == {raters // f}
+
+
+def test_an_old_study_s_abx_catch_versions_without_d_as_x_still_assign():
+    old = {"rects": RECTS, "files": {k: f"o-{k}" for k in ("rrd", "rdr", "drr")}}
+    pool = [{"clip_id": 1, "kind": "negative", "streams": old}]
+    plans = [design.assign("abx", _clips(4), pool, k, design.rater_seed(1, k), 1)
+             for k in range(4)]
+    got = Counter(t["shown"]["media"] for p in plans for t in p if t["kind"] == "catch")
+    assert set(got) == {"o-rrd", "o-rdr"}
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
 def test_assignment_balance_uniqueness_catch_and_seed(protocol):
     clips = _clips(10)
-    plans = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k)) for k in range(8)]
+    plans = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7)
+             for k in range(8)]
     for plan in plans:
         tests = [t for t in plan if t["kind"] == "test"]
         catches = [t for t in plan if t["kind"] == "catch"]
@@ -76,28 +117,31 @@ def test_assignment_balance_uniqueness_catch_and_seed(protocol):
         assert Counter(design.catch_grade(t["catch_kind"]) for t in catches) == {
             "easy": design.n_catch(10), "graded": design.GRADED_CATCHES}
         for t in catches:   # the degraded side is one of the two compared videos
-            assert "degraded" in t["sources"].values() and "reference" in t["sources"].values()
-            slot = [s for s, v in t["sources"].items() if v == "reference" and s != "X"][0]
-            assert t["expected"] == slot
+            compared = [s for s in t["sources"] if s != "X"]
+            assert {t["sources"][s] for s in compared} == {"degraded", "reference"}
+            want = t["sources"]["X"] if protocol == "abx" else "reference"
+            assert t["sources"][t["expected"]] == want
         # within a rater, positions balanced
-        first = "left" if protocol == "preference" else "A"
-        assert Counter(t["sources"][first] for t in tests) == {"a": 5, "b": 5}
         if protocol == "abx":
             assert Counter(t["sources"]["X"] for t in tests) == {"a": 5, "b": 5}
+            assert Counter(t["expected"] for t in tests) == {"A": 5, "B": 5}
             assert all(t["sources"][t["expected"]] == t["sources"]["X"] for t in tests)
+        else:
+            assert Counter(t["sources"]["left"] for t in tests) == {"a": 5, "b": 5}
         # the order is shuffled: catch trials are not all at the end
         kinds = [t["kind"] for t in plan]
         assert kinds != sorted(kinds, key=lambda k: k == "catch")
-    # across raters: each clip shown in every arrangement equally often
+    # across raters: each clip shown from every file equally often
     per_clip = Counter()
     for plan in plans:
         for t in plan:
             if t["kind"] == "test":
-                per_clip[(t["clip_id"], tuple(sorted(t["sources"].items())))] += 1
-    arrangements = 2 if protocol == "preference" else 4
-    assert len(per_clip) == 10 * arrangements and set(per_clip.values()) == {8 // arrangements}
+                per_clip[(t["clip_id"], t["shown"]["media"])] += 1
+    files = 2 if protocol == "preference" else 4
+    assert len(per_clip) == 10 * files and set(per_clip.values()) == {8 // files}
     # reproducible from the seed; different raters get different orders
-    again = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k)) for k in range(8)]
+    again = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7)
+             for k in range(8)]
     assert again == plans
     assert [t["clip_id"] for t in plans[0]] != [t["clip_id"] for t in plans[2]]
 

@@ -199,7 +199,7 @@ def test_design_is_balanced_interleaved_and_reproducible():
         assert sum(t["kind"] == "catch" for t in plan) == design.EASY_CATCHES + design.GRADED_CATCHES
         # within a rater: X is A in half of the trials, each side at each position half
         assert sum(t["sources"]["X"] == "a" for t in tests) == 6
-        assert sum(t["sources"]["A"] == "a" for t in tests) == 6
+        assert sum(t["expected"] == "A" for t in tests) == 6
         for t in tests:
             assert t["expected"] == ("A" if t["sources"]["A"] == t["sources"]["X"] else "B")
             # X and its match: two tiles of the trial's one stream
@@ -209,8 +209,8 @@ def test_design_is_balanced_interleaved_and_reproducible():
         # interleaved: levels not in blocks (some level change between neighbours >= 6 times)
         assert sum(a != b for a, b in zip(seq, seq[1:])) >= 6
         for t in tests:
-            arrangements[(t["clip_id"], t["sources"]["X"], t["sources"]["A"])] += 1
-    # every 4 consecutive raters see each (clip, level) in all 4 arrangements: 8 raters, twice
+            arrangements[(t["clip_id"], t["shown"]["media"])] += 1
+    # every 4 consecutive raters get each (clip, level) in all 4 files: 8 raters, twice
     assert set(arrangements.values()) == {2} and len(arrangements) == 4 * len(rows)
     # orders differ between raters; the page is told "abx"
     assert len({tuple(t["clip_id"] for t in p) for p in plans}) == len(plans)

@@ -249,10 +249,12 @@ def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
     n_rows = len(chosen) * len(ladder)
     rng = np.random.default_rng([seed, 4])
     n_easy = min(n_rows, n_catch)             # rows with an easy catch version
-    # every row gets enough easy catch versions that a rater's easy catch trials never repeat
-    # one (a repeat is the same files twice: which side recurs is the reference); a study of
-    # fewer rows than easy catch trials per rater needs several versions per row
+    # exactly as many easy catch versions as a rater's easy catch trials: each rater gets every
+    # one once (never a repeat: the same files twice tell which side recurs; never a version
+    # some raters lack: fewer raters sharing its files would tell a catch, issue 44); a study of
+    # fewer rows than easy catch trials per rater gives some rows several versions
     per_row = -(-n_catch // n_rows) if n_rows else 1
+    extra = n_catch - (per_row - 1) * n_rows   # rows (by rank) with per_row, the rest one less
     i = -1
     # the rows with catch versions are drawn at random (the first rows of a report's order, or
     # the worst clips, would differ from the rest in size and content: catch files told apart)
@@ -262,8 +264,9 @@ def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
         rows = []
         for k in ladder:
             i += 1
+            n = per_row if rank[i] < extra else per_row - 1
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(rank[i], n_easy, per_row)]))
+                                for kind_ in _catch_kinds(rank[i], n_easy, n)]))
         work.append((c, rows))
     return work
 
@@ -469,7 +472,7 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
             rid = conn.execute(raters.insert().values(
                 study_id=st["id"], idx=k, token_sha256=token_hash(token), label=label,
                 seed=rseed, created=now())).inserted_primary_key[0]
-            plan = design.assign(st["protocol"], cl, pool, k, rseed)
+            plan = design.assign(st["protocol"], cl, pool, k, rseed, st["seed"])
             conn.execute(trials.insert(), [
                 {"study_id": st["id"], "rater_id": rid, "ord": i, **t} for i, t in enumerate(plan)])
             out.append({"rater": rid, "token": token})

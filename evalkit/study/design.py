@@ -1,15 +1,19 @@
 """Study design, pure: which clips, and each rater's balanced, shuffled list of trials.
 
-Counterbalancing: every clip gets base bits drawn once per study (half of the clips 1, half 0,
-shuffled from the study seed). Rater ``k`` shows backend B on the left (preference), or in
-slot A (ABX), when ``base_swap XOR (k mod 2)``; in ABX X is backend B when
-``base_x XOR (k div 2 mod 2)``. So within a rater positions are balanced, and every 2
-(preference) or 4 (ABX) consecutive raters see each clip in every arrangement exactly once.
-Catch trials (known answer) are mixed in: :data:`EASY_CATCHES` obvious degradations (the
-exclusion rule uses these) and :data:`GRADED_CATCHES` mild ones (reported only). The order is
-shuffled from the rater's seed, derived from the study seed and the rater's index
-(reproducible). Each trial is one stream whose tiles are its videos (:mod:`.media`); which tile
-each slot shows is drawn per trial from the rater's seed, uniformly over every arrangement.
+Counterbalancing and pooling (issue 44): each row (a clip, or a threshold level) is encoded as
+a few files (:func:`stream_keys`: 2 for preference, 4 for ABX, X always in tile 0), and so is
+each catch version. Rater ``k`` gets file :func:`file_index` of every row: the row's base bits
+(drawn once per study, half of the rows 1, shuffled from the study seed) flipped by ``k``, so
+every 2 (preference) or 4 (ABX) consecutive raters get every file of every row and every catch
+version exactly once: a file is shared by as many raters as any other, catch or test. The
+labels over a file's tiles (which is A, which is left) come from balanced bits drawn from the
+rater's seed: within a rater half the ABX answers are A, backend B is on the left in half the
+preference trials; across raters the labels of one file are independent, so pooling what
+several raters got per file says nothing. Catch trials (known answer) are mixed in:
+:data:`EASY_CATCHES` obvious degradations (the exclusion rule uses these) and
+:data:`GRADED_CATCHES` mild ones (reported only); every rater gets every catch version once
+(the study makes exactly as many as a rater's catch trials). The order is shuffled from the
+rater's seed, derived from the study seed and the rater's index (reproducible).
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
 ``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
@@ -18,7 +22,6 @@ levels of all clips are interleaved in one shuffled order with the catch trials.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import re
 
@@ -113,82 +116,115 @@ def _draw(pool: list[dict], k: int, rng: np.random.Generator) -> list[dict]:
 
 
 def stream_keys(protocol: str, catch: bool = False) -> list[str]:
-    """The tile arrangements a row (or a catch version) needs one stream for: each a string
-    whose letter ``i`` is the content of tile ``i`` (``a``/``b`` the backends, ``r``/``d``
-    reference and degraded). ABX: three tiles, two of them the same content (X and its
-    match), in every order (6 for a test row, 3 for a catch version: X is the reference);
-    preference: two tiles in both orders."""
+    """The files a row (or a catch version) is encoded as: each a string whose letter ``i`` is
+    the content of tile ``i`` (``a``/``b`` the backends, ``r``/``d`` reference and degraded).
+
+    Preference: two tiles in both orders (``ab``, ``ba``). ABX: three tiles, X always in tile 0
+    of every file, its match in tile 1 or 2, each with either content as X: ``aab``, ``aba``,
+    ``bba``, ``bab`` (catch: ``rrd``, ``rdr``, ``ddr``, ``drd``; X is the degraded copy in
+    half). So a file says where X is (always tile 0) and nothing else: the A and B labels are
+    drawn per trial over tiles 1 and 2, and whatever raters pool per file (where X, A and B
+    were) is the same for either answer (issue 44: with X's tile drawn per trial over every
+    arrangement, the tile X never landed on answered every trial). A test row and a catch
+    version have the same number of files (:func:`file_index`)."""
     one, two = ("r", "d") if catch else ("a", "b")
-    n = 2 if protocol == "preference" else 3
-    keys = ["".join(k) for k in itertools.product((one, two), repeat=n) if len(set(k)) == 2]
-    return [k for k in keys if not catch or n == 2 or k.count(one) == 2]
+    if protocol == "preference":
+        return [one + two, two + one]
+    return [x + x + o if twin == 1 else x + o + x
+            for x, o in ((one, two), (two, one)) for twin in (1, 2)]
 
 
-def _place(contents: dict, streams: dict, rng: np.random.Generator) -> dict:
-    """``shown`` of a trial: the tiles' positions drawn at random (every slot a distinct tile
-    of the trial's stream); ``contents``: slot -> content letter; ``streams``:
-    ``{"rects": [[x, y, w, h], ...], "files": {arrangement: sha256}}``."""
-    slots = list(contents)
-    pos = rng.permutation(len(slots))
-    key = [""] * len(slots)
-    for s, p in zip(slots, pos):
-        key[p] = contents[s]
-    return {"media": streams["files"]["".join(key)],
-            "tiles": {s: list(streams["rects"][p]) for s, p in zip(slots, pos.tolist())}}
+def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
+    """The :func:`stream_keys` a row's ``streams`` hold, in order (a study made before issue 44
+    has ABX catch versions without the ``d`` as X files: two of them)."""
+    return [k for k in stream_keys(protocol, catch) if k in streams["files"]]
+
+
+def file_index(n_files: int, bits: tuple[int, int], idx: int) -> int:
+    """Which of a row's ``n_files`` files rater ``idx`` gets: the row's base bits (drawn once
+    per study) flipped by the rater's index, so every ``n_files`` consecutive raters (from a
+    multiple of ``n_files``) get every file of every row exactly once, test rows and catch
+    versions alike: how many raters share a file never tells a catch file."""
+    first, second = bits
+    if n_files == 4:
+        return 2 * (second ^ ((idx // 2) % 2)) + (first ^ (idx % 2))
+    return (first ^ idx) % n_files if n_files == 2 else (first + idx) % n_files
+
+
+def catch_bits(n: int, study_seed: int) -> tuple[list[int], list[int]]:
+    """The base bits of a study's ``n`` catch versions (:func:`file_index`), from its seed."""
+    rng = np.random.default_rng([study_seed, 9])
+    return balanced_bits(n, rng), balanced_bits(n, rng)
 
 
 _LETTER = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
+_CONTENT = {"a": "a", "b": "b", "r": "reference", "d": "degraded"}
+
+
+def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
+    """A trial shown from file ``key``: ``sources`` (slot -> content), ``expected`` and
+    ``shown``. ``bit``: the rater's balanced bit for this trial: ABX, the answer is B (the
+    match is labelled B); preference, the second content (``b``/``d``) is on the left."""
+    rects = streams["rects"]
+    if protocol == "preference":
+        second = 1 if key[1] in "bd" else 0           # the tile of b (or d)
+        left = second if bit else 1 - second
+        tiles = {"left": left, "right": 1 - left}
+        expected = None
+    else:
+        twin = 1 if key[1] == key[0] else 2
+        other = 3 - twin
+        tiles = {"X": 0, "A": other if bit else twin, "B": twin if bit else other}
+        expected = "B" if bit else "A"
+    sources = {s: _CONTENT[key[i]] for s, i in tiles.items()}
+    if protocol == "preference" and key[0] in "rd":    # catch: the reference is the answer
+        expected = "left" if sources["left"] == "reference" else "right"
+    return {"sources": sources, "expected": expected,
+            "shown": {"media": streams["files"][key],
+                      "tiles": {s: list(rects[i]) for s, i in tiles.items()}}}
 
 
 def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
-           seed: int) -> list[dict]:
+           seed: int, study_seed: int = 0) -> list[dict]:
     """One rater's trials, in presentation order.
 
     ``clips``: dicts with ``id``, ``base_swap``, ``base_x`` and ``streams`` (the row's trial
-    streams: ``{"rects", "files": {arrangement: sha256}}``, :func:`stream_keys`).
-    ``catch_pool``: dicts with ``clip_id``, ``kind`` and ``streams``; kinds in
-    :data:`GRADED_KINDS` are graded catches. ``seed``: the rater's seed (:func:`rater_seed`).
-    Returns dicts with ``kind`` (test/catch), ``clip_id``, ``catch_kind``, ``shown`` (``{"media":
-    the trial's stream, "tiles": slot -> [x, y, w, h] of its tile}``, the tiles' positions drawn
-    at random per trial), ``sources`` (slot -> a, b, reference or degraded) and ``expected``
-    (catch trials and ABX: the right answer)."""
+    streams: ``{"rects", "files": {key: sha256}}``, :func:`stream_keys`). ``catch_pool``:
+    dicts with ``clip_id``, ``kind`` and ``streams``; kinds in :data:`GRADED_KINDS` are graded
+    catches. ``seed``: the rater's seed (:func:`rater_seed`); ``study_seed``: the study's (the
+    catch versions' base bits, :func:`catch_bits`).
+
+    Which file of each row the rater gets is :func:`file_index` (the base bits flipped by the
+    rater's index); the labels over its tiles come from balanced bits drawn from the rater's
+    seed (ABX: half the answers A; preference: B on the left in half the trials, the reference
+    in half the catch trials). Returns dicts with ``kind`` (test/catch), ``clip_id``,
+    ``catch_kind``, ``shown`` (``{"media": the trial's stream, "tiles": slot -> [x, y, w, h]
+    of its tile}``), ``sources`` (slot -> a, b, reference or degraded) and ``expected`` (catch
+    trials and ABX: the right answer)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: expected preference, abx or threshold, found {protocol!r}")
+    proto = "preference" if protocol == "preference" else "abx"
     rng = np.random.default_rng(seed)
-    place = np.random.default_rng([seed, 7])     # tile positions: a stream of their own
     out = []
-    for c in clips:
-        swap = c["base_swap"] ^ (idx % 2)
-        first, second = ("b", "a") if swap else ("a", "b")
-        if protocol == "preference":
-            sources = {"left": first, "right": second}
-            expected = None
-        else:
-            x = "b" if c["base_x"] ^ ((idx // 2) % 2) else "a"
-            sources = {"X": x, "A": first, "B": second}
-            expected = "A" if first == x else "B"
+    bits = balanced_bits(len(clips), rng)
+    for c, bit in zip(clips, bits):
+        keys = row_files(proto, c["streams"])
+        key = keys[file_index(len(keys), (c["base_swap"], c["base_x"]), idx)]
         out.append({"kind": "test", "clip_id": c["id"], "catch_kind": None,
-                    "sources": sources, "expected": expected, "streams": c["streams"]})
-    easy = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "easy"]
-    graded = [cp for cp in catch_pool if catch_grade(cp["kind"]) == "graded"]
+                    **_trial(proto, key, c["streams"], bit)})
+    cb = catch_bits(len(catch_pool), study_seed)
+    pool = [dict(cp, _bits=(cb[0][i], cb[1][i])) for i, cp in enumerate(catch_pool)]
+    easy = [cp for cp in pool if catch_grade(cp["kind"]) == "easy"]
+    graded = [cp for cp in pool if catch_grade(cp["kind"]) == "graded"]
     picks = _draw(easy, n_catch(len(clips)), rng) + _draw(graded, GRADED_CATCHES, rng)
     sides = balanced_bits(len(picks), rng)
     for cp, side in zip(picks, sides):
-        first, second = ("degraded", "reference") if side else ("reference", "degraded")
-        if protocol == "preference":
-            sources = {"left": first, "right": second}
-            expected = "left" if first == "reference" else "right"
-        else:
-            sources = {"X": "reference", "A": first, "B": second}
-            expected = "A" if first == "reference" else "B"
+        keys = row_files(proto, cp["streams"], catch=True)
+        key = keys[file_index(len(keys), cp["_bits"], idx)]
         out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
-                    "sources": sources, "expected": expected, "streams": cp["streams"]})
+                    **_trial(proto, key, cp["streams"], side)})
     order = rng.permutation(len(out))
-    out = [out[i] for i in order]
-    for t in out:                                 # positions drawn in presentation order
-        t["shown"] = _place({s: _LETTER[v] for s, v in t["sources"].items()},
-                            t.pop("streams"), place)
-    return out
+    return [out[i] for i in order]
 
 
 def score(protocol: str, trial: dict, answer: str) -> tuple[int | None, float | None]:
