@@ -15,11 +15,16 @@ run or job):
                                  before the videos were loaded and played through once; the
                                  response time is measured by the server ("response_ms" from the
                                  page is kept as client_ms)
+  POST /api/ack                  {"token", "media": name, "size", "crc32"}: the page holds the
+                                 whole file (its size and CRC-32 of every byte); the gate's clock
+                                 starts here, once every byte was sent and every video of the
+                                 trial acknowledged; 409 for a size or CRC-32 not the file's, or
+                                 bytes never sent; 404 for a name not the rater's
   GET  /media/<name>.mp4?token=T one video of a handed-out trial, by its opaque per-trial name
                                  (evalkit.study.live.media_name); every video is served with the
                                  same headers (no Last-Modified, no ETag), 404 for anything else
-                                 (the bytes sent are reported to the service: the gate
-                                 counts bytes delivered, HEAD counts nothing)
+                                 (the bytes sent are reported to the service; the gate
+                                 also waits for /api/ack; HEAD counts nothing)
 Admin: /admin/ (Gradio, password; /admin redirects there), /export/<study>/ratings.csv and
 /summary.csv (HTTP Basic, or the admin page's login session): the admin page's only downloads.
 """
@@ -58,7 +63,7 @@ MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.mp4$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
           study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
           study.RatingConflict: 409, study.OutOfOrder: 409, study.TooSoon: 425,
-          study.NotLoaded: 425}
+          study.NotLoaded: 425, study.BadAcknowledgement: 409}
 # the same for every video; names are per trial and rater, so a browser may keep what it got
 MEDIA_HEADERS = {"Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer",
                  "X-Content-Type-Options": "nosniff"}
@@ -126,7 +131,8 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         except UserError as e:
             return _error(e)
 
-    async def post_answer(request: Request):
+    async def json_body(request: Request):
+        """The request's JSON object, or the error response to send."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             return JSONResponse({"error": f"request body: expected Content-Type application/json, "
@@ -139,6 +145,26 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         except (ValueError, RecursionError):      # RecursionError: JSON nested too deep
             return JSONResponse({"error": "request body: expected a JSON object"}, status_code=400,
                                 headers=NO_STORE)
+        return body
+
+    async def post_ack(request: Request):
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            return body
+        name = body.get("media")
+        try:
+            if not isinstance(name, str) or not MEDIA_NAME.fullmatch(name):
+                raise study.UnknownMedia()
+            return JSONResponse(await svc.acknowledge(body.get("token", ""), name,
+                                                      body.get("size"), body.get("crc32")),
+                                headers=NO_STORE)
+        except UserError as e:
+            return _error(e)
+
+    async def post_answer(request: Request):
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            return body
         try:
             out = await svc.answer(body.get("token", ""), body.get("trial"), body.get("answer"),
                                    body.get("response_ms"), request.headers.get("user-agent"))
@@ -164,7 +190,8 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
 
     api.router.routes[:0] = [Route("/media/{name}", media, methods=["GET", "HEAD"]),
                              Route("/api/trial", get_trial, methods=["GET"]),
-                             Route("/api/answer", post_answer, methods=["POST"])]
+                             Route("/api/answer", post_answer, methods=["POST"]),
+                             Route("/api/ack", post_ack, methods=["POST"])]
 
 
 def _admin_ok(api: FastAPI, request: Request) -> bool:

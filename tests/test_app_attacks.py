@@ -24,7 +24,7 @@ from evalkit.app.guard import MAX_BODY, Throttle
 from evalkit.study.live import FakeClock
 from evalkit.testing import aio
 from evalkit.testing.server import ADMIN_PASSWORD, Server
-from evalkit.testing.studies import current, hidden
+from evalkit.testing.studies import acknowledge, current, hidden
 
 pytestmark = pytest.mark.slow  # real servers under attack, a killed server
 
@@ -508,11 +508,17 @@ def test_gate_counts_bytes_delivered_across_two_servers(env):
                 assert a.status_code == b.status_code == 206
                 whole[name] = a.content + b.content
                 assert len(whole[name]) == size
-            # both processes report what they sent after sending it: give them a moment
+            # every byte sent, none acknowledged: not loaded (the gate counts what the page
+            # holds, issue 44)
+            r = c2.post("/api/answer", json={"token": tok2, "trial": tid, "answer": "left"})
+            assert r.status_code == 425 and "not loaded" in r.text, r.text
+            # both processes report what they sent after sending it: the page's acknowledgement
+            # is refused until they have, then accepted by either
             for _ in range(50):
-                if hidden(db, tid)["fetched"] is not None:
+                if all(acknowledge(c2, tok2, n, d).status_code == 200 for n, d in whole.items()):
                     break
                 time.sleep(0.1)
+            assert hidden(db, tid)["fetched"] is not None
             r = _answer_when_played(c2, tok2, tid, "left")
             assert r.status_code == 200 and r.json()["saved"] is True, r.text
             assert _answer_when_played(c1, tok2, tid, "left").json()["saved"] is False

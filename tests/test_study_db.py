@@ -679,6 +679,7 @@ def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
     import httpx
 
     from evalkit.testing.server import Server
+    from evalkit.testing.studies import acknowledge
 
     sid, (tok,) = _service_study(postgres, report, tmp_path / "media", 1)
     a, b = Server(postgres).start(), Server(postgres).start()
@@ -691,8 +692,14 @@ def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
                 size = int(c1.head(f"/media/{name}", params=q).headers["content-length"])
                 assert c1.get(f"/media/{name}", params=q, headers={
                     "range": f"bytes=0-{size // 2 - 1}"}).status_code == 206
-                assert c2.get(f"/media/{name}", params=q, headers={
-                    "range": f"bytes={size // 2}-"}).status_code == 206
+                rest = c2.get(f"/media/{name}", params=q, headers={"range": f"bytes={size // 2}-"})
+                assert rest.status_code == 206
+                data = c1.get(f"/media/{name}", params=q, headers={
+                    "range": f"bytes=0-{size // 2 - 1}"}).content + rest.content
+                for _ in range(50):     # acknowledged once both servers recorded their bytes
+                    if acknowledge(c2, tok, name, data).status_code == 200:
+                        break
+                    time.sleep(0.1)
             for _ in range(100):        # recorded once sent, then the play-through
                 r = c2.post("/api/answer", json={"token": tok, "trial": t["trial"], "answer": "A"})
                 if r.status_code != 425:

@@ -21,7 +21,7 @@ const root = element.querySelector(".ek");
 const $ = (id) => element.querySelector("#" + id);
 let cur = null, videos = [], boxes = [], watched = 0, lastTick = null, shownAt = 0, busy = false;
 let playing = true, enabled = false, swapped = null, nonce = 0, waiting = null, last = null;
-let replies = 0;
+let replies = 0, acked = false;
 
 function message(text) { const m = $("message"); m.textContent = text || ""; m.hidden = !text; }
 
@@ -50,14 +50,61 @@ function cell(slot, rect, i) {
   return c;
 }
 
-// the trial's one stream (never shown itself: the boxes draw its tiles)
+// CRC-32 (IEEE, as Python's zlib.crc32) of a whole media file
+const CRC_TABLE = (() => {
+  const t = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = (c & 1) ? (0xEDB88320 ^ (c >>> 1)) : (c >>> 1);
+    t[n] = c >>> 0;
+  }
+  return t;
+})();
+function crc32(bytes) {
+  let c = 0xFFFFFFFF;
+  for (let i = 0; i < bytes.length; i++) c = CRC_TABLE[(c ^ bytes[i]) & 0xFF] ^ (c >>> 8);
+  return (c ^ 0xFFFFFFFF) >>> 0;
+}
+
+// The play-through gate's acknowledgement (issue 44): once the page holds the whole media
+// file `name`, it tells the server its size and CRC-32 (POST api/ack); the server checks them
+// against what it sent and starts the play-through clock. Any delivery path calls this with
+// the file's bytes once they have all arrived. Retried a few times (the server may not have
+// recorded the last bytes sent yet); resolves true once accepted.
+async function acknowledge(name, bytes) {
+  const token = new URLSearchParams(location.search).get("token") || "";
+  const body = JSON.stringify({token: token, media: name, size: bytes.length, crc32: crc32(bytes)});
+  for (let i = 0; i < 5; i++) {
+    try {
+      const r = await fetch("api/ack", {method: "POST", body: body,
+                                        headers: {"Content-Type": "application/json"}});
+      if (r.ok) return true;
+      if (r.status === 404) return false;      // no longer this rater's trial
+    } catch (e) { /* the server is away: try again */ }
+    await new Promise((res) => setTimeout(res, 100 * 2 ** i));
+  }
+  return false;
+}
+
+// the trial's one stream (never shown itself: the boxes draw its tiles): the whole file is
+// fetched, acknowledged (the gate counts bytes the page holds, not bytes sent), then played
 function stream(name) {
   const v = document.createElement("video");
   v.muted = true; v.loop = true; v.playsInline = true; v.preload = "auto";
   v.className = "ek-source"; v.setAttribute("aria-hidden", "true");
   // relative: the page may sit under a path prefix; the token is the page's own
   const token = new URLSearchParams(location.search).get("token") || "";
-  v.src = "media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token);
+  const url = "media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token);
+  fetch(url).then((r) => {
+    if (!r.ok) throw new Error("media HTTP " + r.status);
+    return r.arrayBuffer();
+  }).then((buf) => {
+    if (videos[0] !== v) return;              // the trial changed meanwhile
+    // the play-through is counted from the accepted acknowledgement, as the server counts it
+    acknowledge(name, new Uint8Array(buf)).then((ok) => { if (ok && videos[0] === v) acked = true; });
+    v.src = URL.createObjectURL(new Blob([buf], {type: "video/mp4"}));
+    if (playing) v.play().catch(() => {});
+  }).catch(() => message("The video could not be loaded; please reload the page."));
   const redraw = () => draw();
   v.addEventListener("seeked", redraw); v.addEventListener("loadeddata", redraw);
   if (v.requestVideoFrameCallback) {
@@ -80,7 +127,11 @@ function draw() {
 }
 
 function stopVideos() {
-  videos.forEach((v) => { v.pause(); v.removeAttribute("src"); v.load(); v.remove(); });
+  videos.forEach((v) => {
+    v.pause();
+    if (v.src.startsWith("blob:")) URL.revokeObjectURL(v.src);
+    v.removeAttribute("src"); v.load(); v.remove();
+  });
   videos = []; boxes = [];
 }
 
@@ -124,7 +175,7 @@ function renderTrial(t) {
     b.addEventListener("click", () => answer(a));
     answers.appendChild(b);
   }
-  watched = 0; lastTick = null; enabled = false; playing = true; busy = false; swapped = null;
+  watched = 0; lastTick = null; enabled = false; acked = false; playing = true; busy = false; swapped = null;
   $("watch-hint").hidden = false;
   $("btn-play").textContent = "Pause";
   root.classList.remove("zoom"); $("btn-zoom").setAttribute("aria-pressed", "false");
@@ -167,11 +218,11 @@ function tick(now) {
     draw();
     // counted only while the stream can play on (HAVE_FUTURE_DATA): playback starts before the
     // whole file has arrived, and a stall waiting for bytes is not watching
-    if (playing && !m.paused && m.readyState >= 3) {
+    if (playing && acked && !m.paused && m.readyState >= 3) {
       if (lastTick !== null) watched += (now - lastTick) / 1000 * m.playbackRate;
       if (!enabled && m.duration && watched >= m.duration) enableAnswers();
     }
-    lastTick = (playing && !m.paused) ? now : null;
+    lastTick = (playing && acked && !m.paused) ? now : null;
   }
   requestAnimationFrame(tick);
 }

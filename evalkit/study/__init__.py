@@ -9,7 +9,7 @@ group commit).
 """
 from .api import (create_study, invite, key_status, list_studies, ratings_csv, read_report, results, study_progress,
                   summary_csv, unblind, unblinding_log, write_csvs, write_gate)
-from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
+from .errors import (BadAcknowledgement, BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownStudy, UnknownToken, UnknownTrial)
 from .live import FakeClock, RaterService
 from .stats import plan
@@ -19,4 +19,4 @@ __all__ = ["create_study", "invite", "list_studies", "results", "plan", "RaterSe
            "ratings_csv", "study_progress", "summary_csv", "write_csvs", "write_gate", "unblind", "unblinding_log", "key_status", "read_report", "open_db", "StudyDB",
            "SCHEMA_VERSION", "StudyError", "UnknownStudy", "UnknownToken", "UnknownTrial",
            "TrialNotAssigned", "BadAnswer", "RatingConflict", "TooSoon", "OutOfOrder",
-           "NotLoaded", "UnknownMedia"]
+           "NotLoaded", "UnknownMedia", "BadAcknowledgement"]

@@ -56,6 +56,14 @@ class NotLoaded(StudyError):
         self.wait_ms = 1000
 
 
+class BadAcknowledgement(StudyError):
+    """A page's acknowledgement of a media file that does not match what the server sent: a
+    size or CRC-32 other than the file's, or bytes never sent (changes nothing)."""
+
+    def __init__(self, what: str):
+        super().__init__(f"acknowledgement: {what}")
+
+
 class UnknownMedia(StudyError):
     """A media name that is not one of the rater's handed-out trials' (says nothing more)."""
 

@@ -18,13 +18,17 @@ Gate (server side, with an injected ``clock``: tests drive time, never sleep):
 1. A trial can only be answered when it is the rater's *current* trial (the first unanswered, in
    order) and it was handed out (``served``); anything else is :class:`~.errors.OutOfOrder`,
    which changes nothing.
-2. Every byte of its video (one stream per trial) must have been delivered to the rater (``fetched`` is stored when
-   the union of the byte ranges sent, per video, covers the whole file: ``trials.delivered`` in
-   the database, so the videos of one trial may come from several server processes; a ``HEAD``
-   delivers nothing); before that :class:`~.errors.NotLoaded`.
-3. One play-through of the longest video (less one frame) must have passed since ``fetched``
-   (the start of the first response of the video whose delivery began last: a browser plays
-   while it loads);
+2. Every byte of its video (one stream per trial) must have been sent to the rater (the union
+   of the byte ranges sent, per video: ``trials.delivered`` in the database, so the videos of
+   one trial may come from several server processes; a ``HEAD`` sends nothing) *and*
+   acknowledged by the page once it holds the whole file (:meth:`RaterService.acknowledge`: the
+   file's size and CRC-32, which a client that read 64 bytes cannot know; refused with
+   :class:`~.errors.BadAcknowledgement` if they differ or any byte was never sent). Only then
+   is ``fetched`` stored: the time the acknowledgement arrived, the last byte received
+   (issue 44: bytes written to a socket are not bytes received). Before that
+   :class:`~.errors.NotLoaded`. A script in this process that reads the whole file
+   (:meth:`RaterService.media`) counts as acknowledging it then.
+3. One play-through of the longest video (less one frame) must have passed since ``fetched``;
    before that :class:`~.errors.TooSoon` with the wait.
 4. ``response_ms`` is measured here (answer arrival minus ``fetched``); the page's own figure is
    kept as ``client_ms``.
@@ -45,6 +49,7 @@ import math
 import queue
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +57,7 @@ from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design
-from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
+from .errors import (BadAcknowledgement, BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
 from .store import now, open_db, raters, ratings, studies, trials
 
@@ -158,6 +163,7 @@ class RaterService:
         self._names: dict[int, dict] = {}       # rater id -> media name -> (trial id, slot, sha)
         self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media, key
         self._sizes: dict[str, int] = {}        # media sha256 -> bytes
+        self._crcs: dict[str, int] = {}         # media sha256 -> CRC-32 of its bytes
         self._loaded: set[int] = set()          # trials whose ``fetched`` was read back (final)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         if self.db.is_sqlite:
@@ -222,6 +228,17 @@ class RaterService:
         that ``began`` then (this service's clock; default now): the web app, once they were
         sent; nothing waits for it."""
         return self.submit_job("delivered", token, name, int(start), int(stop), began)
+
+    async def acknowledge(self, token, name, size, crc32) -> dict:
+        """The page holds the whole media file ``name``: its ``size`` in bytes and ``crc32``
+        (of every byte, as :func:`zlib.crc32`). Checked against the file and against what was
+        sent (every byte must have been); once every video of the trial is acknowledged the
+        gate's clock starts (``fetched``: now). Returns ``{"acknowledged": True}``; a mismatch
+        is :class:`~.errors.BadAcknowledgement` and changes nothing."""
+        return await asyncio.wrap_future(self.submit_job("ack", token, name, size, crc32))
+
+    def acknowledge_sync(self, token, name, size, crc32) -> dict:
+        return self.submit_job("ack", token, name, size, crc32).result()
 
     async def media(self, token: str, name: str) -> Path:
         """As :meth:`open_media`, for a script that reads the whole file: every byte of it
@@ -310,6 +327,8 @@ class RaterService:
                 return self._progress(conn, *args), None
             if kind == "delivered":
                 return self._delivered(conn, *args, arrived=arrived), None
+            if kind == "ack":
+                return self._ack(conn, *args, arrived=arrived), None
             return self._answer(conn, *args, arrived=arrived), None
         except UserError as e:
             return None, e
@@ -426,6 +445,7 @@ class RaterService:
         if tid not in self._loaded:
             if whole:
                 self._deliver(conn, r, tid, slot, 0, self._size(st, sha), arrived)
+                self._acked(conn, r, tid, slot, arrived)
             elif conn.execute(self._q_one, {"tid": tid}).one()[0] is None:
                 raise UnknownMedia()            # not handed out yet: as if it did not exist
         return Path(st["media_dir"]) / f"{sha}.mp4"
@@ -441,12 +461,21 @@ class RaterService:
             n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}.mp4").stat().st_size
         return n
 
+    def _crc(self, st: dict, sha: str) -> int:
+        n = self._crcs.get(sha)
+        if n is None:
+            crc = 0
+            with open(Path(st["media_dir"]) / f"{sha}.mp4", "rb") as f:
+                while chunk := f.read(1 << 20):
+                    crc = zlib.crc32(chunk, crc)
+            n = self._crcs[sha] = crc
+        return n
+
     def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int,
                  began: float) -> None:
         """Add bytes ``[start, stop)`` of the trial's video in ``slot``, sent by a response
-        that ``began`` then, to what was delivered; once every video of the trial is covered
-        whole, ``fetched`` is stored (the gate's clock: the latest first response of a video,
-        as a browser plays while it loads)."""
+        that ``began`` then, to what was sent (the gate then waits for the page's
+        acknowledgement: :meth:`_ack`)."""
         served, fetched, got = conn.execute(self._q_one, {"tid": tid}).one()
         if served is None:                      # not handed out yet: as if it did not exist
             raise UnknownMedia()
@@ -455,20 +484,51 @@ class RaterService:
             return
         st = self._study(conn, r["study_id"])
         t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-        got = dict(got or {})                   # slot -> {"ranges", "first"}
+        got = dict(got or {})                   # slot -> {"ranges", "first"[, "acked"]}
         size = self._size(st, t["files"][slot])
         start, stop = max(0, start), min(size, stop)
         if stop > start:
             old = got.get(slot) or {"ranges": [], "first": began}
-            new = {"ranges": merge_ranges([*old["ranges"], [start, stop]]),
+            new = {**old, "ranges": merge_ranges([*old["ranges"], [start, stop]]),
                    "first": min(old["first"], began)}
             if new != got.get(slot) and len(new["ranges"]) <= MAX_RANGES:
                 got[slot] = new
                 conn.execute(self._u_got, {"tid": tid, "got": got})
-        if all(slot in got and covers(got[slot]["ranges"], self._size(st, sha))
-               for slot, sha in t["files"].items()):
+
+    def _ack(self, conn, token, name, size, crc32, *, arrived) -> dict:
+        r, tid, slot, sha = self._hit(conn, token, name)
+        st = self._study(conn, r["study_id"])
+        for field, value in (("size", size), ("crc32", crc32)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise BadAcknowledgement(f"field {field!r}: expected a non-negative integer, "
+                                         f"found {shown(value)}")
+        if size != self._size(st, sha) or crc32 != self._crc(st, sha):
+            raise BadAcknowledgement("size or CRC-32: not those of the file sent")
+        if tid not in self._loaded:
+            self._acked(conn, r, tid, slot, arrived)
+        return {"acknowledged": True}
+
+    def _acked(self, conn, r: dict, tid: int, slot: str, at: float) -> None:
+        """The video in ``slot`` acknowledged whole at ``at``: refused unless every byte was
+        sent; once every video of the trial is, ``fetched`` is stored (the latest
+        acknowledgement: the gate's clock starts from the last byte received)."""
+        served, fetched, got = conn.execute(self._q_one, {"tid": tid}).one()
+        if served is None:
+            raise UnknownMedia()
+        if fetched is not None:
+            self._loaded.add(tid)
+            return
+        st = self._study(conn, r["study_id"])
+        t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
+        got = dict(got or {})
+        if slot not in got or not covers(got[slot]["ranges"], self._size(st, t["files"][slot])):
+            raise BadAcknowledgement("the whole file was never sent; load it again")
+        if "acked" not in got[slot]:
+            got[slot] = {**got[slot], "acked": at}
+            conn.execute(self._u_got, {"tid": tid, "got": got})
+        if all("acked" in got.get(s, {}) for s in t["files"]):
             conn.execute(self._u_fetched, {"tid": tid, "at": max(
-                got[s]["first"] for s in t["files"])})
+                got[s]["acked"] for s in t["files"])})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)

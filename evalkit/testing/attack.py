@@ -276,6 +276,94 @@ def _side_features(t, one: str, two: str) -> dict:
     return f
 
 
+# -- pooled across raters ------------------------------------------------------------------------
+
+POOLED = ("pooled_x_tile", "pooled_label")
+
+
+def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
+    """What colluding raters pool per file (issue 44): every trial's file hash, and per trial,
+    from the *other* raters' trials of the same file (of the same study; ``across_studies``:
+    of every study of the set, where the same clip in two studies made from the same runs is
+    the same file): ``pooled_x_tile`` (ABX) the share of them with X on this
+    trial's A tile less the share with X on its B tile (the rule that answered every trial when
+    X's tile was drawn per trial: X never lands on the odd tile); ``pooled_label`` the share
+    with this trial's first label (A, or left) on the same tile; ``pooled_raters`` how many
+    raters got the file (catch files were told by it) and ``pooled_share`` that over the
+    raters of its study. Needs no decoding, only what the browsers received."""
+    by_file: dict = {}
+    raters: dict = {}
+    for t in trials:
+        t["sha"] = hashlib.sha256(t["data"]).hexdigest()
+        t["pool"] = t["sha"] if across_studies else (t["study"], t["sha"])
+        by_file.setdefault(t["pool"], []).append(t)
+        raters.setdefault(t["study"], set()).add(t["rater"])
+    for t in trials:
+        tiles = t["public"]["tiles"]
+        one, two = ("A", "B") if "X" in tiles else ("left", "right")
+        others = [o["public"]["tiles"] for o in by_file[t["pool"]] if o["rater"] != t["rater"]]
+        n = max(1, len(others))
+        f = t.setdefault("f", {})
+        f["pooled_x_tile"] = (sum(o.get("X") == tiles[one] for o in others)
+                              - sum(o.get("X") == tiles[two] for o in others)) / n
+        f["pooled_label"] = sum(o[one] == tiles[one] for o in others) / n
+        shared = {o["rater"] for o in by_file[t["pool"]]}
+        f["pooled_raters"] = float(len(shared))
+        f["pooled_share"] = len(shared) / len(raters[t["study"]])
+    return trials
+
+
+def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
+    """Per question, one (key, pooled features, truth) row per trial (:func:`add_pooled`): a
+    pooled rule answers every trial, so every trial counts."""
+    out: dict[str, list] = {}
+    for t in trials:
+        proto = t["public"]["protocol"]
+        one = "A" if proto == "abx" else "left"
+        f = {k: t["f"][k] for k in POOLED}
+        key = (t["rater"], t["public"]["trial"])
+        if proto == "abx":
+            out.setdefault("pooled abx: which box matches X", []).append(
+                (key, f, int(t["expected"] == "A")))
+        if t["kind"] == "test":
+            out.setdefault(f"pooled {proto}: which box is backend B", []).append(
+                (key, f, int(t["sources"][one] == "b")))
+        else:
+            out.setdefault(f"pooled {proto} catch trials: which box is the reference", []).append(
+                (key, f, int(t["sources"][one] == "reference")))
+    return out
+
+
+def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
+    """As :func:`catch_pairs` with the pooled multiplicity: (catch file, test file) of one study,
+    truth the catch is first; features the differences in raters sharing each file."""
+    by_study: dict = {}
+    for t in trials:
+        by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[t["sha"]] = t
+    rows = []
+    for sid, kinds in sorted(by_study.items()):
+        tests = list(kinds.get("test", {}).values())
+        for sha, c in sorted(kinds.get("catch", {}).items()):
+            o = tests[rng.integers(len(tests))]
+            first = bool(rng.integers(2))
+            a, b = (c, o) if first else (o, c)
+            f = {k: a["f"][k] - b["f"][k] for k in ("pooled_raters", "pooled_share")}
+            rows.append(((sha, o["sha"]), f, int(first)))
+    return rows
+
+
+def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int = 0) -> dict:
+    """The pooled rules (:func:`add_pooled`, both sets pooled separately: the training
+    studies' raters, then the held-out studies'), fitted on ``train_trials`` and counted on
+    ``test_trials``: ``{question: {feature: {"hits", "n", "p"}}}``."""
+    rng = np.random.default_rng([seed, 1])
+    q_train, q_test = pooled_questions(train_trials), pooled_questions(test_trials)
+    out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
+    out["pooled catch or test: which of a pair is the catch"] = score(
+        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng))
+    return out
+
+
 # -- predictors ---------------------------------------------------------------------------------
 
 def _fit_stump(xs: np.ndarray, ys: np.ndarray) -> tuple[float, int]:

@@ -32,6 +32,7 @@ import asyncio
 import json
 import time
 import uuid
+import zlib
 from typing import NamedTuple
 from urllib.parse import quote, urlsplit
 
@@ -235,16 +236,22 @@ class GradioRater:
                                             "response_ms": response_ms, "nonce": self.nonce})
 
     async def media(self, trial: dict | None = None, range_: str | None = None) -> list[int]:
-        """GET every video of ``trial`` (default: the current state's) whole, as a browser
-        playing it (the gate counts the bytes delivered; ``range_``: a ``Range`` header
-        instead); returns the statuses."""
+        """GET every video of ``trial`` (default: the current state's) whole and acknowledge
+        it, as the page does (the gate counts bytes the page acknowledged: POST /api/ack with
+        their size and CRC-32; ``range_``: a ``Range`` header instead, acknowledging nothing);
+        returns the statuses of the GETs."""
         trial = trial if trial is not None else (self.state or {}).get("trial")
         out = []
         for name in (trial or {}).get("media", {}).values():
             conn = await self._ready(self.http)
-            status, _ = await conn.request("GET", f"/media/{name}?token={quote(self.token)}",
-                                           headers={"Range": range_} if range_ else None)
+            status, data = await conn.request("GET", f"/media/{name}?token={quote(self.token)}",
+                                              headers={"Range": range_} if range_ else None)
             out.append(status)
+            if status == 200 and not range_:
+                conn = await self._ready(self.http)
+                await conn.request("POST", "/api/ack", {"token": self.token, "media": name,
+                                                        "size": len(data),
+                                                        "crc32": zlib.crc32(data)})
         return out
 
     async def _event(self, which: str, event_data) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
+import zlib
 
 import httpx
 
@@ -29,8 +30,10 @@ async def _rater(url, token, acked: list, stop: asyncio.Event, watch_s: float, e
                 if s.get("trial") is None:
                     return
                 t = s["trial"]
-                for name in t["media"].values():    # whole: the gate counts bytes
-                    await c.get(f"/media/{name}", params={"token": token})
+                for name in t["media"].values():    # whole, acknowledged: the gate's clock
+                    data = (await c.get(f"/media/{name}", params={"token": token})).content
+                    await c.post("/api/ack", json={"token": token, "media": name,
+                                                   "size": len(data), "crc32": zlib.crc32(data)})
                 await asyncio.sleep(watch_s)
                 a = t["answers"][t["trial"] % len(t["answers"])]
                 r = await c.post("/api/answer", json={"token": token, "trial": t["trial"],

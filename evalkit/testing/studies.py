@@ -175,3 +175,12 @@ def moving_texture(t: int, h: int, w: int, seed: int = 0, grey: bool = True):
     for i in range(t):
         out[i] = np.clip(tex[2 * i:2 * i + h, 3 * i:3 * i + w], 0, 255)[..., None]
     return out
+
+
+def acknowledge(client, token: str, name: str, data: bytes):
+    """POST /api/ack as the page does once it holds a whole media file (``client``: an
+    ``httpx.Client`` on the server): its size and CRC-32. Returns the response."""
+    import zlib
+
+    return client.post("/api/ack", json={"token": token, "media": name, "size": len(data),
+                                         "crc32": zlib.crc32(data)})
