@@ -4,8 +4,11 @@ Two folds: fit on the ``pan`` and ``blobs`` families, guess on held-out ``grain`
 clips, then the other way round. Per fold: ABX and preference studies (several seeds each) of
 ``--clips`` clips per family, ``--raters`` raters each; every predictor of
 :mod:`evalkit.testing.attack` (question x feature) counted on distinct held-out trials with a
-two-sided exact binomial p-value; then ``--bots`` file-reading bots screened by each held-out ABX
-study's catch rule. Prints a table (and writes it to ``--out``).
+two-sided exact binomial p-value; the pooled rules (issue 44: what colluding raters pool per
+file hash, :func:`evalkit.testing.attack.add_pooled`) counted per held-out trial, pooled within
+each study and across the held-out studies (made from the same runs); then ``--bots``
+file-reading bots screened by each held-out ABX study's catch rule. Prints a table (and writes
+it to ``--out``).
 
     python benchmarks/bench_blind_attack.py --clips 24 --raters 16 --bots 60 \\
         --out benchmarks/results/blind_attack_cpu2.txt
@@ -40,6 +43,10 @@ def fold(root: Path, train_fams, held_fams, clips: int, raters: int, bots: int, 
                     abx.append(sid)
     train_t, held_t = attack.add_features(trials["train"]), attack.add_features(trials["held"])
     res = attack.attack(train_t, held_t, seed=0)
+    res.update(attack.attack_pooled(attack.add_pooled(train_t), attack.add_pooled(held_t)))
+    across = attack.attack_pooled(attack.add_pooled(train_t, True), attack.add_pooled(held_t, True))
+    res.update({q.replace("pooled", "pooled across studies", 1): v for q, v in across.items()})
+    attack.add_pooled(held_t)
     rule = attack.best_stump(train_t)
     screened = [attack.bot_screening(db, sid, rule, bots // len(abx)) for sid in abx]
     return res, rule, screened
