@@ -22,6 +22,7 @@ torch): importing it is cheap.
     flicker          lower      1           yes           the value
     flicker_a        lower      2           no (clip a)   -
     flicker_b        lower      2           no (clip b)   -
+    block_psnr       higher     0           yes           the MSE        optional (compare)
     vmaf             higher     0           yes           -              optional (--vmaf)
 
 Aggregates over per-frame values (:data:`AGGREGATES`): ``mean`` of the finite values;
@@ -30,7 +31,8 @@ the smallest where higher is better. A metric's ``temporal`` values exist from f
 ``first_frame`` on (they need frames t-1, or t-2 and t-1). Metrics that compare clip a with
 clip b (``compares``) are the ones a gate may set thresholds on; ``flicker_a`` and the like
 describe one clip. ``optional`` metrics (``vmaf``) are computed only on request, by a
-separate pass (:mod:`evalkit.metrics.vmaf`), not by the stream evaluator; report columns list them only
+separate pass (:mod:`evalkit.metrics.vmaf`), not by the stream evaluator (``block_psnr``: by
+``evalkit compare`` from the frames it streams, :mod:`evalkit.compare.local`); report columns list them only
 when they were computed. The noise-floor ratio divides a cross-backend aggregate by a floor's
 aggregate, each first mapped by :meth:`Metric.ratio_operand`.
 """
@@ -139,6 +141,9 @@ METRICS: Mapping[str, Metric] = {m.key: m for m in (
        "mean |dL_t - dL_t-1| of clip a's block-averaged luma, 8-bit units"),
     _m("flicker_b", "flicker of b", "8-bit levels", LOWER, 2, False, None,
        "as flicker_a, for clip b"),
+    _m("block_psnr", "worst block PSNR", "dB", HIGHER, 0, True, RATIO_MSE,
+       "PSNR of the frame's worst square block (side min(H,W)/8, stride half a side), dB, peak "
+       "255: a local glitch; measured by evalkit compare", optional=True),
     _m("vmaf", "VMAF", "VMAF score (0..100)", HIGHER, 0, True, None,
        "VMAF of b against reference a (libvmaf, model vmaf_v0.6.1; 0..100, 100 = best; "
        "identical frames score 97.43 to 100 depending on motion); only with --vmaf",
@@ -159,12 +164,13 @@ CONVENTIONS: Mapping[str, tuple[str, ...]] = {
     "warp_error_a": ("flow", "warp_error"), "warp_error_b": ("flow", "warp_error"),
     "warp_error_diff": ("flow", "warp_error"),
     "flicker": ("flicker",), "flicker_a": ("flicker",), "flicker_b": ("flicker",),
-    "vmaf": ("vmaf",),
+    "vmaf": ("vmaf",), "block_psnr": ("block",),
 }
 
 
 #: The metric families a headline names, and what a ratio above 1 means to a release manager.
-FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker")}
+FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker"),
+            "local": ("block_psnr",)}
 MEANING = {
     "lpips": "frames look different (perceptual distance)",
     "ssim": "frames differ in structure",
@@ -172,6 +178,7 @@ MEANING = {
     "tlp": "frames change differently over time",
     "tof": "things move differently",
     "flicker": "brightness flickers: people notice flicker",
+    "block_psnr": "one part of the picture differs: a local glitch",
 }
 
 

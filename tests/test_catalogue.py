@@ -59,11 +59,12 @@ def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated,
 def test_keys_and_units_agree():
     from evalkit.metrics.stream import FIDELITY_KEYS, TEMPORAL_KEYS, UNITS
 
-    assert len(set(KEYS)) == len(KEYS) == 14
+    assert len(set(KEYS)) == len(KEYS) == 15
     assert tuple(METRICS) == KEYS and all(m.key == k for k, m in METRICS.items())
-    # the stream evaluator makes every key but the optional ones (vmaf: evalkit.metrics.vmaf's pass)
+    # the stream evaluator makes every key but the optional ones (vmaf: evalkit.metrics.vmaf's
+    # pass; block_psnr: evalkit compare's, evalkit.compare.local)
     assert FIDELITY_KEYS + TEMPORAL_KEYS == keys(optional=False)
-    assert keys(optional=True) == ("vmaf",)
+    assert keys(optional=True) == ("block_psnr", "vmaf")
     assert list(UNITS) == list(KEYS) == list(catalogue.units())
     assert keys(temporal=False, optional=False) + keys(temporal=True) + keys(optional=True) == KEYS
     assert all(m.temporal == (m.first_frame > 0) for m in METRICS.values())
@@ -104,8 +105,8 @@ def test_directions_agree_with_the_aggregate_rules(key):
 
 
 def test_similarity_metrics_are_the_higher_is_better_ones():
-    assert keys(higher_is_better=True) == ("ssim", "psnr", "vmaf")
-    assert set(keys(higher_is_better=False)) == set(KEYS) - {"ssim", "psnr", "vmaf"}
+    assert keys(higher_is_better=True) == ("ssim", "psnr", "block_psnr", "vmaf")
+    assert set(keys(higher_is_better=False)) == set(KEYS) - {"ssim", "psnr", "block_psnr", "vmaf"}
 
 
 @pytest.mark.parametrize("key", keys(ratio=True))
@@ -113,7 +114,7 @@ def test_floor_ratios_measure_badness_and_follow_the_catalogue(key):
     from evalkit.compare.aggregate import floor_ratio
 
     m = METRICS[key]
-    good, bad = (0.9, 0.8) if key == "ssim" else (40.0, 30.0) if key == "psnr" else (0.1, 0.2)
+    good, bad = (0.9, 0.8) if key == "ssim" else (40.0, 30.0) if key in ("psnr", "block_psnr") else (0.1, 0.2)
     assert (good > bad) == m.higher_is_better
     # the ratio's operand grows as the metric gets worse, whatever the direction
     assert m.ratio_operand(bad) > m.ratio_operand(good) >= 0
@@ -126,7 +127,7 @@ def test_floor_ratios_measure_badness_and_follow_the_catalogue(key):
 
 
 def test_ratio_definitions():
-    assert keys(ratio=True) == ("lpips", "ssim", "psnr", "tlp", "tof", "flicker")
+    assert keys(ratio=True) == ("lpips", "ssim", "psnr", "tlp", "tof", "flicker", "block_psnr")
     assert METRICS["ssim"].ratio_operand(0.99) == pytest.approx(0.01)
     assert METRICS["psnr"].ratio_operand(20.0) == pytest.approx(0.01)     # the MSE / peak^2
     assert METRICS["psnr"].ratio_operand(math.inf) == 0.0

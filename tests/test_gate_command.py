@@ -85,7 +85,8 @@ def test_a_saved_report_is_judged_as_compare_judged_it(runs, compared, tmp_path)
     assert gate_lines(r.stdout) == gate_lines(g.stdout)
     assert len(gate_lines(g.stdout)) == 2 and "lpips mean" in gate_lines(g.stdout)[1]
     js = json.loads(run_evalkit("gate", report, "--gate", fail, "--json").stdout)
-    assert js["verdict"] == "fail" and [c["pass"] for c in js["checks"]] == [False, True, True]
+    assert js["verdict"] == "fail" and [c["pass"] for c in js["checks"]] == [False, True, True, True]
+    assert js["checks"][-1]["check"] == "temporal offset" and js["checks"][-1]["value"] == 0
 
 
 def test_a_gate_with_conventions_refuses_a_report_measured_under_others(runs, compared, tmp_path):

@@ -151,7 +151,35 @@ def generate() -> str:
             lines.append(f"| `{ssub.prog}` | {_cell(ssub_help or '')} |")
     lines.append("")
     lines += _section(parser, None, 2)
+    lines += _gate_keys()
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+GATE_EXAMPLE = """\
+lpips: {mean: {max: 0.02}, worst: {max: 0.1}}    # frame-wide aggregates over every frame
+psnr: {mean: {min: 38}}
+block_psnr: {worst: {min: 25}}                   # the worst block of any frame: a local glitch
+max_offset_frames: 0                             # the default: any temporal offset fails
+floor_ratio: {flicker: {mean: {max: 2}}}         # against the noise floor (--floor)
+max_missing_jobs: 0"""
+
+
+def _gate_keys() -> list[str]:
+    """The gate file's keys (``evalkit compare --gate``, ``evalkit gate``), from its model."""
+    from evalkit.formats.models import GateFile
+    from evalkit.metrics.catalogue import AGGREGATES, keys
+
+    lines = ["## Gate files", "",
+             "A gate is a YAML of bounds on a compare report (`--gate` of `evalkit compare` and "
+             "`evalkit gate`); the whole format is in [formats.md](formats.md). Only frame-wide "
+             "aggregates miss a glitch of a few frames in one place: `block_psnr` (each frame's "
+             "worst block) bounds it, and a clip of B found at a temporal offset fails the gate "
+             "unless `max_offset_frames` allows it.", "",
+             "```yaml", GATE_EXAMPLE, "```", "",
+             "Metric keys: " + ", ".join(f"`{k}`" for k in keys(compares=True)) + "; aggregates: "
+             + ", ".join(f"`{a}` ({_cell(d)})" for a, d in AGGREGATES.items()) + "; floor-ratio "
+             "keys: " + ", ".join(f"`{k}`" for k in keys(ratio=True)) + ".", ""]
+    return lines + _model_table(GateFile)
 
 
 # -- docs/formats.md: a field table per model of each format -------------------------------

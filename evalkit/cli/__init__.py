@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_fingerprint(sub, common)
     setup.add_probe(sub, common)
     render.add_render(sub, common)
+    render.add_import(sub, common)
     compare.add_compare(sub, common)
     compare.add_gate(sub, common)
     compare.add_floor(sub, common)

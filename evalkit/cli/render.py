@@ -46,6 +46,50 @@ def cmd_render(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_import(args) -> int:
+    from evalkit.render.importing import import_files
+
+    if args.map and args.pattern:
+        raise UserError("--map and --pattern: give one (a mapping file, or a file-name pattern)")
+    summaries = import_files(args.suite, args.folder, args.out, label=args.label, mapping=args.map,
+                             pattern=args.pattern, fingerprint_file=args.fingerprint,
+                             backend=args.backend, lossless=args.lossless, jobs=args.jobs,
+                             progress=not args.quiet)
+    failed = 0
+    for s in summaries:
+        print(f"{s.backend}: {s.done} imported, {s.skipped} already done, {s.failed} failed "
+              f"-> {s.path}")
+        for job_id, err in s.failures.items():
+            print(f"  failed {job_id}: {err}")
+        failed += s.failed
+    return 1 if failed else 0
+
+
+def add_import(sub, common) -> None:
+    s = sub.add_parser("import", parents=[common],
+                       help="adopt files made elsewhere as a run, named by clip (or by a mapping "
+                            "file or pattern): render -r import without renaming")
+    s.add_argument("suite", type=Path, help="the suite YAML file (its clips: what the files are renders of)")
+    s.add_argument("folder", type=Path, help="the folder of files to import")
+    s.add_argument("--label", required=True, metavar="NAME",
+                   help="name the run (its folder OUT/NAME, and its name in reports), e.g. farm-a")
+    s.add_argument("--out", "-o", type=Path, required=True, help="output folder of runs")
+    s.add_argument("--map", type=Path, default=None, metavar="FILE",
+                   help="YAML or JSON mapping of clip (or job) ids to file names in FOLDER")
+    s.add_argument("--pattern", default=None, metavar="GLOB",
+                   help="file name pattern with {clip}, {job}, {prompt}, {seed}, e.g. 'farm_{clip}_*.mp4' "
+                        "(default: <job id>.* or, for a clip with one job, <clip id>.*)")
+    s.add_argument("--fingerprint", type=Path, default=None, metavar="FILE",
+                   help="the fingerprint of the machine that made the files (evalkit fingerprint --json)")
+    s.add_argument("--backend", "-b", default=None, metavar="SPEC",
+                   help="the backend the files were made with (recorded, not applied)")
+    s.add_argument("--jobs", nargs="+", default=None, metavar="ID", help="only these jobs (job or clip id)")
+    s.add_argument("--lossless", choices=list(LOSSLESS_FORMATS), default=None,
+                   help="format of the stored lossless clips (as render --lossless)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_import)
+
+
 def cmd_suite_validate(args) -> int:
     from evalkit.formats.suite import load_suite
 

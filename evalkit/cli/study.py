@@ -9,6 +9,20 @@ from evalkit.cli.common import output_file, positive_int
 from evalkit.errors import UserError
 
 
+def progress_lines(desc: str, unit: str, *, stream=None):
+    """A progress printer for output that is not a terminal (a log file, CI): one line
+    ``desc: done/total unit`` on stderr at each step of a short task, at each 5% of a long one,
+    and at the end, instead of a bar's carriage returns."""
+    shown = [0]
+
+    def step(done: int, total: int) -> None:
+        pct = 100 * done // max(1, total)
+        if done == total or total <= 20 or pct // 5 > shown[0] // 5:
+            shown[0] = pct
+            print(f"{desc}: {done}/{total} {unit}", file=stream or sys.stderr, flush=True)
+    return step
+
+
 def cmd_study_create(args) -> int:
     from evalkit.study import create_study
 
@@ -16,7 +30,8 @@ def cmd_study_create(args) -> int:
                      raters_planned=args.raters, margin=args.margin, seed=args.seed,
                      media_dir=args.media, catch_alpha=args.catch_alpha, levels=args.levels,
                      ladder=args.ladder, metrics_device=args.metrics_device,
-                     progress=sys.stderr.isatty(), allow_masking=args.allow_masking,
+                     progress=True if sys.stderr.isatty() else progress_lines("study media", "clips"),
+                     allow_masking=args.allow_masking,
                      excerpt_seconds=args.excerpt, excerpt_at=args.excerpt_at,
                      **({} if args.delivery_margin is None else
                         {"delivery_margin_db": args.delivery_margin}))

@@ -77,7 +77,8 @@ def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict
     if not ignore_conventions:
         check_conventions(gate, summary["conventions"])
     return gate.evaluate(summary["aggregates"], summary["floor_ratios"],
-                         len(summary["jobs"]["not_compared"]))
+                         len(summary["jobs"]["not_compared"]),
+                         (summary.get("alignment") or {}).get("shifted") or {})
 
 
 def pin_conventions(report, gate_path) -> dict:

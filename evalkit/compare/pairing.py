@@ -19,17 +19,19 @@ import numpy as np
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, UserError
-from evalkit.compare.aggregate import aggregate, clip_finding, floor_ratio, headline, with_offsets
+from evalkit.compare.aggregate import (aggregate, clip_finding, floor_ratio, headline, with_gate, with_locals,
+                                       with_offsets)
 from evalkit.compare.alignment import Alignment, rate_mismatch, resolve_offset, skip_frames
 from evalkit.compare.floors import floor_kind, floor_refusal, identical_floor
 from evalkit.compare.gating import check_conventions, open_gate
+from evalkit.compare.local import BLOCK_CONVENTION
 from evalkit.formats.run import RunDir, sha256_file
 from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
                                     write_report)
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader, usable_cores
-from evalkit.metrics.catalogue import KEYS, METRICS, units
+from evalkit.metrics.catalogue import KEYS, units
 
 #: fields of a job that must agree for two renders to be comparable
 _SAME = ("clip", "prompt", "params")
@@ -56,6 +58,8 @@ class JobMeasure:
     worst_b: np.ndarray | None = None
     #: the pair's temporal alignment (:class:`evalkit.compare.alignment.Alignment`)
     alignment: Alignment | None = None
+    #: the clip's worst block and its burst (:meth:`evalkit.compare.local.LocalTrack.summary`)
+    local: dict | None = None
 
 
 @dataclass
@@ -262,7 +266,8 @@ class PairDecoder:
 def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
                  keep_worst: bool = True, decoder: PairDecoder | None = None,
                  on_frame=None) -> JobMeasure:
-    """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS).
+    """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS); measure
+    each frame's worst block (``block_psnr``, :mod:`evalkit.compare.local`) from the same frames.
 
     ``decoder``: the pair already decoding (:class:`PairDecoder`, made with the same chunk);
     else one is made here. ``on_frame``: called with 1 after each frame's record."""
@@ -284,7 +289,10 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     # stream_pair reads at most one chunk ahead of the records it yields; a chunk decoded in a
     # worker process is valid until two more are read (evalkit.procdecode): keep copies
     mem_a, mem_b = collections.deque(maxlen=2), collections.deque(maxlen=2)
+    from evalkit.compare.local import LocalTrack
+
     records = []
+    track = LocalTrack.empty()
     worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
     try:
         gen = stream_pair(_chunks_with_memory(skip_frames(decoder.a, al.skip_a), mem_a),
@@ -293,11 +301,13 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
                           align="shortest" if al.offset else "error")
         try:
             for rec in gen:
+                fa, fb = _recall(mem_a, rec["frame"]), _recall(mem_b, rec["frame"])
+                if fa is not None and fb is not None:
+                    rec["block_psnr"] = track.add(rec["frame"] + al.skip_a, fa, fb)
                 if rec["lpips"] > worst_val:
                     worst, worst_val = rec["frame"] + al.skip_a, rec["lpips"]
                     if keep_worst:
-                        worst_a, worst_b = (_copy(_recall(mem_a, rec["frame"])),
-                                            _copy(_recall(mem_b, rec["frame"])))
+                        worst_a, worst_b = _copy(fa), _copy(fb)
                 rec["frame"] += al.skip_a       # A's frame number
                 records.append(rec)
                 if on_frame is not None:
@@ -313,7 +323,9 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
         mem_a.clear()       # no chunk outlives the clip: the decoders' rings are reused
         mem_b.clear()
         decoder.close()
-    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b, al)
+    h, w = _pair_size(pair)
+    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b, al,
+                      track.summary(w, h))
 
 
 def alignment_of(measures: list[JobMeasure]) -> dict:
@@ -346,9 +358,31 @@ def clip_findings(measures: list[JobMeasure], floor_jobs: dict, alignment: dict,
         ratios = {name: floor_ratio(agg, per[jid]) for name, per in floor_jobs.items() if jid in per}
         f = clip_finding(jid, ratios, floor, alignment["jobs"].get(jid),
                          (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor),
-                         gate.evaluate(agg, ratios, 0) if gate is not None else None)
+                         gate.evaluate(agg, ratios, 0, {jid: m.alignment.offset if m.alignment else 0})
+                         if gate is not None else None,
+                         local=m.local, aggregates=agg,
+                         floor_aggregates={name: per[jid] for name, per in floor_jobs.items()
+                                           if jid in per})
         out.append(f)
     return sorted(out, key=lambda f: -f["rank"])
+
+
+def run_headline(measures, ratios: dict, aggregates: dict, floor_info: dict, findings: list,
+                 verdict: dict | None, floor: str | None) -> dict | None:
+    """summary.json's ``headline``: the clips at an offset first, then the worst family over
+    all clips (or that the run is below what the floor resolves, with its dB), every local
+    glitch with its frames and place, and the gate's verdict
+    (:mod:`evalkit.compare.aggregate`)."""
+    from evalkit.compare.local import mse_of
+
+    worst = None        # the clip whose worst block is the run's
+    for m in measures:
+        if m.local and (worst is None or mse_of(m.local["block_psnr"]) > mse_of(worst.local["block_psnr"])):
+            worst = m
+    local = dict(worst.local, clip=worst.pair.job_id) if worst is not None else None
+    head = headline(ratios, floor, aggregates=aggregates, local=local,
+                    floor_aggregates={n: i["aggregates"] for n, i in floor_info.items()})
+    return with_gate(with_locals(with_offsets(head, findings), findings), verdict)
 
 
 def _vmaf_of(agg: dict, floor_jobs: dict, jid: str, floor: str | None):
@@ -530,7 +564,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         why = floor_refusal(a, b, f)
         if why:
             raise UserError(why)
-    optional = [k for k in gate_obj.absolute if METRICS[k].optional] if gate_obj else []
+    optional = [k for k in gate_obj.absolute if k == "vmaf"] if gate_obj else []
     if optional and not vmaf:
         raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
                         f"compare computes only on request; add --{optional[0]}")
@@ -551,7 +585,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
                  executor.compare_session(device=device, metric_options=metric_options)))
     try:
         if gate_obj is not None and not ignore_conventions:   # before any work
-            check_conventions(gate_obj, session.conventions)
+            check_conventions(gate_obj, {**session.conventions, "block": BLOCK_CONVENTION})
         unit = getattr(session, "progress_unit", "job")
 
         def bar_of(pairs_, desc):
@@ -582,6 +616,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             if any(m.alignment is not None and m.alignment.offset for m in fm):
                 floor_info[name]["alignment"] = alignment_of(fm)
         conventions = dict(session.conventions)
+        conventions["block"] = BLOCK_CONVENTION
         if vmaf:
             from evalkit.metrics.vmaf import vmaf_convention as _default
 
@@ -592,8 +627,9 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
 
     aggregates = aggregates_of(measures)
     ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
-    verdict = gate_obj.evaluate(aggregates, ratios, len(problems)) if gate_obj else None
     alignment = alignment_of(measures)
+    verdict = (gate_obj.evaluate(aggregates, ratios, len(problems), alignment["shifted"])
+               if gate_obj else None)
     findings = clip_findings(measures, floor_jobs, alignment, gate_obj.floor if gate_obj else None,
                              gate_obj)
     fa, fb = a.manifest["fingerprint"], b.manifest["fingerprint"]
@@ -612,7 +648,8 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "aggregates": aggregates,
         "floors": floor_info,
         "floor_ratios": ratios,
-        "headline": with_offsets(headline(ratios, gate_obj.floor if gate_obj else None), findings),
+        "headline": run_headline(measures, ratios, aggregates, floor_info, findings, verdict,
+                                 gate_obj.floor if gate_obj else None),
         "clip_findings": findings,
         "floor_notice": floor_notice(floor_info),
         "gate": verdict,

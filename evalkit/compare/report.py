@@ -194,6 +194,18 @@ def worst_segment(values: list[float], width: int) -> tuple[int, int]:
     return start, start + width
 
 
+def segment_of(m, lpips: list[float]) -> tuple[int, int]:
+    """[start, end) in A's frame numbers of a job's worst segment: its local burst when one
+    stands out (:mod:`evalkit.compare.local`: exactly the frames of a glitch), else the window
+    of up to 8 frames with the highest mean LPIPS."""
+    local = getattr(m, "local", None)
+    if local and not local["throughout"]:
+        return local["burst"][0], local["burst"][1] + 1
+    start, end = worst_segment(lpips, max(1, min(8, len(lpips) // 4)))
+    first = m.records[0]["frame"] if m.records else 0
+    return start + first, end + first
+
+
 _GLYPHS: set[int] | None = None
 
 
@@ -227,7 +239,7 @@ def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
     frames = [r["frame"] for r in m.records]
     lp = [r["lpips"] for r in m.records]
     ss = [r["ssim"] for r in m.records]
-    seg = worst_segment(lp, max(1, min(8, len(lp) // 4)))
+    seg = segment_of(m, lp)
     fig = Figure(figsize=(7, 2.4), dpi=100)
     ax = fig.subplots()
     ax.plot(frames, lp, color="#c0392b", marker=".", label="LPIPS")

@@ -11,6 +11,9 @@ Shape::
     conventions: {flow: "dis,fast,...", ssim: ...}     # optional: what the thresholds were set
                                                        # under (evalkit gate --pin writes them)
     max_missing_jobs: 0                                # jobs not compared (missing, failed, corrupt)
+    max_offset_frames: 0                               # largest temporal offset of B (default 0:
+                                                       # any offset fails)
+    block_psnr: {worst: {min: 25}}                     # the worst block of any frame (a local glitch)
     human_threshold:                                   # optional: people set this gate
       {metric: lpips, value: 0.05, ci: [0.04, 0.063], study: s1, safety_factor: 2,
        criterion: 0.75}
@@ -18,7 +21,10 @@ Shape::
 Aggregates are over all compared frames of all jobs: ``mean``; ``p95`` (95th percentile of the
 per-frame values, or the 5th for metrics where higher is better: ssim, psnr); ``worst`` (max, or
 min for ssim and psnr). Ratios divide the cross-backend aggregate by the floor's (for ssim:
-of 1 - ssim; for psnr: of the MSE). ``human_threshold`` records a threshold study's result
+of 1 - ssim; for psnr and block_psnr: of the MSE). ``block_psnr`` is the PSNR of each frame's
+worst block (:mod:`evalkit.compare.local`): its ``worst`` bounds the worst local glitch of any
+clip. ``max_offset_frames`` bounds the temporal offset B's clips were found at (summary.json's
+``alignment``): by default a gate fails on any offset. ``human_threshold`` records a threshold study's result
 (:func:`evalkit.study.psychometric.gate_from_analysis` writes it); it gates nothing itself, the
 compare report draws it on the metric's per-frame plots. Unknown keys are errors naming the
 file and field. An
@@ -66,6 +72,8 @@ class Gate:
     human_threshold: dict | None = None
     #: the conventions the thresholds were set under (a report's ``conventions`` entries), or None
     conventions: dict | None = None
+    #: the largest temporal offset (frames, either way) a clip of B may be compared at
+    max_offset_frames: int = 0
 
     @property
     def metric_keys(self) -> list[str]:
@@ -84,8 +92,11 @@ class Gate:
                         "--ignore-conventions)")
         return None
 
-    def evaluate(self, aggregates: dict, floor_ratios: dict, missing: int) -> dict:
-        """{"verdict": "pass"|"fail", "reasons": [...], "checks": [...]}"""
+    def evaluate(self, aggregates: dict, floor_ratios: dict, missing: int,
+                 offsets: dict | None = None) -> dict:
+        """{"verdict": "pass"|"fail", "reasons": [...], "checks": [...]}. ``offsets``: job ->
+        the temporal offset B's clip was compared at (summary.json's ``alignment.shifted``;
+        None: not known, no offset check)."""
         checks = []
 
         def check(label, value, bound, limit):
@@ -115,6 +126,15 @@ class Gate:
         checks.append({"check": "jobs not compared", "value": missing, "max": self.max_missing_jobs,
                        "pass": ok_missing,
                        "text": f"jobs not compared = {missing} (<= {self.max_missing_jobs})"})
+        if offsets is not None:
+            moved = {j: int(o) for j, o in offsets.items() if o}
+            big = max((abs(o) for o in moved.values()), default=0)
+            ok = big <= self.max_offset_frames
+            named = ", ".join(f"{j} {o:+d}" for j, o in moved.items())
+            checks.append({"check": "temporal offset", "value": big, "max": self.max_offset_frames,
+                           "pass": ok, "offsets": moved,
+                           "text": f"temporal offset = {big} frame{'' if big == 1 else 's'} "
+                                   f"(<= {self.max_offset_frames})" + (f": {named}" if moved else "")})
         failed = [c["text"] for c in checks if not c["pass"]]
         out = {"verdict": "fail" if failed else "pass", "reasons": failed, "checks": checks,
                "gate_file": str(self.path)}
@@ -148,4 +168,4 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     # pydantic has made every limit a float (35 -> 35.0); the mappings keep the file's order
     human = model.human_threshold.model_dump() if model.human_threshold is not None else None
     return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs,
-                human, model.conventions)
+                human, model.conventions, model.max_offset_frames)

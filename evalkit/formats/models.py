@@ -480,6 +480,10 @@ class GateFile(FormatModel):
     max_missing_jobs: Annotated[int, Field(ge=0),
                                 Expect("a non-negative integer", "a non-negative integer")] = Field(
         0, description="How many jobs may go uncompared (missing, failed, corrupt).")
+    max_offset_frames: Annotated[int, Field(ge=0),
+                                 Expect("a non-negative integer", "a non-negative integer")] = Field(
+        0, description="The largest temporal offset (frames, either way) a compared clip of B "
+                       "may have against A; default 0: any offset fails the gate.")
     human_threshold: Annotated[Optional[HumanThreshold],
                                Expect("a mapping with metric, value, ci, study and "
                                       "safety_factor")] = Field(

@@ -117,7 +117,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings", "delivery", "media_bytes", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
-    a progress bar per clip on stderr.
+    True: a progress bar per clip on stderr; a callable: called ``(done, total)`` after each
+    clip (``study create`` prints lines when stderr is not a terminal).
 
     ``excerpt_seconds``: every clip shown as one window of that many seconds, the same for
     both sides, catch versions and stimuli; ``excerpt_at``: ``"worst"`` (default: the window of
@@ -290,9 +291,9 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
 
     from tqdm import tqdm
 
-    with tqdm(total=len(work), desc="study media", unit="clip", disable=not progress,
+    with tqdm(total=len(work), desc="study media", unit="clip", disable=progress is not True,
               mininterval=0.5) as bar:
-        for (c, _), done in zip(work, ordered_map(clip_media, work)):
+        for n, ((c, _), done) in enumerate(zip(work, ordered_map(clip_media, work)), 1):
             for path, f in ((c["path_a"], done["fps_a"]), (c["path_b"], done["fps_b"])):
                 if study_fps is None:
                     study_fps, first = f, path
@@ -309,6 +310,8 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
             pool.extend(done["catches"])
             seconds.update(done["seconds"])
             bar.update(1)
+            if callable(progress):      # plain lines where no bar can be drawn (a log, CI)
+                progress(n, len(work))
     return {"fps": study_fps, "rows": clip_rows, "stimuli": stimuli, "catches": pool,
             "seconds": seconds, "reference": reference}
 

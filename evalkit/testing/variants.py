@@ -1,12 +1,15 @@
 """Four known failures of one real clip, imported as two farms' runs (issue 38's "must show").
 
 One canary clip (real photographs filmed by a virtual camera, ``datasets/canary``) is farm A's
-render of four jobs whose prompts name what farm B did to it: ``crf16`` (H.264 at CRF 16 in
+render of six jobs whose prompts name what farm B did to it: ``crf16`` (H.264 at CRF 16 in
 yuv420p: barely visible), ``crf32`` (CRF 32: clearly visible), ``flicker`` (brightness up and
 down by :data:`FLICKER_GAIN` on alternate frames: hardly any change per frame, a flicker people
-notice) and ``shift1`` (a copy one frame late). Both farms come in through ``render -r import``
+notice), ``shift1`` (a copy one frame late), ``block`` (a 48x48 square of garbage on four
+frames, issue 46: :func:`block_box`) and ``lsb1`` (+-1 LSB of noise: 52 dB, a difference below
+what the floor resolves). Both farms come in through ``render -r import``
 with labels, A's floor is made by ``evalkit floor`` (footage without seeds), and ``compare``
-must rank and name them: the shift with its offset, the flicker by name, crf32 above crf16.
+must rank and name them: the shift with its offset, the block second with its frames and place,
+the flicker by name, crf32 above crf16, and the LSB noise said to be below the floor.
 Used by tests/test_story.py and tools/story_screenshots.py.
 """
 from __future__ import annotations
@@ -17,9 +20,23 @@ import numpy as np
 
 from evalkit.testing.suites import write_suite
 
-VARIANTS = ("crf16", "crf32", "flicker", "shift1")
+VARIANTS = ("crf16", "crf32", "flicker", "shift1", "block", "lsb1")
 #: the flicker variant's brightness gain on odd frames (1 - gain on even ones)
 FLICKER_GAIN = 0.03
+#: the block variant's garbage square: its side in pixels at 384x288 (scaled with the frame's
+#: shorter side), and the share of the clip its frames start at (frames 40-43 of 64)
+BLOCK_SIDE, BLOCK_FRAMES = 48, 4
+BLOCK_START = 40 / 64
+
+
+def block_box(frames: int, height: int, width: int) -> tuple[int, int, int, int, int]:
+    """``(first frame, last frame, x, y, side)`` of the block variant's garbage square: 48x48
+    pixels at 384x288 (scaled to the frame), on frames 40-43 of 64 (scaled to the clip, at least
+    one frame), its top left at 5/8 of the width and 1/4 of the height."""
+    side = max(4, round(BLOCK_SIDE * min(height, width) / 288))
+    n = max(1, round(BLOCK_FRAMES * frames / 64))
+    first = min(frames - n, int(BLOCK_START * frames))
+    return first, first + n - 1, int(width * 5 / 8), int(height / 4), side
 
 
 def h264_roundtrip(frames: np.ndarray, fps, crf: int) -> np.ndarray:
@@ -57,6 +74,15 @@ def variant(frames: np.ndarray, fps, name: str) -> np.ndarray:
         return np.clip(frames * gain[:, None, None, None] + 0.5, 0, 255).astype(np.uint8)
     if name == "shift1":
         return np.concatenate([frames[:1], frames[:-1]])
+    if name == "block":     # a 48x48 square of seeded noise on four frames: a local glitch
+        first, last, x, y, side = block_box(*frames.shape[:3])
+        out = frames.copy()
+        noise = np.random.default_rng(46).integers(0, 256, (last - first + 1, side, side, 3))
+        out[first:last + 1, y:y + side, x:x + side] = noise.astype(np.uint8)
+        return out
+    if name == "lsb1":      # +-1 LSB of seeded noise: 52 dB, below what any floor resolves
+        step = np.random.default_rng(1).integers(-1, 2, frames.shape, dtype=np.int16)
+        return np.clip(frames.astype(np.int16) + step, 0, 255).astype(np.uint8)
     raise ValueError(f"name: expected one of {VARIANTS}, found {name!r}")
 
 

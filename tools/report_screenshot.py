@@ -1,0 +1,63 @@
+"""docs/img/report-top-block.png (issue 46's "must show"): the top of a compare report of the six
+variants of a real clip (evalkit.testing.variants: the shift, the 48x48 garbage block, flicker,
+crf32, crf16, +-1 LSB; against `evalkit floor`'s re-encode floor), rendered by Debian's
+Chromium through Playwright: the headline and the clip lines name the block with its frames
+and place, and the noise below the floor in one line with its dB.
+
+    PYTHONPATH=$PWD python tools/report_screenshot.py [--report DIR] [--work DIR]
+
+``--report``: a report already made from the variants (tests/test_story.py's, say); without it
+the runs are made and compared here (about 3 min on 2 cores, 24 frames).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def main() -> int:
+    from playwright.sync_api import sync_playwright
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", type=Path, default=None, help="a compare report of the variants")
+    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "report-top-block.png")
+    args = ap.parse_args()
+    report = args.report
+    if report is None:
+        from evalkit.cli import main as evalkit
+        from evalkit.testing.variants import make_variant_runs
+
+        work = args.work or Path(tempfile.mkdtemp(prefix="evalkit-report-"))
+        p = make_variant_runs(work, ROOT / "datasets" / "canary" / "clips" / "chelsea_handheld.mkv")
+        report = work / "report"
+        assert evalkit(["compare", str(p["a"]), str(p["b"]), "--floor", str(p["floor"]), "--out",
+                        str(report), "--device", "cpu", "--quiet"]) == 0
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1150, "height": 560})
+            page.goto((report / "index.html").as_uri())
+            text = page.inner_text("body")
+            assert "a local glitch on frame" in text, "the report does not name the block"
+            page.screenshot(path=str(args.out))
+        finally:
+            browser.close()
+    from PIL import Image
+
+    Image.open(args.out).convert("RGB").quantize(colors=64).save(args.out, optimize=True)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
