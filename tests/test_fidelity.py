@@ -334,3 +334,14 @@ def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
     kind, why = fidelity.choose_delivery([{"job": jobs[0], "ladder": "blur", "level": 1}],
                                          pattern_reports["square"])
     assert kind == "lossless" and "no report figures" in why
+
+
+def test_a_study_judged_by_the_global_rule_is_reported_under_it():
+    """A config from before the local rule (no ``keep_min``) keeps its own wording."""
+    row = {"job": "j1", "level": None, "ok": False, "ab_lossless_db": 48.1,
+           "difference_error_db": 45.0, "ab_delivered_db": 50.0, "encode_db": 44.0,
+           "headroom_db": -3.1}
+    text = fidelity.lines({"delivery": {"margin_db": 10.0, "masked": 1, "rows": [row],
+                                        "worst": row}})
+    assert text[0].startswith("DELIVERY MASKED: 1 of 1 rows fail the global delivery rule")
+    assert "least headroom: clip j1" in text[0] and "j1 48.1 dB / 45.0 dB" in text[1]

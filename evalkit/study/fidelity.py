@@ -39,9 +39,10 @@ streams (every stream is shown to some rater). A row whose sides are identical (
 nothing to mask: accepted. The sums are exact integers (int64 per-block sums of int32
 products); each window's test is then taken in float64 on them.
 
-Measured (``benchmarks/bench_localrule.py``, canary clips, QP 12, docs/studies.md): a +-3%
-flicker keeps 0.99 and more, crf32 1.0, a 12-code-value glitch 1.0 (accepted); crf16 0.04-0.84
-and a bf16 rounding pattern 0.0-0.17 (refused).
+Measured (``benchmarks/bench_localrule.py``, the 8 canary clips, QP 12, docs/studies.md): a
++-3% flicker keeps 0.95-1.0 of its energy (7 clips; on a dark clip, a flicker of 0-1 code
+values, 0.68), crf32 0.97-1.0, a 12-code-value glitch 1.0 (accepted); crf16 0.0-0.84 and a bf16
+rounding pattern 0.0-0.17 (refused).
 
 **Reported, not ruled on**: the global figures (``ab_lossless_db``, ``ab_delivered_db``,
 ``difference_error_db``, ``headroom_db``: how far the encode's error on the whole difference
