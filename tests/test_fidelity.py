@@ -292,15 +292,18 @@ def test_flicker_and_glitch_are_accepted_bf16_and_crf16_refused(cases):
 def test_the_prediction_never_says_kept_where_the_encode_masks(cases):
     """The predictor, from the report's per-frame figures alone, on every case: a row it
     predicts kept is accepted by the real encode's measurement (it may predict masked where
-    the encode keeps: it is conservative); bf16, crf16 predicted masked, the glitch kept."""
+    the encode keeps: it is conservative); bf16, crf16 predicted masked, the glitch and the
+    flicker kept."""
     for (clip, name), c in cases.items():
         p = fidelity.predict(c["frames"])
         if not p["masks"]:
             assert c["fig"]["ok"], (clip, name, p, c["fig"])
         if name in ("bf16", "crf16"):
             assert p["masks"], (clip, name, p)
-        if name == "glitch":
+        if name == "glitch":                     # by its amplitude
             assert not p["masks"] and p["local_rms"] == 12.0, (clip, p)
+        if name == "flicker":                    # by its structure: smooth over macroblocks
+            assert not p["masks"] and p["local_rms"] < fidelity.PREDICT_RMS_MIN, (clip, p)
 
 
 def test_prediction_from_figures_alone():
@@ -316,6 +319,15 @@ def test_prediction_from_figures_alone():
     k = math.ceil(fidelity.PREDICT_RMS_MIN)
     assert fidelity.predict(fine, level=k)["masks"] is False
     assert fidelity.predict(fine, level=k - 1)["masks"] is True
+    # +-2 on every value, the sign alternating frame by frame: block means of 2 code values,
+    # all of the energy (flicker 4 a transition): kept by its structure; with block means of
+    # 0.9 code values (flicker 1.8), or a third of the energy, masked
+    mse2 = 10 * math.log10(255 ** 2 / 4)
+    smooth = [{"psnr": mse2, "diff_fraction": 1.0, "flicker": None if i == 0 else 4.0}
+              for i in range(6)]
+    assert fidelity.predict(smooth)["masks"] is False
+    assert fidelity.predict([dict(f, flicker=f["flicker"] and 1.8) for f in smooth])["masks"]
+    assert fidelity.predict([dict(f, psnr=mse2 - 10 * math.log10(3)) for f in smooth])["masks"]
 
 
 def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):

@@ -73,14 +73,21 @@ def case(frames: np.ndarray, fps, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def frame_rows(a: np.ndarray, b: np.ndarray) -> list[dict]:
-    """The pixel figures a compare report's ``frames.csv`` holds for the pair, frame by frame
-    (``psnr`` over every value, ``inf`` for identical frames; ``max_abs_diff``;
-    ``diff_fraction`` over pixel positions), as the predictor reads them."""
+    """The figures a compare report's ``frames.csv`` holds for the pair that the predictor
+    reads, frame by frame: ``psnr`` over every value (``inf`` for identical frames),
+    ``max_abs_diff``, ``diff_fraction`` over pixel positions, and ``flicker``
+    (:func:`metrics.temporal.flicker`, None at frame 0)."""
+    import torch
+
+    from metrics.temporal import flicker
+
+    fl = [None] + flicker(torch.from_numpy(a).permute(0, 3, 1, 2),
+                          torch.from_numpy(b).permute(0, 3, 1, 2)).tolist() if len(a) > 1 else [None]
     out = []
     for i in range(len(a)):
         d = b[i].astype(np.int32) - a[i]
         mse = float(np.square(d).mean())
         out.append({"frame": i, "psnr": 10 * np.log10(255.0 ** 2 / mse) if mse else float("inf"),
                     "max_abs_diff": float(np.abs(d).max()),
-                    "diff_fraction": float((d != 0).any(axis=2).mean())})
+                    "diff_fraction": float((d != 0).any(axis=2).mean()), "flicker": fl[i]})
     return out
