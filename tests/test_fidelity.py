@@ -357,3 +357,21 @@ def test_a_study_judged_by_the_global_rule_is_reported_under_it():
                                         "worst": row}})
     assert text[0].startswith("DELIVERY MASKED: 1 of 1 rows fail the global delivery rule")
     assert "least headroom: clip j1" in text[0] and "j1 48.1 dB / 45.0 dB" in text[1]
+
+
+def test_delivery_rows_as_create_study_knows_them():
+    """One row per clip, or per (clip, level) with the ladder's kind; an excerpt's frames."""
+    chosen = [{"job": "j1"}, {"job": "j2"}]
+    assert fidelity.delivery_rows(chosen, [None]) == [{"job": "j1", "level": None},
+                                                      {"job": "j2", "level": None}]
+    rows = fidelity.delivery_rows(chosen, [1, 2], "blur",
+                                  {"windows": {"j1": {"start": 5, "frames": 12},
+                                               "j2": {"start": 0, "frames": 12}}})
+    assert rows[1] == {"job": "j1", "level": 2, "ladder": "blur", "frames": (5, 17)}
+    assert len(rows) == 4
+    # an excerpt without the difference (identical frames there) needs no lossless delivery
+    frames = {"j1": [{"frame": str(i), "psnr": "inf" if i < 12 else "40", "diff_fraction":
+                      "0" if i < 12 else "1"} for i in range(24)]}
+    row = {"job": "j1", "level": None}
+    assert fidelity.choose_delivery([row], frames)[0] == "lossless"
+    assert fidelity.choose_delivery([dict(row, frames=(0, 12))], frames)[0] == "stream"

@@ -603,6 +603,25 @@ def report_frames(report, jobs) -> dict:
     return out
 
 
+def delivery_rows(chosen: list[dict], ladder: list, kind: str = "amplify",
+                  cut: dict | None = None) -> list[dict]:
+    """The rows :func:`choose_delivery` judges for a study about to be made, from what
+    ``create_study`` knows before encoding: the chosen clips (``{"job"}`` each), the ladder
+    (``[None]``: one row per clip; else the threshold levels), its kind (``amplify`` or
+    ``blur``) and the excerpt plan (:func:`.excerpt.plan`: each clip's window of frames)."""
+    rows = []
+    for c in chosen:
+        w = (cut or {}).get("windows", {}).get(c["job"])
+        for k in ladder:
+            row = {"job": c["job"], "level": k}
+            if k is not None:
+                row["ladder"] = kind
+            if w:
+                row["frames"] = (w["start"], w["start"] + w["frames"])
+            rows.append(row)
+    return rows
+
+
 def choose_delivery(rows: list[dict], report) -> tuple[str, str]:
     """The delivery for a study of ``rows`` (each ``{"job"}``, with ``"level"`` for a
     threshold level, ``"frames"``: (start, stop) for an excerpt; a row with ``"ladder":
