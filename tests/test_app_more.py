@@ -257,7 +257,7 @@ def test_admin_page(env, server, browser):
         # what raters were sent (issue 34 item 9): this report's i.i.d. noise is finer than the
         # stream carries (created with --allow-masking), and the streams' bytes
         mb = res["media_bytes"]
-        assert "DELIVERY MASKED: 3 of 3 rows" in text and "least headroom: clip" in text
+        assert "DELIVERY MASKED: 3 of 3 rows" in text and "least kept: clip" in text
         assert (f"{mb['streams']} trial streams, {bytes_text(mb['total'])} in all; per trial "
                 f"median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}") in text
         try:

@@ -191,13 +191,13 @@ def add_study(sub, common) -> None:
                    help="a rater is kept when better than guessing on the easy catch trials "
                    "(one-sided exact binomial at this level; default 0.05)")
     v.add_argument("--allow-masking", action="store_true",
-                   help="create the study even where the browser encode's error on the A-B "
-                   "difference is not --delivery-margin below the difference (recorded in the "
-                   "study and printed with its results)")
+                   help="create the study even where the browser stream does not keep the A-B "
+                   "difference (the local delivery rule; recorded in the study and printed "
+                   "with its results)")
     v.add_argument("--delivery-margin", type=float, default=None, metavar="DB",
-                   help="how far (dB) the encode's error on the A-B difference must lie below "
-                   "the difference (default 10: the delivered difference's amplitude within "
-                   "0.68-1.32 of the lossless one's; docs/studies.md)")
+                   help="in each window where the A-B difference is, how far (dB) the delivered "
+                   "difference's part along the real one must lie above the rest of it "
+                   "(default 0: correlation at least 0.71; docs/studies.md)")
     v.add_argument("--excerpt", default=None, metavar="SECONDS",
                    help="show raters one window of SECONDS of each clip (less to load, the part "
                    "that differs): the same window on both sides and in every trial of a clip")

@@ -109,10 +109,10 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
     Delivery fidelity (:mod:`.fidelity`): every row's trial streams are decoded and measured
-    against the lossless frames; a row whose encode error on the A-B difference is not
-    ``delivery_margin_db`` below the difference refuses the study (:class:`StudyError`, one
-    line naming the clip and both figures, nothing written to the database) unless
-    ``allow_masking`` (recorded in the study's config, ``delivery``).
+    against the lossless frames; a row whose stream does not keep its A-B difference (the
+    local rule, windows judged at ``delivery_margin_db``) refuses the study
+    (:class:`StudyError`, one line naming the clip and the figures, nothing written to the
+    database) unless ``allow_masking`` (recorded in the study's config, ``delivery``).
 
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
     "warnings", "delivery", "media_bytes", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
@@ -144,7 +144,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
                   offs=threshold.offsets(ladder) if protocol == "threshold" else {},
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
-                  measure_reference=protocol == "threshold")
+                  measure_reference=protocol == "threshold", delivery_margin_db=delivery_margin_db)
     made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
                        delivery_margin_db=delivery_margin_db, allow_masking=allow_masking,
                        progress=progress)
@@ -192,8 +192,8 @@ def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, me
         raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
-    if not 0 < delivery_margin_db < 100:
-        raise StudyError(f"--delivery-margin: expected dB in (0, 100), found {delivery_margin_db}")
+    if not 0 <= delivery_margin_db < 100:
+        raise StudyError(f"--delivery-margin: expected dB in [0, 100), found {delivery_margin_db}")
     if not 0 < catch_alpha < 1:
         raise StudyError(f"--catch-alpha: expected a number in (0, 1), found {catch_alpha}")
     if raters_planned < 0:

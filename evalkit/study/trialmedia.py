@@ -37,10 +37,12 @@ def measured(m: dict) -> dict:
 
 
 def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit,
-               metrics_device, measure_reference: bool) -> dict:
+               metrics_device, measure_reference: bool,
+               delivery_margin_db: float = fidelity.MARGIN_DB) -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
     metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
-    ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip). Returns
+    ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip);
+    ``delivery_margin_db``: the delivery rule's (:mod:`.fidelity`). Returns
     ``{"fps_a", "fps_b", "seconds", "rows", "stimuli", "catches"}`` (``"reference"`` when
     measured; ``"error"``: the sides differ in frame count or size); nothing is encoded when
     the frame rates differ (the caller's rule)."""
@@ -66,7 +68,8 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
         for i, k, catches in rows:
             refs = [(kind_, from_b, catch_offsets.pop(0)) for kind_, from_b in catches]
             _row(i, c, k, offs.get(k), refs, pairs, side, fps, kind=kind, forced=forced, media=media,
-                 swap=swap, xbit=xbit, out=out, metrics_device=metrics_device)
+                 swap=swap, xbit=xbit, out=out, metrics_device=metrics_device,
+                 margin_db=delivery_margin_db)
     except excerpt.ShapeError as e:
         out["error"] = str(e)
     return out
@@ -105,7 +108,7 @@ def _passes(n_row: int, n_catch: int, refs: list) -> list[list]:
 
 
 def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, swap, xbit, out,
-         metrics_device) -> None:
+         metrics_device, margin_db=fidelity.MARGIN_DB) -> None:
     """Row ``i`` of the clips table and its catch versions (``refs``: (kind, reference from B,
     colour offset) each). Each catch reference is its source mirrored left to right and
     shifted by its offset (:data:`.threshold.CATCH_OFFSETS`), so no two catch versions of a
@@ -156,10 +159,10 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
 
     lp = c["lpips_mean"]
     if level is None:
-        fig = fidelity.row_figures(media, made[None], shown())
+        fig = fidelity.row_figures(media, made[None], shown(), margin_db)
     else:
         fig, m = fan_out(shown(), [
-            lambda items: fidelity.row_figures(media, made[None], items),
+            lambda items: fidelity.row_figures(media, made[None], items, margin_db),
             lambda items: threshold.measure_windows(((x["a"], x["b"]) for x in items),
                                                     device=metrics_device)],
             name="evalkit-media-measure")
