@@ -91,9 +91,10 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     res = json.loads(out)
     assert res["status"] == "no ratings" and "accuracy" not in res and "per_clip" not in res
     # raters 0-2 answer perfectly on catch trials and at chance on test trials; 3 fails catches
-    rows = {r[0]: json.loads(r[1]) for r in con.execute("select id, sources from trials")}
-    exp = {r[0]: r[1] for r in con.execute("select id, expected from trials")}
-    kind = {r[0]: r[1] for r in con.execute("select id, kind from trials")}
+    opened = {r[0]: hidden(db, r[0]) for r in con.execute("select id from trials")}  # unsealed
+    rows = {i: h["sources"] for i, h in opened.items()}
+    exp = {i: h["expected"] for i, h in opened.items()}
+    kind = {i: h["kind"] for i, h in opened.items()}
     for i, tok in enumerate(tokens):
         def pick(t, i=i):
             if kind[t["trial"]] == "catch":
@@ -138,8 +139,8 @@ def test_preference_results_count_ties(report, tmp_path):
     sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     con = sqlite3.connect(tmp_path / "p.db")
-    tr = {r[0]: (r[1], r[2], json.loads(r[3])) for r in
-          con.execute("select id, kind, expected, sources from trials")}
+    tr = {r[0]: (h["kind"], h["expected"], h["sources"]) for r in
+          con.execute("select id from trials") for h in [hidden(db, r[0])]}   # unsealed
     for tok in toks:   # catch: correct; test: pick B's side, except ties on every third trial
         def pick(t):
             k, e, src = tr[t["trial"]]
@@ -269,7 +270,7 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     path = tmp_path / "u.db"
     sid = old_study_db(report, path, 1)
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 5
+    assert d.schema_version() == store.SCHEMA_VERSION == 6
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
                        ("trials", "fetched"), ("clips", "media_a_alt"), ("trials", "delivered")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
@@ -457,8 +458,8 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     assert t["fps"] == 24.0 and files <= set(cfg["media_seconds"])
     # a study made before the frame rate was stored: the page is told 24
     with store.open_db(db).engine.begin() as conn:
-        conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"],
-                                                           "media_key": cfg["media_key"]}))
+        conn.execute(store.studies.update().values(config={k: cfg[k] for k in (
+            "sealed", "seal", "media_key")}))          # the sealed key parts stay
     assert current(db, tok)["fps"] == 24.0
     # one clip re-timed to 30 fps: creation is refused, naming the file and the field
     broken = tmp_path / "broken"
