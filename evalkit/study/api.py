@@ -157,8 +157,11 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     line naming the clip and both figures, nothing written to the database) unless
     ``allow_masking`` (recorded in the study's config, ``delivery``).
 
+    The key parts are sealed with the key file beside the database (:mod:`.seal`, made 0600
+    if missing; ``key_file``); ``same_runs``: :func:`same_runs`.
+
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings", "delivery", "media_bytes", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
+    "warnings", "delivery", "media_bytes", "excerpt", "key_file", "same_runs"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
     a progress bar per clip on stderr.
 
@@ -210,7 +213,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
-            "media_bytes": media_bytes, "excerpt": cut}
+            "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
+            "same_runs": same_runs(d, sid)}
 
 
 def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, media_dir,

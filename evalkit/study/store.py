@@ -14,7 +14,8 @@ opened, newer ones are refused):
   (counterbalancing bits), media_a_alt, media_b_alt (NULL since trial streams)
 - ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
   seed, created
-- ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
+- ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON,
+  ``{}`` since version 6:
   ``{"media": the trial's stream sha256, "tiles": slot -> [x, y, w, h]}``), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
   then; added in schema version 3), fetched (seconds since the epoch when the last of the
@@ -31,6 +32,11 @@ opened, newer ones are refused):
   raters complete when the key was opened), raters_planned: the owner's logged look at the key
   before the planned design was complete (``evalkit study unblind``); every later verdict and
   CSV reports it
+- version 6 (:mod:`.seal`): ``trials.sealed`` holds each trial's shown, sources and expected
+  (the plain columns ``{}``/NULL; a catch trial keeps ``expected``); ``ratings`` keep the answer
+  (``correct`` for catch trials only; shown and sources ``{}``); ``studies.config["sealed"]``
+  holds the streams, catch pool, clips' bits (``clips.base_swap``/``base_x`` 0) and design seed
+  (``raters.seed`` 0), ``config["seal"]`` the key file's path and id
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
