@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -396,6 +397,70 @@ def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
     res = study.results(postgres, sid, reps=100)
     assert res["unblinding"]["who"] == "dana" and res["unblinding"]["raters_included"] == 0
     assert study.unblinding_log(postgres, sid)[0]["reason"] == "pilot"
+
+
+@pytest.mark.slow  # PostgreSQL
+def test_schema_6_upgrade_seals_a_postgresql_database(report, postgres, tmp_path):
+    """A PostgreSQL database of schema 5 (the key in plain columns) is sealed when opened: a key
+    file beside its media folder, the plain columns emptied, the tables rewritten (VACUUM FULL),
+    the same figures."""
+    from sqlalchemy import create_engine, text
+
+    from evalkit.study import design, seal
+
+    admin = create_engine(postgres, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text("CREATE DATABASE sealup"))
+    admin.dispose()
+    url = postgres.rsplit("/", 1)[0] + "/sealup"
+    sid = study.create_study(report, url, protocol="abx", clips_spec="sample:2", raters_planned=1,
+                             media_dir=tmp_path / "media", allow_masking=True)["study"]
+    key_file = tmp_path / "media.key"
+    assert seal.load(key_file)                  # beside the media folder
+    tok = study.invite(url, sid, 1)[0]["token"]
+    def pick(t):                                # catches right, test trials mixed
+        h = hidden(url, t["trial"])
+        return h["expected"] if h["kind"] == "catch" or t["trial"] % 2 else t["answers"][0]
+    answer(url, tok, pick)
+    before = study.results(url, sid, reps=100)
+    assert before["status"] == "complete"
+    with store.open_db(url).engine.begin() as conn:        # back to schema 5: the key in plain
+        cfg0 = conn.execute(select(store.studies.c.config)).scalar_one()
+        cfg = seal.unseal_config(sid, cfg0)
+        for k in ("seal", "design_seed", "runs"):
+            cfg.pop(k)
+        for cid, (sw, x) in cfg.pop("bits").items():
+            conn.execute(store.clips.update().where(store.clips.c.id == int(cid))
+                         .values(base_swap=sw, base_x=x))
+        conn.execute(store.studies.update().values(config=cfg))
+        for t in seal.open_trials(cfg0, conn.execute(select(store.trials)).mappings()):
+            conn.execute(store.trials.update().where(store.trials.c.id == t["id"]).values(
+                shown=t["shown"], sources=t["sources"], expected=t["expected"]))
+            for rid, ans in conn.execute(select(store.ratings.c.id, store.ratings.c.answer)
+                                         .where(store.ratings.c.trial_id == t["id"])).all():
+                conn.execute(store.ratings.update().where(store.ratings.c.id == rid).values(
+                    shown=t["shown"], sources=t["sources"],
+                    correct=design.score("abx", t, ans)[0]))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN sealed"))
+        conn.execute(store.meta.update().values(value="5"))
+    store.close_all()
+    key_file.unlink()
+    after = study.results(url, sid, reps=100)              # opened: upgraded and sealed
+    assert store.open_db(url).schema_version() == store.SCHEMA_VERSION
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert {k: after[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")} == \
+        {k: before[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")}
+    assert after["seal"]["rebuildable_from_seed"]
+    with store.open_db(url).engine.connect() as conn:
+        trs = conn.execute(select(store.trials.c.kind, store.trials.c.sources,
+                                  store.trials.c.expected, store.trials.c.sealed)).all()
+        correct = conn.execute(select(store.ratings.c.correct).join(
+            store.trials, store.trials.c.id == store.ratings.c.trial_id)
+            .where(store.trials.c.kind == "test")).scalars().all()
+    assert all(src == {} and (kind == "catch" or exp is None) and sealed.startswith("s1:")
+               for kind, src, exp, sealed in trs)
+    assert correct and all(c is None for c in correct)
+    store.close_all()
 
 
 WRITER = """

@@ -347,10 +347,13 @@ class StudyDB:
             if self.is_sqlite:
                 raw.driver_connection.execute("VACUUM")
                 raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            else:
+            else:                                   # VACUUM runs outside a transaction
+                raw.driver_connection.rollback()
                 raw.driver_connection.autocommit = True
-                with raw.driver_connection.cursor() as cur:
-                    cur.execute("VACUUM FULL trials, ratings, clips, studies, raters")
+                try:
+                    raw.driver_connection.execute("VACUUM FULL trials, ratings, clips, studies, raters")
+                finally:
+                    raw.driver_connection.autocommit = False
         finally:
             raw.close()
 
