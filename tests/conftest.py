@@ -61,7 +61,7 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 
 def _unseal_to_version_5(con, path) -> None:
     """The key back in plain columns as schema 5 kept it (trials' shown, sources and expected;
-    ratings' copies and correctness; clips' bits; the config's streams and catch pool), the
+    ratings' answers, copies and correctness; clips' bits; the config's streams and catch pool), the
     design seed dropped (a schema 5 study drew its design from its seed) and the key file
     removed."""
     import json
@@ -85,9 +85,11 @@ def _unseal_to_version_5(con, path) -> None:
                         (json.dumps(t["shown"]), json.dumps(t["sources"]), t["expected"], tid))
             for rating, answer in con.execute("select id, answer from ratings where trial_id = ?",
                                               (tid,)).fetchall():
+                answer = seal.open_answer(key, rid, tid, answer)
                 correct = design.score(protocol, {"kind": None, **t}, answer)[0]
-                con.execute("update ratings set shown = ?, sources = ?, correct = ? where id = ?",
-                            (json.dumps(t["shown"]), json.dumps(t["sources"]), correct, rating))
+                con.execute("update ratings set shown = ?, sources = ?, correct = ?, answer = ? "
+                            "where id = ?", (json.dumps(t["shown"]), json.dumps(t["sources"]),
+                                             correct, answer, rating))
         key_file.unlink(missing_ok=True)
 
 

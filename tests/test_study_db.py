@@ -436,12 +436,15 @@ def test_schema_6_upgrade_seals_a_postgresql_database(report, postgres, tmp_path
         for t in seal.open_trials(cfg0, conn.execute(select(store.trials)).mappings()):
             conn.execute(store.trials.update().where(store.trials.c.id == t["id"]).values(
                 shown=t["shown"], sources=t["sources"], expected=t["expected"]))
-            for rid, ans in conn.execute(select(store.ratings.c.id, store.ratings.c.answer)
-                                         .where(store.ratings.c.trial_id == t["id"])).all():
+            for rid, rater, ans in conn.execute(select(
+                    store.ratings.c.id, store.ratings.c.rater_id, store.ratings.c.answer)
+                    .where(store.ratings.c.trial_id == t["id"])).all():
+                ans = seal.open_answer(seal.study_key(cfg0), rater, t["id"], ans)
                 conn.execute(store.ratings.update().where(store.ratings.c.id == rid).values(
-                    shown=t["shown"], sources=t["sources"],
+                    shown=t["shown"], sources=t["sources"], answer=ans,
                     correct=design.score("abx", t, ans)[0]))
         conn.execute(text("ALTER TABLE trials DROP COLUMN sealed"))
+        conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE VARCHAR(16)"))
         conn.execute(store.meta.update().values(value="5"))
     store.close_all()
     key_file.unlink()
@@ -457,9 +460,11 @@ def test_schema_6_upgrade_seals_a_postgresql_database(report, postgres, tmp_path
         correct = conn.execute(select(store.ratings.c.correct).join(
             store.trials, store.trials.c.id == store.ratings.c.trial_id)
             .where(store.trials.c.kind == "test")).scalars().all()
+        answers = conn.execute(select(store.ratings.c.answer)).scalars().all()
     assert all(src == {} and (kind == "catch" or exp is None) and sealed.startswith("s1:")
                for kind, src, exp, sealed in trs)
     assert correct and all(c is None for c in correct)
+    assert answers and all(a.startswith("s1:") for a in answers)     # answers sealed too
     store.close_all()
 
 

@@ -591,6 +591,7 @@ def _unseal_rows(st: dict, rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         r = dict(r)
+        r["answer"] = seal.open_answer(key, r["rater"], r["trial"], r["answer"])
         token = r.pop("sealed", None)
         if token:
             t = seal.unseal_trial(key, {"rater_id": r["rater"], "ord": r["trial_index"],
@@ -620,7 +621,7 @@ def _stored_ratings(db, study) -> tuple[dict, list[dict]]:
         rows = [dict(r) for r in conn.execute(q).mappings()]
     for r in rows:
         r["score_b"] = None
-        if not r["sealed"]:                   # nothing sealed (the key is in the columns)
+        if not r["sealed"]:                   # nothing sealed (never since schema 6)
             _, r["score_b"] = design.score(st["protocol"], r, r["answer"])
     return st, rows
 

@@ -494,6 +494,7 @@ class RaterService:
         live = self._live(conn, r["id"])
         served, fetched, prev = live[tid]
         if prev is not None:                    # answered before: idempotent or a conflict
+            prev = seal.open_answer(st["seal"], r["id"], tid, prev)
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
             return {"saved": False, **self._view(conn, st, plan, live, arrived)}
@@ -509,13 +510,15 @@ class RaterService:
         # the answer is stored, not its correctness: a test trial's is computed when the key is
         # opened (:func:`.api.raw_ratings`); a catch trial's is kept for the interim screening
         correct = design.score(protocol, t, answer)[0] if t["kind"] == "catch" else None
-        row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid, "answer": answer,
+        row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid,
+               "answer": seal.seal_answer(st["seal"], r["id"], tid, answer),
                "correct": correct, "response_ms": int(round(1000 * (arrived - fetched))),
                "client_ms": cms, "shown": {}, "sources": {},
                "client": client[:200] if client else None, "created": now()}
         new = conn.execute(self._i_rating, row).scalar() is not None
         if not new:                             # written meanwhile by another process
-            prev = conn.execute(self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one()
+            prev = seal.open_answer(st["seal"], r["id"], tid, conn.execute(
+                self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one())
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
         live[tid][2] = answer

@@ -228,3 +228,21 @@ def open_trials(config: dict, rows) -> list[dict]:
         return rows
     key = study_key(config)
     return [unseal_trial(key, r) if r.get("sealed") else r for r in rows]
+
+
+def answer_aad(rater_id: int, trial_id: int) -> str:
+    return f"answer:{int(rater_id)}:{int(trial_id)}"
+
+
+def seal_answer(key: Key | None, rater_id: int, trial_id: int, answer: str) -> str:
+    """A rating's answer as stored: sealed (the answers of several raters on one clip, aligned
+    by the public counterbalancing, would show at interim how well raters agree, hence how well
+    they tell the sides apart); as given for a study without a key."""
+    return answer if key is None else key.seal(answer, answer_aad(rater_id, trial_id))
+
+
+def open_answer(key: Key | None, rater_id: int, trial_id: int, stored):
+    """A stored answer as given (:func:`seal_answer`'s inverse; plain values pass through)."""
+    if key is None or not isinstance(stored, str) or not stored.startswith(SCHEME + ":"):
+        return stored
+    return key.unseal(stored, answer_aad(rater_id, trial_id))

@@ -34,9 +34,10 @@ opened, newer ones are refused):
   CSV reports it
 - version 6 (:mod:`.seal`): ``trials.sealed`` holds each trial's shown, sources and expected
   (the plain columns ``{}``/NULL; a catch trial keeps ``expected``); ``ratings`` keep the answer
-  (``correct`` for catch trials only; shown and sources ``{}``); ``studies.config["sealed"]``
+  sealed (``correct`` for catch trials only; shown and sources ``{}``); ``studies.config["sealed"]``
   holds the streams, catch pool, clips' bits (``clips.base_swap``/``base_x`` 0) and design seed
-  (``raters.seed`` 0), ``config["seal"]`` the key file's path and id
+  (``raters.seed`` 0), ``config["seal"]`` the key file's path and id; ``ratings.answer`` is
+  sealed (TEXT)
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -134,7 +135,7 @@ ratings = Table(
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False),
     Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
-    Column("answer", String(16), nullable=False),
+    Column("answer", Text, nullable=False),   # sealed since version 6 (VARCHAR(16) before)
     Column("correct", Integer),
     Column("response_ms", Integer, nullable=False),
     Column("shown", JSON, nullable=False),
@@ -194,12 +195,14 @@ def _upgrade_5_to_6(conn, db: "StudyDB") -> None:
     """Seal what lets a reader compute correctness (:mod:`.seal`): each study gets its key file
     (made beside the database if missing), its streams, catch pool and clips' bits move into
     ``config["sealed"]``, each trial's shown/sources/expected into ``trials.sealed``; ratings
-    keep the answer (and a catch trial's ``correct``). Such a study's design was drawn from its
+    keep the answer, sealed (and a catch trial's ``correct``). Such a study's design was drawn from its
     seed, which the owner knows: ``config["design_from_seed"]`` says so and results report it."""
     from . import seal
 
     if "sealed" not in {c["name"] for c in inspect(conn).get_columns("trials")}:
         conn.execute(text("ALTER TABLE trials ADD COLUMN sealed TEXT"))
+    if not db.is_sqlite:                    # a sealed answer is longer than VARCHAR(16)
+        conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE TEXT"))
     for sid, cfg, media_dir in conn.execute(select(studies.c.id, studies.c.config,
                                                    studies.c.media_dir)).all():
         cfg = dict(cfg or {})
@@ -220,6 +223,11 @@ def _upgrade_5_to_6(conn, db: "StudyDB") -> None:
             new = seal.seal_trial(key, r["rater_id"], dict(r))
             conn.execute(trials.update().where(trials.c.id == r["id"]).values(
                 sealed=new["sealed"], shown={}, sources={}, expected=new["expected"]))
+        for rid, rater, trial, ans in conn.execute(select(
+                ratings.c.id, ratings.c.rater_id, ratings.c.trial_id, ratings.c.answer)
+                .where(ratings.c.study_id == sid)).all():
+            conn.execute(ratings.update().where(ratings.c.id == rid).values(
+                answer=seal.seal_answer(key, rater, trial, ans)))
         tests = select(trials.c.id).where(trials.c.study_id == sid, trials.c.kind != "catch")
         conn.execute(ratings.update().where(ratings.c.study_id == sid)
                      .values(shown={}, sources={}))
