@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sqlite3
 import stat
 
@@ -16,7 +17,7 @@ import pytest
 from evalkit import study
 from evalkit.study import design, seal, store
 
-from conftest import DOWNGRADES, _unseal_to_version_5, assert_one_line_error
+from conftest import DOWNGRADES, _unseal_to_version_5, assert_one_line_error, run_evalkit
 from evalkit.testing.studies import answer, hidden, study_config
 
 
@@ -207,6 +208,13 @@ def test_missing_or_wrong_key_file_is_one_line_naming_it(report, tmp_path, cli):
     code, _, err = cli("study", "invite", "--db", db, "--study", sid)
     assert code == 2
     assert_one_line_error(err, str(key), "study key file not found", "EVALKIT_STUDY_KEY")
+    # the server refuses to start without it (a real process, before it listens)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = run_evalkit("serve", "--db", db, "--port", port, timeout=120)
+    assert run.returncode == 2
+    assert_one_line_error(run.stderr, str(key), "study key file not found")
     # the key file where the server runs: $EVALKIT_STUDY_KEY names it
     os.environ[seal.ENV] = str(moved)
     try:

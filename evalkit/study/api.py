@@ -538,6 +538,15 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     return out
 
 
+def check_keys(db) -> list[str]:
+    """Every study's key file, loaded and checked (:func:`.seal.study_key`): the server calls
+    this before it serves, so a missing or wrong key file is one line at start, naming it,
+    not an error on a rater's page. Returns the key files."""
+    with open_db(db).engine.connect() as conn:
+        cfgs = conn.execute(select(studies.c.config)).scalars().all()
+    return sorted({str(seal.study_key(c).path) for c in cfgs if "seal" in (c or {})})
+
+
 def list_studies(db) -> list[dict]:
     """One dict per study with live counts: clips, raters invited, ratings stored, trials."""
     d = open_db(db)
