@@ -205,6 +205,9 @@ def test_missing_or_wrong_key_file_is_one_line_naming_it(report, tmp_path, cli):
     moved = tmp_path / "elsewhere.key"
     key.rename(moved)
     store.close_all()
+    # counts and progress need no key file
+    assert study.study_progress(db, sid)["raters_invited"] == 0
+    assert study.results(db, sid, reps=100)["status"] == "no ratings"
     code, _, err = cli("study", "invite", "--db", db, "--study", sid)
     assert code == 2
     assert_one_line_error(err, str(key), "study key file not found", "EVALKIT_STUDY_KEY")

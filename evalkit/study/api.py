@@ -900,7 +900,7 @@ def unblind(db, study, *, reason: str, who: str) -> dict:
             raise StudyError(f"{name}: expected one line of at most {MAX_REASON} characters, "
                              f"found {len(v)} characters" + (" over several lines"
                                                              if "\n" in v or "\r" in v else ""))
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)   # counts only: the key stays sealed
     state = _state(db, st, rows)
     if state["done"]:
         raise StudyError(f"--study {st['id']}: expected a study still short of its planned "
@@ -1086,7 +1086,7 @@ def study_progress(db, study) -> dict:
     those assigned; one row per invited rater (:data:`PROGRESS_COLUMNS`: answered of their
     trials, ``done`` as a whole percentage, ``state`` not started / rating / complete /
     excluded); ``text``: one line saying it. Counts only: no answer, accuracy or clip figure."""
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)   # counts only: no key file needed
     state = _state(db, st, rows)
     prog, planned = state["prog"], state["planned"]
     excluded = {e["rater"] for e in state["excluded"]}
@@ -1142,7 +1142,7 @@ def key_text(state: dict) -> str:
 def key_status(db, study) -> str:
     """The study's key in one line (:func:`key_text`): sealed with the progress, open, or the
     logged unblinding."""
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)
     return key_text(_state(db, st, rows))
 
 
