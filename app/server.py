@@ -102,6 +102,7 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
     (security headers, closed file routes, body limit and ``body_timeout``, back-off on
     password checks: ``throttle``)."""
     store.open_db(db)          # fail early on a bad database
+    study.check_keys(db)       # and on a missing or wrong study key file (one line naming it)
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(Guard, throttle=throttle or Throttle(), body_timeout=body_timeout)
     api.state.admin_password = admin_password or secrets.token_urlsafe(12)

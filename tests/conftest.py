@@ -59,9 +59,44 @@ def assert_one_line_error(err: str, *needles: str) -> None:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
+def _unseal_to_version_5(con, path) -> None:
+    """The key back in plain columns as schema 5 kept it (trials' shown, sources and expected;
+    ratings' answers, copies and correctness; clips' bits; the config's streams and catch pool), the
+    design seed dropped (a schema 5 study drew its design from its seed) and the key file
+    removed."""
+    import json
+    from pathlib import Path
+
+    from evalkit.study import design, seal
+
+    for sid, config, protocol in con.execute("select id, config, protocol from studies").fetchall():
+        cfg = seal.unseal_config(sid, json.loads(config))
+        key_file = Path(cfg.pop("seal")["key_file"])
+        for cid, (swap, x) in cfg.pop("bits").items():
+            con.execute("update clips set base_swap = ?, base_x = ? where id = ?", (swap, x, int(cid)))
+        cfg.pop("design_seed", None)
+        cfg.pop("runs", None)
+        con.execute("update studies set config = ? where id = ?", (json.dumps(cfg), sid))
+        key = seal.study_key({"seal": {"key_file": str(key_file)}})
+        for tid, rid, o, sealed in con.execute("select id, rater_id, ord, sealed from trials "
+                                               "where study_id = ?", (sid,)).fetchall():
+            t = key.unseal(sealed, seal.trial_aad(rid, o))
+            con.execute("update trials set shown = ?, sources = ?, expected = ? where id = ?",
+                        (json.dumps(t["shown"]), json.dumps(t["sources"]), t["expected"], tid))
+            for rating, answer in con.execute("select id, answer from ratings where trial_id = ?",
+                                              (tid,)).fetchall():
+                answer = seal.open_answer(key, rid, tid, answer)
+                correct = design.score(protocol, {"kind": None, **t}, answer)[0]
+                con.execute("update ratings set shown = ?, sources = ?, correct = ?, answer = ? "
+                            "where id = ?", (json.dumps(t["shown"]), json.dumps(t["sources"]),
+                                             correct, answer, rating))
+        key_file.unlink(missing_ok=True)
+
+
 #: schema version v -> the SQL that turns a version v+1 study database back into version v (the
 #: reverse of evalkit.study.store.UPGRADES[v]; version 3 also loses the studies' media keys)
 DOWNGRADES = {
+    5: ("alter table trials drop column sealed",),
     4: ("drop table unblindings", "alter table trials drop column delivered"),
     3: ("alter table clips drop column media_a_alt", "alter table clips drop column media_b_alt",
         "alter table trials drop column fetched", "alter table ratings drop column client_ms"),
@@ -84,6 +119,8 @@ def old_study_db(report, path, version: int) -> int:
     store.close_all()
     con = sqlite3.connect(path)
     for v in range(store.SCHEMA_VERSION - 1, version - 1, -1):
+        if v == 5:
+            _unseal_to_version_5(con, path)
         for sql in DOWNGRADES[v]:
             con.execute(sql)
         if v == 3:

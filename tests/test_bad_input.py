@@ -878,7 +878,7 @@ ROWS = [
     E("study results", "db-schema-version-abc", lambda w: [
         "study", "results", "--db", _db_with(w, "vabc", "UPDATE meta SET value = 'abc' WHERE key "
                                              "= 'schema_version'"), "--study", "1"],
-      "--db", "vabc.db", "meta.schema_version", "expected an integer 1-5", "found 'abc'",
+      "--db", "vabc.db", "meta.schema_version", "expected an integer 1-6", "found 'abc'",
       process=True),
     E("study results", "db-schema-version-0", lambda w: [
         "study", "results", "--db", _db_with(w, "v0", "UPDATE meta SET value = '0' WHERE key = "

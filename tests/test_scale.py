@@ -132,6 +132,7 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
     from evalkit.compare.pairing import compare_runs
     from evalkit.study import api, create_study, media, open_db, stats
     from evalkit.study.store import clips, studies
+    from evalkit.testing.studies import study_config
 
     # the planner's figure is not what is tested here: a small simulation
     monkeypatch.setattr(api, "_plan", lambda protocol, margin, n, alpha: stats.plan(
@@ -146,7 +147,8 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
         d = open_db(db)
         with d.engine.begin() as conn:
             cl = [dict(x) for x in conn.execute(select(clips)).mappings()]
-            cfg = conn.execute(select(studies.c.config)).scalar_one()
+            sid = conn.execute(select(studies.c.id)).scalar_one()
+        cfg = study_config(db, sid)         # the catch pool is sealed: opened with the key file
         for x in cl:
             x.pop("id"), x.pop("study_id")
         rows[workers] = (cl, [{k: v for k, v in p.items() if k != "clip_id"}

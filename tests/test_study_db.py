@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -91,9 +92,10 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     res = json.loads(out)
     assert res["status"] == "no ratings" and "accuracy" not in res and "per_clip" not in res
     # raters 0-2 answer perfectly on catch trials and at chance on test trials; 3 fails catches
-    rows = {r[0]: json.loads(r[1]) for r in con.execute("select id, sources from trials")}
-    exp = {r[0]: r[1] for r in con.execute("select id, expected from trials")}
-    kind = {r[0]: r[1] for r in con.execute("select id, kind from trials")}
+    opened = {r[0]: hidden(db, r[0]) for r in con.execute("select id from trials")}  # unsealed
+    rows = {i: h["sources"] for i, h in opened.items()}
+    exp = {i: h["expected"] for i, h in opened.items()}
+    kind = {i: h["kind"] for i, h in opened.items()}
     for i, tok in enumerate(tokens):
         def pick(t, i=i):
             if kind[t["trial"]] == "catch":
@@ -138,8 +140,8 @@ def test_preference_results_count_ties(report, tmp_path):
     sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     con = sqlite3.connect(tmp_path / "p.db")
-    tr = {r[0]: (r[1], r[2], json.loads(r[3])) for r in
-          con.execute("select id, kind, expected, sources from trials")}
+    tr = {r[0]: (h["kind"], h["expected"], h["sources"]) for r in
+          con.execute("select id from trials") for h in [hidden(db, r[0])]}   # unsealed
     for tok in toks:   # catch: correct; test: pick B's side, except ties on every third trial
         def pick(t):
             k, e, src = tr[t["trial"]]
@@ -269,7 +271,7 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     path = tmp_path / "u.db"
     sid = old_study_db(report, path, 1)
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 5
+    assert d.schema_version() == store.SCHEMA_VERSION == 6
     for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
                        ("trials", "fetched"), ("clips", "media_a_alt"), ("trials", "delivered")):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
@@ -397,6 +399,75 @@ def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
     assert study.unblinding_log(postgres, sid)[0]["reason"] == "pilot"
 
 
+@pytest.mark.slow  # PostgreSQL
+def test_schema_6_upgrade_seals_a_postgresql_database(report, postgres, tmp_path):
+    """A PostgreSQL database of schema 5 (the key in plain columns) is sealed when opened: a key
+    file beside its media folder, the plain columns emptied, the tables rewritten (VACUUM FULL),
+    the same figures."""
+    from sqlalchemy import create_engine, text
+
+    from evalkit.study import design, seal
+
+    admin = create_engine(postgres, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text("CREATE DATABASE sealup"))
+    admin.dispose()
+    url = postgres.rsplit("/", 1)[0] + "/sealup"
+    sid = study.create_study(report, url, protocol="abx", clips_spec="sample:2", raters_planned=1,
+                             media_dir=tmp_path / "media", allow_masking=True)["study"]
+    key_file = tmp_path / "media.key"
+    assert seal.load(key_file)                  # beside the media folder
+    tok = study.invite(url, sid, 1)[0]["token"]
+    def pick(t):                                # catches right, test trials mixed
+        h = hidden(url, t["trial"])
+        return h["expected"] if h["kind"] == "catch" or t["trial"] % 2 else t["answers"][0]
+    answer(url, tok, pick)
+    before = study.results(url, sid, reps=100)
+    assert before["status"] == "complete"
+    with store.open_db(url).engine.begin() as conn:        # back to schema 5: the key in plain
+        cfg0 = conn.execute(select(store.studies.c.config)).scalar_one()
+        cfg = seal.unseal_config(sid, cfg0)
+        for k in ("seal", "design_seed", "runs"):
+            cfg.pop(k)
+        for cid, (sw, x) in cfg.pop("bits").items():
+            conn.execute(store.clips.update().where(store.clips.c.id == int(cid))
+                         .values(base_swap=sw, base_x=x))
+        conn.execute(store.studies.update().values(config=cfg))
+        for t in seal.open_trials(cfg0, conn.execute(select(store.trials)).mappings()):
+            conn.execute(store.trials.update().where(store.trials.c.id == t["id"]).values(
+                shown=t["shown"], sources=t["sources"], expected=t["expected"]))
+            for rid, rater, ans in conn.execute(select(
+                    store.ratings.c.id, store.ratings.c.rater_id, store.ratings.c.answer)
+                    .where(store.ratings.c.trial_id == t["id"])).all():
+                ans = seal.open_answer(seal.study_key(cfg0), rater, t["id"], ans)
+                conn.execute(store.ratings.update().where(store.ratings.c.id == rid).values(
+                    shown=t["shown"], sources=t["sources"], answer=ans,
+                    correct=design.score("abx", t, ans)[0]))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN sealed"))
+        conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE VARCHAR(16)"))
+        conn.execute(store.meta.update().values(value="5"))
+    store.close_all()
+    key_file.unlink()
+    after = study.results(url, sid, reps=100)              # opened: upgraded and sealed
+    assert store.open_db(url).schema_version() == store.SCHEMA_VERSION
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert {k: after[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")} == \
+        {k: before[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")}
+    assert after["seal"]["rebuildable_from_seed"]
+    with store.open_db(url).engine.connect() as conn:
+        trs = conn.execute(select(store.trials.c.kind, store.trials.c.sources,
+                                  store.trials.c.expected, store.trials.c.sealed)).all()
+        correct = conn.execute(select(store.ratings.c.correct).join(
+            store.trials, store.trials.c.id == store.ratings.c.trial_id)
+            .where(store.trials.c.kind == "test")).scalars().all()
+        answers = conn.execute(select(store.ratings.c.answer)).scalars().all()
+    assert all(src == {} and (kind == "catch" or exp is None) and sealed.startswith("s1:")
+               for kind, src, exp, sealed in trs)
+    assert correct and all(c is None for c in correct)
+    assert answers and all(a.startswith("s1:") for a in answers)     # answers sealed too
+    store.close_all()
+
+
 WRITER = """
 import sys
 from evalkit import study
@@ -457,8 +528,8 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     assert t["fps"] == 24.0 and files <= set(cfg["media_seconds"])
     # a study made before the frame rate was stored: the page is told 24
     with store.open_db(db).engine.begin() as conn:
-        conn.execute(store.studies.update().values(config={"catch_pool": cfg["catch_pool"],
-                                                           "media_key": cfg["media_key"]}))
+        conn.execute(store.studies.update().values(config={k: cfg[k] for k in (
+            "sealed", "seal", "media_key")}))          # the sealed key parts stay
     assert current(db, tok)["fps"] == 24.0
     # one clip re-timed to 30 fps: creation is refused, naming the file and the field
     broken = tmp_path / "broken"

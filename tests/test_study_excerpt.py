@@ -12,8 +12,8 @@ from scipy.ndimage import gaussian_filter
 
 from evalkit import study
 from evalkit.study import excerpt
-from evalkit.study.store import open_db, studies
-from evalkit.testing.studies import import_report, moving_texture
+from evalkit.study.store import open_db
+from evalkit.testing.studies import import_report, moving_texture, study_config
 
 from conftest import assert_one_line_error
 from test_study_media import decode, psnr
@@ -45,8 +45,7 @@ def report(tmp_path_factory):
 
 
 def config(db, sid) -> dict:
-    with open_db(db).engine.connect() as conn:
-        return conn.execute(studies.select().where(studies.c.id == sid)).mappings().one()["config"]
+    return study_config(db, sid)        # the streams are sealed: opened with the key file
 
 
 def tiles(media, stream) -> list[np.ndarray]:

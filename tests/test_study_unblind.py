@@ -190,7 +190,7 @@ def test_unblindings_table_added_to_a_version_4_database(report, tmp_path):
     path = tmp_path / "v4.db"
     sid = old_study_db(report, path, 4)   # as a version 4 database was: no unblindings table
     d = store.StudyDB(store.sqlite_url(path))
-    assert d.schema_version() == store.SCHEMA_VERSION == 5
+    assert d.schema_version() == store.SCHEMA_VERSION == 6
     assert "delivered" in [r[1] for r in sqlite3.connect(path).execute("pragma table_info(trials)")]
     assert study.results(d, sid, reps=100)["unblinding"] is None
     u = study.unblind(d, sid, reason="upgrade check", who="carol")

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from conftest import assert_one_line_error
 from evalkit import study
-from evalkit.study import design, store, threshold
+from evalkit.study import design, seal, store, threshold
 from evalkit.testing.page import ENABLED, admin_results, answer, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import hidden, rate
@@ -43,6 +43,7 @@ def env(tmp_path_factory, reports):
             store.studies.c.id == made["study"])).scalar_one()
         rows = [dict(r) for r in conn.execute(select(store.clips).where(
             store.clips.c.study_id == made["study"]).order_by(store.clips.c.ord)).mappings()]
+    cfg = seal.unseal_config(made["study"], cfg)     # the streams are sealed: the key file
     return {"root": root, "report": report, "db": db, "sid": made["study"], "made": made,
             "config": cfg, "rows": rows}
 

@@ -49,6 +49,10 @@ def cmd_study_create(args) -> int:
 
     for ln in lines(r):
         print(f"  {ln}")
+    print(f"  key sealed with {r['key_file']} (mode 0600; `study invite` and the server need it: "
+          "keep it beside the database, out of shared copies)")
+    if r["same_runs"]["count"] > 1:
+        print(f"  {r['same_runs']['text']}")
     return 0
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, stats, threshold, trialmedia
+from . import design, excerpt, fidelity, seal, stats, threshold, trialmedia
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import ordered_map, prepare_media_dir
@@ -88,6 +88,49 @@ def read_report(report) -> dict:
     return {"report": report, "run_a": run_a, "run_b": run_b, "jobs": out}
 
 
+def run_identity(run_a, run_b) -> dict:
+    """The runs a study is made from, recorded in its config (``runs``): per side the resolved
+    folder and the SHA-256 of its ``manifest.json`` (None without one)."""
+    from ..fsutil import sha256_file
+
+    out = {}
+    for side, run in (("a", run_a), ("b", run_b)):
+        path = Path(run).resolve()
+        m = path / "manifest.json"
+        out[side] = {"path": str(path), "manifest_sha256": sha256_file(m) if m.is_file() else None}
+    return out
+
+
+def _runs_keys(row) -> set:
+    """What makes two studies "from the same runs": the pair of run manifests' hashes (either
+    order), or the pair of run folders (studies made before hashes were recorded)."""
+    cfg = row["config"] or {}
+    runs = cfg.get("runs") or {}
+    keys = {("path", frozenset(str(Path(p).resolve()) for p in (row["run_a"], row["run_b"])))}
+    shas = [(runs.get(s) or {}).get("manifest_sha256") for s in ("a", "b")]
+    if all(shas):
+        keys.add(("manifest", frozenset(shas)))
+    return keys
+
+
+def same_runs(db, study) -> dict:
+    """Every study in this database made from the same runs as ``study`` (same run manifests,
+    or the same run folders), itself included: ``{"studies": [ids], "text"}``; results name them
+    all, so a best of several studies of the same runs cannot be reported as if it were the
+    only one."""
+    with open_db(db).engine.connect() as conn:
+        sid = _study(conn, study)["id"]
+        rows = [dict(r) for r in conn.execute(select(
+            studies.c.id, studies.c.run_a, studies.c.run_b, studies.c.config)).mappings()]
+    mine = _runs_keys(next(r for r in rows if r["id"] == sid))
+    ids = sorted(r["id"] for r in rows if r["id"] == sid or _runs_keys(r) & mine)
+    n = len(ids)
+    text = (f"{n} studies were made from these runs: {', '.join(map(str, ids))} (report every "
+            "one, not the best)" if n > 1 else
+            f"1 study was made from these runs: {sid} (this one)")
+    return {"studies": ids, "count": n, "text": text}
+
+
 def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_planned: int = 0,
                  margin: float = 0.1, seed: int = 0, media_dir=None,
                  catch_alpha: float = 0.05, alpha: float = 0.05, levels=None,
@@ -114,8 +157,11 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     (:class:`StudyError`, one line naming the clip and the figures, nothing written to the
     database) unless ``allow_masking`` (recorded in the study's config, ``delivery``).
 
+    The key parts are sealed with the key file beside the database (:mod:`.seal`, made 0600
+    if missing; ``key_file``); ``same_runs``: :func:`same_runs`.
+
     Returns ``{"study", "clips", "catch_versions", "media", "raters_planned", "plan",
-    "warnings", "delivery", "media_bytes", "excerpt"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
+    "warnings", "delivery", "media_bytes", "excerpt", "key_file", "same_runs"}`` (``excerpt``: :func:`.excerpt.plan`'s windows, or None); ``warnings`` lists every way the design is below what the planner asks for.
     The clips' media are encoded several at once (:func:`.media.ordered_map`); ``progress``:
     True: a progress bar per clip on stderr; a callable: called ``(done, total)`` after each
     clip (``study create`` prints lines when stderr is not a terminal).
@@ -131,13 +177,17 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         excerpt_at=excerpt_at)
     rep = read_report(report)
     d, media = _open_store(db, media_dir)
+    key = seal.create_or_load(seal.default_path(d.path, media))   # before any encoding
+    # the counterbalancing and every rater's draws come from a secret seed, sealed: the study's
+    # own seed (the owner's) cannot rebuild the key (docs/studies.md, No peeking)
+    design_seed = secrets.randbits(63)
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
     cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
     the_plan, warnings = _study_plan(protocol, margin, alpha, raters_planned, len(chosen),
                                      ladder, ladder_warnings)
     planned = raters_planned or the_plan["raters"]
-    swap, xbit = design.base_bits(n_rows, seed)
+    swap, xbit = design.base_bits(n_rows, design_seed)
     n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
     work = _plan_rows(chosen, ladder, n_catch, seed)
@@ -157,13 +207,15 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                            min_correct=min_correct, the_plan=the_plan, clips_of=len(rep["jobs"]),
                            delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
                            kind=kind, metrics_device=metrics_device)
-    sid = _write_study(d, config, made, protocol=protocol, margin=margin, seed=seed,
+    config.update(design_seed=design_seed, runs=run_identity(rep["run_a"], rep["run_b"]))
+    sid = _write_study(d, key, config, made, protocol=protocol, margin=margin, seed=seed,
                        clips_spec=clips_spec, planned=planned,
                        catch_threshold=min_correct / n_catch, alpha=alpha, rep=rep, media=media)
     return {"study": sid, "clips": len(clip_rows), "catch_versions": len(pool), "media": str(media),
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
-            "media_bytes": media_bytes, "excerpt": cut}
+            "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
+            "same_runs": same_runs(d, sid)}
 
 
 def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, media_dir,
@@ -343,11 +395,13 @@ def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int
     return config
 
 
-def _write_study(d, config: dict, made: dict, *, protocol: str, margin: float, seed: int,
+def _write_study(d, key, config: dict, made: dict, *, protocol: str, margin: float, seed: int,
                  clips_spec: str, planned: int, catch_threshold: float, alpha: float, rep: dict,
                  media) -> int:
     """The study, its clips table rows and its config (streams, catch pool and stimuli by clip
-    id) written in one transaction; returns the study's id."""
+    id) written in one transaction, the key parts sealed with ``key`` (:func:`.seal.seal_config`:
+    streams, catch pool, the rows' counterbalancing bits, the design seed; the clips table's
+    ``base_swap``/``base_x`` hold 0); returns the study's id."""
     clip_rows, pool, stimuli = made["rows"], made["catches"], made["stimuli"]
     with d.engine.begin() as conn:
         sid = conn.execute(studies.insert().values(
@@ -361,15 +415,18 @@ def _write_study(d, config: dict, made: dict, *, protocol: str, margin: float, s
             row = dict(row)
             streams = row.pop("streams")
             row.pop("delivery")
-            ids.append(conn.execute(clips.insert().values(study_id=sid, **row))
-                       .inserted_primary_key[0])
+            bits = [int(row.pop("base_swap")), int(row.pop("base_x"))]
+            ids.append(conn.execute(clips.insert().values(study_id=sid, base_swap=0, base_x=0,
+                                                          **row)).inserted_primary_key[0])
             config.setdefault("streams", {})[str(ids[-1])] = streams
+            config.setdefault("bits", {})[str(ids[-1])] = bits
         config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
                                  "streams": p["streams"]} for p in pool]
         if protocol == "threshold":
             config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
                 k: v for k, v in s.items() if k != "ord"} for s in stimuli}
-        conn.execute(studies.update().where(studies.c.id == sid).values(config=config))
+        conn.execute(studies.update().where(studies.c.id == sid).values(
+            config=seal.seal_config(key, sid, config)))
     return sid
 
 def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
@@ -462,24 +519,40 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     out = []
     with d.engine.begin() as conn:
         st = _study(conn, study)
+        cfg = seal.unseal_config(st["id"], st["config"])     # the key file is needed here
+        key = seal.study_key(cfg)
         cl = [dict(r) for r in conn.execute(select(clips).where(clips.c.study_id == st["id"])
                                             .order_by(clips.c.ord)).mappings()]
-        pool = st["config"]["catch_pool"]
+        pool = cfg["catch_pool"]
         for c in cl:
-            c["streams"] = st["config"]["streams"][str(c["id"])]
+            c["streams"] = cfg["streams"][str(c["id"])]
+            c["base_swap"], c["base_x"] = cfg["bits"][str(c["id"])]
+        # the sealed design seed (never --seed: the draws could be rebuilt from it); studies
+        # sealed by the schema 6 upgrade were drawn from their own seed
+        dseed = cfg.get("design_seed", st["seed"])
         n = conn.execute(select(func.count()).select_from(raters)
                          .where(raters.c.study_id == st["id"])).scalar_one()
         for k in range(n, n + count):
             token = secrets.token_urlsafe(24)
-            rseed = design.rater_seed(st["seed"], k)
+            rseed = design.rater_seed(dseed, k)
             rid = conn.execute(raters.insert().values(
                 study_id=st["id"], idx=k, token_sha256=token_hash(token), label=label,
-                seed=rseed, created=now())).inserted_primary_key[0]
-            plan = design.assign(st["protocol"], cl, pool, k, rseed, st["seed"])
-            conn.execute(trials.insert(), [
-                {"study_id": st["id"], "rater_id": rid, "ord": i, **t} for i, t in enumerate(plan)])
+                seed=0, created=now())).inserted_primary_key[0]   # the rater's seed: sealed
+            plan = design.assign(st["protocol"], cl, pool, k, rseed, dseed)
+            conn.execute(trials.insert(), [seal.seal_trial(
+                key, rid, {"study_id": st["id"], "rater_id": rid, "ord": i, **t})
+                for i, t in enumerate(plan)])
             out.append({"rater": rid, "token": token})
     return out
+
+
+def check_keys(db) -> list[str]:
+    """Every study's key file, loaded and checked (:func:`.seal.study_key`): the server calls
+    this before it serves, so a missing or wrong key file is one line at start, naming it,
+    not an error on a rater's page. Returns the key files."""
+    with open_db(db).engine.connect() as conn:
+        cfgs = conn.execute(select(studies.c.config)).scalars().all()
+    return sorted({str(seal.study_key(c).path) for c in cfgs if "seal" in (c or {})})
 
 
 def list_studies(db) -> list[dict]:
@@ -506,7 +579,48 @@ def list_studies(db) -> list[dict]:
 # -- analysis ------------------------------------------------------------------------------
 
 def raw_ratings(db, study) -> tuple[dict, list[dict]]:
-    """The study row and one dict per rating, joined with its trial, rater and clip."""
+    """The study row and one dict per rating, joined with its trial, rater and clip: unsealed
+    (:func:`unsealed_ratings`) once the key is open (the planned included raters complete, or a
+    logged :func:`unblind`), else as stored: a test trial's ``expected``, ``correct``,
+    ``score_b``, ``shown`` and ``sources`` empty (catch trials keep theirs, for screening)."""
+    st, rows = _stored_ratings(db, study)
+    if _state(db, st, rows)["key_open"]:
+        rows = _unseal_rows(st, rows)
+    return st, rows
+
+
+def unsealed_ratings(db, study) -> tuple[dict, list[dict]]:
+    """The study row and its ratings with the key (:mod:`.seal`, the study's key file): each
+    row's ``shown``, ``sources`` and ``expected`` from its sealed trial, ``correct`` and
+    ``score_b`` computed from them. Refused (:class:`StudyError`) while the key is sealed: the
+    one way to it before completion is :func:`unblind`, logged."""
+    st, rows = _stored_ratings(db, study)
+    state = _state(db, st, rows)
+    if not state["key_open"]:
+        raise StudyError(f"--study {st['id']}: {key_text(state)}")
+    return st, _unseal_rows(st, rows)
+
+
+def _unseal_rows(st: dict, rows: list[dict]) -> list[dict]:
+    if not any(r.get("sealed") for r in rows):
+        return rows
+    key = seal.study_key(st["config"])
+    out = []
+    for r in rows:
+        r = dict(r)
+        r["answer"] = seal.open_answer(key, r["rater"], r["trial"], r["answer"])
+        token = r.pop("sealed", None)
+        if token:
+            t = seal.unseal_trial(key, {"rater_id": r["rater"], "ord": r["trial_index"],
+                                        "sealed": token})
+            r.update(shown=t["shown"], sources=t["sources"], expected=t["expected"])
+            r["correct"], r["score_b"] = design.score(st["protocol"], r, r["answer"])
+        out.append(r)
+    return out
+
+
+def _stored_ratings(db, study) -> tuple[dict, list[dict]]:
+    """The study row and one dict per rating, joined with its trial, rater and clip, as stored."""
     d = open_db(db)
     with d.engine.connect() as conn:
         st = _study(conn, study)
@@ -516,16 +630,16 @@ def raw_ratings(db, study) -> tuple[dict, list[dict]]:
                     trials.c.expected, trials.c.clip_id, clips.c.job, clips.c.clip,
                     clips.c.prompt, clips.c.seed, clips.c.lpips_mean, ratings.c.shown, ratings.c.sources, ratings.c.answer,
                     ratings.c.correct, ratings.c.response_ms, ratings.c.client_ms,
-                    ratings.c.created)
+                    ratings.c.created, trials.c.sealed)
              .join(trials, trials.c.id == ratings.c.trial_id)
              .join(raters, raters.c.id == ratings.c.rater_id)
              .join(clips, clips.c.id == trials.c.clip_id, isouter=True)
              .where(ratings.c.study_id == st["id"]).order_by(ratings.c.id))
         rows = [dict(r) for r in conn.execute(q).mappings()]
     for r in rows:
-        _, r["score_b"] = design.score(st["protocol"], {"kind": r["kind"],
-                                                        "expected": r["expected"],
-                                                        "sources": r["sources"]}, r["answer"])
+        r["score_b"] = None
+        if not r["sealed"]:                   # nothing sealed (never since schema 6)
+            _, r["score_b"] = design.score(st["protocol"], r, r["answer"])
     return st, rows
 
 
@@ -794,7 +908,7 @@ def unblind(db, study, *, reason: str, who: str) -> dict:
             raise StudyError(f"{name}: expected one line of at most {MAX_REASON} characters, "
                              f"found {len(v)} characters" + (" over several lines"
                                                              if "\n" in v or "\r" in v else ""))
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)   # counts only: the key stays sealed
     state = _state(db, st, rows)
     if state["done"]:
         raise StudyError(f"--study {st['id']}: expected a study still short of its planned "
@@ -855,7 +969,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "unblinding": _unblinding_out(state["unblindings"]),
            "delivery": (st["config"] or {}).get("delivery"),
            "media_bytes": (st["config"] or {}).get("media_bytes"),
-           "excerpt": (st["config"] or {}).get("excerpt")}
+           "excerpt": (st["config"] or {}).get("excerpt"),
+           "same_runs": same_runs(db, st["id"]), "seal": _seal_out(st)}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "
@@ -922,6 +1037,20 @@ def results(db, study, *, reps: int = 1000) -> dict:
     return out
 
 
+def _seal_out(st: dict) -> dict:
+    """How the study's key is kept: the key file, and whether its design can be rebuilt from
+    its seed (studies sealed by the schema 6 upgrade)."""
+    cfg = st["config"] or {}
+    info = cfg.get("seal") or {}
+    out = {"key_file": info.get("key_file"), "rebuildable_from_seed": bool(
+        cfg.get("design_from_seed"))}
+    out["text"] = (f"key sealed with {info.get('key_file')}" if info else "key not sealed")
+    if out["rebuildable_from_seed"]:
+        out["text"] += ("; made before schema 6: its design was drawn from the study's seed, so "
+                        "anyone with the seed could rebuild the key at interim")
+    return out
+
+
 def _coverage(st: dict, dec: dict) -> dict:
     """What an ABX verdict covers (:func:`.stats.coverage`): the clips and how they were chosen,
     and the bound on the share of visibly different clips like these."""
@@ -965,7 +1094,7 @@ def study_progress(db, study) -> dict:
     those assigned; one row per invited rater (:data:`PROGRESS_COLUMNS`: answered of their
     trials, ``done`` as a whole percentage, ``state`` not started / rating / complete /
     excluded); ``text``: one line saying it. Counts only: no answer, accuracy or clip figure."""
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)   # counts only: no key file needed
     state = _state(db, st, rows)
     prog, planned = state["prog"], state["planned"]
     excluded = {e["rater"] for e in state["excluded"]}
@@ -1021,7 +1150,7 @@ def key_text(state: dict) -> str:
 def key_status(db, study) -> str:
     """The study's key in one line (:func:`key_text`): sealed with the progress, open, or the
     logged unblinding."""
-    st, rows = raw_ratings(db, study)
+    st, rows = _stored_ratings(db, study)
     return key_text(_state(db, st, rows))
 
 

@@ -56,7 +56,7 @@ from typing import Callable
 from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
-from . import design
+from . import design, seal
 from .errors import (BadAcknowledgement, BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
 from .store import now, open_db, raters, ratings, studies, trials
@@ -353,17 +353,24 @@ class RaterService:
             cfg = row[1] or {}
             st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
                   "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
-                  "key": cfg["media_key"]}      # every study has one (schema 4 upgrade)
+                  "key": cfg["media_key"],      # every study has one (schema 4 upgrade)
+                  # the study key file: a trial's stream and tiles are sealed (schema 6)
+                  "seal": seal.study_key(cfg) if "seal" in cfg else None}
             self._studies[sid] = st
         return st
 
     def _plan(self, conn, r: dict) -> list[dict]:
         plan = self._plans.get(r["id"])
         if plan is None:
-            plan = [dict(t) for t in conn.execute(
-                select(trials.c.id, trials.c.ord, trials.c.kind, trials.c.shown, trials.c.sources,
-                       trials.c.expected)
-                .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()]
+            rows = conn.execute(
+                select(trials.c.id, trials.c.rater_id, trials.c.ord, trials.c.kind,
+                       trials.c.shown, trials.c.sources, trials.c.expected, trials.c.sealed)
+                .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()
+            sealer = self._study(conn, r["study_id"])["seal"]
+            # the server serves the right stream and tiles: it unseals them (the key file
+            # where the server runs); a test trial's expected answer is never used here
+            plan = [seal.unseal_trial(sealer, dict(t)) if t["sealed"] else dict(t)
+                    for t in rows]
             key = self._study(conn, r["study_id"])["key"]
             names = {}
             for t in plan:
@@ -547,6 +554,7 @@ class RaterService:
         live = self._live(conn, r["id"])
         served, fetched, prev = live[tid]
         if prev is not None:                    # answered before: idempotent or a conflict
+            prev = seal.open_answer(st["seal"], r["id"], tid, prev)
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
             return {"saved": False, **self._view(conn, st, plan, live, arrived)}
@@ -559,14 +567,18 @@ class RaterService:
         need = max(0.0, seconds - 1.0 / st["fps"])   # one frame of slack
         if arrived - fetched < need:
             raise TooSoon(tid, arrived - fetched, need, seconds)
-        correct, _ = design.score(protocol, t, answer)
-        row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid, "answer": answer,
+        # the answer is stored, not its correctness: a test trial's is computed when the key is
+        # opened (:func:`.api.raw_ratings`); a catch trial's is kept for the interim screening
+        correct = design.score(protocol, t, answer)[0] if t["kind"] == "catch" else None
+        row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid,
+               "answer": seal.seal_answer(st["seal"], r["id"], tid, answer),
                "correct": correct, "response_ms": int(round(1000 * (arrived - fetched))),
-               "client_ms": cms, "shown": t["shown"], "sources": t["sources"],
+               "client_ms": cms, "shown": {}, "sources": {},
                "client": client[:200] if client else None, "created": now()}
         new = conn.execute(self._i_rating, row).scalar() is not None
         if not new:                             # written meanwhile by another process
-            prev = conn.execute(self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one()
+            prev = seal.open_answer(st["seal"], r["id"], tid, conn.execute(
+                self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one())
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
         live[tid][2] = answer

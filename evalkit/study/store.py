@@ -14,7 +14,8 @@ opened, newer ones are refused):
   (counterbalancing bits), media_a_alt, media_b_alt (NULL since trial streams)
 - ``raters``: id, study_id, idx (0, 1, ... in invitation order), token_sha256 (unique), label,
   seed, created
-- ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON:
+- ``trials``: id, study_id, rater_id, ord, kind (test/catch), clip_id, catch_kind, shown (JSON,
+  ``{}`` since version 6:
   ``{"media": the trial's stream sha256, "tiles": slot -> [x, y, w, h]}``), sources (JSON: slot -> a/b/reference/degraded), expected, served
   (seconds since the epoch when the web app first showed the trial to its rater; NULL until
   then; added in schema version 3), fetched (seconds since the epoch when the last of the
@@ -31,6 +32,12 @@ opened, newer ones are refused):
   raters complete when the key was opened), raters_planned: the owner's logged look at the key
   before the planned design was complete (``evalkit study unblind``); every later verdict and
   CSV reports it
+- version 6 (:mod:`.seal`): ``trials.sealed`` holds each trial's shown, sources and expected
+  (the plain columns ``{}``/NULL; a catch trial keeps ``expected``); ``ratings`` keep the answer
+  sealed (``correct`` for catch trials only; shown and sources ``{}``); ``studies.config["sealed"]``
+  holds the streams, catch pool, clips' bits (``clips.base_swap``/``base_x`` 0) and design seed
+  (``raters.seed`` 0), ``config["seal"]`` the key file's path and id; ``ratings.answer`` is
+  sealed (TEXT)
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
@@ -48,7 +55,7 @@ from ..errors import SchemaVersionError
 from ..fsutil import file_kind
 from .errors import StudyError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -118,6 +125,7 @@ trials = Table(
     Column("served", Float),             # added in schema version 3
     Column("fetched", Float),            # added in schema version 4
     Column("delivered", JSON),           # added in schema version 5
+    Column("sealed", Text),              # added in schema version 6 (:mod:`.seal`)
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
@@ -127,7 +135,7 @@ ratings = Table(
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False),
     Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
-    Column("answer", String(16), nullable=False),
+    Column("answer", Text, nullable=False),   # sealed since version 6 (VARCHAR(16) before)
     Column("correct", Integer),
     Column("response_ms", Integer, nullable=False),
     Column("shown", JSON, nullable=False),
@@ -183,13 +191,61 @@ def _upgrade_4_to_5(conn) -> None:
         conn.execute(text("ALTER TABLE trials ADD COLUMN delivered JSON"))
 
 
+def _upgrade_5_to_6(conn, db: "StudyDB") -> None:
+    """Seal what lets a reader compute correctness (:mod:`.seal`): each study gets its key file
+    (made beside the database if missing), its streams, catch pool and clips' bits move into
+    ``config["sealed"]``, each trial's shown/sources/expected into ``trials.sealed``; ratings
+    keep the answer, sealed (and a catch trial's ``correct``). Such a study's design was drawn from its
+    seed, which the owner knows: ``config["design_from_seed"]`` says so and results report it."""
+    from . import seal
+
+    if "sealed" not in {c["name"] for c in inspect(conn).get_columns("trials")}:
+        conn.execute(text("ALTER TABLE trials ADD COLUMN sealed TEXT"))
+    if not db.is_sqlite:                    # a sealed answer is longer than VARCHAR(16)
+        conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE TEXT"))
+    for sid, cfg, media_dir in conn.execute(select(studies.c.id, studies.c.config,
+                                                   studies.c.media_dir)).all():
+        cfg = dict(cfg or {})
+        if "sealed" in cfg:
+            continue
+        key = seal.create_or_load(seal.default_path(db.path, media_dir))
+        cfg["bits"] = {str(i): [int(s), int(x)] for i, s, x in conn.execute(
+            select(clips.c.id, clips.c.base_swap, clips.c.base_x).where(clips.c.study_id == sid))}
+        cfg["design_from_seed"] = True
+        conn.execute(studies.update().where(studies.c.id == sid)
+                     .values(config=seal.seal_config(key, sid, cfg)))
+        conn.execute(clips.update().where(clips.c.study_id == sid).values(base_swap=0, base_x=0))
+        conn.execute(raters.update().where(raters.c.study_id == sid).values(seed=0))
+        rows = conn.execute(select(trials.c.id, trials.c.rater_id, trials.c.ord, trials.c.kind,
+                                   trials.c.shown, trials.c.sources, trials.c.expected)
+                            .where(trials.c.study_id == sid)).mappings().all()
+        for r in rows:
+            new = seal.seal_trial(key, r["rater_id"], dict(r))
+            conn.execute(trials.update().where(trials.c.id == r["id"]).values(
+                sealed=new["sealed"], shown={}, sources={}, expected=new["expected"]))
+        for rid, rater, trial, ans in conn.execute(select(
+                ratings.c.id, ratings.c.rater_id, ratings.c.trial_id, ratings.c.answer)
+                .where(ratings.c.study_id == sid)).all():
+            conn.execute(ratings.update().where(ratings.c.id == rid).values(
+                answer=seal.seal_answer(key, rater, trial, ans)))
+        tests = select(trials.c.id).where(trials.c.study_id == sid, trials.c.kind != "catch")
+        conn.execute(ratings.update().where(ratings.c.study_id == sid)
+                     .values(shown={}, sources={}))
+        conn.execute(ratings.update().where(ratings.c.trial_id.in_(tests)).values(correct=None))
+
+
+#: upgrades that need the open database (where its key file goes), not the connection alone
+NEEDS_DB = {5}
+
+
 def new_media_key() -> str:
     """A study's media secret (256 bits)."""
     return secrets.token_hex(32)
 
 
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4, 4: _upgrade_4_to_5}
+UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4, 4: _upgrade_4_to_5,
+            5: _upgrade_5_to_6}
 
 
 #: the database kinds ``--db`` takes (an SQLAlchemy URL's dialect, before any ``+driver``)
@@ -266,13 +322,15 @@ class StudyDB:
                 cur.execute("PRAGMA journal_mode = WAL")
                 cur.execute("PRAGMA synchronous = FULL")
                 cur.execute("PRAGMA foreign_keys = ON")
+                cur.execute("PRAGMA secure_delete = ON")   # freed pages zeroed (no old key)
                 cur.close()
 
             @event.listens_for(self.engine, "begin")
             def _on_begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
         try:
-            self._prepare(create)
+            if self._prepare(create):
+                self._scrub()
         except StudyError:
             self.engine.dispose()
             raise
@@ -288,7 +346,27 @@ class StudyDB:
         folder per database, never shared by two databases in one folder."""
         return self.path.with_name(self.path.stem + ".media") if self.path is not None else None
 
-    def _prepare(self, create: bool) -> None:
+    def _scrub(self) -> None:
+        """After sealing an older database: rewrite it so no freed page or old row version
+        still holds the plain key (SQLite ``VACUUM`` and a WAL checkpoint; PostgreSQL
+        ``VACUUM FULL`` of the sealed tables)."""
+        raw = self.engine.raw_connection()
+        try:
+            if self.is_sqlite:
+                raw.driver_connection.execute("VACUUM")
+                raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            else:                                   # VACUUM runs outside a transaction
+                raw.driver_connection.rollback()
+                raw.driver_connection.autocommit = True
+                try:
+                    raw.driver_connection.execute("VACUUM FULL trials, ratings, clips, studies, raters")
+                finally:
+                    raw.driver_connection.autocommit = False
+        finally:
+            raw.close()
+
+    def _prepare(self, create: bool) -> bool:
+        """Make or upgrade the tables; True when an upgrade sealed an older database."""
         with self.engine.begin() as conn:
             have = set(inspect(conn).get_table_names())
             ours = set(metadata.tables)
@@ -298,7 +376,7 @@ class StudyDB:
                                      "evalkit tables; `evalkit study create` makes them)")
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-                return
+                return False
             version = self._version(conn) if "meta" in have else 0
             # damaged: never re-created empty (they held ratings); tables a later version adds
             # are made by its upgrade
@@ -310,12 +388,17 @@ class StudyDB:
             if version > SCHEMA_VERSION:
                 raise SchemaVersionError(self.url, f"study database schema version {version} is "
                                          f"newer than this evalkit's ({SCHEMA_VERSION})")
+            sealed = version < 6
             while version < SCHEMA_VERSION:
-                UPGRADES[version](conn)
+                if version in NEEDS_DB:
+                    UPGRADES[version](conn, self)
+                else:
+                    UPGRADES[version](conn)
                 version += 1
                 conn.execute(meta.update().where(meta.c.key == "schema_version")
                              .values(value=str(version)))
             metadata.create_all(conn)   # tables added by later versions
+        return sealed
 
     def _version(self, conn) -> int:
         """``meta.schema_version``: an integer from 1 (a StudyError naming it otherwise)."""

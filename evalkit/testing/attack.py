@@ -125,7 +125,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     from sqlalchemy import select
 
     from evalkit import study
-    from evalkit.study import design, store
+    from evalkit.study import design, seal, store
     from evalkit.study.live import media_name
 
     tokens = [r["token"] for r in study.invite(db, sid, raters)]
@@ -134,8 +134,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
         st = conn.execute(select(store.studies).where(store.studies.c.id == sid)).mappings().one()
         ids = [r[0] for r in conn.execute(select(store.raters.c.id).where(
             store.raters.c.study_id == sid).order_by(store.raters.c.idx))][-raters:]
-        rows = {rid: [dict(r) for r in conn.execute(select(store.trials).where(
-            store.trials.c.rater_id == rid).order_by(store.trials.c.ord)).mappings()]
+        rows = {rid: seal.open_trials(st["config"], conn.execute(select(store.trials).where(
+            store.trials.c.rater_id == rid).order_by(store.trials.c.ord)).mappings())
             for rid in ids}
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]

@@ -79,16 +79,22 @@ def run(db, tokens, kill_after: list[int], watch_s: float = 1.0) -> dict:
         out = aio.run(_drive(server, list(tokens), kill_after, watch_s))
     finally:
         server.stop()
+    import json
+
+    from evalkit.study import seal
     from evalkit.study.live import token_hash
 
     con = sqlite3.connect(str(db))
     try:
         rater_of = dict(con.execute("select token_sha256, id from raters"))
+        keys = {sid: seal.study_key(json.loads(cfg)) for sid, cfg in
+                con.execute("select id, config from studies")}      # answers are sealed
         stored = {}
         dup = 0
-        for rid, tid, ans in con.execute("select rater_id, trial_id, answer from ratings"):
+        for sid, rid, tid, ans in con.execute("select study_id, rater_id, trial_id, answer "
+                                              "from ratings"):
             dup += (rid, tid) in stored
-            stored[(rid, tid)] = ans
+            stored[(rid, tid)] = seal.open_answer(keys[sid], rid, tid, ans)
         integrity = con.execute("pragma integrity_check").fetchone()[0]
     finally:
         con.close()

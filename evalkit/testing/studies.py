@@ -86,14 +86,29 @@ def answer(db, token, pick, limit=None) -> dict:
 
 
 def hidden(db, trial_id) -> dict:
-    """A trial's row as stored (its hidden mapping: sources, expected, served, fetched)."""
+    """A trial's row with its hidden mapping (sources, expected, shown; unsealed with the
+    study's key file) and its served and fetched times."""
     from sqlalchemy import select
 
-    from evalkit.study import store
+    from evalkit.study import seal, store
 
     with store.open_db(db).engine.connect() as conn:
-        return dict(conn.execute(select(store.trials).where(store.trials.c.id == trial_id))
-                    .mappings().one())
+        row = conn.execute(select(store.trials).where(store.trials.c.id == trial_id)).mappings().one()
+        cfg = conn.execute(select(store.studies.c.config).where(
+            store.studies.c.id == row["study_id"])).scalar_one()
+    return seal.open_trials(cfg, [row])[0]
+
+
+def study_config(db, sid) -> dict:
+    """A study's config with its sealed parts (streams, catch pool, bits) opened."""
+    from sqlalchemy import select
+
+    from evalkit.study import seal, store
+
+    with store.open_db(db).engine.connect() as conn:
+        cfg = conn.execute(select(store.studies.c.config).where(
+            store.studies.c.id == int(sid))).scalar_one()
+    return seal.unseal_config(int(sid), cfg)
 
 
 def secrets_of(db, report) -> set[str]:
