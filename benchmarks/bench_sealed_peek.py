@@ -13,7 +13,8 @@ whose abandonment rate depends on the truth. Three databases:
 - ``plain key`` (schema 5): ``ratings.correct`` in plain text, the estimate is the accuracy;
 - ``plain answers`` (the key sealed, the answers not): rater k's key on a clip is rater 0's
   flipped by ``k mod 2`` and ``k div 2 mod 2`` (the public counterbalancing of
-  :func:`evalkit.study.design.assign`), so answers aligned that way agree on a clip in a share
+  :func:`evalkit.study.design.assign` before issue 44 item 1; it now draws the labels from
+  per-rater bits of the sealed design seed, so this row describes the earlier design), so answers aligned that way agree on a clip in a share
   ``q = p^2 + (1 - p)^2`` of rater pairs; the estimate is ``0.5 + sqrt(max(0, 2q - 1)) / 2``;
 - ``sealed`` (schema 6): answers sealed too; nothing left to estimate from (the estimate is the
   prior 0.5 whatever happened), so abandonment cannot depend on the truth (20% everywhere).

@@ -80,9 +80,9 @@ def test_interim_reader_of_every_column_cannot_compute_correctness(report, tmp_p
     assert all(json.loads(r["shown"]) == {} and json.loads(r["sources"]) == {}
                for r in tables["ratings"])
     assert all(t["sealed"].startswith("s1:") for t in tables["trials"])
-    # the answers too: aligned by the public counterbalancing (rater k's key on a clip is rater
-    # 0's flipped by k mod 2 and k div 2 mod 2), how well raters agree would show how well they
-    # tell the sides apart
+    # the answers too: aligned by a public counterbalancing (before issue 44 item 1 rater k's key
+    # on a clip was rater 0's flipped by k mod 2 and k div 2 mod 2), how well raters agree would
+    # show how well they tell the sides apart
     assert all(r["answer"].startswith("s1:") for r in tables["ratings"])
     assert {(c["base_swap"], c["base_x"]) for c in tables["clips"]} == {(0, 0)}
     assert {r["seed"] for r in tables["raters"]} == {0}

@@ -235,8 +235,9 @@ def answer_aad(rater_id: int, trial_id: int) -> str:
 
 
 def seal_answer(key: Key | None, rater_id: int, trial_id: int, answer: str) -> str:
-    """A rating's answer as stored: sealed (the answers of several raters on one clip, aligned
-    by the public counterbalancing, would show at interim how well raters agree, hence how well
+    """A rating's answer as stored: sealed (where raters' keys on a clip follow a public rule,
+    as the counterbalancing did before the labels came from per-rater bits of the sealed design
+    seed, answers aligned by it would show at interim how well raters agree, hence how well
     they tell the sides apart); as given for a study without a key."""
     return answer if key is None else key.seal(answer, answer_aad(rater_id, trial_id))
 
