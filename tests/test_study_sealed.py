@@ -115,6 +115,17 @@ def test_interim_reader_of_every_column_cannot_compute_correctness(report, tmp_p
     assert _rebuild("abx", clip_rows, opened, opened["design_seed"], 3) == stored
     from_seed = _rebuild("abx", clip_rows, opened, 5, 3)
     assert all(a != b for a, b in zip(from_seed, stored))
+    # the catch versions' bits too (design.assign's study_seed): with every rater seed right but
+    # those bits from --seed, the catch trials' files differ
+    swap, xbit = zip(*(opened["bits"][str(c["id"])] for c in clip_rows))
+    cl = [dict(c, base_swap=s, base_x=x, streams=opened["streams"][str(c["id"])])
+          for c, s, x in zip(clip_rows, swap, xbit)]
+    catch_from_seed = [design.assign("abx", cl, opened["catch_pool"], k,
+                                     design.rater_seed(opened["design_seed"], k), 5)
+                       for k in range(3)]
+    assert [[t for t in p if t["kind"] == "test"] for p in catch_from_seed] == \
+        [[t for t in p if t["kind"] == "test"] for p in stored]
+    assert all(a != b for a, b in zip(catch_from_seed, stored))
     # the one function that returns unsealed rows refuses while the key is sealed
     with pytest.raises(study.StudyError, match="sealed until 3 planned included raters"):
         study.api.unsealed_ratings(db, sid)
