@@ -8,6 +8,7 @@ User errors (:class:`evalkit.errors.UserError`, bad paths, invalid files) print 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import traceback
 
@@ -82,14 +83,47 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:
-        if not no_room(e):           # a bug or a fault of the system: its traceback
+    except Exception as e:
+        line = storage_error(e)
+        if line is None:             # a bug or a fault of the system: its traceback
             raise
-        if args.verbose:             # a write outside evalkit's atomic ones: no room
+        if args.verbose:             # a write outside evalkit's atomic ones: no room, read-only
             traceback.print_exc()
-        print(f"error: {e.filename or 'a file'}: could not be written ({e.strerror}); make room "
-              "and run the command again", file=sys.stderr)
+        print(f"error: {_one_line(line)}", file=sys.stderr)
         return 2
+
+
+#: errnos of a place that cannot be written at all: a read-only file system, no permission
+NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def storage_error(e: BaseException) -> str | None:
+    """The one line for a failure of the storage under the command (None: something else): a
+    write refused for want of room or on a read-only file system or without permission (an
+    OSError, or SQLite's own error, anywhere in the exception's chain)."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            where = str(seen.filename or "a file")
+            name = where.rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith(".") and ".tmp-" in name:     # an atomic write's temporary:
+                where = where.rstrip("/").rsplit("/", 1)[0] or "."   # its folder is the place
+            if no_room(seen):
+                return (f"{where}: could not be written ({seen.strerror}); make room and run "
+                        "the command again")
+            if seen.errno in NOT_WRITABLE:
+                return (f"{where}: cannot be written ({seen.strerror}); write somewhere "
+                        "writable (what the command wrote before this is kept)")
+        text = str(seen).lower()
+        if type(seen).__module__.startswith(("sqlite3", "sqlalchemy")):
+            if "readonly database" in text or "read-only" in text:
+                return ("the study database cannot be written (read-only: its file or its "
+                        "folder); copy it somewhere writable")
+            if "database or disk is full" in text or "disk i/o error" in text:
+                return ("the study database could not be written (no space left on its disk, "
+                        "or a disk I/O error); make room and run the command again")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _one_line(e: Exception) -> str:
