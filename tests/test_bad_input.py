@@ -430,6 +430,43 @@ def _pg(w):
     return f"postgresql+psycopg://evalkit:secret@127.0.0.1:{w.port}/studies"
 
 
+def _tiny_clips(w, width: int, height: int) -> list[Path]:
+    """Two different lossless clips of 4 frames of width x height (import accepts them)."""
+    import numpy as np
+
+    from evalkit.video import write_lossless
+
+    out = []
+    for k in range(2):
+        p = w.root / "tiny" / f"{width}x{height}-{k}.mkv"
+        if not p.exists():
+            p.parent.mkdir(exist_ok=True)
+            rng = np.random.default_rng(k)
+            write_lossless(p, rng.integers(0, 256, (4, height, width, 3), dtype=np.uint8), 24)
+        out.append(p)
+    return out
+
+
+def _set_aggregate(value):
+    def edit(doc):
+        doc["aggregates"]["lpips"]["mean"] = value
+    return edit
+
+
+def _deep_field(w, name: str) -> Path:
+    """A copy of the report whose summary.json holds 100,000 nested arrays in one field."""
+    d = w.root / "bad_reports" / name
+    if not d.exists():
+        shutil.copytree(w.report, d)
+        text = (d / "summary.json").read_text()
+        (d / "summary.json").write_text(text.replace('"aggregates": {', '"deep": ' + "[" * 100000
+                                                     + "]" * 100000 + ', "aggregates": {', 1))
+    return d
+
+
+LPIPS_GATE = "lpips: {mean: {max: 0.5}}\n"
+
+
 ROWS = [
     # -- probe -----------------------------------------------------------------------------
     E("probe", "missing", lambda w: ["probe", w.root / "nothere.mkv"], "nothere.mkv", "file not found"),
@@ -950,6 +987,47 @@ ROWS = [
       "--db", "noratings.db", "table(s) ratings missing"),
     E("serve", "db-mistyped", lambda w: ["serve", "--db", w.root / "typo.db", "--port", _free_port()],
       "--db", "typo.db", "no study database there"),
+    # -- issue 47: what the reliability sweep found ------------------------------------------
+    E("gate", "aggregate-a-string", lambda w: ["gate", _report_with(w, "aggstr", _set_aggregate("x")),
+                                               "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "aggstr/summary.json", "field 'aggregates.lpips.mean'", "expected a number or null",
+      "found str 'x'", process=True),
+    E("gate", "aggregate-an-object", lambda w: ["gate", _report_with(
+        w, "aggobj", _set_aggregate({"a": 1})), "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "aggobj/summary.json", "field 'aggregates.lpips.mean'", "found dict"),
+    E("gate", "aggregates-of-a-metric-a-list", lambda w: ["gate", _report_with(
+        w, "agglist", lambda d: d["aggregates"].update(lpips=[1, 2])), "--gate",
+        _gate(w, "lp", LPIPS_GATE)], "field 'aggregates.lpips'", "found list"),
+    E("gate", "summary-field-nested-100000-deep", lambda w: ["gate", _deep_field(w, "deepfield"),
+                                                             "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "deepfield/summary.json", "nested too deep", process=True),
+    E("gate", "summary-nested-100000-deep", lambda w: ["gate", _deep_report(w), "--gate",
+                                                       _gate(w, "lp", LPIPS_GATE)],
+      "deepreport/summary.json", "nested too deep"),
+    E("floor", "out-is-a-file", lambda w: ["floor", w.run_a, "--out", w.text], "argument --out",
+      "found a file", "notes.txt", process=True),
+    E("study create", "excerpt-1e308", lambda w: _study(w, "--excerpt", "1e308"), "--excerpt",
+      "at most 604800", "found '1e308'", process=True),
+    E("study create", "excerpt-at-1e308", lambda w: _study(w, "--excerpt", "0.1", "--excerpt-at",
+                                                           "1e308"),
+      "--excerpt-at", "at most 604800", "found '1e308'"),
+    E("study create", "summary-schema-version-99", lambda w: [
+        "study", "create", "--allow-masking", _report_with(
+            w, "v99", lambda d: d.update(schema_version=99)), "--db", w.root / "v99.db",
+        "--protocol", "abx"],
+      "v99/summary.json", "field 'schema_version'", "unsupported version 99", process=True),
+    E("metrics", "temporal-on-2x2-clips", lambda w: ["metrics", *_tiny_clips(w, 2, 2),
+                                                     "--device", "cpu", "--flow", "dis"],
+      "frames: 2x2", "OpenCV's dis optical flow", "--no-temporal", process=True),
+    E("metrics", "temporal-on-64x1-clips", lambda w: ["metrics", *_tiny_clips(w, 64, 1),
+                                                      "--device", "cpu", "--flow", "dis"],
+      "frames: 64x1", "optical flow"),
+    E("metrics", "temporal-on-2048x16-clips", lambda w: ["metrics", *_tiny_clips(w, 2048, 16),
+                                                         "--device", "cpu", "--flow", "dis"],
+      "frames: 2048x16", "optical flow"),
+    E("metrics", "farneback-on-2x2-clips", lambda w: ["metrics", *_tiny_clips(w, 2, 2),
+                                                      "--device", "cpu", "--flow", "farneback"],
+      "frames: 2x2", "too small for LPIPS-alex"),
 ]
 
 ROW_IDS = [f"{r.group}: {r.id}" for r in ROWS]
