@@ -116,6 +116,9 @@ def pin_conventions(report, gate_path) -> dict:
         raise GateError(gate.path, "conventions", "already recorded; remove the block to pin again")
     text = gate.path.read_text(encoding="utf-8")
     block = "conventions:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in pinned.items())
-    atomic_write_text(gate.path, text + ("" if text.endswith("\n") else "\n") + block)
+    # a linked gate is pinned where it lies: the link stays a link (an atomic write replaces
+    # the name it is given, which would leave the target unpinned)
+    target = gate.path.resolve() if gate.path.is_symlink() else gate.path
+    atomic_write_text(target, text + ("" if text.endswith("\n") else "\n") + block)
     open_gate(gate.path)        # what was written reads back
     return pinned
