@@ -4,6 +4,8 @@
   Content-Security-Policy that allows only this server (Gradio's pages need inline scripts and
   ``new Function`` for their templates, so ``'unsafe-inline' 'unsafe-eval'`` stay), no framing
   (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), ``nosniff``, ``no-referrer``;
+- **storage failures**: a request that fails because the database's disk is full or
+  read-only is answered 503 (``UNAVAILABLE``, Retry-After) and logged in one line;
 - **closed doors**: Gradio's upload and file routes (``CLOSED``) answer 404 (nothing of this app
   uploads a file; the admin's CSV downloads are ``/export``, behind the password);
 - a **request body limit** (``MAX_BODY``) and **read timeout** (``BODY_TIMEOUT_S``): a larger
@@ -18,9 +20,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Callable
 
+from evalkit.fsutil import storage_error
+
+LOG = logging.getLogger("evalkit.serve")
+#: what a request gets while the database cannot be written (a full or read-only disk)
+UNAVAILABLE = ("service unavailable: the server cannot store anything now (its disk is full or "
+               "read-only); nothing was saved, try again later")
 MAX_BODY = 64 * 1024          # bytes; the largest legitimate body (a Gradio event) is ~1 KB
 BODY_TIMEOUT_S = 30.0         # a request body must have arrived whole within this
 FREE_FAILURES = 5
@@ -209,7 +218,19 @@ class Guard:
                                           *(h for h in HEADERS if h[0] not in names)]}
             await send(msg)
 
-        await self.app(scope, receive, guarded_send)
+        try:
+            await self.app(scope, receive, guarded_send)
+        except Exception as e:
+            line = storage_error(e)
+            if line is None:
+                raise
+            # the disk under the database is full or read-only: one log line, and a 503 that
+            # says so (not a 500 and its traceback, for every request until it is fixed)
+            LOG.warning("%s %s: 503 (%s)", scope.get("method"), scope.get("path", "")[:80],
+                        line)
+            if status[0] == 0:
+                await _plain(send, 503, UNAVAILABLE, [(b"retry-after", b"30")])
+            return
         if kind is not None and password_passed(kind, status[0]):
             self.throttle.succeeded(who)
 

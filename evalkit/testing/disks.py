@@ -37,8 +37,10 @@ def _size_kb(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) // 1024 + 1
 
 
-def script(argv, *, readonly=(), full=(), cwd=None) -> str:
-    """The shell script that makes the mounts and then ``exec``s ``argv``."""
+def script(argv, *, readonly=(), full=(), cwd=None, fill: bool = True) -> str:
+    """The shell script that makes the mounts and then ``exec``s ``argv`` (``fill`` False: the
+    ``full`` folders keep ``FULL_KB`` of room, to be filled later through
+    ``/proc/<pid>/root``: :func:`fill_up`)."""
     lines = ["set -e"]
     for d in readonly:
         d = shlex.quote(str(Path(d).resolve()))
@@ -51,12 +53,34 @@ def script(argv, *, readonly=(), full=(), cwd=None) -> str:
         # the folder's files are reached through a second bind of it, taken before the tmpfs
         # hides them; then copied in, and the rest of the tmpfs filled
         lines += [f"mkdir -p {keep}", f"mount --bind {q} {keep}",
-                  f"mount -t tmpfs -o size={size}k none {q}", f"cp -a {keep}/. {q}/",
-                  f"dd if=/dev/zero of={q}/.fill bs=4k 2>/dev/null || true", "sync"]
+                  f"mount -t tmpfs -o size={size}k none {q}", f"cp -a {keep}/. {q}/"]
+        if fill:
+            lines += [f"dd if=/dev/zero of={q}/.fill bs=4k 2>/dev/null || true", "sync"]
     if cwd is not None:
         lines.append(f"cd {shlex.quote(str(cwd))}")
     lines.append("exec " + " ".join(shlex.quote(str(a)) for a in argv))
     return "\n".join(lines)
+
+
+def command(argv, *, readonly=(), full=(), cwd=None, fill: bool = True) -> list[str]:
+    """The command line that runs ``argv`` as :func:`run` does (for a Popen of one's own)."""
+    return [*UNSHARE, "sh", "-c", script(argv, readonly=readonly, full=full, cwd=cwd, fill=fill)]
+
+
+def fill_up(pid: int, folder) -> int:
+    """Fill ``folder`` as the process ``pid`` (started by :func:`command` with ``fill=False``)
+    sees it: its tmpfs, reached through ``/proc/<pid>/root``, written full. Bytes written."""
+    path = Path(f"/proc/{pid}/root") / Path(folder).resolve().relative_to("/") / ".fill"
+    n = 0
+    with open(path, "ab") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+                n += 65536
+        except OSError:
+            pass
+    return n
 
 
 def run(argv, *, readonly=(), full=(), cwd=None, env=None, timeout=300
