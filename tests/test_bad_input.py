@@ -467,6 +467,49 @@ def _deep_field(w, name: str) -> Path:
 LPIPS_GATE = "lpips: {mean: {max: 0.5}}\n"
 
 
+def _rgba_frames(stem, frames, opaque: bool) -> None:
+    """The job's frames as RGBA PNGs in ``stem/``: opaque, or with one pixel of frame 2
+    transparent (alpha 10)."""
+    import numpy as np
+    from PIL import Image
+
+    Path(stem).mkdir()
+    for i, f in enumerate(frames):
+        a = np.dstack([f, np.full(f.shape[:2], 255, np.uint8)])
+        if not opaque and i == 2:
+            a[5, 5, 3] = 10
+        Image.fromarray(a, "RGBA").save(f"{stem}/{i:05d}.png")
+
+
+def _alpha_mkv(stem, frames) -> None:
+    """The job's frames as FFV1 bgra (an alpha channel), one pixel of frame 2 transparent."""
+    import av
+    import numpy as np
+
+    with av.open(f"{stem}.mkv", "w") as c:
+        st = c.add_stream("ffv1", rate=24)
+        st.width, st.height, st.pix_fmt = frames.shape[2], frames.shape[1], "bgra"
+        for i, f in enumerate(frames):
+            a = np.dstack([f, np.full(f.shape[:2], 255, np.uint8)])
+            if i == 2:
+                a[5, 5, 3] = 10
+            for pk in st.encode(av.VideoFrame.from_ndarray(a, format="rgba")):
+                c.mux(pk)
+        for pk in st.encode():
+            c.mux(pk)
+
+
+def _floor_of_a_changed_clip(w) -> list:
+    """``floor`` of a copy of run A whose clip was overwritten by another after render."""
+    d = w.root / "hash_changed" / "cpu"
+    if not d.exists():
+        shutil.copytree(w.run_a, d)
+        clip = next((d / "clips").glob("pan-*.mkv"))
+        other = next((w.run_b / "clips").glob("pan-*.mkv"))
+        shutil.copy(other, clip)
+    return ["floor", d, "--out", w.root / "hash_floors"]
+
+
 ROWS = [
     # -- probe -----------------------------------------------------------------------------
     E("probe", "missing", lambda w: ["probe", w.root / "nothere.mkv"], "nothere.mkv", "file not found"),
@@ -1007,6 +1050,16 @@ ROWS = [
     E("render", "diffusers-variant-empty", lambda w: _render(w, "-r", "diffusers", "-O", "model=m",
                                                              "-O", "variant="),
       "renderer 'diffusers'", "option variant", "found an empty value"),
+    S("render", "import-rgba-frames-with-a-transparent-pixel", lambda w: _import(
+        w, "rgba", lambda stem, f: _rgba_frames(stem, f, opaque=False)),
+      _job_failed("import of job pan-", "frame 2 (00002.png, RGBA) is transparent",
+                  "flatten the clip"), code=1),
+    S("render", "import-ffv1-with-alpha", lambda w: _import(w, "bgra", _alpha_mkv),
+      _job_failed("import of job pan-", "frame 2 (bgra) is transparent"), code=1),
+    S("render", "import-opaque-rgba-frames", lambda w: _import(
+        w, "rgba_opaque", lambda stem, f: _rgba_frames(stem, f, opaque=True)), _rendered),
+    E("floor", "clip-fails-its-hash", _floor_of_a_changed_clip, "hash_changed/cpu/clips/pan-",
+      "clip fails its hash", "re-render it", process=True),
     E("floor", "out-is-a-file", lambda w: ["floor", w.run_a, "--out", w.text], "argument --out",
       "found a file", "notes.txt", process=True),
     E("study create", "excerpt-1e308", lambda w: _study(w, "--excerpt", "1e308"), "--excerpt",
