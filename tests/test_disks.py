@@ -71,6 +71,15 @@ def test_commands_on_a_read_only_folder_say_so_in_one_line(world, name):
     assert ".tmp-" not in line, line          # the place named, not an atomic write's temporary
 
 
+@pytest.mark.parametrize("name", ["study-invite", "study-unblind"])
+def test_writes_to_a_read_only_database_file_say_so_in_one_line(world, name):
+    """The database file alone read-only (its folder writable: SQLite opens it and reads; the
+    first write is refused)."""
+    r = disks.evalkit(*COMMANDS[name], readonly=[world / "s.db"], cwd=world)
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr[-3000:])
+    assert_one_line_error(r.stderr, "--db s.db", "cannot be written", "read-only")
+
+
 @pytest.mark.parametrize("name", FULL)
 def test_commands_on_a_full_disk_say_so_in_one_line(world, name):
     r = disks.evalkit(*COMMANDS[name], full=[world], cwd=world)

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
     except Exception as e:
-        line = storage_error(e)
+        line = storage_error(e, getattr(args, "db", None))
         if line is None:             # a bug or a fault of the system: its traceback
             raise
         if args.verbose:             # a write outside evalkit's atomic ones: no room, read-only
