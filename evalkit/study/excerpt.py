@@ -35,15 +35,20 @@ def parse(seconds, at) -> tuple[float | None, float | str]:
             raise StudyError(f"--excerpt-at: only with --excerpt SECONDS, found --excerpt-at {at}")
         return None, WORST
     s = _number(seconds)
-    if s is None or not 0 < s <= MAX_SECONDS:
-        raise StudyError(f"--excerpt: expected a number of seconds > 0 and at most "
-                         f"{MAX_SECONDS:g}, found {seconds!r}")
+    if s is None or not s > 0:
+        raise StudyError(f"--excerpt: expected a number of seconds > 0, found {seconds!r}")
+    if s > MAX_SECONDS:
+        raise StudyError(f"--excerpt: expected at most {MAX_SECONDS:g} seconds (a week), found "
+                         f"{seconds!r}")
     if at is None or (isinstance(at, str) and at.strip().lower() == WORST):
         return s, WORST
     a = _number(at)
-    if a is None or not 0 <= a <= MAX_SECONDS:
-        raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0 and "
-                         f"at most {MAX_SECONDS:g}, found {at!r}")
+    if a is None or a < 0:
+        raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0, "
+                         f"found {at!r}")
+    if a > MAX_SECONDS:
+        raise StudyError(f"--excerpt-at: expected a start at most {MAX_SECONDS:g} seconds (a "
+                         f"week), found {at!r}")
     return s, a
 
 
