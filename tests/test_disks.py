@@ -76,6 +76,9 @@ def test_writes_to_a_read_only_database_file_say_so_in_one_line(world, name):
     """The database file alone read-only (its folder writable: SQLite opens it and reads; the
     first write is refused)."""
     r = disks.evalkit(*COMMANDS[name], readonly=[world / "s.db"], cwd=world)
+    store.open_db(world / "s.db")     # its -wal and -shm, left beside it, folded back in
+    store.close_all()
+    assert not (world / "s.db-wal").exists()
     assert r.returncode == 2, (r.stdout[-500:], r.stderr[-3000:])
     assert_one_line_error(r.stderr, "--db s.db", "cannot be written", "read-only")
 
