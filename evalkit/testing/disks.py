@@ -47,7 +47,8 @@ def script(argv, *, readonly=(), full=(), cwd=None, fill: bool = True) -> str:
         lines.append(f"mount --bind {d} {d} && mount -o remount,bind,ro {d} {d}")
     for i, d in enumerate(full):
         d = Path(d).resolve()
-        keep = shlex.quote(f"/tmp/.evalkit-full-{os.getpid()}-{i}")
+        # an empty folder beside it (left behind, empty, when the namespace ends)
+        keep = shlex.quote(str(d.parent / f".{d.name}.evalkit-full-{i}"))
         q = shlex.quote(str(d))
         size = _size_kb(d) + FULL_KB
         # the folder's files are reached through a second bind of it, taken before the tmpfs
