@@ -157,8 +157,8 @@ def test_pin_through_a_link_pins_the_target_and_keeps_the_link(compared, tmp_pat
     """`gate --pin` on a gate reached through a symlink (a shared gate linked into a repo):
     the file it points to gets the conventions, and the link is still a link to it."""
     _, report, _ = compared
-    target = write(tmp_path / "shared" / "gate.yaml", "tof: {mean: {max: 5}}\n") \
-        if (tmp_path / "shared").mkdir() is None else None
+    (tmp_path / "shared").mkdir()
+    target = write(tmp_path / "shared" / "gate.yaml", "tof: {mean: {max: 5}}\n")
     link = tmp_path / "gate.yaml"
     link.symlink_to(target)
     r = run_evalkit("gate", report, "--gate", link, "--pin")
