@@ -709,3 +709,24 @@ def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_study_made_before_trial_streams_refuses_new_raters_in_one_line(report, tmp_path, cli):
+    """`study invite` on a study an older evalkit made (schema 4, a video per side: no trial
+    streams in its config, e.g. commit 35d4eb1): one line naming the fix, exit code 2, no
+    rater made (the sweep's KeyError: 'streams')."""
+    path = tmp_path / "v4.db"
+    sid = old_study_db(report, path, 4)
+    con = sqlite3.connect(path)                 # as 35d4eb1 wrote it: no streams in the config
+    cfg = json.loads(con.execute("select config from studies where id = ?", (sid,)).fetchone()[0])
+    cfg.pop("streams")
+    for p in cfg["catch_pool"]:
+        p.pop("streams", None)
+    con.execute("update studies set config = ? where id = ?", (json.dumps(cfg), sid))
+    con.commit()
+    con.close()
+    code, out, err = cli("study", "invite", "--db", path, "--study", sid, "--count", "2")
+    assert code == 2, (out, err)
+    assert_one_line_error(err, f"study {sid}", "older evalkit", "cannot take new raters",
+                          "evalkit study create")
+    assert sqlite3.connect(path).execute("select count(*) from raters").fetchone()[0] == 0

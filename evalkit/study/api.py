@@ -59,6 +59,12 @@ def read_report(report) -> dict:
         compared = list(summary["jobs"]["compared"])
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputFileError(summary_path, f"not a compare summary ({e.__class__.__name__}: {e})")
+    from ..compare.report import SUMMARY_SCHEMA_VERSION
+    from ..formats.models import version_problem
+
+    problem = version_problem(summary, SUMMARY_SCHEMA_VERSION, default=SUMMARY_SCHEMA_VERSION)
+    if problem:             # a report of another evalkit: its fields may mean something else
+        raise InputFileError(summary_path, f"field 'schema_version': {problem}")
     for side, run in (("a", run_a), ("b", run_b)):
         if not run.is_absolute() and not run.is_dir():   # older reports kept paths as given
             raise InputFileError(summary_path, f"field 'runs.{side}.path': run folder '{run}' not "
@@ -465,6 +471,11 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
         cl = [dict(r) for r in conn.execute(select(clips).where(clips.c.study_id == st["id"])
                                             .order_by(clips.c.ord)).mappings()]
         pool = st["config"]["catch_pool"]
+        if "streams" not in st["config"]:   # made before trial streams (schema 4 and older)
+            raise StudyError(f"study {st['id']}: made by an older evalkit (a video per side, "
+                             "before trial streams): it cannot take new raters; make it again "
+                             "from its report with `evalkit study create REPORT --db ...` and "
+                             "invite raters there")
         for c in cl:
             c["streams"] = st["config"]["streams"][str(c["id"])]
         n = conn.execute(select(func.count()).select_from(raters)
