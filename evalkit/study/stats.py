@@ -558,7 +558,17 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     if o["clip_dispersion"][0]:
         reasons.append("clips' accuracies spread around 0.5 beyond chance (p "
                        f"{format_p(float(o['p_clip_dispersion'][0]))})")
+    # the raters below 0.5 by an unadjusted exact test: named when a pooled check fires
+    lowest = [{"rater": lab, "ratings": int(o["nr"][0, i]), "correct": int(o["kr"][0, i]),
+               "p_low": float(o["p_rater_low"][0, i])}
+              for i, lab in enumerate(rlab) if o["p_rater_low"][0, i] <= alpha]
+    if o["below_chance"][0] and lowest and not low_raters:
+        reasons.append("lowest: rater" + ("s " if len(lowest) > 1 else " ")
+                       + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})"
+                                   for e in lowest) + f" (each below 0.5 at p <= {alpha:g} "
+                       "unadjusted)")
     below = {"found": bool(o["below_chance"][0]), "raters": low_raters, "clips": low_clips,
+             "lowest_raters": lowest,
              "overall_p": float(o["p_overall_low"][0]),
              "rater_dispersion_p": float(o["p_rater_dispersion"][0]),
              "clip_dispersion_p": float(o["p_clip_dispersion"][0]), "reasons": reasons}
@@ -1346,6 +1356,12 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         raise ValueError(f"--margin {margin:g}: {need} included raters would be "
                          f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
                          f"--margin or more clips")
+    if protocol == "abx" and approx * C > MAX_RATERS:
+        raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} clips "
+                         f"= {approx * C:,} test ratings would be needed (at least {C:,} clips "
+                         f"to bound the share of visibly different clips below "
+                         f"{visible_share_limit(margin):g}; the limit is {MAX_RATERS:,} test "
+                         "ratings); use a larger --margin")
     pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
                   heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
                   progress=progress)
