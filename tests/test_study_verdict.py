@@ -56,7 +56,7 @@ def test_spread_in_both_directions_blocks_the_claim_without_any_single_rater():
     # Holm over 60 raters), the rest at 15/30: accuracy 0.5, spread far beyond chance
     def c(i, j):
         right = 23 if i < 12 else 7 if i < 24 else 15
-        return int(j < right)
+        return int((i + j) % 30 < right)          # spread evenly over the clips
     d = stats.decide_abx(*_grid(60, 30, c), margin=0.1)
     assert d["accuracy"] == 0.5 and d["upper_bound"] < 0.6
     assert d["below_chance"]["raters"] == [] and d["below_chance"]["found"]

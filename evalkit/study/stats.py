@@ -26,6 +26,23 @@ planned number of included raters has finished, see "Sequential looks" below), a
    rater's and its clip's draw counts (a replicate with zero total weight counts as accuracy
    1.0, the worst case); ``df = min(raters, clips) - 1`` is a small-cluster correction (the
    bootstrap SD is estimated from that many independent units at best).
+   Two more conditions for "indistinguishable" (issue 44; they never make a study
+   "distinguishable", so the false "distinguishable" rate at chance is that of 1-3):
+
+   * *nothing below chance*: under the sharp null every answer is a fair coin, so a rater or a
+     clip significantly *below* 0.5 (exact lower-tail binomial, Holm, at ``alpha`` x 0.1
+     each), all ratings below 0.5 (``alpha`` x 0.1), or raters' or clips' accuracies spread
+     around 0.5 in either direction beyond chance (sum of (2k - n)^2 / n against
+     :data:`DISPERSION_DRAWS` fair-coin draws, ``alpha`` x 0.35 each) mean someone saw the
+     difference and answered against it (a confused rater, a saboteur, a bot that decodes):
+     no equivalence claim. Inverted answers, which pull the accuracy toward or below 0.5,
+     cannot then buy a claim; at chance these checks fire together at most ``alpha``.
+   * *coverage*: the one-sided 95% bound on the share of visibly different clips
+     (:func:`visible_share_bound`, none flagged) is below :func:`visible_share_limit`
+     (2 x margin: fully visible clips at that share alone put the accuracy at 0.5 + margin);
+     15 random clips miss a 10% share of visible clips 21% of the time, so at margin 0.05 the
+     claim needs :func:`min_clips` = 29 clips or more.
+
 5. Otherwise ``inconclusive``.
 
 Why a t-quantile times the bootstrap SD and not the bootstrap percentile: with 4-8 raters or 10
