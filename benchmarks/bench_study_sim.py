@@ -391,8 +391,8 @@ def main() -> int:
         # 12. under-sized studies ----------------------------------------------------------
         print("\n== 12. under-sized studies (issue 44, item 4): what `study results` does with a "
               "design below its plan: the rule's P('indistinguishable') at the boundary per "
-              "scenario, design_check at the achieved size (400 studies a scenario, fixed "
-              "seed), and the rate reported (0 where the check fails; target <= 0.05 + 1 SE) ==")
+              "scenario, design_check at the achieved size (400 studies a boundary scenario, "
+              "1,000 a below-chance one, fixed seed), and the rate reported (0 where the check fails; target <= 0.05 + 1 SE) ==")
         for margin, R, C in ((0.05, 12, 100), (0.05, 23, 100), (0.05, 30, 29),
                              (0.05, p05["raters"] - 10, p05["clips"]), (0.1, 12, 15),
                              (0.1, 20, 15), (0.1, 26, 15), (0.1, p10["raters"] - 4, 15),

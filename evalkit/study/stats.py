@@ -1094,12 +1094,14 @@ def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
         text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: simulated "
                 f"'indistinguishable' at true accuracy {0.5 + margin:g} is "
                 + ", ".join(f"{sc} {r:.3f}" for sc, r in failing.items())
-                + f" (above {alpha:g}; {studies} studies a scenario)")
+                + f" (above {alpha:g}; {studies} studies a boundary scenario, "
+                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
     else:
         text = (f"{raters} raters x {clips} clips still keep the rule: simulated "
                 f"'indistinguishable' at true accuracy {0.5 + margin:g} at most "
                 f"{max(r for r, _ in rates.values()):.3f} in {len(rates)} scenarios "
-                f"({studies} studies each)")
+                f"({studies} studies a boundary scenario, "
+                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
     out = {"ok": ok, "raters": int(raters), "clips": int(clips), "visible_share_bound": vb,
            "visible_share_limit": lim, "rates": rates, "failing": failing, "text": text,
            "studies": studies}
