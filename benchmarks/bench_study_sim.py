@@ -296,7 +296,8 @@ def main() -> int:
         # 10. answers below chance ---------------------------------------------------------
         print("\n== 10. answers below chance (issue 44, item 2): the truth at the boundary 0.5 + "
               "margin, some answers against what is seen; P('indistinguishable') by the rule "
-              "(target <= 0.05 + 1 SE) and by the rule before the checks below chance and the "
+              "(target <= 0.05 + 1 SE at the plans; the old plans are shown, not targets: "
+              "section 12) and by the rule before the checks below chance and the "
               "coverage bound ('old': not distinguishable and U < 0.5 + margin) ==")
         cases = []
         for inv in (0.25, 0.5, 1.0):
@@ -320,11 +321,16 @@ def main() -> int:
                 o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                        seed=seed + k, **kw)
                 r, se = o["indistinguishable"], o["se"]["indistinguishable"]
-                ok = r - se <= 0.05
+                # the old plans are below the new ones: `study results` refuses a claim there
+                # unless design_check passes (section 12), so they are shown, not targets
+                target = tag != "old plan"
+                ok = r - se <= 0.05 or not target
                 fails += not ok
                 print(f"margin {margin:4.2f} {R:3d} x {C:3d} {tag:8} {text:45}: "
                       f"{_fmt(r, se)}  old {o['bound_below_margin']:.4f}  below chance "
-                      f"found {o['below_chance']:.4f}{'' if ok else ' FAIL'}", flush=True)
+                      f"found {o['below_chance']:.4f}{'' if ok else ' FAIL'}"
+                      f"{'' if target or r - se <= 0.05 else ' (no target: below the plan)'}",
+                      flush=True)
         print("limits (not targets): answers barely below chance, which no data of these sizes "
               "tell from answers at chance (item 7: out of reach of any rule on the answers): "
               "every rater at 0.5 + margin and half of them inverted (0.5 - margin); bots at "
