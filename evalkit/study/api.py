@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, stats, threshold, trialmedia
+from . import design, excerpt, fidelity, simcache, stats, threshold, trialmedia
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import ordered_map, prepare_media_dir
@@ -415,11 +415,13 @@ _PLANS: dict = {}
 
 
 def _plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
-    """The planner's design for this study (cached per process: it simulates)."""
+    """The planner's design for this study (cached per process and on disk: it simulates)."""
     key = (protocol, margin, n_clips, alpha)
     if key not in _PLANS:
         try:
-            _PLANS[key] = stats.plan(protocol, margin, clips=n_clips, alpha=alpha)
+            _PLANS[key] = simcache.cached(
+                "plan", {"protocol": protocol, "margin": margin, "clips": n_clips, "alpha": alpha},
+                lambda: stats.plan(protocol, margin, clips=n_clips, alpha=alpha))
         except ValueError as e:
             raise StudyError(str(e)) from None
     return _PLANS[key]
@@ -977,8 +979,9 @@ def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
                 if pr is not None else "no plan recorded")
     out["text"] = f"UNDER-SIZED: {raters} raters x {clips} clips; {plan_txt}"
     if st["protocol"] in design.FORCED_CHOICE and clips >= 1 and raters >= 1:
-        out["check"] = stats.design_check(raters, clips, margin=st["margin"],
-                                          alpha=st["alpha"])
+        args = {"raters": raters, "clips": clips, "margin": st["margin"], "alpha": st["alpha"]}
+        out["check"] = simcache.cached("design_check", args,
+                                       lambda: stats.design_check(**args))
         out["text"] += f"; {out['check']['text']}"
     return out
 
