@@ -5,7 +5,9 @@ Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``su
 ``invite``); this module only lays them out."""
 from __future__ import annotations
 
+import html
 import os
+import re
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -25,10 +27,33 @@ def studies_table(db) -> pd.DataFrame:
     return pd.DataFrame(study.list_studies(db), columns=STUDY_COLUMNS)
 
 
+def plain(text: str) -> str:
+    """``text`` shown as written inside Markdown: HTML's special characters as entities, and
+    the Markdown that fetches or runs something (links, images, code, LaTeX) escaped. Free text
+    (``unblind --who/--reason``, labels) reaches the page through here, never as markup."""
+    text = html.escape(str(text), quote=False)
+    return re.sub(r"([\\`\[\]$!|])", r"\\\1", text)
+
+
 def verdict_markdown(res: dict) -> str:
     """The study's results as the CLI prints them (one formatter: evalkit.study.text)."""
-    lines = results_lines(res)
+    lines = [plain(ln) for ln in results_lines(res)]
     return f"### {lines[0]}\n\n" + "\n\n".join(lines[1:])
+
+
+def study_id(sid) -> int:
+    """The admin page's study number: a whole number from 1 (a UserError in one line for
+    anything else the page or a script sends: text, NaN, infinity, a list)."""
+    if isinstance(sid, bool) or not isinstance(sid, (int, float, str)) or sid in ("", None):
+        raise UserError(f"study: expected a study number, found {str(sid)[:40]!r}")
+    try:
+        f = float(sid)
+        n = int(f)
+    except (ValueError, OverflowError):
+        raise UserError(f"study: expected a study number, found {str(sid)[:40]!r}") from None
+    if n != f or not 1 <= n <= 2**63 - 1:
+        raise UserError(f"study: expected a whole study number from 1, found {str(sid)[:40]!r}")
+    return n
 
 
 def clip_plot(res: dict):
@@ -149,7 +174,7 @@ def curve_plot(res: dict):
 
 def progress_markdown(prog: dict) -> str:
     """The study's progress in one line, headed; shown above the per-rater table."""
-    return f"#### Progress\n\n{prog['text']}"
+    return f"#### Progress\n\n{plain(prog['text'])}"
 
 
 def progress_table(prog: dict) -> pd.DataFrame:
@@ -173,16 +198,33 @@ def export_links(sid: int) -> str:
             'Download summary CSV</a>')
 
 
+def _count(count) -> int:
+    try:
+        return int(float(count))
+    except (TypeError, ValueError, OverflowError):
+        raise UserError(f"count: expected a number of raters, found {str(count)[:40]!r}") from None
+
+
+def raw_number(**kw) -> gr.Number:
+    """A number box whose value reaches the event as the page (or a script calling the event)
+    sent it: :func:`study_id` checks it. (Gradio's own conversion raises on text or NaN: a 500
+    with a traceback. A subclass would make Gradio write a .pyi beside this file.)"""
+    box = gr.Number(**kw)
+    box.preprocess = lambda payload: payload
+    return box
+
+
 def build_admin(db) -> gr.Blocks:
     def refresh():
         return studies_table(db)
 
     def show(sid):
         try:
-            res = study.results(db, int(sid or 0), reps=1000)
-            prog = study.study_progress(db, int(sid or 0))
-        except (UserError, ValueError) as e:
-            return (f"**error:** {e}", shown("", False), shown(None, False),
+            sid = study_id(sid)
+            res = study.results(db, sid, reps=1000)
+            prog = study.study_progress(db, sid)
+        except UserError as e:
+            return (f"**error:** {plain(e)}", shown("", False), shown(None, False),
                     *(shown(None, False) for _ in range(3)), shown(None, False),
                     shown(None, False))
         clips = pd.DataFrame(res.get("levels") if res["protocol"] == "threshold"
@@ -199,8 +241,8 @@ def build_admin(db) -> gr.Blocks:
 
     def make_invites(sid, count, label, request: gr.Request):
         try:
-            made = study.invite(db, int(sid or 0), int(count or 0), label or None)
-        except (UserError, ValueError) as e:
+            made = study.invite(db, study_id(sid), _count(count), label or None)
+        except UserError as e:
             return f"error: {e}"
         host = request.headers.get("host", "127.0.0.1") if request else "127.0.0.1"
         return "\n".join(f"rater {m['rater']}: http://{host}/?token={m['token']}" for m in made)
@@ -208,10 +250,10 @@ def build_admin(db) -> gr.Blocks:
     def export(sid):
         """Check the study and show the links to its two CSVs (made when downloaded)."""
         try:
-            sid = int(sid or 0)
+            sid = study_id(sid)
             n = len(study.ratings_csv(db, sid).splitlines()) - 1
-        except (UserError, ValueError, OverflowError) as e:
-            return f"**error:** {e}", ""
+        except UserError as e:
+            return f"**error:** {plain(e)}", ""
         return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} to export (the key: "
                 f"{study.key_status(db, sid)}).", export_links(sid))
 
@@ -223,7 +265,7 @@ def build_admin(db) -> gr.Blocks:
                              elem_id="studies")
         gr.Timer(5).tick(refresh, outputs=table)
         refresh_btn.click(refresh, outputs=table)
-        sid = gr.Number(label="Study", value=1, precision=0, elem_id="study-id")
+        sid = raw_number(label="Study", value=1, precision=0, elem_id="study-id")
         with gr.Tab("Results"):
             res_btn = gr.Button("Show results", elem_id="show-results")
             verdict = gr.Markdown(elem_id="verdict")
@@ -241,7 +283,7 @@ def build_admin(db) -> gr.Blocks:
             res_btn.click(show, inputs=sid, outputs=[verdict, prog_md, prog_tab, curve, plot,
                                                      lp_plot, per_clip, excluded])
         with gr.Tab("Invites"):
-            count = gr.Number(label="How many raters", value=1, precision=0)
+            count = raw_number(label="How many raters", value=1, precision=0)
             label = gr.Textbox(label="Label (optional)")
             inv_btn = gr.Button("Create invites", elem_id="make-invites")
             links = gr.Textbox(label="Invite links (shown only now)", lines=4, elem_id="links")

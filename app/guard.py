@@ -4,6 +4,8 @@
   Content-Security-Policy that allows only this server (Gradio's pages need inline scripts and
   ``new Function`` for their templates, so ``'unsafe-inline' 'unsafe-eval'`` stay), no framing
   (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), ``nosniff``, ``no-referrer``;
+- **storage failures**: a request that fails because the database's disk is full or
+  read-only is answered 503 (``UNAVAILABLE``, Retry-After) and logged in one line;
 - **closed doors**: Gradio's upload and file routes (``CLOSED``) answer 404 (nothing of this app
   uploads a file; the admin's CSV downloads are ``/export``, behind the password);
 - a **request body limit** (``MAX_BODY``) and **read timeout** (``BODY_TIMEOUT_S``): a larger
@@ -11,15 +13,23 @@
   here before the app sees it (413 at the limit, 408 when it does not arrive in time);
 - **back-off on password checks** (:class:`Throttle`): a failed admin login (Gradio's
   ``/admin/login``) or ``/export`` password counts per client address and the admin account's
-  checks are rate-limited; both are counted *before* the check, so parallel guesses gain
-  nothing. The clock is injected (tests drive it).
+  checks are rate-limited, handed out in turn (slowed, never locked); both are counted
+  *before* the check, so parallel guesses gain nothing; a right password clears its address's
+  count whatever the answer (a 404 for a missing study too). The clock is injected.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Callable
 
+from evalkit.fsutil import storage_error
+
+LOG = logging.getLogger("evalkit.serve")
+#: what a request gets while the database cannot be written (a full or read-only disk)
+UNAVAILABLE = ("service unavailable: the server cannot store anything now (its disk is full or "
+               "read-only); nothing was saved, try again later")
 MAX_BODY = 64 * 1024          # bytes; the largest legitimate body (a Gradio event) is ~1 KB
 BODY_TIMEOUT_S = 30.0         # a request body must have arrived whole within this
 FREE_FAILURES = 5
@@ -46,10 +56,16 @@ class Throttle:
     - per client address: ``free`` failures, then each further attempt waits ``2**k`` seconds
       (``max_wait`` at most); an attempt counts as a failure until :meth:`succeeded` clears the
       count, so attempts in flight at once are counted at once;
-    - per account (the admin's: one password): a token bucket of ``rate`` checks a second
-      (``burst`` at once) over every client, so guessing from many addresses is slowed; it
-      never locks: the wait is at most ``1/rate`` seconds, and a throttled client uses none.
+    - per account (the admin's: one password): ``rate`` checks a second (``burst`` at once)
+      over every client, handed out in turn: a client refused for want of a check is given the
+      next free one (a turn, kept for it ``TURN_S`` seconds) and told when it comes; others
+      asking later queue behind it. Guessing from many addresses is slowed, and nobody is
+      locked out: the admin waits at most one turn per other client waiting (each address
+      holds one turn at a time, and an address that keeps failing is locked out by its own
+      back-off), never forever.
     """
+
+    TURN_S = 30.0       # a turn not taken this long after it came is given up
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_FAILURES,
                  max_wait: float = MAX_WAIT_S, rate: float = ACCOUNT_RATE,
@@ -57,7 +73,8 @@ class Throttle:
         self.clock, self.free, self.max_wait = clock, free, max_wait
         self.rate, self.burst = float(rate), float(burst)
         self._fails: dict[str, tuple[int, float]] = {}     # address -> (failures, locked until)
-        self._bucket: dict[str, tuple[float, float]] = {}  # account -> (tokens, at)
+        self._next: dict[str, float] = {}                   # account -> when its next check is free
+        self._turns: dict[tuple[str, str], float] = {}      # (account, address) -> its turn
 
     def wait(self, who: str) -> float:
         """Seconds the client ``who`` must wait before the next attempt (0: go ahead)."""
@@ -71,11 +88,27 @@ class Throttle:
         if wait > 0:
             return wait
         t = self.clock()
-        tokens, at = self._bucket.get(account, (self.burst, t))
-        tokens = min(self.burst, tokens + (t - at) * self.rate)
-        if tokens < 1.0:
-            return (1.0 - tokens) / self.rate
-        self._bucket[account] = (tokens - 1.0, t)
+        step = 1.0 / self.rate
+        turn = self._turns.get((account, who))
+        if turn is not None and t > turn + self.TURN_S:
+            del self._turns[(account, who)]          # not taken in time: given up
+            turn = None
+        if turn is not None:
+            if t < turn:
+                return turn - t
+            del self._turns[(account, who)]          # its turn: the check was kept for it
+        else:
+            # the account's checks, GCRA: ``_next`` runs ahead of the clock by one step per
+            # check; up to ``burst`` steps ahead may go at once
+            nxt = max(self._next.get(account, t), t - (self.burst - 1) * step)
+            free_at = nxt - (self.burst - 1) * step      # when this check may go
+            self._next[account] = max(nxt, t) + step if free_at <= t else nxt + step
+            if free_at > t:                               # none free now: the next is its turn
+                self._turns[(account, who)] = free_at
+                if len(self._turns) > 100_000:           # bounded: forget the oldest turns
+                    for k in list(self._turns)[:50_000]:
+                        del self._turns[k]
+                return free_at - t
         self.failed(who)
         return 0.0
 
@@ -185,9 +218,30 @@ class Guard:
                                           *(h for h in HEADERS if h[0] not in names)]}
             await send(msg)
 
-        await self.app(scope, receive, guarded_send)
-        if kind is not None and 200 <= status[0] < 300:
+        try:
+            await self.app(scope, receive, guarded_send)
+        except Exception as e:
+            line = storage_error(e)
+            if line is None:
+                raise
+            # the disk under the database is full or read-only: one log line, and a 503 that
+            # says so (not a 500 and its traceback, for every request until it is fixed)
+            LOG.warning("%s %s: 503 (%s)", scope.get("method"), scope.get("path", "")[:80],
+                        line)
+            if status[0] == 0:
+                await _plain(send, 503, UNAVAILABLE, [(b"retry-after", b"30")])
+            return
+        if kind is not None and password_passed(kind, status[0]):
             self.throttle.succeeded(who)
+
+
+def password_passed(kind: str, status: int) -> bool:
+    """Whether a checked request's answer says its password was right: a login is answered
+    2xx; an export is refused 401 for a wrong password only, so any other answer (a missing
+    study's 404 included) followed a right one and must not count as a failed guess."""
+    if kind == "export":
+        return status not in (0, 401) and status < 500
+    return 200 <= status < 300
 
 
 def _replay(body: bytes, receive):

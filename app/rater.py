@@ -18,6 +18,7 @@ pass them as inputs of the ``answer`` event; the service stores what it is given
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -27,7 +28,10 @@ import gradio as gr  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
+from evalkit.fsutil import storage_error  # noqa: E402
 from evalkit.study.live import RaterService  # noqa: E402
+
+LOG = logging.getLogger("evalkit.serve")
 
 STATIC = Path(__file__).resolve().parent / "static"
 STALE = ("This trial was already answered (in another tab or on another device); "
@@ -60,6 +64,20 @@ async def load(svc: RaterService, token: str) -> dict:
         return await svc.state(token)
     except UserError as e:
         return {"fatal": f"This invite link is not valid: {e}"}
+    except Exception as e:
+        return {"fatal": _unavailable(e, "load")}
+
+
+def _unavailable(e: Exception, what: str) -> str:
+    """The page's message when the database's disk is full or read-only (logged in one line);
+    any other failure is raised."""
+    line = storage_error(e)
+    if line is None:
+        raise e
+    LOG.warning("rater %s: unavailable (%s)", what, line)
+    lost = " Your answer was not saved." if what == "answer" else ""
+    return ("The server cannot save anything right now (its disk is full or read-only)."
+            f"{lost} Please try again later with the same link.")
 
 
 async def answer(svc: RaterService, token: str, data: dict, client: str | None) -> dict:
@@ -78,6 +96,8 @@ async def answer(svc: RaterService, token: str, data: dict, client: str | None) 
         out = {"fatal": str(e)}
     except UserError as e:
         out = {"error": str(e)}
+    except Exception as e:
+        out = {"error": _unavailable(e, "answer")}
     out["nonce"] = data.get("nonce")
     return out
 

@@ -314,13 +314,25 @@ def _admin_session(api, request: Request) -> bool:
 class _Counted:
     """A file response that reports the bytes it sent, ``report(start, stop)``, once it ends
     (sent whole, or cut off: what went out so far). A 200 covers ``[0, n)``, a 206 its
-    ``Content-Range`` start on; a HEAD or a multi-range answer reports nothing."""
+    ``Content-Range`` start on; a HEAD or a multi-range answer reports nothing.
+
+    A whole response is reported the moment its last body message was handed to the server,
+    with no ``await`` in between: the report is queued to the service before this event loop
+    can read the page's acknowledgement of those bytes (``POST /api/ack``, which the service
+    handles after it, in order). Reported later (after the file response's own clean-up), an
+    acknowledgement could overtake it and be refused as "never sent"."""
 
     def __init__(self, response, report):
         self.response, self.report = response, report
 
     async def __call__(self, scope, receive, send):
-        start, sent = [None], [0]
+        start, sent, done = [None], [0], [False]
+
+        def report():
+            if (not done[0] and start[0] is not None and sent[0] > 0
+                    and scope.get("method") != "HEAD"):
+                done[0] = True
+                self.report(start[0], start[0] + sent[0])
 
         async def counting(msg):
             if msg["type"] == "http.response.start":
@@ -331,14 +343,15 @@ class _Counted:
             elif msg["type"] == "http.response.body":
                 await send(msg)
                 sent[0] += len(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    report()
                 return
             await send(msg)
 
         try:
             await self.response(scope, receive, counting)
         finally:
-            if start[0] is not None and sent[0] > 0 and scope.get("method") != "HEAD":
-                self.report(start[0], start[0] + sent[0])
+            report()
 
 
 class _QuietShutdown(logging.Filter):

@@ -13,13 +13,13 @@ loopback, side by side in one run:
   app, JSON API (cheap: one more server per repeat).
 
 All use the same SQLite settings (WAL, ``synchronous=FULL``) and the same steps, which respect
-the server-side gate: every rater first loads its trial and requests its videos (``GET
-/media/...`` with a one-byte range, as a browser starts), then, one clip length later, all
-raters answer at once; the answer brings the next trial, and each further round starts one
-clip length later. Each rater has its own keep-alive connections (the JSON side one, the
-Gradio side two: requests and the event stream, as a browser tab), on a lean client shared by
-both sides (:class:`evalkit.testing.gradio_client.Connection`; httpx's own per-request CPU
-dominated the measurement on a 2-core machine). Latency of an answer: from sending it to its
+the server-side gate: every rater first loads its trial, fetches its videos whole and
+acknowledges them (``GET /media/...``, ``POST /api/ack``, as the page does), then, one clip
+length later, all raters answer at once; the answer brings the next trial, and each further
+round starts one clip length later. Each rater has its own keep-alive connections (the JSON
+side one, the Gradio side two: requests and the event stream, as a browser tab), on a lean
+client shared by both sides (:class:`evalkit.testing.gradio_client.Connection`; httpx's own
+per-request CPU dominated the measurement on a 2-core machine). Latency of an answer: from sending it to its
 reply (the JSON response; for Gradio, from sending the join to receiving process_completed).
 Reports per side p50/p95/max latency, errors (by kind: HTTP status, transport error, Gradio
 failure, or a reply that refuses the answer), acknowledged vs stored ratings (lost =
@@ -55,7 +55,8 @@ from sqlalchemy import select  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.study import store  # noqa: E402
-from evalkit.testing.gradio_client import Connection, GradioError, GradioRater, endpoints  # noqa: E402
+from evalkit.testing.gradio_client import (Connection, GradioError, GradioRater, ack,  # noqa: E402
+                                          endpoints)
 
 SIDES = ("before", "json", "gradio")
 TIMEOUT_S = 60            # one answer taking longer counts as an error ("timeout")
@@ -109,8 +110,10 @@ class JsonRater:
         self.trial = json.loads(body)["trial"]
 
     async def media(self) -> None:
-        for name in (self.trial or {}).get("media", {}).values():   # whole: the gate counts bytes
-            await self.conn.request("GET", f"/media/{name}?token={self.token}")
+        # whole, then acknowledged as the page does: the gate's clock starts at the ack
+        for name in (self.trial or {}).get("media", {}).values():
+            _, data = await self.conn.request("GET", f"/media/{name}?token={self.token}")
+            await ack(self.conn, self.token, name, data)
 
     async def answer(self) -> tuple[str | None, float]:
         """One answer: (error kind or None, latency in ms); the reply's trial becomes current."""

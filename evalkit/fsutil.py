@@ -63,6 +63,41 @@ def no_room(e: BaseException) -> bool:
     return False
 
 
+#: errnos of a place that cannot be written at all: a read-only file system, no permission
+NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def storage_error(e: BaseException, db: str | None = None) -> str | None:
+    """The one line for a failure of the storage under the command (None: something else): a
+    write refused for want of room or on a read-only file system or without permission (an
+    OSError, or SQLite's own error, anywhere in the exception's chain; ``db``: the study
+    database the command was given, named in the line)."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            where = str(seen.filename or "a file")
+            name = where.rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith(".") and ".tmp-" in name:     # an atomic write's temporary:
+                where = where.rstrip("/").rsplit("/", 1)[0] or "."   # its folder is the place
+            if no_room(seen):
+                return (f"{where}: could not be written ({seen.strerror}); make room and run "
+                        "the command again")
+            if seen.errno in NOT_WRITABLE:
+                return (f"{where}: cannot be written ({seen.strerror}); write somewhere "
+                        "writable (what the command wrote before this is kept)")
+        text = str(seen).lower()
+        if type(seen).__module__.startswith(("sqlite3", "sqlalchemy")):
+            named = f"--db {db}: " if db else ""
+            if "readonly database" in text or "read-only" in text:
+                return (f"{named}the study database cannot be written (read-only: its file or its "
+                        "folder); copy it somewhere writable")
+            if "database or disk is full" in text or "disk i/o error" in text:
+                return (f"{named}the study database could not be written (no space left on its disk, "
+                        "or a disk I/O error); make room and run the command again")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _reason(e: BaseException) -> str:
     while e is not None:
         if isinstance(e, OSError) and e.errno in NO_ROOM:

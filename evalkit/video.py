@@ -152,6 +152,51 @@ def _load_image(path: Path) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def transparency(path: os.PathLike | str) -> str | None:
+    """Where a clip or a folder of frames is not opaque: ``"frame K (<pixel format or image
+    mode>)"`` for the first frame with an alpha value below full, or None (no alpha channel,
+    or one that is opaque everywhere). Frames are read as RGB, which drops alpha: a caller
+    that adopts files says so instead of comparing what the alpha hid. Decodes only when the
+    format carries alpha. A file that cannot be read is None here: the reader says why."""
+    try:
+        return _transparency(Path(path))
+    except (OSError, ValueError, SyntaxError, *_image_errors()):
+        return None
+
+
+def _image_errors() -> tuple:
+    from PIL import Image, UnidentifiedImageError
+
+    return UnidentifiedImageError, Image.DecompressionBombError
+
+
+def _transparency(path: Path) -> str | None:
+    from PIL import Image
+
+    if path.is_dir():
+        for k, f in enumerate(_image_files(path)):
+            with Image.open(f) as im:
+                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P"
+                                                        and "transparency" in im.info):
+                    alpha = np.asarray(im.convert("RGBA"))[..., 3]
+                    if alpha.min() < 255:
+                        return f"frame {k} ({f.name}, {im.mode})"
+        return None
+    import av
+
+    with av.open(str(path)) as c:
+        if not c.streams.video:
+            return None
+        stream = c.streams.video[0]
+        fmt = stream.codec_context.format
+        if fmt is None or not any(comp.is_alpha for comp in fmt.components):
+            return None
+        for k, frame in enumerate(c.decode(stream)):
+            if frame.to_ndarray(format="rgba")[..., 3].min() < 255:
+                return f"frame {k} ({fmt.name})"
+    return None
+
+
 def _png_bit_depth(path: Path) -> int:
     """The bit depth in a PNG's header (byte 24: the signature, IHDR's length, type, size)."""
     with open(path, "rb") as f:

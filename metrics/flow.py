@@ -121,10 +121,16 @@ def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str =
         sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
         src = cv2.resize(src, (sw, sh), interpolation=cv2.INTER_AREA)
         dst = cv2.resize(dst, (sw, sh), interpolation=cv2.INTER_AREA)
-    if method == "dis":
-        f = _dis(preset, src.shape).calc(src, dst, None)
-    else:
-        f = cv2.calcOpticalFlowFarneback(src, dst, None, *FARNEBACK_PARAMS)
+    try:
+        if method == "dis":
+            f = _dis(preset, src.shape).calc(src, dst, None)
+        else:
+            f = cv2.calcOpticalFlowFarneback(src, dst, None, *FARNEBACK_PARAMS)
+    except cv2.error as e:      # frames too small or too thin for its pyramid (2x2, 2048x16)
+        why = next((ln.strip() for ln in str(e).splitlines() if "error:" in ln), str(e))
+        raise MetricInputError(f"frames: {w}x{h}: OpenCV's {method} optical flow (temporal "
+                               f"metrics) cannot take them ({why.split('error:')[-1].strip()[:120]}"
+                               "); try --no-temporal or --flow farneback") from None
     if scale != 1:
         f = cv2.resize(f, (w, h), interpolation=cv2.INTER_LINEAR)
         f[..., 0] *= w / sw

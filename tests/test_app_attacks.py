@@ -38,7 +38,7 @@ def env(tmp_path_factory, reports):
                              seed=4, allow_masking=True)["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
     server = Server(db).start()
-    yield {"db": db, "sid": sid, "root": root, "server": server}
+    yield {"db": db, "sid": sid, "root": root, "server": server, "report": report}
     server.stop()
     log = server.proc.stdout.read()
     assert "Traceback" not in log and "Exception" not in log, log[-3000:]   # no 500s, no crashes
@@ -321,27 +321,100 @@ def test_password_checks_are_counted_before_the_check(env):
     assert right_c.status_code == 200 and login_c.status_code == 200, (right_c, login_c)
 
 
-def test_password_checks_of_many_clients_are_slowed_never_locked(env):
-    """The admin account's checks over every client: a bucket of 20, then 2 a second; a client
-    waits at most half a second for its turn, and a throttled client uses none (in process,
-    the clock injected)."""
+def test_password_checks_of_many_clients_are_slowed_never_locked():
+    """The admin account's checks over every client: a bucket of 20, then 2 a second, handed
+    out in turn: a client refused is told when its turn comes (one step per client queued
+    before it), and the turn is kept for it; a throttled client uses none (in process, the
+    clock injected)."""
     from evalkit.app.guard import ACCOUNT_BURST, ACCOUNT_RATE
 
+    step = 1 / ACCOUNT_RATE
     clock = FakeClock()
     th = Throttle(clock=clock)
     waits = [th.begin(f"10.0.0.{i}") for i in range(ACCOUNT_BURST + 5)]
     assert waits[:ACCOUNT_BURST] == [0.0] * ACCOUNT_BURST
-    assert all(0 < w <= 1 / ACCOUNT_RATE for w in waits[ACCOUNT_BURST:]), waits
-    clock.advance(1 / ACCOUNT_RATE)
-    assert th.begin("10.0.1.1") == 0.0 and th.begin("10.0.1.2") > 0
+    assert waits[ACCOUNT_BURST:] == pytest.approx([step * k for k in range(1, 6)]), waits
+    assert th.begin(f"10.0.0.{ACCOUNT_BURST}") == pytest.approx(step)    # asking again: same turn
+    clock.advance(step)
+    assert th.begin(f"10.0.0.{ACCOUNT_BURST}") == 0.0      # its turn, kept for it
+    assert th.begin("10.0.1.1") == pytest.approx(5 * step)    # behind the 4 still queued
+    clock.advance(10 * step)
+    for i in range(ACCOUNT_BURST + 1, ACCOUNT_BURST + 5):
+        assert th.begin(f"10.0.0.{i}") == 0.0
+    assert th.begin("10.0.1.1") == 0.0
+    th2 = Throttle(clock=clock)
     for _ in range(4):                                   # one client burns its free failures
-        clock.advance(1 / ACCOUNT_RATE)
-        assert th.begin("10.0.9.9") == 0.0
-    clock.advance(1 / ACCOUNT_RATE)
-    assert th.begin("10.0.9.9") == 0.0                   # the 5th: now locked for 1 s
-    assert th.begin("10.0.9.9") > 0                       # locked: and it uses no check
-    clock.advance(1 / ACCOUNT_RATE)
-    assert th.begin("10.0.1.3") == 0.0                   # another client's turn is not taken
+        assert th2.begin("10.0.9.9") == 0.0
+    assert th2.begin("10.0.9.9") == 0.0                  # the 5th: now locked for 1 s
+    assert th2.begin("10.0.9.9") > 0                      # locked: and it uses no check
+    assert th2.begin("10.0.1.3") == 0.0                  # another client's turn is not taken
+
+
+def test_guessing_from_40_addresses_does_not_lock_the_admin_out():
+    """The sweep's lock-out: 40 addresses guessing as fast as they are let (each retrying when
+    told) kept the account's checks used up, and the real admin got 429 on 5 of 5 tries. Now the
+    admin, arriving in the thick of it and retrying when told (Retry-After: whole seconds), is
+    checked within one turn per address queued before it; the guessing stays slowed (the
+    throttle itself, the clock injected: 120 simulated seconds of events)."""
+    import math
+
+    from evalkit.app.guard import ACCOUNT_BURST, ACCOUNT_RATE
+
+    clock = FakeClock()
+    th = Throttle(clock=clock)
+    t0 = clock()
+    due = {f"10.1.0.{i}": t0 for i in range(40)}          # who -> when it asks next
+    due["admin"] = t0 + 5.0
+    checked, admin_tries, admin_in = 0, 0, None
+    while clock() - t0 < 120 and admin_in is None:
+        now = clock()
+        for who in sorted(due, key=due.get):
+            if due[who] > now:
+                continue
+            wait = th.begin(who)
+            if who == "admin":
+                admin_tries += 1
+                if wait == 0:
+                    admin_in = now - t0
+                    th.succeeded(who)
+                    break
+                due[who] = now + math.floor(wait) + 1        # what Retry-After says
+            elif wait == 0:
+                checked += 1                                   # a guess checked, wrong
+                due[who] = now                                 # asks again at once
+            else:
+                due[who] = now + wait
+        clock.advance(max(1e-3, min(due.values()) - clock()))
+    assert admin_in is not None, admin_tries
+    # one turn per other address at most (2 s of Retry-After rounding a try), from t = 5 s
+    assert admin_in - 5.0 <= 40 / ACCOUNT_RATE + 2 * admin_tries, (admin_in, admin_tries)
+    assert checked <= ACCOUNT_BURST + ACCOUNT_RATE * admin_in, (checked, admin_in)
+
+
+def test_a_right_password_on_a_missing_study_is_no_failed_guess(env):
+    """/export of a study that does not exist, with the right password, five times and more:
+    404 each time, and the admin's address is not locked (the password was right)."""
+    from evalkit.app.server import build_app
+
+    clock = FakeClock()
+    app = build_app(str(env["db"]), admin_password=ADMIN_PASSWORD, throttle=Throttle(clock=clock),
+                    with_admin=False)
+
+    async def go():
+        t = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=t, base_url="http://test") as c:
+            codes = [(await c.get(f"/export/{n}/ratings.csv", auth=("admin", ADMIN_PASSWORD))
+                      ).status_code for n in (999, 998, 997, 996, 995, 994, "x1", 0)]
+            ok = await c.get(f"/export/{env['sid']}/ratings.csv", auth=("admin", ADMIN_PASSWORD))
+            wrong = [(await c.get(f"/export/{n}/ratings.csv", auth=("admin", "nope"))).status_code
+                     for n in (999, 998, 997, 996, 995, 994)]
+            return codes, ok.status_code, wrong
+    try:
+        codes, ok, wrong = aio.run(go())
+    finally:
+        app.state.raters.close()
+    assert codes == [404] * 8 and ok == 200, (codes, ok)
+    assert wrong == [401] * 5 + [429], wrong            # a wrong one still counts
 
 
 def test_requests_that_made_500s_are_4xx_with_one_log_line(env, tmp_path):
@@ -525,3 +598,63 @@ def test_gate_counts_bytes_delivered_across_two_servers(env):
     finally:
         two.stop()
     assert "Traceback" not in two.proc.stdout.read()
+
+
+# -- issue 47: the admin page's events with bad study ids, free text on the admin page ---------
+
+def test_admin_events_with_bad_study_ids_answer_in_one_line(env):
+    """The admin page's show and export events (and invites) sent a study that is no number
+    (text, NaN, infinity, a list, an object, nothing) by a logged-in admin: each answered with
+    a one-line error on the page, no 500 and no traceback in the server's log (a server of its
+    own: its log is read)."""
+    server = Server(env["db"]).start()
+    bad = ["abc", None, "NaN", "inf", 1e308, "1e999", [1], {"a": 1}, True, 1.5, -3, ""]
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as admin:
+            assert admin.post("/admin/login", data={"username": "admin",
+                                                    "password": ADMIN_PASSWORD}).status_code == 200
+            for event in ("show", "export", "make_invites"):
+                for v in bad:
+                    data = [v, 1, ""] if event == "make_invites" else [v]
+                    r = admin.post(f"/admin/gradio_api/run/{event}", json={"data": data})
+                    assert r.status_code == 200, (event, v, r.status_code, r.text[:300])
+                    first = r.json()["data"][0]
+                    assert "study: expected" in first and "\n" not in first, (event, v, first)
+            r = admin.post("/admin/gradio_api/run/show", json={"data": [env["sid"]]})
+            assert r.status_code == 200 and f"study {env['sid']}" in r.json()["data"][0]
+    finally:
+        server.stop()
+    log = server.proc.stdout.read()
+    assert "Traceback" not in log and "Error" not in log, log[-2000:]
+
+
+def test_unblind_who_and_reason_are_shown_as_text_on_the_admin_page(env, browser):
+    """``unblind --who/--reason`` holding HTML and Markdown (an image, a link, LaTeX): the
+    admin page shows the characters as written; the browser's DOM of the verdict holds no
+    element made of them."""
+    from evalkit.testing.page import admin_results
+
+    db = env["db"]
+    sid = study.create_study(env["report"], db,
+                             protocol="abx", clips_spec="sample:1", seed=9,
+                             allow_masking=True)["study"]
+    who = '<img src=x id=evil onerror="document.title=1"> <b id=bold>admin</b>'
+    reason = "[a link](javascript:alert(1)) ![pic](/export/1/ratings.csv) $x^2$ `code`"
+    study.unblind(db, sid, reason=reason, who=who)
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{env['server'].url}/admin/")
+        page.wait_for_selector("input[type=password]", timeout=30000)
+        text = admin_results(page, sid, ADMIN_PASSWORD, pattern="UNBLINDED")
+        made = page.evaluate("""() => { const v = document.querySelector('#verdict');
+            return {img: v.querySelectorAll('img').length, a: v.querySelectorAll('a').length,
+                    b: v.querySelectorAll('b, #bold, #evil').length,
+                    code: v.querySelectorAll('code').length,
+                    math: v.querySelectorAll('.katex, math').length,
+                    title: document.title}; }""")
+    finally:
+        ctx.close()
+    assert made == {"img": 0, "a": 0, "b": 0, "code": 0, "math": 0,
+                    "title": made["title"]} and made["title"] != "1", made
+    assert who in text and reason in text, text

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from evalkit.study.fidelity import bytes_text
 
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
 from conftest import ROOT, assert_one_line_error, run_evalkit
-from evalkit.testing.studies import answer, current, progress
+from evalkit.testing.studies import acknowledge, answer, current, progress
 from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
 from test_app import export, hidden, rate  # noqa: F401
@@ -102,17 +103,35 @@ def test_refusals(env, server):
         r = httpx.get(f"{u}/media/{bad}", params={"token": t1})
         assert r.status_code == 404 and b"not for raters" not in r.content, bad
     assert httpx.get(f"{u}/media/../secret.mp4", params={"token": t1}).status_code == 404
-    for n in mine["media"].values():           # the page loads the videos: now it counts
-        assert httpx.get(f"{u}/media/{n}", params={"token": t1},
-                         headers={"Range": "bytes=0-99"}).status_code == 206
+    got = {}
+    for n in mine["media"].values():           # the page loads the videos, in two ranges
+        r = httpx.get(f"{u}/media/{n}", params={"token": t1}, headers={"Range": "bytes=0-99"})
+        assert r.status_code == 206
+        got[n] = r.content
     assert hidden(db, mine["trial"])["fetched"] is None      # 100 bytes are not the video
     for n in mine["media"].values():
-        assert httpx.get(f"{u}/media/{n}", params={"token": t1},
-                         headers={"Range": "bytes=100-"}).status_code == 206
-    for _ in range(100):                       # recorded once sent: a moment after
-        if hidden(db, mine["trial"])["fetched"] is not None:
-            break
-        time.sleep(0.05)
+        r = httpx.get(f"{u}/media/{n}", params={"token": t1}, headers={"Range": "bytes=100-"})
+        assert r.status_code == 206
+        got[n] += r.content
+    # every byte sent, nothing acknowledged: not loaded (issue 44: bytes sent are not bytes
+    # received; the page acknowledges the whole file, POST /api/ack)
+    assert hidden(db, mine["trial"])["fetched"] is None
+    early = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
+    assert early.status_code == 425 and "were not loaded" in early.json()["error"], early.text
+    with httpx.Client(base_url=u, timeout=30) as c:
+        for n, data in got.items():            # a claim that is not the file's: refused
+            for size, crc in ((len(data), zlib.crc32(data) ^ 1), (len(data) - 1,
+                                                                  zlib.crc32(data[:-1]))):
+                r = c.post("/api/ack", json={"token": t1, "media": n, "size": size,
+                                             "crc32": crc})
+                assert r.status_code == 409 and "acknowledgement" in r.json()["error"], r.text
+            r = acknowledge(c, t2, n, data)    # another rater's token: no such media
+            assert r.status_code == 404, r.text
+        assert hidden(db, mine["trial"])["fetched"] is None
+        # the whole file, acknowledged at once after its last byte: accepted, the clock starts
+        for n, data in got.items():
+            r = acknowledge(c, t1, n, data)
+            assert r.status_code == 200 and r.json() == {"acknowledged": True}, r.text
     assert hidden(db, mine["trial"])["fetched"] is not None
     # admin: CSV export and Gradio admin refuse without the password
     for auth in (None, ("admin", "wrong")):

@@ -430,6 +430,86 @@ def _pg(w):
     return f"postgresql+psycopg://evalkit:secret@127.0.0.1:{w.port}/studies"
 
 
+def _tiny_clips(w, width: int, height: int) -> list[Path]:
+    """Two different lossless clips of 4 frames of width x height (import accepts them)."""
+    import numpy as np
+
+    from evalkit.video import write_lossless
+
+    out = []
+    for k in range(2):
+        p = w.root / "tiny" / f"{width}x{height}-{k}.mkv"
+        if not p.exists():
+            p.parent.mkdir(exist_ok=True)
+            rng = np.random.default_rng(k)
+            write_lossless(p, rng.integers(0, 256, (4, height, width, 3), dtype=np.uint8), 24)
+        out.append(p)
+    return out
+
+
+def _set_aggregate(value):
+    def edit(doc):
+        doc["aggregates"]["lpips"]["mean"] = value
+    return edit
+
+
+def _deep_field(w, name: str) -> Path:
+    """A copy of the report whose summary.json holds 100,000 nested arrays in one field."""
+    d = w.root / "bad_reports" / name
+    if not d.exists():
+        shutil.copytree(w.report, d)
+        text = (d / "summary.json").read_text()
+        (d / "summary.json").write_text(text.replace('"aggregates": {', '"deep": ' + "[" * 100000
+                                                     + "]" * 100000 + ', "aggregates": {', 1))
+    return d
+
+
+LPIPS_GATE = "lpips: {mean: {max: 0.5}}\n"
+
+
+def _rgba_frames(stem, frames, opaque: bool) -> None:
+    """The job's frames as RGBA PNGs in ``stem/``: opaque, or with one pixel of frame 2
+    transparent (alpha 10)."""
+    import numpy as np
+    from PIL import Image
+
+    Path(stem).mkdir()
+    for i, f in enumerate(frames):
+        a = np.dstack([f, np.full(f.shape[:2], 255, np.uint8)])
+        if not opaque and i == 2:
+            a[5, 5, 3] = 10
+        Image.fromarray(a, "RGBA").save(f"{stem}/{i:05d}.png")
+
+
+def _alpha_mkv(stem, frames) -> None:
+    """The job's frames as FFV1 bgra (an alpha channel), one pixel of frame 2 transparent."""
+    import av
+    import numpy as np
+
+    with av.open(f"{stem}.mkv", "w") as c:
+        st = c.add_stream("ffv1", rate=24)
+        st.width, st.height, st.pix_fmt = frames.shape[2], frames.shape[1], "bgra"
+        for i, f in enumerate(frames):
+            a = np.dstack([f, np.full(f.shape[:2], 255, np.uint8)])
+            if i == 2:
+                a[5, 5, 3] = 10
+            for pk in st.encode(av.VideoFrame.from_ndarray(a, format="rgba")):
+                c.mux(pk)
+        for pk in st.encode():
+            c.mux(pk)
+
+
+def _floor_of_a_changed_clip(w) -> list:
+    """``floor`` of a copy of run A whose clip was overwritten by another after render."""
+    d = w.root / "hash_changed" / "cpu"
+    if not d.exists():
+        shutil.copytree(w.run_a, d)
+        clip = next((d / "clips").glob("pan-*.mkv"))
+        other = next((w.run_b / "clips").glob("pan-*.mkv"))
+        shutil.copy(other, clip)
+    return ["floor", d, "--out", w.root / "hash_floors"]
+
+
 ROWS = [
     # -- probe -----------------------------------------------------------------------------
     E("probe", "missing", lambda w: ["probe", w.root / "nothere.mkv"], "nothere.mkv", "file not found"),
@@ -950,6 +1030,60 @@ ROWS = [
       "--db", "noratings.db", "table(s) ratings missing"),
     E("serve", "db-mistyped", lambda w: ["serve", "--db", w.root / "typo.db", "--port", _free_port()],
       "--db", "typo.db", "no study database there"),
+    # -- issue 47: what the reliability sweep found ------------------------------------------
+    E("gate", "aggregate-a-string", lambda w: ["gate", _report_with(w, "aggstr", _set_aggregate("x")),
+                                               "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "aggstr/summary.json", "field 'aggregates.lpips.mean'", "expected a number or null",
+      "found str 'x'", process=True),
+    E("gate", "aggregate-an-object", lambda w: ["gate", _report_with(
+        w, "aggobj", _set_aggregate({"a": 1})), "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "aggobj/summary.json", "field 'aggregates.lpips.mean'", "found dict"),
+    E("gate", "aggregates-of-a-metric-a-list", lambda w: ["gate", _report_with(
+        w, "agglist", lambda d: d["aggregates"].update(lpips=[1, 2])), "--gate",
+        _gate(w, "lp", LPIPS_GATE)], "field 'aggregates.lpips'", "found list"),
+    E("gate", "summary-field-nested-100000-deep", lambda w: ["gate", _deep_field(w, "deepfield"),
+                                                             "--gate", _gate(w, "lp", LPIPS_GATE)],
+      "deepfield/summary.json", "nested too deep", process=True),
+    E("gate", "summary-nested-100000-deep", lambda w: ["gate", _deep_report(w), "--gate",
+                                                       _gate(w, "lp", LPIPS_GATE)],
+      "deepreport/summary.json", "nested too deep"),
+    E("render", "diffusers-variant-empty", lambda w: _render(w, "-r", "diffusers", "-O", "model=m",
+                                                             "-O", "variant="),
+      "renderer 'diffusers'", "option variant", "found an empty value"),
+    S("render", "import-rgba-frames-with-a-transparent-pixel", lambda w: _import(
+        w, "rgba", lambda stem, f: _rgba_frames(stem, f, opaque=False)),
+      _job_failed("import of job pan-", "frame 2 (00002.png, RGBA) is transparent",
+                  "flatten the clip"), code=1),
+    S("render", "import-ffv1-with-alpha", lambda w: _import(w, "bgra", _alpha_mkv),
+      _job_failed("import of job pan-", "frame 2 (bgra) is transparent"), code=1),
+    S("render", "import-opaque-rgba-frames", lambda w: _import(
+        w, "rgba_opaque", lambda stem, f: _rgba_frames(stem, f, opaque=True)), _rendered),
+    E("floor", "clip-fails-its-hash", _floor_of_a_changed_clip, "hash_changed/cpu/clips/pan-",
+      "clip fails its hash", "re-render it", process=True),
+    E("floor", "out-is-a-file", lambda w: ["floor", w.run_a, "--out", w.text], "argument --out",
+      "found a file", "notes.txt", process=True),
+    E("study create", "excerpt-1e308", lambda w: _study(w, "--excerpt", "1e308"), "--excerpt",
+      "at most 604800", "found '1e308'", process=True),
+    E("study create", "excerpt-at-1e308", lambda w: _study(w, "--excerpt", "0.1", "--excerpt-at",
+                                                           "1e308"),
+      "--excerpt-at", "at most 604800", "found '1e308'"),
+    E("study create", "summary-schema-version-99", lambda w: [
+        "study", "create", "--allow-masking", _report_with(
+            w, "v99", lambda d: d.update(schema_version=99)), "--db", w.root / "v99.db",
+        "--protocol", "abx"],
+      "v99/summary.json", "field 'schema_version'", "unsupported version 99", process=True),
+    E("metrics", "temporal-on-2x2-clips", lambda w: ["metrics", *_tiny_clips(w, 2, 2),
+                                                     "--device", "cpu", "--flow", "dis"],
+      "frames: 2x2", "OpenCV's dis optical flow", "--no-temporal", process=True),
+    E("metrics", "temporal-on-64x1-clips", lambda w: ["metrics", *_tiny_clips(w, 64, 1),
+                                                      "--device", "cpu", "--flow", "dis"],
+      "frames: 64x1", "optical flow"),
+    E("metrics", "temporal-on-2048x16-clips", lambda w: ["metrics", *_tiny_clips(w, 2048, 16),
+                                                         "--device", "cpu", "--flow", "dis"],
+      "frames: 2048x16", "optical flow"),
+    E("metrics", "farneback-on-2x2-clips", lambda w: ["metrics", *_tiny_clips(w, 2, 2),
+                                                      "--device", "cpu", "--flow", "farneback"],
+      "frames: 2x2", "too small for LPIPS-alex"),
 ]
 
 ROW_IDS = [f"{r.group}: {r.id}" for r in ROWS]

@@ -106,11 +106,11 @@ def test_study_gate_interval_ratio_at_exactly_the_limit():
 
 # -- verdict margins (ABX) ---------------------------------------------------------------------
 
-def _abx(margin=0.1, alpha=0.05, *, rate=0.5, flagged_clip=False):
-    """A 12 x 15 ABX design at about ``rate`` correct (deterministic pattern)."""
+def _abx(margin=0.1, alpha=0.05, *, rate=0.5, flagged_clip=False, n_raters=12, n_clips=15):
+    """An ABX design (12 x 15 unless said) at about ``rate`` correct (deterministic pattern)."""
     raters, clips, correct = [], [], []
-    for r in range(12):
-        for c in range(15):
+    for r in range(n_raters):
+        for c in range(n_clips):
             raters.append(r)
             clips.append(c)
             hit = ((r * 7 + c * 11) % 100) < rate * 100
@@ -119,14 +119,18 @@ def _abx(margin=0.1, alpha=0.05, *, rate=0.5, flagged_clip=False):
 
 
 def test_abx_indistinguishable_needs_the_bound_strictly_below_the_margin():
-    d = stats.decide_abx(*_abx(), margin=0.1)
+    # 20 x 60: enough raters and clips that the bound on visibly different clips stays
+    # below 2 x margin at the margins stepped here (the claim also needs that)
+    data = _abx(n_raters=20, n_clips=60)
+    d = stats.decide_abx(*data, margin=0.1)
     u = d["upper_bound"]
     assert d["verdict"] == "indistinguishable" and 0.5 < u < 0.6
+    assert d["visible_share_bound"] < 2 * (u - 0.5)
     # 0.5 + (u' - 0.5) == u' exactly for u' in [0.25, 1] (Sterbenz), so the limit is u' itself
-    verdicts = [stats.decide_abx(*_abx(), margin=lim - 0.5)["verdict"] for lim in steps(u)]
+    verdicts = [stats.decide_abx(*data, margin=lim - 0.5)["verdict"] for lim in steps(u)]
     assert verdicts == ["inconclusive", "inconclusive", "indistinguishable"]
     for lim in steps(u):
-        assert stats.decide_abx(*_abx(), margin=lim - 0.5)["upper_bound"] == u
+        assert stats.decide_abx(*data, margin=lim - 0.5)["upper_bound"] == u
 
 
 def test_abx_distinguishable_at_p_exactly_alpha_over_two():
@@ -177,13 +181,14 @@ def test_plan_clip_floor_at_exactly_15():
 
 
 def test_plan_rater_floor_and_invite_rounding():
-    # a margin met by any design: the floor of 12 included raters decides
-    p = stats.plan("abx", 0.3, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=0.25)
+    # a margin met by any design: the floor of 12 included raters decides (0.45: at 0.3 the
+    # bound on visibly different clips, 0.64 at 12 raters x 15 clips, must be below 0.6)
+    p = stats.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=0.25)
     assert p["raters"] == stats.MIN_RATERS == 12
     assert p["reasons"] == ["floor: at least 12 included raters"]
     assert p["invite"] == 16                        # 12 / 0.75 is exactly 16: no extra rater
     for rate, invite in ((0.0, 12), (0.5, 24), (0.26, 17)):
-        assert stats.plan("abx", 0.3, studies=40, reps=40, clip_accuracy=1.0,
+        assert stats.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0,
                           exclusion_rate=rate)["invite"] == invite
 
 

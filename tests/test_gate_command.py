@@ -152,3 +152,19 @@ def test_bad_reports_and_gates_are_one_line_errors(compared, tmp_path):
         r = run_evalkit(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert_one_line_error(r.stderr, needle)
+
+
+def test_pin_through_a_link_pins_the_target_and_keeps_the_link(compared, tmp_path):
+    """`gate --pin` on a gate reached through a symlink (a shared gate linked into a repo):
+    the file it points to gets the conventions, and the link is still a link to it."""
+    _, report, _ = compared
+    (tmp_path / "shared").mkdir()
+    target = write(tmp_path / "shared" / "gate.yaml", "tof: {mean: {max: 5}}\n")
+    link = tmp_path / "gate.yaml"
+    link.symlink_to(target)
+    r = run_evalkit("gate", report, "--gate", link, "--pin")
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert "conventions:" in target.read_text() and "flow" in target.read_text()
+    again = run_evalkit("gate", report, "--gate", link)     # the pinned gate judges the report
+    assert again.returncode in (0, 1) and "gate: " in again.stdout, again.stderr

@@ -41,8 +41,8 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
                          "--clips", "worst:4", "--raters", "3", "--seed", "3")
     assert code == 0, err
-    # 8 easy catch trials per rater over 4 clips: 2 easy versions per clip (no rater sees one
-    # twice), + 2 graded
+    # 8 easy catch trials per rater over 4 clips: exactly 8 easy versions, 2 per clip (every
+    # rater gets each once, never one twice), + 2 graded
     assert out.startswith("study 1: abx, 4 clips, 10 catch versions")
     # a design below the planner's floors is created, with a warning for each shortfall
     assert "warning: 4 clips is below the 15" in err and "warning: --raters 3 is below" in err
@@ -53,10 +53,14 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert sorted(r[0] for r in con.execute("select job from clips")) == sorted(worst)
     assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
     # media: content-hash file names on disk (never sent to raters), nothing about backend,
-    # run or job in the bytes; one stream per arrangement of a trial's tiles: 6 per clip (X
-    # and its match, the other side, in every order), 3 per catch version (X the reference)
+    # run or job in the bytes; one stream per file of the design (issue 44): X always in tile
+    # 0, its match in tile 1 or 2, either content as X: 4 per clip (aab, aba, bba, bab) and 4
+    # per catch version (rrd, rdr, ddr, drd), as common as test files
+    from evalkit.study import design
+    assert design.stream_keys("abx") == ["aab", "aba", "bba", "bab"]
+    assert design.stream_keys("abx", catch=True) == ["rrd", "rdr", "ddr", "drd"]
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 6 + 10 * 3 and not (tmp_path / "media").exists()   # its own folder
+    assert len(media) == 4 * 4 + 10 * 4 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
@@ -678,10 +682,13 @@ def test_rater_service_group_commit_postgresql(report, postgres, tmp_path):
 
 
 def _byte_gate(db, report, media):
-    """The gate counts bytes delivered, in the database: nothing and one byte of each video
-    open nothing; the bytes of every video delivered by two services (two server processes'
-    writers, each its own transactions) in interleaved halves open it once the last byte is
-    in, whichever service the answer then reaches."""
+    """The gate in the database: nothing and one byte of each video open nothing; the bytes
+    of every video sent by two services (two server processes' writers, each its own
+    transactions) in interleaved halves still open nothing, nor does an acknowledgement before
+    the last byte was sent; the page's acknowledgements, one through each service, open it at
+    the last of them (issue 44: the clock from the last byte received, not the first sent),
+    whichever service the answer then reaches."""
+    import zlib
     from concurrent.futures import wait
 
     sid, (tok,) = _service_study(db, report, media, 1)
@@ -691,7 +698,9 @@ def _byte_gate(db, report, media):
     try:
         t = one.state_sync(tok)["trial"]
         names = list(t["media"].values())
-        sizes = {n: _run_async(one.open_media(tok, n)).stat().st_size for n in names}
+        paths = {n: _run_async(one.open_media(tok, n)) for n in names}
+        sizes = {n: p.stat().st_size for n, p in paths.items()}
+        crcs = {n: zlib.crc32(p.read_bytes()) for n, p in paths.items()}
         clock.advance(60)
         with pytest.raises(study.NotLoaded):          # opened (as a HEAD does): nothing sent
             one.answer_sync(tok, t["trial"], "A")
@@ -709,10 +718,25 @@ def _byte_gate(db, report, media):
         assert hidden(db, t["trial"])["fetched"] is None
         with pytest.raises(study.NotLoaded):
             one.answer_sync(tok, t["trial"], "A")
+        last = names[-1]
+        with pytest.raises(study.BadAcknowledgement, match="never sent"):   # a byte missing
+            two.acknowledge_sync(tok, last, sizes[last], crcs[last])
         clock.advance(0.1)
-        two.delivered(tok, names[-1], sizes[names[-1]] - 1, 10**12).result()
-        # the play-through counts from the first response of the last video to start loading
-        assert hidden(db, t["trial"])["fetched"] == began
+        two.delivered(tok, last, sizes[last] - 1, 10**12).result()
+        # every byte sent, none acknowledged: still not loaded, however long it waits
+        clock.advance(60)
+        assert hidden(db, t["trial"])["fetched"] is None
+        with pytest.raises(study.NotLoaded):
+            two.answer_sync(tok, t["trial"], "A")
+        # acknowledged by the page, alternately through either service; the clock starts at
+        # the last acknowledgement, not at the first byte sent (``began``, a minute earlier)
+        for i, n in enumerate(names):
+            clock.advance(0.05)
+            (one, two)[i % 2].acknowledge_sync(tok, n, sizes[n], crcs[n])
+        acked = clock.now
+        assert acked - began > 60
+        assert hidden(db, t["trial"])["fetched"] == pytest.approx(acked)
+        clock.advance(0.1)
         with pytest.raises(study.TooSoon):            # 0.1 s of 0.29 s
             one.answer_sync(tok, t["trial"], "A")
         clock.advance(0.2)
@@ -780,3 +804,24 @@ def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_study_made_before_trial_streams_refuses_new_raters_in_one_line(report, tmp_path, cli):
+    """`study invite` on a study an older evalkit made (schema 4, a video per side: no trial
+    streams in its config, e.g. commit 35d4eb1): one line naming the fix, exit code 2, no
+    rater made (the sweep's KeyError: 'streams')."""
+    path = tmp_path / "v4.db"
+    sid = old_study_db(report, path, 4)
+    con = sqlite3.connect(path)                 # as 35d4eb1 wrote it: no streams in the config
+    cfg = json.loads(con.execute("select config from studies where id = ?", (sid,)).fetchone()[0])
+    cfg.pop("streams")
+    for p in cfg["catch_pool"]:
+        p.pop("streams", None)
+    con.execute("update studies set config = ? where id = ?", (json.dumps(cfg), sid))
+    con.commit()
+    con.close()
+    code, out, err = cli("study", "invite", "--db", path, "--study", sid, "--count", "2")
+    assert code == 2, (out, err)
+    assert_one_line_error(err, f"study {sid}", "older evalkit", "cannot take new raters",
+                          "evalkit study create")
+    assert sqlite3.connect(path).execute("select count(*) from raters").fetchone()[0] == 0

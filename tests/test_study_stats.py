@@ -65,7 +65,10 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     assert d["sd"] == pytest.approx(sd, rel=1e-9)
     assert d["upper_bound"] == pytest.approx(u, rel=1e-9)
     if not d["flagged"] and d["p_value"] > 0.025:
-        assert d["verdict"] == ("indistinguishable" if u < 0.6 else "inconclusive")
+        # the claim also needs nothing below chance and the visible-clip bound below 0.2
+        claim = u < 0.6 and d["covered"] and not d["below_chance"]["found"]
+        assert d["verdict"] == ("indistinguishable" if claim else "inconclusive")
+        assert d["covered"] == (d["visible_share_bound"] < 0.2)
     # the vectorised rule of the simulator gives the same bound on the same draws
     Y = np.zeros((1, R, C))
     N = np.zeros((1, R, C))
@@ -219,8 +222,11 @@ def test_plan_abx(plan01):
     assert q["raters"] >= 12
     with pytest.raises(ValueError, match="--margin"):     # refused from the normal approximation,
         stats.plan("abx", 0.001)                          # without simulating (no hang)
-    big = stats.plan("abx", 0.005)       # too large to simulate: normal approximation
-    assert big["method"] == "normal approximation" and big["raters"] > 5000
+    with pytest.raises(ValueError, match="test ratings"):  # 299 clips x 457 raters
+        stats.plan("abx", 0.005)
+    big = stats.plan("abx", 0.01)        # too large to simulate: normal approximation
+    assert big["method"] == "normal approximation" and big["raters"] > 200
+    assert big["clips"] == stats.min_clips(0.01) == 149
 
 
 def test_plan_preference():
@@ -262,8 +268,8 @@ def test_mc_peeking_inflates_the_single_look_does_not(plan01):
     assert o["fixed"] <= 0.05 + o["se"]["fixed"]
     assert o["peeking"] > o["fixed"]
     # peeking closed: every look needs a logged unblinding, after which the product never says
-    # "indistinguishable" (the studies carried on would have said it often enough)
-    assert o["closed"] == 0 and o["fixed"] > 0
+    # "indistinguishable" (the studies peeked at would have said it often enough)
+    assert o["closed"] == 0 and o["peeking"] > 0
     assert stats.after_unblinding("indistinguishable", True) == "unblinded early"
     assert stats.after_unblinding("indistinguishable", False) == "indistinguishable"
     assert stats.after_unblinding("distinguishable", True) == "distinguishable"
@@ -285,9 +291,9 @@ def test_visible_share_bound_is_clopper_pearson_over_the_flag_power():
 
 def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
     """10% of a suite's clips plainly visible, the rest at chance, 15 drawn at random, 107
-    raters at margin 0.05: "indistinguishable" is said (the 15 often miss every visible clip)
-    but the bound it carries covers the true visible share >= 95% of the time, so a false
-    unlimited claim (indistinguishable with a bound below the truth) stays <= 5%."""
+    raters at margin 0.05: the 15 often miss every visible clip, so "indistinguishable" is never
+    said there (its bound cannot fall below 2 x margin); the bound covers the true visible share
+    >= 95% of the time, and a false claim stays <= 5%."""
     for k, (R, C, margin, share) in enumerate([(107, 15, 0.05, 0.1), (26, 15, 0.1, 0.2),
                                                (26, 40, 0.1, 0.05)]):
         o = stats.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200,
@@ -295,7 +301,9 @@ def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
         assert o["covered"] >= 0.95 - o["se"]["covered"], o
         assert o["false_claim"] <= 0.05 + o["se"]["false_claim"], o
         if k == 0:
-            assert o["indistinguishable"] >= 0.08, o       # the case the bound is for
+            # issue 44, item 3: the claim itself needs the bound below 2 x margin, which 15
+            # clips cannot give at margin 0.05 (it was said 16-18% of the time)
+            assert o["indistinguishable"] == 0, o
 
 
 @pytest.mark.slow  # the planner's simulations

@@ -13,7 +13,7 @@ import traceback
 
 from evalkit.cli import compare, render, serve, setup, study
 from evalkit.errors import EvalkitError, UserError
-from evalkit.fsutil import no_room
+from evalkit.fsutil import storage_error
 
 #: an error line longer than this is cut (a value echoed from a file can be anything)
 MAX_ERROR_CHARS = 1000
@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:
-        if not no_room(e):           # a bug or a fault of the system: its traceback
+    except Exception as e:
+        line = storage_error(e, getattr(args, "db", None))
+        if line is None:             # a bug or a fault of the system: its traceback
             raise
-        if args.verbose:             # a write outside evalkit's atomic ones: no room
+        if args.verbose:             # a write outside evalkit's atomic ones: no room, read-only
             traceback.print_exc()
-        print(f"error: {e.filename or 'a file'}: could not be written ({e.strerror}); make room "
-              "and run the command again", file=sys.stderr)
+        print(f"error: {_one_line(line)}", file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from evalkit.cli.common import executor_args, make_executor, output_file, positive_int
+from evalkit.cli.common import executor_args, make_executor, output_file, output_folder, positive_int
 
 
 FLOW_CHOICES = ("auto", "dis", "farneback", "torch")
@@ -135,7 +135,7 @@ def add_floor(sub, common) -> None:
                        help="make a noise-floor run for footage without seeds: A's frames "
                             "re-encoded through 4:2:0 (see docs/metrics.md#comparing-two-runs)")
     s.add_argument("run_a", type=Path, help="run folder A (the reference backend)")
-    s.add_argument("--out", "-o", type=Path, required=True,
+    s.add_argument("--out", "-o", type=output_folder, required=True,
                    help="folder of runs: the floor is written to OUT/<A's folder>_reencode")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_floor)

@@ -224,7 +224,9 @@ def add_study(sub, common) -> None:
     v.add_argument("--csv", type=output_file, default=None, metavar="FILE",
                    help="raw ratings to FILE, the summary to FILE's stem + .summary.csv")
     v.add_argument("--json", action="store_true", help="print one JSON object")
-    v.add_argument("--reps", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    v.add_argument("--reps", type=int, default=1000,
+                   help="bootstrap replicates of a threshold study's intervals (default 1000); "
+                   "ABX and preference verdicts always use 1000 with a seed fixed per study")
     v.set_defaults(func=cmd_study_results)
     v = ss.add_parser("gate", parents=[common],
                       help="write a gate YAML from a threshold study (LPIPS at most threshold / "

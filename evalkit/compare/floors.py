@@ -25,6 +25,7 @@ import numpy as np
 
 from evalkit.errors import UserError
 from evalkit.formats.run import MANIFEST, RunDir, run_name
+from evalkit.fsutil import sha256_file
 
 #: the ``reencode`` floor's recipe, recorded in its manifest's ``notes.floor``
 REENCODE_RULE = ("A's frames converted to 4:2:0 YUV and back (BT.601, swscale), as a lossless "
@@ -65,6 +66,18 @@ def make_reencode_floor(run_a, out, *, progress: bool = True) -> Path:
     if floor_kind(a.manifest):
         raise UserError(f"{a.path}: is itself a {floor_kind(a.manifest)} floor; give the run it "
                         f"was made from ({a.manifest['notes']['floor'].get('of')})")
+    # a floor of changed clips would measure the wrong noise: A is checked before anything
+    # is written
+    for rec in [j for j in a.jobs if j["status"] == "done"]:
+        clip = a.path / rec["output"]["path"]
+        if not clip.is_file():
+            raise UserError(f"{clip}: clip of job {rec['id']} missing in run A; re-render it "
+                            "(`evalkit render` resumes) before making its floor")
+        found = sha256_file(clip)
+        if found != rec["output"].get("sha256"):
+            raise UserError(f"{clip}: clip fails its hash (sha256 {found[:12]}..., manifest says "
+                            f"{str(rec['output'].get('sha256'))[:12]}...); re-render it "
+                            "(`evalkit render` resumes) before making its floor")
     dst = Path(out) / (a.path.name + REENCODE_SUFFIX)
     note = {"kind": "reencode", "of": str(a.path), "rule": REENCODE_RULE}
     if (dst / MANIFEST).is_file():

@@ -42,6 +42,8 @@ def read_summary(report) -> dict:
         raise InputFileError(path, "not found (expected a compare report folder or its summary.json)")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise InputFileError(path, "not a compare summary (JSON nested too deep)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise InputFileError(path, f"not JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(summary, dict):
@@ -55,7 +57,26 @@ def read_summary(report) -> dict:
                                        f"{type(summary.get(field)).__name__} (not a compare summary)")
     if not isinstance(summary["jobs"].get("not_compared"), dict):
         raise InputFileError(path, "field 'jobs.not_compared': expected an object")
+    _check_figures(path, "aggregates", summary["aggregates"])
+    for name, ratios in summary["floor_ratios"].items():
+        _check_figures(path, f"floor_ratios.{name}", ratios)
     return summary
+
+
+def _check_figures(path, field: str, table) -> None:
+    """``table`` is ``{metric: {aggregate: number or null}}`` (null: undefined, a NaN); else
+    one line naming the first wrong field."""
+    if not isinstance(table, dict):
+        raise InputFileError(path, f"field '{field}': expected an object, found "
+                                   f"{type(table).__name__}")
+    for metric, aggs in table.items():
+        if not isinstance(aggs, dict):
+            raise InputFileError(path, f"field '{field}.{metric}': expected an object of "
+                                       f"aggregates, found {type(aggs).__name__}")
+        for agg, v in aggs.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise InputFileError(path, f"field '{field}.{metric}.{agg}': expected a number "
+                                           f"or null, found {type(v).__name__} {str(v)[:40]!r}")
 
 
 def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict:
@@ -96,6 +117,9 @@ def pin_conventions(report, gate_path) -> dict:
         raise GateError(gate.path, "conventions", "already recorded; remove the block to pin again")
     text = gate.path.read_text(encoding="utf-8")
     block = "conventions:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in pinned.items())
-    atomic_write_text(gate.path, text + ("" if text.endswith("\n") else "\n") + block)
+    # a linked gate is pinned where it lies: the link stays a link (an atomic write replaces
+    # the name it is given, which would leave the target unpinned)
+    target = gate.path.resolve() if gate.path.is_symlink() else gate.path
+    atomic_write_text(target, text + ("" if text.endswith("\n") else "\n") + block)
     open_gate(gate.path)        # what was written reads back
     return pinned

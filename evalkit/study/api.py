@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, seal, stats, threshold, trialmedia
+from . import design, excerpt, fidelity, seal, simcache, stats, threshold, trialmedia
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import ordered_map, prepare_media_dir
@@ -59,6 +59,12 @@ def read_report(report) -> dict:
         compared = list(summary["jobs"]["compared"])
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputFileError(summary_path, f"not a compare summary ({e.__class__.__name__}: {e})")
+    from ..compare.report import SUMMARY_SCHEMA_VERSION
+    from ..formats.models import version_problem
+
+    problem = version_problem(summary, SUMMARY_SCHEMA_VERSION, default=SUMMARY_SCHEMA_VERSION)
+    if problem:             # a report of another evalkit: its fields may mean something else
+        raise InputFileError(summary_path, f"field 'schema_version': {problem}")
     for side, run in (("a", run_a), ("b", run_b)):
         if not run.is_absolute() and not run.is_dir():   # older reports kept paths as given
             raise InputFileError(summary_path, f"field 'runs.{side}.path': run folder '{run}' not "
@@ -466,11 +472,13 @@ _PLANS: dict = {}
 
 
 def _plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
-    """The planner's design for this study (cached per process: it simulates)."""
+    """The planner's design for this study (cached per process and on disk: it simulates)."""
     key = (protocol, margin, n_clips, alpha)
     if key not in _PLANS:
         try:
-            _PLANS[key] = stats.plan(protocol, margin, clips=n_clips, alpha=alpha)
+            _PLANS[key] = simcache.cached(
+                "plan", {"protocol": protocol, "margin": margin, "clips": n_clips, "alpha": alpha},
+                lambda: stats.plan(protocol, margin, clips=n_clips, alpha=alpha))
         except ValueError as e:
             raise StudyError(str(e)) from None
     return _PLANS[key]
@@ -523,6 +531,11 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
         key = seal.study_key(cfg)
         cl = [dict(r) for r in conn.execute(select(clips).where(clips.c.study_id == st["id"])
                                             .order_by(clips.c.ord)).mappings()]
+        if "streams" not in cfg:   # made before trial streams (schema 4 and older)
+            raise StudyError(f"study {st['id']}: made by an older evalkit (a video per side, "
+                             "before trial streams): it cannot take new raters; make it again "
+                             "from its report with `evalkit study create REPORT --db ...` and "
+                             "invite raters there")
         pool = cfg["catch_pool"]
         for c in cl:
             c["streams"] = cfg["streams"][str(c["id"])]
@@ -940,7 +953,13 @@ def results(db, study, *, reps: int = 1000) -> dict:
     verdict and no figure that would show where it is heading, on any page or command) or
     ``complete``. The verdict uses the first ``raters_planned`` included raters in order of
     completion (later raters are counted, not used: adding raters after a look cannot change a
-    verdict), and is repeated without the catch exclusions as a sensitivity check.
+    verdict); ``without_exclusions`` gives the same figures with the excluded raters (a
+    sensitivity check, labelled, never a verdict). ABX and preference verdicts draw their
+    bootstrap with :data:`.stats.VERDICT_REPS` replicates and :func:`.stats.verdict_seed`
+    (``reps`` applies to threshold studies only: the same ratings always give the same
+    verdict). ``design``: the achieved design against the plan (:func:`_achieved_design`); an
+    ABX study below its plan says so and says "indistinguishable" only where the achieved
+    design still keeps the 5% rule.
 
     ``unblinding``: None, or the first logged :func:`unblind` (``text``, who, when, at how many
     included raters, ``log`` of all). Then, while interim, ``pilot`` holds the rule's figures on
@@ -1005,12 +1024,26 @@ def results(db, study, *, reps: int = 1000) -> dict:
     if protocol == "threshold":
         out.update(status="complete", **_threshold_results(st, test, reps))
         return out
-    dec = _decide(protocol, test, margin, alpha, reps, st["seed"])
+    vseed = stats.verdict_seed(st["seed"])
+    out["bootstrap_reps"], out["bootstrap_seed"] = stats.VERDICT_REPS, vseed
+    if reps != stats.VERDICT_REPS:
+        out["reps_note"] = (f"--reps {reps} is not used: a verdict's bootstrap is fixed per "
+                            f"study ({stats.VERDICT_REPS} replicates, seed derived from the "
+                            "study seed), so the same ratings always give the same verdict")
+    dec = _decide(protocol, test, margin, alpha, stats.VERDICT_REPS, vseed)
     fidelity.per_clip_headroom(dec.get("per_clip") or [], out["delivery"])
     early = out["unblinding"] is not None
+    out["design"] = achieved = _achieved_design(st, len(used), dec)
+    if (dec["verdict"] == "indistinguishable" and achieved["check"] is not None
+            and not achieved["check"]["ok"]):
+        dec["verdict"] = "inconclusive"
+        dec.setdefault("blocked", []).append(achieved["text"])
     dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)
     out["verdict_text"] = dec["verdict"]
+    if dec.get("blocked"):
+        out["verdict_text"] += ": no equivalence claim although U < " + (
+            f"{0.5 + margin:g}; " + "; ".join(dec["blocked"]))
     if dec["verdict"] == stats.UNBLINDED_EARLY:
         out["verdict_text"] += (": no equivalence claim, the figures below are shown without "
                                 f"one (the {out['unblinding']['text']}; a look before the "
@@ -1020,15 +1053,18 @@ def results(db, study, *, reps: int = 1000) -> dict:
                                 else "") + ": " + ", ".join(map(str, dec["flagged"])))
     if protocol in design.FORCED_CHOICE:
         out["coverage"] = _coverage(st, dec)
-    # sensitivity: the same rule on the first planned complete raters, exclusions ignored
+    # sensitivity: the figures on the first planned complete raters, exclusions ignored; not a
+    # verdict (a second verdict line is a second chance to read "indistinguishable": with 30%
+    # random clickers it said so 7-9% of the time at the boundary), so no verdict word
     used_all = set(complete[:planned])
     test_all = [r for r in rows if r["kind"] == "test" and r["rater"] in used_all]
-    d2 = _decide(protocol, test_all, margin, alpha, reps, st["seed"])
-    d2["verdict"] = stats.after_unblinding(d2["verdict"], early)
+    d2 = _decide(protocol, test_all, margin, alpha, stats.VERDICT_REPS, vseed)
     out["without_exclusions"] = {k: d2.get(k) for k in (
-        "verdict", "n", "accuracy", "p_value", "p_text", "upper_bound", "win_rate_b",
+        "n", "accuracy", "p_value", "p_text", "upper_bound", "win_rate_b",
         "ties", "flagged") if k in d2}
-    out["without_exclusions"]["raters"] = len(used_all)
+    out["without_exclusions"].update(
+        raters=len(used_all), label="sensitivity check, not a verdict: the same figures with "
+        "the raters the catch trials excluded")
     if protocol == "preference":
         units: dict[str, list] = {}
         for r in test:
@@ -1048,6 +1084,34 @@ def _seal_out(st: dict) -> dict:
     if out["rebuildable_from_seed"]:
         out["text"] += ("; made before schema 6: its design was drawn from the study's seed, so "
                         "anyone with the seed could rebuild the key at interim")
+    return out
+
+
+def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
+    """The design the verdict used against the study's plan (``config.plan``): ``raters``,
+    ``clips``, ``planned_raters``, ``planned_clips``, ``under_sized`` and, for ABX below its
+    plan (or without one), ``check``: :func:`.stats.design_check` at the achieved size (an
+    "indistinguishable" there stands only when the achieved design still keeps the 5% rule);
+    ``text`` says it in one line."""
+    clips = int(dec.get("clip_count") or 0)
+    the_plan = (st["config"] or {}).get("plan") or {}
+    pr, pc = the_plan.get("raters"), the_plan.get("clips")
+    if st["protocol"] == "abx" and pc is not None:
+        pc = max(int(pc), stats.min_clips(st["margin"]))   # plans made before the clips floor
+    under = pr is None or raters < int(pr) or clips < int(pc or 0)
+    out = {"raters": raters, "clips": clips, "planned_raters": pr, "planned_clips": pc,
+           "under_sized": bool(under), "check": None}
+    if not under:
+        out["text"] = f"{raters} raters x {clips} clips, as planned"
+        return out
+    plan_txt = (f"the plan for margin {st['margin']:g} asks for {pr} raters x {pc} clips"
+                if pr is not None else "no plan recorded")
+    out["text"] = f"UNDER-SIZED: {raters} raters x {clips} clips; {plan_txt}"
+    if st["protocol"] in design.FORCED_CHOICE and clips >= 1 and raters >= 1:
+        args = {"raters": raters, "clips": clips, "margin": st["margin"], "alpha": st["alpha"]}
+        out["check"] = simcache.cached("design_check", args,
+                                       lambda: stats.design_check(**args))
+        out["text"] += f"; {out['check']['text']}"
     return out
 
 
@@ -1075,7 +1139,8 @@ def _with_pilot(out: dict, st: dict, rows: list[dict], kept: list, reps: int) ->
     if st["protocol"] == "threshold":
         p = _threshold_results(st, test, reps)
     else:
-        p = _decide(st["protocol"], test, st["margin"], st["alpha"], reps, st["seed"])
+        p = _decide(st["protocol"], test, st["margin"], st["alpha"], stats.VERDICT_REPS,
+                    stats.verdict_seed(st["seed"]))
         p.pop("margin_terms", None)
     p.update(label=label, verdict="pilot")
     out["pilot"] = p

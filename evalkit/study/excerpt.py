@@ -22,6 +22,9 @@ from ..video import open_clip
 from .errors import StudyError
 
 WORST = "worst"
+#: the longest window and latest start ``--excerpt``/``--excerpt-at`` take (a week: far past any
+#: clip; a larger number would overflow a frame count)
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 def parse(seconds, at) -> tuple[float | None, float | str]:
@@ -34,12 +37,18 @@ def parse(seconds, at) -> tuple[float | None, float | str]:
     s = _number(seconds)
     if s is None or not s > 0:
         raise StudyError(f"--excerpt: expected a number of seconds > 0, found {seconds!r}")
+    if s > MAX_SECONDS:
+        raise StudyError(f"--excerpt: expected at most {MAX_SECONDS:g} seconds (a week), found "
+                         f"{seconds!r}")
     if at is None or (isinstance(at, str) and at.strip().lower() == WORST):
         return s, WORST
     a = _number(at)
     if a is None or a < 0:
         raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0, "
                          f"found {at!r}")
+    if a > MAX_SECONDS:
+        raise StudyError(f"--excerpt-at: expected a start at most {MAX_SECONDS:g} seconds (a "
+                         f"week), found {at!r}")
     return s, a
 
 

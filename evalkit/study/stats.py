@@ -26,6 +26,23 @@ planned number of included raters has finished, see "Sequential looks" below), a
    rater's and its clip's draw counts (a replicate with zero total weight counts as accuracy
    1.0, the worst case); ``df = min(raters, clips) - 1`` is a small-cluster correction (the
    bootstrap SD is estimated from that many independent units at best).
+   Two more conditions for "indistinguishable" (issue 44; they never make a study
+   "distinguishable", so the false "distinguishable" rate at chance is that of 1-3):
+
+   * *nothing below chance*: under the sharp null every answer is a fair coin, so a rater or a
+     clip significantly *below* 0.5 (exact lower-tail binomial, Holm, at ``alpha`` x 0.1
+     each), all ratings below 0.5 (``alpha`` x 0.1), or raters' or clips' accuracies spread
+     around 0.5 in either direction beyond chance (sum of (2k - n)^2 / n against
+     :data:`DISPERSION_DRAWS` fair-coin draws, ``alpha`` x 0.35 each) mean someone saw the
+     difference and answered against it (a confused rater, a saboteur, a bot that decodes):
+     no equivalence claim. Inverted answers, which pull the accuracy toward or below 0.5,
+     cannot then buy a claim; at chance these checks fire together at most ``alpha``.
+   * *coverage*: the one-sided 95% bound on the share of visibly different clips
+     (:func:`visible_share_bound`, none flagged) is below :func:`visible_share_limit`
+     (2 x margin: fully visible clips at that share alone put the accuracy at 0.5 + margin);
+     15 random clips miss a 10% share of visible clips 21% of the time, so at margin 0.05 the
+     claim needs :func:`min_clips` = 29 clips or more.
+
 5. Otherwise ``inconclusive``.
 
 Why a t-quantile times the bootstrap SD and not the bootstrap percentile: with 4-8 raters or 10
@@ -119,9 +136,13 @@ Z95 = 1.6448536269514722
 
 #: ABX scenarios of :func:`simulate_abx` (true accuracy per rater and clip); see its docstring.
 SCENARIOS = ("homogeneous", "heterogeneous_raters", "golden_ears", "clip_heterogeneity",
-             "combined", "one_visible_clip")
+             "combined", "one_visible_clip", "inverted_discriminators", "inverted_raters",
+             "inverted_clips", "bots")
 #: the scenarios in which "indistinguishable" at the boundary is an error (all but the clip one)
 BOUNDARY_SCENARIOS = SCENARIOS[:5]
+#: boundary scenarios with answers below chance (some raters, clips or bots answer against
+#: what they see): "indistinguishable" is an error in every one
+INVERSION_SCENARIOS = SCENARIOS[6:]
 MIN_RATERS = 12
 MIN_CLIPS = 15
 MAX_RATERS = 100_000
@@ -323,6 +344,78 @@ def _t(q: float, df) -> np.ndarray:
 
 # -- ABX: the rule, vectorised over studies ----------------------------------------------------
 
+def _cdf_half(k, n):
+    """P(Binomial(n, 0.5) <= k), vectorised (exact)."""
+    from scipy.stats import binom
+
+    return binom.cdf(np.asarray(k, dtype=float), np.asarray(n, dtype=float), 0.5)
+
+
+#: the share of the level ``alpha`` each check below chance is given (they only ever block
+#: "indistinguishable": together they cost the claim's power at chance at most ``alpha``)
+BELOW_CHANCE_SPLIT = {"raters": 0.05, "clips": 0.05, "overall": 0.1, "rater_dispersion": 0.5,
+                      "clip_dispersion": 0.3}
+#: null draws of the dispersion tests (Monte Carlo, fixed seed: the same data give the same p)
+DISPERSION_DRAWS = 20_000
+_DISPERSION_NULL: dict = {}
+
+
+def _dispersion_stat(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Sum over units (last axis) of (2 k - n)^2 / n: chi-square-like spread of the units'
+    accuracies around 0.5, in either direction (units with n = 0 add nothing)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (2 * k - n) ** 2 / np.where(n > 0, n, 1.0), 0.0).sum(axis=-1)
+
+
+def _dispersion_null(n: tuple) -> np.ndarray:
+    """Sorted null draws of :func:`_dispersion_stat` for units with ``n`` ratings each, every
+    answer a fair coin (the sharp null); Monte Carlo with a fixed seed, cached."""
+    if n not in _DISPERSION_NULL:
+        rng = np.random.default_rng(20240917)
+        nn = np.asarray(n, dtype=np.int64)
+        k = rng.binomial(nn[None, :], 0.5, size=(DISPERSION_DRAWS, nn.size)).astype(float)
+        _DISPERSION_NULL[n] = np.sort(_dispersion_stat(k, nn[None, :].astype(float)))
+        if len(_DISPERSION_NULL) > 256:
+            _DISPERSION_NULL.pop(next(iter(_DISPERSION_NULL)))
+    return _DISPERSION_NULL[n]
+
+
+def _dispersion_p(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Monte Carlo p of the dispersion test per study (rows of ``k``, ``n``): the units'
+    accuracies spread around 0.5 more than fair coins do ((1 + hits) / (draws + 1): valid)."""
+    stat = _dispersion_stat(k, n)
+    out = np.empty(stat.shape)
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(np.asarray(n, dtype=np.int64).reshape(len(stat), -1)):
+        groups.setdefault(tuple(int(v) for v in row if v > 0), []).append(i)
+    for key, idx in groups.items():
+        null = _dispersion_null(key)
+        obs = stat[idx] * (1 - 1e-9) - 1e-9           # exact ties count as hits
+        hits = null.size - np.searchsorted(null, obs, side="left")
+        out[idx] = (hits + 1) / (null.size + 1)
+    return out
+
+
+def visible_share_limit(margin: float) -> float:
+    """The share of visibly different clips an "indistinguishable" claim must exclude: ``2 x
+    margin``, the share of fully visible clips (accuracy 1, the rest at chance) that alone puts
+    the mean accuracy at 0.5 + margin."""
+    return 2 * margin
+
+
+def min_clips(margin: float, level: float = 0.95) -> int:
+    """The fewest clips drawn at random that can bound the visible share below
+    :func:`visible_share_limit` even with a clip veto of power 1 (none flagged: Clopper-Pearson
+    ``1 - (1 - level)^(1/C)``), and at least :data:`MIN_CLIPS`: 29 at margin 0.05."""
+    lim = visible_share_limit(margin)
+    if lim >= 1:
+        return MIN_CLIPS
+    c = max(1, math.floor(math.log(1 - level) / math.log(1 - lim)))
+    while 1 - (1 - level) ** (1 / c) >= lim:
+        c += 1
+    return max(MIN_CLIPS, c)
+
+
 def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
               margin: float, alpha: float) -> dict:
     """The ABX rule for S studies at once. ``Y``: (S, R, C) sums of correct; ``N``: counts
@@ -331,13 +424,16 @@ def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarra
     if N is None:
         n = np.full(S, float(R * C))
         nc = np.full((S, C), float(R))
+        nr = np.full((S, R), float(C))
     else:
         n = N.sum(axis=(1, 2))
         nc = N.sum(axis=1)
+        nr = N.sum(axis=2)
     k = Y.sum(axis=(1, 2))
     acc = k / n
     p_all = _sf_half(k, n)
     kc = Y.sum(axis=1)
+    kr = Y.sum(axis=2)
     p_clip = _sf_half(kc, nc)
     p_holm = _holm_adjust(p_clip)
     flagged = p_holm <= alpha / 2
@@ -354,11 +450,42 @@ def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarra
     upper = acc + t * sd
     overall_sig = p_all <= alpha / 2
     dist = overall_sig | flagged.any(axis=1)
-    indist = ~dist & (upper < 0.5 + margin)
+    # below chance (two-sided checks): under the sharp null every answer is a fair coin, so a
+    # rater, a clip or the whole study significantly below 0.5, or raters' or clips'
+    # accuracies spread around 0.5 more than coins do, is evidence that someone saw the
+    # difference (and answered against it): no equivalence claim
+    sp = BELOW_CHANCE_SPLIT
+    p_rater_low = _cdf_half(kr, nr)
+    p_rater_low_holm = _holm_adjust(p_rater_low)
+    rater_low = p_rater_low_holm <= alpha * sp["raters"]
+    p_clip_low = _cdf_half(kc, nc)
+    p_clip_low_holm = _holm_adjust(p_clip_low)
+    clip_low = p_clip_low_holm <= alpha * sp["clips"]
+    p_overall_low = _cdf_half(k, n)
+    overall_low = p_overall_low <= alpha * sp["overall"]
+    p_disp_r = _dispersion_p(kr, nr)
+    p_disp_c = _dispersion_p(kc, nc)
+    disp_r = p_disp_r <= alpha * sp["rater_dispersion"]
+    disp_c = p_disp_c <= alpha * sp["clip_dispersion"]
+    below = rater_low.any(axis=1) | clip_low.any(axis=1) | overall_low | disp_r | disp_c
+    # sparse visible clips: the one-sided 95% bound on the share of visibly different clips
+    # (none flagged) must exclude the share that alone reaches the margin
+    mc = nc.min(axis=1)
+    vbound = np.ones(S)
+    for v in np.unique(mc):
+        vbound[mc == v] = float(visible_share_bound(0, C, int(v), alpha=alpha)[0])
+    covered = vbound < visible_share_limit(margin)
+    indist = ~dist & (upper < 0.5 + margin) & ~below & covered
     return {"n": n, "k": k, "accuracy": acc, "p_value": p_all, "nc": nc, "kc": kc,
             "p_clip": p_clip, "p_holm": p_holm, "flagged": flagged, "sd": sd, "df": df, "t": t,
             "upper": upper, "overall_significant": overall_sig, "distinguishable": dist,
-            "indistinguishable": indist}
+            "indistinguishable": indist, "nr": nr, "kr": kr, "p_rater_low": p_rater_low,
+            "p_rater_low_holm": p_rater_low_holm, "rater_low": rater_low,
+            "p_clip_low": p_clip_low, "p_clip_low_holm": p_clip_low_holm, "clip_low": clip_low,
+            "p_overall_low": p_overall_low, "overall_low": overall_low,
+            "p_rater_dispersion": p_disp_r, "p_clip_dispersion": p_disp_c,
+            "rater_dispersion": disp_r, "clip_dispersion": disp_c, "below_chance": below,
+            "visible_bound": vbound, "covered": covered}
 
 
 def abx_rule_text(margin: float, alpha: float, raters: int, clips: int,
@@ -366,12 +493,20 @@ def abx_rule_text(margin: float, alpha: float, raters: int, clips: int,
     """One line stating the ABX rule with its numbers (what :func:`decide_abx` computes)."""
     df = min(raters, clips) - 1
     tq = f"t({1 - alpha:g}, df={df})" if df >= 1 else "t(df<1: no bound)"
+    sp = BELOW_CHANCE_SPLIT
     return (f"DISTINGUISHABLE if the exact one-sided binomial test of all ratings gives "
             f"p <= {alpha / 2:g} (alpha/2) or any clip is flagged (exact one-sided binomial per "
             f"clip, Holm over {clips} clips at {alpha / 2:g}); otherwise INDISTINGUISHABLE if "
             f"U = accuracy + {tq} x SD < {0.5 + margin:g} ({_margin_text(margin)}), SD = "
             f"standard deviation of {reps} two-way cluster bootstrap replicates, df = "
-            f"min(raters {raters}, clips {clips}) - 1; otherwise INCONCLUSIVE (alpha {alpha:g})")
+            f"min(raters {raters}, clips {clips}) - 1, and nothing is below chance (no rater "
+            f"or clip below 0.5 by exact binomial tests with Holm at {alpha * sp['raters']:g} "
+            f"each, all ratings not below 0.5 at {alpha * sp['overall']:g}, raters' and "
+            f"clips' accuracies not spread around 0.5 beyond chance (sum of (2 k - n)^2 / n, "
+            f"Monte Carlo p) at {alpha * sp['rater_dispersion']:g} each: below chance is seen and answered "
+            f"against), and the one-sided 95% bound on the share of visibly different clips "
+            f"(none flagged) is below {visible_share_limit(margin):g} (2 x margin); otherwise "
+            f"INCONCLUSIVE (alpha {alpha:g})")
 
 
 def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: Sequence, *,
@@ -383,8 +518,13 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     | ``no data``), ``rule`` (one line with the numbers), ``n``, ``correct``, ``accuracy``,
     ``p_value`` (overall, one-sided exact), ``p_text`` (:func:`format_p`), ``upper_bound``,
     ``t``, ``df``, ``sd``, ``raters``, ``clips`` (counts), ``per_clip`` (list of dicts: ``clip``,
-    ``ratings``, ``correct``, ``accuracy``, ``p_value``, ``p_holm``, ``flagged``), ``flagged``
-    (clip labels), ``margin``, ``alpha``, ``reps``, ``seed``, ``margin_terms``."""
+    ``ratings``, ``correct``, ``accuracy``, ``p_value``, ``p_holm``, ``flagged``, ``p_low``,
+    ``p_low_holm``, ``below_chance``), ``flagged`` (clip labels), ``below_chance`` (the checks
+    below chance: ``raters`` and ``clips`` found below chance, with their ratings and
+    Holm-adjusted p, ``overall_p``, ``rater_dispersion_p``, ``clip_dispersion_p``, ``found``,
+    ``reasons``), ``visible_share_bound``, ``visible_share_limit``, ``covered``, ``blocked``
+    (why a bound under the margin is still no claim), ``margin``, ``alpha``, ``reps``,
+    ``seed``, ``margin_terms``."""
     if not (len(raters) == len(clips) == len(correct)):
         raise ValueError("decide_abx: raters, clips and correct must have the same length")
     y = np.asarray(correct, dtype=float)
@@ -396,8 +536,8 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
         return {**base, "verdict": "no data", "rule": "no test ratings", "n": 0, "correct": 0,
                 "accuracy": None, "p_value": None, "p_text": "n/a", "upper_bound": None,
                 "t": None, "df": None, "sd": None, "raters": 0, "clips": 0, "per_clip": [],
-                "flagged": []}
-    s, n, _, clab = _cells(raters, clips, y)
+                "flagged": [], "below_chance": None, "blocked": []}
+    s, n, rlab, clab = _cells(raters, clips, y)
     R, C = s.shape
     rng = np.random.default_rng(seed)
     wr = _draw_counts(rng, R, (1, reps))
@@ -408,15 +548,67 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     per_clip = [{"clip": lab, "ratings": int(o["nc"][0, j]), "correct": int(o["kc"][0, j]),
                  "accuracy": float(o["kc"][0, j] / o["nc"][0, j]),
                  "p_value": float(o["p_clip"][0, j]), "p_holm": float(o["p_holm"][0, j]),
-                 "flagged": bool(o["flagged"][0, j])} for j, lab in enumerate(clab)]
+                 "flagged": bool(o["flagged"][0, j]),
+                 "p_low": float(o["p_clip_low"][0, j]),
+                 "p_low_holm": float(o["p_clip_low_holm"][0, j]),
+                 "below_chance": bool(o["clip_low"][0, j])} for j, lab in enumerate(clab)]
+    low_raters = [{"rater": lab, "ratings": int(o["nr"][0, i]), "correct": int(o["kr"][0, i]),
+                   "p_low": float(o["p_rater_low"][0, i]),
+                   "p_low_holm": float(o["p_rater_low_holm"][0, i])}
+                  for i, lab in enumerate(rlab) if o["rater_low"][0, i]]
+    low_clips = [{k: e[k] for k in ("clip", "ratings", "correct", "p_low", "p_low_holm")}
+                 for e in per_clip if e["below_chance"]]
+    reasons = []
+    if low_raters:
+        reasons.append("rater" + ("s " if len(low_raters) > 1 else " ")
+                       + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})"
+                                   for e in low_raters) + " below chance")
+    if low_clips:
+        reasons.append("clip" + ("s " if len(low_clips) > 1 else " ")
+                       + ", ".join(f"{e['clip']} ({e['correct']} of {e['ratings']})"
+                                   for e in low_clips) + " below chance")
+    if o["overall_low"][0]:
+        reasons.append(f"all ratings below chance (p {format_p(float(o['p_overall_low'][0]))})")
+    if o["rater_dispersion"][0]:
+        reasons.append("raters' accuracies spread around 0.5 beyond chance (p "
+                       f"{format_p(float(o['p_rater_dispersion'][0]))})")
+    if o["clip_dispersion"][0]:
+        reasons.append("clips' accuracies spread around 0.5 beyond chance (p "
+                       f"{format_p(float(o['p_clip_dispersion'][0]))})")
+    # the raters below 0.5 by an unadjusted exact test: named when a pooled check fires
+    lowest = [{"rater": lab, "ratings": int(o["nr"][0, i]), "correct": int(o["kr"][0, i]),
+               "p_low": float(o["p_rater_low"][0, i])}
+              for i, lab in enumerate(rlab) if o["p_rater_low"][0, i] <= alpha]
+    if o["below_chance"][0] and lowest and not low_raters:
+        reasons.append("lowest: rater" + ("s " if len(lowest) > 1 else " ")
+                       + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})"
+                                   for e in lowest) + f" (each below 0.5 at p <= {alpha:g} "
+                       "unadjusted)")
+    below = {"found": bool(o["below_chance"][0]), "raters": low_raters, "clips": low_clips,
+             "lowest_raters": lowest,
+             "overall_p": float(o["p_overall_low"][0]),
+             "rater_dispersion_p": float(o["p_rater_dispersion"][0]),
+             "clip_dispersion_p": float(o["p_clip_dispersion"][0]), "reasons": reasons}
     finite = math.isfinite(o["t"])
+    vb, lim = float(o["visible_bound"][0]), visible_share_limit(margin)
+    blocked = []
+    if verdict == "inconclusive" and finite and o["upper"][0] < 0.5 + margin:
+        if below["found"]:
+            blocked.append("below chance, which is seen and answered against: "
+                           + "; ".join(reasons))
+        if not o["covered"][0]:
+            blocked.append(f"the bound on the share of visibly different clips, {vb:.3g}, "
+                           f"does not exclude {lim:g} (2 x margin; {C} clips with "
+                           f"{int(o['nc'][0].min())} ratings each)")
     return {**base, "verdict": verdict, "rule": abx_rule_text(margin, alpha, R, C, reps),
             "n": int(o["n"][0]), "correct": int(o["k"][0]), "accuracy": float(o["accuracy"][0]),
             "p_value": float(o["p_value"][0]), "p_text": format_p(float(o["p_value"][0])),
             "upper_bound": float(o["upper"][0]) if finite else None,
             "t": o["t"] if finite else None, "df": o["df"], "sd": float(o["sd"][0]),
             "raters": R, "clips": C, "per_clip": per_clip,
-            "flagged": [e["clip"] for e in per_clip if e["flagged"]]}
+            "flagged": [e["clip"] for e in per_clip if e["flagged"]],
+            "below_chance": below, "visible_share_bound": vb, "visible_share_limit": lim,
+            "covered": bool(o["covered"][0]), "blocked": blocked}
 
 
 # -- preference ------------------------------------------------------------------------------
@@ -730,7 +922,8 @@ def _beta_mean_sd(rng: np.random.Generator, mu: float, sd: float, shape) -> np.n
 
 
 def _truth(rng, scenario: str, S: int, R: int, C: int, mu: float, *, rater_sd: float,
-           clip_sd: float, clip_accuracy: float) -> np.ndarray:
+           clip_sd: float, clip_accuracy: float, invert: float = 0.5, bot_share: float = 0.21,
+           bot_accuracy: float = 0.3) -> np.ndarray:
     """True accuracy per study, rater and clip: (S, R, C), in [0, 1]."""
     if scenario == "homogeneous":
         return np.full((S, R, C), float(mu))
@@ -751,6 +944,24 @@ def _truth(rng, scenario: str, S: int, R: int, C: int, mu: float, *, rater_sd: f
         p = np.full((S, R, C), 0.5)
         p[:, :, 0] = clip_accuracy
         return p
+    if scenario == "inverted_discriminators":
+        # guessing model: a share of raters discriminates (0.95), the rest guess; a share
+        # ``invert`` of the discriminators answers against what they see (0.05)
+        disc = rng.random((S, R)) < min(1.0, max(0.0, (mu - 0.5) / 0.45))
+        inv = rng.random((S, R)) < invert
+        p = np.where(disc, np.where(inv, 0.05, 0.95), 0.5)
+        return np.broadcast_to(p[:, :, None], (S, R, C))
+    if scenario == "inverted_raters":
+        pr = _beta_mean_sd(rng, mu, rater_sd, (S, R))
+        pr = np.where(rng.random((S, R)) < invert, 1 - pr, pr)
+        return np.broadcast_to(pr[:, :, None], (S, R, C))
+    if scenario == "inverted_clips":
+        pc = np.clip(mu + rng.normal(0.0, clip_sd, (S, 1, C)), 0, 1)
+        pc = np.where(rng.random((S, 1, C)) < invert, 1 - pc, pc)
+        return np.broadcast_to(pc, (S, R, C))
+    if scenario == "bots":
+        bot = rng.random((S, R)) < bot_share
+        return np.broadcast_to(np.where(bot, bot_accuracy, mu)[:, :, None], (S, R, C))
     raise ValueError(f"scenario: expected one of {', '.join(SCENARIOS)}, found {scenario!r}")
 
 
@@ -769,7 +980,8 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
                  margin: float = 0.1, mu: float | None = None, alpha: float = 0.05,
                  studies: int = 400, reps: int = 400, seed: int = 0,
                  rater_sd: float = 0.15, clip_sd: float = 0.1,
-                 clip_accuracy: float = 0.95) -> dict:
+                 clip_accuracy: float = 0.95, invert: float = 0.5, bot_share: float = 0.21,
+                 bot_accuracy: float = 0.3) -> dict:
     """Simulate ``studies`` complete ABX studies (each of ``raters`` rates each of ``clips``
     once) and apply the exact rule of :func:`decide_abx` (vectorised, ``reps`` bootstrap
     replicates per study). True accuracy ``p_rc`` per scenario (``mu``: the mean, default
@@ -782,24 +994,42 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
       (mu - 0.095) / 0.9 so that the mean is mu;
     * ``clip_heterogeneity``: p_rc = mu + v_c, v_c ~ Normal(0, ``clip_sd``);
     * ``combined``: p_rc = p_r + v_c (both of the above);
-    * ``one_visible_clip``: 0.5 everywhere but clip 0 at ``clip_accuracy`` (``mu`` ignored).
+    * ``one_visible_clip``: 0.5 everywhere but clip 0 at ``clip_accuracy`` (``mu`` ignored);
+    * ``inverted_discriminators``: each rater discriminates (0.95) with probability
+      (mu - 0.5) / 0.45, else guesses; a share ``invert`` of the discriminators answers
+      against what they see (0.05);
+    * ``inverted_raters``: as ``heterogeneous_raters``, then a share ``invert`` of the raters
+      answers against what they see (1 - p_r);
+    * ``inverted_clips``: as ``clip_heterogeneity``, then a share ``invert`` of the clips is
+      answered against (1 - p_c);
+    * ``bots``: raters at mu, but each is with probability ``bot_share`` a bot right with
+      probability ``bot_accuracy`` (below 0.5: it decodes and answers wrong on purpose).
+
+    In the last four the truth (what people see) is at mu; the answers below chance pull the
+    accuracy toward or below 0.5, so "indistinguishable" there is an error.
 
     Returns the rate (fraction of studies) of each verdict, ``clip_flagged`` (clip 0 flagged),
-    ``any_flagged``, ``overall_significant``, ``mean_upper``, and ``se`` (Monte Carlo
+    ``any_flagged``, ``overall_significant``, ``below_chance`` (a check below chance fired),
+    ``bound_below_margin`` (not distinguishable and U < 0.5 + margin: what the rule said
+    before the checks below chance and the coverage bound), ``mean_upper``, and ``se`` (Monte Carlo
     standard error of each rate)."""
     if mu is None:
         mu = 0.5 + margin
     rng = np.random.default_rng(seed)
     acc = {k: 0.0 for k in ("distinguishable", "indistinguishable", "inconclusive",
-                            "clip_flagged", "any_flagged", "overall_significant")}
+                            "clip_flagged", "any_flagged", "overall_significant",
+                            "below_chance", "bound_below_margin")}
     upper_sum = 0.0
     for sb in _batches(studies, reps, raters, clips):
         P = _truth(rng, scenario, sb, raters, clips, mu, rater_sd=rater_sd, clip_sd=clip_sd,
-                   clip_accuracy=clip_accuracy)
+                   clip_accuracy=clip_accuracy, invert=invert, bot_share=bot_share,
+                   bot_accuracy=bot_accuracy)
         Y = (rng.random((sb, raters, clips)) < P).astype(float)
         wr = _draw_counts(rng, raters, (sb, reps))
         wc = _draw_counts(rng, clips, (sb, reps))
         o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
+        acc["below_chance"] += o["below_chance"].sum()
+        acc["bound_below_margin"] += (~o["distinguishable"] & (o["upper"] < 0.5 + margin)).sum()
         acc["distinguishable"] += o["distinguishable"].sum()
         acc["indistinguishable"] += o["indistinguishable"].sum()
         acc["inconclusive"] += (~o["distinguishable"] & ~o["indistinguishable"]).sum()
@@ -812,6 +1042,71 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
             "margin": margin, "alpha": alpha, "studies": studies, "reps": reps, "seed": seed,
             **rates, "mean_upper": upper_sum / studies,
             "se": {k: mc_se(v, studies) for k, v in rates.items()}}
+
+
+#: bootstrap replicates of every ABX and preference verdict (fixed: ``study results --reps``
+#: cannot re-draw a verdict)
+VERDICT_REPS = 1000
+
+
+def verdict_seed(study_seed: int) -> int:
+    """The bootstrap seed of a study's verdict, derived from the study seed (fixed per study:
+    the same ratings always give the same verdict)."""
+    import hashlib
+
+    h = hashlib.sha256(f"evalkit verdict bootstrap {int(study_seed)}".encode()).digest()
+    return int.from_bytes(h[:8], "big")
+
+
+_DESIGN_CHECKS: dict = {}
+
+
+def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
+                 studies: int = 400, reps: int = 200, seed: int = 4404,
+                 heterogeneity: float = 0.15) -> dict:
+    """Whether an ABX design of ``raters`` x ``clips`` (an achieved one, below its plan) still
+    keeps the 5% rule: the bound on the share of visibly different clips (none flagged) can
+    fall below :func:`visible_share_limit`, and the simulated rate of "indistinguishable" at
+    true accuracy 0.5 + margin minus one Monte Carlo SE is <= ``alpha`` in every scenario of
+    :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS` (fixed seed: the same design
+    always gets the same answer; cached). Returns ``ok``, ``visible_share_bound``,
+    ``visible_share_limit``, ``rates`` (scenario -> [rate, se]; empty when the bound already
+    rules the claim out), ``failing`` and ``text``."""
+    key = (int(raters), int(clips), float(margin), float(alpha), studies, reps, seed,
+           heterogeneity)
+    if key in _DESIGN_CHECKS:
+        return _DESIGN_CHECKS[key]
+    lim = visible_share_limit(margin)
+    vb = float(visible_share_bound(0, clips, raters, alpha=alpha)[0])
+    rates: dict[str, list] = {}
+    failing: dict[str, float] = {}
+    if vb < lim and raters >= 2 and clips >= 2:
+        edges = _boundary_checks(raters, clips, studies=studies, reps=reps, alpha=alpha,
+                                 margin=margin, heterogeneity=heterogeneity, seed=seed)
+        rates = {sc: [o["indistinguishable"], o["se"]["indistinguishable"]]
+                 for sc, o in edges.items()}
+        failing = _boundary_failures(edges, alpha)
+    ok = vb < lim and bool(rates) and not failing
+    if vb >= lim:
+        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: the bound on "
+                f"the share of visibly different clips is {vb:.3g}, not below {lim:g}")
+    elif failing:
+        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: simulated "
+                f"'indistinguishable' at true accuracy {0.5 + margin:g} is "
+                + ", ".join(f"{sc} {r:.3f}" for sc, r in failing.items())
+                + f" (above {alpha:g}; {studies} studies a boundary scenario, "
+                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
+    else:
+        text = (f"{raters} raters x {clips} clips still keep the rule: simulated "
+                f"'indistinguishable' at true accuracy {0.5 + margin:g} at most "
+                f"{max(r for r, _ in rates.values()):.3f} in {len(rates)} scenarios "
+                f"({studies} studies a boundary scenario, "
+                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
+    out = {"ok": ok, "raters": int(raters), "clips": int(clips), "visible_share_bound": vb,
+           "visible_share_limit": lim, "rates": rates, "failing": failing, "text": text,
+           "studies": studies}
+    _DESIGN_CHECKS[key] = out
+    return out
 
 
 #: the verdict of a study whose key was opened before its planned raters were complete, where
@@ -1063,9 +1358,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
                 visible_bound)
     notes: list[str] = []
     clips_requested = clips
-    if clips < MIN_CLIPS:
-        notes.append(f"clips raised from {clips} to the floor of {MIN_CLIPS}")
-        clips = MIN_CLIPS
+    floor = min_clips(margin) if protocol == "abx" else MIN_CLIPS
+    if clips < floor:
+        notes.append(f"clips raised from {clips} to the floor of {floor}" + (
+            f" (margin {margin:g}: fewer clips drawn at random cannot bound the share of "
+            f"visibly different clips below {visible_share_limit(margin):g}, 2 x margin)"
+            if floor > MIN_CLIPS else ""))
+        clips = floor
     C = int(clips)
     share = 1 - tie_rate if protocol == "preference" else 1.0
     h = heterogeneity if protocol == "preference" else 0.0
@@ -1077,6 +1376,12 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         raise ValueError(f"--margin {margin:g}: {need} included raters would be "
                          f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
                          f"--margin or more clips")
+    if protocol == "abx" and approx * C > MAX_RATERS:
+        raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} clips "
+                         f"= {approx * C:,} test ratings would be needed (at least {C:,} clips "
+                         f"to bound the share of visibly different clips below "
+                         f"{visible_share_limit(margin):g}; the limit is {MAX_RATERS:,} test "
+                         "ratings); use a larger --margin")
     pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
                   heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
                   progress=progress)
@@ -1250,6 +1555,14 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
         return r
 
     R = clip_ok_from(max(R, r_clip))
+    r_veto = R
+    lim = visible_share_limit(chk["margin"])
+    while float(visible_share_bound(0, C, R, alpha=alpha)[0]) >= lim:
+        R += 1
+        if R > MAX_CLIP_RATERS:
+            raise ValueError(f"--clips {C}: the share of visibly different clips cannot be "
+                             f"bounded below {lim:g} with up to {MAX_CLIP_RATERS:,} raters; "
+                             "use more clips")
     checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
     if method == "simulation" and not checks_simulated:     # the clip veto made R large
         notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
@@ -1258,20 +1571,21 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
     if R == r_power and r_power > MIN_RATERS:
         reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
                        f"everyone guesses needs {r_power} raters")
-    if R > r_power:
+    if r_veto > r_power:
         reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
-                       f"probability {clip_power:g} needs {R} ratings per clip "
+                       f"probability {clip_power:g} needs {r_veto} ratings per clip "
                        f"(power alone: {r_power})")
+    if R > max(r_veto, r_power):
+        reasons.append(f"coverage: {C} clips bound the share of visibly different clips "
+                       f"below {lim:g} (2 x margin) from {R} ratings per clip")
     # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
     # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
     # (golden ears missed by the sample) it may not: add raters until it does
     while checks_simulated:
-        edges = {sc: simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + 1 + i, **chk)
-                 for i, sc in enumerate(BOUNDARY_SCENARIOS)}
+        edges = _boundary_checks(R, C, heterogeneity=heterogeneity, seed=seed + 1, **chk)
         if progress is not None:
             progress(f"{R} raters: boundary checks")
-        bad = {sc: o["indistinguishable"] for sc, o in edges.items()
-               if o["indistinguishable"] - o["se"]["indistinguishable"] > alpha}
+        bad = _boundary_failures(edges, alpha)
         if not bad:
             break
         if R * C > 2 * SIMULATE_MAX_CELLS:
@@ -1281,10 +1595,36 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
             break
         R = clip_ok_from(math.ceil(R * 1.1) + 1)
     if R > r_base:
-        reasons.append(f"heterogeneity: 'indistinguishable' at true accuracy "
+        reasons.append(f"heterogeneity and answers below chance: 'indistinguishable' at true accuracy "
                        f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
                        f"raters (not at {r_base})")
     return R, reasons, edges, checks_simulated
+
+
+#: simulated studies of the planner's and :func:`design_check`'s checks with answers below chance
+#: (judged on the rate itself, not the rate less one SE: the checks below chance leave rates
+#: near 5% at the smallest sizes, and 400 studies could not tell 5% from 7%)
+INVERSION_CHECK_STUDIES = 1000
+
+
+def _boundary_checks(R: int, C: int, *, studies: int, reps: int, alpha: float, margin: float,
+                     heterogeneity: float, seed: int) -> dict:
+    """``simulate_abx`` at the boundary in every scenario of :data:`BOUNDARY_SCENARIOS` and
+    :data:`INVERSION_SCENARIOS` (the latter with at least :data:`INVERSION_CHECK_STUDIES`)."""
+    out = {}
+    for i, sc in enumerate(BOUNDARY_SCENARIOS + INVERSION_SCENARIOS):
+        n = studies if sc in BOUNDARY_SCENARIOS else max(studies, INVERSION_CHECK_STUDIES)
+        out[sc] = simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + i, studies=n,
+                               reps=reps, alpha=alpha, margin=margin)
+    return out
+
+
+def _boundary_failures(edges: dict, alpha: float) -> dict:
+    """The scenarios whose boundary rate is above ``alpha``: less one MC SE for
+    :data:`BOUNDARY_SCENARIOS`, the rate itself for :data:`INVERSION_SCENARIOS`."""
+    return {sc: o["indistinguishable"] for sc, o in edges.items()
+            if o["indistinguishable"] - (o["se"]["indistinguishable"]
+                                         if sc in BOUNDARY_SCENARIOS else 0.0) > alpha}
 
 
 def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges,

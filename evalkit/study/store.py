@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -263,6 +264,29 @@ def shown_url(url: str) -> str:
         return url
 
 
+def storage_problem(path: Path) -> str | None:
+    """Why SQLite cannot write the database ``path`` (it writes the file and its ``-wal`` and
+    ``-shm`` beside it, even to read), or None: a read-only file system, no permission, or no
+    room left on the disk."""
+    folder = path.parent if path.parent.is_dir() else Path(".")
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return (f"cannot be written: its folder {folder} is on a read-only file system (SQLite "
+                "writes the database and its -wal and -shm files beside it, even to read "
+                "results); copy the database somewhere writable")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+                                                   and not os.access(path, os.R_OK | os.W_OK)):
+        return (f"cannot be written: no permission to write it or its folder {folder} (SQLite "
+                "writes the database and its -wal and -shm files beside it)")
+    if st.f_bavail * st.f_frsize < 1024 * 1024:
+        return (f"cannot be written: no space left on the disk of {folder} "
+                f"({st.f_bavail * st.f_frsize:,} bytes free); make room and run the command again")
+    return None
+
+
 def _first_line(e: BaseException) -> str:
     orig = getattr(e, "orig", None) or e     # the driver's own error under SQLAlchemy's
     lines = str(orig).strip().splitlines()
@@ -338,6 +362,8 @@ class StudyDB:
             self.engine.dispose()
             what = ("not an SQLite study database" if self.is_sqlite and self.path is not None
                     and self.path.is_file() else "cannot open the database")
+            if self.path is not None:       # a sound file that cannot be written is not damaged
+                what = storage_problem(self.path) or what
             raise StudyError(f"{where}: {what} ({_first_line(e)})") from e
 
     @property

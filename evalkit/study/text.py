@@ -58,10 +58,27 @@ def _verdict_lines(res: dict) -> list[str]:
     cov = res.get("coverage")
     if cov:
         lines.append(f"coverage: {cov['text']}")
+    des = res.get("design") or {}
+    if des.get("under_sized"):
+        lines.append(des["text"])
+    for b in res.get("blocked") or []:
+        lines.append(f"no equivalence claim: {b}")
+    below = res.get("below_chance") or {}
+    for e in below.get("raters") or []:
+        lines.append(f"rater {e['rater']} BELOW CHANCE: {e['correct']} of {e['ratings']} correct, "
+                     f"Holm-adjusted p {_p(e['p_low_holm'])} (saw the difference and answered "
+                     "against it)")
+    for e in below.get("clips") or []:
+        lines.append(f"clip {e['clip']} BELOW CHANCE: {e['correct']} of {e['ratings']} correct, "
+                     f"Holm-adjusted p {_p(e['p_low_holm'])}")
     we = res.get("without_exclusions") or {}
     if we:
-        lines.append(f"without catch exclusions ({we.get('raters')} raters): "
-                     f"{str(we.get('verdict')).upper()}")
+        fig = (f"accuracy {num(we.get('accuracy'))}, upper bound {num(we.get('upper_bound'))}"
+               if res["protocol"] == "abx" else f"win rate of B {num(we.get('win_rate_b'))}")
+        lines.append(f"sensitivity check, not a verdict: with the catch-excluded raters "
+                     f"({we.get('raters')} raters) {fig}")
+    if res.get("reps_note"):
+        lines.append(f"note: {res['reps_note']}")
     return lines + _closing(res)
 
 

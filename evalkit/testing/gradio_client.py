@@ -132,6 +132,16 @@ class Connection:
         return status, b"".join([c async for c in self.chunks(headers)])
 
 
+async def ack(conn: Connection, token: str, name: str, data: bytes) -> None:
+    """``POST /api/ack`` on ``conn`` as the page does once it holds the whole media file
+    ``name`` (``data``): its size and CRC-32; :class:`GradioError` if refused."""
+    status, body = await conn.request("POST", "/api/ack", {"token": token, "media": name,
+                                                           "size": len(data),
+                                                           "crc32": zlib.crc32(data)})
+    if status != 200:
+        raise GradioError(f"ack HTTP {status}", body.decode(errors="replace")[:200])
+
+
 def endpoints(config: dict) -> dict:
     """From the page's config: ``{"load": Endpoint, "answer": Endpoint}``, the events whose
     target is the page (``"load"``) and the player component (``"answer"``, on the component
@@ -239,7 +249,9 @@ class GradioRater:
         """GET every video of ``trial`` (default: the current state's) whole and acknowledge
         it, as the page does (the gate counts bytes the page acknowledged: POST /api/ack with
         their size and CRC-32; ``range_``: a ``Range`` header instead, acknowledging nothing);
-        returns the statuses of the GETs."""
+        returns the statuses of the GETs. An acknowledgement the server refuses raises
+        :class:`GradioError` (kind ``"ack HTTP <status>"``): a rater left unacknowledged would
+        only see its answers refused later, as "not loaded")."""
         trial = trial if trial is not None else (self.state or {}).get("trial")
         out = []
         for name in (trial or {}).get("media", {}).values():
@@ -249,9 +261,7 @@ class GradioRater:
             out.append(status)
             if status == 200 and not range_:
                 conn = await self._ready(self.http)
-                await conn.request("POST", "/api/ack", {"token": self.token, "media": name,
-                                                        "size": len(data),
-                                                        "crc32": zlib.crc32(data)})
+                await ack(conn, self.token, name, data)
         return out
 
     async def _event(self, which: str, event_data) -> dict:

@@ -28,8 +28,9 @@ class Server:
     ``env``: extra environment variables (the server's limits, ``EVALKIT_SERVE_*``);
     ``banner``: the line it printed on start."""
 
-    def __init__(self, db, port=None, env=None):
+    def __init__(self, db, port=None, env=None, wrap=None):
         self.db, self.port = str(db), port or free_port()
+        self.wrap = wrap or (lambda argv: argv)     # e.g. evalkit.testing.disks.command
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
         self.env = dict(env or {})
@@ -37,10 +38,10 @@ class Server:
 
     def start(self, timeout=120):
         env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", **self.env)
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(self.wrap(
             [sys.executable, "-m", "evalkit", "serve", "--db", self.db, "--host", "127.0.0.1",
              "--port", str(self.port), "--admin-password", ADMIN_PASSWORD,
-             "--completion-code", COMPLETION_CODE],
+             "--completion-code", COMPLETION_CODE]),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -116,6 +116,10 @@ class DiffusersRenderer(Renderer):
         if not self.options.get("model"):
             raise RendererError(f"renderer {self.name!r}: option 'model' is required "
                                 "(--renderer-opt model=PATH_OR_HUB_ID)")
+        if "variant" in self.options and not str(self.options["variant"]).strip():
+            raise RendererError(f"renderer {self.name!r}: option variant: expected a weights "
+                                "variant such as fp16, found an empty value (leave the option "
+                                "out for the default weights)")
         for key, allowed in (("cpu_offload", _OFFLOAD), ("vae_tiling", _FLAGS),
                              ("vae_slicing", _FLAGS)):
             if key in self.options:

@@ -128,6 +128,11 @@ class ImportRenderer(Renderer):
             raise JobError(f"import of job {jid}: {src}: not a regular file or folder")
         n, h, w = request.source.shape[:3]
         what = f"import of job {jid} ({src})"
+        clear = video.transparency(src)
+        if clear is not None:       # read as RGB, the alpha would be dropped without a word
+            raise JobError(f"{what}: {clear} is transparent (an alpha channel below full); "
+                           "frames are compared as RGB and the alpha would be dropped: flatten "
+                           "the clip onto its background first (e.g. ffmpeg's overlay filter)")
         chunks = iter_expected(src, what=what, frames=n, size=(w, h),
                                fps=None if src.is_dir() else request.fps)
         written = write_job_files(chunks, request, n, prefix="import",

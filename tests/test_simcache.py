@@ -1,0 +1,43 @@
+"""The disk cache of simulated figures (plan, design_check): same value cached or not."""
+from __future__ import annotations
+
+import json
+
+from evalkit.study import simcache
+
+
+def test_cached_value_is_reused_and_equal(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"raters": 39, "scenarios": (0.5, 0.6), "ok": True}
+
+    first = simcache.cached("plan", {"margin": 0.1}, compute)
+    second = simcache.cached("plan", {"margin": 0.1}, compute)
+    assert calls == [1]
+    assert first == second == {"raters": 39, "scenarios": [0.5, 0.6], "ok": True}
+    other = simcache.cached("plan", {"margin": 0.05}, compute)
+    assert calls == [1, 1] and other == first
+    files = sorted((tmp_path / "sims").glob("plan-*.json"))
+    assert len(files) == 2 and json.loads(files[0].read_text())["raters"] == 39
+
+
+def test_a_cache_that_cannot_be_written_only_recomputes(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(blocker))
+    calls = []
+    for _ in range(2):
+        assert simcache.cached("design_check", {"raters": 3}, lambda: calls.append(1) or 7) == 7
+    assert calls == [1, 1]
+
+
+def test_a_corrupt_cache_file_is_recomputed(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    path = simcache.path_for("plan", {"m": 1})
+    path.parent.mkdir(parents=True)
+    path.write_text("{truncated")
+    assert simcache.cached("plan", {"m": 1}, lambda: {"v": 1}) == {"v": 1}
+    assert json.loads(path.read_text()) == {"v": 1}
