@@ -108,9 +108,14 @@ def test_end_to_end_report_agrees_with_evalkit_metrics(runs, tmp_path, cli):
     head = summary["headline"]
     ratios = summary["floor_ratios"]["seed"]
     largest = max(("lpips", "ssim", "psnr", "tlp", "tof", "flicker"), key=lambda k: ratios[k]["mean"])
-    assert head["metric"] == largest and head["ratio"] == ratios[largest]["mean"] < 1
-    assert head["text"].startswith("within the seed floor") and head["text"] in stdout
-    assert set(head["families"]) == {"fidelity", "temporal"}
+    assert head["families"]["fidelity"]["ratio"] < 1 and ratios[largest]["mean"] < 1
+    # bf16 against fp32 differs less than another seed in every pixel metric: the headline says
+    # it is below what the floor resolves, with B's and the floor's PSNR (issue 46 item 3)
+    assert head["below_floor"] is True and head["metric"] == "psnr"
+    assert head["ratio"] == ratios["psnr"]["mean"] < 1
+    assert head["text"].startswith("below what the seed floor resolves: PSNR ")
+    assert head["text"] in stdout
+    assert {"fidelity", "temporal"} <= set(head["families"])
 
 
 def test_headline_names_the_worst_family_against_the_floor():

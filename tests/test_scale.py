@@ -47,6 +47,7 @@ def _same(x, y) -> bool:
 @pytest.mark.slow  # compares run several ways
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs, tmp_path, chunk):
+    from evalkit.compare.local import psnr_of, worst_block
     from evalkit.compare.pairing import compare_runs
     from evalkit.metrics.stream import PairEvaluator, stream_pair
 
@@ -60,9 +61,13 @@ def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs,
             seq = list(stream_pair(iter(ClipReader(m.pair.path_a)), iter(ClipReader(m.pair.path_b)),
                                    evaluator=ev, chunk=chunk))
             assert len(seq) == len(m.records) == 8
-            for r, s in zip(m.records, seq):
-                assert r.keys() == s.keys()
-                assert all(_same(r[k], s[k]) for k in r), (m.pair.job_id, r, s)
+            frames_a, frames_b = ClipReader(m.pair.path_a).read(), ClipReader(m.pair.path_b).read()
+            for i, (r, s) in enumerate(zip(m.records, seq)):
+                # compare adds each frame's worst block (evalkit.compare.local) from the same
+                # decoded frames: the sequential path's frames give the same figure
+                assert r.keys() == s.keys() | {"block_psnr"}
+                assert all(_same(r[k], s[k]) for k in s), (m.pair.job_id, r, s)
+                assert _same(r["block_psnr"], psnr_of(worst_block(frames_a[i], frames_b[i])[0]))
             # the report's thumbnails are the worst frame's, as decoded
             assert m.worst_frame == int(np.argmax([s["lpips"] for s in seq]))
             assert np.array_equal(m.worst_a, ClipReader(m.pair.path_a).read()[m.worst_frame])

@@ -34,11 +34,9 @@ import numpy as np
 
 from evalkit.compare.aggregate import aggregate
 from evalkit.errors import UserError
+from evalkit.formats.models import SUMMARY_SCHEMA_VERSION  # noqa: F401  (summary.json's; compare writes it)
 from evalkit.fsutil import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text, write_csv
 from evalkit.metrics.catalogue import KEYS, METRICS, fmt
-
-#: summary.json's schema version (written by :func:`evalkit.compare.pairing.compare_runs`)
-SUMMARY_SCHEMA_VERSION = 1
 
 
 def _cell(v):

@@ -27,6 +27,8 @@ SUITE_SCHEMA_VERSION = 1
 MANIFEST_SCHEMA_VERSION = 1
 GATE_SCHEMA_VERSION = 1
 FINGERPRINT_SCHEMA_VERSION = 1
+#: a compare report's summary.json (written by evalkit.compare.report, read by the study room)
+SUMMARY_SCHEMA_VERSION = 1
 #: a run's label (``render --label``): it names the run folder, so a folder-name-safe word
 LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
 LABEL_RULE = "1-64 letters, digits, '_', '.', '+', '-', starting with a letter or digit"

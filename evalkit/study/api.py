@@ -59,7 +59,7 @@ def read_report(report) -> dict:
         compared = list(summary["jobs"]["compared"])
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputFileError(summary_path, f"not a compare summary ({e.__class__.__name__}: {e})")
-    from ..compare.report import SUMMARY_SCHEMA_VERSION
+    from ..formats.models import SUMMARY_SCHEMA_VERSION
     from ..formats.models import version_problem
 
     problem = version_problem(summary, SUMMARY_SCHEMA_VERSION, default=SUMMARY_SCHEMA_VERSION)

@@ -597,9 +597,9 @@ def report_frames(report, jobs) -> dict:
     with (report / "clips.csv").open(newline="") as f:
         for row in csv.DictReader(f):
             if row.get("job") in jobs:
-                out[row["job"]].append({"psnr": row.get("psnr_mean"),
-                                        "diff_fraction": row.get("diff_fraction_mean"),
-                                        "flicker": row.get("flicker_mean")})
+                # each metric's clip mean stands for its frames (``psnr_mean`` -> ``psnr``)
+                out[row["job"]].append({k[:-len("_mean")]: v for k, v in row.items()
+                                        if k.endswith("_mean")})
     return out
 
 

@@ -76,10 +76,10 @@ def frame_rows(a: np.ndarray, b: np.ndarray) -> list[dict]:
     """The figures a compare report's ``frames.csv`` holds for the pair that the predictor
     reads, frame by frame: ``psnr`` over every value (``inf`` for identical frames),
     ``max_abs_diff``, ``diff_fraction`` over pixel positions, and ``flicker``
-    (:func:`metrics.temporal.flicker`, None at frame 0)."""
+    (:func:`evalkit.metrics.temporal.flicker`, None at frame 0)."""
     import torch
 
-    from metrics.temporal import flicker
+    from evalkit.metrics.temporal import flicker
 
     fl = [None] + flicker(torch.from_numpy(a).permute(0, 3, 1, 2),
                           torch.from_numpy(b).permute(0, 3, 1, 2)).tolist() if len(a) > 1 else [None]
