@@ -54,6 +54,7 @@ from ..errors import UserError
 from . import design
 from .errors import (BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
+from .lossless import ext_of
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
@@ -64,10 +65,11 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def media_name(key: str, trial_id: int, slot: str) -> str:
-    """The name a trial's video in ``slot`` is served under (160 bits of HMAC-SHA256)."""
+def media_name(key: str, trial_id: int, slot: str, ext: str = ".mp4") -> str:
+    """The name a trial's video in ``slot`` is served under (160 bits of HMAC-SHA256), with the
+    extension of the study's media (:data:`.lossless.EXT`: the same for every trial)."""
     mac = hmac.new(bytes.fromhex(key), f"{int(trial_id)}:{slot}".encode(), hashlib.sha256)
-    return mac.hexdigest()[:40] + ".mp4"
+    return mac.hexdigest()[:40] + ext
 
 
 MAX_TOKEN = 512               # characters; invite tokens are 43
@@ -334,7 +336,8 @@ class RaterService:
             cfg = row[1] or {}
             st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
                   "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
-                  "key": cfg["media_key"]}      # every study has one (schema 4 upgrade)
+                  "key": cfg["media_key"],      # every study has one (schema 4 upgrade)
+                  "ext": ext_of(cfg)}
             self._studies[sid] = st
         return st
 
@@ -345,14 +348,15 @@ class RaterService:
                 select(trials.c.id, trials.c.ord, trials.c.kind, trials.c.shown, trials.c.sources,
                        trials.c.expected)
                 .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()]
-            key = self._study(conn, r["study_id"])["key"]
+            st = self._study(conn, r["study_id"])
+            key, ext = st["key"], st["ext"]
             names = {}
             for t in plan:
                 if "media" not in t["shown"]:       # one file per video: made before streams
                     raise StudyError(f"study {r['study_id']}: made before trial streams (one "
                                      "file per video, which its sizes could tell apart); "
                                      "create it again with `evalkit study create`")
-                t["names"] = {"video": media_name(key, t["id"], "video")}
+                t["names"] = {"video": media_name(key, t["id"], "video", ext)}
                 t["files"] = {"video": t["shown"]["media"]}
                 for slot, name in t["names"].items():
                     names[name] = (t["id"], slot, t["shown"]["media"])
@@ -366,7 +370,7 @@ class RaterService:
         for sha in (trial["shown"]["media"],):
             s = st["seconds"].get(sha)
             if s is None:                       # a study made before durations were stored
-                s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}.mp4")
+                s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}{st['ext']}")
             out = max(out, s)
         return out
 
@@ -428,7 +432,7 @@ class RaterService:
                 self._deliver(conn, r, tid, slot, 0, self._size(st, sha), arrived)
             elif conn.execute(self._q_one, {"tid": tid}).one()[0] is None:
                 raise UnknownMedia()            # not handed out yet: as if it did not exist
-        return Path(st["media_dir"]) / f"{sha}.mp4"
+        return Path(st["media_dir"]) / f"{sha}{st['ext']}"
 
     def _delivered(self, conn, token, name, start, stop, began, *, arrived) -> None:
         r, tid, slot, _ = self._hit(conn, token, name)
@@ -438,7 +442,7 @@ class RaterService:
     def _size(self, st: dict, sha: str) -> int:
         n = self._sizes.get(sha)
         if n is None:
-            n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}.mp4").stat().st_size
+            n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}{st['ext']}").stat().st_size
         return n
 
     def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int,
