@@ -18,6 +18,7 @@ def cmd_study_create(args) -> int:
                      ladder=args.ladder, metrics_device=args.metrics_device,
                      progress=sys.stderr.isatty(), allow_masking=args.allow_masking,
                      excerpt_seconds=args.excerpt, excerpt_at=args.excerpt_at,
+                     delivery=args.delivery,
                      **({} if args.delivery_margin is None else
                         {"delivery_margin_db": args.delivery_margin}))
     for w in r["warnings"]:
@@ -32,6 +33,7 @@ def cmd_study_create(args) -> int:
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
     from evalkit.study.fidelity import lines
 
+    print(f"  raters see: {r['seen']} (--delivery {r['delivery_mode']})")
     for ln in lines(r):
         print(f"  {ln}")
     return 0
@@ -179,6 +181,11 @@ def add_study(sub, common) -> None:
                    help="create the study even where the browser encode's error on the A-B "
                    "difference is not --delivery-margin below the difference (recorded in the "
                    "study and printed with its results)")
+    v.add_argument("--delivery", default="stream", choices=("stream", "lossless"),
+                   help="how trials reach raters: stream (default; H.264 4:2:0 QP 12, what a "
+                   "product delivers, its fidelity to the difference checked) or lossless (an "
+                   "animated lossless WebP painted on a canvas: the rendered pixels, exact; "
+                   "more bytes)")
     v.add_argument("--delivery-margin", type=float, default=None, metavar="DB",
                    help="how far (dB) the encode's error on the A-B difference must lie below "
                    "the difference (default 10: the delivered difference's amplitude within "
