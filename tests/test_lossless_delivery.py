@@ -47,7 +47,7 @@ def env(tmp_path_factory):
     made = study.create_study(report, db, protocol="abx", seed=3, raters_planned=4,
                               delivery="lossless")
     server = Server(db).start()
-    yield {"db": db, "made": made, "server": server,
+    yield {"db": db, "made": made, "server": server, "report": report,
            "renders": [f for p in pairs.values() for f in p]}
     server.stop()
 
@@ -124,3 +124,26 @@ def test_painted_canvas_pixels_equal_the_lossless_renders(env, browser):
         assert trial is None and seen_test == 2          # both clips' test trials seen
     finally:
         ctx.close()
+
+
+def test_cli_option_and_the_verdict_names_the_delivery(env, cli, tmp_path):
+    """`study create --delivery lossless` says what raters see; a complete study's verdict
+    names it; a streamed study's results name H.264."""
+    from evalkit.testing.studies import answer as answer_all, hidden
+
+    db = env["db"]
+    sid = env["made"]["study"]
+    for tok in study.invite(db, sid, 4):
+        answer_all(db, tok["token"], lambda t: hidden(db, t["trial"])["expected"] or "A")
+    res = study.results(db, sid, reps=200)
+    assert res["status"] == "complete", res["verdict_text"]
+    assert res["delivery_mode"] == "lossless"
+    assert res["verdict_text"].startswith(f"{res['verdict']} lossless: the rendered pixels")
+    code, out, err = cli("study", "results", "--db", str(db), "--study", str(sid))
+    assert code == 0 and "lossless: the rendered pixels" in out, (out, err)
+    code, out, err = cli("study", "create", str(env["report"]), "--db", str(tmp_path / "c.db"),
+                         "--protocol", "abx", "--raters", "4", "--delivery", "lossless")
+    assert code == 0, err
+    assert "raters see: lossless: the rendered pixels (--delivery lossless)" in out
+    assert "delivery: lossless delivery: raters see the rendered pixels, exact" in out
+    assert list((tmp_path / "c.media").glob("*.webp")) and not list((tmp_path / "c.media").glob("*.mp4"))
