@@ -1,4 +1,5 @@
-"""Playback starts before the whole trial stream has arrived, and the byte-delivery gate holds:
+"""Playback starts before the whole trial stream has arrived (streamed or lossless), and the
+byte-delivery gate holds:
 trial streams put the MP4 index (moov) before the media data (mdat), and in Chromium, against
 the real app whose media route is slowed on the server side, the rater page draws its first
 frame while most of the stream is still unsent, an answer then is refused (not loaded), and it is
@@ -88,10 +89,11 @@ class SlowMedia:
         await self.app(scope, receive, slow)
 
 
-@pytest.fixture
-def slow_server(tmp_path):
+@pytest.fixture(params=["stream", "lossless"])
+def slow_server(tmp_path, request):
     """The real app (evalkit.app.server.build_app) on loopback in this process, its media slowed to
-    about 4 s a stream; a 2 s preference study of two clips."""
+    about 4 s a stream; a 2 s preference study of two clips, streamed (H.264, the <video> reads
+    it by ranges) or lossless (an animated WebP the page decodes as it streams in)."""
     import uvicorn
 
     from evalkit.app.server import build_app
@@ -100,8 +102,10 @@ def slow_server(tmp_path):
              (("a", moving_texture(48, 96, 128, seed=3)), ("b", moving_texture(48, 96, 128, seed=4)))}
     report, _ = import_report(tmp_path / "r", pairs, FPS)
     db = tmp_path / "s.db"
-    sid = study.create_study(report, db, protocol="preference", raters_planned=2)["study"]
-    sizes = [p.stat().st_size for p in (tmp_path / "s.media").glob("*.mp4")]
+    sid = study.create_study(report, db, protocol="preference", raters_planned=2,
+                             delivery=request.param)["study"]
+    sizes = [p.stat().st_size for p in (tmp_path / "s.media").glob(
+        "*.webp" if request.param == "lossless" else "*.mp4")]
     app = SlowMedia(build_app(str(db), ADMIN_PASSWORD, COMPLETION_CODE), rate=min(sizes) / 4)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
