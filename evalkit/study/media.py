@@ -1,4 +1,6 @@
-"""Browser copies for raters, stored by content: ``MEDIA/<sha256>.mp4``.
+"""Browser copies for raters, stored by content: ``MEDIA/<sha256>.mp4`` (or, for a study made with
+``--delivery lossless``, the same tiled frames as an animated lossless WebP,
+``MEDIA/<sha256>.webp``: :mod:`.lossless`).
 
 **One stream per trial.** Every video of a trial (ABX: X, A and B; preference: left and right)
 is a *tile* of one H.264 stream (:func:`store_tiled`): the tiles side by side in one row, each in
