@@ -3,7 +3,9 @@
 a trial (the tiled frame of :mod:`evalkit.study.media`), Pillow's lossless WebP at several
 efforts against PNG at several zlib levels (the frames of an APNG): encode time on this CPU
 and bytes; and whether a frame's size tells where the equal tiles of an ABX trial are (the
-six orders of tiles a, a, b: a compressor that matches across tiles makes neighbours cheaper).
+six orders of tiles a, a, b: a compressor that matches across tiles makes neighbours cheaper);
+and, as the attacker suite's scenes would show it, whether a file is smaller when the match of
+X (in tile 0) is in tile 1 rather than tile 2.
 
 Frames: the scale720 clip ``astronaut_pan`` (``datasets/make_clips.render_clip`` at 1280x720,
 frames 100-103) as A, A blurred (sigma 0.6) as B, tiled for ABX (3904x752); the 64x64 corner
@@ -86,6 +88,56 @@ def main(argv=None) -> int:
             opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("lossless", "exact"))
             say(f"  {w}x{h} tiles, {fmt} {opts}: " + ", ".join(f"{o} {v}" for o, v in got.items())
                 + f"; spread {100 * (hi - lo) / lo:.2f}%")
+    say("\n## ABX with X in tile 0: the match in tile 1 against tile 2, the same X content "
+        "(the attacker suite's 64x48 scenes, 4 families x 4 seeds, first frame)")
+    from evalkit.testing import attack
+
+    cases = []
+    for fam in attack.FAMILIES:
+        for sd in range(4):
+            x = attack.scene(fam, sd, t=1)
+            cases.append((x, attack.backend_b(x, sd)))
+    lay = tile_layout(3, 48, 64)
+    for fmt, kw in (FORMATS[0], FORMATS[2], FORMATS[3], FORMATS[4]):
+        d = []
+        for x, y in cases:
+            got = {o: size(tile_frames([{"a": x, "b": y}[c] for c in o], lay)[0], fmt, **kw)
+                   for o in ("aab", "aba", "bba", "bab")}
+            d += [(got["aab"] - got["aba"]) / got["aba"] * 100,
+                  (got["bba"] - got["bab"]) / got["bab"] * 100]
+        d = np.array(d)
+        opts = ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("lossless", "exact"))
+        say(f"  {fmt} {opts}: match in tile 1 minus tile 2: mean {d.mean():+.2f}% (sd "
+            f"{d.std():.2f}), smaller in {100 * (d < 0).mean():.0f}% of {len(d)} pairs")
+    # the same question for whole 12-frame trial files: today's H.264 stream and lossless WebP
+    import tempfile
+
+    from evalkit.study.lossless import write_webp
+    from evalkit.study.media import store_tiled
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("H.264 trial stream (store_tiled)", "animated lossless WebP (write_webp)"):
+            d = []
+            for sd in range(4):
+                for fam in attack.FAMILIES:
+                    x = attack.scene(fam, sd)
+                    y = attack.backend_b(x, sd)
+                    got = {}
+                    for o in ("aab", "aba", "bba", "bab"):
+                        tiles = [{"a": x, "b": y}[c] for c in o]
+                        if name.startswith("H.264"):
+                            sha, _ = store_tiled(tiles, 24, tmp)
+                            got[o] = (Path(tmp) / f"{sha}.mp4").stat().st_size
+                        else:
+                            f = Path(tmp) / "t.webp"
+                            write_webp(f, iter(tile_frames(tiles, lay)), 24)
+                            got[o] = f.stat().st_size
+                    d += [(got["aab"] - got["aba"]) / got["aba"] * 100,
+                          (got["bba"] - got["bab"]) / got["bab"] * 100]
+            d = np.array(d)
+            say(f"  whole files, 12 frames, {name}: match in tile 1 minus tile 2: mean "
+                f"{d.mean():+.2f}% (sd {d.std():.2f}), smaller in {100 * (d < 0).mean():.0f}% of "
+                f"{len(d)} pairs")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")
