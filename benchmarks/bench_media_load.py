@@ -158,7 +158,8 @@ def load_first_trial(browser, url: str, token: str, mbit: float, lossless: bool 
             page.wait_for_timeout(50)
         start = min(m["start"] for m in media.values())
         done = [m for m in media.values() if m["end"] is not None]
-        decode = page.evaluate(DECODE, timeout=600_000) if lossless else None
+        page.set_default_timeout(600_000)
+        decode = page.evaluate(DECODE) if lossless else None
         return {"requests": len(media), "wire_bytes": sum(m["bytes"] for m in done),
                 "failed": sum(1 for m in done if m.get("failed")),
                 "first_frame_s": t_first - start, "whole_s": max(m["end"] for m in done) - start,
