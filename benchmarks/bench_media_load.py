@@ -82,12 +82,14 @@ def make_report(work: Path) -> Path:
 
 
 def create(report: Path, db: Path, excerpt: str | None, delivery: str = "stream",
-           protocol: str = "preference") -> dict:
+           protocol: str = "preference", allow_masking: bool = False) -> dict:
     """``evalkit study create`` as a process; its wall time and the study's stream sizes."""
     args = [sys.executable, "-m", "evalkit", "study", "create", str(report), "--db", str(db),
             "--protocol", protocol, "--raters", "2", "--seed", "1", "--delivery", delivery]
     if excerpt:
         args += ["--excerpt", excerpt]
+    if allow_masking:
+        args.append("--allow-masking")
     t0 = time.perf_counter()
     run = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--excerpt", default="2", help="seconds of the excerpt study")
     ap.add_argument("--delivery", default="stream", choices=("stream", "lossless"))
     ap.add_argument("--protocol", default="preference", choices=("preference", "abx"))
+    ap.add_argument("--allow-masking", action="store_true",
+                    help="stream studies the delivery rule refuses are made anyway (bytes only)")
     ap.add_argument("--lengths", default="excerpt,whole",
                     help="which studies: excerpt, whole or both (comma-separated)")
     args = ap.parse_args(argv)
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
         if db.with_suffix(".media").is_dir():
             for p in db.with_suffix(".media").iterdir():
                 p.unlink()
-        made = create(report, db, ex, args.delivery, args.protocol)
+        made = create(report, db, ex, args.delivery, args.protocol, args.allow_masking)
         print(f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
               f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
               f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})", flush=True)
