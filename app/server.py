@@ -21,7 +21,8 @@ run or job):
                                  trial acknowledged; 409 for a size or CRC-32 not the file's, or
                                  bytes never sent; 404 for a name not the rater's
   GET  /media/<name>.mp4?token=T one video of a handed-out trial, by its opaque per-trial name
-                                 (evalkit.study.live.media_name); every video is served with the
+       /media/<name>.webp?token=T (evalkit.study.live.media_name; .webp for a lossless study's
+                                 animated WebP); every video is served with the
                                  same headers (no Last-Modified, no ETag), 404 for anything else
                                  (the bytes sent are reported to the service; the gate
                                  also waits for /api/ack; HEAD counts nothing)
@@ -56,10 +57,11 @@ from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
 from evalkit.study import store  # noqa: E402
 from evalkit.study.live import MAX_ID, RaterService  # noqa: E402
+from evalkit.study.lossless import MIME  # noqa: E402
 
 from .guard import BODY_TIMEOUT_S, Guard, Throttle  # noqa: E402
 
-MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.mp4$")
+MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.(mp4|webp)$")
 STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
           study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
           study.RatingConflict: 409, study.OutOfOrder: 409, study.TooSoon: 425,
@@ -186,7 +188,7 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         if path.is_symlink() or not path.is_file():     # a link in the media folder: refused
             return not_found
         began = svc.clock()
-        return _Counted(_BlindFile(path, media_type="video/mp4", headers=MEDIA_HEADERS),
+        return _Counted(_BlindFile(path, media_type=MIME[path.suffix], headers=MEDIA_HEADERS),
                         lambda a, b: svc.delivered(token, name, a, b, began))
 
     api.router.routes[:0] = [Route("/media/{name}", media, methods=["GET", "HEAD"]),

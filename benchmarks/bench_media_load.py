@@ -1,6 +1,7 @@
-"""Media raters can load (issue 36 item 3): per trial, the bytes a rater's browser gets and the
-time to the first frame on screen at 20 and 100 Mbit/s, for a 1280x720 x 10 s clip, with and
-without ``study create --excerpt 2``.
+"""Media raters can load (issue 36 item 3, issue 45 item 6): per trial, the bytes a rater's
+browser gets and the time to the first frame on screen at 20 and 100 Mbit/s, for a 1280x720 x
+10 s clip, with and without ``study create --excerpt 2``, for ``--delivery stream`` (H.264) or
+``lossless`` (animated lossless WebP) and ``--protocol preference`` or ``abx``.
 
 Steps, through the product's own paths:
 
@@ -16,12 +17,17 @@ Steps, through the product's own paths:
    size, the bytes its media requests took on the wire (CDP ``loadingFinished``
    ``encodedDataLength``, headers included, every request summed), the time from the first
    media request to the first frame drawn in every box of the page (``window.evalkitPlayers``,
-   polled every animation frame) and to the last media byte (``loadingFinished``).
+   polled every animation frame) and to the last media byte (``loadingFinished``). For a
+   lossless trial, also the page's decode time: the same file fetched again in the page and
+   every frame decoded by ``ImageDecoder`` (ms per frame: playback runs at the clip's frame
+   rate only where this is under 1000 / fps).
 
 Times are the host's clock as the browser reports events (a benchmark, not a test).
 
     .venv/bin/python benchmarks/bench_media_load.py [--raters 2] [--rates 20,100]
                                                    [--work /tmp/evalkit-media-load]
+                                                   [--delivery lossless] [--protocol abx]
+                                                   [--lengths excerpt,whole]
 """
 from __future__ import annotations
 
@@ -75,23 +81,46 @@ def make_report(work: Path) -> Path:
     return rep
 
 
-def create(report: Path, db: Path, excerpt: str | None) -> dict:
+def create(report: Path, db: Path, excerpt: str | None, delivery: str = "stream",
+           protocol: str = "preference", allow_masking: bool = False) -> dict:
     """``evalkit study create`` as a process; its wall time and the study's stream sizes."""
     args = [sys.executable, "-m", "evalkit", "study", "create", str(report), "--db", str(db),
-            "--protocol", "preference", "--raters", "2", "--seed", "1"]
+            "--protocol", protocol, "--raters", "2", "--seed", "1", "--delivery", delivery]
     if excerpt:
         args += ["--excerpt", excerpt]
+    if allow_masking:
+        args.append("--allow-masking")
     t0 = time.perf_counter()
     run = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if run.returncode:
         raise SystemExit(f"study create failed: {run.stderr.strip()}")
-    sizes = [p.stat().st_size for p in db.with_suffix(".media").glob("*.mp4")]
+    ext = ".webp" if delivery == "lossless" else ".mp4"
+    sizes = [p.stat().st_size for p in db.with_suffix(".media").glob(f"*{ext}")]
     return {"wall_s": wall, "out": run.stdout.strip(), "streams": len(sizes),
             "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
 
 
-def load_first_trial(browser, url: str, token: str, mbit: float) -> dict:
+# a lossless trial's file fetched again in the page, then every frame decoded (ms per frame)
+DECODE = """async () => {
+  const t = window.evalkitState().state.trial, name = Object.values(t.media)[0];
+  const token = new URLSearchParams(location.search).get("token");
+  const buf = await (await fetch("media/" + name + "?token=" + token)).arrayBuffer();
+  const t0 = performance.now();
+  const dec = new ImageDecoder({data: buf, type: "image/webp", colorSpaceConversion: "none"});
+  await dec.tracks.ready; await dec.completed;
+  const n = dec.tracks.selectedTrack.frameCount;
+  let w = 0, h = 0;
+  for (let i = 0; i < n; i++) {
+    const r = await dec.decode({frameIndex: i}); w = r.image.displayWidth;
+    h = r.image.displayHeight; r.image.close();
+  }
+  const ms = performance.now() - t0; dec.close();
+  return {frames: n, ms_per_frame: ms / n, width: w, height: h, bytes: buf.byteLength};
+}"""
+
+
+def load_first_trial(browser, url: str, token: str, mbit: float, lossless: bool = False) -> dict:
     """One rater's first trial in a fresh context throttled to ``mbit`` (latency 20 ms)."""
     ctx = browser.new_context()
     page = ctx.new_page()
@@ -131,10 +160,12 @@ def load_first_trial(browser, url: str, token: str, mbit: float) -> dict:
             page.wait_for_timeout(50)
         start = min(m["start"] for m in media.values())
         done = [m for m in media.values() if m["end"] is not None]
+        page.set_default_timeout(600_000)
+        decode = page.evaluate(DECODE) if lossless else None
         return {"requests": len(media), "wire_bytes": sum(m["bytes"] for m in done),
                 "failed": sum(1 for m in done if m.get("failed")),
                 "first_frame_s": t_first - start, "whole_s": max(m["end"] for m in done) - start,
-                "page_s": start - t_nav}
+                "page_s": start - t_nav, "decode": decode}
     finally:
         ctx.close()
 
@@ -145,6 +176,12 @@ def main(argv=None) -> int:
     ap.add_argument("--raters", type=int, default=2, help="fresh raters per study and rate")
     ap.add_argument("--rates", default="20,100", help="Mbit/s, comma-separated")
     ap.add_argument("--excerpt", default="2", help="seconds of the excerpt study")
+    ap.add_argument("--delivery", default="stream", choices=("stream", "lossless"))
+    ap.add_argument("--protocol", default="preference", choices=("preference", "abx"))
+    ap.add_argument("--allow-masking", action="store_true",
+                    help="stream studies the delivery rule refuses are made anyway (bytes only)")
+    ap.add_argument("--lengths", default="excerpt,whole",
+                    help="which studies: excerpt, whole or both (comma-separated)")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -153,14 +190,19 @@ def main(argv=None) -> int:
     rates = [float(r) for r in args.rates.split(",")]
     rows = []
     # the excerpt first: the whole clips' study takes minutes more to encode
+    lengths = args.lengths.split(",")
     for name, ex in ((f"--excerpt {args.excerpt}", args.excerpt), ("whole 10 s", None)):
-        db = args.work / f"study_{'whole' if ex is None else 'excerpt'}.db"
+        if ("whole" if ex is None else "excerpt") not in lengths:
+            continue
+        name = f"{args.delivery} {args.protocol} {name}"
+        db = args.work / (f"study_{args.delivery}_{args.protocol}_"
+                          f"{'whole' if ex is None else 'excerpt'}.db")
         for p in (db, db.with_suffix(".db-wal"), db.with_suffix(".db-shm")):
             p.unlink(missing_ok=True)
         if db.with_suffix(".media").is_dir():
             for p in db.with_suffix(".media").iterdir():
                 p.unlink()
-        made = create(report, db, ex)
+        made = create(report, db, ex, args.delivery, args.protocol, args.allow_masking)
         print(f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
               f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
               f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})", flush=True)
@@ -171,14 +213,19 @@ def main(argv=None) -> int:
                 try:
                     for mbit in rates:
                         for tok in study.invite(db, 1, args.raters):
-                            r = load_first_trial(browser, server.url, tok["token"], mbit)
+                            r = load_first_trial(browser, server.url, tok["token"], mbit,
+                                                 args.delivery == "lossless")
                             r.update(study=name, mbit=mbit, stream_bytes=made["median_bytes"])
                             rows.append(r)
                             print(f"  {mbit:g} Mbit/s: first frame {r['first_frame_s']:.2f} s, "
                                   f"whole file {r['whole_s']:.2f} s, {r['wire_bytes'] / 1e6:.2f} "
                                   f"MB on the wire in {r['requests']} request(s)"
                                   f"{', failed ' + str(r['failed']) if r['failed'] else ''}; "
-                                  f"page before the first media request {r['page_s']:.2f} s",
+                                  f"page before the first media request {r['page_s']:.2f} s"
+                                  + ("" if not r["decode"] else
+                                     f"; page decode {r['decode']['ms_per_frame']:.1f} ms a "
+                                     f"frame ({r['decode']['frames']} frames of "
+                                     f"{r['decode']['width']}x{r['decode']['height']})"),
                                   flush=True)
                 finally:
                     browser.close()

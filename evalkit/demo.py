@@ -5,9 +5,10 @@
 3. render the suite on two local backends (a GPU against the CPU where there is a GPU,
    otherwise cpu,dtype=fp32 against cpu,dtype=bf16), resumable;
 4. compare them against the seed floor (a seed-shifted re-render on backend A) with a gate;
-5. create a blind ABX study from the report (`--allow-masking`: the CPU pair is refused
-   otherwise, see the comment at the step), invite one rater, and serve the rater and admin
-   pages on 127.0.0.1 (printing the rater link and the admin password) until Ctrl-C.
+5. create a blind ABX study from the report with lossless delivery (raters see the rendered
+   pixels: the CPU pair's difference is finer than an 8-bit H.264 stream carries), invite one
+   rater, and serve the rater and admin pages on 127.0.0.1 (printing the rater link and the
+   admin password) until Ctrl-C.
 
     python -m evalkit.demo [--out demo-out]
 """
@@ -80,10 +81,9 @@ def run(argv=None) -> int:
     shutil.rmtree(a.out / "media", ignore_errors=True)
     base = f"http://127.0.0.1:{a.port}/"
     link = f"{base}?token="
-    # --allow-masking: the CPU pair's bf16 difference (47-53 dB PSNR) is finer than any 8-bit
-    # 4:2:0 stream carries (docs/studies.md, "Delivery fidelity"); the study is made, and its
-    # results say DELIVERY MASKED with the figures
-    for step in (["study", "create", "--allow-masking", a.out / "report", "--db", db,
+    # --delivery lossless: the CPU pair's bf16 difference (47-53 dB PSNR) is finer than any
+    # 8-bit 4:2:0 stream carries (docs/studies.md, "Delivery"); raters see the rendered pixels
+    for step in (["study", "create", "--delivery", "lossless", a.out / "report", "--db", db,
                   "--protocol", "abx", "--clips", "all", "--seed", "1"],
                  ["study", "invite", "--db", db, "--study", "1", "--base-url", link]):
         print(f"\n$ evalkit {' '.join(map(str, step))}", flush=True)

@@ -39,8 +39,11 @@ LEVEL = 0.001
 # p >= 0.06.)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
+@pytest.fixture(scope="module", params=["stream", "lossless"])
+def env(tmp_path_factory, request):
+    """The attacker's studies, with each delivery: trial streams (H.264) and lossless trials
+    (animated WebP, whose per-frame sizes are those of its VP8L frames)."""
+    delivery = request.param
     root = tmp_path_factory.mktemp("attack")
     train = attack.make_report(root / "train", ("pan", "blobs"), range(10))
     held = attack.make_report(root / "held", ("grain", "stripes"), range(100, 114))
@@ -55,10 +58,11 @@ def env(tmp_path_factory):
         for protocol in ("abx", "preference"):
             for seed in seeds[protocol]:
                 sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10, allow_masking=True)["study"]
+                                         raters_planned=10, allow_masking=True,
+                                         delivery=delivery)["study"]
                 sids[(name, protocol, seed)] = sid
                 trials[name] += attack.collect(db, sid, raters)
-    return {"db": db, "sids": sids, "train": attack.add_features(trials["train"]),
+    return {"db": db, "sids": sids, "delivery": delivery, "train": attack.add_features(trials["train"]),
             "held": attack.add_features(trials["held"])}
 
 
@@ -87,6 +91,7 @@ def test_the_stripped_sizes_are_what_a_script_reads(env):
     t = env["held"][0]
     f = attack.features(t["data"])
     assert len(f["_sizes"]) == 12 and f["coded_size"] > 0.8 * f["file_size"] - 2000
+    assert t["data"][:4] == (b"RIFF" if env["delivery"] == "lossless" else t["data"][:4])
     sizes = {}
     for t in env["held"]:
         if t["kind"] == "test" and t["public"]["protocol"] == "abx":

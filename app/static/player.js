@@ -2,7 +2,8 @@
 // props, watch are Gradio's). The value is the study service's view of the rater: {progress,
 // trial, completion_code} from the load and answer events, plus notice / error / fatal. One
 // trial at a time, one stream per trial: its videos are tiles of one H.264 file, played by one
-// hidden <video>; each box is a <canvas> that draws its tile (trial.tiles[slot] = [x, y, w, h])
+// hidden <video> (or, for a lossless study, one animated lossless WebP: frameSource below, the
+// same interface from one frame clock); each box is a <canvas> that draws its tile (trial.tiles[slot] = [x, y, w, h])
 // from the same decoded frame, so the boxes are in sync by construction; frame step; swapping
 // any two boxes in place; zoom; answers enabled after one play-through; keys on a keyboard,
 // buttons on a touch screen. Server data is only ever set as text or attributes, never as HTML.
@@ -60,20 +61,25 @@ const CRC_TABLE = (() => {
   }
   return t;
 })();
-function crc32(bytes) {
-  let c = 0xFFFFFFFF;
+// running form: c = crc32Update(0, chunk1); c = crc32Update(c, chunk2) ... equals crc32(all)
+function crc32Update(crc, bytes) {
+  let c = (crc ^ 0xFFFFFFFF) >>> 0;
   for (let i = 0; i < bytes.length; i++) c = CRC_TABLE[(c ^ bytes[i]) & 0xFF] ^ (c >>> 8);
   return (c ^ 0xFFFFFFFF) >>> 0;
 }
+function crc32(bytes) { return crc32Update(0, bytes); }
 
 // The play-through gate's acknowledgement (issue 44): once the page holds the whole media
 // file `name`, it tells the server its size and CRC-32 (POST api/ack); the server checks them
 // against what it sent and starts the play-through clock. Any delivery path calls this with
-// the file's bytes once they have all arrived. Retried a few times (the server may not have
-// recorded the last bytes sent yet); resolves true once accepted.
-async function acknowledge(name, bytes) {
+// the file's bytes once they have all arrived (acknowledge), or with their size and CRC-32
+// counted as they arrived (acknowledgeSum: the lossless path, which never holds the whole
+// file). Retried a few times (the server may not have recorded the last bytes sent yet);
+// resolves true once accepted.
+function acknowledge(name, bytes) { return acknowledgeSum(name, bytes.length, crc32(bytes)); }
+async function acknowledgeSum(name, size, crc) {
   const token = new URLSearchParams(location.search).get("token") || "";
-  const body = JSON.stringify({token: token, media: name, size: bytes.length, crc32: crc32(bytes)});
+  const body = JSON.stringify({token: token, media: name, size: size, crc32: crc});
   for (let i = 0; i < 5; i++) {
     try {
       const r = await fetch("api/ack", {method: "POST", body: body,
@@ -114,20 +120,147 @@ function stream(name) {
   return v;
 }
 
+// a lossless trial (an animated lossless WebP): fetched as a stream and decoded with WebCodecs'
+// ImageDecoder as its bytes arrive (frame 0 shows before the file has all arrived); what the
+// player uses of a <video> (currentTime, duration, paused, readyState, play, pause, loop,
+// playbackRate), from one clock at the study's frame rate: frame k is shown from k / FPS on.
+// The clock waits (readyState 2) while the next frame is not decoded. Decoded frames are kept
+// around the playhead only (a memory budget), decoded ahead in order, one at a time. The
+// bytes received are counted (size and CRC-32) on the fetch's other branch; once the last one
+// arrived they are acknowledged as media file `name` (the play-through gate opens only then;
+// the frames already show while the file arrives).
+const FRAME_BUDGET = 400e6;                  // bytes of decoded frames kept (RGBA)
+function frameSource(url, name) {
+  const src = {currentTime: 0, paused: true, loop: true, playbackRate: 1, readyState: 0,
+               duration: NaN, isFrameSource: true, remove() {}, received: 0, complete: false};
+  const cache = new Map();                   // frame index -> VideoFrame
+  let dec = null, count = 0, busy = false, keep = 8, last = null, gone = false, wanted = 0;
+  const ctrl = new AbortController();
+  const index = () => Math.floor(src.currentTime * FPS + 1e-6);
+  src.image = () => cache.get(Math.min(index(), Math.max(0, count - 1)));
+  src.frameIndex = () => Math.min(index(), Math.max(0, count - 1));
+  function ready() {
+    const k = src.frameIndex();
+    if (!cache.has(k)) return 1;
+    const n = src.complete ? (k + 1) % count : k + 1;
+    return (cache.has(n) || (src.complete && !src.loop && n >= count)) ? 4 : 2;
+  }
+  function evict(k) {
+    for (const [i, f] of cache) {
+      const ahead = (i - k + count) % Math.max(1, count);
+      if (ahead >= keep) { f.close(); cache.delete(i); }
+    }
+  }
+  async function pump() {                    // decode the next frame wanted, one at a time
+    if (busy || gone || !dec) return;
+    const k = src.frameIndex();
+    let next = -1;
+    for (let j = 0; j < keep; j++) {
+      const i = src.complete ? (k + j) % count : k + j;
+      if (!cache.has(i) && (src.complete ? true : i < count)) { next = i; break; }
+    }
+    if (next < 0) return;
+    busy = true;
+    try {
+      const r = await dec.decode({frameIndex: next});
+      if (gone || cache.has(next)) { r.image.close(); if (gone) return; }
+      else cache.set(next, r.image);
+      evict(src.frameIndex());
+    } catch (e) {                            // not decodable yet: tried again shortly
+      busy = false;
+      if (!gone) setTimeout(pump, 50);
+      return;
+    }
+    busy = false;
+    src.readyState = ready();
+    pump();
+  }
+  src.tick = (now) => {                      // the one clock: advanced by the page's loop
+    if (!src.paused && last !== null && src.readyState >= 3) {
+      let t = src.currentTime + (now - last) / 1000 * src.playbackRate;
+      if (src.complete && src.duration && t >= src.duration) {
+        if (src.loop) t = t % src.duration; else { t = src.duration - 1 / FPS; src.paused = true; }
+      } else if (!src.complete && t * FPS >= count) t = Math.max(0, count - 1) / FPS;
+      src.currentTime = t;
+    }
+    last = src.paused ? null : now;
+    src.readyState = ready();
+    pump();
+  };
+  src.play = () => { src.paused = false; return Promise.resolve(); };
+  src.pause = () => { src.paused = true; };
+  Object.defineProperty(src, "seekTo", {value: (t) => {
+    src.currentTime = Math.max(0, t); src.readyState = ready(); evict(src.frameIndex()); pump();
+  }});
+  src.close = () => {
+    gone = true; ctrl.abort();
+    cache.forEach((f) => f.close()); cache.clear();
+    if (dec) { try { dec.close(); } catch (e) { /* closed */ } }
+  };
+  (async () => {
+    try {
+      const res = await fetch(url, {signal: ctrl.signal, cache: "no-store"});
+      if (!res.ok || !res.body || typeof ImageDecoder === "undefined") throw new Error("load");
+      const [mine, theirs] = res.body.tee();
+      dec = new ImageDecoder({data: theirs, type: "image/webp", colorSpaceConversion: "none",
+                              premultiplyAlpha: "none"});
+      const reader = mine.getReader();     // bytes received (the decoder reads its own copy)
+      (async () => {
+        let crc = 0;
+        for (;;) {
+          const {done, value} = await reader.read();
+          if (done) break;
+          src.received += value.byteLength; crc = crc32Update(crc, value);
+        }
+        if (gone || videos[0] !== src) return; // the trial changed meanwhile
+        // the play-through is counted from the accepted acknowledgement, as the server counts it
+        const ok = await acknowledgeSum(name, src.received, crc);
+        if (ok && videos[0] === src) acked = true;
+      })().catch(() => {});
+      await dec.tracks.ready;
+      const track = dec.tracks.selectedTrack;
+      const poll = setInterval(() => {
+        if (gone) { clearInterval(poll); return; }
+        count = track.frameCount; pump();
+      }, 50);
+      dec.completed.then(() => {
+        clearInterval(poll);
+        if (gone) return;
+        count = track.frameCount; src.complete = true; src.duration = count / FPS;
+        pump();
+      }).catch(() => {});
+      count = track.frameCount;
+      await dec.decode({frameIndex: 0}).then((r) => {
+        if (gone) { r.image.close(); return; }
+        const f = r.image;
+        if (cache.has(0)) { cache.get(0).close(); }
+        keep = Math.max(3, Math.floor(FRAME_BUDGET / (4 * f.displayWidth * f.displayHeight)));
+        cache.set(0, f); count = Math.max(count, 1); src.readyState = ready(); pump();
+      });
+    } catch (e) {
+      if (!gone) message("This trial's media could not be loaded; please reload the page.");
+    }
+  })();
+  return src;
+}
+
 // every box from the one current frame of the stream
 function draw() {
   const v = videos[0];
   if (!v || v.readyState < 2) return;
-  const t = v.currentTime;
+  const t = v.isFrameSource ? v.frameIndex() / FPS : v.currentTime;
+  const img = v.isFrameSource ? v.image() : v;
+  if (!img) return;
   for (const b of boxes) {
     const r = b.rect;
-    b.ctx.drawImage(v, r[0], r[1], r[2], r[3], 0, 0, r[2], r[3]);
+    b.ctx.drawImage(img, r[0], r[1], r[2], r[3], 0, 0, r[2], r[3]);
     b.drawn = t;
   }
 }
 
 function stopVideos() {
   videos.forEach((v) => {
+    if (v.isFrameSource) { v.close(); return; }
     v.pause();
     if (v.src.startsWith("blob:")) URL.revokeObjectURL(v.src);
     v.removeAttribute("src"); v.load(); v.remove();
@@ -155,8 +288,15 @@ function renderTrial(t) {
   const stage = $("stage");
   stage.replaceChildren(...order.filter((s) => s in t.tiles).map((s, i) => cell(s, t.tiles[s], i)));
   stage.dataset.count = String(stage.children.length);
-  const v = stream(Object.values(t.media)[0]);
-  root.appendChild(v);
+  const name = Object.values(t.media)[0];
+  let v;
+  if (name.endsWith(".webp")) {
+    const token = new URLSearchParams(location.search).get("token") || "";
+    v = frameSource("media/" + encodeURIComponent(name) + "?token=" + encodeURIComponent(token), name);
+  } else {
+    v = stream(name);
+    root.appendChild(v);
+  }
   videos = [v];
   const swaps = $("swaps"); swaps.replaceChildren();
   for (const [a, b, k] of SWAPS[t.protocol] || []) {
@@ -215,6 +355,7 @@ function tick(now) {
   if (!element.isConnected) return;
   if (videos.length) {
     const m = videos[0];
+    if (m.isFrameSource) m.tick(now);
     draw();
     // counted only while the stream can play on (HAVE_FUTURE_DATA): playback starts before the
     // whole file has arrived, and a stall waiting for bytes is not watching
@@ -243,7 +384,7 @@ function setPlaying(on) {
 function seekTo(t) {
   if (!videos.length) return;
   setPlaying(false);
-  videos.forEach((v) => { v.currentTime = t; });
+  videos.forEach((v) => { if (v.isFrameSource) v.seekTo(t); else v.currentTime = t; });
 }
 // frame step: land just after the start of the target frame; never past the last frame's
 // start (a seek into the last frame's span can end playback, or wrap it when looping)
@@ -317,7 +458,9 @@ document.addEventListener("keydown", (e) => {
 // state; and the last reply of the service
 window.evalkitPlayers = () => boxes.map((b) => { const v = videos[0]; return {slot: b.slot,
   t: b.drawn === null ? NaN : b.drawn, paused: v.paused, ready: v.readyState,
-  duration: v.duration, fps: FPS, streams: videos.length}; });
+  duration: v.duration, fps: FPS, streams: videos.length, lossless: !!v.isFrameSource,
+  received: v.isFrameSource ? v.received : null, complete: v.isFrameSource ? v.complete : null,
+  acked: acked}; });
 window.evalkitState = () => ({replies: replies, state: last ? JSON.parse(JSON.stringify(last)) : null});
 
 watch("value", () => render(props.value));

@@ -33,6 +33,7 @@ def cmd_study_create(args) -> int:
                      progress=True if sys.stderr.isatty() else progress_lines("study media", "clips"),
                      allow_masking=args.allow_masking,
                      excerpt_seconds=args.excerpt, excerpt_at=args.excerpt_at,
+                     delivery=args.delivery,
                      **({} if args.delivery_margin is None else
                         {"delivery_margin_db": args.delivery_margin}))
     for w in r["warnings"]:
@@ -47,6 +48,7 @@ def cmd_study_create(args) -> int:
           f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)")
     from evalkit.study.fidelity import lines
 
+    print(f"  raters see: {r['seen']} (--delivery {r['delivery_mode']})")
     for ln in lines(r):
         print(f"  {ln}")
     print(f"  key sealed with {r['key_file']} (mode 0600; `study invite` and the server need it: "
@@ -198,6 +200,11 @@ def add_study(sub, common) -> None:
                    help="create the study even where the browser stream does not keep the A-B "
                    "difference (the local delivery rule; recorded in the study and printed "
                    "with its results)")
+    v.add_argument("--delivery", default="stream", choices=("stream", "lossless"),
+                   help="how trials reach raters: stream (default; H.264 4:2:0 QP 12, what a "
+                   "product delivers, its fidelity to the difference checked) or lossless (an "
+                   "animated lossless WebP painted on a canvas: the rendered pixels, exact; "
+                   "more bytes)")
     v.add_argument("--delivery-margin", type=float, default=None, metavar="DB",
                    help="in each window where the A-B difference is, how far (dB) the delivered "
                    "difference's part along the real one must lie above the rest of it "

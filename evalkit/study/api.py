@@ -26,6 +26,7 @@ from ..errors import InputFileError
 from ..fsutil import atomic_write_text, csv_text
 from ..formats.run import clip_files
 from . import design, excerpt, fidelity, seal, simcache, stats, threshold, trialmedia
+from .lossless import DELIVERIES, EXT, SEEN, delivery_of, exact_summary
 from .errors import (StudyError, UnknownStudy)
 from .live import token_hash
 from .media import ordered_map, prepare_media_dir
@@ -143,7 +144,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                  ladder: str | None = None, metrics_device="cpu", progress: bool = False,
                  allow_masking: bool = False,
                  delivery_margin_db: float = fidelity.MARGIN_DB,
-                 excerpt_seconds=None, excerpt_at=None) -> dict:
+                 excerpt_seconds=None, excerpt_at=None, delivery: str = "stream") -> dict:
     """Create a study from a compare report: select clips, write the trial streams (every
     arrangement of each row's tiles, see :func:`.media.store_tiled` and
     :func:`.design.stream_keys`) and the catch versions, record everything.
@@ -162,6 +163,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     local rule, windows judged at ``delivery_margin_db``) refuses the study
     (:class:`StudyError`, one line naming the clip and the figures, nothing written to the
     database) unless ``allow_masking`` (recorded in the study's config, ``delivery``).
+    ``delivery="lossless"``: each trial's tiles as an animated lossless WebP instead
+    (:mod:`.lossless`): raters see the rendered pixels, nothing is measured and nothing masked
+    (``config["delivery_mode"]``).
 
     The key parts are sealed with the key file beside the database (:mod:`.seal`, made 0600
     if missing; ``key_file``); ``same_runs``: :func:`same_runs`.
@@ -181,6 +185,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         media_dir=media_dir, catch_alpha=catch_alpha, levels=levels, ladder=ladder,
         delivery_margin_db=delivery_margin_db, excerpt_seconds=excerpt_seconds,
         excerpt_at=excerpt_at)
+    if delivery not in DELIVERIES:
+        raise StudyError(f"--delivery: expected {' or '.join(DELIVERIES)}, found {delivery!r}")
     rep = read_report(report)
     d, media = _open_store(db, media_dir)
     key = seal.create_or_load(seal.default_path(d.path, media))   # before any encoding
@@ -200,20 +206,24 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
                   offs=threshold.offsets(ladder) if protocol == "threshold" else {},
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
-                  measure_reference=protocol == "threshold", delivery_margin_db=delivery_margin_db)
+                  measure_reference=protocol == "threshold", delivery_margin_db=delivery_margin_db,
+                  delivery=delivery)
     made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
                        delivery_margin_db=delivery_margin_db, allow_masking=allow_masking,
                        progress=progress)
     clip_rows, pool = made["rows"], made["catches"]
-    delivery = fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db,
-                                allow_masking)
+    mode = delivery
+    delivery = (exact_summary([r["delivery"] for r in clip_rows]) if mode == "lossless" else
+                fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db,
+                                 allow_masking))
     media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
-                                       + [p["streams"] for p in pool])
+                                       + [p["streams"] for p in pool], ext=EXT[mode])
     config = _study_config(made, protocol=protocol, catch_alpha=catch_alpha, n_catch=n_catch,
                            min_correct=min_correct, the_plan=the_plan, clips_of=len(rep["jobs"]),
                            delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
                            kind=kind, metrics_device=metrics_device)
-    config.update(design_seed=design_seed, runs=run_identity(rep["run_a"], rep["run_b"]))
+    config.update(design_seed=design_seed, runs=run_identity(rep["run_a"], rep["run_b"]),
+                  delivery_mode=mode)
     sid = _write_study(d, key, config, made, protocol=protocol, margin=margin, seed=seed,
                        clips_spec=clips_spec, planned=planned,
                        catch_threshold=min_correct / n_catch, alpha=alpha, rep=rep, media=media)
@@ -221,7 +231,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
             "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
-            "same_runs": same_runs(d, sid)}
+            "same_runs": same_runs(d, sid), "delivery_mode": mode, "seen": SEEN[mode]}
 
 
 def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, media_dir,
@@ -344,6 +354,8 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
         window = cut and (cut["windows"][job[0]["job"]], ex_seconds, ex_at)
         out = trialmedia.clip_media(*job, window=window, **encode)
         for row in out["rows"]:
+            if encode["delivery"] == "lossless":
+                continue                       # exact: nothing to judge
             _deliver(row, encode["media"], delivery_margin_db, allow_masking)
         return out
 
@@ -989,7 +1001,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "delivery": (st["config"] or {}).get("delivery"),
            "media_bytes": (st["config"] or {}).get("media_bytes"),
            "excerpt": (st["config"] or {}).get("excerpt"),
-           "same_runs": same_runs(db, st["id"]), "seal": _seal_out(st)}
+           "same_runs": same_runs(db, st["id"]), "seal": _seal_out(st),
+           "delivery_mode": delivery_of(st["config"]), "seen": SEEN[delivery_of(st["config"])]}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "
@@ -1040,7 +1053,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
         dec.setdefault("blocked", []).append(achieved["text"])
     dec["verdict"] = stats.after_unblinding(dec["verdict"], early)
     out.update(status="complete", **dec)
-    out["verdict_text"] = dec["verdict"]
+    out["verdict_text"] = f"{dec['verdict']} {out['seen']}"     # what raters saw, named
     if dec.get("blocked"):
         out["verdict_text"] += ": no equivalence claim although U < " + (
             f"{0.5 + margin:g}; " + "; ".join(dec["blocked"]))

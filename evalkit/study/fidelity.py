@@ -405,10 +405,10 @@ def per_clip_headroom(per_clip: list[dict], delivery: dict | None) -> None:
         c["delivery_ok"] = r["ok"] if r else None
 
 
-def media_bytes(media_dir, streams: list[dict]) -> dict:
-    """Bytes of the trial streams a study stored (one stream is one trial's media):
-    ``{"streams", "total", "median", "max"}``."""
-    sizes = sorted({sha: (Path(media_dir) / f"{sha}.mp4").stat().st_size
+def media_bytes(media_dir, streams: list[dict], ext: str = ".mp4") -> dict:
+    """Bytes of the trial streams a study stored (one stream is one trial's media, its files
+    ``<sha256><ext>``): ``{"streams", "total", "median", "max"}``."""
+    sizes = sorted({sha: (Path(media_dir) / f"{sha}{ext}").stat().st_size
                     for s in streams for sha in s["files"].values()}.values())
     return {"streams": len(sizes), "total": sum(sizes),
             "median": int(np.median(sizes)) if sizes else 0, "max": max(sizes, default=0)}
@@ -432,6 +432,8 @@ def lines(config: dict) -> list[str]:
     out = []
     if not d:
         out.append("delivery: not measured (study made before delivery fidelity was checked)")
+    elif d.get("exact"):                       # lossless delivery (.lossless): nothing measured
+        out.append(f"delivery: {d['measure']}")
     elif "keep_min" not in d:
         out.extend(_global_lines(d))
     else:

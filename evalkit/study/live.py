@@ -59,6 +59,7 @@ from ..errors import UserError
 from . import design, seal
 from .errors import (BadAcknowledgement, BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
                      TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
+from .lossless import ext_of
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
@@ -69,10 +70,11 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def media_name(key: str, trial_id: int, slot: str) -> str:
-    """The name a trial's video in ``slot`` is served under (160 bits of HMAC-SHA256)."""
+def media_name(key: str, trial_id: int, slot: str, ext: str = ".mp4") -> str:
+    """The name a trial's video in ``slot`` is served under (160 bits of HMAC-SHA256), with the
+    extension of the study's media (:data:`.lossless.EXT`: the same for every trial)."""
     mac = hmac.new(bytes.fromhex(key), f"{int(trial_id)}:{slot}".encode(), hashlib.sha256)
-    return mac.hexdigest()[:40] + ".mp4"
+    return mac.hexdigest()[:40] + ext
 
 
 MAX_TOKEN = 512               # characters; invite tokens are 43
@@ -354,6 +356,7 @@ class RaterService:
             st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
                   "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
                   "key": cfg["media_key"],      # every study has one (schema 4 upgrade)
+                  "ext": ext_of(cfg),
                   # the study key file: a trial's stream and tiles are sealed (schema 6)
                   "seal": seal.study_key(cfg) if "seal" in cfg else None}
             self._studies[sid] = st
@@ -366,19 +369,19 @@ class RaterService:
                 select(trials.c.id, trials.c.rater_id, trials.c.ord, trials.c.kind,
                        trials.c.shown, trials.c.sources, trials.c.expected, trials.c.sealed)
                 .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()
-            sealer = self._study(conn, r["study_id"])["seal"]
+            st = self._study(conn, r["study_id"])
             # the server serves the right stream and tiles: it unseals them (the key file
             # where the server runs); a test trial's expected answer is never used here
-            plan = [seal.unseal_trial(sealer, dict(t)) if t["sealed"] else dict(t)
+            plan = [seal.unseal_trial(st["seal"], dict(t)) if t["sealed"] else dict(t)
                     for t in rows]
-            key = self._study(conn, r["study_id"])["key"]
+            key, ext = st["key"], st["ext"]
             names = {}
             for t in plan:
                 if "media" not in t["shown"]:       # one file per video: made before streams
                     raise StudyError(f"study {r['study_id']}: made before trial streams (one "
                                      "file per video, which its sizes could tell apart); "
                                      "create it again with `evalkit study create`")
-                t["names"] = {"video": media_name(key, t["id"], "video")}
+                t["names"] = {"video": media_name(key, t["id"], "video", ext)}
                 t["files"] = {"video": t["shown"]["media"]}
                 for slot, name in t["names"].items():
                     names[name] = (t["id"], slot, t["shown"]["media"])
@@ -392,7 +395,7 @@ class RaterService:
         for sha in (trial["shown"]["media"],):
             s = st["seconds"].get(sha)
             if s is None:                       # a study made before durations were stored
-                s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}.mp4")
+                s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}{st['ext']}")
             out = max(out, s)
         return out
 
@@ -455,7 +458,7 @@ class RaterService:
                 self._acked(conn, r, tid, slot, arrived)
             elif conn.execute(self._q_one, {"tid": tid}).one()[0] is None:
                 raise UnknownMedia()            # not handed out yet: as if it did not exist
-        return Path(st["media_dir"]) / f"{sha}.mp4"
+        return Path(st["media_dir"]) / f"{sha}{st['ext']}"
 
     def _delivered(self, conn, token, name, start, stop, began, *, arrived) -> None:
         r, tid, slot, _ = self._hit(conn, token, name)
@@ -465,14 +468,14 @@ class RaterService:
     def _size(self, st: dict, sha: str) -> int:
         n = self._sizes.get(sha)
         if n is None:
-            n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}.mp4").stat().st_size
+            n = self._sizes[sha] = (Path(st["media_dir"]) / f"{sha}{st['ext']}").stat().st_size
         return n
 
     def _crc(self, st: dict, sha: str) -> int:
         n = self._crcs.get(sha)
         if n is None:
             crc = 0
-            with open(Path(st["media_dir"]) / f"{sha}.mp4", "rb") as f:
+            with open(Path(st["media_dir"]) / f"{sha}{st['ext']}", "rb") as f:
                 while chunk := f.read(1 << 20):
                     crc = zlib.crc32(chunk, crc)
             n = self._crcs[sha] = crc

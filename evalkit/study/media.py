@@ -1,4 +1,6 @@
-"""Browser copies for raters, stored by content: ``MEDIA/<sha256>.mp4``.
+"""Browser copies for raters, stored by content: ``MEDIA/<sha256>.mp4`` (or, for a study made with
+``--delivery lossless``, the same tiled frames as an animated lossless WebP,
+``MEDIA/<sha256>.webp``: :mod:`.lossless`).
 
 **One stream per trial.** Every video of a trial (ABX: X, A and B; preference: left and right)
 is a *tile* of one H.264 stream (:func:`store_tiled`): the tiles side by side in one row, each in
@@ -84,18 +86,18 @@ def prepare_media_dir(media_dir) -> Path:
     return media_dir
 
 
-def _store(write, media_dir: Path) -> str:
+def _store(write, media_dir: Path, ext: str = ".mp4") -> str:
     """Run ``write(tmp_path)`` to a temporary name in ``media_dir``; rename the file to its
-    sha256 (``<sha256>.mp4``) and return that."""
+    sha256 (``<sha256>.mp4``, or ``ext``) and return that."""
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = mkstemp(prefix=".tmp-", suffix=".mp4", dir=media_dir)
+    fd, tmp = mkstemp(prefix=".tmp-", suffix=ext, dir=media_dir)
     hold(fd)                                   # held while written: not stale to another create
     tmp = Path(tmp)
     try:
         write(tmp)
         digest = sha256_file(tmp)
-        os.replace(tmp, media_dir / f"{digest}.mp4")
+        os.replace(tmp, media_dir / f"{digest}{ext}")
     finally:
         tmp.unlink(missing_ok=True)
         os.close(fd)
@@ -171,7 +173,8 @@ def store_tiled(tiles: list[np.ndarray], fps, media_dir) -> tuple[str, dict]:
     return sha, layout
 
 
-def store_tiled_streams(windows, streams: list[list], fps, media_dir) -> list[tuple[str, dict, int]]:
+def store_tiled_streams(windows, streams: list[list], fps, media_dir,
+                        delivery: str = "stream") -> list[tuple[str, dict, int]]:
     """Several trial streams encoded at once from one pass over ``windows``: an iterable of
     dicts, content name -> ``(n, H, W, 3)`` uint8 frames (every content of a window the same
     n, H and W); stream ``i`` shows content ``streams[i][j]`` in tile ``j``
@@ -180,8 +183,18 @@ def store_tiled_streams(windows, streams: list[list], fps, media_dir) -> list[tu
     (:func:`evalkit.concurrency.fan_out`): memory holds a few windows and one frame per stream,
     whatever the clip's length. Returns ``(sha256, layout, frames)`` per stream; each file is
     that of :func:`store_tiled` given the whole contents. An error (of the windows' source or
-    an encoder) is raised and no stream of the pass is kept."""
+    an encoder) is raised and no stream of the pass is kept. ``delivery="lossless"``: each
+    stream is an animated lossless WebP of the same frames (:mod:`.lossless`), ``<sha256>.webp``."""
     from ..concurrency import fan_out
+    from .lossless import EXT, write_webp
+
+    ext = EXT[delivery]
+
+    def write(path, frames):
+        if delivery == "lossless":
+            write_webp(path, frames, fps)
+        else:
+            write_browser(path, frames, fps, TILED_ENCODING)
 
     def encoder(names):
         def run(items) -> tuple[str, dict, int]:
@@ -197,7 +210,7 @@ def store_tiled_streams(windows, streams: list[list], fps, media_dir) -> list[tu
                         yield tile_frames([x[t:t + 1] for x in tiles], state["layout"])[0]
                         state["n"] += 1
 
-            sha = _store(lambda p: write_browser(p, frames(), fps, TILED_ENCODING), media_dir)
+            sha = _store(lambda p: write(p, frames()), media_dir, ext)
             return sha, state["layout"], state["n"]
         return run
 

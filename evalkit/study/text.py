@@ -49,7 +49,8 @@ def _verdict_lines(res: dict) -> list[str]:
         lines += _exclusions(res)
         lines.append(f"verdict: {res['verdict'].upper()}")
         return lines
-    lines = [f"{head}: verdict {res['verdict'].upper()}", people, *ex]
+    seen = f" {res['seen']}" if res.get("seen") else ""        # what raters saw (.lossless)
+    lines = [f"{head}: verdict {res['verdict'].upper()}{seen}", people, *ex]
     if unb:
         lines.append(f"UNBLINDED EARLY: {unb['text']}")
     if res["protocol"] == "threshold":

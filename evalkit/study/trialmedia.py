@@ -28,6 +28,7 @@ import numpy as np
 from ..concurrency import fan_out
 from ..video import open_clip
 from . import design, excerpt, fidelity, threshold
+from .lossless import exact_row
 from .media import degrade, store_tiled_streams
 
 
@@ -38,11 +39,13 @@ def measured(m: dict) -> dict:
 
 def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit,
                metrics_device, measure_reference: bool,
-               delivery_margin_db: float = fidelity.MARGIN_DB) -> dict:
+               delivery_margin_db: float = fidelity.MARGIN_DB, delivery: str = "stream") -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
     metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
     ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip);
-    ``delivery_margin_db``: the delivery rule's (:mod:`.fidelity`). Returns
+    ``delivery_margin_db``: the delivery rule's (:mod:`.fidelity`); ``delivery``: ``stream``
+    (H.264, its fidelity measured) or ``lossless`` (animated lossless WebP, :mod:`.lossless`:
+    exact, nothing measured). Returns
     ``{"fps_a", "fps_b", "seconds", "rows", "stimuli", "catches"}`` (``"reference"`` when
     measured; ``"error"``: the sides differ in frame count or size); nothing is encoded when
     the frame rates differ (the caller's rule)."""
@@ -69,7 +72,7 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
             refs = [(kind_, from_b, catch_offsets.pop(0)) for kind_, from_b in catches]
             _row(i, c, k, offs.get(k), refs, pairs, side, fps, kind=kind, forced=forced, media=media,
                  swap=swap, xbit=xbit, out=out, metrics_device=metrics_device,
-                 margin_db=delivery_margin_db)
+                 margin_db=delivery_margin_db, delivery=delivery)
     except excerpt.ShapeError as e:
         out["error"] = str(e)
     return out
@@ -108,7 +111,7 @@ def _passes(n_row: int, n_catch: int, refs: list) -> list[list]:
 
 
 def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, swap, xbit, out,
-         metrics_device, margin_db=fidelity.MARGIN_DB) -> None:
+         metrics_device, margin_db=fidelity.MARGIN_DB, delivery="stream") -> None:
     """Row ``i`` of the clips table and its catch versions (``refs``: (kind, reference from B,
     colour offset) each). Each catch reference is its source mirrored left to right and
     shifted by its offset (:data:`.threshold.CATCH_OFFSETS`), so no two catch versions of a
@@ -146,8 +149,8 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             ks = row_keys if j is None else catch_keys
             specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
             keys += [(j, k) for k in ks]
-        for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(contents(), specs, fps,
-                                                                         media)):
+        for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(
+                contents(), specs, fps, media, delivery)):
             s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
                                     "files": {}})
             s["files"][key] = sha
@@ -158,7 +161,12 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             yield _shown(a, b, level, offset, kind)
 
     lp = c["lpips_mean"]
-    if level is None:
+    if delivery == "lossless":                 # exact by construction: nothing to measure
+        fig = exact_row(c["job"], level)
+        if level is not None:
+            m = threshold.measure_windows(((x["a"], x["b"]) for x in shown()),
+                                          device=metrics_device)
+    elif level is None:
         fig = fidelity.row_figures(media, made[None], shown(), margin_db)
     else:
         fig, m = fan_out(shown(), [
@@ -166,6 +174,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             lambda items: threshold.measure_windows(((x["a"], x["b"]) for x in items),
                                                     device=metrics_device)],
             name="evalkit-media-measure")
+    if level is not None:
         m = measured(m)
         m.pop("conventions", None)
         out["stimuli"].append({"ord": i, "job": c["job"], "level": level, "metrics": m,

@@ -127,6 +127,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     from evalkit import study
     from evalkit.study import design, seal, store
     from evalkit.study.live import media_name
+    from evalkit.study.lossless import ext_of
 
     tokens = [r["token"] for r in study.invite(db, sid, raters)]
     d = store.open_db(db)
@@ -139,6 +140,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
             for rid in ids}
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]
+    ext = ext_of(st["config"])
     out = []
     for k, (tok, rid) in enumerate(zip(tokens, ids)):
         mine = []
@@ -147,10 +149,10 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
                       "protocol": design.page_protocol(st["protocol"]),
                       "answers": list(design.ANSWERS[st["protocol"]]),
                       "fps": float(st["config"]["fps"]),
-                      "media": {"video": media_name(key, r["id"], "video")},
+                      "media": {"video": media_name(key, r["id"], "video", ext)},
                       "tiles": r["shown"]["tiles"]}
             mine.append({"rater": f"{sid}:{k}", "study": sid, "public": public,
-                         "data": (media / f"{r['shown']['media']}.mp4").read_bytes(),
+                         "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
                          **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected",
                                               "shown")}})
         if k < served:                       # through the service: the same trials and bytes
@@ -183,8 +185,12 @@ def strip(nal: bytes) -> bytes:
 
 
 def features(data: bytes) -> dict:
-    """What a script reads from a trial's file without decoding a picture."""
+    """What a script reads from a trial's file without decoding a picture (an MP4 trial stream,
+    or a lossless study's animated WebP: :func:`webp_features`)."""
     import av
+
+    if data[:4] == b"RIFF":
+        return webp_features(data)
 
     coded, sizes, keys, lengths, outside, heads = [], [], [], [], [], []
     with av.open(io.BytesIO(data)) as c:
@@ -211,6 +217,33 @@ def features(data: bytes) -> dict:
             "p_mean": float(p_sizes.mean()), "p_cv": float(p_sizes.std() / max(1.0, p_sizes.mean())),
             "nal_count": float(len(lengths)), "nal_max": float(max(lengths)),
             "outside_hash": _h(head + b"".join(outside)), "slice_head_hash": _h(b"".join(heads)),
+            "_coded": b"".join(coded)}
+
+
+def webp_features(data: bytes) -> dict:
+    """:func:`features` of an animated lossless WebP (:mod:`evalkit.study.lossless`): its
+    frames' VP8L bitstreams stand for the coded slices (every frame is a key frame, one
+    "NAL" a frame), everything else (RIFF, VP8X, ANIM, the ANMF headers, chunk lengths) is
+    the outside, and each bitstream's first 5 bytes (signature, size, flags) its header."""
+    import struct
+
+    coded, outside, heads, i = [], [data[:12]], [], 12
+    while i + 8 <= len(data):
+        tag, n = data[i:i + 4], struct.unpack("<I", data[i + 4:i + 8])[0]
+        if tag == b"ANMF":
+            outside.append(data[i:i + 8 + 16 + 8])
+            bits = data[i + 8 + 24:i + 8 + n]
+            coded.append(bits)
+            heads.append(bits[:5])
+        else:
+            outside.append(data[i:i + 8 + n + (n & 1)])
+        i += 8 + n + (n & 1)
+    sizes = np.array([len(c) for c in coded], float)
+    return {"_sizes": sizes, "file_size": float(len(data)), "coded_size": float(sizes.sum()),
+            "i_share": 1.0, "p_mean": float(sizes.mean()),
+            "p_cv": float(sizes.std() / max(1.0, sizes.mean())),
+            "nal_count": float(len(coded)), "nal_max": float(sizes.max()),
+            "outside_hash": _h(b"".join(outside)), "slice_head_hash": _h(b"".join(heads)),
             "_coded": b"".join(coded)}
 
 
