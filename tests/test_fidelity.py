@@ -12,7 +12,7 @@ from evalkit import study
 from evalkit.study import design, fidelity
 from evalkit.study.store import open_db, studies
 from evalkit.study.text import results_lines
-from evalkit.testing.studies import answer, hidden
+from evalkit.testing.studies import answer, hidden, study_config
 
 PATTERN = "evalkit.testing.renderers:Pattern"
 
@@ -157,15 +157,19 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
     override and every results text says so."""
     db = tmp_path / "s.db"
     code, out, err = cli("study", "create", pattern_reports["checker"], "--db", db, "--protocol",
-                         "abx", "--raters", "3")
+                         "abx", "--raters", "3", "--delivery", "stream")
     assert code == 2
     assert_one_line_error(err, "delivery fidelity: clip ", "-s0-", "dB PSNR lossless",
                           "the browser stream keeps", "of the A-B difference", "--allow-masking")
     assert study.list_studies(db) == []           # nothing half-written
+    # --allow-masking without --delivery: the stream (only it can mask), the prediction beside it
     code, out, err = cli("study", "create", "--allow-masking", pattern_reports["checker"],
                          "--db", db, "--protocol", "abx", "--raters", "3")
     assert code == 0, err
     assert "DELIVERY MASKED: 2 of 2 rows" in out and "media: " in out
+    assert ("delivery choice: stream (--allow-masking asks for the stream as delivered, masking "
+            "accepted; the report's figures predict lossless (the H.264 stream would mask 2 of "
+            "2 rows") in out, out
     with open_db(db).engine.connect() as conn:
         config = conn.execute(studies.select()).mappings().one()["config"]
     d = config["delivery"]
@@ -348,6 +352,49 @@ def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
     kind, why = fidelity.choose_delivery([{"job": jobs[0], "ladder": "blur", "level": 1}],
                                          pattern_reports["square"])
     assert kind == "lossless" and "no report figures" in why
+
+
+def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_reports,
+                                                                        tmp_path, cli):
+    """``study create`` without ``--delivery`` (auto): the checkerboard's report predicts a
+    masked stream, so its trials are lossless WebP; the square's keeps the stream. One line
+    says which and why, the config records it, ``study results`` repeats it; ``--delivery``
+    forces either."""
+    def make(report, name, *args):
+        db = tmp_path / f"{name}.db"
+        code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
+                             "--raters", "3", *args)
+        assert code == 0, err
+        cfg = study_config(db, 1)
+        files = sorted(p.suffix for p in (tmp_path / f"{name}.media").glob("*.*"))
+        return out, cfg, files, db
+
+    out, cfg, files, db = make(pattern_reports["checker"], "auto-checker")
+    line = [ln.strip() for ln in out.splitlines() if "delivery choice:" in ln]
+    assert len(line) == 1 and line[0].startswith(
+        "delivery choice: lossless (the H.264 stream would mask 2 of 2 rows; e.g. "), out
+    assert "--delivery auto, from the report's figures" in line[0]
+    assert "raters see: lossless: the rendered pixels (--delivery lossless)" in out
+    assert set(files) == {".webp"} and cfg["delivery_mode"] == "lossless"
+    ch = cfg["delivery_choice"]
+    assert (ch["asked"], ch["chosen"]) == ("auto", "lossless") and ch["text"] == line[0]
+    assert ch["reason"].startswith("delivery: lossless (the H.264 stream would mask 2 of 2")
+    code, res_out, _ = cli("study", "results", "--db", db, "--study", "1")
+    assert code == 0 and line[0] in res_out, res_out
+    assert study.results(db, 1)["delivery_choice"] == ch
+
+    out, cfg, files, _ = make(pattern_reports["square"], "auto-square")
+    assert "delivery choice: stream (H.264 keeps every row's difference; least: " in out, out
+    assert set(files) == {".mp4"} and cfg["delivery_mode"] == "stream"
+    assert cfg["delivery"]["masked"] == 0 and cfg["delivery_choice"]["asked"] == "auto"
+
+    out, cfg, files, _ = make(pattern_reports["square"], "forced", "--delivery", "lossless")
+    assert "delivery choice: lossless (forced: --delivery lossless)" in out
+    assert set(files) == {".webp"} and cfg["delivery_choice"]["asked"] == "lossless"
+
+    with pytest.raises(study.StudyError, match=r"--delivery: expected stream, lossless or auto"):
+        study.create_study(pattern_reports["square"], tmp_path / "x.db", protocol="abx",
+                           raters_planned=3, delivery="h265")
 
 
 def test_a_study_judged_by_the_global_rule_is_reported_under_it():

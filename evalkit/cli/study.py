@@ -197,14 +197,15 @@ def add_study(sub, common) -> None:
                    help="a rater is kept when better than guessing on the easy catch trials "
                    "(one-sided exact binomial at this level; default 0.05)")
     v.add_argument("--allow-masking", action="store_true",
-                   help="create the study even where the browser stream does not keep the A-B "
-                   "difference (the local delivery rule; recorded in the study and printed "
-                   "with its results)")
-    v.add_argument("--delivery", default="stream", choices=("stream", "lossless"),
-                   help="how trials reach raters: stream (default; H.264 4:2:0 QP 12, what a "
-                   "product delivers, its fidelity to the difference checked) or lossless (an "
-                   "animated lossless WebP painted on a canvas: the rendered pixels, exact; "
-                   "more bytes)")
+                   help="stream delivery: create the study even where the browser stream does "
+                   "not keep the A-B difference (the local delivery rule; recorded in the "
+                   "study and printed with its results)")
+    v.add_argument("--delivery", default="auto", choices=("auto", "stream", "lossless"),
+                   help="how trials reach raters: stream (H.264 4:2:0 QP 12, what a product "
+                   "delivers, its fidelity to the difference checked), lossless (an animated "
+                   "lossless WebP painted on a canvas: the rendered pixels, exact; more bytes) "
+                   "or auto (default: lossless where the report's figures predict the stream "
+                   "would mask a row's difference, else stream; printed and recorded with why)")
     v.add_argument("--delivery-margin", type=float, default=None, metavar="DB",
                    help="in each window where the A-B difference is, how far (dB) the delivered "
                    "difference's part along the real one must lie above the rest of it "

@@ -33,6 +33,8 @@ from .media import ordered_map, prepare_media_dir
 from .store import (clips, new_media_key, now, open_db, raters, ratings, studies, trials,
                     unblindings)
 
+#: ``study create --delivery auto``: chosen from the report's figures before encoding
+AUTO = "auto"
 
 
 # -- creation ------------------------------------------------------------------------------
@@ -165,7 +167,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     database) unless ``allow_masking`` (recorded in the study's config, ``delivery``).
     ``delivery="lossless"``: each trial's tiles as an animated lossless WebP instead
     (:mod:`.lossless`): raters see the rendered pixels, nothing is measured and nothing masked
-    (``config["delivery_mode"]``).
+    (``config["delivery_mode"]``). ``delivery="auto"`` (``study create``'s default): chosen
+    from the report's figures before encoding (:func:`_choose_delivery`); what was asked, what
+    was chosen and why are recorded as ``config["delivery_choice"]`` (returned too).
 
     The key parts are sealed with the key file beside the database (:mod:`.seal`, made 0600
     if missing; ``key_file``); ``same_runs``: :func:`same_runs`.
@@ -185,8 +189,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
         media_dir=media_dir, catch_alpha=catch_alpha, levels=levels, ladder=ladder,
         delivery_margin_db=delivery_margin_db, excerpt_seconds=excerpt_seconds,
         excerpt_at=excerpt_at)
-    if delivery not in DELIVERIES:
-        raise StudyError(f"--delivery: expected {' or '.join(DELIVERIES)}, found {delivery!r}")
+    if delivery not in (AUTO, *DELIVERIES):
+        raise StudyError(f"--delivery: expected {', '.join(DELIVERIES)} or {AUTO}, found "
+                         f"{delivery!r}")
     rep = read_report(report)
     d, media = _open_store(db, media_dir)
     key = seal.create_or_load(seal.default_path(d.path, media))   # before any encoding
@@ -195,6 +200,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     design_seed = secrets.randbits(63)
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
     cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
+    choice = _choose_delivery(delivery, rep["report"], chosen, ladder, kind, cut,
+                              allow_masking=allow_masking)
+    delivery = choice["chosen"]                # before any encoding
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
     the_plan, warnings = _study_plan(protocol, margin, alpha, raters_planned, len(chosen),
                                      ladder, ladder_warnings)
@@ -208,9 +216,16 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
                   measure_reference=protocol == "threshold", delivery_margin_db=delivery_margin_db,
                   delivery=delivery)
-    made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
-                       delivery_margin_db=delivery_margin_db, allow_masking=allow_masking,
-                       progress=progress)
+    try:
+        made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
+                           delivery_margin_db=delivery_margin_db, allow_masking=allow_masking,
+                           progress=progress)
+    except StudyError as e:                    # the encode masks what the figures did not show
+        if choice["asked"] != AUTO or not str(e).startswith("delivery fidelity:"):
+            raise
+        raise StudyError(f"{e}; --delivery auto chose stream from the report's figures "
+                         f"({choice['reason']}), the encode disagrees: --delivery lossless "
+                         "shows the rendered pixels") from None
     clip_rows, pool = made["rows"], made["catches"]
     mode = delivery
     delivery = (exact_summary([r["delivery"] for r in clip_rows]) if mode == "lossless" else
@@ -223,7 +238,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                            delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
                            kind=kind, metrics_device=metrics_device)
     config.update(design_seed=design_seed, runs=run_identity(rep["run_a"], rep["run_b"]),
-                  delivery_mode=mode)
+                  delivery_mode=mode, delivery_choice=choice)
     sid = _write_study(d, key, config, made, protocol=protocol, margin=margin, seed=seed,
                        clips_spec=clips_spec, planned=planned,
                        catch_threshold=min_correct / n_catch, alpha=alpha, rep=rep, media=media)
@@ -231,7 +246,31 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             "raters_planned": planned, "invite": _invite_count(planned, the_plan),
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
             "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
-            "same_runs": same_runs(d, sid), "delivery_mode": mode, "seen": SEEN[mode]}
+            "same_runs": same_runs(d, sid), "delivery_mode": mode, "seen": SEEN[mode],
+            "delivery_choice": choice}
+
+
+def _choose_delivery(asked: str, report, chosen: list, ladder: list, kind: str, cut, *,
+                     allow_masking: bool = False) -> dict:
+    """How trials will reach raters (``config["delivery_choice"]``): ``asked`` ``stream`` or
+    ``lossless`` is taken as given; ``auto`` asks :func:`.fidelity.choose_delivery` from the
+    report's figures alone, before anything is encoded (lossless where the H.264 stream is
+    predicted to mask any row, else stream), except that ``allow_masking`` (which only a
+    stream can need) keeps the stream and records the prediction beside it.
+    ``{"asked", "chosen", "reason", "text"}``; ``text`` is the one line ``study create`` and
+    ``study results`` print."""
+    if asked != AUTO:
+        return {"asked": asked, "chosen": asked, "reason": f"--delivery {asked}",
+                "text": f"delivery choice: {asked} (forced: --delivery {asked})"}
+    mode, why = fidelity.choose_delivery(fidelity.delivery_rows(chosen, ladder, kind, cut), report)
+    reason = why.split(": ", 1)[1] if why.startswith("delivery: ") else why
+    if allow_masking:
+        return {"asked": AUTO, "chosen": "stream", "reason": f"--allow-masking; predicted {why}",
+                "text": "delivery choice: stream (--allow-masking asks for the stream as "
+                        f"delivered, masking accepted; the report's figures predict {reason})"}
+    return {"asked": AUTO, "chosen": mode, "reason": why,
+            "text": f"delivery choice: {reason}; --delivery auto, from the report's figures "
+                    "(force one with --delivery stream|lossless)"}
 
 
 def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, media_dir,
@@ -1002,7 +1041,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "media_bytes": (st["config"] or {}).get("media_bytes"),
            "excerpt": (st["config"] or {}).get("excerpt"),
            "same_runs": same_runs(db, st["id"]), "seal": _seal_out(st),
-           "delivery_mode": delivery_of(st["config"]), "seen": SEEN[delivery_of(st["config"])]}
+           "delivery_mode": delivery_of(st["config"]), "seen": SEEN[delivery_of(st["config"])],
+           "delivery_choice": (st["config"] or {}).get("delivery_choice")}
     out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
                     if protocol == "abx" else
                     "threshold (ABX over amplified differences): the metric size of a "

@@ -426,10 +426,12 @@ def bytes_text(n: int) -> str:
 def lines(config: dict) -> list[str]:
     """The study's delivery and media lines for ``study results`` and the admin page (from its
     config; a study made before delivery was measured says so, one judged by the global rule
-    before the local one names it)."""
+    before the local one names it; one made with ``study create`` choosing its delivery says
+    which and why first: ``delivery_choice``)."""
     d = (config or {}).get("delivery")
     mb = (config or {}).get("media_bytes")
-    out = []
+    choice = (config or {}).get("delivery_choice")
+    out = [choice["text"]] if choice and choice.get("text") else []
     if not d:
         out.append("delivery: not measured (study made before delivery fidelity was checked)")
     elif d.get("exact"):                       # lossless delivery (.lossless): nothing measured
