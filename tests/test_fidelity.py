@@ -392,6 +392,18 @@ def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_
     assert "delivery choice: lossless (forced: --delivery lossless)" in out
     assert set(files) == {".webp"} and cfg["delivery_choice"]["asked"] == "lossless"
 
+    # a report without figures (no frames.csv, no clips.csv): nothing to predict from, lossless
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(pattern_reports["square"], bare)
+    for name in ("frames.csv", "clips.csv"):
+        (bare / name).unlink(missing_ok=True)
+    made = study.create_study(bare, tmp_path / "bare.db", protocol="abx", raters_planned=3,
+                              delivery="auto")
+    assert made["delivery_mode"] == "lossless", made["delivery_choice"]
+    assert "no frames.csv or clips.csv" in made["delivery_choice"]["text"]
+
     with pytest.raises(study.StudyError, match=r"--delivery: expected stream, lossless or auto"):
         study.create_study(pattern_reports["square"], tmp_path / "x.db", protocol="abx",
                            raters_planned=3, delivery="h265")

@@ -262,7 +262,20 @@ def _choose_delivery(asked: str, report, chosen: list, ladder: list, kind: str, 
     if asked != AUTO:
         return {"asked": asked, "chosen": asked, "reason": f"--delivery {asked}",
                 "text": f"delivery choice: {asked} (forced: --delivery {asked})"}
-    mode, why = fidelity.choose_delivery(fidelity.delivery_rows(chosen, ladder, kind, cut), report)
+    report = Path(report)
+    figures = next((report / n for n in ("frames.csv", "clips.csv") if (report / n).is_file()),
+                   None)
+    if figures is None:                        # nothing to predict from: the safe choice
+        mode, why = "lossless", ("delivery: lossless (the report has no frames.csv or clips.csv "
+                                 "to predict the stream's fidelity from)")
+    else:
+        try:
+            mode, why = fidelity.choose_delivery(
+                fidelity.delivery_rows(chosen, ladder, kind, cut), report)
+        except (OSError, UnicodeDecodeError, csv.Error, ValueError, TypeError) as e:
+            raise InputFileError(figures, "could not read the figures to choose the delivery "
+                                 f"({e.__class__.__name__}: {e}); or pass --delivery "
+                                 "stream|lossless") from None
     reason = why.split(": ", 1)[1] if why.startswith("delivery: ") else why
     if allow_masking:
         return {"asked": AUTO, "chosen": "stream", "reason": f"--allow-masking; predicted {why}",
