@@ -43,7 +43,8 @@ def test_stream_keys_put_x_in_the_middle_with_every_match_side_and_content():
         assert {(0 if k[0] == k[1] else 2, k[1]) for k in keys} == {
             (t, c) for t in (0, 2) for c in set("".join(keys))}
         assert all((k[0] == k[1]) != (k[2] == k[1]) for k in keys)
-        assert design.x_tile(keys) == 1 and design.x_tile(design.stream_keys("abx", catch, 0)) == 0
+        for x in (0, 1, 2):
+            assert design.x_tile(design.stream_keys("abx", catch, x)) == x
     # studies made before issue 44 (every arrangement; catch versions X the reference) read as
     # the middle layout: every file it needs is there
     assert design.x_tile(["aab", "aba", "baa", "abb", "bab", "bba"]) == 1
@@ -115,15 +116,17 @@ def test_an_old_study_s_abx_catch_versions_without_d_as_x_still_assign():
         assert t["sources"][t["expected"]] == t["sources"]["X"] == "reference"
 
 
-def test_a_study_made_with_x_in_tile_0_keeps_x_in_tile_0():
+@pytest.mark.parametrize("x", [0, 2])
+def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
     """A study made between issue 44 and the middle layout stored its files with X in tile 0
-    (``aab``, ``aba``, ...): the raters it takes now are served that layout, read from the
-    stored keys (never the new constant: ``aab`` means X in tile 0 there, in tile 1 now), every
-    file of it to the same number of raters, each box showing its tile's content."""
+    (``aab``, ``aba``, ...; ``x=2``: the layout for lossless WebP): the raters it takes now are
+    served that layout, read from the stored keys (never the new constant: ``aab`` means X in
+    tile 0 there, in tile 1 now), every file of it to the same number of raters, each box
+    showing its tile's content."""
     old = lambda n, c=False: {"rects": RECTS, "files": {     # noqa: E731
-        k: f"{n}-{k}" for k in design.stream_keys("abx", c, x=0)}}
-    swap, x = design.base_bits(6, 2)
-    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": x[i], "streams": old(f"c{i}")}
+        k: f"{n}-{k}" for k in design.stream_keys("abx", c, x=x)}}
+    swap, bx = design.base_bits(6, 2)
+    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")}
              for i in range(6)]
     pool = [{"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
             for i in range(design.n_catch(6))]
@@ -132,7 +135,7 @@ def test_a_study_made_with_x_in_tile_0_keeps_x_in_tile_0():
         for t in design.assign("abx", clips, pool, k, design.rater_seed(2, k), 2):
             arrangement = t["shown"]["media"].rsplit("-", 1)[1]
             tiles = t["shown"]["tiles"]
-            assert RECTS.index(tiles["X"]) == 0
+            assert RECTS.index(tiles["X"]) == x
             for slot, rect in tiles.items():
                 assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
             assert t["sources"][t["expected"]] == t["sources"]["X"]

@@ -119,36 +119,44 @@ def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     """The files a row (or a catch version) is encoded as: each a string whose letter ``i`` is
     the content of tile ``i`` (``a``/``b`` the backends, ``r``/``d`` reference and degraded).
 
-    Preference: two tiles in both orders (``ab``, ``ba``). ABX: three tiles, X in the middle
-    tile (tile 1) of every file, its match in tile 0 or 2, each with either content as X:
-    ``aab``, ``baa``, ``bba``, ``abb`` (catch: ``rrd``, ``drr``, ``ddr``, ``rdd``; X is the
-    degraded copy in half). So a file says where X is (always the middle) and nothing else:
-    the A and B labels are drawn per trial over tiles 0 and 2, and whatever raters pool per
-    file (where X, A and B were) is the same for either answer (issue 44: with X's tile drawn
-    per trial over every arrangement, the tile X never landed on answered every trial). Both
-    places of the match are next to X, at the same distance: with X in tile 0 (``x=0``, the
-    studies made between issue 44 and this layout: ``aab``, ``aba``, ``bba``, ``bab``) a file
-    was smaller when the match sat next to X (tile 1) than one tile away, in 30 of 32 pairs
-    with H.264 and 32 of 32 with lossless WebP, and pooled sizes told the answer
-    (benchmarks/bench_tile_order.py). A test row and a catch version have the same number of
-    files (:func:`file_index`)."""
+    Preference: two tiles in both orders (``ab``, ``ba``). ABX: three tiles, X in tile ``x`` of
+    every file, its match in either other tile, each with either content as X, 4 files in the
+    order (X content, match place). The default ``x=1``, X in the middle: ``aab``, ``baa``,
+    ``bba``, ``abb`` (catch: ``rrd``, ``drr``, ``ddr``, ``rdd``; X is the degraded copy in
+    half). So a file says where X is (always the middle) and nothing else: the A and B labels
+    are drawn per trial over tiles 0 and 2, and whatever raters pool per file (where X, A and
+    B were) is the same for either answer (issue 44: with X's tile drawn per trial over every
+    arrangement, the tile X never landed on answered every trial). Both places of the match
+    are next to X, at the same distance: with X in tile 0 (``x=0``, the studies made between
+    issue 44 and this layout: ``aab``, ``aba``, ``bba``, ``bab``) an H.264 file was smaller when
+    the match sat next to X, in 46 of 48 pairs, and pooled sizes told the answer; with X in
+    the middle, 20 of 48 (benchmarks/bench_tile_order.py). Lossless WebP is not even so: there
+    a frame is smaller when the odd tile comes last (``aab``), whatever X's place, so only
+    ``x=2`` (``aba``, ``baa``, ``bab``, ``abb``) leaves its sizes at chance (docs/studies.md,
+    Blindness). A test row and a catch version have the same number of files
+    (:func:`file_index`)."""
     one, two = ("r", "d") if catch else ("a", "b")
     if protocol == "preference":
         return [one + two, two + one]
-    if x == 0:
-        return [c + c + o if twin == 1 else c + o + c
-                for c, o in ((one, two), (two, one)) for twin in (1, 2)]
-    return [c + c + o if twin == 0 else o + c + c
-            for c, o in ((one, two), (two, one)) for twin in (0, 2)]
+    if x not in (0, 1, 2):
+        raise ValueError(f"x: expected tile 0, 1 or 2, found {x!r}")
+    out = []
+    for c, o in ((one, two), (two, one)):
+        for twin in [t for t in range(3) if t != x]:
+            out.append("".join(c if t in (x, twin) else o for t in range(3)))
+    return out
 
 
 def x_tile(keys) -> int:
-    """X's tile in the ABX files of a row whose stored arrangement keys are ``keys``: 1 (the
-    middle) where a key has the match right of X (``baa``: a study made now, or before issue 44
-    when a row had every arrangement), else 0 (a study made between issue 44 and the middle
-    layout: X in tile 0 of every file). Read from the stored data, so a study keeps its layout
-    for every rater it ever takes."""
-    return 1 if any(len(k) == 3 and k[0] != k[1] == k[2] for k in keys) else 0
+    """X's tile in the ABX files of a row whose stored arrangement keys are ``keys``: the one
+    tile whose content every file has twice (``x`` of :func:`stream_keys`); the middle where no
+    tile is that (a study made before issue 44, whose rows had every arrangement: every file
+    the middle layout needs is there). Read from the stored data, so a study keeps its layout
+    for every rater it ever takes (``aab`` is X in tile 0 in a study made between issue 44 and
+    the middle layout, X in tile 1 now)."""
+    keys = [k for k in keys if len(k) == 3]
+    fit = [t for t in range(3) if keys and all(k.count(k[t]) == 2 for k in keys)]
+    return fit[0] if len(fit) == 1 else 1
 
 
 def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
