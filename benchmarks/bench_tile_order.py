@@ -10,6 +10,8 @@ differs), and the two places of the match compared with X's content fixed:
 - after (X in the middle tile, :func:`evalkit.study.design.stream_keys`): match left (tile 0)
   minus match right (tile 2): ``aab - baa``, ``bba - abb``.
 
+And preference (unchanged by the layout): backend B left (``ba``) minus right (``ab``).
+
 Per pair: the whole file's bytes and each frame's coded bytes (H.264: the slice NAL units with
 padding stripped, as :func:`evalkit.testing.attack.features` reads them; WebP: each frame's VP8L
 chunk). Printed: the mean difference (percent of the second file), its spread, the share of
@@ -36,11 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-ORDERS = ("aab", "aba", "baa", "abb", "bab", "bba")
+ORDERS = ("aab", "aba", "baa", "abb", "bab", "bba", "ab", "ba")
 #: (layout, [(first, second)] per X content): first minus second
 PAIRS = {"before: X tile 0, match tile 1 minus tile 2": [("aab", "aba"), ("bba", "bab")],
          "after: X tile 1, match tile 0 minus tile 2": [("aab", "baa"), ("bba", "abb")],
-         "(not used) X tile 2, match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")]}
+         "(not used) X tile 2, match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
+         "preference (unchanged): backend B left minus right": [("ba", "ab")]}
 
 
 def cases():
@@ -72,7 +75,6 @@ def h264(a, b, tmp) -> dict:
 def webp(a, b) -> tuple[dict, str]:
     from evalkit.study.media import tile_frames, tile_layout
 
-    lay = tile_layout(3, a.shape[1], a.shape[2])
     try:
         from evalkit.study import lossless
 
@@ -89,6 +91,7 @@ def webp(a, b) -> tuple[dict, str]:
         how = "Pillow WEBP lossless quality=0 method=0 (lossless not on this branch)"
     out = {}
     for o in ORDERS:
+        lay = tile_layout(len(o), a.shape[1], a.shape[2])
         sizes = np.array([frame_bytes(f) for f in tile_frames([{"a": a, "b": b}[c] for c in o],
                                                                 lay)], float)
         out[o] = (float(sizes.sum()), sizes)
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
         "X's content fixed)")
     say(f"WebP frames: {how}")
     for (codec, kind), per in got.items():
-        say(f"\n{codec}, {kind} ({len(per)} clips, 2 pairs each)")
+        say(f"\n{codec}, {kind} ({len(per)} clips; ABX 2 pairs each, preference 1)")
         for layout, pairs in PAIRS.items():
             rows = []
             for _, sizes in per:
