@@ -179,8 +179,8 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
         # the checkerboard is +-1 on every channel: 48.13 dB lossless, a little more where
         # clipping at 0 or 255 took it away
         assert 10 * math.log10(255 ** 2) - 0.01 <= row["ab_lossless_db"] < 49
-        # every file of the row measured: 4 in ABX since issue 44 (X in tile 0, its match in
-        # tile 1 or 2, either content as X)
+        # every file of the row measured: 4 in ABX since issue 44 (X in the middle tile, its
+        # match in tile 0 or 2, either content as X)
         assert row["streams"] == len(design.stream_keys("abx")) == 4
     text = "\n".join(results_lines(study.results(db, 1)))
     assert "DELIVERY MASKED" in text and "--allow-masking" in text

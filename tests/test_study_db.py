@@ -53,12 +53,12 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert sorted(r[0] for r in con.execute("select job from clips")) == sorted(worst)
     assert con.execute("pragma journal_mode").fetchone()[0] == "wal"
     # media: content-hash file names on disk (never sent to raters), nothing about backend,
-    # run or job in the bytes; one stream per file of the design (issue 44): X always in tile
-    # 0, its match in tile 1 or 2, either content as X: 4 per clip (aab, aba, bba, bab) and 4
-    # per catch version (rrd, rdr, ddr, drd), as common as test files
+    # run or job in the bytes; one stream per file of the design (issue 44): X always in the
+    # middle tile, its match in tile 0 or 2, either content as X: 4 per clip (aab, baa, bba,
+    # abb) and 4 per catch version (rrd, drr, ddr, rdd), as common as test files
     from evalkit.study import design
-    assert design.stream_keys("abx") == ["aab", "aba", "bba", "bab"]
-    assert design.stream_keys("abx", catch=True) == ["rrd", "rdr", "ddr", "drd"]
+    assert design.stream_keys("abx") == ["aab", "baa", "bba", "abb"]
+    assert design.stream_keys("abx", catch=True) == ["rrd", "drr", "ddr", "rdd"]
     media = sorted((tmp_path / "s.media").iterdir())
     assert len(media) == 4 * 4 + 10 * 4 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",

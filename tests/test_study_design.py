@@ -28,23 +28,33 @@ POOL = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True
         for i in range(3)] + [{"clip_id": 1, "kind": "hue_mild", "streams": _streams("g", True)}]
 
 
-def test_stream_keys_put_x_in_tile_0_with_every_match_and_content():
+def test_stream_keys_put_x_in_the_middle_with_every_match_side_and_content():
     assert design.stream_keys("preference") == ["ab", "ba"]
     assert design.stream_keys("preference", True) == ["rd", "dr"]
-    assert design.stream_keys("abx") == ["aab", "aba", "bba", "bab"]
-    assert design.stream_keys("abx", True) == ["rrd", "rdr", "ddr", "drd"]
+    assert design.stream_keys("abx") == ["aab", "baa", "bba", "abb"]
+    assert design.stream_keys("abx", True) == ["rrd", "drr", "ddr", "rdd"]
+    # the layout of the studies made between issue 44 and now: X in tile 0
+    assert design.stream_keys("abx", x=0) == ["aab", "aba", "bba", "bab"]
+    assert design.stream_keys("abx", True, x=0) == ["rrd", "rdr", "ddr", "drd"]
     for catch in (False, True):
         keys = design.stream_keys("abx", catch)
-        # every (match tile, X content) once; X's match is exactly one of tiles 1 and 2
-        assert {(k.index(k[0], 1), k[0]) for k in keys} == {(t, c) for t in (1, 2)
-                                                            for c in set("".join(keys))}
-        assert all((k[1] == k[0]) != (k[2] == k[0]) for k in keys)
+        # every (match tile, X content) once; X's match is exactly one of tiles 0 and 2, both
+        # next to X
+        assert {(0 if k[0] == k[1] else 2, k[1]) for k in keys} == {
+            (t, c) for t in (0, 2) for c in set("".join(keys))}
+        assert all((k[0] == k[1]) != (k[2] == k[1]) for k in keys)
+        for x in (0, 1, 2):
+            assert design.x_tile(design.stream_keys("abx", catch, x)) == x
+    # studies made before issue 44 (every arrangement; catch versions X the reference) read as
+    # the middle layout: every file it needs is there
+    assert design.x_tile(["aab", "aba", "baa", "abb", "bab", "bba"]) == 1
+    assert design.x_tile(["rrd", "rdr", "drr"]) == 1
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
 def test_each_box_shows_its_sides_tile_and_labels_say_nothing(protocol):
     """The stream a trial shows holds, in each box's tile, that slot's content; X is always in
-    tile 0; per file, across raters, each label lands on each of the other tiles about equally
+    the middle tile; per file, across raters, each label lands on each of the other tiles about equally
     often whatever the answer (what raters pool per file says nothing)."""
     clips = _clips(12)
     letter = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
@@ -58,12 +68,13 @@ def test_each_box_shows_its_sides_tile_and_labels_say_nothing(protocol):
                 assert arrangement[RECTS.index(rect)] == letter[t["sources"][slot]]
             assert len({tuple(r) for r in tiles.values()}) == len(tiles)
             if protocol == "abx":
-                assert RECTS.index(tiles["X"]) == 0
+                assert RECTS.index(tiles["X"]) == 1
                 assert t["sources"][t["expected"]] == t["sources"]["X"]
+                assert RECTS.index(tiles[t["expected"]]) in (0, 2)
             answer = t["expected"] or t["sources"]["left"]
             first = "A" if protocol == "abx" else "left"
             pos[(answer, RECTS.index(tiles[first]))] += 1
-    tiles = (1, 2) if protocol == "abx" else (0, 1)
+    tiles = (0, 2) if protocol == "abx" else (0, 1)
     for answer in {a for a, _ in pos}:
         total = sum(pos[(answer, i)] for i in tiles)
         for i in tiles:
@@ -98,8 +109,38 @@ def test_an_old_study_s_abx_catch_versions_without_d_as_x_still_assign():
     pool = [{"clip_id": 1, "kind": "negative", "streams": old}]
     plans = [design.assign("abx", _clips(4), pool, k, design.rater_seed(1, k), 1)
              for k in range(4)]
-    got = Counter(t["shown"]["media"] for p in plans for t in p if t["kind"] == "catch")
-    assert set(got) == {"o-rrd", "o-rdr"}
+    catches = [t for p in plans for t in p if t["kind"] == "catch"]
+    assert {t["shown"]["media"] for t in catches} == {"o-rrd", "o-drr"}
+    for t in catches:     # X in the middle, its match (the reference) on either side
+        assert RECTS.index(t["shown"]["tiles"]["X"]) == 1
+        assert t["sources"][t["expected"]] == t["sources"]["X"] == "reference"
+
+
+@pytest.mark.parametrize("x", [0, 2])
+def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
+    """A study made between issue 44 and the middle layout stored its files with X in tile 0
+    (``aab``, ``aba``, ...; ``x=2``: the layout for lossless WebP): the raters it takes now are
+    served that layout, read from the stored keys (never the new constant: ``aab`` means X in
+    tile 0 there, in tile 1 now), every file of it to the same number of raters, each box
+    showing its tile's content."""
+    old = lambda n, c=False: {"rects": RECTS, "files": {     # noqa: E731
+        k: f"{n}-{k}" for k in design.stream_keys("abx", c, x=x)}}
+    swap, bx = design.base_bits(6, 2)
+    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")}
+             for i in range(6)]
+    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
+            for i in range(design.n_catch(6))]
+    seen = Counter()
+    for k in range(8):
+        for t in design.assign("abx", clips, pool, k, design.rater_seed(2, k), 2):
+            arrangement = t["shown"]["media"].rsplit("-", 1)[1]
+            tiles = t["shown"]["tiles"]
+            assert RECTS.index(tiles["X"]) == x
+            for slot, rect in tiles.items():
+                assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
+            assert t["sources"][t["expected"]] == t["sources"]["X"]
+            seen[t["shown"]["media"]] += 1
+    assert len(seen) == 4 * (6 + design.n_catch(6)) and set(seen.values()) == {2}
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])

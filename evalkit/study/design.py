@@ -1,8 +1,8 @@
 """Study design, pure: which clips, and each rater's balanced, shuffled list of trials.
 
 Counterbalancing and pooling (issue 44): each row (a clip, or a threshold level) is encoded as
-a few files (:func:`stream_keys`: 2 for preference, 4 for ABX, X always in tile 0), and so is
-each catch version. Rater ``k`` gets file :func:`file_index` of every row: the row's base bits
+a few files (:func:`stream_keys`: 2 for preference, 4 for ABX, X always in the middle tile,
+its match left or right of it), and so is each catch version. Rater ``k`` gets file :func:`file_index` of every row: the row's base bits
 (drawn once per study, half of the rows 1, shuffled from the study seed) flipped by ``k``, so
 every 2 (preference) or 4 (ABX) consecutive raters get every file of every row and every catch
 version exactly once: a file is shared by as many raters as any other, catch or test. The
@@ -115,29 +115,62 @@ def _draw(pool: list[dict], k: int, rng: np.random.Generator) -> list[dict]:
     return [pool[i] for i in idx]
 
 
-def stream_keys(protocol: str, catch: bool = False) -> list[str]:
+def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     """The files a row (or a catch version) is encoded as: each a string whose letter ``i`` is
     the content of tile ``i`` (``a``/``b`` the backends, ``r``/``d`` reference and degraded).
 
-    Preference: two tiles in both orders (``ab``, ``ba``). ABX: three tiles, X always in tile 0
-    of every file, its match in tile 1 or 2, each with either content as X: ``aab``, ``aba``,
-    ``bba``, ``bab`` (catch: ``rrd``, ``rdr``, ``ddr``, ``drd``; X is the degraded copy in
-    half). So a file says where X is (always tile 0) and nothing else: the A and B labels are
-    drawn per trial over tiles 1 and 2, and whatever raters pool per file (where X, A and B
-    were) is the same for either answer (issue 44: with X's tile drawn per trial over every
-    arrangement, the tile X never landed on answered every trial). A test row and a catch
-    version have the same number of files (:func:`file_index`)."""
+    Preference: two tiles in both orders (``ab``, ``ba``). ABX: three tiles, X in tile ``x`` of
+    every file, its match in either other tile, each with either content as X, 4 files in the
+    order (X content, match place). The default ``x=1``, X in the middle: ``aab``, ``baa``,
+    ``bba``, ``abb`` (catch: ``rrd``, ``drr``, ``ddr``, ``rdd``; X is the degraded copy in
+    half). So a file says where X is (always the middle) and nothing else: the A and B labels
+    are drawn per trial over tiles 0 and 2, and whatever raters pool per file (where X, A and
+    B were) is the same for either answer (issue 44: with X's tile drawn per trial over every
+    arrangement, the tile X never landed on answered every trial). Both places of the match
+    are next to X, at the same distance: with X in tile 0 (``x=0``, the studies made between
+    issue 44 and this layout: ``aab``, ``aba``, ``bba``, ``bab``) an H.264 file was smaller when
+    the match sat next to X, in 46 of 48 pairs, and pooled sizes told the answer; with X in
+    the middle, 20 of 48 (benchmarks/bench_tile_order.py). Lossless WebP is not even so: there
+    a frame is smaller when the odd tile comes last (``aab``), whatever X's place, so only
+    ``x=2`` (``aba``, ``baa``, ``bab``, ``abb``) leaves its sizes at chance (docs/studies.md,
+    Blindness). A test row and a catch version have the same number of files
+    (:func:`file_index`)."""
     one, two = ("r", "d") if catch else ("a", "b")
     if protocol == "preference":
         return [one + two, two + one]
-    return [x + x + o if twin == 1 else x + o + x
-            for x, o in ((one, two), (two, one)) for twin in (1, 2)]
+    if x not in (0, 1, 2):
+        raise ValueError(f"x: expected tile 0, 1 or 2, found {x!r}")
+    out = []
+    for c, o in ((one, two), (two, one)):
+        for twin in [t for t in range(3) if t != x]:
+            out.append("".join(c if t in (x, twin) else o for t in range(3)))
+    return out
+
+
+#: X's tile in a new study's ABX files, by delivery (:func:`stream_keys`): the middle for the
+#: H.264 stream, the last tile for lossless WebP (the layouts whose file sizes measured at
+#: chance, benchmarks/results/tile_order_cpu2.txt)
+X_TILE = {"stream": 1, "lossless": 2}
+
+
+def x_tile(keys) -> int:
+    """X's tile in the ABX files of a row whose stored arrangement keys are ``keys``: the one
+    tile whose content every file has twice (``x`` of :func:`stream_keys`); the middle where no
+    tile is that (a study made before issue 44, whose rows had every arrangement: every file
+    the middle layout needs is there). Read from the stored data, so a study keeps its layout
+    for every rater it ever takes (``aab`` is X in tile 0 in a study made between issue 44 and
+    the middle layout, X in tile 1 now)."""
+    keys = [k for k in keys if len(k) == 3]
+    fit = [t for t in range(3) if keys and all(k.count(k[t]) == 2 for k in keys)]
+    return fit[0] if len(fit) == 1 else 1
 
 
 def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
-    """The :func:`stream_keys` a row's ``streams`` hold, in order (a study made before issue 44
-    has ABX catch versions without the ``d`` as X files: two of them)."""
-    return [k for k in stream_keys(protocol, catch) if k in streams["files"]]
+    """The :func:`stream_keys` a row's ``streams`` hold, in order, in the row's own layout
+    (:func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
+    X files: two of them)."""
+    x = 0 if protocol == "preference" else x_tile(streams["files"])
+    return [k for k in stream_keys(protocol, catch, x) if k in streams["files"]]
 
 
 def file_index(n_files: int, bits: tuple[int, int], idx: int) -> int:
@@ -172,9 +205,10 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
         tiles = {"left": left, "right": 1 - left}
         expected = None
     else:
-        twin = 1 if key[1] == key[0] else 2
-        other = 3 - twin
-        tiles = {"X": 0, "A": other if bit else twin, "B": twin if bit else other}
+        x = x_tile(streams["files"])
+        twin = next(j for j in range(3) if j != x and key[j] == key[x])
+        other = 3 - x - twin
+        tiles = {"X": x, "A": other if bit else twin, "B": twin if bit else other}
         expected = "B" if bit else "A"
     sources = {s: _CONTENT[key[i]] for s, i in tiles.items()}
     if protocol == "preference" and key[0] in "rd":    # catch: the reference is the answer

@@ -119,8 +119,9 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     and so runs of coded bytes, the same as the clip's test trial's: a script matched a catch
     to its clip by shared byte runs); its degraded copy is :func:`.media.degrade`'s."""
     protocol = "abx" if forced else "preference"
-    row_keys = design.stream_keys(protocol)
-    catch_keys = design.stream_keys(protocol, catch=True)
+    x = design.X_TILE[delivery]
+    row_keys = design.stream_keys(protocol, x=x)
+    catch_keys = design.stream_keys(protocol, catch=True, x=x)
     same = [True]
     made = {}                                  # unit -> {"rects", "scale", "files"}
 

@@ -121,7 +121,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     ``expected``, ``shown``) for scoring only. The first ``served`` raters go through the rater
     service the web app serves from (hand out, fetch by the opaque name, answer); for the others
     the same public trial and file are read from the database and the media folder (the
-    service's own mapping, checked equal on the served raters): hundreds of trials a second."""
+    service's own mapping, checked equal on the served raters): hundreds of trials a second.
+    ``row``: the row (clip or catch version) the trial's file is one of (:func:`pooled_sizes`)."""
     from sqlalchemy import select
 
     from evalkit import study
@@ -141,6 +142,13 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]
     ext = ext_of(st["config"])
+    # which row (clip, or catch version) each file belongs to: the files an attacker groups by
+    # content (their per-frame sizes are near twins); given here, the strongest grouping
+    cfg = seal.unseal_config(sid, st["config"])
+    row_of = {sha: f"{sid}:clip{cid}" for cid, s in cfg.get("streams", {}).items()
+              for sha in s["files"].values()}
+    row_of.update({sha: f"{sid}:catch{j}" for j, cp in enumerate(cfg.get("catch_pool", []))
+                   for sha in cp["streams"]["files"].values()})
     out = []
     for k, (tok, rid) in enumerate(zip(tokens, ids)):
         mine = []
@@ -152,6 +160,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
                       "media": {"video": media_name(key, r["id"], "video", ext)},
                       "tiles": r["shown"]["tiles"]}
             mine.append({"rater": f"{sid}:{k}", "study": sid, "public": public,
+                         "row": row_of.get(r["shown"]["media"], f"{sid}:?"),
                          "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
                          **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected",
                                               "shown")}})
@@ -385,15 +394,71 @@ def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tup
     return rows
 
 
+def _first_tile(t) -> int:
+    """1 where the trial's answer (ABX: X's match; preference: backend B, or the reference of a
+    catch) is in the first (leftmost) of the two tiles other than X's, else 0."""
+    tiles, src = t["shown"]["tiles"], t["sources"]
+    if "X" in tiles:
+        hit = t["expected"]
+    else:
+        want = "b" if t["kind"] == "test" else "reference"
+        hit = next(s for s, c in src.items() if c == want)
+    other = next(s for s in tiles if s not in ("X", hit))
+    return int(tiles[hit][0] < tiles[other][0])
+
+
+def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
+    """The pooled size rule (found by measurement: with X in tile 0 an H.264 file was smaller
+    when X's match sat next to X, benchmarks/bench_tile_order.py): the files of one row (a
+    clip, or a catch version; ``row`` of :func:`collect`) that the pooled raters got, compared
+    with each other. Per distinct file, ``pooled_size``: its bytes over the mean of its
+    siblings' less 1; ``pooled_frames``: the mean sign of each frame's coded size (``_sizes`` of
+    :func:`features`, where read) less the siblings' mean of that frame. Truth: the answer
+    (ABX: X's match; preference: backend B, or a catch's reference) is in the first of the two
+    tiles other than X's; the rule that reads it answers every trial of the file whatever its
+    labels (the page says which box is on which tile), so each file counts once."""
+    files: dict = {}
+    for t in trials:
+        sha = t.get("sha") or hashlib.sha256(t["data"]).hexdigest()
+        files.setdefault((t["study"], sha), t)
+    rows: dict = {}
+    for k, t in files.items():
+        rows.setdefault(t["row"], []).append(k)
+    out: dict[str, list] = {}
+    for group in rows.values():
+        if len(group) < 2:
+            continue
+        size = {k: float(files[k].get("size", len(files[k]["data"]))) for k in group}
+        frames = {k: files[k].get("f", {}).get("_sizes") for k in group}
+        for k in group:
+            t = files[k]
+            sib = [o for o in group if o != k]
+            f = {"pooled_size": size[k] / np.mean([size[o] for o in sib]) - 1.0,
+                 "pooled_frames": 0.0}
+            if all(frames[o] is not None and len(frames[o]) == len(frames[k]) for o in group):
+                f["pooled_frames"] = float(np.mean(np.sign(
+                    frames[k] - np.mean([frames[o] for o in sib], axis=0))))
+            proto = t["public"]["protocol"]
+            q = (f"pooled sizes {proto}: which tile holds X's match" if proto == "abx" else
+                 f"pooled sizes {proto}: which tile is backend B" if t["kind"] == "test" else
+                 f"pooled sizes {proto} catch trials: which tile is the reference")
+            out.setdefault(q, []).append((k, f, _first_tile(t)))
+    return out
+
+
 def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int = 0) -> dict:
     """The pooled rules (:func:`add_pooled`, both sets pooled separately: the training
-    studies' raters, then the held-out studies'), fitted on ``train_trials`` and counted on
+    studies' raters, then the held-out studies'; and where trials name their ``row``, the
+    pooled size rule, :func:`pooled_sizes`), fitted on ``train_trials`` and counted on
     ``test_trials``: ``{question: {feature: {"hits", "n", "p"}}}``."""
     rng = np.random.default_rng([seed, 1])
     q_train, q_test = pooled_questions(train_trials), pooled_questions(test_trials)
     out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
     out["pooled catch or test: which of a pair is the catch"] = score(
         pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng))
+    if all("row" in t for t in train_trials + test_trials):
+        s_train, s_test = pooled_sizes(train_trials), pooled_sizes(test_trials)
+        out.update({q: score(s_train[q], rows) for q, rows in s_test.items() if q in s_train})
     return out
 
 
