@@ -146,7 +146,8 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                  ladder: str | None = None, metrics_device="cpu", progress: bool = False,
                  allow_masking: bool = False,
                  delivery_margin_db: float = fidelity.MARGIN_DB,
-                 excerpt_seconds=None, excerpt_at=None, delivery: str = "stream") -> dict:
+                 excerpt_seconds=None, excerpt_at=None, delivery: str = "stream",
+                 design_seed: int | None = None) -> dict:
     """Create a study from a compare report: select clips, write the trial streams (every
     arrangement of each row's tiles, see :func:`.media.store_tiled` and
     :func:`.design.stream_keys`) and the catch versions, record everything.
@@ -197,7 +198,9 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     key = seal.create_or_load(seal.default_path(d.path, media))   # before any encoding
     # the counterbalancing and every rater's draws come from a secret seed, sealed: the study's
     # own seed (the owner's) cannot rebuild the key (docs/studies.md, No peeking)
-    design_seed = secrets.randbits(63)
+    # (``design_seed``: given only by the attacker suite's tests, so that a run is reproducible;
+    # no command passes one)
+    design_seed = secrets.randbits(63) if design_seed is None else int(design_seed)
     chosen = design.select_clips(rep["jobs"], clips_spec, seed)
     cut = excerpt.plan(rep["report"], chosen, ex_seconds, ex_at)   # None: whole clips
     choice = _choose_delivery(delivery, rep["report"], chosen, ladder, kind, cut,
