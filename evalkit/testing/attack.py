@@ -379,19 +379,7 @@ def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
 def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """As :func:`catch_pairs` with the pooled multiplicity: (catch file, test file) of one study,
     truth the catch is first; features the differences in raters sharing each file."""
-    by_study: dict = {}
-    for t in trials:
-        by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[t["sha"]] = t
-    rows = []
-    for sid, kinds in sorted(by_study.items()):
-        tests = list(kinds.get("test", {}).values())
-        for sha, c in sorted(kinds.get("catch", {}).items()):
-            o = tests[rng.integers(len(tests))]
-            first = bool(rng.integers(2))
-            a, b = (c, o) if first else (o, c)
-            f = {k: a["f"][k] - b["f"][k] for k in ("pooled_raters", "pooled_share")}
-            rows.append(((sha, o["sha"]), f, int(first)))
-    return rows
+    return _catch_test_pairs(trials, rng, lambda t: t["sha"], ("pooled_raters", "pooled_share"))
 
 
 def _first_tile(t) -> int:
@@ -509,19 +497,25 @@ def questions(trials: list[dict]) -> dict[str, list[tuple]]:
 def catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """Pairs (catch file, test file) of one study, each distinct catch file once, its partner a
     test file of the same study drawn at random; truth: the catch is first (order random)."""
+    return _catch_test_pairs(trials, rng, lambda t: hashlib.sha256(t["data"]).hexdigest(),
+                             SCALARS)
+
+
+def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, features) -> list:
+    """((catch sha, test sha), feature differences first - second, truth the catch is first):
+    each distinct catch file of a study once, its partner a test file of the same study drawn
+    at random, the order random."""
     by_study: dict = {}
     for t in trials:
-        sha = hashlib.sha256(t["data"]).hexdigest()
-        by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[sha] = t
+        by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[sha_of(t)] = t
     rows = []
-    for sid, kinds in sorted(by_study.items()):
-        tests = list(kinds.get("test", {}).values())
+    for _sid, kinds in sorted(by_study.items()):
+        tests = list(kinds.get("test", {}).items())
         for sha, c in sorted(kinds.get("catch", {}).items()):
-            o = tests[rng.integers(len(tests))]
+            o_sha, o = tests[rng.integers(len(tests))]
             first = bool(rng.integers(2))
             a, b = (c, o) if first else (o, c)
-            f = {k: a["f"][k] - b["f"][k] for k in SCALARS}
-            rows.append(((sha, hashlib.sha256(o["data"]).hexdigest()), f, int(first)))
+            rows.append(((sha, o_sha), {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
     return rows
 
 
