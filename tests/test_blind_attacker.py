@@ -75,6 +75,14 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
                             "abx catch trials: which box is the reference",
                             "preference catch trials: which box is the reference",
                             "catch or test: which of a pair is the catch"}
+    if env["delivery"] == "lossless":
+        # OPEN (lossless only): a catch file's frame sizes spread differently from a test
+        # file's (the spread of its frame sizes, its nearest size twin): with the pinned
+        # studies 149 and 140 of 220 (p 2e-7, 6e-5); asserted so that a fix is noticed, not
+        # hidden (docs/studies.md, Blindness: lossless delivery)
+        q = "catch or test: which of a pair is the catch"
+        open_leak = {f: results[q].pop(f) for f in ("p_cv", "twin")}
+        assert min(r["p"] for r in open_leak.values()) <= LEVEL, open_leak
     bad = []
     for question, per in results.items():
         assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(per) \
@@ -131,23 +139,35 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
     # (b left, b right) differ in size the same way nearly always, so pooled sizes tell which
     # box is backend B (265 of 280 held-out files in one run); see docs/studies.md, Blindness
     open_leak = results.pop("pooled sizes preference: which tile is backend B")
-    assert max(r["hits"] / r["n"] for r in open_leak.values()) > 0.5, open_leak
+    # (the fitted direction holds for H.264, and flips between the training and held-out
+    # scenes for lossless WebP: far from chance either way)
+    assert max(abs(r["hits"] / r["n"] - 0.5) for r in open_leak.values()) > 0.1, open_leak
+    q = "pooled sizes abx: which tile holds X's match"
+    if env["delivery"] == "lossless":
+        # OPEN (lossless only): with X in the last tile the sizes of a clip's WebP files still
+        # tell where the match is, less than with X in the middle (31 of 32 pairs on the
+        # benchmark's scenes): 268 and 281 of 456 files with the pinned studies
+        # (docs/studies.md, Blindness: lossless delivery)
+        open_abx = results.pop(q)
+        assert min(r["p"] for r in open_abx.values()) <= LEVEL, open_abx
     bad = [(q, f, r) for q, per in results.items() for f, r in per.items()
            if r["n"] < 100 or r["p"] <= LEVEL]
     assert not bad, bad
-    # the pooled size rule counts each distinct file once: X in the middle of every ABX file
-    # (its match in tile 0 or 2, both next to X), 4 files a row; the rule read off the
-    # measurement, unfitted ("smaller than its siblings: the match is in the first tile"), is
-    # at chance too
-    q = "pooled sizes abx: which tile holds X's match"
-    assert set(results[q]) == {"pooled_size", "pooled_frames"}
-    rows = attack.pooled_sizes(held)[q]
-    assert len(rows) == len({(t["study"], t["sha"]) for t in held
-                             if t["public"]["protocol"] == "abx"}) == results[q]["pooled_size"]["n"]
-    for feature in ("pooled_size", "pooled_frames"):
-        hits = sum((f[feature] < 0) == bool(y) for _, f, y in rows)
-        assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (feature, hits, len(rows))
-    assert all(sorted(r[0] for r in t["shown"]["tiles"].values())[1]
+    if env["delivery"] == "stream":
+        # the pooled size rule counts each distinct file once: X in the middle of every ABX file
+        # (its match in tile 0 or 2, both next to X), 4 files a row; the rule read off the
+        # measurement, unfitted ("smaller than its siblings: the match is in the first tile"), is
+        # at chance too
+        assert set(results[q]) == {"pooled_size", "pooled_frames"}
+        rows = attack.pooled_sizes(held)[q]
+        assert len(rows) == len({(t["study"], t["sha"]) for t in held
+                                 if t["public"]["protocol"] == "abx"}) == results[q]["pooled_size"]["n"]
+        for feature in ("pooled_size", "pooled_frames"):
+            hits = sum((f[feature] < 0) == bool(y) for _, f, y in rows)
+            assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (feature, hits, len(rows))
+    # X in the middle tile of every streamed ABX file, in the last of every lossless one
+    x_at = 1 if env["delivery"] == "stream" else 2
+    assert all(sorted(r[0] for r in t["shown"]["tiles"].values())[x_at]
                == t["shown"]["tiles"]["X"][0] for t in held if t["public"]["protocol"] == "abx")
     # 12 raters a held-out study: 3 per ABX file, 6 per preference file, catch or test
     per = {}

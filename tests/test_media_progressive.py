@@ -184,6 +184,8 @@ def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser)
             if checks % 5 == 0:
                 r = httpx.post(env["url"] + "/api/answer",
                                json={"token": token, "trial": trial["trial"], "answer": "left"})
+                if slow.acks:       # the last byte went and was acknowledged since the check
+                    break           # above: then the answer meets the play-through wait
                 assert r.status_code == 425 and "were not loaded" in r.json()["error"], r.text
             checks += 1
             time.sleep(0.1)
