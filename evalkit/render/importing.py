@@ -16,21 +16,10 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from evalkit import video
 from evalkit.errors import InputFileError, UserError
+from evalkit.render.renderers.imported import render_files
 
 
-def _files(folder: Path, stem: str) -> list[Path]:
-    out = [p for p in folder.glob(f"{_escape(stem)}.*") if p.suffix.lower() in video.VIDEO_EXTS]
-    if (folder / stem).is_dir():
-        out.append(folder / stem)
-    return out
-
-
-def _escape(text: str) -> str:
-    import glob
-
-    return glob.escape(text)
 
 
 def read_mapping(path) -> dict[str, str]:
@@ -65,10 +54,10 @@ def match_files(jobs, folder, *, mapping: dict | None = None,
             glob_ = pattern.format(clip=job.clip, job=job.id, prompt=job.prompt, seed=job.seed)
             found, looked = sorted(folder.glob(glob_)), str(folder / glob_)
         else:
-            found = _files(folder, job.id)
+            found = render_files(folder, job.id)
             looked = f"{folder / job.id}.mkv"
             if not found and per_clip[job.clip] == 1:
-                found, looked = _files(folder, job.clip), looked + f" or {folder / job.clip}.mkv"
+                found, looked = render_files(folder, job.clip), looked + f" or {folder / job.clip}.mkv"
         if not found:
             raise UserError(f"{folder}: no file for job {job.id} (clip {job.clip!r}): expected "
                             f"{looked}")

@@ -20,6 +20,8 @@ no claim about how the starting noise was drawn (``renderer.noise`` is null).
 """
 from __future__ import annotations
 
+import glob
+
 import hashlib
 from pathlib import Path
 
@@ -75,10 +77,7 @@ class ImportRenderer(Renderer):
         """The one render of ``job`` at ``seed`` in the folder (a JobError when none or several)."""
         jid = job.id
         name = import_name(job, seed)
-        candidates = [p for p in self.dir.glob(f"{name}.*") if p.suffix.lower() in video.VIDEO_EXTS]
-        folder = self.dir / name
-        if folder.is_dir():
-            candidates.append(folder)
+        candidates = render_files(self.dir, name)
         at = "" if name == jid else f" at seed {seed} (seed {job.seed} + offset)"
         if not candidates:
             raise JobError(f"no render for job {jid}{at}: expected {self.dir / name}.mkv "
@@ -139,3 +138,12 @@ class ImportRenderer(Renderer):
                                   short=f"renderer {self.name!r} returned")
         request.record["adopted_from"] = self._adopted(src)
         return written
+
+
+def render_files(folder: Path, stem: str) -> list[Path]:
+    """The renders named ``stem`` in ``folder``: ``stem.<video extension>`` files
+    (:data:`evalkit.video.VIDEO_EXTS`) and a frame folder ``stem/``."""
+    out = [p for p in folder.glob(f"{glob.escape(stem)}.*") if p.suffix.lower() in video.VIDEO_EXTS]
+    if (folder / stem).is_dir():
+        out.append(folder / stem)
+    return out
