@@ -129,7 +129,7 @@ def check_window(peaks: dict) -> None:
     assert long_ <= short + CHUNK, f"the window grew with the clip: {short} -> {long_} frames"
 
 
-def test_import_streams_and_keeps_the_files(sets, monkeypatch):
+def test_import_streams_and_keeps_the_files(sets, monkeypatch, one_thread_x264):
     """The import holds a window, and its files are those of the writers given the whole
     clip (the same bytes: clip and preview), the manifest's sha256 that of the clip's bytes."""
     counter = FramesAlive(monkeypatch)
@@ -207,7 +207,17 @@ def test_import_of_a_wrong_length_fails_and_leaves_nothing(sets, tmp_path, frame
     assert not (run.path / ".work").exists()
 
 
-def test_streamed_write_is_atomic(tmp_path):
+@pytest.fixture
+def one_thread_x264(monkeypatch):
+    """Previews written by x264 on one thread: its frame threads make rate control depend on
+    timing (under load, encodes of one clip differed from the second GOP on, about 1 in 20),
+    so only a one-thread encode lets two writers be compared byte for byte."""
+    options = video.BrowserEncoding.codec_options
+    monkeypatch.setattr(video.BrowserEncoding, "codec_options",
+                        lambda self: {**options(self), "threads": "1"})
+
+
+def test_streamed_write_is_atomic(tmp_path, one_thread_x264):
     """A reader that fails halfway: its error is raised, neither file is left (nor a
     temporary one); the same chunks whole: the files of the two writers given the clip."""
     from evalkit.render.clipwriter import write_streamed
