@@ -532,14 +532,19 @@ class LocalCompareSession:
 def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
                  metric_options: dict | None = None, progress: bool = True,
                  executor=None, vmaf: bool = False, vmaf_threads: int | None = None,
-                 ignore_conventions: bool = False, offset="auto") -> CompareResult:
+                 ignore_conventions: bool = False, offset="auto",
+                 floor_cache: bool = True) -> CompareResult:
     """``offset``: ``"auto"`` tests every pair for a temporal offset and compares at one found
     (:mod:`evalkit.compare.alignment`; summary.json's ``alignment``), ``0`` pairs frames one by
     one untested. ``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
     cross-backend pairs and the floors: :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
     libvmaf's threads (default every usable core); ``ignore_conventions``: judge with a gate
-    that records other conventions than this compare's (:mod:`evalkit.compare.gating`)."""
+    that records other conventions than this compare's (:mod:`evalkit.compare.gating`).
+    ``floor_cache``: reuse the floor runs' measurements kept by an earlier compare, and keep
+    this one's (:mod:`evalkit.compare.floorcache`); False measures every floor job again."""
     from tqdm import tqdm
+
+    from evalkit.compare.floorcache import FloorCache
 
     a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
     check_same_suite(a, b)
@@ -599,20 +604,30 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
             measures = session.measure(pairs, chunk=chunk, progress=bar)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info, floor_jobs = {}, {}
+        cache = FloorCache(conventions={**session.conventions, "block": BLOCK_CONVENTION},
+                           offset=offset, vmaf=vmaf, report=out, enabled=floor_cache)
         for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
             for p in fpairs:
                 p.offset = offset
-            with bar_of(fpairs, f"floor {name}") as bar:
-                fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
+            reused, todo, sources = cache.split(fpairs)     # measured once, reused (floorcache)
+            new = {}
+            if todo:
+                with bar_of(todo, f"floor {name}") as bar:
+                    new = {m.pair.job_id: m for m in session.measure(
+                        todo, chunk=chunk, keep_worst=False, progress=bar)}
+            fm = [reused[p.job_id] if p.job_id in reused else new[p.job_id] for p in fpairs]
             why = identical_floor(f.path, fm)
             if why:
                 raise UserError(why)
-            _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
+            _vmaf_pass([m for m in fm if m.pair.job_id not in reused], f"vmaf floor {name}", vmaf,
+                       vmaf_threads, progress)
+            cache.store([m for m in fm if m.pair.job_id not in reused], f.path)
             floor_jobs[name] = {m.pair.job_id: aggregates_of([m]) for m in fm}
             floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
                                 "name": run_name(f.manifest), "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
-                                "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
+                                "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm),
+                                "cache": cache.provenance(name, fpairs, sources)}
             if any(m.alignment is not None and m.alignment.offset for m in fm):
                 floor_info[name]["alignment"] = alignment_of(fm)
         conventions = dict(session.conventions)
