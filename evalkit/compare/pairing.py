@@ -26,8 +26,8 @@ from evalkit.compare.floors import floor_kind, floor_refusal, identical_floor
 from evalkit.compare.gating import check_conventions, open_gate
 from evalkit.compare.local import BLOCK_CONVENTION
 from evalkit.formats.run import RunDir, sha256_file
-from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
-                                    write_report)
+from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, plot_axes, run_entry,
+                                    same_run_warnings, write_report)
 from evalkit.formats.run import run_name
 from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader, usable_cores
@@ -666,6 +666,7 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         "headline": run_headline(measures, ratios, aggregates, floor_info, findings, verdict,
                                  gate_obj.floor if gate_obj else None),
         "clip_findings": findings,
+        "plots": plot_axes(measures, floor_jobs, findings),
         "floor_notice": floor_notice(floor_info),
         "gate": verdict,
     }
