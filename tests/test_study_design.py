@@ -129,7 +129,7 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
     clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")}
              for i in range(6)]
     pool = [{"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
-            for i in range(design.n_catch(6))]
+            for i in range(design.catch_counts(6)[0])]
     seen = Counter()
     for k in range(8):
         for t in design.assign("abx", clips, pool, k, design.rater_seed(2, k), 2):
@@ -140,7 +140,7 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
                 assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
             assert t["sources"][t["expected"]] == t["sources"]["X"]
             seen[t["shown"]["media"]] += 1
-    assert len(seen) == 4 * (6 + design.n_catch(6)) and set(seen.values()) == {2}
+    assert len(seen) == 4 * (6 + design.catch_counts(6)[0]) and set(seen.values()) == {2}
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])

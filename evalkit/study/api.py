@@ -211,9 +211,11 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                                      ladder, ladder_warnings)
     planned = raters_planned or the_plan["raters"]
     swap, xbit = design.base_bits(n_rows, design_seed)
-    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
+    # easy and graded catch trials per rater, at most half of a rater's trials (issue 46)
+    n_catch, n_graded = design.catch_counts(n_rows, catch_alpha)
     min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
-    work = _plan_rows(chosen, ladder, n_catch, seed)
+    share = catch_share(n_rows, n_catch, n_graded, min_correct, catch_alpha)   # said by create
+    work = _plan_rows(chosen, ladder, n_catch, seed, n_graded)
     encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
                   offs=threshold.offsets(ladder) if protocol == "threshold" else {},
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
@@ -237,6 +239,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
                                        + [p["streams"] for p in pool], ext=EXT[mode])
     config = _study_config(made, protocol=protocol, catch_alpha=catch_alpha, n_catch=n_catch,
+                           n_graded=n_graded,
                            min_correct=min_correct, the_plan=the_plan, clips_of=len(rep["jobs"]),
                            delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
                            kind=kind, metrics_device=metrics_device)
@@ -250,7 +253,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
             "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
             "same_runs": same_runs(d, sid), "delivery_mode": mode, "seen": SEEN[mode],
-            "delivery_choice": choice}
+            "delivery_choice": choice, "catch_share": share}
 
 
 def _choose_delivery(asked: str, report, chosen: list, ladder: list, kind: str, cut, *,
@@ -358,6 +361,36 @@ def _study_plan(protocol: str, margin: float, alpha: float, raters_planned: int,
     return the_plan, warnings
 
 
+def catch_share(n_rows: int, easy: int, graded: int, min_correct: int,
+                catch_alpha: float) -> dict:
+    """What a rater's trials hold (``study create`` says it; issue 46): test and catch trials,
+    the catch share against :data:`.design.MAX_CATCH_SHARE`, whether the bound cut catch trials
+    (``reduced``) or the screening needs more than it allows (``over``), and the screening's
+    error rates (an attentive rater, 95% right, excluded; a random clicker kept)."""
+    catch = easy + graded
+    total = n_rows + catch
+    share = catch / total if total else 0.0
+    full_easy, full_graded = design.n_catch(n_rows), design.GRADED_CATCHES
+    reduced = (easy, graded) != (full_easy, full_graded)
+    over = share > design.MAX_CATCH_SHARE + 1e-12
+    excluded, kept = stats.catch_error_rates(easy, alpha=catch_alpha)
+    text = (f"each rater: {total} trials, {n_rows} test and {catch} catch ({100 * share:.0f}%; "
+            f"{easy} easy, {graded} graded)")
+    bound = f"{100 * design.MAX_CATCH_SHARE:.0f}%"
+    if over:
+        text += (f": above the {bound} bound, as the catch screening at --catch-alpha "
+                 f"{catch_alpha:g} needs {easy} easy catch trials; {2 * easy} or more test trials "
+                 "per rater stay within it")
+    elif reduced:
+        text += (f": bounded at {bound} of a rater's trials (without the bound {full_easy} easy "
+                 f"and {full_graded} graded)")
+    text += (f"; a rater stays with {min_correct} of {easy} easy catch trials right: an attentive "
+             f"rater (95% right) is excluded {100 * excluded:.0f}% of the time, a random clicker "
+             f"kept {100 * kept:.1f}%")
+    return {"test": n_rows, "easy": easy, "graded": graded, "share": share, "reduced": reduced,
+            "over": over, "attentive_excluded": excluded, "random_kept": kept, "text": text}
+
+
 def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
     """The easy catch trials a rater must get right (:func:`.stats.catch_min_correct`)."""
     try:
@@ -366,7 +399,8 @@ def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
         raise StudyError(f"--catch-alpha: {e}") from None
 
 
-def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
+def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int,
+               n_graded: int = design.GRADED_CATCHES) -> list:
     """The rows of the clips table and their catch draws, planned in clip order (the same draws
     as one clip at a time): per clip, ``(clip, [(row index, level, [(catch kind, from B)])])``,
     the work of :func:`.trialmedia.clip_media`."""
@@ -390,7 +424,7 @@ def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
             i += 1
             n = per_row if rank[i] < extra else per_row - 1
             rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(rank[i], n_easy, n)]))
+                                for kind_ in _catch_kinds(rank[i], n_easy, n, n_graded)]))
         work.append((c, rows))
     return work
 
@@ -441,7 +475,7 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
             "seconds": seconds, "reference": reference}
 
 
-def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int,
+def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int, n_graded: int,
                   min_correct: int, the_plan: dict, clips_of: int, delivery: dict,
                   media_bytes, cut, ladder: list, kind: str, metrics_device) -> dict:
     """The study's ``config``: catch rule, media key, plan, delivery, frame rate and media
@@ -451,7 +485,7 @@ def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int
                                            made["fps"])
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
-                  "graded_trials": design.GRADED_CATCHES if pool else 0}
+                  "graded_trials": n_graded if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
@@ -517,15 +551,16 @@ def _conventions(reference: dict) -> dict:
     return next((m.get("conventions") for m in reference.values()), None) or {}
 
 
-def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
+def _catch_kinds(i: int, n_easy: int, per_row: int = 1,
+                 n_graded: int = design.GRADED_CATCHES) -> list[str]:
     """The catch versions of the row of rank ``i`` (rows ranked at random): ``per_row`` easy
-    ones for the first ``n_easy`` ranks, a graded one for the first
-    :data:`.design.GRADED_CATCHES`."""
+    ones for the first ``n_easy`` ranks, a graded one for the first ``n_graded``
+    (:func:`.design.catch_counts`)."""
     kinds = []
     if i < n_easy:
         kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
                   for j in range(per_row)]
-    if i < design.GRADED_CATCHES:
+    if i < n_graded:
         kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
     return kinds
 
@@ -604,6 +639,11 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
                              "from its report with `evalkit study create REPORT --db ...` and "
                              "invite raters there")
         pool = cfg["catch_pool"]
+        # the study's catch trials per rater (a study made before the rule recorded them: the
+        # counts of its time, unbounded)
+        rule = cfg.get("catch_rule") or {}
+        counts = ((int(rule["easy_trials"]), int(rule.get("graded_trials", 0)))
+                  if "easy_trials" in rule else (design.n_catch(len(cl)), design.GRADED_CATCHES))
         for c in cl:
             c["streams"] = cfg["streams"][str(c["id"])]
             c["base_swap"], c["base_x"] = cfg["bits"][str(c["id"])]
@@ -618,7 +658,7 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
             rid = conn.execute(raters.insert().values(
                 study_id=st["id"], idx=k, token_sha256=token_hash(token), label=label,
                 seed=0, created=now())).inserted_primary_key[0]   # the rater's seed: sealed
-            plan = design.assign(st["protocol"], cl, pool, k, rseed, dseed)
+            plan = design.assign(st["protocol"], cl, pool, k, rseed, dseed, counts)
             conn.execute(trials.insert(), [seal.seal_trial(
                 key, rid, {"study_id": st["id"], "rater_id": rid, "ord": i, **t})
                 for i, t in enumerate(plan)])

@@ -11,8 +11,9 @@ rater's seed: within a rater half the ABX answers are A, backend B is on the lef
 preference trials; across raters the labels of one file are independent, so pooling what
 several raters got per file says nothing. Catch trials (known answer) are mixed in:
 :data:`EASY_CATCHES` obvious degradations (the exclusion rule uses these) and
-:data:`GRADED_CATCHES` mild ones (reported only); every rater gets every catch version once
-(the study makes exactly as many as a rater's catch trials). The order is shuffled from the
+:data:`GRADED_CATCHES` mild ones (reported only), together at most :data:`MAX_CATCH_SHARE` of
+a rater's trials where the screening allows (:func:`catch_counts`); every rater gets every
+catch version once (the study makes exactly as many as a rater's catch trials). The order is shuffled from the
 rater's seed, derived from the study seed and the rater's index (reproducible).
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
@@ -97,6 +98,34 @@ GRADED_KINDS = ("hue_mild",)
 def n_catch(n_clips: int) -> int:
     """Easy catch trials per rater: :data:`EASY_CATCHES`, or 20% of the test trials if more."""
     return max(EASY_CATCHES, math.ceil(0.2 * n_clips))
+
+
+#: the largest share of a rater's trials that are catch trials: half (catch trials at most as
+#: many as test trials; issue 46: a 5-clip study gave each rater 15 trials, 10 of them catch)
+MAX_CATCH_SHARE = 0.5
+
+
+def min_easy_catches(catch_alpha: float) -> int:
+    """The fewest easy catch trials whose screening can show better than guessing at
+    ``catch_alpha``: all of n right has p = 0.5 ** n (:func:`.stats.catch_min_correct`)."""
+    n = 1
+    while 0.5 ** n > catch_alpha and n < 64:
+        n += 1
+    return n
+
+
+def catch_counts(n_rows: int, catch_alpha: float = 0.05) -> tuple[int, int]:
+    """``(easy, graded)`` catch trials per rater of a study of ``n_rows`` test trials, their
+    share bounded by :data:`MAX_CATCH_SHARE`: :func:`n_catch` easy and :data:`GRADED_CATCHES`
+    graded ones where they fit; else the graded ones go first (they are only reported), then
+    easy ones, down to :func:`min_easy_catches` (the screening needs them: a study of fewer rows
+    than that exceeds the bound, which ``study create`` says)."""
+    easy, graded = n_catch(n_rows), GRADED_CATCHES
+    cap = math.floor(n_rows * MAX_CATCH_SHARE / (1 - MAX_CATCH_SHARE) + 1e-9)
+    graded = max(0, min(graded, cap - easy))
+    if easy + graded > cap:
+        easy = min(easy, max(cap, min_easy_catches(catch_alpha)))
+    return easy, graded
 
 
 def catch_grade(kind: str | None) -> str | None:
@@ -219,14 +248,15 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
 
 
 def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
-           seed: int, study_seed: int = 0) -> list[dict]:
+           seed: int, study_seed: int = 0, counts: tuple[int, int] | None = None) -> list[dict]:
     """One rater's trials, in presentation order.
 
     ``clips``: dicts with ``id``, ``base_swap``, ``base_x`` and ``streams`` (the row's trial
     streams: ``{"rects", "files": {key: sha256}}``, :func:`stream_keys`). ``catch_pool``:
     dicts with ``clip_id``, ``kind`` and ``streams``; kinds in :data:`GRADED_KINDS` are graded
     catches. ``seed``: the rater's seed (:func:`rater_seed`); ``study_seed``: the study's (the
-    catch versions' base bits, :func:`catch_bits`).
+    catch versions' base bits, :func:`catch_bits`). ``counts``: (easy, graded) catch trials,
+    the study's ``catch_rule`` (default :func:`catch_counts` at ``catch_alpha`` 0.05).
 
     Which file of each row the rater gets is :func:`file_index` (the base bits flipped by the
     rater's index); the labels over its tiles come from balanced bits drawn from the rater's
@@ -250,7 +280,8 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     pool = [dict(cp, _bits=(cb[0][i], cb[1][i])) for i, cp in enumerate(catch_pool)]
     easy = [cp for cp in pool if catch_grade(cp["kind"]) == "easy"]
     graded = [cp for cp in pool if catch_grade(cp["kind"]) == "graded"]
-    picks = _draw(easy, n_catch(len(clips)), rng) + _draw(graded, GRADED_CATCHES, rng)
+    n_easy, n_graded = catch_counts(len(clips)) if counts is None else counts
+    picks = _draw(easy, n_easy, rng) + _draw(graded, n_graded, rng)
     sides = balanced_bits(len(picks), rng)
     for cp, side in zip(picks, sides):
         keys = row_files(proto, cp["streams"], catch=True)
