@@ -63,7 +63,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert design.stream_keys("abx") == ["aab", "baa", "bba", "abb"]
     assert design.stream_keys("abx", catch=True) == ["rrd", "drr", "ddr", "rdd"]
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 4 + 10 * 4 and not (tmp_path / "media").exists()   # its own folder
+    assert len(media) == 4 * 4 + 5 * 4 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib
