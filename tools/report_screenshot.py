@@ -8,7 +8,8 @@ and place, and the noise below the floor in one line with its dB.
 
 ``--report``: a report already made from the variants (tests/test_story.py's, say); without it
 the runs are made and compared here (about 3 min on 2 cores, 24 frames). ``--plots
-docs/img/report-plots.png``: also the clips' plots, on shared axes with each clip's floor band.
+docs/img/report-plots.png``: also the clips' plots, on shared axes with each clip's floor band
+(and ``report-plots-grid.png``: the six plots side by side).
 """
 from __future__ import annotations
 
@@ -64,7 +65,16 @@ def main() -> int:
             browser.close()
     from PIL import Image
 
-    for png in (args.out, args.plots):
+    grid = None
+    if args.plots is not None:      # every clip's plot side by side: one axis for all
+        grid = args.plots.with_name(args.plots.stem + "-grid.png")
+        plots = [Image.open(p).convert("RGB") for p in sorted((report / "img").glob("*_timeline.png"))]
+        w, h = plots[0].size
+        sheet = Image.new("RGB", (2 * w, -(-len(plots) // 2) * h), "white")
+        for i, im in enumerate(plots):
+            sheet.paste(im, ((i % 2) * w, (i // 2) * h))
+        sheet.save(grid)
+    for png in (args.out, args.plots, grid):
         if png is not None:
             Image.open(png).convert("RGB").quantize(colors=64).save(png, optimize=True)
             print(png)

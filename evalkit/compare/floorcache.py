@@ -17,7 +17,8 @@ disk, keyed by everything it depends on:
 
 Anything else changed (a clip re-rendered, ``--no-temporal``, an edited metric) is another key:
 that job is measured again, the others reused. Chunk sizes and thread counts are not in the key
-(they change how fast, not what, is measured). Entries are JSON files under
+(they change how fast it is measured, and the numbers at most in float32 rounding: LPIPS sums on
+a CPU depend on the thread count). Entries are JSON files under
 ``$EVALKIT_FLOOR_CACHE`` (a folder; ``off`` disables the cache), else
 ``$EVALKIT_CACHE_DIR/floors`` (``~/.cache/evalkit/floors``), written atomically; one that cannot
 be read is measured again, one that cannot be written is only a slower next compare. Each entry
