@@ -10,10 +10,9 @@ disk, keyed by everything it depends on:
 - the metric settings: the session's conventions (LPIPS net, SSIM/PSNR, flow, the compute
   device type: every metric option that changes a number, as resolved), the offset rule
   (``auto`` or frames), VMAF on/off;
-- the code version of the metrics: the source of ``metrics/``, :mod:`evalkit.compare.local`,
-  :mod:`evalkit.compare.alignment`, the decoders (:mod:`evalkit.video`,
-  :mod:`evalkit.procdecode`), :func:`~evalkit.compare.pairing.measure_pair`, and the versions of
-  numpy, torch, PyAV, OpenCV and Triton.
+- the code version of the metrics: the source of ``metrics/``, of the compare modules that
+  measure (:data:`NOT_MEASURING` are left out), of the decoders (:mod:`evalkit.video`,
+  :mod:`evalkit.procdecode`), and the versions of numpy, torch, PyAV, OpenCV and Triton.
 
 Anything else changed (a clip re-rendered, ``--no-temporal``, an edited metric) is another key:
 that job is measured again, the others reused. Chunk sizes and thread counts are not in the key
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import inspect
 import json
 import os
 import tempfile
@@ -55,16 +53,20 @@ def cache_root() -> Path | None:
     return cache_dir() / "floors"
 
 
+#: modules of evalkit/compare/ that only read measurements (report, gate, headline): not in
+#: the code version; every other one (pairing, alignment, local blocks, VMAF...) is
+NOT_MEASURING = ("report.py", "gating.py", "aggregate.py", "floorcache.py")
+
+
 def code_files() -> list[Path]:
-    """The source files whose code decides a floor job's numbers."""
+    """The source files whose code decides a floor job's numbers: ``metrics/``, the compare
+    modules that measure (read as files, not imported: any of them may move), the decoders."""
     import evalkit
-    import evalkit.compare.alignment as alignment
-    import evalkit.compare.local as local
     import evalkit.metrics as metrics
 
-    files = sorted(Path(metrics.__file__).parent.glob("*.py"))
-    files += [Path(local.__file__), Path(alignment.__file__)]
     root = Path(evalkit.__file__).parent
+    files = sorted(Path(metrics.__file__).parent.glob("*.py"))
+    files += [p for p in sorted((root / "compare").glob("*.py")) if p.name not in NOT_MEASURING]
     files += [root / "video.py", root / "procdecode.py"]
     return files
 
@@ -83,13 +85,12 @@ def _library_versions() -> dict:
 
 
 def code_version(files: list[Path] | None = None) -> str:
-    """A hash of :func:`code_files` (or ``files``), ``measure_pair``'s source, evalkit's
-    version and the libraries' versions: the code version of the floor's metrics."""
+    """A hash of :func:`code_files` (or ``files``), evalkit's version and the libraries'
+    versions: the code version of the floor's metrics."""
     global _CODE
     if files is None and _CODE is not None:
         return _CODE
     from evalkit import __version__
-    from evalkit.compare import pairing
 
     h = hashlib.sha256()
     for p in files if files is not None else code_files():
@@ -98,8 +99,6 @@ def code_version(files: list[Path] | None = None) -> str:
             h.update(p.read_bytes())
         except OSError:
             h.update(b"<missing>")
-    for fn in (pairing.measure_pair, pairing.PairDecoder):
-        h.update(inspect.getsource(fn).encode())
     h.update(json.dumps({"evalkit": __version__, **_library_versions()}, sort_keys=True).encode())
     digest = h.hexdigest()[:24]
     if files is None:
@@ -135,8 +134,10 @@ class FloorCache:
     measured (rebuilt as :class:`~evalkit.compare.pairing.JobMeasure`) and those to measure,
     :meth:`store` the new ones, :meth:`provenance` for the report."""
 
-    def __init__(self, *, conventions: dict, offset, vmaf: bool, report,
+    def __init__(self, *, conventions: dict, offset, vmaf: bool, report, measure_type,
                  root: Path | None = None, enabled: bool = True):
+        #: the class of a measurement (:class:`evalkit.compare.pairing.JobMeasure`)
+        self.measure_type = measure_type
         self.root = (root if root is not None else cache_root()) if enabled else None
         self.settings = settings_key(conventions, offset, vmaf)
         self.code = code_version() if self.root is not None else ""
@@ -154,7 +155,7 @@ class FloorCache:
             if entry is None:
                 todo.append(p)
             else:
-                reused[p.job_id] = _measure_of(p, entry)
+                reused[p.job_id] = _measure_of(self.measure_type, p, entry)
                 sources[p.job_id] = entry["measured"]
         return reused, todo, sources
 
@@ -216,15 +217,14 @@ class FloorCache:
                 "dir": None if self.root is None else str(self.root), "text": text}
 
 
-def _measure_of(pair, entry: dict):
+def _measure_of(measure_type, pair, entry: dict):
     """A JobMeasure of ``pair`` from a cache entry (no worst-frame pixels: floors keep none)."""
     from evalkit.compare.alignment import Alignment
-    from evalkit.compare.pairing import JobMeasure
 
     al = entry.get("alignment")
     alignment = None if al is None else Alignment(
         finding=al["finding"], offset=int(al["offset"]),
         mad={int(k): v for k, v in al["mad"]}, motion=al["motion"], frames=int(al["frames"]),
         reason=al["reason"])
-    return JobMeasure(pair, entry["records"], entry["summary"], int(entry["worst_frame"]),
-                      alignment=alignment, local=entry.get("local"))
+    return measure_type(pair, entry["records"], entry["summary"], int(entry["worst_frame"]),
+                        alignment=alignment, local=entry.get("local"))

@@ -605,7 +605,8 @@ def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info, floor_jobs = {}, {}
         cache = FloorCache(conventions={**session.conventions, "block": BLOCK_CONVENTION},
-                           offset=offset, vmaf=vmaf, report=out, enabled=floor_cache)
+                           offset=offset, vmaf=vmaf, report=out, measure_type=JobMeasure,
+                           enabled=floor_cache)
         for f, name in zip(floor_runs, floor_names):
             fpairs, fproblems = pair_jobs(a, f, same_seed=False)
             for p in fpairs:
