@@ -556,6 +556,11 @@ def _design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan:
     if n_clips < stats.MIN_CLIPS:
         out.append(f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
                    "verdict's error rates are only simulated from that size up")
+    if protocol == "abx" and n_clips < the_plan.get("clips", 0):
+        out.append(f"{n_clips} clips is below the planner's {the_plan['clips']} clips per rater "
+                   f"for --margin {the_plan['margin']:g} (" + "; ".join(the_plan.get("notes") or [])
+                   + "): the results will be UNDER-SIZED and claim 'indistinguishable' only if "
+                   "the achieved design still keeps the 5% rule; add clips or raters")
     if raters_planned and raters_planned < the_plan["raters"]:
         out.append(f"--raters {raters_planned} is below the planner's {the_plan['raters']} "
                    f"included raters for --margin {the_plan['margin']:g} (see `evalkit study plan`)")
