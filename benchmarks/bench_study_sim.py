@@ -100,8 +100,8 @@ def _prefetch(keys: list, jobs: int, path: str | None) -> None:
     for k in todo:
         if k not in _PLANS:
             _PLANS[k] = _compute_plan(k)
-    if path:
-        tmp = path + ".tmp"
+    if path and todo:
+        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(_PLANS, f, default=str)
         os.replace(tmp, path)
@@ -149,7 +149,7 @@ def main() -> int:
         for margin in (0.05, 0.075, 0.1, 0.15, 0.2):
             for clips in (15, 25, 40) + ((100,) if margin in (0.05, 0.1) else ()):
                 p = plan("abx", margin, clips=clips)
-                planned[(margin, clips)] = p["raters"]
+                planned[(margin, clips)] = (p["raters"], p["clips"])
                 mt = p["margin_terms"]
                 print(f"{margin:6.3f} {clips:5d} {p['raters']:6d} {p['invite']:6d} "
                       f"{p['simulated_power']:6.3f} {mt['d_prime']:7.3f} "
@@ -161,11 +161,12 @@ def main() -> int:
                   f"{p['invite']}, simulated power {p['simulated_power']:.3f}")
 
         # sizes: the floor, the sizes of margin 0.1, the planned sizes of the other margins
-        sizes = {0.1: sorted({(12, 15), (20, 15), (planned[(0.1, 15)], 15), (40, 15), (60, 15),
-                              (12, 25), (planned[(0.1, 25)], 25), (12, 40),
-                              (planned[(0.1, 40)], 40), (60, 40), (planned[(0.1, 100)], 100)})}
+        # (the plans' own clips: the planner raises the clips asked for)
+        sizes = {0.1: sorted({(12, 15), (20, 15), planned[(0.1, 15)], (40, 15), (60, 15),
+                              (12, 25), planned[(0.1, 25)], (12, 40),
+                              planned[(0.1, 40)], (60, 40), planned[(0.1, 100)]})}
         for margin in (0.05, 0.075, 0.15, 0.2):
-            sizes[margin] = sorted({(r, c) for (m, c), r in planned.items() if m == margin}
+            sizes[margin] = sorted({rc for (m, _), rc in planned.items() if m == margin}
                                    | {(12, 15)})
 
     if want(2):
@@ -199,7 +200,7 @@ def main() -> int:
                 k += 1
                 o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                        reps=B, seed=seed + k)
-                is_plan = planned.get((margin, C)) == R
+                is_plan = (R, C) in {rc for (m, _), rc in planned.items() if m == margin}
                 ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05 and (
                     not is_plan or o["indistinguishable"] + o["se"]["indistinguishable"] >= 0.8)
                 fails += not ok
@@ -213,7 +214,7 @@ def main() -> int:
         print("\n== 4. ABX, one visible clip among chance clips: P(that clip flagged) "
               "(target >= 0.80 at the planned size), P('distinguishable') ==")
         for acc in (0.95, 0.9):
-            for R, C in sorted({(12, 15)} | {(planned[(m, c)], c) for m in (0.1, 0.15)
+            for R, C in sorted({(12, 15)} | {planned[(m, c)] for m in (0.1, 0.15)
                                              for c in (15, 25, 40)}):
                 k += 1
                 o = stats.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
@@ -233,14 +234,14 @@ def main() -> int:
               "when checked after every rater from 12 ==")
         S_peek, B_peek = max(200, S // 4), max(200, B // 2)
         for margin in (0.1, 0.05):
-            R = planned[(margin, 15)]
+            R, Cp = planned[(margin, 15)]
             for scen in ("homogeneous", "golden_ears", "combined"):
                 k += 1
-                o = stats.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
+                o = stats.simulate_abx_peeking(R, Cp, scen, margin=margin, studies=S_peek,
                                                reps=B_peek, seed=seed + k)
                 ok = o["closed"] == 0
                 fails += not ok
-                print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x 15 clips "
+                print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x {Cp} clips "
                       f"({o['looks']} looks): single look {_fmt(o['fixed'], o['se']['fixed'])}; "
                       f"peeking {_fmt(o['peeking'], o['se']['peeking'])}; reported to the peeking "
                       f"owner (unblinded) {o['closed']:.4f}  ({S_peek} studies, {B_peek} reps)"
@@ -325,9 +326,9 @@ def main() -> int:
               "covered: bound >= the true share (target >= 0.95 - 1 SE); false claim: "
               "'indistinguishable' with a bound below the truth (target <= 0.05 + 1 SE) ==")
         vb = plan("abx", 0.1, visible_bound=0.1)
-        cases = [(107, 15, 0.05, 0.1), (planned[(0.05, 40)], 40, 0.05, 0.1), (26, 15, 0.1, 0.05),
+        cases = [(107, 15, 0.05, 0.1), (*planned[(0.05, 40)], 0.05, 0.1), (26, 15, 0.1, 0.05),
                  (26, 15, 0.1, 0.1), (26, 15, 0.1, 0.2), (26, 15, 0.1, 0.3),
-                 (planned[(0.1, 40)], 40, 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
+                 (*planned[(0.1, 40)], 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
                  (vb["raters"], vb["clips"], 0.1, 0.2)]
         for R, C, margin, share in cases:
             k += 1
