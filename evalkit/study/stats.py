@@ -1494,7 +1494,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
                 progress(f"{r_pre} raters: {need} clips see answers barely below chance")
             if need <= C:
                 break
-            if r_pre * need > MAX_RATERS:
+            if r_pre * need > 100 * MAX_RATERS:
                 raise ValueError(f"--margin {margin:g}: about {r_pre:,} included raters x "
                                  f"{need:,} clips = {r_pre * need:,} test ratings would be "
                                  f"needed (clips per rater to see answers barely below chance; "
@@ -1513,6 +1513,11 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
             r_power, method, C, power=power, alpha=alpha, clip_accuracy=clip_accuracy,
             clip_power=clip_power, heterogeneity=heterogeneity, seed=seed, chk=chk,
             notes=notes, progress=progress)
+        if R * C > MAX_RATERS:
+            raise ValueError(f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
+                             f"{R * C:,} test ratings would be needed (clips per rater to see "
+                             f"answers barely below chance; the limit is {MAX_RATERS:,} test "
+                             "ratings); use a larger --margin")
         if C > spread_from:
             reasons.append(f"answers barely below chance: {C} clips per rater (not {spread_from}) "
                            f"see them at {R} raters")
