@@ -43,6 +43,12 @@ planned number of included raters has finished, see "Sequential looks" below), a
      15 random clips miss a 10% share of visible clips 21% of the time, so at margin 0.05 the
      claim needs :func:`min_clips` = 29 clips or more.
 
+   Answers barely below chance (every rater at 0.5 + margin with half of them inverted; bots
+   right 40% of the time as 40% of the raters) are seen only by the raters' spread check, whose
+   power grows with clips per rater: :func:`plan` gives each rater :func:`spread_clips` clips
+   (margin 0.1: 41; 0.05: 159), and :func:`design_check` judges achieved designs on those
+   scenarios too (``benchmarks/results/study_sim_round2.txt``).
+
 5. Otherwise ``inconclusive``.
 
 Why a t-quantile times the bootstrap SD and not the bootstrap percentile: with 4-8 raters or 10
@@ -1425,7 +1431,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     raters' win rates vary with SD ``heterogeneity``; start from the normal approximation.
 
     Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
-    a note). ``invite`` = ceil(R / (1 - exclusion_rate)) raters to invite.
+    a note). ABX clips are raised further (a note says so): to :func:`min_clips`, then to
+    :func:`spread_clips` at the raters the constraints above need there (answers barely below
+    chance, :data:`WEAK_SCENARIOS`, are seen only with enough clips per rater), planning the
+    raters again at the larger number (power by the normal approximation while iterating) until
+    the clips settle; the boundary checks at the final size include those scenarios, and a plan
+    over :data:`MAX_RATERS` test ratings is refused. ``invite`` = ceil(R / (1 - exclusion_rate))
+    raters to invite.
     ``clips_per_rater``: old name of ``clips``. ``progress``: called with a short text after
     each simulation (how many are needed is not known in advance).
 
@@ -1658,9 +1670,9 @@ def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: 
 def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, heterogeneity,
                 seed, chk, notes, progress, checks: bool = True) -> tuple[int, list, dict, bool]:
     """ABX raters past the power figure ``r_power``: the clip veto (one clip at
-    ``clip_accuracy`` flagged with probability ``clip_power``), then the boundary error in every
-    scenario of :data:`BOUNDARY_SCENARIOS`. Returns (raters, reasons, the boundary
-    simulations, whether the checks were simulated)."""
+    ``clip_accuracy`` flagged with probability ``clip_power``), then (``checks``) the boundary
+    error in every scenario of :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS`.
+    Returns (raters, reasons, the boundary simulations, whether the checks were simulated)."""
     reasons: list[str] = []
     edges: dict[str, dict] = {}
     R = max(MIN_RATERS, r_power)
