@@ -89,6 +89,18 @@ def test_plan_follows_the_margin_with_its_clips():
     assert p["visible_share_bound"] < 0.1
 
 
+def test_study_create_warns_below_the_plans_clips():
+    from evalkit.study import api
+
+    plan = {"protocol": "abx", "margin": 0.1, "raters": 22, "clips": 41,
+            "notes": ["clips raised from 15 to 41 (answers barely below chance: ...)"]}
+    (w,) = api._design_warnings("abx", 20, 0, plan)
+    assert "20 clips is below the planner's 41 clips per rater for --margin 0.1" in w
+    assert "answers barely below chance" in w and "UNDER-SIZED" in w
+    assert api._design_warnings("abx", 41, 22, plan) == []
+    assert api._design_warnings("preference", 20, 0, {**plan, "protocol": "preference"}) == []
+
+
 def test_spread_clips_is_where_answers_barely_below_chance_are_seen():
     # margin 0.1 at 22 raters: 15 clips (the plan of before) miss them far more than 5% of the
     # time; the clips spread_clips returns see them; one clip fewer (bisection) does not
