@@ -101,6 +101,24 @@ def test_study_create_warns_below_the_plans_clips():
     assert api._design_warnings("preference", 20, 0, {**plan, "protocol": "preference"}) == []
 
 
+def test_a_study_planned_by_the_earlier_rule_is_checked_at_its_size(tmp_path, monkeypatch):
+    # a study made at the last round's plan (39 x 15, margin 0.1, no rule_version) has its full
+    # design, but that design misses answers barely below chance: results check it like an
+    # under-sized one, and design_check refuses the claim there
+    from evalkit.study import api
+
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    st = {"protocol": "abx", "margin": 0.1, "alpha": 0.05,
+          "config": {"plan": {"raters": 39, "clips": 15}}}
+    d = api._achieved_design(st, 39, {"clip_count": 15})
+    assert d["earlier_rule"] and not d["under_sized"] and not d["check"]["ok"]
+    assert "weak_inversion" in d["check"]["failing"] and "earlier rule" in d["text"]
+    now = {**st, "config": {"plan": {"raters": 22, "clips": 41,
+                                     "rule_version": stats.RULE_VERSION}}}
+    d = api._achieved_design(now, 22, {"clip_count": 41})
+    assert not d["earlier_rule"] and d["check"] is None and d["text"].endswith("as planned")
+
+
 def test_spread_clips_is_where_answers_barely_below_chance_are_seen():
     # margin 0.1 at 22 raters: 15 clips (the plan of before) miss them far more than 5% of the
     # time; the clips spread_clips returns see them; one clip fewer (bisection) does not

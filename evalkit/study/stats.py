@@ -1544,7 +1544,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
            "raters": R, "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
            "exclusion_rate": exclusion_rate, "clips": C, "clips_requested": clips_requested,
            "ratings_per_clip": R, "trials": R * C, "reasons": reasons, "notes": notes,
-           "method": method, "normal_approx_raters": approx,
+           "method": method, "normal_approx_raters": approx, "rule_version": RULE_VERSION,
            "simulated_studies": studies, "bootstrap_reps": reps, "seed": seed,
            "heterogeneity": heterogeneity,
            # names kept for the CLI of before
