@@ -316,10 +316,10 @@ def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
 
 
 @pytest.mark.slow  # the planner's simulations
-def test_plan_visible_bound_raises_the_clips():
+def test_plan_visible_bound_raises_the_clips(plan01):
     # the plan's own 41 clips (answers barely below chance) already bound the share at 0.085:
     # ask for 0.05
-    base = stats.plan("abx", 0.1)
+    base = plan01
     assert 0.05 < base["visible_share_bound"] <= 0.1
     p = stats.plan("abx", 0.1, visible_bound=0.05)
     assert p["clips"] > base["clips"] and p["clips_requested"] == 15
