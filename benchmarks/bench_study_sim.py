@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_study_sim.py --studies 500 --reps 300   # quicker
 
 Prints tables (scenario x size -> rate, Monte Carlo SE, target) and writes nothing; the saved
-output is benchmarks/results/study_sim.txt. Every rate comes from the exact rule of
+output is benchmarks/results/study_sim_round2.txt (study_sim.txt: before issue 44). Every rate comes from the exact rule of
 ``decide_abx`` / ``decide_preference``, vectorised (``simulate_abx``, ``simulate_preference``,
 ``simulate_abx_peeking``): complete designs, each rater rates each clip once.
 
