@@ -26,34 +26,45 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_startup import bad_inputs  # noqa: E402
 
 
-def run_once(tree: Path, argv: list[str], cwd: Path) -> tuple[float, int]:
+def run_once(tree: Path, python: str, argv: list[str], cwd: Path) -> tuple[float, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
     s = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "evalkit", *argv], env=env, cwd=cwd,
+    p = subprocess.run([python, "-m", "evalkit", *argv], env=env, cwd=cwd,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     return time.perf_counter() - s, p.returncode
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
-                    help="a code tree to run (PYTHONPATH), repeatable")
+    ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH[@PYTHON]",
+                    help="a code tree to run (PYTHONPATH), repeatable; @PYTHON: with that "
+                         "interpreter (another environment, e.g. the CPU build of torch)")
+    ap.add_argument("--commands", default=None,
+                    help="only the commands whose line contains one of these comma-separated words")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     a = ap.parse_args(argv)
-    trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
+    trees = []
+    for t in a.tree:
+        name, _, rest = t.partition("=")
+        path, _, python = rest.partition("@")
+        trees.append((name, (Path(path).resolve(), python or sys.executable)))
     lines = [f"# {' '.join(sys.argv)}",
+             *(f"# {n}: {tree} with {py}" for n, (tree, py) in trees),
              f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average at start "
              f"{os.getloadavg()[0]:.2f}"]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         cmds = [["info"], ["fingerprint"]] + bad_inputs(d)
+        if a.commands:
+            words = a.commands.split(",")
+            cmds = [c for c in cmds if any(w in " ".join(c) for w in words)]
         times: dict = {}
         codes: dict = {}
         for rep in range(a.repeats):
             for argv_ in cmds:
                 for name, tree in (trees if rep % 2 == 0 else trees[::-1]):
-                    t, rc = run_once(tree, argv_, d)
+                    t, rc = run_once(*tree, argv_, d)
                     key = " ".join(Path(x).name if "/" in x else x for x in argv_[:3])
                     times.setdefault(key, {}).setdefault(name, []).append(t)
                     codes.setdefault(key, {})[name] = rc
