@@ -1,7 +1,8 @@
 """``evalkit import`` of a render farm's files (issue 48 item 2): 8 clips x 240 frames at 720p
-(the scale720 suite's first clips, FFV1 sources made by datasets/make_scale.py), each "render"
-an H.264 MP4 of its clip (x264 with B-frames, as a farm delivers them) or a copy of the FFV1
-clip (``--renders ffv1``).
+(the scale720 suite's first clips made by datasets/make_scale.py), each "render" an H.264 MP4
+of its clip (x264, as a farm delivers them) or a copy of the FFV1 clip (``--renders ffv1``); the
+suite's sources are those H.264 files (``--sources h264``, the default: footage as users have
+it) or make_scale's FFV1 clips.
 
 Each import runs in a fresh process per code tree (``--tree NAME=PATH``, alternated within each
 repeat), into a new run folder; the child counts the frames decoded per file (every pass of
@@ -43,14 +44,16 @@ t = time.perf_counter()
 import_files(suite, folder, out, label="farm", lossless=lossless, progress=False)
 wall = time.perf_counter() - t
 src = sum(n for p, n in decoded.items() if "/clips/" in p)
-ren = sum(n for p, n in decoded.items() if "/renders/" in p)
+ren = sum(n for p, n in decoded.items() if "/clips/" not in p)
 print(json.dumps({"import_s": round(wall, 2), "source_frames_decoded": src,
                   "render_frames_decoded": ren, "files": len(decoded)}))
 """
 
 
-def make_farm(work: Path, clips: int, frames: int, renders: str) -> tuple[Path, Path]:
-    """The suite (its first ``clips`` clips) and a folder of one render per job."""
+def make_farm(work: Path, clips: int, frames: int, renders: str,
+              sources: str = "ffv1") -> tuple[Path, Path]:
+    """The suite (its first ``clips`` clips; ``sources="h264"``: the same suite whose sources
+    are H.264 MP4s) and a folder of one render per job."""
     import yaml
 
     sys.path.insert(0, str(ROOT / "datasets"))
@@ -63,16 +66,16 @@ def make_farm(work: Path, clips: int, frames: int, renders: str) -> tuple[Path, 
     ids = [c["id"] for c in doc["clips"]][:clips]
     doc["clips"] = [c for c in doc["clips"] if c["id"] in ids]
     doc["jobs"] = [j for j in doc["jobs"] if j["clip"] in ids]
-    if not (suite_dir / "clips").is_dir() or len(list((suite_dir / "clips").glob("*.mkv"))) < clips:
-        suite_dir.mkdir(parents=True, exist_ok=True)
-        (suite_dir / "suite.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    if not all((suite_dir / "clips" / f"{c}.mkv").is_file() for c in ids):
         t = time.perf_counter()
         make_scale.generate("scale720", work, workers=2, frames=frames, clips=ids)
         print(f"sources made in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     from evalkit.formats.suite import load_suite
 
     suite = load_suite(suite_dir / "suite.yaml")
-    folder = work / "renders" / renders
+    folder = work / "renders" / f"{renders}-{clips}x{frames}"
     if not folder.is_dir():
         tmp = folder.with_name(folder.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,6 +91,20 @@ def make_farm(work: Path, clips: int, frames: int, renders: str) -> tuple[Path, 
         tmp.rename(folder)
         print(f"renders ({renders}) made in {time.perf_counter() - t:.1f} s", file=sys.stderr,
               flush=True)
+    if sources == "h264":
+        # the same suite with H.264 sources (each job's H.264 file, hard-linked): the sources a
+        # user's own footage often is, which an import only counts
+        h_dir = work / "scale720-h264"
+        (h_dir / "clips").mkdir(parents=True, exist_ok=True)
+        for c in doc["clips"]:
+            c["path"] = f"clips/{c['id']}.mp4"
+        (h_dir / "suite.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        h264 = make_farm(work, clips, frames, "h264", "ffv1")[1]
+        for job in suite.jobs:
+            dst = h_dir / "clips" / f"{job.clip}.mp4"
+            if not dst.exists():
+                os.link(h264 / f"{job.id}.mp4", dst)
+        return h_dir / "suite.yaml", folder
     return suite_dir / "suite.yaml", folder
 
 
@@ -98,16 +115,19 @@ def main(argv=None) -> int:
     ap.add_argument("--clips", type=int, default=8)
     ap.add_argument("--frames", type=int, default=240)
     ap.add_argument("--renders", choices=("h264", "ffv1"), default="h264")
+    ap.add_argument("--sources", choices=("ffv1", "h264"), default="h264",
+                    help="the suite's source clips: FFV1 (make_scale's) or H.264 MP4s")
     ap.add_argument("--lossless", choices=("ffv1", "utvideo"), default="utvideo")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    suite, folder = make_farm(a.work, a.clips, a.frames, a.renders)
+    suite, folder = make_farm(a.work, a.clips, a.frames, a.renders, a.sources)
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
     lines = [f"# {' '.join(sys.argv)}",
              f"# {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}; "
-             f"{a.clips} clips x {a.frames} frames 1280x720, renders {a.renders}, run clips "
+             f"{a.clips} clips x {a.frames} frames 1280x720, sources {a.sources}, renders "
+             f"{a.renders}, run clips "
              f"{a.lossless}; one fresh process per import"]
     res: dict = {n: [] for n, _ in trees}
     for rep in range(a.repeats):
@@ -117,7 +137,8 @@ def main(argv=None) -> int:
             env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
             s = time.perf_counter()
             p = subprocess.run([sys.executable, "-c", CHILD, str(suite), str(folder), str(out),
-                                a.lossless], env=env, capture_output=True, text=True, timeout=3600)
+                                a.lossless], env=env, cwd=a.work, capture_output=True, text=True,
+                               timeout=3600)  # cwd: not a checkout (`-c` puts it first on sys.path)
             whole = time.perf_counter() - s
             if p.returncode != 0:
                 raise SystemExit(f"{name}: import failed:\n{p.stderr[-3000:]}")
