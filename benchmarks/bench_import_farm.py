@@ -70,7 +70,7 @@ def make_farm(work: Path, clips: int, frames: int, renders: str,
     (suite_dir / "suite.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     if not all((suite_dir / "clips" / f"{c}.mkv").is_file() for c in ids):
         t = time.perf_counter()
-        make_scale.generate("scale720", work, workers=2, frames=frames, clips=ids)
+        make_scale.generate("scale720", work, workers=os.cpu_count(), frames=frames, clips=ids)
         print(f"sources made in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     from evalkit.formats.suite import load_suite
 
@@ -108,6 +108,29 @@ def make_farm(work: Path, clips: int, frames: int, renders: str,
     return suite_dir / "suite.yaml", folder
 
 
+def count_only(suite: Path, a) -> int:
+    from evalkit.formats.suite import load_suite
+    from evalkit.video import ClipReader
+
+    lines = [f"# {' '.join(sys.argv)}", f"# load average at start {os.getloadavg()[0]:.2f}"]
+    for clip in load_suite(suite).clips.values():
+        t = {"decoded": [], "packets": []}
+        for _ in range(a.repeats):
+            for how in ("decoded", "packets"):
+                r = ClipReader(clip.path)
+                s = time.perf_counter()
+                n = r.count_frames() if how == "decoded" else r.count_packets()
+                t[how].append(time.perf_counter() - s)
+        md, mp = statistics.median(t["decoded"]), statistics.median(t["packets"])
+        lines.append(f"{clip.id} ({clip.path.suffix}, {n} frames): decoded {md:.2f} s, packets "
+                     f"{mp:.3f} s ({md / mp:.0f}x)")
+        print(lines[-1], flush=True)
+    lines.append(f"# load average at end {os.getloadavg()[0]:.2f}")
+    if a.out:
+        a.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True, help="farm and runs (kept for reruns)")
@@ -120,9 +143,14 @@ def main(argv=None) -> int:
     ap.add_argument("--lossless", choices=("ffv1", "utvideo"), default="utvideo")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--count", action="store_true",
+                    help="only time counting each source's frames: by decoding (before) and "
+                         "by packets (ClipReader.count_packets), alternated, this tree")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     suite, folder = make_farm(a.work, a.clips, a.frames, a.renders, a.sources)
+    if a.count:
+        return count_only(suite, a)
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
     lines = [f"# {' '.join(sys.argv)}",
              f"# {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}; "
