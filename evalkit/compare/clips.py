@@ -68,8 +68,6 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     records keep A's frame numbers); a whole number: that offset, untested (0: frame by frame).
     """
     from evalkit.metrics import MetricInputError
-    from evalkit.metrics.flow import DEFAULT_PRESET
-    from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
     ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
@@ -86,6 +84,11 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
         raise InputFileError(paths["b"], f"{ib.frames} frames, expected {ia.frames} like "
                              f"{paths['a']} (frame counts differ; --align shortest compares "
                              "the common prefix and records it)")
+    # torch (through the metric engine) only once both inputs are read and checked: a bad
+    # input is reported in a fraction of a second (issue 48)
+    from evalkit.metrics.flow import DEFAULT_PRESET
+    from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
+
     try:
         ev = PairEvaluator(device=device, net=net, temporal=temporal, flow=flow,
                            flow_preset=flow_preset or DEFAULT_PRESET, flow_scale=flow_scale,
