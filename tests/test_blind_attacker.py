@@ -178,22 +178,29 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
         assert len(per[(t["study"], t["sha"])]) == want, t["kind"]
 
 
-def _synthetic(protocol, clips, raters, seed, old=False, x=1):
+def _synthetic(protocol, clips, raters, seed, old=False, x=1, runs=None, catch_per_study=False):
     """Trials as the pooled attacker sees them (file identity, tiles), from the design alone:
     the design of now (``design.assign``; ``x``: X's tile in the files, 0 the layout between
     issue 44 and the middle one), or the one before issue 44 (``old``: every slot's tile drawn
-    per trial over all arrangements; ABX catch versions three files, X the reference)."""
+    per trial over all arrangements; ABX catch versions three files, X the reference).
+    ``runs``: the study is one of several made from these runs: its test files are named by the
+    runs (the same bytes in each), and so are its catch files, unless ``catch_per_study`` (catch
+    versions drawn from each study's seed, before issue 44 open (a) was closed)."""
     rects = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
-    study_id = f"s{seed}-{old}-{x}"
+    study_id = f"s{seed}-{old}-{x}-{runs}"
 
     def streams(name, catch):
+        prefix = study_id if runs is None or (catch and catch_per_study) else runs
+        return _files(name, catch, prefix)
+
+    def _files(name, catch, prefix):
         keys = (["".join(k) for k in ("aab", "aba", "baa", "abb", "bab", "bba")]
                 if old and not catch and protocol == "abx" else
                 ["rrd", "rdr", "drr"] if old and protocol == "abx" else
                 design.stream_keys(protocol, catch, x))
         if catch:
             keys = [k.replace("a", "r").replace("b", "d") for k in keys]
-        return {"rects": rects, "files": {k: f"{study_id}-{name}-{k}" for k in keys}}
+        return {"rects": rects, "files": {k: f"{prefix}-{name}-{k}" for k in keys}}
     swap, bx = design.base_bits(clips, seed)
     rows = [{"id": i, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", False)}
             for i in range(clips)]
@@ -286,3 +293,70 @@ def test_the_pooled_size_rule_reads_x_in_tile_0_and_not_x_in_the_middle():
             assert r["hits"] / r["n"] > 0.7 and r["p"] < 1e-12, r
         else:
             assert r["p"] > LEVEL, r
+
+
+ACROSS = ("pooled abx: which box matches X", "pooled abx: which box is backend B",
+          "pooled abx catch trials: which box is the reference",
+          "pooled catch or test: which of a pair is the catch")
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference"])
+def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_now(protocol):
+    """Issue 44 open (a), on the design alone: raters of several studies made from the same runs
+    pool what they got per file hash across the studies. With catch versions drawn per study
+    (before) a test file recurs in every study and a catch file in one: the number of studies
+    (or raters) sharing a file picks the catch of every pair; with catch versions drawn from
+    the runs (now, ``design.catch_plan``) every file of either kind recurs in every study and
+    goes to as many raters, and every pooled rule is at chance (seeded; 6 held-out studies)."""
+    for per_study in (True, False):
+        train = [t for s in (1, 2) for t in _synthetic(protocol, 24, 8, s, runs="r1",
+                                                       catch_per_study=per_study)]
+        held = [t for s in range(3, 9) for t in _synthetic(protocol, 40, 8, s, runs="r2",
+                                                           catch_per_study=per_study)]
+        res = attack.attack_pooled(attack.add_pooled(train, True),
+                                   attack.add_pooled(held, True), seed=0)
+        pair = res["pooled catch or test: which of a pair is the catch"]
+        assert set(pair) == {"pooled_raters", "pooled_share", "pooled_studies"}
+        if per_study:
+            assert pair["pooled_studies"]["hits"] == pair["pooled_studies"]["n"] >= 60, pair
+        else:
+            per_file: dict = {}
+            for t in held:
+                per_file.setdefault(t["sha"], set()).add(t["study"])
+            assert {len(v) for v in per_file.values()} == {6}
+            assert {t["f"]["pooled_raters"] for t in held} == {6 * 8 / (4 if protocol == "abx"
+                                                                        else 2)}
+            bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
+                   for f, r in res[q].items() if r["p"] <= LEVEL or r["n"] < 60]
+            assert not bad, bad
+
+
+def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
+    """The real studies (other ``--seed`` each, the secret design seed pinned): every test and
+    catch file of the held-out studies of one protocol is served in every one of them, to the
+    same number of raters; every pooled rule, pooled across the studies (file hash over all of
+    them) and fitted on the training studies, is at chance. The price of catch files that recur
+    (docs/studies.md, Blindness): a table of catch answers labelled by a person in one study
+    answers the same files in the next, as it answers the raters sharing the labeller's files
+    within a study."""
+    held = env["held"]
+    for protocol, n in (("abx", 3), ("preference", 5)):
+        studies: dict = {}
+        for t in held:
+            if t["public"]["protocol"] == protocol:
+                studies.setdefault((t["kind"], t["data"]), set()).add(t["study"])
+        assert {len(v) for v in studies.values()} == {n}, protocol
+        assert {k for k, _ in studies} == {"test", "catch"}
+    res = attack.attack_pooled(attack.add_pooled(env["train"], True),
+                               attack.add_pooled(held, True), seed=0)
+    for q in ACROSS:
+        assert all(r["n"] >= 100 for r in res[q].values()), (q, res[q])
+    bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
+           for f, r in res[q].items() if r["p"] <= LEVEL]
+    assert not bad, bad
+    assert {t["f"]["pooled_raters"] for t in held if t["public"]["protocol"] == "abx"} == {9.0}
+    # the replay table: labelled in the first held-out ABX study, looked up in the other two
+    sids = sorted({t["study"] for t in held if t["public"]["protocol"] == "abx"})
+    r = attack.replay_catch([t for t in held if t["study"] == sids[0]],
+                            [t for t in held if t["study"] in sids[1:]])
+    assert r["known"] == r["files"] == r["hits"] > 0, r

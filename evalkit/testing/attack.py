@@ -331,8 +331,10 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
     trial's A tile less the share with X on its B tile (the rule that answered every trial when
     X's tile was drawn per trial: X never lands on the odd tile); ``pooled_label`` the share
     with this trial's first label (A, or left) on the same tile; ``pooled_raters`` how many
-    raters got the file (catch files were told by it) and ``pooled_share`` that over the
-    raters of its study. Needs no decoding, only what the browsers received."""
+    raters got the file (catch files were told by it), ``pooled_share`` that over the
+    raters of its study and ``pooled_studies`` in how many studies of the set it was served
+    (across studies: a test file recurred in every study of the same runs, a catch file drawn
+    from a study's seed in one). Needs no decoding, only what the browsers received."""
     by_file: dict = {}
     raters: dict = {}
     for t in trials:
@@ -352,6 +354,7 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
         shared = {o["rater"] for o in by_file[t["pool"]]}
         f["pooled_raters"] = float(len(shared))
         f["pooled_share"] = len(shared) / len(raters[t["study"]])
+        f["pooled_studies"] = float(len({o["study"] for o in by_file[t["pool"]]}))
     return trials
 
 
@@ -379,7 +382,28 @@ def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
 def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """As :func:`catch_pairs` with the pooled multiplicity: (catch file, test file) of one study,
     truth the catch is first; features the differences in raters sharing each file."""
-    return _catch_test_pairs(trials, rng, lambda t: t["sha"], ("pooled_raters", "pooled_share"))
+    return _catch_test_pairs(trials, rng, lambda t: t["sha"],
+                             ("pooled_raters", "pooled_share", "pooled_studies"))
+
+
+def replay_catch(labelled: list[dict], trials: list[dict]) -> dict:
+    """A replay bot: a table, file hash -> the tile of the answer (:func:`_first_tile`), from the
+    catch trials of ``labelled`` (a person who watched them: a catch is plain to see), looked up
+    for the catch trials of ``trials`` (other studies). Returns ``{"files", "known", "hits"}``:
+    the distinct catch files of ``trials``, how many the table holds, and how many of those it
+    answers right. Within one study the table answers every rater who shares a labeller's files
+    (every file goes to every 2nd or 4th rater); across studies it answers what recurs."""
+    table: dict = {}
+    for t in labelled:
+        if t["kind"] == "catch":
+            table[hashlib.sha256(t["data"]).hexdigest()] = _first_tile(t)
+    files = {}
+    for t in trials:
+        if t["kind"] == "catch":
+            files.setdefault(hashlib.sha256(t["data"]).hexdigest(), t)
+    known = [(sha, t) for sha, t in files.items() if sha in table]
+    return {"files": len(files), "known": len(known),
+            "hits": sum(table[sha] == _first_tile(t) for sha, t in known)}
 
 
 def _first_tile(t) -> int:
