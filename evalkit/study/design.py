@@ -12,8 +12,11 @@ preference trials; across raters the labels of one file are independent, so pool
 several raters got per file says nothing. Catch trials (known answer) are mixed in:
 :data:`EASY_CATCHES` obvious degradations (the exclusion rule uses these) and
 :data:`GRADED_CATCHES` mild ones (reported only); every rater gets every catch version once
-(the study makes exactly as many as a rater's catch trials). The order is shuffled from the
-rater's seed, derived from the study seed and the rater's index (reproducible).
+(the study makes exactly as many as a rater's catch trials). Which rows get catch versions,
+and what they show, is drawn from the rows' content (:func:`catch_plan`), not from a seed: every
+study of the same runs has the same catch files, as it has the same test files. The order is
+shuffled from the rater's seed, derived from the study seed and the rater's index
+(reproducible).
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
 ``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
