@@ -107,9 +107,11 @@ def main(argv=None) -> int:
         for q, per in res.items():
             lines.append(f"  {q}")
             for f, r in sorted(per.items()):
+                per_file = (f"  files {r['cluster_hits']}/{r['cluster_n']} of {r['clusters']}"
+                            f"  p = {r['cluster_p']:.3g}" if "cluster_p" in r else "")
                 lines.append(f"    {f:<18} {r['hits']:>5}/{r['n']:<5} {r['hits'] / r['n']:.3f}"
-                             f"  p = {r['p']:.3g}")
-                worst.append((r["p"], q, f))
+                             f"  p = {r['p']:.3g}{per_file}")
+                worst.append((r.get("cluster_p", r["p"]), q, f))
         passed = sum(s["passed"] for s in screened)
         n = sum(s["bots"] for s in screened)
         hits = sum(s["catch_hits"] for s in screened)
@@ -120,7 +122,10 @@ def main(argv=None) -> int:
                      f"catches right {hits}/{cn} = {hits / cn:.3f} (p = "
                      f"{binomtest(hits, cn, 0.5).pvalue:.3g})")
     worst.sort()
-    lines.append("\nsmallest p-values: " + "; ".join(f"{q} / {f}: {p:.3g}" for p, q, f in worst[:3]))
+    lines.append("\n(pooled per-trial rules: p per trial, and over files, the sign test of files "
+                 "whose trials were more often right; the smallest p-values below take the "
+                 "files' where given)")
+    lines.append("smallest p-values: " + "; ".join(f"{q} / {f}: {p:.3g}" for p, q, f in worst[:3]))
     lines.append(f"predictors: {len(worst)}; p < 0.001 expected by chance in "
                  f"{len(worst) * 0.001:.2f} of them; seconds: {time.perf_counter() - t0:.0f}")
     text = "\n".join(lines)

@@ -327,7 +327,8 @@ def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_
             assert {t["f"]["pooled_raters"] for t in held} == {6 * 8 / (4 if protocol == "abx"
                                                                         else 2)}
             bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
-                   for f, r in res[q].items() if r["p"] <= LEVEL or r["n"] < 60]
+                   for f, r in res[q].items()
+                   if r.get("cluster_p", r["p"]) <= LEVEL or r["n"] < 60]
             assert not bad, bad
 
 
@@ -351,8 +352,13 @@ def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
                                attack.add_pooled(held, True), seed=0)
     for q in ACROSS:
         assert all(r["n"] >= 100 for r in res[q].values()), (q, res[q])
+    # a per-trial pooled rule is counted per file (its trials share the pooled features: 9 or
+    # 30 raters of one file are right or wrong together, which the per-trial binomial takes
+    # for evidence; one run: pooled_label 915 of 1,680 preference trials, p 3e-4, its files
+    # at chance); the pairs, one per catch file, as they are
     bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
-           for f, r in res[q].items() if r["p"] <= LEVEL]
+           for f, r in res[q].items() if r.get("cluster_p", r["p"]) <= LEVEL
+           or r.get("clusters", 100) < 20]
     assert not bad, bad
     assert {t["f"]["pooled_raters"] for t in held if t["public"]["protocol"] == "abx"} == {9.0}
     # the replay table: labelled in the first held-out ABX study, looked up in the other two

@@ -360,13 +360,14 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
 
 def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
     """Per question, one (key, pooled features, truth) row per trial (:func:`add_pooled`): a
-    pooled rule answers every trial, so every trial counts."""
+    pooled rule answers every trial, so every trial counts; the key's last part is the pooled
+    file (the trials of one file share their pooled features: :func:`score`'s clusters)."""
     out: dict[str, list] = {}
     for t in trials:
         proto = t["public"]["protocol"]
         one = "A" if proto == "abx" else "left"
         f = {k: t["f"][k] for k in POOLED}
-        key = (t["rater"], t["public"]["trial"])
+        key = (t["rater"], t["public"]["trial"], t.get("pool", t.get("sha")))
         if proto == "abx":
             out.setdefault("pooled abx: which box matches X", []).append(
                 (key, f, int(t["expected"] == "A")))
@@ -465,7 +466,8 @@ def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int =
     ``test_trials``: ``{question: {feature: {"hits", "n", "p"}}}``."""
     rng = np.random.default_rng([seed, 1])
     q_train, q_test = pooled_questions(train_trials), pooled_questions(test_trials)
-    out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
+    out = {q: score(q_train[q], rows, cluster=lambda key: key[-1])
+           for q, rows in q_test.items() if q in q_train}
     out["pooled catch or test: which of a pair is the catch"] = score(
         pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng))
     if all("row" in t for t in train_trials + test_trials):
@@ -543,9 +545,16 @@ def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, feat
     return rows
 
 
-def score(train: list[tuple], test: list[tuple]) -> dict[str, dict]:
+def score(train: list[tuple], test: list[tuple], cluster=None) -> dict[str, dict]:
     """Every feature's stump, fitted on ``train`` rows and counted on ``test`` rows:
-    ``{feature: {"hits", "n", "p"}}`` (two-sided exact binomial against 0.5)."""
+    ``{feature: {"hits", "n", "p"}}`` (two-sided exact binomial against 0.5).
+
+    ``cluster``: key -> the unit the rows' hits hang together by (a pooled rule's file: every
+    trial of a file shares its pooled features, so with 30 raters of a file pooled across
+    studies its trials are right or wrong nearly all together, and the per-trial binomial
+    overstates the evidence). Adds ``clusters`` (units), ``cluster_hits`` (units with more
+    rows right than wrong), ``cluster_n`` (units not tied) and ``cluster_p``: the two-sided
+    exact sign test over units, valid when each unit's rows are right as often as wrong."""
     from scipy.stats import binomtest
 
     out = {}
@@ -558,6 +567,14 @@ def score(train: list[tuple], test: list[tuple]) -> dict[str, dict]:
         hits = int((guess == truth).sum())
         out[name] = {"hits": hits, "n": len(test),
                      "p": float(binomtest(hits, len(test), 0.5).pvalue)}
+        if cluster is not None:
+            per: dict = {}
+            for r, g in zip(test, guess == truth):
+                per.setdefault(cluster(r[0]), []).append(2 * int(g) - 1)
+            net = [sum(v) for v in per.values()]
+            up, n = sum(x > 0 for x in net), sum(x != 0 for x in net)
+            out[name].update(clusters=len(per), cluster_hits=up, cluster_n=n,
+                             cluster_p=float(binomtest(up, n, 0.5).pvalue) if n else 1.0)
     return out
 
 
