@@ -45,26 +45,32 @@ def env(tmp_path_factory, request):
     (animated WebP, whose per-frame sizes are those of its VP8L frames)."""
     delivery = request.param
     root = tmp_path_factory.mktemp("attack")
-    train = attack.make_report(root / "train", ("pan", "blobs"), range(10))
-    held = attack.make_report(root / "held", ("grain", "stripes"), range(100, 114))
+    reports = {"train": attack.make_report(root / "train", ("pan", "blobs"), range(10))}
+    for r in (1, 2, 3):
+        reports[r] = attack.make_report(root / f"held{r}", ("grain", "stripes"),
+                                        range(100 * r, 100 * r + 14))
     db = root / "s.db"
     trials = {"train": [], "held": []}
-    sids = {}
+    sids, runs_of = {}, {}
     # held out: 3 ABX and 5 preference studies (a preference catch version is 2 files, an ABX
-    # one 3: at least 100 distinct catch trials of each)
-    for name, report, seeds, raters in (("train", train, {"abx": (1,), "preference": (1,)}, 6),
-                                        ("held", held, {"abx": (1, 2, 3),
-                                                        "preference": (1, 2, 3, 4, 5)}, 12)):
-        for protocol in ("abx", "preference"):
-            for seed in seeds[protocol]:
-                # the secret design seed pinned: the same studies (and figures) every run
-                sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10, allow_masking=True,
-                                         delivery=delivery,
-                                         design_seed=1000 * seed + len(sids))["study"]
-                sids[(name, protocol, seed)] = sid
-                trials[name] += attack.collect(db, sid, raters)
-    return {"db": db, "sids": sids, "delivery": delivery, "train": attack.add_features(trials["train"]),
+    # one 4: at least 100 distinct catch trials of each), made from 3 pairs of runs: the studies
+    # of one pair share every file, catch versions too (design.catch_plan), so distinct catch
+    # trials grow with the pairs of runs, not the studies; ABX --seed 1, 2 from pair 1, 3 from
+    # pair 2; preference 1, 2 from pair 1, 3, 4 from pair 2, 5 from pair 3
+    plan = [("train", "train", protocol, 1, 6) for protocol in ("abx", "preference")]
+    plan += [("held", r, "abx", seed, 12) for seed, r in ((1, 1), (2, 1), (3, 2))]
+    plan += [("held", r, "preference", seed, 12)
+             for seed, r in ((1, 1), (2, 1), (3, 2), (4, 2), (5, 3))]
+    for name, runs, protocol, seed, raters in plan:
+        # the secret design seed pinned: the same studies (and figures) every run
+        sid = study.create_study(reports[runs], db, protocol=protocol, seed=seed,
+                                 raters_planned=10, allow_masking=True, delivery=delivery,
+                                 design_seed=1000 * seed + len(sids))["study"]
+        sids[(name, protocol, seed)] = sid
+        runs_of[sid] = runs
+        trials[name] += attack.collect(db, sid, raters)
+    return {"db": db, "sids": sids, "runs_of": runs_of, "delivery": delivery,
+            "train": attack.add_features(trials["train"]),
             "held": attack.add_features(trials["held"])}
 
 
@@ -334,35 +340,42 @@ def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_
 
 def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
     """The real studies (other ``--seed`` each, the secret design seed pinned): every test and
-    catch file of the held-out studies of one protocol is served in every one of them, to the
-    same number of raters; every pooled rule, pooled across the studies (file hash over all of
-    them) and fitted on the training studies, is at chance. The price of catch files that recur
-    (docs/studies.md, Blindness): a table of catch answers labelled by a person in one study
-    answers the same files in the next, as it answers the raters sharing the labeller's files
-    within a study."""
+    catch file of the held-out studies of one protocol and one pair of runs is served in every
+    one of them, to the same number of raters; every pooled rule, pooled across all the
+    held-out studies (file hash over all of them) and fitted on the training studies, is at
+    chance. The price of catch files that recur (docs/studies.md, Blindness): a table of catch
+    answers labelled by a person in one study answers the same files in the next, as it answers
+    the raters sharing the labeller's files within a study."""
     held = env["held"]
-    for protocol, n in (("abx", 3), ("preference", 5)):
-        studies: dict = {}
+    groups: dict = {}                 # (protocol, runs) -> its studies
+    for t in held:
+        groups.setdefault((t["public"]["protocol"], env["runs_of"][t["study"]]),
+                          set()).add(t["study"])
+    assert sorted(len(v) for v in groups.values()) == [1, 1, 2, 2, 2]
+    for (protocol, runs), studies in groups.items():
+        where: dict = {}
         for t in held:
-            if t["public"]["protocol"] == protocol:
-                studies.setdefault((t["kind"], t["data"]), set()).add(t["study"])
-        assert {len(v) for v in studies.values()} == {n}, protocol
-        assert {k for k, _ in studies} == {"test", "catch"}
+            if t["study"] in studies:
+                where.setdefault((t["kind"], t["data"]), set()).add(t["study"])
+        assert {len(v) for v in where.values()} == {len(studies)}, (protocol, runs)
+        assert {k for k, _ in where} == {"test", "catch"}
     res = attack.attack_pooled(attack.add_pooled(env["train"], True),
                                attack.add_pooled(held, True), seed=0)
     for q in ACROSS:
         assert all(r["n"] >= 100 for r in res[q].values()), (q, res[q])
-    # a per-trial pooled rule is counted per file (its trials share the pooled features: 9 or
-    # 30 raters of one file are right or wrong together, which the per-trial binomial takes
-    # for evidence; one run: pooled_label 915 of 1,680 preference trials, p 3e-4, its files
-    # at chance); the pairs, one per catch file, as they are
+    # a per-trial pooled rule is counted per file (its trials share the pooled features: the
+    # raters of one file are right or wrong together, which the per-trial binomial takes for
+    # evidence; one run: pooled_label 915 of 1,680 preference trials, p 3e-4, its files at
+    # chance); the pairs, one per catch file, as they are
     bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
            for f, r in res[q].items() if r.get("cluster_p", r["p"]) <= LEVEL
            or r.get("clusters", 100) < 20]
     assert not bad, bad
-    assert {t["f"]["pooled_raters"] for t in held if t["public"]["protocol"] == "abx"} == {9.0}
-    # the replay table: labelled in the first held-out ABX study, looked up in the other two
-    sids = sorted({t["study"] for t in held if t["public"]["protocol"] == "abx"})
-    r = attack.replay_catch([t for t in held if t["study"] == sids[0]],
-                            [t for t in held if t["study"] in sids[1:]])
+    for (protocol, runs), studies in groups.items():       # 12 raters a study, 2 or 4 files
+        want = 12 // (4 if protocol == "abx" else 2) * len(studies)
+        assert {t["f"]["pooled_raters"] for t in held if t["study"] in studies} == {want}
+    # the replay table: labelled in one held-out ABX study, looked up in the other of its runs
+    first, second = sorted(groups[("abx", 1)])
+    r = attack.replay_catch([t for t in held if t["study"] == first],
+                            [t for t in held if t["study"] == second])
     assert r["known"] == r["files"] == r["hits"] > 0, r
