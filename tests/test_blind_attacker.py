@@ -95,7 +95,10 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
             or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
             assert r["n"] >= 100, (question, feature, r)
-            if r["p"] <= LEVEL:
+            # (catch or test: counted over catch clips, the independent draws: every study of
+            # the same runs has the same catch versions, so a clip's catch files recur pair
+            # after pair; per pair, one run read the twin feature 137 of 220, p 3e-4)
+            if r.get("cluster_p", r["p"]) <= LEVEL or r.get("clusters", 20) < 20:
                 bad.append((question, feature, r))
     assert not bad, bad
 

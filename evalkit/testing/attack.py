@@ -122,7 +122,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     service the web app serves from (hand out, fetch by the opaque name, answer); for the others
     the same public trial and file are read from the database and the media folder (the
     service's own mapping, checked equal on the served raters): hundreds of trials a second.
-    ``row``: the row (clip or catch version) the trial's file is one of (:func:`pooled_sizes`)."""
+    ``row``: the row (clip or catch version) the trial's file is one of (:func:`pooled_sizes`);
+    ``job``: its clip's job (the same in every study of the same runs)."""
     from sqlalchemy import select
 
     from evalkit import study
@@ -139,6 +140,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
         rows = {rid: seal.open_trials(st["config"], conn.execute(select(store.trials).where(
             store.trials.c.rater_id == rid).order_by(store.trials.c.ord)).mappings())
             for rid in ids}
+        job_of = dict(conn.execute(select(store.clips.c.id, store.clips.c.job).where(
+            store.clips.c.study_id == sid)).all())
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]
     ext = ext_of(st["config"])
@@ -161,6 +164,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
                       "tiles": r["shown"]["tiles"]}
             mine.append({"rater": f"{sid}:{k}", "study": sid, "public": public,
                          "row": row_of.get(r["shown"]["media"], f"{sid}:?"),
+                         "job": job_of.get(r["clip_id"]),
                          "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
                          **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected",
                                               "shown")}})
@@ -469,7 +473,8 @@ def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int =
     out = {q: score(q_train[q], rows, cluster=lambda key: key[-1])
            for q, rows in q_test.items() if q in q_train}
     out["pooled catch or test: which of a pair is the catch"] = score(
-        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng))
+        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng),
+        cluster=lambda key: key[-1])
     if all("row" in t for t in train_trials + test_trials):
         s_train, s_test = pooled_sizes(train_trials), pooled_sizes(test_trials)
         out.update({q: score(s_train[q], rows) for q, rows in s_test.items() if q in s_train})
@@ -528,9 +533,11 @@ def catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
 
 
 def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, features) -> list:
-    """((catch sha, test sha), feature differences first - second, truth the catch is first):
-    each distinct catch file of a study once, its partner a test file of the same study drawn
-    at random, the order random."""
+    """((catch sha, test sha, the catch's clip), feature differences first - second, truth the
+    catch is first): each distinct catch file of a study once, its partner a test file of the
+    same study drawn at random, the order random. The catch's clip (its ``job``, else its
+    file) is :func:`score`'s cluster: studies of the same runs share their catch versions, so
+    a catch clip's files recur in pair after pair and only the clips are independent draws."""
     by_study: dict = {}
     for t in trials:
         by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[sha_of(t)] = t
@@ -541,7 +548,8 @@ def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, feat
             o_sha, o = tests[rng.integers(len(tests))]
             first = bool(rng.integers(2))
             a, b = (c, o) if first else (o, c)
-            rows.append(((sha, o_sha), {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
+            rows.append(((sha, o_sha, c.get("job") or sha),
+                         {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
     return rows
 
 
@@ -585,7 +593,8 @@ def attack(train_trials: list[dict], test_trials: list[dict], seed: int = 0) -> 
     q_train, q_test = questions(train_trials), questions(test_trials)
     out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
     out["catch or test: which of a pair is the catch"] = score(
-        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng))
+        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng),
+        cluster=lambda key: key[-1])
     return out
 
 
