@@ -433,7 +433,8 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     :func:`features`, where read) less the siblings' mean of that frame. Truth: the answer
     (ABX: X's match; preference: backend B, or a catch's reference) is in the first of the two
     tiles other than X's; the rule that reads it answers every trial of the file whatever its
-    labels (the page says which box is on which tile), so each file counts once."""
+    labels (the page says which box is on which tile), so each file counts once a study (a
+    file that recurs in several studies of the same runs is one cluster of :func:`score`)."""
     files: dict = {}
     for t in trials:
         sha = t.get("sha") or hashlib.sha256(t["data"]).hexdigest()
@@ -477,7 +478,8 @@ def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int =
         cluster=lambda key: key[-1])
     if all("row" in t for t in train_trials + test_trials):
         s_train, s_test = pooled_sizes(train_trials), pooled_sizes(test_trials)
-        out.update({q: score(s_train[q], rows) for q, rows in s_test.items() if q in s_train})
+        out.update({q: score(s_train[q], rows, cluster=lambda key: key[1])
+                    for q, rows in s_test.items() if q in s_train})
     return out
 
 
