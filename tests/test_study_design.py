@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from evalkit.study import design, stats
+from evalkit.study import design, stats, threshold
 
 
 RECTS = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
@@ -228,3 +228,49 @@ def test_cluster_bootstrap_is_reproducible_and_centred():
 
 
 # The verdict rules, the planner and their Monte Carlo error rates: tests/test_study_stats.py
+
+
+def _rows(names, level=None):
+    return [((f"{n}-a", f"{n}-b"), level) for n in names]
+
+
+def test_catch_versions_come_from_what_the_rows_show_not_from_a_seed():
+    """Issue 44 open (a): a row's test files are the same bytes in every study that shows it, so
+    its catch versions are drawn from the rows alone (``design.catch_plan``: no seed): exactly
+    ``n_catch`` easy versions and the graded ones; studies of the same rows get the same
+    versions, whichever side is A; a study of a superset of the rows keeps most of them; rows
+    of another pair of runs (one side shared) get their own draws; offsets distinct per clip."""
+    offsets = threshold.CATCH_OFFSETS
+    names = [f"clip{i}" for i in range(30)]
+    plan = design.catch_plan(_rows(names), design.n_catch(30), offsets)
+    kinds = Counter(design.catch_grade(k) for v in plan for k, _, _ in v)
+    assert kinds == {"easy": design.n_catch(30), "graded": design.GRADED_CATCHES}
+    assert plan == design.catch_plan(_rows(names), design.n_catch(30), offsets)
+    # the same content with the sides swapped (a study of B against A): the same sources
+    swapped = design.catch_plan([((b, a), lv) for (a, b), lv in _rows(names)], 8, offsets)
+    assert [[(k, not fb, o) for k, fb, o in v] for v in swapped] == plan
+    # the rows with catch versions are spread (a hash, not the report's order) and either side
+    # is a source
+    with_catch = [i for i, v in enumerate(plan) if v]
+    assert len(with_catch) == design.n_catch(30) and with_catch != list(range(len(with_catch)))
+    assert {fb for v in plan for _, fb, _ in v} == {False, True}
+    # a study of the first 20 of these clips: each of its catch rows is one of the 30's
+    sub = design.catch_plan(_rows(names[:20]), design.n_catch(20), offsets)
+    mine = {names[i] for i, v in enumerate(sub) if any(design.catch_grade(k) == "easy"
+                                                       for k, _, _ in v)}
+    assert mine >= {names[i] for i, v in enumerate(plan[:20])
+                    if any(design.catch_grade(k) == "easy" for k, _, _ in v)}
+    # one run shared, the other not (A against B, A against C): drawn apart
+    other = design.catch_plan([((a, b + "-c"), lv) for (a, b), lv in _rows(names)], 8, offsets)
+    assert other != plan
+    # a study of 3 rows: several versions a row, every one with its own offset
+    few = design.catch_plan(_rows(names[:3]), design.n_catch(3), offsets)
+    assert sum(len(v) for v in few) == design.n_catch(3) + design.GRADED_CATCHES
+    for v in few:
+        assert len({o for _, _, o in v}) == len(v) and all(o in offsets for _, _, o in v)
+    # a threshold clip's levels are rows of one clip: offsets distinct across its levels
+    levels = [(("x-a", "x-b"), lv) for lv in (None, ("amplify", 2.0, (1, 0, 0)),
+                                                ("amplify", 4.0, (0, 1, 0)))]
+    ladder = design.catch_plan(levels, 8, offsets)
+    offs = [o for v in ladder for _, _, o in v]
+    assert len(offs) == len(set(offs)) == 8 + design.GRADED_CATCHES

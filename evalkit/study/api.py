@@ -215,7 +215,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     n_catch, n_graded = design.catch_counts(n_rows, catch_alpha)
     min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
     share = catch_share(n_rows, n_catch, n_graded, min_correct, catch_alpha)   # said by create
-    work = _plan_rows(chosen, ladder, n_catch, seed, n_graded)
+    work = _plan_rows(chosen, ladder, n_catch, kind, n_graded)
     encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
                   offs=threshold.offsets(ladder) if protocol == "threshold" else {},
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
@@ -399,33 +399,30 @@ def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
         raise StudyError(f"--catch-alpha: {e}") from None
 
 
-def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int,
+def _plan_rows(chosen: list, ladder: list, n_catch: int, kind: str,
                n_graded: int = design.GRADED_CATCHES) -> list:
-    """The rows of the clips table and their catch draws, planned in clip order (the same draws
-    as one clip at a time): per clip, ``(clip, [(row index, level, [(catch kind, from B)])])``,
-    the work of :func:`.trialmedia.clip_media`."""
-    n_rows = len(chosen) * len(ladder)
-    rng = np.random.default_rng([seed, 4])
-    n_easy = min(n_rows, n_catch)             # rows with an easy catch version
-    # exactly as many easy catch versions as a rater's easy catch trials: each rater gets every
-    # one once (never a repeat: the same files twice tell which side recurs; never a version
-    # some raters lack: fewer raters sharing its files would tell a catch, issue 44); a study of
-    # fewer rows than easy catch trials per rater gives some rows several versions
-    per_row = -(-n_catch // n_rows) if n_rows else 1
-    extra = n_catch - (per_row - 1) * n_rows   # rows (by rank) with per_row, the rest one less
-    i = -1
-    # the rows with catch versions are drawn at random (the first rows of a report's order, or
-    # the worst clips, would differ from the rest in size and content: catch files told apart)
-    rank = np.random.default_rng([seed, 5]).permutation(n_rows).tolist()
-    work = []
+    """The rows of the clips table and their catch versions, planned in clip order: per clip,
+    ``(clip, [(row index, level, [(catch kind, from B, colour offset)])])``, the work of
+    :func:`.trialmedia.clip_media`. The catch versions come from what the rows show
+    (:func:`.design.catch_plan`: the sides' content fingerprints, :func:`.trialmedia.fingerprint`,
+    and the level with its colour offset; amplify level 1 unshifted shows B itself, as an ABX
+    row does), never from a seed, so
+    every study of the same rows has the same catch files, as it has the same test files."""
+    offs = threshold.offsets(ladder) if ladder != [None] else {}
+    rows, where = [], []
     for c in chosen:
-        rows = []
+        sides = (trialmedia.fingerprint(c["path_a"]), trialmedia.fingerprint(c["path_b"]))
         for k in ladder:
-            i += 1
-            n = per_row if rank[i] < extra else per_row - 1
-            rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(rank[i], n_easy, n, n_graded)]))
-        work.append((c, rows))
+            # a level's row shows the stimulus shifted by the ladder's offset for it
+            shown = None if k is None else (kind, float(k), tuple(offs[k]))
+            rows.append((sides, None if shown == ("amplify", 1.0, (0, 0, 0)) else shown))
+            where.append((c, k))
+    plan = design.catch_plan(rows, n_catch, threshold.CATCH_OFFSETS, n_graded)
+    work = []
+    for i, ((c, k), versions) in enumerate(zip(where, plan)):
+        if not work or work[-1][0] is not c:
+            work.append((c, []))
+        work[-1][1].append((i, k, versions))
     return work
 
 
@@ -549,20 +546,6 @@ def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
 
 def _conventions(reference: dict) -> dict:
     return next((m.get("conventions") for m in reference.values()), None) or {}
-
-
-def _catch_kinds(i: int, n_easy: int, per_row: int = 1,
-                 n_graded: int = design.GRADED_CATCHES) -> list[str]:
-    """The catch versions of the row of rank ``i`` (rows ranked at random): ``per_row`` easy
-    ones for the first ``n_easy`` ranks, a graded one for the first ``n_graded``
-    (:func:`.design.catch_counts`)."""
-    kinds = []
-    if i < n_easy:
-        kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
-                  for j in range(per_row)]
-    if i < n_graded:
-        kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
-    return kinds
 
 
 def _invite_count(planned: int, the_plan: dict) -> int:

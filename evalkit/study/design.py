@@ -11,10 +11,13 @@ rater's seed: within a rater half the ABX answers are A, backend B is on the lef
 preference trials; across raters the labels of one file are independent, so pooling what
 several raters got per file says nothing. Catch trials (known answer) are mixed in:
 :data:`EASY_CATCHES` obvious degradations (the exclusion rule uses these) and
-:data:`GRADED_CATCHES` mild ones (reported only), together at most :data:`MAX_CATCH_SHARE` of
-a rater's trials where the screening allows (:func:`catch_counts`); every rater gets every
-catch version once (the study makes exactly as many as a rater's catch trials). The order is shuffled from the
-rater's seed, derived from the study seed and the rater's index (reproducible).
+:data:`GRADED_CATCHES` mild ones (reported only), together at most :data:`MAX_CATCH_SHARE` of a rater's trials where
+the screening allows (:func:`catch_counts`); every rater gets every catch version once
+(the study makes exactly as many as a rater's catch trials). Which rows get catch versions,
+and what they show, is drawn from the rows' content (:func:`catch_plan`), not from a seed: every
+study of the same runs has the same catch files, as it has the same test files. The order is
+shuffled from the rater's seed, derived from the study seed and the rater's index
+(reproducible).
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
 ``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
@@ -217,6 +220,75 @@ def catch_bits(n: int, study_seed: int) -> tuple[list[int], list[int]]:
     """The base bits of a study's ``n`` catch versions (:func:`file_index`), from its seed."""
     rng = np.random.default_rng([study_seed, 9])
     return balanced_bits(n, rng), balanced_bits(n, rng)
+
+
+def catch_kinds(rank: int, n_easy: int, per_row: int = 1,
+                n_graded: int = GRADED_CATCHES) -> list[str]:
+    """The catch versions of the row of rank ``rank`` (:func:`catch_plan`): ``per_row`` easy
+    ones for the first ``n_easy`` ranks, a graded one for the first ``n_graded``
+    (:func:`catch_counts`)."""
+    kinds = []
+    if rank < n_easy:
+        kinds += [CATCH_KINDS[(rank * per_row + j) % len(CATCH_KINDS)] for j in range(per_row)]
+    if rank < n_graded:
+        kinds.append(GRADED_KINDS[rank % len(GRADED_KINDS)])
+    return kinds
+
+
+def _digest(*parts) -> int:
+    import hashlib
+
+    text = "\x1f".join(repr(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def catch_plan(rows: list[tuple], n_catch: int, offsets,
+               n_graded: int = GRADED_CATCHES) -> list[list[tuple]]:
+    """Each row's catch versions, ``[(kind, from B, colour offset)]``, drawn from what the rows
+    *show* and nothing else (issue 44 open (a)): ``rows`` in the clips table's order, each
+    ``(sides, level)`` with ``sides`` the two sides' content fingerprints (A, B) and ``level``
+    the row's stimulus (None: the clip itself); ``offsets``: the catch references' colour
+    offsets (:data:`.threshold.CATCH_OFFSETS`).
+
+    A test file is the same bytes in every study that shows the same row (the encode is
+    deterministic), so a catch version must be too: were it drawn from a study's seed, pooling
+    what raters of two studies of the same runs received would tell a catch file by recurring in
+    one study only. Here the rows that get catch versions are the ``n_catch`` (easy; the first
+    ``n_graded`` also a graded one) whose hash of (the pair of sides, level) is
+    smallest; a version's source side is one of the pair's contents drawn from that hash, its
+    colour offset from a per-clip permutation (magnitude 1 first) drawn from the pair. So two
+    studies of the same rows have the same catch versions (the same files; which rater gets which
+    file stays the study's secret, :func:`catch_bits`), studies sharing rows share most
+    catch versions of the rows they share, and a study made from one of the runs against another
+    draws its own. Exactly ``n_catch`` easy versions (a study of fewer rows gives some rows
+    several)."""
+    n_rows = len(rows)
+    n_easy = min(n_rows, n_catch)
+    per_row = -(-n_catch // n_rows) if n_rows else 1
+    extra = n_catch - (per_row - 1) * n_rows     # rows (by rank) with per_row, the rest one less
+    pair = [tuple(sorted(sides)) for sides, _ in rows]
+    keys = [_digest("catch-row", p, level) for p, (_, level) in zip(pair, rows)]
+    order = sorted(range(n_rows), key=lambda i: (keys[i], i))
+    rank = [0] * n_rows
+    for r, i in enumerate(order):
+        rank[i] = r
+    small = [o for o in offsets if max(map(abs, o)) == 1]
+    large = [o for o in offsets if max(map(abs, o)) != 1]
+    left: dict = {}                               # per clip (pair): offsets not yet taken
+    out = []
+    for i, ((sides, _level), p) in enumerate(zip(rows, pair)):
+        if p not in left:
+            rng = np.random.default_rng(_digest("catch-offsets", p))
+            left[p] = ([small[j] for j in rng.permutation(len(small))]
+                       + [large[j] for j in rng.permutation(len(large))])
+        n = per_row if rank[i] < extra else per_row - 1
+        versions = []
+        for j, kind in enumerate(catch_kinds(rank[i], n_easy, n, n_graded)):
+            source = p[_digest("catch-side", keys[i], j) % 2]
+            from_b = source == sides[1] if sides[0] != sides[1] else bool(_digest(keys[i], j) % 2)
+            versions.append((kind, bool(from_b), tuple(left[p].pop(0))))
+        out.append(versions)
+    return out
 
 
 _LETTER = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
