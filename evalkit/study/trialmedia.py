@@ -120,8 +120,14 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     to its clip by shared byte runs); its degraded copy is :func:`.media.degrade`'s."""
     protocol = "abx" if forced else "preference"
     x = design.X_TILE[delivery]
-    row_keys = design.stream_keys(protocol, x=x)
-    catch_keys = design.stream_keys(protocol, catch=True, x=x)
+    one = design.ONE_PLACE[delivery]
+    # the answer's place is a bit of each row (design.row_keys): the row's second base bit
+    # (file_index of a row of 1 or 2 files reads only the first), and for catch version j a
+    # bit of its own from both (so the versions of one clip alternate)
+    row_keys = design.row_keys(protocol, x=x, bit=xbit[i], one_place=one)
+    catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one,
+                                  bit=(swap[i] ^ xbit[i] ^ j) & 1) for j in range(len(refs))]
+    extra = {"x": x} if protocol == "abx" and one else {}
     same = [True]
     made = {}                                  # unit -> {"rects", "scale", "files"}
 
@@ -134,7 +140,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
         for x in side(from_b):
             yield (None, x) if from_b else (x, None)
 
-    for units in _passes(len(row_keys), len(catch_keys), refs):
+    for units in _passes(len(row_keys), len(design.row_keys(protocol, True, x, 0, one)), refs):
         def contents(units=units):
             for a, b in sides(units):
                 item = _shown(a, b, level, offset, kind, same) if None in units else {}
@@ -147,13 +153,13 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
 
         specs, keys = [], []
         for j in units:
-            ks = row_keys if j is None else catch_keys
+            ks = row_keys if j is None else catch_keys[j]
             specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
             keys += [(j, k) for k in ks]
         for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(
                 contents(), specs, fps, media, delivery)):
             s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
-                                    "files": {}})
+                                    **extra, "files": {}})
             s["files"][key] = sha
             out["seconds"][sha] = n / fps
 
