@@ -75,20 +75,20 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
                             "abx catch trials: which box is the reference",
                             "preference catch trials: which box is the reference",
                             "catch or test: which of a pair is the catch"}
-    if env["delivery"] == "lossless":
-        # OPEN (lossless only): a catch file's frame sizes spread differently from a test
-        # file's (the spread of its frame sizes, its nearest size twin): with the pinned
-        # studies 149 and 140 of 220 (p 2e-7, 6e-5); asserted so that a fix is noticed, not
-        # hidden (docs/studies.md, Blindness: lossless delivery)
-        q = "catch or test: which of a pair is the catch"
-        open_leak = {f: results[q].pop(f) for f in ("p_cv", "twin")}
-        assert min(r["p"] for r in open_leak.values()) <= LEVEL, open_leak
+    # (lossless: a catch file's frame sizes once spread differently from a test file's, and its
+    # nearest size twin was nearer: 149 and 140 of 220 pairs, p 2e-7 and 6e-5, while a row had
+    # every place of the answer, 4 files an ABX catch version and 2 a preference one; with the
+    # files of design.row_keys, 53 and 63 of 110 with the pinned studies: counted below with
+    # the rest, at chance; docs/studies.md, Blindness: lossless delivery)
     bad = []
+    # (a preference catch version is one file now, design.row_keys: its distinct (file, labels)
+    # in the 5 held-out studies are at most 100, 88 of them drawn by the 12 raters)
+    least = {"preference catch trials: which box is the reference": 80}
     for question, per in results.items():
         assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(per) \
             or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
-            assert r["n"] >= 100, (question, feature, r)
+            assert r["n"] >= least.get(question, 100), (question, feature, r)
             if r["p"] <= LEVEL:
                 bad.append((question, feature, r))
     assert not bad, bad
