@@ -45,7 +45,7 @@ ORDERS = ("aab", "aba", "baa", "abb", "bab", "bba", "ab", "ba")
 #: (layout, [(first, second)] per X content): first minus second
 PAIRS = {"before: X tile 0, match tile 1 minus tile 2": [("aab", "aba"), ("bba", "bab")],
          "after: X tile 1, match tile 0 minus tile 2": [("aab", "baa"), ("bba", "abb")],
-         "(not used) X tile 2, match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
+         "X tile 2 (lossless, both places: before row_keys), match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
          "preference (before row_keys): backend B left minus right": [("ba", "ab")],
          # the two files of a row of one place (design.row_keys; lossless now): they differ in
          # X's content, so the pooled rule compares X = a with X = b; the place is told only if
