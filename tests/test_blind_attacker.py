@@ -75,19 +75,13 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
                             "abx catch trials: which box is the reference",
                             "preference catch trials: which box is the reference",
                             "catch or test: which of a pair is the catch"}
-    if env["delivery"] == "lossless":
-        # (a catch file's frame sizes spread differently from a test file's, 149 of 220 pairs,
-        # p 2e-7, while a row had every place of the answer, 4 files an ABX catch version and 2
-        # a preference one; with the files of design.row_keys 53 of 110 with the pinned
-        # studies: counted below with the rest, at chance.)
-        # NOT CLOSED: its nearest size twin (its clip's test file among the rater's trials: a
-        # catch version is its clip's content, whose lossless cost mirroring, colour offsets and
-        # the negative hardly change): 140 of 220 before, 63 of 110 now (0.57, p 0.15: less
-        # power, about the same rate); bench_catch_sizes measures it (docs/studies.md,
-        # Blindness: lossless delivery). Kept out of the at-chance check, its direction held.
-        q = "catch or test: which of a pair is the catch"
-        twin = results[q].pop("twin")
-        assert twin["n"] >= 100 and twin["hits"] / twin["n"] > 0.5, twin
+    # (lossless: while a row had every place of the answer, 4 files an ABX catch version and 2
+    # a preference one, a catch file's frame sizes spread differently from a test file's and
+    # its nearest size twin was nearer: 149 and 140 of 220 pairs, p 2e-7 and 6e-5; with the
+    # files of design.row_keys 53 and 63 of 110 with the pinned studies (p 0.78, 0.15), 65/64
+    # and 62/60 of 120 in a full unpinned run: counted below with the rest, at chance. The
+    # twin's cause, a catch version being its clip's content, remains: bench_catch_sizes finds
+    # at most a weak residual, 0.51-0.56; docs/studies.md, Blindness: lossless delivery)
     bad = []
     # (a preference catch version is one file now, design.row_keys: its distinct (file, labels)
     # in the 5 held-out studies are at most 100, 88 of them drawn by the 12 raters)
