@@ -14,6 +14,8 @@ it to ``--out``).
 
     python benchmarks/bench_blind_attack.py --clips 24 --raters 16 --bots 60 \\
         --out benchmarks/results/blind_attack_cpu2.txt
+    python benchmarks/bench_blind_attack.py --delivery lossless --clips 12 --raters 12 \\
+        --bots 24 --out benchmarks/results/blind_attack_lossless_cpu2.txt
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from evalkit import study
 from evalkit.testing import attack
 
 
-def fold(root: Path, train_fams, held_fams, clips: int, raters: int, bots: int, seeds: int):
+def fold(root: Path, train_fams, held_fams, clips: int, raters: int, bots: int, seeds: int,
+         delivery: str = "stream"):
     train = attack.make_report(root / "train", train_fams, range(clips))
     held = attack.make_report(root / "held", held_fams, range(1000, 1000 + clips))
     db = root / "s.db"
@@ -40,7 +43,8 @@ def fold(root: Path, train_fams, held_fams, clips: int, raters: int, bots: int, 
             n = 1 if name == "train" else seeds if protocol == "abx" else 2 * seeds
             for seed in range(1, 1 + n):
                 sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10, allow_masking=True)["study"]
+                                         raters_planned=10, allow_masking=True,
+                                         delivery=delivery)["study"]
                 got = attack.collect(db, sid, raters)
                 trials[name] += got
                 if name == "held":
@@ -90,17 +94,19 @@ def main(argv=None) -> int:
     ap.add_argument("--raters", type=int, default=16)
     ap.add_argument("--seeds", type=int, default=3, help="held-out ABX studies per fold")
     ap.add_argument("--bots", type=int, default=60)
+    ap.add_argument("--delivery", choices=("stream", "lossless"), default="stream")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     lines = [f"bench_blind_attack: {a.clips} clips per family, {a.raters} raters per study, "
-             f"{a.seeds} held-out ABX studies (x2 preference) per fold, {a.bots} bots per fold"]
+             f"{a.seeds} held-out ABX studies (x2 preference) per fold, {a.bots} bots per fold, "
+             f"delivery {a.delivery}"]
     worst = []
     t0 = time.perf_counter()
     for train_fams, held_fams in ((("pan", "blobs"), ("grain", "stripes")),
                                   (("grain", "stripes"), ("pan", "blobs"))):
         with tempfile.TemporaryDirectory() as d:
             res, rule, screened, recur = fold(Path(d), train_fams, held_fams, a.clips, a.raters,
-                                              a.bots, a.seeds)
+                                              a.bots, a.seeds, a.delivery)
         lines.append(f"\nfit on {'+'.join(train_fams)}, counted on held-out "
                      f"{'+'.join(held_fams)}")
         lines.extend(recur)

@@ -81,20 +81,22 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
                             "abx catch trials: which box is the reference",
                             "preference catch trials: which box is the reference",
                             "catch or test: which of a pair is the catch"}
-    if env["delivery"] == "lossless":
-        # OPEN (lossless only): a catch file's frame sizes spread differently from a test
-        # file's (the spread of its frame sizes, its nearest size twin): with the pinned
-        # studies 149 and 140 of 220 (p 2e-7, 6e-5); asserted so that a fix is noticed, not
-        # hidden (docs/studies.md, Blindness: lossless delivery)
-        q = "catch or test: which of a pair is the catch"
-        open_leak = {f: results[q].pop(f) for f in ("p_cv", "twin")}
-        assert min(r["p"] for r in open_leak.values()) <= LEVEL, open_leak
+    # (lossless: while a row had every place of the answer, 4 files an ABX catch version and 2
+    # a preference one, a catch file's frame sizes spread differently from a test file's and
+    # its nearest size twin was nearer: 149 and 140 of 220 pairs, p 2e-7 and 6e-5; with the
+    # files of design.row_keys 53 and 63 of 110 with the pinned studies (p 0.78, 0.15), 65/64
+    # and 62/60 of 120 in a full unpinned run: counted below with the rest, at chance. The
+    # twin's cause, a catch version being its clip's content, remains: bench_catch_sizes finds
+    # at most a weak residual, 0.51-0.56; docs/studies.md, Blindness: lossless delivery)
     bad = []
+    # (a preference catch version is one file now, design.row_keys: its distinct (file, labels)
+    # in the 5 held-out studies are at most 100, 88 of them drawn by the 12 raters)
+    least = {"preference catch trials: which box is the reference": 80}
     for question, per in results.items():
         assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(per) \
             or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
-            assert r["n"] >= 100, (question, feature, r)
+            assert r["n"] >= least.get(question, 100), (question, feature, r)
             # (catch or test: counted over catch clips, the independent draws: every study of
             # the same runs has the same catch versions, so a clip's catch files recur pair
             # after pair; per pair, one run read the twin feature 137 of 220, p 3e-4)
@@ -144,46 +146,47 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
                             "pooled sizes abx: which tile holds X's match",
                             "pooled sizes preference: which tile is backend B",
                             "pooled sizes preference catch trials: which tile is the reference"}
-    # OPEN (found by this rule, not closed by the ABX layout): a preference clip's two files
-    # (b left, b right) differ in size the same way nearly always, so pooled sizes tell which
-    # box is backend B (265 of 280 held-out files in one run); see docs/studies.md, Blindness
-    open_leak = results.pop("pooled sizes preference: which tile is backend B")
-    # (the fitted direction holds for H.264, and flips between the training and held-out
-    # scenes for lossless WebP: far from chance either way)
-    assert max(abs(r["hits"] / r["n"] - 0.5) for r in open_leak.values()) > 0.1, open_leak
-    q = "pooled sizes abx: which tile holds X's match"
-    if env["delivery"] == "lossless":
-        # OPEN (lossless only): with X in the last tile the sizes of a clip's WebP files still
-        # tell where the match is, less than with X in the middle (31 of 32 pairs on the
-        # benchmark's scenes): 268 and 281 of 456 files with the pinned studies
-        # (docs/studies.md, Blindness: lossless delivery)
-        open_abx = results.pop(q)
-        assert min(r["p"] for r in open_abx.values()) <= LEVEL, open_abx
+    # (closed: a preference row is one file, design.row_keys, so no sibling tells its order;
+    # before, its two files, B left and B right, differed in size the same way nearly always:
+    # 265 of 280 held-out files; and with X in the last tile a lossless ABX row's four files told
+    # where the match is, 268 and 281 of 456: now two, the place the row's)
+    for q, per in results.items():
+        print(q, {f: (r["hits"], r["n"], round(r["p"], 4)) for f, r in per.items()})
+    # (a preference catch version is one file now: 50 of them in the 5 held-out studies)
+    least = {"pooled sizes preference catch trials: which tile is the reference": 50}
     bad = [(q, f, r) for q, per in results.items() for f, r in per.items()
-           if r["n"] < 100 or r["p"] <= LEVEL]
+           if r["n"] < least.get(q, 100) or r["p"] <= LEVEL]
     assert not bad, bad
-    if env["delivery"] == "stream":
-        # the pooled size rule counts each distinct file once: X in the middle of every ABX file
-        # (its match in tile 0 or 2, both next to X), 4 files a row; the rule read off the
-        # measurement, unfitted ("smaller than its siblings: the match is in the first tile"), is
-        # at chance too
+    # the pooled size rule counts each distinct file once (H.264: X in the middle of every ABX
+    # file, its match in tile 0 or 2, both next to X, 4 files a row; lossless: X in the last
+    # tile, 2 files a row, the match's place the row's); the rule read off the measurement,
+    # unfitted ("smaller than its siblings: the answer is in the first tile"), is at chance too,
+    # for preference files as well (compared with the other one-file rows of their study)
+    sizes = attack.pooled_sizes(held)
+    for q in ("pooled sizes abx: which tile holds X's match",
+              "pooled sizes preference: which tile is backend B"):
         assert set(results[q]) == {"pooled_size", "pooled_frames"}
-        rows = attack.pooled_sizes(held)[q]
+        proto = q.split()[2].rstrip(":")
+        rows = sizes[q]
         assert len(rows) == len({(t["study"], t["sha"]) for t in held
-                                 if t["public"]["protocol"] == "abx"}) == results[q]["pooled_size"]["n"]
+                                 if t["public"]["protocol"] == proto
+                                 and (proto == "abx" or t["kind"] == "test")}) \
+            == results[q]["pooled_size"]["n"]
         for feature in ("pooled_size", "pooled_frames"):
             hits = sum((f[feature] < 0) == bool(y) for _, f, y in rows)
-            assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (feature, hits, len(rows))
+            assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (q, feature, hits, len(rows))
     # X in the middle tile of every streamed ABX file, in the last of every lossless one
     x_at = 1 if env["delivery"] == "stream" else 2
     assert all(sorted(r[0] for r in t["shown"]["tiles"].values())[x_at]
                == t["shown"]["tiles"]["X"][0] for t in held if t["public"]["protocol"] == "abx")
-    # 12 raters a held-out study: 3 per ABX file, 6 per preference file, catch or test
+    # 12 raters a held-out study: 3 per ABX file (H.264: 4 a row) or 6 (lossless: 2 a row),
+    # all 12 per preference file (1 a row), catch or test
     per = {}
     for t in held:
         per.setdefault((t["study"], t["sha"]), set()).add(t["rater"])
+    abx_files = 4 if env["delivery"] == "stream" else 2
     for t in held:
-        want = 12 // (4 if t["public"]["protocol"] == "abx" else 2)
+        want = 12 // (abx_files if t["public"]["protocol"] == "abx" else 1)
         assert len(per[(t["study"], t["sha"])]) == want, t["kind"]
 
 

@@ -274,3 +274,76 @@ def test_catch_versions_come_from_what_the_rows_show_not_from_a_seed():
     ladder = design.catch_plan(levels, 8, offsets)
     offs = [o for v in ladder for _, _, o in v]
     assert len(offs) == len(set(offs)) == 8 + design.GRADED_CATCHES
+
+
+def test_row_keys_fix_the_answer_s_place_per_row():
+    """A new row's files (issue 45, sizes): preference one file, its order the row's bit; ABX
+    of one place (lossless) two files that differ in X's content only, the match's place the
+    row's bit; without it (H.264, X in the middle) the 4 files of stream_keys."""
+    assert design.row_keys("preference", bit=0) == ["ab"]
+    assert design.row_keys("preference", bit=1) == ["ba"]
+    assert design.row_keys("preference", True, bit=1) == ["dr"]
+    assert design.row_keys("abx", x=2, bit=0) == ["aba", "bab"]
+    assert design.row_keys("abx", x=2, bit=1) == ["baa", "abb"]
+    assert design.row_keys("abx", True, x=2, bit=0) == ["rdr", "drd"]
+    assert design.row_keys("abx", x=1, bit=1, one_place=False) == design.stream_keys("abx")
+    for x in (0, 1, 2):
+        for bit in (0, 1):
+            keys = design.row_keys("abx", x=x, bit=bit)
+            assert len(keys) == 2 and keys[0][x] != keys[1][x]
+            # the same place of the match in both (the tile other than X's with X's content)
+            places = {next(t for t in range(3) if t != x and k[t] == k[x]) for k in keys}
+            assert places == {sorted(set(range(3)) - {x})[bit]}
+    assert design.ONE_PLACE == {"stream": False, "lossless": True}
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_rows_of_one_place_assign_balanced_with_x_stored(protocol):
+    """Rows made by row_keys (ABX: X in tile 2 stored as ``x``, since the keys of one place
+    cannot say which of two tiles is X; preference: one file a row): every 2 (ABX) or every
+    rater (preference) gets every file once, each box shows its tile's content, X's tile is the
+    stored one, the answer's tile is the row's, and X's content is balanced across raters."""
+    swap, bx = design.base_bits(8, 4)
+
+    def streams(n, bit, catch=False):
+        keys = design.row_keys(protocol, catch, x=2, bit=bit)
+        return {"rects": RECTS, **({"x": 2} if protocol == "abx" else {}),
+                "files": {k: f"{n}-{k}" for k in keys}}
+    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", bx[i])}
+             for i in range(8)]
+    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": streams(f"k{i}", i % 2, True)}
+            for i in range(design.n_catch(8))]
+    f = 1 if protocol == "preference" else 2
+    seen, x_content = Counter(), Counter()
+    for k in range(4):
+        for t in design.assign(protocol, clips, pool, k, design.rater_seed(3, k), 3):
+            name, arrangement = t["shown"]["media"].rsplit("-", 1)
+            seen[t["shown"]["media"]] += 1
+            tiles = t["shown"]["tiles"]
+            for slot, rect in tiles.items():
+                assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
+            if protocol == "abx":
+                assert RECTS.index(tiles["X"]) == 2
+                assert t["sources"][t["expected"]] == t["sources"]["X"]
+                row = int(name[1:])
+                bit = bx[row] if name[0] == "c" else row % 2
+                assert RECTS.index(tiles[t["expected"]]) == bit
+                x_content[(name, t["sources"]["X"])] += 1
+    assert set(seen.values()) == {4 // f} and len(seen) == (8 + design.n_catch(8)) * f
+    if protocol == "abx":
+        assert set(x_content.values()) == {2}
+
+
+def test_row_bits_are_drawn_from_what_the_row_shows():
+    """design.row_bits: the same row gives the same bits in every study (no seed); a study of B
+    against A gets the bit that puts the same content in the first tile (the same file); rows
+    differing in content or level draw their own bits, which take both values."""
+    bit, catches = design.row_bits(("fa", "fb"), None, 3)
+    assert design.row_bits(("fa", "fb"), None, 3) == (bit, catches) and len(catches) == 3
+    flipped, again = design.row_bits(("fb", "fa"), None, 3)
+    assert flipped == 1 - bit and again == catches
+    first = lambda sides, b: design.row_keys("preference", bit=b)[0][0]   # noqa: E731
+    assert {"a": "fa", "b": "fb"}[first(("fa", "fb"), bit)] == \
+        {"a": "fb", "b": "fa"}[first(("fb", "fa"), flipped)]
+    bits = {design.row_bits((f"a{i}", f"b{i}"), lv, 0)[0] for i in range(20) for lv in (None, 2.0)}
+    assert bits == {0, 1}

@@ -179,6 +179,52 @@ def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     return out
 
 
+def row_keys(protocol: str, catch: bool = False, x: int = 1, bit: int = 0,
+             one_place: bool = True) -> list[str]:
+    """The files a *new* row (or catch version) is encoded as: a subset of :func:`stream_keys`
+    fixed per row by ``bit`` (its base bit), so that the files of a row differ only in what the
+    raters' labels hide and never in the answer's place (issue 45: sizes).
+
+    Preference: one file, ``ab`` (``bit`` 0) or ``ba``: which tile backend B is in is a bit of
+    the row, and no other file of the row shows the other order (with both, the file with B on
+    the left was the smaller in 16 of 16 H.264 pairs: pooled sizes told which box is B). The
+    page's left box shows either tile (the rater's label bits), so nothing is lost. ABX with
+    ``one_place``: two files, X's content either, its match in the first tile other than X's
+    (``bit`` 0) or the second, the same in both: the two files of a row differ in X's content
+    only, the answer's place is the row's, and a file's size against its sibling's says which
+    content is X (hidden by the labels), never where the match is, by construction. Without
+    ``one_place`` the 4 files of :func:`stream_keys` (both places; H.264 with X in the middle:
+    at chance by measurement). The place is invisible to raters (the page draws X, A and B in
+    fixed boxes from the tiles it is told)."""
+    keys = stream_keys(protocol, catch, x)
+    if protocol == "preference":
+        return [keys[bit]]
+    return [keys[bit], keys[2 + bit]] if one_place else keys
+
+
+def row_bits(sides: tuple, level, n_catch: int) -> tuple[int, list[int]]:
+    """The :func:`row_keys` bits of a row and of its ``n_catch`` catch versions, drawn from what
+    the row shows (``sides``: the two sides' content fingerprints, A then B; ``level``: its
+    stimulus) and nothing else, as :func:`catch_plan` draws catch versions: every study of the
+    same rows then holds the same one file (preference) or two (lossless ABX) of each row, never
+    ``ab`` in one study and ``ba`` in another, which pooled across studies would be siblings
+    again (the smaller told which tile is B). The row's bit is of the physical order (the
+    content in the first tile: the bit flips with the sides, so a study of B against A holds
+    the same file); raters cannot draw it without the source clips' bytes."""
+    pair = tuple(sorted(sides))
+    key = _digest("row-order", pair, level)
+    first = pair[key % 2]
+    bit = int(first != sides[0]) if sides[0] != sides[1] else key % 2
+    return bit, [_digest("catch-order", pair, level, j) % 2 for j in range(n_catch)]
+
+
+#: whether a new study's ABX rows have one place of the match (:func:`row_keys`), by delivery:
+#: lossless WebP sizes depend on the tile order (the odd tile last is smaller, 31 of 32 pairs
+#: wherever X is), so each row fixes the order; H.264 with X in the middle measured at chance
+#: with both places (benchmarks/results/tile_order_cpu2.txt)
+ONE_PLACE = {"stream": False, "lossless": True}
+
+
 #: X's tile in a new study's ABX files, by delivery (:func:`stream_keys`): the middle for the
 #: H.264 stream, the last tile for lossless WebP (the layouts whose file sizes measured at
 #: chance, benchmarks/results/tile_order_cpu2.txt)
@@ -199,9 +245,10 @@ def x_tile(keys) -> int:
 
 def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
     """The :func:`stream_keys` a row's ``streams`` hold, in order, in the row's own layout
-    (:func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
+    (``streams["x"]`` where stored: a row of one place, :func:`row_keys`, whose keys cannot
+    say which twin is X; else :func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
     X files: two of them)."""
-    x = 0 if protocol == "preference" else x_tile(streams["files"])
+    x = 0 if protocol == "preference" else streams.get("x", x_tile(streams["files"]))
     return [k for k in stream_keys(protocol, catch, x) if k in streams["files"]]
 
 
@@ -306,7 +353,7 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
         tiles = {"left": left, "right": 1 - left}
         expected = None
     else:
-        x = x_tile(streams["files"])
+        x = streams.get("x", x_tile(streams["files"]))
         twin = next(j for j in range(3) if j != x and key[j] == key[x])
         other = 3 - x - twin
         tiles = {"X": x, "A": other if bit else twin, "B": twin if bit else other}

@@ -141,8 +141,17 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     to its clip by shared byte runs); its degraded copy is :func:`.media.degrade`'s."""
     protocol = "abx" if forced else "preference"
     x = design.X_TILE[delivery]
-    row_keys = design.stream_keys(protocol, x=x)
-    catch_keys = design.stream_keys(protocol, catch=True, x=x)
+    one = design.ONE_PLACE[delivery]
+    # the answer's place is a bit of each row (design.row_keys), drawn from what the row shows
+    # (design.row_bits: the same files in every study of the same runs), a bit of its own for
+    # each catch version
+    bit, catch_bits = design.row_bits((fingerprint(c["path_a"]), fingerprint(c["path_b"])),
+                                      (level, None if offset is None else tuple(int(v) for v in offset)),
+                                      len(refs))
+    row_keys = design.row_keys(protocol, x=x, bit=bit, one_place=one)
+    catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one, bit=b)
+                  for b in catch_bits]
+    extra = {"x": x} if protocol == "abx" and one else {}
     same = [True]
     made = {}                                  # unit -> {"rects", "scale", "files"}
 
@@ -155,7 +164,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
         for x in side(from_b):
             yield (None, x) if from_b else (x, None)
 
-    for units in _passes(len(row_keys), len(catch_keys), refs):
+    for units in _passes(len(row_keys), len(design.row_keys(protocol, True, x, 0, one)), refs):
         def contents(units=units):
             for a, b in sides(units):
                 item = _shown(a, b, level, offset, kind, same) if None in units else {}
@@ -168,13 +177,13 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
 
         specs, keys = [], []
         for j in units:
-            ks = row_keys if j is None else catch_keys
+            ks = row_keys if j is None else catch_keys[j]
             specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
             keys += [(j, k) for k in ks]
         for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(
                 contents(), specs, fps, media, delivery)):
             s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
-                                    "files": {}})
+                                    **extra, "files": {}})
             s["files"][key] = sha
             out["seconds"][sha] = n / fps
 

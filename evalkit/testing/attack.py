@@ -434,7 +434,10 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     (ABX: X's match; preference: backend B, or a catch's reference) is in the first of the two
     tiles other than X's; the rule that reads it answers every trial of the file whatever its
     labels (the page says which box is on which tile), so each file counts once a study (a
-    file that recurs in several studies of the same runs is one cluster of :func:`score`)."""
+    file that recurs in several studies of the same runs is one cluster of :func:`score`). A row of one
+    file (a preference row now, :func:`evalkit.study.design.row_keys`) has no sibling: it is
+    compared with the other one-file rows of its study and kind (test or catch), the best
+    such a rule can do."""
     files: dict = {}
     for t in trials:
         sha = t.get("sha") or hashlib.sha256(t["data"]).hexdigest()
@@ -442,8 +445,14 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     rows: dict = {}
     for k, t in files.items():
         rows.setdefault(t["row"], []).append(k)
+    alone: dict = {}
+    for row, group in list(rows.items()):
+        if len(group) == 1:
+            t = files[group[0]]
+            alone.setdefault((t["study"], t["public"]["protocol"], t["kind"]), []).extend(
+                rows.pop(row))
     out: dict[str, list] = {}
-    for group in rows.values():
+    for group in [*rows.values(), *alone.values()]:
         if len(group) < 2:
             continue
         size = {k: float(files[k].get("size", len(files[k]["data"]))) for k in group}
