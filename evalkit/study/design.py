@@ -208,14 +208,16 @@ def row_bits(sides: tuple, level, n_catch: int) -> tuple[int, list[int]]:
     stimulus) and nothing else, as :func:`catch_plan` draws catch versions: every study of the
     same rows then holds the same one file (preference) or two (lossless ABX) of each row, never
     ``ab`` in one study and ``ba`` in another, which pooled across studies would be siblings
-    again (the smaller told which tile is B). The row's bit is of the physical order (the
+    again (the smaller told which tile is B); a row's catch versions alternate, as the
+    study's bits made them (drawn one by one, a bot read lossless catch answers 150 of 240). The row's bit is of the physical order (the
     content in the first tile: the bit flips with the sides, so a study of B against A holds
     the same file); raters cannot draw it without the source clips' bytes."""
     pair = tuple(sorted(sides))
     key = _digest("row-order", pair, level)
     first = pair[key % 2]
     bit = int(first != sides[0]) if sides[0] != sides[1] else key % 2
-    return bit, [_digest("catch-order", pair, level, j) % 2 for j in range(n_catch)]
+    base = _digest("catch-order", pair, level) % 2   # the versions of a row alternate
+    return bit, [(base + j) % 2 for j in range(n_catch)]
 
 
 #: whether a new study's ABX rows have one place of the match (:func:`row_keys`), by delivery:
