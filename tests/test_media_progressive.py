@@ -160,7 +160,6 @@ FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers
 
 def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser):
     env, slow = slow_server, slow_server["slow"]
-    lossless = env["delivery"] == "lossless"
     token = study.invite(env["db"], env["sid"], 1)[0]["token"]
     page = browser.new_page()
     try:
