@@ -724,7 +724,7 @@ function setFlicker(on) {
     const c = document.createElement("div");
     c.className = "cell flick";
     const l = document.createElement("div");
-    l.className = "label";
+    l.className = "label"; l.textContent = SLOT_LABELS[flicker[0]] || flicker[0];
     const cv = document.createElement("canvas");
     cv.width = r[2]; cv.height = r[3]; cv.className = "flicker";
     c.appendChild(l); c.appendChild(cv); stage.appendChild(c);
@@ -743,7 +743,7 @@ function fit() {
   if (!cur || !boxes.length || stage.clientWidth === 0) return;
   const shown = flickBox ? [flickBox.canvas] : boxes.map((b) => b.canvas);
   const n = shown.length, w = shown[0].width, h = shown[0].height, gap = 8;
-  const label = (stage.querySelector(".label") || {offsetHeight: 0}).offsetHeight;
+  const label = (flickBox ? flickBox.label : boxes[0].canvas.previousSibling).offsetHeight;
   const W = stage.clientWidth, H = stage.clientHeight;
   let best = {s: -1, c: 1};
   for (let c = 1; c <= n; c++) {
