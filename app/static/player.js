@@ -122,16 +122,12 @@ function crc32Update(crc, bytes) {
   for (let i = 0; i < bytes.length; i++) c = CRC_TABLE[(c ^ bytes[i]) & 0xFF] ^ (c >>> 8);
   return (c ^ 0xFFFFFFFF) >>> 0;
 }
-function crc32(bytes) { return crc32Update(0, bytes); }
 
-// The play-through gate's acknowledgement (issue 44): once the page holds the whole media
-// file `name`, it tells the server its size and CRC-32 (POST api/ack); the server checks them
-// against what it sent and starts the play-through clock. Any delivery path calls this with
-// the file's bytes once they have all arrived (acknowledge), or with their size and CRC-32
-// counted as they arrived (acknowledgeSum: the lossless path, which never holds the whole
-// file). Retried a few times (the server may not have recorded the last bytes sent yet);
-// resolves true once accepted.
-function acknowledge(name, bytes) { return acknowledgeSum(name, bytes.length, crc32(bytes)); }
+// The play-through gate's acknowledgement (issue 44): once the page received the whole media
+// file `name`, it tells the server its size and CRC-32 (POST api/ack), counted over the bytes
+// as they arrived (both deliveries play while the file arrives); the server checks them
+// against what it sent and starts the play-through clock. Retried a few times (the server may
+// not have recorded the last bytes sent yet); resolves true once accepted.
 async function acknowledgeSum(name, size, crc) {
   const token = new URLSearchParams(location.search).get("token") || "";
   const body = JSON.stringify({token: token, media: name, size: size, crc32: crc});
