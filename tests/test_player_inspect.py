@@ -308,3 +308,55 @@ def test_clips_of_other_aspects_are_shown_whole(env, browser, delivery, view, sh
         page.screenshot(path=str(ARTIFACTS / f"rater-aspect-{shape}-{view}.png"))
     finally:
         ctx.close()
+
+
+# the trial's stream played the old way, whole from a Blob in a second <video>: frame k's
+# tiles as base64 RGBA, slot by slot
+BLOB_FRAME = """async ([k, fps]) => {
+  const t = window.evalkitState().state.trial, name = Object.values(t.media)[0];
+  const token = new URLSearchParams(location.search).get("token");
+  if (!window._blobVideo) {
+    const buf = await (await fetch("media/" + name + "?token=" + token)).arrayBuffer();
+    const v = document.createElement("video");
+    v.muted = true; v.src = URL.createObjectURL(new Blob([buf], {type: "video/mp4"}));
+    await new Promise((res) => v.addEventListener("loadeddata", res, {once: true}));
+    window._blobVideo = v;
+  }
+  const v = window._blobVideo;
+  await new Promise((res) => { v.addEventListener("seeked", res, {once: true});
+                               v.currentTime = k / fps + 0.001; });
+  const out = {};
+  for (const [slot, r] of Object.entries(t.tiles)) {
+    const c = document.createElement("canvas"); c.width = r[2]; c.height = r[3];
+    const g = c.getContext("2d"); g.drawImage(v, r[0], r[1], r[2], r[3], 0, 0, r[2], r[3]);
+    const d = g.getImageData(0, 0, r[2], r[3]).data;
+    let s = ""; for (let i = 0; i < d.length; i += 8192)
+      s += String.fromCharCode.apply(null, d.subarray(i, i + 8192));
+    out[slot] = btoa(s);
+  }
+  return out;
+}"""
+
+
+def test_stream_fed_through_mediasource_shows_the_files_frames(env, browser):
+    """The stream trial's frames as the page plays them (its bytes fed to the video through
+    MediaSource as they arrive, the index rewritten as a fragmented MP4's) equal, every frame
+    and every box, the same file played whole from a Blob in the same browser (the design
+    before issue 45's change): the rewriting passes the samples through untouched."""
+    ctx, page, state = _start(browser, env, "stream")
+    try:
+        trial = state["trial"]
+        page.wait_for_function("window.evalkitPlayers()[0].acked", timeout=30000)
+        for k in range(T):
+            _pause_on(page, k) if k == 0 else page.keyboard.press(".")
+            page.wait_for_function(
+                f"window.evalkitPlayers().every(p => Math.floor(p.t * {FPS} + 1e-3) === {k})",
+                timeout=10000)
+            page.wait_for_timeout(100)
+            shown = _boxes(page)
+            whole = page.evaluate(BLOB_FRAME, [k, FPS])
+            for slot, (x, y, w, h) in trial["tiles"].items():
+                rgba = np.frombuffer(base64.b64decode(whole[slot]), np.uint8).reshape(h, w, 4)
+                assert np.array_equal(shown[slot], rgba[..., :3]), (k, slot)
+    finally:
+        ctx.close()

@@ -196,6 +196,7 @@ function stream(name) {
 // decoder gets exactly the bytes of the file. push(bytes) as they arrive; end() once all have:
 // false where the feed failed (then the caller plays the whole file instead). null where the
 // browser has no MediaSource.
+const COLR = [6, 6, 6];                       // primaries, transfer, matrix (ISO 23091-2)
 function mp4Feed(v) {
   if (typeof MediaSource === "undefined") return null;
   const ms = new MediaSource();
@@ -272,10 +273,18 @@ function mp4Feed(v) {
     if (offsets.length !== n || times.length !== n) throw new Error("index");
     const raw = (x) => b.slice(x[1], x[2]);
     const empty = (t, words) => make(t, ints(0, ...words));
+    // the sample description with the colours the whole-file path assumes for a stream that
+    // names none (an explicit 'colr': without it MediaSource decodes such a stream with other
+    // colours than the same file played whole, measured up to 7 code values)
+    const entry = boxes(b, avc1[1] + 8 + 78, avc1[2]);
+    const colr = find(b, entry, "colr") ? [] : [make("colr", new Uint8Array([110, 99, 108, 120,
+      0, COLR[0], 0, COLR[1], 0, COLR[2], 0]))];
+    const sd = make("stsd", ints(0, 1), make("avc1", b.slice(avc1[1] + 8, avc1[1] + 8 + 78),
+                                             ...entry.map(raw), ...colr));
     const init = [raw(ftyp), make("moov", raw(mvhd),
       make("trak", raw(tkhd), make("mdia", raw(mdhd), raw(hdlr), make("minf",
         ...mi.filter((x) => x[0] !== "stbl").map(raw),
-        make("stbl", raw(stsd), empty("stts", [0]), empty("stsc", [0]), empty("stsz", [0, 0]),
+        make("stbl", sd, empty("stts", [0]), empty("stsc", [0]), empty("stsz", [0, 0]),
              empty("stco", [0]))))),
       make("mvex", make("trex", ints(0, trackId, 1, 0, 0, 0))))];
     return {trackId, codec, sizes, offsets, times, durs, sync, n, init};
