@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from evalkit.compare.pairing import floor_ratio
+from evalkit.compare.aggregate import floor_ratio
 from evalkit.render.driver import render_suite
 
 from conftest import DATASETS, assert_one_line_error
@@ -243,7 +243,8 @@ def hostile_report(tmp_path_factory):
     while the caller's matplotlib backend is "svg"; the backend after it is returned too."""
     import matplotlib
 
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
 
     root = tmp_path_factory.mktemp("hostile")
     clips = DATASETS / "smoke" / "clips"
@@ -258,7 +259,7 @@ def hostile_report(tmp_path_factory):
     matplotlib.use("svg")
     try:
         compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
-                     device="cpu", metric_options={"temporal": False}, progress=False)
+                     device="cpu", metrics=MetricOptions(temporal=False), progress=False)
         backend = matplotlib.get_backend()
     finally:
         matplotlib.use(before)
@@ -529,7 +530,7 @@ def test_the_hash_checks_run_while_the_session_starts():
     closed when the pairing fails."""
     import threading
 
-    from evalkit.compare.pairing import _session_and_pairs
+    from evalkit.compare.run import _session_and_pairs
     from evalkit.errors import UserError
 
     log: list = []
