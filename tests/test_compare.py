@@ -569,3 +569,25 @@ def test_the_hash_checks_run_while_the_session_starts():
     with pytest.raises(UserError, match="no CUDA device"):
         _session_and_pairs(slow_pairing, no_device)
     assert finished.is_set()            # the hashing thread ended before the error came out
+
+
+def test_metric_options_are_a_frozen_value_with_the_evaluators_defaults():
+    """compare's metric settings are one frozen value (no dict of keywords); left alone they
+    are exactly PairEvaluator's own defaults (a compare without options measures as before),
+    and each one set reaches the evaluator's keyword of the same name."""
+    import dataclasses
+    import inspect
+
+    from evalkit.compare.options import MetricOptions
+    from evalkit.metrics.stream import PairEvaluator
+
+    opts = MetricOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.temporal = False
+    params = inspect.signature(PairEvaluator).parameters
+    for key, value in opts.evaluator_kwargs().items():
+        assert params[key].default == value, key
+    assert "flow_preset" not in opts.evaluator_kwargs()     # the evaluator's default preset
+    set_ = MetricOptions(temporal=False, flow="farneback", flow_preset="medium").evaluator_kwargs()
+    assert set_ == {"temporal": False, "flow": "farneback", "flow_preset": "medium"}
+    assert set(set_) <= set(params)
