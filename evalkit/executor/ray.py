@@ -2,7 +2,7 @@
 
 Render: one Ray actor per (backend, GPU or CPU slot). An actor loads the renderer once (on its
 first job), applies the backend's settings for its whole life, renders jobs with exactly the
-code path of :class:`evalkit.render.driver.LocalExecutor`, encodes the lossless clip and the browser
+code path of :class:`evalkit.render.local_executor.LocalExecutor`, encodes the lossless clip and the browser
 preview with the same :mod:`evalkit.video` writers, and returns the bytes, the job's timing, its
 node and the node's fingerprint. The driver (:func:`evalkit.render.driver.render_suite`) writes the run
 folders as it does for the local executor, so workers need no shared filesystem: source clips
