@@ -3,8 +3,8 @@ code of commit BEFORE and with the working tree,
 
 - ``study``: ``study create`` on one compare report, three studies (preference, ABX on a
   worst-window excerpt, threshold with levels 1,2,4); the databases (every table, every row, the
-  study's config; its creation time and media key aside) and the media files (content-hashed
-  names) compared;
+  study's config, its sealed fields opened; its creation time, media key and key file's id
+  aside) and the media files (content-hashed names) compared;
 - ``stream``: :mod:`evalkit.metrics.stream` on the same synthetic clips, every record and summary
   compared exactly (floats as JSON writes them): temporal metrics with flows inline and in flow
   threads, chunks of 1, 3, 4 and the automatic size, fidelity only, Farneback flow with RGB SSIM,
@@ -21,10 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-STUDIES = {   # name: create_study's options (the fake renderer's noise needs allow_masking)
-    "preference": {"protocol": "preference", "seed": 3},
-    "abx_excerpt": {"protocol": "abx", "seed": 5, "excerpt_seconds": 0.25},
-    "threshold": {"protocol": "threshold", "raters_planned": 12, "levels": "1,2,4", "seed": 7},
+STUDIES = {   # name: create_study's options (the fake renderer's noise needs allow_masking; the
+    # secret design seed pinned: drawn at random when none is given, since create_study sealed it)
+    "preference": {"protocol": "preference", "seed": 3, "design_seed": 13},
+    "abx_excerpt": {"protocol": "abx", "seed": 5, "excerpt_seconds": 0.25, "design_seed": 15},
+    "threshold": {"protocol": "threshold", "raters_planned": 12, "levels": "1,2,4", "seed": 7,
+                  "design_seed": 17},
 }
 
 
@@ -51,6 +53,11 @@ def make_studies(out: Path, report: Path) -> dict:
                     r.pop("created", None)
                     if isinstance(r.get("config"), (str, dict)):
                         cfg = r["config"] if isinstance(r["config"], dict) else json.loads(r["config"])
+                        if "sealed" in cfg:     # its key is new with each study: compare the
+                            from evalkit.study.seal import unseal_config   # sealed fields opened
+
+                            cfg = unseal_config(r["id"], cfg)
+                            cfg.pop("seal", None)
                         cfg.pop("media_key", None)
                         r["config"] = cfg
                 tables[t] = rows

@@ -8,7 +8,9 @@ import shutil
 import pytest
 
 from evalkit.compare.floorcache import cache_root, code_files, code_version
-from evalkit.compare.pairing import LocalCompareSession, compare_runs
+from evalkit.compare.options import MetricOptions
+from evalkit.compare.pairing import LocalCompareSession
+from evalkit.compare.run import compare_runs
 from evalkit.fsutil import sha256_file
 from evalkit.render.driver import render_suite
 
@@ -46,8 +48,8 @@ class Counting:
     def __init__(self):
         self.measured: list[tuple[str, str]] = []
 
-    def compare_session(self, device=None, metric_options=None):
-        session = LocalCompareSession(device=device, metric_options=metric_options)
+    def compare_session(self, device=None, metrics=None):
+        session = LocalCompareSession(device=device, metrics=metrics)
         measure = session.measure
 
         def counted(pairs, **kw):
@@ -114,12 +116,12 @@ def test_a_changed_input_is_measured_again(runs, cache, tmp_path):
     jobs = sorted(s1["jobs"]["compared"])
 
     # another metric setting: every floor job again
-    s2, ex = _compare(runs, tmp_path / "r2", runs["seed"], metric_options={"temporal": False})
+    s2, ex = _compare(runs, tmp_path / "r2", runs["seed"], metrics=MetricOptions(temporal=False))
     assert ex.floor_jobs(runs["seed"]) == jobs
     assert "tof" not in s2["floors"]["seed"]["aggregates"]
 
     # another offset rule: again
-    _, ex = _compare(runs, tmp_path / "r2b", runs["seed"], metric_options={"temporal": False},
+    _, ex = _compare(runs, tmp_path / "r2b", runs["seed"], metrics=MetricOptions(temporal=False),
                      offset="auto")
     assert ex.floor_jobs(runs["seed"]) == jobs
 
@@ -154,7 +156,7 @@ def test_a_cache_that_cannot_be_written_only_costs_time(runs, tmp_path, monkeypa
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("EVALKIT_FLOOR_CACHE", str(blocker / "floors"))
-    s, ex = _compare(runs, tmp_path / "r1", runs["seed"], metric_options={"temporal": False})
+    s, ex = _compare(runs, tmp_path / "r1", runs["seed"], metrics=MetricOptions(temporal=False))
     assert len(ex.floor_jobs(runs["seed"])) == 2
     assert s["floors"]["seed"]["cache"]["reused"] == [] and s["floors"]["seed"]["jobs_compared"] == 2
     assert blocker.read_text() == "not a folder"

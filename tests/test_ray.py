@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from evalkit.compare.pairing import compare_runs
+from evalkit.compare.run import compare_runs
 from evalkit.render.driver import render_suite
 from evalkit.formats.run import read_manifest, sha256_file
 

@@ -12,7 +12,7 @@ from PIL import Image
 
 from evalkit.compare.aggregate import aggregate
 from evalkit.compare.clips import compare_clips
-from evalkit.compare.pairing import compare_runs
+from evalkit.compare.run import compare_runs
 from evalkit.fsutil import sha256_file
 from evalkit.render.driver import render_suite
 

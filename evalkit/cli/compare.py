@@ -21,23 +21,18 @@ def flow_method(args) -> str:
 
 
 def cmd_compare(args) -> int:
-    from evalkit.compare.pairing import compare_runs
     from evalkit.compare.aggregate import ratio_meaning
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
     from evalkit.metrics.catalogue import fmt, keys
 
-    options = {}
-    if args.no_temporal:
-        options["temporal"] = False
-    if args.flow_preset:
-        options["flow_preset"] = args.flow_preset
-    flow = flow_method(args)
-    if flow != "dis":
-        options["flow"] = flow
+    options = MetricOptions(temporal=not args.no_temporal, flow=flow_method(args),
+                            flow_preset=args.flow_preset or None)
     executor = make_executor(args)
     try:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
                               device=None if args.device == "auto" else args.device,
-                              metric_options=options, progress=not args.quiet, executor=executor,
+                              metrics=options, progress=not args.quiet, executor=executor,
                               vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
                               ignore_conventions=args.ignore_conventions, offset=args.offset,
                               floor_cache=not args.remeasure_floor)

@@ -127,11 +127,10 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                 bar.update(1)
         summary = ev.compute()
     except MetricInputError as e:
-        msg = str(e)
-        for side in ("a", "b"):
-            if msg.startswith(f"{side}: "):
-                msg = msg[3:].replace(" like a", f" like {paths['a']}")
-                raise InputFileError(paths[side], msg.replace("align='shortest'", "--align shortest")) from None
+        if e.field in paths:        # about one clip's frames: that file, in the command's words
+            hint = e.hint and e.hint.replace("align='shortest'", "--align shortest")
+            raise InputFileError(paths[e.field], e.detail.replace(" like a", f" like {paths['a']}")
+                                 + (f" ({hint})" if hint else "")) from None
         raise
     finally:
         for p in (pa, pb, pool, ev):
