@@ -129,9 +129,9 @@ def check_window(peaks: dict) -> None:
     assert long_ <= short + CHUNK, f"the window grew with the clip: {short} -> {long_} frames"
 
 
-def test_import_streams_and_keeps_the_files(sets, monkeypatch, one_thread_x264):
+def test_import_streams_and_keeps_the_files(sets, monkeypatch):
     """The import holds a window, and its files are those of the writers given the whole
-    clip (the same bytes: clip and preview), the manifest's sha256 that of the clip's bytes."""
+    clip (the same bytes: the clip; the same pictures: the preview), the manifest's sha256 that of the clip's bytes."""
     counter = FramesAlive(monkeypatch)
     peaks = {n: import_runs(sets[n], counter) for n in (N, 2 * N)}
     check_window(peaks)
@@ -147,7 +147,7 @@ def test_import_streams_and_keeps_the_files(sets, monkeypatch, one_thread_x264):
     video.write_browser(ref / "p.mp4", frames, 24)
     clip = run.clip_path(s["job"])
     assert clip.read_bytes() == (ref / "clip.mkv").read_bytes()
-    assert run.preview_path(s["job"]).read_bytes() == (ref / "p.mp4").read_bytes()
+    assert_same_preview(run.preview_path(s["job"]), ref / "p.mp4", frames)
     assert rec["output"]["sha256"] == sha256_file(clip)
     assert not (run.path / ".work").exists()
 
@@ -207,17 +207,23 @@ def test_import_of_a_wrong_length_fails_and_leaves_nothing(sets, tmp_path, frame
     assert not (run.path / ".work").exists()
 
 
-@pytest.fixture
-def one_thread_x264(monkeypatch):
-    """Previews written by x264 on one thread: its frame threads make rate control depend on
-    timing (under load, encodes of one clip differed from the second GOP on, about 1 in 20),
-    so only a one-thread encode lets two writers be compared byte for byte."""
-    options = video.BrowserEncoding.codec_options
-    monkeypatch.setattr(video.BrowserEncoding, "codec_options",
-                        lambda self: {**options(self), "threads": "1"})
+def assert_same_preview(path, ref, frames):
+    """Two H.264 previews of the same ``frames`` with the same settings: the same frame count
+    and size, and per frame the same distance from the source within 5%. Not the same bytes:
+    x264 here is not bit-reproducible under load (encodes of one clip differed from the second
+    GOP on, 1 of 30 even on one thread; decoded, 1 code value apart on average against 45 from
+    the source); the lossless clips, which the metrics read, are compared byte for byte."""
+    (a, _), (b, _) = video.read_frames(path), video.read_frames(ref)
+    assert a.shape == b.shape == frames.shape
+
+    def err(x):
+        return np.abs(x.astype(np.int16) - frames.astype(np.int16)).mean(axis=(1, 2, 3))
+
+    ea, eb = err(a), err(b)
+    assert np.all(np.abs(ea - eb) <= 0.05 * np.maximum(ea, eb) + 0.5), (ea, eb)
 
 
-def test_streamed_write_is_atomic(tmp_path, one_thread_x264):
+def test_streamed_write_is_atomic(tmp_path):
     """A reader that fails halfway: its error is raised, neither file is left (nor a
     temporary one); the same chunks whole: the files of the two writers given the clip."""
     from evalkit.render.clipwriter import write_streamed
@@ -239,7 +245,7 @@ def test_streamed_write_is_atomic(tmp_path, one_thread_x264):
     video.write_lossless(tmp_path / "ref.nut", frames, 24, codec="utvideo")
     video.write_browser(tmp_path / "ref.mp4", frames, 24)
     assert (tmp_path / "c.nut").read_bytes() == (tmp_path / "ref.nut").read_bytes()
-    assert preview.read_bytes() == (tmp_path / "ref.mp4").read_bytes()
+    assert_same_preview(preview, tmp_path / "ref.mp4", frames)
 
 
 @pytest.mark.slow  # clips of N and 2N frames measured
