@@ -298,10 +298,12 @@ def test_clips_of_other_aspects_are_shown_whole(env, browser, delivery, view, sh
                               .resize((w, h), Image.BOX)).astype(np.float32)
             tile = painted[b["slot"]].astype(np.float32)
             err = np.abs(shot - tile)
-            # the screen resamples (and the box filter here): a few code values on average; the
-            # same footage one pixel off costs several times more
+            # the screen resamples (and the box filter here): a box placed between screen
+            # pixels (x 199.28 on the phone) is up to half a pixel off, which costs about half
+            # of a whole pixel's shift (one run: 3.47 against 6.88); a stretched or cropped
+            # picture is several whole pixels off
             shifted = np.abs(tile[:, 1:] - tile[:, :-1]).mean()
-            assert err.mean() < 0.5 * shifted, (b, err.mean(), shifted)
+            assert err.mean() < 0.75 * shifted, (b, err.mean(), shifted)
             for edge in (err[0], err[-1], err[:, 0], err[:, -1]):        # no bars
                 assert edge.mean() < 2 * shifted, (b, edge.mean(), shifted)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
