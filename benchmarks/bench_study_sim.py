@@ -49,7 +49,7 @@ import sys
 import time
 
 
-from evalkit.study import stats
+from evalkit.study import planning, simulate, stats
 
 
 def _fmt(rate: float, se: float) -> str:
@@ -90,14 +90,14 @@ def main() -> int:
         planned = {}
         for margin in (0.05, 0.075, 0.1, 0.15, 0.2):
             for clips in (15, 25, 40) + ((100,) if margin in (0.05, 0.1) else ()):
-                p = stats.plan("abx", margin, clips=clips)
+                p = planning.plan("abx", margin, clips=clips)
                 planned[(margin, clips)] = p["raters"]
                 mt = p["margin_terms"]
                 print(f"{margin:6.3f} {clips:5d} {p['raters']:6d} {p['invite']:6d} "
                       f"{p['simulated_power']:6.3f} {mt['d_prime']:7.3f} "
                       f"{mt['proportion_discriminators']:5.2f}  {'; '.join(p['reasons'])}")
         for margin in (0.05, 0.1, 0.15, 0.2):
-            p = stats.plan("preference", margin)
+            p = planning.plan("preference", margin)
             print(f"preference margin {margin:g} (win rate {0.5 + margin:g} among decisive answers, "
                   f"rater SD 0.15, no ties): {p['raters']} raters x {p['clips']} clips, invite "
                   f"{p['invite']}, simulated power {p['simulated_power']:.3f}")
@@ -115,13 +115,13 @@ def main() -> int:
         print("\n== 2. ABX: P('indistinguishable') at true mean accuracy 0.5 + margin "
               "(target <= 0.05 + 1 SE) ==")
         print(f"{'margin':>6} {'raters':>6} {'clips':>5}  " +
-              "  ".join(f"{s:>22}" for s in stats.BOUNDARY_SCENARIOS))
+              "  ".join(f"{s:>22}" for s in simulate.BOUNDARY_SCENARIOS))
         for margin, sz in sizes.items():
             for R, C in sz:
                 cells = []
-                for scen in stats.BOUNDARY_SCENARIOS:
+                for scen in simulate.BOUNDARY_SCENARIOS:
                     k += 1
-                    o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                    o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                            seed=seed + k)
                     r, se = o["indistinguishable"], o["se"]["indistinguishable"]
                     ok = r - se <= 0.05
@@ -139,7 +139,7 @@ def main() -> int:
         for margin, sz in sizes.items():
             for R, C in sz:
                 k += 1
-                o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
+                o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                        reps=B, seed=seed + k)
                 is_plan = planned.get((margin, C)) == R
                 ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05 and (
@@ -158,7 +158,7 @@ def main() -> int:
             for R, C in sorted({(12, 15)} | {(planned[(m, c)], c) for m in (0.1, 0.15)
                                              for c in (15, 25, 40)}):
                 k += 1
-                o = stats.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
+                o = simulate.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
                                        studies=S, reps=B, seed=seed + k)
                 ok = (R, C) == (12, 15) or o["clip_flagged"] + o["se"]["clip_flagged"] >= 0.8
                 fails += not ok
@@ -178,7 +178,7 @@ def main() -> int:
             R = planned[(margin, 15)]
             for scen in ("homogeneous", "golden_ears", "combined"):
                 k += 1
-                o = stats.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
+                o = simulate.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
                                                reps=B_peek, seed=seed + k)
                 ok = o["closed"] == 0
                 fails += not ok
@@ -200,7 +200,7 @@ def main() -> int:
             for sd in (0.0, 0.15, 0.3, 0.45):
                 for tie in (0.0, 0.85):
                     k += 1
-                    o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
+                    o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
                                                   studies=S, reps=Bp, seed=seed + k)
                     r, se = o["any preference"], o["se"]["any preference"]
                     ok = r - se <= 0.05
@@ -214,7 +214,7 @@ def main() -> int:
             cells = []
             for sd in (0.3, 0.45):
                 k += 1
-                o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
+                o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
                                               rater_sd=sd, studies=S, reps=Bp, seed=seed + k)
                 r, se = o["any preference"], o["se"]["any preference"]
                 ok = r - se <= 0.05
@@ -222,9 +222,9 @@ def main() -> int:
                 cells.append(f"sd {sd:.2f}: {_fmt(r, se)}{'' if ok else ' FAIL'}")
             print(f"{R:3d} x {C:2d}, ties 0.85 +- 0.3: " + " | ".join(cells), flush=True)
         for margin in (0.1, 0.2):
-            p = stats.plan("preference", margin)
+            p = planning.plan("preference", margin)
             k += 1
-            o = stats.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
+            o = simulate.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
                                           rater_sd=0.15, studies=S, reps=B, seed=seed + k)
             ok = o["B preferred"] + o["se"]["B preferred"] >= 0.8
             fails += not ok
@@ -232,7 +232,7 @@ def main() -> int:
                   f"(planned): P('B preferred') {_fmt(o['B preferred'], o['se']['B preferred'])}"
                   f"{'' if ok else ' FAIL'}")
         k += 1
-        o = stats.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, studies=S, reps=B,
+        o = simulate.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, studies=S, reps=B,
                                       seed=seed + k)
         print(f"85% ties, every decisive answer for B, 12 x 15: P('B preferred') "
               f"{_fmt(o['B preferred'], o['se']['B preferred'])} (never 'indistinguishable')")
@@ -252,10 +252,10 @@ def main() -> int:
               "(10% of raters at 0.95) with few raters and many clips ==")
         for margin, R, C in ((0.05, 12, 40), (0.04, 20, 40), (0.05, 12, 100), (0.05, 23, 100)):
             k += 1
-            o = stats.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
+            o = simulate.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
                                    seed=seed + k)
             print(f"margin {margin:g}, {R} raters x {C} clips (plan: "
-                  f"{stats.plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
+                  f"{planning.plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
                   f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])}; P(no golden ear "
                   f"among {R}) = {0.9 ** R:.3f}")
 
@@ -266,14 +266,14 @@ def main() -> int:
               "the share of clips at accuracy >= 0.9 (Clopper-Pearson over the clip veto's power). "
               "covered: bound >= the true share (target >= 0.95 - 1 SE); false claim: "
               "'indistinguishable' with a bound below the truth (target <= 0.05 + 1 SE) ==")
-        vb = stats.plan("abx", 0.1, visible_bound=0.1)
+        vb = planning.plan("abx", 0.1, visible_bound=0.1)
         cases = [(107, 15, 0.05, 0.1), (planned[(0.05, 40)], 40, 0.05, 0.1), (26, 15, 0.1, 0.05),
                  (26, 15, 0.1, 0.1), (26, 15, 0.1, 0.2), (26, 15, 0.1, 0.3),
                  (planned[(0.1, 40)], 40, 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
                  (vb["raters"], vb["clips"], 0.1, 0.2)]
         for R, C, margin, share in cases:
             k += 1
-            o = stats.simulate_visible_share(R, C, share, margin=margin, studies=S, reps=B,
+            o = simulate.simulate_visible_share(R, C, share, margin=margin, studies=S, reps=B,
                                              seed=seed + k)
             ok = (o["covered"] + o["se"]["covered"] >= 0.95
                   and o["false_claim"] - o["se"]["false_claim"] <= 0.05)
@@ -287,7 +287,7 @@ def main() -> int:
 
 
     if want(10, 11, 12):
-        p05, p10 = stats.plan("abx", 0.05), stats.plan("abx", 0.1)
+        p05, p10 = planning.plan("abx", 0.05), planning.plan("abx", 0.1)
         print(f"\nplans with the rule of issue 44: margin 0.05 -> {p05['raters']} raters x "
               f"{p05['clips']} clips; margin 0.1 -> {p10['raters']} raters x {p10['clips']} "
               "clips (before: 107 x 15 and 26 x 15)")
@@ -318,7 +318,7 @@ def main() -> int:
         for margin, R, C, tag in sizes10:
             for scen, kw, text in cases:
                 k += 1
-                o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                        seed=seed + k, **kw)
                 r, se = o["indistinguishable"], o["se"]["indistinguishable"]
                 # the old plans are below the new ones: `study results` refuses a claim there
@@ -339,10 +339,10 @@ def main() -> int:
                                                                     p10["clips"]),
                              (0.1, p10["raters"], 40)):
             k += 1
-            o = stats.simulate_abx(R, C, "inverted_raters", margin=margin, rater_sd=0.0,
+            o = simulate.simulate_abx(R, C, "inverted_raters", margin=margin, rater_sd=0.0,
                                    invert=0.5, studies=S, reps=B, seed=seed + k)
             k += 1
-            b = stats.simulate_abx(R, C, "bots", margin=margin, bot_share=0.4, bot_accuracy=0.4,
+            b = simulate.simulate_abx(R, C, "bots", margin=margin, bot_share=0.4, bot_accuracy=0.4,
                                    studies=S, reps=B, seed=seed + k)
             print(f"margin {margin:4.2f} {R:3d} x {C:3d}: weak inversion "
                   f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])} (old "
@@ -355,7 +355,7 @@ def main() -> int:
                                                                     p10["clips"]),
                              (0.1, 26, 15), (0.2, 20, 15)):
             k += 1
-            o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
+            o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                    reps=B, seed=seed + k)
             ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05
             fails += not ok
@@ -380,7 +380,7 @@ def main() -> int:
             for share in (margin, 2 * margin):
                 for vis in (1.0, 0.95):
                     k += 1
-                    o = stats.simulate_visible_share(R, C, share, margin=margin,
+                    o = simulate.simulate_visible_share(R, C, share, margin=margin,
                                                      visible_accuracy=vis, studies=S, reps=B,
                                                      seed=seed + k)
                     r, se = o["indistinguishable"], o["se"]["indistinguishable"]
@@ -403,11 +403,11 @@ def main() -> int:
                              (0.05, p05["raters"] - 10, p05["clips"]), (0.1, 12, 15),
                              (0.1, 20, 15), (0.1, 26, 15), (0.1, p10["raters"] - 4, 15),
                              (0.1, 12, 40)):
-            chk = stats.design_check(R, C, margin=margin)
+            chk = planning.design_check(R, C, margin=margin)
             worst = (None, 0.0, 0.0)
-            for scen in stats.BOUNDARY_SCENARIOS + stats.INVERSION_SCENARIOS:
+            for scen in simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS:
                 k += 1
-                o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                        seed=seed + k)
                 if o["indistinguishable"] >= worst[1]:
                     worst = (scen, o["indistinguishable"], o["se"]["indistinguishable"])

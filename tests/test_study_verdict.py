@@ -10,7 +10,7 @@ import json
 import pytest
 
 from evalkit import study
-from evalkit.study import stats, store
+from evalkit.study import planning, simulate, stats, store
 from evalkit.testing.studies import answer, hidden
 
 
@@ -81,17 +81,17 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
 
 
 def test_plan_follows_the_margin_with_its_clips():
-    p = stats.plan("abx", 0.05, clips=15, studies=60, reps=60)
+    p = planning.plan("abx", 0.05, clips=15, studies=60, reps=60)
     assert p["clips"] == 29 and p["clips_requested"] == 15 and "floor of 29" in p["notes"][0]
     assert p["visible_share_bound"] < 0.1
 
 
 def test_design_check_refuses_an_undersized_design_and_keeps_a_large_one():
-    small = stats.design_check(12, 100, margin=0.05)
+    small = planning.design_check(12, 100, margin=0.05)
     assert not small["ok"] and small["visible_share_bound"] >= 0.1 and "cannot claim" in small["text"]
-    assert stats.design_check(12, 100, margin=0.05) is small                     # cached
-    big = stats.design_check(40, 40, margin=0.1, studies=200, reps=100)
-    assert big["ok"] and set(big["rates"]) == set(stats.BOUNDARY_SCENARIOS + stats.INVERSION_SCENARIOS)
+    assert planning.design_check(12, 100, margin=0.05) is small                     # cached
+    big = planning.design_check(40, 40, margin=0.1, studies=200, reps=100)
+    assert big["ok"] and set(big["rates"]) == set(simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS)
     assert max(r for r, _ in big["rates"].values()) <= 0.05
 
 
@@ -115,14 +115,14 @@ MC = {"studies": 300, "reps": 120}
 def test_mc_answers_below_chance_give_no_false_claim(scenario, kw):
     # margin 0.05 at its plan's size (55 x 29): the rule before the checks said
     # "indistinguishable" far more often than 5%
-    o = stats.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
+    o = simulate.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
     assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"]
     assert o["bound_below_margin"] > 0.15                # what the checks below chance stop
     assert o["below_chance"] > 0.8
 
 
 def test_mc_the_checks_below_chance_cost_little_at_chance():
-    o = stats.simulate_abx(55, 29, "homogeneous", mu=0.5, margin=0.05, seed=45, **MC)
+    o = simulate.simulate_abx(55, 29, "homogeneous", mu=0.5, margin=0.05, seed=45, **MC)
     assert o["below_chance"] <= 0.05 + 2 * o["se"]["below_chance"]
     assert o["distinguishable"] <= 0.05 + 2 * o["se"]["distinguishable"]
     assert o["indistinguishable"] >= 0.7
@@ -131,7 +131,7 @@ def test_mc_the_checks_below_chance_cost_little_at_chance():
 def test_mc_sparse_visible_clips_give_no_false_claim():
     for R, C in ((107, 15), (55, 29)):
         for vis in (1.0, 0.95):
-            o = stats.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis,
+            o = simulate.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis,
                                              seed=46, **MC)
             assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"], (R, C, vis)
 

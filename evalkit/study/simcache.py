@@ -23,8 +23,11 @@ _SOURCE: str | None = None
 def _source_hash() -> str:
     global _SOURCE
     if _SOURCE is None:
-        from . import stats
-        _SOURCE = hashlib.sha256(Path(stats.__file__).read_bytes()).hexdigest()[:16]
+        from . import planning, simulate, stats     # the rules, their simulation and the planner
+        h = hashlib.sha256()
+        for m in (stats, simulate, planning):
+            h.update(Path(m.__file__).read_bytes())
+        _SOURCE = h.hexdigest()[:16]
     return _SOURCE
 
 
