@@ -188,20 +188,20 @@ def main() -> int:
     t_an = time.perf_counter() - t1
     # replicates: vectorised (the product) against a scipy refit per replicate (baseline)
     B = 100
-    wr = P._draws(rng, 8, B)
-    wc = P._draws(rng, 4, B)
+    wr = P.bootstrap_draws(rng, 8, B)
+    wc = P.bootstrap_draws(rng, 4, B)
     Nb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["n"].astype(float))).reshape(B, -1)
     Kb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["k"].astype(float))).reshape(B, -1)
     t1 = time.perf_counter()
-    m = P._replicates(np.log(x)[None], Nb[None], Kb[None], fit["theta"][None],
+    m = P.replicate_fits(np.log(x)[None], Nb[None], Kb[None], fit["theta"][None],
                       np.array([x.min()]), np.array([x.max()]), P.LAPSE_MAX, "weibull")[0]
     t_vec = (time.perf_counter() - t1) / B
     t1 = time.perf_counter()
     fits = [P.fit_psychometric(x, Nb[b], Kb[b]) for b in range(B)]
     t_loop = (time.perf_counter() - t1) / B
     base = np.log([f["threshold"] for f in fits])
-    lo, hi = P._bounds(np.full(B, x.min()), np.full(B, x.max()), P.LAPSE_MAX)
-    _, ll = P._fit_batch(np.log(x)[None], Nb, Kb, lo, hi, "weibull",
+    lo, hi = P.fit_bounds(np.full(B, x.min()), np.full(B, x.max()), P.LAPSE_MAX)
+    _, ll = P.fit_batch(np.log(x)[None], Nb, Kb, lo, hi, "weibull",
                          theta0=np.repeat(fit["theta"][None], B, 0))
     worse = np.array([f["loglik"] for f in fits]) - ll
     fin = np.isfinite(m)

@@ -140,7 +140,7 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
     from evalkit.testing.studies import study_config
 
     # the planner's figure is not what is tested here: a small simulation
-    monkeypatch.setattr(planning, "_plan", lambda protocol, margin, n, alpha: planning.plan(
+    monkeypatch.setattr(planning, "cached_plan", lambda protocol, margin, n, alpha: planning.plan(
         protocol, margin, clips=n, alpha=alpha, studies=40, reps=40))
     compare_runs(*import_runs, tmp_path / "r", device="cpu", progress=False)
     rows = {}

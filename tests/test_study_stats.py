@@ -50,8 +50,8 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     d = stats.decide_abx(raters, clips, y, margin=0.1, reps=reps, seed=seed)
     # the same draws decide_abx makes: raters (sorted labels) then clips
     g = np.random.default_rng(seed)
-    wr = stats._draw_counts(g, R, (1, reps))[0]
-    wc = stats._draw_counts(g, C, (1, reps))[0]
+    wr = stats.draw_counts(g, R, (1, reps))[0]
+    wc = stats.draw_counts(g, C, (1, reps))[0]
     rlab = sorted(set(raters))
     clab = sorted(set(clips))
     ri = np.array([rlab.index(r) for r in raters])
@@ -74,7 +74,7 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     N = np.zeros((1, R, C))
     np.add.at(Y[0], (ri, ci), y)
     np.add.at(N[0], (ri, ci), 1)
-    o = stats._abx_rule(Y, N, wr[None], wc[None], margin=0.1, alpha=0.05)
+    o = stats.abx_rule(Y, N, wr[None], wc[None], margin=0.1, alpha=0.05)
     assert o["upper"][0] == pytest.approx(u, rel=1e-9)
 
 

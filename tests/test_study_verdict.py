@@ -73,7 +73,7 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
     d = stats.decide_abx(*_grid(107, 15, lambda i, j: (i + j) % 2), margin=0.05)
     assert d["upper_bound"] < 0.55 and d["verdict"] == "inconclusive"
     assert d["visible_share_bound"] == pytest.approx(
-        (1 - 0.05 ** (1 / 15)) / stats._clip_power(107, 15, 0.05, 0.9))
+        (1 - 0.05 ** (1 / 15)) / stats.clip_veto_power(107, 15, 0.05, 0.9))
     assert "does not exclude 0.1" in d["blocked"][0]
     # 60 x 30 at chance: covered, claimed
     d = stats.decide_abx(*_grid(60, 30, lambda i, j: (i + j) % 2), margin=0.05)

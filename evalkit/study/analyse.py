@@ -16,10 +16,10 @@ import numpy as np
 from sqlalchemy import func, select
 
 from ..fsutil import atomic_write_text
-from . import design, fidelity, planning, seal, simcache, stats, threshold
+from . import design, fidelity, planning, protocols, seal, simcache, stats
 from .lossless import SEEN, delivery_of
 from .errors import (StudyError)
-from .store import (_study, clips, now, open_db, raters, ratings, studies, trials, unblindings)
+from .store import (load_study, clips, now, open_db, raters, ratings, studies, trials, unblindings)
 
 
 def raw_ratings(db, study) -> tuple[dict, list[dict]]:
@@ -27,8 +27,8 @@ def raw_ratings(db, study) -> tuple[dict, list[dict]]:
     (:func:`unsealed_ratings`) once the key is open (the planned included raters complete, or a
     logged :func:`unblind`), else as stored: a test trial's ``expected``, ``correct``,
     ``score_b``, ``shown`` and ``sources`` empty (catch trials keep theirs, for screening)."""
-    st, rows = _stored_ratings(db, study)
-    if _state(db, st, rows)["key_open"]:
+    st, rows = stored_ratings(db, study)
+    if key_state(db, st, rows)["key_open"]:
         rows = _unseal_rows(st, rows)
     return st, rows
 
@@ -38,8 +38,8 @@ def unsealed_ratings(db, study) -> tuple[dict, list[dict]]:
     row's ``shown``, ``sources`` and ``expected`` from its sealed trial, ``correct`` and
     ``score_b`` computed from them. Refused (:class:`StudyError`) while the key is sealed: the
     one way to it before completion is :func:`unblind`, logged."""
-    st, rows = _stored_ratings(db, study)
-    state = _state(db, st, rows)
+    st, rows = stored_ratings(db, study)
+    state = key_state(db, st, rows)
     if not state["key_open"]:
         raise StudyError(f"--study {st['id']}: {key_text(state)}")
     return st, _unseal_rows(st, rows)
@@ -63,11 +63,11 @@ def _unseal_rows(st: dict, rows: list[dict]) -> list[dict]:
     return out
 
 
-def _stored_ratings(db, study) -> tuple[dict, list[dict]]:
+def stored_ratings(db, study) -> tuple[dict, list[dict]]:
     """The study row and one dict per rating, joined with its trial, rater and clip, as stored."""
     d = open_db(db)
     with d.engine.connect() as conn:
-        st = _study(conn, study)
+        st = load_study(conn, study)
         q = (select(ratings.c.id.label("rating"), ratings.c.rater_id.label("rater"),
                     raters.c.label.label("rater_label"), ratings.c.trial_id.label("trial"),
                     trials.c.ord.label("trial_index"), trials.c.kind, trials.c.catch_kind,
@@ -151,12 +151,8 @@ def _screen(rows: list[dict], complete: list[int], rule: dict) -> tuple[list[int
 def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: int, seed: int) -> dict:
     rr = [r["rater"] for r in test]
     cc = [r["job"] for r in test]
-    if protocol in design.FORCED_CHOICE:
-        out = stats.decide_abx(rr, cc, [int(r["correct"]) for r in test], margin=margin,
-                               alpha=alpha, reps=reps, seed=seed)
-    else:
-        out = stats.decide_preference(rr, cc, [r["score_b"] for r in test], alpha=alpha,
-                                      reps=reps, seed=seed)
+    out = protocols.get(protocol).decide(rr, cc, test, margin=margin, alpha=alpha, reps=reps,
+                                         seed=seed)
     names = {r["job"]: {"clip": r["clip"], "prompt": r["prompt"], "lpips_mean": r["lpips_mean"]}
              for r in test}
     for e in out.get("per_clip", []):
@@ -166,48 +162,9 @@ def _decide(protocol: str, test: list[dict], margin: float, alpha: float, reps: 
     return out
 
 
-def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
-    """The threshold analysis of a complete threshold study's test trials
-    (:func:`.psychometric.threshold_analysis`), the points per (clip, level), and a verdict
-    line."""
-    from .psychometric import headroom_sentence, threshold_analysis
-    from .text import num
-
-    cfg = st["config"].get("threshold") or {}
-    stimuli = cfg.get("stimuli") or {}
-    trials_ = threshold.analysis_trials(test, stimuli)
-    ref = threshold.reference(st["config"])
-    a = threshold_analysis(trials_, reference=ref, metric=threshold.METRIC, n_boot=reps,
-                           seed=int(st["seed"]) % 2**32)
-    n, correct = len(trials_), sum(t["correct"] for t in trials_)
-    pooled = a.get("pooled") or {}
-    thr, ci = pooled.get("threshold"), pooled.get("ci") or [None, None]
-    head = a.get("headroom") or {}
-    hci = head.get("ci") or [None, None]
-    if thr is None:
-        bound = pooled.get("bound")
-        verdict = {"lower": "threshold above the levels shown",
-                   "upper": "threshold below the levels shown"}.get(bound, "no threshold")
-        text = f"{verdict}: " + ("; ".join(a.get("notes") or []) or "see the points per level")
-    else:
-        verdict = "threshold measured"
-        text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
-                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}; "
-                f"{headroom_sentence(head.get('value'))} (interval {num(hci[0], 2)} to "
-                f"{num(hci[1], 2)})")
-    return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
-            "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
-            "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
-                    f"{threshold.METRIC} (guess rate 0.5, criterion "
-                    f"{a.get('criterion', 0.75)}); interval from a bootstrap over raters and "
-                    f"clips ({reps} replicates)",
-            "rater_count": len({t["rater"] for t in trials_}),
-            "clip_count": len({t["clip"] for t in trials_})}
-
-
 def _ladder(db, study) -> str:
     with open_db(db).engine.connect() as conn:
-        st = _study(conn, study)
+        st = load_study(conn, study)
     return ((st["config"] or {}).get("threshold") or {}).get("ladder", "amplify")
 
 
@@ -302,7 +259,7 @@ def _num(v) -> str:
 MAX_REPS = 100_000
 
 
-def _state(db, st: dict, rows: list[dict]) -> dict:
+def key_state(db, st: dict, rows: list[dict]) -> dict:
     """Where a study stands: complete raters in order of completion, the catch screening, the
     logged unblindings and whether the key is open (the planned included raters are complete,
     or an unblinding was logged)."""
@@ -323,7 +280,7 @@ def unblinding_log(db, study) -> list[dict]:
     """The study's logged unblindings, oldest first: ``who``, ``reason``, ``created``,
     ``raters_included``, ``raters_planned``, ``text`` (one line for verdicts and CSVs)."""
     with open_db(db).engine.connect() as conn:
-        sid = _study(conn, study)["id"]
+        sid = load_study(conn, study)["id"]
         rows = [dict(r) for r in conn.execute(
             select(unblindings).where(unblindings.c.study_id == sid)
             .order_by(unblindings.c.id)).mappings()]
@@ -352,8 +309,8 @@ def unblind(db, study, *, reason: str, who: str) -> dict:
             raise StudyError(f"{name}: expected one line of at most {MAX_REASON} characters, "
                              f"found {len(v)} characters" + (" over several lines"
                                                              if "\n" in v or "\r" in v else ""))
-    st, rows = _stored_ratings(db, study)   # counts only: the key stays sealed
-    state = _state(db, st, rows)
+    st, rows = stored_ratings(db, study)   # counts only: the key stays sealed
+    state = key_state(db, st, rows)
     if state["done"]:
         raise StudyError(f"--study {st['id']}: expected a study still short of its planned "
                          f"raters, found it complete ({len(state['kept'])} of "
@@ -402,7 +359,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
         raise StudyError(f"--reps: expected 100 to {MAX_REPS:,} bootstrap replicates, found {reps}")
     st, rows = raw_ratings(db, study)
     protocol, margin, alpha = st["protocol"], st["margin"], st["alpha"]
-    state = _state(db, st, rows)
+    state = key_state(db, st, rows)
     planned, prog, complete = state["planned"], state["prog"], state["complete"]
     rule, kept, excluded, graded = state["rule"], state["kept"], state["excluded"], state["graded"]
     out = {"study": st["id"], "protocol": protocol, "margin": margin, "alpha": alpha,
@@ -423,16 +380,8 @@ def results(db, study, *, reps: int = 1000) -> dict:
            "same_runs": same_runs(db, st["id"]), "seal": _seal_out(st),
            "delivery_mode": delivery_of(st["config"]), "seen": SEEN[delivery_of(st["config"])],
            "delivery_choice": (st["config"] or {}).get("delivery_choice")}
-    out["claim"] = ("ABX (forced choice): can claim distinguishable or indistinguishable"
-                    if protocol == "abx" else
-                    "threshold (ABX over amplified differences): the metric size of a "
-                    "difference of this kind that raters notice (75% correct), and the real "
-                    "difference's headroom below it; assumes amplified differences are seen like "
-                    "natural ones (docs/studies.md)"
-                    if protocol == "threshold" else
-                    "preference: reports a preference or none; never claims indistinguishable "
-                    "(raters who see a difference but split their taste look like raters who "
-                    "see none; use ABX for that claim)")
+    proto = protocols.get(protocol)
+    out["claim"] = proto.claim
     if not rows:
         out.update(status="no ratings", verdict="no ratings yet",
                    verdict_text=f"no ratings yet: 0 of {planned} planned raters have started")
@@ -454,8 +403,9 @@ def results(db, study, *, reps: int = 1000) -> dict:
     used = kept[:planned]
     out["raters_used"] = used
     test = [r for r in rows if r["kind"] == "test" and r["rater"] in set(used)]
-    if protocol == "threshold":
-        out.update(status="complete", **_threshold_results(st, test, reps))
+    own = proto.own_results(st, test, reps)
+    if own is not None:                         # threshold: the psychometric fit
+        out.update(status="complete", **own)
         return out
     vseed = stats.verdict_seed(st["seed"])
     out["bootstrap_reps"], out["bootstrap_seed"] = stats.VERDICT_REPS, vseed
@@ -484,8 +434,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
     if dec.get("flagged"):
         out["verdict_text"] += ("; detectably different clip" + ("s" if len(dec["flagged"]) > 1
                                 else "") + ": " + ", ".join(map(str, dec["flagged"])))
-    if protocol in design.FORCED_CHOICE:
-        out["coverage"] = _coverage(st, dec)
+    out.update(proto.coverage(st, dec))
     # sensitivity: the figures on the first planned complete raters, exclusions ignored; not a
     # verdict (a second verdict line is a second chance to read "indistinguishable": with 30%
     # random clickers it said so 7-9% of the time at the boundary), so no verdict word
@@ -498,11 +447,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
     out["without_exclusions"].update(
         raters=len(used_all), label="sensitivity check, not a verdict: the same figures with "
         "the raters the catch trials excluded")
-    if protocol == "preference":
-        units: dict[str, list] = {}
-        for r in test:
-            units.setdefault(r["job"], []).append({1.0: "b", 0.0: "a", 0.5: "same"}[r["score_b"]])
-        out["krippendorff_alpha"] = _round(stats.krippendorff_alpha_nominal(list(units.values())))
+    out.update({k: _round(v) for k, v in proto.agreement(test).items()})
     return out
 
 
@@ -529,8 +474,8 @@ def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
     clips = int(dec.get("clip_count") or 0)
     the_plan = (st["config"] or {}).get("plan") or {}
     pr, pc = the_plan.get("raters"), the_plan.get("clips")
-    if st["protocol"] == "abx" and pc is not None:
-        pc = max(int(pc), stats.min_clips(st["margin"]))   # plans made before the clips floor
+    proto = protocols.get(st["protocol"])
+    pc = proto.planned_clips(pc, st["margin"])
     under = pr is None or raters < int(pr) or clips < int(pc or 0)
     out = {"raters": raters, "clips": clips, "planned_raters": pr, "planned_clips": pc,
            "under_sized": bool(under), "check": None}
@@ -540,21 +485,12 @@ def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
     plan_txt = (f"the plan for margin {st['margin']:g} asks for {pr} raters x {pc} clips"
                 if pr is not None else "no plan recorded")
     out["text"] = f"UNDER-SIZED: {raters} raters x {clips} clips; {plan_txt}"
-    if st["protocol"] in design.FORCED_CHOICE and clips >= 1 and raters >= 1:
+    if proto.checks_design and clips >= 1 and raters >= 1:
         args = {"raters": raters, "clips": clips, "margin": st["margin"], "alpha": st["alpha"]}
         out["check"] = simcache.cached("design_check", args,
                                        lambda: planning.design_check(**args))
         out["text"] += f"; {out['check']['text']}"
     return out
-
-
-def _coverage(st: dict, dec: dict) -> dict:
-    """What an ABX verdict covers (:func:`.stats.coverage`): the clips and how they were chosen,
-    and the bound on the share of visibly different clips like these."""
-    per_clip = dec.get("per_clip") or []
-    return stats.coverage(st["clips_spec"], len(per_clip),
-                          (st["config"] or {}).get("clips_of"), len(dec.get("flagged") or []),
-                          min((c["ratings"] for c in per_clip), default=0), alpha=st["alpha"])
 
 
 def _with_pilot(out: dict, st: dict, rows: list[dict], kept: list, reps: int) -> dict:
@@ -569,9 +505,8 @@ def _with_pilot(out: dict, st: dict, rows: list[dict], kept: list, reps: int) ->
         out["pilot"] = {"label": label, "verdict": "pilot", "n": 0,
                         "note": "no included rater has finished yet"}
         return out
-    if st["protocol"] == "threshold":
-        p = _threshold_results(st, test, reps)
-    else:
+    p = protocols.get(st["protocol"]).own_results(st, test, reps)
+    if p is None:
         p = _decide(st["protocol"], test, st["margin"], st["alpha"], stats.VERDICT_REPS,
                     stats.verdict_seed(st["seed"]))
         p.pop("margin_terms", None)
@@ -609,7 +544,7 @@ def same_runs(db, study) -> dict:
     all, so a best of several studies of the same runs cannot be reported as if it were the
     only one."""
     with open_db(db).engine.connect() as conn:
-        sid = _study(conn, study)["id"]
+        sid = load_study(conn, study)["id"]
         rows = [dict(r) for r in conn.execute(select(
             studies.c.id, studies.c.run_a, studies.c.run_b, studies.c.config)).mappings()]
     mine = _runs_keys(next(r for r in rows if r["id"] == sid))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import secrets
 from fractions import Fraction
 from pathlib import Path
@@ -16,14 +17,13 @@ from sqlalchemy import func, select
 
 from ..errors import InputFileError
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, seal, threshold, trialmedia
+from . import design, excerpt, fidelity, protocols, seal, stats, threshold, trialmedia
 from .lossless import DELIVERIES, EXT, SEEN, exact_summary
 from .errors import (StudyError)
 from .live import token_hash
 from .media import ordered_map, prepare_media_dir
-from .planning import _catch_min_correct, _invite_count, _study_plan
 from .analyse import same_runs
-from .store import (_study, clips, new_media_key, now, open_db, raters, ratings, studies, trials)
+from .store import (load_study, clips, new_media_key, now, open_db, raters, ratings, studies, trials)
 
 
 #: ``study create --delivery auto``: chosen from the report's figures before encoding
@@ -168,17 +168,18 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                               allow_masking=allow_masking)
     delivery = choice["chosen"]                # before any encoding
     n_rows = len(chosen) * len(ladder)        # rows of the clips table: (clip, level) pairs
-    the_plan, warnings = _study_plan(protocol, margin, alpha, raters_planned, len(chosen),
-                                     ladder, ladder_warnings)
+    proto = protocols.get(protocol)
+    the_plan, warnings = proto.study_plan(margin, alpha, raters_planned, len(chosen), ladder,
+                                          ladder_warnings)
     planned = raters_planned or the_plan["raters"]
     swap, xbit = design.base_bits(n_rows, design_seed)
     n_catch = design.n_catch(n_rows)          # easy catch trials per rater
     min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
     work = _plan_rows(chosen, ladder, n_catch, seed)
-    encode = dict(kind=kind, forced=protocol in design.FORCED_CHOICE, media=media,
-                  offs=threshold.offsets(ladder) if protocol == "threshold" else {},
+    encode = dict(kind=kind, forced=proto.forced_choice, media=media,
+                  offs=proto.offsets(ladder),
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
-                  measure_reference=protocol == "threshold", delivery_margin_db=delivery_margin_db,
+                  measure_reference=proto.measures_reference, delivery_margin_db=delivery_margin_db,
                   delivery=delivery)
     try:
         made = _make_media(work, encode, cut=cut, ex_seconds=ex_seconds, ex_at=ex_at,
@@ -260,20 +261,13 @@ def _check_create(protocol: str, *, clips_spec, raters_planned, margin, seed, me
     if protocol not in design.PROTOCOLS:
         raise StudyError(f"--protocol: expected preference, abx or threshold, found {protocol!r}")
     kind = "amplify" if ladder is None else ladder
-    if ladder is not None and protocol != "threshold":
-        raise StudyError(f"--ladder: only for --protocol threshold, found --protocol {protocol}")
+    proto = protocols.get(protocol)
+    proto.check_ladder(ladder)
     if kind not in threshold.LADDERS:
         raise StudyError(f"--ladder: expected one of {', '.join(threshold.LADDERS)}, found "
                          f"{ladder!r}")
-    ladder, ladder_warnings = [None], []       # from here: the levels (None: one per clip)
-    if protocol == "threshold":
-        ladder, ladder_warnings = threshold.parse_levels(
-            threshold.DEFAULT_LEVELS if levels is None else levels, kind)
-        if raters_planned <= 0:
-            raise StudyError("--raters: the threshold protocol needs the planned number of "
-                             f"raters (it has no planner), found {raters_planned}")
-    elif levels is not None:
-        raise StudyError(f"--levels: only for --protocol threshold, found --protocol {protocol}")
+    # from here: the levels (``[None]``: one row per clip)
+    ladder, ladder_warnings = proto.levels(levels, kind, raters_planned)
     if not 0 < margin < 0.5:
         raise StudyError(f"--margin: expected a number in (0, 0.5), found {margin}")
     if not 0 <= delivery_margin_db < 100:
@@ -398,12 +392,8 @@ def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int
               "media_bytes": media_bytes, **timing}
     if cut:
         config["excerpt"] = cut
-    if protocol == "threshold":
-        config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
-                               "metrics_device": str(metrics_device),
-                               "conventions": _conventions(reference), "stimuli": {},
-                               "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
-                                             for j, m in reference.items()}}
+    protocols.get(protocol).add_config(config, ladder=ladder, kind=kind,
+                                       metrics_device=metrics_device, reference=reference)
     return config
 
 
@@ -434,9 +424,7 @@ def _write_study(d, key, config: dict, made: dict, *, protocol: str, margin: flo
             config.setdefault("bits", {})[str(ids[-1])] = bits
         config["catch_pool"] = [{"clip_id": ids[p["ord"]], "kind": p["kind"],
                                  "streams": p["streams"]} for p in pool]
-        if protocol == "threshold":
-            config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
-                k: v for k, v in s.items() if k != "ord"} for s in stimuli}
+        protocols.get(protocol).add_stimuli(config, ids, stimuli)
         conn.execute(studies.update().where(studies.c.id == sid).values(
             config=seal.seal_config(key, sid, config)))
     return sid
@@ -451,10 +439,6 @@ def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
         label = f"clip {row['job']}" + ("" if fig["level"] is None else
                                         f" at level {fig['level']:g}")
         raise StudyError(fidelity.refusal(label, fig))
-
-
-def _conventions(reference: dict) -> dict:
-    return next((m.get("conventions") for m in reference.values()), None) or {}
 
 
 def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
@@ -488,7 +472,7 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
     d = open_db(db)
     out = []
     with d.engine.begin() as conn:
-        st = _study(conn, study)
+        st = load_study(conn, study)
         cfg = seal.unseal_config(st["id"], st["config"])     # the key file is needed here
         key = seal.study_key(cfg)
         cl = [dict(r) for r in conn.execute(select(clips).where(clips.c.study_id == st["id"])
@@ -547,3 +531,16 @@ def list_studies(db) -> list[dict]:
              "raters": n["raters"].get(i, 0), "raters_planned": rp,
              "ratings": n["ratings"].get(i, 0), "trials": n["trials"].get(i, 0),
              "created": str(cr)} for i, p, rp, cr in rows]
+
+
+def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
+    """The easy catch trials a rater must get right (:func:`.stats.catch_min_correct`)."""
+    try:
+        return stats.catch_min_correct(n_catch, catch_alpha)
+    except ValueError as e:
+        raise StudyError(f"--catch-alpha: {e}") from None
+
+
+def _invite_count(planned: int, the_plan: dict) -> int:
+    rate = float(the_plan.get("exclusion_rate") or 0.0)
+    return int(math.ceil(planned / (1 - rate))) if rate < 1 else planned

@@ -8,8 +8,8 @@ from pathlib import Path
 
 
 from ..fsutil import atomic_write_text, csv_text
-from . import threshold
-from .analyse import key_text, _state, _stored_ratings, raw_ratings
+from . import protocols
+from .analyse import key_text, key_state, stored_ratings, raw_ratings
 
 
 #: the per-rater progress table's columns (:func:`study_progress`)
@@ -22,8 +22,8 @@ def study_progress(db, study) -> dict:
     those assigned; one row per invited rater (:data:`PROGRESS_COLUMNS`: answered of their
     trials, ``done`` as a whole percentage, ``state`` not started / rating / complete /
     excluded); ``text``: one line saying it. Counts only: no answer, accuracy or clip figure."""
-    st, rows = _stored_ratings(db, study)   # counts only: no key file needed
-    state = _state(db, st, rows)
+    st, rows = stored_ratings(db, study)   # counts only: no key file needed
+    state = key_state(db, st, rows)
     prog, planned = state["prog"], state["planned"]
     excluded = {e["rater"] for e in state["excluded"]}
     table = []
@@ -69,8 +69,8 @@ KEY_COLUMNS = ("positions", "backend_per_side", "answer", "expected", "correct",
 def key_status(db, study) -> str:
     """The study's key in one line (:func:`key_text`): sealed with the progress, open, or the
     logged unblinding."""
-    st, rows = _stored_ratings(db, study)
-    return key_text(_state(db, st, rows))
+    st, rows = stored_ratings(db, study)
+    return key_text(key_state(db, st, rows))
 
 
 def ratings_csv(db, study) -> str:
@@ -82,13 +82,11 @@ def ratings_csv(db, study) -> str:
     of that level). While the key is sealed (before the planned included raters are complete,
     without a logged unblinding) the :data:`KEY_COLUMNS` are empty: counts and timing only."""
     st, rows = raw_ratings(db, study)
-    state = _state(db, st, rows)
+    state = key_state(db, st, rows)
     key = key_text(state)
-    columns = RAW_COLUMNS
-    stimuli = {}
-    if st["protocol"] == "threshold":
-        columns = RAW_COLUMNS + ("level", "stimulus_lpips")
-        stimuli = (st["config"].get("threshold") or {}).get("stimuli") or {}
+    proto = protocols.get(st["protocol"])
+    columns = RAW_COLUMNS + proto.rating_columns
+    stimuli = proto.stimuli(st)
 
     def cells(r):
         r = dict(r, positions=json.dumps(r["shown"], sort_keys=True),
@@ -122,12 +120,10 @@ def summary_csv(res: dict) -> str:
     (:data:`.threshold.SUMMARY_COLUMNS`: pooled and per-clip fits, the points per level; the
     unblinding in ``notes``)."""
     unb = (res.get("unblinding") or {}).get("text")
-    if res.get("protocol") == "threshold":
-        rows = threshold.summary_rows(res)
-        if unb:
-            i = threshold.SUMMARY_COLUMNS.index("notes")
-            rows[0][i] = "; ".join(x for x in (rows[0][i], unb) if x)
-        return csv_text(threshold.SUMMARY_COLUMNS, rows)
+    proto = protocols.REGISTRY.get(res.get("protocol"))
+    own = proto.summary_csv(res) if proto is not None else None
+    if own is not None:                         # threshold: its own columns
+        return own
     cov = res.get("coverage") or {}
     study_row = {"scope": "study", "job": "", "ratings": res.get("n"),
                  "raters": res.get("rater_count"),

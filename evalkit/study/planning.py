@@ -10,39 +10,12 @@ import numbers
 
 from . import simcache, stats
 from .errors import StudyError
-from .stats import (_clip_power, abx_rule_text, margin_terms, preference_rule_text, visible_share_bound, MAX_RATERS, MIN_CLIPS, MIN_RATERS, clips_for_bound, min_clips, visible_share_limit, _t)
+from .stats import (clip_veto_power, abx_rule_text, margin_terms, preference_rule_text, visible_share_bound, MAX_RATERS, MIN_CLIPS, MIN_RATERS, clips_for_bound, min_clips, visible_share_limit, t_quantile)
 from .simulate import (SIMULATE_MAX_CELLS, BOUNDARY_SCENARIOS, INVERSION_SCENARIOS, mc_se, simulate_abx,
                        simulate_preference)
 
 
-def _study_plan(protocol: str, margin: float, alpha: float, raters_planned: int, n_clips: int,
-                ladder: list, ladder_warnings: list) -> tuple[dict, list[str]]:
-    """The study's design (:func:`_plan`; for the threshold protocol, ``--raters`` as given) and
-    the warnings on it (:func:`_design_warnings`, or the levels' warnings)."""
-    if protocol == "threshold":
-        the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
-                    "note": "no planner for the threshold protocol: --raters as given"}
-        warnings = list(ladder_warnings)
-    else:
-        the_plan = _plan(protocol, margin, n_clips, alpha)
-        warnings = _design_warnings(protocol, n_clips, raters_planned, the_plan)
-    return the_plan, warnings
-
-
-def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:
-    """The easy catch trials a rater must get right (:func:`.stats.catch_min_correct`)."""
-    try:
-        return stats.catch_min_correct(n_catch, catch_alpha)
-    except ValueError as e:
-        raise StudyError(f"--catch-alpha: {e}") from None
-
-
-def _invite_count(planned: int, the_plan: dict) -> int:
-    rate = float(the_plan.get("exclusion_rate") or 0.0)
-    return int(math.ceil(planned / (1 - rate))) if rate < 1 else planned
-
-
-def _plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
+def cached_plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
     """The planner's design for this study (cached per process and on disk: it simulates)."""
     key = (protocol, margin, n_clips, alpha)
     if key not in _PLANS:
@@ -55,7 +28,7 @@ def _plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
     return _PLANS[key]
 
 
-def _design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan: dict) -> list[str]:
+def design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan: dict) -> list[str]:
     out = []
     if n_clips < stats.MIN_CLIPS:
         out.append(f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
@@ -143,7 +116,7 @@ def _normal_power(R: int, C: int, margin: float, alpha: float, *, two_sided: boo
     h2 = min(rater_sd ** 2, 0.25)
     se = math.sqrt(h2 / R + (0.25 - h2) / n)
     sd = math.sqrt(h2 / R + _pigeonhole_factor(R, C) * (0.25 - h2) / n)
-    t = float(_t(1 - alpha / 2 if two_sided else 1 - alpha, min(R, C) - 1))
+    t = float(t_quantile(1 - alpha / 2 if two_sided else 1 - alpha, min(R, C) - 1))
     return float(norm.cdf((margin - t * sd) / se))
 
 
@@ -168,7 +141,7 @@ MAX_CLIP_RATERS = 5_000
 
 
 def _clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power: float) -> int:
-    """Normal approximation of the ratings per clip :func:`_clip_power` needs."""
+    """Normal approximation of the ratings per clip :func:`clip_veto_power` needs."""
     from scipy.stats import norm
 
     if clip_accuracy >= 1:
@@ -405,14 +378,14 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
                          f"would be needed to flag one clip (the limit is "
                          f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
     r_clip = MIN_RATERS
-    while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
+    while clip_veto_power(r_clip, C, alpha, clip_accuracy) < clip_power:
         r_clip += 1
         if r_clip > MAX_RATERS:
             raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
                              f"{MAX_RATERS:,} ratings per clip")
 
     def clip_ok_from(r: int) -> int:
-        while _clip_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
+        while clip_veto_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
             r += 1
         return r
 
@@ -495,7 +468,7 @@ def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, e
     the normal approximation when ``big``)."""
     out = {"margin_terms": margin_terms(margin), "rule": abx_rule_text(margin, alpha, R, C, 2000),
            "clip_accuracy": clip_accuracy, "clip_power_target": clip_power,
-           "clip_flag_power": _clip_power(R, C, alpha, clip_accuracy)}
+           "clip_flag_power": clip_veto_power(R, C, alpha, clip_accuracy)}
     if big:
         out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
                    simulated_power_se=None, boundary_error=None, boundary_error_se=None,

@@ -72,7 +72,8 @@ thresholds have sd 0.6 it covered 88.5-91.5% (8 clips: 94%, 12: 95.5%). Below
 (sd of log), ``notes`` says the pooled interval is likely too narrow.
 
 The Monte Carlo checks (simulated raters with known psychometric functions, heterogeneous raters
-and clips: :func:`simulate_trials`, :func:`population_threshold`, :func:`simulate_coverage`)
+and clips: :func:`.simulate.simulate_trials`, :func:`.simulate.population_threshold`,
+:func:`.simulate.simulate_coverage`)
 are in ``tests/test_psychometric.py`` (a fast slice) and ``benchmarks/bench_threshold_sim.py``
 (results in ``benchmarks/results/threshold_sim.txt``).
 """
@@ -111,7 +112,7 @@ class ThresholdError(StudyError):
 
 # -- the model -------------------------------------------------------------------------------
 
-def _core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
+def model_core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
     """F and dF/dz at ``z = slope * (log x - log threshold)``."""
     z = np.clip(z, -60.0, 60.0)
     if model == "weibull":
@@ -127,7 +128,7 @@ def psychometric(x, threshold, slope, lapse=0.0, *, model: str = "weibull",
     """``p(x) = guess + (1 - guess - lapse) F(x)`` with ``F(threshold) = 0.5`` (module doc)."""
     _check_model(model)
     z = np.asarray(slope, float) * (np.log(np.asarray(x, float)) - np.log(threshold))
-    return guess + (1.0 - guess - np.asarray(lapse, float)) * _core(z, model)[0]
+    return guess + (1.0 - guess - np.asarray(lapse, float)) * model_core(z, model)[0]
 
 
 def _check_model(model):
@@ -141,7 +142,7 @@ def _loglik(theta, lx, N, K, model):
     m, s, lam = theta[:, 0:1], theta[:, 1:2], theta[:, 2:3]
     beta = np.exp(s)
     z = beta * (lx - m)
-    F, dF = _core(z, model)
+    F, dF = model_core(z, model)
     a = 1.0 - GUESS - lam
     p = np.clip(GUESS + a * F, _EPS, 1.0 - _EPS)
     ll = (K * np.log(p) + (N - K) * np.log1p(-p)).sum(-1)
@@ -168,7 +169,7 @@ def _grid_start(lx, N, K, lo, hi, model):
         g1 = min(G, g0 + chunk)
         z = (np.exp(_SLOPE_STARTS)[None, :, None, None]
              * (lxb[g0:g1, None, None, :] - ms[g0:g1, None, :, None]))       # (g, S, nm, M)
-        p = np.clip(GUESS + a * _core(z, model)[0], _EPS, 1 - _EPS)
+        p = np.clip(GUESS + a * model_core(z, model)[0], _EPS, 1 - _EPS)
         ll = (K[g0:g1, None, None, :] * np.log(p)
               + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(-1)       # (g, S, nm)
         i = ll.argmax(2)
@@ -178,7 +179,7 @@ def _grid_start(lx, N, K, lo, hi, model):
     return np.clip(best, lo[:, None], hi[:, None])
 
 
-def _fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
+def fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
     """Maximum likelihood for every batch row at once, from two starts (the best point of the
     grid of :func:`_grid_start`, and ``theta0`` when given), keeping the better optimum:
     :func:`_lm`. Returns (theta, loglik). (Refining the best start of every slope of the grid
@@ -271,7 +272,7 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
     return theta, ll
 
 
-def _bounds(xmin, xmax, lapse_max):
+def fit_bounds(xmin, xmax, lapse_max):
     xmin = np.atleast_1d(np.asarray(xmin, float))
     xmax = np.atleast_1d(np.asarray(xmax, float))
     lo = np.stack([np.log(xmin / EXTRAPOLATE), np.full(xmin.shape, math.log(SLOPE_BOUNDS[0])),
@@ -296,9 +297,9 @@ def fit_psychometric(x, n, k, *, model: str = "weibull", lapse_max: float = LAPS
     if use.sum() == 0:
         raise ThresholdError("fit: no trials")
     x, n, k = x[use], n[use], k[use]
-    lo, hi = _bounds(x.min(), x.max(), lapse_max)
+    lo, hi = fit_bounds(x.min(), x.max(), lapse_max)
     lx = np.log(x)[None]
-    theta, ll = _fit_batch(lx, n[None], k[None], lo, hi, model)
+    theta, ll = fit_batch(lx, n[None], k[None], lo, hi, model)
     best, best_ll = theta[0], ll[0]
 
     def nll(t):
@@ -332,7 +333,7 @@ def fit_psychometric(x, n, k, *, model: str = "weibull", lapse_max: float = LAPS
 
 # -- the bootstrap ---------------------------------------------------------------------------
 
-def _draws(rng, n: int, B: int) -> np.ndarray:
+def bootstrap_draws(rng, n: int, B: int) -> np.ndarray:
     """Draw counts (B, n): how often each of n units is drawn in n draws with replacement."""
     idx = rng.integers(0, n, size=(B, n)) + (np.arange(B) * n)[:, None]
     return np.bincount(idx.ravel(), minlength=B * n).reshape(B, n).astype(float)
@@ -379,19 +380,19 @@ def _exp_ci(ci):
     return [None if c is None else float(math.exp(c)) for c in ci]
 
 
-def _replicates(lx, Nb, Kb, theta0, xmin, xmax, lapse_max, model):
+def replicate_fits(lx, Nb, Kb, theta0, xmin, xmax, lapse_max, model):
     """Refit every bootstrap replicate: ``lx`` (G, M) log stimulus values of G fits, ``Nb``/``Kb``
     (G, B, M) replicate counts, ``theta0`` (G, 3) the fits' estimates (a start beside the
     grid's), ``xmin``/``xmax`` (G,) the ranges shown. Returns log thresholds (G, B), +-inf at a
     search bound."""
     G, B, M = Nb.shape
-    lo, hi = _bounds(np.repeat(xmin, B), np.repeat(xmax, B), lapse_max)
-    theta, _ = _fit_batch(np.repeat(lx, B, 0), Nb.reshape(G * B, M), Kb.reshape(G * B, M), lo,
+    lo, hi = fit_bounds(np.repeat(xmin, B), np.repeat(xmax, B), lapse_max)
+    theta, _ = fit_batch(np.repeat(lx, B, 0), Nb.reshape(G * B, M), Kb.reshape(G * B, M), lo,
                           hi, model, theta0=np.repeat(theta0, B, 0))
     return _replicate_thresholds(theta, lo, hi).reshape(G, B)
 
 
-def _interval(t, m, xmin, xmax, confidence, units=None):
+def threshold_interval(t, m, xmin, xmax, confidence, units=None):
     """(threshold or None, [lo, hi], bound) from the estimate ``t``, the replicates' log
     thresholds ``m`` and the range shown: the threshold is reported only within the range;
     outside it the interval is one-sided, and clamped to the range's end (a bound beyond the
@@ -562,12 +563,12 @@ def _gof(fits, x, N, model, n_gof, rng, lapse_max):
         KK.append(rng.binomial(n.astype(np.int64), p[None]).astype(float))
         NN.append(n)
         LX.append(np.repeat(np.log(x[i])[None], n_gof, 0))
-        lo, hi = _bounds(np.full(n_gof, fit["xmin"]), np.full(n_gof, fit["xmax"]), lapse_max)
+        lo, hi = fit_bounds(np.full(n_gof, fit["xmin"]), np.full(n_gof, fit["xmax"]), lapse_max)
         LO.append(lo)
         HI.append(hi)
     NN, KK = np.concatenate(NN), np.concatenate(KK)
     T0 = np.concatenate([np.repeat(fits[i]["theta"][None], n_gof, 0) for i in rows])
-    _, ll = _fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model,
+    _, ll = fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model,
                        theta0=T0)
     dev = (2.0 * (_saturated(NN, KK) - ll)).reshape(len(rows), n_gof)
     for j, i in enumerate(rows):
@@ -620,20 +621,20 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     fits = [_safe_fit(d.x[c], Ntot[c], Ktot[c], model, lapse_max) for c in range(C)]
     # bootstrap draws in a fixed order (pooled raters, pooled clips, each clip's raters):
     # simulate_coverage draws the same
-    wr = _draws(rng, R, n_boot)
-    wc = _draws(rng, C, n_boot)
+    wr = bootstrap_draws(rng, R, n_boot)
+    wc = bootstrap_draws(rng, C, n_boot)
     clip_raters = [np.flatnonzero(d.n[:, c, :].sum(1) > 0) for c in range(C)]
-    wcl = [_draws(rng, len(rs), n_boot) for rs in clip_raters]
+    wcl = [bootstrap_draws(rng, len(rs), n_boot) for rs in clip_raters]
 
     ci = (None, [None, None], None)
     hci = [None, None]
     if fit is not None:
         Nb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.n)
         Kb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.k)
-        m = _replicates(np.log(x)[None], Nb.reshape(1, n_boot, -1), Kb.reshape(1, n_boot, -1),
+        m = replicate_fits(np.log(x)[None], Nb.reshape(1, n_boot, -1), Kb.reshape(1, n_boot, -1),
                         fit["theta"][None], np.array([fit["xmin"]]), np.array([fit["xmax"]]),
                         lapse_max, model)[0]
-        ci = _interval(fit["threshold"], m, fit["xmin"], fit["xmax"], confidence)
+        ci = threshold_interval(fit["threshold"], m, fit["xmin"], fit["xmax"], confidence)
         lref = (wc * logref).sum(1) / wc.sum(1)
         hci = _exp_ci(_percentile_ci(m - lref, confidence))
 
@@ -644,12 +645,12 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     if fitted:
         NB = np.stack([wcl[c] @ d.n[clip_raters[c], c, :] for c in fitted])
         KB = np.stack([wcl[c] @ d.k[clip_raters[c], c, :] for c in fitted])
-        m = _replicates(np.log(d.x[fitted]), NB, KB, np.stack([fits[c]["theta"] for c in fitted]),
+        m = replicate_fits(np.log(d.x[fitted]), NB, KB, np.stack([fits[c]["theta"] for c in fitted]),
                         np.array([fits[c]["xmin"] for c in fitted]),
                         np.array([fits[c]["xmax"] for c in fitted]), lapse_max, model)
         for i, c in enumerate(fitted):
             units = len(clip_raters[c]) - 1 if CLIP_EXPANDED else None
-            cis[c] = _interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
+            cis[c] = threshold_interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
                                confidence, units)
             hcis[c] = _exp_ci(_percentile_ci(m[i] - logref[c], confidence, units))
 

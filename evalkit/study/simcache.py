@@ -2,7 +2,8 @@
 
 Both are deterministic (fixed seeds) and take seconds to tens of seconds to simulate, so each
 command that needs one (``study plan``, ``study create``, ``study results``) would pay for it
-again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`) under
+again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`, :mod:`.simulate`
+and :mod:`.planning`) under
 ``$EVALKIT_CACHE_DIR/sims`` (or ``~/.cache/evalkit/sims``) as JSON, written atomically; a
 change to the rules' code makes a new key, so a stale figure is never read. A cache that cannot
 be read or written (read-only home, full disk) is skipped: the figure is simulated.
@@ -23,10 +24,9 @@ _SOURCE: str | None = None
 def _source_hash() -> str:
     global _SOURCE
     if _SOURCE is None:
-        from . import planning, simulate, stats     # the rules, their simulation and the planner
-        h = hashlib.sha256()
-        for m in (stats, simulate, planning):
-            h.update(Path(m.__file__).read_bytes())
+        h = hashlib.sha256()        # the rules, their simulation and the planner (read, not imported)
+        for name in ("stats.py", "simulate.py", "planning.py"):
+            h.update((Path(__file__).parent / name).read_bytes())
         _SOURCE = h.hexdigest()[:16]
     return _SOURCE
 

@@ -11,9 +11,9 @@ import math
 import numpy as np
 from scipy import optimize
 
-from .psychometric import (CLIP_EXPANDED, LAPSE_MAX, _bounds, _core, _draws, _fit_batch, _interval,
-                           _replicates, psychometric)
-from .stats import (MIN_RATERS, VISIBLE_ACCURACY, after_unblinding, visible_share_bound, _abx_rule, _draw_counts, _preference_rule, sign_flips,
+from .psychometric import (CLIP_EXPANDED, LAPSE_MAX, fit_bounds, model_core, bootstrap_draws, fit_batch, threshold_interval,
+                           replicate_fits, psychometric)
+from .stats import (MIN_RATERS, VISIBLE_ACCURACY, after_unblinding, visible_share_bound, abx_rule, draw_counts, preference_rule, sign_flips,
                     wilson)
 
 
@@ -150,9 +150,9 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
                    clip_accuracy=clip_accuracy, invert=invert, bot_share=bot_share,
                    bot_accuracy=bot_accuracy)
         Y = (rng.random((sb, raters, clips)) < P).astype(float)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
+        wr = draw_counts(rng, raters, (sb, reps))
+        wc = draw_counts(rng, clips, (sb, reps))
+        o = abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
         acc["below_chance"] += o["below_chance"].sum()
         acc["bound_below_margin"] += (~o["distinguishable"] & (o["upper"] < 0.5 + margin)).sum()
         acc["distinguishable"] += o["distinguishable"].sum()
@@ -194,9 +194,9 @@ def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneo
         Y = (rng.random((sb, raters_max, clips)) < P).astype(float)
         hit = np.zeros(sb, dtype=bool)
         for r in range(start, raters_max + 1):
-            wr = _draw_counts(rng, r, (sb, reps))
-            wc = _draw_counts(rng, clips, (sb, reps))
-            o = _abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
+            wr = draw_counts(rng, r, (sb, reps))
+            wc = draw_counts(rng, clips, (sb, reps))
+            o = abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
             if r == raters_max:
                 fixed += int(o["indistinguishable"].sum())
                 # the owner looked (unblinded at the first look, before the planned size):
@@ -234,9 +234,9 @@ def simulate_visible_share(raters: int, clips: int, share: float, *, margin: flo
         vis = rng.random((sb, 1, clips)) < share
         P = np.broadcast_to(np.where(vis, visible_accuracy, 0.5), (sb, raters, clips))
         Y = (rng.random((sb, raters, clips)) < P).astype(float)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
+        wr = draw_counts(rng, raters, (sb, reps))
+        wc = draw_counts(rng, clips, (sb, reps))
+        o = abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
         b, _ = visible_share_bound(o["flagged"].sum(axis=1), clips, raters, alpha=alpha,
                                    visible_accuracy=bound_accuracy)
         cov = b >= share
@@ -271,9 +271,9 @@ def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
         tr = _beta_mean_sd(rng, tie_rate, tie_sd, (sb, raters, 1))
         D = (rng.random((sb, raters, clips)) >= tr).astype(float)
         W = D * (rng.random((sb, raters, clips)) < pr)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _preference_rule(W, D, wr, wc, alpha=alpha, flips=sign_flips(rng, raters))
+        wr = draw_counts(rng, raters, (sb, reps))
+        wc = draw_counts(rng, clips, (sb, reps))
+        o = preference_rule(W, D, wr, wc, alpha=alpha, flips=sign_flips(rng, raters))
         b += int(o["b_preferred"].sum())
         a += int(o["a_preferred"].sum())
     rates = {"B preferred": b / studies, "A preferred": a / studies,
@@ -301,7 +301,7 @@ def population_threshold(threshold: float, slope: float, sd: float, *,
     lt = math.log(threshold)
 
     def f(lx):
-        return float((_core(slope * (lx - lt - sd * _GH_X), model)[0] * _GH_W).sum()) - 0.5
+        return float((model_core(slope * (lx - lt - sd * _GH_X), model)[0] * _GH_W).sum()) - 0.5
 
     return float(math.exp(optimize.brentq(f, lt - 12 * sd - 5, lt + 12 * sd + 5, xtol=1e-12)))
 
@@ -387,12 +387,12 @@ def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4,
 
     # point fits (pooled: S rows of C*J stimuli; per clip: S*C rows of J)
     xp = x.reshape(S, C * J)
-    lo, hi = _bounds(xp.min(1), xp.max(1), LAPSE_MAX)
-    th_p, _ = _fit_batch(np.log(xp), n.sum(1).reshape(S, -1), k.sum(1).reshape(S, -1), lo, hi,
+    lo, hi = fit_bounds(xp.min(1), xp.max(1), LAPSE_MAX)
+    th_p, _ = fit_batch(np.log(xp), n.sum(1).reshape(S, -1), k.sum(1).reshape(S, -1), lo, hi,
                          model)
     xc = x.reshape(S * C, J)
-    lo, hi = _bounds(xc.min(1), xc.max(1), LAPSE_MAX)
-    th_c, _ = _fit_batch(np.log(xc), n.sum(1).transpose(0, 1, 2).reshape(S * C, J),
+    lo, hi = fit_bounds(xc.min(1), xc.max(1), LAPSE_MAX)
+    th_c, _ = fit_batch(np.log(xc), n.sum(1).transpose(0, 1, 2).reshape(S * C, J),
                          k.sum(1).reshape(S * C, J), lo, hi, model)
     # replicates, in chunks of studies
     m_p = np.empty((S, n_boot))
@@ -406,24 +406,24 @@ def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4,
         wcl = np.empty((g, C, n_boot, R))
         for i in range(g):
             r_ = np.random.default_rng(int(seeds[s0 + i]))
-            wr[i] = _draws(r_, R, n_boot)
-            wc[i] = _draws(r_, C, n_boot)
+            wr[i] = bootstrap_draws(r_, R, n_boot)
+            wc[i] = bootstrap_draws(r_, C, n_boot)
             for c in range(C):
-                wcl[i, c] = _draws(r_, R, n_boot)
+                wcl[i, c] = bootstrap_draws(r_, R, n_boot)
         ns, ks = n[s0:s1], k[s0:s1]
         Nb = wc[..., None] * np.einsum("sbr,srcj->sbcj", wr, ns)
         Kb = wc[..., None] * np.einsum("sbr,srcj->sbcj", wr, ks)
-        m_p[s0:s1] = _replicates(np.log(xp[s0:s1]), Nb.reshape(g, n_boot, -1),
+        m_p[s0:s1] = replicate_fits(np.log(xp[s0:s1]), Nb.reshape(g, n_boot, -1),
                                  Kb.reshape(g, n_boot, -1), th_p[s0:s1], xp[s0:s1].min(1),
                                  xp[s0:s1].max(1), LAPSE_MAX, model)
         NB = np.einsum("scbr,srcj->scbj", wcl, ns).reshape(g * C, n_boot, J)
         KB = np.einsum("scbr,srcj->scbj", wcl, ks).reshape(g * C, n_boot, J)
         xcc = xc[s0 * C:s1 * C]
-        m_c[s0:s1] = _replicates(np.log(xcc), NB, KB, th_c[s0 * C:s1 * C], xcc.min(1),
+        m_c[s0:s1] = replicate_fits(np.log(xcc), NB, KB, th_c[s0 * C:s1 * C], xcc.min(1),
                                  xcc.max(1), LAPSE_MAX, model).reshape(g, C, n_boot)
 
     def summarise(est, reps, xmin, xmax, truths, units=None):
-        rows = [_interval(float(math.exp(e)), r, a, b, confidence, units)
+        rows = [threshold_interval(float(math.exp(e)), r, a, b, confidence, units)
                 for e, r, a, b in zip(est, reps, xmin, xmax)]
         lo_ = np.array([np.nan if r[1][0] is None else r[1][0] for r in rows])
         hi_ = np.array([np.nan if r[1][1] is None else r[1][1] for r in rows])

@@ -1,4 +1,5 @@
-"""Statistics of a study: pure functions on arrays (no database, no files).
+"""Statistics of a study: the rules and tests, pure functions on arrays (no database, no files).
+Their Monte Carlo is :mod:`.simulate`, the planner that sizes a study for them :mod:`.planning`.
 
 Rater and clip labels are arbitrary hashables; every function takes one entry per test rating.
 
@@ -53,20 +54,20 @@ bootstrap", Ann. Appl. Stat. 1:386-411) and the t quantile pays for estimating i
 clusters. The Monte Carlo grid of ``benchmarks/bench_study_sim.py`` (results in
 ``benchmarks/results/study_sim.txt``) checks, for every scenario of :data:`SCENARIOS`, at the
 floor (12 raters x 15 clips), at 12-60 raters x 15-40 clips for margin 0.1 and at the sizes
-:func:`plan` returns for margins 0.05-0.2 at 15-100 clips:
+:func:`.planning.plan` returns for margins 0.05-0.2 at 15-100 clips:
 
 * "indistinguishable" said when the true mean accuracy is at the boundary ``0.5 + margin``:
   <= 5% (within one Monte Carlo standard error);
 * "distinguishable" said when everyone guesses: <= 5% (exact, see 3);
 * "indistinguishable" said when everyone guesses: >= the planned power at the size of
-  :func:`plan`; one clip at accuracy ``clip_accuracy`` is flagged >= ``clip_power``.
+  :func:`.planning.plan`; one clip at accuracy ``clip_accuracy`` is flagged >= ``clip_power``.
 
 The rule as stated meets these at those sizes, so the ABX rule is unchanged. One limit, found
 by the simulations: with few raters and many clips at a small margin (12 raters x 40 clips at
 margin 0.05: 5%; 23 raters x 100 clips: 12%), a population in which 10% of raters see the
 difference well ("golden ears", 0.95) and the rest barely is under-represented: a sample
 without any golden ear (0.9^23 = 9%) looks like raters at chance with a tight bound, and no
-bound computed from that sample can know better. :func:`plan` therefore also simulates the
+bound computed from that sample can know better. :func:`.planning.plan` therefore also simulates the
 boundary error of every scenario at the size it found and adds raters until it is <= alpha
 (100 clips at margin 0.05: 41 raters instead of 23); do not run studies with fewer raters
 than planned.
@@ -115,7 +116,7 @@ forced choice with a right answer (ABX) can claim indistinguishable. (The previo
 Sequential looks
 ----------------
 The rule is for one look at the planned size. Checking after every rater and stopping at the
-first "indistinguishable" inflates the error at the boundary (:func:`simulate_abx_peeking`
+first "indistinguishable" inflates the error at the boundary (:func:`.simulate.simulate_abx_peeking`
 measures by how much); the product shows no verdict before the planned number of included
 raters (the caller reports "interim"), so peeking cannot change the decision.
 
@@ -293,7 +294,7 @@ def _codes(labels) -> tuple[np.ndarray, int]:
     return codes, len(uniq)
 
 
-def _draw_counts(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
+def draw_counts(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
     """Pigeonhole draw counts, shape ``shape + (n,)``: for each entry, how often each of ``n``
     units was drawn in ``n`` draws with replacement."""
     m = int(np.prod(shape))
@@ -319,7 +320,7 @@ def _cells(raters, clips, values) -> tuple[np.ndarray, np.ndarray, list, list]:
     return s, n, rlab, clab
 
 
-def _t(q: float, df) -> np.ndarray:
+def t_quantile(q: float, df) -> np.ndarray:
     """Student t quantile; ``inf`` where df < 1 (no claim can be made)."""
     from scipy.stats import t as student_t
 
@@ -404,7 +405,7 @@ def min_clips(margin: float, level: float = 0.95) -> int:
     return max(MIN_CLIPS, c)
 
 
-def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
+def abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
               margin: float, alpha: float) -> dict:
     """The ABX rule for S studies at once. ``Y``: (S, R, C) sums of correct; ``N``: counts
     (None: one rating per cell); ``wr`` (S, B, R) and ``wc`` (S, B, C): bootstrap draw counts."""
@@ -434,7 +435,7 @@ def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarra
         boot = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
     sd = boot.std(axis=1, ddof=1)
     df = min(R, C) - 1
-    t = float(_t(1 - alpha, df))
+    t = float(t_quantile(1 - alpha, df))
     upper = acc + t * sd
     overall_sig = p_all <= alpha / 2
     dist = overall_sig | flagged.any(axis=1)
@@ -528,9 +529,9 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     s, n, rlab, clab = _cells(raters, clips, y)
     R, C = s.shape
     rng = np.random.default_rng(seed)
-    wr = _draw_counts(rng, R, (1, reps))
-    wc = _draw_counts(rng, C, (1, reps))
-    o = _abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
+    wr = draw_counts(rng, R, (1, reps))
+    wc = draw_counts(rng, C, (1, reps))
+    o = abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
     verdict = ("distinguishable" if o["distinguishable"][0] else
                "indistinguishable" if o["indistinguishable"][0] else "inconclusive")
     per_clip = [{"clip": lab, "ratings": int(o["nc"][0, j]), "correct": int(o["kc"][0, j]),
@@ -649,7 +650,7 @@ def _flip_p(d: np.ndarray, flips: np.ndarray) -> np.ndarray:
     return hits / flips.shape[0] if exact else (hits + 1) / (flips.shape[0] + 1)
 
 
-def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
+def preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
                      alpha: float, flips: np.ndarray) -> dict:
     """The preference rule for S studies at once: ``W`` (S, R, C) wins of B, ``D`` decisive
     counts, ``wr``/``wc`` bootstrap draw counts, ``flips`` the sign patterns of the
@@ -668,7 +669,7 @@ def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarra
     # raters split their taste: the rater component then dominates)
     with np.errstate(invalid="ignore", divide="ignore"):
         sd = boot.std(axis=1, ddof=1) * np.sqrt(np.where(df >= 1, (df + 1) / np.maximum(df, 1), 1.0))
-    t = _t(1 - alpha / 2, df)
+    t = t_quantile(1 - alpha / 2, df)
     with np.errstate(invalid="ignore"):
         lo, hi = est - t * sd, est + t * sd
     # a zero SD (every decisive rating one way and in every replicate) says nothing about the
@@ -730,9 +731,9 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
     W, _, rlab, clab = _cells(raters, clips, win)
     D, _, _, _ = _cells(raters, clips, dec)
     rng = np.random.default_rng(seed)
-    wr = _draw_counts(rng, len(rlab), (1, reps))
-    wc = _draw_counts(rng, len(clab), (1, reps))
-    o = _preference_rule(W[None], D[None], wr, wc, alpha=alpha,
+    wr = draw_counts(rng, len(rlab), (1, reps))
+    wc = draw_counts(rng, len(clab), (1, reps))
+    o = preference_rule(W[None], D[None], wr, wc, alpha=alpha,
                          flips=sign_flips(rng, len(rlab)))
     wins_b, decisive = int(o["wins"][0]), int(o["decisive"][0])
     wins_a, ties = decisive - wins_b, n - decisive
@@ -795,10 +796,10 @@ def visible_share_bound(flagged, clips: int, ratings_per_clip: int, *, alpha: fl
     ``clips`` were drawn from at random) whose ABX accuracy is at least ``visible_accuracy``,
     from ``flagged`` of them flagged by the clip veto. Each such clip is flagged with
     probability at least ``power`` (exact binomial at the first Holm step with
-    ``ratings_per_clip`` ratings, :func:`_clip_power`), so the flagged count is at least
+    ``ratings_per_clip`` ratings, :func:`clip_veto_power`), so the flagged count is at least
     Binomial(clips, share x power): the Clopper-Pearson bound of the flagged share divided by
     ``power``, at most 1. Returns ``(bound, power)``; vectorised over ``flagged``."""
-    power = _clip_power(int(ratings_per_clip), int(clips), alpha, visible_accuracy)
+    power = clip_veto_power(int(ratings_per_clip), int(clips), alpha, visible_accuracy)
     cp = clopper_pearson_upper(flagged, clips, level)
     with np.errstate(divide="ignore"):
         b = np.minimum(1.0, cp / power) if power > 0 else np.ones_like(cp)
@@ -954,7 +955,7 @@ def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
     return means
 
 
-def _clip_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
+def clip_veto_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
     """Exact power to flag one clip at ``clip_accuracy`` with R ratings, at the first Holm
     step (alpha / 2 / C; conservative for the full procedure)."""
     from scipy.stats import binom

@@ -498,7 +498,7 @@ def dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
-def _study(conn, study) -> dict:
+def load_study(conn, study) -> dict:
     try:
         sid = int(study)
     except (TypeError, ValueError):
