@@ -197,7 +197,7 @@ def write_gate(db, study, out, *, safety_factor: float = 2.0, reps: int = 1000,
             or not math.isfinite(safety_factor) or safety_factor < 1:
         raise StudyError(f"--safety-factor: expected a number of at least 1, found {safety_factor}")
     res = results(db, study, reps=reps)
-    if res["protocol"] != "threshold":
+    if not protocols.get(res["protocol"]).sets_gate:
         raise StudyError(f"--study {study}: expected a threshold study, found a "
                          f"{res['protocol']} study (a gate set by people needs --protocol "
                          "threshold)")

@@ -24,6 +24,8 @@ class Protocol:
     claim: str = ""
     #: an ABX study's achieved design is checked against the 5% rule when below its plan
     checks_design: bool = False
+    #: its result can set a gate (``study gate``: a human threshold)
+    sets_gate: bool = False
     #: extra columns of the ratings CSV (:func:`..export.ratings_csv`)
     rating_columns: tuple[str, ...] = ()
 

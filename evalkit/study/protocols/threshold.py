@@ -15,6 +15,7 @@ class Threshold(ABX):
              "natural ones (docs/studies.md)")
     rating_columns = ("level", "stimulus_lpips")
     measures_reference = True
+    sets_gate = True
 
     def check_ladder(self, ladder):
         return None
