@@ -7,6 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO_OUT ?= demo-out
+DEMO_PORT ?= 7860
 export GRADIO_ANALYTICS_ENABLED := False
 
 .PHONY: all setup venv weights chromium postgresql lint test check demo bench clean
@@ -57,9 +58,30 @@ test: setup chromium postgresql lint
 check: setup lint
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
+# `make demo`'s set-up. Where `make test`'s is already there, or there is a GPU (NVIDIA's or
+# AMD's kernel driver), it is that one. Otherwise only the runtime's dependencies (pyproject's,
+# at the lock's versions) with the CPU build of torch ($(TORCH_CPU), from the machine's local
+# wheels; PyPI's Linux torch is the CUDA build, several GB of NVIDIA libraries a CPU cannot
+# use); where no such wheel can be had, the lock's torch. A later `make test` installs the lock.
+HAS_GPU := $(shell test -e /proc/driver/nvidia/version -o -e /dev/kfd && echo yes)
+TORCH_CPU ?= torch==2.13.0+cpu
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): requirements.lock pyproject.toml
+	@if [ -f $(STAMP) ] || [ -n "$(HAS_GPU)" ]; then $(MAKE) --no-print-directory venv; else \
+	  set -e; test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	  grep -v -E '^(torch|torchvision)==' requirements.lock > $(VENV)/constraints-runtime.txt; \
+	  echo "demo set-up: the runtime's dependencies with $(TORCH_CPU) (no GPU here)"; \
+	  $(PY) -m pip install --quiet --disable-pip-version-check -c $(VENV)/constraints-runtime.txt \
+	    "$(TORCH_CPU)" setuptools \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check $$(grep -E '^torch==' requirements.lock); \
+	  $(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+	    -c $(VENV)/constraints-runtime.txt -e .; fi
+	@touch $(DEMO_STAMP)
+
 # The main job on the canary suite: validate, previews, render on two backends, compare.
-demo: setup
-	$(PY) -m evalkit.demo --out $(DEMO_OUT)
+demo: $(DEMO_STAMP)
+	$(PY) -m evalkit setup
+	$(PY) -m evalkit.demo --out $(DEMO_OUT) --port $(DEMO_PORT)
 
 bench: setup
 	$(PY) benchmarks/bench_metrics.py

@@ -95,7 +95,7 @@ def suite_sources(suite, max_frames: int = 0):
     import importlib.util
 
     if importlib.util.find_spec("av") is not None and not max_frames:
-        from evalkit.render.driver import SourceCache
+        from evalkit.render.sources import SourceCache
 
         return SourceCache(suite)
     frames = {}
@@ -112,7 +112,7 @@ def canary_renderer(model: str):
 
 
 def quiet_progress(total: int = 0):
-    from evalkit.render.driver import Progress
+    from evalkit.render.progress import Progress
 
     return Progress(total, enabled=False)
 
@@ -122,7 +122,7 @@ def backend_session(spec_text: str, model: str):
     """Apply a backend spec and load the canary renderer on it, as ``evalkit render`` does for
     each backend; yields ``render(job, sources, seed_offset=0) -> JobResult``."""
     from evalkit.render.backend import apply_backend, parse_spec
-    from evalkit.render.driver import LocalExecutor
+    from evalkit.render.local_executor import LocalExecutor
 
     renderer = canary_renderer(model)
     with apply_backend(parse_spec(spec_text)) as runtime:
@@ -145,7 +145,8 @@ def render_jobs(spec_text: str, model: str, jobs, sources, seed_offset: int = 0)
     """One backend's pass over ``jobs``, exactly as ``evalkit render``'s local executor runs it
     (apply the spec, load the renderer once, render each job, unload); frames by job id."""
     from evalkit.render.backend import parse_spec
-    from evalkit.render.driver import BackendTask, LocalExecutor
+    from evalkit.render.local_executor import LocalExecutor
+    from evalkit.render.results import BackendTask
 
     task = BackendTask(parse_spec(spec_text), list(jobs), seed_offset)
     out = {}
@@ -159,7 +160,7 @@ def render_jobs(spec_text: str, model: str, jobs, sources, seed_offset: int = 0)
 def backend_fingerprint(spec_text: str) -> dict:
     """The environment fingerprint a run folder of this backend records."""
     from evalkit.render.backend import parse_spec
-    from evalkit.render.driver import LocalExecutor
+    from evalkit.render.local_executor import LocalExecutor
 
     return LocalExecutor().fingerprint(parse_spec(spec_text))
 

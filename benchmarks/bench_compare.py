@@ -32,7 +32,8 @@ def main() -> int:
 
     from evalkit.metrics.stream import PairEvaluator, stream_pair
 
-    from evalkit.compare.pairing import compare_runs, pair_jobs
+    from evalkit.compare.pairing import pair_jobs
+    from evalkit.compare.run import compare_runs
     from evalkit.render.driver import render_suite
     from evalkit.formats.run import RunDir
     from evalkit.video import ClipReader

@@ -388,7 +388,8 @@ class Bench:
 
         from evalkit.formats.suite import load_suite
         from evalkit.render.backend import apply_backend, parse_spec
-        from evalkit.render.driver import SourceCache, select_jobs
+        from evalkit.render.driver import select_jobs
+        from evalkit.render.sources import SourceCache
         from evalkit.render.renderers import get_renderer
 
         self.torch = torch

@@ -79,10 +79,12 @@ def gib(n) -> str:
 def run_family(a, family: str, out: Path, log) -> None:
     import torch
 
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.run import compare_runs
     from evalkit.formats.suite import load_suite
     from evalkit.render.backend import apply_backend, parse_spec
-    from evalkit.render.driver import LocalExecutor, SourceCache, check_output, render_suite
+    from evalkit.render.driver import render_suite
+    from evalkit.render.local_executor import LocalExecutor, check_output
+    from evalkit.render.sources import SourceCache
     from evalkit.render.renderers import RenderRequest, get_renderer
     from evalkit.render.renderers.diffusers_families import FAMILIES as FAMS
     from evalkit.testing.tiny_families import PIPELINES

@@ -58,8 +58,9 @@ CLIP = "astronaut_pan"
 WORSE = range(120, 168)
 
 
-def make_report(work: Path) -> Path:
-    """The scale720 clip as A, A blurred as B, imported and compared (made once per ``work``)."""
+def make_report(work: Path, frames: int = 0) -> Path:
+    """The scale720 clip as A, A blurred as B, imported and compared (made once per ``work``);
+    ``frames``: only the clip's first so many (0: all 240)."""
     from scipy.ndimage import gaussian_filter
 
     import make_scale
@@ -72,6 +73,8 @@ def make_report(work: Path) -> Path:
     if not src.is_file():
         make_scale.generate("scale720", work, clips=[CLIP], verbose=True)
     fa, fps = read_frames(src)
+    if frames:
+        fa = np.ascontiguousarray(fa[:frames])
     fb = np.empty_like(fa)
     for i, f in enumerate(fa):
         fb[i] = gaussian_filter(f, (1.5, 1.5, 0) if i in WORSE else (0.6, 0.6, 0))
@@ -98,6 +101,14 @@ def create(report: Path, db: Path, excerpt: str | None, delivery: str = "stream"
     ext = ".webp" if delivery == "lossless" else ".mp4"
     sizes = [p.stat().st_size for p in db.with_suffix(".media").glob(f"*{ext}")]
     return {"wall_s": wall, "out": run.stdout.strip(), "streams": len(sizes),
+            "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
+
+
+def kept(db: Path, delivery: str) -> dict:
+    """An earlier run's study (--keep-study): its stream sizes, nothing timed."""
+    ext = ".webp" if delivery == "lossless" else ".mp4"
+    sizes = [p.stat().st_size for p in db.with_suffix(".media").glob(f"*{ext}")]
+    return {"wall_s": 0.0, "out": "kept from an earlier run", "streams": len(sizes),
             "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
 
 
@@ -182,11 +193,16 @@ def main(argv=None) -> int:
                     help="stream studies the delivery rule refuses are made anyway (bytes only)")
     ap.add_argument("--lengths", default="excerpt,whole",
                     help="which studies: excerpt, whole or both (comma-separated)")
+    ap.add_argument("--frames", type=int, default=0,
+                    help="only the clip's first N frames (a cheaper compare; 0: all 240)")
+    ap.add_argument("--keep-study", action="store_true",
+                    help="serve the study an earlier run made in --work (another checkout's "
+                         "page against the same files) instead of making it again")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     args.work.mkdir(parents=True, exist_ok=True)
-    report = make_report(args.work)
+    report = make_report(args.work, args.frames)
     rates = [float(r) for r in args.rates.split(",")]
     rows = []
     # the excerpt first: the whole clips' study takes minutes more to encode
@@ -197,12 +213,15 @@ def main(argv=None) -> int:
         name = f"{args.delivery} {args.protocol} {name}"
         db = args.work / (f"study_{args.delivery}_{args.protocol}_"
                           f"{'whole' if ex is None else 'excerpt'}.db")
-        for p in (db, db.with_suffix(".db-wal"), db.with_suffix(".db-shm")):
-            p.unlink(missing_ok=True)
-        if db.with_suffix(".media").is_dir():
-            for p in db.with_suffix(".media").iterdir():
-                p.unlink()
-        made = create(report, db, ex, args.delivery, args.protocol, args.allow_masking)
+        if args.keep_study and db.is_file():
+            made = kept(db, args.delivery)
+        else:
+            for p in (db, db.with_suffix(".db-wal"), db.with_suffix(".db-shm")):
+                p.unlink(missing_ok=True)
+            if db.with_suffix(".media").is_dir():
+                for p in db.with_suffix(".media").iterdir():
+                    p.unlink()
+            made = create(report, db, ex, args.delivery, args.protocol, args.allow_masking)
         print(f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
               f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
               f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})", flush=True)

@@ -175,7 +175,7 @@ def main() -> int:
     import torch
 
     from evalkit.executor.ray import RayExecutor, import_ray
-    from evalkit.render.driver import LocalExecutor
+    from evalkit.render.local_executor import LocalExecutor
 
     threads = torch.get_num_threads()
     tmpdir = Path(tempfile.mkdtemp(prefix="bench-ray-"))

@@ -96,7 +96,9 @@ def main() -> int:
     import torch
 
     from evalkit.render.backend import apply_backend, parse_spec
-    from evalkit.render.driver import LocalExecutor, SourceCache, check_output, render_suite, select_jobs
+    from evalkit.render.driver import render_suite, select_jobs
+    from evalkit.render.local_executor import LocalExecutor, check_output
+    from evalkit.render.sources import SourceCache
     from evalkit.render.renderers import RenderRequest, get_renderer
     from evalkit.formats.suite import load_suite
 
@@ -252,7 +254,7 @@ def writes(suite, jobs) -> None:
     encoder and (this evalkit has it) in parts at once, and its browser copy; median of 5."""
     import concurrent.futures
 
-    from evalkit.render.driver import SourceCache
+    from evalkit.render.sources import SourceCache
     from evalkit.video import write_browser, write_lossless
 
     try:

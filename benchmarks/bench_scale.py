@@ -49,6 +49,7 @@ def _child_compare(args) -> dict:
         pass
     import evalkit
     import evalkit.compare.pairing as P
+    import evalkit.compare.run as R
 
     tree = Path.cwd().resolve()
     if not Path(evalkit.__file__).resolve().is_relative_to(tree):
@@ -56,7 +57,7 @@ def _child_compare(args) -> dict:
 
     t0 = time.perf_counter()
     spans: dict = {"measure": [], "report": []}
-    measure, write_report = P.LocalCompareSession.measure, P.write_report
+    measure, write_report = P.LocalCompareSession.measure, R.write_report
 
     def timed_measure(self, pairs, **kw):
         t = time.perf_counter()
@@ -71,7 +72,7 @@ def _child_compare(args) -> dict:
         return out
 
     P.LocalCompareSession.measure = timed_measure
-    P.write_report = timed_report
+    R.write_report = timed_report
     if hasattr(P.LocalCompareSession, "_warm_up"):
         # start-up work done inside measure() while the first clips decode: counted as start-up
         warm_up = P.LocalCompareSession._warm_up
@@ -97,11 +98,11 @@ def _child_compare(args) -> dict:
     except ImportError:
         pass
     sampler = PssSampler()
-    options = {"temporal": not args.no_temporal}
-    if args.flow:
-        options["flow"] = args.flow
-    res = P.compare_runs(args.a, args.b, args.report, device=args.device, progress=False,
-                         metric_options=options)
+    from evalkit.compare.options import MetricOptions
+
+    options = MetricOptions(temporal=not args.no_temporal, flow=args.flow or "dis")
+    res = R.compare_runs(args.a, args.b, args.report, device=args.device, progress=False,
+                         metrics=options)
     total = time.perf_counter() - t0
     sampler.stop()
     warm = sum(spans.get("warm", []))

@@ -112,11 +112,11 @@ def cmd_pieces(a) -> list[dict]:
 # -- timeline -----------------------------------------------------------------------------------
 
 #: (module, attribute path) of the steps the timeline records
-STEPS = [("evalkit.compare.pairing", "pair_jobs"),
+STEPS = [("evalkit.compare.run", "pair_jobs"),      # the names compare_runs calls
          ("evalkit.compare.pairing", "LocalCompareSession.__init__"),
          ("evalkit.compare.pairing", "LocalCompareSession._warm_up"),
          ("evalkit.compare.pairing", "LocalCompareSession.measure"),
-         ("evalkit.compare.pairing", "write_report"),
+         ("evalkit.compare.run", "write_report"),
          ("evalkit.procdecode", "DecoderPool.start"),
          ("evalkit.metrics.stream", "PairEvaluator.__init__"),
          ("evalkit.metrics.stream", "PairEvaluator._prepare")]
@@ -150,15 +150,14 @@ def _child_timeline(a_run: str, b_run: str, device: str, flow: str) -> dict:
     spans.append(["import torch", "MainThread", round(s - t0, 3), round(time.perf_counter() - s, 3)])
     for m, p in STEPS:
         wrap(m, p)
-    import evalkit.compare.pairing as P
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
 
-    opts = {"temporal": flow != "none"}
-    if flow not in ("none", "dis"):
-        opts["flow"] = flow
+    opts = MetricOptions(temporal=flow != "none", flow="dis" if flow == "none" else flow)
     with tempfile.TemporaryDirectory() as tmp:
         s = time.perf_counter()
-        P.compare_runs(a_run, b_run, Path(tmp) / "report", device=device, progress=False,
-                       metric_options=opts)
+        compare_runs(a_run, b_run, Path(tmp) / "report", device=device, progress=False,
+                     metrics=opts)
         spans.append(["compare_runs", "MainThread", round(s - t0, 3), round(time.perf_counter() - s, 3)])
     spans.sort(key=lambda x: x[2])
     return {"spans": spans}

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_study_sim.py --studies 500 --reps 300   # quicker
 
 Prints tables (scenario x size -> rate, Monte Carlo SE, target) and writes nothing; the saved
-output is benchmarks/results/study_sim.txt. Every rate comes from the exact rule of
+output is benchmarks/results/study_sim_round2.txt (study_sim.txt: before issue 44). Every rate comes from the exact rule of
 ``decide_abx`` / ``decide_preference``, vectorised (``simulate_abx``, ``simulate_preference``,
 ``simulate_abx_peeking``): complete designs, each rater rates each clip once.
 
@@ -41,12 +41,21 @@ Tables:
     and the rate `study results` reports.
 
     .venv/bin/python benchmarks/bench_study_sim.py --sections 10,11,12 --studies 1000 --reps 200
+
+The plans take minutes each since the clips floor for answers barely below chance
+(``planning.spread_clips``): ``--plans FILE`` keeps them in a JSON file (read when there, the
+missing ones computed, ``--jobs N`` processes, and written back), so sections can run as
+separate processes: ``--sections 1 --plans P --jobs 8`` first, then each section with
+``--plans P``. Results of the rule after issue 44: benchmarks/results/study_sim_round2.txt.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 
 from evalkit.study import planning, simulate, stats
@@ -60,11 +69,51 @@ def _flag(ok: bool) -> str:
     return "ok" if ok else "FAIL"
 
 
+_PLANS: dict = {}
+
+
+def _plan_key(protocol: str, margin: float, clips: int = 15, visible_bound=None) -> str:
+    return f"{protocol} {margin:g} {clips} {visible_bound}"
+
+
+def _compute_plan(key: str) -> dict:
+    protocol, margin, clips, vb = key.split()
+    return planning.plan(protocol, float(margin), clips=int(clips),
+                      visible_bound=None if vb == "None" else float(vb))
+
+
+def plan(protocol: str, margin: float, clips: int = 15, visible_bound=None) -> dict:
+    """``planning.plan`` with the defaults, through the ``--plans`` file's cache."""
+    key = _plan_key(protocol, margin, clips, visible_bound)
+    if key not in _PLANS:
+        _PLANS[key] = _compute_plan(key)
+    return _PLANS[key]
+
+
+def _prefetch(keys: list, jobs: int, path: str | None) -> None:
+    """Compute the missing plans of ``keys`` in ``jobs`` processes; save the file."""
+    todo = [k for k in keys if k not in _PLANS]
+    if todo and jobs > 1:
+        with ProcessPoolExecutor(min(jobs, len(todo))) as ex:
+            for k, p in zip(todo, ex.map(_compute_plan, todo)):
+                _PLANS[k] = p
+    for k in todo:
+        if k not in _PLANS:
+            _PLANS[k] = _compute_plan(k)
+    if path and todo:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(_PLANS, f, default=str)
+        os.replace(tmp, path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=2000, help="simulated studies per cell")
     ap.add_argument("--reps", type=int, default=400, help="bootstrap replicates per study")
     ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--plans", help="JSON file of plans: read when there, missing ones added")
+    ap.add_argument("--jobs", type=int, default=1, help="processes that compute the plans")
     ap.add_argument("--sections", default="all",
                     help="comma-separated section numbers to run (default all; 1 runs whenever "
                     "2-5 or 9 do: they use its plans)")
@@ -75,6 +124,15 @@ def main() -> int:
         return chosen is None or any(n in chosen for n in nums)
 
     S, B = args.studies, args.reps
+    if args.plans and os.path.exists(args.plans):
+        with open(args.plans) as f:
+            _PLANS.update(json.load(f))
+    keys = [_plan_key("abx", m, c) for m in (0.05, 0.075, 0.1, 0.15, 0.2)
+            for c in (15, 25, 40) + ((100,) if m in (0.05, 0.1) else ())]
+    keys += [_plan_key("preference", m) for m in (0.05, 0.1, 0.15, 0.2)]
+    keys += [_plan_key("abx", 0.1, 15, 0.1)]
+    keys += [_plan_key("abx", 0.05, 40), _plan_key("abx", 0.04, 40), _plan_key("abx", 0.05, 100)]
+    _prefetch(keys, args.jobs, args.plans)
     seed = args.seed
     t0 = time.time()
     fails = 0
@@ -90,24 +148,25 @@ def main() -> int:
         planned = {}
         for margin in (0.05, 0.075, 0.1, 0.15, 0.2):
             for clips in (15, 25, 40) + ((100,) if margin in (0.05, 0.1) else ()):
-                p = planning.plan("abx", margin, clips=clips)
-                planned[(margin, clips)] = p["raters"]
+                p = plan("abx", margin, clips=clips)
+                planned[(margin, clips)] = (p["raters"], p["clips"])
                 mt = p["margin_terms"]
                 print(f"{margin:6.3f} {clips:5d} {p['raters']:6d} {p['invite']:6d} "
                       f"{p['simulated_power']:6.3f} {mt['d_prime']:7.3f} "
                       f"{mt['proportion_discriminators']:5.2f}  {'; '.join(p['reasons'])}")
         for margin in (0.05, 0.1, 0.15, 0.2):
-            p = planning.plan("preference", margin)
+            p = plan("preference", margin)
             print(f"preference margin {margin:g} (win rate {0.5 + margin:g} among decisive answers, "
                   f"rater SD 0.15, no ties): {p['raters']} raters x {p['clips']} clips, invite "
                   f"{p['invite']}, simulated power {p['simulated_power']:.3f}")
 
         # sizes: the floor, the sizes of margin 0.1, the planned sizes of the other margins
-        sizes = {0.1: sorted({(12, 15), (20, 15), (planned[(0.1, 15)], 15), (40, 15), (60, 15),
-                              (12, 25), (planned[(0.1, 25)], 25), (12, 40),
-                              (planned[(0.1, 40)], 40), (60, 40), (planned[(0.1, 100)], 100)})}
+        # (the plans' own clips: the planner raises the clips asked for)
+        sizes = {0.1: sorted({(12, 15), (20, 15), planned[(0.1, 15)], (40, 15), (60, 15),
+                              (12, 25), planned[(0.1, 25)], (12, 40),
+                              planned[(0.1, 40)], (60, 40), planned[(0.1, 100)]})}
         for margin in (0.05, 0.075, 0.15, 0.2):
-            sizes[margin] = sorted({(r, c) for (m, c), r in planned.items() if m == margin}
+            sizes[margin] = sorted({rc for (m, _), rc in planned.items() if m == margin}
                                    | {(12, 15)})
 
     if want(2):
@@ -141,7 +200,7 @@ def main() -> int:
                 k += 1
                 o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                        reps=B, seed=seed + k)
-                is_plan = planned.get((margin, C)) == R
+                is_plan = (R, C) in {rc for (m, _), rc in planned.items() if m == margin}
                 ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05 and (
                     not is_plan or o["indistinguishable"] + o["se"]["indistinguishable"] >= 0.8)
                 fails += not ok
@@ -155,7 +214,7 @@ def main() -> int:
         print("\n== 4. ABX, one visible clip among chance clips: P(that clip flagged) "
               "(target >= 0.80 at the planned size), P('distinguishable') ==")
         for acc in (0.95, 0.9):
-            for R, C in sorted({(12, 15)} | {(planned[(m, c)], c) for m in (0.1, 0.15)
+            for R, C in sorted({(12, 15)} | {planned[(m, c)] for m in (0.1, 0.15)
                                              for c in (15, 25, 40)}):
                 k += 1
                 o = simulate.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
@@ -175,14 +234,14 @@ def main() -> int:
               "when checked after every rater from 12 ==")
         S_peek, B_peek = max(200, S // 4), max(200, B // 2)
         for margin in (0.1, 0.05):
-            R = planned[(margin, 15)]
+            R, Cp = planned[(margin, 15)]
             for scen in ("homogeneous", "golden_ears", "combined"):
                 k += 1
-                o = simulate.simulate_abx_peeking(R, 15, scen, margin=margin, studies=S_peek,
+                o = simulate.simulate_abx_peeking(R, Cp, scen, margin=margin, studies=S_peek,
                                                reps=B_peek, seed=seed + k)
                 ok = o["closed"] == 0
                 fails += not ok
-                print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x 15 clips "
+                print(f"margin {margin:5.3f}, {scen:12}, 12..{R} raters x {Cp} clips "
                       f"({o['looks']} looks): single look {_fmt(o['fixed'], o['se']['fixed'])}; "
                       f"peeking {_fmt(o['peeking'], o['se']['peeking'])}; reported to the peeking "
                       f"owner (unblinded) {o['closed']:.4f}  ({S_peek} studies, {B_peek} reps)"
@@ -222,7 +281,7 @@ def main() -> int:
                 cells.append(f"sd {sd:.2f}: {_fmt(r, se)}{'' if ok else ' FAIL'}")
             print(f"{R:3d} x {C:2d}, ties 0.85 +- 0.3: " + " | ".join(cells), flush=True)
         for margin in (0.1, 0.2):
-            p = planning.plan("preference", margin)
+            p = plan("preference", margin)
             k += 1
             o = simulate.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
                                           rater_sd=0.15, studies=S, reps=B, seed=seed + k)
@@ -255,7 +314,7 @@ def main() -> int:
             o = simulate.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
                                    seed=seed + k)
             print(f"margin {margin:g}, {R} raters x {C} clips (plan: "
-                  f"{planning.plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
+                  f"{plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
                   f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])}; P(no golden ear "
                   f"among {R}) = {0.9 ** R:.3f}")
 
@@ -266,10 +325,10 @@ def main() -> int:
               "the share of clips at accuracy >= 0.9 (Clopper-Pearson over the clip veto's power). "
               "covered: bound >= the true share (target >= 0.95 - 1 SE); false claim: "
               "'indistinguishable' with a bound below the truth (target <= 0.05 + 1 SE) ==")
-        vb = planning.plan("abx", 0.1, visible_bound=0.1)
-        cases = [(107, 15, 0.05, 0.1), (planned[(0.05, 40)], 40, 0.05, 0.1), (26, 15, 0.1, 0.05),
+        vb = plan("abx", 0.1, visible_bound=0.1)
+        cases = [(107, 15, 0.05, 0.1), (*planned[(0.05, 40)], 0.05, 0.1), (26, 15, 0.1, 0.05),
                  (26, 15, 0.1, 0.1), (26, 15, 0.1, 0.2), (26, 15, 0.1, 0.3),
-                 (planned[(0.1, 40)], 40, 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
+                 (*planned[(0.1, 40)], 0.1, 0.1), (vb["raters"], vb["clips"], 0.1, 0.1),
                  (vb["raters"], vb["clips"], 0.1, 0.2)]
         for R, C, margin, share in cases:
             k += 1
@@ -287,10 +346,11 @@ def main() -> int:
 
 
     if want(10, 11, 12):
-        p05, p10 = planning.plan("abx", 0.05), planning.plan("abx", 0.1)
+        p05, p10 = plan("abx", 0.05), plan("abx", 0.1)
         print(f"\nplans with the rule of issue 44: margin 0.05 -> {p05['raters']} raters x "
               f"{p05['clips']} clips; margin 0.1 -> {p10['raters']} raters x {p10['clips']} "
-              "clips (before: 107 x 15 and 26 x 15)")
+              "clips (before issue 44: 107 x 15 and 26 x 15; before the clips floor for answers "
+              "barely below chance: 55 x 29 and 39 x 15)")
 
     if want(10):
         # 10. answers below chance ---------------------------------------------------------
@@ -312,9 +372,10 @@ def main() -> int:
         for share, acc in ((0.21, 0.3), (0.1, 0.0), (0.3, 0.2)):
             cases.append(("bots", {"bot_share": share, "bot_accuracy": acc},
                           f"bots at {acc:g} as {share:g} of raters"))
-        sizes10 = [(0.05, 107, 15, "old plan"), (0.05, p05["raters"], p05["clips"], "plan"),
-                   (0.1, 26, 15, "old plan"), (0.1, p10["raters"], p10["clips"], "plan"),
-                   (0.1, p10["raters"], 40, "")]
+        cases.append(("weak_inversion", {}, "every rater at 0.5 + m, half of them inverted"))
+        cases.append(("weak_bots", {}, "bots at 0.4 as 0.4 of raters"))
+        sizes10 = [(0.05, 55, 29, "old plan"), (0.05, p05["raters"], p05["clips"], "plan"),
+                   (0.1, 39, 15, "old plan"), (0.1, p10["raters"], p10["clips"], "plan")]
         for margin, R, C, tag in sizes10:
             for scen, kw, text in cases:
                 k += 1
@@ -331,13 +392,12 @@ def main() -> int:
                       f"found {o['below_chance']:.4f}{'' if ok else ' FAIL'}"
                       f"{'' if target or r - se <= 0.05 else ' (no target: below the plan)'}",
                       flush=True)
-        print("limits (not targets): answers barely below chance, which no data of these sizes "
-              "tell from answers at chance (item 7: out of reach of any rule on the answers): "
-              "every rater at 0.5 + margin and half of them inverted (0.5 - margin); bots at "
-              "0.4 as 40% of the raters")
-        for margin, R, C in ((0.05, p05["raters"], p05["clips"]), (0.1, p10["raters"],
-                                                                    p10["clips"]),
-                             (0.1, p10["raters"], 40)):
+        print("answers barely below chance by the simulated model of the last round (every rater "
+              "at 0.5 + margin with half inverted; bots at 0.4 as 40% of raters), at the old "
+              "plans and the new (the rows weak_inversion / weak_bots above are the same "
+              "scenarios; the new plans' clips per rater come from planning.spread_clips)")
+        for margin, R, C in ((0.05, 55, 29), (0.05, p05["raters"], p05["clips"]),
+                             (0.1, 39, 15), (0.1, p10["raters"], p10["clips"])):
             k += 1
             o = simulate.simulate_abx(R, C, "inverted_raters", margin=margin, rater_sd=0.0,
                                    invert=0.5, studies=S, reps=B, seed=seed + k)
@@ -353,7 +413,7 @@ def main() -> int:
               "claim), P('indistinguishable') (power), P('distinguishable') (target <= 0.05)")
         for margin, R, C in ((0.05, p05["raters"], p05["clips"]), (0.1, p10["raters"],
                                                                     p10["clips"]),
-                             (0.1, 26, 15), (0.2, 20, 15)):
+                             (0.1, 39, 15), (0.2, 20, 15)):
             k += 1
             o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                    reps=B, seed=seed + k)
@@ -372,10 +432,9 @@ def main() -> int:
               "bound on the visible share below 2 x margin (target <= 0.05 + 1 SE) ==")
         print("min_clips: " + ", ".join(f"margin {m:g} -> {stats.min_clips(m)}"
                                          for m in (0.025, 0.05, 0.075, 0.1, 0.2)))
-        for margin, R, C, tag in ((0.05, 107, 15, "old plan"),
+        for margin, R, C, tag in ((0.05, 55, 29, "old plan"),
                                   (0.05, p05["raters"], p05["clips"], "plan"),
-                                  (0.05, p05["raters"], 60, ""),
-                                  (0.1, 26, 15, "old plan"),
+                                  (0.1, 39, 15, "old plan"),
                                   (0.1, p10["raters"], p10["clips"], "plan")):
             for share in (margin, 2 * margin):
                 for vis in (1.0, 0.95):
@@ -399,10 +458,11 @@ def main() -> int:
               "design below its plan: the rule's P('indistinguishable') at the boundary per "
               "scenario, design_check at the achieved size (400 studies a boundary scenario, "
               "1,000 a below-chance one, fixed seed), and the rate reported (0 where the check fails; target <= 0.05 + 1 SE) ==")
-        for margin, R, C in ((0.05, 12, 100), (0.05, 23, 100), (0.05, 30, 29),
-                             (0.05, p05["raters"] - 10, p05["clips"]), (0.1, 12, 15),
-                             (0.1, 20, 15), (0.1, 26, 15), (0.1, p10["raters"] - 4, 15),
-                             (0.1, 12, 40)):
+        for margin, R, C in ((0.05, 12, 100), (0.05, 55, 29), (0.05, 55, 91),
+                             (0.05, p05["raters"] - 4, p05["clips"]),
+                             (0.05, p05["raters"], p05["clips"] - 30), (0.1, 26, 15),
+                             (0.1, 39, 15), (0.1, p10["raters"], p10["clips"] - 10),
+                             (0.1, p10["raters"] - 4, p10["clips"]), (0.1, 12, 40)):
             chk = planning.design_check(R, C, margin=margin)
             worst = (None, 0.0, 0.0)
             for scen in simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS:

@@ -10,7 +10,10 @@ differs), and the two places of the match compared with X's content fixed:
 - after (X in the middle tile, :func:`evalkit.study.design.stream_keys`): match left (tile 0)
   minus match right (tile 2): ``aab - baa``, ``bba - abb``.
 
-And preference (unchanged by the layout): backend B left (``ba``) minus right (``ab``).
+And preference: backend B left (``ba``) minus right (``ab``) (a row has one of them since
+:func:`evalkit.study.design.row_keys`); and the two files of an ABX row of one place (X's
+content a minus b, the match's place fixed): per place, for the lossless layout (X in tile 2)
+and the middle one.
 
 Per pair: the whole file's bytes and each frame's coded bytes (H.264: the slice NAL units with
 padding stripped, as :func:`evalkit.testing.attack.features` reads them; WebP: each frame's VP8L
@@ -42,8 +45,15 @@ ORDERS = ("aab", "aba", "baa", "abb", "bab", "bba", "ab", "ba")
 #: (layout, [(first, second)] per X content): first minus second
 PAIRS = {"before: X tile 0, match tile 1 minus tile 2": [("aab", "aba"), ("bba", "bab")],
          "after: X tile 1, match tile 0 minus tile 2": [("aab", "baa"), ("bba", "abb")],
-         "(not used) X tile 2, match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
-         "preference (unchanged): backend B left minus right": [("ba", "ab")]}
+         "X tile 2 (lossless, both places: before row_keys), match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
+         "preference (before row_keys): backend B left minus right": [("ba", "ab")],
+         # the two files of a row of one place (design.row_keys; lossless now): they differ in
+         # X's content, so the pooled rule compares X = a with X = b; the place is told only if
+         # these differ between the places
+         "one place, X tile 2 (lossless now): X a minus X b, match tile 0": [("aba", "bab")],
+         "one place, X tile 2 (lossless now): X a minus X b, match tile 1": [("baa", "abb")],
+         "one place, X tile 1 (not used): X a minus X b, match tile 0": [("aab", "bba")],
+         "one place, X tile 1 (not used): X a minus X b, match tile 2": [("baa", "abb")]}
 
 
 def cases():

@@ -56,9 +56,10 @@ def wrap(owner, name: str, label) -> None:
 
 
 def decode_only(run_a: str, run_b: str) -> None:
-    from evalkit.compare.pairing import PairDecoder, _open_run, pair_jobs
+    from evalkit.compare.pairing import PairDecoder, pair_jobs
+    from evalkit.compare.run import open_run
 
-    a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
+    a, b = open_run(run_a, "RUN_A"), open_run(run_b, "RUN_B")
     pairs, _ = pair_jobs(a, b, same_seed=True)
     stamp(f"{len(pairs)} pairs found")
     chunk = 8
@@ -81,11 +82,12 @@ def compute_only(run_a: str, run_b: str, device: str, repeat: int) -> None:
     one evaluator: the pace of the metrics alone (no decoding, no start-up, no report)."""
     import numpy as np
 
-    from evalkit.compare.pairing import _open_run, pair_jobs
+    from evalkit.compare.pairing import pair_jobs
+    from evalkit.compare.run import open_run
     from evalkit.video import ClipReader
     from evalkit.metrics.stream import PairEvaluator, evaluator_chunk, stream_pair
 
-    a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
+    a, b = open_run(run_a, "RUN_A"), open_run(run_b, "RUN_B")
     pairs, _ = pair_jobs(a, b, same_seed=True)
     fa = np.stack(list(ClipReader(pairs[0].path_a)))
     fb = np.stack(list(ClipReader(pairs[0].path_b)))

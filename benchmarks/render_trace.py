@@ -21,6 +21,7 @@ import time
 TIMED = (
     ("evalkit.render.quiet", "QuietSources._decode", "decode"),
     ("evalkit.render.driver", "SourceCache._decode", "decode"),
+    ("evalkit.render.sources", "SourceCache._decode", "decode"),
     ("evalkit.render.ffwrite", "write_lossless", "clip"),
     ("evalkit.render.ffwrite", "write_browser", "browser"),
     ("evalkit.render.clipwriter", "ClipWriter.write", "clip"),

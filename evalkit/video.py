@@ -388,22 +388,44 @@ class ClipReader:
         return sum(1 for _ in self)
 
     def count_packets(self) -> int:
-        """The clip's frames counted from its packets, none decoded, for a video whose every
-        packet is one frame (a codec of :data:`INDEPENDENT_FRAMES`); other clips are decoded
-        (:meth:`count_frames`). What the frames hold is not checked: for a clip whose count is
-        all that is needed (an import's or a ``command`` job's source)."""
-        if self.kind != "video" or self.info.codec not in INDEPENDENT_FRAMES:
+        """The clip's frames counted from its packets, none decoded, where every packet is one
+        frame: a codec of :data:`INDEPENDENT_FRAMES` in any container, or a codec of
+        :data:`PACKET_FRAME_CODECS` in a container of :data:`PACKET_FRAME_FORMATS` (MP4/MOV,
+        Matroska/WebM, NUT: one access unit a packet, B-frames included; the packets an MP4
+        edit list cuts off are flagged as discarded and not counted, as the decoder drops
+        them). Other clips (MPEG-TS, raw streams, AVI's packed B-frames, image folders) are
+        decoded (:meth:`count_frames`). What the frames hold is not checked: for a clip whose
+        count is all that is needed (an import's or a ``command`` job's source)."""
+        codec = self.info.codec
+        if self.kind != "video" or (codec not in INDEPENDENT_FRAMES
+                                    and codec not in PACKET_FRAME_CODECS):
             return self.count_frames()
         import av
 
         try:
             with av.open(str(self.path)) as c:
-                n = sum(1 for p in c.demux(c.streams.video[0]) if p.size)
+                if codec not in INDEPENDENT_FRAMES and c.format.name not in PACKET_FRAME_FORMATS:
+                    n = None
+                else:
+                    n = sum(1 for p in c.demux(c.streams.video[0]) if p.size and not p.is_discard)
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
+        if n is None:
+            return self.count_frames()
         if n == 0:
             raise VideoError(self.path, "video has no frames")
         return n
+
+
+#: decoders' names (``codec_context.name``) whose every packet in the containers of
+#: :data:`PACKET_FRAME_FORMATS` holds one displayed frame (tests/test_video.py encodes each
+#: that this machine's PyAV can write, B-frames, alt-ref frames and an edit-list cut included,
+#: and checks the packets against the decoded frames)
+PACKET_FRAME_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "libdav1d", "libaom-av1",
+                                 "mpeg4", "prores", "mjpeg", "dnxhd", "rawvideo", "png",
+                                 "qtrle", "ffv1", "utvideo"})
+#: demuxers (``container.format.name``) that hand over one frame a packet
+PACKET_FRAME_FORMATS = frozenset({"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "nut"})
 
 
 #: codecs whose key frames decode independently of each other and without reordering: a clip

@@ -190,31 +190,31 @@ def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: 
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(np.ascontiguousarray(x))
     elif not isinstance(x, torch.Tensor):
-        raise MetricInputError(f"{name}: expected a tensor or array of frames (N, 3, H, W), "
-                               f"found {type(x).__name__}")
+        raise MetricInputError(f"expected a tensor or array of frames (N, 3, H, W), "
+                               f"found {type(x).__name__}", field=name)
     if x.ndim != 4 or x.shape[1] != 3:
-        raise MetricInputError(f"{name}: expected frames of shape (N, 3, H, W), found {tuple(x.shape)}")
+        raise MetricInputError(f"expected frames of shape (N, 3, H, W), found {tuple(x.shape)}", field=name)
     if x.shape[0] == 0 or x.shape[2] == 0 or x.shape[3] == 0:
-        raise MetricInputError(f"{name}: expected at least one non-empty frame, found shape {tuple(x.shape)}")
+        raise MetricInputError(f"expected at least one non-empty frame, found shape {tuple(x.shape)}", field=name)
     if device is not None and x.device != device:
         x = x.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         return x
     if not x.is_floating_point():
-        raise MetricInputError(f"{name}: expected uint8 in [0, 255] or float in [0, 1], found dtype "
-                               f"{str(x.dtype).replace('torch.', '')}")
+        raise MetricInputError(f"expected uint8 in [0, 255] or float in [0, 1], found dtype "
+                               f"{str(x.dtype).replace('torch.', '')}", field=name)
     flat = x.reshape(x.shape[0], -1)
     finite = torch.isfinite(flat).all(1)
     if not bool(finite.all()):
         i = int((~finite).nonzero()[0, 0])
         bad = flat[i][~torch.isfinite(flat[i])][0].item()
-        raise MetricInputError(f"{name}: frame {i + offset} holds {bad} values; expected finite values in [0, 1]")
+        raise MetricInputError(f"frame {i + offset} holds {bad} values; expected finite values in [0, 1]", field=name)
     lo, hi = flat.amin(1), flat.amax(1)
     out = (lo < 0) | (hi > 1)
     if bool(out.any()):
         i = int(out.nonzero()[0, 0])
-        raise MetricInputError(f"{name}: frame {i + offset} has values in [{lo[i].item():.4g}, "
-                               f"{hi[i].item():.4g}]; expected float frames in [0, 1] (or uint8)")
+        raise MetricInputError(f"frame {i + offset} has values in [{lo[i].item():.4g}, "
+                               f"{hi[i].item():.4g}]; expected float frames in [0, 1] (or uint8)", field=name)
     return x
 
 
@@ -223,11 +223,11 @@ def check_pair(a: Any, b: Any, *, names=("a", "b"), device=None, offset: int = 0
     a = as_frames(a, names[0], device=device, offset=offset)
     b = as_frames(b, names[1], device=device if device is not None else a.device, offset=offset)
     if a.shape[2:] != b.shape[2:]:
-        raise MetricInputError(f"{names[1]}: frames are {b.shape[3]}x{b.shape[2]}, expected "
-                               f"{a.shape[3]}x{a.shape[2]} like {names[0]}")
+        raise MetricInputError(f"frames are {b.shape[3]}x{b.shape[2]}, expected "
+                               f"{a.shape[3]}x{a.shape[2]} like {names[0]}", field=names[1])
     if a.shape[0] != b.shape[0]:
-        raise MetricInputError(f"{names[1]}: {b.shape[0]} frames, expected {a.shape[0]} like "
-                               f"{names[0]} (frame counts must match)")
+        raise MetricInputError(f"{b.shape[0]} frames, expected {a.shape[0]} like {names[0]} "
+                               "(frame counts must match)", field=names[1])
     if a.device != b.device:
         b = b.to(a.device)
     return a, b

@@ -177,8 +177,8 @@ def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sig
           data_range=None, k1=SSIM_K1, k2=SSIM_K2, lumas=None) -> torch.Tensor:
     """:func:`ssim` on already checked inputs (``lumas``: their luma planes, if already made)."""
     if a.shape[2] < win_size or a.shape[3] < win_size:
-        raise MetricInputError(f"a: frames are {a.shape[3]}x{a.shape[2]}, SSIM needs at least "
-                               f"{win_size}x{win_size} (win_size)")
+        raise MetricInputError(f"frames are {a.shape[3]}x{a.shape[2]}, SSIM needs at least "
+                               f"{win_size}x{win_size} (win_size)", field="a")
     with precise():
         if data_range is None:
             L = PEAK8

@@ -295,10 +295,10 @@ class PairEvaluator:
         for name, x in (("a", a), ("b", b)):
             if (x.shape[3], x.shape[2]) != (self.size or size):
                 w, h = self.size or size
-                raise MetricInputError(f"{name}: frame {self._next} is {x.shape[3]}x{x.shape[2]}, "
-                                       f"expected {w}x{h} like frame 0 of a")
+                raise MetricInputError(f"frame {self._next} is {x.shape[3]}x{x.shape[2]}, "
+                                       f"expected {w}x{h} like frame 0 of a", field=name)
         if a.shape[0] != b.shape[0]:
-            raise MetricInputError(f"b: chunk of {b.shape[0]} frames, expected {a.shape[0]} like a")
+            raise MetricInputError(f"chunk of {b.shape[0]} frames, expected {a.shape[0]} like a", field="b")
         self.size = size
         return a, b
 
@@ -405,7 +405,7 @@ class PairEvaluator:
     def compute(self) -> dict:
         """Summary: means (see module doc), counts, identity, conventions, units, alignment."""
         if self.n == 0:
-            raise MetricInputError("a: no frames were compared")
+            raise MetricInputError("no frames were compared", field="a")
         totals = self._totals
         w, h = self.size
         return {
@@ -451,19 +451,19 @@ def _frames_of(item, name: str, index: int) -> torch.Tensor:
         if item.ndim == 3:
             item = item[None]
         if item.ndim != 4 or item.shape[1] != 3:
-            raise MetricInputError(f"{name}: frame {index}: expected a tensor (3, H, W) frame or "
-                                   f"(n, 3, H, W) chunk, found shape {tuple(item.shape)}")
+            raise MetricInputError(f"frame {index}: expected a tensor (3, H, W) frame or "
+                                   f"(n, 3, H, W) chunk, found shape {tuple(item.shape)}", field=name)
         return item
-    raise MetricInputError(f"{name}: frame {index}: expected a numpy array or torch tensor, "
-                           f"found {type(item).__name__}")
+    raise MetricInputError(f"frame {index}: expected a numpy array or torch tensor, "
+                           f"found {type(item).__name__}", field=name)
 
 
 def _hwc_of(item: np.ndarray, name: str, index: int) -> np.ndarray:
     if item.ndim == 3:
         item = item[None]
     if item.ndim != 4 or item.shape[3] != 3:
-        raise MetricInputError(f"{name}: frame {index}: expected a numpy (H, W, 3) frame or "
-                               f"(n, H, W, 3) chunk, found shape {item.shape}")
+        raise MetricInputError(f"frame {index}: expected a numpy (H, W, 3) frame or "
+                               f"(n, H, W, 3) chunk, found shape {item.shape}", field=name)
     return np.ascontiguousarray(item) if any(s < 0 for s in item.strides) else item
 
 
@@ -501,8 +501,8 @@ def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
         if first_hw is None:
             first_hw = hw
         elif hw != first_hw:
-            raise MetricInputError(f"{name}: frame {index} is {hw[1]}x{hw[0]}, expected "
-                                   f"{first_hw[1]}x{first_hw[0]} like frame 0 of {name}")
+            raise MetricInputError(f"frame {index} is {hw[1]}x{hw[0]}, expected "
+                                   f"{first_hw[1]}x{first_hw[0]} like frame 0 of {name}", field=name)
         if on_host and parts:               # a chunk gathered on the device goes on there
             x, on_host = torch.from_numpy(np.ascontiguousarray(x)).to(parts[0].device).permute(0, 3, 1, 2), False
         index += x.shape[0]
@@ -514,9 +514,9 @@ def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
                     slot = ring.get(key, (size, *hw, 3), dtype)
                 buf = slot["buf"]
                 if torch.from_numpy(x[:0]).dtype != buf.dtype:
-                    raise MetricInputError(f"{name}: frame {index - x.shape[0]} is "
+                    raise MetricInputError(f"frame {index - x.shape[0]} is "
                                            f"{x.dtype}, expected {str(buf.dtype).replace('torch.', '')} "
-                                           "like the frames before it")
+                                           "like the frames before it", field=name)
                 if threaded_copy:
                     buf[have:have + take].copy_(torch.from_numpy(x[:take]))
                 else:
@@ -634,8 +634,9 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
             na += _count(ia)
             nb += _count(ib)
             if align == "error":
-                raise MetricInputError(f"b: {nb} frames, expected {na} like a (frame counts differ; "
-                                       "use align='shortest' to compare the common prefix)")
+                raise MetricInputError(f"{nb} frames, expected {na} like a", field="b",
+                                       hint="frame counts differ; use align='shortest' to compare "
+                                            "the common prefix")
             m = min(na, nb) - ev._next
             if m > 0:
                 yield from ev.update(da[:m], db[:m])

@@ -43,7 +43,7 @@ FLICKER_BLOCK = 16
 
 def _need_two(x, name):
     if x.shape[0] < 2:
-        raise MetricInputError(f"{name}: temporal metrics need at least 2 frames, found {x.shape[0]}")
+        raise MetricInputError(f"temporal metrics need at least 2 frames, found {x.shape[0]}", field=name)
 
 
 def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.Tensor,

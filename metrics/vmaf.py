@@ -197,8 +197,8 @@ def _frames(items: Iterable, name: str) -> Iterator[np.ndarray]:
         if x.ndim == 3:
             x = x[None]
         if x.ndim != 4 or x.shape[3] != 3 or x.dtype != np.uint8:
-            raise MetricInputError(f"{name}: frame {index}: expected uint8 RGB (H, W, 3) frames "
-                                   f"or (n, H, W, 3) chunks, found {x.dtype} array of shape {x.shape}")
+            raise MetricInputError(f"frame {index}: expected uint8 RGB (H, W, 3) frames "
+                                   f"or (n, H, W, 3) chunks, found {x.dtype} array of shape {x.shape}", field=name)
         for f in x:
             yield f
             index += 1
@@ -241,9 +241,9 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
         raise MetricInputError(f"{'a' if first_a is None else 'b'}: expected at least one frame, found none")
     h, w = first_a.shape[:2]
     if first_b.shape[:2] != (h, w):
-        raise MetricInputError(f"b: frame 0 is {first_b.shape[1]}x{first_b.shape[0]}, expected {w}x{h} like a")
+        raise MetricInputError(f"frame 0 is {first_b.shape[1]}x{first_b.shape[0]}, expected {w}x{h} like a", field="b")
     if min(h, w) < MIN_SIDE:
-        raise MetricInputError(f"a: frames are {w}x{h}, VMAF needs at least {MIN_SIDE}x{MIN_SIDE}")
+        raise MetricInputError(f"frames are {w}x{h}, VMAF needs at least {MIN_SIDE}x{MIN_SIDE}", field="a")
 
     with tempfile.TemporaryDirectory(prefix="evalkit-vmaf-") as tmp:
         graph = (f"[0:v]split=2[s0][s1];[s0]crop={w}:{h}:0:0[dist];[s1]crop={w}:{h}:0:{h}[ref];"
@@ -266,12 +266,12 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
                         if xa is not None or xb is not None:
                             na = n + (xa is not None) + sum(1 for _ in fa_all)
                             nb = n + (xb is not None) + sum(1 for _ in fb_all)
-                            raise MetricInputError(f"b: {nb} frames, expected {na} like a")
+                            raise MetricInputError(f"{nb} frames, expected {na} like a", field="b")
                         break
                     for name, x in (("a", xa), ("b", xb)):
                         if x.shape[:2] != (h, w):
-                            raise MetricInputError(f"{name}: frame {n} is {x.shape[1]}x{x.shape[0]}, "
-                                                   f"expected {w}x{h} like frame 0 of a")
+                            raise MetricInputError(f"frame {n} is {x.shape[1]}x{x.shape[0]}, "
+                                                   f"expected {w}x{h} like frame 0 of a", field=name)
                     buf[:, :h] = rgb_to_yuv444(xb, matrix=matrix, yuv_range=yuv_range)[0]
                     buf[:, h:] = rgb_to_yuv444(xa, matrix=matrix, yuv_range=yuv_range)[0]
                     try:

@@ -1,9 +1,12 @@
 """Shared fixtures: run the real CLI in-process or as a subprocess."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ROOT / "datasets"
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# compare keeps floor measurements between runs (evalkit.compare.floorcache): the tests keep
+# theirs for this session only, never in the user's cache
+_FLOORS = tempfile.mkdtemp(prefix="evalkit-test-floors-")
+os.environ.setdefault("EVALKIT_FLOOR_CACHE", _FLOORS)
+atexit.register(shutil.rmtree, _FLOORS, True)
 
 
 @pytest.fixture

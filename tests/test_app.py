@@ -189,7 +189,7 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
     """Every box of a trial shows its tile of the same decoded frame (one stream: the same
     stream time in every box, exactly) while playing, after pause, frame steps (buttons and keys)
     and play; each swap (X with A, X with B, A with B; left with right) exchanges two boxes in
-    place and back; zoom is the tile's full size."""
+    place and back; zoom magnifies every box alike, in place."""
     server = env["server"]
     token = study.invite(env["db"], env["sids"][protocol], 1)[0]["token"]
     n = 3 if protocol == "abx" else 2
@@ -269,13 +269,14 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
         page.wait_for_timeout(200)
         assert spread(players()) == 0
         page.keyboard.press("f")
-        # zoom: full size (the tile's width in the stream)
-        page.keyboard.press("z")
-        w = page.evaluate("(() => { const v = document.querySelector('.ek-stage canvas');"
-                          " return [v.getBoundingClientRect().width, v.width]; })()")
-        tile = page.evaluate("window.evalkitState().state.trial.tiles")
-        assert abs(w[0] - w[1]) < 1 and w[1] == next(iter(tile.values()))[2], w
-        page.keyboard.press("z")
+        # zoom: the magnifier, 2x then 4x then off, every box alike and in place (its pixels:
+        # tests/test_player_inspect.py)
+        before = {s: box(s) for s in home}
+        for z in (2, 4, 1):
+            page.keyboard.press("z")
+            assert [p["zoom"] for p in players()] == [z] * n
+            assert len({json.dumps(p["view"]) for p in players()}) == 1
+            assert {s: box(s) for s in home} == before
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"rater-{protocol}-controls.png"))
     finally:

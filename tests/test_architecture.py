@@ -223,3 +223,125 @@ def test_nothing_imports_the_folders_as_top_level_packages():
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
                         if n and n.split(".")[0] in ("metrics", "app")]
     assert bad == []
+
+
+def _listed_modules() -> list[str]:
+    """The module names docs/architecture.md's "Modules" section lists (in backticks)."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Modules"):]
+    section = section[:section.index("\n## ", 1)]
+    return [n for n in re.findall(r"`(evalkit(?:\.[A-Za-z_][A-Za-z0-9_]*)*)`", section)
+            if not any(p[:1].isupper() for p in n.split("."))]
+
+
+def test_the_architecture_doc_lists_every_module_and_no_other():
+    """Every module of the tree (evalkit/, app/, metrics/) is named in docs/architecture.md's
+    module list, and every name there is a module of the tree (a moved or removed module
+    leaves no stale entry)."""
+    listed = set(_listed_modules())
+    missing = sorted(set(MODULES) - listed)
+    stale = sorted(listed - set(MODULES))
+    assert missing == [], f"modules missing from docs/architecture.md's Modules section: {missing}"
+    assert stale == [], f"listed in docs/architecture.md's Modules section, not in the tree: {stale}"
+
+
+def _bound_names(path: Path) -> set[str] | None:
+    """The names a module binds at its top level (definitions, assignments, imports; also
+    inside top-level ``if``/``try``), or None when it has a module ``__getattr__`` (any name)."""
+    names: set[str] = set()
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+                for h in node.handlers:
+                    walk(h.body)
+    walk(ast.parse(path.read_text(encoding="utf-8"), str(path)).body)
+    return None if "__getattr__" in names else names
+
+
+def _stale_imports(path: Path, mod: str | None = None) -> list[str]:
+    """Imports of evalkit modules or names in ``path`` that the tree does not have (what a move
+    leaves behind, also in functions that no test runs). ``mod``: the file's module name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    is_pkg = path.name == "__init__.py"
+    bad, bound = [], {}
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)   # other trees' names
+               and any(getattr(h.type, "id", None) in ("ImportError", "ModuleNotFoundError")
+                       for h in t.handlers)
+               for stmt in t.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            pairs = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            src = (_resolve(mod, is_pkg, node.level, node.module) if node.level and mod
+                   else node.module or "")
+            pairs = [(src, a.name) for a in node.names]
+        else:
+            continue
+        for src, name in pairs:
+            if not (src == "evalkit" or src.startswith("evalkit.")):
+                continue
+            if src not in MODULES:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {src}: no such module")
+                continue
+            if name is None or name == "*" or f"{src}.{name}" in MODULES:
+                continue
+            if src not in bound:
+                bound[src] = _bound_names(MODULES[src])
+            if bound[src] is not None and name not in bound[src]:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name} from {src}: "
+                           "not there")
+    return bad
+
+
+def test_no_import_of_a_module_or_name_that_is_not_there():
+    """Module by module (evalkit/, app/, metrics/, and the tests, benchmarks and tools that
+    import them): every ``import evalkit.x`` names a module of the tree and every ``from
+    evalkit.x import name`` a submodule or a name ``evalkit.x`` binds. Function-level imports
+    count: a benchmark's import of a moved name fails here, not when someone next runs it."""
+    bad = []
+    for m, path in MODULES.items():
+        bad += _stale_imports(path, m)
+    for folder in ("tests", "benchmarks", "tools"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            bad += _stale_imports(path)
+    assert bad == []
+
+
+def test_no_import_hook_on_import_evalkit():
+    """``import evalkit`` adds no finder to ``sys.meta_path`` (evalkit.metrics and evalkit.app
+    are ordinary subpackages: evalkit/metrics and evalkit/app link to the folders), and the
+    links are what the map says."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; before = list(sys.meta_path); import evalkit, evalkit.metrics, evalkit.app; "
+             "print(len(sys.meta_path) - len(before)); print(evalkit.metrics.__file__); "
+             "print(evalkit.app.__file__)")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    added, metrics_file, app_file = r.stdout.split("\n")[:3]
+    assert added == "0"
+    assert Path(metrics_file) == ROOT / "evalkit" / "metrics" / "__init__.py"
+    assert Path(app_file) == ROOT / "evalkit" / "app" / "__init__.py"
+    for name in ("metrics", "app"):
+        link = ROOT / "evalkit" / name
+        assert link.is_symlink() and link.readlink() == Path("..") / name

@@ -241,7 +241,8 @@ def test_bench_canary_renders_what_evalkit_render_writes(tmp_path):
 
     from evalkit.formats.run import RunDir
     from evalkit.formats.suite import load_suite
-    from evalkit.render.driver import SourceCache, render_suite
+    from evalkit.render.driver import render_suite
+    from evalkit.render.sources import SourceCache
     from evalkit.video import ClipReader
 
     bench = _bench_canary()

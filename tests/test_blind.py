@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from evalkit import study
+from evalkit.study import design
 
 from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
@@ -79,11 +80,13 @@ def recurring_pictures(trials) -> dict:
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
 def test_a_small_study_never_shows_a_rater_the_same_catch_picture_twice(env, protocol):
-    """3 clips, 8 easy catch trials per rater: each clip needs several catch versions, and no
-    two may share a reference picture (the side that recurs would be the reference)."""
+    """3 clips, 5 easy catch trials per rater (the fewest the screening takes: over the catch
+    share's bound, design.catch_counts): each clip needs several catch versions, and no two may
+    share a reference picture (the side that recurs would be the reference)."""
     trials = collect(env["db"], env["sids"][f"{protocol}-small"], raters=4)
     catches = [t for t in trials if t["kind"] == "catch"]
-    assert len(catches) == 4 * (8 + 2)
+    assert design.catch_counts(3) == (5, 0)
+    assert len(catches) == 4 * 5
     assert not recurring_pictures(trials)
 
 

@@ -45,26 +45,32 @@ def env(tmp_path_factory, request):
     (animated WebP, whose per-frame sizes are those of its VP8L frames)."""
     delivery = request.param
     root = tmp_path_factory.mktemp("attack")
-    train = attack.make_report(root / "train", ("pan", "blobs"), range(10))
-    held = attack.make_report(root / "held", ("grain", "stripes"), range(100, 114))
+    reports = {"train": attack.make_report(root / "train", ("pan", "blobs"), range(10))}
+    for r in (1, 2, 3):
+        reports[r] = attack.make_report(root / f"held{r}", ("grain", "stripes"),
+                                        range(100 * r, 100 * r + 14))
     db = root / "s.db"
     trials = {"train": [], "held": []}
-    sids = {}
+    sids, runs_of = {}, {}
     # held out: 3 ABX and 5 preference studies (a preference catch version is 2 files, an ABX
-    # one 3: at least 100 distinct catch trials of each)
-    for name, report, seeds, raters in (("train", train, {"abx": (1,), "preference": (1,)}, 6),
-                                        ("held", held, {"abx": (1, 2, 3),
-                                                        "preference": (1, 2, 3, 4, 5)}, 12)):
-        for protocol in ("abx", "preference"):
-            for seed in seeds[protocol]:
-                # the secret design seed pinned: the same studies (and figures) every run
-                sid = study.create_study(report, db, protocol=protocol, seed=seed,
-                                         raters_planned=10, allow_masking=True,
-                                         delivery=delivery,
-                                         design_seed=1000 * seed + len(sids))["study"]
-                sids[(name, protocol, seed)] = sid
-                trials[name] += attack.collect(db, sid, raters)
-    return {"db": db, "sids": sids, "delivery": delivery, "train": attack.add_features(trials["train"]),
+    # one 4: at least 100 distinct catch trials of each), made from 3 pairs of runs: the studies
+    # of one pair share every file, catch versions too (design.catch_plan), so distinct catch
+    # trials grow with the pairs of runs, not the studies; ABX --seed 1, 2 from pair 1, 3 from
+    # pair 2; preference 1, 2 from pair 1, 3, 4 from pair 2, 5 from pair 3
+    plan = [("train", "train", protocol, 1, 6) for protocol in ("abx", "preference")]
+    plan += [("held", r, "abx", seed, 12) for seed, r in ((1, 1), (2, 1), (3, 2))]
+    plan += [("held", r, "preference", seed, 12)
+             for seed, r in ((1, 1), (2, 1), (3, 2), (4, 2), (5, 3))]
+    for name, runs, protocol, seed, raters in plan:
+        # the secret design seed pinned: the same studies (and figures) every run
+        sid = study.create_study(reports[runs], db, protocol=protocol, seed=seed,
+                                 raters_planned=10, allow_masking=True, delivery=delivery,
+                                 design_seed=1000 * seed + len(sids))["study"]
+        sids[(name, protocol, seed)] = sid
+        runs_of[sid] = runs
+        trials[name] += attack.collect(db, sid, raters)
+    return {"db": db, "sids": sids, "runs_of": runs_of, "delivery": delivery,
+            "train": attack.add_features(trials["train"]),
             "held": attack.add_features(trials["held"])}
 
 
@@ -75,21 +81,29 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
                             "abx catch trials: which box is the reference",
                             "preference catch trials: which box is the reference",
                             "catch or test: which of a pair is the catch"}
-    if env["delivery"] == "lossless":
-        # OPEN (lossless only): a catch file's frame sizes spread differently from a test
-        # file's (the spread of its frame sizes, its nearest size twin): with the pinned
-        # studies 149 and 140 of 220 (p 2e-7, 6e-5); asserted so that a fix is noticed, not
-        # hidden (docs/studies.md, Blindness: lossless delivery)
-        q = "catch or test: which of a pair is the catch"
-        open_leak = {f: results[q].pop(f) for f in ("p_cv", "twin")}
-        assert min(r["p"] for r in open_leak.values()) <= LEVEL, open_leak
+    # (lossless: while a row had every place of the answer, 4 files an ABX catch version and 2
+    # a preference one, a catch file's frame sizes spread differently from a test file's and
+    # its nearest size twin was nearer: 149 and 140 of 220 pairs, p 2e-7 and 6e-5; with the
+    # files of design.row_keys 53 and 63 of 110 with the pinned studies (p 0.78, 0.15), 65/64
+    # and 62/60 of 120 in a full unpinned run: counted below with the rest, at chance. The
+    # twin's cause, a catch version being its clip's content, remains: bench_catch_sizes finds
+    # at most a weak residual, 0.51-0.56; docs/studies.md, Blindness: lossless delivery)
     bad = []
+    # (a preference catch version is one file now, design.row_keys: its distinct (file, labels)
+    # in the 5 held-out studies are at most 100, 88 of them drawn by the 12 raters; and studies
+    # of the same runs share their catch files, design.catch_plan: 60 distinct in one run; a
+    # lossless ABX catch version is two files: 78)
+    least = {"preference catch trials: which box is the reference": 60,
+             "abx catch trials: which box is the reference": 70}
     for question, per in results.items():
         assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(per) \
             or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
-            assert r["n"] >= 100, (question, feature, r)
-            if r["p"] <= LEVEL:
+            assert r["n"] >= least.get(question, 100), (question, feature, r)
+            # (catch or test: counted over catch clips, the independent draws: every study of
+            # the same runs has the same catch versions, so a clip's catch files recur pair
+            # after pair; per pair, one run read the twin feature 137 of 220, p 3e-4)
+            if r.get("cluster_p", r["p"]) <= LEVEL or r.get("clusters", 20) < 20:
                 bad.append((question, feature, r))
     assert not bad, bad
 
@@ -135,65 +149,73 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
                             "pooled sizes abx: which tile holds X's match",
                             "pooled sizes preference: which tile is backend B",
                             "pooled sizes preference catch trials: which tile is the reference"}
-    # OPEN (found by this rule, not closed by the ABX layout): a preference clip's two files
-    # (b left, b right) differ in size the same way nearly always, so pooled sizes tell which
-    # box is backend B (265 of 280 held-out files in one run); see docs/studies.md, Blindness
-    open_leak = results.pop("pooled sizes preference: which tile is backend B")
-    # (the fitted direction holds for H.264, and flips between the training and held-out
-    # scenes for lossless WebP: far from chance either way)
-    assert max(abs(r["hits"] / r["n"] - 0.5) for r in open_leak.values()) > 0.1, open_leak
-    q = "pooled sizes abx: which tile holds X's match"
-    if env["delivery"] == "lossless":
-        # OPEN (lossless only): with X in the last tile the sizes of a clip's WebP files still
-        # tell where the match is, less than with X in the middle (31 of 32 pairs on the
-        # benchmark's scenes): 268 and 281 of 456 files with the pinned studies
-        # (docs/studies.md, Blindness: lossless delivery)
-        open_abx = results.pop(q)
-        assert min(r["p"] for r in open_abx.values()) <= LEVEL, open_abx
+    # (closed: a preference row is one file, design.row_keys, so no sibling tells its order;
+    # before, its two files, B left and B right, differed in size the same way nearly always:
+    # 265 of 280 held-out files; and with X in the last tile a lossless ABX row's four files told
+    # where the match is, 268 and 281 of 456: now two, the place the row's)
+    for q, per in results.items():
+        print(q, {f: (r["hits"], r["n"], round(r["p"], 4)) for f, r in per.items()})
+    # (a preference catch version is one file now: 50 of them in the 5 held-out studies)
+    least = {"pooled sizes preference catch trials: which tile is the reference": 50}
     bad = [(q, f, r) for q, per in results.items() for f, r in per.items()
-           if r["n"] < 100 or r["p"] <= LEVEL]
+           if r["n"] < least.get(q, 100) or r["p"] <= LEVEL]
     assert not bad, bad
-    if env["delivery"] == "stream":
-        # the pooled size rule counts each distinct file once: X in the middle of every ABX file
-        # (its match in tile 0 or 2, both next to X), 4 files a row; the rule read off the
-        # measurement, unfitted ("smaller than its siblings: the match is in the first tile"), is
-        # at chance too
+    # the pooled size rule counts each distinct file once (H.264: X in the middle of every ABX
+    # file, its match in tile 0 or 2, both next to X, 4 files a row; lossless: X in the last
+    # tile, 2 files a row, the match's place the row's); the rule read off the measurement,
+    # unfitted ("smaller than its siblings: the answer is in the first tile"), is at chance too,
+    # for preference files as well (compared with the other one-file rows of their study)
+    sizes = attack.pooled_sizes(held)
+    for q in ("pooled sizes abx: which tile holds X's match",
+              "pooled sizes preference: which tile is backend B"):
         assert set(results[q]) == {"pooled_size", "pooled_frames"}
-        rows = attack.pooled_sizes(held)[q]
+        proto = q.split()[2].rstrip(":")
+        rows = sizes[q]
         assert len(rows) == len({(t["study"], t["sha"]) for t in held
-                                 if t["public"]["protocol"] == "abx"}) == results[q]["pooled_size"]["n"]
+                                 if t["public"]["protocol"] == proto
+                                 and (proto == "abx" or t["kind"] == "test")}) \
+            == results[q]["pooled_size"]["n"]
         for feature in ("pooled_size", "pooled_frames"):
             hits = sum((f[feature] < 0) == bool(y) for _, f, y in rows)
-            assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (feature, hits, len(rows))
+            assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (q, feature, hits, len(rows))
     # X in the middle tile of every streamed ABX file, in the last of every lossless one
     x_at = 1 if env["delivery"] == "stream" else 2
     assert all(sorted(r[0] for r in t["shown"]["tiles"].values())[x_at]
                == t["shown"]["tiles"]["X"][0] for t in held if t["public"]["protocol"] == "abx")
-    # 12 raters a held-out study: 3 per ABX file, 6 per preference file, catch or test
+    # 12 raters a held-out study: 3 per ABX file (H.264: 4 a row) or 6 (lossless: 2 a row),
+    # all 12 per preference file (1 a row), catch or test
     per = {}
     for t in held:
         per.setdefault((t["study"], t["sha"]), set()).add(t["rater"])
+    abx_files = 4 if env["delivery"] == "stream" else 2
     for t in held:
-        want = 12 // (4 if t["public"]["protocol"] == "abx" else 2)
+        want = 12 // (abx_files if t["public"]["protocol"] == "abx" else 1)
         assert len(per[(t["study"], t["sha"])]) == want, t["kind"]
 
 
-def _synthetic(protocol, clips, raters, seed, old=False, x=1):
+def _synthetic(protocol, clips, raters, seed, old=False, x=1, runs=None, catch_per_study=False):
     """Trials as the pooled attacker sees them (file identity, tiles), from the design alone:
     the design of now (``design.assign``; ``x``: X's tile in the files, 0 the layout between
     issue 44 and the middle one), or the one before issue 44 (``old``: every slot's tile drawn
-    per trial over all arrangements; ABX catch versions three files, X the reference)."""
+    per trial over all arrangements; ABX catch versions three files, X the reference).
+    ``runs``: the study is one of several made from these runs: its test files are named by the
+    runs (the same bytes in each), and so are its catch files, unless ``catch_per_study`` (catch
+    versions drawn from each study's seed, before issue 44 open (a) was closed)."""
     rects = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
-    study_id = f"s{seed}-{old}-{x}"
+    study_id = f"s{seed}-{old}-{x}-{runs}"
 
     def streams(name, catch):
+        prefix = study_id if runs is None or (catch and catch_per_study) else runs
+        return _files(name, catch, prefix)
+
+    def _files(name, catch, prefix):
         keys = (["".join(k) for k in ("aab", "aba", "baa", "abb", "bab", "bba")]
                 if old and not catch and protocol == "abx" else
                 ["rrd", "rdr", "drr"] if old and protocol == "abx" else
                 design.stream_keys(protocol, catch, x))
         if catch:
             keys = [k.replace("a", "r").replace("b", "d") for k in keys]
-        return {"rects": rects, "files": {k: f"{study_id}-{name}-{k}" for k in keys}}
+        return {"rects": rects, "files": {k: f"{prefix}-{name}-{k}" for k in keys}}
     swap, bx = design.base_bits(clips, seed)
     rows = [{"id": i, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", False)}
             for i in range(clips)]
@@ -286,3 +308,84 @@ def test_the_pooled_size_rule_reads_x_in_tile_0_and_not_x_in_the_middle():
             assert r["hits"] / r["n"] > 0.7 and r["p"] < 1e-12, r
         else:
             assert r["p"] > LEVEL, r
+
+
+ACROSS = ("pooled abx: which box matches X", "pooled abx: which box is backend B",
+          "pooled abx catch trials: which box is the reference",
+          "pooled catch or test: which of a pair is the catch")
+
+
+@pytest.mark.parametrize("protocol", ["abx", "preference"])
+def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_now(protocol):
+    """Issue 44 open (a), on the design alone: raters of several studies made from the same runs
+    pool what they got per file hash across the studies. With catch versions drawn per study
+    (before) a test file recurs in every study and a catch file in one: the number of studies
+    (or raters) sharing a file picks the catch of every pair; with catch versions drawn from
+    the runs (now, ``design.catch_plan``) every file of either kind recurs in every study and
+    goes to as many raters, and every pooled rule is at chance (seeded; 6 held-out studies)."""
+    for per_study in (True, False):
+        train = [t for s in (1, 2) for t in _synthetic(protocol, 24, 8, s, runs="r1",
+                                                       catch_per_study=per_study)]
+        held = [t for s in range(3, 9) for t in _synthetic(protocol, 40, 8, s, runs="r2",
+                                                           catch_per_study=per_study)]
+        res = attack.attack_pooled(attack.add_pooled(train, True),
+                                   attack.add_pooled(held, True), seed=0)
+        pair = res["pooled catch or test: which of a pair is the catch"]
+        assert set(pair) == {"pooled_raters", "pooled_share", "pooled_studies"}
+        if per_study:
+            assert pair["pooled_studies"]["hits"] == pair["pooled_studies"]["n"] >= 60, pair
+        else:
+            per_file: dict = {}
+            for t in held:
+                per_file.setdefault(t["sha"], set()).add(t["study"])
+            assert {len(v) for v in per_file.values()} == {6}
+            assert {t["f"]["pooled_raters"] for t in held} == {6 * 8 / (4 if protocol == "abx"
+                                                                        else 2)}
+            bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
+                   for f, r in res[q].items()
+                   if r.get("cluster_p", r["p"]) <= LEVEL or r["n"] < 60]
+            assert not bad, bad
+
+
+def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
+    """The real studies (other ``--seed`` each, the secret design seed pinned): every test and
+    catch file of the held-out studies of one protocol and one pair of runs is served in every
+    one of them, to the same number of raters; every pooled rule, pooled across all the
+    held-out studies (file hash over all of them) and fitted on the training studies, is at
+    chance. The price of catch files that recur (docs/studies.md, Blindness): a table of catch
+    answers labelled by a person in one study answers the same files in the next, as it answers
+    the raters sharing the labeller's files within a study."""
+    held = env["held"]
+    groups: dict = {}                 # (protocol, runs) -> its studies
+    for t in held:
+        groups.setdefault((t["public"]["protocol"], env["runs_of"][t["study"]]),
+                          set()).add(t["study"])
+    assert sorted(len(v) for v in groups.values()) == [1, 1, 2, 2, 2]
+    for (protocol, runs), studies in groups.items():
+        where: dict = {}
+        for t in held:
+            if t["study"] in studies:
+                where.setdefault((t["kind"], t["data"]), set()).add(t["study"])
+        assert {len(v) for v in where.values()} == {len(studies)}, (protocol, runs)
+        assert {k for k, _ in where} == {"test", "catch"}
+    res = attack.attack_pooled(attack.add_pooled(env["train"], True),
+                               attack.add_pooled(held, True), seed=0)
+    for q in ACROSS:
+        assert all(r["n"] >= 100 for r in res[q].values()), (q, res[q])
+    # a per-trial pooled rule is counted per file (its trials share the pooled features: the
+    # raters of one file are right or wrong together, which the per-trial binomial takes for
+    # evidence; one run: pooled_label 915 of 1,680 preference trials, p 3e-4, its files at
+    # chance); the pairs, one per catch file, as they are
+    bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
+           for f, r in res[q].items() if r.get("cluster_p", r["p"]) <= LEVEL
+           or r.get("clusters", 100) < 20]
+    assert not bad, bad
+    files = {"preference": 1, "abx": 2 if env["delivery"] == "lossless" else 4}   # row_keys
+    for (protocol, runs), studies in groups.items():       # 12 raters a study, 1, 2 or 4 files
+        want = 12 // files[protocol] * len(studies)
+        assert {t["f"]["pooled_raters"] for t in held if t["study"] in studies} == {want}
+    # the replay table: labelled in one held-out ABX study, looked up in the other of its runs
+    first, second = sorted(groups[("abx", 1)])
+    r = attack.replay_catch([t for t in held if t["study"] == first],
+                            [t for t in held if t["study"] == second])
+    assert r["known"] == r["files"] == r["hits"] > 0, r

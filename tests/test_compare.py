@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from evalkit.compare.pairing import floor_ratio
+from evalkit.compare.aggregate import floor_ratio
 from evalkit.render.driver import render_suite
 
 from conftest import DATASETS, assert_one_line_error
@@ -243,7 +243,8 @@ def hostile_report(tmp_path_factory):
     while the caller's matplotlib backend is "svg"; the backend after it is returned too."""
     import matplotlib
 
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
 
     root = tmp_path_factory.mktemp("hostile")
     clips = DATASETS / "smoke" / "clips"
@@ -258,7 +259,7 @@ def hostile_report(tmp_path_factory):
     matplotlib.use("svg")
     try:
         compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
-                     device="cpu", metric_options={"temporal": False}, progress=False)
+                     device="cpu", metrics=MetricOptions(temporal=False), progress=False)
         backend = matplotlib.get_backend()
     finally:
         matplotlib.use(before)
@@ -529,7 +530,7 @@ def test_the_hash_checks_run_while_the_session_starts():
     closed when the pairing fails."""
     import threading
 
-    from evalkit.compare.pairing import _session_and_pairs
+    from evalkit.compare.run import _session_and_pairs
     from evalkit.errors import UserError
 
     log: list = []
@@ -568,3 +569,25 @@ def test_the_hash_checks_run_while_the_session_starts():
     with pytest.raises(UserError, match="no CUDA device"):
         _session_and_pairs(slow_pairing, no_device)
     assert finished.is_set()            # the hashing thread ended before the error came out
+
+
+def test_metric_options_are_a_frozen_value_with_the_evaluators_defaults():
+    """compare's metric settings are one frozen value (no dict of keywords); left alone they
+    are exactly PairEvaluator's own defaults (a compare without options measures as before),
+    and each one set reaches the evaluator's keyword of the same name."""
+    import dataclasses
+    import inspect
+
+    from evalkit.compare.options import MetricOptions
+    from evalkit.metrics.stream import PairEvaluator
+
+    opts = MetricOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.temporal = False
+    params = inspect.signature(PairEvaluator).parameters
+    for key, value in opts.evaluator_kwargs().items():
+        assert params[key].default == value, key
+    assert "flow_preset" not in opts.evaluator_kwargs()     # the evaluator's default preset
+    set_ = MetricOptions(temporal=False, flow="farneback", flow_preset="medium").evaluator_kwargs()
+    assert set_ == {"temporal": False, "flow": "farneback", "flow_preset": "medium"}
+    assert set(set_) <= set(params)

@@ -367,10 +367,10 @@ def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
     stored in the fast format, and its files are adopted two at a time here: the same frames as
     the one-at-a-time FFV1 import, every job recorded, in suite order."""
     from evalkit.cli import main
-    from evalkit.render import driver
+    from evalkit.render import driver, local_executor
 
     seen = []
-    real = driver.LocalExecutor.render_job
+    real = local_executor.LocalExecutor.render_job
 
     def render_job(*a, **kw):          # which threads adopt (the real work, unchanged)
         import threading
@@ -379,8 +379,8 @@ def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
         return real(*a, **kw)
 
     monkeypatch.setattr(driver, "accelerator_here", lambda: True)
-    monkeypatch.setattr(driver, "adopt_workers", lambda: 2)
-    monkeypatch.setattr(driver.LocalExecutor, "render_job", staticmethod(render_job))
+    monkeypatch.setattr(local_executor, "adopt_workers", lambda: 2)
+    monkeypatch.setattr(local_executor.LocalExecutor, "render_job", staticmethod(render_job))
     assert main(["render", str(farms["suite"]), "-r", "import", "-O", f"dir={farms['amd']}",
                  "--label", "mi325x-bf16", "--fingerprint", str(farms["fp_amd"]), "--out",
                  str(tmp_path), "--quiet"]) == 0
@@ -400,7 +400,7 @@ def test_an_import_on_a_gpu_machine_is_utvideo_and_adopts_several_files_at_once(
 def test_files_adopted_at_once_are_each_checked_against_their_own_source(tmp_path, monkeypatch):
     """Several jobs adopted at once ask for their sources' frame counts at once: each job is
     checked against its own clip's count (clips of 12 and 20 frames here), never another's."""
-    from evalkit.render import driver
+    from evalkit.render import driver, local_executor
     from evalkit.render.renderers.imported import import_name
 
     rng = np.random.default_rng(5)
@@ -417,7 +417,7 @@ def test_files_adopted_at_once_are_each_checked_against_their_own_source(tmp_pat
     suite = load_suite(suite_path)
     for job in suite.jobs:
         shutil.copy(tmp_path / f"{job.clip}.mkv", farm / f"{import_name(job, job.seed)}.mkv")
-    monkeypatch.setattr(driver, "adopt_workers", lambda: 4)
+    monkeypatch.setattr(local_executor, "adopt_workers", lambda: 4)
     s = driver.render_suite(suite_path, [], tmp_path / "runs", renderer="import",
                             options={"dir": str(farm)}, label="farm", progress=False)
     assert s[0].failed == 0 and s[0].done == 4

@@ -4,15 +4,15 @@ received (POST /api/ack: size and CRC-32 of every byte) and the gate's clock sta
 acknowledgement (the last byte received, not the first sent), which is accepted at its first
 try; an answer before it is refused (not loaded) and kept one play-through after it.
 
-Stream delivery (H.264): the page fetches the whole stream and plays it from the bytes it
-holds: no frame is drawn before the last byte was sent. (Before issue 44 the page played while
-loading; that is no longer the design for streams.) Trial streams still put the MP4 index
-(moov) before the media data (mdat).
+Stream delivery (H.264, issue 45): the page fetches the stream once and feeds its bytes to the
+video through MediaSource as they arrive (the index rewritten as a fragmented MP4's, the
+samples' own bytes): the first frame is drawn while most of the file is still unsent, and the
+acknowledgement still waits for the last byte. Trial streams put the MP4 index (moov) before
+the media data (mdat), which this needs.
 
-Lossless delivery (issue 45: an animated lossless WebP decoded as it streams in): the first
-frame is drawn while most of the file is still unsent, yet nothing is acknowledged and an answer
-is refused until the last byte arrived; the acknowledgement's size and CRC-32 are counted over
-the bytes the fetch received."""
+Lossless delivery (issue 45: an animated lossless WebP decoded as it streams in): the same.
+Either way nothing is acknowledged and an answer is refused until the last byte arrived; the
+acknowledgement's size and CRC-32 are counted over the bytes the fetch received."""
 from __future__ import annotations
 
 import asyncio
@@ -160,26 +160,22 @@ FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers
 
 def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser):
     env, slow = slow_server, slow_server["slow"]
-    lossless = env["delivery"] == "lossless"
     token = study.invite(env["db"], env["sid"], 1)[0]["token"]
     page = browser.new_page()
     try:
         first = pg.open_page(page, env["url"], token)
         trial = first["trial"]
         # while the file is still being sent: nothing acknowledged, and an answer is refused as
-        # not loaded; a stream shows no frame (the page is read first, then the server's count:
-        # a frame seen while no response had reached its last piece was drawn before it), a
-        # lossless file shows its first frame before most of its bytes were sent
+        # not loaded; the first frame shows before most of its bytes were sent (the page is
+        # read first, then the server's count: a frame seen while no response had reached its
+        # last piece was drawn before it)
         checks, drawn_at = 0, None
         while True:
             drawn = page.evaluate(FIRST_FRAME)
             if slow.done:
                 break
-            if lossless:
-                if drawn and drawn_at is None:
-                    drawn_at = slow.sent
-            else:
-                assert not drawn, (slow.sent, slow.totals)
+            if drawn and drawn_at is None:
+                drawn_at = slow.sent
             assert slow.acks == [] and hidden(env["db"], trial["trial"])["fetched"] is None
             if checks % 5 == 0:
                 r = httpx.post(env["url"] + "/api/answer",
@@ -192,9 +188,8 @@ def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser)
         assert checks >= 5, checks          # the file took seconds: the loop saw it loading
         size = slow.totals[0]                       # the trial's one file
         assert set(slow.totals) == {size} and slow.requests == [""], (slow.totals, slow.requests)
-        if lossless:
-            assert drawn_at is not None and drawn_at < 0.6 * size, (drawn_at, size)
-            print(f"lossless: first frame drawn after {drawn_at} of {size} bytes sent")
+        assert drawn_at is not None and drawn_at < 0.6 * size, (drawn_at, size)
+        print(f"{env['delivery']}: first frame drawn after {drawn_at} of {size} bytes sent")
         # once the file arrived: acknowledged (accepted at the first try: the server had
         # recorded the bytes it sent before the acknowledgement could reach it), and drawn
         page.wait_for_function(FIRST_FRAME, timeout=60_000)

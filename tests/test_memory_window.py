@@ -262,7 +262,8 @@ def test_metrics_streams(sets, monkeypatch):
 @pytest.mark.slow  # clips of N and 2N frames compared
 def test_compare_streams(sets, monkeypatch):
     """compare, its report (worst-frame images, per-frame plots) included."""
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
 
     counter = FramesAlive(monkeypatch)
     peaks = {}
@@ -273,7 +274,7 @@ def test_compare_streams(sets, monkeypatch):
             import_runs(s, counter)
         counter.reset()
         compare_runs(runs / "a", runs / "b", s["root"] / "report", device="cpu", chunk=8,
-                     metric_options={"temporal": False}, progress=False)
+                     metrics=MetricOptions(temporal=False), progress=False)
         assert (s["root"] / "report" / "index.html").exists()
         peaks[n] = counter.peak
     check_window(peaks)

@@ -548,6 +548,34 @@ def test_different_sizes_is_a_clear_error():
         list(stream_pair(iter(a), iter(b), device="cpu"))
 
 
+def test_input_errors_carry_their_field_detail_and_hint():
+    """A caller words a MetricInputError for its own inputs from its parts (compare names the
+    clip file, the command line's option), never by parsing the message; the message is
+    ``field: detail (hint)`` and the parts survive pickling (worker processes, Ray)."""
+    import pickle
+
+    a = translated_clip(n=5)
+    with pytest.raises(MetricInputError) as e:
+        list(stream_pair(iter(a), iter(a[:3]), device="cpu", chunk=2))
+    err = e.value
+    assert (err.field, err.detail) == ("b", "3 frames, expected 5 like a")
+    assert err.hint == "frame counts differ; use align='shortest' to compare the common prefix"
+    assert str(err) == f"b: {err.detail} ({err.hint})"
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is MetricInputError and isinstance(again, ValueError)
+    assert (again.field, again.detail, again.hint, str(again)) == (err.field, err.detail, err.hint, str(err))
+    b = np.array(a[:4])
+    b[2] = 0
+    frames = [*b[:2], b[2][:, :40], *b[3:]]          # frame 2 of another size
+    with pytest.raises(MetricInputError) as e:
+        list(stream_pair(iter(a[:4]), iter(frames), device="cpu", chunk=2))
+    assert e.value.field == "b" and e.value.hint is None
+    assert e.value.detail.startswith("frame 2 is 40x") and str(e.value) == f"b: {e.value.detail}"
+    with pytest.raises(MetricInputError) as e:      # an option: its name leads the message
+        PairEvaluator(device="cpu", ssim_channel="blue")
+    assert e.value.field is None and str(e.value).startswith("ssim_channel: expected one of")
+
+
 def test_different_frame_counts_error_or_recorded_alignment():
     a = translated_clip(n=5)
     with pytest.raises(MetricInputError, match=r"b: 3 frames, expected 5 like a"):

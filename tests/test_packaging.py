@@ -135,7 +135,8 @@ def _copy_sources(src: Path) -> Path:
                  *PACKAGES, "models", "datasets"):
         p = ROOT / name
         if p.is_dir():
-            shutil.copytree(p, src / name, ignore=skip)
+            # symlinks kept: evalkit/metrics and evalkit/app are links to ../metrics, ../app
+            shutil.copytree(p, src / name, ignore=skip, symlinks=True)
         elif p.is_file():
             shutil.copy2(p, src / name)
     return src
@@ -326,11 +327,13 @@ def _where(py, cwd, env) -> dict:
 
 
 def _from_checkout(found: dict, checkout: Path) -> None:
+    """evalkit's modules from ``checkout``: evalkit.metrics and evalkit.app through the links
+    evalkit/metrics and evalkit/app (ordinary subpackages), which are the folders metrics/, app/."""
     assert found["evalkit"] == str(checkout / "evalkit" / "__init__.py")
-    assert found["metrics"] == str(checkout / "metrics" / "__init__.py")
-    assert found["stream"] == str(checkout / "metrics" / "stream.py")
-    assert found["app"] == str(checkout / "app" / "__init__.py")
-    assert found["server"] == str(checkout / "app" / "server.py")
+    for key, rel in (("metrics", "metrics/__init__.py"), ("stream", "metrics/stream.py"),
+                     ("app", "app/__init__.py"), ("server", "app/server.py")):
+        assert found[key] == str(checkout / "evalkit" / rel), (key, found[key])
+        assert Path(found[key]).resolve() == (checkout / rel).resolve(), (key, found[key])
 
 
 @pytest.mark.slow   # an editable install

@@ -303,7 +303,7 @@ def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(
     source fails the get() that needs it (not the prefetch)."""
     import dataclasses
 
-    from evalkit.render.driver import SourceCache
+    from evalkit.render.sources import SourceCache
 
     suite = load_suite(DATASETS / "smoke" / "suite.yaml")
     ids = list(suite.clips)
@@ -334,16 +334,16 @@ def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, m
     """A new run starts decoding its first job's source before its manifest is written (the
     set-up overlaps the decode); a resumed run starts with its first pending job's source,
     not a done job's."""
-    from evalkit.render import driver
+    from evalkit.render.sources import SourceCache
 
     out, seen = tmp_path / "o", []
-    real = driver.SourceCache.prefetch
+    real = SourceCache.prefetch
 
     def prefetch(self, clip_id):
         seen.append((clip_id, (out / "cpu" / "manifest.json").exists()))
         return real(self, clip_id)
 
-    monkeypatch.setattr(driver.SourceCache, "prefetch", prefetch)
+    monkeypatch.setattr(SourceCache, "prefetch", prefetch)
     kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
     [s] = render_suite(SMOKE, ["cpu"], out, **kw)
     assert (s.done, s.path) == (2, out / "cpu")
@@ -415,7 +415,7 @@ def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_pa
 
 
 def test_progress_reuses_one_job_bar():
-    from evalkit.render.driver import Progress
+    from evalkit.render.progress import Progress
 
     p = Progress(2, enabled=True)
     try:

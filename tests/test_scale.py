@@ -48,7 +48,7 @@ def _same(x, y) -> bool:
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs, tmp_path, chunk):
     from evalkit.compare.local import psnr_of, worst_block
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.run import compare_runs
     from evalkit.metrics.stream import PairEvaluator, stream_pair
 
     res = compare_runs(*import_runs, tmp_path / "r", device="cpu", chunk=chunk, progress=False)
@@ -77,7 +77,7 @@ def test_compare_with_parallel_decoding_matches_sequential_decoding(import_runs,
 
 
 def test_compare_shows_per_frame_progress(import_runs, tmp_path, capsys):
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.run import compare_runs
 
     compare_runs(*import_runs, tmp_path / "r", device="cpu", progress=True)
     err = capsys.readouterr().err
@@ -134,7 +134,7 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
                                                                 monkeypatch, capsys):
     from sqlalchemy import select
 
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.run import compare_runs
     from evalkit.study import create_study, media, open_db, planning
     from evalkit.study.store import clips, studies
     from evalkit.testing.studies import study_config
@@ -264,13 +264,14 @@ def test_real_scale_suites_name_the_generated_clips(make_scale):
 def test_compare_and_metrics_decoding_in_worker_processes_match_threads(import_runs, tmp_path,
                                                                         monkeypatch):
     from evalkit.compare.clips import compare_clips
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
 
     got = {}
     for mode in ("0", "1"):         # threads, then worker processes (evalkit.procdecode)
         monkeypatch.setattr("evalkit.procdecode.PROCESS_MIN_CORES", 0 if mode == "1" else 10**6)
         res = compare_runs(*import_runs, tmp_path / mode, device="cpu", chunk=3, progress=False,
-                           metric_options={"temporal": False})
+                           metrics=MetricOptions(temporal=False))
         a, b = (sorted((r / "clips").glob("*.mkv"))[1] for r in import_runs)
         got[mode] = (res, compare_clips(a, b, device="cpu", chunk=2, temporal=False))
     (rt, mt), (rp, mp) = got["0"], got["1"]

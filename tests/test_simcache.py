@@ -41,3 +41,20 @@ def test_a_corrupt_cache_file_is_recomputed(tmp_path, monkeypatch):
     path.write_text("{truncated")
     assert simcache.cached("plan", {"m": 1}, lambda: {"v": 1}) == {"v": 1}
     assert json.loads(path.read_text()) == {"v": 1}
+
+
+def test_a_plan_of_another_rule_version_is_not_served(tmp_path, monkeypatch):
+    # the planner's rule changed (RULE_VERSION 2: clips for answers barely below chance): a
+    # plan cached under the earlier rule, with the same arguments, must not come back
+    from evalkit.study import stats
+
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    args = {"protocol": "abx", "margin": 0.1, "clips": 15, "alpha": 0.05}
+    monkeypatch.setattr(stats, "RULE_VERSION", stats.RULE_VERSION - 1)
+    old = simcache.path_for("plan", args)
+    assert simcache.cached("plan", args, lambda: {"raters": 39, "clips": 15})["raters"] == 39
+    monkeypatch.undo()
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    assert simcache.path_for("plan", args) != old and old.exists()
+    assert simcache.cached("plan", args, lambda: {"raters": 22, "clips": 41}) == {
+        "raters": 22, "clips": 41}

@@ -41,9 +41,12 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
                          "--clips", "worst:4", "--raters", "3", "--seed", "3")
     assert code == 0, err
-    # 8 easy catch trials per rater over 4 clips: exactly 8 easy versions, 2 per clip (every
-    # rater gets each once, never one twice), + 2 graded
-    assert out.startswith("study 1: abx, 4 clips, 10 catch versions")
+    # 4 clips: 5 easy catch trials per rater (the fewest the screening takes at alpha 0.05,
+    # over the catch share's bound of half, said), no graded: exactly 5 easy versions, 1 or 2
+    # per clip (every rater gets each once, never one twice)
+    assert out.startswith("study 1: abx, 4 clips, 5 catch versions")
+    assert ("each rater: 9 trials, 4 test and 5 catch (56%; 5 easy, 0 graded): above the 50% "
+            "bound") in out
     # a design below the planner's floors is created, with a warning for each shortfall
     assert "warning: 4 clips is below the 15" in err and "warning: --raters 3 is below" in err
     summary = json.loads((report / "summary.json").read_text())
@@ -60,7 +63,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     assert design.stream_keys("abx") == ["aab", "baa", "bba", "abb"]
     assert design.stream_keys("abx", catch=True) == ["rrd", "drr", "ddr", "rdd"]
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 4 + 10 * 4 and not (tmp_path / "media").exists()   # its own folder
+    assert len(media) == 4 * 4 + 5 * 4 and not (tmp_path / "media").exists()   # its own folder
     names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
              *lp]
     import hashlib

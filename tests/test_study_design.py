@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from evalkit.study import design, stats
+from evalkit.study import design, stats, threshold
 
 
 RECTS = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
@@ -129,7 +129,7 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
     clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")}
              for i in range(6)]
     pool = [{"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
-            for i in range(design.n_catch(6))]
+            for i in range(design.catch_counts(6)[0])]
     seen = Counter()
     for k in range(8):
         for t in design.assign("abx", clips, pool, k, design.rater_seed(2, k), 2):
@@ -140,7 +140,7 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
                 assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
             assert t["sources"][t["expected"]] == t["sources"]["X"]
             seen[t["shown"]["media"]] += 1
-    assert len(seen) == 4 * (6 + design.n_catch(6)) and set(seen.values()) == {2}
+    assert len(seen) == 4 * (6 + design.catch_counts(6)[0]) and set(seen.values()) == {2}
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
@@ -228,3 +228,122 @@ def test_cluster_bootstrap_is_reproducible_and_centred():
 
 
 # The verdict rules, the planner and their Monte Carlo error rates: tests/test_study_stats.py
+
+
+def _rows(names, level=None):
+    return [((f"{n}-a", f"{n}-b"), level) for n in names]
+
+
+def test_catch_versions_come_from_what_the_rows_show_not_from_a_seed():
+    """Issue 44 open (a): a row's test files are the same bytes in every study that shows it, so
+    its catch versions are drawn from the rows alone (``design.catch_plan``: no seed): exactly
+    ``n_catch`` easy versions and the graded ones; studies of the same rows get the same
+    versions, whichever side is A; a study of a superset of the rows keeps most of them; rows
+    of another pair of runs (one side shared) get their own draws; offsets distinct per clip."""
+    offsets = threshold.CATCH_OFFSETS
+    names = [f"clip{i}" for i in range(30)]
+    plan = design.catch_plan(_rows(names), design.n_catch(30), offsets)
+    kinds = Counter(design.catch_grade(k) for v in plan for k, _, _ in v)
+    assert kinds == {"easy": design.n_catch(30), "graded": design.GRADED_CATCHES}
+    assert plan == design.catch_plan(_rows(names), design.n_catch(30), offsets)
+    # the same content with the sides swapped (a study of B against A): the same sources
+    swapped = design.catch_plan([((b, a), lv) for (a, b), lv in _rows(names)], 8, offsets)
+    assert [[(k, not fb, o) for k, fb, o in v] for v in swapped] == plan
+    # the rows with catch versions are spread (a hash, not the report's order) and either side
+    # is a source
+    with_catch = [i for i, v in enumerate(plan) if v]
+    assert len(with_catch) == design.n_catch(30) and with_catch != list(range(len(with_catch)))
+    assert {fb for v in plan for _, fb, _ in v} == {False, True}
+    # a study of the first 20 of these clips: each of its catch rows is one of the 30's
+    sub = design.catch_plan(_rows(names[:20]), design.n_catch(20), offsets)
+    mine = {names[i] for i, v in enumerate(sub) if any(design.catch_grade(k) == "easy"
+                                                       for k, _, _ in v)}
+    assert mine >= {names[i] for i, v in enumerate(plan[:20])
+                    if any(design.catch_grade(k) == "easy" for k, _, _ in v)}
+    # one run shared, the other not (A against B, A against C): drawn apart
+    other = design.catch_plan([((a, b + "-c"), lv) for (a, b), lv in _rows(names)], 8, offsets)
+    assert other != plan
+    # a study of 3 rows: several versions a row, every one with its own offset
+    few = design.catch_plan(_rows(names[:3]), design.n_catch(3), offsets)
+    assert sum(len(v) for v in few) == design.n_catch(3) + design.GRADED_CATCHES
+    for v in few:
+        assert len({o for _, _, o in v}) == len(v) and all(o in offsets for _, _, o in v)
+    # a threshold clip's levels are rows of one clip: offsets distinct across its levels
+    levels = [(("x-a", "x-b"), lv) for lv in (None, ("amplify", 2.0, (1, 0, 0)),
+                                                ("amplify", 4.0, (0, 1, 0)))]
+    ladder = design.catch_plan(levels, 8, offsets)
+    offs = [o for v in ladder for _, _, o in v]
+    assert len(offs) == len(set(offs)) == 8 + design.GRADED_CATCHES
+
+
+def test_row_keys_fix_the_answer_s_place_per_row():
+    """A new row's files (issue 45, sizes): preference one file, its order the row's bit; ABX
+    of one place (lossless) two files that differ in X's content only, the match's place the
+    row's bit; without it (H.264, X in the middle) the 4 files of stream_keys."""
+    assert design.row_keys("preference", bit=0) == ["ab"]
+    assert design.row_keys("preference", bit=1) == ["ba"]
+    assert design.row_keys("preference", True, bit=1) == ["dr"]
+    assert design.row_keys("abx", x=2, bit=0) == ["aba", "bab"]
+    assert design.row_keys("abx", x=2, bit=1) == ["baa", "abb"]
+    assert design.row_keys("abx", True, x=2, bit=0) == ["rdr", "drd"]
+    assert design.row_keys("abx", x=1, bit=1, one_place=False) == design.stream_keys("abx")
+    for x in (0, 1, 2):
+        for bit in (0, 1):
+            keys = design.row_keys("abx", x=x, bit=bit)
+            assert len(keys) == 2 and keys[0][x] != keys[1][x]
+            # the same place of the match in both (the tile other than X's with X's content)
+            places = {next(t for t in range(3) if t != x and k[t] == k[x]) for k in keys}
+            assert places == {sorted(set(range(3)) - {x})[bit]}
+    assert design.ONE_PLACE == {"stream": False, "lossless": True}
+
+
+@pytest.mark.parametrize("protocol", ["preference", "abx"])
+def test_rows_of_one_place_assign_balanced_with_x_stored(protocol):
+    """Rows made by row_keys (ABX: X in tile 2 stored as ``x``, since the keys of one place
+    cannot say which of two tiles is X; preference: one file a row): every 2 (ABX) or every
+    rater (preference) gets every file once, each box shows its tile's content, X's tile is the
+    stored one, the answer's tile is the row's, and X's content is balanced across raters."""
+    swap, bx = design.base_bits(8, 4)
+
+    def streams(n, bit, catch=False):
+        keys = design.row_keys(protocol, catch, x=2, bit=bit)
+        return {"rects": RECTS, **({"x": 2} if protocol == "abx" else {}),
+                "files": {k: f"{n}-{k}" for k in keys}}
+    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", bx[i])}
+             for i in range(8)]
+    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": streams(f"k{i}", i % 2, True)}
+            for i in range(design.n_catch(8))]
+    f = 1 if protocol == "preference" else 2
+    seen, x_content = Counter(), Counter()
+    for k in range(4):
+        for t in design.assign(protocol, clips, pool, k, design.rater_seed(3, k), 3):
+            name, arrangement = t["shown"]["media"].rsplit("-", 1)
+            seen[t["shown"]["media"]] += 1
+            tiles = t["shown"]["tiles"]
+            for slot, rect in tiles.items():
+                assert arrangement[RECTS.index(rect)] == t["sources"][slot][0]
+            if protocol == "abx":
+                assert RECTS.index(tiles["X"]) == 2
+                assert t["sources"][t["expected"]] == t["sources"]["X"]
+                row = int(name[1:])
+                bit = bx[row] if name[0] == "c" else row % 2
+                assert RECTS.index(tiles[t["expected"]]) == bit
+                x_content[(name, t["sources"]["X"])] += 1
+    assert set(seen.values()) == {4 // f} and len(seen) == (8 + design.n_catch(8)) * f
+    if protocol == "abx":
+        assert set(x_content.values()) == {2}
+
+
+def test_row_bits_are_drawn_from_what_the_row_shows():
+    """design.row_bits: the same row gives the same bits in every study (no seed); a study of B
+    against A gets the bit that puts the same content in the first tile (the same file); rows
+    differing in content or level draw their own bits, which take both values."""
+    bit, catches = design.row_bits(("fa", "fb"), None, 3)
+    assert design.row_bits(("fa", "fb"), None, 3) == (bit, catches) and len(catches) == 3
+    flipped, again = design.row_bits(("fb", "fa"), None, 3)
+    assert flipped == 1 - bit and again == catches
+    first = lambda sides, b: design.row_keys("preference", bit=b)[0][0]   # noqa: E731
+    assert {"a": "fa", "b": "fb"}[first(("fa", "fb"), bit)] == \
+        {"a": "fb", "b": "fa"}[first(("fb", "fa"), flipped)]
+    bits = {design.row_bits((f"a{i}", f"b{i}"), lv, 0)[0] for i in range(20) for lv in (None, 2.0)}
+    assert bits == {0, 1}

@@ -82,8 +82,52 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
 
 def test_plan_follows_the_margin_with_its_clips():
     p = planning.plan("abx", 0.05, clips=15, studies=60, reps=60)
-    assert p["clips"] == 29 and p["clips_requested"] == 15 and "floor of 29" in p["notes"][0]
+    assert p["clips_requested"] == 15 and "floor of 29" in p["notes"][0]
+    # then raised again for answers barely below chance (the spread check needs clips per rater)
+    assert p["clips"] > 100 and "answers barely below chance" in p["notes"][1]
+    assert p["clips"] >= planning.spread_clips(0.05, p["raters"], start=29)[0]
     assert p["visible_share_bound"] < 0.1
+
+
+def test_study_create_warns_below_the_plans_clips():
+    plan = {"protocol": "abx", "margin": 0.1, "raters": 22, "clips": 41,
+            "notes": ["clips raised from 15 to 41 (answers barely below chance: ...)"]}
+    (w,) = planning.design_warnings("abx", 20, 0, plan)
+    assert "20 clips is below the planner's 41 clips per rater for --margin 0.1" in w
+    assert "answers barely below chance" in w and "UNDER-SIZED" in w
+    assert planning.design_warnings("abx", 41, 22, plan) == []
+    assert planning.design_warnings("preference", 20, 0, {**plan, "protocol": "preference"}) == []
+
+
+def test_a_study_planned_by_the_earlier_rule_is_checked_at_its_size(tmp_path, monkeypatch):
+    # a study made at the last round's plan (39 x 15, margin 0.1, no rule_version) has its full
+    # design, but that design misses answers barely below chance: results check it like an
+    # under-sized one, and design_check refuses the claim there
+    from evalkit.study import analyse
+
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    st = {"protocol": "abx", "margin": 0.1, "alpha": 0.05,
+          "config": {"plan": {"raters": 39, "clips": 15}}}
+    d = analyse._achieved_design(st, 39, {"clip_count": 15})
+    assert d["earlier_rule"] and not d["under_sized"] and not d["check"]["ok"]
+    assert "weak_inversion" in d["check"]["failing"] and "earlier rule" in d["text"]
+    now = {**st, "config": {"plan": {"raters": 22, "clips": 41,
+                                     "rule_version": stats.RULE_VERSION}}}
+    d = analyse._achieved_design(now, 22, {"clip_count": 41})
+    assert not d["earlier_rule"] and d["check"] is None and d["text"].endswith("as planned")
+
+
+def test_spread_clips_is_where_answers_barely_below_chance_are_seen():
+    # margin 0.1 at 22 raters: 15 clips (the plan of before) miss them far more than 5% of the
+    # time; the clips spread_clips returns see them; one clip fewer (bisection) does not
+    c, how = planning.spread_clips(0.1, 22, start=15)
+    assert how == "simulation" and 30 < c < 60
+    assert max(simulate.weak_misses(0.1, 22, c).values()) <= 0.05
+    assert max(simulate.weak_misses(0.1, 22, c - 1).values()) > 0.05 or c == 15
+    assert min(simulate.weak_misses(0.1, 22, 15).values()) > 0.25
+    # the chi-square start is conservative where it is used (it brackets from above)
+    assert planning._spread_miss_estimate(0.1, 22, c, 0.05) >= 0.01
+    assert planning.spread_clips(0.3, 12) == (15, "simulation")       # wide margins: nothing to add
 
 
 def test_design_check_refuses_an_undersized_design_and_keeps_a_large_one():
@@ -113,12 +157,26 @@ MC = {"studies": 300, "reps": 120}
                                          ("inverted_raters", {"invert": 0.5}),
                                          ("inverted_clips", {"invert": 0.5})])
 def test_mc_answers_below_chance_give_no_false_claim(scenario, kw):
-    # margin 0.05 at its plan's size (55 x 29): the rule before the checks said
+    # margin 0.05 at the last round's plan (55 x 29): the rule before the checks said
     # "indistinguishable" far more often than 5%
     o = simulate.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
     assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"]
     assert o["bound_below_margin"] > 0.15                # what the checks below chance stop
     assert o["below_chance"] > 0.8
+
+
+@pytest.mark.parametrize("scenario", simulate.WEAK_SCENARIOS)
+def test_mc_answers_barely_below_chance_need_clips_per_rater(scenario):
+    # every rater at 0.6 with half of them inverted / bots at 0.4 as 40% of raters: at the last
+    # round's plan (39 x 15) "indistinguishable" 30-40% of the time; at the plan's clips per
+    # rater now (22 x 41, margin 0.1) at most 5%
+    old = simulate.simulate_abx(39, 15, scenario, margin=0.1, seed=47, **MC)
+    assert old["indistinguishable"] > 0.2
+    new = simulate.simulate_abx(22, 41, scenario, margin=0.1, seed=48, **MC)
+    assert new["indistinguishable"] <= 0.05 + 2 * new["se"]["indistinguishable"]
+    assert new["bound_below_margin"] > 0.5            # what the spread check stops
+    # design_check (what `study results` runs below the plan) refuses the old size for it
+    assert scenario in planning.design_check(39, 15, margin=0.1, studies=100, reps=60)["failing"]
 
 
 def test_mc_the_checks_below_chance_cost_little_at_chance():

@@ -198,7 +198,7 @@ def test_design_is_balanced_interleaved_and_reproducible():
     for plan in plans:
         tests = [t for t in plan if t["kind"] == "test"]
         assert sorted(t["clip_id"] for t in tests) == [r["id"] for r in rows]   # each once
-        assert sum(t["kind"] == "catch" for t in plan) == design.EASY_CATCHES + design.GRADED_CATCHES
+        assert sum(t["kind"] == "catch" for t in plan) == sum(design.catch_counts(len(rows)))
         # within a rater: X is A in half of the trials, each side at each position half
         assert sum(t["sources"]["X"] == "a" for t in tests) == 6
         assert sum(t["expected"] == "A" for t in tests) == 6
@@ -247,7 +247,7 @@ def test_threshold_study_end_to_end_through_the_app(env, browser, cli, tmp_path)
             assert "error" not in state, state
             seen += 1
         page.wait_for_selector("#done:not([hidden])")
-        assert seen == 2 * len(LEVELS) + design.EASY_CATCHES + design.GRADED_CATCHES
+        assert seen == 2 * len(LEVELS) + sum(design.catch_counts(2 * len(LEVELS)))
         # the others through the service, interim until the last one finishes
         clock = study.FakeClock()
         with study.RaterService(db, clock=clock) as svc:

@@ -239,6 +239,67 @@ def test_count_packets_gives_the_decoded_frame_count_without_decoding(tmp_path):
         assert video.ClipReader(p).count_packets() == video.ClipReader(p).count_frames() == n
 
 
+#: (file, container, encoder, options, pixel format): inter-coded clips with B-frames or
+#: alt-ref frames in the containers whose packets are counted, and two AVIs, which are decoded
+PACKET_CASES = [
+    ("x264.mp4", "mp4", "libx264", {"bf": "3"}, "yuv420p"),
+    ("x264.mkv", "matroska", "libx264", {"bf": "3"}, "yuv420p"),
+    ("x265.mp4", "mp4", "libx265", {"x265-params": "log-level=none"}, "yuv420p"),
+    ("vp9.webm", "webm", "libvpx-vp9", {}, "yuv420p"),
+    ("vp8.webm", "webm", "libvpx", {"auto-alt-ref": "1", "lag-in-frames": "16"}, "yuv420p"),
+    ("av1.mkv", "matroska", "libsvtav1", {}, "yuv420p"),
+    ("mpeg4.mp4", "mp4", "mpeg4", {"bf": "2"}, "yuv420p"),
+    ("prores.mov", "mov", "prores_ks", {}, "yuv422p10le"),
+    ("x264.avi", "avi", "libx264", {"bf": "3"}, "yuv420p"),           # decoded
+    ("mpeg4.avi", "avi", "mpeg4", {"bf": "2"}, "yuv420p"),            # decoded
+]
+
+
+def _encode(path, fmt, codec, options, pix_fmt, frames):
+    with av.open(str(path), "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=24)
+        s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], pix_fmt
+        s.options = options
+        for f in frames:
+            for pkt in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+
+
+def test_count_packets_of_inter_coded_clips_without_decoding(tmp_path, monkeypatch):
+    """H.264, HEVC, VP8/9, AV1, MPEG-4 and ProRes in MP4/MOV, Matroska and WebM are counted
+    from their packets, none decoded (issue 48: an import counts its sources); AVI is decoded
+    (packed B-frames there put two frames in a packet). Each count equals the decoded one."""
+    clip = video.ClipReader(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv").read()[:, :64, :96]
+    frames = np.concatenate([clip, clip[::-1]] * 4)[:30]    # 30 frames: GOPs with B-frames
+    paths = {}
+    for name, fmt, codec, options, pix in PACKET_CASES:
+        try:
+            av.codec.Codec(codec, "w")
+        except Exception:       # an encoder this build of PyAV lacks
+            continue
+        _encode(tmp_path / name, fmt, codec, options, pix, frames)
+        paths[name] = tmp_path / name
+    assert {"x264.mp4", "x264.mkv", "x264.avi", "mpeg4.avi"} <= set(paths)
+    decoded = {name: video.ClipReader(p).count_frames() for name, p in paths.items()}
+    assert all(n == 30 for n in decoded.values()), decoded
+
+    def no_decoding(self):
+        raise AssertionError(f"{self.path} decoded")
+        yield
+
+    counted = {}
+    with monkeypatch.context() as m:
+        m.setattr(video.ClipReader, "_decode_video", no_decoding)
+        for name, p in paths.items():
+            if name not in ("x264.avi", "mpeg4.avi"):
+                counted[name] = video.ClipReader(p).count_packets()
+    for name in ("x264.avi", "mpeg4.avi"):          # no packet count there: decoded
+        counted[name] = video.ClipReader(paths[name]).count_packets()
+    assert counted == decoded
+
+
 def test_count_packets_of_an_empty_or_broken_file_is_one_line_error(tmp_path):
     empty = tmp_path / "empty.mkv"
     video.write_lossless(tmp_path / "one.mkv", np.zeros((1, 16, 16, 3), np.uint8), 24)

@@ -21,25 +21,21 @@ def flow_method(args) -> str:
 
 
 def cmd_compare(args) -> int:
-    from evalkit.compare.pairing import compare_runs
     from evalkit.compare.aggregate import ratio_meaning
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
     from evalkit.metrics.catalogue import fmt, keys
 
-    options = {}
-    if args.no_temporal:
-        options["temporal"] = False
-    if args.flow_preset:
-        options["flow_preset"] = args.flow_preset
-    flow = flow_method(args)
-    if flow != "dis":
-        options["flow"] = flow
+    options = MetricOptions(temporal=not args.no_temporal, flow=flow_method(args),
+                            flow_preset=args.flow_preset or None)
     executor = make_executor(args)
     try:
         result = compare_runs(args.run_a, args.run_b, args.out, gate=args.gate, floors=args.floor,
                               device=None if args.device == "auto" else args.device,
-                              metric_options=options, progress=not args.quiet, executor=executor,
+                              metrics=options, progress=not args.quiet, executor=executor,
                               vmaf=args.vmaf, vmaf_threads=args.vmaf_threads,
-                              ignore_conventions=args.ignore_conventions, offset=args.offset)
+                              ignore_conventions=args.ignore_conventions, offset=args.offset,
+                              floor_cache=not args.remeasure_floor)
     finally:
         if executor is not None:
             executor.close()
@@ -51,6 +47,9 @@ def cmd_compare(args) -> int:
         if key in agg:
             a = agg[key]
             print(f"  {key:6s} mean {fmt(a['mean'])}  p95 {fmt(a['p95'])}  worst {fmt(a['worst'])}")
+    for info in s["floors"].values():
+        if info.get("cache"):
+            print(f"  {info['cache']['text']}")
     for name, ratios in s["floor_ratios"].items():
         r = ratios.get("lpips", {}).get("mean")
         print(f"  LPIPS mean / {name} floor: {fmt(r)}x: {ratio_meaning('lpips', r, name)}")
@@ -183,6 +182,10 @@ def add_compare(sub, common) -> None:
                    help="temporal offset of each B clip: auto (default: tested on the first frames; "
                         "a job with one is compared at it and named in the report) or 0 (frame by "
                         "frame, untested)")
+    s.add_argument("--remeasure-floor", action="store_true",
+                   help="measure the --floor runs again instead of reusing an earlier compare's "
+                        "measurement of the same clips and metric settings (kept in "
+                        "$EVALKIT_FLOOR_CACHE, default ~/.cache/evalkit/floors)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     conventions_arg(s)
     vmaf_args(s)

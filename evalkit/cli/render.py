@@ -18,14 +18,15 @@ def cmd_render(args) -> int:
     if not 0 <= args.seed_offset < 2**63:
         raise UserError(f"--seed-offset: expected a non-negative integer below 2**63, found "
                         f"{args.seed_offset}")
+    specs = [parse_spec(text) for text in args.backend or []]     # once: render_suite takes them
     if args.executor == "local":
-        for text in args.backend:
-            if parse_spec(text).resource:    # a node label only Ray can honour
+        for text, spec in zip(args.backend or [], specs):
+            if spec.resource:    # a node label only Ray can honour
                 raise UserError(f"--backend {text!r}: resource= picks Ray nodes; only with "
                                 "--executor ray")
     executor = make_executor(args)
     try:
-        summaries = render_suite(args.suite, args.backend, args.out, renderer=args.renderer,
+        summaries = render_suite(args.suite, specs, args.out, renderer=args.renderer,
                                  options=renderer_options(args.renderer_opt), jobs=args.jobs,
                                  seed_offset=args.seed_offset, progress=not args.quiet,
                                  executor=executor, label=args.label,

@@ -41,6 +41,7 @@ def cmd_study_create(args) -> int:
     rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
     print(f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
           f"{r['catch_versions']} catch versions, media -> {r['media']}")
+    print(f"  {r['catch_share']['text']}")
     if r.get("excerpt"):
         from evalkit.study.text import excerpt_lines
         print("  " + excerpt_lines(r["excerpt"])[0])

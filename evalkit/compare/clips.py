@@ -68,8 +68,6 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     records keep A's frame numbers); a whole number: that offset, untested (0: frame by frame).
     """
     from evalkit.metrics import MetricInputError
-    from evalkit.metrics.flow import DEFAULT_PRESET
-    from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
 
     paths = {"a": Path(path_a), "b": Path(path_b)}
     ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
@@ -86,6 +84,11 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
         raise InputFileError(paths["b"], f"{ib.frames} frames, expected {ia.frames} like "
                              f"{paths['a']} (frame counts differ; --align shortest compares "
                              "the common prefix and records it)")
+    # torch (through the metric engine) only once both inputs are read and checked: a bad
+    # input is reported in a fraction of a second (issue 48)
+    from evalkit.metrics.flow import DEFAULT_PRESET
+    from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
+
     try:
         ev = PairEvaluator(device=device, net=net, temporal=temporal, flow=flow,
                            flow_preset=flow_preset or DEFAULT_PRESET, flow_scale=flow_scale,
@@ -124,11 +127,10 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
                 bar.update(1)
         summary = ev.compute()
     except MetricInputError as e:
-        msg = str(e)
-        for side in ("a", "b"):
-            if msg.startswith(f"{side}: "):
-                msg = msg[3:].replace(" like a", f" like {paths['a']}")
-                raise InputFileError(paths[side], msg.replace("align='shortest'", "--align shortest")) from None
+        if e.field in paths:        # about one clip's frames: that file, in the command's words
+            hint = e.hint and e.hint.replace("align='shortest'", "--align shortest")
+            raise InputFileError(paths[e.field], e.detail.replace(" like a", f" like {paths['a']}")
+                                 + (f" ({hint})" if hint else "")) from None
         raise
     finally:
         for p in (pa, pb, pool, ev):

@@ -10,7 +10,7 @@ Imported footage has no seeds; its floor is, in order of preference:
    YUV and back (BT.601, what a lossless H.264 re-encode in yuv420p keeps): the smallest change
    any delivery of A makes, colour resolution only.
 
-Refused, in one line: A itself or B itself (:func:`evalkit.compare.pairing.compare_runs`), a run
+Refused, in one line: A itself or B itself (:func:`evalkit.compare.run.compare_runs`), a run
 of B's backend (its label, or its known fingerprint), and a floor whose clips are A's own bytes
 or frames (its ratios would all be infinite).
 """

@@ -1,5 +1,6 @@
-"""``evalkit compare``: pair two runs by job id, measure them, set them against noise floors,
-gate, and write the report (frames.csv, clips.csv, summary.json, index.html).
+"""Pairing and measuring for ``evalkit compare`` (the front door is :mod:`evalkit.compare.run`):
+two runs' jobs paired by id and checked (:func:`pair_jobs`), each pair measured
+(:func:`measure_pair`), the pairs of a run measured in order (:class:`LocalCompareSession`).
 
 Every clip is decoded once and streamed through one :class:`evalkit.metrics.PairEvaluator` (the LPIPS
 model is loaded once for the whole comparison); the frames needed for the report's thumbnails
@@ -10,28 +11,16 @@ start decoding while the current job is measured (:class:`PairDecoder`).
 from __future__ import annotations
 
 import collections
-import contextlib
-import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from evalkit import __version__
-from evalkit.errors import InputFileError, UserError
-from evalkit.compare.aggregate import (aggregate, clip_finding, floor_ratio, headline, with_gate, with_locals,
-                                       with_offsets)
 from evalkit.compare.alignment import Alignment, rate_mismatch, resolve_offset, skip_frames
-from evalkit.compare.floors import floor_kind, floor_refusal, identical_floor
-from evalkit.compare.gating import check_conventions, open_gate
-from evalkit.compare.local import BLOCK_CONVENTION
+from evalkit.compare.options import MetricOptions
+from evalkit.errors import UserError
 from evalkit.formats.run import RunDir, sha256_file
-from evalkit.compare.report import (SUMMARY_SCHEMA_VERSION, check_report_folder, floor_notice, run_entry, same_run_warnings,
-                                    write_report)
-from evalkit.formats.run import run_name
-from evalkit.fsutil import cleanup_dir_leftovers
 from evalkit.video import ClipReader, usable_cores
-from evalkit.metrics.catalogue import KEYS, units
 
 #: fields of a job that must agree for two renders to be comparable
 _SAME = ("clip", "prompt", "params")
@@ -60,38 +49,6 @@ class JobMeasure:
     alignment: Alignment | None = None
     #: the clip's worst block and its burst (:meth:`evalkit.compare.local.LocalTrack.summary`)
     local: dict | None = None
-
-
-@dataclass
-class CompareResult:
-    summary: dict
-    out: Path
-    exit_code: int
-    measures: list[JobMeasure] = field(default_factory=list)
-
-
-def _open_run(path, role: str) -> RunDir:
-    path = Path(path)
-    if not path.exists():
-        raise InputFileError(path, f"run folder not found ({role})")
-    if not path.is_dir():
-        raise InputFileError(path, f"not a folder ({role}: expected a run folder with manifest.json)")
-    run = RunDir.open(path)
-    run.path = run.path.resolve()   # absolute: the report records it, read from anywhere later
-    return run
-
-
-def _seed_offset(run: RunDir) -> int:
-    return int((run.manifest.get("notes") or {}).get("seed_offset", 0))
-
-
-def check_same_suite(a: RunDir, b: RunDir) -> None:
-    sa, sb = a.manifest["suite"], b.manifest["suite"]
-    if sa.get("name") != sb.get("name") or sa.get("sha256") != sb.get("sha256"):
-        raise UserError(
-            f"{b.path}: not comparable with {a.path}: runs of different suites "
-            f"({sa.get('name')!r} sha256 {str(sa.get('sha256'))[:12]} vs "
-            f"{sb.get('name')!r} sha256 {str(sb.get('sha256'))[:12]})")
 
 
 def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dict[str, str]]:
@@ -313,7 +270,7 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
                 if on_frame is not None:
                     on_frame(1)
         except MetricInputError as e:       # the clips' frames differ in count or size
-            what = str(e).split(" (frame counts differ")[0]
+            what = f"{e.field}: {e.detail}" if e.field else str(e)   # without its hint
             raise PairMismatch(
                 f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b} do not pair frame by "
                 f"frame ({what}; not what their manifests say): render or import it again "
@@ -328,141 +285,15 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
                       track.summary(w, h))
 
 
-def alignment_of(measures: list[JobMeasure]) -> dict:
-    """summary.json's ``alignment``: the rule, the jobs compared at an offset (``shifted``:
-    job -> offset) and each job's finding (:meth:`evalkit.compare.alignment.Alignment.as_dict`)."""
-    from evalkit.compare.alignment import RULE
-
-    jobs = {m.pair.job_id: m.alignment.as_dict(compared=len(m.records))
-            for m in measures if m.alignment is not None}
-    return {"rule": RULE, "shifted": {j: a["offset"] for j, a in jobs.items() if a["offset"]},
-            "jobs": jobs}
-
-
-def aggregates_of(measures: list[JobMeasure]) -> dict:
-    """Aggregates per metric key (catalogue order) over every frame of every measured job."""
-    return {k: aggregate([r.get(k) for m in measures for r in m.records], k) for k in KEYS
-            if any(k in r for m in measures for r in m.records)}
-
-
-def clip_findings(measures: list[JobMeasure], floor_jobs: dict, alignment: dict,
-                  floor: str | None = None, gate=None) -> list[dict]:
-    """summary.json's ``clip_findings``: each compared job's worst finding against its own
-    floor jobs (:func:`evalkit.compare.aggregate.clip_finding`), worst first. ``floor_jobs``:
-    floor name -> job id -> the floor job's aggregates; ``gate``: the compare's gate, judged on
-    each clip alone too."""
-    out = []
-    for m in measures:
-        jid = m.pair.job_id
-        agg = aggregates_of([m])
-        ratios = {name: floor_ratio(agg, per[jid]) for name, per in floor_jobs.items() if jid in per}
-        f = clip_finding(jid, ratios, floor, alignment["jobs"].get(jid),
-                         (agg.get("lpips") or {}).get("mean"), _vmaf_of(agg, floor_jobs, jid, floor),
-                         gate.evaluate(agg, ratios, 0, {jid: m.alignment.offset if m.alignment else 0})
-                         if gate is not None else None,
-                         local=m.local, aggregates=agg,
-                         floor_aggregates={name: per[jid] for name, per in floor_jobs.items()
-                                           if jid in per})
-        out.append(f)
-    return sorted(out, key=lambda f: -f["rank"])
-
-
-def run_headline(measures, ratios: dict, aggregates: dict, floor_info: dict, findings: list,
-                 verdict: dict | None, floor: str | None) -> dict | None:
-    """summary.json's ``headline``: the clips at an offset first, then the worst family over
-    all clips (or that the run is below what the floor resolves, with its dB), every local
-    glitch with its frames and place, and the gate's verdict
-    (:mod:`evalkit.compare.aggregate`)."""
-    from evalkit.compare.local import mse_of
-
-    worst = None        # the clip whose worst block is the run's
-    for m in measures:
-        if m.local and (worst is None or mse_of(m.local["block_psnr"]) > mse_of(worst.local["block_psnr"])):
-            worst = m
-    local = dict(worst.local, clip=worst.pair.job_id) if worst is not None else None
-    head = headline(ratios, floor, aggregates=aggregates, local=local,
-                    floor_aggregates={n: i["aggregates"] for n, i in floor_info.items()})
-    return with_gate(with_locals(with_offsets(head, findings), findings), verdict)
-
-
-def _vmaf_of(agg: dict, floor_jobs: dict, jid: str, floor: str | None):
-    """(B's VMAF mean, the chosen floor job's or None) of one job, None without VMAF."""
-    if "vmaf" not in agg:
-        return None
-    name = floor if floor in floor_jobs else ("seed" if "seed" in floor_jobs else next(iter(floor_jobs), None))
-    fagg = (floor_jobs.get(name) or {}).get(jid) or {}
-    return agg["vmaf"]["mean"], (fagg.get("vmaf") or {}).get("mean")
-
-
-def _vmaf_pass(measures: list[JobMeasure], desc: str, on: bool, threads, progress) -> str | None:
-    """The optional VMAF pass over measured pairs (:mod:`evalkit.compare.vmaf`)."""
-    if not on or not measures:
-        return None
-    from tqdm import tqdm
-
-    from evalkit.compare.vmaf import add_vmaf_to_measures
-
-    with tqdm(total=len(measures), desc=desc, unit="job", disable=not progress) as bar:
-        return add_vmaf_to_measures(measures, n_threads=threads, progress=bar)
-
-
-def _floor_name(a: RunDir, f: RunDir, taken: set) -> str:
-    # the same backend: the same run name (label, else spec), and the same spec
-    same_backend = (run_name(a.manifest) == run_name(f.manifest)
-                    and a.manifest["backend"].get("spec") == f.manifest["backend"].get("spec"))
-    if floor_kind(f.manifest):
-        name = floor_kind(f.manifest)
-    elif same_backend and _seed_offset(a) != _seed_offset(f):
-        name = "seed"
-    elif same_backend:
-        name = "rerender"
-    else:
-        name = "backend-" + run_name(f.manifest)
-    base, i = name, 2
-    while name in taken:
-        name, i = f"{base}-{i}", i + 1
-    return name
-
-
-def _fingerprint_diff(a: dict, b: dict) -> dict:
-    skip = {"host"}
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
-            if k not in skip and a.get(k) != b.get(k)}
-
-
-def _session_and_pairs(pairing, start_session):
-    """``(start_session(), pairing())``, the two at once: the clips' hash checks (files read and
-    hashed on threads, which hold the interpreter lock only between blocks) run while the
-    session starts (``import torch``, the device, the LPIPS weights: seconds). An error of
-    either is raised once both have ended; a session already started is then closed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="evalkit-pairing") as pool:
-        paired = pool.submit(pairing)
-        try:
-            session = start_session()
-        except BaseException:
-            paired.cancel()
-            with contextlib.suppress(BaseException):
-                paired.result()
-            raise
-        try:
-            pairs = paired.result()
-        except BaseException:
-            session.close()
-            raise
-    return session, pairs
-
-
 class LocalCompareSession:
     """Measures pairs in this process with one evaluator (the LPIPS model loaded once).
 
-    An executor's ``compare_session(device=, metric_options=)`` returns an object with the same
-    ``measure``, ``conventions``, ``device`` and ``close``; the Ray executor's spreads the pairs
-    over workers (:mod:`evalkit.executor.ray`).
+    An executor's ``compare_session(device=, metrics=)`` returns an object with the same
+    ``measure``, ``conventions``, ``device``, ``progress_unit`` and ``close``; the Ray
+    executor's spreads the pairs over workers (:mod:`evalkit.executor.ray`).
     """
 
-    def __init__(self, *, device=None, metric_options: dict | None = None):
+    def __init__(self, *, device=None, metrics: MetricOptions | None = None):
         from evalkit.procdecode import DecoderPool, use_processes
         from evalkit.metrics.stream import PairEvaluator
 
@@ -472,7 +303,8 @@ class LocalCompareSession:
         if self.pool is not None:       # they boot while the metric models load
             self.pool.start(2 * (self.jobs_ahead + 1))
         try:
-            self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
+            self.evaluator = PairEvaluator(device=device,
+                                           **(metrics or MetricOptions()).evaluator_kwargs())
         except BaseException:
             if self.pool is not None:
                 self.pool.close()
@@ -527,137 +359,3 @@ class LocalCompareSession:
         if self.pool is not None:
             self.pool.close()
         self.evaluator.close()
-
-
-def compare_runs(run_a, run_b, out, *, gate=None, floors=(), device=None, chunk=None,
-                 metric_options: dict | None = None, progress: bool = True,
-                 executor=None, vmaf: bool = False, vmaf_threads: int | None = None,
-                 ignore_conventions: bool = False, offset="auto") -> CompareResult:
-    """``offset``: ``"auto"`` tests every pair for a temporal offset and compares at one found
-    (:mod:`evalkit.compare.alignment`; summary.json's ``alignment``), ``0`` pairs frames one by
-    one untested. ``vmaf``: also score VMAF (a separate pass after the stream metrics, on the
-    cross-backend pairs and the floors: :mod:`evalkit.compare.vmaf`); ``vmaf_threads``:
-    libvmaf's threads (default every usable core); ``ignore_conventions``: judge with a gate
-    that records other conventions than this compare's (:mod:`evalkit.compare.gating`)."""
-    from tqdm import tqdm
-
-    a, b = _open_run(run_a, "RUN_A"), _open_run(run_b, "RUN_B")
-    check_same_suite(a, b)
-    floor_runs = [_open_run(f, "--floor") for f in floors]
-    for f in floor_runs:
-        for run, role in ((a, "RUN_A"), (b, "RUN_B")):
-            if f.path == run.path:
-                raise UserError(f"--floor {f.path}: is {role} itself (a floor is another render "
-                                "of A's jobs: a re-render, or other seeds with --seed-offset)")
-        check_same_suite(a, f)
-    floor_names: list[str] = []
-    for f in floor_runs:
-        floor_names.append(_floor_name(a, f, set(floor_names)))
-    gate_obj = open_gate(gate) if gate else None
-    if gate_obj and gate_obj.ratios and not floor_runs:
-        raise UserError(f"{gate_obj.path}: the gate sets floor_ratio thresholds but no --floor run "
-                        "was given")
-    if gate_obj and gate_obj.ratios and gate_obj.floor and gate_obj.floor not in floor_names:
-        raise UserError(f"{gate_obj.path}: field 'floor': no floor {gate_obj.floor!r} in this "
-                        f"compare (its --floor runs are: {', '.join(floor_names)})")
-    for f in floor_runs:
-        why = floor_refusal(a, b, f)
-        if why:
-            raise UserError(why)
-    optional = [k for k in gate_obj.absolute if k == "vmaf"] if gate_obj else []
-    if optional and not vmaf:
-        raise UserError(f"{gate_obj.path}: field '{optional[0]}': the gate checks a metric that "
-                        f"compare computes only on request; add --{optional[0]}")
-    if vmaf:
-        from evalkit.metrics.vmaf import check_available
-
-        check_available()       # before any work: no ffmpeg with libvmaf is one line, now
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder (--out)")
-    cleanup_dir_leftovers(out)  # what a killed compare left next to the report (or the old one)
-    check_report_folder(out)
-
-    session, (pairs, problems) = _session_and_pairs(
-        lambda: pair_jobs(a, b, same_seed=True),
-        lambda: (LocalCompareSession(device=device, metric_options=metric_options)
-                 if executor is None else
-                 executor.compare_session(device=device, metric_options=metric_options)))
-    try:
-        if gate_obj is not None and not ignore_conventions:   # before any work
-            check_conventions(gate_obj, {**session.conventions, "block": BLOCK_CONVENTION})
-        unit = getattr(session, "progress_unit", "job")
-
-        def bar_of(pairs_, desc):
-            total = (sum(int((p.rec_a.get("output") or {}).get("frames") or 0) for p in pairs_)
-                     if unit == "frame" else len(pairs_))
-            return tqdm(total=total, desc=desc, unit=unit, disable=not progress, mininterval=0.5)
-
-        for p in pairs:
-            p.offset = offset
-        with bar_of(pairs, "compare") as bar:
-            measures = session.measure(pairs, chunk=chunk, progress=bar)
-        vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
-        floor_info, floor_jobs = {}, {}
-        for f, name in zip(floor_runs, floor_names):
-            fpairs, fproblems = pair_jobs(a, f, same_seed=False)
-            for p in fpairs:
-                p.offset = offset
-            with bar_of(fpairs, f"floor {name}") as bar:
-                fm = session.measure(fpairs, chunk=chunk, keep_worst=False, progress=bar)
-            why = identical_floor(f.path, fm)
-            if why:
-                raise UserError(why)
-            _vmaf_pass(fm, f"vmaf floor {name}", vmaf, vmaf_threads, progress)
-            floor_jobs[name] = {m.pair.job_id: aggregates_of([m]) for m in fm}
-            floor_info[name] = {"run": str(f.path), "backend": f.manifest["backend"].get("spec"),
-                                "name": run_name(f.manifest), "seed_offset": _seed_offset(f), "jobs_compared": len(fm),
-                                "jobs_not_compared": fproblems, "aggregates": aggregates_of(fm)}
-            if any(m.alignment is not None and m.alignment.offset for m in fm):
-                floor_info[name]["alignment"] = alignment_of(fm)
-        conventions = dict(session.conventions)
-        conventions["block"] = BLOCK_CONVENTION
-        if vmaf:
-            from evalkit.metrics.vmaf import vmaf_convention as _default
-
-            conventions["vmaf"] = vmaf_convention or _default()
-        metrics_device = session.device
-    finally:
-        session.close()
-
-    aggregates = aggregates_of(measures)
-    ratios = {name: floor_ratio(aggregates, info["aggregates"]) for name, info in floor_info.items()}
-    alignment = alignment_of(measures)
-    verdict = (gate_obj.evaluate(aggregates, ratios, len(problems), alignment["shifted"])
-               if gate_obj else None)
-    findings = clip_findings(measures, floor_jobs, alignment, gate_obj.floor if gate_obj else None,
-                             gate_obj)
-    fa, fb = a.manifest["fingerprint"], b.manifest["fingerprint"]
-    summary = {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "evalkit_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "suite": {"name": a.manifest["suite"].get("name"), "sha256": a.manifest["suite"].get("sha256")},
-        "runs": {"a": run_entry(a), "b": run_entry(b)},
-        "fingerprint_differences": _fingerprint_diff(fa, fb),
-        "metrics_device": metrics_device,
-        "conventions": conventions,
-        "units": units(),
-        "jobs": {"compared": [m.pair.job_id for m in measures], "not_compared": problems},
-        "alignment": alignment,
-        "aggregates": aggregates,
-        "floors": floor_info,
-        "floor_ratios": ratios,
-        "headline": run_headline(measures, ratios, aggregates, floor_info, findings, verdict,
-                                 gate_obj.floor if gate_obj else None),
-        "clip_findings": findings,
-        "floor_notice": floor_notice(floor_info),
-        "gate": verdict,
-    }
-    warnings = same_run_warnings(a.manifest, b.manifest, summary["fingerprint_differences"])
-    if warnings:
-        summary["warnings"] = warnings
-
-    write_report(out, summary, measures)
-    code = 0 if verdict is None or verdict["verdict"] == "pass" else 1
-    return CompareResult(summary, out, code, measures)

@@ -227,11 +227,46 @@ def plot_text(text: str, limit: int = 90) -> str:
 #: colour of the human threshold's line on the LPIPS plots (and of its gate bound, dotted)
 THRESHOLD_COLOR = "#7d3c98"
 
+#: the floor band's colour on the LPIPS plots
+FLOOR_COLOR = "#7f8c8d"
 
-def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
+
+def _finite_values(measures, key: str) -> list[float]:
+    return [float(r[key]) for m in measures for r in m.records
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+
+def plot_axes(measures, floor_jobs: dict, findings: list) -> dict:
+    """summary.json's ``plots`` (issue 46 item 6): the axes every clip's plot shares, so that
+    clips compare at a glance (an autoscaled plot of +-1 LSB noise looks like crf 32), and each
+    clip's floor band: its floor job's LPIPS mean and p95 (the floor its finding is read
+    against, :func:`evalkit.compare.aggregate.clip_finding`). ``lpips``: [0, top], top above
+    every clip's and floor band's worst; ``ssim``: [lowest, 1]; ``frames``: [first, last]."""
+    pick = {f["clip"]: f.get("floor") for f in findings}
+    bands = {}
+    for m in measures:
+        jid = m.pair.job_id
+        name = pick.get(jid) or next((n for n, per in floor_jobs.items() if jid in per), None)
+        agg = ((floor_jobs.get(name) or {}).get(jid) or {}).get("lpips") or {}
+        if agg.get("p95") is not None and math.isfinite(agg["p95"]):
+            bands[jid] = {"floor": name, "mean": agg["mean"], "p95": agg["p95"]}
+    lp = _finite_values(measures, "lpips") + [b["p95"] for b in bands.values()]
+    ss = _finite_values(measures, "ssim")
+    frames = [r["frame"] for m in measures for r in m.records]
+    top = max(lp, default=0.0)
+    top = top * 1.08 if top > 0 else 1e-3
+    lo = min(ss, default=1.0)
+    lo = lo - max(1.0 - lo, 1e-6) * 0.08
+    return {"lpips": [0.0, top], "ssim": [lo, 1.0 + max(1.0 - lo, 1e-6) * 0.02],
+            "frames": [min(frames, default=0), max(frames, default=0)], "floor_bands": bands}
+
+
+def _timeline(path: Path, m, human: dict | None = None, axes: dict | None = None) -> tuple[int, int]:
     """The per-frame LPIPS (and SSIM) plot of one job; with ``human`` (a gate's
     ``human_threshold`` block in LPIPS), the human detection threshold as a dashed horizontal
-    line and the gate's bound (threshold / safety factor) as a dotted one."""
+    line and the gate's bound (threshold / safety factor) as a dotted one. ``axes``:
+    summary.json's ``plots`` (:func:`plot_axes`): every clip's plot on the same axes, the
+    clip's floor band (0 to the floor job's LPIPS p95) shaded grey, its mean dashed."""
     from matplotlib.figure import Figure
 
     frames = [r["frame"] for r in m.records]
@@ -240,10 +275,22 @@ def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
     seg = segment_of(m, lp)
     fig = Figure(figsize=(7, 2.4), dpi=100)
     ax = fig.subplots()
+    band = ((axes or {}).get("floor_bands") or {}).get(m.pair.job_id)
+    if band is not None:
+        ax.axhspan(0.0, band["p95"], color=FLOOR_COLOR, alpha=0.25, linewidth=0,
+                   label=f"{band['floor']} floor (to p95)")
+        ax.axhline(band["mean"], color=FLOOR_COLOR, linestyle="--", linewidth=1)
     ax.plot(frames, lp, color="#c0392b", marker=".", label="LPIPS")
     ax.set_xlabel("frame")
     ax.set_ylabel("LPIPS", color="#c0392b")
     ax.axvspan(seg[0] - 0.5, seg[1] - 0.5, color="#f5b7b1", alpha=0.5, label="worst segment")
+    if axes is not None:
+        ax.set_ylim(*axes["lpips"])
+        ax.set_xlim(axes["frames"][0] - 0.5, axes["frames"][1] + 0.5)
+    if band is not None:
+        ax.text(0.005, band["p95"], plot_text(f"{band['floor']} floor", 40),
+                transform=ax.get_yaxis_transform(), ha="left", va="bottom", fontsize=7,
+                color="#555", parse_math=False)
     if human is not None and human.get("metric") == "lpips":
         value = float(human["value"])
         lo, hi = ax.get_ylim()
@@ -259,6 +306,8 @@ def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
     ax2 = ax.twinx()
     ax2.plot(frames, ss, color="#2471a3", marker=".", label="SSIM")
     ax2.set_ylabel("SSIM", color="#2471a3")
+    if axes is not None:
+        ax2.set_ylim(*axes["ssim"])
     ax2.ticklabel_format(axis="y", useOffset=False)
     # the clip id and prompt are text, not mathtext: "$$" or "$\foo{" in a prompt is printed
     ax.set_title(plot_text(f"{m.pair.rec_a['clip']}: {m.pair.rec_a['prompt']}"), fontsize=9,
@@ -267,6 +316,17 @@ def _timeline(path: Path, m, human: dict | None = None) -> tuple[int, int]:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     return seg
+
+
+def shared_axes(plots: dict | None, human: dict | None) -> dict | None:
+    """summary.json's ``plots`` with the LPIPS axis raised to show a gate's human threshold
+    on every plot (None: each plot autoscaled, for summaries made before ``plots``)."""
+    if not plots:
+        return None
+    axes = dict(plots)
+    if human is not None and human.get("metric") == "lpips":
+        axes["lpips"] = [axes["lpips"][0], max(axes["lpips"][1], float(human["value"]) * 1.15)]
+    return axes
 
 
 def _heatmap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
@@ -358,6 +418,7 @@ def _write_report_files(out: Path, summary: dict, measures) -> None:
     write_clips_csv(out / "clips.csv", measures, summary["jobs"]["not_compared"], jobs)
     images = {}
     human = (summary.get("gate") or {}).get("human_threshold")
+    axes = shared_axes(summary.get("plots"), human)
     # The worst frames' PNGs (zlib lets go of the GIL) are encoded on threads while the
     # timelines (matplotlib, GIL-bound) are drawn here.
     with ThreadPoolExecutor(max_workers=report_threads(), thread_name_prefix="evalkit-png") as pool:
@@ -372,7 +433,7 @@ def _write_report_files(out: Path, summary: dict, measures) -> None:
             images[m.pair.job_id] = entry
         for i, m in enumerate(measures):
             entry = images[m.pair.job_id]
-            entry["segment"] = _timeline(out / entry["timeline"], m, human)
+            entry["segment"] = _timeline(out / entry["timeline"], m, human, axes)
         for entry, fut in pending:
             entry["heat_max"] = fut.result()
     summary["files"] = {"frames": "frames.csv", "clips": "clips.csv", "html": "index.html"}

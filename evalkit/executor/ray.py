@@ -2,7 +2,7 @@
 
 Render: one Ray actor per (backend, GPU or CPU slot). An actor loads the renderer once (on its
 first job), applies the backend's settings for its whole life, renders jobs with exactly the
-code path of :class:`evalkit.render.driver.LocalExecutor`, encodes the lossless clip and the browser
+code path of :class:`evalkit.render.local_executor.LocalExecutor`, encodes the lossless clip and the browser
 preview with the same :mod:`evalkit.video` writers, and returns the bytes, the job's timing, its
 node and the node's fingerprint. The driver (:func:`evalkit.render.driver.render_suite`) writes the run
 folders as it does for the local executor, so workers need no shared filesystem: source clips
@@ -24,7 +24,7 @@ removed by the next worker started on that host.
 
 Compare: one actor per GPU (or CPU slot) holds a loaded :class:`evalkit.metrics.PairEvaluator`; clip
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
-driver (:func:`evalkit.compare.pairing.compare_runs`).
+driver (:func:`evalkit.compare.run.compare_runs`).
 """
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ class RenderWorker:
     def render(self, job, clip: tuple, seed_offset: int, preview: bool = True,
                lossless: str = "ffv1") -> dict:
         """Render one job; its clip is encoded here in the run's ``lossless`` format."""
-        from evalkit.render.driver import LocalExecutor
+        from evalkit.render.local_executor import LocalExecutor
         from evalkit.video import lossless_format, write_browser, write_lossless
 
         if self.runtime is None:
@@ -308,11 +308,11 @@ class RenderWorker:
 class MeasureWorker:
     """One metric evaluator (LPIPS loaded once) on one GPU/CPU slot."""
 
-    def __init__(self, device, metric_options: dict, threads: int | None = None):
+    def __init__(self, device, metrics, threads: int | None = None):
         from evalkit.metrics.stream import PairEvaluator
 
         _set_threads(threads)
-        self.evaluator = PairEvaluator(device=device, **(metric_options or {}))
+        self.evaluator = PairEvaluator(device=device, **metrics.evaluator_kwargs())
         self.scratch = _Scratch("compare")
         self.dir = self.scratch.dir
 
@@ -452,6 +452,8 @@ class RayExecutor:
     """Render (and compare) on a Ray cluster; see the module docstring."""
 
     name = "ray"
+    #: the sources are decoded on the workers, not by the driver's SourceCache
+    decodes_sources = False
 
     def __init__(self, address: str | None = None, *, max_workers: int | None = None,
                  cpus_per_worker: float = 1, max_retries: int = 2, inflight: int = 2,
@@ -519,7 +521,7 @@ class RayExecutor:
         return None  # each result carries its node's
 
     def run_all(self, renderer, tasks, sources, progress):
-        from evalkit.render.driver import JobResult
+        from evalkit.render.results import JobResult
 
         ray = self.cluster.connect()
         pools, items = [], []
@@ -573,8 +575,12 @@ class RayExecutor:
                 pool.close()
 
     # -- compare -----------------------------------------------------------------------------
-    def compare_session(self, *, device=None, metric_options=None):
-        return RayCompareSession(self, device, metric_options or {})
+    def compare_session(self, *, device=None, metrics=None):
+        """Pairs measured on the cluster with ``metrics``
+        (:class:`evalkit.compare.options.MetricOptions`, default every metric)."""
+        from evalkit.compare.options import MetricOptions
+
+        return RayCompareSession(self, device, metrics or MetricOptions())
 
     def close(self) -> None:
         self.cluster.close()
@@ -583,7 +589,10 @@ class RayExecutor:
 class RayCompareSession:
     """Spreads clip pairs over MeasureWorker actors; results come back in input order."""
 
-    def __init__(self, executor: RayExecutor, device, metric_options: dict):
+    #: progress counts jobs (the local session's counts frames)
+    progress_unit = "job"
+
+    def __init__(self, executor: RayExecutor, device, metrics):
         ray = executor.cluster.connect()
         self.ray, self.executor = ray, executor
         nodes = executor.cluster.nodes()
@@ -603,7 +612,7 @@ class RayCompareSession:
         if executor.max_workers:
             capacity = min(capacity, executor.max_workers)
         self.capacity = max(1, capacity)
-        self.opts, self.worker_device, self.metric_options = opts, worker_device, metric_options
+        self.opts, self.worker_device, self.metrics = opts, worker_device, metrics
         self.pool = None
         self._info = None
         self._busy = False     # a measure() that raised: its workers may still be busy
@@ -611,7 +620,7 @@ class RayCompareSession:
     def _ensure(self, n: int):
         if self.pool is None:
             threads = None if self.worker_device != "cpu" else max(1, int(self.executor.cpus_per_worker))
-            self.pool = _Pool(self.ray, MeasureWorker, (self.worker_device, self.metric_options, threads),
+            self.pool = _Pool(self.ray, MeasureWorker, (self.worker_device, self.metrics, threads),
                               self.opts, max(1, min(self.capacity, n)), "compare")
             try:
                 self._info = self.ray.get(self.pool.actors[0].info.remote())

@@ -1,7 +1,9 @@
 """The render flow: a suite's jobs rendered on one or more backends into run folders.
 
 - :mod:`.backend`: backend specs (``cuda,dtype=bf16,...``), applying them, machine fingerprints
-- :mod:`.driver`: the job loop (resume, progress, atomic writes) and the local executor
+- :mod:`.driver`: the job loop (resume, atomic writes, results recorded)
+- :mod:`.local_executor`: the local executor (and the executor interface); :mod:`.sources`:
+  the jobs' source clips; :mod:`.progress`: the bars; :mod:`.results`: the types handed over
 - the Ray executor (optional extra) is :mod:`evalkit.executor.ray`
 - :mod:`.renderers`: one file per renderer (base protocol, diffusers, canary, command, import)
 """

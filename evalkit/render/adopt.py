@@ -74,7 +74,7 @@ def plan_identity(backends: list[str], *, renderer, label: str | None, fingerpri
                   executor_name: str) -> list[RunIdentity]:
     """Each run's identity, checked before anything is written. ``renderer``: the renderer
     instance (one that ``adopts_renders`` has its spec recorded, not applied)."""
-    adopts = bool(getattr(renderer, "adopts_renders", False))
+    adopts = bool(renderer.adopts_renders)
     if label is not None:
         check_label(label)
     fp = read_fingerprint_file(fingerprint_file) if fingerprint_file is not None else None
@@ -83,7 +83,7 @@ def plan_identity(backends: list[str], *, renderer, label: str | None, fingerpri
         raise UserError(f"{what}: only with --executor local (a Ray run records the fingerprint "
                         "of each node that renders)" if fp else
                         f"{what}: adopts files made elsewhere; it runs with --executor local")
-    specs = [parse_spec(b) for b in backends]
+    specs = [b if isinstance(b, BackendSpec) else parse_spec(b) for b in backends]   # parsed once
     for flag, given in (("--label", label), ("--fingerprint", fp)):
         if given is not None and len(specs) > 1:
             raise UserError(f"{flag}: names one run; give at most one --backend with it, "

@@ -44,16 +44,20 @@ class BackendSpec:
     compile: str = "off"
     resource: str | None = None
 
+    def options(self) -> list[tuple[str, str]]:
+        """``(key, value)`` of every key that differs from its default, in :data:`SPEC_KEYS`
+        order (what the canonical string and a run's folder name are made of)."""
+        out = []
+        for key, allowed in SPEC_KEYS.items():
+            value = getattr(self, key)
+            if value != (allowed[0] if allowed else None):
+                out.append((key, value))
+        return out
+
     @property
     def spec(self) -> str:
         """The canonical string: device first, then every key that differs from its default."""
-        parts = [self.device]
-        for key, allowed in SPEC_KEYS.items():
-            value = getattr(self, key)
-            default = allowed[0] if allowed else None
-            if value != default:
-                parts.append(f"{key}={value}")
-        return ",".join(parts)
+        return ",".join([self.device, *(f"{k}={v}" for k, v in self.options())])
 
     def to_dict(self) -> dict:
         return {"spec": self.spec, **asdict(self)}

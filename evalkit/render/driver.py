@@ -3,52 +3,42 @@
 The driver (this module) owns the run folders: it decides what is left to do (jobs whose clip is
 missing or does not match its recorded sha256), hands jobs to an executor, and records each
 result as it arrives (clip, preview, manifest; all atomic). The executor only turns jobs into
-frames. :class:`LocalExecutor` runs in-process, one backend after the other, loading the
-pipeline once per backend; a cluster executor can dispatch the same tasks elsewhere and hand the
-results back to the same driver (:class:`evalkit.executor.ray.RayExecutor`: Ray actors, one per
-GPU or CPU slot, return encoded clips that this driver writes the same way).
-
-The executor interface: ``check(specs)`` (can these backends run?), ``fingerprint(spec)`` (the
-environment that will render, or None when the workers report it with each result),
-``run_all(renderer, tasks, sources, progress)`` yielding ``(task, JobResult)`` in any order.
+frames: :class:`evalkit.render.local_executor.LocalExecutor` in this process, one backend after
+the other, loading the pipeline once per backend; a cluster executor dispatches the same tasks
+elsewhere and hands the results back to the same driver
+(:class:`evalkit.executor.ray.RayExecutor`: Ray actors, one per GPU or CPU slot, return encoded
+clips that this driver writes the same way). The executor interface is described in
+:mod:`evalkit.render.local_executor`; the types handed between the steps are in
+:mod:`evalkit.render.results`, the source clips in :mod:`evalkit.render.sources`, the
+progress bars in :mod:`evalkit.render.progress`.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor
 import fcntl
 import os
 import re
-import resource
 import shutil
-import threading
 import time
-import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
-import numpy as np
-
-from evalkit.concurrency import ordered_map
-from evalkit.render.adopt import plan_identity
-from evalkit.render.backend import (BackendSpec, Runtime, apply_backend, check_available,
-                                    fingerprint)
 from evalkit.errors import InputFileError, UserError
-from evalkit.render.renderers import JobError, RenderRequest, Renderer, WrittenClip, get_renderer
 from evalkit.formats.run import RunDir
 from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS, new_run_format
+from evalkit.render.adopt import plan_identity
+from evalkit.render.backend import BackendSpec, fingerprint
 from evalkit.render.clipwriter import ClipWriter
-from evalkit.video import ClipReader, shape_only
-
-
-def failure_text(e: BaseException) -> str:
-    """A failure in one line: the exception and where it was raised (a job's error)."""
-    tb = traceback.extract_tb(e.__traceback__)[-1]
-    return f"{type(e).__name__}: {e} (at {Path(tb.filename).name}:{tb.lineno})"
+from evalkit.render.local_executor import LocalExecutor, failure_text
+from evalkit.render.progress import Progress
+from evalkit.render.renderers import Renderer, WrittenClip, get_renderer
+from evalkit.render.results import BackendTask, JobResult, RenderSummary
+from evalkit.render.sources import SourceCache
+from evalkit.video import shape_only
 
 
 def on_device(runs) -> bool:
@@ -62,8 +52,8 @@ def on_device(runs) -> bool:
 def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
     """Folder name of a backend's run: ``cuda-0_dtype-bf16`` style, plus ``_seed+N``."""
     name = re.sub(r"[^A-Za-z0-9]+", "-", spec.device).strip("-")
-    for part in spec.spec.split(",")[1:]:
-        name += "_" + re.sub(r"[^A-Za-z0-9.]+", "-", part)
+    for key, value in spec.options():
+        name += "_" + re.sub(r"[^A-Za-z0-9.]+", "-", f"{key}={value}")
     return name + (f"_seed+{seed_offset}" if seed_offset else "")
 
 
@@ -80,97 +70,6 @@ def run_folder_name(spec: BackendSpec | None, label: str | None = None,
 MANIFEST_SAVE_INTERVAL = 2.0
 
 
-@dataclass
-class JobResult:
-    job: Job
-    frames: np.ndarray | None
-    fps: object
-    error: str | None
-    timing: dict = field(default_factory=dict)
-    #: set by executors that encode elsewhere: clip/preview bytes and frames/width/height
-    encoded: dict | None = None
-    #: extra keys for the job's manifest record (a cluster executor: node, attempts)
-    extra: dict = field(default_factory=dict)
-    #: the fingerprint of the environment that rendered it (None: the driver's own)
-    fingerprint: dict | None = None
-    #: files the renderer wrote itself, streaming (``frames`` is None): moved into place
-    written: WrittenClip | None = None
-
-
-@dataclass
-class BackendTask:
-    """All the jobs one backend still has to render."""
-
-    spec: BackendSpec
-    jobs: list[Job]
-    seed_offset: int = 0
-    #: where renderers keep a job's temporary files (the run folder's WORK_DIR; None: the
-    #: system's temporary folder)
-    work_dir: Path | None = None
-    #: False: ``spec`` only says where adopted renders were made; the executor applies the
-    #: defaults (cpu) instead
-    apply: bool = True
-    #: how the summary names the run (its label; None: the spec)
-    name: str | None = None
-    #: the run's lossless format (:data:`evalkit.lossless.LOSSLESS_FORMATS`): executors that
-    #: encode elsewhere (Ray) write the clip in it
-    lossless: str = "ffv1"
-
-
-class Progress:
-    """Progress bars: one overall (jobs, with ETA) and one for the job in flight (steps)."""
-
-    def __init__(self, total: int, enabled: bool = True):
-        from tqdm import tqdm
-
-        self.enabled = enabled
-        self._tqdm = tqdm
-        self.overall = tqdm(total=total, desc="jobs", unit="job", disable=not enabled,
-                            position=0, dynamic_ncols=True)
-        self.job_bar = None
-
-    def start_job(self, label: str) -> Callable[[int, int], None]:
-        """Show the job ``label`` in flight; return its step callback. The job bar is made once
-        and reset for each job (a new bar each time costs a few milliseconds of the rendering
-        thread between two jobs: terminal writes, tqdm's own bookkeeping)."""
-        if self.job_bar is None:
-            self.job_bar = self._tqdm(total=1, desc=label[:40], unit="step", leave=False,
-                                      disable=not self.enabled, position=1, dynamic_ncols=True)
-        else:
-            self.job_bar.reset(total=1)
-            self.job_bar.set_description_str(label[:40], refresh=False)
-        bar = self.job_bar
-
-        def update(done: int, total: int) -> None:
-            if bar.total != total and total:
-                bar.total = total
-            bar.n = done
-            bar.refresh()
-
-        return update
-
-    def end_job(self, ok: bool) -> None:
-        self.overall.update(1)
-        if not ok:
-            self.overall.set_postfix_str("some failed")
-
-    def status(self, text: str) -> None:
-        """Cluster-wide state next to the overall bar (e.g. jobs running on how many workers)."""
-        self.overall.set_postfix_str(text, refresh=True)
-
-    def close(self) -> None:
-        if self.job_bar is not None:
-            self.job_bar.close()
-            self.job_bar = None
-        self.overall.close()
-
-
-def adopt_workers() -> int:
-    """Jobs an import (``-r import``) adopts at once: a quarter of the cores, 1 to 8 (each
-    decodes its file and encodes two, with codec threads of its own)."""
-    return max(1, min(8, (os.cpu_count() or 1) // 4))
-
-
 def accelerator_here() -> bool:
     """Whether this machine has a GPU torch can use (CUDA or ROCm): the compare of a run
     imported here is then likely to run here too, decode-bound on FFV1."""
@@ -184,229 +83,6 @@ def lossless_of_new_run(ident) -> str:
     device, or imported on a machine with one (:func:`accelerator_here`); FFV1 otherwise
     (:func:`evalkit.lossless.new_run_format`)."""
     return new_run_format(on_device([ident]) or (not ident.apply and accelerator_here()))
-
-
-class LocalExecutor:
-    """Render in this process: per backend, load the renderer once, then every job in turn."""
-
-    name = "local"
-    #: the jobs' sources are decoded in this process (by the driver's :class:`SourceCache`), so
-    #: the driver may start decoding the first one while it sets the runs up
-    decodes_sources = True
-
-    def check(self, specs: list[BackendSpec]) -> None:
-        for spec in specs:
-            check_available(spec)
-
-    def fingerprint(self, spec: BackendSpec) -> dict:
-        with apply_backend(spec):
-            return fingerprint(spec)
-
-    def run_all(self, renderer: Renderer, tasks: list[BackendTask], sources: "SourceCache",
-                progress: Progress) -> Iterator[tuple[BackendTask, JobResult]]:
-        """One backend after the other, in this process."""
-        for task in tasks:
-            if task.jobs:
-                for result in self.run(renderer, task, sources, progress):
-                    yield task, result
-
-    def close(self) -> None:
-        pass
-
-    def run(self, renderer: Renderer, task: BackendTask, sources: "SourceCache",
-            progress: Progress) -> Iterator[JobResult]:
-        import torch
-
-        # a spec that is only recorded (an import) changes none of torch's settings (turning
-        # deterministic algorithms on imports TorchInductor: 4 s of a short command's start-up)
-        with (apply_backend(task.spec) if task.apply else
-              contextlib.nullcontext(Runtime(BackendSpec(), torch.device("cpu"), torch.float32,
-                                             False))) as runtime:
-            renderer.load(runtime)
-            try:
-                yield from self.render_jobs(renderer, runtime, task.jobs, sources,
-                                            task.seed_offset, progress, work_dir=task.work_dir,
-                                            lossless=task.lossless)
-            finally:
-                renderer.unload()
-                if runtime.device.type == "cuda":
-                    torch.cuda.empty_cache()
-
-    @classmethod
-    def render_jobs(cls, renderer, runtime, jobs, sources, seed_offset, progress,
-                    work_dir: Path | None = None, lossless: str = "ffv1") -> Iterator[JobResult]:
-        """Render ``jobs`` one after the other, each next job's source decoded meanwhile."""
-        jobs = list(jobs)
-        if getattr(renderer, "adopts_renders", False):
-            # adopted files: decoding and encoding only, no device calls: several at once
-            yield from ordered_map(lambda job: cls.render_job(
-                renderer, runtime, job, sources, seed_offset, progress, work_dir=work_dir,
-                lossless=lossless), jobs, adopt_workers(), name="evalkit-adopt")
-            return
-        for i, job in enumerate(jobs):
-            yield cls.render_job(renderer, runtime, job, sources, seed_offset, progress,
-                                 work_dir=work_dir, lossless=lossless,
-                                 next_clip=jobs[i + 1].clip if i + 1 < len(jobs) else None)
-
-    @staticmethod
-    def render_job(renderer, runtime, job, sources, seed_offset, progress,
-                   work_dir: Path | None = None, next_clip: str | None = None,
-                   lossless: str = "ffv1") -> JobResult:
-        """Render one job (``next_clip``: the next job's clip, decoded while this one renders;
-        ``lossless``: the run's format, for a renderer that writes its files itself)."""
-        import torch
-
-        frames_in, fps, path = sources.get(job.clip)
-        if next_clip is not None:
-            sources.prefetch(next_clip)
-        cuda = runtime.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(runtime.device)
-            torch.cuda.reset_peak_memory_stats(runtime.device)
-        update = progress.start_job(f"{job.clip} {job.prompt}")
-        t0 = time.perf_counter()
-        error = frames = written = None
-        request = RenderRequest(job=job, source=frames_in, fps=fps, seed=job.seed + seed_offset,
-                                source_path=path, progress=update, work_dir=work_dir,
-                                lossless=lossless)
-        try:
-            out = renderer.render(request)
-            if cuda:
-                torch.cuda.synchronize(runtime.device)
-            if isinstance(out, WrittenClip):
-                written = check_written(out, frames_in, renderer)
-            else:
-                frames = check_output(out, frames_in, renderer)
-        except JobError as e:
-            error = str(e)
-        except torch.cuda.OutOfMemoryError as e:
-            error = f"out of device memory: {str(e).splitlines()[0]}"
-            if cuda:
-                torch.cuda.empty_cache()
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except UserError as e:
-            error = str(e)
-        except Exception as e:  # a renderer's bug or a pipeline failure: recorded, others go on
-            error = failure_text(e)
-        seconds = time.perf_counter() - t0
-        info = renderer.job_info() if hasattr(renderer, "job_info") else {}
-        timing = {"seconds": round(seconds, 4),
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        if cuda:
-            timing["peak_device_memory_bytes"] = int(torch.cuda.max_memory_allocated(runtime.device))
-        progress.end_job(error is None)
-        return JobResult(job, frames, fps, error, timing, extra={**info, **request.record},
-                         written=written)
-
-
-def check_written(out: WrittenClip, source: np.ndarray, renderer: Renderer) -> WrittenClip:
-    """A renderer's own files (:class:`WrittenClip`) must hold the source's frame count."""
-    if getattr(renderer, "same_frame_count", True) and out.frames != len(source):
-        raise JobError(f"renderer {renderer.name!r} returned {out.frames} frames, "
-                       f"expected {len(source)} (the source clip's count)")
-    return out
-
-
-def check_output(out, source: np.ndarray, renderer: Renderer) -> np.ndarray:
-    """A renderer's output must be (N, H, W, 3) uint8 with the source's frame count."""
-    if not isinstance(out, np.ndarray):
-        raise JobError(f"renderer {renderer.name!r} returned {type(out).__name__}, "
-                       "expected a numpy array (N, H, W, 3) uint8")
-    if out.ndim != 4 or out.shape[-1] != 3:
-        raise JobError(f"renderer {renderer.name!r} returned shape {out.shape}, "
-                       "expected (N, H, W, 3)")
-    if out.dtype != np.uint8:
-        raise JobError(f"renderer {renderer.name!r} returned dtype {out.dtype}, expected uint8")
-    if getattr(renderer, "same_frame_count", True) and len(out) != len(source):
-        raise JobError(f"renderer {renderer.name!r} returned {len(out)} frames, "
-                       f"expected {len(source)} (the source clip's count)")
-    if out.shape[1] < 2 or out.shape[2] < 2:
-        raise JobError(f"renderer {renderer.name!r} returned {out.shape[2]}x{out.shape[1]} frames")
-    return np.ascontiguousarray(out)
-
-
-class SourceCache:
-    """Decodes each source clip once and keeps the last one (jobs are grouped by clip).
-
-    :meth:`prefetch` starts decoding the next job's clip on a background thread while the
-    current job renders, so a pipeline never waits for its source (at most two decoded clips
-    are held: the current one and the next). :meth:`get` returns the same frames either way; a
-    decoding error is raised by the :meth:`get` that needs the clip, as without prefetching.
-    """
-
-    def __init__(self, suite: Suite, *, shape_only: bool = False):
-        self.suite = suite
-        #: the renderer needs the sources' size, rate and frame count, not their frames (one
-        #: that streams them itself: ``import``, ``command``): each is counted, streaming, and stands as a frame-less
-        #: (N, H, W, 3) view (:func:`evalkit.video.shape_only`), whatever the clip's length
-        self.shape_only = shape_only
-        self._key = None
-        self._value = None
-        self._next: tuple[str, Future] | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        #: shape-only: every clip's count, once (several jobs adopted at once ask at once)
-        self._shapes: dict[str, Future] = {}
-        self._lock = threading.Lock()
-
-    def _decode(self, clip_id: str):
-        path = self.suite.clips[clip_id].path
-        if self.shape_only:
-            reader = ClipReader(path)
-            n = reader.count_packets()
-            return shape_only(n, reader.info.height, reader.info.width), reader.info.fps, path
-        reader = ClipReader(path)
-        return reader.read(), reader.info.fps, path
-
-    def prefetch(self, clip_id: str | None) -> None:
-        """Start decoding ``clip_id`` (the next job's clip) unless it is already at hand."""
-        if (self.shape_only or clip_id is None or clip_id == self._key
-                or (self._next and self._next[0] == clip_id)):
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-source")
-        if self._next is not None:
-            self._next[1].cancel()
-        self._next = (clip_id, self._pool.submit(self._decode, clip_id))
-
-    def get(self, clip_id: str):
-        if self.shape_only:
-            return self._shape(clip_id)
-        if self._key != clip_id:
-            ahead, self._next = self._next, None
-            self._value = self._key = None          # let the previous clip go first
-            if ahead is not None and ahead[0] == clip_id:
-                self._value = ahead[1].result()
-            else:
-                if ahead is not None:
-                    ahead[1].cancel()
-                self._value = self._decode(clip_id)
-            self._key = clip_id
-        return self._value
-
-    def _shape(self, clip_id: str):
-        """A clip's frame-less view, counted once, safe to ask from several threads (each clip
-        is counted by the first thread that asks; the others wait for that count)."""
-        with self._lock:
-            fut = self._shapes.get(clip_id)
-            mine = fut is None
-            if mine:
-                fut = self._shapes[clip_id] = Future()
-        if mine:
-            try:
-                fut.set_result(self._decode(clip_id))
-            except BaseException as e:
-                fut.set_exception(e)
-        return fut.result()
-
-    def close(self) -> None:
-        """Stop the prefetch thread (a decode under way finishes; its result is dropped)."""
-        if self._next is not None:
-            self._next[1].cancel()
-            self._next = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
 
 #: a run folder's lock file (``flock``; held while a render writes into the folder)
@@ -444,16 +120,6 @@ def clean_run_folder(run: RunDir) -> None:
     shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
 
 
-@dataclass
-class RenderSummary:
-    backend: str
-    path: Path
-    done: int
-    failed: int
-    skipped: int
-    failures: dict[str, str]
-
-
 def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
     """All jobs, or those named (by id, id prefix, or clip id), in suite order."""
     if not wanted:
@@ -468,13 +134,14 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
     return [j for j in suite.jobs if j in chosen]
 
 
-def render_suite(suite_path, backends: list[str], out, *, renderer: str | Renderer | None = None,
+def render_suite(suite_path, backends: list[str | BackendSpec], out, *, renderer: str | Renderer | None = None,
                  options: dict | None = None, jobs: list[str] | None = None,
                  seed_offset: int = 0, executor=None, progress: bool = True,
                  label: str | None = None, fingerprint_file=None,
                  lossless: str | None = None) -> list[RenderSummary]:
     """Render a suite on each backend into ``out/<backend>/`` (``out/<label>/`` with a
-    ``label``); resumable and atomic. ``fingerprint_file``: the fingerprint of the machine that
+    ``label``); resumable and atomic. ``backends``: specs, as text (``cpu,dtype=bf16``) or
+    already parsed (:func:`evalkit.render.backend.parse_spec`: a front door parses them once). ``fingerprint_file``: the fingerprint of the machine that
     really rendered (:mod:`evalkit.formats.fingerprint`), recorded instead of this one's. A
     renderer that adopts renders made elsewhere (``import``) needs no backend when it has a
     label (or a fingerprint file that names one): the spec is recorded, never applied.
@@ -490,14 +157,13 @@ def render_suite(suite_path, backends: list[str], out, *, renderer: str | Render
                            fingerprint_file=fingerprint_file, executor_name=executor.name)
     executor.check([i.spec for i in idents if i.apply])
     selected = select_jobs(suite, jobs)
-    if hasattr(rend, "check_jobs"):
-        rend.check_jobs(suite, selected)  # before anything loads (frame/size rules)
+    rend.check_jobs(suite, selected)  # before anything loads (frame/size rules)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder (--out)")
 
     # an import or a command needs the sources' shapes only (the renderer streams them itself)
-    sources = SourceCache(suite, shape_only=getattr(rend, "streams_clips", False))
+    sources = SourceCache(suite, shape_only=rend.streams_clips)
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         _lock_run_folders(locks, out, idents, seed_offset)
@@ -559,7 +225,7 @@ def _open_runs(idents: list, out: Path, suite: Suite, rend: Renderer, executor,
     render. An executor that decodes sources starts decoding the first job's source while the
     runs are set up: at once for a new run, else at the first run with a job to do."""
     runs: list[tuple[BackendTask, RunDir]] = []
-    early = getattr(executor, "decodes_sources", False) and bool(selected)
+    early = executor.decodes_sources and bool(selected)
     if early and idents and not (out / run_folder_name(idents[0].spec, idents[0].label,
                                                        seed_offset) / "manifest.json").exists():
         # a new run renders every selected job: the first one's source is decoded while

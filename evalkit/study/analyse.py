@@ -467,8 +467,9 @@ def _seal_out(st: dict) -> dict:
 
 def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
     """The design the verdict used against the study's plan (``config.plan``): ``raters``,
-    ``clips``, ``planned_raters``, ``planned_clips``, ``under_sized`` and, for ABX below its
-    plan (or without one), ``check``: :func:`.planning.design_check` at the achieved size (an
+    ``clips``, ``planned_raters``, ``planned_clips``, ``under_sized``, ``earlier_rule`` (an ABX
+    plan of an earlier :data:`.stats.RULE_VERSION`) and, for ABX below its plan, without one
+    or planned by an earlier rule, ``check``: :func:`.planning.design_check` at the achieved size (an
     "indistinguishable" there stands only when the achieved design still keeps the 5% rule);
     ``text`` says it in one line."""
     clips = int(dec.get("clip_count") or 0)
@@ -477,14 +478,21 @@ def _achieved_design(st: dict, raters: int, dec: dict) -> dict:
     proto = protocols.get(st["protocol"])
     pc = proto.planned_clips(pc, st["margin"])
     under = pr is None or raters < int(pr) or clips < int(pc or 0)
+    # an ABX plan made by an earlier rule of the planner (before stats.RULE_VERSION 2: too few
+    # clips per rater to see answers barely below chance) is checked like an under-sized one
+    earlier = (proto.plans_clips and pr is not None and not under
+               and int(the_plan.get("rule_version") or 1) < stats.RULE_VERSION)
     out = {"raters": raters, "clips": clips, "planned_raters": pr, "planned_clips": pc,
-           "under_sized": bool(under), "check": None}
-    if not under:
+           "under_sized": bool(under), "earlier_rule": bool(earlier), "check": None}
+    if not under and not earlier:
         out["text"] = f"{raters} raters x {clips} clips, as planned"
         return out
     plan_txt = (f"the plan for margin {st['margin']:g} asks for {pr} raters x {pc} clips"
                 if pr is not None else "no plan recorded")
-    out["text"] = f"UNDER-SIZED: {raters} raters x {clips} clips; {plan_txt}"
+    out["text"] = (f"UNDER-SIZED: {raters} raters x {clips} clips; {plan_txt}" if under else
+                   f"{raters} raters x {clips} clips, as planned by an earlier rule of the "
+                   f"planner (version {int(the_plan.get('rule_version') or 1)}, now "
+                   f"{stats.RULE_VERSION})")
     if proto.checks_design and clips >= 1 and raters >= 1:
         args = {"raters": raters, "clips": clips, "margin": st["margin"], "alpha": st["alpha"]}
         out["check"] = simcache.cached("design_check", args,

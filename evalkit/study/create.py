@@ -12,7 +12,6 @@ import secrets
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 from sqlalchemy import func, select
 
 from ..errors import InputFileError
@@ -173,9 +172,11 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
                                           ladder_warnings)
     planned = raters_planned or the_plan["raters"]
     swap, xbit = design.base_bits(n_rows, design_seed)
-    n_catch = design.n_catch(n_rows)          # easy catch trials per rater
+    # easy and graded catch trials per rater, at most half of a rater's trials (issue 46)
+    n_catch, n_graded = design.catch_counts(n_rows, catch_alpha)
     min_correct = _catch_min_correct(n_catch, catch_alpha)   # refused before any encoding
-    work = _plan_rows(chosen, ladder, n_catch, seed)
+    share = catch_share(n_rows, n_catch, n_graded, min_correct, catch_alpha)   # said by create
+    work = _plan_rows(chosen, ladder, n_catch, kind, n_graded)
     encode = dict(kind=kind, forced=proto.forced_choice, media=media,
                   offs=proto.offsets(ladder),
                   swap=swap, xbit=xbit, metrics_device=metrics_device,
@@ -199,6 +200,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
     media_bytes = fidelity.media_bytes(media, [r["streams"] for r in clip_rows]
                                        + [p["streams"] for p in pool], ext=EXT[mode])
     config = _study_config(made, protocol=protocol, catch_alpha=catch_alpha, n_catch=n_catch,
+                           n_graded=n_graded,
                            min_correct=min_correct, the_plan=the_plan, clips_of=len(rep["jobs"]),
                            delivery=delivery, media_bytes=media_bytes, cut=cut, ladder=ladder,
                            kind=kind, metrics_device=metrics_device)
@@ -212,7 +214,7 @@ def create_study(report, db, *, protocol: str, clips_spec: str = "all", raters_p
             "plan": the_plan, "warnings": warnings, "delivery": delivery,
             "media_bytes": media_bytes, "excerpt": cut, "key_file": str(key.path),
             "same_runs": same_runs(d, sid), "delivery_mode": mode, "seen": SEEN[mode],
-            "delivery_choice": choice}
+            "delivery_choice": choice, "catch_share": share}
 
 
 def _choose_delivery(asked: str, report, chosen: list, ladder: list, kind: str, cut, *,
@@ -299,32 +301,30 @@ def _open_store(db, media_dir) -> tuple:
     return d, media
 
 
-def _plan_rows(chosen: list, ladder: list, n_catch: int, seed: int) -> list:
-    """The rows of the clips table and their catch draws, planned in clip order (the same draws
-    as one clip at a time): per clip, ``(clip, [(row index, level, [(catch kind, from B)])])``,
-    the work of :func:`.trialmedia.clip_media`."""
-    n_rows = len(chosen) * len(ladder)
-    rng = np.random.default_rng([seed, 4])
-    n_easy = min(n_rows, n_catch)             # rows with an easy catch version
-    # exactly as many easy catch versions as a rater's easy catch trials: each rater gets every
-    # one once (never a repeat: the same files twice tell which side recurs; never a version
-    # some raters lack: fewer raters sharing its files would tell a catch, issue 44); a study of
-    # fewer rows than easy catch trials per rater gives some rows several versions
-    per_row = -(-n_catch // n_rows) if n_rows else 1
-    extra = n_catch - (per_row - 1) * n_rows   # rows (by rank) with per_row, the rest one less
-    i = -1
-    # the rows with catch versions are drawn at random (the first rows of a report's order, or
-    # the worst clips, would differ from the rest in size and content: catch files told apart)
-    rank = np.random.default_rng([seed, 5]).permutation(n_rows).tolist()
-    work = []
+def _plan_rows(chosen: list, ladder: list, n_catch: int, kind: str,
+               n_graded: int = design.GRADED_CATCHES) -> list:
+    """The rows of the clips table and their catch versions, planned in clip order: per clip,
+    ``(clip, [(row index, level, [(catch kind, from B, colour offset)])])``, the work of
+    :func:`.trialmedia.clip_media`. The catch versions come from what the rows show
+    (:func:`.design.catch_plan`: the sides' content fingerprints, :func:`.trialmedia.fingerprint`,
+    and the level with its colour offset; amplify level 1 unshifted shows B itself, as an ABX
+    row does), never from a seed, so
+    every study of the same rows has the same catch files, as it has the same test files."""
+    offs = threshold.offsets(ladder) if ladder != [None] else {}
+    rows, where = [], []
     for c in chosen:
-        rows = []
+        sides = (trialmedia.fingerprint(c["path_a"]), trialmedia.fingerprint(c["path_b"]))
         for k in ladder:
-            i += 1
-            n = per_row if rank[i] < extra else per_row - 1
-            rows.append((i, k, [(kind_, bool(rng.integers(2)))
-                                for kind_ in _catch_kinds(rank[i], n_easy, n)]))
-        work.append((c, rows))
+            # a level's row shows the stimulus shifted by the ladder's offset for it
+            shown = None if k is None else (kind, float(k), tuple(offs[k]))
+            rows.append((sides, None if shown == ("amplify", 1.0, (0, 0, 0)) else shown))
+            where.append((c, k))
+    plan = design.catch_plan(rows, n_catch, threshold.CATCH_OFFSETS, n_graded)
+    work = []
+    for i, ((c, k), versions) in enumerate(zip(where, plan)):
+        if not work or work[-1][0] is not c:
+            work.append((c, []))
+        work[-1][1].append((i, k, versions))
     return work
 
 
@@ -374,7 +374,7 @@ def _make_media(work: list, encode: dict, *, cut, ex_seconds, ex_at, delivery_ma
             "seconds": seconds, "reference": reference}
 
 
-def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int,
+def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int, n_graded: int,
                   min_correct: int, the_plan: dict, clips_of: int, delivery: dict,
                   media_bytes, cut, ladder: list, kind: str, metrics_device) -> dict:
     """The study's ``config``: catch rule, media key, plan, delivery, frame rate and media
@@ -384,7 +384,7 @@ def _study_config(made: dict, *, protocol: str, catch_alpha: float, n_catch: int
                                            made["fps"])
     catch_rule = {"alpha": catch_alpha, "easy_trials": n_catch,
                   "min_correct": min_correct,
-                  "graded_trials": design.GRADED_CATCHES if pool else 0}
+                  "graded_trials": n_graded if pool else 0}
     timing = {"fps": float(study_fps), "fps_fraction": _fps_text(study_fps),
               "media_seconds": {k: round(float(v), 6) for k, v in sorted(seconds.items())}}
     config = {"catch_pool": [], "catch_rule": catch_rule, "media_key": new_media_key(),
@@ -441,19 +441,6 @@ def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
         raise StudyError(fidelity.refusal(label, fig))
 
 
-def _catch_kinds(i: int, n_easy: int, per_row: int = 1) -> list[str]:
-    """The catch versions of the row of rank ``i`` (rows ranked at random): ``per_row`` easy
-    ones for the first ``n_easy`` ranks, a graded one for the first
-    :data:`.design.GRADED_CATCHES`."""
-    kinds = []
-    if i < n_easy:
-        kinds += [design.CATCH_KINDS[(i * per_row + j) % len(design.CATCH_KINDS)]
-                  for j in range(per_row)]
-    if i < design.GRADED_CATCHES:
-        kinds.append(design.GRADED_KINDS[i % len(design.GRADED_KINDS)])
-    return kinds
-
-
 def _fps_text(fps) -> str:
     fps = Fraction(fps).limit_denominator(1001 * 1000)
     return str(fps.numerator) if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
@@ -483,6 +470,11 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
                              "from its report with `evalkit study create REPORT --db ...` and "
                              "invite raters there")
         pool = cfg["catch_pool"]
+        # the study's catch trials per rater (a study made before the rule recorded them: the
+        # counts of its time, unbounded)
+        rule = cfg.get("catch_rule") or {}
+        counts = ((int(rule["easy_trials"]), int(rule.get("graded_trials", 0)))
+                  if "easy_trials" in rule else (design.n_catch(len(cl)), design.GRADED_CATCHES))
         for c in cl:
             c["streams"] = cfg["streams"][str(c["id"])]
             c["base_swap"], c["base_x"] = cfg["bits"][str(c["id"])]
@@ -497,7 +489,7 @@ def invite(db, study, count: int = 1, label: str | None = None) -> list[dict]:
             rid = conn.execute(raters.insert().values(
                 study_id=st["id"], idx=k, token_sha256=token_hash(token), label=label,
                 seed=0, created=now())).inserted_primary_key[0]   # the rater's seed: sealed
-            plan = design.assign(st["protocol"], cl, pool, k, rseed, dseed)
+            plan = design.assign(st["protocol"], cl, pool, k, rseed, dseed, counts)
             conn.execute(trials.insert(), [seal.seal_trial(
                 key, rid, {"study_id": st["id"], "rater_id": rid, "ord": i, **t})
                 for i, t in enumerate(plan)])
@@ -531,6 +523,36 @@ def list_studies(db) -> list[dict]:
              "raters": n["raters"].get(i, 0), "raters_planned": rp,
              "ratings": n["ratings"].get(i, 0), "trials": n["trials"].get(i, 0),
              "created": str(cr)} for i, p, rp, cr in rows]
+
+
+def catch_share(n_rows: int, easy: int, graded: int, min_correct: int,
+                catch_alpha: float) -> dict:
+    """What a rater's trials hold (``study create`` says it; issue 46): test and catch trials,
+    the catch share against :data:`.design.MAX_CATCH_SHARE`, whether the bound cut catch trials
+    (``reduced``) or the screening needs more than it allows (``over``), and the screening's
+    error rates (an attentive rater, 95% right, excluded; a random clicker kept)."""
+    catch = easy + graded
+    total = n_rows + catch
+    share = catch / total if total else 0.0
+    full_easy, full_graded = design.n_catch(n_rows), design.GRADED_CATCHES
+    reduced = (easy, graded) != (full_easy, full_graded)
+    over = share > design.MAX_CATCH_SHARE + 1e-12
+    excluded, kept = stats.catch_error_rates(easy, alpha=catch_alpha)
+    text = (f"each rater: {total} trials, {n_rows} test and {catch} catch ({100 * share:.0f}%; "
+            f"{easy} easy, {graded} graded)")
+    bound = f"{100 * design.MAX_CATCH_SHARE:.0f}%"
+    if over:
+        text += (f": above the {bound} bound, as the catch screening at --catch-alpha "
+                 f"{catch_alpha:g} needs {easy} easy catch trials; {2 * easy} or more test trials "
+                 "per rater stay within it")
+    elif reduced:
+        text += (f": bounded at {bound} of a rater's trials (without the bound {full_easy} easy "
+                 f"and {full_graded} graded)")
+    text += (f"; a rater stays with {min_correct} of {easy} easy catch trials right: an attentive "
+             f"rater (95% right) is excluded {100 * excluded:.0f}% of the time, a random clicker "
+             f"kept {100 * kept:.1f}%")
+    return {"test": n_rows, "easy": easy, "graded": graded, "share": share, "reduced": reduced,
+            "over": over, "attentive_excluded": excluded, "random_kept": kept, "text": text}
 
 
 def _catch_min_correct(n_catch: int, catch_alpha: float) -> int:

@@ -11,9 +11,13 @@ rater's seed: within a rater half the ABX answers are A, backend B is on the lef
 preference trials; across raters the labels of one file are independent, so pooling what
 several raters got per file says nothing. Catch trials (known answer) are mixed in:
 :data:`EASY_CATCHES` obvious degradations (the exclusion rule uses these) and
-:data:`GRADED_CATCHES` mild ones (reported only); every rater gets every catch version once
-(the study makes exactly as many as a rater's catch trials). The order is shuffled from the
-rater's seed, derived from the study seed and the rater's index (reproducible).
+:data:`GRADED_CATCHES` mild ones (reported only), together at most :data:`MAX_CATCH_SHARE` of a rater's trials where
+the screening allows (:func:`catch_counts`); every rater gets every catch version once
+(the study makes exactly as many as a rater's catch trials). Which rows get catch versions,
+and what they show, is drawn from the rows' content (:func:`catch_plan`), not from a seed: every
+study of the same runs has the same catch files, as it has the same test files. The order is
+shuffled from the rater's seed, derived from the study seed and the rater's index
+(reproducible).
 
 The threshold protocol is ABX over a ladder: each (clip, level) pair is one row of the
 ``clips`` list (its side B the amplified stimulus ``S_k``, :mod:`.threshold`), with its own
@@ -108,6 +112,34 @@ def n_catch(n_clips: int) -> int:
     return max(EASY_CATCHES, math.ceil(0.2 * n_clips))
 
 
+#: the largest share of a rater's trials that are catch trials: half (catch trials at most as
+#: many as test trials; issue 46: a 5-clip study gave each rater 15 trials, 10 of them catch)
+MAX_CATCH_SHARE = 0.5
+
+
+def min_easy_catches(catch_alpha: float) -> int:
+    """The fewest easy catch trials whose screening can show better than guessing at
+    ``catch_alpha``: all of n right has p = 0.5 ** n (:func:`.stats.catch_min_correct`)."""
+    n = 1
+    while 0.5 ** n > catch_alpha and n < 64:
+        n += 1
+    return n
+
+
+def catch_counts(n_rows: int, catch_alpha: float = 0.05) -> tuple[int, int]:
+    """``(easy, graded)`` catch trials per rater of a study of ``n_rows`` test trials, their
+    share bounded by :data:`MAX_CATCH_SHARE`: :func:`n_catch` easy and :data:`GRADED_CATCHES`
+    graded ones where they fit; else the graded ones go first (they are only reported), then
+    easy ones, down to :func:`min_easy_catches` (the screening needs them: a study of fewer rows
+    than that exceeds the bound, which ``study create`` says)."""
+    easy, graded = n_catch(n_rows), GRADED_CATCHES
+    cap = math.floor(n_rows * MAX_CATCH_SHARE / (1 - MAX_CATCH_SHARE) + 1e-9)
+    graded = max(0, min(graded, cap - easy))
+    if easy + graded > cap:
+        easy = min(easy, max(cap, min_easy_catches(catch_alpha)))
+    return easy, graded
+
+
 def catch_grade(kind: str | None) -> str | None:
     """``easy`` or ``graded`` for a catch kind (None for test trials)."""
     if kind is None:
@@ -156,6 +188,54 @@ def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     return out
 
 
+def row_keys(protocol: str, catch: bool = False, x: int = 1, bit: int = 0,
+             one_place: bool = True) -> list[str]:
+    """The files a *new* row (or catch version) is encoded as: a subset of :func:`stream_keys`
+    fixed per row by ``bit`` (its base bit), so that the files of a row differ only in what the
+    raters' labels hide and never in the answer's place (issue 45: sizes).
+
+    Preference: one file, ``ab`` (``bit`` 0) or ``ba``: which tile backend B is in is a bit of
+    the row, and no other file of the row shows the other order (with both, the file with B on
+    the left was the smaller in 16 of 16 H.264 pairs: pooled sizes told which box is B). The
+    page's left box shows either tile (the rater's label bits), so nothing is lost. ABX with
+    ``one_place``: two files, X's content either, its match in the first tile other than X's
+    (``bit`` 0) or the second, the same in both: the two files of a row differ in X's content
+    only, the answer's place is the row's, and a file's size against its sibling's says which
+    content is X (hidden by the labels), never where the match is, by construction. Without
+    ``one_place`` the 4 files of :func:`stream_keys` (both places; H.264 with X in the middle:
+    at chance by measurement). The place is invisible to raters (the page draws X, A and B in
+    fixed boxes from the tiles it is told)."""
+    keys = stream_keys(protocol, catch, x)
+    if _paired(protocol):
+        return [keys[bit]]
+    return [keys[bit], keys[2 + bit]] if one_place else keys
+
+
+def row_bits(sides: tuple, level, n_catch: int) -> tuple[int, list[int]]:
+    """The :func:`row_keys` bits of a row and of its ``n_catch`` catch versions, drawn from what
+    the row shows (``sides``: the two sides' content fingerprints, A then B; ``level``: its
+    stimulus) and nothing else, as :func:`catch_plan` draws catch versions: every study of the
+    same rows then holds the same one file (preference) or two (lossless ABX) of each row, never
+    ``ab`` in one study and ``ba`` in another, which pooled across studies would be siblings
+    again (the smaller told which tile is B); a row's catch versions alternate, as the
+    study's bits made them (drawn one by one, a bot read lossless catch answers 150 of 240). The row's bit is of the physical order (the
+    content in the first tile: the bit flips with the sides, so a study of B against A holds
+    the same file); raters cannot draw it without the source clips' bytes."""
+    pair = tuple(sorted(sides))
+    key = _digest("row-order", pair, level)
+    first = pair[key % 2]
+    bit = int(first != sides[0]) if sides[0] != sides[1] else key % 2
+    base = _digest("catch-order", pair, level) % 2   # the versions of a row alternate
+    return bit, [(base + j) % 2 for j in range(n_catch)]
+
+
+#: whether a new study's ABX rows have one place of the match (:func:`row_keys`), by delivery:
+#: lossless WebP sizes depend on the tile order (the odd tile last is smaller, 31 of 32 pairs
+#: wherever X is), so each row fixes the order; H.264 with X in the middle measured at chance
+#: with both places (benchmarks/results/tile_order_cpu2.txt)
+ONE_PLACE = {"stream": False, "lossless": True}
+
+
 #: X's tile in a new study's ABX files, by delivery (:func:`stream_keys`): the middle for the
 #: H.264 stream, the last tile for lossless WebP (the layouts whose file sizes measured at
 #: chance, benchmarks/results/tile_order_cpu2.txt)
@@ -176,9 +256,10 @@ def x_tile(keys) -> int:
 
 def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
     """The :func:`stream_keys` a row's ``streams`` hold, in order, in the row's own layout
-    (:func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
+    (``streams["x"]`` where stored: a row of one place, :func:`row_keys`, whose keys cannot
+    say which twin is X; else :func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
     X files: two of them)."""
-    x = 0 if _paired(protocol) else x_tile(streams["files"])
+    x = 0 if _paired(protocol) else streams.get("x", x_tile(streams["files"]))
     return [k for k in stream_keys(protocol, catch, x) if k in streams["files"]]
 
 
@@ -199,6 +280,75 @@ def catch_bits(n: int, study_seed: int) -> tuple[list[int], list[int]]:
     return balanced_bits(n, rng), balanced_bits(n, rng)
 
 
+def catch_kinds(rank: int, n_easy: int, per_row: int = 1,
+                n_graded: int = GRADED_CATCHES) -> list[str]:
+    """The catch versions of the row of rank ``rank`` (:func:`catch_plan`): ``per_row`` easy
+    ones for the first ``n_easy`` ranks, a graded one for the first ``n_graded``
+    (:func:`catch_counts`)."""
+    kinds = []
+    if rank < n_easy:
+        kinds += [CATCH_KINDS[(rank * per_row + j) % len(CATCH_KINDS)] for j in range(per_row)]
+    if rank < n_graded:
+        kinds.append(GRADED_KINDS[rank % len(GRADED_KINDS)])
+    return kinds
+
+
+def _digest(*parts) -> int:
+    import hashlib
+
+    text = "\x1f".join(repr(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def catch_plan(rows: list[tuple], n_catch: int, offsets,
+               n_graded: int = GRADED_CATCHES) -> list[list[tuple]]:
+    """Each row's catch versions, ``[(kind, from B, colour offset)]``, drawn from what the rows
+    *show* and nothing else (issue 44 open (a)): ``rows`` in the clips table's order, each
+    ``(sides, level)`` with ``sides`` the two sides' content fingerprints (A, B) and ``level``
+    the row's stimulus (None: the clip itself); ``offsets``: the catch references' colour
+    offsets (:data:`.threshold.CATCH_OFFSETS`).
+
+    A test file is the same bytes in every study that shows the same row (the encode is
+    deterministic), so a catch version must be too: were it drawn from a study's seed, pooling
+    what raters of two studies of the same runs received would tell a catch file by recurring in
+    one study only. Here the rows that get catch versions are the ``n_catch`` (easy; the first
+    ``n_graded`` also a graded one) whose hash of (the pair of sides, level) is
+    smallest; a version's source side is one of the pair's contents drawn from that hash, its
+    colour offset from a per-clip permutation (magnitude 1 first) drawn from the pair. So two
+    studies of the same rows have the same catch versions (the same files; which rater gets which
+    file stays the study's secret, :func:`catch_bits`), studies sharing rows share most
+    catch versions of the rows they share, and a study made from one of the runs against another
+    draws its own. Exactly ``n_catch`` easy versions (a study of fewer rows gives some rows
+    several)."""
+    n_rows = len(rows)
+    n_easy = min(n_rows, n_catch)
+    per_row = -(-n_catch // n_rows) if n_rows else 1
+    extra = n_catch - (per_row - 1) * n_rows     # rows (by rank) with per_row, the rest one less
+    pair = [tuple(sorted(sides)) for sides, _ in rows]
+    keys = [_digest("catch-row", p, level) for p, (_, level) in zip(pair, rows)]
+    order = sorted(range(n_rows), key=lambda i: (keys[i], i))
+    rank = [0] * n_rows
+    for r, i in enumerate(order):
+        rank[i] = r
+    small = [o for o in offsets if max(map(abs, o)) == 1]
+    large = [o for o in offsets if max(map(abs, o)) != 1]
+    left: dict = {}                               # per clip (pair): offsets not yet taken
+    out = []
+    for i, ((sides, _level), p) in enumerate(zip(rows, pair)):
+        if p not in left:
+            rng = np.random.default_rng(_digest("catch-offsets", p))
+            left[p] = ([small[j] for j in rng.permutation(len(small))]
+                       + [large[j] for j in rng.permutation(len(large))])
+        n = per_row if rank[i] < extra else per_row - 1
+        versions = []
+        for j, kind in enumerate(catch_kinds(rank[i], n_easy, n, n_graded)):
+            source = p[_digest("catch-side", keys[i], j) % 2]
+            from_b = source == sides[1] if sides[0] != sides[1] else bool(_digest(keys[i], j) % 2)
+            versions.append((kind, bool(from_b), tuple(left[p].pop(0))))
+        out.append(versions)
+    return out
+
+
 _LETTER = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
 _CONTENT = {"a": "a", "b": "b", "r": "reference", "d": "degraded"}
 
@@ -215,7 +365,7 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
         tiles = {"left": left, "right": 1 - left}
         expected = None
     else:
-        x = x_tile(streams["files"])
+        x = streams.get("x", x_tile(streams["files"]))
         twin = next(j for j in range(3) if j != x and key[j] == key[x])
         other = 3 - x - twin
         tiles = {"X": x, "A": other if bit else twin, "B": twin if bit else other}
@@ -229,14 +379,15 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
 
 
 def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
-           seed: int, study_seed: int = 0) -> list[dict]:
+           seed: int, study_seed: int = 0, counts: tuple[int, int] | None = None) -> list[dict]:
     """One rater's trials, in presentation order.
 
     ``clips``: dicts with ``id``, ``base_swap``, ``base_x`` and ``streams`` (the row's trial
     streams: ``{"rects", "files": {key: sha256}}``, :func:`stream_keys`). ``catch_pool``:
     dicts with ``clip_id``, ``kind`` and ``streams``; kinds in :data:`GRADED_KINDS` are graded
     catches. ``seed``: the rater's seed (:func:`rater_seed`); ``study_seed``: the study's (the
-    catch versions' base bits, :func:`catch_bits`).
+    catch versions' base bits, :func:`catch_bits`). ``counts``: (easy, graded) catch trials,
+    the study's ``catch_rule`` (default :func:`catch_counts` at ``catch_alpha`` 0.05).
 
     Which file of each row the rater gets is :func:`file_index` (the base bits flipped by the
     rater's index); the labels over its tiles come from balanced bits drawn from the rater's
@@ -260,7 +411,8 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     pool = [dict(cp, _bits=(cb[0][i], cb[1][i])) for i, cp in enumerate(catch_pool)]
     easy = [cp for cp in pool if catch_grade(cp["kind"]) == "easy"]
     graded = [cp for cp in pool if catch_grade(cp["kind"]) == "graded"]
-    picks = _draw(easy, n_catch(len(clips)), rng) + _draw(graded, GRADED_CATCHES, rng)
+    n_easy, n_graded = catch_counts(len(clips)) if counts is None else counts
+    picks = _draw(easy, n_easy, rng) + _draw(graded, n_graded, rng)
     sides = balanced_bits(len(picks), rng)
     for cp, side in zip(picks, sides):
         keys = row_files(proto, cp["streams"], catch=True)

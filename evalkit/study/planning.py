@@ -8,10 +8,11 @@ import math
 import numbers
 
 
-from . import simcache, stats
+from . import protocols, simcache, stats
 from .errors import StudyError
-from .stats import (clip_veto_power, abx_rule_text, margin_terms, preference_rule_text, visible_share_bound, MAX_RATERS, MIN_CLIPS, MIN_RATERS, clips_for_bound, min_clips, visible_share_limit, t_quantile)
-from .simulate import (SIMULATE_MAX_CELLS, BOUNDARY_SCENARIOS, INVERSION_SCENARIOS, mc_se, simulate_abx,
+from .stats import (BELOW_CHANCE_SPLIT, RULE_VERSION, clip_veto_power, abx_rule_text, margin_terms, preference_rule_text, visible_share_bound, MAX_RATERS, MIN_CLIPS, MIN_RATERS, clips_for_bound, min_clips, visible_share_limit, t_quantile)
+from .simulate import (SIMULATE_MAX_CELLS, BOUNDARY_SCENARIOS, INVERSION_SCENARIOS, WEAK_BOTS, mc_se,
+                       simulate_abx, weak_misses,
                        simulate_preference)
 
 
@@ -33,6 +34,11 @@ def design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan: 
     if n_clips < stats.MIN_CLIPS:
         out.append(f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
                    "verdict's error rates are only simulated from that size up")
+    if protocols.get(protocol).plans_clips and n_clips < the_plan.get("clips", 0):
+        out.append(f"{n_clips} clips is below the planner's {the_plan['clips']} clips per rater "
+                   f"for --margin {the_plan['margin']:g} (" + "; ".join(the_plan.get("notes") or [])
+                   + "): the results will be UNDER-SIZED and claim 'indistinguishable' only if "
+                   "the achieved design still keeps the 5% rule; add clips or raters")
     if raters_planned and raters_planned < the_plan["raters"]:
         out.append(f"--raters {raters_planned} is below the planner's {the_plan['raters']} "
                    f"included raters for --margin {the_plan['margin']:g} (see `evalkit study plan`)")
@@ -178,7 +184,13 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     raters' win rates vary with SD ``heterogeneity``; start from the normal approximation.
 
     Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
-    a note). ``invite`` = ceil(R / (1 - exclusion_rate)) raters to invite.
+    a note). ABX clips are raised further (a note says so): to :func:`min_clips`, then to
+    :func:`spread_clips` at the raters the constraints above need there (answers barely below
+    chance, :data:`WEAK_SCENARIOS`, are seen only with enough clips per rater), planning the
+    raters again at the larger number (power by the normal approximation while iterating) until
+    the clips settle; the boundary checks at the final size include those scenarios, and a plan
+    over :data:`MAX_RATERS` test ratings is refused. ``invite`` = ceil(R / (1 - exclusion_rate))
+    raters to invite.
     ``clips_per_rater``: old name of ``clips``. ``progress``: called with a short text after
     each simulation (how many are needed is not known in advance).
 
@@ -203,30 +215,77 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     C = int(clips)
     share = 1 - tie_rate if protocol == "preference" else 1.0
     h = heterogeneity if protocol == "preference" else 0.0
-    approx = _normal_raters(margin, power, C, alpha, two_sided=protocol == "preference",
-                            decisive_share=share, rater_sd=h)
-    if approx > MAX_RATERS:
-        need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
-                f"about {approx:,}")
-        raise ValueError(f"--margin {margin:g}: {need} included raters would be "
-                         f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
-                         f"--margin or more clips")
-    if protocol == "abx" and approx * C > MAX_RATERS:
-        raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} clips "
-                         f"= {approx * C:,} test ratings would be needed (at least {C:,} clips "
-                         f"to bound the share of visibly different clips below "
-                         f"{visible_share_limit(margin):g}; the limit is {MAX_RATERS:,} test "
-                         "ratings); use a larger --margin")
-    pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
-                  heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
-                  progress=progress)
-    r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
     chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
+
+    def raters_at(C: int, notes: list, simulate: bool = True) -> tuple:
+        approx = _normal_raters(margin, power, C, alpha, two_sided=protocol == "preference",
+                                decisive_share=share, rater_sd=h)
+        if approx > MAX_RATERS:
+            need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
+                    f"about {approx:,}")
+            raise ValueError(f"--margin {margin:g}: {need} included raters would be "
+                             f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
+                             f"--margin or more clips")
+        if protocol == "abx" and approx * C > MAX_RATERS:
+            raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} "
+                             f"clips = {approx * C:,} test ratings would be needed (at least "
+                             f"{C:,} clips to bound the share of visibly different clips below "
+                             f"{visible_share_limit(margin):g} and to see answers barely below "
+                             f"chance; the limit is {MAX_RATERS:,} test ratings); use a larger "
+                             "--margin")
+        if not simulate:
+            return approx, None, max(MIN_RATERS, approx), "normal approximation"
+        pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
+                      heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
+                      progress=progress)
+        r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
+        return approx, pw, r_power, method
+
+    if protocol == "abx":
+        # answers barely below chance are seen by the raters' spread check, whose power grows
+        # with clips per rater: raise the clips until it sees them at the raters the other
+        # constraints need there (more clips need fewer raters for power: iterate, with the
+        # power's normal approximation; the boundary checks at the final size include both
+        # scenarios and add raters if they still fail there)
+        spread_from = C
+        for _ in range(8):
+            approx, pw, r_power, method = raters_at(C, [], simulate=False)
+            r_pre = _abx_raters(r_power, method, C, power=power, alpha=alpha,
+                                clip_accuracy=clip_accuracy, clip_power=clip_power,
+                                heterogeneity=heterogeneity, seed=seed, chk=chk, notes=[],
+                                progress=progress, checks=False)[0]
+            need, how = spread_clips(margin, r_pre, alpha=alpha, start=C)
+            if progress is not None:
+                progress(f"{r_pre} raters: {need} clips see answers barely below chance")
+            if need <= C:
+                break
+            if r_pre * need > 100 * MAX_RATERS:
+                raise ValueError(f"--margin {margin:g}: about {r_pre:,} included raters x "
+                                 f"{need:,} clips = {r_pre * need:,} test ratings would be "
+                                 f"needed (clips per rater to see answers barely below chance; "
+                                 f"the limit is {MAX_RATERS:,} test ratings); use a larger "
+                                 "--margin")
+            C = need
+        if C > spread_from:
+            notes.append(f"clips raised from {spread_from} to {C} (answers barely below chance: "
+                         f"with fewer clips per rater, every rater at {0.5 + margin:g} and half "
+                         f"of them inverted, or bots at {WEAK_BOTS[1]:g} as "
+                         f"{WEAK_BOTS[0]:.0%} of raters, would go unseen more than "
+                         f"{alpha:g} of the time; {how})")
+    approx, pw, r_power, method = raters_at(C, notes)
     if protocol == "abx":
         R, reasons, edges, checks_simulated = _abx_raters(
             r_power, method, C, power=power, alpha=alpha, clip_accuracy=clip_accuracy,
             clip_power=clip_power, heterogeneity=heterogeneity, seed=seed, chk=chk,
             notes=notes, progress=progress)
+        if R * C > MAX_RATERS:
+            raise ValueError(f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
+                             f"{R * C:,} test ratings would be needed (clips per rater to see "
+                             f"answers barely below chance; the limit is {MAX_RATERS:,} test "
+                             "ratings); use a larger --margin")
+        if C > spread_from:
+            reasons.append(f"answers barely below chance: {C} clips per rater (not {spread_from}) "
+                           f"see them at {R} raters")
     else:
         R, edges, checks_simulated = max(MIN_RATERS, r_power), {}, method == "simulation"
         reasons = ([f"power: {power:g} probability of 'B preferred' at win rate "
@@ -238,7 +297,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
            "raters": R, "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
            "exclusion_rate": exclusion_rate, "clips": C, "clips_requested": clips_requested,
            "ratings_per_clip": R, "trials": R * C, "reasons": reasons, "notes": notes,
-           "method": method, "normal_approx_raters": approx,
+           "method": method, "normal_approx_raters": approx, "rule_version": RULE_VERSION,
            "simulated_studies": studies, "bootstrap_reps": reps, "seed": seed,
            "heterogeneity": heterogeneity,
            # names kept for the CLI of before
@@ -296,6 +355,60 @@ def _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy
         if not 0 < visible_bound < 1:
             raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
                              f"{visible_bound}")
+
+
+def _spread_miss_estimate(margin: float, raters: int, clips: int, alpha: float) -> float:
+    """Approximate chance that the raters' spread check misses answers barely below chance
+    (the harder of :data:`.simulate.WEAK_SCENARIOS`): its statistic, a sum over raters of
+    (2 k - n)^2 / n, taken as chi-square with ``raters`` df at chance and non-central with
+    (n - 1)(2 p - 1)^2 a rater when raters are right with probability p (mean over the
+    scenario's raters)."""
+    from scipy.stats import chi2, ncx2
+
+    share, acc = WEAK_BOTS
+    per_rating = min(4 * margin ** 2, share * (2 * acc - 1) ** 2 + (1 - share) * 4 * margin ** 2)
+    crit = float(chi2.ppf(1 - alpha * BELOW_CHANCE_SPLIT["rater_dispersion"], raters))
+    return float(ncx2.cdf(crit, raters, raters * max(clips - 1, 0) * per_rating))
+
+
+def spread_clips(margin: float, raters: int, *, alpha: float = 0.05, start: int = MIN_CLIPS,
+                 studies: int = 1000, seed: int = 4405) -> tuple[int, str]:
+    """The fewest clips per rater, at least ``start``, with which ``raters`` raters' answers
+    barely below chance are seen (issue 44): every rater at 0.5 + margin and half of them
+    inverted, or bots at 0.4 as 40% of the raters, leave every check below chance silent at
+    most ``alpha`` of the time (:func:`.simulate.weak_misses`, fixed seed). The raters' spread
+    check is what sees them, and its power grows with clips per rater (noncentrality about
+    raters x clips x 4 margin^2 against sqrt(2 raters) of noise): more raters help as their
+    square root, more clips linearly. Returns (clips, method): the chi-square approximation
+    (:func:`_spread_miss_estimate`) bracketed and refined by simulation, or the approximation
+    alone above ``2 x SIMULATE_MAX_CELLS`` ratings."""
+    def est_ok(c: int) -> bool:
+        return _spread_miss_estimate(margin, raters, c, alpha) <= alpha
+
+    lo, hi = start - 1, max(start, 2)
+    while not est_ok(hi):
+        lo, hi = hi, hi * 2
+        if hi * raters > 100 * MAX_RATERS:
+            return hi, "normal approximation"
+    c0 = _smallest(lo, hi, est_ok) if hi > start else start
+    if raters * c0 > 2 * SIMULATE_MAX_CELLS:
+        return c0, "normal approximation"
+
+    def ok(c: int) -> bool:
+        return max(weak_misses(margin, raters, c, alpha=alpha, studies=studies,
+                               seed=seed).values()) <= alpha
+
+    if ok(c0):
+        lo, hi = start - 1, c0
+        step = max(start, math.floor(c0 * 0.9))
+        while step > start - 1 and ok(step):     # the approximation is conservative: walk down
+            hi, step = step, max(start - 1, math.floor(step * 0.9))
+        lo = step
+    else:
+        lo, hi = c0, math.ceil(c0 * 1.1) + 1
+        while not ok(hi):
+            lo, hi = hi, math.ceil(hi * 1.1) + 1
+    return (hi if hi - lo <= 1 else _smallest(lo, hi, ok)), "simulation"
 
 
 class _PowerAt:
@@ -362,11 +475,11 @@ def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: 
 
 
 def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, heterogeneity,
-                seed, chk, notes, progress) -> tuple[int, list, dict, bool]:
+                seed, chk, notes, progress, checks: bool = True) -> tuple[int, list, dict, bool]:
     """ABX raters past the power figure ``r_power``: the clip veto (one clip at
-    ``clip_accuracy`` flagged with probability ``clip_power``), then the boundary error in every
-    scenario of :data:`BOUNDARY_SCENARIOS`. Returns (raters, reasons, the boundary
-    simulations, whether the checks were simulated)."""
+    ``clip_accuracy`` flagged with probability ``clip_power``), then (``checks``) the boundary
+    error in every scenario of :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS`.
+    Returns (raters, reasons, the boundary simulations, whether the checks were simulated)."""
     reasons: list[str] = []
     edges: dict[str, dict] = {}
     R = max(MIN_RATERS, r_power)
@@ -416,7 +529,7 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
     # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
     # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
     # (golden ears missed by the sample) it may not: add raters until it does
-    while checks_simulated:
+    while checks_simulated and checks:
         edges = _boundary_checks(R, C, heterogeneity=heterogeneity, seed=seed + 1, **chk)
         if progress is not None:
             progress(f"{R} raters: boundary checks")

@@ -5,7 +5,8 @@ command that needs one (``study plan``, ``study create``, ``study results``) wou
 again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`, :mod:`.simulate`
 and :mod:`.planning`) under
 ``$EVALKIT_CACHE_DIR/sims`` (or ``~/.cache/evalkit/sims``) as JSON, written atomically; a
-change to the rules' code makes a new key, so a stale figure is never read. A cache that cannot
+change to the rules' code (or to ``stats.RULE_VERSION``) makes a new key, so a stale figure is
+never read. A cache that cannot
 be read or written (read-only home, full disk) is skipped: the figure is simulated.
 """
 from __future__ import annotations
@@ -33,7 +34,12 @@ def _source_hash() -> str:
 
 def path_for(what: str, args: dict) -> Path:
     """The cache file of ``what`` (``plan``, ``design_check``) with these arguments."""
-    key = json.dumps({"what": what, "args": args, "stats": _source_hash()}, sort_keys=True)
+    from . import stats
+
+    # the rules' version as well as the source: a plan stays keyed to its rule when the code
+    # that makes it moves to another module (the source hash then no longer covers it)
+    key = json.dumps({"what": what, "args": args, "stats": _source_hash(),
+                      "rule": stats.RULE_VERSION}, sort_keys=True)
     return cache_dir() / "sims" / f"{what}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 

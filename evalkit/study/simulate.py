@@ -20,7 +20,7 @@ from .stats import (MIN_RATERS, VISIBLE_ACCURACY, after_unblinding, visible_shar
 #: ABX scenarios of :func:`simulate_abx` (true accuracy per rater and clip); see its docstring.
 SCENARIOS = ("homogeneous", "heterogeneous_raters", "golden_ears", "clip_heterogeneity",
              "combined", "one_visible_clip", "inverted_discriminators", "inverted_raters",
-             "inverted_clips", "bots")
+             "inverted_clips", "bots", "weak_inversion", "weak_bots")
 
 
 #: the scenarios in which "indistinguishable" at the boundary is an error (all but the clip one)
@@ -30,6 +30,13 @@ BOUNDARY_SCENARIOS = SCENARIOS[:5]
 #: boundary scenarios with answers below chance (some raters, clips or bots answer against
 #: what they see): "indistinguishable" is an error in every one
 INVERSION_SCENARIOS = SCENARIOS[6:]
+
+
+#: answers barely below chance (issue 44): the two scenarios that need clips per rater, not
+#: raters (:func:`.planning.spread_clips`): every rater at 0.5 + margin, half inverted; and bots
+#: right with probability WEAK_BOTS[1] as a share WEAK_BOTS[0] of the raters
+WEAK_SCENARIOS = ("weak_inversion", "weak_bots")
+WEAK_BOTS = (0.4, 0.4)
 
 
 #: above this many rater x clip cells the planner uses the normal approximation, not simulation
@@ -87,6 +94,13 @@ def _truth(rng, scenario: str, S: int, R: int, C: int, mu: float, *, rater_sd: f
     if scenario == "bots":
         bot = rng.random((S, R)) < bot_share
         return np.broadcast_to(np.where(bot, bot_accuracy, mu)[:, :, None], (S, R, C))
+    if scenario == "weak_inversion":
+        # every rater at mu, half of them answering against it (1 - mu): barely below chance
+        p = np.where(rng.random((S, R)) < 0.5, 1 - mu, mu)
+        return np.broadcast_to(p[:, :, None], (S, R, C))
+    if scenario == "weak_bots":
+        bot = rng.random((S, R)) < WEAK_BOTS[0]
+        return np.broadcast_to(np.where(bot, WEAK_BOTS[1], mu)[:, :, None], (S, R, C))
     raise ValueError(f"scenario: expected one of {', '.join(SCENARIOS)}, found {scenario!r}")
 
 
@@ -128,9 +142,12 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
     * ``inverted_clips``: as ``clip_heterogeneity``, then a share ``invert`` of the clips is
       answered against (1 - p_c);
     * ``bots``: raters at mu, but each is with probability ``bot_share`` a bot right with
-      probability ``bot_accuracy`` (below 0.5: it decodes and answers wrong on purpose).
+      probability ``bot_accuracy`` (below 0.5: it decodes and answers wrong on purpose);
+    * ``weak_inversion``: every rater at mu, each with probability 0.5 answering against it
+      (1 - mu: barely below chance);
+    * ``weak_bots``: ``bots`` at :data:`WEAK_BOTS` (0.4 right, as 40% of raters).
 
-    In the last four the truth (what people see) is at mu; the answers below chance pull the
+    In the last six the truth (what people see) is at mu; the answers below chance pull the
     accuracy toward or below 0.5, so "indistinguishable" there is an error.
 
     Returns the rate (fraction of studies) of each verdict, ``clip_flagged`` (clip 0 flagged),
@@ -167,6 +184,16 @@ def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
             "margin": margin, "alpha": alpha, "studies": studies, "reps": reps, "seed": seed,
             **rates, "mean_upper": upper_sum / studies,
             "se": {k: mc_se(v, studies) for k, v in rates.items()}}
+
+
+def weak_misses(margin: float, raters: int, clips: int, *, alpha: float = 0.05,
+                studies: int = 1000, seed: int = 4405) -> dict:
+    """Per scenario of :data:`WEAK_SCENARIOS` at true accuracy 0.5 + margin: the simulated rate
+    at which no check below chance fires (an upper bound on false "indistinguishable", tight
+    where the bound U is nearly always under the margin); no bootstrap, so cheap."""
+    return {sc: 1 - simulate_abx(raters, clips, sc, margin=margin, alpha=alpha,
+                                 studies=studies, reps=2, seed=seed + i)["below_chance"]
+            for i, sc in enumerate(WEAK_SCENARIOS)}
 
 
 def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneous", *,

@@ -44,6 +44,12 @@ planned number of included raters has finished, see "Sequential looks" below), a
      15 random clips miss a 10% share of visible clips 21% of the time, so at margin 0.05 the
      claim needs :func:`min_clips` = 29 clips or more.
 
+   Answers barely below chance (every rater at 0.5 + margin with half of them inverted; bots
+   right 40% of the time as 40% of the raters) are seen only by the raters' spread check, whose
+   power grows with clips per rater: :func:`plan` gives each rater :func:`spread_clips` clips
+   (margin 0.1: 41; 0.05: 159), and :func:`design_check` judges achieved designs on those
+   scenarios too (``benchmarks/results/study_sim_round2.txt``).
+
 5. Otherwise ``inconclusive``.
 
 Why a t-quantile times the bootstrap SD and not the bootstrap percentile: with 4-8 raters or 10
@@ -134,6 +140,10 @@ import numpy as np
 
 Z95 = 1.6448536269514722
 
+#: the version of the planner's and design_check's rules (:mod:`.planning`), part of their
+#: disk-cache key (:mod:`.simcache`): bump it when what they return changes (2: the clips floor
+#: of :func:`.planning.spread_clips`, the weak scenarios in the boundary checks)
+RULE_VERSION = 2
 MIN_RATERS = 12
 MIN_CLIPS = 15
 MAX_RATERS = 100_000

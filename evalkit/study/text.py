@@ -60,7 +60,7 @@ def _verdict_lines(res: dict) -> list[str]:
     if cov:
         lines.append(f"coverage: {cov['text']}")
     des = res.get("design") or {}
-    if des.get("under_sized"):
+    if des.get("under_sized") or des.get("earlier_rule"):
         lines.append(des["text"])
     for b in res.get("blocked") or []:
         lines.append(f"no equivalence claim: {b}")

@@ -32,6 +32,28 @@ from .lossless import exact_row
 from .media import degrade, store_tiled_streams
 
 
+#: bytes read from each end of a clip file for its :func:`fingerprint`
+FINGERPRINT_BYTES = 1 << 16
+
+
+def fingerprint(path) -> str:
+    """A clip file's content fingerprint (what :func:`.design.catch_plan` draws a row's catch
+    versions from): SHA-256 of its size and its first and last :data:`FINGERPRINT_BYTES` bytes
+    (a lossless clip's first frame and its last; reading the whole file would cost a pass over
+    every clip). The same file gives the same fingerprint in every study, wherever it lies."""
+    import hashlib
+    import os
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        h.update(size.to_bytes(8, "big"))
+        h.update(f.read(FINGERPRINT_BYTES))
+        f.seek(max(0, size - FINGERPRINT_BYTES))
+        h.update(f.read(FINGERPRINT_BYTES))
+    return h.hexdigest()
+
+
 def measured(m: dict) -> dict:
     """A stimulus's metrics as stored: finite floats at full precision (JSON has no inf)."""
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
@@ -41,7 +63,7 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
                metrics_device, measure_reference: bool,
                delivery_margin_db: float = fidelity.MARGIN_DB, delivery: str = "stream") -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
-    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B)]);
+    metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B, colour offset)]);
     ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip);
     ``delivery_margin_db``: the delivery rule's (:mod:`.fidelity`); ``delivery``: ``stream``
     (H.264, its fidelity measured) or ``lossless`` (animated lossless WebP, :mod:`.lossless`:
@@ -65,11 +87,10 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
     try:
         if measure_reference:
             out["reference"] = measured(threshold.measure_windows(pairs(), device=metrics_device))
-        # this clip's catch references: each its own colour offset, (1, 1, 1) first (one code
-        # value brighter, the rule of a clip with one catch version), so no two share a picture
-        catch_offsets = list(threshold.CATCH_OFFSETS)
+        # this clip's catch references: each its own colour offset (:func:`.design.catch_plan`:
+        # a permutation per clip, drawn from its content), so no two share a picture
         for i, k, catches in rows:
-            refs = [(kind_, from_b, catch_offsets.pop(0)) for kind_, from_b in catches]
+            refs = [(kind_, from_b, tuple(off)) for kind_, from_b, off in catches]
             _row(i, c, k, offs.get(k), refs, pairs, side, fps, kind=kind, forced=forced, media=media,
                  swap=swap, xbit=xbit, out=out, metrics_device=metrics_device,
                  margin_db=delivery_margin_db, delivery=delivery)
@@ -120,8 +141,17 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     to its clip by shared byte runs); its degraded copy is :func:`.media.degrade`'s."""
     protocol = "abx" if forced else "preference"
     x = design.X_TILE[delivery]
-    row_keys = design.stream_keys(protocol, x=x)
-    catch_keys = design.stream_keys(protocol, catch=True, x=x)
+    one = design.ONE_PLACE[delivery]
+    # the answer's place is a bit of each row (design.row_keys), drawn from what the row shows
+    # (design.row_bits: the same files in every study of the same runs), a bit of its own for
+    # each catch version
+    bit, catch_bits = design.row_bits((fingerprint(c["path_a"]), fingerprint(c["path_b"])),
+                                      (level, None if offset is None else tuple(int(v) for v in offset)),
+                                      len(refs))
+    row_keys = design.row_keys(protocol, x=x, bit=bit, one_place=one)
+    catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one, bit=b)
+                  for b in catch_bits]
+    extra = {"x": x} if forced and one else {}
     same = [True]
     made = {}                                  # unit -> {"rects", "scale", "files"}
 
@@ -134,7 +164,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
         for x in side(from_b):
             yield (None, x) if from_b else (x, None)
 
-    for units in _passes(len(row_keys), len(catch_keys), refs):
+    for units in _passes(len(row_keys), len(design.row_keys(protocol, True, x, 0, one)), refs):
         def contents(units=units):
             for a, b in sides(units):
                 item = _shown(a, b, level, offset, kind, same) if None in units else {}
@@ -147,13 +177,13 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
 
         specs, keys = [], []
         for j in units:
-            ks = row_keys if j is None else catch_keys
+            ks = row_keys if j is None else catch_keys[j]
             specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
             keys += [(j, k) for k in ks]
         for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(
                 contents(), specs, fps, media, delivery)):
             s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
-                                    "files": {}})
+                                    **extra, "files": {}})
             s["files"][key] = sha
             out["seconds"][sha] = n / fps
 

@@ -122,7 +122,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     service the web app serves from (hand out, fetch by the opaque name, answer); for the others
     the same public trial and file are read from the database and the media folder (the
     service's own mapping, checked equal on the served raters): hundreds of trials a second.
-    ``row``: the row (clip or catch version) the trial's file is one of (:func:`pooled_sizes`)."""
+    ``row``: the row (clip or catch version) the trial's file is one of (:func:`pooled_sizes`);
+    ``job``: its clip's job (the same in every study of the same runs)."""
     from sqlalchemy import select
 
     from evalkit import study
@@ -139,6 +140,8 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
         rows = {rid: seal.open_trials(st["config"], conn.execute(select(store.trials).where(
             store.trials.c.rater_id == rid).order_by(store.trials.c.ord)).mappings())
             for rid in ids}
+        job_of = dict(conn.execute(select(store.clips.c.id, store.clips.c.job).where(
+            store.clips.c.study_id == sid)).all())
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]
     ext = ext_of(st["config"])
@@ -161,6 +164,7 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
                       "tiles": r["shown"]["tiles"]}
             mine.append({"rater": f"{sid}:{k}", "study": sid, "public": public,
                          "row": row_of.get(r["shown"]["media"], f"{sid}:?"),
+                         "job": job_of.get(r["clip_id"]),
                          "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
                          **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected",
                                               "shown")}})
@@ -331,8 +335,10 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
     trial's A tile less the share with X on its B tile (the rule that answered every trial when
     X's tile was drawn per trial: X never lands on the odd tile); ``pooled_label`` the share
     with this trial's first label (A, or left) on the same tile; ``pooled_raters`` how many
-    raters got the file (catch files were told by it) and ``pooled_share`` that over the
-    raters of its study. Needs no decoding, only what the browsers received."""
+    raters got the file (catch files were told by it), ``pooled_share`` that over the
+    raters of its study and ``pooled_studies`` in how many studies of the set it was served
+    (across studies: a test file recurred in every study of the same runs, a catch file drawn
+    from a study's seed in one). Needs no decoding, only what the browsers received."""
     by_file: dict = {}
     raters: dict = {}
     for t in trials:
@@ -352,18 +358,20 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
         shared = {o["rater"] for o in by_file[t["pool"]]}
         f["pooled_raters"] = float(len(shared))
         f["pooled_share"] = len(shared) / len(raters[t["study"]])
+        f["pooled_studies"] = float(len({o["study"] for o in by_file[t["pool"]]}))
     return trials
 
 
 def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
     """Per question, one (key, pooled features, truth) row per trial (:func:`add_pooled`): a
-    pooled rule answers every trial, so every trial counts."""
+    pooled rule answers every trial, so every trial counts; the key's last part is the pooled
+    file (the trials of one file share their pooled features: :func:`score`'s clusters)."""
     out: dict[str, list] = {}
     for t in trials:
         proto = t["public"]["protocol"]
         one = "A" if proto == "abx" else "left"
         f = {k: t["f"][k] for k in POOLED}
-        key = (t["rater"], t["public"]["trial"])
+        key = (t["rater"], t["public"]["trial"], t.get("pool", t.get("sha")))
         if proto == "abx":
             out.setdefault("pooled abx: which box matches X", []).append(
                 (key, f, int(t["expected"] == "A")))
@@ -379,7 +387,28 @@ def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
 def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """As :func:`catch_pairs` with the pooled multiplicity: (catch file, test file) of one study,
     truth the catch is first; features the differences in raters sharing each file."""
-    return _catch_test_pairs(trials, rng, lambda t: t["sha"], ("pooled_raters", "pooled_share"))
+    return _catch_test_pairs(trials, rng, lambda t: t["sha"],
+                             ("pooled_raters", "pooled_share", "pooled_studies"))
+
+
+def replay_catch(labelled: list[dict], trials: list[dict]) -> dict:
+    """A replay bot: a table, file hash -> the tile of the answer (:func:`_first_tile`), from the
+    catch trials of ``labelled`` (a person who watched them: a catch is plain to see), looked up
+    for the catch trials of ``trials`` (other studies). Returns ``{"files", "known", "hits"}``:
+    the distinct catch files of ``trials``, how many the table holds, and how many of those it
+    answers right. Within one study the table answers every rater who shares a labeller's files
+    (every file goes to every 2nd or 4th rater); across studies it answers what recurs."""
+    table: dict = {}
+    for t in labelled:
+        if t["kind"] == "catch":
+            table[hashlib.sha256(t["data"]).hexdigest()] = _first_tile(t)
+    files = {}
+    for t in trials:
+        if t["kind"] == "catch":
+            files.setdefault(hashlib.sha256(t["data"]).hexdigest(), t)
+    known = [(sha, t) for sha, t in files.items() if sha in table]
+    return {"files": len(files), "known": len(known),
+            "hits": sum(table[sha] == _first_tile(t) for sha, t in known)}
 
 
 def _first_tile(t) -> int:
@@ -404,7 +433,11 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     :func:`features`, where read) less the siblings' mean of that frame. Truth: the answer
     (ABX: X's match; preference: backend B, or a catch's reference) is in the first of the two
     tiles other than X's; the rule that reads it answers every trial of the file whatever its
-    labels (the page says which box is on which tile), so each file counts once."""
+    labels (the page says which box is on which tile), so each file counts once a study (a
+    file that recurs in several studies of the same runs is one cluster of :func:`score`). A row of one
+    file (a preference row now, :func:`evalkit.study.design.row_keys`) has no sibling: it is
+    compared with the other one-file rows of its study and kind (test or catch), the best
+    such a rule can do."""
     files: dict = {}
     for t in trials:
         sha = t.get("sha") or hashlib.sha256(t["data"]).hexdigest()
@@ -412,8 +445,14 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     rows: dict = {}
     for k, t in files.items():
         rows.setdefault(t["row"], []).append(k)
+    alone: dict = {}
+    for row, group in list(rows.items()):
+        if len(group) == 1:
+            t = files[group[0]]
+            alone.setdefault((t["study"], t["public"]["protocol"], t["kind"]), []).extend(
+                rows.pop(row))
     out: dict[str, list] = {}
-    for group in rows.values():
+    for group in [*rows.values(), *alone.values()]:
         if len(group) < 2:
             continue
         size = {k: float(files[k].get("size", len(files[k]["data"]))) for k in group}
@@ -441,12 +480,15 @@ def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int =
     ``test_trials``: ``{question: {feature: {"hits", "n", "p"}}}``."""
     rng = np.random.default_rng([seed, 1])
     q_train, q_test = pooled_questions(train_trials), pooled_questions(test_trials)
-    out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
+    out = {q: score(q_train[q], rows, cluster=lambda key: key[-1])
+           for q, rows in q_test.items() if q in q_train}
     out["pooled catch or test: which of a pair is the catch"] = score(
-        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng))
+        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng),
+        cluster=lambda key: key[-1])
     if all("row" in t for t in train_trials + test_trials):
         s_train, s_test = pooled_sizes(train_trials), pooled_sizes(test_trials)
-        out.update({q: score(s_train[q], rows) for q, rows in s_test.items() if q in s_train})
+        out.update({q: score(s_train[q], rows, cluster=lambda key: key[1])
+                    for q, rows in s_test.items() if q in s_train})
     return out
 
 
@@ -502,9 +544,11 @@ def catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
 
 
 def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, features) -> list:
-    """((catch sha, test sha), feature differences first - second, truth the catch is first):
-    each distinct catch file of a study once, its partner a test file of the same study drawn
-    at random, the order random."""
+    """((catch sha, test sha, the catch's clip), feature differences first - second, truth the
+    catch is first): each distinct catch file of a study once, its partner a test file of the
+    same study drawn at random, the order random. The catch's clip (its ``job``, else its
+    file) is :func:`score`'s cluster: studies of the same runs share their catch versions, so
+    a catch clip's files recur in pair after pair and only the clips are independent draws."""
     by_study: dict = {}
     for t in trials:
         by_study.setdefault(t["study"], {}).setdefault(t["kind"], {})[sha_of(t)] = t
@@ -515,13 +559,21 @@ def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, feat
             o_sha, o = tests[rng.integers(len(tests))]
             first = bool(rng.integers(2))
             a, b = (c, o) if first else (o, c)
-            rows.append(((sha, o_sha), {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
+            rows.append(((sha, o_sha, c.get("job") or sha),
+                         {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
     return rows
 
 
-def score(train: list[tuple], test: list[tuple]) -> dict[str, dict]:
+def score(train: list[tuple], test: list[tuple], cluster=None) -> dict[str, dict]:
     """Every feature's stump, fitted on ``train`` rows and counted on ``test`` rows:
-    ``{feature: {"hits", "n", "p"}}`` (two-sided exact binomial against 0.5)."""
+    ``{feature: {"hits", "n", "p"}}`` (two-sided exact binomial against 0.5).
+
+    ``cluster``: key -> the unit the rows' hits hang together by (a pooled rule's file: every
+    trial of a file shares its pooled features, so with 30 raters of a file pooled across
+    studies its trials are right or wrong nearly all together, and the per-trial binomial
+    overstates the evidence). Adds ``clusters`` (units), ``cluster_hits`` (units with more
+    rows right than wrong), ``cluster_n`` (units not tied) and ``cluster_p``: the two-sided
+    exact sign test over units, valid when each unit's rows are right as often as wrong."""
     from scipy.stats import binomtest
 
     out = {}
@@ -534,6 +586,14 @@ def score(train: list[tuple], test: list[tuple]) -> dict[str, dict]:
         hits = int((guess == truth).sum())
         out[name] = {"hits": hits, "n": len(test),
                      "p": float(binomtest(hits, len(test), 0.5).pvalue)}
+        if cluster is not None:
+            per: dict = {}
+            for r, g in zip(test, guess == truth):
+                per.setdefault(cluster(r[0]), []).append(2 * int(g) - 1)
+            net = [sum(v) for v in per.values()]
+            up, n = sum(x > 0 for x in net), sum(x != 0 for x in net)
+            out[name].update(clusters=len(per), cluster_hits=up, cluster_n=n,
+                             cluster_p=float(binomtest(up, n, 0.5).pvalue) if n else 1.0)
     return out
 
 
@@ -544,7 +604,8 @@ def attack(train_trials: list[dict], test_trials: list[dict], seed: int = 0) -> 
     q_train, q_test = questions(train_trials), questions(test_trials)
     out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
     out["catch or test: which of a pair is the catch"] = score(
-        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng))
+        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng),
+        cluster=lambda key: key[-1])
     return out
 
 

@@ -15,7 +15,8 @@ def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.rende
     frames); ``renderer`` and its ``options``: the fake renderer (default ``Invert``: i.i.d.
     noise as the difference, which no 4:2:0 stream carries, so its studies are created with
     ``allow_masking``)."""
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
     from evalkit.render.driver import render_suite
 
     DATASETS = datasets_dir()
@@ -40,7 +41,7 @@ def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.rende
     render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer=renderer,
                  options=options, progress=False)
     compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
-                 device="cpu", metric_options={"temporal": False}, progress=False)
+                 device="cpu", metrics=MetricOptions(temporal=False), progress=False)
     return root / "report"
 
 
@@ -150,7 +151,8 @@ def import_report(root, pairs: dict, fps, *, temporal: bool = False, device: str
     from pathlib import Path
 
     from evalkit.cli import main
-    from evalkit.compare.pairing import compare_runs
+    from evalkit.compare.options import MetricOptions
+    from evalkit.compare.run import compare_runs
     from evalkit.formats.suite import load_suite
     from evalkit.testing.suites import write_suite
     from evalkit.video import write_lossless
@@ -173,7 +175,7 @@ def import_report(root, pairs: dict, fps, *, temporal: bool = False, device: str
         if code != 0:
             raise RuntimeError(f"import of {side} failed ({code})")
     compare_runs(root / "runs" / "a", root / "runs" / "b", root / "report", device=device,
-                 metric_options={"temporal": temporal}, progress=False)
+                 metrics=MetricOptions(temporal=temporal), progress=False)
     return root / "report", jobs
 
 

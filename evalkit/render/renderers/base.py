@@ -17,11 +17,12 @@ import path ``package.module:ClassName``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from evalkit.errors import UserError
+from evalkit.errors import UserError, VideoError
 
 NOISE_POLICY = ("starting noise drawn on the CPU from torch.Generator('cpu').manual_seed(seed), "
                 "then moved to the device")
@@ -199,3 +200,40 @@ def to_uint8_frames(frames, *, what: str = "output") -> np.ndarray:
     if lo < -1e-3 or hi > 1 + 1e-3:
         raise JobError(f"{what}: expected float frames in [0, 1], found values in [{lo:.3g}, {hi:.3g}]")
     return np.ascontiguousarray(np.round(np.clip(frames, 0, 1) * 255).astype(np.uint8))
+
+
+def iter_expected(path: Path, *, what: str, frames: int | None = None,
+                  size: tuple[int, int] | None = None, fps=None,
+                  chunk: int = 16) -> Iterator[np.ndarray]:
+    """A renderer's output clip (or an adopted file) checked as it is read: ``frames`` frames
+    of ``size`` (width, height) and, a video, ``fps`` frames a second, in ``(n, H, W, 3)``
+    chunks of at most ``chunk`` frames, read as they are consumed (memory: a chunk and the
+    decoder's window, whatever the clip's length). A wrong size, rate or declared frame count
+    (the container's header, the number of images) fails before anything is decoded; decoding
+    stops at the first frame too many (a JobError naming ``what``). Fewer frames than
+    ``frames`` are the caller's to check (:func:`write_job_files` does)."""
+    from fractions import Fraction
+
+    from evalkit.video import ClipReader
+
+    try:
+        reader = ClipReader(path)
+        info = reader.info
+        if size is not None and (info.width, info.height) != tuple(size):
+            raise JobError(f"{what}: frames are {info.width}x{info.height}, expected "
+                           f"{size[0]}x{size[1]} (the source clip's size)")
+        if fps is not None and abs(info.fps / Fraction(fps) - 1) > Fraction(1, 10000):
+            raise JobError(f"{what}: {float(info.fps):g} frames/s, expected "
+                           f"{float(Fraction(fps)):g} (the source clip's rate)")
+        if frames is not None and info.frames and info.frames != frames:
+            raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
+                           "clip's count)")
+        n = 0
+        for c in reader.chunks(chunk):
+            if frames is not None and n + len(c) > frames:
+                raise JobError(f"{what}: more than {frames} frames, expected {frames} (the "
+                               "source clip's count)")
+            n += len(c)
+            yield c
+    except VideoError as e:
+        raise JobError(f"{what}: {e}") from None

@@ -26,12 +26,11 @@ import shlex
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from evalkit import video
-from evalkit.render.renderers.base import (JobError, RenderRequest, Renderer, RendererError,
+from evalkit.render.renderers.base import (JobError, iter_expected, RenderRequest, Renderer, RendererError,
                                           WrittenClip, write_job_files)
 
 
@@ -138,38 +137,3 @@ def read_expected(path: Path, *, what: str, frames: int | None = None,
     ``fps`` frames a second) -> (N, H, W, 3) uint8 (the checks of :func:`iter_expected`)."""
     return np.concatenate(list(iter_expected(path, what=what, frames=frames, size=size,
                                              fps=fps)))
-
-
-def iter_expected(path: Path, *, what: str, frames: int | None = None,
-                  size: tuple[int, int] | None = None, fps=None,
-                  chunk: int = 16) -> Iterator[np.ndarray]:
-    """:func:`read_expected`'s frames in ``(n, H, W, 3)`` chunks of at most ``chunk`` frames,
-    read as they are consumed (memory: a chunk and the decoder's window, whatever the clip's
-    length). A wrong size, rate or declared frame count (the container's header, the number of
-    images) fails before anything is decoded; decoding stops at the first frame too many (a
-    JobError naming ``what``). Fewer frames than ``frames`` are the caller's to check."""
-    from fractions import Fraction
-
-    from evalkit.errors import VideoError
-
-    try:
-        reader = video.ClipReader(path)
-        info = reader.info
-        if size is not None and (info.width, info.height) != tuple(size):
-            raise JobError(f"{what}: frames are {info.width}x{info.height}, expected "
-                           f"{size[0]}x{size[1]} (the source clip's size)")
-        if fps is not None and abs(info.fps / Fraction(fps) - 1) > Fraction(1, 10000):
-            raise JobError(f"{what}: {float(info.fps):g} frames/s, expected "
-                           f"{float(Fraction(fps)):g} (the source clip's rate)")
-        if frames is not None and info.frames and info.frames != frames:
-            raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
-                           "clip's count)")
-        n = 0
-        for c in reader.chunks(chunk):
-            if frames is not None and n + len(c) > frames:
-                raise JobError(f"{what}: more than {frames} frames, expected {frames} (the "
-                               "source clip's count)")
-            n += len(c)
-            yield c
-    except VideoError as e:
-        raise JobError(f"{what}: {e}") from None

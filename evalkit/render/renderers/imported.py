@@ -117,9 +117,9 @@ class ImportRenderer(Renderer):
         """Decode the adopted file chunk by chunk, each chunk handed to the lossless and the
         browser encoders at once (:func:`evalkit.render.clipwriter.write_streamed`): memory is
         a window of frames, not the clip (the source clip is not decoded into memory either:
-        only its size, rate and frame count are needed, :class:`evalkit.render.driver.SourceCache`)."""
+        only its size, rate and frame count are needed, :class:`evalkit.render.sources.SourceCache`)."""
 
-        from evalkit.render.renderers.command import iter_expected
+        from evalkit.render.renderers.base import iter_expected
 
         jid = request.job.id
         src = self._find(request.job, request.seed)

@@ -12,6 +12,7 @@ class ABX(Protocol):
     forced_choice = True
     page = "abx"
     checks_design = True
+    plans_clips = True
     claim = "ABX (forced choice): can claim distinguishable or indistinguishable"
 
     def decide(self, raters, clips, test, *, margin, alpha, reps, seed):

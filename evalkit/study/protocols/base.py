@@ -24,6 +24,10 @@ class Protocol:
     claim: str = ""
     #: an ABX study's achieved design is checked against the 5% rule when below its plan
     checks_design: bool = False
+    #: the planner (:func:`..planning.plan`) sets its clips per rater, by a rule of
+    #: :data:`..stats.RULE_VERSION`: fewer clips is warned at create, and a plan of an earlier
+    #: rule is checked at its size like an under-sized one
+    plans_clips: bool = False
     #: its result can set a gate (``study gate``: a human threshold)
     sets_gate: bool = False
     #: extra columns of the ratings CSV (:func:`..export.ratings_csv`)
@@ -59,8 +63,8 @@ class Protocol:
 
     def study_plan(self, margin: float, alpha: float, raters_planned: int, n_clips: int,
                    ladder: list, ladder_warnings: list) -> tuple[dict, list[str]]:
-        """The study's design (the planner's, :func:`..planning._plan`) and the warnings on it
-        (:func:`..planning._design_warnings`)."""
+        """The study's design (the planner's, :func:`..planning.cached_plan`) and the warnings on it
+        (:func:`..planning.design_warnings`)."""
         from ..planning import design_warnings, cached_plan
         the_plan = cached_plan(self.name, margin, n_clips, alpha)
         return the_plan, design_warnings(self.name, n_clips, raters_planned, the_plan)

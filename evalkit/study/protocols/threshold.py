@@ -16,6 +16,7 @@ class Threshold(ABX):
     rating_columns = ("level", "stimulus_lpips")
     measures_reference = True
     sets_gate = True
+    plans_clips = False           # no planner
 
     def check_ladder(self, ladder):
         return None
