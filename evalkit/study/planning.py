@@ -186,7 +186,7 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
     a note). ABX clips are raised further (a note says so): to :func:`min_clips`, then to
     :func:`spread_clips` at the raters the constraints above need there (answers barely below
-    chance, :data:`WEAK_SCENARIOS`, are seen only with enough clips per rater), planning the
+    chance, :data:`.simulate.WEAK_SCENARIOS`, are seen only with enough clips per rater), planning the
     raters again at the larger number (power by the normal approximation while iterating) until
     the clips settle; the boundary checks at the final size include those scenarios, and a plan
     over :data:`MAX_RATERS` test ratings is refused. ``invite`` = ceil(R / (1 - exclusion_rate))

@@ -46,8 +46,8 @@ planned number of included raters has finished, see "Sequential looks" below), a
 
    Answers barely below chance (every rater at 0.5 + margin with half of them inverted; bots
    right 40% of the time as 40% of the raters) are seen only by the raters' spread check, whose
-   power grows with clips per rater: :func:`plan` gives each rater :func:`spread_clips` clips
-   (margin 0.1: 41; 0.05: 159), and :func:`design_check` judges achieved designs on those
+   power grows with clips per rater: :func:`.planning.plan` gives each rater :func:`.planning.spread_clips` clips
+   (margin 0.1: 41; 0.05: 159), and :func:`.planning.design_check` judges achieved designs on those
    scenarios too (``benchmarks/results/study_sim_round2.txt``).
 
 5. Otherwise ``inconclusive``.
