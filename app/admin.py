@@ -180,7 +180,7 @@ def progress_markdown(prog: dict) -> str:
 def progress_table(prog: dict) -> pd.DataFrame:
     """One row per invited rater: answered of their trials, percentage done, state (named
     columns: never an empty frame headed 1 2 3)."""
-    return pd.DataFrame(prog["raters"], columns=list(study.api.PROGRESS_COLUMNS)).rename(
+    return pd.DataFrame(prog["raters"], columns=list(study.export.PROGRESS_COLUMNS)).rename(
         columns={"done": "done %"})
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evalkit.study import design, fidelity  # noqa: E402
-from evalkit.study.api import read_report  # noqa: E402
+from evalkit.study import read_report  # noqa: E402
 from evalkit.study.media import TILED_ENCODING, TILED_X264, tile_frames, tile_layout  # noqa: E402
 from evalkit.video import read_frames, write_browser  # noqa: E402
 

@@ -43,7 +43,7 @@ Tables:
     .venv/bin/python benchmarks/bench_study_sim.py --sections 10,11,12 --studies 1000 --reps 200
 
 The plans take minutes each since the clips floor for answers barely below chance
-(``stats.spread_clips``): ``--plans FILE`` keeps them in a JSON file (read when there, the
+(``planning.spread_clips``): ``--plans FILE`` keeps them in a JSON file (read when there, the
 missing ones computed, ``--jobs N`` processes, and written back), so sections can run as
 separate processes: ``--sections 1 --plans P --jobs 8`` first, then each section with
 ``--plans P``. Results of the rule after issue 44: benchmarks/results/study_sim_round2.txt.
@@ -58,7 +58,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 
-from evalkit.study import stats
+from evalkit.study import planning, simulate, stats
 
 
 def _fmt(rate: float, se: float) -> str:
@@ -78,12 +78,12 @@ def _plan_key(protocol: str, margin: float, clips: int = 15, visible_bound=None)
 
 def _compute_plan(key: str) -> dict:
     protocol, margin, clips, vb = key.split()
-    return stats.plan(protocol, float(margin), clips=int(clips),
+    return planning.plan(protocol, float(margin), clips=int(clips),
                       visible_bound=None if vb == "None" else float(vb))
 
 
 def plan(protocol: str, margin: float, clips: int = 15, visible_bound=None) -> dict:
-    """``stats.plan`` with the defaults, through the ``--plans`` file's cache."""
+    """``planning.plan`` with the defaults, through the ``--plans`` file's cache."""
     key = _plan_key(protocol, margin, clips, visible_bound)
     if key not in _PLANS:
         _PLANS[key] = _compute_plan(key)
@@ -174,13 +174,13 @@ def main() -> int:
         print("\n== 2. ABX: P('indistinguishable') at true mean accuracy 0.5 + margin "
               "(target <= 0.05 + 1 SE) ==")
         print(f"{'margin':>6} {'raters':>6} {'clips':>5}  " +
-              "  ".join(f"{s:>22}" for s in stats.BOUNDARY_SCENARIOS))
+              "  ".join(f"{s:>22}" for s in simulate.BOUNDARY_SCENARIOS))
         for margin, sz in sizes.items():
             for R, C in sz:
                 cells = []
-                for scen in stats.BOUNDARY_SCENARIOS:
+                for scen in simulate.BOUNDARY_SCENARIOS:
                     k += 1
-                    o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                    o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                            seed=seed + k)
                     r, se = o["indistinguishable"], o["se"]["indistinguishable"]
                     ok = r - se <= 0.05
@@ -198,7 +198,7 @@ def main() -> int:
         for margin, sz in sizes.items():
             for R, C in sz:
                 k += 1
-                o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
+                o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                        reps=B, seed=seed + k)
                 is_plan = (R, C) in {rc for (m, _), rc in planned.items() if m == margin}
                 ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05 and (
@@ -217,7 +217,7 @@ def main() -> int:
             for R, C in sorted({(12, 15)} | {planned[(m, c)] for m in (0.1, 0.15)
                                              for c in (15, 25, 40)}):
                 k += 1
-                o = stats.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
+                o = simulate.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, margin=0.1,
                                        studies=S, reps=B, seed=seed + k)
                 ok = (R, C) == (12, 15) or o["clip_flagged"] + o["se"]["clip_flagged"] >= 0.8
                 fails += not ok
@@ -237,7 +237,7 @@ def main() -> int:
             R, Cp = planned[(margin, 15)]
             for scen in ("homogeneous", "golden_ears", "combined"):
                 k += 1
-                o = stats.simulate_abx_peeking(R, Cp, scen, margin=margin, studies=S_peek,
+                o = simulate.simulate_abx_peeking(R, Cp, scen, margin=margin, studies=S_peek,
                                                reps=B_peek, seed=seed + k)
                 ok = o["closed"] == 0
                 fails += not ok
@@ -259,7 +259,7 @@ def main() -> int:
             for sd in (0.0, 0.15, 0.3, 0.45):
                 for tie in (0.0, 0.85):
                     k += 1
-                    o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
+                    o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
                                                   studies=S, reps=Bp, seed=seed + k)
                     r, se = o["any preference"], o["se"]["any preference"]
                     ok = r - se <= 0.05
@@ -273,7 +273,7 @@ def main() -> int:
             cells = []
             for sd in (0.3, 0.45):
                 k += 1
-                o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
+                o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
                                               rater_sd=sd, studies=S, reps=Bp, seed=seed + k)
                 r, se = o["any preference"], o["se"]["any preference"]
                 ok = r - se <= 0.05
@@ -283,7 +283,7 @@ def main() -> int:
         for margin in (0.1, 0.2):
             p = plan("preference", margin)
             k += 1
-            o = stats.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
+            o = simulate.simulate_preference(p["raters"], p["clips"], win_rate=0.5 + margin,
                                           rater_sd=0.15, studies=S, reps=B, seed=seed + k)
             ok = o["B preferred"] + o["se"]["B preferred"] >= 0.8
             fails += not ok
@@ -291,7 +291,7 @@ def main() -> int:
                   f"(planned): P('B preferred') {_fmt(o['B preferred'], o['se']['B preferred'])}"
                   f"{'' if ok else ' FAIL'}")
         k += 1
-        o = stats.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, studies=S, reps=B,
+        o = simulate.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, studies=S, reps=B,
                                       seed=seed + k)
         print(f"85% ties, every decisive answer for B, 12 x 15: P('B preferred') "
               f"{_fmt(o['B preferred'], o['se']['B preferred'])} (never 'indistinguishable')")
@@ -311,7 +311,7 @@ def main() -> int:
               "(10% of raters at 0.95) with few raters and many clips ==")
         for margin, R, C in ((0.05, 12, 40), (0.04, 20, 40), (0.05, 12, 100), (0.05, 23, 100)):
             k += 1
-            o = stats.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
+            o = simulate.simulate_abx(R, C, "golden_ears", margin=margin, studies=S, reps=B,
                                    seed=seed + k)
             print(f"margin {margin:g}, {R} raters x {C} clips (plan: "
                   f"{plan('abx', margin, clips=C)['raters']} raters): P('indistinguishable') "
@@ -332,7 +332,7 @@ def main() -> int:
                  (vb["raters"], vb["clips"], 0.1, 0.2)]
         for R, C, margin, share in cases:
             k += 1
-            o = stats.simulate_visible_share(R, C, share, margin=margin, studies=S, reps=B,
+            o = simulate.simulate_visible_share(R, C, share, margin=margin, studies=S, reps=B,
                                              seed=seed + k)
             ok = (o["covered"] + o["se"]["covered"] >= 0.95
                   and o["false_claim"] - o["se"]["false_claim"] <= 0.05)
@@ -379,7 +379,7 @@ def main() -> int:
         for margin, R, C, tag in sizes10:
             for scen, kw, text in cases:
                 k += 1
-                o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                        seed=seed + k, **kw)
                 r, se = o["indistinguishable"], o["se"]["indistinguishable"]
                 # the old plans are below the new ones: `study results` refuses a claim there
@@ -395,14 +395,14 @@ def main() -> int:
         print("answers barely below chance by the simulated model of the last round (every rater "
               "at 0.5 + margin with half inverted; bots at 0.4 as 40% of raters), at the old "
               "plans and the new (the rows weak_inversion / weak_bots above are the same "
-              "scenarios; the new plans' clips per rater come from stats.spread_clips)")
+              "scenarios; the new plans' clips per rater come from planning.spread_clips)")
         for margin, R, C in ((0.05, 55, 29), (0.05, p05["raters"], p05["clips"]),
                              (0.1, 39, 15), (0.1, p10["raters"], p10["clips"])):
             k += 1
-            o = stats.simulate_abx(R, C, "inverted_raters", margin=margin, rater_sd=0.0,
+            o = simulate.simulate_abx(R, C, "inverted_raters", margin=margin, rater_sd=0.0,
                                    invert=0.5, studies=S, reps=B, seed=seed + k)
             k += 1
-            b = stats.simulate_abx(R, C, "bots", margin=margin, bot_share=0.4, bot_accuracy=0.4,
+            b = simulate.simulate_abx(R, C, "bots", margin=margin, bot_share=0.4, bot_accuracy=0.4,
                                    studies=S, reps=B, seed=seed + k)
             print(f"margin {margin:4.2f} {R:3d} x {C:3d}: weak inversion "
                   f"{_fmt(o['indistinguishable'], o['se']['indistinguishable'])} (old "
@@ -415,7 +415,7 @@ def main() -> int:
                                                                     p10["clips"]),
                              (0.1, 39, 15), (0.2, 20, 15)):
             k += 1
-            o = stats.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
+            o = simulate.simulate_abx(R, C, "homogeneous", mu=0.5, margin=margin, studies=S,
                                    reps=B, seed=seed + k)
             ok = o["distinguishable"] - o["se"]["distinguishable"] <= 0.05
             fails += not ok
@@ -439,7 +439,7 @@ def main() -> int:
             for share in (margin, 2 * margin):
                 for vis in (1.0, 0.95):
                     k += 1
-                    o = stats.simulate_visible_share(R, C, share, margin=margin,
+                    o = simulate.simulate_visible_share(R, C, share, margin=margin,
                                                      visible_accuracy=vis, studies=S, reps=B,
                                                      seed=seed + k)
                     r, se = o["indistinguishable"], o["se"]["indistinguishable"]
@@ -463,11 +463,11 @@ def main() -> int:
                              (0.05, p05["raters"], p05["clips"] - 30), (0.1, 26, 15),
                              (0.1, 39, 15), (0.1, p10["raters"], p10["clips"] - 10),
                              (0.1, p10["raters"] - 4, p10["clips"]), (0.1, 12, 40)):
-            chk = stats.design_check(R, C, margin=margin)
+            chk = planning.design_check(R, C, margin=margin)
             worst = (None, 0.0, 0.0)
-            for scen in stats.BOUNDARY_SCENARIOS + stats.INVERSION_SCENARIOS:
+            for scen in simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS:
                 k += 1
-                o = stats.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
+                o = simulate.simulate_abx(R, C, scen, margin=margin, studies=S, reps=B,
                                        seed=seed + k)
                 if o["indistinguishable"] >= worst[1]:
                     worst = (scen, o["indistinguishable"], o["se"]["indistinguishable"])

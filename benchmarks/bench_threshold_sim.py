@@ -8,7 +8,7 @@ thresholds, and do its intervals cover the truth at their nominal rate?
 
 Saved output: benchmarks/results/threshold_sim.txt (threshold_sim_rules.txt for ``--rules``,
 threshold_sim_clips.txt for ``--clip-sweep``). Every number comes from
-``psychometric.simulate_coverage``: simulated studies whose raters follow a known psychometric
+``simulate.simulate_coverage``: simulated studies whose raters follow a known psychometric
 function (Weibull, guess 0.5, a lapse rate uniform in [0, lapse_max] per rater; each rater's log
 threshold scattered around the population's by ``rater_sd`` and each clip's by ``clip_sd``;
 clip references lognormal around 0.01 with sd 0.3; stimuli ``x = ref * k ** 0.9`` at k = 1, 2, 4,
@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from evalkit.study import psychometric as P
+from evalkit.study import simulate as PS
 
 BASE = dict(threshold=0.05, slope=2.0, lapse_max=0.04, rater_sd=0.3, clip_sd=0.3)
 SCENARIOS = {
@@ -94,7 +95,7 @@ def rules(studies: int, boot: int, seed: int) -> None:
                        ("low threshold 0.02", dict(threshold=0.02))):
         for R, C, rep in DESIGNS[1:]:
             seed += 1
-            res = P.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
+            res = PS.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
                                       n_boot=boot, seed=seed, keep=True, **{**BASE, **over})
             d = res["data"]
             S = studies
@@ -116,7 +117,7 @@ def clip_sweep(studies: int, boot: int, seed: int) -> None:
                        ("very heterogeneous (0.6/0.6)", dict(rater_sd=0.6, clip_sd=0.6))):
         for R, C, rep in ((8, 4, 2), (8, 8, 2), (8, 12, 2)):
             seed += 1
-            res = P.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
+            res = PS.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
                                       n_boot=boot, seed=seed, **{**BASE, **over})
             print(_row(name, f"{R}x{C}x{rep}", res, "pooled"), flush=True)
 
@@ -156,7 +157,7 @@ def main() -> int:
         designs = DESIGNS if (name == "base" or args.all_designs) else [DESIGNS[1]]
         for R, C, rep in designs:
             seed += 1
-            res = P.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
+            res = PS.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
                                       n_boot=args.boot, seed=seed, **{**BASE, **over})
             for part in ("pooled", "clips"):
                 line = _row(name, f"{R}x{C}x{rep}", res, part)
@@ -167,14 +168,14 @@ def main() -> int:
     for name, over in OUTSIDE.items():
         seed += 1
         R, C, rep = DESIGNS[1]
-        res = P.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
+        res = PS.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
                                   n_boot=args.boot, seed=seed, **{**BASE, **over})
         for part in ("pooled", "clips"):
             print(_row(name, f"{R}x{C}x{rep}", res, part), flush=True)
 
     print("\n== 3. speed (one 8 x 4 x 2 study; this machine, other jobs running) ==")
     rng = np.random.default_rng(seed)
-    s = P.simulate_trials(rng, raters=8, clips=4, repeats=2)
+    s = PS.simulate_trials(rng, raters=8, clips=4, repeats=2)
     x = s["x"].reshape(-1)
     n = s["n"].sum(0).reshape(-1).astype(float)
     k = s["k"].sum(0).reshape(-1).astype(float)
@@ -187,20 +188,20 @@ def main() -> int:
     t_an = time.perf_counter() - t1
     # replicates: vectorised (the product) against a scipy refit per replicate (baseline)
     B = 100
-    wr = P._draws(rng, 8, B)
-    wc = P._draws(rng, 4, B)
+    wr = P.bootstrap_draws(rng, 8, B)
+    wc = P.bootstrap_draws(rng, 4, B)
     Nb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["n"].astype(float))).reshape(B, -1)
     Kb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["k"].astype(float))).reshape(B, -1)
     t1 = time.perf_counter()
-    m = P._replicates(np.log(x)[None], Nb[None], Kb[None], fit["theta"][None],
+    m = P.replicate_fits(np.log(x)[None], Nb[None], Kb[None], fit["theta"][None],
                       np.array([x.min()]), np.array([x.max()]), P.LAPSE_MAX, "weibull")[0]
     t_vec = (time.perf_counter() - t1) / B
     t1 = time.perf_counter()
     fits = [P.fit_psychometric(x, Nb[b], Kb[b]) for b in range(B)]
     t_loop = (time.perf_counter() - t1) / B
     base = np.log([f["threshold"] for f in fits])
-    lo, hi = P._bounds(np.full(B, x.min()), np.full(B, x.max()), P.LAPSE_MAX)
-    _, ll = P._fit_batch(np.log(x)[None], Nb, Kb, lo, hi, "weibull",
+    lo, hi = P.fit_bounds(np.full(B, x.min()), np.full(B, x.max()), P.LAPSE_MAX)
+    _, ll = P.fit_batch(np.log(x)[None], Nb, Kb, lo, hi, "weibull",
                          theta0=np.repeat(fit["theta"][None], B, 0))
     worse = np.array([f["loglik"] for f in fits]) - ll
     fin = np.isfinite(m)

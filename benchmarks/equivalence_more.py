@@ -2,9 +2,15 @@
 code of commit BEFORE and with the working tree,
 
 - ``study``: ``study create`` on one compare report, three studies (preference, ABX on a
-  worst-window excerpt, threshold with levels 1,2,4); the databases (every table, every row, the
-  study's config, its sealed fields opened; its creation time, media key and key file's id
-  aside) and the media files (content-hashed names) compared;
+  worst-window excerpt, threshold with levels 1,2,4), each with a fixed design seed; the databases
+  (every table, every row, the study's config with its sealed part opened by the study's key
+  file; its creation time, media key and the random key's id aside) and the media files
+  (content-hashed names) compared;
+- ``results``: 12 invited raters answer every trial of each study (catch trials right, test
+  trials right with a seeded probability, through the rater service with a fake clock); then
+  ``results`` (and its text), ``study_progress``, ``key_status``, ``ratings_csv`` (the rows'
+  times aside), ``summary_csv`` and, for the threshold study, ``write_gate``'s file or its
+  refusal; and ``plan`` and ``design_check`` for ABX and preference at a small simulation;
 - ``stream``: :mod:`evalkit.metrics.stream` on the same synthetic clips, every record and summary
   compared exactly (floats as JSON writes them): temporal metrics with flows inline and in flow
   threads, chunks of 1, 3, 4 and the automatic size, fidelity only, Farneback flow with RGB SSIM,
@@ -21,13 +27,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-STUDIES = {   # name: create_study's options (the fake renderer's noise needs allow_masking; the
-    # secret design seed pinned: drawn at random when none is given, since create_study sealed it)
-    "preference": {"protocol": "preference", "seed": 3, "design_seed": 13},
-    "abx_excerpt": {"protocol": "abx", "seed": 5, "excerpt_seconds": 0.25, "design_seed": 15},
+STUDIES = {   # name: create_study's options (the fake renderer's noise needs allow_masking)
+    "preference": {"protocol": "preference", "seed": 3, "raters_planned": 12, "design_seed": 31},
+    "abx_excerpt": {"protocol": "abx", "seed": 5, "excerpt_seconds": 0.25, "raters_planned": 12,
+                    "design_seed": 51},
     "threshold": {"protocol": "threshold", "raters_planned": 12, "levels": "1,2,4", "seed": 7,
-                  "design_seed": 17},
+                  "design_seed": 71},
 }
+RATERS = 12
 
 
 def make_studies(out: Path, report: Path) -> dict:
@@ -36,7 +43,7 @@ def make_studies(out: Path, report: Path) -> dict:
 
     from sqlalchemy import MetaData, create_engine, select
 
-    from evalkit.study.api import create_study
+    from evalkit.study import create_study, seal
     dump = {}
     for name, opts in STUDIES.items():
         folder = out / name
@@ -53,19 +60,81 @@ def make_studies(out: Path, report: Path) -> dict:
                     r.pop("created", None)
                     if isinstance(r.get("config"), (str, dict)):
                         cfg = r["config"] if isinstance(r["config"], dict) else json.loads(r["config"])
-                        if "sealed" in cfg:     # its key is new with each study: compare the
-                            from evalkit.study.seal import unseal_config   # sealed fields opened
-
-                            cfg = unseal_config(r["id"], cfg)
-                            cfg.pop("seal", None)
                         cfg.pop("media_key", None)
+                        cfg = seal.unseal_config(r["id"], cfg)       # the random key aside
+                        cfg.pop("sealed", None)
+                        (cfg.get("seal") or {}).pop("key_id", None)
                         r["config"] = cfg
                 tables[t] = rows
         media = Path(res.pop("media"))
         files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                  for p in sorted(media.rglob("*")) if p.is_file()}
-        dump[name] = {"result": res, "tables": tables, "media": files}
+        dump[name] = {"result": res, "tables": tables, "media": files,
+                      "after": rate_and_read(folder / "s.db", res["study"], name)}
     return json.loads(json.dumps(dump, sort_keys=True, default=str).replace(str(out), "OUT"))
+
+
+def rate_and_read(db, sid: int, name: str) -> dict:
+    """``RATERS`` raters answer every trial; what the results, export and gate functions say."""
+    import csv
+    import io
+    import random
+
+    from evalkit import study
+    from evalkit.study.text import results_text
+    from evalkit.testing.studies import answer, hidden
+
+    out = {}
+    for i, inv in enumerate(study.invite(db, sid, RATERS)):
+        rng = random.Random(1000 * sid + i)
+
+        def pick(t, rng=rng):
+            h = hidden(db, t["trial"])
+            right = h.get("expected")
+            if right is None:                              # preference: no right answer
+                return rng.choice(["left", "right", "same"])
+            if h.get("kind") == "catch" or rng.random() < 0.7:
+                return right
+            return {"A": "B", "B": "A"}.get(right, right)
+        answer(db, inv["token"], pick)
+    res = study.results(db, sid, reps=200)
+    out["results"] = res
+    out["results_text"] = results_text(res)
+    out["progress"] = study.study_progress(db, sid)
+    out["key_status"] = study.key_status(db, sid)
+    rows = list(csv.DictReader(io.StringIO(study.ratings_csv(db, sid))))
+    for r in rows:
+        for k in ("created", "response_ms", "client_ms"):
+            r.pop(k, None)
+    out["ratings_csv"] = rows
+    out["summary_csv"] = study.summary_csv(res)
+    if name == "threshold":
+        try:
+            g = study.write_gate(db, sid, Path(db).parent / "gate.yaml", reps=200)
+            out["gate"] = {"result": g, "text": (Path(db).parent / "gate.yaml").read_text()}
+        except Exception as e:                                  # a refusal is an outcome too
+            out["gate"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def make_plans() -> dict:
+    """``plan`` and ``design_check`` at a small simulation, and their refusals."""
+    from evalkit import study
+    from evalkit.study import stats
+
+    def run(f, *a, **k):
+        try:
+            return f(*a, **k)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+    check = getattr(stats, "design_check", None)
+    if check is None:                                       # moved by issue 49
+        from evalkit.study.planning import design_check as check
+    return {"abx": run(study.plan, "abx", 0.2, studies=40, reps=40),
+            "preference": run(study.plan, "preference", 0.2, studies=40, reps=40),
+            "threshold": run(study.plan, "threshold", 0.2, studies=40, reps=40),
+            "abx_bad_margin": run(study.plan, "abx", 0.7),
+            "design_check": run(check, 20, 15, margin=0.2, studies=40, reps=40)}
 
 
 def clip(t: int, seed: int, h: int = 40, w: int = 56):
@@ -123,7 +192,7 @@ def make_stream() -> dict:
 
 def make(out: Path, report: Path) -> None:
     """In the tree on PYTHONPATH: both parts, as JSON, into ``out/dump.json``."""
-    dump = {"study": make_studies(out, report), "stream": make_stream()}
+    dump = {"study": make_studies(out, report), "plan": make_plans(), "stream": make_stream()}
     (out / "dump.json").write_text(json.dumps(dump, sort_keys=True))
 
 
@@ -157,6 +226,15 @@ def main() -> int:
         print(f"study {name}: rows {n_rows}, {len(x['media'])} media files; "
               + ", ".join(f"{k} {'identical' if x[k] == y[k] else 'DIFFERENT'}"
                           for k in ("result", "tables", "media")))
+        r = x["after"]
+        print(f"  after {RATERS} raters: verdict {r['results'].get('verdict')!r}, "
+              f"{len(r['ratings_csv'])} ratings; "
+              + ", ".join(f"{k} {'identical' if r[k] == y['after'].get(k) else 'DIFFERENT'}"
+                          for k in sorted(r)))
+    for name, x in a["plan"].items():
+        same = x == b["plan"].get(name)
+        what = x.get("raters") if isinstance(x, dict) else x[:60]
+        print(f"plan {name}: {what}, {'identical' if same else 'DIFFERENT'}")
     for name, x in a["stream"].items():
         n = len(x["records"]) if isinstance(x, dict) else "-"
         same = x == b["stream"].get(name)

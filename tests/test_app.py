@@ -88,7 +88,7 @@ def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=N
 def check_csv(env, sid, clicks):
     sealed = [r for r in export(env["server"], sid) if int(r["trial"]) in clicks]
     if sealed[0]["key"].startswith("sealed"):       # interim: no key through /export
-        assert all(r[k] == "" for r in sealed for k in study.api.KEY_COLUMNS if k in r), sealed
+        assert all(r[k] == "" for r in sealed for k in study.export.KEY_COLUMNS if k in r), sealed
         study.unblind(env["db"], sid, reason="test: the export against the answers", who="test")
     rows = [r for r in export(env["server"], sid) if int(r["trial"]) in clicks]
     assert all(r["key"].startswith("key opened early by test") for r in rows)

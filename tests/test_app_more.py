@@ -245,7 +245,7 @@ def opened_export(server, db, sid):
 
 def _rater(db, token):
     from sqlalchemy import select
-    from evalkit.study.api import token_hash
+    from evalkit.study.live import token_hash
     with store.open_db(db).engine.connect() as conn:
         return conn.execute(select(store.raters.c.id).where(
             store.raters.c.token_sha256 == token_hash(token))).scalar_one()
@@ -335,7 +335,7 @@ def test_admin_export_downloads_csv(env, server, browser):
         sealed = download("sealed until")
         rows = list(csv.DictReader(io.StringIO(sealed["ratings"])))
         assert {int(r["trial"]) for r in rows} == set(given)
-        assert all(r[k] == "" for r in rows for k in study.api.KEY_COLUMNS if k in r)
+        assert all(r[k] == "" for r in rows for k in study.export.KEY_COLUMNS if k in r)
         assert all(r["key"].startswith("sealed until") for r in rows)
         summ = list(csv.DictReader(io.StringIO(sealed["summary"])))
         assert [(r["scope"], r["status"], r["accuracy"]) for r in summ] == [

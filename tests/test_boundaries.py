@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from evalkit.compare.gating import open_gate
-from evalkit.study import api, stats
+from evalkit.study import analyse, planning, stats
 
 UP, DOWN = math.inf, -math.inf
 
@@ -32,7 +32,7 @@ def test_catch_screening_keeps_a_rater_at_exactly_the_needed_count():
     assert need == 7
     rows = [r for rid, right in ((1, need - 1), (2, need), (3, need + 1))
             for r in _catch_rows(rid, right, 8)]
-    kept, excluded, _ = api._screen(rows, [1, 2, 3], {"alpha": 0.05})
+    kept, excluded, _ = analyse._screen(rows, [1, 2, 3], {"alpha": 0.05})
     assert kept == [2, 3]
     assert [(e["rater"], e["catch_correct"], e["catch_needed"]) for e in excluded] == [(1, 6, 7)]
     assert excluded[0]["reason"] == "6 of 8 catch trials right, 7 needed"
@@ -94,14 +94,14 @@ def test_max_missing_jobs_is_inclusive(tmp_path):
 
 def test_study_gate_interval_ratio_at_exactly_the_limit():
     pooled = {"threshold": 2.0, "ci": [1.0, 4.0]}
-    assert api.gate_interval_problem(pooled, 4.0) is None                     # exactly 4x: allowed
-    assert api.gate_interval_problem(pooled, math.nextafter(4.0, UP)) is None
-    assert "at most" in api.gate_interval_problem(pooled, math.nextafter(4.0, DOWN))
-    assert api.gate_interval_problem({"threshold": 2.0, "ci": [1.0, math.nextafter(4.0, UP)]}) \
+    assert analyse.gate_interval_problem(pooled, 4.0) is None                     # exactly 4x: allowed
+    assert analyse.gate_interval_problem(pooled, math.nextafter(4.0, UP)) is None
+    assert "at most" in analyse.gate_interval_problem(pooled, math.nextafter(4.0, DOWN))
+    assert analyse.gate_interval_problem({"threshold": 2.0, "ci": [1.0, math.nextafter(4.0, UP)]}) \
         is not None
     # an interval must be closed above zero
-    assert "closed" in api.gate_interval_problem({"threshold": 1.0, "ci": [0.0, 2.0]})
-    assert api.gate_interval_problem({"threshold": 1.0, "ci": [math.nextafter(0.0, UP), 0.0]}) is None
+    assert "closed" in analyse.gate_interval_problem({"threshold": 1.0, "ci": [0.0, 2.0]})
+    assert analyse.gate_interval_problem({"threshold": 1.0, "ci": [math.nextafter(0.0, UP), 0.0]}) is None
 
 
 # -- verdict margins (ABX) ---------------------------------------------------------------------
@@ -173,7 +173,7 @@ def test_preference_needs_the_sign_flip_p_at_most_alpha():
 
 def test_plan_clip_floor_at_exactly_15():
     fast = dict(studies=40, reps=40, clip_accuracy=1.0)
-    got = {c: stats.plan("abx", 0.3, clips=c, **fast) for c in
+    got = {c: planning.plan("abx", 0.3, clips=c, **fast) for c in
            (stats.MIN_CLIPS - 1, stats.MIN_CLIPS, stats.MIN_CLIPS + 1)}
     assert [p["clips"] for p in got.values()] == [15, 15, 16]
     assert got[14]["notes"][:1] == ["clips raised from 14 to the floor of 15"]
@@ -183,12 +183,12 @@ def test_plan_clip_floor_at_exactly_15():
 def test_plan_rater_floor_and_invite_rounding():
     # a margin met by any design: the floor of 12 included raters decides (0.45: at 0.3 the
     # bound on visibly different clips, 0.64 at 12 raters x 15 clips, must be below 0.6)
-    p = stats.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=0.25)
+    p = planning.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=0.25)
     assert p["raters"] == stats.MIN_RATERS == 12
     assert p["reasons"] == ["floor: at least 12 included raters"]
     assert p["invite"] == 16                        # 12 / 0.75 is exactly 16: no extra rater
     for rate, invite in ((0.0, 12), (0.5, 24), (0.26, 17)):
-        assert stats.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0,
+        assert planning.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0,
                           exclusion_rate=rate)["invite"] == invite
 
 
@@ -196,9 +196,9 @@ def test_plan_input_ranges_are_open_where_documented():
     fast = dict(studies=40, reps=40, clip_accuracy=1.0)
     for bad in (0.5, 0.0):
         with pytest.raises(ValueError, match=r"--margin: expected a number in \(0, 0.5\)"):
-            stats.plan("abx", bad, **fast)
-    assert stats.plan("abx", math.nextafter(0.5, DOWN), **fast)["raters"] == 12
+            planning.plan("abx", bad, **fast)
+    assert planning.plan("abx", math.nextafter(0.5, DOWN), **fast)["raters"] == 12
     with pytest.raises(ValueError, match=r"--clip-accuracy: expected"):
-        stats.plan("abx", 0.3, studies=40, reps=40, clip_accuracy=0.5)
+        planning.plan("abx", 0.3, studies=40, reps=40, clip_accuracy=0.5)
     with pytest.raises(ValueError, match=r"--exclusion-rate: expected"):
-        stats.plan("abx", 0.3, exclusion_rate=1.0, **fast)
+        planning.plan("abx", 0.3, exclusion_rate=1.0, **fast)

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from evalkit.study import design, stats
-from evalkit.study.api import catch_share
+from evalkit.study.create import catch_share
 
 RECTS = [[16, 16, 8, 8], [40, 16, 8, 8], [64, 16, 8, 8]]
 

@@ -339,7 +339,7 @@ def test_prediction_from_figures_alone():
 def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
     """From the report folders: the checkerboard's rows need lossless, the square's do not;
     one line each, naming a clip; a blur ladder (no report figures) is lossless."""
-    from evalkit.study.api import read_report
+    from evalkit.study import read_report
 
     jobs = [j["job"] for j in read_report(pattern_reports["checker"])["jobs"]]
     kind, why = fidelity.choose_delivery([{"job": j} for j in jobs], pattern_reports["checker"])

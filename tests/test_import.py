@@ -199,7 +199,7 @@ def test_compare_and_study_of_two_imports_name_them_by_label_and_show_both_machi
         out2 / "index.html").read_text()
 
     # a study made from the report records the labelled run folders
-    from evalkit.study.api import create_study
+    from evalkit.study import create_study
     from evalkit.study.store import open_db, studies
 
     made = create_study(out, tmp_path / "s.db", protocol="abx", seed=3, allow_masking=True)

@@ -207,7 +207,7 @@ def test_resume_keeps_the_format_and_refuses_another(runs, cli):
 
 
 def test_study_create_over_utvideo_runs(runs, tmp_path):
-    from evalkit.study.api import create_study, read_report
+    from evalkit.study import create_study, read_report
 
     report = runs["reports"]["ut"]
     r = read_report(report)

@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import binom
 
 from evalkit.study import psychometric as P
+from evalkit.study import simulate as PS
 from evalkit.study.psychometric import ThresholdError
 
 LEVELS = (1, 2, 4, 8, 16, 32)
@@ -62,7 +63,7 @@ def test_the_fit_recovers_a_known_function_from_many_trials(model, threshold, sl
 
 def test_analysis_recovers_the_threshold_of_a_big_nearly_noiseless_study():
     rng = np.random.default_rng(5)
-    s = P.simulate_trials(rng, raters=30, clips=6, repeats=12, rater_sd=0.05, clip_sd=0.05,
+    s = PS.simulate_trials(rng, raters=30, clips=6, repeats=12, rater_sd=0.05, clip_sd=0.05,
                           lapse_max=0.02)
     a = P.threshold_analysis(s["trials"], reference=s["reference"], n_boot=200, n_gof=50)
     pooled = a["pooled"]
@@ -96,7 +97,7 @@ def test_intervals_cover_known_thresholds_at_the_nominal_rate():
     x 3 clips x 6 levels x 2 repeats: the 95% intervals (pooled: two-way clustered bootstrap;
     per clip: raters resampled, expanded percentile) cover the population truth at 95% within
     binomial error, and the pooled estimate is nearly unbiased (log scale)."""
-    res = P.simulate_coverage(studies=100, raters=8, clips=3, repeats=2, n_boot=100, seed=11)
+    res = PS.simulate_coverage(studies=100, raters=8, clips=3, repeats=2, n_boot=100, seed=11)
     for part in ("pooled", "clips"):
         _not_undercovering(res[part])
         assert res[part]["in_range"] >= 0.95
@@ -109,11 +110,11 @@ def test_the_monte_carlo_runs_the_analysis_own_rule():
     """simulate_coverage reproduces threshold_analysis's intervals for the same study and
     seed (same draws, same fit, same interval rule): what the Monte Carlo measures is what
     users get."""
-    res = P.simulate_coverage(studies=3, raters=6, clips=3, repeats=2, n_boot=120, seed=3,
+    res = PS.simulate_coverage(studies=3, raters=6, clips=3, repeats=2, n_boot=120, seed=3,
                               keep=True)
     d = res["data"]
     for s in range(3):
-        trials = P.trials_from_counts(d["n"][s], d["k"][s], d["x"][s], d["levels"])
+        trials = PS.trials_from_counts(d["n"][s], d["k"][s], d["x"][s], d["levels"])
         ref = {f"c{c:03d}": float(d["ref"][s, c]) for c in range(3)}
         a = P.threshold_analysis(trials, reference=ref, n_boot=120, seed=int(d["seeds"][s]),
                                  n_gof=0)
@@ -201,7 +202,7 @@ def test_bad_gate_arguments():
 @pytest.fixture(scope="module")
 def analysis():
     rng = np.random.default_rng(2)
-    s = P.simulate_trials(rng, raters=8, clips=3, repeats=2)
+    s = PS.simulate_trials(rng, raters=8, clips=3, repeats=2)
     return P.threshold_analysis(s["trials"], reference=s["reference"], n_boot=200, n_gof=50)
 
 
@@ -315,7 +316,7 @@ def test_a_few_very_different_clips_get_a_note_on_the_pooled_interval():
     (benchmark section 5): the analysis says so; alike clips get no such note."""
     def run(clip_sd, seed):
         rng = np.random.default_rng(seed)
-        s = P.simulate_trials(rng, raters=10, clips=4, repeats=4, rater_sd=0.1, clip_sd=clip_sd,
+        s = PS.simulate_trials(rng, raters=10, clips=4, repeats=4, rater_sd=0.1, clip_sd=clip_sd,
                               reference_sd=0.0, threshold=0.03)
         return P.threshold_analysis(s["trials"], reference=s["reference"], n_boot=50, n_gof=0)
 

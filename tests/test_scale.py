@@ -135,12 +135,12 @@ def test_study_media_made_in_parallel_are_those_made_one_by_one(import_runs, tmp
     from sqlalchemy import select
 
     from evalkit.compare.run import compare_runs
-    from evalkit.study import api, create_study, media, open_db, stats
+    from evalkit.study import create_study, media, open_db, planning
     from evalkit.study.store import clips, studies
     from evalkit.testing.studies import study_config
 
     # the planner's figure is not what is tested here: a small simulation
-    monkeypatch.setattr(api, "_plan", lambda protocol, margin, n, alpha: stats.plan(
+    monkeypatch.setattr(planning, "cached_plan", lambda protocol, margin, n, alpha: planning.plan(
         protocol, margin, clips=n, alpha=alpha, studies=40, reps=40))
     compare_runs(*import_runs, tmp_path / "r", device="cpu", progress=False)
     rows = {}

@@ -85,7 +85,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     tokens = [ln.rsplit("token=", 1)[1] for ln in out.splitlines()]
     assert len(tokens) == 4
     stored = {r[0] for r in con.execute("select token_sha256 from raters")}
-    assert all(t not in stored and study.api.token_hash(t) in stored for t in tokens)
+    assert all(t not in stored and study.live.token_hash(t) in stored for t in tokens)
     # the public trial: one opaque per-trial name, and the tile of each slot
     t = current(str(db), tokens[0])
     assert set(t["tiles"]) == {"X", "A", "B"} and t["answers"] == ["A", "B"]
@@ -633,7 +633,7 @@ def svc_trials(db, tok):
     with store.open_db(db).engine.connect() as conn:
         return [r[0] for r in conn.execute(
             select(store.trials.c.id).join(store.raters, store.raters.c.id == store.trials.c.rater_id)
-            .where(store.raters.c.token_sha256 == study.api.token_hash(tok))
+            .where(store.raters.c.token_sha256 == study.live.token_hash(tok))
             .order_by(store.trials.c.ord))]
 
 

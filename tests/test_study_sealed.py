@@ -128,7 +128,7 @@ def test_interim_reader_of_every_column_cannot_compute_correctness(report, tmp_p
     assert all(a != b for a, b in zip(catch_from_seed, stored))
     # the one function that returns unsealed rows refuses while the key is sealed
     with pytest.raises(study.StudyError, match="sealed until 3 planned included raters"):
-        study.api.unsealed_ratings(db, sid)
+        study.unsealed_ratings(db, sid)
 
 
 def _figures(res: dict) -> dict:
@@ -200,7 +200,7 @@ def test_unblinding_opens_the_key_logged(report, tmp_path):
     rows = list(__import__("csv").DictReader(study.ratings_csv(db, sid).splitlines()))
     assert rows and all(r["correct"] == "" and r["expected"] == "" for r in rows)
     study.unblind(db, sid, reason="pilot look", who="dana")
-    st, got = study.api.unsealed_ratings(db, sid)
+    st, got = study.unsealed_ratings(db, sid)
     assert all(r["correct"] == 1 for r in got)              # answered right, computed now
     rows = list(__import__("csv").DictReader(study.ratings_csv(db, sid).splitlines()))
     assert all(r["correct"] == "1" for r in rows)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from evalkit.study import stats
+from evalkit.study import planning, simulate, stats
 
 # -- exact examples ----------------------------------------------------------------------------
 
@@ -50,8 +50,8 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     d = stats.decide_abx(raters, clips, y, margin=0.1, reps=reps, seed=seed)
     # the same draws decide_abx makes: raters (sorted labels) then clips
     g = np.random.default_rng(seed)
-    wr = stats._draw_counts(g, R, (1, reps))[0]
-    wc = stats._draw_counts(g, C, (1, reps))[0]
+    wr = stats.draw_counts(g, R, (1, reps))[0]
+    wc = stats.draw_counts(g, C, (1, reps))[0]
     rlab = sorted(set(raters))
     clab = sorted(set(clips))
     ri = np.array([rlab.index(r) for r in raters])
@@ -74,7 +74,7 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     N = np.zeros((1, R, C))
     np.add.at(Y[0], (ri, ci), y)
     np.add.at(N[0], (ri, ci), 1)
-    o = stats._abx_rule(Y, N, wr[None], wc[None], margin=0.1, alpha=0.05)
+    o = stats.abx_rule(Y, N, wr[None], wc[None], margin=0.1, alpha=0.05)
     assert o["upper"][0] == pytest.approx(u, rel=1e-9)
 
 
@@ -205,7 +205,7 @@ def test_catch_screening():
 
 @pytest.fixture(scope="module")
 def plan01():
-    return stats.plan("abx", 0.1)
+    return planning.plan("abx", 0.1)
 
 
 def test_plan_abx(plan01):
@@ -214,30 +214,30 @@ def test_plan_abx(plan01):
     # clips raised for answers barely below chance (15 asked: the plan of before was 39 x 15)
     assert p["clips"] > 15 and p["clips_requested"] == 15
     assert any("answers barely below chance" in n for n in p["notes"])
-    assert set(stats.WEAK_SCENARIOS) <= set(p["boundary_error"])
+    assert set(simulate.WEAK_SCENARIOS) <= set(p["boundary_error"])
     assert p["invite"] == math.ceil(p["raters"] / 0.9)
     assert p["simulated_power"] - p["simulated_power_se"] >= 0.8
     assert p["clip_flag_power"] >= 0.8 and p["reasons"] and p["method"] == "simulation"
     assert max(p["boundary_error"].values()) <= 0.05 + p["boundary_error_se"]
     assert p["margin_terms"]["accuracy_limit"] == pytest.approx(0.6)
     assert f"df={min(p['raters'], p['clips']) - 1}" in p["rule"]
-    q = stats.plan("abx", 0.2, clips=10)
+    q = planning.plan("abx", 0.2, clips=10)
     assert q["clips"] == 15 and q["clips_requested"] == 10 and "floor" in q["notes"][0]
     assert q["raters"] >= 12
     with pytest.raises(ValueError, match="--margin"):     # refused from the normal approximation,
-        stats.plan("abx", 0.001)                          # without simulating (no hang)
+        planning.plan("abx", 0.001)                          # without simulating (no hang)
     with pytest.raises(ValueError, match="test ratings"):  # 299 clips x 457 raters
-        stats.plan("abx", 0.005)
+        planning.plan("abx", 0.005)
     with pytest.raises(ValueError, match="test ratings"):  # 36 raters x 2,944 clips
-        stats.plan("abx", 0.01)
-    big = stats.plan("abx", 0.02)        # too large to simulate: normal approximation
+        planning.plan("abx", 0.01)
+    big = planning.plan("abx", 0.02)        # too large to simulate: normal approximation
     assert big["method"] == "normal approximation" and big["raters"] >= 12
     assert big["clips"] > stats.min_clips(0.02) == 74        # raised for barely below chance
     assert big["raters"] * big["clips"] <= stats.MAX_RATERS
 
 
 def test_plan_preference():
-    p = stats.plan("preference", 0.2)
+    p = planning.plan("preference", 0.2)
     assert p["raters"] >= 12 and p["clips"] == 15
     assert p["simulated_power"] - p["simulated_power_se"] >= 0.8
     assert p["any_preference_at_chance"] <= 0.05
@@ -249,29 +249,29 @@ SIZES = [(12, 15), (20, 40)]
 MC = {"studies": 300, "reps": 300}
 
 
-@pytest.mark.parametrize("scenario", stats.BOUNDARY_SCENARIOS)
+@pytest.mark.parametrize("scenario", simulate.BOUNDARY_SCENARIOS)
 def test_mc_indistinguishable_at_the_boundary_is_rare(scenario, plan01):
     for k, (R, C) in enumerate(SIZES + [(plan01["raters"], plan01["clips"])]):
-        o = stats.simulate_abx(R, C, scenario, margin=0.1, seed=100 + k, **MC)
+        o = simulate.simulate_abx(R, C, scenario, margin=0.1, seed=100 + k, **MC)
         assert o["indistinguishable"] <= 0.05 + o["se"]["indistinguishable"], (R, C, o)
 
 
 def test_mc_sharp_null_power_and_the_visible_clip(plan01):
     R, C = plan01["raters"], plan01["clips"]       # the planned size (clips raised from 15)
     for k, (r, c) in enumerate(SIZES + [(R, C)]):
-        o = stats.simulate_abx(r, c, "homogeneous", mu=0.5, margin=0.1, seed=200 + k, **MC)
+        o = simulate.simulate_abx(r, c, "homogeneous", mu=0.5, margin=0.1, seed=200 + k, **MC)
         assert o["distinguishable"] <= 0.05 + o["se"]["distinguishable"], (r, c, o)
         if (r, c) == (R, C):        # the planned size: power
             assert o["indistinguishable"] >= 0.8, o
     for acc in (0.95, 0.9):
-        o = stats.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, seed=300, **MC)
+        o = simulate.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, seed=300, **MC)
         assert o["clip_flagged"] >= 0.8 and o["distinguishable"] >= o["clip_flagged"], o
 
 
 def test_mc_peeking_inflates_the_single_look_does_not(plan01):
     # golden ears: at the plan's 41 clips the combined scenario never reaches a claim, even
     # peeking (bench_study_sim section 5: 0 of 500); golden ears do, 3.8%
-    o = stats.simulate_abx_peeking(plan01["raters"], plan01["clips"], "golden_ears", margin=0.1,
+    o = simulate.simulate_abx_peeking(plan01["raters"], plan01["clips"], "golden_ears", margin=0.1,
                                    studies=300, reps=200, seed=400)
     assert o["looks"] == plan01["raters"] - 11
     assert o["fixed"] <= 0.05 + o["se"]["fixed"]
@@ -305,7 +305,7 @@ def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
     >= 95% of the time, and a false claim stays <= 5%."""
     for k, (R, C, margin, share) in enumerate([(107, 15, 0.05, 0.1), (26, 15, 0.1, 0.2),
                                                (26, 40, 0.1, 0.05)]):
-        o = stats.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200,
+        o = simulate.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200,
                                          seed=700 + k)
         assert o["covered"] >= 0.95 - o["se"]["covered"], o
         assert o["false_claim"] <= 0.05 + o["se"]["false_claim"], o
@@ -321,14 +321,14 @@ def test_plan_visible_bound_raises_the_clips(plan01):
     # ask for 0.05
     base = plan01
     assert 0.05 < base["visible_share_bound"] <= 0.1
-    p = stats.plan("abx", 0.1, visible_bound=0.05)
+    p = planning.plan("abx", 0.1, visible_bound=0.05)
     assert p["clips"] > base["clips"] and p["clips_requested"] == 15
     assert p["visible_share_bound"] <= 0.05
     assert any(r.startswith("visible bound:") for r in p["reasons"])
     with pytest.raises(ValueError, match="--visible-bound"):
-        stats.plan("preference", 0.2, visible_bound=0.1)
+        planning.plan("preference", 0.2, visible_bound=0.1)
     with pytest.raises(ValueError, match="--visible-bound"):
-        stats.plan("abx", 0.1, visible_bound=1.5)
+        planning.plan("abx", 0.1, visible_bound=1.5)
 
 
 @pytest.mark.slow  # a Monte Carlo slice
@@ -338,10 +338,10 @@ def test_mc_preference_no_false_preference_when_taste_splits():
     from 20 raters here); 2000 bootstrap replicates as decide_preference uses."""
     for k, (R, C, sd, tie) in enumerate([(12, 15, 0.3, 0.0), (12, 40, 0.3, 0.85),
                                          (12, 15, 0.0, 0.0), (20, 15, 0.45, 0.0)]):
-        o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
+        o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
                                       seed=500 + k, studies=300, reps=2000)
         assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, sd, tie, o)
-    o = stats.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, seed=600, **MC)
+    o = simulate.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, seed=600, **MC)
     assert o["B preferred"] >= 0.95
 
 
@@ -349,7 +349,7 @@ def test_mc_preference_raters_differ_in_tie_propensity():
     """Tie propensity per rater Beta(mean 0.85, SD 0.3) and split taste (SD 0.45): the bootstrap
     interval alone said "preferred" 6.0-7.6%; with the rater-level sign-flip test <= 5%."""
     for k, (R, C) in enumerate([(26, 15), (47, 20)]):
-        o = stats.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
+        o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
                                       rater_sd=0.45, seed=800 + k, studies=400, reps=1000)
         assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, o)
 

@@ -76,7 +76,7 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     res, raw, summ = _csvs(cli, db, early, tmp_path / "a.csv")
     assert res["status"] == "interim" and "pilot" not in res and res["unblinding"] is None
     assert "accuracy" not in res and "per_clip" not in res
-    assert raw and all(r[k] == "" for r in raw for k in study.api.KEY_COLUMNS if k in r)
+    assert raw and all(r[k] == "" for r in raw for k in study.export.KEY_COLUMNS if k in r)
     assert all(r["key"] == "sealed until 6 planned included raters are complete (2 now; "
                "`evalkit study unblind` opens it, logged)" for r in raw)
     assert all(r["response_ms"] and r["kind"] for r in raw)           # progress and timing
@@ -184,7 +184,7 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
         raw = get("ratings")
         assert len(raw) > 4
         for r in raw:
-            assert all(r[k] == "" for k in study.api.KEY_COLUMNS if k in r), r
+            assert all(r[k] == "" for k in study.export.KEY_COLUMNS if k in r), r
             assert r["key"].startswith("sealed until 3 planned")
         assert [(r["scope"], r["status"], r["accuracy"]) for r in get("summary")] == [
             ("study", "interim", "")]
@@ -215,7 +215,7 @@ def test_a_pilot_interval_cannot_set_a_gate():
     tests/test_threshold_study.py): a measured threshold whose interval is open at either end
     or wider than the stated factor is refused; a lower bound (threshold above every level)
     gates on the bound itself."""
-    from evalkit.study.api import gate_interval_problem
+    from evalkit.study.analyse import gate_interval_problem
 
     pilot = {"threshold": 0.0015, "ci": [None, 0.062]}         # the 4-rater pilot of issue 34
     assert "closed at both ends" in gate_interval_problem(pilot)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from evalkit import study
-from evalkit.study import stats, store
+from evalkit.study import planning, simulate, stats, store
 from evalkit.testing.studies import answer, hidden
 
 
@@ -73,7 +73,7 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
     d = stats.decide_abx(*_grid(107, 15, lambda i, j: (i + j) % 2), margin=0.05)
     assert d["upper_bound"] < 0.55 and d["verdict"] == "inconclusive"
     assert d["visible_share_bound"] == pytest.approx(
-        (1 - 0.05 ** (1 / 15)) / stats._clip_power(107, 15, 0.05, 0.9))
+        (1 - 0.05 ** (1 / 15)) / stats.clip_veto_power(107, 15, 0.05, 0.9))
     assert "does not exclude 0.1" in d["blocked"][0]
     # 60 x 30 at chance: covered, claimed
     d = stats.decide_abx(*_grid(60, 30, lambda i, j: (i + j) % 2), margin=0.05)
@@ -81,63 +81,61 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
 
 
 def test_plan_follows_the_margin_with_its_clips():
-    p = stats.plan("abx", 0.05, clips=15, studies=60, reps=60)
+    p = planning.plan("abx", 0.05, clips=15, studies=60, reps=60)
     assert p["clips_requested"] == 15 and "floor of 29" in p["notes"][0]
     # then raised again for answers barely below chance (the spread check needs clips per rater)
     assert p["clips"] > 100 and "answers barely below chance" in p["notes"][1]
-    assert p["clips"] >= stats.spread_clips(0.05, p["raters"], start=29)[0]
+    assert p["clips"] >= planning.spread_clips(0.05, p["raters"], start=29)[0]
     assert p["visible_share_bound"] < 0.1
 
 
 def test_study_create_warns_below_the_plans_clips():
-    from evalkit.study import api
-
     plan = {"protocol": "abx", "margin": 0.1, "raters": 22, "clips": 41,
             "notes": ["clips raised from 15 to 41 (answers barely below chance: ...)"]}
-    (w,) = api._design_warnings("abx", 20, 0, plan)
+    (w,) = planning.design_warnings("abx", 20, 0, plan)
     assert "20 clips is below the planner's 41 clips per rater for --margin 0.1" in w
     assert "answers barely below chance" in w and "UNDER-SIZED" in w
-    assert api._design_warnings("abx", 41, 22, plan) == []
-    assert api._design_warnings("preference", 20, 0, {**plan, "protocol": "preference"}) == []
+    assert planning.design_warnings("abx", 41, 22, plan) == []
+    assert planning.design_warnings("preference", 20, 0, {**plan, "protocol": "preference"}) == []
 
 
 def test_a_study_planned_by_the_earlier_rule_is_checked_at_its_size(tmp_path, monkeypatch):
     # a study made at the last round's plan (39 x 15, margin 0.1, no rule_version) has its full
     # design, but that design misses answers barely below chance: results check it like an
     # under-sized one, and design_check refuses the claim there
-    from evalkit.study import api
+    from evalkit.study import analyse
 
     monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
     st = {"protocol": "abx", "margin": 0.1, "alpha": 0.05,
           "config": {"plan": {"raters": 39, "clips": 15}}}
-    d = api._achieved_design(st, 39, {"clip_count": 15})
+    d = analyse._achieved_design(st, 39, {"clip_count": 15})
     assert d["earlier_rule"] and not d["under_sized"] and not d["check"]["ok"]
     assert "weak_inversion" in d["check"]["failing"] and "earlier rule" in d["text"]
     now = {**st, "config": {"plan": {"raters": 22, "clips": 41,
                                      "rule_version": stats.RULE_VERSION}}}
-    d = api._achieved_design(now, 22, {"clip_count": 41})
+    d = analyse._achieved_design(now, 22, {"clip_count": 41})
     assert not d["earlier_rule"] and d["check"] is None and d["text"].endswith("as planned")
 
 
 def test_spread_clips_is_where_answers_barely_below_chance_are_seen():
     # margin 0.1 at 22 raters: 15 clips (the plan of before) miss them far more than 5% of the
     # time; the clips spread_clips returns see them; one clip fewer (bisection) does not
-    c, how = stats.spread_clips(0.1, 22, start=15)
+    c, how = planning.spread_clips(0.1, 22, start=15)
     assert how == "simulation" and 30 < c < 60
-    assert max(stats.weak_misses(0.1, 22, c).values()) <= 0.05
-    assert max(stats.weak_misses(0.1, 22, c - 1).values()) > 0.05 or c == 15
-    assert min(stats.weak_misses(0.1, 22, 15).values()) > 0.25
+    assert max(simulate.weak_misses(0.1, 22, c).values()) <= 0.05
+    assert max(simulate.weak_misses(0.1, 22, c - 1).values()) > 0.05 or c == 15
+    assert min(simulate.weak_misses(0.1, 22, 15).values()) > 0.25
     # the chi-square start is conservative where it is used (it brackets from above)
-    assert stats._spread_miss_estimate(0.1, 22, c, 0.05) >= 0.01
-    assert stats.spread_clips(0.3, 12) == (15, "simulation")       # wide margins: nothing to add
+    assert planning._spread_miss_estimate(0.1, 22, c, 0.05) >= 0.01
+    assert planning.spread_clips(0.3, 12) == (15, "simulation")       # wide margins: nothing to add
 
 
 def test_design_check_refuses_an_undersized_design_and_keeps_a_large_one():
-    small = stats.design_check(12, 100, margin=0.05)
+    small = planning.design_check(12, 100, margin=0.05)
     assert not small["ok"] and small["visible_share_bound"] >= 0.1 and "cannot claim" in small["text"]
-    assert stats.design_check(12, 100, margin=0.05) is small                     # cached
-    big = stats.design_check(40, 40, margin=0.1, studies=200, reps=100)
-    assert big["ok"] and set(big["rates"]) == set(stats.BOUNDARY_SCENARIOS + stats.INVERSION_SCENARIOS)
+    assert planning.design_check(12, 100, margin=0.05) is small                     # cached
+    big = planning.design_check(40, 40, margin=0.1, studies=200, reps=100)
+    assert big["ok"] and set(big["rates"]) == set(simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS)
     assert max(r for r, _ in big["rates"].values()) <= 0.05
 
 
@@ -161,28 +159,28 @@ MC = {"studies": 300, "reps": 120}
 def test_mc_answers_below_chance_give_no_false_claim(scenario, kw):
     # margin 0.05 at the last round's plan (55 x 29): the rule before the checks said
     # "indistinguishable" far more often than 5%
-    o = stats.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
+    o = simulate.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
     assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"]
     assert o["bound_below_margin"] > 0.15                # what the checks below chance stop
     assert o["below_chance"] > 0.8
 
 
-@pytest.mark.parametrize("scenario", stats.WEAK_SCENARIOS)
+@pytest.mark.parametrize("scenario", simulate.WEAK_SCENARIOS)
 def test_mc_answers_barely_below_chance_need_clips_per_rater(scenario):
     # every rater at 0.6 with half of them inverted / bots at 0.4 as 40% of raters: at the last
     # round's plan (39 x 15) "indistinguishable" 30-40% of the time; at the plan's clips per
     # rater now (22 x 41, margin 0.1) at most 5%
-    old = stats.simulate_abx(39, 15, scenario, margin=0.1, seed=47, **MC)
+    old = simulate.simulate_abx(39, 15, scenario, margin=0.1, seed=47, **MC)
     assert old["indistinguishable"] > 0.2
-    new = stats.simulate_abx(22, 41, scenario, margin=0.1, seed=48, **MC)
+    new = simulate.simulate_abx(22, 41, scenario, margin=0.1, seed=48, **MC)
     assert new["indistinguishable"] <= 0.05 + 2 * new["se"]["indistinguishable"]
     assert new["bound_below_margin"] > 0.5            # what the spread check stops
     # design_check (what `study results` runs below the plan) refuses the old size for it
-    assert scenario in stats.design_check(39, 15, margin=0.1, studies=100, reps=60)["failing"]
+    assert scenario in planning.design_check(39, 15, margin=0.1, studies=100, reps=60)["failing"]
 
 
 def test_mc_the_checks_below_chance_cost_little_at_chance():
-    o = stats.simulate_abx(55, 29, "homogeneous", mu=0.5, margin=0.05, seed=45, **MC)
+    o = simulate.simulate_abx(55, 29, "homogeneous", mu=0.5, margin=0.05, seed=45, **MC)
     assert o["below_chance"] <= 0.05 + 2 * o["se"]["below_chance"]
     assert o["distinguishable"] <= 0.05 + 2 * o["se"]["distinguishable"]
     assert o["indistinguishable"] >= 0.7
@@ -191,7 +189,7 @@ def test_mc_the_checks_below_chance_cost_little_at_chance():
 def test_mc_sparse_visible_clips_give_no_false_claim():
     for R, C in ((107, 15), (55, 29)):
         for vis in (1.0, 0.95):
-            o = stats.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis,
+            o = simulate.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis,
                                              seed=46, **MC)
             assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"], (R, C, vis)
 

@@ -31,16 +31,25 @@ import re
 
 import numpy as np
 
-PROTOCOLS = ("preference", "abx", "threshold")
-ANSWERS = {"preference": ("left", "right", "same"), "abx": ("A", "B"), "threshold": ("A", "B")}
+from .protocols import REGISTRY
+
+#: the protocols (:mod:`.protocols`, one object each) and the answers of each
+PROTOCOLS = tuple(REGISTRY)
+ANSWERS = {name: p.answers for name, p in REGISTRY.items()}
 #: protocols whose trials are ABX forced choice (X matches A or B; scored correct or not)
-FORCED_CHOICE = ("abx", "threshold")
+FORCED_CHOICE = tuple(name for name, p in REGISTRY.items() if p.forced_choice)
 
 
 def page_protocol(protocol: str) -> str:
     """The protocol the rater page is told: a threshold study's trials are ABX trials, shown
     exactly as ABX (the page does not learn that levels exist)."""
-    return "abx" if protocol == "threshold" else protocol
+    p = REGISTRY.get(protocol)
+    return p.page if p is not None else protocol
+
+
+def _paired(protocol: str) -> bool:
+    """Two tiles side by side without X (preference), else ABX's three."""
+    return REGISTRY[protocol].paired
 #: easy catch degradations (:func:`.media.degrade`; the exclusion rule uses these)
 CATCH_KINDS = ("negative",)
 
@@ -168,7 +177,7 @@ def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     Blindness). A test row and a catch version have the same number of files
     (:func:`file_index`)."""
     one, two = ("r", "d") if catch else ("a", "b")
-    if protocol == "preference":
+    if _paired(protocol):
         return [one + two, two + one]
     if x not in (0, 1, 2):
         raise ValueError(f"x: expected tile 0, 1 or 2, found {x!r}")
@@ -197,7 +206,7 @@ def row_keys(protocol: str, catch: bool = False, x: int = 1, bit: int = 0,
     at chance by measurement). The place is invisible to raters (the page draws X, A and B in
     fixed boxes from the tiles it is told)."""
     keys = stream_keys(protocol, catch, x)
-    if protocol == "preference":
+    if _paired(protocol):
         return [keys[bit]]
     return [keys[bit], keys[2 + bit]] if one_place else keys
 
@@ -250,7 +259,7 @@ def row_files(protocol: str, streams: dict, catch: bool = False) -> list[str]:
     (``streams["x"]`` where stored: a row of one place, :func:`row_keys`, whose keys cannot
     say which twin is X; else :func:`x_tile`; a study made before issue 44 has ABX catch versions without the ``d`` as
     X files: two of them)."""
-    x = 0 if protocol == "preference" else streams.get("x", x_tile(streams["files"]))
+    x = 0 if _paired(protocol) else streams.get("x", x_tile(streams["files"]))
     return [k for k in stream_keys(protocol, catch, x) if k in streams["files"]]
 
 
@@ -349,7 +358,8 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
     ``shown``. ``bit``: the rater's balanced bit for this trial: ABX, the answer is B (the
     match is labelled B); preference, the second content (``b``/``d``) is on the left."""
     rects = streams["rects"]
-    if protocol == "preference":
+    paired = _paired(protocol)
+    if paired:
         second = 1 if key[1] in "bd" else 0           # the tile of b (or d)
         left = second if bit else 1 - second
         tiles = {"left": left, "right": 1 - left}
@@ -361,7 +371,7 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
         tiles = {"X": x, "A": other if bit else twin, "B": twin if bit else other}
         expected = "B" if bit else "A"
     sources = {s: _CONTENT[key[i]] for s, i in tiles.items()}
-    if protocol == "preference" and key[0] in "rd":    # catch: the reference is the answer
+    if paired and key[0] in "rd":    # catch: the reference is the answer
         expected = "left" if sources["left"] == "reference" else "right"
     return {"sources": sources, "expected": expected,
             "shown": {"media": streams["files"][key],
@@ -388,7 +398,7 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     trials and ABX: the right answer)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: expected preference, abx or threshold, found {protocol!r}")
-    proto = "preference" if protocol == "preference" else "abx"
+    proto = page_protocol(protocol)
     rng = np.random.default_rng(seed)
     out = []
     bits = balanced_bits(len(clips), rng)
@@ -417,7 +427,7 @@ def score(protocol: str, trial: dict, answer: str) -> tuple[int | None, float | 
     """(correct, score_b) of an answer: ``correct`` 1/0 where the trial has an expected answer
     (ABX, catch trials); ``score_b`` for preference test trials: 1 B preferred, 0 A, 0.5 same."""
     correct = None if trial["expected"] is None else int(answer == trial["expected"])
-    if protocol == "preference" and trial["kind"] == "test":
+    if _paired(protocol) and trial["kind"] == "test":
         if answer == "same":
             return correct, 0.5
         return correct, 1.0 if trial["sources"][answer] == "b" else 0.0

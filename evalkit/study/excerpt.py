@@ -123,7 +123,7 @@ def worst_start(per_frame: dict[int, float], n: int, total: int | None = None) -
 
 
 def plan(report, jobs: list[dict], seconds: float | None, at) -> dict | None:
-    """The excerpt of each of ``jobs`` (the chosen clips of :func:`.api.read_report`), before
+    """The excerpt of each of ``jobs`` (the chosen clips of :func:`.create.read_report`), before
     any encoding: ``None`` without ``seconds``, else ``{"seconds", "at", "frames", "fps",
     "windows": {job: {"start", "frames", "start_s", "end_s", "lpips_window"}}}`` (frames of
     A's clip; the clip's frame rate from its header). A window longer than a clip, or past its

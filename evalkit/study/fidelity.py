@@ -295,7 +295,7 @@ def measure_streams(streams: list[tuple], rects: list, windows,
 
 def row_figures(media_dir, streams: dict, windows, margin_db: float = MARGIN_DB) -> dict:
     """A row's delivery figures over all its trial streams (``streams``: ``{"rects", "files":
-    {key: sha256}}`` as :mod:`.api` stores them; ``windows``: the row's lossless contents,
+    {key: sha256}}`` as :mod:`.create` stores them; ``windows``: the row's lossless contents,
     :func:`measure_streams`): those of the stream that keeps least of the difference (every
     stream is shown to some rater), with ``streams`` (how many were measured), ``margin_db``
     and ``sums`` (that stream's integer sums, for :func:`judge`)."""

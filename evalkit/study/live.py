@@ -571,7 +571,7 @@ class RaterService:
         if arrived - fetched < need:
             raise TooSoon(tid, arrived - fetched, need, seconds)
         # the answer is stored, not its correctness: a test trial's is computed when the key is
-        # opened (:func:`.api.raw_ratings`); a catch trial's is kept for the interim screening
+        # opened (:func:`.analyse.raw_ratings`); a catch trial's is kept for the interim screening
         correct = design.score(protocol, t, answer)[0] if t["kind"] == "catch" else None
         row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid,
                "answer": seal.seal_answer(st["seal"], r["id"], tid, answer),

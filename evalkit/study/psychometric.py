@@ -72,7 +72,8 @@ thresholds have sd 0.6 it covered 88.5-91.5% (8 clips: 94%, 12: 95.5%). Below
 (sd of log), ``notes`` says the pooled interval is likely too narrow.
 
 The Monte Carlo checks (simulated raters with known psychometric functions, heterogeneous raters
-and clips: :func:`simulate_trials`, :func:`population_threshold`, :func:`simulate_coverage`)
+and clips: :func:`.simulate.simulate_trials`, :func:`.simulate.population_threshold`,
+:func:`.simulate.simulate_coverage`)
 are in ``tests/test_psychometric.py`` (a fast slice) and ``benchmarks/bench_threshold_sim.py``
 (results in ``benchmarks/results/threshold_sim.txt``).
 """
@@ -87,7 +88,6 @@ import numpy as np
 from scipy import optimize, special
 
 from .errors import StudyError
-from .stats import wilson
 
 GUESS = 0.5
 CRITERION = 0.75
@@ -112,7 +112,7 @@ class ThresholdError(StudyError):
 
 # -- the model -------------------------------------------------------------------------------
 
-def _core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
+def model_core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
     """F and dF/dz at ``z = slope * (log x - log threshold)``."""
     z = np.clip(z, -60.0, 60.0)
     if model == "weibull":
@@ -128,7 +128,7 @@ def psychometric(x, threshold, slope, lapse=0.0, *, model: str = "weibull",
     """``p(x) = guess + (1 - guess - lapse) F(x)`` with ``F(threshold) = 0.5`` (module doc)."""
     _check_model(model)
     z = np.asarray(slope, float) * (np.log(np.asarray(x, float)) - np.log(threshold))
-    return guess + (1.0 - guess - np.asarray(lapse, float)) * _core(z, model)[0]
+    return guess + (1.0 - guess - np.asarray(lapse, float)) * model_core(z, model)[0]
 
 
 def _check_model(model):
@@ -142,7 +142,7 @@ def _loglik(theta, lx, N, K, model):
     m, s, lam = theta[:, 0:1], theta[:, 1:2], theta[:, 2:3]
     beta = np.exp(s)
     z = beta * (lx - m)
-    F, dF = _core(z, model)
+    F, dF = model_core(z, model)
     a = 1.0 - GUESS - lam
     p = np.clip(GUESS + a * F, _EPS, 1.0 - _EPS)
     ll = (K * np.log(p) + (N - K) * np.log1p(-p)).sum(-1)
@@ -169,7 +169,7 @@ def _grid_start(lx, N, K, lo, hi, model):
         g1 = min(G, g0 + chunk)
         z = (np.exp(_SLOPE_STARTS)[None, :, None, None]
              * (lxb[g0:g1, None, None, :] - ms[g0:g1, None, :, None]))       # (g, S, nm, M)
-        p = np.clip(GUESS + a * _core(z, model)[0], _EPS, 1 - _EPS)
+        p = np.clip(GUESS + a * model_core(z, model)[0], _EPS, 1 - _EPS)
         ll = (K[g0:g1, None, None, :] * np.log(p)
               + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(-1)       # (g, S, nm)
         i = ll.argmax(2)
@@ -179,7 +179,7 @@ def _grid_start(lx, N, K, lo, hi, model):
     return np.clip(best, lo[:, None], hi[:, None])
 
 
-def _fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
+def fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
     """Maximum likelihood for every batch row at once, from two starts (the best point of the
     grid of :func:`_grid_start`, and ``theta0`` when given), keeping the better optimum:
     :func:`_lm`. Returns (theta, loglik). (Refining the best start of every slope of the grid
@@ -272,7 +272,7 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
     return theta, ll
 
 
-def _bounds(xmin, xmax, lapse_max):
+def fit_bounds(xmin, xmax, lapse_max):
     xmin = np.atleast_1d(np.asarray(xmin, float))
     xmax = np.atleast_1d(np.asarray(xmax, float))
     lo = np.stack([np.log(xmin / EXTRAPOLATE), np.full(xmin.shape, math.log(SLOPE_BOUNDS[0])),
@@ -297,9 +297,9 @@ def fit_psychometric(x, n, k, *, model: str = "weibull", lapse_max: float = LAPS
     if use.sum() == 0:
         raise ThresholdError("fit: no trials")
     x, n, k = x[use], n[use], k[use]
-    lo, hi = _bounds(x.min(), x.max(), lapse_max)
+    lo, hi = fit_bounds(x.min(), x.max(), lapse_max)
     lx = np.log(x)[None]
-    theta, ll = _fit_batch(lx, n[None], k[None], lo, hi, model)
+    theta, ll = fit_batch(lx, n[None], k[None], lo, hi, model)
     best, best_ll = theta[0], ll[0]
 
     def nll(t):
@@ -333,7 +333,7 @@ def fit_psychometric(x, n, k, *, model: str = "weibull", lapse_max: float = LAPS
 
 # -- the bootstrap ---------------------------------------------------------------------------
 
-def _draws(rng, n: int, B: int) -> np.ndarray:
+def bootstrap_draws(rng, n: int, B: int) -> np.ndarray:
     """Draw counts (B, n): how often each of n units is drawn in n draws with replacement."""
     idx = rng.integers(0, n, size=(B, n)) + (np.arange(B) * n)[:, None]
     return np.bincount(idx.ravel(), minlength=B * n).reshape(B, n).astype(float)
@@ -380,19 +380,19 @@ def _exp_ci(ci):
     return [None if c is None else float(math.exp(c)) for c in ci]
 
 
-def _replicates(lx, Nb, Kb, theta0, xmin, xmax, lapse_max, model):
+def replicate_fits(lx, Nb, Kb, theta0, xmin, xmax, lapse_max, model):
     """Refit every bootstrap replicate: ``lx`` (G, M) log stimulus values of G fits, ``Nb``/``Kb``
     (G, B, M) replicate counts, ``theta0`` (G, 3) the fits' estimates (a start beside the
     grid's), ``xmin``/``xmax`` (G,) the ranges shown. Returns log thresholds (G, B), +-inf at a
     search bound."""
     G, B, M = Nb.shape
-    lo, hi = _bounds(np.repeat(xmin, B), np.repeat(xmax, B), lapse_max)
-    theta, _ = _fit_batch(np.repeat(lx, B, 0), Nb.reshape(G * B, M), Kb.reshape(G * B, M), lo,
+    lo, hi = fit_bounds(np.repeat(xmin, B), np.repeat(xmax, B), lapse_max)
+    theta, _ = fit_batch(np.repeat(lx, B, 0), Nb.reshape(G * B, M), Kb.reshape(G * B, M), lo,
                           hi, model, theta0=np.repeat(theta0, B, 0))
     return _replicate_thresholds(theta, lo, hi).reshape(G, B)
 
 
-def _interval(t, m, xmin, xmax, confidence, units=None):
+def threshold_interval(t, m, xmin, xmax, confidence, units=None):
     """(threshold or None, [lo, hi], bound) from the estimate ``t``, the replicates' log
     thresholds ``m`` and the range shown: the threshold is reported only within the range;
     outside it the interval is one-sided, and clamped to the range's end (a bound beyond the
@@ -563,12 +563,12 @@ def _gof(fits, x, N, model, n_gof, rng, lapse_max):
         KK.append(rng.binomial(n.astype(np.int64), p[None]).astype(float))
         NN.append(n)
         LX.append(np.repeat(np.log(x[i])[None], n_gof, 0))
-        lo, hi = _bounds(np.full(n_gof, fit["xmin"]), np.full(n_gof, fit["xmax"]), lapse_max)
+        lo, hi = fit_bounds(np.full(n_gof, fit["xmin"]), np.full(n_gof, fit["xmax"]), lapse_max)
         LO.append(lo)
         HI.append(hi)
     NN, KK = np.concatenate(NN), np.concatenate(KK)
     T0 = np.concatenate([np.repeat(fits[i]["theta"][None], n_gof, 0) for i in rows])
-    _, ll = _fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model,
+    _, ll = fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model,
                        theta0=T0)
     dev = (2.0 * (_saturated(NN, KK) - ll)).reshape(len(rows), n_gof)
     for j, i in enumerate(rows):
@@ -621,20 +621,20 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     fits = [_safe_fit(d.x[c], Ntot[c], Ktot[c], model, lapse_max) for c in range(C)]
     # bootstrap draws in a fixed order (pooled raters, pooled clips, each clip's raters):
     # simulate_coverage draws the same
-    wr = _draws(rng, R, n_boot)
-    wc = _draws(rng, C, n_boot)
+    wr = bootstrap_draws(rng, R, n_boot)
+    wc = bootstrap_draws(rng, C, n_boot)
     clip_raters = [np.flatnonzero(d.n[:, c, :].sum(1) > 0) for c in range(C)]
-    wcl = [_draws(rng, len(rs), n_boot) for rs in clip_raters]
+    wcl = [bootstrap_draws(rng, len(rs), n_boot) for rs in clip_raters]
 
     ci = (None, [None, None], None)
     hci = [None, None]
     if fit is not None:
         Nb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.n)
         Kb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.k)
-        m = _replicates(np.log(x)[None], Nb.reshape(1, n_boot, -1), Kb.reshape(1, n_boot, -1),
+        m = replicate_fits(np.log(x)[None], Nb.reshape(1, n_boot, -1), Kb.reshape(1, n_boot, -1),
                         fit["theta"][None], np.array([fit["xmin"]]), np.array([fit["xmax"]]),
                         lapse_max, model)[0]
-        ci = _interval(fit["threshold"], m, fit["xmin"], fit["xmax"], confidence)
+        ci = threshold_interval(fit["threshold"], m, fit["xmin"], fit["xmax"], confidence)
         lref = (wc * logref).sum(1) / wc.sum(1)
         hci = _exp_ci(_percentile_ci(m - lref, confidence))
 
@@ -645,12 +645,12 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     if fitted:
         NB = np.stack([wcl[c] @ d.n[clip_raters[c], c, :] for c in fitted])
         KB = np.stack([wcl[c] @ d.k[clip_raters[c], c, :] for c in fitted])
-        m = _replicates(np.log(d.x[fitted]), NB, KB, np.stack([fits[c]["theta"] for c in fitted]),
+        m = replicate_fits(np.log(d.x[fitted]), NB, KB, np.stack([fits[c]["theta"] for c in fitted]),
                         np.array([fits[c]["xmin"] for c in fitted]),
                         np.array([fits[c]["xmax"] for c in fitted]), lapse_max, model)
         for i, c in enumerate(fitted):
             units = len(clip_raters[c]) - 1 if CLIP_EXPANDED else None
-            cis[c] = _interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
+            cis[c] = threshold_interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
                                confidence, units)
             hcis[c] = _exp_ci(_percentile_ci(m[i] - logref[c], confidence, units))
 
@@ -834,175 +834,4 @@ def _yaml_str(s):
 
 # -- Monte Carlo -----------------------------------------------------------------------------
 
-_GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(60)
-_GH_W = _GH_W / _GH_W.sum()
 
-
-def population_threshold(threshold: float, slope: float, sd: float, *,
-                         model: str = "weibull") -> float:
-    """The x at which the population mean of F is 0.5, when individual log thresholds are
-    normal around ``log threshold`` with standard deviation ``sd`` (the estimand of a pooled
-    fit: the level at which, on average over raters (and clips), half the non-lapse trials are
-    discriminations)."""
-    if sd <= 0:
-        return float(threshold)
-    lt = math.log(threshold)
-
-    def f(lx):
-        return float((_core(slope * (lx - lt - sd * _GH_X), model)[0] * _GH_W).sum()) - 0.5
-
-    return float(math.exp(optimize.brentq(f, lt - 12 * sd - 5, lt + 12 * sd + 5, xtol=1e-12)))
-
-
-def simulate_trials(rng, *, raters: int, clips: int, levels=(1, 2, 4, 8, 16, 32),
-                    repeats: int = 2, threshold: float = 0.05, slope: float = 2.0,
-                    lapse_max: float = 0.04, rater_sd: float = 0.3, clip_sd: float = 0.3,
-                    reference: float = 0.01, reference_sd: float = 0.3, growth: float = 0.9,
-                    model: str = "weibull") -> dict:
-    """One simulated threshold study. Clip c has a real difference ``ref_c`` (lognormal around
-    ``reference``) and stimulus values ``x = ref_c * level ** growth``; rater r on clip c has the
-    log threshold ``log threshold + u_r + v_c`` (u ~ N(0, rater_sd), v ~ N(0, clip_sd)), the
-    given slope and a lapse rate uniform in [0, lapse_max]; every rater answers ``repeats``
-    trials per stimulus. Returns trials, references and the truths (pooled: over the population
-    of raters and clips; per clip: over raters, given the clip's v)."""
-    lv = np.asarray(levels, float)
-    ref = reference * np.exp(reference_sd * rng.standard_normal(clips))
-    x = ref[:, None] * lv[None, :] ** growth                          # (C, J)
-    u = rater_sd * rng.standard_normal(raters)
-    v = clip_sd * rng.standard_normal(clips)
-    lam = rng.uniform(0, lapse_max, raters) if lapse_max > 0 else np.zeros(raters)
-    t = threshold * np.exp(u[:, None] + v[None, :])                   # (R, C)
-    p = psychometric(x[None], t[:, :, None], slope, lam[:, None, None], model=model)
-    k = rng.binomial(repeats, p)                                      # (R, C, J)
-    trials = []
-    for r in range(raters):
-        for c in range(clips):
-            for j in range(len(lv)):
-                for i in range(repeats):
-                    trials.append({"rater": f"r{r:03d}", "clip": f"c{c:03d}", "level": float(lv[j]),
-                                   "x": float(x[c, j]), "correct": bool(i < k[r, c, j])})
-    truth = population_threshold(threshold, slope, math.hypot(rater_sd, clip_sd), model=model)
-    clip_truth = {f"c{c:03d}": population_threshold(threshold * math.exp(v[c]), slope, rater_sd,
-                                                    model=model) for c in range(clips)}
-    return {"trials": trials, "reference": {f"c{c:03d}": float(ref[c]) for c in range(clips)},
-            "truth": truth, "clip_truth": clip_truth, "n": np.full(k.shape, repeats), "k": k,
-            "x": x}
-
-
-def trials_from_counts(n, k, x, levels) -> list[dict]:
-    """Trials (the input of :func:`threshold_analysis`) from counts ``n``/``k`` (R, C, J) and
-    stimulus values ``x`` (C, J); raters ``r000``..., clips ``c000``... (labels sort like the
-    indices, so the analysis draws its bootstrap weights in the same order)."""
-    out = []
-    R, C, J = n.shape
-    for r in range(R):
-        for c in range(C):
-            for j in range(J):
-                for i in range(int(n[r, c, j])):
-                    out.append({"rater": f"r{r:03d}", "clip": f"c{c:03d}", "level": float(levels[j]),
-                                "x": float(x[c, j]), "correct": bool(i < k[r, c, j])})
-    return out
-
-
-def simulate_coverage(*, studies: int, raters: int, clips: int, levels=(1, 2, 4, 8, 16, 32),
-                      repeats: int = 2, threshold: float = 0.05, slope: float = 2.0,
-                      lapse_max: float = 0.04, rater_sd: float = 0.3, clip_sd: float = 0.3,
-                      reference: float = 0.01, reference_sd: float = 0.3, growth: float = 0.9,
-                      model: str = "weibull", n_boot: int = 200, confidence: float = 0.95,
-                      seed: int = 0, keep: bool = False) -> dict:
-    """Monte Carlo of :func:`threshold_analysis`'s pooled and per-clip intervals: ``studies``
-    simulated studies (the population of :func:`simulate_trials`), each analysed with the same
-    fit, the same bootstrap draws (study s uses ``seed = seeds[s]``) and the same interval rule
-    as :func:`threshold_analysis`, vectorised over studies. The point fit skips the SLSQP polish
-    (the tests check it changes nothing that matters). Returns coverage of the truth (with a
-    Wilson interval), how often the threshold was inside the range shown, and the bias (mean and
-    median of log(estimate / truth) where reported)."""
-    rng = np.random.default_rng(seed)
-    lv = np.asarray(levels, float)
-    S, R, C, J = studies, raters, clips, len(lv)
-    seeds = rng.integers(0, 2 ** 62, size=S)
-    ref = reference * np.exp(reference_sd * rng.standard_normal((S, C)))
-    x = ref[:, :, None] * lv ** growth                                 # (S, C, J)
-    u = rater_sd * rng.standard_normal((S, R))
-    v = clip_sd * rng.standard_normal((S, C))
-    lam = rng.uniform(0, lapse_max, (S, R)) if lapse_max > 0 else np.zeros((S, R))
-    t = threshold * np.exp(u[:, :, None] + v[:, None, :])              # (S, R, C)
-    p = psychometric(x[:, None], t[..., None], slope, lam[:, :, None, None], model=model)
-    k = rng.binomial(repeats, p).astype(float)                         # (S, R, C, J)
-    n = np.full(k.shape, float(repeats))
-    truth = population_threshold(threshold, slope, math.hypot(rater_sd, clip_sd), model=model)
-    clip_truth = threshold * np.exp(v) * population_threshold(1.0, slope, rater_sd, model=model)
-
-    # point fits (pooled: S rows of C*J stimuli; per clip: S*C rows of J)
-    xp = x.reshape(S, C * J)
-    lo, hi = _bounds(xp.min(1), xp.max(1), LAPSE_MAX)
-    th_p, _ = _fit_batch(np.log(xp), n.sum(1).reshape(S, -1), k.sum(1).reshape(S, -1), lo, hi,
-                         model)
-    xc = x.reshape(S * C, J)
-    lo, hi = _bounds(xc.min(1), xc.max(1), LAPSE_MAX)
-    th_c, _ = _fit_batch(np.log(xc), n.sum(1).transpose(0, 1, 2).reshape(S * C, J),
-                         k.sum(1).reshape(S * C, J), lo, hi, model)
-    # replicates, in chunks of studies
-    m_p = np.empty((S, n_boot))
-    m_c = np.empty((S, C, n_boot))
-    step = max(1, int(3e6 // (n_boot * C * J * 2)))
-    for s0 in range(0, S, step):
-        s1 = min(S, s0 + step)
-        g = s1 - s0
-        wr = np.empty((g, n_boot, R))
-        wc = np.empty((g, n_boot, C))
-        wcl = np.empty((g, C, n_boot, R))
-        for i in range(g):
-            r_ = np.random.default_rng(int(seeds[s0 + i]))
-            wr[i] = _draws(r_, R, n_boot)
-            wc[i] = _draws(r_, C, n_boot)
-            for c in range(C):
-                wcl[i, c] = _draws(r_, R, n_boot)
-        ns, ks = n[s0:s1], k[s0:s1]
-        Nb = wc[..., None] * np.einsum("sbr,srcj->sbcj", wr, ns)
-        Kb = wc[..., None] * np.einsum("sbr,srcj->sbcj", wr, ks)
-        m_p[s0:s1] = _replicates(np.log(xp[s0:s1]), Nb.reshape(g, n_boot, -1),
-                                 Kb.reshape(g, n_boot, -1), th_p[s0:s1], xp[s0:s1].min(1),
-                                 xp[s0:s1].max(1), LAPSE_MAX, model)
-        NB = np.einsum("scbr,srcj->scbj", wcl, ns).reshape(g * C, n_boot, J)
-        KB = np.einsum("scbr,srcj->scbj", wcl, ks).reshape(g * C, n_boot, J)
-        xcc = xc[s0 * C:s1 * C]
-        m_c[s0:s1] = _replicates(np.log(xcc), NB, KB, th_c[s0 * C:s1 * C], xcc.min(1),
-                                 xcc.max(1), LAPSE_MAX, model).reshape(g, C, n_boot)
-
-    def summarise(est, reps, xmin, xmax, truths, units=None):
-        rows = [_interval(float(math.exp(e)), r, a, b, confidence, units)
-                for e, r, a, b in zip(est, reps, xmin, xmax)]
-        lo_ = np.array([np.nan if r[1][0] is None else r[1][0] for r in rows])
-        hi_ = np.array([np.nan if r[1][1] is None else r[1][1] for r in rows])
-        val = np.array([np.nan if r[0] is None else r[0] for r in rows])
-        cov = (np.nan_to_num(lo_, nan=0.0) <= truths) & (truths <= np.nan_to_num(hi_, nan=np.inf))
-        inr = ~np.isnan(val)
-        lr = np.log(val[inr] / truths[inr])
-        both = inr & ~np.isnan(lo_) & ~np.isnan(hi_)
-        out = {"n": len(rows), "covered": int(cov.sum()), "coverage": float(cov.mean()),
-               "coverage_ci": list(wilson(int(cov.sum()), len(rows))),
-               "in_range": float(inr.mean()),
-               "covered_in_range": float(cov[inr].mean()) if inr.any() else None,
-               "below_truth": float(np.mean(hi_[~np.isnan(hi_)] < truths[~np.isnan(hi_)]))
-               if (~np.isnan(hi_)).any() else None,
-               "above_truth": float(np.mean(lo_[~np.isnan(lo_)] > truths[~np.isnan(lo_)]))
-               if (~np.isnan(lo_)).any() else None,
-               "log_bias_mean": float(lr.mean()) if lr.size else None,
-               "log_bias_median": float(np.median(lr)) if lr.size else None,
-               "log_rmse": float(np.sqrt((lr ** 2).mean())) if lr.size else None,
-               "width_median": float(np.median(np.log(hi_[both] / lo_[both])))
-               if both.any() else None}
-        if keep:
-            out["rows"] = rows
-        return out
-
-    res = {"pooled": summarise(th_p[:, 0], m_p, xp.min(1), xp.max(1), np.full(S, truth)),
-           "clips": summarise(th_c[:, 0], m_c.reshape(S * C, n_boot), xc.min(1), xc.max(1),
-                              clip_truth.reshape(-1), R - 1 if CLIP_EXPANDED else None),
-           "truth": truth, "confidence": confidence, "n_boot": n_boot}
-    if keep:
-        res["data"] = {"n": n, "k": k, "x": x, "ref": ref, "seeds": seeds, "levels": lv,
-                       "clip_truth": clip_truth, "theta_pooled": th_p, "theta_clips": th_c,
-                       "reps_pooled": m_p, "reps_clips": m_c, "truth": truth}
-    return res

@@ -6,7 +6,7 @@ shows), ``sources`` (slot -> backend) and ``expected`` (the right answer), in ``
 each study's trial streams (which file holds which arrangement of tiles), catch pool, clips'
 counterbalancing bits and the design seed they were drawn from, in ``config["sealed"]``. The
 plain columns hold ``{}``/NULL/0 instead; ``ratings`` store the answer only (``correct`` is
-computed from the unsealed trial by :func:`evalkit.study.api.raw_ratings` once the key is open).
+computed from the unsealed trial by :func:`evalkit.study.analyse.raw_ratings` once the key is open).
 Catch trials keep ``expected`` and ``correct`` in plain text: the interim screening needs them,
 and a catch trial's answer (reference against an obvious degradation) says nothing about the
 test key.

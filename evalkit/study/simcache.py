@@ -2,7 +2,8 @@
 
 Both are deterministic (fixed seeds) and take seconds to tens of seconds to simulate, so each
 command that needs one (``study plan``, ``study create``, ``study results``) would pay for it
-again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`) under
+again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`, :mod:`.simulate`
+and :mod:`.planning`) under
 ``$EVALKIT_CACHE_DIR/sims`` (or ``~/.cache/evalkit/sims``) as JSON, written atomically; a
 change to the rules' code (or to ``stats.RULE_VERSION``) makes a new key, so a stale figure is
 never read. A cache that cannot
@@ -24,8 +25,10 @@ _SOURCE: str | None = None
 def _source_hash() -> str:
     global _SOURCE
     if _SOURCE is None:
-        from . import stats
-        _SOURCE = hashlib.sha256(Path(stats.__file__).read_bytes()).hexdigest()[:16]
+        h = hashlib.sha256()        # the rules, their simulation and the planner (read, not imported)
+        for name in ("stats.py", "simulate.py", "planning.py"):
+            h.update((Path(__file__).parent / name).read_bytes())
+        _SOURCE = h.hexdigest()[:16]
     return _SOURCE
 
 

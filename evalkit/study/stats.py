@@ -1,4 +1,5 @@
-"""Statistics of a study: pure functions on arrays (no database, no files).
+"""Statistics of a study: the rules and tests, pure functions on arrays (no database, no files).
+Their Monte Carlo is :mod:`.simulate`, the planner that sizes a study for them :mod:`.planning`.
 
 Rater and clip labels are arbitrary hashables; every function takes one entry per test rating.
 
@@ -45,8 +46,8 @@ planned number of included raters has finished, see "Sequential looks" below), a
 
    Answers barely below chance (every rater at 0.5 + margin with half of them inverted; bots
    right 40% of the time as 40% of the raters) are seen only by the raters' spread check, whose
-   power grows with clips per rater: :func:`plan` gives each rater :func:`spread_clips` clips
-   (margin 0.1: 41; 0.05: 159), and :func:`design_check` judges achieved designs on those
+   power grows with clips per rater: :func:`.planning.plan` gives each rater :func:`.planning.spread_clips` clips
+   (margin 0.1: 41; 0.05: 159), and :func:`.planning.design_check` judges achieved designs on those
    scenarios too (``benchmarks/results/study_sim_round2.txt``).
 
 5. Otherwise ``inconclusive``.
@@ -59,20 +60,20 @@ bootstrap", Ann. Appl. Stat. 1:386-411) and the t quantile pays for estimating i
 clusters. The Monte Carlo grid of ``benchmarks/bench_study_sim.py`` (results in
 ``benchmarks/results/study_sim.txt``) checks, for every scenario of :data:`SCENARIOS`, at the
 floor (12 raters x 15 clips), at 12-60 raters x 15-40 clips for margin 0.1 and at the sizes
-:func:`plan` returns for margins 0.05-0.2 at 15-100 clips:
+:func:`.planning.plan` returns for margins 0.05-0.2 at 15-100 clips:
 
 * "indistinguishable" said when the true mean accuracy is at the boundary ``0.5 + margin``:
   <= 5% (within one Monte Carlo standard error);
 * "distinguishable" said when everyone guesses: <= 5% (exact, see 3);
 * "indistinguishable" said when everyone guesses: >= the planned power at the size of
-  :func:`plan`; one clip at accuracy ``clip_accuracy`` is flagged >= ``clip_power``.
+  :func:`.planning.plan`; one clip at accuracy ``clip_accuracy`` is flagged >= ``clip_power``.
 
 The rule as stated meets these at those sizes, so the ABX rule is unchanged. One limit, found
 by the simulations: with few raters and many clips at a small margin (12 raters x 40 clips at
 margin 0.05: 5%; 23 raters x 100 clips: 12%), a population in which 10% of raters see the
 difference well ("golden ears", 0.95) and the rest barely is under-represented: a sample
 without any golden ear (0.9^23 = 9%) looks like raters at chance with a tight bound, and no
-bound computed from that sample can know better. :func:`plan` therefore also simulates the
+bound computed from that sample can know better. :func:`.planning.plan` therefore also simulates the
 boundary error of every scenario at the size it found and adds raters until it is <= alpha
 (100 clips at margin 0.05: 41 raters instead of 23); do not run studies with fewer raters
 than planned.
@@ -121,7 +122,7 @@ forced choice with a right answer (ABX) can claim indistinguishable. (The previo
 Sequential looks
 ----------------
 The rule is for one look at the planned size. Checking after every rater and stopping at the
-first "indistinguishable" inflates the error at the boundary (:func:`simulate_abx_peeking`
+first "indistinguishable" inflates the error at the boundary (:func:`.simulate.simulate_abx_peeking`
 measures by how much); the product shows no verdict before the planned number of included
 raters (the caller reports "interim"), so peeking cannot change the decision.
 
@@ -133,36 +134,19 @@ with P(Binomial(n, 0.5) >= k) <= alpha, i.e. better than guessing on the easy ca
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 Z95 = 1.6448536269514722
 
-#: ABX scenarios of :func:`simulate_abx` (true accuracy per rater and clip); see its docstring.
-SCENARIOS = ("homogeneous", "heterogeneous_raters", "golden_ears", "clip_heterogeneity",
-             "combined", "one_visible_clip", "inverted_discriminators", "inverted_raters",
-             "inverted_clips", "bots", "weak_inversion", "weak_bots")
-#: the scenarios in which "indistinguishable" at the boundary is an error (all but the clip one)
-BOUNDARY_SCENARIOS = SCENARIOS[:5]
-#: boundary scenarios with answers below chance (some raters, clips or bots answer against
-#: what they see): "indistinguishable" is an error in every one
-INVERSION_SCENARIOS = SCENARIOS[6:]
-#: answers barely below chance (issue 44): the two scenarios that need clips per rater, not
-#: raters (:func:`spread_clips`): every rater at 0.5 + margin, half inverted; and bots right
-#: with probability WEAK_BOTS[1] as a share WEAK_BOTS[0] of the raters
-WEAK_SCENARIOS = ("weak_inversion", "weak_bots")
-WEAK_BOTS = (0.4, 0.4)
-#: the version of the planner's and design_check's rules, part of their disk-cache key
-#: (:mod:`.simcache`): bump it when what they return changes (2: the clips floor of
-#: :func:`spread_clips`, the weak scenarios in the boundary checks)
+#: the version of the planner's and design_check's rules (:mod:`.planning`), part of their
+#: disk-cache key (:mod:`.simcache`): bump it when what they return changes (2: the clips floor
+#: of :func:`.planning.spread_clips`, the weak scenarios in the boundary checks)
 RULE_VERSION = 2
 MIN_RATERS = 12
 MIN_CLIPS = 15
 MAX_RATERS = 100_000
-#: above this many rater x clip cells the planner uses the normal approximation, not simulation
-SIMULATE_MAX_CELLS = 6_000
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -320,7 +304,7 @@ def _codes(labels) -> tuple[np.ndarray, int]:
     return codes, len(uniq)
 
 
-def _draw_counts(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
+def draw_counts(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
     """Pigeonhole draw counts, shape ``shape + (n,)``: for each entry, how often each of ``n``
     units was drawn in ``n`` draws with replacement."""
     m = int(np.prod(shape))
@@ -346,7 +330,7 @@ def _cells(raters, clips, values) -> tuple[np.ndarray, np.ndarray, list, list]:
     return s, n, rlab, clab
 
 
-def _t(q: float, df) -> np.ndarray:
+def t_quantile(q: float, df) -> np.ndarray:
     """Student t quantile; ``inf`` where df < 1 (no claim can be made)."""
     from scipy.stats import t as student_t
 
@@ -431,70 +415,7 @@ def min_clips(margin: float, level: float = 0.95) -> int:
     return max(MIN_CLIPS, c)
 
 
-def _spread_miss_estimate(margin: float, raters: int, clips: int, alpha: float) -> float:
-    """Approximate chance that the raters' spread check misses answers barely below chance
-    (the harder of :data:`WEAK_SCENARIOS`): its statistic, a sum over raters of (2 k - n)^2 /
-    n, taken as chi-square with ``raters`` df at chance and non-central with (n - 1)(2 p - 1)^2
-    a rater when raters are right with probability p (mean over the scenario's raters)."""
-    from scipy.stats import chi2, ncx2
-
-    share, acc = WEAK_BOTS
-    per_rating = min(4 * margin ** 2, share * (2 * acc - 1) ** 2 + (1 - share) * 4 * margin ** 2)
-    crit = float(chi2.ppf(1 - alpha * BELOW_CHANCE_SPLIT["rater_dispersion"], raters))
-    return float(ncx2.cdf(crit, raters, raters * max(clips - 1, 0) * per_rating))
-
-
-def weak_misses(margin: float, raters: int, clips: int, *, alpha: float = 0.05,
-                studies: int = 1000, seed: int = 4405) -> dict:
-    """Per scenario of :data:`WEAK_SCENARIOS` at true accuracy 0.5 + margin: the simulated rate
-    at which no check below chance fires (an upper bound on false "indistinguishable", tight
-    where the bound U is nearly always under the margin); no bootstrap, so cheap."""
-    return {sc: 1 - simulate_abx(raters, clips, sc, margin=margin, alpha=alpha,
-                                 studies=studies, reps=2, seed=seed + i)["below_chance"]
-            for i, sc in enumerate(WEAK_SCENARIOS)}
-
-
-def spread_clips(margin: float, raters: int, *, alpha: float = 0.05, start: int = MIN_CLIPS,
-                 studies: int = 1000, seed: int = 4405) -> tuple[int, str]:
-    """The fewest clips per rater, at least ``start``, with which ``raters`` raters' answers
-    barely below chance are seen (issue 44): every rater at 0.5 + margin and half of them
-    inverted, or bots at 0.4 as 40% of the raters, leave every check below chance silent at
-    most ``alpha`` of the time (:func:`weak_misses`, fixed seed). The raters' spread check is
-    what sees them, and its power grows with clips per rater (noncentrality about
-    raters x clips x 4 margin^2 against sqrt(2 raters) of noise): more raters help as their
-    square root, more clips linearly. Returns (clips, method): the chi-square approximation
-    (:func:`_spread_miss_estimate`) bracketed and refined by simulation, or the approximation
-    alone above ``2 x SIMULATE_MAX_CELLS`` ratings."""
-    def est_ok(c: int) -> bool:
-        return _spread_miss_estimate(margin, raters, c, alpha) <= alpha
-
-    lo, hi = start - 1, max(start, 2)
-    while not est_ok(hi):
-        lo, hi = hi, hi * 2
-        if hi * raters > 100 * MAX_RATERS:
-            return hi, "normal approximation"
-    c0 = _smallest(lo, hi, est_ok) if hi > start else start
-    if raters * c0 > 2 * SIMULATE_MAX_CELLS:
-        return c0, "normal approximation"
-
-    def ok(c: int) -> bool:
-        return max(weak_misses(margin, raters, c, alpha=alpha, studies=studies,
-                               seed=seed).values()) <= alpha
-
-    if ok(c0):
-        lo, hi = start - 1, c0
-        step = max(start, math.floor(c0 * 0.9))
-        while step > start - 1 and ok(step):     # the approximation is conservative: walk down
-            hi, step = step, max(start - 1, math.floor(step * 0.9))
-        lo = step
-    else:
-        lo, hi = c0, math.ceil(c0 * 1.1) + 1
-        while not ok(hi):
-            lo, hi = hi, math.ceil(hi * 1.1) + 1
-    return (hi if hi - lo <= 1 else _smallest(lo, hi, ok)), "simulation"
-
-
-def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
+def abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
               margin: float, alpha: float) -> dict:
     """The ABX rule for S studies at once. ``Y``: (S, R, C) sums of correct; ``N``: counts
     (None: one rating per cell); ``wr`` (S, B, R) and ``wc`` (S, B, C): bootstrap draw counts."""
@@ -524,7 +445,7 @@ def _abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarra
         boot = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
     sd = boot.std(axis=1, ddof=1)
     df = min(R, C) - 1
-    t = float(_t(1 - alpha, df))
+    t = float(t_quantile(1 - alpha, df))
     upper = acc + t * sd
     overall_sig = p_all <= alpha / 2
     dist = overall_sig | flagged.any(axis=1)
@@ -618,9 +539,9 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     s, n, rlab, clab = _cells(raters, clips, y)
     R, C = s.shape
     rng = np.random.default_rng(seed)
-    wr = _draw_counts(rng, R, (1, reps))
-    wc = _draw_counts(rng, C, (1, reps))
-    o = _abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
+    wr = draw_counts(rng, R, (1, reps))
+    wc = draw_counts(rng, C, (1, reps))
+    o = abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
     verdict = ("distinguishable" if o["distinguishable"][0] else
                "indistinguishable" if o["indistinguishable"][0] else "inconclusive")
     per_clip = [{"clip": lab, "ratings": int(o["nc"][0, j]), "correct": int(o["kc"][0, j]),
@@ -739,7 +660,7 @@ def _flip_p(d: np.ndarray, flips: np.ndarray) -> np.ndarray:
     return hits / flips.shape[0] if exact else (hits + 1) / (flips.shape[0] + 1)
 
 
-def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
+def preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
                      alpha: float, flips: np.ndarray) -> dict:
     """The preference rule for S studies at once: ``W`` (S, R, C) wins of B, ``D`` decisive
     counts, ``wr``/``wc`` bootstrap draw counts, ``flips`` the sign patterns of the
@@ -758,7 +679,7 @@ def _preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarra
     # raters split their taste: the rater component then dominates)
     with np.errstate(invalid="ignore", divide="ignore"):
         sd = boot.std(axis=1, ddof=1) * np.sqrt(np.where(df >= 1, (df + 1) / np.maximum(df, 1), 1.0))
-    t = _t(1 - alpha / 2, df)
+    t = t_quantile(1 - alpha / 2, df)
     with np.errstate(invalid="ignore"):
         lo, hi = est - t * sd, est + t * sd
     # a zero SD (every decisive rating one way and in every replicate) says nothing about the
@@ -820,9 +741,9 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
     W, _, rlab, clab = _cells(raters, clips, win)
     D, _, _, _ = _cells(raters, clips, dec)
     rng = np.random.default_rng(seed)
-    wr = _draw_counts(rng, len(rlab), (1, reps))
-    wc = _draw_counts(rng, len(clab), (1, reps))
-    o = _preference_rule(W[None], D[None], wr, wc, alpha=alpha,
+    wr = draw_counts(rng, len(rlab), (1, reps))
+    wc = draw_counts(rng, len(clab), (1, reps))
+    o = preference_rule(W[None], D[None], wr, wc, alpha=alpha,
                          flips=sign_flips(rng, len(rlab)))
     wins_b, decisive = int(o["wins"][0]), int(o["decisive"][0])
     wins_a, ties = decisive - wins_b, n - decisive
@@ -885,10 +806,10 @@ def visible_share_bound(flagged, clips: int, ratings_per_clip: int, *, alpha: fl
     ``clips`` were drawn from at random) whose ABX accuracy is at least ``visible_accuracy``,
     from ``flagged`` of them flagged by the clip veto. Each such clip is flagged with
     probability at least ``power`` (exact binomial at the first Holm step with
-    ``ratings_per_clip`` ratings, :func:`_clip_power`), so the flagged count is at least
+    ``ratings_per_clip`` ratings, :func:`clip_veto_power`), so the flagged count is at least
     Binomial(clips, share x power): the Clopper-Pearson bound of the flagged share divided by
     ``power``, at most 1. Returns ``(bound, power)``; vectorised over ``flagged``."""
-    power = _clip_power(int(ratings_per_clip), int(clips), alpha, visible_accuracy)
+    power = clip_veto_power(int(ratings_per_clip), int(clips), alpha, visible_accuracy)
     cp = clopper_pearson_upper(flagged, clips, level)
     with np.errstate(divide="ignore"):
         b = np.minimum(1.0, cp / power) if power > 0 else np.ones_like(cp)
@@ -989,148 +910,6 @@ def krippendorff_alpha_nominal(units) -> float | None:
 
 # -- Monte Carlo -----------------------------------------------------------------------------
 
-def _beta_mean_sd(rng: np.random.Generator, mu: float, sd: float, shape) -> np.ndarray:
-    """Beta draws with mean ``mu`` and SD ``sd`` (or the largest feasible, 0.95 of the
-    Bernoulli SD); exactly ``mu`` when ``sd`` is 0."""
-    if sd <= 0 or mu <= 0 or mu >= 1:
-        return np.full(shape, float(mu))
-    sd = min(sd, 0.95 * math.sqrt(mu * (1 - mu)))
-    s = mu * (1 - mu) / sd ** 2 - 1
-    return rng.beta(mu * s, (1 - mu) * s, size=shape)
-
-
-def _truth(rng, scenario: str, S: int, R: int, C: int, mu: float, *, rater_sd: float,
-           clip_sd: float, clip_accuracy: float, invert: float = 0.5, bot_share: float = 0.21,
-           bot_accuracy: float = 0.3) -> np.ndarray:
-    """True accuracy per study, rater and clip: (S, R, C), in [0, 1]."""
-    if scenario == "homogeneous":
-        return np.full((S, R, C), float(mu))
-    if scenario == "heterogeneous_raters":
-        return np.broadcast_to(_beta_mean_sd(rng, mu, rater_sd, (S, R))[:, :, None], (S, R, C))
-    if scenario == "golden_ears":
-        golden = rng.random((S, R)) < 0.1
-        rest = min(1.0, max(0.0, (mu - 0.1 * 0.95) / 0.9))
-        return np.broadcast_to(np.where(golden, 0.95, rest)[:, :, None], (S, R, C))
-    if scenario == "clip_heterogeneity":
-        v = rng.normal(0.0, clip_sd, (S, 1, C))
-        return np.broadcast_to(np.clip(mu + v, 0, 1), (S, R, C))
-    if scenario == "combined":
-        pr = _beta_mean_sd(rng, mu, rater_sd, (S, R, 1))
-        v = rng.normal(0.0, clip_sd, (S, 1, C))
-        return np.clip(pr + v, 0, 1)
-    if scenario == "one_visible_clip":
-        p = np.full((S, R, C), 0.5)
-        p[:, :, 0] = clip_accuracy
-        return p
-    if scenario == "inverted_discriminators":
-        # guessing model: a share of raters discriminates (0.95), the rest guess; a share
-        # ``invert`` of the discriminators answers against what they see (0.05)
-        disc = rng.random((S, R)) < min(1.0, max(0.0, (mu - 0.5) / 0.45))
-        inv = rng.random((S, R)) < invert
-        p = np.where(disc, np.where(inv, 0.05, 0.95), 0.5)
-        return np.broadcast_to(p[:, :, None], (S, R, C))
-    if scenario == "inverted_raters":
-        pr = _beta_mean_sd(rng, mu, rater_sd, (S, R))
-        pr = np.where(rng.random((S, R)) < invert, 1 - pr, pr)
-        return np.broadcast_to(pr[:, :, None], (S, R, C))
-    if scenario == "inverted_clips":
-        pc = np.clip(mu + rng.normal(0.0, clip_sd, (S, 1, C)), 0, 1)
-        pc = np.where(rng.random((S, 1, C)) < invert, 1 - pc, pc)
-        return np.broadcast_to(pc, (S, R, C))
-    if scenario == "bots":
-        bot = rng.random((S, R)) < bot_share
-        return np.broadcast_to(np.where(bot, bot_accuracy, mu)[:, :, None], (S, R, C))
-    if scenario == "weak_inversion":
-        # every rater at mu, half of them answering against it (1 - mu): barely below chance
-        p = np.where(rng.random((S, R)) < 0.5, 1 - mu, mu)
-        return np.broadcast_to(p[:, :, None], (S, R, C))
-    if scenario == "weak_bots":
-        bot = rng.random((S, R)) < WEAK_BOTS[0]
-        return np.broadcast_to(np.where(bot, WEAK_BOTS[1], mu)[:, :, None], (S, R, C))
-    raise ValueError(f"scenario: expected one of {', '.join(SCENARIOS)}, found {scenario!r}")
-
-
-def _batches(studies: int, reps: int, R: int, C: int, budget: float = 6e6):
-    size = max(1, int(budget // (reps * (2 * R + C))))
-    for start in range(0, studies, size):
-        yield min(size, studies - start)
-
-
-def mc_se(rate: float, studies: int) -> float:
-    """Monte Carlo standard error of a simulated rate."""
-    return math.sqrt(max(rate * (1 - rate), 0.0) / studies) if studies else float("nan")
-
-
-def simulate_abx(raters: int, clips: int, scenario: str = "homogeneous", *,
-                 margin: float = 0.1, mu: float | None = None, alpha: float = 0.05,
-                 studies: int = 400, reps: int = 400, seed: int = 0,
-                 rater_sd: float = 0.15, clip_sd: float = 0.1,
-                 clip_accuracy: float = 0.95, invert: float = 0.5, bot_share: float = 0.21,
-                 bot_accuracy: float = 0.3) -> dict:
-    """Simulate ``studies`` complete ABX studies (each of ``raters`` rates each of ``clips``
-    once) and apply the exact rule of :func:`decide_abx` (vectorised, ``reps`` bootstrap
-    replicates per study). True accuracy ``p_rc`` per scenario (``mu``: the mean, default
-    the boundary ``0.5 + margin``; everything clipped to [0, 1]):
-
-    * ``homogeneous``: p_rc = mu (mu = 0.5 is the sharp null: everyone guesses);
-    * ``heterogeneous_raters``: p_r ~ Beta with mean mu and SD ``rater_sd`` (or the largest
-      feasible), p_rc = p_r;
-    * ``golden_ears``: each rater with probability 0.1 at 0.95, the others at
-      (mu - 0.095) / 0.9 so that the mean is mu;
-    * ``clip_heterogeneity``: p_rc = mu + v_c, v_c ~ Normal(0, ``clip_sd``);
-    * ``combined``: p_rc = p_r + v_c (both of the above);
-    * ``one_visible_clip``: 0.5 everywhere but clip 0 at ``clip_accuracy`` (``mu`` ignored);
-    * ``inverted_discriminators``: each rater discriminates (0.95) with probability
-      (mu - 0.5) / 0.45, else guesses; a share ``invert`` of the discriminators answers
-      against what they see (0.05);
-    * ``inverted_raters``: as ``heterogeneous_raters``, then a share ``invert`` of the raters
-      answers against what they see (1 - p_r);
-    * ``inverted_clips``: as ``clip_heterogeneity``, then a share ``invert`` of the clips is
-      answered against (1 - p_c);
-    * ``bots``: raters at mu, but each is with probability ``bot_share`` a bot right with
-      probability ``bot_accuracy`` (below 0.5: it decodes and answers wrong on purpose);
-    * ``weak_inversion``: every rater at mu, each with probability 0.5 answering against it
-      (1 - mu: barely below chance);
-    * ``weak_bots``: ``bots`` at :data:`WEAK_BOTS` (0.4 right, as 40% of raters).
-
-    In the last six the truth (what people see) is at mu; the answers below chance pull the
-    accuracy toward or below 0.5, so "indistinguishable" there is an error.
-
-    Returns the rate (fraction of studies) of each verdict, ``clip_flagged`` (clip 0 flagged),
-    ``any_flagged``, ``overall_significant``, ``below_chance`` (a check below chance fired),
-    ``bound_below_margin`` (not distinguishable and U < 0.5 + margin: what the rule said
-    before the checks below chance and the coverage bound), ``mean_upper``, and ``se`` (Monte Carlo
-    standard error of each rate)."""
-    if mu is None:
-        mu = 0.5 + margin
-    rng = np.random.default_rng(seed)
-    acc = {k: 0.0 for k in ("distinguishable", "indistinguishable", "inconclusive",
-                            "clip_flagged", "any_flagged", "overall_significant",
-                            "below_chance", "bound_below_margin")}
-    upper_sum = 0.0
-    for sb in _batches(studies, reps, raters, clips):
-        P = _truth(rng, scenario, sb, raters, clips, mu, rater_sd=rater_sd, clip_sd=clip_sd,
-                   clip_accuracy=clip_accuracy, invert=invert, bot_share=bot_share,
-                   bot_accuracy=bot_accuracy)
-        Y = (rng.random((sb, raters, clips)) < P).astype(float)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
-        acc["below_chance"] += o["below_chance"].sum()
-        acc["bound_below_margin"] += (~o["distinguishable"] & (o["upper"] < 0.5 + margin)).sum()
-        acc["distinguishable"] += o["distinguishable"].sum()
-        acc["indistinguishable"] += o["indistinguishable"].sum()
-        acc["inconclusive"] += (~o["distinguishable"] & ~o["indistinguishable"]).sum()
-        acc["clip_flagged"] += o["flagged"][:, 0].sum()
-        acc["any_flagged"] += o["flagged"].any(axis=1).sum()
-        acc["overall_significant"] += o["overall_significant"].sum()
-        upper_sum += o["upper"].sum()
-    rates = {k: float(v) / studies for k, v in acc.items()}
-    return {"scenario": scenario, "raters": raters, "clips": clips, "mu": mu,
-            "margin": margin, "alpha": alpha, "studies": studies, "reps": reps, "seed": seed,
-            **rates, "mean_upper": upper_sum / studies,
-            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
-
 
 #: bootstrap replicates of every ABX and preference verdict (fixed: ``study results --reps``
 #: cannot re-draw a verdict)
@@ -1146,57 +925,6 @@ def verdict_seed(study_seed: int) -> int:
     return int.from_bytes(h[:8], "big")
 
 
-_DESIGN_CHECKS: dict = {}
-
-
-def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
-                 studies: int = 400, reps: int = 200, seed: int = 4404,
-                 heterogeneity: float = 0.15) -> dict:
-    """Whether an ABX design of ``raters`` x ``clips`` (an achieved one, below its plan) still
-    keeps the 5% rule: the bound on the share of visibly different clips (none flagged) can
-    fall below :func:`visible_share_limit`, and the simulated rate of "indistinguishable" at
-    true accuracy 0.5 + margin minus one Monte Carlo SE is <= ``alpha`` in every scenario of
-    :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS` (fixed seed: the same design
-    always gets the same answer; cached). Returns ``ok``, ``visible_share_bound``,
-    ``visible_share_limit``, ``rates`` (scenario -> [rate, se]; empty when the bound already
-    rules the claim out), ``failing`` and ``text``."""
-    key = (int(raters), int(clips), float(margin), float(alpha), studies, reps, seed,
-           heterogeneity)
-    if key in _DESIGN_CHECKS:
-        return _DESIGN_CHECKS[key]
-    lim = visible_share_limit(margin)
-    vb = float(visible_share_bound(0, clips, raters, alpha=alpha)[0])
-    rates: dict[str, list] = {}
-    failing: dict[str, float] = {}
-    if vb < lim and raters >= 2 and clips >= 2:
-        edges = _boundary_checks(raters, clips, studies=studies, reps=reps, alpha=alpha,
-                                 margin=margin, heterogeneity=heterogeneity, seed=seed)
-        rates = {sc: [o["indistinguishable"], o["se"]["indistinguishable"]]
-                 for sc, o in edges.items()}
-        failing = _boundary_failures(edges, alpha)
-    ok = vb < lim and bool(rates) and not failing
-    if vb >= lim:
-        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: the bound on "
-                f"the share of visibly different clips is {vb:.3g}, not below {lim:g}")
-    elif failing:
-        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: simulated "
-                f"'indistinguishable' at true accuracy {0.5 + margin:g} is "
-                + ", ".join(f"{sc} {r:.3f}" for sc, r in failing.items())
-                + f" (above {alpha:g}; {studies} studies a boundary scenario, "
-                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
-    else:
-        text = (f"{raters} raters x {clips} clips still keep the rule: simulated "
-                f"'indistinguishable' at true accuracy {0.5 + margin:g} at most "
-                f"{max(r for r, _ in rates.values()):.3f} in {len(rates)} scenarios "
-                f"({studies} studies a boundary scenario, "
-                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
-    out = {"ok": ok, "raters": int(raters), "clips": int(clips), "visible_share_bound": vb,
-           "visible_share_limit": lim, "rates": rates, "failing": failing, "text": text,
-           "studies": studies}
-    _DESIGN_CHECKS[key] = out
-    return out
-
-
 #: the verdict of a study whose key was opened before its planned raters were complete, where
 #: its rule would have said "indistinguishable"
 UNBLINDED_EARLY = "unblinded early"
@@ -1210,602 +938,7 @@ def after_unblinding(verdict: str, unblinded_early: bool) -> str:
     return UNBLINDED_EARLY if unblinded_early and verdict == "indistinguishable" else verdict
 
 
-def simulate_abx_peeking(raters_max: int, clips: int, scenario: str = "homogeneous", *,
-                         start: int = MIN_RATERS, margin: float = 0.1,
-                         mu: float | None = None, alpha: float = 0.05, studies: int = 400,
-                         reps: int = 400, seed: int = 0, rater_sd: float = 0.15,
-                         clip_sd: float = 0.1) -> dict:
-    """The problem the "interim" display prevents: the same simulated studies (truth at
-    ``mu``, default the boundary 0.5 + margin) checked after every rater from ``start`` to
-    ``raters_max`` (the rule applied to the raters so far, fresh bootstrap draws each look).
-    Returns ``fixed`` (rate of "indistinguishable" at the single look at ``raters_max``: what
-    the product does), ``peeking`` (rate of "indistinguishable" at any look, i.e. stopping at
-    the first one), ``closed`` (rate of "indistinguishable" the product reports to an owner
-    who looks at every rater: each look needs the key, so a logged unblinding at the first
-    look; stopping at the first look that would say "indistinguishable" leaves an interim study
-    without a verdict, and a study carried on to the planned size is judged by
-    :func:`after_unblinding`), ``looks`` and ``se`` of each."""
-    if mu is None:
-        mu = 0.5 + margin
-    rng = np.random.default_rng(seed)
-    fixed = any_look = closed = 0
-    for sb in _batches(studies, reps, raters_max, clips):
-        P = _truth(rng, scenario, sb, raters_max, clips, mu, rater_sd=rater_sd,
-                   clip_sd=clip_sd, clip_accuracy=0.95)
-        Y = (rng.random((sb, raters_max, clips)) < P).astype(float)
-        hit = np.zeros(sb, dtype=bool)
-        for r in range(start, raters_max + 1):
-            wr = _draw_counts(rng, r, (sb, reps))
-            wc = _draw_counts(rng, clips, (sb, reps))
-            o = _abx_rule(Y[:, :r], None, wr, wc, margin=margin, alpha=alpha)
-            if r == raters_max:
-                fixed += int(o["indistinguishable"].sum())
-                # the owner looked (unblinded at the first look, before the planned size):
-                # stopped studies have no verdict, the others are judged as reported
-                carried_on = ~hit
-                reported = [after_unblinding("indistinguishable" if v else "other", True)
-                            for v in o["indistinguishable"][carried_on]]
-                closed += sum(v == "indistinguishable" for v in reported)
-            hit |= o["indistinguishable"]
-        any_look += int(hit.sum())
-    f, p, c = fixed / studies, any_look / studies, closed / studies
-    return {"scenario": scenario, "raters_max": raters_max, "clips": clips, "start": start,
-            "mu": mu, "margin": margin, "looks": raters_max - start + 1, "studies": studies,
-            "fixed": f, "peeking": p, "closed": c,
-            "se": {"fixed": mc_se(f, studies), "peeking": mc_se(p, studies),
-                   "closed": mc_se(c, studies)}}
-
-
-def simulate_visible_share(raters: int, clips: int, share: float, *, margin: float = 0.1,
-                           visible_accuracy: float = 1.0, alpha: float = 0.05,
-                           studies: int = 400, reps: int = 400, seed: int = 0,
-                           bound_accuracy: float = VISIBLE_ACCURACY) -> dict:
-    """Sparse visible clips: each of the ``clips`` drawn at random is visible with probability
-    ``share`` (every rater right with probability ``visible_accuracy``), the others at chance.
-    Applies the ABX rule and the coverage bound (:func:`visible_share_bound` for accuracy
-    ``bound_accuracy``) to ``studies`` simulated studies. Returns the rate of each verdict,
-    ``covered`` (the bound >= ``share``: the bound's coverage, target >= 0.95),
-    ``false_claim`` ("indistinguishable" with a bound below ``share``: the claim not limited
-    honestly), ``mean_bound`` and ``se``."""
-    rng = np.random.default_rng(seed)
-    acc = {"distinguishable": 0, "indistinguishable": 0, "covered": 0, "false_claim": 0,
-           "indistinguishable_covered": 0}
-    bound_sum = 0.0
-    for sb in _batches(studies, reps, raters, clips):
-        vis = rng.random((sb, 1, clips)) < share
-        P = np.broadcast_to(np.where(vis, visible_accuracy, 0.5), (sb, raters, clips))
-        Y = (rng.random((sb, raters, clips)) < P).astype(float)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _abx_rule(Y, None, wr, wc, margin=margin, alpha=alpha)
-        b, _ = visible_share_bound(o["flagged"].sum(axis=1), clips, raters, alpha=alpha,
-                                   visible_accuracy=bound_accuracy)
-        cov = b >= share
-        acc["distinguishable"] += int(o["distinguishable"].sum())
-        acc["indistinguishable"] += int(o["indistinguishable"].sum())
-        acc["covered"] += int(cov.sum())
-        acc["false_claim"] += int((o["indistinguishable"] & ~cov).sum())
-        acc["indistinguishable_covered"] += int((o["indistinguishable"] & cov).sum())
-        bound_sum += float(b.sum())
-    rates = {k: v / studies for k, v in acc.items()}
-    return {"raters": raters, "clips": clips, "share": share, "margin": margin,
-            "visible_accuracy": visible_accuracy, "bound_accuracy": bound_accuracy,
-            "studies": studies, "reps": reps, "seed": seed, **rates,
-            "mean_bound": bound_sum / studies,
-            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
-
-
-def simulate_preference(raters: int, clips: int, *, win_rate: float = 0.5,
-                        tie_rate: float = 0.0, rater_sd: float = 0.0, tie_sd: float = 0.0,
-                        alpha: float = 0.05, studies: int = 400, reps: int = 400,
-                        seed: int = 0) -> dict:
-    """Simulate complete preference studies and apply the rule of :func:`decide_preference`:
-    each rating is a tie with the rater's tie propensity t_r ~ Beta(mean ``tie_rate``, SD
-    ``tie_sd``) (``tie_sd`` 0: every rater ``tie_rate``), else B wins with the rater's win rate
-    p_r ~ Beta(mean ``win_rate``, SD ``rater_sd``) (``rater_sd`` large at win rate 0.5:
-    raters who see the difference but split their taste). Returns the rate of each verdict
-    and ``se``."""
-    rng = np.random.default_rng(seed)
-    b = a = 0
-    for sb in _batches(studies, reps, raters, clips):
-        pr = _beta_mean_sd(rng, win_rate, rater_sd, (sb, raters, 1))
-        tr = _beta_mean_sd(rng, tie_rate, tie_sd, (sb, raters, 1))
-        D = (rng.random((sb, raters, clips)) >= tr).astype(float)
-        W = D * (rng.random((sb, raters, clips)) < pr)
-        wr = _draw_counts(rng, raters, (sb, reps))
-        wc = _draw_counts(rng, clips, (sb, reps))
-        o = _preference_rule(W, D, wr, wc, alpha=alpha, flips=sign_flips(rng, raters))
-        b += int(o["b_preferred"].sum())
-        a += int(o["a_preferred"].sum())
-    rates = {"B preferred": b / studies, "A preferred": a / studies,
-             "no preference shown": (studies - a - b) / studies}
-    rates["any preference"] = (a + b) / studies
-    return {"raters": raters, "clips": clips, "win_rate": win_rate, "tie_rate": tie_rate,
-            "rater_sd": rater_sd, "tie_sd": tie_sd, "studies": studies, "reps": reps, "seed": seed, **rates,
-            "se": {k: mc_se(v, studies) for k, v in rates.items()}}
-
-
 # -- planning --------------------------------------------------------------------------------
-
-def _smallest(lo: int, hi: int, ok) -> int:
-    """The smallest n in (lo, hi] with ok(n), given ok(hi) and a monotone ok (bisection)."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def _pigeonhole_factor(R: int, C: int) -> float:
-    """Variance of the pigeonhole bootstrap mean over that of independent ratings:
-    E[(W V)^2] - 1 with W, V the draw counts of one rater and one clip (about 3)."""
-    return (2 - 1 / R) * (2 - 1 / C) - 1
-
-
-def _normal_power(R: int, C: int, margin: float, alpha: float, *, two_sided: bool,
-                  decisive_share: float = 1.0, rater_sd: float = 0.0) -> float:
-    """Normal approximation of the power of the rule at R raters x C clips: the estimate has
-    SE^2 = h^2 / R + (0.25 - h^2) / n and the bootstrap SD^2 = h^2 / R + factor * (0.25 - h^2)
-    / n (n decisive ratings, h the SD of the raters' true rates, factor the pigeonhole
-    inflation of independent ratings, about 3); the rule needs margin > t * SD."""
-    from scipy.stats import norm
-
-    n = R * C * decisive_share
-    h2 = min(rater_sd ** 2, 0.25)
-    se = math.sqrt(h2 / R + (0.25 - h2) / n)
-    sd = math.sqrt(h2 / R + _pigeonhole_factor(R, C) * (0.25 - h2) / n)
-    t = float(_t(1 - alpha / 2 if two_sided else 1 - alpha, min(R, C) - 1))
-    return float(norm.cdf((margin - t * sd) / se))
-
-
-def _normal_raters(margin: float, power: float, C: int, alpha: float, *, two_sided: bool,
-                   decisive_share: float = 1.0, rater_sd: float = 0.0) -> int:
-    """Smallest R >= 2 with :func:`_normal_power` >= ``power`` (``2 * MAX_RATERS`` + 1 when
-    none up to there)."""
-    def good(R):
-        return _normal_power(R, C, margin, alpha, two_sided=two_sided,
-                             decisive_share=decisive_share, rater_sd=rater_sd) >= power
-
-    lo, hi = 1, 2
-    while not good(hi):
-        lo, hi = hi, hi * 2
-        if hi > 2 * MAX_RATERS:
-            return 2 * MAX_RATERS + 1
-    return _smallest(lo, hi, good)
-
-
-#: the most ratings per clip the clip-veto search of :func:`plan` looks through (~2 s)
-MAX_CLIP_RATERS = 5_000
-
-
-def _clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power: float) -> int:
-    """Normal approximation of the ratings per clip :func:`_clip_power` needs."""
-    from scipy.stats import norm
-
-    if clip_accuracy >= 1:
-        return MIN_RATERS
-    za, zb = float(norm.isf(alpha / 2 / C)), float(norm.ppf(clip_power))
-    p = clip_accuracy
-    return math.ceil(((za * 0.5 + zb * math.sqrt(p * (1 - p))) / (p - 0.5)) ** 2)
-
-
-def _clip_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
-    """Exact power to flag one clip at ``clip_accuracy`` with R ratings, at the first Holm
-    step (alpha / 2 / C; conservative for the full procedure)."""
-    from scipy.stats import binom
-
-    ks = np.arange(R + 1)
-    ok = _sf_half(ks, R) <= alpha / 2 / C
-    if not ok.any():
-        return 0.0
-    k = int(ks[ok][0])
-    return float(binom.sf(k - 1, R, clip_accuracy))
-
-
-def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_CLIPS,
-         alpha: float = 0.05, exclusion_rate: float = 0.1, clip_accuracy: float = 0.9,
-         clip_power: float = 0.8, heterogeneity: float = 0.15, tie_rate: float = 0.0,
-         studies: int = 400, reps: int = 400, seed: int = 12345,
-         clips_per_rater: int | None = None, progress=None,
-         visible_bound: float | None = None) -> dict:
-    """Included raters (each rates every clip once) needed by a study.
-
-    ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
-    probability of "indistinguishable" by the exact rule of :func:`decide_abx` (``studies``
-    simulated studies, ``reps`` bootstrap replicates, fixed seed) minus one Monte Carlo SE is
-    >= ``power``; and (b) one clip at true accuracy ``clip_accuracy`` is flagged with
-    probability >= ``clip_power`` (exact binomial power at the first Holm step, alpha/2/clips:
-    conservative). The search starts from a normal approximation (bound = estimate + t x
-    bootstrap SD) and bisects on simulated power; above :data:`SIMULATE_MAX_CELLS` rater x clip
-    cells it keeps the normal approximation (``method`` says which). As checks it also
-    simulates, at the planned size, the boundary error (rate of "indistinguishable" at true
-    accuracy 0.5 + margin in the ``combined`` scenario with rater SD ``heterogeneity``), the
-    false "distinguishable" rate at chance, and the flag rate of one clip at
-    ``clip_accuracy``.
-
-    Preference: the smallest R >= 12 whose simulated probability of "B preferred"
-    (:func:`decide_preference` rule) is >= ``power`` (minus one MC SE) when B's win rate among
-    decisive answers is 0.5 + margin, ratings are ties with probability ``tie_rate``, and
-    raters' win rates vary with SD ``heterogeneity``; start from the normal approximation.
-
-    Floors for both: >= 12 included raters and >= 15 clips (a smaller ``clips`` is raised, with
-    a note). ABX clips are raised further (a note says so): to :func:`min_clips`, then to
-    :func:`spread_clips` at the raters the constraints above need there (answers barely below
-    chance, :data:`WEAK_SCENARIOS`, are seen only with enough clips per rater), planning the
-    raters again at the larger number (power by the normal approximation while iterating) until
-    the clips settle; the boundary checks at the final size include those scenarios, and a plan
-    over :data:`MAX_RATERS` test ratings is refused. ``invite`` = ceil(R / (1 - exclusion_rate))
-    raters to invite.
-    ``clips_per_rater``: old name of ``clips``. ``progress``: called with a short text after
-    each simulation (how many are needed is not known in advance).
-
-    ABX, ``visible_bound`` (a share, e.g. 0.1): clips drawn at random are raised until, with
-    none flagged, the verdict can say that at most this share of clips like these is visibly
-    different (:func:`visible_share_bound` at the planned raters; the plan is redone at the
-    larger number of clips). Every ABX plan reports ``visible_share_bound``: that bound at
-    its size, with none flagged."""
-    if clips_per_rater is not None:
-        clips = clips_per_rater
-    _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
-                visible_bound)
-    notes: list[str] = []
-    clips_requested = clips
-    floor = min_clips(margin) if protocol == "abx" else MIN_CLIPS
-    if clips < floor:
-        notes.append(f"clips raised from {clips} to the floor of {floor}" + (
-            f" (margin {margin:g}: fewer clips drawn at random cannot bound the share of "
-            f"visibly different clips below {visible_share_limit(margin):g}, 2 x margin)"
-            if floor > MIN_CLIPS else ""))
-        clips = floor
-    C = int(clips)
-    share = 1 - tie_rate if protocol == "preference" else 1.0
-    h = heterogeneity if protocol == "preference" else 0.0
-    chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
-
-    def raters_at(C: int, notes: list, simulate: bool = True) -> tuple:
-        approx = _normal_raters(margin, power, C, alpha, two_sided=protocol == "preference",
-                                decisive_share=share, rater_sd=h)
-        if approx > MAX_RATERS:
-            need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
-                    f"about {approx:,}")
-            raise ValueError(f"--margin {margin:g}: {need} included raters would be "
-                             f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
-                             f"--margin or more clips")
-        if protocol == "abx" and approx * C > MAX_RATERS:
-            raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} "
-                             f"clips = {approx * C:,} test ratings would be needed (at least "
-                             f"{C:,} clips to bound the share of visibly different clips below "
-                             f"{visible_share_limit(margin):g} and to see answers barely below "
-                             f"chance; the limit is {MAX_RATERS:,} test ratings); use a larger "
-                             "--margin")
-        if not simulate:
-            return approx, None, max(MIN_RATERS, approx), "normal approximation"
-        pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
-                      heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
-                      progress=progress)
-        r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
-        return approx, pw, r_power, method
-
-    if protocol == "abx":
-        # answers barely below chance are seen by the raters' spread check, whose power grows
-        # with clips per rater: raise the clips until it sees them at the raters the other
-        # constraints need there (more clips need fewer raters for power: iterate, with the
-        # power's normal approximation; the boundary checks at the final size include both
-        # scenarios and add raters if they still fail there)
-        spread_from = C
-        for _ in range(8):
-            approx, pw, r_power, method = raters_at(C, [], simulate=False)
-            r_pre = _abx_raters(r_power, method, C, power=power, alpha=alpha,
-                                clip_accuracy=clip_accuracy, clip_power=clip_power,
-                                heterogeneity=heterogeneity, seed=seed, chk=chk, notes=[],
-                                progress=progress, checks=False)[0]
-            need, how = spread_clips(margin, r_pre, alpha=alpha, start=C)
-            if progress is not None:
-                progress(f"{r_pre} raters: {need} clips see answers barely below chance")
-            if need <= C:
-                break
-            if r_pre * need > 100 * MAX_RATERS:
-                raise ValueError(f"--margin {margin:g}: about {r_pre:,} included raters x "
-                                 f"{need:,} clips = {r_pre * need:,} test ratings would be "
-                                 f"needed (clips per rater to see answers barely below chance; "
-                                 f"the limit is {MAX_RATERS:,} test ratings); use a larger "
-                                 "--margin")
-            C = need
-        if C > spread_from:
-            notes.append(f"clips raised from {spread_from} to {C} (answers barely below chance: "
-                         f"with fewer clips per rater, every rater at {0.5 + margin:g} and half "
-                         f"of them inverted, or bots at {WEAK_BOTS[1]:g} as "
-                         f"{WEAK_BOTS[0]:.0%} of raters, would go unseen more than "
-                         f"{alpha:g} of the time; {how})")
-    approx, pw, r_power, method = raters_at(C, notes)
-    if protocol == "abx":
-        R, reasons, edges, checks_simulated = _abx_raters(
-            r_power, method, C, power=power, alpha=alpha, clip_accuracy=clip_accuracy,
-            clip_power=clip_power, heterogeneity=heterogeneity, seed=seed, chk=chk,
-            notes=notes, progress=progress)
-        if R * C > MAX_RATERS:
-            raise ValueError(f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
-                             f"{R * C:,} test ratings would be needed (clips per rater to see "
-                             f"answers barely below chance; the limit is {MAX_RATERS:,} test "
-                             "ratings); use a larger --margin")
-        if C > spread_from:
-            reasons.append(f"answers barely below chance: {C} clips per rater (not {spread_from}) "
-                           f"see them at {R} raters")
-    else:
-        R, edges, checks_simulated = max(MIN_RATERS, r_power), {}, method == "simulation"
-        reasons = ([f"power: {power:g} probability of 'B preferred' at win rate "
-                    f"{0.5 + margin:g} needs {r_power} raters"]
-                   if R == r_power and r_power > MIN_RATERS else [])
-    if R == MIN_RATERS and not reasons:
-        reasons.append(f"floor: at least {MIN_RATERS} included raters")
-    out = {"protocol": protocol, "margin": margin, "power_target": power, "alpha": alpha,
-           "raters": R, "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
-           "exclusion_rate": exclusion_rate, "clips": C, "clips_requested": clips_requested,
-           "ratings_per_clip": R, "trials": R * C, "reasons": reasons, "notes": notes,
-           "method": method, "normal_approx_raters": approx, "rule_version": RULE_VERSION,
-           "simulated_studies": studies, "bootstrap_reps": reps, "seed": seed,
-           "heterogeneity": heterogeneity,
-           # names kept for the CLI of before
-           "clips_per_rater": C, "analytic_trials": approx * C}
-    big = method != "simulation" or not checks_simulated
-    if protocol == "abx":
-        vb, _ = visible_share_bound(0, C, R, alpha=alpha, visible_accuracy=clip_accuracy)
-        out["visible_share_bound"] = float(vb)
-        if visible_bound is not None:
-            need = clips_for_bound(visible_bound, R, alpha=alpha,
-                                   visible_accuracy=clip_accuracy, start=C)
-            if need > C:        # more clips may need more raters: plan again at that size
-                again = plan(protocol, margin, power, clips=need, alpha=alpha,
-                             exclusion_rate=exclusion_rate, clip_accuracy=clip_accuracy,
-                             clip_power=clip_power, heterogeneity=heterogeneity,
-                             tie_rate=tie_rate, studies=studies, reps=reps, seed=seed,
-                             progress=progress, visible_bound=visible_bound)
-                again["clips_requested"] = clips_requested
-                return again
-            out["visible_bound_target"] = visible_bound
-            reasons.append(f"visible bound: {C} clips drawn at random bound the share of "
-                           f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
-                           f"{float(vb):.3g} <= {visible_bound:g} when none is flagged")
-        out.update(_abx_figures(R, C, margin=margin, alpha=alpha, clip_accuracy=clip_accuracy,
-                                clip_power=clip_power, seed=seed, chk=chk, edges=edges,
-                                big=big))
-    else:
-        out.update(_preference_figures(R, C, pw, margin=margin, alpha=alpha, tie_rate=tie_rate,
-                                       share=share, h=h, heterogeneity=heterogeneity,
-                                       studies=studies, reps=reps, seed=seed, big=big))
-    return out
-
-
-def _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
-                visible_bound) -> None:
-    """:func:`plan`'s arguments, each refused with a message naming its option."""
-    if protocol not in ("abx", "preference"):
-        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
-    if not 0 < margin < 0.5:
-        raise ValueError(f"--margin: expected a number in (0, 0.5), found {margin}")
-    if not 0 < power < 1:
-        raise ValueError(f"--power: expected a number in (0, 1), found {power}")
-    if not 0 <= exclusion_rate < 1:
-        raise ValueError(f"--exclusion-rate: expected a number in [0, 1), found {exclusion_rate}")
-    if not 0 <= tie_rate < 1:
-        raise ValueError(f"--tie-rate: expected a number in [0, 1), found {tie_rate}")
-    if not 0.5 < clip_accuracy <= 1:
-        raise ValueError(f"--clip-accuracy: expected a number in (0.5, 1], found {clip_accuracy}")
-    if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
-        raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
-    if visible_bound is not None:
-        if protocol != "abx":
-            raise ValueError("--visible-bound: only for --protocol abx (a preference study "
-                             "makes no claim that clips look the same)")
-        if not 0 < visible_bound < 1:
-            raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
-                             f"{visible_bound}")
-
-
-class _PowerAt:
-    """The simulated power of a design with ``R`` raters (cached per R): the probability of
-    "indistinguishable" when everyone guesses (ABX), or of "B preferred" at win rate
-    0.5 + margin (preference)."""
-
-    def __init__(self, protocol, C, *, margin, alpha, tie_rate, heterogeneity, studies, reps,
-                 seed, progress):
-        self.protocol, self.C, self.margin, self.alpha = protocol, C, margin, alpha
-        self.tie_rate, self.heterogeneity = tie_rate, heterogeneity
-        self.studies, self.reps, self.seed, self.progress = studies, reps, seed, progress
-        self.cache: dict[int, float] = {}
-
-    def __call__(self, R: int) -> float:
-        if R not in self.cache:
-            if self.protocol == "abx":
-                self.cache[R] = simulate_abx(R, self.C, "homogeneous", mu=0.5,
-                                             margin=self.margin, alpha=self.alpha,
-                                             studies=self.studies, reps=self.reps,
-                                             seed=self.seed + R)["indistinguishable"]
-            else:
-                self.cache[R] = simulate_preference(
-                    R, self.C, win_rate=0.5 + self.margin, tie_rate=self.tie_rate,
-                    rater_sd=self.heterogeneity, alpha=self.alpha, studies=self.studies,
-                    reps=self.reps, seed=self.seed + R)["B preferred"]
-            if self.progress is not None:
-                self.progress(f"{R} raters: power {self.cache[R]:.3f}")
-        return self.cache[R]
-
-
-def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: int,
-                      notes: list) -> tuple[int, str]:
-    """The smallest R whose simulated power minus one MC SE reaches ``power``, and the method:
-    bracketed around the normal approximation ``approx`` and bisected; the approximation itself
-    where the design is too large to simulate quickly (a note says so)."""
-    mc = math.sqrt(power * (1 - power) / studies)
-
-    def ok(R: int) -> bool:
-        return pw(R) - mc >= power
-
-    simulate = approx * C <= SIMULATE_MAX_CELLS
-    if simulate:
-        # bracket [lo, hi] with ok(hi) and not ok(lo) (lo = 11: below the floor) around the
-        # normal approximation, then bisect
-        r0 = max(MIN_RATERS, approx)
-        if ok(r0):
-            lo, hi = max(MIN_RATERS - 1, int(r0 * 0.85)), r0
-            if lo >= MIN_RATERS and ok(lo):
-                lo, hi = MIN_RATERS - 1, lo
-        else:
-            lo, hi = r0, math.ceil(r0 * 1.15) + 1
-            while not ok(hi):
-                lo, hi = hi, math.ceil(hi * 1.15) + 1
-                if hi * C > 2 * SIMULATE_MAX_CELLS:
-                    simulate = False
-                    break
-    if simulate:
-        return _smallest(lo, hi, ok), "simulation"
-    r_power = max(MIN_RATERS, approx)
-    notes.append(f"{r_power} raters x {C} clips is too large to simulate quickly: the "
-                 f"power figure is the normal approximation")
-    return r_power, "normal approximation"
-
-
-def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, heterogeneity,
-                seed, chk, notes, progress, checks: bool = True) -> tuple[int, list, dict, bool]:
-    """ABX raters past the power figure ``r_power``: the clip veto (one clip at
-    ``clip_accuracy`` flagged with probability ``clip_power``), then (``checks``) the boundary
-    error in every scenario of :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS`.
-    Returns (raters, reasons, the boundary simulations, whether the checks were simulated)."""
-    reasons: list[str] = []
-    edges: dict[str, dict] = {}
-    R = max(MIN_RATERS, r_power)
-    # the search below is linear (the exact power is a saw-tooth) and each step costs O(R):
-    # refuse a clip accuracy so close to 0.5 that it would run for minutes
-    need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
-    if need > MAX_CLIP_RATERS:
-        raise ValueError(f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
-                         f"would be needed to flag one clip (the limit is "
-                         f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
-    r_clip = MIN_RATERS
-    while _clip_power(r_clip, C, alpha, clip_accuracy) < clip_power:
-        r_clip += 1
-        if r_clip > MAX_RATERS:
-            raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
-                             f"{MAX_RATERS:,} ratings per clip")
-
-    def clip_ok_from(r: int) -> int:
-        while _clip_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
-            r += 1
-        return r
-
-    R = clip_ok_from(max(R, r_clip))
-    r_veto = R
-    lim = visible_share_limit(chk["margin"])
-    while float(visible_share_bound(0, C, R, alpha=alpha)[0]) >= lim:
-        R += 1
-        if R > MAX_CLIP_RATERS:
-            raise ValueError(f"--clips {C}: the share of visibly different clips cannot be "
-                             f"bounded below {lim:g} with up to {MAX_CLIP_RATERS:,} raters; "
-                             "use more clips")
-    checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
-    if method == "simulation" and not checks_simulated:     # the clip veto made R large
-        notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
-                     "at this size are the normal approximation")
-    r_base = R
-    if R == r_power and r_power > MIN_RATERS:
-        reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
-                       f"everyone guesses needs {r_power} raters")
-    if r_veto > r_power:
-        reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
-                       f"probability {clip_power:g} needs {r_veto} ratings per clip "
-                       f"(power alone: {r_power})")
-    if R > max(r_veto, r_power):
-        reasons.append(f"coverage: {C} clips bound the share of visibly different clips "
-                       f"below {lim:g} (2 x margin) from {R} ratings per clip")
-    # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
-    # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
-    # (golden ears missed by the sample) it may not: add raters until it does
-    while checks_simulated and checks:
-        edges = _boundary_checks(R, C, heterogeneity=heterogeneity, seed=seed + 1, **chk)
-        if progress is not None:
-            progress(f"{R} raters: boundary checks")
-        bad = _boundary_failures(edges, alpha)
-        if not bad:
-            break
-        if R * C > 2 * SIMULATE_MAX_CELLS:
-            notes.append(f"boundary error above {alpha:g} at {R} raters "
-                         f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
-                         f"adding raters")
-            break
-        R = clip_ok_from(math.ceil(R * 1.1) + 1)
-    if R > r_base:
-        reasons.append(f"heterogeneity and answers below chance: 'indistinguishable' at true accuracy "
-                       f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
-                       f"raters (not at {r_base})")
-    return R, reasons, edges, checks_simulated
-
-
-#: simulated studies of the planner's and :func:`design_check`'s checks with answers below chance
-#: (judged on the rate itself, not the rate less one SE: the checks below chance leave rates
-#: near 5% at the smallest sizes, and 400 studies could not tell 5% from 7%)
-INVERSION_CHECK_STUDIES = 1000
-
-
-def _boundary_checks(R: int, C: int, *, studies: int, reps: int, alpha: float, margin: float,
-                     heterogeneity: float, seed: int) -> dict:
-    """``simulate_abx`` at the boundary in every scenario of :data:`BOUNDARY_SCENARIOS` and
-    :data:`INVERSION_SCENARIOS` (the latter with at least :data:`INVERSION_CHECK_STUDIES`)."""
-    out = {}
-    for i, sc in enumerate(BOUNDARY_SCENARIOS + INVERSION_SCENARIOS):
-        n = studies if sc in BOUNDARY_SCENARIOS else max(studies, INVERSION_CHECK_STUDIES)
-        out[sc] = simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + i, studies=n,
-                               reps=reps, alpha=alpha, margin=margin)
-    return out
-
-
-def _boundary_failures(edges: dict, alpha: float) -> dict:
-    """The scenarios whose boundary rate is above ``alpha``: less one MC SE for
-    :data:`BOUNDARY_SCENARIOS`, the rate itself for :data:`INVERSION_SCENARIOS`."""
-    return {sc: o["indistinguishable"] for sc, o in edges.items()
-            if o["indistinguishable"] - (o["se"]["indistinguishable"]
-                                         if sc in BOUNDARY_SCENARIOS else 0.0) > alpha}
-
-
-def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges,
-                 big) -> dict:
-    """An ABX plan's rule, clip-flag power and its checks at the planned size (simulated, or
-    the normal approximation when ``big``)."""
-    out = {"margin_terms": margin_terms(margin), "rule": abx_rule_text(margin, alpha, R, C, 2000),
-           "clip_accuracy": clip_accuracy, "clip_power_target": clip_power,
-           "clip_flag_power": _clip_power(R, C, alpha, clip_accuracy)}
-    if big:
-        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
-                   simulated_power_se=None, boundary_error=None, boundary_error_se=None,
-                   distinguishable_at_chance=None, clip_flag_simulated=None)
-        return out
-    null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
-    vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy, seed=seed + 7,
-                       **chk)
-    out.update(simulated_power=null["indistinguishable"],
-               simulated_power_se=null["se"]["indistinguishable"],
-               distinguishable_at_chance=null["distinguishable"],
-               boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
-               boundary_error_se=max(o["se"]["indistinguishable"] for o in edges.values()),
-               clip_flag_simulated=vis["clip_flagged"])
-    return out
-
-
-def _preference_figures(R, C, pw, *, margin, alpha, tie_rate, share, h, heterogeneity, studies,
-                        reps, seed, big) -> dict:
-    """A preference plan's rule and its power and chance-level checks at the planned size."""
-    out = {"tie_rate": tie_rate, "rule": preference_rule_text(alpha, min(R, C) - 1, 2000)}
-    if big:
-        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=True,
-                                                 decisive_share=share, rater_sd=h),
-                   simulated_power_se=None, any_preference_at_chance=None)
-        return out
-    null = simulate_preference(R, C, win_rate=0.5, tie_rate=tie_rate, rater_sd=heterogeneity,
-                               alpha=alpha, studies=studies, reps=reps, seed=seed + 1)
-    out.update(simulated_power=pw(R), simulated_power_se=mc_se(pw(R), studies),
-               any_preference_at_chance=null["any preference"])
-    return out
 
 
 # -- the pigeonhole bootstrap of a mean, one replicate per row ----------------------------------
@@ -1830,3 +963,16 @@ def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
         means = (w @ y) / tot
     means[tot == 0] = np.nan
     return means
+
+
+def clip_veto_power(R: int, C: int, alpha: float, clip_accuracy: float) -> float:
+    """Exact power to flag one clip at ``clip_accuracy`` with R ratings, at the first Holm
+    step (alpha / 2 / C; conservative for the full procedure)."""
+    from scipy.stats import binom
+
+    ks = np.arange(R + 1)
+    ok = _sf_half(ks, R) <= alpha / 2 / C
+    if not ok.any():
+        return 0.0
+    k = int(ks[ok][0])
+    return float(binom.sf(k - 1, R, clip_accuracy))

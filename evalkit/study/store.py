@@ -54,7 +54,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, Me
 
 from ..errors import SchemaVersionError
 from ..fsutil import file_kind
-from .errors import StudyError
+from .errors import StudyError, UnknownStudy
 
 SCHEMA_VERSION = 6
 
@@ -496,3 +496,16 @@ def close_all() -> None:
 
 def dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True)
+
+
+def load_study(conn, study) -> dict:
+    try:
+        sid = int(study)
+    except (TypeError, ValueError):
+        raise UnknownStudy(study) from None
+    if not 0 < sid < 2**63:          # no such id; the driver would overflow on a larger one
+        raise UnknownStudy(study)
+    row = conn.execute(select(studies).where(studies.c.id == sid)).mappings().first()
+    if row is None:
+        raise UnknownStudy(study)
+    return dict(row)

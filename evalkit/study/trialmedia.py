@@ -151,7 +151,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     row_keys = design.row_keys(protocol, x=x, bit=bit, one_place=one)
     catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one, bit=b)
                   for b in catch_bits]
-    extra = {"x": x} if protocol == "abx" and one else {}
+    extra = {"x": x} if forced and one else {}
     same = [True]
     made = {}                                  # unit -> {"rects", "scale", "files"}
 
