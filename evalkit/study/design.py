@@ -217,10 +217,11 @@ def row_bits(sides: tuple, level, n_catch: int) -> tuple[int, list[int]]:
     stimulus) and nothing else, as :func:`catch_plan` draws catch versions: every study of the
     same rows then holds the same one file (preference) or two (lossless ABX) of each row, never
     ``ab`` in one study and ``ba`` in another, which pooled across studies would be siblings
-    again (the smaller told which tile is B); a row's catch versions alternate, as the
-    study's bits made them (drawn one by one, a bot read lossless catch answers 150 of 240). The row's bit is of the physical order (the
-    content in the first tile: the bit flips with the sides, so a study of B against A holds
-    the same file); raters cannot draw it without the source clips' bytes."""
+    again (the smaller told which tile is B); a row's catch versions alternate, as the study's
+    bits made them (drawn one by one, a bot read lossless catch answers 150 of 240). The row's
+    bit is of the physical order (the content in the first tile: the bit flips with the sides,
+    so a study of B against A holds the same file); raters cannot draw it without the source
+    clips' bytes."""
     pair = tuple(sorted(sides))
     key = _digest("row-order", pair, level)
     first = pair[key % 2]
