@@ -45,9 +45,10 @@ postgresql:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; \
 	  $$SUDO pg_ctlcluster --force $$(ls /usr/lib/postgresql | sort -V | tail -1) main stop >/dev/null 2>&1 || true; }
 
-# ruff (pinned in requirements.lock, configured in ruff.toml): errors, not style
+# ruff (pinned in requirements.lock, configured in ruff.toml): errors, import order, one layout
 lint: $(STAMP)
 	$(PY) -m ruff check evalkit app metrics tests benchmarks tools datasets
+	$(PY) -m ruff format --check evalkit app metrics tests benchmarks tools datasets
 
 # Two workers (pytest-xdist), each test file on one of them (module fixtures made once): most
 # tests wait on browsers, servers and subprocesses, so two workers on two cores halve the time.

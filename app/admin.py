@@ -3,6 +3,7 @@ results and verdict with a per-clip plot, each clip's accuracy against its LPIPS
 study's psychometric curve, rater quality and exclusions, invites, CSV export.
 Every figure comes from :mod:`evalkit.study` (``results``, ``ratings_csv``, ``summary_csv``,
 ``invite``); this module only lays them out."""
+
 from __future__ import annotations
 
 import html
@@ -18,8 +19,7 @@ from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
 from evalkit.study.text import results_lines  # noqa: E402
 
-STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials",
-                 "created"]
+STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials", "created"]
 
 
 def studies_table(db) -> pd.DataFrame:
@@ -74,15 +74,18 @@ def clip_plot(res: dict):
     ax.set_xticklabels([tick_label(c["job"]) for c in pc], rotation=45, ha="right", fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel(key)
-    ax.set_title(f"per clip {key} (red: detectably different, Holm-adjusted)"
-                 if res["protocol"] == "abx" else f"per clip {key}")
+    ax.set_title(
+        f"per clip {key} (red: detectably different, Holm-adjusted)"
+        if res["protocol"] == "abx"
+        else f"per clip {key}"
+    )
     return fig
 
 
 def tick_label(job: str, limit: int = 16) -> str:
     """A job id short enough that neighbouring labels do not overlap (the table has it whole)."""
     job = str(job)
-    return job if len(job) <= limit else job[:limit - 1] + "…"
+    return job if len(job) <= limit else job[: limit - 1] + "…"
 
 
 def _accuracy_key(res: dict) -> str:
@@ -97,11 +100,15 @@ def lpips_plot(res: dict):
         return None
     key = _accuracy_key(res)
     if res["protocol"] == "threshold":
-        pts = [(p["lpips"], p["accuracy"], p["n"], f"{p['job']} x{p['level']:g}")
-               for p in res.get("levels") or []]
+        pts = [
+            (p["lpips"], p["accuracy"], p["n"], f"{p['job']} x{p['level']:g}")
+            for p in res.get("levels") or []
+        ]
     else:
-        pts = [(c.get("lpips_mean"), c.get(key), c.get("ratings"), str(c["job"]))
-               for c in res.get("per_clip") or []]
+        pts = [
+            (c.get("lpips_mean"), c.get(key), c.get("ratings"), str(c["job"]))
+            for c in res.get("per_clip") or []
+        ]
     pts = [p for p in pts if p[0] is not None and p[0] > 0 and p[1] is not None]
     if not pts:
         return None
@@ -109,11 +116,15 @@ def lpips_plot(res: dict):
 
     fig = Figure(figsize=(7, 3.4), layout="constrained")
     ax = fig.subplots()
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=[12 + 4 * (p[2] or 0) for p in pts],
-               color="#4a78b0", alpha=0.7)
+    ax.scatter(
+        [p[0] for p in pts],
+        [p[1] for p in pts],
+        s=[12 + 4 * (p[2] or 0) for p in pts],
+        color="#4a78b0",
+        alpha=0.7,
+    )
     for x, y, n, label in pts:
-        ax.annotate(tick_label(label), (x, y), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(tick_label(label), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.axhline(0.5, color="k", lw=1)
     ax.set_ylim(0, 1.05)
@@ -140,15 +151,20 @@ def curve_plot(res: dict):
     ax = fig.subplots()
     xs = [p["x"] for p in pts]
     ys = [p["correct"] / p["n"] for p in pts]
-    ax.scatter(xs, ys, s=[12 + 3 * p["n"] for p in pts], color="#4a78b0", zorder=3,
-               label="pooled points (size: n)")
+    ax.scatter(
+        xs, ys, s=[12 + 3 * p["n"] for p in pts], color="#4a78b0", zorder=3, label="pooled points (size: n)"
+    )
     for p, y in zip(pts, ys):
-        ax.annotate(f"n={p['n']}", (p["x"], y), fontsize=7, xytext=(4, -10),
-                    textcoords="offset points")
+        ax.annotate(f"n={p['n']}", (p["x"], y), fontsize=7, xytext=(4, -10), textcoords="offset points")
     curve = pooled.get("curve") or []
     if curve:
-        ax.plot([c[0] for c in curve], [c[1] for c in curve], color="#2c3e50", lw=1.5,
-                label=f"fit ({a.get('model', '')})")
+        ax.plot(
+            [c[0] for c in curve],
+            [c[1] for c in curve],
+            color="#2c3e50",
+            lw=1.5,
+            label=f"fit ({a.get('model', '')})",
+        )
     thr = pooled.get("threshold")
     crit = a.get("criterion", 0.75)
     if thr is not None:
@@ -172,6 +188,7 @@ def curve_plot(res: dict):
 
 # -- progress until the verdict (evalkit.study.study_progress lays down every figure) -----------
 
+
 def progress_markdown(prog: dict) -> str:
     """The study's progress in one line, headed; shown above the per-rater table."""
     return f"#### Progress\n\n{plain(prog['text'])}"
@@ -181,7 +198,8 @@ def progress_table(prog: dict) -> pd.DataFrame:
     """One row per invited rater: answered of their trials, percentage done, state (named
     columns: never an empty frame headed 1 2 3)."""
     return pd.DataFrame(prog["raters"], columns=list(study.export.PROGRESS_COLUMNS)).rename(
-        columns={"done": "done %"})
+        columns={"done": "done %"}
+    )
 
 
 def shown(value, ok: bool):
@@ -193,9 +211,11 @@ def shown(value, ok: bool):
 def export_links(sid: int) -> str:
     """The two download links of a study's CSVs: ``/export``, which wants the admin password
     or this page's login session (never Gradio's file route, and no copy on disk)."""
-    return (f'<a id="raw-csv" href="/export/{sid}/ratings.csv" download>Download raw ratings '
-            f'CSV</a> &nbsp; <a id="summary-csv" href="/export/{sid}/summary.csv" download>'
-            'Download summary CSV</a>')
+    return (
+        f'<a id="raw-csv" href="/export/{sid}/ratings.csv" download>Download raw ratings '
+        f'CSV</a> &nbsp; <a id="summary-csv" href="/export/{sid}/summary.csv" download>'
+        "Download summary CSV</a>"
+    )
 
 
 def _count(count) -> int:
@@ -224,20 +244,33 @@ def build_admin(db) -> gr.Blocks:
             res = study.results(db, sid, reps=1000)
             prog = study.study_progress(db, sid)
         except UserError as e:
-            return (f"**error:** {plain(e)}", shown("", False), shown(None, False),
-                    *(shown(None, False) for _ in range(3)), shown(None, False),
-                    shown(None, False))
-        clips = pd.DataFrame(res.get("levels") if res["protocol"] == "threshold"
-                             and res["status"] == "complete" else res.get("per_clip") or [])
-        excl = pd.DataFrame(res["excluded_raters"],
-                            columns=["rater", "catch_trials", "catch_correct", "catch_needed",
-                                     "reason"])
+            return (
+                f"**error:** {plain(e)}",
+                shown("", False),
+                shown(None, False),
+                *(shown(None, False) for _ in range(3)),
+                shown(None, False),
+                shown(None, False),
+            )
+        clips = pd.DataFrame(
+            res.get("levels")
+            if res["protocol"] == "threshold" and res["status"] == "complete"
+            else res.get("per_clip") or []
+        )
+        excl = pd.DataFrame(
+            res["excluded_raters"],
+            columns=["rater", "catch_trials", "catch_correct", "catch_needed", "reason"],
+        )
         figs = [curve_plot(res), clip_plot(res), lpips_plot(res)]
         interim = res["status"] != "complete"
-        return (verdict_markdown(res), shown(progress_markdown(prog), True),
-                shown(progress_table(prog), bool(prog["raters"])),
-                *(shown(f, f is not None) for f in figs),
-                shown(clips, not interim and len(clips)), shown(excl, len(excl)))
+        return (
+            verdict_markdown(res),
+            shown(progress_markdown(prog), True),
+            shown(progress_table(prog), bool(prog["raters"])),
+            *(shown(f, f is not None) for f in figs),
+            shown(clips, not interim and len(clips)),
+            shown(excl, len(excl)),
+        )
 
     def make_invites(sid, count, label, request: gr.Request):
         try:
@@ -254,15 +287,19 @@ def build_admin(db) -> gr.Blocks:
             n = len(study.ratings_csv(db, sid).splitlines()) - 1
         except UserError as e:
             return f"**error:** {plain(e)}", ""
-        return (f"Study {sid}: {n} rating{'s' if n != 1 else ''} to export (the key: "
-                f"{study.key_status(db, sid)}).", export_links(sid))
+        return (
+            f"Study {sid}: {n} rating{'s' if n != 1 else ''} to export (the key: "
+            f"{study.key_status(db, sid)}).",
+            export_links(sid),
+        )
 
     with gr.Blocks(title="evalkit study admin", analytics_enabled=False) as demo:
         gr.Markdown("## evalkit study admin")
         with gr.Row():
             refresh_btn = gr.Button("Refresh", scale=0)
-        table = gr.Dataframe(value=refresh, label="Studies (live counts)", interactive=False,
-                             elem_id="studies")
+        table = gr.Dataframe(
+            value=refresh, label="Studies (live counts)", interactive=False, elem_id="studies"
+        )
         gr.Timer(5).tick(refresh, outputs=table)
         refresh_btn.click(refresh, outputs=table)
         sid = raw_number(label="Study", value=1, precision=0, elem_id="study-id")
@@ -270,18 +307,24 @@ def build_admin(db) -> gr.Blocks:
             res_btn = gr.Button("Show results", elem_id="show-results")
             verdict = gr.Markdown(elem_id="verdict")
             prog_md = gr.Markdown(elem_id="progress", visible=False)
-            prog_tab = gr.Dataframe(label="Raters (answered of their trials)", interactive=False,
-                                    elem_id="rater-progress", visible=False)
-            curve = gr.Plot(label="Psychometric curve (threshold studies)", elem_id="curve",
-                            visible=False)
+            prog_tab = gr.Dataframe(
+                label="Raters (answered of their trials)",
+                interactive=False,
+                elem_id="rater-progress",
+                visible=False,
+            )
+            curve = gr.Plot(label="Psychometric curve (threshold studies)", elem_id="curve", visible=False)
             plot = gr.Plot(label="Per clip", elem_id="clip-plot", visible=False)
             lp_plot = gr.Plot(label="Accuracy against LPIPS", elem_id="lpips-plot", visible=False)
-            per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip",
-                                    visible=False)
-            excluded = gr.Dataframe(label="Excluded raters (catch trials)", interactive=False,
-                                    elem_id="excluded", visible=False)
-            res_btn.click(show, inputs=sid, outputs=[verdict, prog_md, prog_tab, curve, plot,
-                                                     lp_plot, per_clip, excluded])
+            per_clip = gr.Dataframe(label="Per clip", interactive=False, elem_id="per-clip", visible=False)
+            excluded = gr.Dataframe(
+                label="Excluded raters (catch trials)", interactive=False, elem_id="excluded", visible=False
+            )
+            res_btn.click(
+                show,
+                inputs=sid,
+                outputs=[verdict, prog_md, prog_tab, curve, plot, lp_plot, per_clip, excluded],
+            )
         with gr.Tab("Invites"):
             count = raw_number(label="How many raters", value=1, precision=0)
             label = gr.Textbox(label="Label (optional)")

@@ -17,6 +17,7 @@
   *before* the check, so parallel guesses gain nothing; a right password clears its address's
   count whatever the answer (a 404 for a missing study too). The clock is injected.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,26 +29,43 @@ from evalkit.fsutil import storage_error
 
 LOG = logging.getLogger("evalkit.serve")
 #: what a request gets while the database cannot be written (a full or read-only disk)
-UNAVAILABLE = ("service unavailable: the server cannot store anything now (its disk is full or "
-               "read-only); nothing was saved, try again later")
-MAX_BODY = 64 * 1024          # bytes; the largest legitimate body (a Gradio event) is ~1 KB
-BODY_TIMEOUT_S = 30.0         # a request body must have arrived whole within this
+UNAVAILABLE = (
+    "service unavailable: the server cannot store anything now (its disk is full or "
+    "read-only); nothing was saved, try again later"
+)
+MAX_BODY = 64 * 1024  # bytes; the largest legitimate body (a Gradio event) is ~1 KB
+BODY_TIMEOUT_S = 30.0  # a request body must have arrived whole within this
 FREE_FAILURES = 5
 MAX_WAIT_S = 300
-ACCOUNT_RATE = 2.0            # password checks per second for the admin account, all clients
+ACCOUNT_RATE = 2.0  # password checks per second for the admin account, all clients
 ACCOUNT_BURST = 20
-CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; "
-       "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; media-src 'self' blob:; "
-       "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; object-src 'none'; "
-       "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
-HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-frame-options", b"DENY"),
-           (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; media-src 'self' blob:; "
+    "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; object-src 'none'; "
+    "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 # Gradio routes that read or write files (of either app); the rater page and the admin page use
 # none of them
-CLOSED = ("/gradio_api/file=", "/gradio_api/file/", "/gradio_api/upload",
-          "/gradio_api/proxy=", "/gradio_api/stream/", "/gradio_api/process_recording",
-          "/gradio_api/run-history", "/gradio_api/vibe-edit", "/gradio_api/undo-vibe-edit",
-          "/gradio_api/vibe-code", "/file=")
+CLOSED = (
+    "/gradio_api/file=",
+    "/gradio_api/file/",
+    "/gradio_api/upload",
+    "/gradio_api/proxy=",
+    "/gradio_api/stream/",
+    "/gradio_api/process_recording",
+    "/gradio_api/run-history",
+    "/gradio_api/vibe-edit",
+    "/gradio_api/undo-vibe-edit",
+    "/gradio_api/vibe-code",
+    "/file=",
+)
 
 
 class Throttle:
@@ -65,16 +83,21 @@ class Throttle:
       back-off), never forever.
     """
 
-    TURN_S = 30.0       # a turn not taken this long after it came is given up
+    TURN_S = 30.0  # a turn not taken this long after it came is given up
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_FAILURES,
-                 max_wait: float = MAX_WAIT_S, rate: float = ACCOUNT_RATE,
-                 burst: int = ACCOUNT_BURST):
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        free: int = FREE_FAILURES,
+        max_wait: float = MAX_WAIT_S,
+        rate: float = ACCOUNT_RATE,
+        burst: int = ACCOUNT_BURST,
+    ):
         self.clock, self.free, self.max_wait = clock, free, max_wait
         self.rate, self.burst = float(rate), float(burst)
-        self._fails: dict[str, tuple[int, float]] = {}     # address -> (failures, locked until)
-        self._next: dict[str, float] = {}                   # account -> when its next check is free
-        self._turns: dict[tuple[str, str], float] = {}      # (account, address) -> its turn
+        self._fails: dict[str, tuple[int, float]] = {}  # address -> (failures, locked until)
+        self._next: dict[str, float] = {}  # account -> when its next check is free
+        self._turns: dict[tuple[str, str], float] = {}  # (account, address) -> its turn
 
     def wait(self, who: str) -> float:
         """Seconds the client ``who`` must wait before the next attempt (0: go ahead)."""
@@ -91,21 +114,21 @@ class Throttle:
         step = 1.0 / self.rate
         turn = self._turns.get((account, who))
         if turn is not None and t > turn + self.TURN_S:
-            del self._turns[(account, who)]          # not taken in time: given up
+            del self._turns[(account, who)]  # not taken in time: given up
             turn = None
         if turn is not None:
             if t < turn:
                 return turn - t
-            del self._turns[(account, who)]          # its turn: the check was kept for it
+            del self._turns[(account, who)]  # its turn: the check was kept for it
         else:
             # the account's checks, GCRA: ``_next`` runs ahead of the clock by one step per
             # check; up to ``burst`` steps ahead may go at once
             nxt = max(self._next.get(account, t), t - (self.burst - 1) * step)
-            free_at = nxt - (self.burst - 1) * step      # when this check may go
+            free_at = nxt - (self.burst - 1) * step  # when this check may go
             self._next[account] = max(nxt, t) + step if free_at <= t else nxt + step
-            if free_at > t:                               # none free now: the next is its turn
+            if free_at > t:  # none free now: the next is its turn
                 self._turns[(account, who)] = free_at
-                if len(self._turns) > 100_000:           # bounded: forget the oldest turns
+                if len(self._turns) > 100_000:  # bounded: forget the oldest turns
                     for k in list(self._turns)[:50_000]:
                         del self._turns[k]
                 return free_at - t
@@ -116,7 +139,7 @@ class Throttle:
         n = self._fails.get(who, (0, 0.0))[0] + 1
         wait = 0.0 if n < self.free else min(self.max_wait, 2.0 ** (n - self.free))
         self._fails[who] = (n, self.clock() + wait)
-        if len(self._fails) > 100_000:          # bounded: forget the oldest addresses
+        if len(self._fails) > 100_000:  # bounded: forget the oldest addresses
             for k in list(self._fails)[:50_000]:
                 del self._fails[k]
 
@@ -126,9 +149,19 @@ class Throttle:
 
 async def _plain(send, status: int, text: str, extra=()) -> None:
     body = text.encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"), *HEADERS, *extra]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *HEADERS,
+                *extra,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -146,15 +179,20 @@ def _auth_kind(method: str, path: str, headers: dict) -> str | None:
 def closed(path: str) -> bool:
     """A Gradio file or upload route of either app (``/admin`` stripped)."""
     if path.startswith("/admin/"):
-        path = path[len("/admin"):]
+        path = path[len("/admin") :]
     return path.startswith(CLOSED)
 
 
 class Guard:
     """The ASGI middleware of this module (``app`` wrapped; ``throttle`` shared by the routes)."""
 
-    def __init__(self, app, throttle: Throttle | None = None, max_body: int = MAX_BODY,
-                 body_timeout: float = BODY_TIMEOUT_S):
+    def __init__(
+        self,
+        app,
+        throttle: Throttle | None = None,
+        max_body: int = MAX_BODY,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ):
         self.app = app
         self.throttle = throttle or Throttle()
         self.max_body = max_body
@@ -187,35 +225,52 @@ class Guard:
             return await _plain(send, 404, "not found")
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await _plain(send, 413, f"request body: expected at most {self.max_body} "
-                                           f"bytes, found {length.decode('latin-1')[:20]}")
+            return await _plain(
+                send,
+                413,
+                f"request body: expected at most {self.max_body} "
+                f"bytes, found {length.decode('latin-1')[:20]}",
+            )
         if length not in (None, b"0") or b"transfer-encoding" in headers:
             status, body = await self._read_body(receive)
             if status == -1:
                 return
             if status == 413:
-                return await _plain(send, 413, f"request body: expected at most {self.max_body} "
-                                               "bytes", [(b"connection", b"close")])
+                return await _plain(
+                    send,
+                    413,
+                    f"request body: expected at most {self.max_body} bytes",
+                    [(b"connection", b"close")],
+                )
             if status == 408:
-                return await _plain(send, 408, f"request body: not received within "
-                                               f"{self.body_timeout:g} s", [(b"connection", b"close")])
+                return await _plain(
+                    send,
+                    408,
+                    f"request body: not received within {self.body_timeout:g} s",
+                    [(b"connection", b"close")],
+                )
             receive = _replay(body, receive)
         kind = _auth_kind(scope["method"], scope["path"], headers)
         who = (scope.get("client") or ("?", 0))[0]
         if kind is not None:
             wait = self.throttle.begin(who)
             if wait > 0:
-                return await _plain(send, 429, f"too many password attempts: try again in "
-                                               f"{int(wait) + 1} s",
-                                    [(b"retry-after", str(int(wait) + 1).encode())])
+                return await _plain(
+                    send,
+                    429,
+                    f"too many password attempts: try again in {int(wait) + 1} s",
+                    [(b"retry-after", str(int(wait) + 1).encode())],
+                )
         status = [0]
 
         async def guarded_send(msg):
             if msg["type"] == "http.response.start":
                 status[0] = msg["status"]
                 names = {k.lower() for k, _ in msg.get("headers", [])}
-                msg = {**msg, "headers": [*msg.get("headers", []),
-                                          *(h for h in HEADERS if h[0] not in names)]}
+                msg = {
+                    **msg,
+                    "headers": [*msg.get("headers", []), *(h for h in HEADERS if h[0] not in names)],
+                }
             await send(msg)
 
         try:
@@ -226,8 +281,7 @@ class Guard:
                 raise
             # the disk under the database is full or read-only: one log line, and a 503 that
             # says so (not a 500 and its traceback, for every request until it is fixed)
-            LOG.warning("%s %s: 503 (%s)", scope.get("method"), scope.get("path", "")[:80],
-                        line)
+            LOG.warning("%s %s: 503 (%s)", scope.get("method"), scope.get("path", "")[:80], line)
             if status[0] == 0:
                 await _plain(send, 503, UNAVAILABLE, [(b"retry-after", b"30")])
             return
@@ -255,4 +309,5 @@ def _replay(body: bytes, receive):
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return again

@@ -16,6 +16,7 @@ each with the ``nonce`` of the answer it replies to (so two equal replies still 
 To change the page (a confidence slider, another question), add Gradio components here and
 pass them as inputs of the ``answer`` event; the service stores what it is given.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,7 @@ from evalkit.study.live import RaterService  # noqa: E402
 LOG = logging.getLogger("evalkit.serve")
 
 STATIC = Path(__file__).resolve().parent / "static"
-STALE = ("This trial was already answered (in another tab or on another device); "
-         "here is the next one.")
+STALE = "This trial was already answered (in another tab or on another device); here is the next one."
 NO_TOKEN = "This page needs the invite link you were given (it has a token)."
 # the Gradio shell around the player: no padding, no footer, the player fills the window
 SHELL_CSS = """
@@ -76,8 +76,10 @@ def _unavailable(e: Exception, what: str) -> str:
         raise e
     LOG.warning("rater %s: unavailable (%s)", what, line)
     lost = " Your answer was not saved." if what == "answer" else ""
-    return ("The server cannot save anything right now (its disk is full or read-only)."
-            f"{lost} Please try again later with the same link.")
+    return (
+        "The server cannot save anything right now (its disk is full or read-only)."
+        f"{lost} Please try again later with the same link."
+    )
 
 
 async def answer(svc: RaterService, token: str, data: dict, client: str | None) -> dict:
@@ -86,8 +88,7 @@ async def answer(svc: RaterService, token: str, data: dict, client: str | None) 
     view with a notice, never an error."""
     data = data if isinstance(data, dict) else {}
     try:
-        out = await svc.answer(token, data.get("trial"), data.get("answer"),
-                               data.get("response_ms"), client)
+        out = await svc.answer(token, data.get("trial"), data.get("answer"), data.get("response_ms"), client)
     except (study.OutOfOrder, study.RatingConflict):
         out = {**await load(svc, token), "notice": STALE}
     except (study.TooSoon, study.NotLoaded) as e:
@@ -116,16 +117,20 @@ def build_rater(svc: RaterService) -> gr.Blocks:
     """The rater page over ``svc``. Both events bypass Gradio's queue (the service orders and
     batches the database work itself) and show no progress overlay."""
     with gr.Blocks(title="Video comparison", analytics_enabled=False, fill_width=True) as demo:
-        player = gr.HTML(value=None, html_template=_read("player.html"),
-                         css_template=_read("player.css"), js_on_load=_read("player.js"),
-                         elem_id="player", apply_default_css=False)
+        player = gr.HTML(
+            value=None,
+            html_template=_read("player.html"),
+            css_template=_read("player.css"),
+            js_on_load=_read("player.js"),
+            elem_id="player",
+            apply_default_css=False,
+        )
 
         async def on_load(request: gr.Request):
             return await load(svc, _token(request))
 
         async def on_answer(evt: AnswerEvent, request: gr.Request):
-            return await answer(svc, _token(request), evt.payload,
-                                request.headers.get("user-agent"))
+            return await answer(svc, _token(request), evt.payload, request.headers.get("user-agent"))
 
         # not through Gradio's queue: each event is one POST (/gradio_api/run/<name>) answered
         # when the service has committed; the queue's per-event bookkeeping (join, stream,
@@ -133,8 +138,13 @@ def build_rater(svc: RaterService) -> gr.Blocks:
         # against 1.9 ms without it, and 1.2 ms without output processing as well
         # (benchmarks/bench_app.py); the service orders and batches the database work itself
         # the value is a plain dict, which gr.HTML's postprocess would return as it is
-        common = dict(outputs=player, show_progress="hidden", queue=False, postprocess=False,
-                      api_visibility="undocumented")
+        common = dict(
+            outputs=player,
+            show_progress="hidden",
+            queue=False,
+            postprocess=False,
+            api_visibility="undocumented",
+        )
         demo.load(on_load, api_name="trial", **common)
         player.answer(on_answer, api_name="answer", trigger_mode="multiple", **common)
     return demo

@@ -29,6 +29,7 @@ run or job):
 Admin: /admin/ (Gradio, password; /admin redirects there), /export/<study>/ratings.csv and
 /summary.csv (HTTP Basic, or the admin page's login session): the admin page's only downloads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,13 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response  # noqa: E402
-from fastapi.responses import RedirectResponse  # noqa: E402
+from fastapi.responses import (  # noqa: E402
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,  # noqa: E402
+    Response,
+)
 from starlette.routing import Mount, Route  # noqa: E402
 from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: E402
 
@@ -62,20 +68,35 @@ from evalkit.study.lossless import MIME  # noqa: E402
 from .guard import BODY_TIMEOUT_S, Guard, Throttle  # noqa: E402
 
 MEDIA_NAME = re.compile(r"^[0-9a-f]{40}\.(mp4|webp)$")
-STATUS = {study.UnknownToken: 403, study.TrialNotAssigned: 403, study.UnknownTrial: 404,
-          study.UnknownStudy: 404, study.UnknownMedia: 404, study.BadAnswer: 400,
-          study.RatingConflict: 409, study.OutOfOrder: 409, study.TooSoon: 425,
-          study.NotLoaded: 425, study.BadAcknowledgement: 409}
+STATUS = {
+    study.UnknownToken: 403,
+    study.TrialNotAssigned: 403,
+    study.UnknownTrial: 404,
+    study.UnknownStudy: 404,
+    study.UnknownMedia: 404,
+    study.BadAnswer: 400,
+    study.RatingConflict: 409,
+    study.OutOfOrder: 409,
+    study.TooSoon: 425,
+    study.NotLoaded: 425,
+    study.BadAcknowledgement: 409,
+}
 # the same for every video; names are per trial and rater, so a browser may keep what it got
-MEDIA_HEADERS = {"Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer",
-                 "X-Content-Type-Options": "nosniff"}
-BACKLOG = 4096          # listen queue: a burst of raters is queued, never refused
-KEEP_ALIVE_S = 75       # idle keep-alive connections stay open longer than clients reuse them
-GRACE_S = 3             # on SIGINT/SIGTERM, requests in flight get this long to finish
-HEADER_TIMEOUT_S = 20   # a request's line and headers must have arrived within this
+MEDIA_HEADERS = {
+    "Cache-Control": "private, max-age=3600",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+BACKLOG = 4096  # listen queue: a burst of raters is queued, never refused
+KEEP_ALIVE_S = 75  # idle keep-alive connections stay open longer than clients reuse them
+GRACE_S = 3  # on SIGINT/SIGTERM, requests in flight get this long to finish
+HEADER_TIMEOUT_S = 20  # a request's line and headers must have arrived within this
 MAX_CONNECTIONS = 2048  # connections (or requests in flight) beyond this get 503
-NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
-            "X-Content-Type-Options": "nosniff"}
+NO_STORE = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 class _BlindFile(FileResponse):
@@ -95,16 +116,22 @@ def _error(e: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=code, headers=NO_STORE)
 
 
-def build_app(db: str, admin_password: str | None = None, completion_code: str | None = None,
-              with_admin: bool = True, max_batch: int = 512,
-              throttle: Throttle | None = None, body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
+def build_app(
+    db: str,
+    admin_password: str | None = None,
+    completion_code: str | None = None,
+    with_admin: bool = True,
+    max_batch: int = 512,
+    throttle: Throttle | None = None,
+    body_timeout: float = BODY_TIMEOUT_S,
+) -> FastAPI:
     """The whole app. ``admin_password`` None: a random one is made (and printed by ``serve``).
     Rater requests go through one :class:`evalkit.study.live.RaterService` (``app.state.raters``;
     ``serve`` closes it on the way out); every request through :class:`evalkit.app.guard.Guard`
     (security headers, closed file routes, body limit and ``body_timeout``, back-off on
     password checks: ``throttle``)."""
-    store.open_db(db)          # fail early on a bad database
-    study.check_keys(db)       # and on a missing or wrong study key file (one line naming it)
+    store.open_db(db)  # fail early on a bad database
+    study.check_keys(db)  # and on a missing or wrong study key file (one line naming it)
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     api.add_middleware(Guard, throttle=throttle or Throttle(), body_timeout=body_timeout)
     api.state.admin_password = admin_password or secrets.token_urlsafe(12)
@@ -115,7 +142,7 @@ def build_app(db: str, admin_password: str | None = None, completion_code: str |
         return {"ok": True}
 
     @api.get("/favicon.ico")
-    def favicon():                  # no icon, and no 404 in every page load's log
+    def favicon():  # no icon, and no 404 in every page load's log
         return Response(status_code=204)
 
     _add_rater_routes(api, svc)
@@ -127,10 +154,10 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
     """The rater's JSON routes (a trial, an answer) and the media route, first in the table.
     They are plain Starlette routes: FastAPI's per-request parameter machinery is about a third
     of a request's server time, and they need none of it."""
+
     async def get_trial(request: Request):
         try:
-            return JSONResponse(await svc.state(request.query_params.get("token", "")),
-                                headers=NO_STORE)
+            return JSONResponse(await svc.state(request.query_params.get("token", "")), headers=NO_STORE)
         except UserError as e:
             return _error(e)
 
@@ -138,16 +165,22 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         """The request's JSON object, or the error response to send."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
-            return JSONResponse({"error": f"request body: expected Content-Type application/json, "
-                                          f"found {ctype[:40] or 'none'!r}"},
-                                status_code=415, headers=NO_STORE)
+            return JSONResponse(
+                {
+                    "error": f"request body: expected Content-Type application/json, "
+                    f"found {ctype[:40] or 'none'!r}"
+                },
+                status_code=415,
+                headers=NO_STORE,
+            )
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise ValueError
-        except (ValueError, RecursionError):      # RecursionError: JSON nested too deep
-            return JSONResponse({"error": "request body: expected a JSON object"}, status_code=400,
-                                headers=NO_STORE)
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
+            return JSONResponse(
+                {"error": "request body: expected a JSON object"}, status_code=400, headers=NO_STORE
+            )
         return body
 
     async def post_ack(request: Request):
@@ -158,9 +191,10 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         try:
             if not isinstance(name, str) or not MEDIA_NAME.fullmatch(name):
                 raise study.UnknownMedia()
-            return JSONResponse(await svc.acknowledge(body.get("token", ""), name,
-                                                      body.get("size"), body.get("crc32")),
-                                headers=NO_STORE)
+            return JSONResponse(
+                await svc.acknowledge(body.get("token", ""), name, body.get("size"), body.get("crc32")),
+                headers=NO_STORE,
+            )
         except UserError as e:
             return _error(e)
 
@@ -169,8 +203,13 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         if not isinstance(body, dict):
             return body
         try:
-            out = await svc.answer(body.get("token", ""), body.get("trial"), body.get("answer"),
-                                   body.get("response_ms"), request.headers.get("user-agent"))
+            out = await svc.answer(
+                body.get("token", ""),
+                body.get("trial"),
+                body.get("answer"),
+                body.get("response_ms"),
+                request.headers.get("user-agent"),
+            )
             return JSONResponse(out, headers=NO_STORE)
         except UserError as e:
             return _error(e)
@@ -181,26 +220,31 @@ def _add_rater_routes(api: FastAPI, svc: RaterService) -> None:
         if not MEDIA_NAME.fullmatch(name):
             return not_found
         token = request.query_params.get("token", "")
-        try:    # the service maps the opaque name to the file
+        try:  # the service maps the opaque name to the file
             path = await svc.open_media(token, name)
         except UserError:
             return not_found
-        if path.is_symlink() or not path.is_file():     # a link in the media folder: refused
+        if path.is_symlink() or not path.is_file():  # a link in the media folder: refused
             return not_found
         began = svc.clock()
-        return _Counted(_BlindFile(path, media_type=MIME[path.suffix], headers=MEDIA_HEADERS),
-                        lambda a, b: svc.delivered(token, name, a, b, began))
+        return _Counted(
+            _BlindFile(path, media_type=MIME[path.suffix], headers=MEDIA_HEADERS),
+            lambda a, b: svc.delivered(token, name, a, b, began),
+        )
 
-    api.router.routes[:0] = [Route("/media/{name}", media, methods=["GET", "HEAD"]),
-                             Route("/api/trial", get_trial, methods=["GET"]),
-                             Route("/api/answer", post_answer, methods=["POST"]),
-                             Route("/api/ack", post_ack, methods=["POST"])]
+    api.router.routes[:0] = [
+        Route("/media/{name}", media, methods=["GET", "HEAD"]),
+        Route("/api/trial", get_trial, methods=["GET"]),
+        Route("/api/answer", post_answer, methods=["POST"]),
+        Route("/api/ack", post_ack, methods=["POST"]),
+    ]
 
 
 def _admin_ok(api: FastAPI, request: Request) -> bool:
     """The admin password (HTTP Basic), or the admin page's login session (Gradio's cookie, a
     token that only a successful login makes)."""
     import base64
+
     h = request.headers.get("authorization", "")
     if not h.lower().startswith("basic "):
         return _admin_session(api, request)
@@ -208,25 +252,37 @@ def _admin_ok(api: FastAPI, request: Request) -> bool:
         user, _, pw = base64.b64decode(h[6:], validate=True).decode().partition(":")
     except Exception:
         return False
-    return user == "admin" and secrets.compare_digest(pw.encode(),
-                                                      api.state.admin_password.encode())
+    return user == "admin" and secrets.compare_digest(pw.encode(), api.state.admin_password.encode())
 
 
 def _add_export_routes(api: FastAPI, db: str) -> None:
     """The admin's CSV downloads, behind the admin password or the admin page's session."""
+
     def export(request: Request, sid: str, which: str) -> Response:
         if not _admin_ok(api, request):
-            return PlainTextResponse("admin password required", status_code=401,
-                                     headers={"WWW-Authenticate": 'Basic realm="evalkit admin"'})
+            return PlainTextResponse(
+                "admin password required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="evalkit admin"'},
+            )
         if not (sid.isascii() and sid.isdigit() and 0 < int(sid[:20]) <= MAX_ID):
             return PlainTextResponse(f"no study {sid[:30]!r}", status_code=404, headers=NO_STORE)
         try:
-            text = (study.ratings_csv(db, int(sid)) if which == "ratings"
-                    else study.summary_csv(study.results(db, int(sid), reps=1000)))
+            text = (
+                study.ratings_csv(db, int(sid))
+                if which == "ratings"
+                else study.summary_csv(study.results(db, int(sid), reps=1000))
+            )
         except UserError as e:
             return _error(e)
-        return Response(text, media_type="text/csv", headers={
-            **NO_STORE, "Content-Disposition": f'attachment; filename="study{int(sid)}-{which}.csv"'})
+        return Response(
+            text,
+            media_type="text/csv",
+            headers={
+                **NO_STORE,
+                "Content-Disposition": f'attachment; filename="study{int(sid)}-{which}.csv"',
+            },
+        )
 
     @api.get("/export/{sid}/ratings.csv")
     def export_ratings(request: Request, sid: str):
@@ -245,16 +301,27 @@ def _mount_pages(api: FastAPI, db: str, svc: RaterService, with_admin: bool) -> 
 
     if with_admin:
         from .admin import build_admin
-        api = gr.mount_gradio_app(api, build_admin(db), path="/admin",
-                                  auth=("admin", api.state.admin_password),
-                                  auth_message="evalkit study admin", footer_links=[])
-        api.state.admin_app = next(r.app for r in api.routes
-                                   if isinstance(r, Mount) and r.path == "/admin")
+
+        api = gr.mount_gradio_app(
+            api,
+            build_admin(db),
+            path="/admin",
+            auth=("admin", api.state.admin_password),
+            auth_message="evalkit study admin",
+            footer_links=[],
+        )
+        api.state.admin_app = next(r.app for r in api.routes if isinstance(r, Mount) and r.path == "/admin")
         # the printed address: /admin alone would fall through to the rater app's 404
-        api.router.routes.insert(0, Route(
-            "/admin", lambda request: RedirectResponse("/admin/", status_code=307),
-            methods=["GET", "HEAD"]))
+        api.router.routes.insert(
+            0,
+            Route(
+                "/admin",
+                lambda request: RedirectResponse("/admin/", status_code=307),
+                methods=["GET", "HEAD"],
+            ),
+        )
     from .rater import SHELL_CSS, build_rater
+
     # last: the rater app at the root answers every path not matched above
     api = gr.mount_gradio_app(api, build_rater(svc), path="", footer_links=[], css=SHELL_CSS)
     for r in api.routes:
@@ -281,7 +348,7 @@ class _Shield:
 
         async def holding(msg):
             if held or (msg["type"] == "http.response.start" and msg["status"] >= 500):
-                held.append(msg)        # Gradio's 500, sent just before it raises
+                held.append(msg)  # Gradio's 500, sent just before it raises
                 return
             await send(msg)
 
@@ -289,13 +356,26 @@ class _Shield:
             await self.app(scope, receive, holding)
         except Exception as e:  # noqa: BLE001 - every failure of Gradio on a request: a 400
             first = (str(e).strip().splitlines() or [""])[0][:120]
-            LOG.warning("%s %s: refused (%s: %s)", scope.get("method"),
-                        scope.get("path", "")[:80], type(e).__name__, first)
+            LOG.warning(
+                "%s %s: refused (%s: %s)",
+                scope.get("method"),
+                scope.get("path", "")[:80],
+                type(e).__name__,
+                first,
+            )
             if held:
                 body = b"bad request"
-                await send({"type": "http.response.start", "status": 400, "headers": [
-                    (b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"cache-control", b"no-store"),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
             return
         for msg in held:
@@ -308,8 +388,9 @@ def _admin_session(api, request: Request) -> bool:
     gapp = getattr(api.state, "admin_app", None)
     if gapp is None:
         return False
-    tok = (request.cookies.get(f"access-token-{gapp.cookie_id}")
-           or request.cookies.get(f"access-token-unsecure-{gapp.cookie_id}"))
+    tok = request.cookies.get(f"access-token-{gapp.cookie_id}") or request.cookies.get(
+        f"access-token-unsecure-{gapp.cookie_id}"
+    )
     return bool(tok) and gapp.tokens.get(tok) == "admin"
 
 
@@ -331,8 +412,7 @@ class _Counted:
         start, sent, done = [None], [0], [False]
 
         def report():
-            if (not done[0] and start[0] is not None and sent[0] > 0
-                    and scope.get("method") != "HEAD"):
+            if not done[0] and start[0] is not None and sent[0] > 0 and scope.get("method") != "HEAD":
                 done[0] = True
                 self.report(start[0], start[0] + sent[0])
 
@@ -368,9 +448,12 @@ class _QuietShutdown(logging.Filter):
         if not self.server.should_exit:
             return True
         exc = record.exc_info[1] if record.exc_info else None
-        msg = record.getMessage()      # the lifespan's failure arrives as a formatted traceback
-        return not (isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
-                    or "CancelledError" in msg or "timeout graceful shutdown" in msg)
+        msg = record.getMessage()  # the lifespan's failure arrives as a formatted traceback
+        return not (
+            isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
+            or "CancelledError" in msg
+            or "timeout graceful shutdown" in msg
+        )
 
 
 class _TimedH11(H11Protocol):
@@ -389,7 +472,7 @@ class _TimedH11(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if not self._waiting():             # a whole request head arrived
+        if not self._waiting():  # a whole request head arrived
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
@@ -440,8 +523,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: str | None = None,
-          completion_code: str | None = None) -> str | None:
+def serve(
+    db: str,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    admin_password: str | None = None,
+    completion_code: str | None = None,
+) -> str | None:
     """Serve until SIGINT (Ctrl-C) or SIGTERM; returns the name of the signal that stopped it.
     The first signal stops accepting connections and lets requests in flight finish (at most
     ``GRACE_S`` seconds); a second one stops at once. Every acknowledged rating is committed
@@ -459,7 +547,7 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
     # a folder under our own pid can only be a killed earlier server's (a container's pid 1)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o700, parents=True)
-    os.environ["GRADIO_TEMP_DIR"] = str(tmp)     # read by Gradio when it is imported
+    os.environ["GRADIO_TEMP_DIR"] = str(tmp)  # read by Gradio when it is imported
     try:
         app = build_app(db, admin_password, completion_code, body_timeout=body_timeout)
     except BaseException:
@@ -472,10 +560,19 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
     gc.collect()
     gc.freeze()
     http = type("TimedH11", (_TimedH11,), {"header_timeout": header_timeout})
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            backlog=BACKLOG, timeout_keep_alive=KEEP_ALIVE_S,
-                            timeout_graceful_shutdown=GRACE_S, lifespan="on", http=http,
-                            limit_concurrency=max_conn)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        backlog=BACKLOG,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=GRACE_S,
+        lifespan="on",
+        http=http,
+        limit_concurrency=max_conn,
+    )
     server = uvicorn.Server(config)
     got: list[int] = []
 
@@ -486,20 +583,21 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
         server.should_exit = True
 
     # our handlers, not uvicorn's: it would re-raise the signal after shutting down
-    server.capture_signals = contextlib.nullcontext     # type: ignore[method-assign]
-    main = threading.current_thread() is threading.main_thread()   # signals: main thread only
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} \
-        if main else {}
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    main = threading.current_thread() is threading.main_thread()  # signals: main thread only
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     quiet = _QuietShutdown(server)
     for name in ("uvicorn.error", "uvicorn"):
         logging.getLogger(name).addFilter(quiet)
     # listening on every address: links need a name raters can reach, the machine's
     shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
     shown = f"[{shown}]" if ":" in shown else shown
-    print(f"rater page: http://{shown}:{port}/?token=<token> (invite links: evalkit study invite "
-          f"--base-url http://{shown}:{port})   admin: http://{shown}:{port}/admin/ "
-          f"(user admin{'' if admin_password else ', password ' + app.state.admin_password})",
-          flush=True)
+    print(
+        f"rater page: http://{shown}:{port}/?token=<token> (invite links: evalkit study invite "
+        f"--base-url http://{shown}:{port})   admin: http://{shown}:{port}/admin/ "
+        f"(user admin{'' if admin_password else ', password ' + app.state.admin_password})",
+        flush=True,
+    )
     try:
         server.run(sockets=[sock])
     finally:
@@ -514,8 +612,9 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 7860, admin_password: st
 def _listen(host: str, port: int) -> socket.socket:
     """The listening socket (bind errors are one-line user errors naming --host/--port)."""
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except (socket.gaierror, UnicodeError, OverflowError) as e:
         raise UserError(f"--host: cannot listen on {host!r}: {e}") from None
     sock = socket.socket(family, kind, proto)

@@ -35,6 +35,7 @@ R`` runs every side R times, alternating the order. If the page's events are mad
     .venv/bin/python benchmarks/bench_app.py [--raters 100] [--rounds 3] [--repeat 2]
                                              [--sides before,json,gradio]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,11 +56,10 @@ from sqlalchemy import select  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.study import store  # noqa: E402
-from evalkit.testing.gradio_client import (Connection, GradioError, GradioRater, ack,  # noqa: E402
-                                          endpoints)
+from evalkit.testing.gradio_client import Connection, GradioError, GradioRater, ack, endpoints  # noqa: E402
 
 SIDES = ("before", "json", "gradio")
-TIMEOUT_S = 60            # one answer taking longer counts as an error ("timeout")
+TIMEOUT_S = 60  # one answer taking longer counts as an error ("timeout")
 TRANSPORT = (OSError, ValueError, asyncio.IncompleteReadError)
 
 
@@ -73,12 +73,14 @@ def baseline_app(db: str):
 class BaselineServer:
     def __init__(self, db):
         from evalkit.testing.server import free_port
+
         self.db, self.port = str(db), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-baseline", self.db,
-                                      str(self.port)], cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-baseline", self.db, str(self.port)], cwd=ROOT
+        )
         for _ in range(300):
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
@@ -118,9 +120,11 @@ class JsonRater:
     async def answer(self) -> tuple[str | None, float]:
         """One answer: (error kind or None, latency in ms); the reply's trial becomes current."""
         t0 = time.perf_counter()
-        status, body = await self.conn.request("POST", "/api/answer", {
-            "token": self.token, "trial": self.trial["trial"], "answer": "A",
-            "response_ms": 1500})
+        status, body = await self.conn.request(
+            "POST",
+            "/api/answer",
+            {"token": self.token, "trial": self.trial["trial"], "answer": "A", "response_ms": 1500},
+        )
         ms = (time.perf_counter() - t0) * 1000
         if status != 200:
             return f"HTTP {status}", ms
@@ -139,7 +143,7 @@ class PageRater:
 
     def __init__(self, url: str, token: str, ids: dict):
         self.g, self.ids = GradioRater(url, token, user_agent="bench-app"), ids
-        self.phases: list[dict] = []    # per answer: GradioRater.last_times, messages
+        self.phases: list[dict] = []  # per answer: GradioRater.last_times, messages
 
     async def open(self):
         await self.g.open(self.ids)
@@ -163,8 +167,8 @@ class PageRater:
             return e.kind, (time.perf_counter() - t0) * 1000
         ms = self.g.last_ms
         self.phases.append({**self.g.last_times, "messages": len(self.g.last_messages)})
-        if "trial" not in s or "notice" in s:   # refused ({"error"}/{"fatal"}) or stale
-            self.g.state = state                # the trial stays on screen
+        if "trial" not in s or "notice" in s:  # refused ({"error"}/{"fatal"}) or stale
+            self.g.state = state  # the trial stays on screen
             kind = "fatal" if "fatal" in s else "stale" if "notice" in s else "refused"
             return f"{kind}: {s.get('fatal') or s.get('notice') or s.get('error')}"[:80], ms
         return None, ms
@@ -179,8 +183,7 @@ class PageRater:
 async def load(side: str, server, db, sid, n: int, rounds: int) -> dict:
     tokens = [r["token"] for r in study.invite(db, sid, n)]
     with study.open_db(db).engine.connect() as conn:
-        cfg = conn.execute(select(store.studies.c.config)
-                           .where(store.studies.c.id == sid)).scalar_one()
+        cfg = conn.execute(select(store.studies.c.config).where(store.studies.c.id == sid)).scalar_one()
     clip_s = max(cfg["media_seconds"].values())
     if side == "gradio":
         ids = endpoints(httpx.get(server.url + "/config").json())
@@ -188,14 +191,14 @@ async def load(side: str, server, db, sid, n: int, rounds: int) -> dict:
     else:
         make = lambda tok: JsonRater(server.port, tok)  # noqa: E731
     raters = await asyncio.gather(*[make(tok).open() for tok in tokens])
-    for r in raters:                  # each rater loads its page (marks its trial handed out)
+    for r in raters:  # each rater loads its page (marks its trial handed out)
         await r.load()
-        await r.media()               # and its videos (starts the gate's clock)
+        await r.media()  # and its videos (starts the gate's clock)
     lat, errors, acked = [], {}, 0
     load0 = os.getloadavg()[0]
-    cpu = {"server": 0.0, "client": 0.0}      # CPU seconds spent during the answers
+    cpu = {"server": 0.0, "client": 0.0}  # CPU seconds spent during the answers
     for _ in range(rounds):
-        await asyncio.sleep(clip_s + 0.05)      # one play-through
+        await asyncio.sleep(clip_s + 0.05)  # one play-through
 
         async def one(r):
             nonlocal acked
@@ -203,14 +206,17 @@ async def load(side: str, server, db, sid, n: int, rounds: int) -> dict:
             try:
                 kind, ms = await asyncio.wait_for(r.answer(), TIMEOUT_S)
             except (*TRANSPORT, asyncio.TimeoutError) as e:
-                kind, ms = ("timeout" if isinstance(e, asyncio.TimeoutError)
-                            else type(e).__name__), (time.perf_counter() - t0) * 1000
+                kind, ms = (
+                    ("timeout" if isinstance(e, asyncio.TimeoutError) else type(e).__name__),
+                    (time.perf_counter() - t0) * 1000,
+                )
                 await r.reopen()
             lat.append(ms)
             if kind:
                 errors[kind] = errors.get(kind, 0) + 1
             else:
                 acked += 1
+
         s0, c0 = _cpu_s(server.proc.pid), time.process_time()
         await asyncio.gather(*[one(r) for r in raters])
         cpu["server"] += _cpu_s(server.proc.pid) - s0
@@ -219,19 +225,29 @@ async def load(side: str, server, db, sid, n: int, rounds: int) -> dict:
     for r in raters:
         r.close()
     stored = len(study.ratings_csv(db, sid).splitlines()) - 1
-    out = {"answers": len(lat), "errors": sum(errors.values()), "error_kinds": errors,
-           "acknowledged": acked, "stored": stored, "lost": acked - stored,
-           "p50_ms": _q(lat, 0.5), "p95_ms": _q(lat, 0.95), "max_ms": _q(lat, 1),
-           "cpu_ms_per_answer": {k: round(v * 1000 / len(lat), 2) for k, v in cpu.items()},
-           "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    out = {
+        "answers": len(lat),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "acknowledged": acked,
+        "stored": stored,
+        "lost": acked - stored,
+        "p50_ms": _q(lat, 0.5),
+        "p95_ms": _q(lat, 0.95),
+        "max_ms": _q(lat, 1),
+        "cpu_ms_per_answer": {k: round(v * 1000 / len(lat), 2) for k, v in cpu.items()},
+        "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+    }
     ph = [p for r in raters for p in r.phases] if side == "gradio" else []
-    if ph:                  # where a Gradio answer's time goes (ms after sending the join)
+    if ph:  # where a Gradio answer's time goes (ms after sending the join)
         out["gradio_phases_p50_p95_ms"] = {
             k: [_q([p[k] for p in ph if k in p], 0.5), _q([p[k] for p in ph if k in p], 0.95)]
-            for k in ("join", "process_starts", "process_completed")}
+            for k in ("join", "process_starts", "process_completed")
+        }
         out["gradio_stream_messages_per_answer"] = {
             "mean": round(statistics.mean(p["messages"] for p in ph), 1),
-            "max": max(p["messages"] for p in ph)}
+            "max": max(p["messages"] for p in ph),
+        }
     return out
 
 
@@ -257,10 +273,11 @@ async def main(n: int, rounds: int, repeat: int, sides: tuple[str, ...]) -> dict
     report = make_report(root)
     runs = {s: [] for s in sides}
     for i in range(repeat):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
+        for side in sides if i % 2 == 0 else sides[::-1]:
             db = root / f"{side}-{i}.db"
-            sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3",
-                                     media_dir=root / "media", allow_masking=True)["study"]
+            sid = study.create_study(
+                report, db, protocol="abx", clips_spec="worst:3", media_dir=root / "media", allow_masking=True
+            )["study"]
             server = (BaselineServer(db) if side == "before" else Server(db)).start()
             try:
                 r = await load(side, server, db, sid, n, rounds)
@@ -269,21 +286,25 @@ async def main(n: int, rounds: int, repeat: int, sides: tuple[str, ...]) -> dict
             print(json.dumps({"run": side, "repeat": i, **r}), flush=True)
             runs[side].append(r)
     keys = ("p50_ms", "p95_ms", "max_ms")
-    med = {k: {m: round(statistics.median(r[m] for r in v), 1) for m in keys}
-           for k, v in runs.items()}
+    med = {k: {m: round(statistics.median(r[m] for r in v), 1) for m in keys} for k, v in runs.items()}
     kinds = {}
     for k, v in runs.items():
         kinds[k] = {}
         for r in v:
             for e, c in r["error_kinds"].items():
                 kinds[k][e] = kinds[k].get(e, 0) + c
-    out = {"raters": n, "rounds": rounds, "repeat": repeat, "cpus": os.cpu_count(),
-           "median": med,
-           "errors": {k: sum(r["errors"] for r in v) for k, v in runs.items()},
-           "error_kinds": kinds,
-           "acknowledged": {k: sum(r["acknowledged"] for r in v) for k, v in runs.items()},
-           "stored": {k: sum(r["stored"] for r in v) for k, v in runs.items()},
-           "lost": {k: sum(r["lost"] for r in v) for k, v in runs.items()}}
+    out = {
+        "raters": n,
+        "rounds": rounds,
+        "repeat": repeat,
+        "cpus": os.cpu_count(),
+        "median": med,
+        "errors": {k: sum(r["errors"] for r in v) for k, v in runs.items()},
+        "error_kinds": kinds,
+        "acknowledged": {k: sum(r["acknowledged"] for r in v) for k, v in runs.items()},
+        "stored": {k: sum(r["stored"] for r in v) for k, v in runs.items()},
+        "lost": {k: sum(r["lost"] for r in v) for k, v in runs.items()},
+    }
     for a in ("gradio", "before"):
         if a in med and "json" in med:
             out[f"ratio_{a}_json"] = {m: round(med[a][m] / med["json"][m], 2) for m in keys}
@@ -295,14 +316,19 @@ if __name__ == "__main__":
     ap.add_argument("--raters", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each side, alternating order")
-    ap.add_argument("--sides", default=",".join(SIDES),
-                    help=f"comma-separated, of {', '.join(SIDES)}")
+    ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     ap.add_argument("--serve-baseline", nargs=2, metavar=("DB", "PORT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve_baseline:
         import uvicorn
-        uvicorn.run(baseline_app(a.serve_baseline[0]), host="127.0.0.1",
-                    port=int(a.serve_baseline[1]), log_level="warning", access_log=False)
+
+        uvicorn.run(
+            baseline_app(a.serve_baseline[0]),
+            host="127.0.0.1",
+            port=int(a.serve_baseline[1]),
+            log_level="warning",
+            access_log=False,
+        )
     else:
         sides = tuple(s.strip() for s in a.sides.split(",") if s.strip())
         if not sides or set(sides) - set(SIDES):

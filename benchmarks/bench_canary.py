@@ -41,6 +41,7 @@ optionally with the seed offset 1 on one backend (``--seed-floor SPEC``: the noi
 frames, the worst job's mean LPIPS, mean SSIM, mean PSNR (over frames that differ: identical
 frames have infinite PSNR), identical frames and jobs, and the LPIPS ratio to the seed floor.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,17 +62,26 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "datasets/canary/suite.yaml"
 
-HELD_OUT = [("astronaut", "skimage.data", "astronaut.png"), ("coffee", "skimage.data", "coffee.png"),
-            ("chelsea", "skimage.data", "chelsea.png"), ("rocket", "skimage.data", "rocket.jpg"),
-            ("camera", "skimage.data", "camera.png"),
-            ("hubble", "skimage.data", "hubble_deep_field.jpg"),
-            ("china", "sklearn.datasets", "images/china.jpg"),
-            ("flower", "sklearn.datasets", "images/flower.jpg")]
+HELD_OUT = [
+    ("astronaut", "skimage.data", "astronaut.png"),
+    ("coffee", "skimage.data", "coffee.png"),
+    ("chelsea", "skimage.data", "chelsea.png"),
+    ("rocket", "skimage.data", "rocket.jpg"),
+    ("camera", "skimage.data", "camera.png"),
+    ("hubble", "skimage.data", "hubble_deep_field.jpg"),
+    ("china", "sklearn.datasets", "images/china.jpg"),
+    ("flower", "sklearn.datasets", "images/flower.jpg"),
+]
 #: the canary suite's parameters, by the job-param names the renderer takes
 PARAMS = dict(strength=0.6, steps=12, guidance=4.0)
 #: the backends of ``gpu``'s sensitivity run, against ``cpu`` (CPU fp32)
-GPU_SENSITIVITY = ["cuda,dtype=fp32", "cuda,dtype=fp32,tf32=on", "cuda,dtype=fp16",
-                   "cuda,dtype=bf16", "cuda,dtype=bf16,compile=on"]
+GPU_SENSITIVITY = [
+    "cuda,dtype=fp32",
+    "cuda,dtype=fp32,tf32=on",
+    "cuda,dtype=fp16",
+    "cuda,dtype=bf16",
+    "cuda,dtype=bf16,compile=on",
+]
 
 
 # -- rendering through the product's backend machinery -------------------------------------
@@ -129,6 +139,7 @@ def backend_session(spec_text: str, model: str):
         renderer.load(runtime)
         progress = quiet_progress()
         try:
+
             def render(job, sources, seed_offset: int = 0):
                 res = LocalExecutor.render_job(renderer, runtime, job, sources, seed_offset, progress)
                 if res.error is not None:
@@ -206,8 +217,8 @@ class Lpips:
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = []
         for i in range(0, len(a), 16):
-            x = np.ascontiguousarray(a[i:i + 16].transpose(0, 3, 1, 2))
-            y = np.ascontiguousarray(b[i:i + 16].transpose(0, 3, 1, 2))
+            x = np.ascontiguousarray(a[i : i + 16].transpose(0, 3, 1, 2))
+            y = np.ascontiguousarray(b[i : i + 16].transpose(0, 3, 1, 2))
             out.append(self.model(x, y).cpu().numpy())
         return np.concatenate(out)
 
@@ -234,8 +245,8 @@ def source_flows(src: np.ndarray):
     gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
     res = []
     for t in range(1, len(gray)):
-        bwd = dis.calc(gray[t], gray[t - 1], None)          # cur -> prev
-        fwd = dis.calc(gray[t - 1], gray[t], None)          # prev -> cur
+        bwd = dis.calc(gray[t], gray[t - 1], None)  # cur -> prev
+        fwd = dis.calc(gray[t - 1], gray[t], None)  # prev -> cur
         mx, my = gx + bwd[..., 0], gy + bwd[..., 1]
         fwd_at = cv2.remap(fwd, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         err = np.square(bwd + fwd_at).sum(-1)
@@ -251,17 +262,19 @@ def warp_error(out: np.ndarray, flows) -> float:
 
     errs = []
     for t, (mx, my, mask) in enumerate(flows, start=1):
-        prev = cv2.remap(out[t - 1].astype(np.float32) / 255.0, mx, my, cv2.INTER_LINEAR,
-                         borderMode=cv2.BORDER_REPLICATE)
+        prev = cv2.remap(
+            out[t - 1].astype(np.float32) / 255.0, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        )
         d = np.abs(out[t].astype(np.float32) / 255.0 - prev).mean(-1)
         errs.append(float(d[mask].mean()) if mask.any() else 0.0)
     return float(np.mean(errs))
 
 
 def photo_views(size: int = 256) -> dict[str, np.ndarray]:
+    import importlib.util
+
     import cv2
 
-    import importlib.util
     spec = importlib.util.spec_from_file_location("canary_train", REPO / "tools" / "canary_train.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
@@ -272,10 +285,10 @@ def photo_views(size: int = 256) -> dict[str, np.ndarray]:
         img = load_rgb(find_photo(module, rel))
         h, w = img.shape[:2]
         s = min(h, w)
-        sq = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+        sq = img[(h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
         views[f"{name}_full"] = cv2.resize(sq, (size, size), interpolation=cv2.INTER_AREA)
         q = s // 4
-        zoom = sq[q:q + s // 2, q:q + s // 2]
+        zoom = sq[q : q + s // 2, q : q + s // 2]
         views[f"{name}_zoom"] = cv2.resize(zoom, (size, size), interpolation=cv2.INTER_AREA)
     return views
 
@@ -324,8 +337,19 @@ def cmd_quality(args) -> dict:
         clip_jobs = [(j.clip, j.prompt) for j in suite.jobs]
     if args.max_clips:
         clip_jobs = clip_jobs[: args.max_clips]
-    per_style = {s: dict(photo_out=[], photo_src=[], grad_out=[], grad_tgt=[], clip_out=[],
-                         clip_src=[], warp_canary=[], warp_classical=[]) for s in STYLES}
+    per_style = {
+        s: dict(
+            photo_out=[],
+            photo_src=[],
+            grad_out=[],
+            grad_tgt=[],
+            clip_out=[],
+            clip_src=[],
+            warp_canary=[],
+            warp_classical=[],
+        )
+        for s in STYLES
+    }
     t0 = time.time()
     src_views = np.stack(list(views.values()))
     photos = FrameSource({name: v[None] for name, v in views.items()})
@@ -359,25 +383,37 @@ def cmd_quality(args) -> dict:
     for style, r in per_style.items():
         lo = np.mean(r["photo_out"] + r["clip_out"])
         ls = np.mean(r["photo_src"] + r["clip_src"])
-        row = dict(lpips_out=round(float(lo), 4), lpips_src=round(float(ls), 4),
-                   lpips_ratio=round(float(lo / ls), 3),
-                   lpips_ratio_photos=round(float(np.mean(r["photo_out"]) / np.mean(r["photo_src"])), 3),
-                   grad_ratio=round(float(np.mean(r["grad_out"]) / np.mean(r["grad_tgt"])), 3))
+        row = dict(
+            lpips_out=round(float(lo), 4),
+            lpips_src=round(float(ls), 4),
+            lpips_ratio=round(float(lo / ls), 3),
+            lpips_ratio_photos=round(float(np.mean(r["photo_out"]) / np.mean(r["photo_src"])), 3),
+            grad_ratio=round(float(np.mean(r["grad_out"]) / np.mean(r["grad_tgt"])), 3),
+        )
         if r["clip_out"]:
             row["lpips_ratio_clips"] = round(float(np.mean(r["clip_out"]) / np.mean(r["clip_src"])), 3)
             row["warp_canary"] = round(float(np.mean(r["warp_canary"])), 4)
             row["warp_classical"] = round(float(np.mean(r["warp_classical"])), 4)
             row["warp_ratio"] = round(row["warp_canary"] / max(row["warp_classical"], 1e-9), 3)
-        row["pass"] = bool(row["lpips_ratio"] <= 0.7 and row["grad_ratio"] >= 0.7 and
-                           row.get("warp_ratio", 0) <= 2.0)
+        row["pass"] = bool(
+            row["lpips_ratio"] <= 0.7 and row["grad_ratio"] >= 0.7 and row.get("warp_ratio", 0) <= 2.0
+        )
         rows[style] = row
     print(f"backend {args.backend}")
     print(f"{'style':22s} {'LPIPS out':>9s} {'src':>6s} {'ratio':>6s} {'grad':>6s} {'warp':>6s} pass")
     for s, r in rows.items():
-        print(f"{s:22s} {r['lpips_out']:9.4f} {r['lpips_src']:6.4f} {r['lpips_ratio']:6.3f} "
-              f"{r['grad_ratio']:6.3f} {r.get('warp_ratio', float('nan')):6.3f} {r['pass']}")
-    return dict(backend=args.backend, params=PARAMS, photos=list(views),
-                clip_jobs=clip_jobs, styles=rows, seconds=round(time.time() - t0, 1))
+        print(
+            f"{s:22s} {r['lpips_out']:9.4f} {r['lpips_src']:6.4f} {r['lpips_ratio']:6.3f} "
+            f"{r['grad_ratio']:6.3f} {r.get('warp_ratio', float('nan')):6.3f} {r['pass']}"
+        )
+    return dict(
+        backend=args.backend,
+        params=PARAMS,
+        photos=list(views),
+        clip_jobs=clip_jobs,
+        styles=rows,
+        seconds=round(time.time() - t0, 1),
+    )
 
 
 # -- speed ---------------------------------------------------------------------------------
@@ -392,15 +428,20 @@ def cmd_speed(args) -> dict:
     frames = sources.get(args.clip)[0]
     job = view_job(args.clip, args.prompt)
     with backend_session(args.backend, args.model) as render:
-        render(job, sources)          # warm-up (and, with compile=on, the compilation)
+        render(job, sources)  # warm-up (and, with compile=on, the compilation)
         times = [render(job, sources).timing["seconds"] for _ in range(args.repeats)]
         device = render.runtime.device
-    res = dict(backend=args.backend, clip=args.clip, frames=list(frames.shape),
-               params=PARAMS, seconds=[round(x, 4) for x in times],
-               median_s=round(statistics.median(times), 4), threads=torch.get_num_threads(),
-               cpu_count=os.cpu_count(),
-               device_name=(torch.cuda.get_device_name(device) if device.type == "cuda"
-                            else _cpu_name()))
+    res = dict(
+        backend=args.backend,
+        clip=args.clip,
+        frames=list(frames.shape),
+        params=PARAMS,
+        seconds=[round(x, 4) for x in times],
+        median_s=round(statistics.median(times), 4),
+        threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+        device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()),
+    )
     print(json.dumps(res))
     return res
 
@@ -429,21 +470,27 @@ def distances(ev, a: dict, b: dict, jobs) -> dict:
         ev.reset()
         recs = list(stream_pair(iter(a[job.id]), iter(b[job.id]), evaluator=ev))
         records += recs
-        per_job[job.id] = dict(lpips=float(np.mean([r["lpips"] for r in recs])),
-                               identical=bool(np.array_equal(a[job.id], b[job.id])))
+        per_job[job.id] = dict(
+            lpips=float(np.mean([r["lpips"] for r in recs])),
+            identical=bool(np.array_equal(a[job.id], b[job.id])),
+        )
     aggs = {k: aggregate([r.get(k) for r in records], k) for k in ("lpips", "ssim", "psnr")}
-    return dict(jobs=len(per_job), frames=len(records),
-                identical_frames=sum(bool(r["identical"]) for r in records),
-                identical_jobs=sum(v["identical"] for v in per_job.values()),
-                lpips_worst_job=max(v["lpips"] for v in per_job.values()),
-                aggregates=aggs, per_job=per_job)
+    return dict(
+        jobs=len(per_job),
+        frames=len(records),
+        identical_frames=sum(bool(r["identical"]) for r in records),
+        identical_jobs=sum(v["identical"] for v in per_job.values()),
+        lpips_worst_job=max(v["lpips"] for v in per_job.values()),
+        aggregates=aggs,
+        per_job=per_job,
+    )
 
 
 def cmd_sensitivity(args) -> dict:
     from evalkit.compare.aggregate import floor_ratio
+    from evalkit.metrics.stream import PairEvaluator
     from evalkit.render.backend import parse_spec
     from evalkit.render.driver import select_jobs
-    from evalkit.metrics.stream import PairEvaluator
 
     reference = parse_spec(args.reference).spec
     specs = [parse_spec(b).spec for b in (args.backend or [])]
@@ -468,36 +515,52 @@ def cmd_sensitivity(args) -> dict:
         t0 = time.time()
         res = render_jobs(spec, args.model, jobs, sources, seed_offset=offset)
         renders[label] = {jid: r.frames for jid, r in res.items()}
-        runs[label] = dict(spec=spec, seed_offset=offset, seconds=round(time.time() - t0, 2),
-                           render_seconds=[r.timing["seconds"] for r in res.values()])
+        runs[label] = dict(
+            spec=spec,
+            seed_offset=offset,
+            seconds=round(time.time() - t0, 2),
+            render_seconds=[r.timing["seconds"] for r in res.values()],
+        )
         if not tag:
             runs[label]["fingerprint"] = backend_fingerprint(spec)
-        print(f"{label}: {len(res)} jobs in {time.time() - t0:.1f} s "
-              f"(render {sum(runs[label]['render_seconds']):.1f} s)", flush=True)
+        print(
+            f"{label}: {len(res)} jobs in {time.time() - t0:.1f} s "
+            f"(render {sum(runs[label]['render_seconds']):.1f} s)",
+            flush=True,
+        )
     ev = PairEvaluator(device=metric_device(args.metrics_device), temporal=False)
     pairs = {}
     floor = None
     if args.seed_floor:
         fs = parse_spec(args.seed_floor).spec
-        floor = pairs[f"{fs} (seed+1) vs {fs}"] = distances(ev, renders[fs + " (seed+1)"],
-                                                            renders[fs], jobs)
+        floor = pairs[f"{fs} (seed+1) vs {fs}"] = distances(ev, renders[fs + " (seed+1)"], renders[fs], jobs)
         floor["kind"] = "seed floor"
     for spec in specs:
-        pairs[f"{spec} vs {reference}"] = dict(kind="backend", **distances(
-            ev, renders[spec], renders[reference], jobs))
+        pairs[f"{spec} vs {reference}"] = dict(
+            kind="backend", **distances(ev, renders[spec], renders[reference], jobs)
+        )
     if args.rerender:
         for spec in [reference] + specs:
-            pairs[f"{spec} (re-render) vs {spec}"] = dict(kind="re-render", **distances(
-                ev, renders[spec + " (re-render)"], renders[spec], jobs))
+            pairs[f"{spec} (re-render) vs {spec}"] = dict(
+                kind="re-render", **distances(ev, renders[spec + " (re-render)"], renders[spec], jobs)
+            )
     for name, p in pairs.items():
         if floor is not None and p is not floor:
             p["floor_ratio"] = floor_ratio(p["aggregates"], floor["aggregates"])
     conventions = ev.conventions
     ev.close()
     print(sensitivity_table(pairs, jobs))
-    return dict(reference=reference, backends=specs, suite=str(args.suite),
-                jobs=[j.id for j in jobs], max_frames=args.max_frames, params=PARAMS,
-                conventions=conventions, runs=runs, pairs=pairs)
+    return dict(
+        reference=reference,
+        backends=specs,
+        suite=str(args.suite),
+        jobs=[j.id for j in jobs],
+        max_frames=args.max_frames,
+        params=PARAMS,
+        conventions=conventions,
+        runs=runs,
+        pairs=pairs,
+    )
 
 
 def _fmt(v, spec: str) -> str:
@@ -509,8 +572,10 @@ def _fmt(v, spec: str) -> str:
 
 
 def sensitivity_table(pairs: dict, jobs) -> str:
-    head = ("| pair | LPIPS mean | LPIPS p95 | LPIPS worst frame | worst job (mean) | SSIM mean "
-            "| PSNR mean dB | identical frames | identical jobs | LPIPS / seed floor |")
+    head = (
+        "| pair | LPIPS mean | LPIPS p95 | LPIPS worst frame | worst job (mean) | SSIM mean "
+        "| PSNR mean dB | identical frames | identical jobs | LPIPS / seed floor |"
+    )
     lines = [head, "|" + "---|" * 10]
     for name, p in pairs.items():
         ag = p["aggregates"]
@@ -520,7 +585,8 @@ def sensitivity_table(pairs: dict, jobs) -> str:
             f"| {_fmt(ag['lpips']['worst'], '.2e')} | {_fmt(p['lpips_worst_job'], '.2e')} "
             f"| {_fmt(ag['ssim']['mean'], '.6f')} | {_fmt(ag['psnr']['mean'], '.2f')} "
             f"| {p['identical_frames']}/{p['frames']} | {p['identical_jobs']}/{p['jobs']} "
-            f"| {_fmt(ratio, '.4f')} |")
+            f"| {_fmt(ratio, '.4f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -554,31 +620,64 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cmd", choices=["quality", "speed", "sensitivity", "gpu"])
     ap.add_argument("--model", default=str(REPO / "models/canary"))
-    ap.add_argument("--backend", "-b", action="append", default=None, metavar="SPEC",
-                    help="backend spec as `evalkit render -b` takes it (quality and speed: one, "
-                         "default cpu; sensitivity: repeatable, the backends measured against "
-                         "--reference)")
-    ap.add_argument("--reference", default="cpu", metavar="SPEC",
-                    help="sensitivity: the backend every other is measured against (default cpu)")
-    ap.add_argument("--rerender", action=argparse.BooleanOptionalAction, default=True,
-                    help="sensitivity: render every backend a second time (default on)")
-    ap.add_argument("--seed-floor", default=None, metavar="SPEC",
-                    help="sensitivity: also render SPEC with seed offset 1, the noise floor")
-    ap.add_argument("--suite", type=Path, default=SUITE,
-                    help="sensitivity: the suite whose jobs are rendered (default: the canary suite)")
-    ap.add_argument("--jobs", nargs="*", default=None,
-                    help="sensitivity: job ids, id prefixes or clip ids (default: all 8)")
-    ap.add_argument("--max-frames", type=int, default=0,
-                    help="cut every suite clip to its first N frames (smoke runs)")
+    ap.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="backend spec as `evalkit render -b` takes it (quality and speed: one, "
+        "default cpu; sensitivity: repeatable, the backends measured against "
+        "--reference)",
+    )
+    ap.add_argument(
+        "--reference",
+        default="cpu",
+        metavar="SPEC",
+        help="sensitivity: the backend every other is measured against (default cpu)",
+    )
+    ap.add_argument(
+        "--rerender",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sensitivity: render every backend a second time (default on)",
+    )
+    ap.add_argument(
+        "--seed-floor",
+        default=None,
+        metavar="SPEC",
+        help="sensitivity: also render SPEC with seed offset 1, the noise floor",
+    )
+    ap.add_argument(
+        "--suite",
+        type=Path,
+        default=SUITE,
+        help="sensitivity: the suite whose jobs are rendered (default: the canary suite)",
+    )
+    ap.add_argument(
+        "--jobs",
+        nargs="*",
+        default=None,
+        help="sensitivity: job ids, id prefixes or clip ids (default: all 8)",
+    )
+    ap.add_argument(
+        "--max-frames", type=int, default=0, help="cut every suite clip to its first N frames (smoke runs)"
+    )
     ap.add_argument("--clips", default="suite", choices=["suite", "all"])
     ap.add_argument("--clip", default="astronaut_pan")
     ap.add_argument("--prompt", default="watercolor")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--metrics-device", default=None,
-                    help="where distances are computed (default: a GPU if any, as evalkit compare)")
-    ap.add_argument("--lpips-weights", default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
-                    help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the "
-                         "evalkit cache of `evalkit setup`)")
+    ap.add_argument(
+        "--metrics-device",
+        default=None,
+        help="where distances are computed (default: a GPU if any, as evalkit compare)",
+    )
+    ap.add_argument(
+        "--lpips-weights",
+        default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
+        help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the "
+        "evalkit cache of `evalkit setup`)",
+    )
     ap.add_argument("--max-views", type=int, default=0, help="quality: first N photo views (smoke)")
     ap.add_argument("--max-clips", type=int, default=0, help="quality: first N clip jobs (smoke)")
     ap.add_argument("--out", default=None)
@@ -588,8 +687,7 @@ def main(argv=None) -> int:
             ap.error(f"{args.cmd}: give one --backend")
         args.backend = args.backend[0] if args.backend else "cpu"
     use_lpips_weights(args.lpips_weights)
-    res = dict(quality=cmd_quality, speed=cmd_speed, sensitivity=cmd_sensitivity,
-               gpu=cmd_gpu)[args.cmd](args)
+    res = dict(quality=cmd_quality, speed=cmd_speed, sensitivity=cmd_sensitivity, gpu=cmd_gpu)[args.cmd](args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1, default=str))

@@ -23,6 +23,7 @@ other, as the attacker suite does).
 
     .venv/bin/python benchmarks/bench_catch_sizes.py [--out benchmarks/results/catch_sizes_cpu2.txt]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def frame_sizes(tiles, layout):
     from evalkit.study.lossless import vp8l
     from evalkit.study.media import tile_frames
 
-    return np.array([len(vp8l(tile_frames([x[t:t + 1] for x in tiles], layout)[0]))
-                     for t in range(len(tiles[0]))], float)
+    return np.array(
+        [len(vp8l(tile_frames([x[t : t + 1] for x in tiles], layout)[0])) for t in range(len(tiles[0]))],
+        float,
+    )
 
 
 def study(families, seeds, rng, protocol, raters=40):
@@ -58,11 +61,10 @@ def study(families, seeds, rng, protocol, raters=40):
     n_tiles = 3 if protocol == "abx" else 2
     layout = tile_layout(n_tiles, *clips[0][0].shape[1:3])
     x = design.X_TILE["lossless"]
-    tests = []                      # per clip: the frame sizes of each of its 4 possible files
+    tests = []  # per clip: the frame sizes of each of its 4 possible files
     for a, b in clips:
         src = {"a": a, "b": b}
-        tests.append([frame_sizes([src[ch] for ch in k], layout)
-                      for k in design.stream_keys(protocol, x=x)])
+        tests.append([frame_sizes([src[ch] for ch in k], layout) for k in design.stream_keys(protocol, x=x)])
     picks = rng.permutation(len(clips))
     catches = {v: [] for v in VARIANTS}
     for n, i in enumerate(picks):
@@ -87,15 +89,14 @@ def study(families, seeds, rng, protocol, raters=40):
         for _ in range(raters):
             got = [t[int(rng.integers(len(t)))] for t in tests]
             # a rater's 10 catch versions (8 easy, 2 graded) of as many clips, as a study has
-            mine = list(rng.choice(len(picks) - 2, 8, replace=False)) + [len(picks) - 2,
-                                                                          len(picks) - 1]
+            mine = list(rng.choice(len(picks) - 2, 8, replace=False)) + [len(picks) - 2, len(picks) - 1]
             files = [(f, 0) for f in got] + [(catches[v][k], 1) for k in mine]
             feats = []
             for j, (f, is_catch) in enumerate(files):
-                twin = min(np.abs(f - g).sum() / f.sum() for k, (g, _) in enumerate(files)
-                           if k != j)
-                feats.append({"p_cv": f.std() / f.mean(), "twin": twin,
-                              "file_size": f.sum(), "catch": is_catch})
+                twin = min(np.abs(f - g).sum() / f.sum() for k, (g, _) in enumerate(files) if k != j)
+                feats.append(
+                    {"p_cv": f.std() / f.mean(), "twin": twin, "file_size": f.sum(), "catch": is_catch}
+                )
             c = [f for f in feats if f["catch"]]
             t = [f for f in feats if not f["catch"]]
             pairs += [(ci, ti) for ci in c for ti in t]
@@ -108,12 +109,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(45)
-    lines = ["catch file vs test file, lossless (ABX: X in tile 2), the attacker's scenes: share "
-             "of (catch, test) pairs of a rater where the catch's feature is larger "
-             "(0.5 = no tell); held: a sign stump fitted on the other study, counted on this one"]
+    lines = [
+        "catch file vs test file, lossless (ABX: X in tile 2), the attacker's scenes: share "
+        "of (catch, test) pairs of a rater where the catch's feature is larger "
+        "(0.5 = no tell); held: a sign stump fitted on the other study, counted on this one"
+    ]
     for protocol in ("abx", "preference"):
-        studies = {"pan+blobs": study(("pan", "blobs"), range(7), rng, protocol),
-                   "grain+stripes": study(("grain", "stripes"), range(100, 107), rng, protocol)}
+        studies = {
+            "pan+blobs": study(("pan", "blobs"), range(7), rng, protocol),
+            "grain+stripes": study(("grain", "stripes"), range(100, 107), rng, protocol),
+        }
         lines.append(f"-- {protocol}")
         for v in VARIANTS:
             for feat in ("p_cv", "twin", "file_size"):
@@ -122,7 +127,7 @@ def main(argv=None) -> int:
                     d = np.array([c[feat] - t[feat] for c, t in st[v]])
                     row.append(f"{name}: {np.mean(d > 0) + 0.5 * np.mean(d == 0):.3f}")
                 (_, s1), (_, s2) = studies.items()
-                for (fit, test) in ((s2, s1), (s1, s2)):
+                for fit, test in ((s2, s1), (s1, s2)):
                     d_fit = np.array([c[feat] - t[feat] for c, t in fit[v]])
                     sign = 1 if np.mean(d_fit > 0) >= 0.5 else -1
                     d = np.array([c[feat] - t[feat] for c, t in test[v]])

@@ -19,6 +19,7 @@ old and new, and (CUDA) whether the luma of all 2^24 RGB triples is the same; th
 device and ``stream_pair`` pairs/s from host frames (chunks of 16 and 32), old against new,
 ratios printed. Metric numbers only move by float32 rounding (MSE and exactness: not at all).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evalkit.metrics._common import as_frames, fast_path, fast_paths, luma, precise, resolve_device  # noqa: E402
-from evalkit.metrics.fidelity import exactness_kernel, luma_kernel, mse_exactness_kernel, mse_kernel, ssim_kernel  # noqa: E402
+from evalkit.metrics.fidelity import (  # noqa: E402
+    exactness_kernel,
+    luma_kernel,
+    mse_exactness_kernel,
+    mse_kernel,
+    ssim_kernel,
+)
 from evalkit.metrics.perceptual import get_model  # noqa: E402
 from evalkit.metrics.stream import PairEvaluator, stream_pair, unit_into  # noqa: E402
 
@@ -49,7 +56,7 @@ def frames(n: int, h: int, w: int, seed: int = 0):
     small = rng.random((h // 8 + 4, w // 8 + 4 + n, 3)).astype(np.float32)
     tex = cv2.resize(small, (small.shape[1] * 8, small.shape[0] * 8), interpolation=cv2.INTER_CUBIC)
     tex = np.clip(tex * 255, 0, 255).astype(np.uint8)
-    a = np.stack([tex[8:8 + h, 2 * t:2 * t + w] for t in range(n)])
+    a = np.stack([tex[8 : 8 + h, 2 * t : 2 * t + w] for t in range(n)])
     b = np.clip(a.astype(np.int16) + rng.integers(-6, 7, a.shape), 0, 255).astype(np.uint8)
     return np.ascontiguousarray(a), b
 
@@ -102,12 +109,18 @@ def stages(a, b, dev, chunk, iters, repeat, out):
             f = model.features(u)
             fa, fb = [t[:chunk] for t in f], [t[chunk:] for t in f]
             mse, ex = mse_exactness_kernel(a, b)
-            values[name] = {"unit": to_float().clone(), "luma": luma_kernel(a), "lpips": model.distance(fa, fb),
-                            "ssim": ssim_kernel(a, b, lumas=(ya, yb)), "mse": mse, **ex}
-            parts["head (LPIPS distances)"] = (lambda fa=fa, fb=fb: model.distance(fa, fb))
+            values[name] = {
+                "unit": to_float().clone(),
+                "luma": luma_kernel(a),
+                "lpips": model.distance(fa, fb),
+                "ssim": ssim_kernel(a, b, lumas=(ya, yb)),
+                "mse": mse,
+                **ex,
+            }
+            parts["head (LPIPS distances)"] = lambda fa=fa, fb=fb: model.distance(fa, fb)
             best[name] = {}
             for label, fn in parts.items():
-                fn()                                       # warm-up (compile, autotune)
+                fn()  # warm-up (compile, autotune)
     for label in parts:
         for _ in range(repeat):
             for name in ("old", "new"):
@@ -115,7 +128,7 @@ def stages(a, b, dev, chunk, iters, repeat, out):
                     if label.startswith("head"):
                         f = model.features(u)
                         fa, fb = [t[:chunk] for t in f], [t[chunk:] for t in f]
-                        fn = (lambda fa=fa, fb=fb: model.distance(fa, fb))
+                        fn = lambda fa=fa, fb=fb: model.distance(fa, fb)
                     else:
                         fn = parts[label]
                     ms = timed(fn, dev, iters) / chunk * 1e3
@@ -131,11 +144,17 @@ def stages(a, b, dev, chunk, iters, repeat, out):
     with precise(autotune), fast_paths(conv1_s2d=True):
         model.features(u)
         forced = min(timed(lambda: model.features(u), dev, iters) for _ in range(repeat)) / chunk * 1e3
-    out(f"  {'trunk, conv1 s2d forced':28s} {best['old']['trunk (LPIPS on A and B)']:9.4f} {forced:9.4f} "
-        f"{best['old']['trunk (LPIPS on A and B)'] / forced:8.2f}")
-    out("max |old - new|: " + ", ".join(
-        f"{k} {(values['old'][k].double() - values['new'][k].double()).abs().max().item():.3g}"
-        for k in values["old"]))
+    out(
+        f"  {'trunk, conv1 s2d forced':28s} {best['old']['trunk (LPIPS on A and B)']:9.4f} {forced:9.4f} "
+        f"{best['old']['trunk (LPIPS on A and B)'] / forced:8.2f}"
+    )
+    out(
+        "max |old - new|: "
+        + ", ".join(
+            f"{k} {(values['old'][k].double() - values['new'][k].double()).abs().max().item():.3g}"
+            for k in values["old"]
+        )
+    )
 
 
 def luma_exhaustive(dev, out):
@@ -152,16 +171,16 @@ def luma_exhaustive(dev, out):
     out(f"luma of all 2^24 RGB triples, default path vs torch float64: {bad} differ")
 
 
-RECORDS: dict[str, list] = {}      # mode -> the records of the evaluator's first chunk
+RECORDS: dict[str, list] = {}  # mode -> the records of the evaluator's first chunk
 
 
 def update_rate(a_all, b_all, dev, chunk, pairs, name) -> float:
     ev = PairEvaluator(device=dev, temporal=False)
     try:
         with mode(name):
-            for i in range(3):                               # warm-up
+            for i in range(3):  # warm-up
                 j = (i * chunk) % CYCLE
-                recs = ev.update(a_all[j:j + chunk], b_all[j:j + chunk])
+                recs = ev.update(a_all[j : j + chunk], b_all[j : j + chunk])
                 if i == 0:
                     RECORDS[name] = recs
             sync(dev)
@@ -169,7 +188,7 @@ def update_rate(a_all, b_all, dev, chunk, pairs, name) -> float:
             done = 0
             while done < pairs:
                 j = (done // chunk * chunk) % CYCLE
-                done += len(ev.update(a_all[j:j + chunk], b_all[j:j + chunk]))
+                done += len(ev.update(a_all[j : j + chunk], b_all[j : j + chunk]))
             sync(dev)
             return done / (time.perf_counter() - t)
     finally:
@@ -214,48 +233,61 @@ def main(argv=None) -> int:
 
     try:
         import triton
+
         tv = triton.__version__
     except ImportError:
         tv = "not installed"
-    out(f"bench_chain | device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}) "
+    out(
+        f"bench_chain | device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}) "
         f"| size {w}x{h} | torch {torch.__version__} | triton {tv} | torch threads "
         f"{torch.get_num_threads()} | cpus {os.cpu_count()} | env EVALKIT_TRITON="
-        f"{os.environ.get('EVALKIT_TRITON', '-')}")
+        f"{os.environ.get('EVALKIT_TRITON', '-')}"
+    )
     from evalkit.metrics import fidelity
 
     with precise():
-        active = {"triton_ssim": fidelity._planes_fn(dev) is not fidelity._ssim_planes,
-                  "triton_pixels": dev.type == "cuda" and fidelity._triton("mse_exactness_u8") is not None
-                  and fast_path("triton_pixels"),
-                  "conv1_s2d": get_model("alex", dev)._use_s2d(),
-                  "triton_luma": dev.type == "cuda" and fidelity._triton("luma_u8") is not None
-                  and fast_path("triton_luma"),
-                  "one_pass_unit": dev.type == "cuda" and fast_path("one_pass_unit")}
-    out("new = the default here, fast paths in use: " + ", ".join(f"{k} {'yes' if v else 'no'}"
-                                                              for k, v in active.items()))
+        active = {
+            "triton_ssim": fidelity._planes_fn(dev) is not fidelity._ssim_planes,
+            "triton_pixels": dev.type == "cuda"
+            and fidelity._triton("mse_exactness_u8") is not None
+            and fast_path("triton_pixels"),
+            "conv1_s2d": get_model("alex", dev)._use_s2d(),
+            "triton_luma": dev.type == "cuda"
+            and fidelity._triton("luma_u8") is not None
+            and fast_path("triton_luma"),
+            "one_pass_unit": dev.type == "cuda" and fast_path("one_pass_unit"),
+        }
+    out(
+        "new = the default here, fast paths in use: "
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in active.items())
+    )
     a_np, b_np = frames(CYCLE, h, w)
     a_all = as_frames(torch.from_numpy(a_np).permute(0, 3, 1, 2).contiguous(), "a", device=dev)
     b_all = as_frames(torch.from_numpy(b_np).permute(0, 3, 1, 2).contiguous(), "b", device=dev)
     chunk = min(args.chunk, CYCLE)
     stages(a_all[:chunk], b_all[:chunk], dev, chunk, args.iters, args.repeat, out)
-    if dev.type == "cuda":                 # on the CPU both sides run the same code
+    if dev.type == "cuda":  # on the CPU both sides run the same code
         luma_exhaustive(dev, out)
 
     out(f"\nPairEvaluator(temporal=False), pairs/s ({args.pairs} pairs):")
     out(f"  {'run':36s} {'old':>8s} {'new':>8s} {'new/old':>8s}")
     rates = {}
-    for label, fn, ch in (("update(), frames on the device, 16", update_rate, 16),
-                          ("stream_pair, host frames, chunk 16", stream_rate, 16),
-                          ("stream_pair, host frames, chunk 32", stream_rate, 32)):
+    for label, fn, ch in (
+        ("update(), frames on the device, 16", update_rate, 16),
+        ("stream_pair, host frames, chunk 16", stream_rate, 16),
+        ("stream_pair, host frames, chunk 32", stream_rate, 32),
+    ):
         src = (a_all, b_all) if fn is update_rate else (a_np, b_np)
         r = {}
-        for _ in range(2):                                   # alternate; keep the best
+        for _ in range(2):  # alternate; keep the best
             for name in ("old", "new"):
                 r[name] = max(r.get(name, 0.0), fn(*src, dev, ch, args.pairs, name))
         rates[label] = r
         out(f"  {label:36s} {r['old']:8.1f} {r['new']:8.1f} {r['new'] / r['old']:8.2f}")
-    diffs = {k: max(abs(o[k] - n[k]) if o[k] != n[k] else 0.0 for o, n in zip(RECORDS["old"], RECORDS["new"]))
-             for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction")}
+    diffs = {
+        k: max(abs(o[k] - n[k]) if o[k] != n[k] else 0.0 for o, n in zip(RECORDS["old"], RECORDS["new"]))
+        for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction")
+    }
     out("records of update(), max |old - new|: " + ", ".join(f"{k} {v:.3g}" for k, v in diffs.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

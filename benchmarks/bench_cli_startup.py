@@ -10,6 +10,7 @@ their bad inputs are tests/test_startup.py's.
     python benchmarks/bench_cli_startup.py --tree before=/tmp/before --tree after=. \\
         --repeats 5 --out benchmarks/results/startup_cpu2.txt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,18 +30,32 @@ from test_startup import bad_inputs  # noqa: E402
 def run_once(tree: Path, python: str, argv: list[str], cwd: Path) -> tuple[float, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
     s = time.perf_counter()
-    p = subprocess.run([python, "-m", "evalkit", *argv], env=env, cwd=cwd,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    p = subprocess.run(
+        [python, "-m", "evalkit", *argv],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
     return time.perf_counter() - s, p.returncode
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH[@PYTHON]",
-                    help="a code tree to run (PYTHONPATH), repeatable; @PYTHON: with that "
-                         "interpreter (another environment, e.g. the CPU build of torch)")
-    ap.add_argument("--commands", default=None,
-                    help="only the commands whose line contains one of these comma-separated words")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        required=True,
+        metavar="NAME=PATH[@PYTHON]",
+        help="a code tree to run (PYTHONPATH), repeatable; @PYTHON: with that "
+        "interpreter (another environment, e.g. the CPU build of torch)",
+    )
+    ap.add_argument(
+        "--commands",
+        default=None,
+        help="only the commands whose line contains one of these comma-separated words",
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     a = ap.parse_args(argv)
@@ -49,10 +64,12 @@ def main(argv=None) -> int:
         name, _, rest = t.partition("=")
         path, _, python = rest.partition("@")
         trees.append((name, (Path(path).resolve(), python or sys.executable)))
-    lines = [f"# {' '.join(sys.argv)}",
-             *(f"# {n}: {tree} with {py}" for n, (tree, py) in trees),
-             f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average at start "
-             f"{os.getloadavg()[0]:.2f}"]
+    lines = [
+        f"# {' '.join(sys.argv)}",
+        *(f"# {n}: {tree} with {py}" for n, (tree, py) in trees),
+        f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average at start "
+        f"{os.getloadavg()[0]:.2f}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         cmds = [["info"], ["fingerprint"]] + bad_inputs(d)
@@ -63,14 +80,16 @@ def main(argv=None) -> int:
         codes: dict = {}
         for rep in range(a.repeats):
             for argv_ in cmds:
-                for name, tree in (trees if rep % 2 == 0 else trees[::-1]):
+                for name, tree in trees if rep % 2 == 0 else trees[::-1]:
                     t, rc = run_once(*tree, argv_, d)
                     key = " ".join(Path(x).name if "/" in x else x for x in argv_[:3])
                     times.setdefault(key, {}).setdefault(name, []).append(t)
                     codes.setdefault(key, {})[name] = rc
             print(f"repeat {rep + 1}/{a.repeats} done", file=sys.stderr, flush=True)
-    lines.append(f"# load average at end {os.getloadavg()[0]:.2f}; median of {a.repeats} whole "
-                 "processes per command and tree (min-max), exit code")
+    lines.append(
+        f"# load average at end {os.getloadavg()[0]:.2f}; median of {a.repeats} whole "
+        "processes per command and tree (min-max), exit code"
+    )
     names = [n for n, _ in trees]
     lines.append(f"{'command':<40}" + "".join(f"{n:>26}" for n in names))
     worst = {n: 0.0 for n in names}

@@ -11,6 +11,7 @@ alternation, repeated:
 
     python benchmarks/bench_compare.py [--repeats 3] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,18 +31,22 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
 
-    from evalkit.metrics.stream import PairEvaluator, stream_pair
-
     from evalkit.compare.pairing import pair_jobs
     from evalkit.compare.run import compare_runs
-    from evalkit.render.driver import render_suite
     from evalkit.formats.run import RunDir
+    from evalkit.metrics.stream import PairEvaluator, stream_pair
+    from evalkit.render.driver import render_suite
     from evalkit.video import ClipReader
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        render_suite(a.suite, ["cpu", "cpu,dtype=bf16"], tmp / "runs",
-                     renderer="evalkit.testing.renderers:Invert", progress=False)
+        render_suite(
+            a.suite,
+            ["cpu", "cpu,dtype=bf16"],
+            tmp / "runs",
+            renderer="evalkit.testing.renderers:Invert",
+            progress=False,
+        )
         run_a, run_b = tmp / "runs" / "cpu", tmp / "runs" / "cpu_dtype-bf16"
         pairs, _ = pair_jobs(RunDir.open(run_a), RunDir.open(run_b), same_seed=True)
         evaluator = PairEvaluator(device=a.device)
@@ -50,8 +55,7 @@ def main() -> int:
             t0 = time.perf_counter()
             for pair in pairs:
                 evaluator.reset()
-                for _ in stream_pair(ClipReader(pair.path_a), ClipReader(pair.path_b),
-                                     evaluator=evaluator):
+                for _ in stream_pair(ClipReader(pair.path_a), ClipReader(pair.path_b), evaluator=evaluator):
                     pass
                 evaluator.compute()
             return time.perf_counter() - t0
@@ -66,8 +70,7 @@ def main() -> int:
         for i in range(a.repeats):
             m.append(metrics_alone())
             c.append(compare())
-            print(f"repeat {i + 1}: metrics alone {m[-1]:.2f} s  compare {c[-1]:.2f} s",
-                  file=sys.stderr)
+            print(f"repeat {i + 1}: metrics alone {m[-1]:.2f} s  compare {c[-1]:.2f} s", file=sys.stderr)
         mm, mc = statistics.median(m), statistics.median(c)
         print(f"{len(pairs)} jobs, device {a.device}")
         print(f"metrics alone : median {mm:.2f} s")

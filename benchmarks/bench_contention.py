@@ -51,7 +51,9 @@ seen on, ``MHz`` the clock of its last CPU sampled under the load. Longer ``cpu`
 ``wait`` points at the core itself (SMT sibling, caches, clock); longer ``wait`` at the
 scheduler.
 """
+
 from __future__ import annotations
+
 import argparse
 import ctypes
 import glob
@@ -110,8 +112,10 @@ def encode_loop(nice: int, frames, folder: str, cpus=None) -> None:
     with ThreadPoolExecutor(ENCODER_THREADS) as pool:
         i = 0
         while True:
-            fs = [pool.submit(write_lossless, f"{d}/a{i % ENCODER_THREADS}.mkv", frames, 24),
-                  pool.submit(write_browser, f"{d}/b{i % ENCODER_THREADS}.mp4", frames, 24)]
+            fs = [
+                pool.submit(write_lossless, f"{d}/a{i % ENCODER_THREADS}.mkv", frames, 24),
+                pool.submit(write_browser, f"{d}/b{i % ENCODER_THREADS}.mp4", frames, 24),
+            ]
             for f in fs:
                 f.result()
             i += 1
@@ -122,6 +126,7 @@ class Cond:
     """A condition: its loading processes ([(target, args)]), torch threads (None: as is), the
     CPU the pipeline's thread is pinned to (None: not pinned), why it is skipped (None: run),
     or the CUDA scheduling of a fresh process that times itself (``fresh``)."""
+
     label: str
     procs: list = field(default_factory=list)
     threads: int | None = None
@@ -132,6 +137,7 @@ class Cond:
 
 def conditions(n: int, frames, folder: str, quick: bool = False) -> list[Cond]:
     """The first list (session 10): load anywhere, nothing pinned."""
+
     def busy_n(k: int) -> str:
         return f"{k} busy process{'' if k == 1 else 'es'}"
 
@@ -150,8 +156,7 @@ def conditions(n: int, frames, folder: str, quick: bool = False) -> list[Cond]:
         Cond("idle again"),
     ]
     if quick:
-        keep = {"idle", busy_n(n), f"2 encoder processes ({ENCODER_THREADS} threads each)",
-                "idle again"}
+        keep = {"idle", busy_n(n), f"2 encoder processes ({ENCODER_THREADS} threads each)", "idle again"}
         every = [c for c in every if c.label in keep]
     return every
 
@@ -160,20 +165,28 @@ def affinity_conditions(allowed, siblings, c: int, frames, folder: str) -> list[
     """``--part affinity`` without its idle runs: pipeline pinned to ``c`` or not, busy
     processes and encoders on other cores or on ``c``'s SMT siblings too, CUDA scheduling."""
     sib = set(siblings.get(c, {c})) & set(allowed)
-    off = sorted(set(allowed) - sib)               # not c, not its siblings
-    off_c = sorted(set(allowed) - {c})             # not c (its siblings included)
-    need = (None if off else f"skipped: needs {len(sib) + 1} cores (cpu {c} and its SMT "
-            f"siblings are all of the {len(allowed)})")
+    off = sorted(set(allowed) - sib)  # not c, not its siblings
+    off_c = sorted(set(allowed) - {c})  # not c (its siblings included)
+    need = (
+        None
+        if off
+        else f"skipped: needs {len(sib) + 1} cores (cpu {c} and its SMT "
+        f"siblings are all of the {len(allowed)})"
+    )
     no_smt = None if len(sib) > 1 else f"skipped: cpu {c} has no SMT sibling"
-    busy_on = lambda cpus: [(spin, (0, {x})) for x in cpus]            # noqa: E731
-    enc = lambda cpus: [(encode_loop, (0, frames, folder, cpus))] * 2   # noqa: E731
+    busy_on = lambda cpus: [(spin, (0, {x})) for x in cpus]  # noqa: E731
+    enc = lambda cpus: [(encode_loop, (0, frames, folder, cpus))] * 2  # noqa: E731
     away = f"off cpu {c}+siblings" if len(sib) > 1 else f"off cpu {c}"
     return [
         Cond(f"pipeline pinned to cpu {c}", pin=c),
         Cond(f"{len(off)} busy {away} (1 per cpu), pipeline free", busy_on(off), skip=need),
         Cond(f"{len(off)} busy {away}, pipeline on cpu {c}", busy_on(off), pin=c, skip=need),
-        Cond(f"{len(off_c)} busy off cpu {c}, siblings too, pipeline on {c}", busy_on(off_c),
-             pin=c, skip=no_smt),
+        Cond(
+            f"{len(off_c)} busy off cpu {c}, siblings too, pipeline on {c}",
+            busy_on(off_c),
+            pin=c,
+            skip=no_smt,
+        ),
         Cond("2 encoders free, pipeline free", enc(None)),
         Cond(f"2 encoders free, pipeline on cpu {c}", enc(None), pin=c),
         Cond(f"2 encoders {away}, pipeline on cpu {c}", enc(frozenset(off)), pin=c, skip=need),
@@ -278,13 +291,17 @@ def topology_lines(allowed) -> list[str]:
     sys_cpu = "/sys/devices/system/cpu"
     model, mhz = cpuinfo()
     present = _read(f"{sys_cpu}/present")
-    lines = [f"cpu model: {model}; online {_read(f'{sys_cpu}/online')}, present {present}; "
-             f"allowed here ({len(allowed)}): {','.join(map(str, sorted(allowed)))}"]
+    lines = [
+        f"cpu model: {model}; online {_read(f'{sys_cpu}/online')}, present {present}; "
+        f"allowed here ({len(allowed)}): {','.join(map(str, sorted(allowed)))}"
+    ]
     sib = siblings_map(allowed)
     groups = sorted({tuple(sorted(s)) for s in sib.values()})
-    lines.append(f"SMT control {_read(f'{sys_cpu}/smt/control')}, active "
-                 f"{_read(f'{sys_cpu}/smt/active')}; sibling groups ({len(groups)}): "
-                 + " ".join(",".join(map(str, g)) for g in groups))
+    lines.append(
+        f"SMT control {_read(f'{sys_cpu}/smt/control')}, active "
+        f"{_read(f'{sys_cpu}/smt/active')}; sibling groups ({len(groups)}): "
+        + " ".join(",".join(map(str, g)) for g in groups)
+    )
     cores = []
     for c in sorted(allowed):
         core = _read(f"{sys_cpu}/cpu{c}/topology/core_id")
@@ -292,17 +309,23 @@ def topology_lines(allowed) -> list[str]:
         cores.append(f"{c}:{core}/{pkg}")
     lines.append("cpu:core_id/package " + " ".join(cores))
     nodes = sorted(glob.glob("/sys/devices/system/node/node[0-9]*"))
-    lines.append("NUMA nodes: " + (" ".join(f"{Path(n).name}={_read(n + '/cpulist')}"
-                                            for n in nodes) or "none listed"))
+    lines.append(
+        "NUMA nodes: " + (" ".join(f"{Path(n).name}={_read(n + '/cpulist')}" for n in nodes) or "none listed")
+    )
     gov = _read(f"{sys_cpu}/cpu{min(allowed)}/cpufreq/scaling_governor")
     freqs = [mhz[c] for c in allowed if c in mhz]
-    lines.append("clocks (/proc/cpuinfo, idle): "
-                 + (f"{min(freqs):.0f}-{max(freqs):.0f} MHz, mean {statistics.mean(freqs):.0f}"
-                    if freqs else "unknown")
-                 + f"; cpufreq governor {gov}, driver "
-                 f"{_read(f'{sys_cpu}/cpu{min(allowed)}/cpufreq/scaling_driver')}; "
-                 f"cpuidle {_read(f'{sys_cpu}/cpuidle/current_driver')} "
-                 f"(governor {_read(f'{sys_cpu}/cpuidle/current_governor_ro') or _read(f'{sys_cpu}/cpuidle/current_governor')})")
+    lines.append(
+        "clocks (/proc/cpuinfo, idle): "
+        + (
+            f"{min(freqs):.0f}-{max(freqs):.0f} MHz, mean {statistics.mean(freqs):.0f}"
+            if freqs
+            else "unknown"
+        )
+        + f"; cpufreq governor {gov}, driver "
+        f"{_read(f'{sys_cpu}/cpu{min(allowed)}/cpufreq/scaling_driver')}; "
+        f"cpuidle {_read(f'{sys_cpu}/cpuidle/current_driver')} "
+        f"(governor {_read(f'{sys_cpu}/cpuidle/current_governor_ro') or _read(f'{sys_cpu}/cpuidle/current_governor')})"
+    )
     return lines
 
 
@@ -320,8 +343,11 @@ def cudart_path() -> str | None:
     import torch
 
     base = Path(torch.__file__).resolve().parent
-    for pattern in ("lib/libcudart.so*", "../nvidia/cuda_runtime/lib/libcudart.so*",
-                    "../nvidia/*/lib/libcudart.so*"):
+    for pattern in (
+        "lib/libcudart.so*",
+        "../nvidia/cuda_runtime/lib/libcudart.so*",
+        "../nvidia/*/lib/libcudart.so*",
+    ):
         found = sorted(glob.glob(str(base / pattern)))
         if found:
             return found[0]
@@ -344,8 +370,10 @@ def cuda_flags_text(index: int) -> str:
             rt = ctypes.CDLL(path)
             v = ctypes.c_uint()
             err = rt.cudaGetDeviceFlags(ctypes.byref(v))
-            out.append(f"runtime cudaGetDeviceFlags ({Path(path).name}): " +
-                       (f"0x{v.value:x} (schedule {_sched(v.value)})" if err == 0 else f"error {err}"))
+            out.append(
+                f"runtime cudaGetDeviceFlags ({Path(path).name}): "
+                + (f"0x{v.value:x} (schedule {_sched(v.value)})" if err == 0 else f"error {err}")
+            )
         except (OSError, AttributeError) as e:
             out.append(f"runtime: {e}")
     try:
@@ -354,9 +382,14 @@ def cuda_flags_text(index: int) -> str:
         err = drv.cuDeviceGet(ctypes.byref(dev), index)
         if err == 0:
             err = drv.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
-        out.append("driver primary context: " + (
-            f"flags 0x{flags.value:x} (schedule {_sched(flags.value)}), active {active.value}"
-            if err == 0 else f"error {err}"))
+        out.append(
+            "driver primary context: "
+            + (
+                f"flags 0x{flags.value:x} (schedule {_sched(flags.value)}), active {active.value}"
+                if err == 0
+                else f"error {err}"
+            )
+        )
     except (OSError, AttributeError) as e:
         out.append(f"driver: {e}")
     return "; ".join(out)
@@ -389,8 +422,8 @@ class Bench:
         from evalkit.formats.suite import load_suite
         from evalkit.render.backend import apply_backend, parse_spec
         from evalkit.render.driver import select_jobs
-        from evalkit.render.sources import SourceCache
         from evalkit.render.renderers import get_renderer
+        from evalkit.render.sources import SourceCache
 
         self.torch = torch
         self.suite = load_suite(a.suite)
@@ -403,7 +436,7 @@ class Bench:
         self.data = {}
         for job in self.jobs:
             frames, fps, path = sources.get(job.clip)
-            self.data[job.clip] = (frames[:a.max_frames] if a.max_frames else frames, fps, path)
+            self.data[job.clip] = (frames[: a.max_frames] if a.max_frames else frames, fps, path)
         sources.close()
         self.on_cuda = runtime.device.type == "cuda"
         self.index = (runtime.device.index or 0) if self.on_cuda else None
@@ -428,8 +461,9 @@ class Bench:
                 c1 = thread_counters()
                 for i in range(5):
                     if sums[i] is not None:
-                        sums[i] = (None if c0 is None or c1 is None or c0[i] is None
-                                   else sums[i] + c1[i] - c0[i])
+                        sums[i] = (
+                            None if c0 is None or c1 is None or c0[i] is None else sums[i] + c1[i] - c0[i]
+                        )
                 cpus.add(current_cpu())
         return t, sums, cpus - {None}
 
@@ -437,11 +471,12 @@ class Bench:
         """``repeats`` loops: seconds, the counters' medians, the CPUs seen, the clock of the
         last one (sampled now, under the load)."""
         runs = [self.loop() for _ in range(repeats)]
-        med = [None if any(r[1][i] is None for r in runs)
-               else statistics.median(r[1][i] for r in runs) for i in range(5)]
+        med = [
+            None if any(r[1][i] is None for r in runs) else statistics.median(r[1][i] for r in runs)
+            for i in range(5)
+        ]
         cpus = set().union(*(r[2] for r in runs))
-        return {"ts": [r[0] for r in runs], "counters": med, "cpus": cpus,
-                "mhz": cpu_mhz(current_cpu())}
+        return {"ts": [r[0] for r in runs], "counters": med, "cpus": cpus, "mhz": cpu_mhz(current_cpu())}
 
 
 def result_line(label: str, m: dict, idle: float | None) -> str:
@@ -458,8 +493,9 @@ def result_line(label: str, m: dict, idle: float | None) -> str:
     extra.append(f"cpus {len(cs)}" + (f" ({','.join(map(str, cs))})" if len(cs) <= 4 else ""))
     if m["mhz"] is not None:
         extra.append(f"MHz {m['mhz']:.0f}")
-    return (f"{label:52s} pipeline {med:.3f} s {ratio}  ({', '.join(f'{t:.3f}' for t in ts)})  "
-            + "; ".join(extra))
+    return f"{label:52s} pipeline {med:.3f} s {ratio}  ({', '.join(f'{t:.3f}' for t in ts)})  " + "; ".join(
+        extra
+    )
 
 
 class LoadProcs:
@@ -490,6 +526,7 @@ def fresh_child(conn, opts: dict, name: str) -> None:
     """A fresh process (``spawn``): the CUDA scheduling flag ``name`` (:data:`CUDA_SCHED`) set
     before torch's context is made, the renderer loaded, its calls timed idle and beside 2
     encoder processes; sends ``("ok", [lines], idle, encoders)`` or ``("error", text)``."""
+
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -531,7 +568,7 @@ def run_fresh(ctx, a, name: str, full, say, idle: float | None) -> None:
     parent, child = ctx.Pipe(duplex=False)
     opts = dict(vars(a))
     os.sched_setaffinity(0, full)
-    p = ctx.Process(target=fresh_child, args=(child, opts, name))   # not daemon: it has children
+    p = ctx.Process(target=fresh_child, args=(child, opts, name))  # not daemon: it has children
     p.start()
     child.close()
     try:
@@ -540,7 +577,7 @@ def run_fresh(ctx, a, name: str, full, say, idle: float | None) -> None:
         msg = ("error", f"it died (exit code {p.join(5) or p.exitcode})")
     finally:
         if p.is_alive():
-            p.terminate()                      # SIGTERM: its encoders are killed on the way out
+            p.terminate()  # SIGTERM: its encoders are killed on the way out
         p.join(10)
         if p.is_alive():
             p.kill()
@@ -553,33 +590,52 @@ def run_fresh(ctx, a, name: str, full, say, idle: float | None) -> None:
     for n in notes:
         say(f"  [{name}] {n}")
     say(result_line(f"{label}: idle", m_idle, idle))
-    say(result_line(f"{label}: 2 encoders", m_enc, idle)
-        + f"  (x{statistics.median(m_enc['ts']) / statistics.median(m_idle['ts']):.2f} of its idle)")
+    say(
+        result_line(f"{label}: 2 encoders", m_enc, idle)
+        + f"  (x{statistics.median(m_enc['ts']) / statistics.median(m_idle['ts']):.2f} of its idle)"
+    )
 
 
 def main(argv=None) -> int:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="backend spec (default: cuda if available, else cpu)")
+    p.add_argument(
+        "--backend",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="backend spec (default: cuda if available, else cpu)",
+    )
     p.add_argument("--suite", default=str(ROOT / "datasets" / "canary" / "suite.yaml"))
     p.add_argument("--renderer", default="canary")
     p.add_argument("--jobs", nargs="*", default=None, help="job ids (default: all of the suite)")
     p.add_argument("--max-frames", type=int, default=0, help="cut each source to this many frames")
     p.add_argument("--repeats", type=int, default=3, help="loops of the jobs per condition (median)")
     p.add_argument("--warmup", type=int, default=2, help="loops before the first condition")
-    p.add_argument("--settle", type=float, default=1.0, help="seconds between starting the "
-                   "loading processes and timing")
-    p.add_argument("--quick", action="store_true", help="idle, N busy, 2 encoders, idle again only "
-                   "(of the first list)")
-    p.add_argument("--part", choices=("contention", "affinity", "all"), default="contention",
-                   help="contention: the first list (session 10); affinity: idle, pinning, "
-                   "CUDA scheduling, idle again; all: both")
-    p.add_argument("--pin-cpu", type=int, default=None, help="the CPU the pipeline is pinned to "
-                   "(default: the one its thread is on after the warm-up)")
-    p.add_argument("--fresh-timeout", type=float, default=600.0, help="seconds a fresh process "
-                   "may take (load, warm-up, both timings)")
+    p.add_argument(
+        "--settle", type=float, default=1.0, help="seconds between starting the loading processes and timing"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="idle, N busy, 2 encoders, idle again only (of the first list)"
+    )
+    p.add_argument(
+        "--part",
+        choices=("contention", "affinity", "all"),
+        default="contention",
+        help="contention: the first list (session 10); affinity: idle, pinning, "
+        "CUDA scheduling, idle again; all: both",
+    )
+    p.add_argument(
+        "--pin-cpu",
+        type=int,
+        default=None,
+        help="the CPU the pipeline is pinned to (default: the one its thread is on after the warm-up)",
+    )
+    p.add_argument(
+        "--fresh-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a fresh process may take (load, warm-up, both timings)",
+    )
     p.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     a = p.parse_args(argv)
 
@@ -593,8 +649,9 @@ def main(argv=None) -> int:
 
     full = os.sched_getaffinity(0)
     if a.pin_cpu is not None and a.pin_cpu not in full:
-        p.error(f"--pin-cpu: cpu {a.pin_cpu} is not one this process may use "
-                f"({','.join(map(str, sorted(full)))})")
+        p.error(
+            f"--pin-cpu: cpu {a.pin_cpu} is not one this process may use ({','.join(map(str, sorted(full)))})"
+        )
     if a.part != "contention":
         for line in topology_lines(full):
             say(line)
@@ -603,19 +660,22 @@ def main(argv=None) -> int:
         props = torch.cuda.get_device_properties(bench.index)
         bus = None
         if getattr(props, "pci_bus_id", None) is not None:
-            bus = (f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:"
-                   f"{getattr(props, 'pci_device_id', 0):02x}.0")
+            bus = (
+                f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:"
+                f"{getattr(props, 'pci_device_id', 0):02x}.0"
+            )
         where = ""
         if bus:
             dev = f"/sys/bus/pci/devices/{bus}"
-            where = (f", PCI {bus}, NUMA node {_read(dev + '/numa_node')}, local cpus "
-                     f"{_read(dev + '/local_cpulist')}")
-        say(f"gpu {bench.index}: {props.name}{where}; torch {torch.__version__}, CUDA "
-            f"{torch.version.cuda}")
+            where = (
+                f", PCI {bus}, NUMA node {_read(dev + '/numa_node')}, local cpus "
+                f"{_read(dev + '/local_cpulist')}"
+            )
+        say(f"gpu {bench.index}: {props.name}{where}; torch {torch.__version__}, CUDA {torch.version.cuda}")
         say("this process: " + cuda_flags_text(bench.index))
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)             # so the loading processes are killed (finally)
+        raise SystemExit(128 + signum)  # so the loading processes are killed (finally)
 
     signal.signal(signal.SIGTERM, stop)
     for _ in range(a.warmup):
@@ -625,17 +685,21 @@ def main(argv=None) -> int:
     pin = a.pin_cpu if a.pin_cpu is not None else current_cpu()
     if pin is None or pin not in full:
         pin = min(full)
-    say(f"bench_contention | suite {bench.suite.name}, {len(bench.jobs)} jobs, backend "
+    say(
+        f"bench_contention | suite {bench.suite.name}, {len(bench.jobs)} jobs, backend "
         f"{bench.spec.spec}, renderer {a.renderer} | cores {n}, torch threads "
         f"{torch.get_num_threads()} | "
         + (f"part {a.part}, pin cpu {pin} | " if a.part != "contention" else "")
         + f"median of {a.repeats} | "
-        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    )
     if a.part != "contention":
-        say("columns: median, ratio to the first idle, each loop; the launching thread in the "
+        say(
+            "columns: median, ratio to the first idle, each loop; the launching thread in the "
             "calls (median per loop): cpu = on a CPU, wait = runnable waiting for one, sw = "
             "voluntary/involuntary switches, migr = CPU changes, cpus = seen on, MHz = its last "
-            "CPU's clock under the load")
+            "CPU's clock under the load"
+        )
     idle = None
     with tempfile.TemporaryDirectory(prefix="bench-contention-") as folder:
         first = bench.data[bench.jobs[0].clip][0]
@@ -644,7 +708,7 @@ def main(argv=None) -> int:
             todo += conditions(n, first, folder, a.quick)
         if a.part in ("affinity", "all"):
             new = affinity_conditions(full, siblings_map(full), pin, first, folder)
-            if todo:                       # before the first list's idle again
+            if todo:  # before the first list's idle again
                 todo[-1:-1] = new
             else:
                 todo = [Cond("idle"), *new, Cond("idle again")]
@@ -673,9 +737,12 @@ def main(argv=None) -> int:
                 os.sched_setaffinity(0, full)
             if idle is None:
                 idle = statistics.median(m["ts"])
-            say(result_line(cond.label, m, idle) if a.part != "contention" else
-                f"{cond.label:44s} pipeline {statistics.median(m['ts']):.3f} s  "
-                f"({', '.join(f'{t:.3f}' for t in m['ts'])})")
+            say(
+                result_line(cond.label, m, idle)
+                if a.part != "contention"
+                else f"{cond.label:44s} pipeline {statistics.median(m['ts']):.3f} s  "
+                f"({', '.join(f'{t:.3f}' for t in m['ts'])})"
+            )
     if out:
         out.close()
     return 0

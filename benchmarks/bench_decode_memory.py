@@ -10,6 +10,7 @@ chunk is what ``evalkit.metrics.stream.auto_chunk`` picks on a GPU without tempo
 16 at 720p). Rows: worker processes (``evalkit.procdecode``) and threads (``Prefetch``), with
 the depth ``compare`` uses now and the 32 frames ahead it used before (``--ahead-frames``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ def measure(paths, chunk: int, mode: str, ahead_frames: int | None, threads: int
     from evalkit.procdecode import DecoderPool, prefetch_chunks
 
     h, w = _size(paths[0])
-    depth = (prefetch_depth(chunk, ahead_frames) if ahead_frames
-             else prefetch_depth(chunk, frame_bytes=h * w * 3))
+    depth = (
+        prefetch_depth(chunk, ahead_frames) if ahead_frames else prefetch_depth(chunk, frame_bytes=h * w * 3)
+    )
     pool = DecoderPool(threads) if mode == "processes" else None
     if pool is not None:
         pool.start(4)
@@ -57,19 +59,23 @@ def measure(paths, chunk: int, mode: str, ahead_frames: int | None, threads: int
     t = time.perf_counter()
     try:
         readers = [prefetch_chunks(p, chunk, depth, threads=threads, pool=pool) for p in paths]
-        now = readers[:2]                   # readers[2:]: the next pair, decoding ahead
+        now = readers[:2]  # readers[2:]: the next pair, decoding ahead
         n = 0
         for ca, cb in zip(*now):
             n += len(ca)
-            time.sleep(0.02 * chunk)        # a slow consumer: rings and queues fill
+            time.sleep(0.02 * chunk)  # a slow consumer: rings and queues fill
         for r in readers:
             r.close()
     finally:
         if pool is not None:
             pool.close()
         sampler.stop()
-    return {"frames": n, "depth": depth, "peak_pss_gb": round(sampler.peak / 2**30, 2),
-            "seconds": round(time.perf_counter() - t, 1)}
+    return {
+        "frames": n,
+        "depth": depth,
+        "peak_pss_gb": round(sampler.peak / 2**30, 2),
+        "seconds": round(time.perf_counter() - t, 1),
+    }
 
 
 def _size(path):
@@ -94,27 +100,36 @@ def main() -> int:
             path = Path(tmp) / f"c{k}.nut"
             make_clip(path, width, height, a.frames)
             paths.append(path)
-        print(f"4 clips of {a.frames} frames at {a.size} made in {time.perf_counter() - t:.1f} s; "
-              f"chunk {a.chunk}, {a.threads} decoding threads per reader, {os.cpu_count()} CPUs",
-              flush=True)
+        print(
+            f"4 clips of {a.frames} frames at {a.size} made in {time.perf_counter() - t:.1f} s; "
+            f"chunk {a.chunk}, {a.threads} decoding threads per reader, {os.cpu_count()} CPUs",
+            flush=True,
+        )
         import subprocess
 
         for mode in ("processes", "threads"):
             for ahead in (32, None):
                 # each row in a fresh process: peak memory is per process
-                code = (f"import sys, json; sys.path[:0] = {[str(ROOT), str(ROOT / 'benchmarks')]!r}; "
-                        "from bench_decode_memory import measure; "
-                        f"print(json.dumps(measure({[str(x) for x in paths]!r}, {a.chunk}, "
-                        f"{mode!r}, {ahead!r}, {a.threads})))")
-                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                     check=True).stdout.strip().splitlines()[-1]
+                code = (
+                    f"import sys, json; sys.path[:0] = {[str(ROOT), str(ROOT / 'benchmarks')]!r}; "
+                    "from bench_decode_memory import measure; "
+                    f"print(json.dumps(measure({[str(x) for x in paths]!r}, {a.chunk}, "
+                    f"{mode!r}, {ahead!r}, {a.threads})))"
+                )
+                out = (
+                    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 import json
 
                 r = json.loads(out)
                 label = "32 frames ahead (before)" if ahead else "compare's depth now"
-                print(f"  {mode:<9} {label:<26} depth {r['depth']:>2} chunks: peak PSS, all "
-                      f"processes {r['peak_pss_gb']:.2f} GB ({r['frames']} frames in {r['seconds']} s)",
-                      flush=True)
+                print(
+                    f"  {mode:<9} {label:<26} depth {r['depth']:>2} chunks: peak PSS, all "
+                    f"processes {r['peak_pss_gb']:.2f} GB ({r['frames']} frames in {r['seconds']} s)",
+                    flush=True,
+                )
     return 0
 
 

@@ -19,6 +19,7 @@ one synthetic source clip, one prompt, seed 0:
     python benchmarks/bench_diffusers.py --dims tiny --device cpu --out /tmp/bd   # CPU check
     python benchmarks/bench_diffusers.py --dims real --device cuda --oom --out OUT  # H200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def source_clip(path: Path, frames: int, width: int, height: int) -> Path:
     for t in range(frames):
         r = 0.5 + 0.5 * np.sin(2 * np.pi * (x / width + t / frames))
         g = 0.5 + 0.5 * np.cos(2 * np.pi * (y / height - t / (2 * frames)))
-        b = ((x - width * (0.2 + 0.6 * t / max(frames - 1, 1))) ** 2
-             + (y - height / 2) ** 2 < (min(width, height) / 5) ** 2).astype(np.float32)
+        b = (
+            (x - width * (0.2 + 0.6 * t / max(frames - 1, 1))) ** 2 + (y - height / 2) ** 2
+            < (min(width, height) / 5) ** 2
+        ).astype(np.float32)
         out.append((np.stack([r, g, 0.3 + 0.7 * b], -1) * 255).astype(np.uint8))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_lossless(path, np.stack(out), 8)
@@ -57,14 +60,16 @@ def write_suite(folder: Path, clips: dict, params: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     clip_list = ", ".join(f"{{id: {k}, path: {v}}}" for k, v in clips.items())
     p = folder / "suite.yaml"
-    p.write_text(textwrap.dedent(f"""\
+    p.write_text(
+        textwrap.dedent(f"""\
         schema_version: 1
         name: bench-diffusers
         clips: [{clip_list}]
         prompts: ["a watercolor painting of a city street at dusk"]
         seeds: [0]
         params: {json.dumps(params)}
-    """))
+    """)
+    )
     return p
 
 
@@ -84,9 +89,9 @@ def run_family(a, family: str, out: Path, log) -> None:
     from evalkit.render.backend import apply_backend, parse_spec
     from evalkit.render.driver import render_suite
     from evalkit.render.local_executor import LocalExecutor, check_output
-    from evalkit.render.sources import SourceCache
     from evalkit.render.renderers import RenderRequest, get_renderer
     from evalkit.render.renderers.diffusers_families import FAMILIES as FAMS
+    from evalkit.render.sources import SourceCache
     from evalkit.testing.tiny_families import PIPELINES
 
     width, height = (int(v) for v in a.size.split("x"))
@@ -105,8 +110,10 @@ def run_family(a, family: str, out: Path, log) -> None:
     spec_b = f"{a.device},dtype=fp32"
     spec_c = f"{a.device},dtype=bf16,attn={attn_c}"
     opts = {"family": family, "dims": a.dims}
-    log(f"\n== {family} ({PIPELINES[family]}), dims={a.dims}: {a.frames} frames {width}x{height}, "
-        f"{a.steps} steps, params {params}")
+    log(
+        f"\n== {family} ({PIPELINES[family]}), dims={a.dims}: {a.frames} frames {width}x{height}, "
+        f"{a.steps} steps, params {params}"
+    )
 
     class LoadedOnce(LocalExecutor):
         """The harness's executor, reusing the renderer loaded for the direct calls."""
@@ -137,8 +144,15 @@ def run_family(a, family: str, out: Path, log) -> None:
 
     def harness(dest: Path, seed_offset: int = 0) -> tuple[float, Path]:
         t = time.perf_counter()
-        [s] = render_suite(suite_path, [spec_a], dest, renderer=rend, executor=LoadedOnce(),
-                           seed_offset=seed_offset, progress=False)
+        [s] = render_suite(
+            suite_path,
+            [spec_a],
+            dest,
+            renderer=rend,
+            executor=LoadedOnce(),
+            seed_offset=seed_offset,
+            progress=False,
+        )
         if s.failed:
             raise SystemExit(f"{family}: harness run failed: {s.failures}")
         return time.perf_counter() - t, s.path
@@ -156,15 +170,18 @@ def run_family(a, family: str, out: Path, log) -> None:
         if dest.name != "runs":
             shutil.rmtree(dest, ignore_errors=True)
     md, mh = statistics.median(d), statistics.median(h)
-    log(f"direct pipeline call: median {md:.2f} s; evalkit render (job + clip/preview/manifest): "
-        f"median {mh:.2f} s; overhead {100 * (mh - md) / md:+.1f}% (ratio {mh / md:.3f})")
+    log(
+        f"direct pipeline call: median {md:.2f} s; evalkit render (job + clip/preview/manifest): "
+        f"median {mh:.2f} s; overhead {100 * (mh - md) / md:+.1f}% (ratio {mh / md:.3f})"
+    )
     _, runs["floor"] = harness(folder / "runs", seed_offset=1)
     rend.unload()
     if cuda:
         torch.cuda.empty_cache()
     for key, sp in (("B", spec_b), ("C", spec_c)):
-        [s] = render_suite(suite_path, [sp], folder / "runs", renderer=get_renderer(RENDERER, opts),
-                           progress=False)
+        [s] = render_suite(
+            suite_path, [sp], folder / "runs", renderer=get_renderer(RENDERER, opts), progress=False
+        )
         runs[key] = s.path
         if s.failed:
             log(f"{sp}: FAILED {s.failures}")
@@ -176,28 +193,36 @@ def run_family(a, family: str, out: Path, log) -> None:
         [rec] = job_records(runs[key])
         a_rec = a_rec or rec
         tm = rec.get("timing", {})
-        log(f"{labels[key]:<34} {rec['status']:<6} {tm.get('seconds', float('nan')):7.2f} s/job  "
+        log(
+            f"{labels[key]:<34} {rec['status']:<6} {tm.get('seconds', float('nan')):7.2f} s/job  "
             f"peak device memory {gib(tm.get('peak_device_memory_bytes'))}  "
-            f"attention {json.dumps(_attn(rec))}")
+            f"attention {json.dumps(_attn(rec))}"
+        )
     log(f"pipeline call (A): {json.dumps(a_rec.get('pipeline_call'))}")
     for key, what in (("B", "bf16 vs fp32"), ("C", f"attn={attn_a} vs attn={attn_c} (bf16)")):
-        res = compare_runs(runs["A"], runs[key], folder / f"compare_{key}", floors=[runs["floor"]],
-                           progress=False)
+        res = compare_runs(
+            runs["A"], runs[key], folder / f"compare_{key}", floors=[runs["floor"]], progress=False
+        )
         ag = res.summary["aggregates"]
         [ratios] = res.summary["floor_ratios"].values() or [{}]
         [floor] = [f["aggregates"] for f in res.summary["floors"].values()] or [{}]
-        log(f"compare {what}: LPIPS mean {_f(ag, 'lpips', 'mean')} p95 {_f(ag, 'lpips', 'p95')} "
+        log(
+            f"compare {what}: LPIPS mean {_f(ag, 'lpips', 'mean')} p95 {_f(ag, 'lpips', 'p95')} "
             f"worst {_f(ag, 'lpips', 'worst')}; PSNR mean {_f(ag, 'psnr', 'mean')} dB | seed floor: "
             f"LPIPS mean {_f(floor, 'lpips', 'mean')}, PSNR mean {_f(floor, 'psnr', 'mean')} dB | "
             f"ratio to floor: LPIPS {_f(ratios, 'lpips', 'mean')}, PSNR(MSE) "
-            f"{_f(ratios, 'psnr', 'mean')}")
+            f"{_f(ratios, 'psnr', 'mean')}"
+        )
     return (a, family, folder, suite_path, params, spec_a, opts, a_rec, log) if cuda else None
 
 
 def _attn(rec: dict) -> dict:
     att = rec.get("attention") or {}
-    return {k: (v.get("dispatcher") or v.get("calls", v)) if isinstance(v, dict) else v
-            for k, v in att.items() if k != "spec_attn"}
+    return {
+        k: (v.get("dispatcher") or v.get("calls", v)) if isinstance(v, dict) else v
+        for k, v in att.items()
+        if k != "spec_attn"
+    }
 
 
 def _f(d: dict, metric: str, agg: str) -> str:
@@ -220,21 +245,32 @@ def oom(a, family, folder, suite_path, params, spec_a, opts, a_rec, log) -> None
     cap = min(1.0, a.oom_cap * peak / total)
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(cap, 0)
-    log(f"OOM check: device memory capped at {gib(cap * total)} ({a.oom_cap} x A's peak), "
+    log(
+        f"OOM check: device memory capped at {gib(cap * total)} ({a.oom_cap} x A's peak), "
         f"{gib(torch.cuda.memory_allocated(0))} allocated before; clips: big "
-        f"{a.frames}x{width}x{height}, src")
+        f"{a.frames}x{width}x{height}, src"
+    )
     try:
         for extra, dest in (({}, "oom/runs"), ({"vae_tiling": "1"}, "oom/runs_tiling")):
             t = time.perf_counter()
-            [s] = render_suite(suite2, [spec_a], folder / dest,
-                               renderer=get_renderer(RENDERER, {**opts, **extra}), progress=False)
-            log(f"  options {extra or 'none'}: {s.done} done, {s.failed} failed in "
-                f"{time.perf_counter() - t:.1f} s")
+            [s] = render_suite(
+                suite2,
+                [spec_a],
+                folder / dest,
+                renderer=get_renderer(RENDERER, {**opts, **extra}),
+                progress=False,
+            )
+            log(
+                f"  options {extra or 'none'}: {s.done} done, {s.failed} failed in "
+                f"{time.perf_counter() - t:.1f} s"
+            )
             for rec in job_records(s.path):
                 tm = rec.get("timing", {})
-                log(f"    {rec['clip']:<4} {rec['status']:<6} {tm.get('seconds', 0):6.1f} s  peak "
+                log(
+                    f"    {rec['clip']:<4} {rec['status']:<6} {tm.get('seconds', 0):6.1f} s  peak "
                     f"{gib(tm.get('peak_device_memory_bytes'))}  memory {json.dumps(rec.get('memory'))}"
-                    + (f"\n      error: {rec['error']}" if rec.get("error") else ""))
+                    + (f"\n      error: {rec['error']}" if rec.get("error") else "")
+                )
             torch.cuda.empty_cache()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
@@ -250,8 +286,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=None, help="default: 4 (real), 2 (tiny)")
     p.add_argument("--strength", type=float, default=0.8)
     p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--attn", default=None, help="two kernels A,C; default flash,efficient on "
-                   "cuda, flash,math on cpu")
+    p.add_argument(
+        "--attn", default=None, help="two kernels A,C; default flash,efficient on cuda, flash,math on cpu"
+    )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--oom", action="store_true")
     p.add_argument("--oom-size", default="1280x720")
@@ -276,8 +313,10 @@ def main() -> int:
     import torch
 
     log(f"bench_diffusers: {' '.join(sys.argv[1:])}")
-    log(f"host {platform.node()}, torch {torch.__version__}, "
-        + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"))
+    log(
+        f"host {platform.node()}, torch {torch.__version__}, "
+        + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+    )
     first = None
     for family in a.families.split(","):
         t = time.perf_counter()

@@ -12,6 +12,7 @@ imported renders, and times ``import_files`` as a whole.
     python benchmarks/bench_import_farm.py --work /tmp/farm --tree before=/tmp/before \\
         --tree after=. --repeats 2 --out benchmarks/results/import_farm_cpu2.txt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,7 @@ print(json.dumps({"import_s": round(wall, 2), "source_frames_decoded": src,
 """
 
 
-def make_farm(work: Path, clips: int, frames: int, renders: str,
-              sources: str = "ffv1") -> tuple[Path, Path]:
+def make_farm(work: Path, clips: int, frames: int, renders: str, sources: str = "ffv1") -> tuple[Path, Path]:
     """The suite (its first ``clips`` clips; ``sources="h264"``: the same suite whose sources
     are H.264 MP4s) and a folder of one render per job."""
     import yaml
@@ -89,8 +89,7 @@ def make_farm(work: Path, clips: int, frames: int, renders: str,
                 r = ClipReader(src)
                 write_browser(tmp / f"{job.id}.mp4", iter(r), r.info.fps)
         tmp.rename(folder)
-        print(f"renders ({renders}) made in {time.perf_counter() - t:.1f} s", file=sys.stderr,
-              flush=True)
+        print(f"renders ({renders}) made in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     if sources == "h264":
         # the same suite with H.264 sources (each job's H.264 file, hard-linked): the sources a
         # user's own footage often is, which an import only counts
@@ -122,8 +121,10 @@ def count_only(suite: Path, a) -> int:
                 n = r.count_frames() if how == "decoded" else r.count_packets()
                 t[how].append(time.perf_counter() - s)
         md, mp = statistics.median(t["decoded"]), statistics.median(t["packets"])
-        lines.append(f"{clip.id} ({clip.path.suffix}, {n} frames): decoded {md:.2f} s, packets "
-                     f"{mp:.3f} s ({md / mp:.0f}x)")
+        lines.append(
+            f"{clip.id} ({clip.path.suffix}, {n} frames): decoded {md:.2f} s, packets "
+            f"{mp:.3f} s ({md / mp:.0f}x)"
+        )
         print(lines[-1], flush=True)
     lines.append(f"# load average at end {os.getloadavg()[0]:.2f}")
     if a.out:
@@ -138,35 +139,49 @@ def main(argv=None) -> int:
     ap.add_argument("--clips", type=int, default=8)
     ap.add_argument("--frames", type=int, default=240)
     ap.add_argument("--renders", choices=("h264", "ffv1"), default="h264")
-    ap.add_argument("--sources", choices=("ffv1", "h264"), default="h264",
-                    help="the suite's source clips: FFV1 (make_scale's) or H.264 MP4s")
+    ap.add_argument(
+        "--sources",
+        choices=("ffv1", "h264"),
+        default="h264",
+        help="the suite's source clips: FFV1 (make_scale's) or H.264 MP4s",
+    )
     ap.add_argument("--lossless", choices=("ffv1", "utvideo"), default="utvideo")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--count", action="store_true",
-                    help="only time counting each source's frames: by decoding (before) and "
-                         "by packets (ClipReader.count_packets), alternated, this tree")
+    ap.add_argument(
+        "--count",
+        action="store_true",
+        help="only time counting each source's frames: by decoding (before) and "
+        "by packets (ClipReader.count_packets), alternated, this tree",
+    )
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     suite, folder = make_farm(a.work, a.clips, a.frames, a.renders, a.sources)
     if a.count:
         return count_only(suite, a)
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
-    lines = [f"# {' '.join(sys.argv)}",
-             f"# {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}; "
-             f"{a.clips} clips x {a.frames} frames 1280x720, sources {a.sources}, renders "
-             f"{a.renders}, run clips "
-             f"{a.lossless}; one fresh process per import"]
+    lines = [
+        f"# {' '.join(sys.argv)}",
+        f"# {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}; "
+        f"{a.clips} clips x {a.frames} frames 1280x720, sources {a.sources}, renders "
+        f"{a.renders}, run clips "
+        f"{a.lossless}; one fresh process per import",
+    ]
     res: dict = {n: [] for n, _ in trees}
     for rep in range(a.repeats):
-        for name, tree in (trees if rep % 2 == 0 else trees[::-1]):
+        for name, tree in trees if rep % 2 == 0 else trees[::-1]:
             out = a.work / "runs" / f"{name}-{rep}"
             shutil.rmtree(out, ignore_errors=True)
             env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
             s = time.perf_counter()
-            p = subprocess.run([sys.executable, "-c", CHILD, str(suite), str(folder), str(out),
-                                a.lossless], env=env, cwd=a.work, capture_output=True, text=True,
-                               timeout=3600)  # cwd: not a checkout (`-c` puts it first on sys.path)
+            p = subprocess.run(
+                [sys.executable, "-c", CHILD, str(suite), str(folder), str(out), a.lossless],
+                env=env,
+                cwd=a.work,
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )  # cwd: not a checkout (`-c` puts it first on sys.path)
             whole = time.perf_counter() - s
             if p.returncode != 0:
                 raise SystemExit(f"{name}: import failed:\n{p.stderr[-3000:]}")

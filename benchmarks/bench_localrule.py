@@ -10,6 +10,7 @@ pair's report figures.
 
 Figures: docs/studies.md ("Delivery fidelity"); results in benchmarks/results/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,14 +44,16 @@ def main(argv=None) -> int:
     p.add_argument("--margin", type=float, default=fidelity.MARGIN_DB, help="dB")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    lines = ["| clip | case | PSNR dB | old headroom dB | correlation | gain | amplitude | "
-             "local corr. | kept | accepted | predicted | encode+measure s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| clip | case | PSNR dB | old headroom dB | correlation | gain | amplitude | "
+        "local corr. | kept | accepted | predicted | encode+measure s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
-    clips = sorted((datasets_dir() / "canary" / "clips").glob("*.mkv"))[:a.clips]
+    clips = sorted((datasets_dir() / "canary" / "clips").glob("*.mkv"))[: a.clips]
     for clip in clips:
         src, fps = read_frames(clip)
-        src = src[:a.frames]
+        src = src[: a.frames]
         for name in a.cases.split(","):
             fa, fb = case(src, fps, name)
             t0 = time.perf_counter()
@@ -58,10 +61,12 @@ def main(argv=None) -> int:
                 f = measure(fa, fb, fps, media, a.margin)
             dt = time.perf_counter() - t0
             pred = fidelity.predict(frame_rows(fa, fb))
-            line = (f"| {clip.stem} | {name} | {f['ab_lossless_db']} | {f['headroom_db']} | "
-                    f"{f['correlation']} | {f['gain']} | {f['amplitude']} | "
-                    f"{f['local_correlation']} | {f['kept']} | {f['ok']} | "
-                    f"{'masks' if pred['masks'] else 'keeps'} ({pred['local_rms']}) | {dt:.1f} |")
+            line = (
+                f"| {clip.stem} | {name} | {f['ab_lossless_db']} | {f['headroom_db']} | "
+                f"{f['correlation']} | {f['gain']} | {f['amplitude']} | "
+                f"{f['local_correlation']} | {f['kept']} | {f['ok']} | "
+                f"{'masks' if pred['masks'] else 'keeps'} ({pred['local_rms']}) | {dt:.1f} |"
+            )
             lines.append(line)
             print(line, flush=True)
     if a.out:

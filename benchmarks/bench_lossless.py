@@ -12,6 +12,7 @@ UT Video / FFV1 are printed.
 
     python benchmarks/bench_lossless.py --frames 48 --clips 2 --out benchmarks/results/lossless_cpu2.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,12 +58,20 @@ def measure(frames, fmt: str, folder: Path, repeats: int) -> dict:
         write_lossless(path, frames, 24, codec=fmt)
         w, c = _since(t)
         best = (w, c) if best is None or w < best[0] else best
-    out = {"codec": fmt, "frames": n, "width": frames.shape[2], "height": frames.shape[1],
-           "encode_frames_per_s": round(n / best[0], 1),
-           "encode_cpu_ms_per_frame": round(best[1] / n * 1000, 1),
-           "bytes": path.stat().st_size}
-    ways = {"reader": lambda: ClipReader(path), "reader_1_thread": lambda: ClipReader(path, threads=1),
-            "plain_pyav": lambda: decode_plain(path)}
+    out = {
+        "codec": fmt,
+        "frames": n,
+        "width": frames.shape[2],
+        "height": frames.shape[1],
+        "encode_frames_per_s": round(n / best[0], 1),
+        "encode_cpu_ms_per_frame": round(best[1] / n * 1000, 1),
+        "bytes": path.stat().st_size,
+    }
+    ways = {
+        "reader": lambda: ClipReader(path),
+        "reader_1_thread": lambda: ClipReader(path, threads=1),
+        "plain_pyav": lambda: decode_plain(path),
+    }
     for name, make in ways.items():
         best = None
         for _ in range(repeats):
@@ -70,8 +79,9 @@ def measure(frames, fmt: str, folder: Path, repeats: int) -> dict:
             got = list(make())
             w, c = _since(t)
             best = (w, c) if best is None or w < best[0] else best
-            assert len(got) == n and all(np.array_equal(a, b) for a, b in zip(got, frames)), \
+            assert len(got) == n and all(np.array_equal(a, b) for a, b in zip(got, frames)), (
                 f"{fmt} {name}: frames read back differ from those written"
+            )
         out[f"decode_{name}_frames_per_s"] = round(n / best[0], 1)
         out[f"decode_{name}_cpu_ms_per_frame"] = round(best[1] / n * 1000, 1)
     out["exact"] = True
@@ -92,14 +102,20 @@ def main(argv=None) -> int:
 
     from evalkit.video import LOSSLESS_FORMATS, ClipReader
 
-    clips = list(make_scale.CLIPS[:a.clips])
+    clips = list(make_scale.CLIPS[: a.clips])
     folder = a.work / a.suite / "clips"
-    missing = [c for c in clips if not (folder / f"{c}.mkv").is_file()
-               or ClipReader(folder / f"{c}.mkv").info.frames_estimate != a.frames]
+    missing = [
+        c
+        for c in clips
+        if not (folder / f"{c}.mkv").is_file()
+        or ClipReader(folder / f"{c}.mkv").info.frames_estimate != a.frames
+    ]
     if missing:
         make_scale.generate(a.suite, a.work, frames=a.frames, clips=missing)
-    print(f"{a.suite}: {len(clips)} clips x {a.frames} frames; {os.cpu_count()} CPUs; best of "
-          f"{a.repeats}", flush=True)
+    print(
+        f"{a.suite}: {len(clips)} clips x {a.frames} frames; {os.cpu_count()} CPUs; best of {a.repeats}",
+        flush=True,
+    )
     results = []
     for cid in clips:
         frames = ClipReader(folder / f"{cid}.mkv").read()
@@ -110,25 +126,29 @@ def main(argv=None) -> int:
                 r["clip"] = cid
                 rows[fmt] = r
                 results.append(r)
-                print(f"  {cid:<22} {fmt:<8} {r['width']}x{r['height']} | encode "
-                      f"{r['encode_frames_per_s']:>6.1f} frames/s ({r['encode_cpu_ms_per_frame']:.0f} "
-                      f"ms CPU/frame) | {r['bytes'] / 1e6:6.1f} MB | decode: reader "
-                      f"{r['decode_reader_frames_per_s']:>6.1f} frames/s "
-                      f"({r['decode_reader_cpu_ms_per_frame']:.1f} ms CPU/frame), 1 thread "
-                      f"{r['decode_reader_1_thread_frames_per_s']:>6.1f}, plain PyAV "
-                      f"{r['decode_plain_pyav_frames_per_s']:>6.1f} | exact", flush=True)
+                print(
+                    f"  {cid:<22} {fmt:<8} {r['width']}x{r['height']} | encode "
+                    f"{r['encode_frames_per_s']:>6.1f} frames/s ({r['encode_cpu_ms_per_frame']:.0f} "
+                    f"ms CPU/frame) | {r['bytes'] / 1e6:6.1f} MB | decode: reader "
+                    f"{r['decode_reader_frames_per_s']:>6.1f} frames/s "
+                    f"({r['decode_reader_cpu_ms_per_frame']:.1f} ms CPU/frame), 1 thread "
+                    f"{r['decode_reader_1_thread_frames_per_s']:>6.1f}, plain PyAV "
+                    f"{r['decode_plain_pyav_frames_per_s']:>6.1f} | exact",
+                    flush=True,
+                )
         f, u = rows["ffv1"], rows["utvideo"]
-        print(f"    utvideo / ffv1: size {u['bytes'] / f['bytes']:.2f}x, encode "
-              f"{u['encode_frames_per_s'] / f['encode_frames_per_s']:.2f}x frames/s, decode "
-              f"{u['decode_reader_frames_per_s'] / f['decode_reader_frames_per_s']:.2f}x frames/s "
-              f"(CPU per frame {f['decode_reader_cpu_ms_per_frame'] / u['decode_reader_cpu_ms_per_frame']:.2f}x "
-              f"less); utvideo reader / plain PyAV: "
-              f"{u['decode_reader_frames_per_s'] / u['decode_plain_pyav_frames_per_s']:.2f}x",
-              flush=True)
+        print(
+            f"    utvideo / ffv1: size {u['bytes'] / f['bytes']:.2f}x, encode "
+            f"{u['encode_frames_per_s'] / f['encode_frames_per_s']:.2f}x frames/s, decode "
+            f"{u['decode_reader_frames_per_s'] / f['decode_reader_frames_per_s']:.2f}x frames/s "
+            f"(CPU per frame {f['decode_reader_cpu_ms_per_frame'] / u['decode_reader_cpu_ms_per_frame']:.2f}x "
+            f"less); utvideo reader / plain PyAV: "
+            f"{u['decode_reader_frames_per_s'] / u['decode_plain_pyav_frames_per_s']:.2f}x",
+            flush=True,
+        )
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"cpus": os.cpu_count(), "suite": a.suite,
-                                     "results": results}, indent=1))
+        a.out.write_text(json.dumps({"cpus": os.cpu_count(), "suite": a.suite, "results": results}, indent=1))
     return 0
 
 

@@ -29,6 +29,7 @@ Times are the host's clock as the browser reports events (a benchmark, not a tes
                                                    [--delivery lossless] [--protocol abx]
                                                    [--lengths excerpt,whole]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,10 +51,20 @@ from evalkit.testing.server import Server  # noqa: E402
 from evalkit.testing.studies import import_report  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
-               " return !!(p && p.length && p.every(b => b.t === b.t)); }")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FIRST_FRAME = (
+    "() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
+    " return !!(p && p.length && p.every(b => b.t === b.t)); }"
+)
 CLIP = "astronaut_pan"
 WORSE = range(120, 168)
 
@@ -61,9 +72,9 @@ WORSE = range(120, 168)
 def make_report(work: Path, frames: int = 0) -> Path:
     """The scale720 clip as A, A blurred as B, imported and compared (made once per ``work``);
     ``frames``: only the clip's first so many (0: all 240)."""
+    import make_scale
     from scipy.ndimage import gaussian_filter
 
-    import make_scale
     from evalkit.video import read_frames
 
     report = work / "pair" / "report"
@@ -84,11 +95,33 @@ def make_report(work: Path, frames: int = 0) -> Path:
     return rep
 
 
-def create(report: Path, db: Path, excerpt: str | None, delivery: str = "stream",
-           protocol: str = "preference", allow_masking: bool = False) -> dict:
+def create(
+    report: Path,
+    db: Path,
+    excerpt: str | None,
+    delivery: str = "stream",
+    protocol: str = "preference",
+    allow_masking: bool = False,
+) -> dict:
     """``evalkit study create`` as a process; its wall time and the study's stream sizes."""
-    args = [sys.executable, "-m", "evalkit", "study", "create", str(report), "--db", str(db),
-            "--protocol", protocol, "--raters", "2", "--seed", "1", "--delivery", delivery]
+    args = [
+        sys.executable,
+        "-m",
+        "evalkit",
+        "study",
+        "create",
+        str(report),
+        "--db",
+        str(db),
+        "--protocol",
+        protocol,
+        "--raters",
+        "2",
+        "--seed",
+        "1",
+        "--delivery",
+        delivery,
+    ]
     if excerpt:
         args += ["--excerpt", excerpt]
     if allow_masking:
@@ -100,16 +133,26 @@ def create(report: Path, db: Path, excerpt: str | None, delivery: str = "stream"
         raise SystemExit(f"study create failed: {run.stderr.strip()}")
     ext = ".webp" if delivery == "lossless" else ".mp4"
     sizes = [p.stat().st_size for p in db.with_suffix(".media").glob(f"*{ext}")]
-    return {"wall_s": wall, "out": run.stdout.strip(), "streams": len(sizes),
-            "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
+    return {
+        "wall_s": wall,
+        "out": run.stdout.strip(),
+        "streams": len(sizes),
+        "median_bytes": statistics.median(sizes),
+        "total_bytes": sum(sizes),
+    }
 
 
 def kept(db: Path, delivery: str) -> dict:
     """An earlier run's study (--keep-study): its stream sizes, nothing timed."""
     ext = ".webp" if delivery == "lossless" else ".mp4"
     sizes = [p.stat().st_size for p in db.with_suffix(".media").glob(f"*{ext}")]
-    return {"wall_s": 0.0, "out": "kept from an earlier run", "streams": len(sizes),
-            "median_bytes": statistics.median(sizes), "total_bytes": sum(sizes)}
+    return {
+        "wall_s": 0.0,
+        "out": "kept from an earlier run",
+        "streams": len(sizes),
+        "median_bytes": statistics.median(sizes),
+        "total_bytes": sum(sizes),
+    }
 
 
 # a lossless trial's file fetched again in the page, then every frame decoded (ms per frame)
@@ -138,9 +181,10 @@ def load_first_trial(browser, url: str, token: str, mbit: float, lossless: bool 
     cdp = ctx.new_cdp_session(page)
     cdp.send("Network.enable")
     rate = mbit * 1e6 / 8
-    cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": 20,
-                                                  "downloadThroughput": rate,
-                                                  "uploadThroughput": rate})
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 20, "downloadThroughput": rate, "uploadThroughput": rate},
+    )
     media: dict[str, dict] = {}
 
     def sent(e):
@@ -166,17 +210,21 @@ def load_first_trial(browser, url: str, token: str, mbit: float, lossless: bool 
         page.wait_for_function(FIRST_FRAME, polling="raf", timeout=120_000)
         t_first = time.perf_counter()
         deadline = time.perf_counter() + 180
-        while (not media or any(m["end"] is None for m in media.values())) \
-                and time.perf_counter() < deadline:
+        while (not media or any(m["end"] is None for m in media.values())) and time.perf_counter() < deadline:
             page.wait_for_timeout(50)
         start = min(m["start"] for m in media.values())
         done = [m for m in media.values() if m["end"] is not None]
         page.set_default_timeout(600_000)
         decode = page.evaluate(DECODE) if lossless else None
-        return {"requests": len(media), "wire_bytes": sum(m["bytes"] for m in done),
-                "failed": sum(1 for m in done if m.get("failed")),
-                "first_frame_s": t_first - start, "whole_s": max(m["end"] for m in done) - start,
-                "page_s": start - t_nav, "decode": decode}
+        return {
+            "requests": len(media),
+            "wire_bytes": sum(m["bytes"] for m in done),
+            "failed": sum(1 for m in done if m.get("failed")),
+            "first_frame_s": t_first - start,
+            "whole_s": max(m["end"] for m in done) - start,
+            "page_s": start - t_nav,
+            "decode": decode,
+        }
     finally:
         ctx.close()
 
@@ -189,15 +237,23 @@ def main(argv=None) -> int:
     ap.add_argument("--excerpt", default="2", help="seconds of the excerpt study")
     ap.add_argument("--delivery", default="stream", choices=("stream", "lossless"))
     ap.add_argument("--protocol", default="preference", choices=("preference", "abx"))
-    ap.add_argument("--allow-masking", action="store_true",
-                    help="stream studies the delivery rule refuses are made anyway (bytes only)")
-    ap.add_argument("--lengths", default="excerpt,whole",
-                    help="which studies: excerpt, whole or both (comma-separated)")
-    ap.add_argument("--frames", type=int, default=0,
-                    help="only the clip's first N frames (a cheaper compare; 0: all 240)")
-    ap.add_argument("--keep-study", action="store_true",
-                    help="serve the study an earlier run made in --work (another checkout's "
-                         "page against the same files) instead of making it again")
+    ap.add_argument(
+        "--allow-masking",
+        action="store_true",
+        help="stream studies the delivery rule refuses are made anyway (bytes only)",
+    )
+    ap.add_argument(
+        "--lengths", default="excerpt,whole", help="which studies: excerpt, whole or both (comma-separated)"
+    )
+    ap.add_argument(
+        "--frames", type=int, default=0, help="only the clip's first N frames (a cheaper compare; 0: all 240)"
+    )
+    ap.add_argument(
+        "--keep-study",
+        action="store_true",
+        help="serve the study an earlier run made in --work (another checkout's "
+        "page against the same files) instead of making it again",
+    )
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -211,8 +267,7 @@ def main(argv=None) -> int:
         if ("whole" if ex is None else "excerpt") not in lengths:
             continue
         name = f"{args.delivery} {args.protocol} {name}"
-        db = args.work / (f"study_{args.delivery}_{args.protocol}_"
-                          f"{'whole' if ex is None else 'excerpt'}.db")
+        db = args.work / (f"study_{args.delivery}_{args.protocol}_{'whole' if ex is None else 'excerpt'}.db")
         if args.keep_study and db.is_file():
             made = kept(db, args.delivery)
         else:
@@ -222,9 +277,12 @@ def main(argv=None) -> int:
                 for p in db.with_suffix(".media").iterdir():
                     p.unlink()
             made = create(report, db, ex, args.delivery, args.protocol, args.allow_masking)
-        print(f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
-              f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
-              f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})", flush=True)
+        print(
+            f"{name}: study create {made['wall_s']:.1f} s, {made['streams']} streams, median "
+            f"{made['median_bytes'] / 1e6:.2f} MB, all {made['total_bytes'] / 1e6:.1f} MB "
+            f"({made['out'].splitlines()[-1].strip() if ex else 'whole clips'})",
+            flush=True,
+        )
         server = Server(db).start()
         try:
             with sync_playwright() as pw:
@@ -232,20 +290,26 @@ def main(argv=None) -> int:
                 try:
                     for mbit in rates:
                         for tok in study.invite(db, 1, args.raters):
-                            r = load_first_trial(browser, server.url, tok["token"], mbit,
-                                                 args.delivery == "lossless")
+                            r = load_first_trial(
+                                browser, server.url, tok["token"], mbit, args.delivery == "lossless"
+                            )
                             r.update(study=name, mbit=mbit, stream_bytes=made["median_bytes"])
                             rows.append(r)
-                            print(f"  {mbit:g} Mbit/s: first frame {r['first_frame_s']:.2f} s, "
-                                  f"whole file {r['whole_s']:.2f} s, {r['wire_bytes'] / 1e6:.2f} "
-                                  f"MB on the wire in {r['requests']} request(s)"
-                                  f"{', failed ' + str(r['failed']) if r['failed'] else ''}; "
-                                  f"page before the first media request {r['page_s']:.2f} s"
-                                  + ("" if not r["decode"] else
-                                     f"; page decode {r['decode']['ms_per_frame']:.1f} ms a "
-                                     f"frame ({r['decode']['frames']} frames of "
-                                     f"{r['decode']['width']}x{r['decode']['height']})"),
-                                  flush=True)
+                            print(
+                                f"  {mbit:g} Mbit/s: first frame {r['first_frame_s']:.2f} s, "
+                                f"whole file {r['whole_s']:.2f} s, {r['wire_bytes'] / 1e6:.2f} "
+                                f"MB on the wire in {r['requests']} request(s)"
+                                f"{', failed ' + str(r['failed']) if r['failed'] else ''}; "
+                                f"page before the first media request {r['page_s']:.2f} s"
+                                + (
+                                    ""
+                                    if not r["decode"]
+                                    else f"; page decode {r['decode']['ms_per_frame']:.1f} ms a "
+                                    f"frame ({r['decode']['frames']} frames of "
+                                    f"{r['decode']['width']}x{r['decode']['height']})"
+                                ),
+                                flush=True,
+                            )
                 finally:
                     browser.close()
         finally:
@@ -255,11 +319,12 @@ def main(argv=None) -> int:
     for name in dict.fromkeys(r["study"] for r in rows):
         for mbit in rates:
             rs = [r for r in rows if r["study"] == name and r["mbit"] == mbit]
-            med = {k: statistics.median(r[k] for r in rs)
-                   for k in ("wire_bytes", "first_frame_s", "whole_s")}
-            print(f"| {name} | {mbit:g} | {rs[0]['stream_bytes'] / 1e6:.2f} | "
-                  f"{med['wire_bytes'] / 1e6:.2f} | {med['first_frame_s']:.2f} | "
-                  f"{med['whole_s']:.2f} |")
+            med = {k: statistics.median(r[k] for r in rs) for k in ("wire_bytes", "first_frame_s", "whole_s")}
+            print(
+                f"| {name} | {mbit:g} | {rs[0]['stream_bytes'] / 1e6:.2f} | "
+                f"{med['wire_bytes'] / 1e6:.2f} | {med['first_frame_s']:.2f} | "
+                f"{med['whole_s']:.2f} |"
+            )
     return 0
 
 

@@ -19,6 +19,7 @@ full-resolution clips of 1,440 frames on a 2-core CPU; see :data:`CHEAP`). The c
 order (import a, import b, metrics, compare, study create): ``--only`` picks some, by the
 start of their names (``--only "import a"``); compare needs both imports, study create compare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GB = 1024 ** 3
+GB = 1024**3
 
 
 def frames_of(n: int, width: int, height: int, *, variant: int = 0):
@@ -45,7 +46,7 @@ def frames_of(n: int, width: int, height: int, *, variant: int = 0):
     tex = rng.integers(0, 256, (height // 8 + 2, (width + 3 * n) // 8 + 2, 3), dtype=np.uint8)
     big = np.repeat(np.repeat(tex, 8, axis=0), 8, axis=1)
     for t in range(n):
-        f = big[:height, 3 * t:3 * t + width]
+        f = big[:height, 3 * t : 3 * t + width]
         if variant:
             f = np.roll(f, variant, axis=1).copy()
             f[..., 0] = np.clip(f[..., 0].astype(np.int16) + 2 * variant, 0, 255)
@@ -80,8 +81,7 @@ def peak_rss(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float, int, s
     import psutil
 
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0]
     err = []
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
@@ -135,29 +135,73 @@ STUB = CHEAP.replace("if STUB:", "if True:")
 CHEAP = CHEAP.replace("if STUB:", "if False:")
 
 
-def commands(tree: Path, s: dict, work: Path, no_temporal: bool,
-             cheap: bool = False, stub: bool = False,
-             device: str = "cpu") -> list[tuple[str, list[str]]]:
+def commands(
+    tree: Path,
+    s: dict,
+    work: Path,
+    no_temporal: bool,
+    cheap: bool = False,
+    stub: bool = False,
+    device: str = "cpu",
+) -> list[tuple[str, list[str]]]:
     py = [sys.executable, "-m", "evalkit"]
     metric_py = [sys.executable, "-c", STUB if stub else CHEAP] if cheap or stub else py
     runs = work / "runs"
     # metrics reads the farms' files (FFV1 like the runs' clips): it needs no import first
-    clip = lambda label: s["farms"][label] / f"{s['job']}.mkv"   # noqa: E731
-    out = [(f"import {label}", py + ["render", str(s["suite"]), "-r", "import",
-                                     "--renderer-opt", f"dir={s['farms'][label]}", "--label",
-                                     label, "--out", str(runs), "--quiet"])
-           for label in ("a", "b")]
+    clip = lambda label: s["farms"][label] / f"{s['job']}.mkv"  # noqa: E731
+    out = [
+        (
+            f"import {label}",
+            py
+            + [
+                "render",
+                str(s["suite"]),
+                "-r",
+                "import",
+                "--renderer-opt",
+                f"dir={s['farms'][label]}",
+                "--label",
+                label,
+                "--out",
+                str(runs),
+                "--quiet",
+            ],
+        )
+        for label in ("a", "b")
+    ]
     flags = ["--device", device, "--quiet"] + (["--no-temporal"] if no_temporal else [])
-    out.append(("metrics A B", metric_py + ["metrics", str(clip("a")), str(clip("b")), "--csv",
-                                            str(work / "frames.csv")] + flags))
-    out.append(("compare" + (" (stub)" if stub else ""),
-                metric_py + ["compare", str(runs / "a"), str(runs / "b"), "--out",
-                             str(work / "report")] + flags))
+    out.append(
+        (
+            "metrics A B",
+            metric_py
+            + ["metrics", str(clip("a")), str(clip("b")), "--csv", str(work / "frames.csv")]
+            + flags,
+        )
+    )
+    out.append(
+        (
+            "compare" + (" (stub)" if stub else ""),
+            metric_py + ["compare", str(runs / "a"), str(runs / "b"), "--out", str(work / "report")] + flags,
+        )
+    )
     # the study of the report's one clip: preference (2 test streams, 9 catch versions of 2,
     # two tiles side by side), every stream encoded and its delivery measured
-    out.append(("study create", py + ["study", "create", str(work / "report"), "--db",
-                                      str(work / "study.sqlite"), "--protocol", "preference",
-                                      "--allow-masking"]))
+    out.append(
+        (
+            "study create",
+            py
+            + [
+                "study",
+                "create",
+                str(work / "report"),
+                "--db",
+                str(work / "study.sqlite"),
+                "--protocol",
+                "preference",
+                "--allow-masking",
+            ],
+        )
+    )
     return out
 
 
@@ -167,15 +211,18 @@ def main() -> None:
     ap.add_argument("--size", default="1280x720")
     ap.add_argument("--baseline", default="main", help="git ref of the baseline tree, or none")
     ap.add_argument("--keep", type=Path, help="keep the clips in this folder (reused next time)")
-    ap.add_argument("--no-temporal", action="store_true",
-                    help="metrics and compare --no-temporal")
-    ap.add_argument("--only", nargs="*",
-                    help="commands to run (import, metrics, compare, study; study needs compare)")
-    ap.add_argument("--cheap", action="store_true",
-                    help="metrics and compare with LPIPS's network replaced (see CHEAP)")
-    ap.add_argument("--stub-compare", action="store_true",
-                    help="metrics and compare with SSIM zeroed too: only a report for study "
-                         "create (see STUB)")
+    ap.add_argument("--no-temporal", action="store_true", help="metrics and compare --no-temporal")
+    ap.add_argument(
+        "--only", nargs="*", help="commands to run (import, metrics, compare, study; study needs compare)"
+    )
+    ap.add_argument(
+        "--cheap", action="store_true", help="metrics and compare with LPIPS's network replaced (see CHEAP)"
+    )
+    ap.add_argument(
+        "--stub-compare",
+        action="store_true",
+        help="metrics and compare with SSIM zeroed too: only a report for study create (see STUB)",
+    )
     ap.add_argument("--device", default="cpu", help="metrics' and compare's --device")
     args = ap.parse_args()
     width, height = map(int, args.size.split("x"))
@@ -184,15 +231,21 @@ def main() -> None:
     base_dir = None
     if args.baseline != "none":
         base_dir = Path(tempfile.mkdtemp(prefix="bench_memory_base_")) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
-                        str(base_dir), args.baseline], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base_dir), args.baseline],
+            check=True,
+        )
         trees = {"before": base_dir, "after": ROOT}
     rows = []
     try:
-        print(f"# {width}x{height} FFV1, frames {args.frames}, {os.cpu_count()} cores, "
-              f"baseline {args.baseline}" + (", --no-temporal" if args.no_temporal else "")
-              + (", --cheap (LPIPS's network a stand-in)" if args.cheap else "")
-              + (", --stub-compare (SSIM zeroed too)" if args.stub_compare else ""), flush=True)
+        print(
+            f"# {width}x{height} FFV1, frames {args.frames}, {os.cpu_count()} cores, "
+            f"baseline {args.baseline}"
+            + (", --no-temporal" if args.no_temporal else "")
+            + (", --cheap (LPIPS's network a stand-in)" if args.cheap else "")
+            + (", --stub-compare (SSIM zeroed too)" if args.stub_compare else ""),
+            flush=True,
+        )
         for n in args.frames:
             t = time.perf_counter()
             s = make_set(data / f"{width}x{height}_{n}", n, width, height)
@@ -202,20 +255,27 @@ def main() -> None:
                 path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
                 env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False"}
                 try:
-                    for what, cmd in commands(tree, s, work, args.no_temporal, args.cheap,
-                                             args.stub_compare, args.device):
+                    for what, cmd in commands(
+                        tree, s, work, args.no_temporal, args.cheap, args.stub_compare, args.device
+                    ):
                         if args.only and not any(what.startswith(o) for o in args.only):
                             continue
                         peak, secs, rc, err = peak_rss(cmd, env, tree)
                         rows.append((n, what, name, peak, secs, rc))
-                        print(f"{n:5d} {what:12s} {name:6s} peak {peak / GB:6.2f} GB "
-                              f"{secs:6.1f} s rc {rc}" + (f"  {err}" if rc else ""), flush=True)
+                        print(
+                            f"{n:5d} {what:12s} {name:6s} peak {peak / GB:6.2f} GB "
+                            f"{secs:6.1f} s rc {rc}" + (f"  {err}" if rc else ""),
+                            flush=True,
+                        )
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
         print("\n# peak RSS (GB), process and children together")
         names = list(trees)
-        print(f"{'frames':>6} {'command':12s} " + " ".join(f"{k:>7s}" for k in names)
-              + ("   ratio" if len(names) == 2 else ""))
+        print(
+            f"{'frames':>6} {'command':12s} "
+            + " ".join(f"{k:>7s}" for k in names)
+            + ("   ratio" if len(names) == 2 else "")
+        )
         for n in args.frames:
             for what in dict.fromkeys(r[1] for r in rows if r[0] == n):
                 got = {r[2]: r[3] for r in rows if r[0] == n and r[1] == what}
@@ -231,12 +291,15 @@ def main() -> None:
                     a = [r[3] for r in rows if r[0] == lo and r[1] == what and r[2] == k]
                     b = [r[3] for r in rows if r[0] == hi and r[1] == what and r[2] == k]
                     if a and b:
-                        print(f"{what:12s} {k:6s} {a[0] / GB:6.2f} -> {b[0] / GB:6.2f} "
-                              f"({(b[0] - a[0]) / GB:+.2f})")
+                        print(
+                            f"{what:12s} {k:6s} {a[0] / GB:6.2f} -> {b[0] / GB:6.2f} "
+                            f"({(b[0] - a[0]) / GB:+.2f})"
+                        )
     finally:
         if base_dir is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(base_dir)], check=False)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)], check=False
+            )
         if args.keep is None:
             shutil.rmtree(data, ignore_errors=True)
 

@@ -34,6 +34,7 @@ pairs (a whole number of chunks); the naive loop is warmed up on one pair and ti
 pairs (``--naive-frames``), which is enough for its rate. Each part prints pairs/s of each side,
 their ratio, the agreement of the shared numbers, where ours spent its time, and peak memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,7 +80,7 @@ def synthetic_pair(n: int, h: int, w: int, seed: int = 0, cycle: int = CYCLE):
 
     def frame_a(t):
         x = (2 * t) % (tex.shape[1] - w)
-        return np.ascontiguousarray(tex[8:8 + h, x:x + w])
+        return np.ascontiguousarray(tex[8 : 8 + h, x : x + w])
 
     def frame_b(t):
         f = frame_a(t).astype(np.int16) + noise[t % 4] + (2 if t % 2 else -2)
@@ -92,6 +93,7 @@ def synthetic_pair(n: int, h: int, w: int, seed: int = 0, cycle: int = CYCLE):
         def g():
             for t in range(n if count is None else count):
                 yield frames[t % k]
+
         return g
 
     return gen(fa, None), gen(fb, None), (lambda count: gen(fa, count)), (lambda count: gen(fb, count))
@@ -108,13 +110,22 @@ def peak_rss_mb() -> float:
 
 # -- ours -------------------------------------------------------------------------------------
 
+
 def make_evaluator(args, device, temporal):
-    return PairEvaluator(device=device, net=args.net, flow=args.flow, flow_preset=args.flow_preset,
-                         flow_scale=args.flow_scale, temporal=temporal, flow_workers=args.flow_workers)
+    return PairEvaluator(
+        device=device,
+        net=args.net,
+        flow=args.flow,
+        flow_preset=args.flow_preset,
+        flow_scale=args.flow_scale,
+        temporal=temporal,
+        flow_workers=args.flow_workers,
+    )
 
 
-def run_ours(count_a, count_b, args, device, temporal, *, min_frames, seconds, max_frames,
-             max_seconds=float("inf")):
+def run_ours(
+    count_a, count_b, args, device, temporal, *, min_frames, seconds, max_frames, max_seconds=float("inf")
+):
     """Warm up on three chunks, then time a steady run of whole chunks.
 
     The run stops at the first chunk boundary where both ``min_frames`` pairs and ``seconds``
@@ -123,7 +134,7 @@ def run_ours(count_a, count_b, args, device, temporal, *, min_frames, seconds, m
     """
     ev = make_evaluator(args, device, temporal)
     c = args.chunk
-    list(stream_pair(count_a(3 * c)(), count_b(3 * c)(), evaluator=ev, chunk=c))   # warm-up
+    list(stream_pair(count_a(3 * c)(), count_b(3 * c)(), evaluator=ev, chunk=c))  # warm-up
     sync(device)
     ev.reset()
     state = {"t0": None, "n": 0}
@@ -156,6 +167,7 @@ def run_ours(count_a, count_b, args, device, temporal, *, min_frames, seconds, m
 
 # -- naive --------------------------------------------------------------------------------------
 
+
 def run_naive(gen_a, gen_b, n, args, device, temporal):
     """The baseline, by design outside evalkit: the ``lpips`` package's model and its inputs
     placed on the metric engine's device by hand, on PyTorch's numeric defaults (on a GPU cuDNN
@@ -186,10 +198,12 @@ def run_naive(gen_a, gen_b, n, args, device, temporal):
         h, w = bwd.shape[:2]
         gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
         mx, my = gx + bwd[..., 0], gy + bwd[..., 1]
-        warped = cv2.remap(prev.astype(np.float32) / 255, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        warped = cv2.remap(
+            prev.astype(np.float32) / 255, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        )
         f_at = cv2.remap(fwd, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         s = bwd + f_at
-        ok = ((s ** 2).sum(-1) <= 0.01 * ((bwd ** 2).sum(-1) + (f_at ** 2).sum(-1)) + 0.5)
+        ok = (s**2).sum(-1) <= 0.01 * ((bwd**2).sum(-1) + (f_at**2).sum(-1)) + 0.5
         ok &= (mx >= 0) & (mx <= w - 1) & (my >= 0) & (my <= h - 1)
         d = ((warped - cur.astype(np.float32) / 255) ** 2).sum(-1)
         return float(d[ok].sum() / (3 * ok.sum())) if ok.any() else float("nan")
@@ -203,10 +217,11 @@ def run_naive(gen_a, gen_b, n, args, device, temporal):
         rec = {}
         with torch.no_grad():
             rec["lpips"] = model(to_t(a), to_t(b)).item()
-        rec["ssim"] = structural_similarity(lum(a), lum(b), gaussian_weights=True, sigma=1.5,
-                                            use_sample_covariance=False, data_range=255)
+        rec["ssim"] = structural_similarity(
+            lum(a), lum(b), gaussian_weights=True, sigma=1.5, use_sample_covariance=False, data_range=255
+        )
         mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean()
-        rec["psnr"] = 10 * np.log10(255 ** 2 / mse) if mse else float("inf")
+        rec["psnr"] = 10 * np.log10(255**2 / mse) if mse else float("inf")
         if pa is not None and temporal:
             with torch.no_grad():
                 rec["tlp"] = abs(model(to_t(a), to_t(pa)).item() - model(to_t(b), to_t(pb)).item())
@@ -235,30 +250,44 @@ def run_naive(gen_a, gen_b, n, args, device, temporal):
 
 # -- parts ----------------------------------------------------------------------------------------
 
+
 def header(args, dev, w, h, part):
     import cv2
 
-    return (f"device {dev} | size {w}x{h} | torch {torch.__version__} | opencv {cv2.__version__} "
-            f"| torch threads {torch.get_num_threads()} | cpus {os.cpu_count()} | net {args.net} "
-            f"| flow ours {args.flow}-{args.flow_preset} x{args.flow_scale:g} "
-            f"({args.flow_workers if args.flow_workers is not None else default_flow_workers(dev)} flow threads), "
-            f"naive farneback | chunk {args.chunk} | part {part}")
+    return (
+        f"device {dev} | size {w}x{h} | torch {torch.__version__} | opencv {cv2.__version__} "
+        f"| torch threads {torch.get_num_threads()} | cpus {os.cpu_count()} | net {args.net} "
+        f"| flow ours {args.flow}-{args.flow_preset} x{args.flow_scale:g} "
+        f"({args.flow_workers if args.flow_workers is not None else default_flow_workers(dev)} flow threads), "
+        f"naive farneback | chunk {args.chunk} | part {part}"
+    )
 
 
 def part_compare(args, dev, w, h, temporal, out):
     n_naive = args.naive_frames
     _, _, count_a, count_b = synthetic_pair(max(args.frames, n_naive, 3 * args.chunk, CYCLE), h, w)
-    dt_o, ro, timings, ev = run_ours(count_a, count_b, args, dev, temporal, min_frames=args.frames,
-                                     seconds=args.seconds, max_frames=args.max_frames,
-                                     max_seconds=args.max_seconds)
+    dt_o, ro, timings, ev = run_ours(
+        count_a,
+        count_b,
+        args,
+        dev,
+        temporal,
+        min_frames=args.frames,
+        seconds=args.seconds,
+        max_frames=args.max_frames,
+        max_seconds=args.max_seconds,
+    )
     conventions = ev.conventions
     flow_workers = ev.flow_workers
     ev.close()
     dt_n, rn = run_naive(count_a(n_naive), count_b(n_naive), n_naive, args, dev, temporal)
     n_ours = len(ro)
     ps_o, ps_n = n_ours / dt_o, n_naive / dt_n
-    what = "full set (LPIPS, SSIM, PSNR, exactness, tLP, tOF, warping error x2, flicker)" if temporal \
+    what = (
+        "full set (LPIPS, SSIM, PSNR, exactness, tLP, tOF, warping error x2, flicker)"
+        if temporal
         else "LPIPS+SSIM+PSNR+exactness"
+    )
     out(f"metric set: {what}")
     out(f"ours : {n_ours:5d} pairs in {dt_o:7.2f} s = {ps_o:8.2f} pairs/s (after warm-up)")
     out(f"naive: {n_naive:5d} pairs in {dt_n:7.2f} s = {ps_n:8.2f} pairs/s")
@@ -268,16 +297,30 @@ def part_compare(args, dev, w, h, temporal, out):
         xs = [(r1[k], r2[k]) for r1, r2 in zip(ro[:m], rn[:m]) if k in r1 and k in r2]
         if xs:
             d = max(abs(x - y) for x, y in xs)
-            note = "" if k in ("lpips", "ssim", "psnr", "tlp", "flicker") else \
-                " (flow method differs unless --flow farneback)"
+            note = (
+                ""
+                if k in ("lpips", "ssim", "psnr", "tlp", "flicker")
+                else " (flow method differs unless --flow farneback)"
+            )
             out(f"  agreement {k:<13} max |ours - naive| = {d:.2e}{note}")
     busy = ", ".join(f"{k} {v:.2f} s" for k, v in timings.items())
     out(f"ours, where the main thread spent its time: {busy} (of {dt_o:.2f} s)")
-    res = {"part": "full" if temporal else "fidelity", "device": str(dev), "size": f"{w}x{h}",
-           "ours_pairs": n_ours, "ours_s": dt_o, "ours_pairs_per_s": ps_o,
-           "naive_pairs": n_naive, "naive_s": dt_n, "naive_pairs_per_s": ps_n, "ratio": ps_o / ps_n,
-           "timings": timings, "flow_workers": flow_workers, "conventions": conventions,
-           "chunk": args.chunk}
+    res = {
+        "part": "full" if temporal else "fidelity",
+        "device": str(dev),
+        "size": f"{w}x{h}",
+        "ours_pairs": n_ours,
+        "ours_s": dt_o,
+        "ours_pairs_per_s": ps_o,
+        "naive_pairs": n_naive,
+        "naive_s": dt_n,
+        "naive_pairs_per_s": ps_n,
+        "ratio": ps_o / ps_n,
+        "timings": timings,
+        "flow_workers": flow_workers,
+        "conventions": conventions,
+        "chunk": args.chunk,
+    }
     if temporal and dev.type == "cuda" or args.flow_capacity:
         res["flow_capacity"] = flow_capacity(args, h, w, flow_workers or 1, out)
     if not temporal and dev.type == "cuda" or args.lpips_alone:
@@ -309,8 +352,10 @@ def lpips_alone(args, dev, h, w, count_a, count_b, out, seconds=3.0):
                 d.sum().item()
                 n += c
             rates[bench] = n / (time.perf_counter() - t)
-        out(f"  LPIPS alone (frames on the device, fp32, cuDNN autotune {'on' if bench else 'off'}): "
-            f"{rates[bench]:.0f} pairs/s")
+        out(
+            f"  LPIPS alone (frames on the device, fp32, cuDNN autotune {'on' if bench else 'off'}): "
+            f"{rates[bench]:.0f} pairs/s"
+        )
     return rates[max(rates)]
 
 
@@ -336,8 +381,10 @@ def flow_capacity(args, h, w, workers, out):
                 list(pool.map(lambda i: flow_u8(grey[i % 7], grey[i % 7 + 1], "dis", preset), range(n)))
                 dt = time.perf_counter() - t
                 caps[preset] = n / dt
-                out(f"  flow pool capacity, dis-{preset:<9} {workers:2d} threads: {n / dt:7.1f} flows/s "
-                    f"= {n / dt / 4:6.1f} pairs/s ceiling (4 flows per pair)")
+                out(
+                    f"  flow pool capacity, dis-{preset:<9} {workers:2d} threads: {n / dt:7.1f} flows/s "
+                    f"= {n / dt / 4:6.1f} pairs/s ceiling (4 flows per pair)"
+                )
     finally:
         cv2.setNumThreads(saved)
     return caps
@@ -352,23 +399,35 @@ def part_memory(args, dev, w, h, out):
     n = 0
     for _ in stream_pair(count_a(args.memory)(), count_b(args.memory)(), evaluator=ev, chunk=args.chunk):
         n += 1
-        if n % 250 == 0:   # progress, in case a time limit stops the run
+        if n % 250 == 0:  # progress, in case a time limit stops the run
             out(f"  {n} pairs in {time.perf_counter() - t:.1f} s, peak RSS so far {peak_rss_mb():.0f} MB")
     sync(dev)
     dt = time.perf_counter() - t
     ev.close()
     rss = peak_rss_mb()
-    out(f"memory: {n} pairs streamed in {dt:.1f} s ({n / dt:.2f} pairs/s, cold start included); "
-        f"peak RSS {rss:.0f} MB (before the evaluator {rss0:.0f} MB; target < 3000 MB)")
-    res = {"part": "memory", "device": str(dev), "size": f"{w}x{h}", "pairs": n, "seconds": dt,
-           "pairs_per_s": n / dt, "peak_rss_mb": rss, "rss_before_mb": rss0, "chunk": args.chunk}
+    out(
+        f"memory: {n} pairs streamed in {dt:.1f} s ({n / dt:.2f} pairs/s, cold start included); "
+        f"peak RSS {rss:.0f} MB (before the evaluator {rss0:.0f} MB; target < 3000 MB)"
+    )
+    res = {
+        "part": "memory",
+        "device": str(dev),
+        "size": f"{w}x{h}",
+        "pairs": n,
+        "seconds": dt,
+        "pairs_per_s": n / dt,
+        "peak_rss_mb": rss,
+        "rss_before_mb": rss0,
+        "chunk": args.chunk,
+    }
     if dev.type == "cuda":
-        res["peak_gpu_mb"] = torch.cuda.max_memory_allocated(dev) / 2 ** 20
+        res["peak_gpu_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
         out(f"peak GPU memory {res['peak_gpu_mb']:.0f} MB")
     return res
 
 
 # -- orchestration ----------------------------------------------------------------------------------
+
 
 def run_all(args, argv):
     """Each part in its own process (clean peak-memory figures, a time limit per part)."""
@@ -406,23 +465,33 @@ def summarize(out_dir: Path) -> str:
         if part == "memory":
             gpu = f", peak GPU {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""
             ok = "met" if r["peak_rss_mb"] < 3000 else "MISSED"
-            lines.append(f"  memory   {r['pairs']} pairs at {r['size']}: peak RSS {r['peak_rss_mb']:.0f} MB "
-                         f"(target < 3000: {ok}){gpu}, {r['pairs_per_s']:.1f} pairs/s cold")
+            lines.append(
+                f"  memory   {r['pairs']} pairs at {r['size']}: peak RSS {r['peak_rss_mb']:.0f} MB "
+                f"(target < 3000: {ok}){gpu}, {r['pairs_per_s']:.1f} pairs/s cold"
+            )
             continue
         target = TARGETS.get((dev, part), (None, None))
         verdict = []
         if target[0]:
-            verdict.append(f">= {target[0]} pairs/s: {'met' if r['ours_pairs_per_s'] >= target[0] else 'MISSED'}")
+            verdict.append(
+                f">= {target[0]} pairs/s: {'met' if r['ours_pairs_per_s'] >= target[0] else 'MISSED'}"
+            )
         if target[1]:
             verdict.append(f">= {target[1]}x: {'met' if r['ratio'] >= target[1] else 'MISSED'}")
-        lines.append(f"  {part:<8} {r['size']} {r['device']}: ours {r['ours_pairs_per_s']:.1f} pairs/s "
-                     f"({r['ours_pairs']} pairs), naive {r['naive_pairs_per_s']:.2f} pairs/s, "
-                     f"ratio {r['ratio']:.1f}x" + (f"  [{'; '.join(verdict)}]" if verdict else ""))
+        lines.append(
+            f"  {part:<8} {r['size']} {r['device']}: ours {r['ours_pairs_per_s']:.1f} pairs/s "
+            f"({r['ours_pairs']} pairs), naive {r['naive_pairs_per_s']:.2f} pairs/s, "
+            f"ratio {r['ratio']:.1f}x" + (f"  [{'; '.join(verdict)}]" if verdict else "")
+        )
         if "lpips_alone_pairs_per_s" in r:
-            lines.append(f"           LPIPS alone on device-resident frames: {r['lpips_alone_pairs_per_s']:.0f} pairs/s")
+            lines.append(
+                f"           LPIPS alone on device-resident frames: {r['lpips_alone_pairs_per_s']:.0f} pairs/s"
+            )
         if "flow_capacity" in r:
-            lines.append("           flow pool ceilings (pairs/s): " + ", ".join(
-                f"dis-{k} {v / 4:.0f}" for k, v in r["flow_capacity"].items()))
+            lines.append(
+                "           flow pool ceilings (pairs/s): "
+                + ", ".join(f"dis-{k} {v / 4:.0f}" for k, v in r["flow_capacity"].items())
+            )
     text = "\n".join(lines)
     (out_dir / "summary.txt").write_text(text + "\n")
     return text
@@ -433,40 +502,72 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
     p.add_argument("--size", default="256x256", help="WxH (default 256x256)")
-    p.add_argument("--part", choices=PARTS, default=None,
-                   help="one part in this process (default: full, or fidelity with --no-temporal; "
-                        "with --out and no --part: every part, each in its own process)")
+    p.add_argument(
+        "--part",
+        choices=PARTS,
+        default=None,
+        help="one part in this process (default: full, or fidelity with --no-temporal; "
+        "with --out and no --part: every part, each in its own process)",
+    )
     p.add_argument("--parts", default=",".join(PARTS), help="parts run by --out (default all)")
     p.add_argument("--out", default=None, help="folder for the results (PART.txt, PART.json, summary.txt)")
     p.add_argument("--summarize", default=None, metavar="DIR", help="print the summary of a results folder")
-    p.add_argument("--frames", type=int, default=None,
-                   help="at least this many pairs timed for ours (default 32 on the CPU, 1000 on a GPU)")
-    p.add_argument("--seconds", type=float, default=None,
-                   help="time ours for at least this long (default 0 on the CPU, 6 on a GPU)")
+    p.add_argument(
+        "--frames",
+        type=int,
+        default=None,
+        help="at least this many pairs timed for ours (default 32 on the CPU, 1000 on a GPU)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="time ours for at least this long (default 0 on the CPU, 6 on a GPU)",
+    )
     p.add_argument("--max-frames", type=int, default=20000, help="never time more pairs than this")
-    p.add_argument("--max-seconds", type=float, default=None,
-                   help="stop timing ours after this long even short of --frames (default 20 on a GPU)")
-    p.add_argument("--naive-frames", type=int, default=None,
-                   help="pairs timed for naive (default 16, 4 for the full set on a GPU)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop timing ours after this long even short of --frames (default 20 on a GPU)",
+    )
+    p.add_argument(
+        "--naive-frames",
+        type=int,
+        default=None,
+        help="pairs timed for naive (default 16, 4 for the full set on a GPU)",
+    )
     p.add_argument("--chunk", type=int, default=None, help="frames per batch (default: auto_chunk)")
     p.add_argument("--net", default="alex", choices=("alex", "vgg"))
     p.add_argument("--flow", default="dis", choices=("dis", "farneback"))
     p.add_argument("--flow-preset", default=DEFAULT_PRESET, choices=DIS_PRESETS)
     p.add_argument("--flow-scale", type=float, default=1.0)
     p.add_argument("--flow-workers", type=int, default=None, help="flow threads (default: the evaluator's)")
-    p.add_argument("--flow-capacity", action="store_true", help="also measure the flow pool (always on a GPU)")
-    p.add_argument("--lpips-alone", action="store_true",
-                   help="also time LPIPS alone on frames already on the device (always on a GPU)")
+    p.add_argument(
+        "--flow-capacity", action="store_true", help="also measure the flow pool (always on a GPU)"
+    )
+    p.add_argument(
+        "--lpips-alone",
+        action="store_true",
+        help="also time LPIPS alone on frames already on the device (always on a GPU)",
+    )
     p.add_argument("--no-temporal", action="store_true", help="same as --part fidelity")
-    p.add_argument("--memory", type=int, default=None, metavar="N",
-                   help="pairs streamed by the memory part (default 2000); alone: --part memory")
-    p.add_argument("--limit-scale", type=float, default=1.0, help="multiplies the per-part time limits of --out")
+    p.add_argument(
+        "--memory",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pairs streamed by the memory part (default 2000); alone: --part memory",
+    )
+    p.add_argument(
+        "--limit-scale", type=float, default=1.0, help="multiplies the per-part time limits of --out"
+    )
     args = p.parse_args(argv)
     if args.summarize:
         print(summarize(Path(args.summarize)))
         return 0
     w, h = (int(v) for v in args.size.lower().split("x"))
-    dev = resolve_device(args.device)   # the metric engine's own device rule
+    dev = resolve_device(args.device)  # the metric engine's own device rule
     gpu = dev.type == "cuda"
     if args.part is None and args.out:
         return run_all(args, argv)

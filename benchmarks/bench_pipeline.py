@@ -17,6 +17,7 @@ evaluator's ``cudnn_benchmark`` off, cuDNN's heuristics instead of its autotunin
 every second round; the best rate of each and its ratio to the first variant are printed.
 ``--profile PAIRS`` adds a table of the kernels' device time per pair of each variant.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,12 @@ def child(args) -> dict:
     out = {}
     for name, temporal in (("full set torch", True), ("LPIPS+SSIM+PSNR", False)):
         bench = os.environ.get("CUDNN_BENCH")
-        ev = PairEvaluator(device=args.device, temporal=temporal, flow="torch",
-                           cudnn_benchmark=None if bench is None else bench == "1")
+        ev = PairEvaluator(
+            device=args.device,
+            temporal=temporal,
+            flow="torch",
+            cudnn_benchmark=None if bench is None else bench == "1",
+        )
         t = time.perf_counter()
         ev.warm_up(h, w, args.chunk)
         warm = time.perf_counter() - t
@@ -61,8 +66,9 @@ def child(args) -> dict:
         ev.timings = dict.fromkeys(ev.timings, 0.0)
         with sync_points(args.sync_debug and ev.device.type == "cuda") as syncs:
             t = time.perf_counter()
-            n = sum(1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev,
-                                           chunk=args.chunk))
+            n = sum(
+                1 for _ in stream_pair(gen(a, args.pairs), gen(b, args.pairs), evaluator=ev, chunk=args.chunk)
+            )
             rate = n / (time.perf_counter() - t)
         means = {k: v for k, v in ev.compute()["means"].items() if isinstance(v, float)}
         chunks = -(-n // args.chunk)
@@ -85,6 +91,7 @@ def sync_points(on: bool):
         yield found
         return
     import torch
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -118,8 +125,12 @@ def profile(ev, a, b, args) -> str:
         torch.cuda.synchronize()
     t = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        for _ in stream_pair((a[i % len(a)] for i in range(n)), (b[i % len(b)] for i in range(n)),
-                             evaluator=ev, chunk=args.chunk):
+        for _ in stream_pair(
+            (a[i % len(a)] for i in range(n)),
+            (b[i % len(b)] for i in range(n)),
+            evaluator=ev,
+            chunk=args.chunk,
+        ):
             pass
         if cuda:
             torch.cuda.synchronize()
@@ -127,11 +138,15 @@ def profile(ev, a, b, args) -> str:
     events = [e for e in prof.key_averages() if self_us(e) > 0]
     events.sort(key=lambda e: -self_us(e))
     total = sum(self_us(e) for e in events) / 1e3
-    lines = [f"-- profile: {n} pairs, wall {wall * 1e3:.1f} ms (profiled), kernel time {total:.1f} ms "
-             f"= {total / n:.3f} ms a pair"]
-    for e in events[:args.profile_top]:
+    lines = [
+        f"-- profile: {n} pairs, wall {wall * 1e3:.1f} ms (profiled), kernel time {total:.1f} ms "
+        f"= {total / n:.3f} ms a pair"
+    ]
+    for e in events[: args.profile_top]:
         ms = self_us(e) / 1e3
-        lines.append(f"   {ms:9.2f} ms {100 * ms / total:5.1f}% {ms / n:7.4f} ms/pair x{e.count:<6d} {e.key[:90]}")
+        lines.append(
+            f"   {ms:9.2f} ms {100 * ms / total:5.1f}% {ms / n:7.4f} ms/pair x{e.count:<6d} {e.key[:90]}"
+        )
     return "\n".join(lines)
 
 
@@ -142,20 +157,40 @@ def run(tree: Path, env_extra: dict, args) -> tuple[dict, float]:
     from bench_scale import run_in
 
     t = time.perf_counter()
-    r = run_in(tree, "--device", args.device, "--size", args.size, "--pairs", args.pairs,
-               "--chunk", args.chunk, "--profile", args.profile, "--profile-top",
-               args.profile_top, *(["--sync-debug"] if args.sync_debug else []), timeout=600,
-               env_extra=env_extra, script=Path(__file__))
+    r = run_in(
+        tree,
+        "--device",
+        args.device,
+        "--size",
+        args.size,
+        "--pairs",
+        args.pairs,
+        "--chunk",
+        args.chunk,
+        "--profile",
+        args.profile,
+        "--profile-top",
+        args.profile_top,
+        *(["--sync-debug"] if args.sync_debug else []),
+        timeout=600,
+        env_extra=env_extra,
+        script=Path(__file__),
+    )
     return r, time.perf_counter() - t
 
 
 def parse_variant(text: str, baseline: str | None) -> tuple[Path, dict]:
     tree, _, settings = text.partition(":")
     pairs = [s for s in settings.split(",") if s]
-    if (tree not in ("ours", "baseline") or (tree == "baseline" and not baseline)
-            or any("=" not in s for s in pairs)):
-        print(f"--variants: {text!r}: expected ours[:VAR=V,...] or baseline[...] "
-              "(baseline needs --baseline)", file=sys.stderr)
+    if (
+        tree not in ("ours", "baseline")
+        or (tree == "baseline" and not baseline)
+        or any("=" not in s for s in pairs)
+    ):
+        print(
+            f"--variants: {text!r}: expected ours[:VAR=V,...] or baseline[...] (baseline needs --baseline)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     env = dict(s.split("=", 1) for s in pairs)
     return (ROOT if tree == "ours" else Path(baseline).resolve()), env
@@ -171,11 +206,19 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", default=None, help="checkout of the code to compare against")
     p.add_argument("--variants", default="baseline,ours")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--profile", type=int, default=0, metavar="PAIRS",
-                   help="also a kernel table of this many pairs (last round only)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="also a kernel table of this many pairs (last round only)",
+    )
     p.add_argument("--profile-top", type=int, default=25)
-    p.add_argument("--sync-debug", action="store_true",
-                   help="list the places where the host waited for the device (CUDA sync debug mode)")
+    p.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="list the places where the host waited for the device (CUDA sync debug mode)",
+    )
     p.add_argument("--out", default=None, help="also write the printed lines here")
     args = p.parse_args(argv)
     if args.what == "_child":
@@ -189,20 +232,29 @@ def main(argv=None) -> int:
 
     names = args.variants.split(",")
     variants = [parse_variant(v, args.baseline) for v in names]
-    say(f"# bench_pipeline {args.size} on {args.device}, {args.pairs} pairs, chunk {args.chunk}; "
-        f"variants: {', '.join(names)}")
+    say(
+        f"# bench_pipeline {args.size} on {args.device}, {args.pairs} pairs, chunk {args.chunk}; "
+        f"variants: {', '.join(names)}"
+    )
     best: dict = {}
     for i in range(args.repeats):
         order = list(range(len(names)))[:: 1 if i % 2 == 0 else -1]
         for j in order:
             r, took = run(*variants[j], args)
             for row, v in r.items():
-                say(f"  {names[j]:40s} {row:16s} {v['pairs_per_s']:8.1f} pairs/s | warm-up "
-                    f"{v['warm_up_s']:.2f} s | process {took:.1f} s | means " +
-                    " ".join(f"{k}={x:.9g}" for k, x in sorted(v["means"].items())
-                             if k in ("lpips", "ssim", "tof", "warp_error_a")))
-                say("      host ms a chunk (the thread that feeds the device): " +
-                    " ".join(f"{k} {x:.1f}" for k, x in v.get("host_ms", {}).items()))
+                say(
+                    f"  {names[j]:40s} {row:16s} {v['pairs_per_s']:8.1f} pairs/s | warm-up "
+                    f"{v['warm_up_s']:.2f} s | process {took:.1f} s | means "
+                    + " ".join(
+                        f"{k}={x:.9g}"
+                        for k, x in sorted(v["means"].items())
+                        if k in ("lpips", "ssim", "tof", "warp_error_a")
+                    )
+                )
+                say(
+                    "      host ms a chunk (the thread that feeds the device): "
+                    + " ".join(f"{k} {x:.1f}" for k, x in v.get("host_ms", {}).items())
+                )
                 for where, count in sorted(v.get("syncs", {}).items(), key=lambda kv: -kv[1]):
                     say(f"      host waited for the device at {where} x{count}")
                 if "profile" in v and i == args.repeats - 1:
@@ -212,8 +264,10 @@ def main(argv=None) -> int:
     say(f"best of {args.repeats}, ratio to {names[0]}:")
     for row in ("full set torch", "LPIPS+SSIM+PSNR"):
         for name in names:
-            say(f"  {row:16s} {name:40s} {best[(name, row)]:8.1f} pairs/s "
-                f"{best[(name, row)] / best[(names[0], row)]:6.2f}x")
+            say(
+                f"  {row:16s} {name:40s} {best[(name, row)]:8.1f} pairs/s "
+                f"{best[(name, row)] / best[(names[0], row)]:6.2f}x"
+            )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("\n".join(lines) + "\n")

@@ -31,6 +31,7 @@ The writer modes measured in sessions 9-16 (writer processes, quiet windows, FFm
 were removed by issue 37; their raw output stays in ``results/``, and
 ``bench_render_scale.py`` measures the one path against an older tree at real scale.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,9 +62,9 @@ def fake_gpu_renderer(seconds: float, python_seconds: float = 0.0):
         def render(self, request):
             for step in range(FAKE_STEPS):
                 end = time.perf_counter() + python_seconds / FAKE_STEPS
-                while time.perf_counter() < end:     # Python work, GIL held
+                while time.perf_counter() < end:  # Python work, GIL held
                     pass
-                time.sleep(seconds / FAKE_STEPS)     # device work, GIL released
+                time.sleep(seconds / FAKE_STEPS)  # device work, GIL released
                 request.progress(step + 1, FAKE_STEPS)
             return np.ascontiguousarray(request.source[:, ::-1])
 
@@ -79,28 +80,44 @@ def main() -> int:
     p.add_argument("--pipeline-class", default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--jobs", nargs="*", default=None)
-    p.add_argument("--lossless", nargs="+", choices=("default", "ffv1", "utvideo"), default=None,
-                   help="the runs' lossless format, one harness run per value each repeat "
-                        "(default: not given, evalkit's own choice: UT Video on a device)")
-    p.add_argument("--trace", action="store_true",
-                   help="print a timeline of each harness run's bursts in the last repeat "
-                        "(benchmarks/render_trace.py)")
-    p.add_argument("--fake-gpu", type=float, default=None, metavar="SECONDS",
-                   help="no pipeline: sleep SECONDS per job (GIL released), return the source "
-                        "flipped")
-    p.add_argument("--fake-python", type=float, default=0.0, metavar="SECONDS",
-                   help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps")
+    p.add_argument(
+        "--lossless",
+        nargs="+",
+        choices=("default", "ffv1", "utvideo"),
+        default=None,
+        help="the runs' lossless format, one harness run per value each repeat "
+        "(default: not given, evalkit's own choice: UT Video on a device)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="print a timeline of each harness run's bursts in the last repeat (benchmarks/render_trace.py)",
+    )
+    p.add_argument(
+        "--fake-gpu",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="no pipeline: sleep SECONDS per job (GIL released), return the source flipped",
+    )
+    p.add_argument(
+        "--fake-python",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --fake-gpu: pure-Python work per job (GIL held), in 12 steps",
+    )
     p.add_argument("--no-progress", action="store_true", help="harness without progress bars")
     a = p.parse_args()
 
     import torch
 
+    from evalkit.formats.suite import load_suite
     from evalkit.render.backend import apply_backend, parse_spec
     from evalkit.render.driver import render_suite, select_jobs
     from evalkit.render.local_executor import LocalExecutor, check_output
-    from evalkit.render.sources import SourceCache
     from evalkit.render.renderers import RenderRequest, get_renderer
-    from evalkit.formats.suite import load_suite
+    from evalkit.render.sources import SourceCache
 
     options = {}
     if a.model:
@@ -115,7 +132,7 @@ def main() -> int:
 
     if a.fake_gpu is not None:
         renderer = fake_gpu_renderer(a.fake_gpu, a.fake_python)
-        driver.on_device = lambda runs: True        # a GPU render's defaults (UT Video clips)
+        driver.on_device = lambda runs: True  # a GPU render's defaults (UT Video clips)
         renderer_name = f"fake-gpu ({a.fake_gpu} s asleep + {a.fake_python} s of Python a job)"
     else:
         renderer = get_renderer(renderer_name, options)
@@ -125,8 +142,7 @@ def main() -> int:
 
         def run(self, rend, task, sources, progress):
             with apply_backend(task.spec) as runtime:
-                yield from self.render_jobs(rend, runtime, task.jobs, sources, task.seed_offset,
-                                            progress)
+                yield from self.render_jobs(rend, runtime, task.jobs, sources, task.seed_offset, progress)
 
     with apply_backend(spec) as runtime:
         renderer.load(runtime)
@@ -147,7 +163,7 @@ def main() -> int:
                 check_output(out, frames, renderer)
         return time.perf_counter() - t0, own
 
-    calls: list[tuple[float, float]] = []      # the harness's pipeline calls: (start, end)
+    calls: list[tuple[float, float]] = []  # the harness's pipeline calls: (start, end)
     render = renderer.render
 
     def timed_render(request):
@@ -158,7 +174,7 @@ def main() -> int:
             calls.append((t, time.perf_counter()))
 
     trace = None
-    traced_lines: list[str] = []        # the last traced harness run's timeline
+    traced_lines: list[str] = []  # the last traced harness run's timeline
     if a.trace:
         from render_trace import Trace
 
@@ -173,10 +189,16 @@ def main() -> int:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                [summary] = render_suite(a.suite, [a.backend], tmp, renderer=renderer,
-                                         jobs=a.jobs, executor=LoadedOnce(),
-                                         progress=not a.no_progress,
-                                         lossless=None if lossless == "default" else lossless)
+                [summary] = render_suite(
+                    a.suite,
+                    [a.backend],
+                    tmp,
+                    renderer=renderer,
+                    jobs=a.jobs,
+                    executor=LoadedOnce(),
+                    progress=not a.no_progress,
+                    lossless=None if lossless == "default" else lossless,
+                )
                 elapsed = time.perf_counter() - t0
                 made = _clips_format(summary.path)
         finally:
@@ -190,11 +212,15 @@ def main() -> int:
         gaps = [b[0] - a_[1] for a_, b in zip(calls, calls[1:])]
         if lossless == "default":
             print(f"    (--lossless not given: the run's clips are {made})", file=sys.stderr)
-        return elapsed, {"calls": sum(e - b for b, e in calls), "head": calls[0][0] - t0,
-                         "gaps": sum(gaps), "max_gap": max(gaps, default=0.0),
-                         "tail": t0 + elapsed - calls[-1][1]}
+        return elapsed, {
+            "calls": sum(e - b for b, e in calls),
+            "head": calls[0][0] - t0,
+            "gaps": sum(gaps),
+            "max_gap": max(gaps, default=0.0),
+            "tail": t0 + elapsed - calls[-1][1],
+        }
 
-    settings = list(a.lossless or [None])           # --lossless of each harness run
+    settings = list(a.lossless or [None])  # --lossless of each harness run
 
     def named(lossless) -> str:
         return "evalkit render" + (f", {lossless}" if lossless else "")
@@ -212,31 +238,38 @@ def main() -> int:
             wall, where = harness(value, traced=trace is not None and i == a.repeats - 1)
             h[value].append(wall)
             parts[value].append(where)
-            line += (f"\n  {named(value)}: {wall:.3f} s (pipeline {where['calls']:.3f}, before "
-                     f"the first call {where['head']:.3f}, between calls {where['gaps']:.3f} (at "
-                     f"most {where['max_gap']:.3f}), after the last {where['tail']:.3f})")
+            line += (
+                f"\n  {named(value)}: {wall:.3f} s (pipeline {where['calls']:.3f}, before "
+                f"the first call {where['head']:.3f}, between calls {where['gaps']:.3f} (at "
+                f"most {where['max_gap']:.3f}), after the last {where['tail']:.3f})"
+            )
             if traced_lines:
                 line += "".join(f"\n    {t}" for t in traced_lines)
                 traced_lines.clear()
         print(line, file=sys.stderr)
     md, mo = statistics.median(d), statistics.median(own)
     n = len(jobs)
-    print(f"suite {suite.name}, {n} jobs, backend {spec.spec}, renderer {renderer_name}, "
-          f"lossless {' / '.join(a.lossless) if a.lossless else 'unset'}")
+    print(
+        f"suite {suite.name}, {n} jobs, backend {spec.spec}, renderer {renderer_name}, "
+        f"lossless {' / '.join(a.lossless) if a.lossless else 'unset'}"
+    )
     print(f"pipeline's own time   : median {mo:.3f} s  ({mo / n:.3f} s/job)")
-    print(f"direct pipeline calls : median {md:.3f} s  ({md / n:.3f} s/job, sources decoded "
-          "in line)")
+    print(f"direct pipeline calls : median {md:.3f} s  ({md / n:.3f} s/job, sources decoded in line)")
     for value in settings:
         mh = statistics.median(h[value])
         print(f"{named(value)}: median {mh:.3f} s  ({mh / n:.3f} s/job)")
-        print(f"  harness overhead: {100 * (mh - md) / md:+.2f}% of the direct loop's wall time "
-              f"(ratio {mh / md:.4f}); {mh - mo:+.3f} s = {100 * (mh - mo) / mo:+.2f}% of the "
-              f"pipeline's own time ({(mh - mo) / n:+.4f} s/job)")
+        print(
+            f"  harness overhead: {100 * (mh - md) / md:+.2f}% of the direct loop's wall time "
+            f"(ratio {mh / md:.4f}); {mh - mo:+.3f} s = {100 * (mh - mo) / mo:+.2f}% of the "
+            f"pipeline's own time ({(mh - mo) / n:+.4f} s/job)"
+        )
         med = {k: statistics.median(p[k] for p in parts[value]) for k in parts[value][0]}
-        print(f"  harness's time, median: pipeline calls {med['calls']:.3f} s, before the first "
-              f"call {med['head']:.3f} s (set-up and the first source), between calls "
-              f"{med['gaps']:.3f} s (at most {med['max_gap']:.3f} s), after the last call "
-              f"{med['tail']:.3f} s (its clip, preview and manifest)")
+        print(
+            f"  harness's time, median: pipeline calls {med['calls']:.3f} s, before the first "
+            f"call {med['head']:.3f} s (set-up and the first source), between calls "
+            f"{med['gaps']:.3f} s (at most {med['max_gap']:.3f} s), after the last call "
+            f"{med['tail']:.3f} s (its clip, preview and manifest)"
+        )
     writes(suite, jobs)
     return 0
 
@@ -282,12 +315,17 @@ def writes(suite, jobs) -> None:
             if write_lossless_parts is not None and clip_parts() > 1:
                 n = clip_parts()
                 with concurrent.futures.ThreadPoolExecutor(n) as pool:
-                    at_once = best(lambda: write_lossless_parts(f"{tmp}/p{ext}", frames, fps,
-                                                                codec=codec, pool=pool, parts=n))
+                    at_once = best(
+                        lambda: write_lossless_parts(
+                            f"{tmp}/p{ext}", frames, fps, codec=codec, pool=pool, parts=n
+                        )
+                    )
                 line += f", {n} parts at once {at_once:.3f} s"
             print(line)
-        print(f"the last job's browser copy alone: "
-              f"{best(lambda: write_browser(f'{tmp}/b.mp4', frames, fps)):.3f} s")
+        print(
+            f"the last job's browser copy alone: "
+            f"{best(lambda: write_browser(f'{tmp}/b.mp4', frames, fps)):.3f} s"
+        )
 
 
 if __name__ == "__main__":

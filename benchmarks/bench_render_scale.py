@@ -24,6 +24,7 @@ how fast the launching thread and the GPU run.
     python benchmarks/bench_render_scale.py /tmp/s/scale720/suite.yaml --backend cuda \\
         --backend cuda,dtype=bf16 --steps 30 --repeats 2 main=/path/to/old/tree ours=.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-
 def _gpu_work():
     """:class:`evalkit.testing.renderers.GpuWork` of this checkout, also under an older evalkit
     that lacks it (its file loaded on its own, over whichever evalkit is imported)."""
@@ -50,7 +50,8 @@ def _gpu_work():
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(
-            "_scale_renderers", HERE.parent / "evalkit" / "testing" / "renderers.py")
+            "_scale_renderers", HERE.parent / "evalkit" / "testing" / "renderers.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         cls = module.GpuWork
@@ -81,8 +82,7 @@ def direct(suite_path: str, backend: str, steps: int) -> float:
             reader = ClipReader(suite.clips[job.clip].path)
             frames = reader.read()
             t = time.perf_counter()
-            renderer.render(RenderRequest(job, frames, reader.info.fps, job.seed,
-                                          suite.clips[job.clip].path))
+            renderer.render(RenderRequest(job, frames, reader.info.fps, job.seed, suite.clips[job.clip].path))
             own += time.perf_counter() - t
     return own
 
@@ -109,12 +109,17 @@ def main() -> int:
     ap.add_argument("--backend", default="cuda,dtype=bf16")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                    help="start no repeat after this many seconds")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no repeat after this many seconds",
+    )
     ap.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.suite = str(Path(a.suite).resolve())
-    if a.direct:                        # the child process of the direct variant
+    if a.direct:  # the child process of the direct variant
         print(json.dumps({"own": direct(a.suite, a.backend, a.steps)}))
         return 0
     variants = [_variant(v) for v in a.variants]
@@ -129,8 +134,20 @@ def main() -> int:
             print(f"(budget reached: {rep} repeats)", flush=True)
             break
         env = {**base, "PYTHONPATH": os.pathsep.join([str(variants[-1][1]), str(HERE), extra])}
-        wall, p = _run([sys.executable, str(Path(__file__).resolve()), a.suite, "x=.",
-                        "--backend", a.backend, "--steps", str(a.steps), "--direct"], env)
+        wall, p = _run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                a.suite,
+                "x=.",
+                "--backend",
+                a.backend,
+                "--steps",
+                str(a.steps),
+                "--direct",
+            ],
+            env,
+        )
         if p.returncode:
             raise SystemExit(f"direct failed:\n{p.stderr[-3000:]}")
         own = json.loads(p.stdout.strip().splitlines()[-1])["own"]
@@ -138,11 +155,27 @@ def main() -> int:
         line = f"repeat {rep + 1}: direct {wall:.2f} s (pipeline calls {own:.2f} s)"
         for name, tree, vars_ in variants:
             out = Path(tempfile.mkdtemp(prefix=f"render-{name}-"))
-            env = {**base, **vars_,
-                   "PYTHONPATH": os.pathsep.join([str(tree), str(HERE), extra])}
-            wall, p = _run([sys.executable, "-m", "evalkit", "render", a.suite, "-b", a.backend,
-                            "-r", "bench_render_scale:GpuWork", "-O", f"steps={a.steps}",
-                            "-o", str(out / "runs"), "--quiet"], env, cwd=out)
+            env = {**base, **vars_, "PYTHONPATH": os.pathsep.join([str(tree), str(HERE), extra])}
+            wall, p = _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "evalkit",
+                    "render",
+                    a.suite,
+                    "-b",
+                    a.backend,
+                    "-r",
+                    "bench_render_scale:GpuWork",
+                    "-O",
+                    f"steps={a.steps}",
+                    "-o",
+                    str(out / "runs"),
+                    "--quiet",
+                ],
+                env,
+                cwd=out,
+            )
             if p.returncode:
                 raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
             [run] = [d for d in (out / "runs").iterdir() if (d / "manifest.json").exists()]
@@ -158,16 +191,21 @@ def main() -> int:
     first = variants[0][0]
     for name, _, _ in variants[1:]:
         same = sha[name] == sha[first]
-        print(f"clips of {name} {'identical to' if same else 'DIFFER from'} {first}'s "
-              f"({len(sha[name])} jobs)")
+        print(
+            f"clips of {name} {'identical to' if same else 'DIFFER from'} {first}'s ({len(sha[name])} jobs)"
+        )
     md = statistics.median(times["direct"])
-    print(f"suite {a.suite}, backend {a.backend}, GpuWork steps={a.steps}; whole processes, "
-          f"medians of {len(times['direct'])}")
+    print(
+        f"suite {a.suite}, backend {a.backend}, GpuWork steps={a.steps}; whole processes, "
+        f"medians of {len(times['direct'])}"
+    )
     print(f"direct loop (nothing written): {md:.2f} s")
     for name, _, vars_ in variants:
         m = statistics.median(times[name])
-        print(f"{name} {vars_ or ''}: {m:.2f} s ({100 * (m - md) / md:+.1f}% against direct; "
-              f"runs {', '.join(f'{t:.2f}' for t in times[name])})")
+        print(
+            f"{name} {vars_ or ''}: {m:.2f} s ({100 * (m - md) / md:+.1f}% against direct; "
+            f"runs {', '.join(f'{t:.2f}' for t in times[name])})"
+        )
     return 0
 
 

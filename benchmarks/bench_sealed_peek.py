@@ -24,6 +24,7 @@ Truth: each rater's accuracy ``mu + N(0, rater_sd)``, each clip's ``+ N(0, clip_
 the abandonment rate per (database, truth) with its Monte Carlo s.e.; the saved output is
 benchmarks/results/sealed_peek.txt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,14 @@ import numpy as np
 SHARE = 0.2
 
 
-def truth(rng, studies: int, raters: int, clips: int, mu: float, rater_sd: float,
-          clip_sd: float) -> np.ndarray:
-    p = (mu + rater_sd * rng.standard_normal((studies, raters, 1))
-         + clip_sd * rng.standard_normal((studies, 1, clips)))
+def truth(
+    rng, studies: int, raters: int, clips: int, mu: float, rater_sd: float, clip_sd: float
+) -> np.ndarray:
+    p = (
+        mu
+        + rater_sd * rng.standard_normal((studies, raters, 1))
+        + clip_sd * rng.standard_normal((studies, 1, clips))
+    )
     return np.clip(p, 0.0, 1.0)
 
 
@@ -47,17 +52,19 @@ def estimates(rng, p: np.ndarray) -> dict[str, np.ndarray]:
     studies, raters, clips = p.shape
     correct = rng.random(p.shape) < p
     flip = np.array([(k % 2) ^ ((k // 2) % 2) for k in range(raters)], dtype=bool)
-    key0 = rng.random((studies, 1, clips)) < 0.5            # rater 0's right answer is "A"
-    right_a = key0 ^ flip[None, :, None]                      # rater k's right answer is "A"
-    said_a = np.where(correct, right_a, ~right_a)             # what the database would hold
-    aligned = said_a ^ flip[None, :, None]                    # undo the public flips
-    n_a = aligned.sum(axis=1)                                 # per study and clip
+    key0 = rng.random((studies, 1, clips)) < 0.5  # rater 0's right answer is "A"
+    right_a = key0 ^ flip[None, :, None]  # rater k's right answer is "A"
+    said_a = np.where(correct, right_a, ~right_a)  # what the database would hold
+    aligned = said_a ^ flip[None, :, None]  # undo the public flips
+    n_a = aligned.sum(axis=1)  # per study and clip
     pairs = raters * (raters - 1) / 2
     agree = (n_a * (n_a - 1) / 2 + (raters - n_a) * (raters - n_a - 1) / 2) / pairs
     q = agree.mean(axis=1)
-    return {"plain key": correct.mean(axis=(1, 2)),
-            "plain answers": 0.5 + np.sqrt(np.maximum(0.0, 2 * q - 1)) / 2,
-            "sealed": np.full(studies, 0.5)}
+    return {
+        "plain key": correct.mean(axis=(1, 2)),
+        "plain answers": 0.5 + np.sqrt(np.maximum(0.0, 2 * q - 1)) / 2,
+        "sealed": np.full(studies, 0.5),
+    }
 
 
 def main(argv=None) -> int:
@@ -68,9 +75,11 @@ def main(argv=None) -> int:
     ap.add_argument("--clip-sd", type=float, default=0.1)
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
-    print(f"abandon when the estimate at half the planned raters is in the top {SHARE:.0%} of "
-          f"studies at chance; {a.studies} studies a cell, seed {a.seed}, rater sd "
-          f"{a.rater_sd}, clip sd {a.clip_sd}")
+    print(
+        f"abandon when the estimate at half the planned raters is in the top {SHARE:.0%} of "
+        f"studies at chance; {a.studies} studies a cell, seed {a.seed}, rater sd "
+        f"{a.rater_sd}, clip sd {a.clip_sd}"
+    )
     print(f"{'design':<22} {'database':<14} {'mu=0.5':>16} {'mu=0.5+m':>16} {'mu=0.5+2m':>16}")
     for raters, clips, margin in ((15, 107, 0.05), (30, 30, 0.1), (16, 15, 0.2)):
         look = raters // 2
@@ -80,7 +89,7 @@ def main(argv=None) -> int:
         for mu in (0.5, 0.5 + margin, 0.5 + 2 * margin):
             est = estimates(rng, truth(rng, a.studies, look, clips, mu, a.rater_sd, a.clip_sd))
             for name, e in est.items():
-                if np.ptp(calib[name]) == 0:         # nothing to estimate from: at random
+                if np.ptp(calib[name]) == 0:  # nothing to estimate from: at random
                     gone = rng.random(a.studies) < SHARE
                 else:
                     gone = e > cut[name]
@@ -88,10 +97,13 @@ def main(argv=None) -> int:
                 se = math.sqrt(max(r * (1 - r), 1e-12) / a.studies)
                 rows.setdefault(name, []).append(f"{r:.3f} +- {se:.3f}")
         for name, cells in rows.items():
-            print(f"{f'{raters} x {clips}, m={margin:g}':<22} {name:<14} "
-                  + " ".join(f"{c:>16}" for c in cells))
-    print("a rate that rises with mu is a look that steers which studies get reported; "
-          f"sealed: {SHARE:.0%} whatever the truth, the database holds nothing to estimate from")
+            print(
+                f"{f'{raters} x {clips}, m={margin:g}':<22} {name:<14} " + " ".join(f"{c:>16}" for c in cells)
+            )
+    print(
+        "a rate that rises with mu is a look that steers which studies get reported; "
+        f"sealed: {SHARE:.0%} whatever the truth, the database holds nothing to estimate from"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ errors the raters saw, and SQLite's integrity check, per repetition.
 
     .venv/bin/python benchmarks/bench_serve_kills.py [--raters 100] [--kills 2] [--repeat 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,12 @@ def main(argv=None) -> int:
     rng = random.Random(a.seed)
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        report = make_report(Path(tmp), fps=8)          # 8 frames at 8 fps: 1 s per trial
+        report = make_report(Path(tmp), fps=8)  # 8 frames at 8 fps: 1 s per trial
         for rep in range(a.repeat):
             db = Path(tmp) / f"s{rep}.db"
-            sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                                     seed=rep, allow_masking=True)["study"]
+            sid = study.create_study(
+                report, db, protocol="preference", clips_spec="worst:3", seed=rep, allow_masking=True
+            )["study"]
             tokens = [r["token"] for r in study.invite(db, sid, a.raters)]
             total = study.list_studies(db)[0]["trials"]
             points = sorted(rng.randrange(1, total) for _ in range(a.kills))
@@ -48,8 +50,7 @@ def main(argv=None) -> int:
             out["kill_points"] = points
             out["trials"] = total
             print(f"run {rep + 1}: {out}", flush=True)
-            bad += out["lost"] + out["duplicates"] + (out["integrity"] != "ok") \
-                + (out["stored"] < total)
+            bad += out["lost"] + out["duplicates"] + (out["integrity"] != "ok") + (out["stored"] < total)
     print("every acknowledged rating stored once" if not bad else f"FAILED: {bad} problems")
     return 1 if bad else 0
 

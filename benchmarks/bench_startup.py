@@ -15,6 +15,7 @@ of its steps (hash checks, the session, the warm-up, the first chunk, the report
     python benchmarks/bench_startup.py pieces --device cuda --repeats 2
     python benchmarks/bench_startup.py timeline RUN_A RUN_B --device cuda [--flow torch]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,13 @@ def _child_pieces(device: str, autotune: bool, height: int, width: int, frames: 
     t = {}
     s = time.perf_counter()
     import torch
+
     t["import torch"] = time.perf_counter() - s
     s = time.perf_counter()
     import numpy as np
 
     from evalkit.metrics.stream import PairEvaluator, stream_pair
+
     t["import evalkit.metrics"] = time.perf_counter() - s
 
     def sync():
@@ -70,11 +73,22 @@ def _child_pieces(device: str, autotune: bool, height: int, width: int, frames: 
 
 
 def _run_child(*argv: str, timeout: float = 600) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-        "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *argv],
-                       env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONWARNINGS": "ignore",
+    }
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "_child", *argv],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -84,12 +98,14 @@ def cmd_pieces(a) -> list[dict]:
     out = []
     for rep in range(a.repeats):
         for autotune in (True, False):
-            r = _run_child("pieces", a.device, str(int(autotune)), str(a.height), str(a.width),
-                           str(a.frames))
+            r = _run_child("pieces", a.device, str(int(autotune)), str(a.height), str(a.width), str(a.frames))
             r["autotune"] = autotune
             out.append(r)
-            print(f"repeat {rep + 1}, cuDNN autotuning {'on ' if autotune else 'off'}: "
-                  + ", ".join(f"{k} {v}" for k, v in r.items() if k != "autotune"), flush=True)
+            print(
+                f"repeat {rep + 1}, cuDNN autotuning {'on ' if autotune else 'off'}: "
+                + ", ".join(f"{k} {v}" for k, v in r.items() if k != "autotune"),
+                flush=True,
+            )
     on = [r for r in out if r["autotune"]]
     off = [r for r in out if not r["autotune"]]
 
@@ -100,9 +116,11 @@ def cmd_pieces(a) -> list[dict]:
     cost = med(on, "warm-up") - med(off, "warm-up")
     p_on, p_off = med(on, "pairs/s in memory"), med(off, "pairs/s in memory")
     saved = 1 / p_off - 1 / p_on if p_on and p_off else 0.0
-    line = (f"autotuning: warm-up {med(on, 'warm-up'):.2f} s against {med(off, 'warm-up'):.2f} s "
-            f"(+{cost:.2f} s); in memory {p_on:.1f} against {p_off:.1f} pairs/s "
-            f"({p_on / p_off:.2f}x)")
+    line = (
+        f"autotuning: warm-up {med(on, 'warm-up'):.2f} s against {med(off, 'warm-up'):.2f} s "
+        f"(+{cost:.2f} s); in memory {p_on:.1f} against {p_off:.1f} pairs/s "
+        f"({p_on / p_off:.2f}x)"
+    )
     if saved > 0:
         line += f": pays for itself after about {cost / saved:,.0f} frame pairs"
     print(line, flush=True)
@@ -112,14 +130,16 @@ def cmd_pieces(a) -> list[dict]:
 # -- timeline -----------------------------------------------------------------------------------
 
 #: (module, attribute path) of the steps the timeline records
-STEPS = [("evalkit.compare.run", "pair_jobs"),      # the names compare_runs calls
-         ("evalkit.compare.pairing", "LocalCompareSession.__init__"),
-         ("evalkit.compare.pairing", "LocalCompareSession._warm_up"),
-         ("evalkit.compare.pairing", "LocalCompareSession.measure"),
-         ("evalkit.compare.run", "write_report"),
-         ("evalkit.procdecode", "DecoderPool.start"),
-         ("evalkit.metrics.stream", "PairEvaluator.__init__"),
-         ("evalkit.metrics.stream", "PairEvaluator._prepare")]
+STEPS = [
+    ("evalkit.compare.run", "pair_jobs"),  # the names compare_runs calls
+    ("evalkit.compare.pairing", "LocalCompareSession.__init__"),
+    ("evalkit.compare.pairing", "LocalCompareSession._warm_up"),
+    ("evalkit.compare.pairing", "LocalCompareSession.measure"),
+    ("evalkit.compare.run", "write_report"),
+    ("evalkit.procdecode", "DecoderPool.start"),
+    ("evalkit.metrics.stream", "PairEvaluator.__init__"),
+    ("evalkit.metrics.stream", "PairEvaluator._prepare"),
+]
 
 
 def _child_timeline(a_run: str, b_run: str, device: str, flow: str) -> dict:
@@ -140,13 +160,21 @@ def _child_timeline(a_run: str, b_run: str, device: str, flow: str) -> dict:
                 return fn(*args, **kw)
             finally:
                 seen[0] += 1
-                if seen[0] <= 3:            # the first calls only (chunks repeat)
-                    spans.append([path, threading.current_thread().name, round(s - t0, 3),
-                                  round(time.perf_counter() - s, 3)])
+                if seen[0] <= 3:  # the first calls only (chunks repeat)
+                    spans.append(
+                        [
+                            path,
+                            threading.current_thread().name,
+                            round(s - t0, 3),
+                            round(time.perf_counter() - s, 3),
+                        ]
+                    )
+
         setattr(owner, name, timed)
 
     s = time.perf_counter()
     import torch  # noqa: F401  (timed here: compare imports it inside its first steps)
+
     spans.append(["import torch", "MainThread", round(s - t0, 3), round(time.perf_counter() - s, 3)])
     for m, p in STEPS:
         wrap(m, p)
@@ -156,8 +184,7 @@ def _child_timeline(a_run: str, b_run: str, device: str, flow: str) -> dict:
     opts = MetricOptions(temporal=flow != "none", flow="dis" if flow == "none" else flow)
     with tempfile.TemporaryDirectory() as tmp:
         s = time.perf_counter()
-        compare_runs(a_run, b_run, Path(tmp) / "report", device=device, progress=False,
-                     metrics=opts)
+        compare_runs(a_run, b_run, Path(tmp) / "report", device=device, progress=False, metrics=opts)
         spans.append(["compare_runs", "MainThread", round(s - t0, 3), round(time.perf_counter() - s, 3)])
     spans.sort(key=lambda x: x[2])
     return {"spans": spans}

@@ -23,6 +23,7 @@ estimate fell inside the range shown; miss rates below/above; the bias (mean log
 truth)); the log RMSE; the median log width of the interval. Then the speed of one fit and of
 one analysis (n_boot 1000) against a baseline that refits each replicate with scipy in a loop.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,7 @@ SCENARIOS = {
 }
 DESIGNS = [(6, 3, 3), (8, 4, 2), (12, 6, 2)]
 #: beyond the range shown: one-sided bounds (coverage of [lo, inf) or (0, hi])
-OUTSIDE = {"above the levels (0.6)": dict(threshold=0.6), "below the levels (0.003)":
-           dict(threshold=0.003)}
+OUTSIDE = {"above the levels (0.6)": dict(threshold=0.6), "below the levels (0.003)": dict(threshold=0.003)}
 
 
 def _row(label, design, res, part):
@@ -57,10 +57,12 @@ def _row(label, design, res, part):
     lo, hi = d["coverage_ci"]
     flag = "UNDER" if hi < 0.95 else "ok"
     f = lambda v, p=3: "   -  " if v is None else f"{v:6.{p}f}"  # noqa: E731
-    return (f"{label:30s} {design:>10s} {part:6s} {d['n']:5d}  {d['coverage']:.3f} "
-            f"[{lo:.3f}, {hi:.3f}] {flag:5s}  {f(d['in_range'], 2)}  "
-            f"{f(d['below_truth'])} {f(d['above_truth'])}  {f(d['log_bias_mean'])} "
-            f"{f(d['log_rmse'])} {f(d['width_median'])}")
+    return (
+        f"{label:30s} {design:>10s} {part:6s} {d['n']:5d}  {d['coverage']:.3f} "
+        f"[{lo:.3f}, {hi:.3f}] {flag:5s}  {f(d['in_range'], 2)}  "
+        f"{f(d['below_truth'])} {f(d['above_truth'])}  {f(d['log_bias_mean'])} "
+        f"{f(d['log_rmse'])} {f(d['width_median'])}"
+    )
 
 
 def _rule_coverage(est, reps, truths, units):
@@ -88,37 +90,62 @@ def _rule_coverage(est, reps, truths, units):
 
 
 def rules(studies: int, boot: int, seed: int) -> None:
-    print("\n== 4. interval rules compared on the same replicates (two-sided 95%, log scale, "
-          "no range clamping) ==")
+    print(
+        "\n== 4. interval rules compared on the same replicates (two-sided 95%, log scale, "
+        "no range clamping) =="
+    )
     print("units: raters per clip; pooled: min(raters, clips)")
-    for name, over in (("no lapses", dict(lapse_max=0.0)), ("base", {}),
-                       ("low threshold 0.02", dict(threshold=0.02))):
+    for name, over in (
+        ("no lapses", dict(lapse_max=0.0)),
+        ("base", {}),
+        ("low threshold 0.02", dict(threshold=0.02)),
+    ):
         for R, C, rep in DESIGNS[1:]:
             seed += 1
-            res = PS.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
-                                      n_boot=boot, seed=seed, keep=True, **{**BASE, **over})
+            res = PS.simulate_coverage(
+                studies=studies,
+                raters=R,
+                clips=C,
+                repeats=rep,
+                n_boot=boot,
+                seed=seed,
+                keep=True,
+                **{**BASE, **over},
+            )
             d = res["data"]
             S = studies
-            clip = _rule_coverage(d["theta_clips"][:, 0], d["reps_clips"].reshape(S * C, -1),
-                                  d["clip_truth"].reshape(-1), R)
-            pooled = _rule_coverage(d["theta_pooled"][:, 0], d["reps_pooled"],
-                                    np.full(S, d["truth"]), min(R, C))
+            clip = _rule_coverage(
+                d["theta_clips"][:, 0], d["reps_clips"].reshape(S * C, -1), d["clip_truth"].reshape(-1), R
+            )
+            pooled = _rule_coverage(
+                d["theta_pooled"][:, 0], d["reps_pooled"], np.full(S, d["truth"]), min(R, C)
+            )
             for part, cov in (("clips", clip), ("pooled", pooled)):
-                print(f"{name:20s} {R}x{C}x{rep:<3d} {part:6s} " + "  ".join(
-                    f"{k}: {v:.3f}" for k, v in cov.items()), flush=True)
+                print(
+                    f"{name:20s} {R}x{C}x{rep:<3d} {part:6s} "
+                    + "  ".join(f"{k}: {v:.3f}" for k, v in cov.items()),
+                    flush=True,
+                )
 
 
 def clip_sweep(studies: int, boot: int, seed: int) -> None:
-    print("\n== 5. clips that differ a lot (clip sd 0.6 in log threshold): pooled coverage "
-          "against the number of clips ==")
-    print(f"{'scenario':30s} {'design':>10s} {'part':6s} {'n':>5s}  cover [Wilson 95%]       "
-          f"  in-range below  above   bias   lrmse  width")
-    for name, over in (("clips differ only (0/0.6)", dict(rater_sd=0.0, clip_sd=0.6)),
-                       ("very heterogeneous (0.6/0.6)", dict(rater_sd=0.6, clip_sd=0.6))):
+    print(
+        "\n== 5. clips that differ a lot (clip sd 0.6 in log threshold): pooled coverage "
+        "against the number of clips =="
+    )
+    print(
+        f"{'scenario':30s} {'design':>10s} {'part':6s} {'n':>5s}  cover [Wilson 95%]       "
+        f"  in-range below  above   bias   lrmse  width"
+    )
+    for name, over in (
+        ("clips differ only (0/0.6)", dict(rater_sd=0.0, clip_sd=0.6)),
+        ("very heterogeneous (0.6/0.6)", dict(rater_sd=0.6, clip_sd=0.6)),
+    ):
         for R, C, rep in ((8, 4, 2), (8, 8, 2), (8, 12, 2)):
             seed += 1
-            res = PS.simulate_coverage(studies=studies, raters=R, clips=C, repeats=rep,
-                                      n_boot=boot, seed=seed, **{**BASE, **over})
+            res = PS.simulate_coverage(
+                studies=studies, raters=R, clips=C, repeats=rep, n_boot=boot, seed=seed, **{**BASE, **over}
+            )
             print(_row(name, f"{R}x{C}x{rep}", res, "pooled"), flush=True)
 
 
@@ -127,13 +154,21 @@ def main() -> int:
     ap.add_argument("--studies", type=int, default=200, help="simulated studies per cell")
     ap.add_argument("--boot", type=int, default=250, help="bootstrap replicates per study")
     ap.add_argument("--seed", type=int, default=17)
-    ap.add_argument("--clip-sweep", action="store_true",
-                    help="only section 5: pooled coverage with very different clips, 4-12 clips")
-    ap.add_argument("--rules", action="store_true",
-                    help="only section 4: interval rules compared (percentile, expanded, t)")
-    ap.add_argument("--all-designs", action="store_true",
-                    help="every scenario at every design (default: the base at every design, "
-                         "the others at 8 x 4 x 2)")
+    ap.add_argument(
+        "--clip-sweep",
+        action="store_true",
+        help="only section 5: pooled coverage with very different clips, 4-12 clips",
+    )
+    ap.add_argument(
+        "--rules",
+        action="store_true",
+        help="only section 4: interval rules compared (percentile, expanded, t)",
+    )
+    ap.add_argument(
+        "--all-designs",
+        action="store_true",
+        help="every scenario at every design (default: the base at every design, the others at 8 x 4 x 2)",
+    )
     args = ap.parse_args()
     t0 = time.time()
     if args.clip_sweep:
@@ -144,11 +179,15 @@ def main() -> int:
         rules(args.studies, args.boot, args.seed + 1000)
         print(f"\ntotal {time.time() - t0:.0f} s")
         return 0
-    print(f"threshold simulation: {args.studies} studies per cell, {args.boot} bootstrap "
-          f"replicates, 95% intervals, seed {args.seed}")
+    print(
+        f"threshold simulation: {args.studies} studies per cell, {args.boot} bootstrap "
+        f"replicates, 95% intervals, seed {args.seed}"
+    )
     print(f"base truth: {BASE}; design = raters x clips x repeats per stimulus, 6 levels")
-    head = (f"{'scenario':30s} {'design':>10s} {'part':6s} {'n':>5s}  cover [Wilson 95%]       "
-            f"  in-range below  above   bias   lrmse  width")
+    head = (
+        f"{'scenario':30s} {'design':>10s} {'part':6s} {'n':>5s}  cover [Wilson 95%]       "
+        f"  in-range below  above   bias   lrmse  width"
+    )
     print("\n== 1. coverage and bias (threshold inside the levels shown) ==")
     print(head)
     seed = args.seed
@@ -157,8 +196,15 @@ def main() -> int:
         designs = DESIGNS if (name == "base" or args.all_designs) else [DESIGNS[1]]
         for R, C, rep in designs:
             seed += 1
-            res = PS.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
-                                      n_boot=args.boot, seed=seed, **{**BASE, **over})
+            res = PS.simulate_coverage(
+                studies=args.studies,
+                raters=R,
+                clips=C,
+                repeats=rep,
+                n_boot=args.boot,
+                seed=seed,
+                **{**BASE, **over},
+            )
             for part in ("pooled", "clips"):
                 line = _row(name, f"{R}x{C}x{rep}", res, part)
                 under += "UNDER" in line
@@ -168,8 +214,15 @@ def main() -> int:
     for name, over in OUTSIDE.items():
         seed += 1
         R, C, rep = DESIGNS[1]
-        res = PS.simulate_coverage(studies=args.studies, raters=R, clips=C, repeats=rep,
-                                  n_boot=args.boot, seed=seed, **{**BASE, **over})
+        res = PS.simulate_coverage(
+            studies=args.studies,
+            raters=R,
+            clips=C,
+            repeats=rep,
+            n_boot=args.boot,
+            seed=seed,
+            **{**BASE, **over},
+        )
         for part in ("pooled", "clips"):
             print(_row(name, f"{R}x{C}x{rep}", res, part), flush=True)
 
@@ -193,27 +246,37 @@ def main() -> int:
     Nb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["n"].astype(float))).reshape(B, -1)
     Kb = (wc[:, :, None] * np.einsum("br,rcj->bcj", wr, s["k"].astype(float))).reshape(B, -1)
     t1 = time.perf_counter()
-    m = P.replicate_fits(np.log(x)[None], Nb[None], Kb[None], fit["theta"][None],
-                      np.array([x.min()]), np.array([x.max()]), P.LAPSE_MAX, "weibull")[0]
+    m = P.replicate_fits(
+        np.log(x)[None],
+        Nb[None],
+        Kb[None],
+        fit["theta"][None],
+        np.array([x.min()]),
+        np.array([x.max()]),
+        P.LAPSE_MAX,
+        "weibull",
+    )[0]
     t_vec = (time.perf_counter() - t1) / B
     t1 = time.perf_counter()
     fits = [P.fit_psychometric(x, Nb[b], Kb[b]) for b in range(B)]
     t_loop = (time.perf_counter() - t1) / B
     base = np.log([f["threshold"] for f in fits])
     lo, hi = P.fit_bounds(np.full(B, x.min()), np.full(B, x.max()), P.LAPSE_MAX)
-    _, ll = P.fit_batch(np.log(x)[None], Nb, Kb, lo, hi, "weibull",
-                         theta0=np.repeat(fit["theta"][None], B, 0))
+    _, ll = P.fit_batch(
+        np.log(x)[None], Nb, Kb, lo, hi, "weibull", theta0=np.repeat(fit["theta"][None], B, 0)
+    )
     worse = np.array([f["loglik"] for f in fits]) - ll
     fin = np.isfinite(m)
     print(f"one fit (grid + Fisher scoring + SLSQP polish): {t_fit * 1e3:.1f} ms")
-    print(f"threshold_analysis, n_boot 1000 (pooled + 4 clips, parametric GOF 200): "
-          f"{t_an:.2f} s")
-    print(f"bootstrap replicate refit: vectorised {t_vec * 1e3:.3f} ms, scipy loop "
-          f"{t_loop * 1e3:.2f} ms per replicate: {t_loop / t_vec:.0f}x; "
-          f"max |log threshold difference| {np.abs(m[fin] - base[fin]).max():.2g}, "
-          f"median {np.median(np.abs(m[fin] - base[fin])):.2g}; the scipy loop found a higher "
-          f"likelihood (by > 0.01) in {np.mean(worse > 0.01):.1%} of the replicates (max "
-          f"{worse.max():.2g}): another local optimum, the vectorised fit has no polish")
+    print(f"threshold_analysis, n_boot 1000 (pooled + 4 clips, parametric GOF 200): {t_an:.2f} s")
+    print(
+        f"bootstrap replicate refit: vectorised {t_vec * 1e3:.3f} ms, scipy loop "
+        f"{t_loop * 1e3:.2f} ms per replicate: {t_loop / t_vec:.0f}x; "
+        f"max |log threshold difference| {np.abs(m[fin] - base[fin]).max():.2g}, "
+        f"median {np.median(np.abs(m[fin] - base[fin])):.2g}; the scipy loop found a higher "
+        f"likelihood (by > 0.01) in {np.mean(worse > 0.01):.1%} of the replicates (max "
+        f"{worse.max():.2g}): another local optimum, the vectorised fit has no polish"
+    )
     print(f"\ncells under-covering: {under}; total {time.time() - t0:.0f} s")
     return 0
 

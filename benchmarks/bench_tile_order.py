@@ -28,6 +28,7 @@ and the attacker suite's scenes (4 families x 4 seeds, 64x48, 12 frames).
 
     .venv/bin/python benchmarks/bench_tile_order.py [--out benchmarks/results/tile_order_cpu2.txt]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +44,22 @@ import numpy as np  # noqa: E402
 
 ORDERS = ("aab", "aba", "baa", "abb", "bab", "bba", "ab", "ba")
 #: (layout, [(first, second)] per X content): first minus second
-PAIRS = {"before: X tile 0, match tile 1 minus tile 2": [("aab", "aba"), ("bba", "bab")],
-         "after: X tile 1, match tile 0 minus tile 2": [("aab", "baa"), ("bba", "abb")],
-         "X tile 2 (lossless, both places: before row_keys), match tile 0 minus tile 1": [("aba", "baa"), ("bab", "abb")],
-         "preference (before row_keys): backend B left minus right": [("ba", "ab")],
-         # the two files of a row of one place (design.row_keys; lossless now): they differ in
-         # X's content, so the pooled rule compares X = a with X = b; the place is told only if
-         # these differ between the places
-         "one place, X tile 2 (lossless now): X a minus X b, match tile 0": [("aba", "bab")],
-         "one place, X tile 2 (lossless now): X a minus X b, match tile 1": [("baa", "abb")],
-         "one place, X tile 1 (not used): X a minus X b, match tile 0": [("aab", "bba")],
-         "one place, X tile 1 (not used): X a minus X b, match tile 2": [("baa", "abb")]}
+PAIRS = {
+    "before: X tile 0, match tile 1 minus tile 2": [("aab", "aba"), ("bba", "bab")],
+    "after: X tile 1, match tile 0 minus tile 2": [("aab", "baa"), ("bba", "abb")],
+    "X tile 2 (lossless, both places: before row_keys), match tile 0 minus tile 1": [
+        ("aba", "baa"),
+        ("bab", "abb"),
+    ],
+    "preference (before row_keys): backend B left minus right": [("ba", "ab")],
+    # the two files of a row of one place (design.row_keys; lossless now): they differ in
+    # X's content, so the pooled rule compares X = a with X = b; the place is told only if
+    # these differ between the places
+    "one place, X tile 2 (lossless now): X a minus X b, match tile 0": [("aba", "bab")],
+    "one place, X tile 2 (lossless now): X a minus X b, match tile 1": [("baa", "abb")],
+    "one place, X tile 1 (not used): X a minus X b, match tile 0": [("aab", "bba")],
+    "one place, X tile 1 (not used): X a minus X b, match tile 2": [("baa", "abb")],
+}
 
 
 def cases():
@@ -90,6 +96,7 @@ def webp(a, b) -> tuple[dict, str]:
 
         def frame_bytes(f):
             return len(lossless.vp8l(f))
+
         how = "evalkit.study.lossless.vp8l"
     except ImportError:
         from PIL import Image
@@ -98,12 +105,12 @@ def webp(a, b) -> tuple[dict, str]:
             buf = io.BytesIO()
             Image.fromarray(f).save(buf, "WEBP", lossless=True, quality=0, method=0, exact=True)
             return len(buf.getvalue())
+
         how = "Pillow WEBP lossless quality=0 method=0 (lossless not on this branch)"
     out = {}
     for o in ORDERS:
         lay = tile_layout(len(o), a.shape[1], a.shape[2])
-        sizes = np.array([frame_bytes(f) for f in tile_frames([{"a": a, "b": b}[c] for c in o],
-                                                                lay)], float)
+        sizes = np.array([frame_bytes(f) for f in tile_frames([{"a": a, "b": b}[c] for c in o], lay)], float)
         out[o] = (float(sizes.sum()), sizes)
     return out, how
 
@@ -119,9 +126,11 @@ def summary(rows: list[tuple[float, np.ndarray]]) -> str:
     p = binomtest(neg, nz, 0.5).pvalue if nz else 1.0
     fneg = int((fr < 0).sum())
     fnz = int((fr != 0).sum())
-    return (f"files: mean {d.mean():+.3f}% (sd {d.std():.3f}), first smaller in {neg}/{n} "
-            f"(equal {n - nz}), sign p={p:.2g}; frames: mean {fr.mean():+.3f}%, first smaller "
-            f"in {fneg}/{len(fr)} (equal {len(fr) - fnz})")
+    return (
+        f"files: mean {d.mean():+.3f}% (sd {d.std():.3f}), first smaller in {neg}/{n} "
+        f"(equal {n - nz}), sign p={p:.2g}; frames: mean {fr.mean():+.3f}%, first smaller "
+        f"in {fneg}/{len(fr)} (equal {len(fr) - fnz})"
+    )
 
 
 def main(argv=None) -> int:
@@ -134,16 +143,16 @@ def main(argv=None) -> int:
         print(s, flush=True)
         lines.append(s)
 
-    got = {}          # (codec, set) -> [(case, {order: (bytes, frames)})]
+    got = {}  # (codec, set) -> [(case, {order: (bytes, frames)})]
     how = ""
     with tempfile.TemporaryDirectory() as tmp:
         for kind, name, a, b in cases():
             got.setdefault(("H.264 stream (store_tiled_streams, QP 12)", kind), []).append(
-                (name, h264(a, b, tmp)))
+                (name, h264(a, b, tmp))
+            )
             w, how = webp(a, b)
             got.setdefault(("lossless WebP", kind), []).append((name, w))
-    say("## ABX trial files: does the size tell where X's match is? (first minus second, "
-        "X's content fixed)")
+    say("## ABX trial files: does the size tell where X's match is? (first minus second, X's content fixed)")
     say(f"WebP frames: {how}")
     for (codec, kind), per in got.items():
         say(f"\n{codec}, {kind} ({len(per)} clips; ABX 2 pairs each, preference 1)")

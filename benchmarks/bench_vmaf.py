@@ -19,6 +19,7 @@ The machine is shared, so the sides alternate in blocks for ``--rounds`` rounds 
 process and the rates are cumulative (frames over the seconds of all blocks). Frames per
 second are printed per side, with the ratio VMAF / LPIPS, the load average and the VMAF mean.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ def make_pair(n: int, h: int, w: int, clip: str = "chelsea_handheld") -> tuple[n
     from evalkit.video import ClipReader
 
     src = ClipReader(ROOT / "datasets" / "canary" / "clips" / f"{clip}.mkv").read()
-    a = np.stack([np.asarray(Image.fromarray(src[t % len(src)]).resize((w, h), Image.BICUBIC))
-                  for t in range(n)])
+    a = np.stack(
+        [np.asarray(Image.fromarray(src[t % len(src)]).resize((w, h), Image.BICUBIC)) for t in range(n)]
+    )
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as c:
         s = c.add_stream("libx264", rate=24, options={"crf": "28", "preset": "veryfast"})
@@ -86,11 +88,15 @@ def run_size(h: int, w: int, frames: int, rounds: int) -> dict:
         rgb_to_yuv444(b)
 
     def side_lpips():
-        out = [metrics.lpips(ta[i:i + batch], tb[i:i + batch]) for i in range(0, frames, batch)]
+        out = [metrics.lpips(ta[i : i + batch], tb[i : i + batch]) for i in range(0, frames, batch)]
         return torch.cat(out)
 
-    sides = {f"vmaf n_threads={n_cores}": side_vmaf(n_cores), "vmaf n_threads=1": side_vmaf(1),
-             "yuv (conversion only)": side_yuv, "lpips alex cpu": side_lpips}
+    sides = {
+        f"vmaf n_threads={n_cores}": side_vmaf(n_cores),
+        "vmaf n_threads=1": side_vmaf(1),
+        "yuv (conversion only)": side_yuv,
+        "lpips alex cpu": side_lpips,
+    }
     # warm-up: model load, ffmpeg probe, page cache
     res = vmaf(a[:2], b[:2])
     metrics.lpips(ta[:1], tb[:1])
@@ -103,26 +109,38 @@ def run_size(h: int, w: int, frames: int, rounds: int) -> dict:
             if name.startswith("vmaf n_threads=") and out is not None:
                 res = out
     rates = {name: frames * rounds / s for name, s in secs.items()}
-    return {"size": f"{w}x{h}", "frames": frames, "rounds": rounds, "rates": rates,
-            "vmaf_mean": res.mean, "convention": res.convention, "load": os.getloadavg()}
+    return {
+        "size": f"{w}x{h}",
+        "frames": frames,
+        "rounds": rounds,
+        "rates": rates,
+        "vmaf_mean": res.mean,
+        "convention": res.convention,
+        "load": os.getloadavg(),
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="256x256,1280x720", help="comma-separated WxH")
-    p.add_argument("--frames", type=int, default=None,
-                   help="frames per block (default 32 at 256x256, 8 at larger sizes)")
+    p.add_argument(
+        "--frames", type=int, default=None, help="frames per block (default 32 at 256x256, 8 at larger sizes)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     args = p.parse_args(argv)
     exe = check_available()
-    print(f"# bench_vmaf: {platform.node()} {platform.processor() or platform.machine()}, "
-          f"{cores()} usable cores, ffmpeg {exe}")
+    print(
+        f"# bench_vmaf: {platform.node()} {platform.processor() or platform.machine()}, "
+        f"{cores()} usable cores, ffmpeg {exe}"
+    )
     for size in args.sizes.split(","):
         w, h = (int(v) for v in size.split("x"))
         frames = args.frames or (32 if w * h <= 256 * 256 else 8)
         r = run_size(h, w, frames, args.rounds)
-        print(f"\n## {r['size']}: {r['frames']} frames x {r['rounds']} rounds, "
-              f"load average {r['load'][0]:.2f} {r['load'][1]:.2f} {r['load'][2]:.2f}")
+        print(
+            f"\n## {r['size']}: {r['frames']} frames x {r['rounds']} rounds, "
+            f"load average {r['load'][0]:.2f} {r['load'][1]:.2f} {r['load'][2]:.2f}"
+        )
         lp = r["rates"]["lpips alex cpu"]
         for name, rate in r["rates"].items():
             print(f"  {name:24s} {rate:8.2f} frames/s   {rate / lp:6.2f}x LPIPS")

@@ -26,6 +26,7 @@ which tree goes first, and prints ours / baseline per step. Raw lines (JSON) go 
     # a try on the 2-core CPU
     python benchmarks/bench_wait.py --out /tmp/w --device cpu --tiny 4 --frames 24 --clips 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,37 +44,47 @@ sys.path.insert(0, str(ROOT / "datasets"))
 
 def timed(tree: Path, argv: list[str], *, env_extra: dict | None = None, cwd: Path) -> dict:
     """``python -m evalkit ARGV`` under ``tree``'s code: wall seconds, peak RSS (GB), exit code."""
-    path = os.pathsep.join([str(tree)] + ([os.environ["PYTHONPATH"]]
-                                          if os.environ.get("PYTHONPATH") else []))
-    env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False",
-           **(env_extra or {})}
+    path = os.pathsep.join([str(tree)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "GRADIO_ANALYTICS_ENABLED": "False", **(env_extra or {})}
     log = cwd / ".timed.log"
     with open(log, "w+") as f:
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "evalkit", *argv], env=env, cwd=str(cwd),
-                             stdout=f, stderr=subprocess.STDOUT, text=True)
-        _, status, usage = os.wait4(p.pid, 0)   # not p.wait(): wait4 gives this child's rusage
+        p = subprocess.Popen(
+            [sys.executable, "-m", "evalkit", *argv],
+            env=env,
+            cwd=str(cwd),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        _, status, usage = os.wait4(p.pid, 0)  # not p.wait(): wait4 gives this child's rusage
         wall = time.perf_counter() - t
         p.returncode = rc = os.waitstatus_to_exitcode(status)
         f.seek(0)
         text = f.read()
-    rss = usage.ru_maxrss / 1e6   # kilobytes on Linux
-    return {"argv": argv, "wall_s": round(wall, 2), "peak_rss_gb": round(rss, 2), "rc": rc,
-            "tail": text[-600:] if rc != 0 else ""}
+    rss = usage.ru_maxrss / 1e6  # kilobytes on Linux
+    return {
+        "argv": argv,
+        "wall_s": round(wall, 2),
+        "peak_rss_gb": round(rss, 2),
+        "rc": rc,
+        "tail": text[-600:] if rc != 0 else "",
+    }
 
 
 def make_farms(work: Path, *, frames: int, clips: int, workers: int, shrink: int) -> None:
     """The suite (generated), farm A (its lossless clips named by job id) and farm B (H.264)."""
+    import make_scale
     import yaml
 
-    import make_scale
     from evalkit.formats.suite import load_suite
     from evalkit.video import BrowserEncoding, ClipReader, write_browser
 
     if shrink > 1:
         for k, v in list(make_scale.SUITES.items()):
-            make_scale.SUITES[k] = make_scale.ScaleSpec(v.width // shrink, v.height // shrink,
-                                                        v.frames, v.fps, v.subframes)
+            make_scale.SUITES[k] = make_scale.ScaleSpec(
+                v.width // shrink, v.height // shrink, v.frames, v.fps, v.subframes
+            )
     doc = yaml.safe_load((ROOT / "datasets" / "scale720" / "suite.yaml").read_text())
     ids = [c["id"] for c in doc["clips"]][:clips]
     doc["clips"] = [c for c in doc["clips"] if c["id"] in ids]
@@ -95,13 +106,14 @@ def make_farms(work: Path, *, frames: int, clips: int, workers: int, shrink: int
         if not a.exists():
             a.symlink_to(src.resolve())
         info = ClipReader(src).info
-        write_browser(farm_b / f"{job.id}.mp4", iter(ClipReader(src)), info.fps,
-                      BrowserEncoding(crf=12))
+        write_browser(farm_b / f"{job.id}.mp4", iter(ClipReader(src)), info.fps, BrowserEncoding(crf=12))
 
     with ThreadPoolExecutor(max(1, min(len(suite.jobs), workers))) as pool:
         list(pool.map(one, suite.jobs))
-    print(f"suite and farms: {len(suite.jobs)} jobs x {frames} frames in "
-          f"{time.perf_counter() - t:.1f} s", flush=True)
+    print(
+        f"suite and farms: {len(suite.jobs)} jobs x {frames} frames in {time.perf_counter() - t:.1f} s",
+        flush=True,
+    )
 
 
 GATE = """lpips: {mean: {max: 0.05}, worst: {max: 0.2}}
@@ -112,6 +124,7 @@ psnr: {mean: {min: 30}}
 def steps(suite: Path, farm_a: Path, farm_b: Path, work: Path, device: str) -> list:
     """(name, argv maker(tag), env maker(tag)): ``tag`` names the tree, so each tree has its
     own run folders, reports and caches."""
+
     def runs(tag):
         return work / f"runs-{tag}"
 
@@ -122,25 +135,67 @@ def steps(suite: Path, farm_a: Path, farm_b: Path, work: Path, device: str) -> l
         return {"TRITON_CACHE_DIR": str(c / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor")}
 
     def compare(tag, *extra, out="report"):
-        return ["compare", str(runs(tag) / "farmA"), str(runs(tag) / "farmB"), "--out",
-                str(work / f"{out}-{tag}"), "--device", device, "--quiet", *extra]
+        return [
+            "compare",
+            str(runs(tag) / "farmA"),
+            str(runs(tag) / "farmB"),
+            "--out",
+            str(work / f"{out}-{tag}"),
+            "--device",
+            device,
+            "--quiet",
+            *extra,
+        ]
 
     return [
         ("start-up (evalkit --help)", lambda tag: ["--help"], lambda tag: {}),
-        ("import A", lambda tag: ["render", str(suite), "-r", "import", "-O", f"dir={farm_a}",
-                                  "--label", "farmA", "--out", str(runs(tag)), "--quiet"],
-         lambda tag: {}),
-        ("import B", lambda tag: ["render", str(suite), "-r", "import", "-O", f"dir={farm_b}",
-                                  "--label", "farmB", "--out", str(runs(tag)), "--quiet"],
-         lambda tag: {}),
-        ("compare cold (empty kernel caches)", lambda tag: compare(tag),
-         lambda tag: caches(tag, fresh=True)),
+        (
+            "import A",
+            lambda tag: [
+                "render",
+                str(suite),
+                "-r",
+                "import",
+                "-O",
+                f"dir={farm_a}",
+                "--label",
+                "farmA",
+                "--out",
+                str(runs(tag)),
+                "--quiet",
+            ],
+            lambda tag: {},
+        ),
+        (
+            "import B",
+            lambda tag: [
+                "render",
+                str(suite),
+                "-r",
+                "import",
+                "-O",
+                f"dir={farm_b}",
+                "--label",
+                "farmB",
+                "--out",
+                str(runs(tag)),
+                "--quiet",
+            ],
+            lambda tag: {},
+        ),
+        ("compare cold (empty kernel caches)", lambda tag: compare(tag), lambda tag: caches(tag, fresh=True)),
         ("compare warm", lambda tag: compare(tag), lambda tag: caches(tag)),
         ("compare warm again", lambda tag: compare(tag), lambda tag: caches(tag)),
-        ("compare --no-temporal", lambda tag: compare(tag, "--no-temporal", out="fid"),
-         lambda tag: caches(tag)),
-        ("gate (saved report)", lambda tag: ["gate", str(work / f"report-{tag}"), "--gate",
-                                             str(work / "gate.yaml")], lambda tag: {}),
+        (
+            "compare --no-temporal",
+            lambda tag: compare(tag, "--no-temporal", out="fid"),
+            lambda tag: caches(tag),
+        ),
+        (
+            "gate (saved report)",
+            lambda tag: ["gate", str(work / f"report-{tag}"), "--gate", str(work / "gate.yaml")],
+            lambda tag: {},
+        ),
     ]
 
 
@@ -154,9 +209,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", type=int, default=1, help="divide the frame size by this")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--baseline", default=None, help="another checkout, measured step by step")
-    ap.add_argument("--stage", choices=["all", "farms", "steps"], default="all",
-                    help="farms: only make the suite and farms in --work; steps: only time the "
-                         "steps on the farms a 'farms' stage left there")
+    ap.add_argument(
+        "--stage",
+        choices=["all", "farms", "steps"],
+        default="all",
+        help="farms: only make the suite and farms in --work; steps: only time the "
+        "steps on the farms a 'farms' stage left there",
+    )
     a = ap.parse_args(argv)
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,18 +231,15 @@ def main(argv=None) -> int:
         # parent's high-water mark at fork, and making the farms took gigabytes here
         given, args = list(sys.argv[1:] if argv is None else argv), []
         for i, x in enumerate(given):
-            if not (x == "--stage" or x.startswith("--stage=") or
-                    (i and given[i - 1] == "--stage")):
+            if not (x == "--stage" or x.startswith("--stage=") or (i and given[i - 1] == "--stage")):
                 args.append(x)
-        return subprocess.call([sys.executable, str(Path(__file__).resolve()), *args,
-                                "--stage", "steps"])
+        return subprocess.call([sys.executable, str(Path(__file__).resolve()), *args, "--stage", "steps"])
     suite, farm_a, farm_b = work / "scale720" / "suite.yaml", work / "farm_a", work / "farm_b"
     for tag in ("ours", "baseline"):
         shutil.rmtree(work / f"runs-{tag}", ignore_errors=True)
     import platform
 
-    print(f"host: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}",
-          flush=True)
+    print(f"host: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}", flush=True)
     n_pairs = a.frames * a.clips
     trees = [("ours", ROOT)] + ([("baseline", Path(a.baseline).resolve())] if a.baseline else [])
     log = open(out / "wait.jsonl", "w")
@@ -197,8 +253,11 @@ def main(argv=None) -> int:
             log.write(json.dumps(r) + "\n")
             log.flush()
             got[tag] = r
-            print(f"{name:38s} {tag:8s} {r['wall_s']:8.2f} s  {r['peak_rss_gb']:5.2f} GB  "
-                  f"rc {r['rc']}" + (f"\n  {r['tail']}" if r["tail"] else ""), flush=True)
+            print(
+                f"{name:38s} {tag:8s} {r['wall_s']:8.2f} s  {r['peak_rss_gb']:5.2f} GB  "
+                f"rc {r['rc']}" + (f"\n  {r['tail']}" if r["tail"] else ""),
+                flush=True,
+            )
         rows.append((name, got))
     print(f"\n{a.clips} jobs x {a.frames} frames ({n_pairs} pairs), device {a.device}")
     head = "| step | ours: wall s | peak RSS GB | per pair or frame |"
@@ -208,8 +267,7 @@ def main(argv=None) -> int:
     print("|" + " --- |" * (head.count("|") - 1))
     for name, got in rows:
         o = got["ours"]
-        rate = (f"{n_pairs / o['wall_s']:.0f}/s" if name.startswith(("compare", "import"))
-                else "")
+        rate = f"{n_pairs / o['wall_s']:.0f}/s" if name.startswith(("compare", "import")) else ""
         line = f"| {name} | {o['wall_s']:.2f} | {o['peak_rss_gb']:.2f} | {rate} |"
         if a.baseline:
             b = got["baseline"]

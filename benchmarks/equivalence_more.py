@@ -19,6 +19,7 @@ code of commit BEFORE and with the working tree,
 
 Usage, from the repository root:
     python benchmarks/equivalence_more.py BEFORE_COMMIT [OUT]     (about 2 minutes on 2 cores)"""
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-STUDIES = {   # name: create_study's options (the fake renderer's noise needs allow_masking)
+STUDIES = {  # name: create_study's options (the fake renderer's noise needs allow_masking)
     "preference": {"protocol": "preference", "seed": 3, "raters_planned": 12, "design_seed": 31},
-    "abx_excerpt": {"protocol": "abx", "seed": 5, "excerpt_seconds": 0.25, "raters_planned": 12,
-                    "design_seed": 51},
-    "threshold": {"protocol": "threshold", "raters_planned": 12, "levels": "1,2,4", "seed": 7,
-                  "design_seed": 71},
+    "abx_excerpt": {
+        "protocol": "abx",
+        "seed": 5,
+        "excerpt_seconds": 0.25,
+        "raters_planned": 12,
+        "design_seed": 51,
+    },
+    "threshold": {
+        "protocol": "threshold",
+        "raters_planned": 12,
+        "levels": "1,2,4",
+        "seed": 7,
+        "design_seed": 71,
+    },
 }
 RATERS = 12
 
@@ -44,6 +55,7 @@ def make_studies(out: Path, report: Path) -> dict:
     from sqlalchemy import MetaData, create_engine, select
 
     from evalkit.study import create_study, seal
+
     dump = {}
     for name, opts in STUDIES.items():
         folder = out / name
@@ -61,16 +73,23 @@ def make_studies(out: Path, report: Path) -> dict:
                     if isinstance(r.get("config"), (str, dict)):
                         cfg = r["config"] if isinstance(r["config"], dict) else json.loads(r["config"])
                         cfg.pop("media_key", None)
-                        cfg = seal.unseal_config(r["id"], cfg)       # the random key aside
+                        cfg = seal.unseal_config(r["id"], cfg)  # the random key aside
                         cfg.pop("sealed", None)
                         (cfg.get("seal") or {}).pop("key_id", None)
                         r["config"] = cfg
                 tables[t] = rows
         media = Path(res.pop("media"))
-        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-                 for p in sorted(media.rglob("*")) if p.is_file()}
-        dump[name] = {"result": res, "tables": tables, "media": files,
-                      "after": rate_and_read(folder / "s.db", res["study"], name)}
+        files = {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(media.rglob("*"))
+            if p.is_file()
+        }
+        dump[name] = {
+            "result": res,
+            "tables": tables,
+            "media": files,
+            "after": rate_and_read(folder / "s.db", res["study"], name),
+        }
     return json.loads(json.dumps(dump, sort_keys=True, default=str).replace(str(out), "OUT"))
 
 
@@ -91,11 +110,12 @@ def rate_and_read(db, sid: int, name: str) -> dict:
         def pick(t, rng=rng):
             h = hidden(db, t["trial"])
             right = h.get("expected")
-            if right is None:                              # preference: no right answer
+            if right is None:  # preference: no right answer
                 return rng.choice(["left", "right", "same"])
             if h.get("kind") == "catch" or rng.random() < 0.7:
                 return right
             return {"A": "B", "B": "A"}.get(right, right)
+
         answer(db, inv["token"], pick)
     res = study.results(db, sid, reps=200)
     out["results"] = res
@@ -112,7 +132,7 @@ def rate_and_read(db, sid: int, name: str) -> dict:
         try:
             g = study.write_gate(db, sid, Path(db).parent / "gate.yaml", reps=200)
             out["gate"] = {"result": g, "text": (Path(db).parent / "gate.yaml").read_text()}
-        except Exception as e:                                  # a refusal is an outcome too
+        except Exception as e:  # a refusal is an outcome too
             out["gate"] = f"{type(e).__name__}: {e}"
     return out
 
@@ -127,14 +147,17 @@ def make_plans() -> dict:
             return f(*a, **k)
         except Exception as e:
             return f"{type(e).__name__}: {e}"
+
     check = getattr(stats, "design_check", None)
-    if check is None:                                       # moved by issue 49
+    if check is None:  # moved by issue 49
         from evalkit.study.planning import design_check as check
-    return {"abx": run(study.plan, "abx", 0.2, studies=40, reps=40),
-            "preference": run(study.plan, "preference", 0.2, studies=40, reps=40),
-            "threshold": run(study.plan, "threshold", 0.2, studies=40, reps=40),
-            "abx_bad_margin": run(study.plan, "abx", 0.7),
-            "design_check": run(check, 20, 15, margin=0.2, studies=40, reps=40)}
+    return {
+        "abx": run(study.plan, "abx", 0.2, studies=40, reps=40),
+        "preference": run(study.plan, "preference", 0.2, studies=40, reps=40),
+        "threshold": run(study.plan, "threshold", 0.2, studies=40, reps=40),
+        "abx_bad_margin": run(study.plan, "abx", 0.7),
+        "design_check": run(check, 20, 15, margin=0.2, studies=40, reps=40),
+    }
 
 
 def clip(t: int, seed: int, h: int = 40, w: int = 56):
@@ -143,8 +166,9 @@ def clip(t: int, seed: int, h: int = 40, w: int = 56):
 
     g = np.random.default_rng(seed)
     base = g.integers(0, 256, (h, w, 3)).astype(np.int16)
-    return np.stack([np.clip(np.roll(base, k, axis=1) + g.integers(-3, 4, (h, w, 3)), 0, 255)
-                     for k in range(t)]).astype(np.uint8)
+    return np.stack(
+        [np.clip(np.roll(base, k, axis=1) + g.integers(-3, 4, (h, w, 3)), 0, 255) for k in range(t)]
+    ).astype(np.uint8)
 
 
 def make_stream() -> dict:
@@ -158,14 +182,15 @@ def make_stream() -> dict:
     rng = np.random.default_rng(0)
     b = a.copy()
     b[3:] = np.clip(b[3:].astype(int) + rng.integers(-6, 7, b[3:].shape), 0, 255).astype(np.uint8)
-    b[5] = a[5]                                   # one identical frame
+    b[5] = a[5]  # one identical frame
     cases = {
         "temporal_inline_c4": dict(chunk=4, temporal=True, flow_workers=0),
         "temporal_threads_c3": dict(chunk=3, temporal=True, flow_workers=2),
         "temporal_c1": dict(chunk=1, temporal=True, flow_workers=0),
         "fidelity_c5": dict(chunk=5, temporal=False),
-        "farneback_rgb_c4": dict(chunk=4, temporal=True, flow="farneback", ssim_channel="rgb",
-                                 flow_workers=2),
+        "farneback_rgb_c4": dict(
+            chunk=4, temporal=True, flow="farneback", ssim_channel="rgb", flow_workers=2
+        ),
         "torchflow_c4": dict(chunk=4, temporal=True, flow="torch"),
         "auto_chunk": dict(temporal=True),
     }
@@ -174,8 +199,7 @@ def make_stream() -> dict:
         chunk = kw.pop("chunk", None)
         out[name] = evaluate_pair(iter(list(a)), iter(list(b)), chunk=chunk, device="cpu", **kw)
     ev = PairEvaluator(device="cpu", temporal=True, flow_workers=2)
-    recs = list(stream_pair(iter(list(a)), iter(list(b[:8])), evaluator=ev, chunk=3,
-                            align="shortest"))
+    recs = list(stream_pair(iter(list(a)), iter(list(b[:8])), evaluator=ev, chunk=3, align="shortest"))
     out["shortest"] = {"records": recs, **ev.compute()}
     ev.reset()
     fa = torch.from_numpy(a).permute(0, 3, 1, 2).float() / 255
@@ -202,35 +226,51 @@ def main() -> int:
     subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
     src = out / "before-src"
-    subprocess.run(["git", "worktree", "add", "--detach", str(src), before], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(src), before], check=True, stdout=subprocess.DEVNULL
+    )
     try:
         env = dict(os.environ, PYTHONPATH=str(src), GRADIO_ANALYTICS_ENABLED="False")
-        code = ("import sys; from pathlib import Path; "
-                "from evalkit.testing.studies import make_report; "
-                "r = Path(sys.argv[1]); r.mkdir(); print(make_report(r))")
-        report = subprocess.run([sys.executable, "-c", code, str(out / "report")], env=env,
-                                check=True, capture_output=True, text=True).stdout.strip()
+        code = (
+            "import sys; from pathlib import Path; "
+            "from evalkit.testing.studies import make_report; "
+            "r = Path(sys.argv[1]); r.mkdir(); print(make_report(r))"
+        )
+        report = subprocess.run(
+            [sys.executable, "-c", code, str(out / "report")],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         for label, tree in (("before", src), ("after", Path.cwd())):
             env["PYTHONPATH"] = str(tree)
-            subprocess.run([sys.executable, __file__, "--make", str(out / label), report],
-                           env=env, check=True)
+            subprocess.run(
+                [sys.executable, __file__, "--make", str(out / label), report], env=env, check=True
+            )
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(src)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(src)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     a = json.loads((out / "before" / "dump.json").read_text())
     b = json.loads((out / "after" / "dump.json").read_text())
     for name in STUDIES:
         x, y = a["study"][name], b["study"][name]
         n_rows = {t: len(r) for t, r in x["tables"].items() if r}
-        print(f"study {name}: rows {n_rows}, {len(x['media'])} media files; "
-              + ", ".join(f"{k} {'identical' if x[k] == y[k] else 'DIFFERENT'}"
-                          for k in ("result", "tables", "media")))
+        print(
+            f"study {name}: rows {n_rows}, {len(x['media'])} media files; "
+            + ", ".join(
+                f"{k} {'identical' if x[k] == y[k] else 'DIFFERENT'}" for k in ("result", "tables", "media")
+            )
+        )
         r = x["after"]
-        print(f"  after {RATERS} raters: verdict {r['results'].get('verdict')!r}, "
-              f"{len(r['ratings_csv'])} ratings; "
-              + ", ".join(f"{k} {'identical' if r[k] == y['after'].get(k) else 'DIFFERENT'}"
-                          for k in sorted(r)))
+        print(
+            f"  after {RATERS} raters: verdict {r['results'].get('verdict')!r}, "
+            f"{len(r['ratings_csv'])} ratings; "
+            + ", ".join(f"{k} {'identical' if r[k] == y['after'].get(k) else 'DIFFERENT'}" for k in sorted(r))
+        )
     for name, x in a["plan"].items():
         same = x == b["plan"].get(name)
         what = x.get("raters") if isinstance(x, dict) else x[:60]

@@ -22,6 +22,7 @@ Also counts evalkit-cmd-* folders in the system temporary folder before and afte
 
     python benchmarks/kill_loop.py [--kills 24] [--seed 19] > benchmarks/results/kill_loop.txt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,7 +96,8 @@ def render_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
     script = work / "render.py"
     script.write_text(RENDER_SCRIPT)
     suite = work / "suite.yaml"
-    suite.write_text(textwrap.dedent(f"""\
+    suite.write_text(
+        textwrap.dedent(f"""\
         schema_version: 1
         name: killloop
         clips:
@@ -103,20 +105,35 @@ def render_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
           - {{id: obj, path: {CLIPS / "hubble_object.mkv"}}}
         prompts: ["a", "b", "c"]
         seeds: [0]
-    """))
+    """)
+    )
 
     def cmd(out):
-        return crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out, "--renderer",
-                                 "command", "-O", f"cmd={sys.executable} {script}", "--quiet")
+        return crash.evalkit_cmd(
+            "render",
+            suite,
+            "--backend",
+            "cpu",
+            "--out",
+            out,
+            "--renderer",
+            "command",
+            "-O",
+            f"cmd={sys.executable} {script}",
+            "--quiet",
+        )
 
-    for clean in ("warmup", "clean"):   # the second, with warm caches, is timed
-        first, length = timed_clean_run(cmd(work / clean),
-                                        lambda: (work / clean / "cpu" / "manifest.json").exists())
+    for clean in ("warmup", "clean"):  # the second, with warm caches, is timed
+        first, length = timed_clean_run(
+            cmd(work / clean), lambda: (work / clean / "cpu" / "manifest.json").exists()
+        )
     window = (0.8 * first, length)
     reference = crash.clips(work / "clean" / "cpu")
-    points = 2 + 8 * 6   # manifest; per job: source clip in .work, clip, preview, manifest
-    log(f"render: clean run {length:.1f} s (first write at {first:.1f} s), {len(reference)} clips "
-        f"and previews, {points} crash points; timed kills at {window[0]:.1f}-{window[1]:.1f} s")
+    points = 2 + 8 * 6  # manifest; per job: source clip in .work, clip, preview, manifest
+    log(
+        f"render: clean run {length:.1f} s (first write at {first:.1f} s), {len(reference)} clips "
+        f"and previews, {points} crash points; timed kills at {window[0]:.1f}-{window[1]:.1f} s"
+    )
 
     stats = collections.Counter()
     landed = collections.Counter()
@@ -140,8 +157,7 @@ def render_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             if res.returncode != -9:
                 if kill["mode"] != "none":
                     stats["finished first"] += 1
-                    log(f"  render run (episode {episode}, {describe(kill)}) finished before "
-                        "its kill")
+                    log(f"  render run (episode {episode}, {describe(kill)}) finished before its kill")
                 break
             done_kills += 1
             stats[kill["mode"]] += 1
@@ -150,15 +166,25 @@ def render_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             except Exception as e:  # an invalid manifest, a done job without its clip
                 problems.append(f"kill {done_kills}: {type(e).__name__}: {e}")
                 state = {"manifest": "INVALID", "done": "?", "temporaries": "?"}
-            where = (f"{state['done']}/6 done" if state["manifest"] is True
-                     else "no manifest yet" if state["manifest"] is False else "INVALID")
-            landed["no manifest yet" if state["manifest"] is False else
-                   f"{state['done']} of 6 jobs done"] += 1
-            log(f"  render kill {done_kills:2d} (episode {episode}, {describe(kill)}): {where}, "
-                f"{state['temporaries']} temporary files or folders left")
+            where = (
+                f"{state['done']}/6 done"
+                if state["manifest"] is True
+                else "no manifest yet"
+                if state["manifest"] is False
+                else "INVALID"
+            )
+            landed[
+                "no manifest yet" if state["manifest"] is False else f"{state['done']} of 6 jobs done"
+            ] += 1
+            log(
+                f"  render kill {done_kills:2d} (episode {episode}, {describe(kill)}): {where}, "
+                f"{state['temporaries']} temporary files or folders left"
+            )
         if res.returncode != 0:
-            problems.append(f"episode {episode}: the finishing render exited {res.returncode}: "
-                            f"{res.stderr.strip()[-300:]}")
+            problems.append(
+                f"episode {episode}: the finishing render exited {res.returncode}: "
+                f"{res.stderr.strip()[-300:]}"
+            )
             continue
         same = crash.clips(run) == reference
         left = crash.temporaries(run)
@@ -169,8 +195,10 @@ def render_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             problems.append(f"episode {episode}: clips differ from a clean run")
         if left:
             problems.append(f"episode {episode}: temporaries left: {left}")
-        log(f"  render episode {episode} finished: {res.stdout.strip().splitlines()[-1]}; "
-            f"identical to a clean run: {same}; temporaries left: {len(left)}")
+        log(
+            f"  render episode {episode} finished: {res.stdout.strip().splitlines()[-1]}; "
+            f"identical to a clean run: {same}; temporaries left: {len(left)}"
+        )
     return {"stats": stats, "landed": landed, "problems": problems}
 
 
@@ -178,32 +206,41 @@ def compare_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
     from evalkit.render.driver import render_suite
 
     suite = work / "csuite.yaml"
-    suite.write_text(textwrap.dedent(f"""\
+    suite.write_text(
+        textwrap.dedent(f"""\
         schema_version: 1
         name: killloopcmp
         clips: [{{id: pan, path: {CLIPS / "astronaut_pan.mkv"}}}]
         prompts: ["a"]
         seeds: [0, 1]
-    """))
-    render_suite(suite, ["cpu", "cpu,dtype=bf16"], work / "runs",
-                 renderer="evalkit.testing.renderers:Invert", progress=False)
+    """)
+    )
+    render_suite(
+        suite,
+        ["cpu", "cpu,dtype=bf16"],
+        work / "runs",
+        renderer="evalkit.testing.renderers:Invert",
+        progress=False,
+    )
     a, b = work / "runs" / "cpu", work / "runs" / "cpu_dtype-bf16"
 
     def cmd(x, y, out):
-        return crash.evalkit_cmd("compare", x, y, "--out", out, "--device", "cpu",
-                                 "--no-temporal", "--quiet")
+        return crash.evalkit_cmd("compare", x, y, "--out", out, "--device", "cpu", "--no-temporal", "--quiet")
 
-    old = crash.run(cmd(b, a, work / "old"))             # the older report: B against A
+    old = crash.run(cmd(b, a, work / "old"))  # the older report: B against A
     assert old.returncode == 0, old.stderr
-    for clean in ("warmup", "new"):   # the second, with warm caches, is timed
-        first, length = timed_clean_run(cmd(a, b, work / clean),
-                                        lambda: bool(crash.dir_leftovers(work / clean)))
+    for clean in ("warmup", "new"):  # the second, with warm caches, is timed
+        first, length = timed_clean_run(
+            cmd(a, b, work / clean), lambda: bool(crash.dir_leftovers(work / clean))
+        )
     window = (0.8 * first, length)
     known = {"old": crash.report_digest(work / "old"), "new": crash.report_digest(work / "new")}
     assert known["old"] and known["new"] and known["old"] != known["new"]
-    points = 26   # 12 files x 2, then the exchange: before it, after it
-    log(f"compare: clean run {length:.1f} s (report folder started at {first:.1f} s), "
-        f"{points} crash points; timed kills at {window[0]:.1f}-{window[1]:.1f} s")
+    points = 26  # 12 files x 2, then the exchange: before it, after it
+    log(
+        f"compare: clean run {length:.1f} s (report folder started at {first:.1f} s), "
+        f"{points} crash points; timed kills at {window[0]:.1f}-{window[1]:.1f} s"
+    )
 
     stats = collections.Counter()
     landed = collections.Counter()
@@ -222,10 +259,12 @@ def compare_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             kill = draw_kill(rng, window, points)
             was = crash.report_state(out, known)
             res = run_killed(crash, cmd(a, b, out), kill)
-            if res.returncode != -9:   # finished before the kill (a late delay or point)
+            if res.returncode != -9:  # finished before the kill (a late delay or point)
                 stats["finished first"] += 1
-                log(f"  compare run (episode {episode}, {describe(kill)}) finished before its "
-                    "kill: the report is new from here on")
+                log(
+                    f"  compare run (episode {episode}, {describe(kill)}) finished before its "
+                    "kill: the report is new from here on"
+                )
                 continue
             done_kills += 1
             stats[kill["mode"]] += 1
@@ -234,8 +273,10 @@ def compare_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             if state not in ("old", "new"):
                 problems.append(f"kill {done_kills}: report folder is {state}")
             left = crash.temporaries(out)
-            log(f"  compare kill {done_kills:2d} (episode {episode}, {describe(kill)}): report "
-                f"is the {state} one (was {was}), {len(left)} temporary folders next to it")
+            log(
+                f"  compare kill {done_kills:2d} (episode {episode}, {describe(kill)}): report "
+                f"is the {state} one (was {was}), {len(left)} temporary folders next to it"
+            )
         res = crash.run(cmd(a, b, out))
         if res.returncode != 0:
             problems.append(f"episode {episode}: the finishing compare exited {res.returncode}")
@@ -249,8 +290,7 @@ def compare_loop(crash, work: Path, rng: random.Random, kills: int) -> dict:
             problems.append(f"episode {episode}: after the re-run the report is {state}")
         if left:
             problems.append(f"episode {episode}: temporaries left: {left}")
-        log(f"  compare episode {episode} finished: report is the {state} one; "
-            f"temporaries left: {len(left)}")
+        log(f"  compare episode {episode} finished: report is the {state} one; temporaries left: {len(left)}")
     return {"stats": stats, "landed": landed, "problems": problems}
 
 
@@ -263,8 +303,10 @@ def main() -> int:
     from evalkit.testing import crash
 
     rng = random.Random(a.seed)
-    log(f"kill_loop: {a.kills} kills of each, seed {a.seed}; {platform.node()}, "
-        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, Python {platform.python_version()}")
+    log(
+        f"kill_loop: {a.kills} kills of each, seed {a.seed}; {platform.node()}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, Python {platform.python_version()}"
+    )
     before = system_temp_entries()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kill-loop-") as tmp:
@@ -277,12 +319,15 @@ def main() -> int:
     log("")
     for name, res in (("render", r), ("compare", c)):
         s = res["stats"]
-        log(f"{name}: {s['timed'] + s['point']} kills ({s['timed']} timed, {s['point']} at crash "
+        log(
+            f"{name}: {s['timed'] + s['point']} kills ({s['timed']} timed, {s['point']} at crash "
             f"points; {s['finished first']} more runs finished before their kill); where they "
-            "landed: "
-            + ", ".join(f"{k}: {v}" for k, v in sorted(res["landed"].items())))
-        log(f"{name}: {s['episodes']} episodes finished; identical to a clean run: "
-            f"{s['identical']}/{s['episodes']}; no temporaries left: {s['clean']}/{s['episodes']}")
+            "landed: " + ", ".join(f"{k}: {v}" for k, v in sorted(res["landed"].items()))
+        )
+        log(
+            f"{name}: {s['episodes']} episodes finished; identical to a clean run: "
+            f"{s['identical']}/{s['episodes']}; no temporaries left: {s['clean']}/{s['episodes']}"
+        )
         log(f"{name}: problems: {len(res['problems'])}")
         for prob in res["problems"]:
             log(f"  {prob}")

@@ -13,6 +13,7 @@ times over: the pace the metrics alone allow.
     python benchmarks/profile_compare.py RUN_A RUN_B --decode-only
     python benchmarks/profile_compare.py RUN_A RUN_B DEVICE --compute-only
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ def since_start() -> float:
         return time.perf_counter() - T0
 
 
-OFFSET = since_start() - (time.perf_counter() - T0)   # interpreter start-up before line 1
+OFFSET = since_start() - (time.perf_counter() - T0)  # interpreter start-up before line 1
 
 
 def stamp(what: str) -> None:
@@ -84,8 +85,8 @@ def compute_only(run_a: str, run_b: str, device: str, repeat: int) -> None:
 
     from evalkit.compare.pairing import pair_jobs
     from evalkit.compare.run import open_run
-    from evalkit.video import ClipReader
     from evalkit.metrics.stream import PairEvaluator, evaluator_chunk, stream_pair
+    from evalkit.video import ClipReader
 
     a, b = open_run(run_a, "RUN_A"), open_run(run_b, "RUN_B")
     pairs, _ = pair_jobs(a, b, same_seed=True)
@@ -100,9 +101,15 @@ def compute_only(run_a: str, run_b: str, device: str, repeat: int) -> None:
     for r in range(repeat):
         ev.reset()
         t = time.perf_counter()
-        n = sum(1 for _ in stream_pair(iter(fa[i:i + chunk] for i in range(0, len(fa), chunk)),
-                                       iter(fb[i:i + chunk] for i in range(0, len(fb), chunk)),
-                                       evaluator=ev, chunk=chunk))
+        n = sum(
+            1
+            for _ in stream_pair(
+                iter(fa[i : i + chunk] for i in range(0, len(fa), chunk)),
+                iter(fb[i : i + chunk] for i in range(0, len(fb), chunk)),
+                evaluator=ev,
+                chunk=chunk,
+            )
+        )
         ev.compute()
         dt = time.perf_counter() - t
         stamp(f"compute only, pass {r}: {n} pairs in {dt:.2f} s = {n / dt:.0f} pairs/s")
@@ -120,9 +127,11 @@ def main() -> int:
         return 0
     stamp("script start (interpreter start-up before it)")
     import evalkit.cli as cli
+
     stamp("evalkit.cli imported")
     import evalkit.compare.pairing as pairing
     import evalkit.compare.report as report
+
     stamp("evalkit.compare.pairing imported")
     wrap(pairing, "_session_and_pairs", lambda *a, **k: "session start + hash checks")
     wrap(pairing, "pair_jobs", lambda *a, **k: "pair_jobs (hashes)")

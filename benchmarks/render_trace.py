@@ -9,6 +9,7 @@ pipeline calls, e.g.::
 
     gap 1 (after call 1) 0.174 s: decode x7 0.121-0.160 s, ends +0.171; clip x1 0.052 s ...
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,11 @@ class Trace:
                 raw = inspect.getattr_static(owner, name)
             except (ImportError, AttributeError):
                 continue
-            wrapped = (staticmethod(self._wrap(raw.__func__, kind))
-                       if isinstance(raw, staticmethod) else self._wrap(raw, kind))
+            wrapped = (
+                staticmethod(self._wrap(raw.__func__, kind))
+                if isinstance(raw, staticmethod)
+                else self._wrap(raw, kind)
+            )
             setattr(owner, name, wrapped)
             self._undo.append((owner, name, raw))
 
@@ -79,13 +83,17 @@ class Trace:
                 return fn(*a, **k)
             finally:
                 events.append((kind, threading.current_thread().name, t, time.perf_counter()))
+
         return timed
 
     def report(self, t0: float, end: float, calls: list[tuple[float, float]]) -> list[str]:
         """A line per stretch outside the calls: before the first, each gap, after the last."""
         spans = [("head", t0, calls[0][0])]
-        spans += [(f"gap after call {i + 1}", a[1], b[0])
-                  for i, (a, b) in enumerate(zip(calls, calls[1:])) if b[0] - a[1] > 0.005]
+        spans += [
+            (f"gap after call {i + 1}", a[1], b[0])
+            for i, (a, b) in enumerate(zip(calls, calls[1:]))
+            if b[0] - a[1] > 0.005
+        ]
         spans.append(("tail", calls[-1][1], end))
         lines = []
         for name, a, b in spans:
@@ -95,15 +103,16 @@ class Trace:
                 if not ev:
                     continue
                 d = sorted(e[3] - e[2] for e in ev)
-                parts.append(f"{kind} x{len(ev)} {d[0]:.3f}-{d[-1]:.3f} s (sum {sum(d):.3f}), "
-                             f"first starts +{min(e[2] for e in ev) - a:.3f}, last ends "
-                             f"+{max(e[3] for e in ev) - a:.3f}")
-            lines.append(f"{name} ({a - t0:.3f} s): {b - a:.3f} s" +
-                         ("".join(f"\n      {p}" for p in parts)))
-        inside = [e for e in self.events
-                  if any(c0 <= e[2] < c1 for c0, c1 in calls)]
+                parts.append(
+                    f"{kind} x{len(ev)} {d[0]:.3f}-{d[-1]:.3f} s (sum {sum(d):.3f}), "
+                    f"first starts +{min(e[2] for e in ev) - a:.3f}, last ends "
+                    f"+{max(e[3] for e in ev) - a:.3f}"
+                )
+            lines.append(f"{name} ({a - t0:.3f} s): {b - a:.3f} s" + ("".join(f"\n      {p}" for p in parts)))
+        inside = [e for e in self.events if any(c0 <= e[2] < c1 for c0, c1 in calls)]
         if inside:
             kinds = sorted({e[0] for e in inside})
-            lines.append("started during a call: " + ", ".join(
-                f"{k} x{sum(e[0] == k for e in inside)}" for k in kinds))
+            lines.append(
+                "started during a call: " + ", ".join(f"{k} x{sum(e[0] == k for e in inside)}" for k in kinds)
+            )
         return lines

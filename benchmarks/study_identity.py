@@ -11,6 +11,7 @@ ABX, preference, ABX ``--excerpt 1``, threshold (amplify) and threshold (blur) s
 invites three raters, and dumps every media file's sha256 and the database's rows (the media
 key, times and token hashes left out: drawn at random). Prints the differences, none if equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,7 @@ STUDIES = {
     "pref": {"protocol": "preference"},
     "abx_excerpt": {"protocol": "abx", "excerpt_seconds": 1},
     "thr_amplify": {"protocol": "threshold", "raters_planned": 4, "levels": "1,2,4"},
-    "thr_blur": {"protocol": "threshold", "raters_planned": 4, "ladder": "blur",
-                 "levels": "0.5,1,2"},
+    "thr_blur": {"protocol": "threshold", "raters_planned": 4, "ladder": "blur", "levels": "0.5,1,2"},
 }
 
 
@@ -68,14 +68,17 @@ def create(report: Path, out: Path) -> None:
             st["config"].pop("media_key")
             for k in ("created", "media_dir", "report", "run_a", "run_b"):
                 st.pop(k)
-            rows = {"study": st,
-                    "clips": [dict(r) for r in conn.execute(select(clips).order_by(clips.c.id))
-                              .mappings()],
-                    "trials": [dict(r) for r in conn.execute(select(trials)
-                                                             .order_by(trials.c.id)).mappings()]}
+            rows = {
+                "study": st,
+                "clips": [dict(r) for r in conn.execute(select(clips).order_by(clips.c.id)).mappings()],
+                "trials": [dict(r) for r in conn.execute(select(trials).order_by(trials.c.id)).mappings()],
+            }
         files = sorted(p.name for p in db.parent.rglob("*.mp4"))
-        dump[name] = {"rows": rows, "files": files,
-                      "sha": {f: sha256_file(next(db.parent.rglob(f))) for f in files}}
+        dump[name] = {
+            "rows": rows,
+            "files": files,
+            "sha": {f: sha256_file(next(db.parent.rglob(f))) for f in files},
+        }
     (out / "dump.json").write_text(json.dumps(dump, sort_keys=True, indent=1, default=str))
 
 
@@ -83,8 +86,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("work", type=Path)
     ap.add_argument("--baseline", default="main")
-    ap.add_argument("--keep-before", action="store_true",
-                    help="reuse the baseline's dump of an earlier run in WORK")
+    ap.add_argument(
+        "--keep-before", action="store_true", help="reuse the baseline's dump of an earlier run in WORK"
+    )
     ap.add_argument("--create", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.create:
@@ -95,8 +99,9 @@ def main() -> int:
         make_report(work / "src")
     report = next((work / "src").rglob("summary.json")).parent
     base = Path(tempfile.mkdtemp(prefix="identity_base_")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
-                    args.baseline], check=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.baseline], check=True
+    )
     dumps = {}
     try:
         for name, tree in (("before", base), ("after", ROOT)):
@@ -107,21 +112,32 @@ def main() -> int:
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             env = {**os.environ, "PYTHONPATH": str(tree), "GRADIO_ANALYTICS_ENABLED": "False"}
-            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "study_identity.py"),
-                            str(work), "--create", str(report), str(out)], env=env, cwd=tree,
-                           check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "benchmarks" / "study_identity.py"),
+                    str(work),
+                    "--create",
+                    str(report),
+                    str(out),
+                ],
+                env=env,
+                cwd=tree,
+                check=True,
+            )
             dumps[name] = json.loads((out / "dump.json").read_text())
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                       check=False)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
     bad = 0
     for name in STUDIES:
         a, b = dumps["before"][name], dumps["after"][name]
         same_files = a["sha"] == b["sha"]
         same_rows = a["rows"] == b["rows"]
-        print(f"{name:12s} files {len(a['files']):3d} vs {len(b['files']):3d} "
-              f"{'identical' if same_files else 'DIFFER'}; rows (study, {len(a['rows']['clips'])} "
-              f"clips, {len(a['rows']['trials'])} trials) {'identical' if same_rows else 'DIFFER'}")
+        print(
+            f"{name:12s} files {len(a['files']):3d} vs {len(b['files']):3d} "
+            f"{'identical' if same_files else 'DIFFER'}; rows (study, {len(a['rows']['clips'])} "
+            f"clips, {len(a['rows']['trials'])} trials) {'identical' if same_rows else 'DIFFER'}"
+        )
         bad += (not same_files) + (not same_rows)
     return 1 if bad else 0
 

@@ -27,6 +27,7 @@ Usage::
     python datasets/make_clips.py --out /tmp/clips   # into /tmp/clips/<suite>/clips/
     python datasets/make_clips.py --check            # regenerate in a temp folder and compare
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,9 @@ def load_photo(name: str) -> np.ndarray:
 
         path = photo_path(name)
         if not path.is_file():
-            raise FileNotFoundError(f"photograph '{name}' not found at {path} (is the package "
-                                    "installed from requirements.lock?)")
+            raise FileNotFoundError(
+                f"photograph '{name}' not found at {path} (is the package installed from requirements.lock?)"
+            )
         with Image.open(path) as im:
             _PHOTO_CACHE[name] = np.ascontiguousarray(np.asarray(im.convert("RGB"), np.uint8))
     return _PHOTO_CACHE[name]
@@ -148,8 +150,9 @@ class Shake:
     falling as 1/f (spectrally shaped noise), scaled to an RMS of ``rms``. Continuous in time,
     so sub-frame samples for motion blur are consistent."""
 
-    def __init__(self, rng: np.random.Generator, rms: float, fmin: float = 0.5,
-                 fmax: float = 3.5, n: int = 7):
+    def __init__(
+        self, rng: np.random.Generator, rms: float, fmin: float = 0.5, fmax: float = 3.5, n: int = 7
+    ):
         self.freqs = [float(f) for f in rng.uniform(fmin, fmax, n)]
         self.phases = [float(p) for p in rng.uniform(0.0, 2.0 * math.pi, n)]
         amps = [float(w) / f for w, f in zip(rng.uniform(0.6, 1.0, n), self.freqs)]
@@ -157,8 +160,9 @@ class Shake:
         self.amps = [rms * a / norm for a in amps]
 
     def __call__(self, t: float) -> float:
-        return sum(a * math.sin(2.0 * math.pi * f * t + p)
-                   for a, f, p in zip(self.amps, self.freqs, self.phases))
+        return sum(
+            a * math.sin(2.0 * math.pi * f * t + p) for a, f, p in zip(self.amps, self.freqs, self.phases)
+        )
 
 
 # -- shots ---------------------------------------------------------------------------------
@@ -195,62 +199,115 @@ class Shot:
     when seen head-on (so the camera distance is ``focal * view / width``)."""
 
     photo: str
-    motion: str                      # short label of the motion type
+    motion: str  # short label of the motion type
     description: str
     look_x: Value
     look_y: Value
     view: Value
-    fov: float = 40.0                # horizontal field of view
-    azimuth: Value = 0.0             # orbit around the look-at point (+: camera moves right)
-    elevation: Value = 0.0           # orbit (+: camera moves up)
-    pan: Value = 0.0                 # camera yaw about its centre (+: view moves right)
-    tilt: Value = 0.0                # camera pitch (+: view moves up)
-    roll: Value = 0.0                # camera roll
-    shake: float = 0.0               # hand-held jitter, RMS degrees of pan/tilt (roll: half)
+    fov: float = 40.0  # horizontal field of view
+    azimuth: Value = 0.0  # orbit around the look-at point (+: camera moves right)
+    elevation: Value = 0.0  # orbit (+: camera moves up)
+    pan: Value = 0.0  # camera yaw about its centre (+: view moves right)
+    tilt: Value = 0.0  # camera pitch (+: view moves up)
+    roll: Value = 0.0  # camera roll
+    shake: float = 0.0  # hand-held jitter, RMS degrees of pan/tilt (roll: half)
     sprite: Sprite | None = None
 
 
 SHOTS: dict[str, Shot] = {
     "astronaut_pan": Shot(
-        "astronaut", "pan",
+        "astronaut",
+        "pan",
         "Slow pan from the astronaut's face across to the shuttle model, slight tilt drift.",
-        look_x=272, look_y=160, view=270, fov=30,
-        pan=Ramp(-9.0, 7.5, "soft"), tilt=Ramp(-1.0, 1.0, "inout")),
+        look_x=272,
+        look_y=160,
+        view=270,
+        fov=30,
+        pan=Ramp(-9.0, 7.5, "soft"),
+        tilt=Ramp(-1.0, 1.0, "inout"),
+    ),
     "coffee_zoom": Shot(
-        "coffee", "zoom",
+        "coffee",
+        "zoom",
         "Dolly-in from the table onto the espresso cup.",
-        look_x=Ramp(300, 292, "inout"), look_y=Ramp(200, 148, "inout"),
-        view=Ramp(380, 220, "inout"), fov=40),
+        look_x=Ramp(300, 292, "inout"),
+        look_y=Ramp(200, 148, "inout"),
+        view=Ramp(380, 220, "inout"),
+        fov=40,
+    ),
     "chelsea_handheld": Shot(
-        "chelsea", "handheld",
+        "chelsea",
+        "handheld",
         "Hand-held close-up of Chelsea the cat: smooth low-frequency shake, no deliberate move.",
-        look_x=Ramp(222, 230, "linear"), look_y=150, view=250, fov=40, shake=0.45),
+        look_x=Ramp(222, 230, "linear"),
+        look_y=150,
+        view=250,
+        fov=40,
+        shake=0.45,
+    ),
     "rocket_tilt": Shot(
-        "rocket", "tilt",
+        "rocket",
+        "tilt",
         "Telephoto tilt up the launch tower, from the pad lights to the top of the rocket.",
-        look_x=325, look_y=218, view=220, fov=24, tilt=Ramp(-7.0, 1.5, "soft")),
+        look_x=325,
+        look_y=218,
+        view=220,
+        fov=24,
+        tilt=Ramp(-7.0, 1.5, "soft"),
+    ),
     "china_orbit": Shot(
-        "china", "orbit",
+        "china",
+        "orbit",
         "Arc shot around the pagoda: the camera orbits the print, perspective changes.",
-        look_x=Ramp(205, 235, "linear"), look_y=210, view=300, fov=40,
-        azimuth=Ramp(-16.0, 16.0, "soft"), elevation=3.0),
+        look_x=Ramp(205, 235, "linear"),
+        look_y=210,
+        view=300,
+        fov=40,
+        azimuth=Ramp(-16.0, 16.0, "soft"),
+        elevation=3.0,
+    ),
     "flower_rotate": Shot(
-        "flower", "rotate",
+        "flower",
+        "rotate",
         "Camera roll around the dahlia (about 25 degrees), eased in and out.",
-        look_x=306, look_y=221, view=250, fov=40, roll=Ramp(-13.0, 12.0, "inout")),
+        look_x=306,
+        look_y=221,
+        view=250,
+        fov=40,
+        roll=Ramp(-13.0, 12.0, "inout"),
+    ),
     "hubble_object": Shot(
-        "hubble", "object+pan",
+        "hubble",
+        "object+pan",
         "The astronaut (soft-edged cut-out) floats across the Hubble deep field, "
         "slowly tumbling, while the camera trucks slowly.",
-        look_x=Ramp(430, 520, "linear"), look_y=Ramp(420, 460, "linear"), view=420, fov=40,
-        sprite=Sprite("astronaut", center=(200, 170), radii=(110, 145), height=180,
-                      start=(315, 485), via=(440, 330), end=(620, 400),
-                      angle=Ramp(-14.0, 9.0, "linear"), path_ease="soft", bob=4.0)),
+        look_x=Ramp(430, 520, "linear"),
+        look_y=Ramp(420, 460, "linear"),
+        view=420,
+        fov=40,
+        sprite=Sprite(
+            "astronaut",
+            center=(200, 170),
+            radii=(110, 145),
+            height=180,
+            start=(315, 485),
+            via=(440, 330),
+            end=(620, 400),
+            angle=Ramp(-14.0, 9.0, "linear"),
+            path_ease="soft",
+            bob=4.0,
+        ),
+    ),
     "camera_push_handheld": Shot(
-        "camera", "dolly+pan+handheld",
+        "camera",
+        "dolly+pan+handheld",
         "Hand-held push-in on the cameraman (greyscale photo) with a slight pan right.",
-        look_x=Ramp(285, 315, "soft"), look_y=Ramp(235, 175, "soft"),
-        view=Ramp(400, 270, "soft"), fov=40, shake=0.35),
+        look_x=Ramp(285, 315, "soft"),
+        look_y=Ramp(235, 175, "soft"),
+        view=Ramp(400, 270, "soft"),
+        fov=40,
+        shake=0.35,
+    ),
 }
 
 
@@ -296,10 +353,11 @@ def _round_sig(m: np.ndarray, digits: int = 12) -> np.ndarray:
 class Camera:
     """Pose of a shot at time t -> homography from the photo's pixels to the frame's."""
 
-    def __init__(self, shot: Shot, size: int, duration: float, rng: np.random.Generator,
-                 height: int | None = None):
+    def __init__(
+        self, shot: Shot, size: int, duration: float, rng: np.random.Generator, height: int | None = None
+    ):
         self.shot = shot
-        self.size = size                    # frame width (and height, unless ``height``)
+        self.size = size  # frame width (and height, unless ``height``)
         self.height = size if height is None else height
         self.duration = duration
         self.focal = (size / 2) / math.tan(math.radians(shot.fov) / 2)
@@ -307,8 +365,13 @@ class Camera:
         if shot.shake:
             r = shot.shake
             # yaw, pitch, roll (degrees) and a little translation (fraction of distance)
-            self.shakes = (Shake(rng, r), Shake(rng, r), Shake(rng, r / 2),
-                           Shake(rng, 0.002), Shake(rng, 0.002))
+            self.shakes = (
+                Shake(rng, r),
+                Shake(rng, r),
+                Shake(rng, r / 2),
+                Shake(rng, 0.002),
+                Shake(rng, 0.002),
+            )
 
     def u(self, t: float) -> float:
         return 0.0 if self.duration <= 0 else t / self.duration
@@ -322,14 +385,13 @@ class Camera:
         look = np.array([value(s.look_x, u), value(s.look_y, u), 0.0])
         dist = self.focal * value(s.view, u) / self.size
         az, el = math.radians(value(s.azimuth, u)), math.radians(value(s.elevation, u))
-        direction = np.array([math.sin(az) * math.cos(el), -math.sin(el),
-                              -math.cos(az) * math.cos(el)])
+        direction = np.array([math.sin(az) * math.cos(el), -math.sin(el), -math.cos(az) * math.cos(el)])
         centre = look + dist * direction
         z = -direction
         x = np.cross([0.0, 1.0, 0.0], z)
         x /= np.linalg.norm(x)
         y = np.cross(z, x)
-        r0 = np.stack([x, y, z])                      # world -> camera (x right, y down)
+        r0 = np.stack([x, y, z])  # world -> camera (x right, y down)
         pan, tilt, roll = value(s.pan, u), value(s.tilt, u), value(s.roll, u)
         if self.shakes:
             pan += self.shakes[0](t)
@@ -351,9 +413,13 @@ def _bezier(p0, p1, p2, s: float) -> tuple[float, float]:
 def _affine(tx, ty, angle_deg, scale, cx, cy) -> np.ndarray:
     """Sprite pixels -> background pixels: centre (cx, cy) goes to (tx, ty), rotated, scaled."""
     c, s = math.cos(math.radians(angle_deg)), math.sin(math.radians(angle_deg))
-    return np.array([[scale * c, -scale * s, tx - scale * (c * cx - s * cy)],
-                     [scale * s, scale * c, ty - scale * (s * cx + c * cy)],
-                     [0.0, 0.0, 1.0]])
+    return np.array(
+        [
+            [scale * c, -scale * s, tx - scale * (c * cx - s * cy)],
+            [scale * s, scale * c, ty - scale * (s * cx + c * cy)],
+            [0.0, 0.0, 1.0],
+        ]
+    )
 
 
 def _prescaled(img: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -369,29 +435,41 @@ def _prescaled(img: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     return small, np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
 
 
-def _soft_ellipse(h: int, w: int, cx: float, cy: float, rx: float, ry: float,
-                  feather: float) -> np.ndarray:
+def _soft_ellipse(h: int, w: int, cx: float, cy: float, rx: float, ry: float, feather: float) -> np.ndarray:
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
     r = np.sqrt(((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2)
     a = np.clip((1.0 - r) / feather, 0.0, 1.0)
-    return (a * a * (3.0 - 2.0 * a)).astype(np.float32)   # smoothstep edge
+    return (a * a * (3.0 - 2.0 * a)).astype(np.float32)  # smoothstep edge
 
 
 def _warp(src: np.ndarray, h_dst_from_src: np.ndarray, size, border: int) -> np.ndarray:
     """``size``: the frame's side, or its (width, height)."""
     inv = _round_sig(np.linalg.inv(h_dst_from_src))
-    return cv2.warpPerspective(src, inv, size if isinstance(size, tuple) else (size, size),
-                               flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
-                               borderMode=border, borderValue=0)
+    return cv2.warpPerspective(
+        src,
+        inv,
+        size if isinstance(size, tuple) else (size, size),
+        flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
+        borderMode=border,
+        borderValue=0,
+    )
 
 
 def clip_seed(clip_id: str) -> list[int]:
     return [SEED_BASE, zlib.crc32(clip_id.encode("utf-8"))]
 
 
-def render_clip(clip_id: str, size: int, frames: int, fps: int,
-                stats: dict | None = None, height: int | None = None,
-                subframes: int = SUBFRAMES, first: int = 0, count: int | None = None) -> np.ndarray:
+def render_clip(
+    clip_id: str,
+    size: int,
+    frames: int,
+    fps: int,
+    stats: dict | None = None,
+    height: int | None = None,
+    subframes: int = SUBFRAMES,
+    first: int = 0,
+    count: int | None = None,
+) -> np.ndarray:
     """Render a shot: (frames, height or size, size, 3) uint8 RGB (``size`` is the width; the
     view covers the same width of the print at any height). ``first``/``count``: only frames
     ``first .. first + count - 1`` of the clip (the same pixels as in the whole clip), so a long
@@ -406,7 +484,7 @@ def render_clip(clip_id: str, size: int, frames: int, fps: int,
     sub = [(k + 0.5) / subframes * SHUTTER - SHUTTER / 2 for k in range(subframes)]
     all_t = [t + d / fps for t in times for d in sub]
     count = frames - first if count is None else count
-    times = times[first:first + count]
+    times = times[first : first + count]
 
     photo = load_photo(shot.photo)
     mag = max(cam.magnification(t) for t in all_t)
@@ -416,11 +494,12 @@ def render_clip(clip_id: str, size: int, frames: int, fps: int,
     sp = shot.sprite
     if sp is not None:
         sphoto = load_photo(sp.photo)
-        sp_scale = sp.height / (2 * sp.radii[1])          # sprite px -> background px
+        sp_scale = sp.height / (2 * sp.radii[1])  # sprite px -> background px
         fg, fg_pre = _prescaled(sphoto, min(1.0, mag * sp_scale))
         fg_from_photo = np.linalg.inv(fg_pre)
-        alpha_full = _soft_ellipse(sphoto.shape[0], sphoto.shape[1], sp.center[0], sp.center[1],
-                                   sp.radii[0], sp.radii[1], sp.feather)
+        alpha_full = _soft_ellipse(
+            sphoto.shape[0], sphoto.shape[1], sp.center[0], sp.center[1], sp.radii[0], sp.radii[1], sp.feather
+        )
         alpha, _ = _prescaled(alpha_full, min(1.0, mag * sp_scale))
         bob_rng = rng.uniform(0.0, 2.0 * math.pi, 2)
         bob_phase = (float(bob_rng[0]), float(bob_rng[1]))
@@ -446,8 +525,9 @@ def render_clip(clip_id: str, size: int, frames: int, fps: int,
                 a = _affine(px, py, value(sp.angle, u), sp_scale, sp.center[0], sp.center[1])
                 h_sp = h_world @ a
                 f = _warp(fg, h_sp @ fg_from_photo, dsize, cv2.BORDER_REFLECT).astype(np.float32)
-                m = np.clip(_warp(alpha, h_sp @ fg_from_photo, dsize, cv2.BORDER_CONSTANT),
-                            0.0, 1.0)[..., None]
+                m = np.clip(_warp(alpha, h_sp @ fg_from_photo, dsize, cv2.BORDER_CONSTANT), 0.0, 1.0)[
+                    ..., None
+                ]
                 img = img + m * (f - img)
             acc += img
         out[i] = np.clip(np.rint(acc / len(sub)), 0, 255).astype(np.uint8)
@@ -476,8 +556,10 @@ def generate(suite: str, root: Path = HERE, verbose: bool = False) -> list[Path]
         paths.append(path)
         if verbose:
             warn = "  WARNING: frame border shows" if stats["border_frac"] > 0.002 else ""
-            print(f"{suite}/{cid}: {spec.frames}x{spec.size}x{spec.size} @ {spec.fps} fps, "
-                  f"{path.stat().st_size} bytes, border {stats['border_frac']:.2%}{warn}")
+            print(
+                f"{suite}/{cid}: {spec.frames}x{spec.size}x{spec.size} @ {spec.fps} fps, "
+                f"{path.stat().st_size} bytes, border {stats['border_frac']:.2%}{warn}"
+            )
     return paths
 
 
@@ -501,11 +583,12 @@ def compare(suite: str, generated_root: Path, committed_root: Path = HERE) -> li
         diff = np.flatnonzero((fa != fb).reshape(len(fa), -1).any(axis=1))
         if diff.size:
             worst = int(np.abs(fa.astype(np.int16) - fb.astype(np.int16)).max())
-            problems.append(f"{suite}/{cid}: frames {diff.tolist()} differ from the committed "
-                            f"clip (max abs difference {worst})")
+            problems.append(
+                f"{suite}/{cid}: frames {diff.tolist()} differ from the committed "
+                f"clip (max abs difference {worst})"
+            )
     if committed_dir.is_dir():
-        extra = sorted(p.name for p in committed_dir.glob("*.mkv")
-                       if p.stem not in spec.clips)
+        extra = sorted(p.name for p in committed_dir.glob("*.mkv") if p.stem not in spec.clips)
         if extra:
             problems.append(f"{suite}: committed clips not made by the generator: {extra}")
     return problems
@@ -514,11 +597,18 @@ def compare(suite: str, generated_root: Path, committed_root: Path = HERE) -> li
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", choices=[*SUITES, "all"], default="all")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="root folder: clips go to OUT/<suite>/clips/ (default: datasets/)")
-    ap.add_argument("--check", action="store_true",
-                    help="regenerate into a temporary folder and compare frames byte-for-byte "
-                         "with the committed clips (or those under --out); exit 1 on mismatch")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="root folder: clips go to OUT/<suite>/clips/ (default: datasets/)",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="regenerate into a temporary folder and compare frames byte-for-byte "
+        "with the committed clips (or those under --out); exit 1 on mismatch",
+    )
     args = ap.parse_args(argv)
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     cv2.setNumThreads(1)
@@ -530,13 +620,14 @@ def main(argv=None) -> int:
                 generate(s, Path(tmp))
                 problems += compare(s, Path(tmp), committed)
         if problems:
-            print("make_clips --check: generated clips differ from the committed ones:",
-                  file=sys.stderr)
+            print("make_clips --check: generated clips differ from the committed ones:", file=sys.stderr)
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
-            print("Regenerate with `python datasets/make_clips.py` if the change is intended "
-                  "(library versions other than requirements.lock can change pixels).",
-                  file=sys.stderr)
+            print(
+                "Regenerate with `python datasets/make_clips.py` if the change is intended "
+                "(library versions other than requirements.lock can change pixels).",
+                file=sys.stderr,
+            )
             return 1
         print(f"make_clips --check: {', '.join(suites)}: all clips identical")
         return 0

@@ -18,6 +18,7 @@ Usage::
     python datasets/make_scale.py --suite scale1080 --workers 16
     python datasets/make_scale.py --out /tmp/s --frames 48 --clips astronaut_pan coffee_zoom
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,17 +65,27 @@ def _part(clip_id: str, spec: ScaleSpec, first: int, count: int):
 
     cv2.setNumThreads(1)
     stats: dict = {}
-    frames = make_clips.render_clip(clip_id, spec.width, spec.frames, spec.fps, stats,
-                                    height=spec.height, subframes=spec.subframes,
-                                    first=first, count=count)
+    frames = make_clips.render_clip(
+        clip_id,
+        spec.width,
+        spec.frames,
+        spec.fps,
+        stats,
+        height=spec.height,
+        subframes=spec.subframes,
+        first=first,
+        count=count,
+    )
     return frames, stats["border_frac"]
 
 
 def clip_frames(pool: ProcessPoolExecutor, clip_id: str, spec: ScaleSpec, border: list | None = None):
     """The frames of one clip in order, rendered part by part in ``pool`` (all parts are
     submitted at once; frames are yielded as their part arrives)."""
-    futures = [pool.submit(_part, clip_id, spec, first, min(PART, spec.frames - first))
-               for first in range(0, spec.frames, PART)]
+    futures = [
+        pool.submit(_part, clip_id, spec, first, min(PART, spec.frames - first))
+        for first in range(0, spec.frames, PART)
+    ]
     for f in futures:
         frames, frac = f.result()
         if border is not None:
@@ -82,8 +93,15 @@ def clip_frames(pool: ProcessPoolExecutor, clip_id: str, spec: ScaleSpec, border
         yield from frames
 
 
-def generate(suite: str, root: Path | None = None, *, workers: int | None = None,
-             frames: int | None = None, clips=None, verbose: bool = False) -> list[Path]:
+def generate(
+    suite: str,
+    root: Path | None = None,
+    *,
+    workers: int | None = None,
+    frames: int | None = None,
+    clips=None,
+    verbose: bool = False,
+) -> list[Path]:
     """Render the clips of ``suite`` into ``root/<suite>/clips/<id>.mkv`` (default root:
     ``datasets/``). ``frames``: fewer frames (a shorter clip, the same move sped up)."""
     spec = SUITES[suite]
@@ -101,20 +119,24 @@ def generate(suite: str, root: Path | None = None, *, workers: int | None = None
     # spawn, not fork: a forked child of a process with threads (a test runner, torch's or
     # Playwright's) can inherit a held lock and hang before it runs a part
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(int).result()   # workers start now, before the writer threads exist
+        pool.submit(int).result()  # workers start now, before the writer threads exist
+
         def write(cid: str, path: Path) -> None:
             border: list = []
             try:
                 n = write_lossless(path, clip_frames(pool, cid, spec, border), spec.fps)
-            except BaseException as e:      # raised below, in the calling thread
+            except BaseException as e:  # raised below, in the calling thread
                 errors.append(e)
                 return
             if verbose:
                 frac = max(border)
                 warn = "  WARNING: frame border shows" if frac > 0.002 else ""
-                print(f"{suite}/{cid}: {n}x{spec.width}x{spec.height} @ {spec.fps} fps, "
-                      f"{path.stat().st_size / 1e6:.0f} MB, border {frac:.2%}, "
-                      f"{time.perf_counter() - t0:.0f} s{warn}", flush=True)
+                print(
+                    f"{suite}/{cid}: {n}x{spec.width}x{spec.height} @ {spec.fps} fps, "
+                    f"{path.stat().st_size / 1e6:.0f} MB, border {frac:.2%}, "
+                    f"{time.perf_counter() - t0:.0f} s{warn}",
+                    flush=True,
+                )
 
         threads = [threading.Thread(target=write, args=(c, p)) for c, p in zip(clips, paths)]
         for t in threads:
@@ -129,15 +151,19 @@ def generate(suite: str, root: Path | None = None, *, workers: int | None = None
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", choices=sorted(SUITES), default="scale720")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="root folder: clips go to OUT/<suite>/clips/ (default: datasets/)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="root folder: clips go to OUT/<suite>/clips/ (default: datasets/)",
+    )
     ap.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
-    ap.add_argument("--frames", type=int, default=None,
-                    help="frames per clip (default 240; fewer for a quick try)")
+    ap.add_argument(
+        "--frames", type=int, default=None, help="frames per clip (default 240; fewer for a quick try)"
+    )
     ap.add_argument("--clips", nargs="+", default=None, metavar="ID", help="only these clips")
     args = ap.parse_args(argv)
-    generate(args.suite, args.out, workers=args.workers, frames=args.frames, clips=args.clips,
-             verbose=True)
+    generate(args.suite, args.out, workers=args.workers, frames=args.frames, clips=args.clips, verbose=True)
     return 0
 
 

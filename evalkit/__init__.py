@@ -17,6 +17,7 @@ imports them as ordinary subpackages (``PYTHONPATH=.``, an editable install, sta
 wheel carries them as ``evalkit/metrics/`` and ``evalkit/app/`` (pyproject.toml's
 ``package-dir``).
 """
+
 from .errors import (
     EvalkitError,
     InputFileError,
@@ -41,4 +42,3 @@ __all__ = [
     "WeightsError",
     "InternalError",
 ]
-

@@ -1,4 +1,5 @@
 """Work spread over a few threads, results in order, memory bounded."""
+
 from __future__ import annotations
 
 import collections
@@ -66,7 +67,7 @@ def fan_out(items, consumers, *, depth: int = FAN_OUT_DEPTH, name: str = "evalki
 
         def put(item) -> None:
             for q, f in zip(queues, futures):
-                while not f.done():        # a consumer that ended takes no more
+                while not f.done():  # a consumer that ended takes no more
                     try:
                         q.put(item, timeout=0.1)
                         break
@@ -77,13 +78,13 @@ def fan_out(items, consumers, *, depth: int = FAN_OUT_DEPTH, name: str = "evalki
             for item in items:
                 put(item)
                 if any(f.done() for f in futures):
-                    break                   # a consumer failed (or ended): raised below
+                    break  # a consumer failed (or ended): raised below
         except BaseException:
             put(_ABORT)
             for f in futures:
                 try:
                     f.result()
-                except Exception:           # the producer's error is the one told
+                except Exception:  # the producer's error is the one told
                     pass
             raise
         failed = [f for f in futures if f.done() and f.exception() is not None]
@@ -95,5 +96,5 @@ def fan_out(items, consumers, *, depth: int = FAN_OUT_DEPTH, name: str = "evalki
             except Aborted:
                 results.append(None)
         if failed:
-            failed[0].result()              # the consumer's own error
+            failed[0].result()  # the consumer's own error
     return results

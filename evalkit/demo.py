@@ -12,6 +12,7 @@
 
     python -m evalkit.demo [--out demo-out]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,6 @@ def run(argv=None) -> int:
     a = p.parse_args(argv)
     from evalkit.render.backend import parse_spec
     from evalkit.render.driver import run_dir_name
-
     from evalkit.render.renderers.canary import MODEL_DIR
     from evalkit.render.renderers.diffusers import model_digest
 
@@ -69,8 +69,10 @@ def run(argv=None) -> int:
     code = cli([str(s) for s in step])
     if code not in (0, 1):
         return code
-    print(f"\ndemo: report in {a.out / 'report' / 'index.html'} (gate "
-          f"{'passed' if code == 0 else 'failed'}: see the report for why)")
+    print(
+        f"\ndemo: report in {a.out / 'report' / 'index.html'} (gate "
+        f"{'passed' if code == 0 else 'failed'}: see the report for why)"
+    )
 
     import secrets
     import shutil
@@ -83,9 +85,24 @@ def run(argv=None) -> int:
     link = f"{base}?token="
     # --delivery lossless: the CPU pair's bf16 difference (47-53 dB PSNR) is finer than any
     # 8-bit 4:2:0 stream carries (docs/studies.md, "Delivery"); raters see the rendered pixels
-    for step in (["study", "create", "--delivery", "lossless", a.out / "report", "--db", db,
-                  "--protocol", "abx", "--clips", "all", "--seed", "1"],
-                 ["study", "invite", "--db", db, "--study", "1", "--base-url", link]):
+    for step in (
+        [
+            "study",
+            "create",
+            "--delivery",
+            "lossless",
+            a.out / "report",
+            "--db",
+            db,
+            "--protocol",
+            "abx",
+            "--clips",
+            "all",
+            "--seed",
+            "1",
+        ],
+        ["study", "invite", "--db", db, "--study", "1", "--base-url", link],
+    ):
         print(f"\n$ evalkit {' '.join(map(str, step))}", flush=True)
         code = cli([str(s) for s in step])
         if code != 0:

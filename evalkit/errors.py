@@ -14,6 +14,7 @@ The hierarchy::
 
 Every message is one line and names the file or field, what was expected and what was found.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,8 +76,10 @@ class WriteError(UserError):
 
     def __init__(self, path: os.PathLike | str, reason: str, kept: str):
         self.path = str(path)
-        super().__init__(f"{self.path}: could not be written ({reason}); {kept}, nothing was "
-                         "lost: make room and run the command again")
+        super().__init__(
+            f"{self.path}: could not be written ({reason}); {kept}, nothing was "
+            "lost: make room and run the command again"
+        )
 
 
 class WeightsError(UserError):

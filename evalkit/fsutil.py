@@ -15,6 +15,7 @@ same folders, copied as they are, as package data: ``evalkit/models/canary/`` an
 the installed package when there is one, else the repository checkout (an editable install, or
 the source tree on ``sys.path``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,14 @@ from pathlib import Path
 
 from evalkit.errors import WriteError
 
-_TEMP_FLAGS = (os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+_TEMP_FLAGS = (
+    os.O_RDWR
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 
 
 def mkstemp(*, dir: os.PathLike | str, prefix: str = ".tmp-", suffix: str = "") -> tuple[int, str]:
@@ -77,23 +84,28 @@ def storage_error(e: BaseException, db: str | None = None) -> str | None:
         if isinstance(seen, OSError) and seen.errno is not None:
             where = str(seen.filename or "a file")
             name = where.rstrip("/").rsplit("/", 1)[-1]
-            if name.startswith(".") and ".tmp-" in name:     # an atomic write's temporary:
-                where = where.rstrip("/").rsplit("/", 1)[0] or "."   # its folder is the place
+            if name.startswith(".") and ".tmp-" in name:  # an atomic write's temporary:
+                where = where.rstrip("/").rsplit("/", 1)[0] or "."  # its folder is the place
             if no_room(seen):
-                return (f"{where}: could not be written ({seen.strerror}); make room and run "
-                        "the command again")
+                return f"{where}: could not be written ({seen.strerror}); make room and run the command again"
             if seen.errno in NOT_WRITABLE:
-                return (f"{where}: cannot be written ({seen.strerror}); write somewhere "
-                        "writable (what the command wrote before this is kept)")
+                return (
+                    f"{where}: cannot be written ({seen.strerror}); write somewhere "
+                    "writable (what the command wrote before this is kept)"
+                )
         text = str(seen).lower()
         if type(seen).__module__.startswith(("sqlite3", "sqlalchemy")):
             named = f"--db {db}: " if db else ""
             if "readonly database" in text or "read-only" in text:
-                return (f"{named}the study database cannot be written (read-only: its file or its "
-                        "folder); copy it somewhere writable")
+                return (
+                    f"{named}the study database cannot be written (read-only: its file or its "
+                    "folder); copy it somewhere writable"
+                )
             if "database or disk is full" in text or "disk i/o error" in text:
-                return (f"{named}the study database could not be written (no space left on its disk, "
-                        "or a disk I/O error); make room and run the command again")
+                return (
+                    f"{named}the study database could not be written (no space left on its disk, "
+                    "or a disk I/O error); make room and run the command again"
+                )
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -132,11 +144,11 @@ def remove_stale_temporaries(folder: os.PathLike | str, pattern: str = ".tmp-*")
     for p in folder.glob(pattern):
         try:
             fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        except OSError:              # gone meanwhile, or a link: not ours
+        except OSError:  # gone meanwhile, or a link: not ours
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:      # being written
+        except BlockingIOError:  # being written
             os.close(fd)
             continue
         try:
@@ -159,8 +171,7 @@ def atomic_path(path: os.PathLike | str, suffix: str | None = None):
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix,
-                          dir=path.parent)
+        fd, tmp = mkstemp(prefix=f".tmp-{path.stem}-", suffix=suffix or path.suffix, dir=path.parent)
     except OSError as e:
         if no_room(e):
             raise _write_error(path, e) from e
@@ -183,8 +194,7 @@ def atomic_path(path: os.PathLike | str, suffix: str | None = None):
 
 
 def _write_error(path: Path, e: BaseException) -> WriteError:
-    kept = (f"the {path.name} there is kept as it was" if path.exists()
-            else f"no {path.name} was written")
+    kept = f"the {path.name} there is kept as it was" if path.exists() else f"no {path.name} was written"
     return WriteError(path, _reason(e), kept)
 
 
@@ -223,6 +233,7 @@ def crash_point() -> None:
 
 # -- whole folders -------------------------------------------------------------------------------
 
+
 def _lock_dir(path: Path, *, wait: bool):
     """An fd of folder ``path`` holding an exclusive flock (None: another process holds it)."""
     import fcntl
@@ -249,8 +260,7 @@ def _exchange(a: Path, b: Path) -> bool:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
@@ -282,7 +292,7 @@ def cleanup_dir_leftovers(path: os.PathLike | str) -> None:
     """Tidy what a killed :func:`atomic_dir` left next to ``path``: where ``path`` itself is
     gone (killed between its two renames) the old folder set aside goes back in place; every
     other leftover is removed, except a temporary folder another process is still writing."""
-    path = Path(path).resolve()   # a link followed; "." or "x/.." named by its own name
+    path = Path(path).resolve()  # a link followed; "." or "x/.." named by its own name
     olds = [p for p in dir_leftovers(path) if p.name.startswith(f".{path.name}.old-")]
     if olds and not os.path.lexists(path):
         os.rename(olds.pop(), path)
@@ -313,7 +323,7 @@ def atomic_dir(path: os.PathLike | str):
     a kill between the two is undone by :func:`cleanup_dir_leftovers`, which runs first.
     ``path`` is a folder or absent; a symbolic link to a folder is followed.
     """
-    path = Path(path).resolve()   # a link followed; "." or "x/.." named by its own name
+    path = Path(path).resolve()  # a link followed; "." or "x/.." named by its own name
     path.parent.mkdir(parents=True, exist_ok=True)
     cleanup_dir_leftovers(path)
     for _ in range(1000):
@@ -361,11 +371,14 @@ def atomic_dir(path: os.PathLike | str):
         except BaseException as e:
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
-            if no_room(e):          # named by its place in the folder, not the temporary's
+            if no_room(e):  # named by its place in the folder, not the temporary's
                 name = Path(getattr(e, "path", None) or getattr(e, "filename", None) or tmp)
                 where = path / name.relative_to(tmp) if name.is_relative_to(tmp) else path
-                raise WriteError(where, _reason(e), f"{path} is kept as it was" if path.exists()
-                                 else f"no {path.name} was made") from e
+                raise WriteError(
+                    where,
+                    _reason(e),
+                    f"{path} is kept as it was" if path.exists() else f"no {path.name} was made",
+                ) from e
             raise
     finally:
         os.close(fd)
@@ -399,8 +412,10 @@ def _shipped(name: str, marker: str) -> Path:
     if (checkout / marker).is_file():
         return checkout
     if installed is None:
-        raise RuntimeError(f"evalkit is not installed as plain files, so its {name} folder "
-                           "cannot be used (install the wheel with pip)")
+        raise RuntimeError(
+            f"evalkit is not installed as plain files, so its {name} folder "
+            "cannot be used (install the wheel with pip)"
+        )
     return installed
 
 
@@ -437,7 +452,7 @@ def csv_cell(v):
     if isinstance(v, str):
         v = _neutral(v)
         if "\r" in v or "\n" in v:
-            parts = re.split(r"(\r\n|\r|\n)", v)      # lines, with their breaks between
+            parts = re.split(r"(\r\n|\r|\n)", v)  # lines, with their breaks between
             v = "".join(p if i % 2 else _neutral(p) for i, p in enumerate(parts))
     return v
 
@@ -476,8 +491,12 @@ def file_kind(path: Path) -> str:
     import stat
 
     mode = path.stat().st_mode
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return name
     return "a special file"

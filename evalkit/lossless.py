@@ -5,6 +5,7 @@ Every format stores exact RGB: the frames read back are byte-identical to those 
 (:func:`evalkit.video.write_lossless` writes them, any reader of :mod:`evalkit.video` reads
 them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,14 +15,14 @@ from dataclasses import dataclass, field
 class LosslessFormat:
     """One lossless format of run clips: the codec, its container and file extension."""
 
-    name: str            # what --lossless and the run manifest call it
-    ext: str             # the file extension, with its dot
-    container: str       # FFmpeg muxer
-    codec: str           # FFmpeg encoder
-    pix_fmt: str         # stored pixel format (RGB, exact)
+    name: str  # what --lossless and the run manifest call it
+    ext: str  # the file extension, with its dot
+    container: str  # FFmpeg muxer
+    codec: str  # FFmpeg encoder
+    pix_fmt: str  # stored pixel format (RGB, exact)
     options: dict = field(default_factory=dict)
     summary: str = ""
-    magic: bytes = b""   # how its files start (a clip's bytes are checked against it)
+    magic: bytes = b""  # how its files start (a clip's bytes are checked against it)
 
 
 #: The lossless formats of run clips (``render --lossless``), every one exact RGB.
@@ -30,12 +31,26 @@ class LosslessFormat:
 #: against FFV1's 75-98). PyAV refuses UT Video in Matroska (its compliance check), so it lives
 #: in NUT, FFmpeg's own container.
 LOSSLESS_FORMATS: dict[str, LosslessFormat] = {
-    "ffv1": LosslessFormat("ffv1", ".mkv", "matroska", "ffv1", "bgr0",
-                           {"level": "3", "slicecrc": "1", "g": "1"},
-                           "FFV1 level 3 in Matroska, bgr0", bytes.fromhex("1a45dfa3")),
-    "utvideo": LosslessFormat("utvideo", ".nut", "nut", "utvideo", "gbrp", {"pred": "left"},
-                              "UT Video in NUT, gbrp, left prediction",
-                              b"nut/multimedia container\0"),
+    "ffv1": LosslessFormat(
+        "ffv1",
+        ".mkv",
+        "matroska",
+        "ffv1",
+        "bgr0",
+        {"level": "3", "slicecrc": "1", "g": "1"},
+        "FFV1 level 3 in Matroska, bgr0",
+        bytes.fromhex("1a45dfa3"),
+    ),
+    "utvideo": LosslessFormat(
+        "utvideo",
+        ".nut",
+        "nut",
+        "utvideo",
+        "gbrp",
+        {"pred": "left"},
+        "UT Video in NUT, gbrp, left prediction",
+        b"nut/multimedia container\0",
+    ),
 }
 #: The lossless format of a run whose manifest names none (every run before there was a choice),
 #: and of a new run rendered on the CPU when ``--lossless`` names none
@@ -59,8 +74,7 @@ def lossless_format(codec: str) -> LosslessFormat:
     try:
         return LOSSLESS_FORMATS[codec]
     except (KeyError, TypeError):
-        raise ValueError(f"codec: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
-                         f"{codec!r}") from None
+        raise ValueError(f"codec: expected one of {', '.join(LOSSLESS_FORMATS)}, found {codec!r}") from None
 
 
 def run_format(manifest: dict) -> LosslessFormat:

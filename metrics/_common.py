@@ -3,6 +3,7 @@
 Every metric takes frames as ``(N, 3, H, W)`` tensors (or numpy arrays), either ``uint8`` in
 [0, 255] or floating point in [0, 1], and computes in float32 on the frames' device.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,9 +55,13 @@ def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = N
     """
     bench = _AUTOTUNE.get() if cudnn_benchmark is None else bool(cudnn_benchmark)
     token = _AUTOTUNE.set(bench)
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.benchmark_limit)
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.benchmark_limit,
+    )
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
@@ -67,9 +72,13 @@ def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = N
         with torch.inference_mode():
             yield
     finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-         torch.backends.cudnn.benchmark_limit) = saved
+        (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.benchmark_limit,
+        ) = saved
         _AUTOTUNE.reset(token)
 
 
@@ -81,9 +90,15 @@ def precise(cudnn_benchmark: bool | None = None, benchmark_limit: int | None = N
 #: the CPU inside a ``fast_paths`` block that turns them on, the Triton ones for their
 #: interpreter in tests). Same conventions: values move by float32 rounding at most (exactly
 #: equal for MSE, exactness, luma and the conversion). Nothing records which one ran.
-FAST_PATHS = {"triton_ssim": "EVALKIT_TRITON", "triton_pixels": "EVALKIT_TRITON", "triton_luma": "EVALKIT_TRITON",
-              "triton_temporal": "EVALKIT_TRITON", "triton_lpips": ("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"),
-              "conv1_s2d": None, "one_pass_unit": None}
+FAST_PATHS = {
+    "triton_ssim": "EVALKIT_TRITON",
+    "triton_pixels": "EVALKIT_TRITON",
+    "triton_luma": "EVALKIT_TRITON",
+    "triton_temporal": "EVALKIT_TRITON",
+    "triton_lpips": ("EVALKIT_TRITON", "EVALKIT_TRITON_LPIPS"),
+    "conv1_s2d": None,
+    "one_pass_unit": None,
+}
 _FAST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("metrics_fast_paths", default=None)
 
 
@@ -170,13 +185,16 @@ class TritonFallback:
         except Exception as e:  # noqa: BLE001 -- a kernel that cannot run here: the torch path
             if self.strict and self.ran:
                 raise
-            if self.failed is not None:      # another call failed first and warned
+            if self.failed is not None:  # another call failed first and warned
                 return fallback()
             first = (str(e).strip().splitlines() or [""])[0][:300]
             self.failed = f"{type(e).__name__}: {first}"
-            warnings.warn(f"metrics: the Triton {self.family} failed on this machine ({self.failed}); "
-                          "using the torch path (EVALKIT_TRITON=0 silences this)", RuntimeWarning,
-                          stacklevel=stacklevel)
+            warnings.warn(
+                f"metrics: the Triton {self.family} failed on this machine ({self.failed}); "
+                "using the torch path (EVALKIT_TRITON=0 silences this)",
+                RuntimeWarning,
+                stacklevel=stacklevel,
+            )
             return fallback()
         self.ran = True
         return out
@@ -190,31 +208,42 @@ def as_frames(x: Any, name: str, *, device: torch.device | None = None, offset: 
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(np.ascontiguousarray(x))
     elif not isinstance(x, torch.Tensor):
-        raise MetricInputError(f"expected a tensor or array of frames (N, 3, H, W), "
-                               f"found {type(x).__name__}", field=name)
+        raise MetricInputError(
+            f"expected a tensor or array of frames (N, 3, H, W), found {type(x).__name__}", field=name
+        )
     if x.ndim != 4 or x.shape[1] != 3:
         raise MetricInputError(f"expected frames of shape (N, 3, H, W), found {tuple(x.shape)}", field=name)
     if x.shape[0] == 0 or x.shape[2] == 0 or x.shape[3] == 0:
-        raise MetricInputError(f"expected at least one non-empty frame, found shape {tuple(x.shape)}", field=name)
+        raise MetricInputError(
+            f"expected at least one non-empty frame, found shape {tuple(x.shape)}", field=name
+        )
     if device is not None and x.device != device:
         x = x.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         return x
     if not x.is_floating_point():
-        raise MetricInputError(f"expected uint8 in [0, 255] or float in [0, 1], found dtype "
-                               f"{str(x.dtype).replace('torch.', '')}", field=name)
+        raise MetricInputError(
+            f"expected uint8 in [0, 255] or float in [0, 1], found dtype "
+            f"{str(x.dtype).replace('torch.', '')}",
+            field=name,
+        )
     flat = x.reshape(x.shape[0], -1)
     finite = torch.isfinite(flat).all(1)
     if not bool(finite.all()):
         i = int((~finite).nonzero()[0, 0])
         bad = flat[i][~torch.isfinite(flat[i])][0].item()
-        raise MetricInputError(f"frame {i + offset} holds {bad} values; expected finite values in [0, 1]", field=name)
+        raise MetricInputError(
+            f"frame {i + offset} holds {bad} values; expected finite values in [0, 1]", field=name
+        )
     lo, hi = flat.amin(1), flat.amax(1)
     out = (lo < 0) | (hi > 1)
     if bool(out.any()):
         i = int(out.nonzero()[0, 0])
-        raise MetricInputError(f"frame {i + offset} has values in [{lo[i].item():.4g}, "
-                               f"{hi[i].item():.4g}]; expected float frames in [0, 1] (or uint8)", field=name)
+        raise MetricInputError(
+            f"frame {i + offset} has values in [{lo[i].item():.4g}, "
+            f"{hi[i].item():.4g}]; expected float frames in [0, 1] (or uint8)",
+            field=name,
+        )
     return x
 
 
@@ -223,11 +252,15 @@ def check_pair(a: Any, b: Any, *, names=("a", "b"), device=None, offset: int = 0
     a = as_frames(a, names[0], device=device, offset=offset)
     b = as_frames(b, names[1], device=device if device is not None else a.device, offset=offset)
     if a.shape[2:] != b.shape[2:]:
-        raise MetricInputError(f"frames are {b.shape[3]}x{b.shape[2]}, expected "
-                               f"{a.shape[3]}x{a.shape[2]} like {names[0]}", field=names[1])
+        raise MetricInputError(
+            f"frames are {b.shape[3]}x{b.shape[2]}, expected {a.shape[3]}x{a.shape[2]} like {names[0]}",
+            field=names[1],
+        )
     if a.shape[0] != b.shape[0]:
-        raise MetricInputError(f"{b.shape[0]} frames, expected {a.shape[0]} like {names[0]} "
-                               "(frame counts must match)", field=names[1])
+        raise MetricInputError(
+            f"{b.shape[0]} frames, expected {a.shape[0]} like {names[0]} (frame counts must match)",
+            field=names[1],
+        )
     if a.device != b.device:
         b = b.to(a.device)
     return a, b

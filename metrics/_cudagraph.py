@@ -13,6 +13,7 @@ before returning. ``EVALKIT_CUDA_GRAPHS=0`` turns graphs off (eager launches); i
 fails on a machine (a driver or kernel that cannot be captured), the cache warns once and runs
 eagerly from then on.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,18 +51,23 @@ class GraphCache:
         self.replays = 0
 
     def usable(self, *inputs: torch.Tensor) -> bool:
-        return (self.failed is None and graphs_enabled()
-                and all(t.device.type == "cuda" for t in inputs)
-                and not torch.cuda.is_current_stream_capturing())
+        return (
+            self.failed is None
+            and graphs_enabled()
+            and all(t.device.type == "cuda" for t in inputs)
+            and not torch.cuda.is_current_stream_capturing()
+        )
 
-    def run(self, fn: Callable[..., torch.Tensor], inputs: tuple, key, sink: Callable[[torch.Tensor], None]) -> None:
+    def run(
+        self, fn: Callable[..., torch.Tensor], inputs: tuple, key, sink: Callable[[torch.Tensor], None]
+    ) -> None:
         """``sink(fn(*inputs))``, by a graph replay when :meth:`usable`, else eagerly."""
         if not self.usable(*inputs):
             sink(fn(*inputs))
             return
         k = (key, tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
         entry = self._graphs.get(k)
-        if entry is None:                     # first time: eager (its result used), then capture
+        if entry is None:  # first time: eager (its result used), then capture
             sink(self._capture(fn, inputs, k))
             return
         self._graphs.move_to_end(k)
@@ -81,7 +87,7 @@ class GraphCache:
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         try:
-            with torch.cuda.stream(side):     # the capture's own warm-up, as PyTorch advises
+            with torch.cuda.stream(side):  # the capture's own warm-up, as PyTorch advises
                 fn(*static)
             torch.cuda.current_stream(dev).wait_stream(side)
             if self._pool is None:
@@ -95,9 +101,13 @@ class GraphCache:
             first = (str(e).strip().splitlines() or [""])[0][:300]
             self.failed = f"{type(e).__name__}: {first}"
             self._graphs.clear()
-            warnings.warn(f"metrics: CUDA graphs of the {self.name} failed on this machine "
-                          f"({self.failed}); launching its kernels one by one "
-                          "(EVALKIT_CUDA_GRAPHS=0 silences this)", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"metrics: CUDA graphs of the {self.name} failed on this machine "
+                f"({self.failed}); launching its kernels one by one "
+                "(EVALKIT_CUDA_GRAPHS=0 silences this)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return result
         self.captures += 1
         self._graphs[k] = (graph, static, out)

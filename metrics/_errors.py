@@ -1,9 +1,9 @@
 """Exceptions of evalkit.metrics (it imports no other part of evalkit).
 
-    MetricsError            base
-    ├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
-    ├── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
-    └── VmafUnavailable     no ffmpeg binary with the libvmaf filter (evalkit.metrics.vmaf)
+MetricsError            base
+├── MetricInputError    frames of the wrong shape, dtype, range or count (also a ValueError)
+├── WeightsUnavailable  LPIPS weights missing or corrupt in the cache; names the set-up command
+└── VmafUnavailable     no ffmpeg binary with the libvmaf filter (evalkit.metrics.vmaf)
 """
 
 
@@ -25,7 +25,7 @@ class MetricInputError(MetricsError, ValueError):
         text = f"{field}: {detail}" if field else detail
         super().__init__(f"{text} ({hint})" if hint else text)
 
-    def __reduce__(self):       # pickled whole (worker processes, Ray): its parts kept
+    def __reduce__(self):  # pickled whole (worker processes, Ray): its parts kept
         return (_metric_input_error, (type(self), self.detail, self.field, self.hint))
 
 

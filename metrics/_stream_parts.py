@@ -7,6 +7,7 @@ host and the flow threads) and its warping errors; :class:`Lpips` and :class:`Fl
 metrics that carry state from one chunk to the next; :class:`Totals` keeps the running sums of
 the summary; :func:`timed` adds a stage's wall time to the evaluator's ``timings``.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -58,9 +59,13 @@ class HostRing:
         slot = slots[i]
         self._wait(slot)
         buf = slot.get("buf")
-        if (buf is None or buf.dtype != dtype or tuple(buf.shape[1:]) != tuple(shape[1:])
-                or buf.shape[0] < shape[0]):
-            slot["buf"] = None    # let the old one go first
+        if (
+            buf is None
+            or buf.dtype != dtype
+            or tuple(buf.shape[1:]) != tuple(shape[1:])
+            or buf.shape[0] < shape[0]
+        ):
+            slot["buf"] = None  # let the old one go first
             slot["buf"] = self._alloc(shape, dtype)
         return slot
 
@@ -68,7 +73,7 @@ class HostRing:
         if self.pin:
             try:
                 return torch.empty(shape, dtype=dtype, pin_memory=True)
-            except RuntimeError:    # no page-locked memory to be had: pageable, synchronous copies
+            except RuntimeError:  # no page-locked memory to be had: pageable, synchronous copies
                 self.pin = False
         return torch.empty(shape, dtype=dtype)
 
@@ -96,7 +101,7 @@ class HostRing:
         if self.device.type == "cpu":
             return x, None
         slot = self.get(key, (x.numel(),), x.dtype)
-        host = slot["buf"][:x.numel()]
+        host = slot["buf"][: x.numel()]
         host.copy_(x, non_blocking=self.pin)
         self._mark(slot)
         return host, slot
@@ -125,9 +130,34 @@ class Chunk:
     """One chunk on its way through :class:`~evalkit.metrics.stream.PairEvaluator` (prepare -> launch
     -> finish -> records)."""
 
-    __slots__ = ("t0", "n", "has_prev", "temporal", "a", "b", "u", "ua", "ub", "ya", "yb", "pa", "pb",
-                 "m", "flow_slot", "flow_dev", "futures", "out", "first", "mse", "numel",
-                 "keys", "sizes", "flat", "result_slot", "finished")
+    __slots__ = (
+        "t0",
+        "n",
+        "has_prev",
+        "temporal",
+        "a",
+        "b",
+        "u",
+        "ua",
+        "ub",
+        "ya",
+        "yb",
+        "pa",
+        "pb",
+        "m",
+        "flow_slot",
+        "flow_dev",
+        "futures",
+        "out",
+        "first",
+        "mse",
+        "numel",
+        "keys",
+        "sizes",
+        "flat",
+        "result_slot",
+        "finished",
+    )
 
     def __init__(self):
         self.futures = []
@@ -181,8 +211,7 @@ class FlowThreads:
         """Each of ``pairs``' flow (:func:`evalkit.metrics.flow.flow_into` with the ``flow`` settings)
         written into ``host[i]``: the threads' futures, or ``[]`` when computed inline."""
         if self._pool is not None:
-            return [self._pool.submit(flow_into, host[i], s, d, *flow)
-                    for i, (s, d) in enumerate(pairs)]
+            return [self._pool.submit(flow_into, host[i], s, d, *flow) for i, (s, d) in enumerate(pairs)]
         for i, (s, d) in enumerate(pairs):
             flow_into(host[i], s, d, *flow)
         return []
@@ -222,9 +251,9 @@ class Flows:
             self._on_device(job)
         elif job.temporal:
             self._through_host(job)
-        elif self.flow[0] == "torch":                  # a first chunk of one frame
+        elif self.flow[0] == "torch":  # a first chunk of one frame
             self.grey = (job.ya[-1:].clone(), job.yb[-1:].clone())
-        else:                                          # a first chunk of one frame
+        else:  # a first chunk of one frame
             g = _u8(torch.cat([job.ya[-1:], job.yb[-1:]]))
             self.grey = (g[0].copy(), g[1].copy())
         self.unit = (job.ua[-1:].clone(), job.ub[-1:].clone())
@@ -249,15 +278,15 @@ class Flows:
         """OpenCV's flows on the grey frames (the one wait of the chunk), written into a host
         buffer by the flow threads (or inline)."""
         n = job.n
-        g = _u8(torch.cat([job.ya, job.yb]))          # the one wait of the chunk
+        g = _u8(torch.cat([job.ya, job.yb]))  # the one wait of the chunk
         ga, gb = g[:n], g[n:]
         if job.has_prev:
             ga = np.concatenate([self.grey[0][None], ga])
             gb = np.concatenate([self.grey[1][None], gb])
         pairs = []
         for gr in (ga, gb):
-            pairs += [(gr[i - 1], gr[i]) for i in range(1, len(gr))]   # forward t-1 -> t
-            pairs += [(gr[i], gr[i - 1]) for i in range(1, len(gr))]   # backward t -> t-1
+            pairs += [(gr[i - 1], gr[i]) for i in range(1, len(gr))]  # forward t-1 -> t
+            pairs += [(gr[i], gr[i - 1]) for i in range(1, len(gr))]  # backward t -> t-1
         job.m = len(ga) - 1
         h, w = job.a.shape[2], job.a.shape[3]
         slot = self.ring.get("flow", (len(pairs), h, w, 2), torch.float32)
@@ -287,16 +316,17 @@ class Flows:
         warped and masked there; ``precise``: the evaluator's numeric context)."""
         m = job.m
         if job.flow_dev is None:
-            fl = self.ring.to_device(job.flow_slot, job.flow_slot["buf"][:4 * m])
+            fl = self.ring.to_device(job.flow_slot, job.flow_slot["buf"][: 4 * m])
         with precise():
             if job.flow_dev is None:
-                fl = fl.permute(0, 3, 1, 2).contiguous()   # (4m, 2, H, W)
+                fl = fl.permute(0, 3, 1, 2).contiguous()  # (4m, 2, H, W)
             else:
                 fl, job.flow_dev = job.flow_dev, None
-            fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m:2 * m], fl[2 * m:3 * m], fl[3 * m:]
+            fwd_a, bwd_a, fwd_b, bwd_b = fl[:m], fl[m : 2 * m], fl[2 * m : 3 * m], fl[3 * m :]
             # on CUDA one Triton pass per clip (evalkit.metrics._triton_temporal), else torch
             out["warp_error_a"], out["warp_error_b"], out["tof"] = temporal_from_flows(
-                job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b)
+                job.pa, job.pb, fwd_a, bwd_a, fwd_b, bwd_b
+            )
             out["warp_error_diff"] = out["warp_error_b"] - out["warp_error_a"]
         del fl, fwd_a, bwd_a, fwd_b, bwd_b
         job.pa = job.pb = None
@@ -314,7 +344,7 @@ class Lpips:
 
     def reset(self) -> None:
         self.feats = None
-        self.raw = False     # LPIPS features raw for the Triton head (set per clip)
+        self.raw = False  # LPIPS features raw for the Triton head (set per clip)
 
     def launch(self, job: Chunk, out: dict, *, two_passes: bool, carry: bool) -> None:
         """Queue ``job``'s LPIPS (and tLP when the chunk is temporal) into ``out``; one trunk
@@ -352,8 +382,9 @@ class Lpips:
         if prev_feats is not None:
             parts.append(self.model.distance([f[:1] for f in feats], prev_feats, normalised=not raw))
         if feats[0].shape[0] > 1:
-            parts.append(self.model.distance([f[1:] for f in feats], [f[:-1] for f in feats],
-                                             normalised=not raw))
+            parts.append(
+                self.model.distance([f[1:] for f in feats], [f[:-1] for f in feats], normalised=not raw)
+            )
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -374,11 +405,11 @@ class Flicker:
         la, lb = lowpass_luma(job.a, self.block), lowpass_luma(job.b, self.block)
         if job.has_prev:
             la, lb = torch.cat([self.low[0], la]), torch.cat([self.low[1], lb])
-        l_first = t0 + n - la.shape[0]            # frame number of la[0]
+        l_first = t0 + n - la.shape[0]  # frame number of la[0]
         if la.shape[0] >= 2:
             da_, db_ = la[1:] - la[:-1], lb[1:] - lb[:-1]
             fl_pair = (da_ - db_).abs().mean((1, 2, 3))
-            out["flicker"] = fl_pair[max(0, t0 - (l_first + 1)):]
+            out["flicker"] = fl_pair[max(0, t0 - (l_first + 1)) :]
             if la.shape[0] >= 3:
                 out["flicker_a"] = (da_[1:] - da_[:-1]).abs().mean((1, 2, 3))
                 out["flicker_b"] = (db_[1:] - db_[:-1]).abs().mean((1, 2, 3))
@@ -395,7 +426,7 @@ class Totals:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.identical = 0
-        self.sq_total = 0.0     # pooled squared error (8-bit or [0,1] units) for psnr_pooled
+        self.sq_total = 0.0  # pooled squared error (8-bit or [0,1] units) for psnr_pooled
         self.px_total = 0
         self.peak = None
 

@@ -26,6 +26,7 @@ across pixels or pairs: the result is deterministic and does not depend on the b
 Sizes are not specialised on (one compilation per kernel and constant, whatever the pyramid
 level). Indices are int32: callers keep ``pairs x 5 x H x W`` below 2**31 (:data:`MAX_ELEMENTS`).
 """
+
 from __future__ import annotations
 
 import os
@@ -93,7 +94,7 @@ def _sample(i1_ptr, img, px, py, W, H, wm1, hm1, sx, sy):
     iy = tl.minimum(tl.maximum(iy, 0.0), hm1)
     fx = tl.floor(ix)
     fy = tl.floor(iy)
-    x0 = tl.minimum(tl.maximum(fx.to(tl.int32), 0), W - 1)     # (a no-op: never a stray address)
+    x0 = tl.minimum(tl.maximum(fx.to(tl.int32), 0), W - 1)  # (a no-op: never a stray address)
     y0 = tl.minimum(tl.maximum(fy.to(tl.int32), 0), H - 1)
     x1 = x0 + 1
     y1 = y0 + 1
@@ -130,9 +131,10 @@ def _row_index(rows, W, ROWS: tl.constexpr, BX: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["rows", "H", "W"])
-def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, rows, H, W, sx, sy,
-                     ROWS: tl.constexpr, BX: tl.constexpr):
-    r, x0, x, live = _row_index(rows, W, ROWS, BX)       # rows: n * H + y
+def _products_kernel(
+    i0_ptr, i1_ptr, fl_ptr, out_ptr, rows, H, W, sx, sy, ROWS: tl.constexpr, BX: tl.constexpr
+):
+    r, x0, x, live = _row_index(rows, W, ROWS, BX)  # rows: n * H + y
     n = r // H
     y = r - n * H
     HW = H * W
@@ -160,14 +162,18 @@ def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, rows, H, W, sx, sy,
     yb = tl.maximum(y - 1, 0)
     yc = tl.minimum(y + 1, H - 1)
     yd = tl.minimum(y + 2, H - 1)
-    gx = (_warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xa, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xb, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xc, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xd, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12))
-    gy = (_warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, ya, x, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yb, x, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yc, x, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
-          + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yd, x, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12))
+    gx = (
+        _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xa, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xb, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xc, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, y, xd, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12)
+    )
+    gy = (
+        _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, ya, x, W, H, HW, wm1, hm1, sx, sy) * (1.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yb, x, W, H, HW, wm1, hm1, sx, sy) * (-8.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yc, x, W, H, HW, wm1, hm1, sx, sy) * (8.0 / 12)
+        + _warp_mean(i0_ptr, i1_ptr, fl_ptr, img, fimg, yd, x, W, H, HW, wm1, hm1, sx, sy) * (-1.0 / 12)
+    )
     gx = gx * insf
     gy = gy * insf
     o = n * (5 * HW) + rem
@@ -179,8 +185,7 @@ def _products_kernel(i0_ptr, i1_ptr, fl_ptr, out_ptr, rows, H, W, sx, sy,
 
 
 @triton.jit(do_not_specialize=["rows", "W"])
-def _blur_x_kernel(in_ptr, g_ptr, out_ptr, rows, W, R: tl.constexpr, ROWS: tl.constexpr,
-                   BX: tl.constexpr):
+def _blur_x_kernel(in_ptr, g_ptr, out_ptr, rows, W, R: tl.constexpr, ROWS: tl.constexpr, BX: tl.constexpr):
     """Correlation of every row with the 2R+1 taps at ``g_ptr``, replicate borders. Programs
     whose pixels and R on either side lie inside the row load at constant offsets; the others
     clamp (x - k at 0, x + k at W - 1: x itself is in the row)."""
@@ -204,8 +209,9 @@ def _blur_x_kernel(in_ptr, g_ptr, out_ptr, rows, W, R: tl.constexpr, ROWS: tl.co
 
 
 @triton.jit(do_not_specialize=["total", "H", "W"])
-def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha,
-                        R: tl.constexpr, BLOCK: tl.constexpr):
+def _blur_y_coef_kernel(
+    in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha, R: tl.constexpr, BLOCK: tl.constexpr
+):
     """Column pass of the window on the five products, then the Jacobi coefficients.
 
     coef channels: 1/(J11+a), 1/(J22+a), J12, cst_u, cst_v, with
@@ -245,8 +251,9 @@ def _blur_y_coef_kernel(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alp
 
 
 @triton.jit(do_not_specialize=["total", "H", "W"])
-def _jacobi_kernel(d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha,
-                   FINAL: tl.constexpr, BLOCK: tl.constexpr):
+def _jacobi_kernel(
+    d_ptr, coef_ptr, fl_ptr, out_ptr, total, H, W, alpha, FINAL: tl.constexpr, BLOCK: tl.constexpr
+):
     """d' = cst + a inv avg4(d) - J12 inv d_other (per component); FINAL: out = flow + d'."""
     live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     f = n * (2 * HW)
@@ -298,8 +305,9 @@ def _launch_rows(kernel, tile, rows: int, w: int, *args, **kw):
     kernel[(triton.cdiv(rows, tr), triton.cdiv(w, tx))](*args, ROWS=tr, BX=tx, num_warps=warps, **kw)
 
 
-def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.Tensor,
-              inner: int, alpha: float) -> torch.Tensor:
+def warp_step(
+    i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.Tensor, inner: int, alpha: float
+) -> torch.Tensor:
     """One warp step of ``torchflow._flow_batch`` (i0, i1: (N, 1, H, W), flow: (N, 2, H, W),
     g: the window's 1-D taps) -> the refined flow, a new tensor."""
     n, _, h, w = i0.shape
@@ -314,13 +322,13 @@ def warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, g: torch.T
     tmp = torch.empty_like(prod)
     r = g.numel() // 2
     _launch_rows(_blur_x_kernel, BLUR_X_TILE, n * 5 * h, w, prod, g, tmp, n * 5 * h, w, R=r)
-    coef = prod                               # the products are no longer needed
+    coef = prod  # the products are no longer needed
     d = torch.empty_like(flow)
     _launch(_blur_y_coef_kernel, px, tmp, g, flow, coef, d, px, h, w, alpha, R=r)
     if inner <= 1:
         return flow + d
     e = torch.empty_like(flow)
-    for left in range(inner - 2, -1, -1):   # one launch per Jacobi iteration
+    for left in range(inner - 2, -1, -1):  # one launch per Jacobi iteration
         out = e if left else torch.empty_like(flow)
         _launch(_jacobi_kernel, px, d, coef, flow, out, px, h, w, alpha, FINAL=not left)
         d, e = out, d

@@ -22,6 +22,7 @@ Memory traffic per layer and frame pair: one read of both sides' raw features (a
 partial sums), where the torch path reads and writes the features and the normalised
 features several times.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,25 @@ LAYERS = 5
 
 
 @triton.jit
-def _layer(x_ptr, y_ptr, w_ptr, part_ptr, C, HW, part_row, part_off, eps,
-           xn, xc, xp, yn, yc, yp, CP: tl.constexpr, BP: tl.constexpr):
+def _layer(
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    part_ptr,
+    C,
+    HW,
+    part_row,
+    part_off,
+    eps,
+    xn,
+    xc,
+    xp,
+    yn,
+    yc,
+    yp,
+    CP: tl.constexpr,
+    BP: tl.constexpr,
+):
     t = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     c = tl.arange(0, CP)[:, None]
@@ -71,8 +89,27 @@ def _layer_mean(part_ptr, start, count, hw, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _reduce(part_ptr, out_ptr, part_row, s0, s1, s2, s3, s4, c0, c1, c2, c3, c4,
-            hw0, hw1, hw2, hw3, hw4, BLOCK: tl.constexpr):
+def _reduce(
+    part_ptr,
+    out_ptr,
+    part_row,
+    s0,
+    s1,
+    s2,
+    s3,
+    s4,
+    c0,
+    c1,
+    c2,
+    c3,
+    c4,
+    hw0,
+    hw1,
+    hw2,
+    hw3,
+    hw4,
+    BLOCK: tl.constexpr,
+):
     n = tl.program_id(0).to(tl.int64)
     row = part_ptr + n * part_row
     total = _layer_mean(row, s0, c0, hw0, BLOCK)
@@ -104,13 +141,16 @@ def _tile(c: int, hw: int) -> tuple[int, int]:
     return cp, max(16, _TILE // cp)
 
 
-def lpips_distance(fa: list[torch.Tensor], fb: list[torch.Tensor], weights: list[torch.Tensor],
-                   eps: float) -> torch.Tensor:
+def lpips_distance(
+    fa: list[torch.Tensor], fb: list[torch.Tensor], weights: list[torch.Tensor], eps: float
+) -> torch.Tensor:
     """LPIPS v0.1 from the raw trunk features of both sides: five (N, C_l, H_l, W_l) float32
     tensors each (any strides), ``weights`` the five heads' (C_l,) float32 weights (contiguous,
     on the features' device) -> (N,) float32."""
     if not (len(fa) == len(fb) == len(weights) == LAYERS):
-        raise ValueError(f"lpips_distance: expected {LAYERS} layers, found {len(fa)}, {len(fb)}, {len(weights)}")
+        raise ValueError(
+            f"lpips_distance: expected {LAYERS} layers, found {len(fa)}, {len(fb)}, {len(weights)}"
+        )
     n = fa[0].shape[0]
     dev = fa[0].device
     tiles, plan = 0, []
@@ -126,8 +166,22 @@ def lpips_distance(fa: list[torch.Tensor], fb: list[torch.Tensor], weights: list
     for x, y, w, c, hw, cp, bp, start, k in plan:
         x, *xs = _pixel_strides(x)
         y, *ys = _pixel_strides(y)
-        _layer[(k, n)](x, y, w, parts, c, hw, tiles, start, eps, *xs, *ys, CP=cp, BP=bp,
-                       num_warps=4 if INTERPRET else _WARPS)
+        _layer[(k, n)](
+            x,
+            y,
+            w,
+            parts,
+            c,
+            hw,
+            tiles,
+            start,
+            eps,
+            *xs,
+            *ys,
+            CP=cp,
+            BP=bp,
+            num_warps=4 if INTERPRET else _WARPS,
+        )
     out = torch.empty(n, dtype=torch.float32, device=dev)
     starts = [p[7] for p in plan]
     counts = [p[8] for p in plan]

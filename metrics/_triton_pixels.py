@@ -6,6 +6,7 @@ differs: the numbers of ``fidelity.mse_kernel`` and ``fidelity.exactness_kernel`
 input, exactly (integer sums do not depend on their order). Any strides (the stream hands
 channels-last views of its staging buffers).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,12 +16,13 @@ import triton.language as tl
 
 # Pixel positions per program: 3 x 4096 squared differences of at most 255^2 stay below 2^31.
 _BLOCK = 4096
-_WEIGHTS: dict[tuple, torch.Tensor] = {}     # luma weights as float64 tensors, per device
+_WEIGHTS: dict[tuple, torch.Tensor] = {}  # luma weights as float64 tensors, per device
 
 
 @triton.jit
-def _pixels(a_ptr, b_ptr, sq_ptr, mx_ptr, cnt_ptr, HW, W, n_tiles,
-            an, ac, ah, aw, bn, bc, bh, bw, BLOCK: tl.constexpr):
+def _pixels(
+    a_ptr, b_ptr, sq_ptr, mx_ptr, cnt_ptr, HW, W, n_tiles, an, ac, ah, aw, bn, bc, bh, bw, BLOCK: tl.constexpr
+):
     t = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     p = t * BLOCK + tl.arange(0, BLOCK)
@@ -96,6 +98,5 @@ def luma_u8(x: torch.Tensor, weights: tuple[float, float, float]) -> torch.Tenso
     if wt is None:
         wt = _WEIGHTS[key] = torch.tensor(weights, dtype=torch.float64).to(x.device)
     hw = h * w
-    _luma[(triton.cdiv(hw, _BLOCK), n)](x, wt, out, hw, w, *x.stride(), BLOCK=_BLOCK,
-                                        enable_fp_fusion=False)
+    _luma[(triton.cdiv(hw, _BLOCK), n)](x, wt, out, hw, w, *x.stride(), BLOCK=_BLOCK, enable_fp_fusion=False)
     return out

@@ -29,6 +29,7 @@ constant, whatever the level) nor on the alignment of the pointers that may be s
 caller's tensors (the frames, the output: no new compilation for a last, smaller batch). Indices
 are int32: pairs x 2 x H x W below 2**31 (:data:`MAX_ELEMENTS`).
 """
+
 from __future__ import annotations
 
 import os
@@ -80,20 +81,20 @@ def _down_at(p, x0, x1, x2, x3, x4, r0, r1, r2, r3, r4, SCALE: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["total", "H", "W", "Ho", "Wo"],
-            do_not_specialize_on_alignment=["a_ptr", "b_ptr"])
-def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.constexpr,
-                 BLOCK: tl.constexpr):
+@triton.jit(
+    do_not_specialize=["total", "H", "W", "Ho", "Wo"], do_not_specialize_on_alignment=["a_ptr", "b_ptr"]
+)
+def _down_kernel(a_ptr, b_ptr, oa_ptr, ob_ptr, total, H, W, Ho, Wo, SCALE: tl.constexpr, BLOCK: tl.constexpr):
     """Level down of ``a`` and ``b`` ((N, H, W) each) -> ``oa``, ``ob`` ((N, Ho, Wo) each): this
     program's BLOCK output pixels of each (``total`` = N Ho Wo). Output pixel (ox, oy) sums input
     columns ``clamp(2 ox - 2 .. 2 ox + 2)`` and rows ``clamp(2 oy - 2 .. 2 oy + 2)``."""
     live, HWo, n, rem, oy, ox = pixel_index(total, Ho, Wo, BLOCK)
-    o = n * HWo + rem                         # the output pixel (lanes past total: pixel 0)
+    o = n * HWo + rem  # the output pixel (lanes past total: pixel 0)
     cx = 2 * ox
     cy = 2 * oy
     x0 = tl.maximum(cx - 2, 0)
     x1 = tl.maximum(cx - 1, 0)
-    x2 = tl.minimum(cx, W - 1)                # (a no-op: 2 ox <= W - 1)
+    x2 = tl.minimum(cx, W - 1)  # (a no-op: 2 ox <= W - 1)
     x3 = tl.minimum(cx + 1, W - 1)
     x4 = tl.minimum(cx + 2, W - 1)
     r0 = tl.maximum(cy - 2, 0) * W
@@ -115,15 +116,15 @@ def _upsample_kernel(fl_ptr, out_ptr, total, H, W, PH, PW, sx, sy, BLOCK: tl.con
     live, HW, n, rem, y, x = pixel_index(total, H, W, BLOCK)
     wm1 = (PW - 1).to(tl.float32)
     hm1 = (PH - 1).to(tl.float32)
-    gx = x.to(tl.float32) * sx - 1.0          # the grid, as torch's two kernels round it
+    gx = x.to(tl.float32) * sx - 1.0  # the grid, as torch's two kernels round it
     gy = y.to(tl.float32) * sy - 1.0
-    ix = ((gx + 1.0) * 0.5) * wm1             # grid_sampler_compute_source_index, align_corners
+    ix = ((gx + 1.0) * 0.5) * wm1  # grid_sampler_compute_source_index, align_corners
     iy = ((gy + 1.0) * 0.5) * hm1
     ix = tl.minimum(tl.maximum(ix, 0.0), wm1)
     iy = tl.minimum(tl.maximum(iy, 0.0), hm1)
     fx = tl.floor(ix)
     fy = tl.floor(iy)
-    x0 = tl.minimum(tl.maximum(fx.to(tl.int32), 0), PW - 1)   # (a no-op: never a stray address)
+    x0 = tl.minimum(tl.maximum(fx.to(tl.int32), 0), PW - 1)  # (a no-op: never a stray address)
     y0 = tl.minimum(tl.maximum(fy.to(tl.int32), 0), PH - 1)
     tx1 = (x0 + 1).to(tl.float32)
     ty1 = (y0 + 1).to(tl.float32)
@@ -131,7 +132,7 @@ def _upsample_kernel(fl_ptr, out_ptr, total, H, W, PH, PW, sx, sy, BLOCK: tl.con
     w_ne = (ix - fx) * (ty1 - iy)
     w_sw = (tx1 - ix) * (iy - fy)
     w_se = (ix - fx) * (iy - fy)
-    m_ne = x0 + 1 < PW                        # a corner beyond the last column or row weighs 0
+    m_ne = x0 + 1 < PW  # a corner beyond the last column or row weighs 0
     m_sw = y0 + 1 < PH
     m_se = m_ne & m_sw
     PHW = PH * PW
@@ -166,8 +167,9 @@ def down(a: torch.Tensor, b: torch.Tensor, scale: bool = False) -> tuple[torch.T
     units (uint8 or float), scaled by 1/255 as ``torch_flow`` scales them (then ``_down`` of the
     scaled frames); otherwise float32 pyramid levels."""
     if a.shape != b.shape or a.ndim != 4 or a.shape[1] != 1:
-        raise ValueError(f"pyramid down: two (N, 1, H, W) tensors of one size, got {tuple(a.shape)}"
-                         f" and {tuple(b.shape)}")
+        raise ValueError(
+            f"pyramid down: two (N, 1, H, W) tensors of one size, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if not scale and (a.dtype != torch.float32 or b.dtype != torch.float32):
         raise ValueError(f"pyramid down: float32 levels expected without scale, got {a.dtype}, {b.dtype}")
     n, _, h, w = a.shape
@@ -187,15 +189,19 @@ def upsample(flow: torch.Tensor, h: int, w: int, out: torch.Tensor | None = None
     x2, into ``out`` (contiguous float32 (N, 2, h, w)) when given."""
     n, c, ph, pw = flow.shape
     if c != 2 or flow.dtype != torch.float32:
-        raise ValueError(f"flow upsample: a float32 (N, 2, H, W) flow expected, got {tuple(flow.shape)} {flow.dtype}")
+        raise ValueError(
+            f"flow upsample: a float32 (N, 2, H, W) flow expected, got {tuple(flow.shape)} {flow.dtype}"
+        )
     if 2 * n * max(h * w, ph * pw) > MAX_ELEMENTS:
         raise ValueError(f"flow upsample: {n} flows of {w}x{h} exceed int32 indexing; use smaller batches")
     flow = flow.contiguous()
     if out is None:
         out = torch.empty((n, 2, h, w), dtype=torch.float32, device=flow.device)
     elif out.shape != (n, 2, h, w) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"flow upsample: out must be a contiguous float32 {(n, 2, h, w)}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"flow upsample: out must be a contiguous float32 {(n, 2, h, w)}, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
     # the grid's steps as _upsample computes them (a Python float, rounded to float32 by torch)
     sx = 0.5 * 2.0 / max(pw - 1, 1)
     sy = 0.5 * 2.0 / max(ph - 1, 1)

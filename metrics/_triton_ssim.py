@@ -17,6 +17,7 @@ is deterministic and the same whatever else is in the batch. The shift is the pl
 mean rounded to an integer, summed in float64 (exact for integer-valued planes, the 8-bit
 luma and RGB of the default conventions, so independent of the reduction order).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,21 @@ _REDUCE_BLOCK = 256
 
 
 @triton.jit
-def _hpass(x_ptr, y_ptr, shift_ptr, g_ptr, out_ptr, H, W, WV, n_cb, q_stride,
-           K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _hpass(
+    x_ptr,
+    y_ptr,
+    shift_ptr,
+    g_ptr,
+    out_ptr,
+    H,
+    W,
+    WV,
+    n_cb,
+    q_stride,
+    K: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     pid = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = (pid // n_cb) * BR + tl.arange(0, BR)[:, None]
@@ -61,8 +75,23 @@ def _hpass(x_ptr, y_ptr, shift_ptr, g_ptr, out_ptr, H, W, WV, n_cb, q_stride,
 
 
 @triton.jit
-def _vpass(h_ptr, shift_ptr, g_ptr, part_ptr, H, HV, WV, n_cb, n_tiles, q_stride, c1, c2,
-           K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _vpass(
+    h_ptr,
+    shift_ptr,
+    g_ptr,
+    part_ptr,
+    H,
+    HV,
+    WV,
+    n_cb,
+    n_tiles,
+    q_stride,
+    c1,
+    c2,
+    K: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     pid = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = (pid // n_cb) * BR + tl.arange(0, BR)[:, None]
@@ -123,12 +152,28 @@ def ssim_planes(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c1: float, c2
     scratch = torch.empty((5, m, h, wv), dtype=torch.float32, device=x.device)
     q_stride = m * h * wv
     n_cb = triton.cdiv(wv, _BC)
-    _hpass[(triton.cdiv(h, _BR) * n_cb, m)](x, y, shift, g, scratch, h, w, wv, n_cb, q_stride,
-                                           K=k, BR=_BR, BC=_BC)
+    _hpass[(triton.cdiv(h, _BR) * n_cb, m)](
+        x, y, shift, g, scratch, h, w, wv, n_cb, q_stride, K=k, BR=_BR, BC=_BC
+    )
     n_tiles = triton.cdiv(hv, _BR) * n_cb
     parts = torch.empty((m, n_tiles), dtype=torch.float32, device=x.device)
-    _vpass[(n_tiles, m)](scratch, shift, g, parts, h, hv, wv, n_cb, n_tiles, q_stride,
-                         float(c1), float(c2), K=k, BR=_BR, BC=_BC)
+    _vpass[(n_tiles, m)](
+        scratch,
+        shift,
+        g,
+        parts,
+        h,
+        hv,
+        wv,
+        n_cb,
+        n_tiles,
+        q_stride,
+        float(c1),
+        float(c2),
+        K=k,
+        BR=_BR,
+        BC=_BC,
+    )
     out = torch.empty(m, dtype=torch.float32, device=x.device)
     _reduce[(m,)](parts, out, n_tiles, float(hv * wv), BLOCK=_REDUCE_BLOCK)
     return out

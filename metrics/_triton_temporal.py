@@ -43,6 +43,7 @@ adds about 8 B (fwd_b). The torch path writes and reads the grid, the inside mas
 sampled channels, the mask and the squared differences back, several times that.
 Any strides (frames may be channels-last views).
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,11 +66,55 @@ def _bilerp(ptr, o_nw, dx, dy, m_ne, m_sw, m_se, w_nw, w_ne, w_sw, w_se):
 
 
 @triton.jit
-def _pixels(prev_ptr, cur_ptr, bwd_ptr, fwd_ptr, fa_ptr, fb_ptr, f_ptr, c_ptr,
-            H, W, n_cb, n_tiles, sx, sy, wm1, hm1, alpha, beta,
-            pn, pc, ph, pw, cn, cc, ch, cw, bn, bc, bh, bw, qn, qc, qh, qw,
-            an, ac, ah, aw, zn, zc, zh, zw,
-            SIDE: tl.constexpr, SIDES: tl.constexpr, TOF: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _pixels(
+    prev_ptr,
+    cur_ptr,
+    bwd_ptr,
+    fwd_ptr,
+    fa_ptr,
+    fb_ptr,
+    f_ptr,
+    c_ptr,
+    H,
+    W,
+    n_cb,
+    n_tiles,
+    sx,
+    sy,
+    wm1,
+    hm1,
+    alpha,
+    beta,
+    pn,
+    pc,
+    ph,
+    pw,
+    cn,
+    cc,
+    ch,
+    cw,
+    bn,
+    bc,
+    bh,
+    bw,
+    qn,
+    qc,
+    qh,
+    qw,
+    an,
+    ac,
+    ah,
+    aw,
+    zn,
+    zc,
+    zh,
+    zw,
+    SIDE: tl.constexpr,
+    SIDES: tl.constexpr,
+    TOF: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     pid = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     # this side's rows of the tile sums (SIDES, N, n_tiles), tOF's after them: offsets from the
@@ -130,14 +175,17 @@ def _pixels(prev_ptr, cur_ptr, bwd_ptr, fwd_ptr, fa_ptr, fb_ptr, f_ptr, c_ptr,
         oa = n * an + rows * ah + cols * aw
         oz = n * zn + rows * zh + cols * zw
         dx = tl.load(fa_ptr + oa, mask=valid, other=0.0) - tl.load(fb_ptr + oz, mask=valid, other=0.0)
-        dy = tl.load(fa_ptr + oa + ac, mask=valid, other=0.0) - tl.load(fb_ptr + oz + zc, mask=valid, other=0.0)
+        dy = tl.load(fa_ptr + oa + ac, mask=valid, other=0.0) - tl.load(
+            fb_ptr + oz + zc, mask=valid, other=0.0
+        )
         epe = tl.where(valid, tl.sqrt_rn(dx * dx + dy * dy), 0.0)
         tl.store(f_ptr + SIDES * block + i, tl.sum(tl.sum(epe, axis=1), axis=0))
 
 
 @triton.jit
-def _reduce(f_ptr, c_ptr, f_out, c_out, n_tiles, ROWS: tl.constexpr, SIDES: tl.constexpr,
-            BLOCK: tl.constexpr):
+def _reduce(
+    f_ptr, c_ptr, f_out, c_out, n_tiles, ROWS: tl.constexpr, SIDES: tl.constexpr, BLOCK: tl.constexpr
+):
     r = tl.program_id(0).to(tl.int64)
     n_counts = (tl.num_programs(0) // ROWS) * SIDES
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -179,17 +227,44 @@ def warp_errors_tof(sides, tof=None):
     for j, (prev, cur, bwd, fwd) in enumerate(sides):
         with_tof = j == 0 and tof is not None
         fa, fb = tof if with_tof else (bwd, bwd)
-        _pixels[(n_tiles, n)](prev, cur, bwd, fwd, fa, fb, fparts, cparts,
-                              h, w, n_cb, n_tiles, sx, sy, float(w - 1), float(h - 1), FB_ALPHA, FB_BETA,
-                              *prev.stride(), *cur.stride(), *bwd.stride(), *fwd.stride(),
-                              *fa.stride(), *fb.stride(),
-                              SIDE=j, SIDES=k, TOF=with_tof, BR=_BR, BC=_BC, enable_fp_fusion=False)
+        _pixels[(n_tiles, n)](
+            prev,
+            cur,
+            bwd,
+            fwd,
+            fa,
+            fb,
+            fparts,
+            cparts,
+            h,
+            w,
+            n_cb,
+            n_tiles,
+            sx,
+            sy,
+            float(w - 1),
+            float(h - 1),
+            FB_ALPHA,
+            FB_BETA,
+            *prev.stride(),
+            *cur.stride(),
+            *bwd.stride(),
+            *fwd.stride(),
+            *fa.stride(),
+            *fb.stride(),
+            SIDE=j,
+            SIDES=k,
+            TOF=with_tof,
+            BR=_BR,
+            BC=_BC,
+            enable_fp_fusion=False,
+        )
     fsum = torch.empty(rows * n, dtype=torch.float32, device=dev)
     csum = torch.empty(k * n, dtype=torch.int32, device=dev)
     _reduce[(rows * n,)](fparts, cparts, fsum, csum, n_tiles, ROWS=rows, SIDES=k, BLOCK=_REDUCE_BLOCK)
     # as the torch path: mask.sum() * 3 in float32 (exact below 2^24), then one division
     kept = (csum.to(torch.int64) * 3).float()
-    err = fsum[:k * n] / kept
+    err = fsum[: k * n] / kept
     err = torch.where(kept > 0, err, torch.full_like(err, float("nan")))
-    out_tof = fsum[k * n:] / float(h * w) if tof is not None else None
+    out_tof = fsum[k * n :] / float(h * w) if tof is not None else None
     return list(err.view(k, n).unbind(0)), out_tof

@@ -36,6 +36,7 @@ separate pass (:mod:`evalkit.metrics.vmaf`), not by the stream evaluator (``bloc
 when they were computed. The noise-floor ratio divides a cross-backend aggregate by a floor's
 aggregate, each first mapped by :meth:`Metric.ratio_operand`.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,13 +67,13 @@ class Metric:
     report's ``summary.json["units"]`` say of it."""
 
     key: str
-    name: str               # for people: "LPIPS", "tOF"
-    unit: str               # short unit: "dB", "pixels", "unitless"
-    direction: str          # HIGHER or LOWER: which way is better (closer, more consistent)
-    first_frame: int        # 0: every frame; 1: from frame 1 (needs t-1); 2: from frame 2
-    compares: bool          # a against b (True), or one clip's own property (the *_a, *_b)
-    ratio: str | None       # noise-floor ratio: RATIO_VALUE, RATIO_ONE_MINUS, RATIO_MSE or None
-    description: str        # one line: what the number means, in which units
+    name: str  # for people: "LPIPS", "tOF"
+    unit: str  # short unit: "dB", "pixels", "unitless"
+    direction: str  # HIGHER or LOWER: which way is better (closer, more consistent)
+    first_frame: int  # 0: every frame; 1: from frame 1 (needs t-1); 2: from frame 2
+    compares: bool  # a against b (True), or one clip's own property (the *_a, *_b)
+    ratio: str | None  # noise-floor ratio: RATIO_VALUE, RATIO_ONE_MINUS, RATIO_MSE or None
+    description: str  # one line: what the number means, in which units
     headline: bool = False  # shown in the one-screen summary of ``evalkit compare``
     optional: bool = False  # only on request (a separate pass), not from the stream evaluator
 
@@ -106,49 +107,166 @@ class Metric:
         return 0.0 if value == math.inf else 10 ** (-value / 10)
 
 
-def _m(key, name, unit, direction, first_frame, compares, ratio, description, headline=False,
-       optional=False):
-    return Metric(key, name, unit, direction, first_frame, compares, ratio, description, headline,
-                  optional)
+def _m(key, name, unit, direction, first_frame, compares, ratio, description, headline=False, optional=False):
+    return Metric(key, name, unit, direction, first_frame, compares, ratio, description, headline, optional)
 
 
 #: Every metric key, in CSV column order.
-METRICS: Mapping[str, Metric] = {m.key: m for m in (
-    _m("lpips", "LPIPS", "unitless", LOWER, 0, True, RATIO_VALUE,
-       "LPIPS v0.1 distance (unitless, 0 = same); inputs scaled to [-1, 1]", headline=True),
-    _m("ssim", "SSIM", "unitless", HIGHER, 0, True, RATIO_ONE_MINUS,
-       "SSIM index (unitless, 1 = same)", headline=True),
-    _m("psnr", "PSNR", "dB", HIGHER, 0, True, RATIO_MSE,
-       "dB, peak 255 on 8-bit RGB; inf (JSON null) for identical frames", headline=True),
-    _m("max_abs_diff", "max |a - b|", "8-bit levels", LOWER, 0, True, None,
-       "largest |a - b| of any channel value, 8-bit units (0..255)"),
-    _m("diff_fraction", "differing pixels", "fraction", LOWER, 0, True, None,
-       "share of pixel positions where any channel differs (0..1)"),
-    _m("tlp", "tLP", "LPIPS units", LOWER, 1, True, RATIO_VALUE,
-       "|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|, LPIPS units (TecoGAN tables show x100)"),
-    _m("tof", "tOF", "pixels", LOWER, 1, True, RATIO_VALUE,
-       "mean end-point distance of the t-1->t flows of a and b, pixels (TecoGAN shows x10)"),
-    _m("warp_error_a", "warping error of a", "MSE, RGB in [0, 1]", LOWER, 1, False, None,
-       "MSE of frame t-1 warped onto t (own flow, fwd-bwd masked), RGB in [0, 1] "
-       "units (x65025 for 8-bit units)"),
-    _m("warp_error_b", "warping error of b", "MSE, RGB in [0, 1]", LOWER, 1, False, None,
-       "as warp_error_a, for clip b"),
-    _m("warp_error_diff", "warping error b - a", "MSE, RGB in [0, 1]", LOWER, 1, True, None,
-       "warp_error_b - warp_error_a (positive: b less temporally consistent)"),
-    _m("flicker", "flicker", "8-bit levels", LOWER, 1, True, RATIO_VALUE,
-       "mean |dLa_t - dLb_t| of 16x16-block-averaged luma, 8-bit units"),
-    _m("flicker_a", "flicker of a", "8-bit levels", LOWER, 2, False, None,
-       "mean |dL_t - dL_t-1| of clip a's block-averaged luma, 8-bit units"),
-    _m("flicker_b", "flicker of b", "8-bit levels", LOWER, 2, False, None,
-       "as flicker_a, for clip b"),
-    _m("block_psnr", "worst block PSNR", "dB", HIGHER, 0, True, RATIO_MSE,
-       "PSNR of the frame's worst square block (side min(H,W)/8, stride half a side), dB, peak "
-       "255: a local glitch; measured by evalkit compare", optional=True),
-    _m("vmaf", "VMAF", "VMAF score (0..100)", HIGHER, 0, True, None,
-       "VMAF of b against reference a (libvmaf, model vmaf_v0.6.1; 0..100, 100 = best; "
-       "identical frames score 97.43 to 100 depending on motion); only with --vmaf",
-       headline=True, optional=True),
-)}
+METRICS: Mapping[str, Metric] = {
+    m.key: m
+    for m in (
+        _m(
+            "lpips",
+            "LPIPS",
+            "unitless",
+            LOWER,
+            0,
+            True,
+            RATIO_VALUE,
+            "LPIPS v0.1 distance (unitless, 0 = same); inputs scaled to [-1, 1]",
+            headline=True,
+        ),
+        _m(
+            "ssim",
+            "SSIM",
+            "unitless",
+            HIGHER,
+            0,
+            True,
+            RATIO_ONE_MINUS,
+            "SSIM index (unitless, 1 = same)",
+            headline=True,
+        ),
+        _m(
+            "psnr",
+            "PSNR",
+            "dB",
+            HIGHER,
+            0,
+            True,
+            RATIO_MSE,
+            "dB, peak 255 on 8-bit RGB; inf (JSON null) for identical frames",
+            headline=True,
+        ),
+        _m(
+            "max_abs_diff",
+            "max |a - b|",
+            "8-bit levels",
+            LOWER,
+            0,
+            True,
+            None,
+            "largest |a - b| of any channel value, 8-bit units (0..255)",
+        ),
+        _m(
+            "diff_fraction",
+            "differing pixels",
+            "fraction",
+            LOWER,
+            0,
+            True,
+            None,
+            "share of pixel positions where any channel differs (0..1)",
+        ),
+        _m(
+            "tlp",
+            "tLP",
+            "LPIPS units",
+            LOWER,
+            1,
+            True,
+            RATIO_VALUE,
+            "|LPIPS(a_t, a_t-1) - LPIPS(b_t, b_t-1)|, LPIPS units (TecoGAN tables show x100)",
+        ),
+        _m(
+            "tof",
+            "tOF",
+            "pixels",
+            LOWER,
+            1,
+            True,
+            RATIO_VALUE,
+            "mean end-point distance of the t-1->t flows of a and b, pixels (TecoGAN shows x10)",
+        ),
+        _m(
+            "warp_error_a",
+            "warping error of a",
+            "MSE, RGB in [0, 1]",
+            LOWER,
+            1,
+            False,
+            None,
+            "MSE of frame t-1 warped onto t (own flow, fwd-bwd masked), RGB in [0, 1] "
+            "units (x65025 for 8-bit units)",
+        ),
+        _m(
+            "warp_error_b",
+            "warping error of b",
+            "MSE, RGB in [0, 1]",
+            LOWER,
+            1,
+            False,
+            None,
+            "as warp_error_a, for clip b",
+        ),
+        _m(
+            "warp_error_diff",
+            "warping error b - a",
+            "MSE, RGB in [0, 1]",
+            LOWER,
+            1,
+            True,
+            None,
+            "warp_error_b - warp_error_a (positive: b less temporally consistent)",
+        ),
+        _m(
+            "flicker",
+            "flicker",
+            "8-bit levels",
+            LOWER,
+            1,
+            True,
+            RATIO_VALUE,
+            "mean |dLa_t - dLb_t| of 16x16-block-averaged luma, 8-bit units",
+        ),
+        _m(
+            "flicker_a",
+            "flicker of a",
+            "8-bit levels",
+            LOWER,
+            2,
+            False,
+            None,
+            "mean |dL_t - dL_t-1| of clip a's block-averaged luma, 8-bit units",
+        ),
+        _m("flicker_b", "flicker of b", "8-bit levels", LOWER, 2, False, None, "as flicker_a, for clip b"),
+        _m(
+            "block_psnr",
+            "worst block PSNR",
+            "dB",
+            HIGHER,
+            0,
+            True,
+            RATIO_MSE,
+            "PSNR of the frame's worst square block (side min(H,W)/8, stride half a side), dB, peak "
+            "255: a local glitch; measured by evalkit compare",
+            optional=True,
+        ),
+        _m(
+            "vmaf",
+            "VMAF",
+            "VMAF score (0..100)",
+            HIGHER,
+            0,
+            True,
+            None,
+            "VMAF of b against reference a (libvmaf, model vmaf_v0.6.1; 0..100, 100 = best; "
+            "identical frames score 97.43 to 100 depending on motion); only with --vmaf",
+            headline=True,
+            optional=True,
+        ),
+    )
+}
 
 #: Every metric key, in CSV column order.
 KEYS: tuple[str, ...] = tuple(METRICS)
@@ -158,19 +276,30 @@ KEYS: tuple[str, ...] = tuple(METRICS)
 #: frames give other numbers under another (tOF with the torch flow against DIS: a median ratio
 #: of 1.45 on real clips). A gate that records them refuses a report measured under others.
 CONVENTIONS: Mapping[str, tuple[str, ...]] = {
-    "lpips": ("lpips",), "ssim": ("ssim",), "psnr": ("psnr",),
-    "max_abs_diff": ("exactness",), "diff_fraction": ("exactness",),
-    "tlp": ("lpips", "tlp"), "tof": ("flow", "tof"),
-    "warp_error_a": ("flow", "warp_error"), "warp_error_b": ("flow", "warp_error"),
+    "lpips": ("lpips",),
+    "ssim": ("ssim",),
+    "psnr": ("psnr",),
+    "max_abs_diff": ("exactness",),
+    "diff_fraction": ("exactness",),
+    "tlp": ("lpips", "tlp"),
+    "tof": ("flow", "tof"),
+    "warp_error_a": ("flow", "warp_error"),
+    "warp_error_b": ("flow", "warp_error"),
     "warp_error_diff": ("flow", "warp_error"),
-    "flicker": ("flicker",), "flicker_a": ("flicker",), "flicker_b": ("flicker",),
-    "vmaf": ("vmaf",), "block_psnr": ("block",),
+    "flicker": ("flicker",),
+    "flicker_a": ("flicker",),
+    "flicker_b": ("flicker",),
+    "vmaf": ("vmaf",),
+    "block_psnr": ("block",),
 }
 
 
 #: The metric families a headline names, and what a ratio above 1 means to a release manager.
-FAMILIES = {"fidelity": ("lpips", "ssim", "psnr"), "temporal": ("tlp", "tof", "flicker"),
-            "local": ("block_psnr",)}
+FAMILIES = {
+    "fidelity": ("lpips", "ssim", "psnr"),
+    "temporal": ("tlp", "tof", "flicker"),
+    "local": ("block_psnr",),
+}
 MEANING = {
     "lpips": "frames look different (perceptual distance)",
     "ssim": "frames differ in structure",
@@ -198,20 +327,29 @@ def metric(key: str) -> Metric:
         raise KeyError(f"unknown metric {key!r} (known: {', '.join(KEYS)})") from None
 
 
-def keys(*, temporal: bool | None = None, compares: bool | None = None,
-         ratio: bool | None = None, headline: bool | None = None,
-         higher_is_better: bool | None = None, optional: bool | None = None) -> tuple[str, ...]:
+def keys(
+    *,
+    temporal: bool | None = None,
+    compares: bool | None = None,
+    ratio: bool | None = None,
+    headline: bool | None = None,
+    higher_is_better: bool | None = None,
+    optional: bool | None = None,
+) -> tuple[str, ...]:
     """Metric keys in CSV column order, filtered by each criterion that is not None:
     ``temporal`` (exists only from frame 1 or 2), ``compares`` (a against b; what a gate may
     check), ``ratio`` (a noise-floor ratio is defined), ``headline``, ``higher_is_better``,
     ``optional`` (computed only on request, not by the stream evaluator)."""
+
     def ok(m: Metric) -> bool:
-        return ((temporal is None or m.temporal == temporal)
-                and (optional is None or m.optional == optional)
-                and (compares is None or m.compares == compares)
-                and (ratio is None or (m.ratio is not None) == ratio)
-                and (headline is None or m.headline == headline)
-                and (higher_is_better is None or m.higher_is_better == higher_is_better))
+        return (
+            (temporal is None or m.temporal == temporal)
+            and (optional is None or m.optional == optional)
+            and (compares is None or m.compares == compares)
+            and (ratio is None or (m.ratio is not None) == ratio)
+            and (headline is None or m.headline == headline)
+            and (higher_is_better is None or m.higher_is_better == higher_is_better)
+        )
 
     return tuple(k for k, m in METRICS.items() if ok(m))
 
@@ -227,8 +365,10 @@ def units() -> dict[str, str]:
 
 # -- numbers for people ----------------------------------------------------------------------
 
-def fmt(value, digits: int = 4, *, fixed: bool = False, none: str = "n/a", inf: str = "inf",
-        nan: str = "nan") -> str:
+
+def fmt(
+    value, digits: int = 4, *, fixed: bool = False, none: str = "n/a", inf: str = "inf", nan: str = "nan"
+) -> str:
     """A number for people: ``digits`` significant digits (``:.4g``), or with ``fixed``
     ``digits`` decimals (``:.4f``). None, nan and infinities print as ``none``, ``nan`` and
     ``inf`` (``-`` + ``inf`` below zero); integers (not bools) print exactly; anything else

@@ -19,6 +19,7 @@ Default conventions are those of the original authors, as recomputed on the cali
 * PSNR -- on the 8-bit RGB values, all three channels pooled into one MSE, peak 255.
   Identical frames give ``inf``. For uint8 input the squared error is summed exactly in int64.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import (LUMA_WEIGHTS, PEAK8, TritonFallback, check_pair, fast_path, luma, precise,
-                      to_8bit_scale)
+from ._common import LUMA_WEIGHTS, PEAK8, TritonFallback, check_pair, fast_path, luma, precise, to_8bit_scale
 from ._errors import MetricInputError
 
 # Constants of Wang et al. 2004, section III-C / ssim_index.m: K = [0.01 0.03], window
@@ -40,8 +40,17 @@ SSIM_SIGMA = 1.5
 SSIM_CHANNELS = ("luma", "rgb")
 
 
-def ssim_convention(*, channel="luma", round_luma=True, win_size=SSIM_WIN, sigma=SSIM_SIGMA,
-                    data_range=None, k1=SSIM_K1, k2=SSIM_K2, border="valid") -> str:
+def ssim_convention(
+    *,
+    channel="luma",
+    round_luma=True,
+    win_size=SSIM_WIN,
+    sigma=SSIM_SIGMA,
+    data_range=None,
+    k1=SSIM_K1,
+    k2=SSIM_K2,
+    border="valid",
+) -> str:
     """The convention string reported next to SSIM values, e.g. ``luma-rounded,gaussian11,sigma1.5,valid``."""
     ch = "luma-rounded" if channel == "luma" and round_luma else channel
     parts = [ch, f"gaussian{win_size}", f"sigma{sigma:g}", border]
@@ -86,16 +95,19 @@ def _filter_valid(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 def _load_ssim():
     from ._triton_ssim import ssim_planes
+
     return ssim_planes
 
 
 def _load_luma():
     from ._triton_pixels import luma_u8
+
     return luma_u8
 
 
 def _load_pixels():
     from ._triton_pixels import mse_exactness_u8
+
     return mse_exactness_u8
 
 
@@ -134,7 +146,7 @@ def _ssim_planes(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c1: float, c
     m = xs.shape[0]
     stacked = torch.cat([xs, ys, xs * xs, ys * ys, xs * ys], 0)
     f = _filter_valid(stacked, g)
-    mx, my, exx, eyy, exy = f[:m], f[m:2 * m], f[2 * m:3 * m], f[3 * m:4 * m], f[4 * m:]
+    mx, my, exx, eyy, exy = f[:m], f[m : 2 * m], f[2 * m : 3 * m], f[3 * m : 4 * m], f[4 * m :]
     vx = exx - mx * mx
     vy = eyy - my * my
     cxy = exy - mx * my
@@ -145,9 +157,19 @@ def _ssim_planes(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c1: float, c
     return (num / den).mean((1, 2, 3))
 
 
-def ssim(a, b, *, channel: str = "luma", round_luma: bool = True, win_size: int = SSIM_WIN,
-         sigma: float = SSIM_SIGMA, data_range: float | None = None, k1: float = SSIM_K1,
-         k2: float = SSIM_K2, border: str = "valid") -> torch.Tensor:
+def ssim(
+    a,
+    b,
+    *,
+    channel: str = "luma",
+    round_luma: bool = True,
+    win_size: int = SSIM_WIN,
+    sigma: float = SSIM_SIGMA,
+    data_range: float | None = None,
+    k1: float = SSIM_K1,
+    k2: float = SSIM_K2,
+    border: str = "valid",
+) -> torch.Tensor:
     """Per-frame SSIM of two batches, shape ``(N,)`` float32.
 
     channel: ``"luma"`` (default, BT.601 luma as in the original code) or ``"rgb"`` (SSIM of
@@ -169,16 +191,38 @@ def ssim(a, b, *, channel: str = "luma", round_luma: bool = True, win_size: int 
     if not sigma > 0:
         raise MetricInputError(f"sigma: expected a positive number, found {sigma!r}")
     a, b = check_pair(a, b)
-    return ssim_kernel(a, b, channel=channel, round_luma=round_luma, win_size=win_size, sigma=sigma,
-                 data_range=data_range, k1=k1, k2=k2)
+    return ssim_kernel(
+        a,
+        b,
+        channel=channel,
+        round_luma=round_luma,
+        win_size=win_size,
+        sigma=sigma,
+        data_range=data_range,
+        k1=k1,
+        k2=k2,
+    )
 
 
-def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sigma=SSIM_SIGMA,
-          data_range=None, k1=SSIM_K1, k2=SSIM_K2, lumas=None) -> torch.Tensor:
+def ssim_kernel(
+    a,
+    b,
+    *,
+    channel="luma",
+    round_luma=True,
+    win_size=SSIM_WIN,
+    sigma=SSIM_SIGMA,
+    data_range=None,
+    k1=SSIM_K1,
+    k2=SSIM_K2,
+    lumas=None,
+) -> torch.Tensor:
     """:func:`ssim` on already checked inputs (``lumas``: their luma planes, if already made)."""
     if a.shape[2] < win_size or a.shape[3] < win_size:
-        raise MetricInputError(f"frames are {a.shape[3]}x{a.shape[2]}, SSIM needs at least "
-                               f"{win_size}x{win_size} (win_size)", field="a")
+        raise MetricInputError(
+            f"frames are {a.shape[3]}x{a.shape[2]}, SSIM needs at least {win_size}x{win_size} (win_size)",
+            field="a",
+        )
     with precise():
         if data_range is None:
             L = PEAK8
@@ -191,8 +235,11 @@ def ssim_kernel(a, b, *, channel="luma", round_luma=True, win_size=SSIM_WIN, sig
         planes = _planes_fn(a.device)
         n = a.shape[0]
         if channel == "luma":
-            x, y = lumas if lumas is not None else (luma_kernel(a, rounded=round_luma),
-                                                    luma_kernel(b, rounded=round_luma))
+            x, y = (
+                lumas
+                if lumas is not None
+                else (luma_kernel(a, rounded=round_luma), luma_kernel(b, rounded=round_luma))
+            )
             return planes(x, y, g, c1, c2)
         h, w = a.shape[2:]
         x = to_8bit_scale(a).reshape(n * 3, 1, h, w)
@@ -212,15 +259,23 @@ def mse_kernel(a, b) -> torch.Tensor:
             d = a.to(torch.int32) - b.to(torch.int32)
             sq = (d * d).reshape(a.shape[0], -1).sum(1, dtype=torch.int64)  # exact
             return sq.double() / (a[0].numel())
-        d = to_8bit_scale(a) / PEAK8 - to_8bit_scale(b) / PEAK8 if a.dtype != b.dtype else a.float() - b.float()
+        d = (
+            to_8bit_scale(a) / PEAK8 - to_8bit_scale(b) / PEAK8
+            if a.dtype != b.dtype
+            else a.float() - b.float()
+        )
         return (d * d).reshape(a.shape[0], -1).double().mean(1)
 
 
 def mse_exactness_kernel(a, b) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """:func:`mse_kernel` and :func:`exactness_kernel` together; on CUDA, uint8 frames go
     through one Triton pass (the same numbers exactly) unless it is turned off."""
-    if (a.device.type == "cuda" and a.dtype == torch.uint8 and b.dtype == torch.uint8
-            and fast_path("triton_pixels")):
+    if (
+        a.device.type == "cuda"
+        and a.dtype == torch.uint8
+        and b.dtype == torch.uint8
+        and fast_path("triton_pixels")
+    ):
         fn = TRITON_PIXELS.kernel()
         if fn is not None:
             with precise():

@@ -29,6 +29,7 @@ Methods:
 ``scale`` < 1 computes the flow on frames downscaled with area averaging and scales the
 vectors back up (bilinear), which trades accuracy for speed on large frames.
 """
+
 from __future__ import annotations
 
 import threading
@@ -98,23 +99,29 @@ def _dis(preset: str, shape: tuple):
     key = (preset, shape)
     inst = cache.get(key)
     if inst is None:
-        code = {"ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST,
-                "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
-                "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM}[preset]
+        code = {
+            "ultrafast": cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST,
+            "fast": cv2.DISOPTICAL_FLOW_PRESET_FAST,
+            "medium": cv2.DISOPTICAL_FLOW_PRESET_MEDIUM,
+        }[preset]
         for k in [k for k in cache if k[0] == preset]:
             del cache[k]
         inst = cache[key] = cv2.DISOpticalFlow_create(code)
     return inst
 
 
-def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str = DEFAULT_PRESET,
-            scale: float = 1.0) -> np.ndarray:
+def flow_u8(
+    src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0
+) -> np.ndarray:
     """Flow between two (H, W) uint8 grey images -> (H, W, 2) float32 (OpenCV convention)."""
     import cv2
 
     if method == "torch":
-        f = device_flows(torch.from_numpy(np.ascontiguousarray(src))[None, None].float(),
-                         torch.from_numpy(np.ascontiguousarray(dst))[None, None].float(), scale)
+        f = device_flows(
+            torch.from_numpy(np.ascontiguousarray(src))[None, None].float(),
+            torch.from_numpy(np.ascontiguousarray(dst))[None, None].float(),
+            scale,
+        )
         return f[0].permute(1, 2, 0).numpy()
     h, w = src.shape
     if scale != 1:
@@ -126,11 +133,13 @@ def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str =
             f = _dis(preset, src.shape).calc(src, dst, None)
         else:
             f = cv2.calcOpticalFlowFarneback(src, dst, None, *FARNEBACK_PARAMS)
-    except cv2.error as e:      # frames too small or too thin for its pyramid (2x2, 2048x16)
+    except cv2.error as e:  # frames too small or too thin for its pyramid (2x2, 2048x16)
         why = next((ln.strip() for ln in str(e).splitlines() if "error:" in ln), str(e))
-        raise MetricInputError(f"frames: {w}x{h}: OpenCV's {method} optical flow (temporal "
-                               f"metrics) cannot take them ({why.split('error:')[-1].strip()[:120]}"
-                               "); try --no-temporal or --flow farneback") from None
+        raise MetricInputError(
+            f"frames: {w}x{h}: OpenCV's {method} optical flow (temporal "
+            f"metrics) cannot take them ({why.split('error:')[-1].strip()[:120]}"
+            "); try --no-temporal or --flow farneback"
+        ) from None
     if scale != 1:
         f = cv2.resize(f, (w, h), interpolation=cv2.INTER_LINEAR)
         f[..., 0] *= w / sw
@@ -138,8 +147,14 @@ def flow_u8(src: np.ndarray, dst: np.ndarray, method: str = "dis", preset: str =
     return f
 
 
-def flow_into(out: np.ndarray, src: np.ndarray, dst: np.ndarray, method: str = "dis",
-              preset: str = DEFAULT_PRESET, scale: float = 1.0) -> None:
+def flow_into(
+    out: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    method: str = "dis",
+    preset: str = DEFAULT_PRESET,
+    scale: float = 1.0,
+) -> None:
     """:func:`flow_u8` written into ``out`` ((H, W, 2) float32, e.g. a slice of a pinned buffer).
 
     OpenCV computes into a fresh array that is then copied: an array handed to DIS as its
@@ -171,7 +186,7 @@ def device_flows(src: torch.Tensor, dst: torch.Tensor, scale: float = 1.0) -> to
     sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
     with precise():
         small = F.interpolate(torch.cat([src, dst]).float(), size=(sh, sw), mode="area")
-    f = torch_flow(small[:src.shape[0]], small[src.shape[0]:])
+    f = torch_flow(small[: src.shape[0]], small[src.shape[0] :])
     with precise():
         f = F.interpolate(f, size=(h, w), mode="bilinear", align_corners=False)
         f[:, 0] *= w / sw
@@ -184,7 +199,9 @@ def to_tensor_flow(flows: list[np.ndarray], device) -> torch.Tensor:
     return torch.from_numpy(np.stack(flows)).permute(0, 3, 1, 2).to(device).contiguous()
 
 
-def optical_flow(src, dst, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0) -> torch.Tensor:
+def optical_flow(
+    src, dst, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0
+) -> torch.Tensor:
     """Dense flow from each frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
 
     Inputs are batches ``(N, 3, H, W)`` (uint8 or float in [0, 1]); the flow is computed by
@@ -224,8 +241,9 @@ def warp(img: torch.Tensor, flow: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return out, inside
 
 
-def consistency_mask(bwd: torch.Tensor, fwd: torch.Tensor, *, alpha: float = FB_ALPHA,
-                     beta: float = FB_BETA) -> torch.Tensor:
+def consistency_mask(
+    bwd: torch.Tensor, fwd: torch.Tensor, *, alpha: float = FB_ALPHA, beta: float = FB_BETA
+) -> torch.Tensor:
     """Forward-backward check for warping frame t-1 onto frame t -> (N, H, W) bool.
 
     ``bwd``: flow t -> t-1 (used to warp), ``fwd``: flow t-1 -> t. A pixel x of frame t is
@@ -236,8 +254,14 @@ def consistency_mask(bwd: torch.Tensor, fwd: torch.Tensor, *, alpha: float = FB_
     return fb_consistent(bwd, f_at, inside, alpha=alpha, beta=beta)
 
 
-def fb_consistent(bwd: torch.Tensor, f_at: torch.Tensor, inside: torch.Tensor, *,
-                  alpha: float = FB_ALPHA, beta: float = FB_BETA) -> torch.Tensor:
+def fb_consistent(
+    bwd: torch.Tensor,
+    f_at: torch.Tensor,
+    inside: torch.Tensor,
+    *,
+    alpha: float = FB_ALPHA,
+    beta: float = FB_BETA,
+) -> torch.Tensor:
     """:func:`consistency_mask` given ``f_at = fwd`` warped by ``bwd`` and its ``inside`` mask."""
     s = bwd + f_at
     lhs = (s * s).sum(1)

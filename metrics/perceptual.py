@@ -11,6 +11,7 @@ terms LPIPS(a_t, a_t-1), LPIPS(b_t, b_t-1) need only one trunk pass per frame.
 
 Weights come from the evalkit cache (:mod:`evalkit.metrics.weights`); nothing is ever downloaded.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,9 +31,20 @@ _SCALE = (0.458, 0.448, 0.450)
 _EPS = 1e-10
 
 # Trunks as torchvision builds them, cut into lpips' five slices (pretrained_networks.py).
-_ALEX = [("conv", 3, 64, 11, 4, 2), ("relu",), ("pool",), ("conv", 64, 192, 5, 1, 2), ("relu",),
-         ("pool",), ("conv", 192, 384, 3, 1, 1), ("relu",), ("conv", 384, 256, 3, 1, 1), ("relu",),
-         ("conv", 256, 256, 3, 1, 1), ("relu",)]
+_ALEX = [
+    ("conv", 3, 64, 11, 4, 2),
+    ("relu",),
+    ("pool",),
+    ("conv", 64, 192, 5, 1, 2),
+    ("relu",),
+    ("pool",),
+    ("conv", 192, 384, 3, 1, 1),
+    ("relu",),
+    ("conv", 384, 256, 3, 1, 1),
+    ("relu",),
+    ("conv", 256, 256, 3, 1, 1),
+    ("relu",),
+]
 _ALEX_CUTS = (2, 5, 8, 10, 12)
 _ALEX_CHANNELS = (64, 192, 384, 256, 256)
 # Smallest frame side the trunks accept (every slice keeps at least one feature pixel).
@@ -56,6 +68,7 @@ _VGG_CHANNELS = (64, 128, 256, 512, 512)
 
 def _load_head():
     from ._triton_lpips import lpips_distance
+
     return lpips_distance
 
 
@@ -93,8 +106,9 @@ def s2d_weight(weight: torch.Tensor, stride: int) -> torch.Tensor:
     return w.reshape(o, c * stride * stride, q, q).contiguous()
 
 
-def conv_s2d(x: torch.Tensor, weight_s2d: torch.Tensor, bias: torch.Tensor, *, k: int, stride: int,
-             padding: int) -> torch.Tensor:
+def conv_s2d(
+    x: torch.Tensor, weight_s2d: torch.Tensor, bias: torch.Tensor, *, k: int, stride: int, padding: int
+) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride, padding)`` for a (O, C, k, k) kernel computed as a
     stride-1 convolution over ``pixel_unshuffle`` of the zero-padded input (the same products,
     summed in another order). ``weight_s2d`` is :func:`s2d_weight` of the kernel."""
@@ -122,8 +136,11 @@ class LPIPS(nn.Module):
         if net not in NETS:
             raise MetricInputError(f"net: expected one of {', '.join(NETS)}, found {net!r}")
         self.net_name = net
-        specs, cuts, chns = ((_ALEX, _ALEX_CUTS, _ALEX_CHANNELS) if net == "alex"
-                             else (_vgg16_layers(), _VGG_CUTS, _VGG_CHANNELS))
+        specs, cuts, chns = (
+            (_ALEX, _ALEX_CUTS, _ALEX_CHANNELS)
+            if net == "alex"
+            else (_vgg16_layers(), _VGG_CUTS, _VGG_CHANNELS)
+        )
         slices, start = [], 0
         for k, cut in enumerate(cuts):
             sl = nn.Sequential()
@@ -145,11 +162,11 @@ class LPIPS(nn.Module):
         mine = {}
         for key, value in sd.items():
             if key.startswith("net.slice"):
-                rest = key[len("net.slice"):]           # "1.0.weight"
+                rest = key[len("net.slice") :]  # "1.0.weight"
                 k, tail = rest.split(".", 1)
                 mine[f"slices.{int(k) - 1}.{tail}"] = value
             elif key.startswith("lin") and ".model.1." in key:
-                k = key[3:key.index(".")]
+                k = key[3 : key.index(".")]
                 mine[f"lins.{int(k)}.weight"] = value
         missing, unexpected = self.load_state_dict(mine, strict=False)
         missing = [m for m in missing if m not in ("shift", "scale")]
@@ -157,8 +174,10 @@ class LPIPS(nn.Module):
             from ._errors import WeightsUnavailable
             from .weights import SETUP_COMMAND
 
-            raise WeightsUnavailable(f"LPIPS {self.net_name} weights: keys do not match "
-                                     f"(missing {missing[:3]}, unexpected {unexpected[:3]}); run {SETUP_COMMAND}")
+            raise WeightsUnavailable(
+                f"LPIPS {self.net_name} weights: keys do not match "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]}); run {SETUP_COMMAND}"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -168,8 +187,10 @@ class LPIPS(nn.Module):
         """Trunk features of each frame (five tensors, one per slice), unit-normalised per pixel
         (``normalised=False``: the raw slice outputs, for :meth:`distance` with the same flag)."""
         if min(x.shape[2], x.shape[3]) < MIN_SIDE[self.net_name]:
-            raise MetricInputError(f"frames: {x.shape[3]}x{x.shape[2]} is too small for LPIPS-"
-                                   f"{self.net_name}; expected both sides >= {MIN_SIDE[self.net_name]}")
+            raise MetricInputError(
+                f"frames: {x.shape[3]}x{x.shape[2]} is too small for LPIPS-"
+                f"{self.net_name}; expected both sides >= {MIN_SIDE[self.net_name]}"
+            )
         with precise():
             x = to_unit(x.to(self.device))
             h = ((x * 2 - 1) - self.shift) / self.scale
@@ -179,10 +200,18 @@ class LPIPS(nn.Module):
             for k, sl in enumerate(self.slices):
                 if k == 0 and self._use_s2d():
                     conv = sl[0]
-                    h = torch.relu_(conv_s2d(h, self._conv1_s2d(), conv.bias, k=conv.kernel_size[0],
-                                             stride=conv.stride[0], padding=conv.padding[0]))
+                    h = torch.relu_(
+                        conv_s2d(
+                            h,
+                            self._conv1_s2d(),
+                            conv.bias,
+                            k=conv.kernel_size[0],
+                            stride=conv.stride[0],
+                            padding=conv.padding[0],
+                        )
+                    )
                 else:
-                    h = sl(h)     # no slice starts with an in-place op: a raw h stays as it is
+                    h = sl(h)  # no slice starts with an in-place op: a raw h stays as it is
                 feats.append(_normalise(h) if normalised else h)
             return feats
 
@@ -214,7 +243,9 @@ class LPIPS(nn.Module):
         ``fast_paths(triton_lpips=False)``; a ``fast_paths`` block can turn it on anywhere)."""
         return self._head_kernel() is not None
 
-    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor], *, normalised: bool = True) -> torch.Tensor:
+    def distance(
+        self, fa: list[torch.Tensor], fb: list[torch.Tensor], *, normalised: bool = True
+    ) -> torch.Tensor:
         """LPIPS between two feature lists of equal batch size -> ``(N,)`` float32.
         ``normalised``: how both lists came from :meth:`features`; raw features go through the
         Triton head where :meth:`fused` (the same numbers up to the order of float32 sums), else
@@ -231,7 +262,8 @@ class LPIPS(nn.Module):
             return torch_path()
         with precise():
             return TRITON_LPIPS.run(
-                lambda: fn(fa, fb, [lin.weight.reshape(-1) for lin in self.lins], _EPS), torch_path)
+                lambda: fn(fa, fb, [lin.weight.reshape(-1) for lin in self.lins], _EPS), torch_path
+            )
 
     def _distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
         with precise():

@@ -19,6 +19,7 @@ Per-frame record keys (the metric keys, units and first frames are those of
 not identical (identical frames are counted in ``identical_frames``), ``inf`` if every frame
 is identical; ``psnr_pooled`` is the PSNR of the MSE pooled over all frames.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -33,10 +34,17 @@ import torch
 
 from ._common import PEAK8, as_frames, fast_path, fast_path_forced, precise, resolve_device
 from ._errors import MetricInputError
-from .catalogue import METRICS, keys, units
-from .fidelity import (SSIM_CHANNELS, luma_kernel, mse_exactness_kernel, psnr_convention, psnr_from_mse, ssim_convention,
-                       ssim_kernel)
 from ._stream_parts import Chunk, Flicker, Flows, FlowThreads, HostRing, Lpips, Totals, timed
+from .catalogue import METRICS, keys, units
+from .fidelity import (
+    SSIM_CHANNELS,
+    luma_kernel,
+    mse_exactness_kernel,
+    psnr_convention,
+    psnr_from_mse,
+    ssim_convention,
+    ssim_kernel,
+)
 from .flow import DEFAULT_PRESET, check_flow_options, flow_convention, resolve_flow
 from .perceptual import get_model
 from .temporal import FLICKER_BLOCK, check_block
@@ -57,14 +65,21 @@ def _cudnn_limit(value: int | None) -> int:
     except (TypeError, ValueError):
         limit = -1
     if limit < 0:
-        raise MetricInputError(f"cudnn_benchmark_limit: expected a non-negative integer "
-                               f"(0: all), found {value!r}")
+        raise MetricInputError(
+            f"cudnn_benchmark_limit: expected a non-negative integer (0: all), found {value!r}"
+        )
     return limit
 
 
 #: the modules of the Triton kernels the stream launches on CUDA
-KERNEL_MODULES = ("_triton_pixels", "_triton_ssim", "_triton_temporal", "_triton_lpips",
-                  "_triton_flow", "_triton_pyramid")
+KERNEL_MODULES = (
+    "_triton_pixels",
+    "_triton_ssim",
+    "_triton_temporal",
+    "_triton_lpips",
+    "_triton_flow",
+    "_triton_pyramid",
+)
 
 
 def _load_kernel_modules() -> None:
@@ -77,12 +92,12 @@ def _load_kernel_modules() -> None:
     try:
         from triton.runtime import cache
 
-        key = getattr(cache, "triton_key", None)    # Triton 3.x; cached for the process
+        key = getattr(cache, "triton_key", None)  # Triton 3.x; cached for the process
         if key is not None:
             key()
         for name in KERNEL_MODULES:
             importlib.import_module(f"{__package__}.{name}")
-    except Exception:       # no Triton, another version's layout: the launches load it
+    except Exception:  # no Triton, another version's layout: the launches load it
         pass
 
 
@@ -90,7 +105,7 @@ def _load_kernel_modules() -> None:
 #: in records and summaries is in these units.
 UNITS = units()
 
-FIDELITY_KEYS = keys(temporal=False, optional=False)     # optional ones (vmaf): evalkit.metrics.vmaf
+FIDELITY_KEYS = keys(temporal=False, optional=False)  # optional ones (vmaf): evalkit.metrics.vmaf
 TEMPORAL_KEYS = keys(temporal=True, optional=False)
 
 
@@ -115,7 +130,7 @@ def unit_into(x: torch.Tensor, dst: torch.Tensor) -> None:
     forced = fast_path_forced("one_pass_unit")
     one_pass = forced if forced is not None else x.device.type == "cuda" and fast_path("one_pass_unit")
     if x.dtype == torch.uint8 and one_pass:
-        torch.div(x, PEAK8, out=dst)       # the same float32 division as below, in one pass
+        torch.div(x, PEAK8, out=dst)  # the same float32 division as below, in one pass
         return
     dst.copy_(x)
     if x.dtype == torch.uint8:
@@ -158,16 +173,30 @@ class PairEvaluator:
     summary's running sums (``Totals``).
     """
 
-    def __init__(self, *, device=None, net: str = "alex", ssim_channel: str = "luma",
-                 ssim_round_luma: bool = True, ssim_win_size: int = 11, ssim_sigma: float = 1.5,
-                 ssim_data_range: float | None = None, psnr_data_range: float | None = None,
-                 temporal: bool = True, flow: str = "dis", flow_preset: str = DEFAULT_PRESET,
-                 flow_scale: float = 1.0, flicker_block: int = FLICKER_BLOCK,
-                 flow_workers: int | None = None, cudnn_benchmark: bool | None = None,
-                 cudnn_benchmark_limit: int | None = None):
+    def __init__(
+        self,
+        *,
+        device=None,
+        net: str = "alex",
+        ssim_channel: str = "luma",
+        ssim_round_luma: bool = True,
+        ssim_win_size: int = 11,
+        ssim_sigma: float = 1.5,
+        ssim_data_range: float | None = None,
+        psnr_data_range: float | None = None,
+        temporal: bool = True,
+        flow: str = "dis",
+        flow_preset: str = DEFAULT_PRESET,
+        flow_scale: float = 1.0,
+        flicker_block: int = FLICKER_BLOCK,
+        flow_workers: int | None = None,
+        cudnn_benchmark: bool | None = None,
+        cudnn_benchmark_limit: int | None = None,
+    ):
         if ssim_channel not in SSIM_CHANNELS:
-            raise MetricInputError(f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, "
-                                   f"found {ssim_channel!r}")
+            raise MetricInputError(
+                f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, found {ssim_channel!r}"
+            )
         self.device = resolve_device(device)
         flow = resolve_flow(flow, self.device)
         if temporal:
@@ -175,13 +204,20 @@ class PairEvaluator:
             check_block(flicker_block)
         self.net = net
         self.model = get_model(net, self.device)
-        self.ssim_kw = dict(channel=ssim_channel, round_luma=ssim_round_luma,
-                            win_size=ssim_win_size, sigma=ssim_sigma, data_range=ssim_data_range)
+        self.ssim_kw = dict(
+            channel=ssim_channel,
+            round_luma=ssim_round_luma,
+            win_size=ssim_win_size,
+            sigma=ssim_sigma,
+            data_range=ssim_data_range,
+        )
         self.psnr_data_range = psnr_data_range
         self.temporal = temporal
         self.flow = (flow, flow_preset, flow_scale)
         self.flicker_block = flicker_block
-        self.cudnn_benchmark = (self.device.type == "cuda") if cudnn_benchmark is None else bool(cudnn_benchmark)
+        self.cudnn_benchmark = (
+            (self.device.type == "cuda") if cudnn_benchmark is None else bool(cudnn_benchmark)
+        )
         self.cudnn_benchmark_limit = _cudnn_limit(cudnn_benchmark_limit)
         if flow_workers is None:
             flow_workers = default_flow_workers(self.device)
@@ -202,22 +238,25 @@ class PairEvaluator:
             "ssim": ssim_convention(**self.ssim_kw),
             "psnr": psnr_convention(data_range=self.psnr_data_range),
             "exactness": "8-bit units; diff_fraction over pixel positions",
-            "compute": f"float32,{self.device.type},tf32-off" + (",cudnn-autotune" if self.cudnn_benchmark else ""),
+            "compute": f"float32,{self.device.type},tf32-off"
+            + (",cudnn-autotune" if self.cudnn_benchmark else ""),
         }
         if self.temporal:
-            c.update({
-                "flow": flow_convention(*self.flow),
-                "warp_error": "mse,rgb[0,1],backward-warp t-1->t with own flow,fwd-bwd-masked(0.01,0.5)",
-                "tlp": "abs-diff of lpips(t,t-1), lpips units",
-                "tof": "mean end-point distance, pixels",
-                "flicker": f"luma-unrounded,block{self.flicker_block},8-bit units",
-            })
+            c.update(
+                {
+                    "flow": flow_convention(*self.flow),
+                    "warp_error": "mse,rgb[0,1],backward-warp t-1->t with own flow,fwd-bwd-masked(0.01,0.5)",
+                    "tlp": "abs-diff of lpips(t,t-1), lpips units",
+                    "tof": "mean end-point distance, pixels",
+                    "flicker": f"luma-unrounded,block{self.flicker_block},8-bit units",
+                }
+            )
         return c
 
     def reset(self) -> None:
         """Forget the clips seen so far (the model, threads and staging buffers stay)."""
-        self.n = 0               # frames whose records were returned
-        self._next = 0           # frames handed in (prepared); > n while a chunk is in flight
+        self.n = 0  # frames whose records were returned
+        self._next = 0  # frames handed in (prepared); > n while a chunk is in flight
         self.size: tuple[int, int] | None = None
         # carries from the previous chunk: grey frames and [0, 1] frames (prepare), LPIPS
         # features and low-passed luma (launch)
@@ -245,8 +284,9 @@ class PairEvaluator:
                 loading = pool.submit(_load_kernel_modules)
                 if self.cudnn_benchmark:
                     with precise(True, self.cudnn_benchmark_limit):
-                        self.model.features(torch.zeros((chunk, 3, height, width), device=self.device),
-                                            normalised=False)
+                        self.model.features(
+                            torch.zeros((chunk, 3, height, width), device=self.device), normalised=False
+                        )
                 loading.result()
         for _ in stream_pair(iter([frames]), iter([frames]), evaluator=self, chunk=chunk):
             pass
@@ -257,7 +297,8 @@ class PairEvaluator:
         self._ring.clear()
         if self.device.type == "cuda":
             from .torchflow import FLOW_GRAPHS
-            FLOW_GRAPHS.clear()               # the graphs' memory pool back to the allocator
+
+            FLOW_GRAPHS.clear()  # the graphs' memory pool back to the allocator
 
     def _precise(self):
         """The numeric context of the launches: float32, TF32 off, cuDNN as configured."""
@@ -295,8 +336,10 @@ class PairEvaluator:
         for name, x in (("a", a), ("b", b)):
             if (x.shape[3], x.shape[2]) != (self.size or size):
                 w, h = self.size or size
-                raise MetricInputError(f"frame {self._next} is {x.shape[3]}x{x.shape[2]}, "
-                                       f"expected {w}x{h} like frame 0 of a", field=name)
+                raise MetricInputError(
+                    f"frame {self._next} is {x.shape[3]}x{x.shape[2]}, expected {w}x{h} like frame 0 of a",
+                    field=name,
+                )
         if a.shape[0] != b.shape[0]:
             raise MetricInputError(f"chunk of {b.shape[0]} frames, expected {a.shape[0]} like a", field="b")
         self.size = size
@@ -317,10 +360,14 @@ class PairEvaluator:
         """Queue the chunk's LPIPS, tLP, SSIM, PSNR, exactness and flicker (no host wait)."""
         with timed(self.timings, "launch"):
             out: dict[str, torch.Tensor] = {}
-            first: dict[str, int] = {}                    # frame number of each array's element 0
+            first: dict[str, int] = {}  # frame number of each array's element 0
             with self._precise():
-                self._lpips.launch(job, out, carry=self.temporal, two_passes=(
-                    self.cudnn_benchmark and self.device.type == "cuda"))
+                self._lpips.launch(
+                    job,
+                    out,
+                    carry=self.temporal,
+                    two_passes=(self.cudnn_benchmark and self.device.type == "cuda"),
+                )
                 self._pixels(job, out)
                 if self.temporal:
                     self._flicker.launch(job, out, first)
@@ -376,7 +423,7 @@ class PairEvaluator:
         with timed(self.timings, "collect"):
             self._ring.ready(job.result_slot)
             host, mse_h = _unpacked(job)
-            t_first = job.t0 if job.has_prev else job.t0 + 1   # first frame with a t-1 -> t transition
+            t_first = job.t0 if job.has_prev else job.t0 + 1  # first frame with a t-1 -> t transition
             records = []
             for i in range(job.n):
                 e = float(mse_h[i])
@@ -388,12 +435,14 @@ class PairEvaluator:
 
     def _record(self, t: int, i: int, host: dict, e: float, first: dict, t_first: int) -> dict:
         """Frame ``t``'s record (element ``i`` of the chunk; ``e``: its mean squared error)."""
-        rec: dict[str, Any] = {"frame": t,
-                               "lpips": float(host["lpips"][i]),
-                               "ssim": float(host["ssim"][i]),
-                               "psnr": psnr_from_mse(e, self._totals.peak),
-                               "max_abs_diff": float(host["max_abs_diff"][i]),
-                               "diff_fraction": float(host["diff_fraction"][i])}
+        rec: dict[str, Any] = {
+            "frame": t,
+            "lpips": float(host["lpips"][i]),
+            "ssim": float(host["ssim"][i]),
+            "psnr": psnr_from_mse(e, self._totals.peak),
+            "max_abs_diff": float(host["max_abs_diff"][i]),
+            "diff_fraction": float(host["diff_fraction"][i]),
+        }
         rec["identical"] = rec["max_abs_diff"] == 0.0
         for k in TEMPORAL_KEYS:
             if k in host:
@@ -409,14 +458,19 @@ class PairEvaluator:
         totals = self._totals
         w, h = self.size
         return {
-            "frames": self.n, "width": w, "height": h, "device": str(self.device),
+            "frames": self.n,
+            "width": w,
+            "height": h,
+            "device": str(self.device),
             "means": totals.means(FIDELITY_KEYS + (TEMPORAL_KEYS if self.temporal else ()), self.n),
             "psnr_pooled": totals.pooled_psnr(),
             "identical": totals.identical == self.n,
             "identical_frames": totals.identical,
-            "nan_counts": {k: self.n_expected(k) - totals.counts.get(k, 0)
-                           for k in ("warp_error_a", "warp_error_b") if self.temporal
-                           and self.n_expected(k) - totals.counts.get(k, 0) > 0},
+            "nan_counts": {
+                k: self.n_expected(k) - totals.counts.get(k, 0)
+                for k in ("warp_error_a", "warp_error_b")
+                if self.temporal and self.n_expected(k) - totals.counts.get(k, 0) > 0
+            },
             "conventions": self.conventions,
             "alignment": dict(self.alignment),
         }
@@ -432,12 +486,13 @@ def _unpacked(job: Chunk) -> tuple[dict, np.ndarray]:
     host, at = {}, 0
     for k in job.keys:
         size = job.sizes[k]
-        host[k] = flat[at:at + size]
+        host[k] = flat[at : at + size]
         at += size
-    return host, flat[at:at + job.n]
+    return host, flat[at : at + job.n]
 
 
 # -- driving from iterators ------------------------------------------------------------------
+
 
 def _frames_of(item, name: str, index: int) -> torch.Tensor:
     """One item of a frame iterator -> (n, 3, H, W) tensor.
@@ -451,24 +506,32 @@ def _frames_of(item, name: str, index: int) -> torch.Tensor:
         if item.ndim == 3:
             item = item[None]
         if item.ndim != 4 or item.shape[1] != 3:
-            raise MetricInputError(f"frame {index}: expected a tensor (3, H, W) frame or "
-                                   f"(n, 3, H, W) chunk, found shape {tuple(item.shape)}", field=name)
+            raise MetricInputError(
+                f"frame {index}: expected a tensor (3, H, W) frame or "
+                f"(n, 3, H, W) chunk, found shape {tuple(item.shape)}",
+                field=name,
+            )
         return item
-    raise MetricInputError(f"frame {index}: expected a numpy array or torch tensor, "
-                           f"found {type(item).__name__}", field=name)
+    raise MetricInputError(
+        f"frame {index}: expected a numpy array or torch tensor, found {type(item).__name__}", field=name
+    )
 
 
 def _hwc_of(item: np.ndarray, name: str, index: int) -> np.ndarray:
     if item.ndim == 3:
         item = item[None]
     if item.ndim != 4 or item.shape[3] != 3:
-        raise MetricInputError(f"frame {index}: expected a numpy (H, W, 3) frame or "
-                               f"(n, H, W, 3) chunk, found shape {item.shape}", field=name)
+        raise MetricInputError(
+            f"frame {index}: expected a numpy (H, W, 3) frame or "
+            f"(n, H, W, 3) chunk, found shape {item.shape}",
+            field=name,
+        )
     return np.ascontiguousarray(item) if any(s < 0 for s in item.strides) else item
 
 
-def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
-             threaded_copy: bool = False) -> Iterator[tuple]:
+def _rechunk(
+    frames: Iterable, name: str, size: int, ring: HostRing, threaded_copy: bool = False
+) -> Iterator[tuple]:
     """Regroup the items of a frame iterator into chunks of ``size`` frames.
 
     Frames in host memory (numpy arrays, CPU tensors) are copied once, channels-last as they
@@ -485,7 +548,7 @@ def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
     """
     key = f"frames_{name}"
     slot, have, index = None, 0, 0
-    parts: list[torch.Tensor] = []          # device tensors of the chunk being gathered
+    parts: list[torch.Tensor] = []  # device tensors of the chunk being gathered
     first_hw = None
     for item in frames:
         if isinstance(item, torch.Tensor) and item.device.type != "cpu" and slot is None:
@@ -495,16 +558,28 @@ def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
             x, on_host = _frames_of(item, name, index).permute(0, 2, 3, 1).cpu().numpy(), True
             hw = x.shape[1:3]
         else:
-            x, on_host = (_hwc_of(item, name, index) if isinstance(item, np.ndarray)
-                          else _frames_of(item, name, index)), True
+            x, on_host = (
+                (
+                    _hwc_of(item, name, index)
+                    if isinstance(item, np.ndarray)
+                    else _frames_of(item, name, index)
+                ),
+                True,
+            )
             hw = x.shape[1:3]
         if first_hw is None:
             first_hw = hw
         elif hw != first_hw:
-            raise MetricInputError(f"frame {index} is {hw[1]}x{hw[0]}, expected "
-                                   f"{first_hw[1]}x{first_hw[0]} like frame 0 of {name}", field=name)
-        if on_host and parts:               # a chunk gathered on the device goes on there
-            x, on_host = torch.from_numpy(np.ascontiguousarray(x)).to(parts[0].device).permute(0, 3, 1, 2), False
+            raise MetricInputError(
+                f"frame {index} is {hw[1]}x{hw[0]}, expected "
+                f"{first_hw[1]}x{first_hw[0]} like frame 0 of {name}",
+                field=name,
+            )
+        if on_host and parts:  # a chunk gathered on the device goes on there
+            x, on_host = (
+                torch.from_numpy(np.ascontiguousarray(x)).to(parts[0].device).permute(0, 3, 1, 2),
+                False,
+            )
         index += x.shape[0]
         while x.shape[0]:
             take = min(size - have, x.shape[0])
@@ -514,13 +589,16 @@ def _rechunk(frames: Iterable, name: str, size: int, ring: HostRing,
                     slot = ring.get(key, (size, *hw, 3), dtype)
                 buf = slot["buf"]
                 if torch.from_numpy(x[:0]).dtype != buf.dtype:
-                    raise MetricInputError(f"frame {index - x.shape[0]} is "
-                                           f"{x.dtype}, expected {str(buf.dtype).replace('torch.', '')} "
-                                           "like the frames before it", field=name)
+                    raise MetricInputError(
+                        f"frame {index - x.shape[0]} is "
+                        f"{x.dtype}, expected {str(buf.dtype).replace('torch.', '')} "
+                        "like the frames before it",
+                        field=name,
+                    )
                 if threaded_copy:
-                    buf[have:have + take].copy_(torch.from_numpy(x[:take]))
+                    buf[have : have + take].copy_(torch.from_numpy(x[:take]))
                 else:
-                    np.copyto(buf[have:have + take].numpy(), x[:take])
+                    np.copyto(buf[have : have + take].numpy(), x[:take])
             else:
                 parts.append(x[:take])
             have += take
@@ -560,8 +638,7 @@ def auto_chunk(height: int, width: int, device=None, host_flows: bool = True) ->
 
 
 def _chunk_for(device_type: str, height: int, width: int, host_flows: bool) -> int:
-    budget = ((8e6 if host_flows else 16e6) if device_type == "cuda"
-              else 2.2e6)                               # pixels per side per batch
+    budget = (8e6 if host_flows else 16e6) if device_type == "cuda" else 2.2e6  # pixels per side per batch
     return int(max(1, min(16 if device_type == "cuda" else 8, budget // (height * width))))
 
 
@@ -579,8 +656,15 @@ def _count(chunks: Iterator[tuple]) -> int:
     return sum(c[0].shape[0] for c in chunks)
 
 
-def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvaluator | None = None,
-                chunk: int | None = None, align: str = "error", **options) -> Iterator[dict]:
+def stream_pair(
+    frames_a: Iterable,
+    frames_b: Iterable,
+    *,
+    evaluator: PairEvaluator | None = None,
+    chunk: int | None = None,
+    align: str = "error",
+    **options,
+) -> Iterator[dict]:
     """Yield one record per frame of two clips given as iterators; memory stays O(chunk).
 
     Items of the iterators: numpy ``(H, W, 3)`` frames or ``(n, H, W, 3)`` chunks (channels
@@ -634,19 +718,27 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
             na += _count(ia)
             nb += _count(ib)
             if align == "error":
-                raise MetricInputError(f"{nb} frames, expected {na} like a", field="b",
-                                       hint="frame counts differ; use align='shortest' to compare "
-                                            "the common prefix")
+                raise MetricInputError(
+                    f"{nb} frames, expected {na} like a",
+                    field="b",
+                    hint="frame counts differ; use align='shortest' to compare the common prefix",
+                )
             m = min(na, nb) - ev._next
             if m > 0:
                 yield from ev.update(da[:m], db[:m])
-            ev.alignment = {"mode": align, "frames_a": na, "frames_b": nb, "compared": ev.n,
-                            "dropped_a": na - ev.n, "dropped_b": nb - ev.n}
+            ev.alignment = {
+                "mode": align,
+                "frames_a": na,
+                "frames_b": nb,
+                "compared": ev.n,
+                "dropped_a": na - ev.n,
+                "dropped_b": nb - ev.n,
+            }
             return
         try:
             job = ev._prepare(_on_device(ev, ca), _on_device(ev, cb))
         except MetricInputError:
-            if pending is not None:         # the frames before the bad chunk still count
+            if pending is not None:  # the frames before the bad chunk still count
                 yield from ev._collect(pending)
             raise
         if pending is not None and ev._waits_for_threads(pending):
@@ -666,8 +758,15 @@ def stream_pair(frames_a: Iterable, frames_b: Iterable, *, evaluator: PairEvalua
     ev.alignment = {"mode": align, "frames_a": ev.n, "frames_b": ev.n, "compared": ev.n}
 
 
-def evaluate_pair(frames_a: Iterable, frames_b: Iterable, *, chunk: int | None = None, align: str = "error",
-                  keep_records: bool = True, **options) -> dict:
+def evaluate_pair(
+    frames_a: Iterable,
+    frames_b: Iterable,
+    *,
+    chunk: int | None = None,
+    align: str = "error",
+    keep_records: bool = True,
+    **options,
+) -> dict:
     """Run :func:`stream_pair` to the end; return the summary plus ``records`` (list or None)."""
     ev = PairEvaluator(**options)
     try:

@@ -26,17 +26,34 @@ on the frames' device; the value at index i belongs to frame t = i + 1. Units:
   about ``2k``. :func:`flicker_single` is the one-clip variant
   ``mean |(L_t - L_t-1) - (L_t-1 - L_t-2)|`` (second temporal difference, T-2 values).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._common import (TritonFallback, as_frames, check_pair, fast_path, fast_path_forced, luma, luma_u8,
-                      precise, to_unit)
+from ._common import (
+    TritonFallback,
+    as_frames,
+    check_pair,
+    fast_path,
+    fast_path_forced,
+    luma,
+    luma_u8,
+    precise,
+    to_unit,
+)
 from ._errors import MetricInputError
-from .flow import (DEFAULT_PRESET, check_flow_options, device_flows, fb_consistent, flow_grid,
-                   flows_u8, to_tensor_flow)
+from .flow import (
+    DEFAULT_PRESET,
+    check_flow_options,
+    device_flows,
+    fb_consistent,
+    flow_grid,
+    flows_u8,
+    to_tensor_flow,
+)
 
 FLICKER_BLOCK = 16
 
@@ -46,8 +63,9 @@ def _need_two(x, name):
         raise MetricInputError(f"temporal metrics need at least 2 frames, found {x.shape[0]}", field=name)
 
 
-def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.Tensor,
-                             fwd: torch.Tensor) -> torch.Tensor:
+def warping_error_from_flows(
+    prev: torch.Tensor, cur: torch.Tensor, bwd: torch.Tensor, fwd: torch.Tensor
+) -> torch.Tensor:
     """Warping error of ``prev`` onto ``cur`` (both (N, 3, H, W) float in [0, 1]) -> (N,).
 
     ``bwd``: flow cur -> prev, ``fwd``: flow prev -> cur, both (N, 2, H, W).
@@ -56,9 +74,10 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
         # one sampling grid for both the frame and the forward flow (as warp() and
         # consistency_mask() would each build it; grid_sample treats channels independently)
         grid, inside, _ = flow_grid(bwd)
-        both = F.grid_sample(torch.cat([prev, fwd], 1), grid, mode="bilinear", padding_mode="border",
-                             align_corners=True)
-        warped, f_at = both[:, :prev.shape[1]], both[:, prev.shape[1]:]
+        both = F.grid_sample(
+            torch.cat([prev, fwd], 1), grid, mode="bilinear", padding_mode="border", align_corners=True
+        )
+        warped, f_at = both[:, : prev.shape[1]], both[:, prev.shape[1] :]
         mask = fb_consistent(bwd, f_at, inside).unsqueeze(1).float()
         d = (warped - cur) ** 2 * mask
         kept = mask.sum((1, 2, 3)) * 3
@@ -68,6 +87,7 @@ def warping_error_from_flows(prev: torch.Tensor, cur: torch.Tensor, bwd: torch.T
 
 def _load_temporal():
     from ._triton_temporal import warp_errors_tof
+
     return warp_errors_tof
 
 
@@ -85,8 +105,14 @@ def _temporal_kernel(device: torch.device):
     return TRITON_TEMPORAL.kernel() if on else None
 
 
-def temporal_from_flows(pa: torch.Tensor, pb: torch.Tensor | None, fwd_a: torch.Tensor, bwd_a: torch.Tensor,
-                        fwd_b: torch.Tensor | None = None, bwd_b: torch.Tensor | None = None):
+def temporal_from_flows(
+    pa: torch.Tensor,
+    pb: torch.Tensor | None,
+    fwd_a: torch.Tensor,
+    bwd_a: torch.Tensor,
+    fwd_b: torch.Tensor | None = None,
+    bwd_b: torch.Tensor | None = None,
+):
     """Warping errors of clip a (and b) and the tOF between them from their flows.
 
     ``pa``, ``pb``: (N+1, 3, H, W) float32 frames in [0, 1]; ``fwd_*`` (t-1 -> t) and ``bwd_*``
@@ -98,12 +124,11 @@ def temporal_from_flows(pa: torch.Tensor, pb: torch.Tensor | None, fwd_a: torch.
     """
     two = pb is not None
 
-    def torch_path():                 # each function runs in its own precise() block
+    def torch_path():  # each function runs in its own precise() block
         wa = warping_error_from_flows(pa[:-1], pa[1:], bwd_a, fwd_a)
         if not two:
             return wa, None, None
-        return (wa, warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b),
-                tof_from_flows(fwd_a, fwd_b))
+        return (wa, warping_error_from_flows(pb[:-1], pb[1:], bwd_b, fwd_b), tof_from_flows(fwd_a, fwd_b))
 
     fn = _temporal_kernel(pa.device)
     if fn is None:
@@ -126,18 +151,21 @@ def _pair_flows(srcs, dsts, clips, method, preset, scale) -> torch.Tensor:
         y = torch.cat([luma(c) for c in clips])
         return device_flows(y[list(srcs)], y[list(dsts)], scale)
     g = np.concatenate([luma_u8(c) for c in clips])
-    return to_tensor_flow(flows_u8([(g[s], g[d]) for s, d in zip(srcs, dsts)], method, preset, scale),
-                          clips[0].device)
+    return to_tensor_flow(
+        flows_u8([(g[s], g[d]) for s, d in zip(srcs, dsts)], method, preset, scale), clips[0].device
+    )
 
 
 def _flows(clip, method, preset, scale):
     t = clip.shape[0]
     prev, cur = list(range(t - 1)), list(range(1, t))
     fl = _pair_flows(prev + cur, cur + prev, [clip], method, preset, scale)
-    return fl[:t - 1], fl[t - 1:]   # forward (t-1 -> t), backward (t -> t-1)
+    return fl[: t - 1], fl[t - 1 :]  # forward (t-1 -> t), backward (t -> t-1)
 
 
-def warping_error(clip, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0) -> torch.Tensor:
+def warping_error(
+    clip, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float = 1.0
+) -> torch.Tensor:
     """Per-transition warping error of one clip, ``(T-1,)`` float32, [0, 1]-unit MSE (see module doc)."""
     check_flow_options(method, preset, scale)
     clip = as_frames(clip, "clip")
@@ -153,7 +181,7 @@ def tlp(a, b, *, net: str = "alex") -> torch.Tensor:
     a, b = check_pair(a, b)
     _need_two(a, "a")
     m = get_model(net, a.device)
-    norm = not m.fused()             # raw features for the Triton head (CUDA), as the stream
+    norm = not m.fused()  # raw features for the Triton head (CUDA), as the stream
     fa, fb = m.features(a, normalised=norm), m.features(b, normalised=norm)
     da = m.distance([f[1:] for f in fa], [f[:-1] for f in fa], normalised=norm)
     db = m.distance([f[1:] for f in fb], [f[:-1] for f in fb], normalised=norm)
@@ -168,7 +196,7 @@ def tof(a, b, *, method: str = "dis", preset: str = DEFAULT_PRESET, scale: float
     n = a.shape[0]
     srcs = list(range(n - 1)) + list(range(n, 2 * n - 1))
     fl = _pair_flows(srcs, [i + 1 for i in srcs], [a, b], method, preset, scale)
-    return tof_from_flows(fl[:n - 1], fl[n - 1:])
+    return tof_from_flows(fl[: n - 1], fl[n - 1 :])
 
 
 def tof_from_flows(fa: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
@@ -180,8 +208,9 @@ def tof_from_flows(fa: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
 def lowpass_luma(x: torch.Tensor, block: int = FLICKER_BLOCK) -> torch.Tensor:
     """Unrounded BT.601 luma (8-bit units) averaged over ``block`` x ``block`` squares -> (N, 1, h, w)."""
     if x.shape[2] < block or x.shape[3] < block:
-        raise MetricInputError(f"flicker block: {block} is larger than the frames "
-                               f"({x.shape[3]}x{x.shape[2]})")
+        raise MetricInputError(
+            f"flicker block: {block} is larger than the frames ({x.shape[3]}x{x.shape[2]})"
+        )
     with precise():
         return F.avg_pool2d(luma(x, rounded=False), block, stride=block)
 

@@ -47,6 +47,7 @@ environment variable ``EVALKIT_TRITON=0`` keeps the torch path; the CPU always u
 Accuracy and speed against OpenCV DIS are measured in ``benchmarks/bench_flow.py`` (figures in
 ``docs/metrics.md``).
 """
+
 from __future__ import annotations
 
 import math
@@ -115,8 +116,9 @@ def _pad(x: torch.Tensor, rx: int, ry: int) -> torch.Tensor:
     if rx:
         x = torch.cat([x[..., :1].expand(n, c, h, rx), x, x[..., -1:].expand(n, c, h, rx)], 3)
     if ry:
-        x = torch.cat([x[:, :, :1].expand(n, c, ry, x.shape[3]), x,
-                       x[:, :, -1:].expand(n, c, ry, x.shape[3])], 2)
+        x = torch.cat(
+            [x[:, :, :1].expand(n, c, ry, x.shape[3]), x, x[:, :, -1:].expand(n, c, ry, x.shape[3])], 2
+        )
     return x
 
 
@@ -204,6 +206,7 @@ def _neigh(x: torch.Tensor) -> torch.Tensor:
 def _load_fused():
     from ._triton_flow import warp_step
     from ._triton_pyramid import down  # noqa: F401  (the pyramid's kernels: the same family)
+
     return warp_step
 
 
@@ -252,9 +255,9 @@ def _pyramids(src: torch.Tensor, dst: torch.Tensor, levels: int, finest: int, fu
         sizes = [tuple(src.shape[2:])]
         for _ in range(levels - 1):
             sizes.append(down_size(*sizes[-1]))
-        if finest == 0:                       # the frames' own level is solved: scaled here
+        if finest == 0:  # the frames' own level is solved: scaled here
             p0, p1 = [src.float() * (1.0 / 255)], [dst.float() * (1.0 / 255)]
-        else:                                 # level 1 straight from the frames, scaled in the kernel
+        else:  # level 1 straight from the frames, scaled in the kernel
             a, b = down(src, dst, scale=True)
             p0, p1 = [None, a], [None, b]
         while len(p0) < levels:
@@ -269,8 +272,9 @@ def _pyramids(src: torch.Tensor, dst: torch.Tensor, levels: int, finest: int, fu
     return p0, p1, [tuple(p.shape[2:]) for p in p0]
 
 
-def _warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, inner: int, window: float,
-               alpha: float) -> torch.Tensor:
+def _warp_step(
+    i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, inner: int, window: float, alpha: float
+) -> torch.Tensor:
     """One warp step in torch ops: warp, structure tensor, ``inner`` Jacobi iterations."""
     xs, ys = _base_grid(*i0.shape[2:], i0.device)
     i1w, inside = _warp(i1, flow, xs, ys)
@@ -293,9 +297,17 @@ def _warp_step(i0: torch.Tensor, i1: torch.Tensor, flow: torch.Tensor, inner: in
     return flow + d
 
 
-def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: float,
-                alpha: float, finest: int, fused: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+def _flow_batch(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    warps,
+    inner,
+    window: float,
+    alpha: float,
+    finest: int,
+    fused: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The flow of a batch of pairs of grey frames in 8-bit units, (N, 1, H, W) each. ``fused``:
     the Triton path; the final upsampling then writes into ``out`` when given."""
     n = src.shape[0]
@@ -311,11 +323,13 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: floa
         def step(i0, i1, flow, ni):
             return warp_step(i0, i1, flow, g, ni, alpha)
     else:
+
         def step(i0, i1, flow, ni):
             return _warp_step(i0, i1, flow, ni, window, alpha)
 
         def upsample(flow, h, w, out=None):
             return _upsample(flow, h, w)
+
     flow = None
     for k in range(levels - 1, finest - 1, -1):
         hk, wk = sizes[k]
@@ -325,15 +339,23 @@ def _flow_batch(src: torch.Tensor, dst: torch.Tensor, warps, inner, window: floa
             flow = upsample(flow, hk, wk)
         for _ in range(per_level(warps, k)):
             flow = step(p0[k], p1[k], flow, per_level(inner, k))
-    for k in range(finest - 1, -1, -1):       # up to the frames' resolution
+    for k in range(finest - 1, -1, -1):  # up to the frames' resolution
         flow = upsample(flow, *sizes[k], out=out if k == 0 else None)
     return flow
 
 
-def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
-               inner=PARAMS["inner"], window: float = PARAMS["window"],
-               alpha: float = PARAMS["alpha"], finest: int = PARAMS["finest"],
-               batch_pixels: int | None = None, fused: bool | None = None) -> torch.Tensor:
+def torch_flow(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    *,
+    warps=PARAMS["warps"],
+    inner=PARAMS["inner"],
+    window: float = PARAMS["window"],
+    alpha: float = PARAMS["alpha"],
+    finest: int = PARAMS["finest"],
+    batch_pixels: int | None = None,
+    fused: bool | None = None,
+) -> torch.Tensor:
     """Flow from each grey frame of ``src`` to the same frame of ``dst`` -> ``(N, 2, H, W)``.
 
     ``src``, ``dst``: ``(N, 1, H, W)`` or ``(N, H, W)`` grey frames in 8-bit units (uint8 or
@@ -352,7 +374,7 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
     auto = fused is None
     fused = use_fused(src.device, fused)
     step = max(1, batch_pixels // (h * w))
-    if fused:                                 # int32 indexing of (pairs, 5, H, W) in the kernels
+    if fused:  # int32 indexing of (pairs, 5, H, W) in the kernels
         step = max(1, min(step, ((1 << 31) - 1) // (5 * h * w)))
     out = torch.empty((n, 2, h, w), dtype=torch.float32, device=src.device)
 
@@ -364,8 +386,8 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
     def compute() -> torch.Tensor:
         with precise():
             for i in range(0, n, step):
-                s, d, o = src[i:i + step], dst[i:i + step], out[i:i + step]
-                if fused and FLOW_GRAPHS.usable(s, d):   # a CUDA graph per batch shape
+                s, d, o = src[i : i + step], dst[i : i + step], out[i : i + step]
+                if fused and FLOW_GRAPHS.usable(s, d):  # a CUDA graph per batch shape
                     FLOW_GRAPHS.run(batch, (s, d), key, o.copy_)
                     continue
                 f = _flow_batch(s, d, warps, inner, window, alpha, finest, fused, out=o)
@@ -373,8 +395,19 @@ def torch_flow(src: torch.Tensor, dst: torch.Tensor, *, warps=PARAMS["warps"],
                     o.copy_(f)
         return out
 
-    if auto and fused:                        # the default fused path: torch if it cannot run here
-        return TRITON_FUSED.run(compute, lambda: torch_flow(
-            src, dst, warps=warps, inner=inner, window=window, alpha=alpha, finest=finest,
-            batch_pixels=batch_pixels, fused=False))
+    if auto and fused:  # the default fused path: torch if it cannot run here
+        return TRITON_FUSED.run(
+            compute,
+            lambda: torch_flow(
+                src,
+                dst,
+                warps=warps,
+                inner=inner,
+                window=window,
+                alpha=alpha,
+                finest=finest,
+                batch_pixels=batch_pixels,
+                fused=False,
+            ),
+        )
     return compute()

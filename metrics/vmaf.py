@@ -31,6 +31,7 @@ VMAF is not 100 for identical clips in general: with ``vmaf_v0.6.1`` identical f
 motion (the first frame of a clip, a still clip) and 100 (the model's clip) once the
 reference moves enough.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,6 +76,7 @@ class VmafResult:
 
 # -- the binary -------------------------------------------------------------------------------
 
+
 def ffmpeg_exe(ffmpeg: str | None = None) -> str:
     """The ffmpeg binary: ``ffmpeg`` if given, else imageio-ffmpeg's (its ``IMAGEIO_FFMPEG_EXE``
     environment variable names another one). :class:`VmafUnavailable` if there is none."""
@@ -83,18 +85,21 @@ def ffmpeg_exe(ffmpeg: str | None = None) -> str:
         try:
             import imageio_ffmpeg
         except ImportError:
-            raise VmafUnavailable("VMAF needs the imageio-ffmpeg package: pip install "
-                                  "'evalkit[vmaf]'") from None
+            raise VmafUnavailable(
+                "VMAF needs the imageio-ffmpeg package: pip install 'evalkit[vmaf]'"
+            ) from None
         try:
             ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
         except RuntimeError as e:
-            raise VmafUnavailable("VMAF: no ffmpeg binary found by imageio-ffmpeg "
-                                  f"({str(e).splitlines()[0]})") from None
+            raise VmafUnavailable(
+                f"VMAF: no ffmpeg binary found by imageio-ffmpeg ({str(e).splitlines()[0]})"
+            ) from None
         if os.environ.get("IMAGEIO_FFMPEG_EXE"):
             where = "IMAGEIO_FFMPEG_EXE"
     if not os.path.isfile(ffmpeg) or not os.access(ffmpeg, os.X_OK):
-        raise VmafUnavailable(f"{where}: {ffmpeg}: not an executable file (VMAF needs an ffmpeg "
-                              "built with --enable-libvmaf)")
+        raise VmafUnavailable(
+            f"{where}: {ffmpeg}: not an executable file (VMAF needs an ffmpeg built with --enable-libvmaf)"
+        )
     return ffmpeg
 
 
@@ -102,15 +107,19 @@ def ffmpeg_exe(ffmpeg: str | None = None) -> str:
 def _probe(exe: str) -> str:
     """``exe``'s version line; :class:`VmafUnavailable` if it has no ``libvmaf`` filter."""
     try:
-        out = subprocess.run([exe, "-hide_banner", "-nostdin", "-filters"], capture_output=True,
-                             text=True, timeout=60)
-        ver = subprocess.run([exe, "-hide_banner", "-nostdin", "-version"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [exe, "-hide_banner", "-nostdin", "-filters"], capture_output=True, text=True, timeout=60
+        )
+        ver = subprocess.run(
+            [exe, "-hide_banner", "-nostdin", "-version"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise VmafUnavailable(f"ffmpeg: {exe}: cannot run it ({e})") from None
     if not any(line.split()[1:2] == ["libvmaf"] for line in out.stdout.splitlines()):
-        raise VmafUnavailable(f"ffmpeg: {exe}: has no libvmaf filter (VMAF needs an ffmpeg built "
-                              "with --enable-libvmaf, such as imageio-ffmpeg's)")
+        raise VmafUnavailable(
+            f"ffmpeg: {exe}: has no libvmaf filter (VMAF needs an ffmpeg built "
+            "with --enable-libvmaf, such as imageio-ffmpeg's)"
+        )
     first = (ver.stdout.splitlines() or ["ffmpeg version unknown"])[0]
     return first.split(" Copyright")[0].replace("ffmpeg version ", "")
 
@@ -123,6 +132,7 @@ def check_available(ffmpeg: str | None = None) -> str:
 
 
 # -- colour conversion -----------------------------------------------------------------------
+
 
 def _check_conversion(matrix: str, yuv_range: str) -> None:
     if matrix not in MATRICES:
@@ -143,8 +153,9 @@ def rgb_to_yuv444(frames, *, matrix: str = "bt709", yuv_range: str = "limited") 
     if x.ndim == 3:
         x = x[None]
     if x.ndim != 4 or x.shape[3] != 3 or x.dtype != np.uint8:
-        raise MetricInputError(f"frames: expected uint8 RGB frames (n, H, W, 3), found {x.dtype} "
-                               f"array of shape {x.shape}")
+        raise MetricInputError(
+            f"frames: expected uint8 RGB frames (n, H, W, 3), found {x.dtype} array of shape {x.shape}"
+        )
     kr, kb = (round(k * 10000) for k in MATRICES[matrix])
     kg = 10000 - kr - kb
     ys, cs, yo = (219, 224, 16) if yuv_range == "limited" else (255, 255, 0)
@@ -155,12 +166,12 @@ def rgb_to_yuv444(frames, *, matrix: str = "bt709", yuv_range: str = "limited") 
     s = kr * r
     s += kg * g
     s += kb * b
-    den = 255 * 10000                                   # Y = yo + ys * s / den
+    den = 255 * 10000  # Y = yo + ys * s / den
     t = s * ys
     t += yo * den + den // 2
     t //= den
     out[:, 0] = t
-    for plane, src, k in ((1, b, kb), (2, r, kr)):      # C = 128 + cs * (10000 src - s) / d
+    for plane, src, k in ((1, b, kb), (2, r, kr)):  # C = 128 + cs * (10000 src - s) / d
         d = 255 * 2 * (10000 - k)
         src *= 10000
         src -= s
@@ -172,22 +183,30 @@ def rgb_to_yuv444(frames, *, matrix: str = "bt709", yuv_range: str = "limited") 
     return out
 
 
-def vmaf_convention(*, model: str = DEFAULT_MODEL, matrix: str = "bt709",
-                    yuv_range: str = "limited", libvmaf_version: str | None = None,
-                    ffmpeg_version: str | None = None) -> str:
+def vmaf_convention(
+    *,
+    model: str = DEFAULT_MODEL,
+    matrix: str = "bt709",
+    yuv_range: str = "limited",
+    libvmaf_version: str | None = None,
+    ffmpeg_version: str | None = None,
+) -> str:
     """The one-line convention that reports record for VMAF."""
     kr, kb = MATRICES[matrix]
     lib = f"libvmaf {libvmaf_version}" if libvmaf_version else "libvmaf"
     if ffmpeg_version:
         lib += f" (ffmpeg {ffmpeg_version})"
     levels = "Y 16-235, C 16-240" if yuv_range == "limited" else "Y 0-255, C 0-255"
-    return (f"{lib}, model {model} (built in); b distorted, a reference; rgb8 -> yuv444p 8-bit, "
-            f"{matrix.upper().replace('BT', 'BT.')} matrix (Kr {kr}, Kb {kb}), {yuv_range} range "
-            f"({levels}), exact, rounded half up, no chroma subsampling; scores as libvmaf's "
-            "JSON log prints them (6 decimals)")
+    return (
+        f"{lib}, model {model} (built in); b distorted, a reference; rgb8 -> yuv444p 8-bit, "
+        f"{matrix.upper().replace('BT', 'BT.')} matrix (Kr {kr}, Kb {kb}), {yuv_range} range "
+        f"({levels}), exact, rounded half up, no chroma subsampling; scores as libvmaf's "
+        "JSON log prints them (6 decimals)"
+    )
 
 
 # -- running libvmaf ---------------------------------------------------------------------------
+
 
 def _frames(items: Iterable, name: str) -> Iterator[np.ndarray]:
     """One (H, W, 3) uint8 frame at a time from frames or (n, H, W, 3) chunks."""
@@ -197,8 +216,11 @@ def _frames(items: Iterable, name: str) -> Iterator[np.ndarray]:
         if x.ndim == 3:
             x = x[None]
         if x.ndim != 4 or x.shape[3] != 3 or x.dtype != np.uint8:
-            raise MetricInputError(f"frame {index}: expected uint8 RGB (H, W, 3) frames "
-                                   f"or (n, H, W, 3) chunks, found {x.dtype} array of shape {x.shape}", field=name)
+            raise MetricInputError(
+                f"frame {index}: expected uint8 RGB (H, W, 3) frames "
+                f"or (n, H, W, 3) chunks, found {x.dtype} array of shape {x.shape}",
+                field=name,
+            )
         for f in x:
             yield f
             index += 1
@@ -211,8 +233,16 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: str = "limited",
-         n_threads: int | None = None, ffmpeg: str | None = None) -> VmafResult:
+def vmaf(
+    a,
+    b,
+    *,
+    model: str = DEFAULT_MODEL,
+    matrix: str = "bt709",
+    yuv_range: str = "limited",
+    n_threads: int | None = None,
+    ffmpeg: str | None = None,
+) -> VmafResult:
     """Per-frame VMAF of clip ``b`` (distorted) against clip ``a`` (reference).
 
     ``a``, ``b``: ``(n, H, W, 3)`` uint8 RGB arrays, or iterables of ``(H, W, 3)`` frames or
@@ -227,8 +257,9 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
     """
     _check_conversion(matrix, yuv_range)
     if model not in BUILTIN_MODELS:
-        raise MetricInputError(f"model: expected a built-in libvmaf model ({', '.join(BUILTIN_MODELS)}), "
-                               f"found {model!r}")
+        raise MetricInputError(
+            f"model: expected a built-in libvmaf model ({', '.join(BUILTIN_MODELS)}), found {model!r}"
+        )
     if n_threads is None:
         n_threads = _cpu_count()
     if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
@@ -241,20 +272,43 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
         raise MetricInputError(f"{'a' if first_a is None else 'b'}: expected at least one frame, found none")
     h, w = first_a.shape[:2]
     if first_b.shape[:2] != (h, w):
-        raise MetricInputError(f"frame 0 is {first_b.shape[1]}x{first_b.shape[0]}, expected {w}x{h} like a", field="b")
+        raise MetricInputError(
+            f"frame 0 is {first_b.shape[1]}x{first_b.shape[0]}, expected {w}x{h} like a", field="b"
+        )
     if min(h, w) < MIN_SIDE:
         raise MetricInputError(f"frames are {w}x{h}, VMAF needs at least {MIN_SIDE}x{MIN_SIDE}", field="a")
 
     with tempfile.TemporaryDirectory(prefix="evalkit-vmaf-") as tmp:
-        graph = (f"[0:v]split=2[s0][s1];[s0]crop={w}:{h}:0:0[dist];[s1]crop={w}:{h}:0:{h}[ref];"
-                 f"[dist][ref]libvmaf=model=version={model}:log_fmt=json:log_path=vmaf.json:"
-                 f"n_threads={n_threads}")
-        cmd = [exe, "-hide_banner", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "yuv444p",
-               "-s", f"{w}x{2 * h}", "-framerate", "25", "-i", "pipe:0", "-lavfi", graph,
-               "-f", "null", "-"]
+        graph = (
+            f"[0:v]split=2[s0][s1];[s0]crop={w}:{h}:0:0[dist];[s1]crop={w}:{h}:0:{h}[ref];"
+            f"[dist][ref]libvmaf=model=version={model}:log_fmt=json:log_path=vmaf.json:"
+            f"n_threads={n_threads}"
+        )
+        cmd = [
+            exe,
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "yuv444p",
+            "-s",
+            f"{w}x{2 * h}",
+            "-framerate",
+            "25",
+            "-i",
+            "pipe:0",
+            "-lavfi",
+            graph,
+            "-f",
+            "null",
+            "-",
+        ]
         with open(os.path.join(tmp, "stderr.txt"), "w+b") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=err, cwd=tmp)
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp
+            )
             n = 0
             try:
                 buf = np.empty((3, 2 * h, w), dtype=np.uint8)
@@ -270,14 +324,16 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
                         break
                     for name, x in (("a", xa), ("b", xb)):
                         if x.shape[:2] != (h, w):
-                            raise MetricInputError(f"frame {n} is {x.shape[1]}x{x.shape[0]}, "
-                                                   f"expected {w}x{h} like frame 0 of a", field=name)
+                            raise MetricInputError(
+                                f"frame {n} is {x.shape[1]}x{x.shape[0]}, expected {w}x{h} like frame 0 of a",
+                                field=name,
+                            )
                     buf[:, :h] = rgb_to_yuv444(xb, matrix=matrix, yuv_range=yuv_range)[0]
                     buf[:, h:] = rgb_to_yuv444(xa, matrix=matrix, yuv_range=yuv_range)[0]
                     try:
                         proc.stdin.write(buf.tobytes())
                     except BrokenPipeError:
-                        break               # ffmpeg died: its exit code and message say why
+                        break  # ffmpeg died: its exit code and message say why
                     n += 1
             except BaseException:
                 proc.kill()
@@ -301,9 +357,18 @@ def vmaf(a, b, *, model: str = DEFAULT_MODEL, matrix: str = "bt709", yuv_range: 
         raise MetricInputError(f"ffmpeg libvmaf scored {len(frames)} frames, expected {n}")
     scores = np.array([fr["metrics"]["vmaf"] for fr in frames], dtype=np.float64)
     version = str(log.get("version", "unknown"))
-    return VmafResult(scores, model, version,
-                      vmaf_convention(model=model, matrix=matrix, yuv_range=yuv_range,
-                                      libvmaf_version=version, ffmpeg_version=ffmpeg_version))
+    return VmafResult(
+        scores,
+        model,
+        version,
+        vmaf_convention(
+            model=model,
+            matrix=matrix,
+            yuv_range=yuv_range,
+            libvmaf_version=version,
+            ffmpeg_version=ffmpeg_version,
+        ),
+    )
 
 
 def _chain(first, rest) -> Iterator[np.ndarray]:

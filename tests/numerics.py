@@ -18,20 +18,21 @@ they are loose by about the square root of the number of terms, which still leav
 the squared differences, the channel weights and the spatial means), computing the bound from
 the actual frames in float64.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-U32 = 2.0 ** -24                     # unit roundoff of float32 (round to nearest)
-EPS32 = float(np.finfo(np.float32).eps)   # 2**-23, the spacing of float32 numbers at 1
+U32 = 2.0**-24  # unit roundoff of float32 (round to nearest)
+EPS32 = float(np.finfo(np.float32).eps)  # 2**-23, the spacing of float32 numbers at 1
 # Standard deviations of a probabilistic error estimate taken as its bound: a normal variable
 # passes 8 of them with probability 1e-15 (per element, for a test's few thousand elements).
 SIGMAS = 8.0
 
 
-def gamma(n: int, u: float = 2.0 ** -24) -> float:
+def gamma(n: int, u: float = 2.0**-24) -> float:
     """Higham's gamma_n: the bound on n rounding factors, ``|prod(1 + d_i)^(+-1) - 1|``."""
     if n <= 0:
         return 0.0
@@ -57,6 +58,7 @@ def ab_tolerance(bound) -> float:
 
 
 # -- LPIPS ------------------------------------------------------------------------------------
+
 
 def _conv(m: torch.nn.Conv2d, x: torch.Tensor, weight=None) -> torch.Tensor:
     w = m.weight.double() if weight is None else weight
@@ -84,7 +86,7 @@ def lpips_trunk_bound(model, frames: torch.Tensor, *, input_ops: int = 4, sigmas
     shift, scale = model.shift.double().cpu(), model.scale.double().cpu()
     x = frames.double().cpu()
     h = ((x * 2 - 1) - shift) / scale
-    var = input_ops * U32 ** 2 / 3 * ((2 * x.abs() + 1 + shift.abs()) / scale) ** 2
+    var = input_ops * U32**2 / 3 * ((2 * x.abs() + 1 + shift.abs()) / scale) ** 2
     feats, errs = [], []
     for sl in model.slices:
         for layer in sl:
@@ -93,7 +95,7 @@ def lpips_trunk_bound(model, frames: torch.Tensor, *, input_ops: int = 4, sigmas
                 w = layer.weight.double().cpu()
                 b = layer.bias.double().cpu().view(1, -1, 1, 1)
                 mag = F.conv2d(h.abs(), w.abs(), None, layer.stride, layer.padding) + b.abs()
-                var = F.conv2d(var, w * w, None, layer.stride, layer.padding) + (k + 1) * U32 ** 2 / 3 * mag ** 2
+                var = F.conv2d(var, w * w, None, layer.stride, layer.padding) + (k + 1) * U32**2 / 3 * mag**2
                 h = F.conv2d(h, w, None, layer.stride, layer.padding) + b
             elif isinstance(layer, torch.nn.ReLU):
                 var = torch.where(h < -sigmas * var.sqrt(), torch.zeros_like(var), var)
@@ -135,8 +137,9 @@ def lpips_head_bound(fa, fb, weights, eps: float, ea=None, eb=None) -> torch.Ten
                 return n, rnd
             enorm = e.pow(2).sum(1, keepdim=True).sqrt()
             room = norm + eps - enorm
-            carried = torch.where(room > 0, (e + n.abs() * enorm) / room.clamp_min(1e-300),
-                                  torch.full_like(e, 2.0))
+            carried = torch.where(
+                room > 0, (e + n.abs() * enorm) / room.clamp_min(1e-300), torch.full_like(e, 2.0)
+            )
             return n, (carried + rnd).clamp_max(1 + n.abs())
 
         na, ba = normalised(a, None if ea is None else ea[i].double().cpu())
@@ -144,7 +147,7 @@ def lpips_head_bound(fa, fb, weights, eps: float, ea=None, eb=None) -> torch.Ten
         diff = na - nb
         e_diff = ba + bb + U32 * (diff.abs() + ba + bb)
         sq = diff * diff
-        e_sq = 2 * diff.abs() * e_diff + e_diff ** 2 + U32 * (diff.abs() + e_diff) ** 2
+        e_sq = 2 * diff.abs() * e_diff + e_diff**2 + U32 * (diff.abs() + e_diff) ** 2
         chan = (w * sq).sum(1)
         e_chan = (w * e_sq).sum(1) + gamma(c) * (w * (sq + e_sq)).sum(1)
         mean = chan.mean((1, 2))
@@ -166,11 +169,20 @@ def lpips_bound(model, a: torch.Tensor, b: torch.Tensor, *, input_ops: int = 4) 
 
 # -- SSIM -------------------------------------------------------------------------------------
 
-U64 = 2.0 ** -53                     # unit roundoff of float64 (scikit-image's arithmetic)
+U64 = 2.0**-53  # unit roundoff of float64 (scikit-image's arithmetic)
 
 
-def ssim_bound(x, y, *, win: int = 11, sigma: float = 1.5, c1: float = (0.01 * 255) ** 2,
-               c2: float = (0.03 * 255) ** 2, e_in=None, u: float = U32) -> torch.Tensor:
+def ssim_bound(
+    x,
+    y,
+    *,
+    win: int = 11,
+    sigma: float = 1.5,
+    c1: float = (0.01 * 255) ** 2,
+    c2: float = (0.03 * 255) ** 2,
+    e_in=None,
+    u: float = U32,
+) -> torch.Tensor:
     """A bound on the error of a mean SSIM of plane pairs ``x``, ``y`` (``(M, 1, H, W)``, the
     exact planes in 8-bit units) evaluated with unit roundoff ``u``, per plane pair ``(M,)``.
 
@@ -192,15 +204,16 @@ def ssim_bound(x, y, *, win: int = 11, sigma: float = 1.5, c1: float = (0.01 * 2
     k2 = torch.outer(g1, g1).view(1, 1, win, win).expand(m, 1, win, win).contiguous()
 
     def filt(v):
-        return F.conv2d(v.reshape(1, m, *v.shape[2:]), k2, groups=m).reshape(m, 1, v.shape[2] - win + 1,
-                                                                               v.shape[3] - win + 1)
+        return F.conv2d(v.reshape(1, m, *v.shape[2:]), k2, groups=m).reshape(
+            m, 1, v.shape[2] - win + 1, v.shape[3] - win + 1
+        )
 
     gk = gamma(win * win + 2, u)
     shift = ((x.mean((1, 2, 3), keepdim=True) + y.mean((1, 2, 3), keepdim=True)) / 2).round()
     xs, ys = x - shift, y - shift
     ex = torch.zeros_like(x) if e_in is None else e_in[0].double().cpu()
     ey = torch.zeros_like(y) if e_in is None else e_in[1].double().cpu()
-    ax, ay = xs.abs() + 1, ys.abs() + 1                       # either rounding of the mean
+    ax, ay = xs.abs() + 1, ys.abs() + 1  # either rounding of the mean
 
     def stat(v, mag, e):
         return filt(v), gk * filt(mag) + filt(e)
@@ -224,13 +237,17 @@ def ssim_bound(x, y, *, win: int = 11, sigma: float = 1.5, c1: float = (0.01 * 2
     e_b2 = e_vx + e_vy + 3 * u * (vx.abs() + vy.abs() + c2)
     low = ((b1 - e_b1) * (b2 - e_b2)).clamp_min(1e-300)
     s = a1 * a2 / (b1 * b2)
-    e_s = ((a2.abs() * e_a1 + a1.abs() * e_a2 + e_a1 * e_a2) / low
-           + s.abs() * (b1 * b2 / low - 1) + 3 * u * s.abs())
+    e_s = (
+        (a2.abs() * e_a1 + a1.abs() * e_a2 + e_a1 * e_a2) / low
+        + s.abs() * (b1 * b2 / low - 1)
+        + 3 * u * s.abs()
+    )
     p = s.shape[2] * s.shape[3]
     return e_s.mean((1, 2, 3)) + gamma(p, u) * (s.abs() + e_s).mean((1, 2, 3))
 
 
 # -- means, PSNR ------------------------------------------------------------------------------
+
 
 def mean_tolerance(values, n: int, ops: int = 0):
     """A/B tolerance of means of ``n`` non-negative per-pixel terms (each from ``ops`` float32

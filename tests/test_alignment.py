@@ -1,17 +1,26 @@
 """Temporal alignment (evalkit.compare.alignment): the offset detector on real footage, and
 `evalkit metrics` through the CLI on shifted, re-encoded and rate-mismatched clips."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
-
-from evalkit.compare.alignment import (MAX_OFFSET, MIN_PAIRS, WINDOW, detect_offset, probe_clips, rate_mismatch,
-                                       read_small_luma, skip_frames, small_luma)
-from evalkit.video import BrowserEncoding, read_frames, write_browser, write_lossless
-
 from conftest import DATASETS, assert_one_line_error
+
+from evalkit.compare.alignment import (
+    MAX_OFFSET,
+    MIN_PAIRS,
+    WINDOW,
+    detect_offset,
+    probe_clips,
+    rate_mismatch,
+    read_small_luma,
+    skip_frames,
+    small_luma,
+)
+from evalkit.video import BrowserEncoding, read_frames, write_browser, write_lossless
 
 CANARY = sorted((DATASETS / "canary" / "clips").glob("*.mkv"))
 SMOKE = sorted((DATASETS / "smoke" / "clips").glob("*.mkv"))
@@ -20,8 +29,10 @@ SMOKE = sorted((DATASETS / "smoke" / "clips").glob("*.mkv"))
 @pytest.fixture(scope="module")
 def footage():
     """Small luma of the real clips' first WINDOW + 1 frames."""
-    return {p.stem + ("" if p.parent.parent.name == "canary" else "_smoke"): read_small_luma(p, WINDOW + 1)
-            for p in CANARY + SMOKE}
+    return {
+        p.stem + ("" if p.parent.parent.name == "canary" else "_smoke"): read_small_luma(p, WINDOW + 1)
+        for p in CANARY + SMOKE
+    }
 
 
 def test_real_footage_moves_enough_to_test(footage):
@@ -33,10 +44,10 @@ def test_real_footage_moves_enough_to_test(footage):
 @pytest.mark.parametrize("shift", [1, 2, 3])
 def test_fires_on_real_shifts_both_ways(footage, shift):
     for name, luma in footage.items():
-        if len(luma) - shift < MAX_OFFSET + MIN_PAIRS:   # the 8-frame smoke clips at 2, 3
+        if len(luma) - shift < MAX_OFFSET + MIN_PAIRS:  # the 8-frame smoke clips at 2, 3
             continue
-        early = detect_offset(luma[:-shift], luma[shift:])          # B = A without its first frames
-        late = detect_offset(luma[shift:], luma[:-shift])           # B = A with frames before A's
+        early = detect_offset(luma[:-shift], luma[shift:])  # B = A without its first frames
+        late = detect_offset(luma[shift:], luma[:-shift])  # B = A with frames before A's
         assert (early.finding, early.offset) == ("shifted", -shift), (name, early)
         assert (late.finding, late.offset) == ("shifted", shift), (name, late)
         assert "early" in early.text(10) and "late" in late.text(10)
@@ -57,7 +68,7 @@ def test_identical_and_static_clips_never_fire(footage):
 
 def test_too_short_clips_are_not_tested(footage):
     luma = footage["astronaut_pan"]
-    r = detect_offset(luma[:MAX_OFFSET + 3], luma[1:MAX_OFFSET + 4])
+    r = detect_offset(luma[: MAX_OFFSET + 3], luma[1 : MAX_OFFSET + 4])
     assert r.finding == "short" and r.offset == 0 and "not tested" in r.text()
 
 
@@ -130,6 +141,7 @@ def test_rate_mismatch_and_skip_frames():
 
 # -- evalkit metrics on two real clips --------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     """A real canary clip; B one frame early (A's first frame dropped), B one frame late (A's
@@ -137,8 +149,12 @@ def clips(tmp_path_factory):
     root = tmp_path_factory.mktemp("align")
     frames, fps = read_frames(CANARY[0])
     frames = frames[:12]
-    out = {"a": root / "a.mkv", "early": root / "early.mkv", "late": root / "late.mkv",
-           "rate": root / "rate.mkv"}
+    out = {
+        "a": root / "a.mkv",
+        "early": root / "early.mkv",
+        "late": root / "late.mkv",
+        "rate": root / "rate.mkv",
+    }
     write_lossless(out["a"], frames, fps)
     write_lossless(out["early"], frames[1:], fps)
     write_lossless(out["late"], np.concatenate([frames[:1], frames[:-1]]), fps)
@@ -148,32 +164,52 @@ def clips(tmp_path_factory):
 
 @pytest.mark.slow  # canary clips measured at offsets
 def test_metrics_compares_an_early_clip_at_its_offset(cli, clips):
-    code, out, err = cli("metrics", clips["a"], clips["early"], "--json", "--device", "cpu",
-                         "--no-temporal", "--quiet")
+    code, out, err = cli(
+        "metrics", clips["a"], clips["early"], "--json", "--device", "cpu", "--no-temporal", "--quiet"
+    )
     assert code == 0, err
     r = json.loads(out)
     al = r["offset"]
     assert al["finding"] == "shifted" and al["offset"] == -1 and al["compared"] == 11
     assert "B is 1 frame early" in al["text"] and "A frames 1-11 with B frames 0-10" in al["text"]
-    assert r["frames"] == 11 and r["identical"] is True        # the same frames, once aligned
-    assert r["per_frame"]["frame"] == list(range(1, 12))        # A's frame numbers
-    code, out, err = cli("metrics", clips["a"], clips["early"], "--device", "cpu",
-                         "--no-temporal", "--quiet")
+    assert r["frames"] == 11 and r["identical"] is True  # the same frames, once aligned
+    assert r["per_frame"]["frame"] == list(range(1, 12))  # A's frame numbers
+    code, out, err = cli("metrics", clips["a"], clips["early"], "--device", "cpu", "--no-temporal", "--quiet")
     assert code == 0 and "offset: B is 1 frame early" in out
 
 
 @pytest.mark.slow  # canary clips measured at offsets
 def test_metrics_compares_a_late_clip_at_its_offset(cli, clips, tmp_path):
-    code, out, err = cli("metrics", clips["a"], clips["late"], "--json", "--device", "cpu",
-                         "--no-temporal", "--quiet", "--csv", tmp_path / "f.csv")
+    code, out, err = cli(
+        "metrics",
+        clips["a"],
+        clips["late"],
+        "--json",
+        "--device",
+        "cpu",
+        "--no-temporal",
+        "--quiet",
+        "--csv",
+        tmp_path / "f.csv",
+    )
     assert code == 0, err
     r = json.loads(out)
     assert r["offset"]["offset"] == 1 and "B is 1 frame late" in r["offset"]["text"]
     assert r["frames"] == 11 and r["identical"] is True
     assert r["per_frame"]["frame"][0] == 0
     # forced frame by frame: the shift shows as a difference, and the output says it was forced
-    code, out, err = cli("metrics", clips["a"], clips["late"], "--json", "--device", "cpu",
-                         "--no-temporal", "--quiet", "--offset", "0")
+    code, out, err = cli(
+        "metrics",
+        clips["a"],
+        clips["late"],
+        "--json",
+        "--device",
+        "cpu",
+        "--no-temporal",
+        "--quiet",
+        "--offset",
+        "0",
+    )
     assert code == 0, err
     r0 = json.loads(out)
     assert r0["offset"]["finding"] == "given" and r0["frames"] == 12 and r0["lpips"] > 0.05
@@ -181,8 +217,9 @@ def test_metrics_compares_a_late_clip_at_its_offset(cli, clips, tmp_path):
 
 @pytest.mark.slow  # canary clips measured
 def test_metrics_aligned_clips_say_so(cli, clips):
-    code, out, err = cli("metrics", clips["a"], clips["a"], "--json", "--device", "cpu",
-                         "--no-temporal", "--quiet")
+    code, out, err = cli(
+        "metrics", clips["a"], clips["a"], "--json", "--device", "cpu", "--no-temporal", "--quiet"
+    )
     assert code == 0, err
     r = json.loads(out)
     assert r["offset"]["finding"] == "aligned" and r["offset"]["offset"] == 0 and r["frames"] == 12
@@ -201,7 +238,7 @@ def test_probe_clips_reads_only_the_window(clips, tmp_path):
     rng = np.random.default_rng(1)
     tail = rng.integers(0, 256, (8, *frames.shape[1:]), dtype=np.uint8)
     write_lossless(tmp_path / "a.mkv", frames, fps)
-    write_lossless(tmp_path / "b.mkv", np.concatenate([frames[1:WINDOW + 1], tail]), fps)
+    write_lossless(tmp_path / "b.mkv", np.concatenate([frames[1 : WINDOW + 1], tail]), fps)
     r = probe_clips(tmp_path / "a.mkv", tmp_path / "b.mkv")
     assert (r.finding, r.offset, r.frames) == ("shifted", -1, WINDOW) and r.mad[-1] == 0.0
     assert probe_clips(clips["a"], clips["early"]).frames == 11
@@ -213,8 +250,17 @@ def test_metrics_vmaf_is_scored_at_the_offset(cli, clips):
     frame is A's frames, so every frame after the first scores the model's maximum, 100."""
     from evalkit.compare.vmaf import clip_vmaf
 
-    code, out, err = cli("metrics", clips["a"], clips["early"], "--json", "--device", "cpu",
-                         "--no-temporal", "--quiet", "--vmaf")
+    code, out, err = cli(
+        "metrics",
+        clips["a"],
+        clips["early"],
+        "--json",
+        "--device",
+        "cpu",
+        "--no-temporal",
+        "--quiet",
+        "--vmaf",
+    )
     assert code == 0, err
     r = json.loads(out)
     assert r["offset"]["offset"] == -1 and len(r["per_frame"]["vmaf"]) == 11

@@ -1,5 +1,6 @@
 """The blind A/B web app, end to end: the real `evalkit serve` on loopback, Debian's Chromium
 driven by Playwright, real study databases and media (no mocks)."""
+
 from __future__ import annotations
 
 import csv
@@ -14,18 +15,20 @@ from sqlalchemy import select
 from evalkit import study
 from evalkit.study import store
 from evalkit.study.live import media_name
-
 from evalkit.testing.page import ENABLED, answer, in_viewport, inside, layout, open_page
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, COMPLETION_CODE, Server
-from evalkit.testing.studies import current, leaked, hidden, progress, secrets_of
+from evalkit.testing.studies import current, hidden, leaked, progress, secrets_of
 
 pytestmark = pytest.mark.slow  # the real server and Chromium
 
-FPS = 12                      # the studies here run at 12 fps (the page must not assume 24)
+FPS = 12  # the studies here run at 12 fps (the page must not assume 24)
 FRAME = 1 / FPS
-VIEWPORTS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-             "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                           device_scale_factor=2)}
+VIEWPORTS = {
+    "desktop": dict(viewport={"width": 1280, "height": 800}),
+    "phone": dict(
+        viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, device_scale_factor=2
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +36,12 @@ def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("app")
     report = reports(fps=FPS)
     db = root / "s.db"
-    sids = {p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5, allow_masking=True)["study"]
-            for p in ("preference", "abx")}
+    sids = {
+        p: study.create_study(report, db, protocol=p, clips_spec="worst:3", seed=5, allow_masking=True)[
+            "study"
+        ]
+        for p in ("preference", "abx")
+    }
     secret = secrets_of(db, report)
     server = Server(db).start()
     yield {"db": db, "sids": sids, "server": server, "secret": secret}
@@ -43,8 +50,9 @@ def env(tmp_path_factory, reports):
 
 def key(db, sid):
     with store.open_db(db).engine.connect() as conn:
-        return conn.execute(select(store.studies.c.config).where(store.studies.c.id == sid)
-                            ).scalar_one()["media_key"]
+        return conn.execute(select(store.studies.c.config).where(store.studies.c.id == sid)).scalar_one()[
+            "media_key"
+        ]
 
 
 def export(server, sid, which="ratings"):
@@ -53,8 +61,7 @@ def export(server, sid, which="ratings"):
     return list(csv.DictReader(io.StringIO(r.text)))
 
 
-def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=None,
-         each=None):
+def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=None, each=None):
     """Answer every trial through the page; returns {trial id: (answer, public trial)}.
     ``how``: the ways of answering, taken in turn; ``each(page, trial)`` runs at every trial
     once its answers are enabled."""
@@ -63,7 +70,7 @@ def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=N
     n = 0
     while state["trial"] is not None:
         t = state["trial"]
-        assert t["index"] == state["progress"]["done"] + 1      # the next unanswered trial
+        assert t["index"] == state["progress"]["done"] + 1  # the next unanswered trial
         page.wait_for_function(ENABLED, timeout=30000)
         assert page.get_attribute("body", "data-trial-index") == str(t["index"])
         if each is not None:
@@ -78,7 +85,7 @@ def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=N
         state = new
         if reload_after == n and state["trial"] is not None:
             again = open_page(page, server.url, token, reload=True)
-            assert again["trial"]["trial"] == state["trial"]["trial"]     # continues, nothing lost
+            assert again["trial"]["trial"] == state["trial"]["trial"]  # continues, nothing lost
             assert again["progress"]["done"] == n
             state = again
     page.wait_for_selector("#done:not([hidden])")
@@ -87,7 +94,7 @@ def rate(page, server, token, *, reload_after=None, how=("click", "key"), seen=N
 
 def check_csv(env, sid, clicks):
     sealed = [r for r in export(env["server"], sid) if int(r["trial"]) in clicks]
-    if sealed[0]["key"].startswith("sealed"):       # interim: no key through /export
+    if sealed[0]["key"].startswith("sealed"):  # interim: no key through /export
         assert all(r[k] == "" for r in sealed for k in study.export.KEY_COLUMNS if k in r), sealed
         study.unblind(env["db"], sid, reason="test: the export against the answers", who="test")
     rows = [r for r in export(env["server"], sid) if int(r["trial"]) in clicks]
@@ -117,7 +124,7 @@ def check_layout(page, view, trial):
     assert sw <= vw, (sw, vw)
     videos = g["boxes"][".ek-stage canvas"]
     assert sorted(b["slot"] for b in videos) == sorted(trial["tiles"])
-    assert all(b["w"] >= 100 and b["h"] >= 60 for b in videos), videos   # big enough to judge
+    assert all(b["w"] >= 100 and b["h"] >= 60 for b in videos), videos  # big enough to judge
     assert inside(g["boxes"]["#answers button"], vw, vh), g
     assert inside(g["boxes"]["#controls button"], vw, vh), g
     assert inside(g["boxes"][".ek-head"], vw, vh), g
@@ -126,7 +133,7 @@ def check_layout(page, view, trial):
         assert inside(videos, vw, vh), videos
     else:
         assert all(b["x"] >= 0 and b["x"] + b["w"] <= vw + 0.5 for b in videos), videos
-    if page.is_hidden("#instructions"):     # open on a new rater's first trial
+    if page.is_hidden("#instructions"):  # open on a new rater's first trial
         page.click("#btn-help")
     assert page.is_visible("#instructions") and in_viewport(page, "#instructions")
     assert page.is_visible(".keys") == (view == "desktop")
@@ -154,9 +161,17 @@ def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol, view
         check_layout(page, view, t)
         if t["index"] == 1:
             page.screenshot(path=f"{shot}-trial.png")
+
     try:
-        clicks = rate(page, server, token, reload_after=2, seen=dom, each=each,
-                      how=("tap",) if view == "phone" else ("click", "key"))
+        clicks = rate(
+            page,
+            server,
+            token,
+            reload_after=2,
+            seen=dom,
+            each=each,
+            how=("tap",) if view == "phone" else ("click", "key"),
+        )
         assert page.inner_text("#code") == COMPLETION_CODE
         page.screenshot(path=f"{shot}-done.png")
         dom.append(page.content())
@@ -175,13 +190,11 @@ def test_rater_completes_study_blind_reload_and_csv(env, browser, protocol, view
     assert found is None, found
     # the boxes shown are the server-side assignment's, each its own tile of the one stream
     for tid, (_, m) in clicks.items():
-        assert set(m["tiles"]) == ({"left", "right"} if protocol == "preference"
-                                   else {"X", "A", "B"})
+        assert set(m["tiles"]) == ({"left", "right"} if protocol == "preference" else {"X", "A", "B"})
         assert len({tuple(r) for r in m["tiles"].values()}) == len(m["tiles"])
 
 
-SWAPS = {"preference": {"f": ("left", "right")},
-         "abx": {"f": ("X", "A"), "g": ("X", "B"), "h": ("A", "B")}}
+SWAPS = {"preference": {"f": ("left", "right")}, "abx": {"f": ("X", "A"), "g": ("X", "B"), "h": ("A", "B")}}
 
 
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
@@ -201,34 +214,37 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
         # 12 fps play through in 0.67 s)
         assert page.is_disabled("#answers button")
         page.click("#btn-close-help")
-        page.wait_for_function(f"window.evalkitPlayers().length === {n} && "
-                               "window.evalkitPlayers().every(p => p.ready === 4 && p.t >= 0)",
-                               timeout=30000)
+        page.wait_for_function(
+            f"window.evalkitPlayers().length === {n} && "
+            "window.evalkitPlayers().every(p => p.ready === 4 && p.t >= 0)",
+            timeout=30000,
+        )
         players = lambda: page.evaluate("window.evalkitPlayers()")  # noqa: E731
-        assert all(p["fps"] == FPS for p in players())              # the study's, from the server
-        assert all(p["streams"] == 1 for p in players())           # one stream per trial
+        assert all(p["fps"] == FPS for p in players())  # the study's, from the server
+        assert all(p["streams"] == 1 for p in players())  # one stream per trial
 
         def spread(ps):
             d = ps[0]["duration"]
-            return max(min(abs(a["t"] - b["t"]) % d, d - abs(a["t"] - b["t"]) % d)
-                       for a in ps for b in ps)
+            return max(min(abs(a["t"] - b["t"]) % d, d - abs(a["t"] - b["t"]) % d) for a in ps for b in ps)
+
         t0 = players()[0]["t"]
         page.wait_for_timeout(150)
         samples = []
         for _ in range(5):
             samples.append(players())
             page.wait_for_timeout(70)
-        assert any(abs(s[0]["t"] - t0) > 1e-3 for s in samples)          # time advances
+        assert any(abs(s[0]["t"] - t0) > 1e-3 for s in samples)  # time advances
         assert all(not p["paused"] for s in samples for p in s)
-        assert max(spread(s) for s in samples) == 0, samples              # playing: one frame
+        assert max(spread(s) for s in samples) == 0, samples  # playing: one frame
         page.wait_for_function(ENABLED, timeout=30000)
-        page.keyboard.press(" ")                                         # pause
+        page.keyboard.press(" ")  # pause
         page.wait_for_timeout(200)
         ps = players()
         last = round(ps[0]["duration"] / FRAME) - 1
 
-        def frames(ps):                    # the frame each player shows
+        def frames(ps):  # the frame each player shows
             return [min(last, int(p["t"] / FRAME + 1e-3)) for p in ps]
+
         assert all(p["paused"] for p in ps) and len(set(frames(ps))) == 1, ps
 
         def press(key, n=1):
@@ -237,23 +253,24 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
                 page.wait_for_timeout(30)
             page.wait_for_timeout(250)
             return players()
-        ps = press(",", last + 3)                   # step back past the start: frame 0
+
+        ps = press(",", last + 3)  # step back past the start: frame 0
         assert frames(ps) == [0] * n and all(p["paused"] for p in ps), ps
         page.click("#btn-fwd")
-        ps = press(".")                             # button and key: two frames on, together
+        ps = press(".")  # button and key: two frames on, together
         assert frames(ps) == [2] * n and all(abs(p["t"] - (2 * FRAME + 1e-3)) < 1e-4 for p in ps), ps
         ps = press(",")
         assert frames(ps) == [1] * n, ps
         page.click("#btn-back")
         page.wait_for_timeout(250)
         assert frames(players()) == [0] * n
-        ps = press(".", last + 3)                   # step past the end: stays on the last frame
+        ps = press(".", last + 3)  # step past the end: stays on the last frame
         assert frames(ps) == [last] * n and all(p["paused"] for p in ps), ps
-        page.click("#btn-play")                                           # play again
+        page.click("#btn-play")  # play again
         page.wait_for_timeout(300)
         assert not any(p["paused"] for p in players())
         ps = players()
-        assert spread(ps) == 0, ps                                        # play again: one frame
+        assert spread(ps) == 0, ps  # play again: one frame
         # each swap exchanges two videos in place (by key, then back by its button)
         box = lambda s: page.locator(f"canvas[data-slot='{s}']").bounding_box()  # noqa: E731
         home = {s: box(s) for pair in SWAPS[protocol].values() for s in pair}
@@ -261,11 +278,12 @@ def test_players_play_in_sync_flicker_and_zoom(env, browser, protocol):
             page.keyboard.press(k)
             assert (box(a), box(b)) == (home[b], home[a]), (k, a, b)
             assert page.get_attribute(f"#swaps button[data-swap='{a}-{b}']", "aria-pressed") == "true"
-            assert {s: box(s) for s in home if s not in (a, b)} == \
-                {s: home[s] for s in home if s not in (a, b)}
+            assert {s: box(s) for s in home if s not in (a, b)} == {
+                s: home[s] for s in home if s not in (a, b)
+            }
             page.click(f"#swaps button[data-swap='{a}-{b}']")
             assert {s: box(s) for s in home} == home
-        page.keyboard.press("f")                                          # swapped, still in sync
+        page.keyboard.press("f")  # swapped, still in sync
         page.wait_for_timeout(200)
         assert spread(players()) == 0
         page.keyboard.press("f")

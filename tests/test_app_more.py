@@ -1,4 +1,5 @@
 """The web app: refusals, resume after a server restart, the admin page (real server, Chromium)."""
+
 from __future__ import annotations
 
 import csv
@@ -11,23 +12,21 @@ import subprocess
 import sys
 import time
 import zlib
-
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ROOT, assert_one_line_error, run_evalkit
 from sqlalchemy import update
+from test_app import export, hidden, rate  # noqa: F401
 
 from evalkit import study
 from evalkit.study import store
 from evalkit.study.fidelity import bytes_text
-
-from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
-from conftest import ROOT, assert_one_line_error, run_evalkit
-from evalkit.testing.studies import acknowledge, answer, current, progress
 from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
-from test_app import export, hidden, rate  # noqa: F401
+from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port
+from evalkit.testing.studies import acknowledge, answer, current, progress
 
 pytestmark = pytest.mark.slow  # the real server and Chromium
 
@@ -35,10 +34,11 @@ pytestmark = pytest.mark.slow  # the real server and Chromium
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("appmore")
-    report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
+    report = reports(fps=8)  # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
-    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:3",
-                             seed=2, allow_masking=True)["study"]
+    sid = study.create_study(
+        report, db, protocol="preference", clips_spec="worst:3", seed=2, allow_masking=True
+    )["study"]
     (root / "secret.mp4").write_bytes(b"not for raters")
     yield {"db": db, "sid": sid, "root": root, "report": report}
 
@@ -66,8 +66,7 @@ def test_refusals(env, server):
         assert r.status_code == 403 and tok not in r.text if tok else r.status_code == 403
     first = httpx.get(f"{u}/api/trial", params={"token": t1}).json()
     mine = first["trial"]
-    assert mine["fps"] == 8 and first["progress"] == {"done": 0, "total": mine["total"],
-                                                      "finished": False}
+    assert mine["fps"] == 8 and first["progress"] == {"done": 0, "total": mine["total"], "finished": False}
     post = lambda **b: httpx.post(f"{u}/api/answer", json=b)  # noqa: E731
     # t2's first trial was never handed out: refused (409), and that starts nothing
     other = _trials(db, t2)[0]
@@ -79,14 +78,18 @@ def test_refusals(env, server):
     assert early.status_code == 425, early.text
     assert "were not loaded" in early.json()["error"] and early.json()["wait_ms"] > 0
     later = _trials(db, t1)[1]
-    assert post(token=t1, trial=later, answer="left").status_code == 409    # out of order
+    assert post(token=t1, trial=later, answer="left").status_code == 409  # out of order
     assert post(token=t1, trial=10**6, answer="left", response_ms=5).status_code == 404
     assert post(token=t1, trial="1 or 1=1", answer="left", response_ms=5).status_code == 404
     assert post(token=t1, trial=other, answer="left", response_ms=5).status_code == 403
     assert post(token="bad", trial=mine["trial"], answer="left", response_ms=5).status_code == 403
     assert post(token=t1, trial=mine["trial"], answer="A", response_ms=5).status_code == 400
-    assert httpx.post(f"{u}/api/answer", content=b"[1]",
-                      headers={"content-type": "application/json"}).status_code == 400
+    assert (
+        httpx.post(
+            f"{u}/api/answer", content=b"[1]", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
     assert progress(db, t1)["done"] == progress(db, t2)["done"] == 0
     # media: only by the opaque names of the rater's own handed-out trials
     name = mine["media"]["video"]
@@ -98,17 +101,26 @@ def test_refusals(env, server):
     assert httpx.get(f"{u}/media/{name}", params={"token": "x"}).status_code == 404
     assert httpx.get(f"{u}/media/{name}", params={"token": t2}).status_code == 404
     sha = hidden(db, mine["trial"])["shown"]["media"]
-    for bad in ("secret.mp4", "..%2Fsecret.mp4", "..%2Fs.db", "%2E%2E%2Fsecret.mp4",
-                name.upper(), name + "x", "0" * 40 + ".mp4", f"{sha}.mp4", f"{sha[:40]}.mp4"):
+    for bad in (
+        "secret.mp4",
+        "..%2Fsecret.mp4",
+        "..%2Fs.db",
+        "%2E%2E%2Fsecret.mp4",
+        name.upper(),
+        name + "x",
+        "0" * 40 + ".mp4",
+        f"{sha}.mp4",
+        f"{sha[:40]}.mp4",
+    ):
         r = httpx.get(f"{u}/media/{bad}", params={"token": t1})
         assert r.status_code == 404 and b"not for raters" not in r.content, bad
     assert httpx.get(f"{u}/media/../secret.mp4", params={"token": t1}).status_code == 404
     got = {}
-    for n in mine["media"].values():           # the page loads the videos, in two ranges
+    for n in mine["media"].values():  # the page loads the videos, in two ranges
         r = httpx.get(f"{u}/media/{n}", params={"token": t1}, headers={"Range": "bytes=0-99"})
         assert r.status_code == 206
         got[n] = r.content
-    assert hidden(db, mine["trial"])["fetched"] is None      # 100 bytes are not the video
+    assert hidden(db, mine["trial"])["fetched"] is None  # 100 bytes are not the video
     for n in mine["media"].values():
         r = httpx.get(f"{u}/media/{n}", params={"token": t1}, headers={"Range": "bytes=100-"})
         assert r.status_code == 206
@@ -119,13 +131,11 @@ def test_refusals(env, server):
     early = post(token=t1, trial=mine["trial"], answer="left", response_ms=5)
     assert early.status_code == 425 and "were not loaded" in early.json()["error"], early.text
     with httpx.Client(base_url=u, timeout=30) as c:
-        for n, data in got.items():            # a claim that is not the file's: refused
-            for size, crc in ((len(data), zlib.crc32(data) ^ 1), (len(data) - 1,
-                                                                  zlib.crc32(data[:-1]))):
-                r = c.post("/api/ack", json={"token": t1, "media": n, "size": size,
-                                             "crc32": crc})
+        for n, data in got.items():  # a claim that is not the file's: refused
+            for size, crc in ((len(data), zlib.crc32(data) ^ 1), (len(data) - 1, zlib.crc32(data[:-1]))):
+                r = c.post("/api/ack", json={"token": t1, "media": n, "size": size, "crc32": crc})
                 assert r.status_code == 409 and "acknowledgement" in r.json()["error"], r.text
-            r = acknowledge(c, t2, n, data)    # another rater's token: no such media
+            r = acknowledge(c, t2, n, data)  # another rater's token: no such media
             assert r.status_code == 404, r.text
         assert hidden(db, mine["trial"])["fetched"] is None
         # the whole file, acknowledged at once after its last byte: accepted, the clock starts
@@ -145,10 +155,16 @@ def test_refusals(env, server):
 
 def _trials(db, tok):
     from sqlalchemy import select
+
     with store.open_db(db).engine.connect() as conn:
-        return [r[0] for r in conn.execute(
-            select(store.trials.c.id).where(store.trials.c.rater_id == _rater(db, tok))
-            .order_by(store.trials.c.ord))]
+        return [
+            r[0]
+            for r in conn.execute(
+                select(store.trials.c.id)
+                .where(store.trials.c.rater_id == _rater(db, tok))
+                .order_by(store.trials.c.ord)
+            )
+        ]
 
 
 def test_resume_after_server_restart(env, server, browser, reports):
@@ -158,8 +174,9 @@ def test_resume_after_server_restart(env, server, browser, reports):
     the page plays each trial through once, a third of a second, not the 1 s of the 8 fps
     clips; nothing here depends on the frame rate.)"""
     db = env["db"]
-    sid = study.create_study(reports(), db, protocol="preference", clips_spec="worst:3",
-                             seed=2, allow_masking=True)["study"]
+    sid = study.create_study(
+        reports(), db, protocol="preference", clips_spec="worst:3", seed=2, allow_masking=True
+    )["study"]
     token = study.invite(db, sid, 1)[0]["token"]
     ctx = browser.new_context()
     page = ctx.new_page()
@@ -173,15 +190,15 @@ def test_resume_after_server_restart(env, server, browser, reports):
             state = answer_in_page(page, "left")
             assert state["progress"]["done"] == len(clicked) + 1, state
             clicked[t["trial"]] = ("left", t["media"])
-        page.wait_for_function(ENABLED, timeout=30000)     # trial 3 watched, answers enabled
+        page.wait_for_function(ENABLED, timeout=30000)  # trial 3 watched, answers enabled
         server.stop()
         assert server.proc.returncode is not None
-        server.start()                                   # same port, new process
+        server.start()  # same port, new process
         t = current(db, token)
-        state = answer_in_page(page, "right")            # the same page, no reload
+        state = answer_in_page(page, "right")  # the same page, no reload
         assert state["progress"]["done"] == 3 and "error" not in state, state
         clicked[t["trial"]] = ("right", t["media"])
-        rest = rate(page, server, token)                 # loads the page again; continues at #4
+        rest = rate(page, server, token)  # loads the page again; continues at #4
         assert not set(rest) & set(clicked)
         clicked.update(rest)
         assert len(clicked) == progress(db, token)["total"]
@@ -189,7 +206,7 @@ def test_resume_after_server_restart(env, server, browser, reports):
         assert {int(r["trial"]): r["answer"] for r in rows} == {k: v[0] for k, v in clicked.items()}
     finally:
         ctx.close()
-        if server.proc.poll() is not None:       # stopped by a failure above: for the others
+        if server.proc.poll() is not None:  # stopped by a failure above: for the others
             server.start()
 
 
@@ -245,22 +262,32 @@ def opened_export(server, db, sid):
 
 def _rater(db, token):
     from sqlalchemy import select
+
     from evalkit.study.live import token_hash
+
     with store.open_db(db).engine.connect() as conn:
-        return conn.execute(select(store.raters.c.id).where(
-            store.raters.c.token_sha256 == token_hash(token))).scalar_one()
+        return conn.execute(
+            select(store.raters.c.id).where(store.raters.c.token_sha256 == token_hash(token))
+        ).scalar_one()
 
 
 def test_admin_page(env, server, browser):
     db = env["db"]
     # a one-rater design (complete once that rater is done), a prompt with HTML in it
-    sid = study.create_study(env["report"], db, protocol="preference",
-                             clips_spec="worst:3", seed=3, raters_planned=1, allow_masking=True)["study"]
+    sid = study.create_study(
+        env["report"],
+        db,
+        protocol="preference",
+        clips_spec="worst:3",
+        seed=3,
+        raters_planned=1,
+        allow_masking=True,
+    )["study"]
     html = '<img src=x onerror="window.__xss=1"><b>bold</b>'
     with store.open_db(db).engine.begin() as conn:
         conn.execute(update(store.clips).where(store.clips.c.study_id == sid).values(prompt=html))
     tok = study.invite(db, sid, 1)[0]["token"]
-    answer(db, tok, lambda t: hidden(db, t["trial"])["expected"] or "left")   # pass the catches
+    answer(db, tok, lambda t: hidden(db, t["trial"])["expected"] or "left")  # pass the catches
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     page = ctx.new_page()
     try:
@@ -268,7 +295,7 @@ def test_admin_page(env, server, browser):
         page.wait_for_selector("input[type=password]", timeout=30000)
         assert page.locator("#studies").count() == 0 and "verdict" not in page.content()
         r = httpx.post(f"{server.url}/admin/gradio_api/call/refresh", json={"data": []})
-        assert r.status_code in (401, 403), r.text            # the data API is refused too
+        assert r.status_code in (401, 403), r.text  # the data API is refused too
         text = admin_results(page, sid, ADMIN_PASSWORD)
         res = study.results(db, sid)
         assert res["status"] == "complete" and f"verdict: {res['verdict'].upper()}" in text
@@ -277,12 +304,16 @@ def test_admin_page(env, server, browser):
         # stream carries (created with --allow-masking), and the streams' bytes
         mb = res["media_bytes"]
         assert "DELIVERY MASKED: 3 of 3 rows" in text and "least kept: clip" in text
-        assert (f"{mb['streams']} trial streams, {bytes_text(mb['total'])} in all; per trial "
-                f"median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}") in text
+        assert (
+            f"{mb['streams']} trial streams, {bytes_text(mb['total'])} in all; per trial "
+            f"median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}"
+        ) in text
         try:
-            page.wait_for_function("document.querySelector('#per-clip') && "
-                                   "document.querySelector('#per-clip').innerText.includes('onerror')",
-                                   timeout=30000)
+            page.wait_for_function(
+                "document.querySelector('#per-clip') && "
+                "document.querySelector('#per-clip').innerText.includes('onerror')",
+                timeout=30000,
+            )
         except Exception:
             print("PERCLIP", page.inner_text("#per-clip")[:2000])
             raise
@@ -299,7 +330,9 @@ def test_admin_export_downloads_csv(env, server, browser):
     ratings that were given."""
     report, db = env["report"], env["db"]
     study.create_study(report, db, protocol="preference", clips_spec="worst:2", seed=1, allow_masking=True)
-    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4, allow_masking=True)["study"]
+    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4, allow_masking=True)[
+        "study"
+    ]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     given = {}
     for tok, limit in zip(toks, (None, 2)):
@@ -310,10 +343,13 @@ def test_admin_export_downloads_csv(env, server, browser):
     def download(key):
         page.click("#export")
         page.wait_for_selector("#raw-csv:visible", timeout=60000)
-        page.wait_for_function("document.querySelector('#export-note') && "
-                               "document.querySelector('#export-note').innerText.includes("
-                               f"'Study {sid}:') && document.querySelector('#export-note')"
-                               f".innerText.includes('{key}')", timeout=60000)
+        page.wait_for_function(
+            "document.querySelector('#export-note') && "
+            "document.querySelector('#export-note').innerText.includes("
+            f"'Study {sid}:') && document.querySelector('#export-note')"
+            f".innerText.includes('{key}')",
+            timeout=60000,
+        )
         files = {}
         for elem, name in (("#raw-csv", "ratings"), ("#summary-csv", "summary")):
             with page.expect_download(timeout=30000) as dl:
@@ -338,8 +374,7 @@ def test_admin_export_downloads_csv(env, server, browser):
         assert all(r[k] == "" for r in rows for k in study.export.KEY_COLUMNS if k in r)
         assert all(r["key"].startswith("sealed until") for r in rows)
         summ = list(csv.DictReader(io.StringIO(sealed["summary"])))
-        assert [(r["scope"], r["status"], r["accuracy"]) for r in summ] == [
-            ("study", "interim", "")]
+        assert [(r["scope"], r["status"], r["accuracy"]) for r in summ] == [("study", "interim", "")]
         study.unblind(db, sid, reason="test: the export against the answers", who="test")
         files = download("key opened early by test")
     finally:
@@ -347,7 +382,7 @@ def test_admin_export_downloads_csv(env, server, browser):
     rows = list(csv.DictReader(io.StringIO(files["ratings"])))
     assert {int(r["trial"]): r["answer"] for r in rows} == given and len(rows) == len(given)
     assert files["ratings"] == study.ratings_csv(db, sid)
-    for r in rows:                                   # the hidden mapping of what was shown
+    for r in rows:  # the hidden mapping of what was shown
         h = hidden(db, int(r["trial"]))
         assert json.loads(r["positions"]) == h["shown"]
         assert json.loads(r["backend_per_side"]) == h["sources"]
@@ -362,15 +397,31 @@ def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
     connection is open stops it with one line on stderr and exit code 0, no traceback."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evalkit", "serve", "--db", str(env["db"]), "--host", "127.0.0.1",
-         "--port", str(port), "--admin-password", ADMIN_PASSWORD],
-        cwd=ROOT, env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "evalkit",
+            "serve",
+            "--db",
+            str(env["db"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--admin-password",
+            ADMIN_PASSWORD,
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         # as from a terminal: SIGINT not ignored, whatever the test runner's parent did
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     tok = study.invite(env["db"], env["sid"], 1)[0]["token"]
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:   # keep-alive
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:  # keep-alive
             deadline = time.time() + 120
             while True:
                 assert proc.poll() is None, proc.communicate()
@@ -389,12 +440,14 @@ def test_serve_stops_cleanly_on_ctrl_c_and_sigterm(env, sig):
             proc.wait()
     assert proc.returncode == 0, (proc.returncode, err)
     assert "Traceback" not in err and "Error" not in err, err
-    assert err.strip().splitlines() == [f"serve: stopped by {sig.name}; every acknowledged "
-                                        "rating is stored"], err
+    assert err.strip().splitlines() == [
+        f"serve: stopped by {sig.name}; every acknowledged rating is stored"
+    ], err
     assert out.startswith("rater page: http://127.0.0.1:")
-    with pytest.raises(httpx.HTTPError):                   # and the port is closed
+    with pytest.raises(httpx.HTTPError):  # and the port is closed
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-    import tempfile                                         # and it left no folder behind
+    import tempfile  # and it left no folder behind
+
     assert not list(Path(tempfile.gettempdir()).glob(f"evalkit-serve-*-{proc.pid}"))
 
 
@@ -402,6 +455,7 @@ def test_temp_folders_of_dead_servers_are_removed(tmp_path, monkeypatch):
     import tempfile
 
     from evalkit.app.server import temp_root
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -417,8 +471,9 @@ def test_serve_port_in_use_is_a_one_line_error(env):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = run_evalkit("serve", "--db", env["db"], "--port", port,
-                        env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
+        r = run_evalkit(
+            "serve", "--db", env["db"], "--port", port, env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False")
+        )
     assert r.returncode == 2
     assert_one_line_error(r.stderr, "--port", f"127.0.0.1:{port}")
 
@@ -428,11 +483,12 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
     trials answered, one row per rater under named columns) and no plot box or per-clip table;
     the figures come from study.study_progress, which holds counts only."""
     db = env["db"]
-    sid = study.create_study(env["report"], db, protocol="abx", clips_spec="worst:3", seed=5,
-                             raters_planned=3, allow_masking=True)["study"]
+    sid = study.create_study(
+        env["report"], db, protocol="abx", clips_spec="worst:3", seed=5, raters_planned=3, allow_masking=True
+    )["study"]
     toks = [r["token"] for r in study.invite(db, sid, 3, "lab")]
-    answer(db, toks[0], lambda t: hidden(db, t["trial"])["expected"] or "A")   # one done
-    answer(db, toks[1], lambda t: "A", 2)                                     # two answers
+    answer(db, toks[0], lambda t: hidden(db, t["trial"])["expected"] or "A")  # one done
+    answer(db, toks[1], lambda t: "A", 2)  # two answers
     prog = study.study_progress(db, sid)
     per = {r["rater"]: r for r in prog["raters"]}
     assert [r["state"] for r in prog["raters"]] == ["complete", "rating", "not started"]
@@ -440,9 +496,11 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
     assert first["answered"] == first["trials"] and first["done"] == 100
     assert second["answered"] == 2 and 0 < second["done"] < 100
     assert prog["trials_answered"] == first["trials"] + 2
-    assert prog["text"].startswith("1 of 3 planned raters done (0 excluded by catch trials; 2 "
-                                   "more needed for the verdict); 3 invited, 2 started; "
-                                   f"{first['trials'] + 2} of {prog['trials_assigned']} assigned")
+    assert prog["text"].startswith(
+        "1 of 3 planned raters done (0 excluded by catch trials; 2 "
+        "more needed for the verdict); 3 invited, 2 started; "
+        f"{first['trials'] + 2} of {prog['trials_assigned']} assigned"
+    )
     # counts only: nothing of the key or of a clip's figures
     assert not {"accuracy", "correct", "answer", "per_clip"} & {k for r in prog["raters"] for k in r}
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -452,9 +510,11 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
         page.wait_for_selector("input[type=password]", timeout=30000)
         text = admin_results(page, sid, ADMIN_PASSWORD, pattern="INTERIM")
         assert "interim: 1 of 3 planned included raters" in text
-        page.wait_for_function("document.querySelector('#progress') && document.querySelector("
-                               "'#progress').innerText.includes('planned raters done')",
-                               timeout=30000)
+        page.wait_for_function(
+            "document.querySelector('#progress') && document.querySelector("
+            "'#progress').innerText.includes('planned raters done')",
+            timeout=30000,
+        )
         assert prog["text"] in page.inner_text("#progress")
         page.wait_for_selector("#rater-progress table", timeout=30000)
         table = page.inner_text("#rater-progress")
@@ -469,10 +529,13 @@ def test_admin_page_at_interim_shows_progress_not_empty_plots(env, server, brows
         assert "PILOT" not in text and "pilot:" not in text
         study.unblind(db, sid, reason="test: pilot look", who="owner")
         page.click("#show-results")
-        page.wait_for_function("/PILOT on 1 included raters of 3 planned, not a verdict/.test("
-                               "document.querySelector('#verdict').innerText)", timeout=60000)
+        page.wait_for_function(
+            "/PILOT on 1 included raters of 3 planned, not a verdict/.test("
+            "document.querySelector('#verdict').innerText)",
+            timeout=60000,
+        )
         text = page.inner_text("#verdict")
         assert "UNBLINDED: key opened early by owner" in text and "pilot: " in text
-        assert prog["text"] in page.inner_text("#progress")      # progress unchanged by a look
+        assert prog["text"] in page.inner_text("#progress")  # progress unchanged by a look
     finally:
         ctx.close()

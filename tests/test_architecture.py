@@ -7,13 +7,13 @@ import, also those inside functions):
 - nothing reaches into another module's private names (``from m import _x``, ``m._x`` on an
   imported module or class) or into another package's private modules (``pkg._mod``).
 """
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 #: folder of the repository -> its import name (pyproject.toml's package-dir)
@@ -21,8 +21,16 @@ PACKAGES = {"evalkit": "evalkit", "app": "evalkit.app", "metrics": "evalkit.metr
 
 #: room -> the rooms it may import (itself always). A room is a module's first two name parts
 #: (evalkit.render, evalkit.metrics, ...), or ``evalkit`` for the package itself.
-CORE = {"evalkit", "evalkit.concurrency", "evalkit.errors", "evalkit.fsutil", "evalkit.lossless",
-        "evalkit.procdecode", "evalkit.video", "evalkit.weights"}
+CORE = {
+    "evalkit",
+    "evalkit.concurrency",
+    "evalkit.errors",
+    "evalkit.fsutil",
+    "evalkit.lossless",
+    "evalkit.procdecode",
+    "evalkit.video",
+    "evalkit.weights",
+}
 ALLOWED = {
     "evalkit.metrics": set(),
     **{c: CORE | {"evalkit.metrics"} for c in CORE},
@@ -36,9 +44,9 @@ ALLOWED = {
     # the threshold protocol measures its amplified stimuli as compare measures a pair; a
     # report's run folders are read through evalkit.formats (their clips)
     "evalkit.study": CORE | {"evalkit.formats", "evalkit.metrics"},
-    "evalkit.cli": None,           # the front door: any room (None = no limit)
+    "evalkit.cli": None,  # the front door: any room (None = no limit)
     "evalkit.demo": None,
-    "evalkit.testing": None,       # test support (fakes, tiny pipelines, a report, the server)
+    "evalkit.testing": None,  # test support (fakes, tiny pipelines, a report, the server)
     "evalkit.__main__": None,
     "evalkit.app": CORE | {"evalkit.study"},
 }
@@ -61,7 +69,7 @@ MODULES = modules()
 def _resolve(mod: str, is_pkg: bool, level: int, name: str | None) -> str:
     base = mod.split(".") if is_pkg else mod.split(".")[:-1]
     if level > 1:
-        base = base[:len(base) - (level - 1)]
+        base = base[: len(base) - (level - 1)]
     return ".".join(base + ([name] if name else []))
 
 
@@ -75,8 +83,7 @@ def imports(mod: str) -> list[tuple[str, str | None, int]]:
         if isinstance(node, ast.Import):
             out += [(a.name, None, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            src = (_resolve(mod, is_pkg, node.level, node.module) if node.level
-                   else node.module or "")
+            src = _resolve(mod, is_pkg, node.level, node.module) if node.level else node.module or ""
             for a in node.names:
                 out.append((src, a.name, node.lineno))
     return out
@@ -115,8 +122,10 @@ def room(mod: str) -> str:
 def test_no_import_cycles():
     graph = edges()
     # a package's __init__ importing its own submodules is how packages work, not a cycle
-    g = {m: {t for t in ts if not (MODULES[m].name == "__init__.py" and t.startswith(m + "."))}
-         for m, ts in graph.items()}
+    g = {
+        m: {t for t in ts if not (MODULES[m].name == "__init__.py" and t.startswith(m + "."))}
+        for m, ts in graph.items()
+    }
     cycles, state, stack = [], {}, []
 
     def visit(m):
@@ -124,7 +133,7 @@ def test_no_import_cycles():
         stack.append(m)
         for t in sorted(g[m]):
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append(stack[stack.index(t) :] + [t])
             elif t not in state:
                 visit(t)
         stack.pop()
@@ -157,7 +166,7 @@ def test_no_private_reach_ins():
     bad = []
     for m, path in MODULES.items():
         tree = ast.parse(path.read_text(), str(path))
-        bound: dict[str, str] = {}          # local name -> internal module it came from
+        bound: dict[str, str] = {}  # local name -> internal module it came from
         for src, name, line in imports(m):
             target = _internal(src)
             if target is None:
@@ -177,10 +186,15 @@ def test_no_private_reach_ins():
                     if _internal(a.name) and _internal(a.name) != m:
                         bound[(a.asname or a.name).split(".")[0]] = _internal(a.name)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and _private(node.attr)
-                    and isinstance(node.value, ast.Name) and node.value.id in bound):
-                bad.append(f"{m}:{node.lineno} reaches into {node.value.id}.{node.attr} "
-                           f"({bound[node.value.id]})")
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                bad.append(
+                    f"{m}:{node.lineno} reaches into {node.value.id}.{node.attr} ({bound[node.value.id]})"
+                )
     assert bad == []
 
 
@@ -197,7 +211,7 @@ def test_every_evalkit_variable_read_is_in_the_documented_list():
     import re
 
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    table = doc[doc.index("## Environment variables"):]
+    table = doc[doc.index("## Environment variables") :]
     listed = set(re.findall(r"`(EVALKIT_[A-Z0-9_]+)`", table))
     used = {}
     for folder in ("evalkit", "app", "metrics"):
@@ -217,11 +231,18 @@ def test_nothing_imports_the_folders_as_top_level_packages():
     for folder in ("evalkit", "app", "metrics", "tests", "benchmarks", "tools", "datasets"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level
-                         else [])
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
-                        if n and n.split(".")[0] in ("metrics", "app")]
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {n}"
+                    for n in names
+                    if n and n.split(".")[0] in ("metrics", "app")
+                ]
     assert bad == []
 
 
@@ -230,10 +251,13 @@ def _listed_modules() -> list[str]:
     import re
 
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    section = doc[doc.index("## Modules"):]
-    section = section[:section.index("\n## ", 1)]
-    return [n for n in re.findall(r"`(evalkit(?:\.[A-Za-z_][A-Za-z0-9_]*)*)`", section)
-            if not any(p[:1].isupper() for p in n.split("."))]
+    section = doc[doc.index("## Modules") :]
+    section = section[: section.index("\n## ", 1)]
+    return [
+        n
+        for n in re.findall(r"`(evalkit(?:\.[A-Za-z_][A-Za-z0-9_]*)*)`", section)
+        if not any(p[:1].isupper() for p in n.split("."))
+    ]
 
 
 def test_the_architecture_doc_lists_every_module_and_no_other():
@@ -257,7 +281,7 @@ def _bound_names(path: Path) -> set[str] | None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
             elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 names.update((a.asname or a.name).split(".")[0] for a in node.names)
@@ -270,6 +294,7 @@ def _bound_names(path: Path) -> set[str] | None:
                 walk(node.finalbody)
                 for h in node.handlers:
                     walk(h.body)
+
     walk(ast.parse(path.read_text(encoding="utf-8"), str(path)).body)
     return None if "__getattr__" in names else names
 
@@ -280,18 +305,21 @@ def _stale_imports(path: Path, mod: str | None = None) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     is_pkg = path.name == "__init__.py"
     bad, bound = [], {}
-    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)   # other trees' names
-               and any(getattr(h.type, "id", None) in ("ImportError", "ModuleNotFoundError")
-                       for h in t.handlers)
-               for stmt in t.body for n in ast.walk(stmt)}
+    guarded = {
+        id(n)
+        for t in ast.walk(tree)
+        if isinstance(t, ast.Try)  # other trees' names
+        and any(getattr(h.type, "id", None) in ("ImportError", "ModuleNotFoundError") for h in t.handlers)
+        for stmt in t.body
+        for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
         if id(node) in guarded:
             continue
         if isinstance(node, ast.Import):
             pairs = [(a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            src = (_resolve(mod, is_pkg, node.level, node.module) if node.level and mod
-                   else node.module or "")
+            src = _resolve(mod, is_pkg, node.level, node.module) if node.level and mod else node.module or ""
             pairs = [(src, a.name) for a in node.names]
         else:
             continue
@@ -306,8 +334,7 @@ def _stale_imports(path: Path, mod: str | None = None) -> list[str]:
             if src not in bound:
                 bound[src] = _bound_names(MODULES[src])
             if bound[src] is not None and name not in bound[src]:
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name} from {src}: "
-                           "not there")
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name} from {src}: not there")
     return bad
 
 
@@ -332,11 +359,19 @@ def test_no_import_hook_on_import_evalkit():
     import subprocess
     import sys
 
-    probe = ("import sys; before = list(sys.meta_path); import evalkit, evalkit.metrics, evalkit.app; "
-             "print(len(sys.meta_path) - len(before)); print(evalkit.metrics.__file__); "
-             "print(evalkit.app.__file__)")
-    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=600)
+    probe = (
+        "import sys; before = list(sys.meta_path); import evalkit, evalkit.metrics, evalkit.app; "
+        "print(len(sys.meta_path) - len(before)); print(evalkit.metrics.__file__); "
+        "print(evalkit.app.__file__)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     added, metrics_file, app_file = r.stdout.split("\n")[:3]
     assert added == "0"

@@ -28,6 +28,7 @@ device)``, ``resolve_device``, ``as_frames(..., device=...)``. The only exceptio
 ``ALLOWED`` below, each with its reason; an entry that no longer matches anything fails too, so
 the list cannot outgrow the code.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,21 +48,29 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the naive baseline that the metric engine is measured against is by definition not the "
         "product's path: the reference `lpips` package's model and inputs are placed by hand on "
         "the device the engine resolved (resolve_device), on PyTorch's numeric defaults; it is a "
-        "metric baseline, not a render backend, and claims nothing about one"),
+        "metric baseline, not a render backend, and claims nothing about one"
+    ),
     ("bench_flow.py", "on_device"): (
         "test frames (luma planes or RGB batches) moved to the metric device the engine resolved "
         "(resolve_device) to time and check the torch flow; no dtype or numeric flag is set here "
-        "(the flow computes in float32 under evalkit.metrics._common.precise)"),
+        "(the flow computes in float32 under evalkit.metrics._common.precise)"
+    ),
     ("bench_flow.py", "part_lpips"): (
         "LPIPS variants measured against today's metric engine and the reference `lpips` "
         "package: frames and the package's model placed on the metric device the engine resolved "
         "(resolve_device), each variant run under evalkit.metrics._common.precise; a metric baseline, not "
-        "a render backend"),
+        "a render backend"
+    ),
 }
 
 DTYPE_NAMES = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
-TORCH_CALLS = {"device", "set_default_dtype", "set_default_device", "set_float32_matmul_precision",
-               "use_deterministic_algorithms"}
+TORCH_CALLS = {
+    "device",
+    "set_default_dtype",
+    "set_default_device",
+    "set_float32_matmul_precision",
+    "use_deterministic_algorithms",
+}
 CAST_METHODS = {"cuda", "half", "bfloat16"}
 PIPELINE_LOADERS = {"load_pipeline", "from_pretrained"}
 
@@ -92,7 +101,7 @@ def _is_device_or_dtype(node) -> bool:
 class _Scanner(ast.NodeVisitor):
     def __init__(self):
         self.stack: list[str] = []
-        self.found: list[tuple[int, str, str]] = []   # (line, qualname, what)
+        self.found: list[tuple[int, str, str]] = []  # (line, qualname, what)
 
     def _add(self, node, what: str) -> None:
         self.found.append((node.lineno, ".".join(self.stack) or "<module>", what))
@@ -106,8 +115,9 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         name = _dotted(node)
-        if name.startswith("torch.backends.") and not isinstance(getattr(node, "_parent", None),
-                                                                   ast.Attribute):
+        if name.startswith("torch.backends.") and not isinstance(
+            getattr(node, "_parent", None), ast.Attribute
+        ):
             self._add(node, name)
         for child in ast.iter_child_nodes(node):
             child._parent = node
@@ -120,11 +130,14 @@ class _Scanner(ast.NodeVisitor):
     def visit_Call(self, node):
         func = node.func
         name = _dotted(func)
-        attr = func.attr if isinstance(func, ast.Attribute) else (func.id if isinstance(func, ast.Name) else "")
+        attr = (
+            func.attr if isinstance(func, ast.Attribute) else (func.id if isinstance(func, ast.Name) else "")
+        )
         if attr == "to" and isinstance(func, ast.Attribute):
             args = list(node.args) + [k.value for k in node.keywords if k.arg in ("device", "dtype")]
-            if any(_is_device_or_dtype(a) for a in args) or any(k.arg in ("device", "dtype")
-                                                                 for k in node.keywords):
+            if any(_is_device_or_dtype(a) for a in args) or any(
+                k.arg in ("device", "dtype") for k in node.keywords
+            ):
                 self._add(node, f".to({ast.unparse(node.args[0]) if node.args else '...'})")
         elif attr in CAST_METHODS and isinstance(func, ast.Attribute) and not node.args:
             self._add(node, f".{attr}()")
@@ -155,7 +168,7 @@ def bench_files() -> list[Path]:
 
 def test_scanner_flags_own_backend_setup():
     """The scanner itself: each pattern is found, and where."""
-    src = '''
+    src = """
 import torch
 def load_pipe(device, dtype):
     pipe = Pipeline.from_pretrained("m", torch_dtype=dtype)
@@ -170,37 +183,49 @@ class A:
     def f(self):
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         return torch.backends.cuda.matmul.allow_tf32
-'''
+"""
     found = scan_source(src)
     what = [w for _, _, w in found]
-    for expected in ("from_pretrained()", "torch_dtype=dtype", ".to(device)", ".to(self.device)",
-                     ".to(torch.float16)", ".to('cuda:0')", ".cuda()", ".half()",
-                     "torch.backends.cudnn.allow_tf32", "torch.set_float32_matmul_precision()",
-                     "torch.device()", "load_pipeline()", "dtype=torch.bfloat16",
-                     "CUBLAS_WORKSPACE_CONFIG", "torch.backends.cuda.matmul.allow_tf32"):
+    for expected in (
+        "from_pretrained()",
+        "torch_dtype=dtype",
+        ".to(device)",
+        ".to(self.device)",
+        ".to(torch.float16)",
+        ".to('cuda:0')",
+        ".cuda()",
+        ".half()",
+        "torch.backends.cudnn.allow_tf32",
+        "torch.set_float32_matmul_precision()",
+        "torch.device()",
+        "load_pipeline()",
+        "dtype=torch.bfloat16",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "torch.backends.cuda.matmul.allow_tf32",
+    ):
         assert expected in what, (expected, found)
     assert {q for _, q, _ in found} == {"load_pipe", "A.f"}
     # the product's path and data conversions are not flagged
-    clean = '''
+    clean = """
 from evalkit.render.backend import apply_backend, parse_spec
 with apply_backend(parse_spec("cuda,dtype=bf16")) as runtime:
     renderer.load(runtime)
 x = torch.from_numpy(a).float() / 255
 y = np.arange(4, dtype=np.float32)
 z = frames.astype(np.uint8).to_numpy() if False else t.to(memory_format=torch.channels_last)
-'''
+"""
     assert scan_source(clean) == []
 
 
 @pytest.mark.parametrize("path", bench_files(), ids=lambda p: p.name)
 def test_benchmark_sets_up_no_backend_of_its_own(path):
-    found = [(line, q, w) for line, q, w in scan_source(path.read_text())
-             if not allowed(path.name, q)]
+    found = [(line, q, w) for line, q, w in scan_source(path.read_text()) if not allowed(path.name, q)]
     assert not found, (
         f"{path.relative_to(ROOT)} sets up a device, dtype or numeric flag itself "
         f"(build the backend with evalkit.render.backend / a renderer / an executor, or reach a "
         f"metric device through the metric engine; see this test's docstring): "
-        + "; ".join(f"line {line} in {q}: {w}" for line, q, w in found))
+        + "; ".join(f"line {line} in {q}: {w}" for line, q, w in found)
+    )
 
 
 def test_allow_list_is_small_explained_and_used():
@@ -209,8 +234,7 @@ def test_allow_list_is_small_explained_and_used():
         assert len(reason.split()) >= 15, f"{name}:{qual}: give the reason"
         path = BENCH / name
         assert path.is_file(), f"ALLOWED names a missing file {name}"
-        hits = [w for _, q, w in scan_source(path.read_text())
-                if q == qual or q.startswith(qual + ".")]
+        hits = [w for _, q, w in scan_source(path.read_text()) if q == qual or q.startswith(qual + ".")]
         assert hits, f"ALLOWED[{name}, {qual}] matches nothing any more: remove it"
 
 
@@ -223,7 +247,8 @@ def test_backend_benchmarks_build_backends_through_evalkit():
         tree = ast.parse(text)
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert imported & {"evalkit.render.backend", "evalkit.render.driver", "evalkit.cli"}, (
-            f"{path.name} takes --backend but imports no backend machinery")
+            f"{path.name} takes --backend but imports no backend machinery"
+        )
 
 
 def _bench_canary():
@@ -249,11 +274,9 @@ def test_bench_canary_renders_what_evalkit_render_writes(tmp_path):
     suite_path = ROOT / "datasets/smoke/suite.yaml"
     suite = load_suite(suite_path)
     job = suite.jobs[0]
-    [summary] = render_suite(suite_path, ["cpu,dtype=bf16"], tmp_path, jobs=[job.id],
-                             progress=False)
+    [summary] = render_suite(suite_path, ["cpu,dtype=bf16"], tmp_path, jobs=[job.id], progress=False)
     assert summary.failed == 0 and summary.done == 1
-    ours = bench.render_jobs("cpu,dtype=bf16", bench.REPO / "models/canary", [job],
-                             SourceCache(suite))
+    ours = bench.render_jobs("cpu,dtype=bf16", bench.REPO / "models/canary", [job], SourceCache(suite))
     run = RunDir.open(summary.path)
     for job in [job]:
         written = ClipReader(run.path / run.job(job.id)["output"]["path"]).read()
@@ -267,9 +290,26 @@ def test_bench_canary_sensitivity_smoke(tmp_path):
 
     bench = _bench_canary()
     out = tmp_path / "sens.json"
-    assert bench.main(["sensitivity", "-b", "cpu,dtype=bf16", "--suite",
-                       str(ROOT / "datasets/smoke/suite.yaml"), "--jobs", "astronaut_pan",
-                       "--max-frames", "4", "--seed-floor", "cpu", "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "sensitivity",
+                "-b",
+                "cpu,dtype=bf16",
+                "--suite",
+                str(ROOT / "datasets/smoke/suite.yaml"),
+                "--jobs",
+                "astronaut_pan",
+                "--max-frames",
+                "4",
+                "--seed-floor",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["reference"] == "cpu" and res["backends"] == ["cpu,dtype=bf16"]
     fp = res["runs"]["cpu,dtype=bf16"]["fingerprint"]

@@ -12,6 +12,7 @@ backend or a catch trial, on held-out clips) are in tests/test_blind_attacker.py
 The boundary of the claim: inside the H.264 slices is the coded picture; decoding it compares
 the videos, which is the raters' task.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,14 +28,13 @@ import pytest
 
 from evalkit import study
 from evalkit.study import design
-
 from evalkit.testing.page import ENABLED, answer, open_page
 from evalkit.testing.server import Server
-from evalkit.testing.studies import leaked, hidden, secrets_of
+from evalkit.testing.studies import hidden, leaked, secrets_of
 
 pytestmark = pytest.mark.slow  # the real server and Chromium
 
-VARYING_HEADERS = {"date"}       # the same for any two responses sent in the same second
+VARYING_HEADERS = {"date"}  # the same for any two responses sent in the same second
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +44,27 @@ def env(tmp_path_factory, reports):
     # here depends on the frame rate; test_app runs the page at 12 fps, test_app_more at 8)
     report = reports(seeds=tuple(range(8)))
     db = root / "s.db"
-    sids = {p: study.create_study(report, db, protocol=p, seed=11, allow_masking=True)["study"]
-            for p in ("abx", "preference")}
+    sids = {
+        p: study.create_study(report, db, protocol=p, seed=11, allow_masking=True)["study"]
+        for p in ("abx", "preference")
+    }
     # the threshold protocol: ABX over amplified differences (4 clips x 3 levels)
-    sids["threshold"] = study.create_study(report, db, protocol="threshold", seed=11,
-                                           clips_spec="worst:4", levels="1,4,16",
-                                           raters_planned=4, allow_masking=True)["study"]
+    sids["threshold"] = study.create_study(
+        report,
+        db,
+        protocol="threshold",
+        seed=11,
+        clips_spec="worst:4",
+        levels="1,4,16",
+        raters_planned=4,
+        allow_masking=True,
+    )["study"]
     # small studies: fewer clips than a rater's 8 easy catch trials (several catch versions
     # per clip, each with its own reference picture)
     for p in ("abx", "preference"):
-        sids[f"{p}-small"] = study.create_study(report, db, protocol=p, seed=12,
-                                                clips_spec="worst:3", raters_planned=4, allow_masking=True)["study"]
+        sids[f"{p}-small"] = study.create_study(
+            report, db, protocol=p, seed=12, clips_spec="worst:3", raters_planned=4, allow_masking=True
+        )["study"]
     secret = secrets_of(db, report)
     return {"db": db, "sids": sids, "secret": secret, "root": root}
 
@@ -73,8 +83,9 @@ def recurring_pictures(trials) -> dict:
     by_rater: dict = {}
     for t in trials:
         for b in t["bytes"].values():
-            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()),
-                                set()).add(t["public"]["trial"])
+            by_rater.setdefault((t["token"], hashlib.sha256(coded(b)).hexdigest()), set()).add(
+                t["public"]["trial"]
+            )
     return {k: v for k, v in by_rater.items() if len(v) > 1}
 
 
@@ -115,11 +126,19 @@ def collect(db, sid, raters: int) -> list[dict]:
             s = svc.state_sync(tok)
             while s["trial"] is not None:
                 t = s["trial"]
-                files = {slot: svc.media_sync(tok, name).read_bytes()
-                         for slot, name in t["media"].items()}
-                out.append({"token": tok, "public": t, "bytes": files, **{
-                    k: v for k, v in hidden(db, t["trial"]).items()
-                    if k in ("kind", "sources", "expected", "shown")}})
+                files = {slot: svc.media_sync(tok, name).read_bytes() for slot, name in t["media"].items()}
+                out.append(
+                    {
+                        "token": tok,
+                        "public": t,
+                        "bytes": files,
+                        **{
+                            k: v
+                            for k, v in hidden(db, t["trial"]).items()
+                            if k in ("kind", "sources", "expected", "shown")
+                        },
+                    }
+                )
                 clock.advance(10)
                 s = svc.answer_sync(tok, t["trial"], t["answers"][0])
     return out
@@ -135,8 +154,7 @@ def test_what_a_scripted_rater_downloads_names_nothing_and_has_one_structure(env
     tests = [t for t in trials if t["kind"] == "test"]
     assert len(tests) == TEST_TRIALS[protocol]
     # the page is told ABX for a threshold study: nothing says which level a trial shows
-    assert {t["public"]["protocol"] for t in trials} == {"preference" if protocol == "preference"
-                                                       else "abx"}
+    assert {t["public"]["protocol"] for t in trials} == {"preference" if protocol == "preference" else "abx"}
     names = [n for t in trials for n in t["public"]["media"].values()]
     # names: unique to every trial of every rater; carry no content hash
     assert len(names) == len(set(names))
@@ -144,8 +162,9 @@ def test_what_a_scripted_rater_downloads_names_nothing_and_has_one_structure(env
     assert not any(s[:40] in n for s in shas for n in names)
     # catch trials never reuse a test trial's file (they would tell which side is which)
     test_files = {hashlib.sha256(b).hexdigest() for t in tests for b in t["bytes"].values()}
-    catch_files = {hashlib.sha256(b).hexdigest() for t in trials if t["kind"] == "catch"
-                   for b in t["bytes"].values()}
+    catch_files = {
+        hashlib.sha256(b).hexdigest() for t in trials if t["kind"] == "catch" for b in t["bytes"].values()
+    }
     assert not test_files & catch_files
     # within a rater no coded picture recurs across trials (a threshold study shows each clip
     # at several levels: its reference A, and X when X is A, would otherwise be the same coded
@@ -171,8 +190,11 @@ def structure(data: bytes) -> tuple:
         s = c.streams.video[0]
         avcc = bytes(s.codec_context.extradata or b"")
         pk = [p for p in c.demux(s) if p.size]
-        return (avcc, tuple(bool(p.is_keyframe) for p in pk),
-                tuple(tuple(n[0] & 0x1F for n in avcc_nal_units(bytes(p))) for p in pk))
+        return (
+            avcc,
+            tuple(bool(p.is_keyframe) for p in pk),
+            tuple(tuple(n[0] & 0x1F for n in avcc_nal_units(bytes(p))) for p in pk),
+        )
 
 
 def _gradio_file(url: str) -> Path | None:
@@ -187,8 +209,7 @@ def _gradio_file(url: str) -> Path | None:
 
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
-def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server, browser,
-                                                                    protocol):
+def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server, browser, protocol):
     """A whole study through Chromium: every response (URL, status, headers, bytes) and the DOM
     at every trial. Nothing names a backend, run or job; each trial's one stream has a unique
     URL, and every media response has the same headers (lengths aside)."""
@@ -204,14 +225,16 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server,
         except Exception:  # noqa: BLE001 - a media response cut short by the next trial
             body = b""
         seen.append({"url": r.url, "status": r.status, "headers": dict(r.headers), "body": body})
+
     page.on("response", on_response)
-    events = []       # Gradio's event streams (if an event is queued), read whole by a proxy
+    events = []  # Gradio's event streams (if an event is queued), read whole by a proxy
 
     def keep_stream(route):
         r = route.fetch()
         body = r.body()
         events.append(body)
         route.fulfill(response=r, body=body)
+
     page.route(re.compile(r"/gradio_api/queue/data"), keep_stream)
     try:
         state = open_page(page, server.url, token)
@@ -243,10 +266,13 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server,
     # search once shown to be byte for byte the installed package's: the same for any study
     packaged = [s for s in seen if _gradio_file(s["url"]) is not None]
     assert packaged and all(s["body"] == _gradio_file(s["url"]).read_bytes() for s in packaged)
-    texts = [*dom, *(s["url"] for s in seen), *(json.dumps(s["headers"]) for s in seen),
-             *(s["body"].decode("latin-1") for s in seen
-               if "/media/" not in s["url"] and s not in packaged),
-             events.decode("latin-1")]
+    texts = [
+        *dom,
+        *(s["url"] for s in seen),
+        *(json.dumps(s["headers"]) for s in seen),
+        *(s["body"].decode("latin-1") for s in seen if "/media/" not in s["url"] and s not in packaged),
+        events.decode("latin-1"),
+    ]
     found = leaked(texts, env["secret"], token)
     assert found is None, found
     # every trial: one name, unique; every media response has the same headers but its length
@@ -265,8 +291,15 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server,
             assert "last-modified" not in h and "etag" not in h
             # a partial response names the full length in content-range
             total = h.get("content-range", "/" + h.get("content-length", "")).rsplit("/", 1)[1]
-            heads.append((r["status"], total, tuple(sorted(
-                (k, v) for k, v in h.items() if k not in ("content-range", "content-length")))))
+            heads.append(
+                (
+                    r["status"],
+                    total,
+                    tuple(
+                        sorted((k, v) for k, v in h.items() if k not in ("content-range", "content-length"))
+                    ),
+                )
+            )
     assert len({(status, tuple(h)) for status, _, h in heads}) == 1, heads
     # media cannot be had by anyone else, nor before a trial is handed out
     other = study.invite(db, sid, 1)[0]["token"]
@@ -274,8 +307,12 @@ def test_browser_receives_nothing_that_names_or_separates_the_sides(env, server,
     assert httpx.get(f"{server.url}/media/{name}", params={"token": other}).status_code == 404
     assert httpx.get(f"{server.url}/media/{name}").status_code == 404
     nxt = httpx.get(f"{server.url}/api/trial", params={"token": other}).json()["trial"]
-    assert httpx.get(f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}",
-                     params={"token": other}).status_code == 200
+    assert (
+        httpx.get(
+            f"{server.url}/media/{nxt['media'][next(iter(nxt['media']))]}", params={"token": other}
+        ).status_code
+        == 200
+    )
     assert Path(env["root"]).exists()
 
 

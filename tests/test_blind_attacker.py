@@ -19,12 +19,12 @@ studies and counted per held-out trial. On the old design (X's tile drawn per tr
 arrangements, catch versions three files) the same rules answer every ABX trial and pick out
 the catch; on the studies made now they are at chance.
 """
+
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from scipy.stats import binomtest
-
-import numpy as np
 
 from evalkit import study
 from evalkit.study import design
@@ -47,8 +47,7 @@ def env(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("attack")
     reports = {"train": attack.make_report(root / "train", ("pan", "blobs"), range(10))}
     for r in (1, 2, 3):
-        reports[r] = attack.make_report(root / f"held{r}", ("grain", "stripes"),
-                                        range(100 * r, 100 * r + 14))
+        reports[r] = attack.make_report(root / f"held{r}", ("grain", "stripes"), range(100 * r, 100 * r + 14))
     db = root / "s.db"
     trials = {"train": [], "held": []}
     sids, runs_of = {}, {}
@@ -59,28 +58,42 @@ def env(tmp_path_factory, request):
     # pair 2; preference 1, 2 from pair 1, 3, 4 from pair 2, 5 from pair 3
     plan = [("train", "train", protocol, 1, 6) for protocol in ("abx", "preference")]
     plan += [("held", r, "abx", seed, 12) for seed, r in ((1, 1), (2, 1), (3, 2))]
-    plan += [("held", r, "preference", seed, 12)
-             for seed, r in ((1, 1), (2, 1), (3, 2), (4, 2), (5, 3))]
+    plan += [("held", r, "preference", seed, 12) for seed, r in ((1, 1), (2, 1), (3, 2), (4, 2), (5, 3))]
     for name, runs, protocol, seed, raters in plan:
         # the secret design seed pinned: the same studies (and figures) every run
-        sid = study.create_study(reports[runs], db, protocol=protocol, seed=seed,
-                                 raters_planned=10, allow_masking=True, delivery=delivery,
-                                 design_seed=1000 * seed + len(sids))["study"]
+        sid = study.create_study(
+            reports[runs],
+            db,
+            protocol=protocol,
+            seed=seed,
+            raters_planned=10,
+            allow_masking=True,
+            delivery=delivery,
+            design_seed=1000 * seed + len(sids),
+        )["study"]
         sids[(name, protocol, seed)] = sid
         runs_of[sid] = runs
         trials[name] += attack.collect(db, sid, raters)
-    return {"db": db, "sids": sids, "runs_of": runs_of, "delivery": delivery,
-            "train": attack.add_features(trials["train"]),
-            "held": attack.add_features(trials["held"])}
+    return {
+        "db": db,
+        "sids": sids,
+        "runs_of": runs_of,
+        "delivery": delivery,
+        "train": attack.add_features(trials["train"]),
+        "held": attack.add_features(trials["held"]),
+    }
 
 
 def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env):
     results = attack.attack(env["train"], env["held"], seed=0)
-    assert set(results) == {"abx: which box matches X", "abx: which box is backend B",
-                            "preference: which box is backend B",
-                            "abx catch trials: which box is the reference",
-                            "preference catch trials: which box is the reference",
-                            "catch or test: which of a pair is the catch"}
+    assert set(results) == {
+        "abx: which box matches X",
+        "abx: which box is backend B",
+        "preference: which box is backend B",
+        "abx catch trials: which box is the reference",
+        "preference catch trials: which box is the reference",
+        "catch or test: which of a pair is the catch",
+    }
     # (lossless: while a row had every place of the answer, 4 files an ABX catch version and 2
     # a preference one, a catch file's frame sizes spread differently from a test file's and
     # its nearest size twin was nearer: 149 and 140 of 220 pairs, p 2e-7 and 6e-5; with the
@@ -93,11 +106,14 @@ def test_no_file_feature_predicts_answer_backend_or_catch_on_held_out_clips(env)
     # in the 5 held-out studies are at most 100, 88 of them drawn by the 12 raters; and studies
     # of the same runs share their catch files, design.catch_plan: 60 distinct in one run; a
     # lossless ABX catch version is two files: 78)
-    least = {"preference catch trials: which box is the reference": 60,
-             "abx catch trials: which box is the reference": 70}
+    least = {
+        "preference catch trials: which box is the reference": 60,
+        "abx catch trials: which box is the reference": 70,
+    }
     for question, per in results.items():
-        assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(per) \
-            or question.startswith("catch or test"), (question, sorted(per))
+        assert {"file_size", "coded_size", "run_share", "twin", "tile_x_difference"} <= set(
+            per
+        ) or question.startswith("catch or test"), (question, sorted(per))
         for feature, r in per.items():
             assert r["n"] >= least.get(question, 100), (question, feature, r)
             # (catch or test: counted over catch clips, the independent draws: every study of
@@ -141,14 +157,17 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
     train = attack.add_pooled(env["train"])
     held = attack.add_pooled(env["held"])
     results = attack.attack_pooled(train, held, seed=0)
-    assert set(results) == {"pooled abx: which box matches X", "pooled abx: which box is backend B",
-                            "pooled preference: which box is backend B",
-                            "pooled abx catch trials: which box is the reference",
-                            "pooled preference catch trials: which box is the reference",
-                            "pooled catch or test: which of a pair is the catch",
-                            "pooled sizes abx: which tile holds X's match",
-                            "pooled sizes preference: which tile is backend B",
-                            "pooled sizes preference catch trials: which tile is the reference"}
+    assert set(results) == {
+        "pooled abx: which box matches X",
+        "pooled abx: which box is backend B",
+        "pooled preference: which box is backend B",
+        "pooled abx catch trials: which box is the reference",
+        "pooled preference catch trials: which box is the reference",
+        "pooled catch or test: which of a pair is the catch",
+        "pooled sizes abx: which tile holds X's match",
+        "pooled sizes preference: which tile is backend B",
+        "pooled sizes preference catch trials: which tile is the reference",
+    }
     # (closed: a preference row is one file, design.row_keys, so no sibling tells its order;
     # before, its two files, B left and B right, differed in size the same way nearly always:
     # 265 of 280 held-out files; and with X in the last tile a lossless ABX row's four files told
@@ -157,8 +176,12 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
         print(q, {f: (r["hits"], r["n"], round(r["p"], 4)) for f, r in per.items()})
     # (a preference catch version is one file now: 50 of them in the 5 held-out studies)
     least = {"pooled sizes preference catch trials: which tile is the reference": 50}
-    bad = [(q, f, r) for q, per in results.items() for f, r in per.items()
-           if r["n"] < least.get(q, 100) or r["p"] <= LEVEL]
+    bad = [
+        (q, f, r)
+        for q, per in results.items()
+        for f, r in per.items()
+        if r["n"] < least.get(q, 100) or r["p"] <= LEVEL
+    ]
     assert not bad, bad
     # the pooled size rule counts each distinct file once (H.264: X in the middle of every ABX
     # file, its match in tile 0 or 2, both next to X, 4 files a row; lossless: X in the last
@@ -166,22 +189,34 @@ def test_pooled_rules_across_raters_are_at_chance_on_held_out_studies(env):
     # unfitted ("smaller than its siblings: the answer is in the first tile"), is at chance too,
     # for preference files as well (compared with the other one-file rows of their study)
     sizes = attack.pooled_sizes(held)
-    for q in ("pooled sizes abx: which tile holds X's match",
-              "pooled sizes preference: which tile is backend B"):
+    for q in (
+        "pooled sizes abx: which tile holds X's match",
+        "pooled sizes preference: which tile is backend B",
+    ):
         assert set(results[q]) == {"pooled_size", "pooled_frames"}
         proto = q.split()[2].rstrip(":")
         rows = sizes[q]
-        assert len(rows) == len({(t["study"], t["sha"]) for t in held
-                                 if t["public"]["protocol"] == proto
-                                 and (proto == "abx" or t["kind"] == "test")}) \
+        assert (
+            len(rows)
+            == len(
+                {
+                    (t["study"], t["sha"])
+                    for t in held
+                    if t["public"]["protocol"] == proto and (proto == "abx" or t["kind"] == "test")
+                }
+            )
             == results[q]["pooled_size"]["n"]
+        )
         for feature in ("pooled_size", "pooled_frames"):
             hits = sum((f[feature] < 0) == bool(y) for _, f, y in rows)
             assert binomtest(hits, len(rows), 0.5).pvalue > LEVEL, (q, feature, hits, len(rows))
     # X in the middle tile of every streamed ABX file, in the last of every lossless one
     x_at = 1 if env["delivery"] == "stream" else 2
-    assert all(sorted(r[0] for r in t["shown"]["tiles"].values())[x_at]
-               == t["shown"]["tiles"]["X"][0] for t in held if t["public"]["protocol"] == "abx")
+    assert all(
+        sorted(r[0] for r in t["shown"]["tiles"].values())[x_at] == t["shown"]["tiles"]["X"][0]
+        for t in held
+        if t["public"]["protocol"] == "abx"
+    )
     # 12 raters a held-out study: 3 per ABX file (H.264: 4 a row) or 6 (lossless: 2 a row),
     # all 12 per preference file (1 a row), catch or test
     per = {}
@@ -209,42 +244,62 @@ def _synthetic(protocol, clips, raters, seed, old=False, x=1, runs=None, catch_p
         return _files(name, catch, prefix)
 
     def _files(name, catch, prefix):
-        keys = (["".join(k) for k in ("aab", "aba", "baa", "abb", "bab", "bba")]
-                if old and not catch and protocol == "abx" else
-                ["rrd", "rdr", "drr"] if old and protocol == "abx" else
-                design.stream_keys(protocol, catch, x))
+        keys = (
+            ["".join(k) for k in ("aab", "aba", "baa", "abb", "bab", "bba")]
+            if old and not catch and protocol == "abx"
+            else ["rrd", "rdr", "drr"]
+            if old and protocol == "abx"
+            else design.stream_keys(protocol, catch, x)
+        )
         if catch:
             keys = [k.replace("a", "r").replace("b", "d") for k in keys]
         return {"rects": rects, "files": {k: f"{prefix}-{name}-{k}" for k in keys}}
+
     swap, bx = design.base_bits(clips, seed)
-    rows = [{"id": i, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", False)}
-            for i in range(clips)]
-    pool = [{"clip_id": i, "kind": "negative", "streams": streams(f"k{i}", True)}
-            for i in range(design.n_catch(clips))] + [
+    rows = [
+        {"id": i, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", False)}
+        for i in range(clips)
+    ]
+    pool = [
+        {"clip_id": i, "kind": "negative", "streams": streams(f"k{i}", True)}
+        for i in range(design.n_catch(clips))
+    ] + [
         {"clip_id": i, "kind": "hue_mild", "streams": streams(f"g{i}", True)}
-        for i in range(design.GRADED_CATCHES)]
+        for i in range(design.GRADED_CATCHES)
+    ]
     out = []
     letter = {"a": "a", "b": "b", "reference": "r", "degraded": "d"}
     for k in range(raters):
         plan = design.assign(protocol, rows, pool, k, design.rater_seed(seed, k), seed)
         place = np.random.default_rng([seed, k, 7])
         for i, t in enumerate(plan):
-            if old:      # the old placement: each slot's tile drawn per trial, any arrangement
+            if old:  # the old placement: each slot's tile drawn per trial, any arrangement
                 slots = list(t["sources"])
                 pos = place.permutation(len(slots))
                 key = [""] * len(slots)
                 for sl, p in zip(slots, pos):
                     key[p] = letter[t["sources"][sl]]
-                st = (rows[t["clip_id"]] if t["kind"] == "test" else next(
-                    c for c in pool if c["clip_id"] == t["clip_id"]
-                    and c["kind"] == t["catch_kind"]))["streams"]
-                t["shown"] = {"media": st["files"]["".join(key)],
-                              "tiles": {sl: rects[p] for sl, p in zip(slots, pos.tolist())}}
-            out.append({"rater": f"{study_id}:{k}", "study": study_id,
-                        "data": t["shown"]["media"].encode(),
-                        "row": t["shown"]["media"].rsplit("-", 1)[0],
-                        "public": {"trial": i, "protocol": protocol,
-                                   "tiles": t["shown"]["tiles"]}, **t})
+                st = (
+                    rows[t["clip_id"]]
+                    if t["kind"] == "test"
+                    else next(
+                        c for c in pool if c["clip_id"] == t["clip_id"] and c["kind"] == t["catch_kind"]
+                    )
+                )["streams"]
+                t["shown"] = {
+                    "media": st["files"]["".join(key)],
+                    "tiles": {sl: rects[p] for sl, p in zip(slots, pos.tolist())},
+                }
+            out.append(
+                {
+                    "rater": f"{study_id}:{k}",
+                    "study": study_id,
+                    "data": t["shown"]["media"].encode(),
+                    "row": t["shown"]["media"].rsplit("-", 1)[0],
+                    "public": {"trial": i, "protocol": protocol, "tiles": t["shown"]["tiles"]},
+                    **t,
+                }
+            )
     return attack.add_pooled(out)
 
 
@@ -297,10 +352,8 @@ def test_the_pooled_size_rule_reads_x_in_tile_0_and_not_x_in_the_middle():
     benchmarks/bench_tile_order.py."""
     q = "pooled sizes abx: which tile holds X's match"
     for x in (0, 1):
-        train = _sized(_synthetic("abx", 24, 8, 1, x=x) + _synthetic("abx", 24, 8, 2, x=x),
-                       0.0014, 0.0012)
-        held = _sized([t for s in range(3, 9) for t in _synthetic("abx", 40, 8, s, x=x)],
-                      0.0014, 0.0012)
+        train = _sized(_synthetic("abx", 24, 8, 1, x=x) + _synthetic("abx", 24, 8, 2, x=x), 0.0014, 0.0012)
+        held = _sized([t for s in range(3, 9) for t in _synthetic("abx", 40, 8, s, x=x)], 0.0014, 0.0012)
         r = attack.attack_pooled(train, held, seed=0)[q]["pooled_size"]
         assert r["n"] == 6 * (40 + design.n_catch(40) + design.GRADED_CATCHES) * 4
         if x == 0:
@@ -310,9 +363,12 @@ def test_the_pooled_size_rule_reads_x_in_tile_0_and_not_x_in_the_middle():
             assert r["p"] > LEVEL, r
 
 
-ACROSS = ("pooled abx: which box matches X", "pooled abx: which box is backend B",
-          "pooled abx catch trials: which box is the reference",
-          "pooled catch or test: which of a pair is the catch")
+ACROSS = (
+    "pooled abx: which box matches X",
+    "pooled abx: which box is backend B",
+    "pooled abx catch trials: which box is the reference",
+    "pooled catch or test: which of a pair is the catch",
+)
 
 
 @pytest.mark.parametrize("protocol", ["abx", "preference"])
@@ -324,12 +380,15 @@ def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_
     the runs (now, ``design.catch_plan``) every file of either kind recurs in every study and
     goes to as many raters, and every pooled rule is at chance (seeded; 6 held-out studies)."""
     for per_study in (True, False):
-        train = [t for s in (1, 2) for t in _synthetic(protocol, 24, 8, s, runs="r1",
-                                                       catch_per_study=per_study)]
-        held = [t for s in range(3, 9) for t in _synthetic(protocol, 40, 8, s, runs="r2",
-                                                           catch_per_study=per_study)]
-        res = attack.attack_pooled(attack.add_pooled(train, True),
-                                   attack.add_pooled(held, True), seed=0)
+        train = [
+            t for s in (1, 2) for t in _synthetic(protocol, 24, 8, s, runs="r1", catch_per_study=per_study)
+        ]
+        held = [
+            t
+            for s in range(3, 9)
+            for t in _synthetic(protocol, 40, 8, s, runs="r2", catch_per_study=per_study)
+        ]
+        res = attack.attack_pooled(attack.add_pooled(train, True), attack.add_pooled(held, True), seed=0)
         pair = res["pooled catch or test: which of a pair is the catch"]
         assert set(pair) == {"pooled_raters", "pooled_share", "pooled_studies"}
         if per_study:
@@ -339,11 +398,14 @@ def test_pooled_across_studies_of_the_same_runs_told_catch_files_before_and_not_
             for t in held:
                 per_file.setdefault(t["sha"], set()).add(t["study"])
             assert {len(v) for v in per_file.values()} == {6}
-            assert {t["f"]["pooled_raters"] for t in held} == {6 * 8 / (4 if protocol == "abx"
-                                                                        else 2)}
-            bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
-                   for f, r in res[q].items()
-                   if r.get("cluster_p", r["p"]) <= LEVEL or r["n"] < 60]
+            assert {t["f"]["pooled_raters"] for t in held} == {6 * 8 / (4 if protocol == "abx" else 2)}
+            bad = [
+                (q, f, r)
+                for q in res
+                if not q.startswith("pooled sizes")
+                for f, r in res[q].items()
+                if r.get("cluster_p", r["p"]) <= LEVEL or r["n"] < 60
+            ]
             assert not bad, bad
 
 
@@ -356,10 +418,9 @@ def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
     answers labelled by a person in one study answers the same files in the next, as it answers
     the raters sharing the labeller's files within a study."""
     held = env["held"]
-    groups: dict = {}                 # (protocol, runs) -> its studies
+    groups: dict = {}  # (protocol, runs) -> its studies
     for t in held:
-        groups.setdefault((t["public"]["protocol"], env["runs_of"][t["study"]]),
-                          set()).add(t["study"])
+        groups.setdefault((t["public"]["protocol"], env["runs_of"][t["study"]]), set()).add(t["study"])
     assert sorted(len(v) for v in groups.values()) == [1, 1, 2, 2, 2]
     for (protocol, runs), studies in groups.items():
         where: dict = {}
@@ -368,24 +429,28 @@ def test_pooled_across_the_held_out_studies_of_the_same_runs_is_at_chance(env):
                 where.setdefault((t["kind"], t["data"]), set()).add(t["study"])
         assert {len(v) for v in where.values()} == {len(studies)}, (protocol, runs)
         assert {k for k, _ in where} == {"test", "catch"}
-    res = attack.attack_pooled(attack.add_pooled(env["train"], True),
-                               attack.add_pooled(held, True), seed=0)
+    res = attack.attack_pooled(attack.add_pooled(env["train"], True), attack.add_pooled(held, True), seed=0)
     for q in ACROSS:
         assert all(r["n"] >= 100 for r in res[q].values()), (q, res[q])
     # a per-trial pooled rule is counted per file (its trials share the pooled features: the
     # raters of one file are right or wrong together, which the per-trial binomial takes for
     # evidence; one run: pooled_label 915 of 1,680 preference trials, p 3e-4, its files at
     # chance); the pairs, one per catch file, as they are
-    bad = [(q, f, r) for q in res if not q.startswith("pooled sizes")
-           for f, r in res[q].items() if r.get("cluster_p", r["p"]) <= LEVEL
-           or r.get("clusters", 100) < 20]
+    bad = [
+        (q, f, r)
+        for q in res
+        if not q.startswith("pooled sizes")
+        for f, r in res[q].items()
+        if r.get("cluster_p", r["p"]) <= LEVEL or r.get("clusters", 100) < 20
+    ]
     assert not bad, bad
-    files = {"preference": 1, "abx": 2 if env["delivery"] == "lossless" else 4}   # row_keys
-    for (protocol, runs), studies in groups.items():       # 12 raters a study, 1, 2 or 4 files
+    files = {"preference": 1, "abx": 2 if env["delivery"] == "lossless" else 4}  # row_keys
+    for (protocol, runs), studies in groups.items():  # 12 raters a study, 1, 2 or 4 files
         want = 12 // files[protocol] * len(studies)
         assert {t["f"]["pooled_raters"] for t in held if t["study"] in studies} == {want}
     # the replay table: labelled in one held-out ABX study, looked up in the other of its runs
     first, second = sorted(groups[("abx", 1)])
-    r = attack.replay_catch([t for t in held if t["study"] == first],
-                            [t for t in held if t["study"] == second])
+    r = attack.replay_catch(
+        [t for t in held if t["study"] == first], [t for t in held if t["study"] == second]
+    )
     assert r["known"] == r["files"] == r["hits"] > 0, r

@@ -1,6 +1,7 @@
 """Every threshold at exactly its value, one step below and one step above (issue 37: catch
 screening's `<` made `<=` and a gate's limit made exclusive survived the suite). A step is one
 float ulp (``math.nextafter``) for real limits, one for counts. Pure functions, no fixtures."""
+
 from __future__ import annotations
 
 import math
@@ -21,17 +22,19 @@ def steps(x: float) -> tuple[float, float, float]:
 
 # -- catch screening ---------------------------------------------------------------------------
 
+
 def _catch_rows(rater: int, right: int, n: int) -> list[dict]:
-    return [{"kind": "catch", "catch_kind": "negative", "rater": rater, "correct": int(i < right)}
-            for i in range(n)]
+    return [
+        {"kind": "catch", "catch_kind": "negative", "rater": rater, "correct": int(i < right)}
+        for i in range(n)
+    ]
 
 
 def test_catch_screening_keeps_a_rater_at_exactly_the_needed_count():
     # 8 easy catch trials at alpha 0.05 need 7 right (P(X >= 7) = 9/256 <= 0.05 < 37/256)
     need = stats.catch_min_correct(8, 0.05)
     assert need == 7
-    rows = [r for rid, right in ((1, need - 1), (2, need), (3, need + 1))
-            for r in _catch_rows(rid, right, 8)]
+    rows = [r for rid, right in ((1, need - 1), (2, need), (3, need + 1)) for r in _catch_rows(rid, right, 8)]
     kept, excluded, _ = analyse._screen(rows, [1, 2, 3], {"alpha": 0.05})
     assert kept == [2, 3]
     assert [(e["rater"], e["catch_correct"], e["catch_needed"]) for e in excluded] == [(1, 6, 7)]
@@ -52,6 +55,7 @@ def test_catch_min_correct_at_exactly_alpha():
 
 
 # -- gates -------------------------------------------------------------------------------------
+
 
 def _gate(tmp_path, text: str):
     path = tmp_path / "gate.yaml"
@@ -94,17 +98,17 @@ def test_max_missing_jobs_is_inclusive(tmp_path):
 
 def test_study_gate_interval_ratio_at_exactly_the_limit():
     pooled = {"threshold": 2.0, "ci": [1.0, 4.0]}
-    assert analyse.gate_interval_problem(pooled, 4.0) is None                     # exactly 4x: allowed
+    assert analyse.gate_interval_problem(pooled, 4.0) is None  # exactly 4x: allowed
     assert analyse.gate_interval_problem(pooled, math.nextafter(4.0, UP)) is None
     assert "at most" in analyse.gate_interval_problem(pooled, math.nextafter(4.0, DOWN))
-    assert analyse.gate_interval_problem({"threshold": 2.0, "ci": [1.0, math.nextafter(4.0, UP)]}) \
-        is not None
+    assert analyse.gate_interval_problem({"threshold": 2.0, "ci": [1.0, math.nextafter(4.0, UP)]}) is not None
     # an interval must be closed above zero
     assert "closed" in analyse.gate_interval_problem({"threshold": 1.0, "ci": [0.0, 2.0]})
     assert analyse.gate_interval_problem({"threshold": 1.0, "ci": [math.nextafter(0.0, UP), 0.0]}) is None
 
 
 # -- verdict margins (ABX) ---------------------------------------------------------------------
+
 
 def _abx(margin=0.1, alpha=0.05, *, rate=0.5, flagged_clip=False, n_raters=12, n_clips=15):
     """An ABX design (12 x 15 unless said) at about ``rate`` correct (deterministic pattern)."""
@@ -138,20 +142,23 @@ def test_abx_distinguishable_at_p_exactly_alpha_over_two():
     p = stats.decide_abx(*data, margin=0.1)["p_value"]
     assert 1e-6 < p < 0.025
     # alpha / 2 == p exactly when alpha = 2p (a power of two scales exactly)
-    out = {a: stats.decide_abx(*data, margin=0.1, alpha=a) for a in (2 * math.nextafter(p, DOWN),
-                                                                      2 * p, 2 * math.nextafter(p, UP))}
+    out = {
+        a: stats.decide_abx(*data, margin=0.1, alpha=a)
+        for a in (2 * math.nextafter(p, DOWN), 2 * p, 2 * math.nextafter(p, UP))
+    }
     assert [o["flagged"] for o in out.values()] == [[], [], []]
     assert [o["verdict"] == "distinguishable" for o in out.values()] == [False, True, True]
 
 
 def test_abx_clip_flag_at_holm_p_exactly_alpha_over_two():
-    data = _abx(rate=0.5, flagged_clip=True)            # clip 0: 12 of 12 right
+    data = _abx(rate=0.5, flagged_clip=True)  # clip 0: 12 of 12 right
     q = stats.decide_abx(*data, margin=0.1)["per_clip"][0]["p_holm"]
     flagged = [stats.decide_abx(*data, margin=0.1, alpha=2 * a)["flagged"] for a in steps(q)]
     assert flagged == [[], [0], [0]]
 
 
 # -- preference --------------------------------------------------------------------------------
+
 
 def test_preference_needs_the_sign_flip_p_at_most_alpha():
     # 12 raters each preferring B in 7 of 8 ratings: of the 2**12 sign patterns only all-plus
@@ -166,15 +173,18 @@ def test_preference_needs_the_sign_flip_p_at_most_alpha():
     assert d["flip_p"] == 2 / 4096 and d["verdict"] == "B preferred" and d["sd"] > 0
     out = [stats.decide_preference(raters, clips, choices, alpha=a) for a in steps(2 / 4096)]
     assert [o["verdict"] for o in out] == ["no preference shown", "B preferred", "B preferred"]
-    assert all(o["ci"][0] > 0.7 for o in out)          # the interval is not what decides here
+    assert all(o["ci"][0] > 0.7 for o in out)  # the interval is not what decides here
 
 
 # -- planner floors ----------------------------------------------------------------------------
 
+
 def test_plan_clip_floor_at_exactly_15():
     fast = dict(studies=40, reps=40, clip_accuracy=1.0)
-    got = {c: planning.plan("abx", 0.3, clips=c, **fast) for c in
-           (stats.MIN_CLIPS - 1, stats.MIN_CLIPS, stats.MIN_CLIPS + 1)}
+    got = {
+        c: planning.plan("abx", 0.3, clips=c, **fast)
+        for c in (stats.MIN_CLIPS - 1, stats.MIN_CLIPS, stats.MIN_CLIPS + 1)
+    }
     assert [p["clips"] for p in got.values()] == [15, 15, 16]
     assert got[14]["notes"][:1] == ["clips raised from 14 to the floor of 15"]
     assert not any("floor" in n for p in (got[15], got[16]) for n in p["notes"])
@@ -186,10 +196,12 @@ def test_plan_rater_floor_and_invite_rounding():
     p = planning.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=0.25)
     assert p["raters"] == stats.MIN_RATERS == 12
     assert p["reasons"] == ["floor: at least 12 included raters"]
-    assert p["invite"] == 16                        # 12 / 0.75 is exactly 16: no extra rater
+    assert p["invite"] == 16  # 12 / 0.75 is exactly 16: no extra rater
     for rate, invite in ((0.0, 12), (0.5, 24), (0.26, 17)):
-        assert planning.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0,
-                          exclusion_rate=rate)["invite"] == invite
+        assert (
+            planning.plan("abx", 0.45, studies=40, reps=40, clip_accuracy=1.0, exclusion_rate=rate)["invite"]
+            == invite
+        )
 
 
 def test_plan_input_ranges_are_open_where_documented():

@@ -4,6 +4,7 @@ Real weights, the smoke clips (8 frames, 64x64), few steps; no mocks, no network
 ``EVALKIT_CANARY_MODEL=DIR`` runs the same tests against another pipeline folder (a freshly
 trained one, before it replaces the shipped weights).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch  # noqa: E402  (torch and diffusers are dependencies: no skipping without them)
 
-from evalkit.canary import STYLES, CanaryPipeline, PromptError, load_pipeline  # noqa: E402
 from evalkit.canary import MODEL_DIR as SHIPPED_DIR  # noqa: E402
+from evalkit.canary import STYLES, CanaryPipeline, PromptError, load_pipeline  # noqa: E402
 from evalkit.canary.styles import apply_style_frames  # noqa: E402
 from evalkit.video import ClipReader  # noqa: E402
 
@@ -37,7 +37,7 @@ def pipe():
 
 @pytest.fixture(scope="module")
 def clip():
-    path = SMOKE / "astronaut_pan.mkv"          # committed with the repository
+    path = SMOKE / "astronaut_pan.mkv"  # committed with the repository
     assert path.is_file(), f"{path} missing (python datasets/make_clips.py --suite smoke)"
     return ClipReader(str(path)).read()
 
@@ -45,8 +45,9 @@ def clip():
 def _render(pipe, frames, prompt, seed=0, **kw):
     p = dict(FAST)
     p.update(kw)
-    return pipe(prompt=prompt, video=frames, generator=torch.Generator("cpu").manual_seed(seed),
-                output_type="np", **p).frames[0]
+    return pipe(
+        prompt=prompt, video=frames, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **p
+    ).frames[0]
 
 
 def test_shipped_folder_is_fp16_and_small():
@@ -68,21 +69,24 @@ def test_shipped_folder_is_fp16_and_small():
 
 
 def test_loads_offline_in_a_fresh_process_through_diffusers():
-    code = ("import evalkit.canary, torch; from diffusers import DiffusionPipeline;"
-            f"p = DiffusionPipeline.from_pretrained({str(MODEL_DIR)!r}, torch_dtype=torch.float32,"
-            " local_files_only=True);"
-            "print(type(p).__name__, type(p.unet).__name__, type(p.scheduler).__name__, p.unet.dtype)")
+    code = (
+        "import evalkit.canary, torch; from diffusers import DiffusionPipeline;"
+        f"p = DiffusionPipeline.from_pretrained({str(MODEL_DIR)!r}, torch_dtype=torch.float32,"
+        " local_files_only=True);"
+        "print(type(p).__name__, type(p.unet).__name__, type(p.scheduler).__name__, p.unet.dtype)"
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", DIFFUSERS_OFFLINE="1", PYTHONWARNINGS="ignore")
     env.setdefault("PYTHONPATH", str(REPO))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=str(REPO), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["CanaryPipeline", "CanaryUNet", "DDIMScheduler", "torch.float32"]
 
 
 def test_output_contract_and_determinism(pipe, clip):
     a = _render(pipe, clip, "watercolor", seed=0)
-    b = _render(pipe, list(clip), "watercolor", seed=0)          # a list of frames works too
+    b = _render(pipe, list(clip), "watercolor", seed=0)  # a list of frames works too
     assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == clip.shape
     assert 0.0 <= a.min() and a.max() <= 1.0
     assert np.array_equal(a, b)
@@ -92,7 +96,7 @@ def test_output_contract_and_determinism(pipe, clip):
 
 def test_smoke_suite_deterministic_every_clip(pipe):
     clips = sorted(SMOKE.glob("*.mkv"))
-    assert len(clips) == 2, clips                # committed with the repository
+    assert len(clips) == 2, clips  # committed with the repository
     for path in clips:
         frames = ClipReader(str(path)).read()
         x = _render(pipe, frames, "night", seed=3)
@@ -170,6 +174,7 @@ def test_gradient_energy_loss_asks_for_texture_not_its_phase():
     hard as a missing one (so an uncertain model blurs); the local gradient energy does not
     punish the shift but does punish the blur."""
     from conftest import load_tool
+
     t = load_tool("canary_train")
     gradient_energy_loss, gradient_loss = t.gradient_energy_loss, t.gradient_loss
 
@@ -188,15 +193,59 @@ def test_training_continues_a_saved_pipeline(tmp_path):
     two steps per phase)."""
     rng = np.random.default_rng(0)
     photos = tmp_path / "photos.npz"
-    np.savez(photos, a=rng.integers(0, 256, (160, 200, 3), dtype=np.uint8),
-             b=rng.integers(0, 256, (180, 170, 3), dtype=np.uint8))
+    np.savez(
+        photos,
+        a=rng.integers(0, 256, (160, 200, 3), dtype=np.uint8),
+        b=rng.integers(0, 256, (180, 170, 3), dtype=np.uint8),
+    )
     out = tmp_path / "canary"
-    cmd = [sys.executable, str(REPO / "tools/canary_train.py"), "train", "--photos", str(photos),
-           "--out", str(out), "--reuse-vae", str(SHIPPED_DIR), "--init-from", str(SHIPPED_DIR),
-           "--device", "cpu", "--ae-steps", "2", "--steps", "2", "--workers", "0", "--batch", "2",
-           "--ae-batch", "4", "--min-items", "4", "--buffer", "8", "--item-batch", "2",
-           "--val-items", "0", "--img-grad", "2", "--ae-grad", "1", "--img-grad-energy", "3",
-           "--ae-grad-energy", "2", "--temporal-weight", "2", "--lr", "1e-5", "--ae-lr", "1e-5"]
+    cmd = [
+        sys.executable,
+        str(REPO / "tools/canary_train.py"),
+        "train",
+        "--photos",
+        str(photos),
+        "--out",
+        str(out),
+        "--reuse-vae",
+        str(SHIPPED_DIR),
+        "--init-from",
+        str(SHIPPED_DIR),
+        "--device",
+        "cpu",
+        "--ae-steps",
+        "2",
+        "--steps",
+        "2",
+        "--workers",
+        "0",
+        "--batch",
+        "2",
+        "--ae-batch",
+        "4",
+        "--min-items",
+        "4",
+        "--buffer",
+        "8",
+        "--item-batch",
+        "2",
+        "--val-items",
+        "0",
+        "--img-grad",
+        "2",
+        "--ae-grad",
+        "1",
+        "--img-grad-energy",
+        "3",
+        "--ae-grad-energy",
+        "2",
+        "--temporal-weight",
+        "2",
+        "--lr",
+        "1e-5",
+        "--ae-lr",
+        "1e-5",
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -205,6 +254,7 @@ def test_training_continues_a_saved_pipeline(tmp_path):
     assert info["init_from"] == str(SHIPPED_DIR) and info["unet_steps"] == 2
     assert {"img_grad", "img_grad_energy"} <= set(info["log"][-1])
     from safetensors.torch import load_file
+
     new = load_file(out / "unet" / "diffusion_pytorch_model.safetensors")
     old = load_file(SHIPPED_DIR / "unet" / "diffusion_pytorch_model.safetensors")
     assert new.keys() == old.keys()
@@ -213,8 +263,14 @@ def test_training_continues_a_saved_pipeline(tmp_path):
     assert max(diffs) < 0.05 and any(d > 0 for d in diffs)
     p = load_pipeline(out, device="cpu", dtype=torch.float32)
     frames = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
-    y = p(prompt="night", video=frames, num_inference_steps=2, strength=0.5,
-          generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
+    y = p(
+        prompt="night",
+        video=frames,
+        num_inference_steps=2,
+        strength=0.5,
+        generator=torch.Generator("cpu").manual_seed(0),
+        output_type="np",
+    ).frames[0]
     assert y.shape == (2, 32, 32, 3) and np.isfinite(y).all()
 
 
@@ -224,10 +280,27 @@ def test_training_with_a_missing_input_is_a_one_line_error(tmp_path):
     photos = tmp_path / "photos.npz"
     np.savez(photos, a=np.zeros((80, 80, 3), np.uint8))
     out = tmp_path / "canary"
-    cmd = [sys.executable, str(REPO / "tools/canary_train.py"), "train", "--photos", str(photos),
-           "--out", str(out), "--init-from", str(tmp_path / "absent"), "--device", "cpu"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore"))
+    cmd = [
+        sys.executable,
+        str(REPO / "tools/canary_train.py"),
+        "train",
+        "--photos",
+        str(photos),
+        "--out",
+        str(out),
+        "--init-from",
+        str(tmp_path / "absent"),
+        "--device",
+        "cpu",
+    ]
+    res = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore"),
+    )
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "--init-from" in lines[0] and str(tmp_path / "absent") in lines[0]

@@ -1,6 +1,7 @@
 """The metric catalogue (evalkit.metrics.catalogue) is the one list of metric keys: it matches what the
 stream evaluator produces, its directions match the aggregate and ratio rules, and no other
 module keeps a list of its own."""
+
 from __future__ import annotations
 
 import ast
@@ -9,11 +10,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from evalkit.metrics import catalogue
 from evalkit.metrics.catalogue import KEYS, METRICS, fmt, keys
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(pretrained|weight enum).*:UserWarning")
 
@@ -39,11 +39,11 @@ def evaluated():
     from evalkit.metrics.stream import evaluate_pair
 
     a, b = random_clips()
-    return {t: evaluate_pair(iter(a), iter(b), device="cpu", chunk=2, temporal=t)
-            for t in (True, False)}
+    return {t: evaluate_pair(iter(a), iter(b), device="cpu", chunk=2, temporal=t) for t in (True, False)}
 
 
 # -- the catalogue against what the evaluator produces ----------------------------------------
+
 
 @pytest.mark.parametrize("temporal", [True, False])
 def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated, temporal):
@@ -51,7 +51,7 @@ def test_catalogue_keys_are_the_columns_the_stream_evaluator_produces(evaluated,
     expected = list(keys(optional=False) if temporal else keys(temporal=False, optional=False))
     assert metric_keys_in_order(res["records"]) == expected
     assert list(res["means"]) == expected
-    for k in expected:       # each key exists from its first frame on, and never before
+    for k in expected:  # each key exists from its first frame on, and never before
         frames = [r["frame"] for r in res["records"] if k in r]
         assert frames == list(range(METRICS[k].first_frame, len(res["records"]))), k
 
@@ -87,6 +87,7 @@ def test_metrics_csv_columns_follow_the_catalogue(evaluated, tmp_path, temporal)
 
 # -- directions, aggregates and floor ratios --------------------------------------------------
 
+
 @pytest.mark.parametrize("key", KEYS)
 def test_directions_agree_with_the_aggregate_rules(key):
     from evalkit.compare.aggregate import aggregate
@@ -119,8 +120,9 @@ def test_floor_ratios_measure_badness_and_follow_the_catalogue(key):
     # the ratio's operand grows as the metric gets worse, whatever the direction
     assert m.ratio_operand(bad) > m.ratio_operand(good) >= 0
     assert m.ratio_operand(None) is None
-    r = floor_ratio({key: {"mean": bad, "p95": None, "worst": good}},
-                    {key: {"mean": good, "p95": good, "worst": good}})
+    r = floor_ratio(
+        {key: {"mean": bad, "p95": None, "worst": good}}, {key: {"mean": good, "p95": good, "worst": good}}
+    )
     assert list(r) == [key] and list(r[key]) == list(catalogue.AGGREGATES)
     assert r[key]["mean"] == pytest.approx(m.ratio_operand(bad) / m.ratio_operand(good))
     assert r[key]["mean"] > 1 and r[key]["p95"] is None and r[key]["worst"] == pytest.approx(1)
@@ -129,17 +131,17 @@ def test_floor_ratios_measure_badness_and_follow_the_catalogue(key):
 def test_ratio_definitions():
     assert keys(ratio=True) == ("lpips", "ssim", "psnr", "tlp", "tof", "flicker", "block_psnr")
     assert METRICS["ssim"].ratio_operand(0.99) == pytest.approx(0.01)
-    assert METRICS["psnr"].ratio_operand(20.0) == pytest.approx(0.01)     # the MSE / peak^2
+    assert METRICS["psnr"].ratio_operand(20.0) == pytest.approx(0.01)  # the MSE / peak^2
     assert METRICS["psnr"].ratio_operand(math.inf) == 0.0
     with pytest.raises(ValueError):
         METRICS["max_abs_diff"].ratio_operand(1.0)
     # a gate checks metrics that compare a with b; the *_a / *_b ones describe one clip
-    assert set(KEYS) - set(keys(compares=True)) == {"warp_error_a", "warp_error_b",
-                                                    "flicker_a", "flicker_b"}
+    assert set(KEYS) - set(keys(compares=True)) == {"warp_error_a", "warp_error_b", "flicker_a", "flicker_b"}
     assert set(keys(ratio=True)) <= set(keys(compares=True))
 
 
 # -- one list only --------------------------------------------------------------------------
+
 
 def _literal_key_lists(path):
     """(line, strings) of every literal list/tuple/set in ``path`` that lists metric keys (it
@@ -147,12 +149,18 @@ def _literal_key_lists(path):
     dict literal keyed by three or more metric keys and nothing else. ``__all__`` (names of
     functions, some called lpips and ssim) is not a list of metric keys."""
     tree = ast.parse(path.read_text(), str(path))
-    exports = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
-               and any(isinstance(t, ast.Name) and t.id == "__all__"
-                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))}
+    exports = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Assign, ast.AugAssign))
+        and any(
+            isinstance(t, ast.Name) and t.id == "__all__"
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        )
+    }
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Dict):          # a table keyed by metric (units, say)
+        if isinstance(node, ast.Dict):  # a table keyed by metric (units, say)
             elts = node.keys
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set)) and id(node) not in exports:
             elts = node.elts
@@ -160,8 +168,9 @@ def _literal_key_lists(path):
             continue
         strings = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
         named = [s for s in strings if s in METRICS]
-        if (not isinstance(node, ast.Dict) and {"lpips", "ssim"} <= set(named)) or \
-                (len(named) >= 3 and len(named) == len(elts)):
+        if (not isinstance(node, ast.Dict) and {"lpips", "ssim"} <= set(named)) or (
+            len(named) >= 3 and len(named) == len(elts)
+        ):
             out.append((node.lineno, strings))
     return out
 
@@ -183,11 +192,12 @@ def test_the_list_check_finds_the_old_lists(tmp_path):
         'METRIC_KEYS = ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction")\n'
         'RATIO_METRICS = ["tlp", "tof", "flicker"]\n'
         'for key in ("lpips", "ssim", "psnr"):\n    pass\n'
-        '__all__ = ["lpips", "ssim", "psnr"]\n'                       # function names
+        '__all__ = ["lpips", "ssim", "psnr"]\n'  # function names
         'CONVENTIONS = ("flow", "warp_error", "tlp", "tof", "flicker")\n'
         'NAN = ("warp_error_a", "warp_error_b")\n'
         'UNITS = {"tlp": "...", "tof": "...", "flicker": "..."}\n'
-        'CONV = {"lpips": "v0.1", "ssim": "luma", "psnr": "rgb8", "compute": "float32"}\n')
+        'CONV = {"lpips": "v0.1", "ssim": "luma", "psnr": "rgb8", "compute": "float32"}\n'
+    )
     assert [line for line, _ in _literal_key_lists(src)] == [1, 2, 3, 8]
 
 
@@ -200,14 +210,29 @@ def test_catalogue_imports_nothing_heavy():
 
 # -- numbers for people and CSV text ---------------------------------------------------------
 
-@pytest.mark.parametrize("value, kw, shown", [
-    (None, {}, "n/a"), (math.inf, {}, "inf"), (-math.inf, {}, "-inf"), (math.nan, {}, "nan"),
-    (7.5114e-05, {}, "7.511e-05"), (0.0, {}, "0"), (1.0, {}, "1"), (48.2685, {}, "48.27"),
-    (3, {}, "3"), (True, {}, "True"), ("x", {}, "x"), (np.float32(0.5), {}, "0.5"),
-    (0.0001, {"digits": 4, "fixed": True}, "0.0001"), (48.3567, {"digits": 2, "fixed": True}, "48.36"),
-    (None, {"none": "&ndash;"}, "&ndash;"), (math.inf, {"inf": "&infin;"}, "&infin;"),
-    (48.2685, {"digits": 6}, "48.2685"),
-])
+
+@pytest.mark.parametrize(
+    "value, kw, shown",
+    [
+        (None, {}, "n/a"),
+        (math.inf, {}, "inf"),
+        (-math.inf, {}, "-inf"),
+        (math.nan, {}, "nan"),
+        (7.5114e-05, {}, "7.511e-05"),
+        (0.0, {}, "0"),
+        (1.0, {}, "1"),
+        (48.2685, {}, "48.27"),
+        (3, {}, "3"),
+        (True, {}, "True"),
+        ("x", {}, "x"),
+        (np.float32(0.5), {}, "0.5"),
+        (0.0001, {"digits": 4, "fixed": True}, "0.0001"),
+        (48.3567, {"digits": 2, "fixed": True}, "48.36"),
+        (None, {"none": "&ndash;"}, "&ndash;"),
+        (math.inf, {"inf": "&infin;"}, "&infin;"),
+        (48.2685, {"digits": 6}, "48.2685"),
+    ],
+)
 def test_fmt(value, kw, shown):
     assert fmt(value, **kw) == shown
 

@@ -1,4 +1,5 @@
 """evalkit compare: report files, agreement with `evalkit metrics`, floors, gates, bad input."""
+
 from __future__ import annotations
 
 import csv
@@ -6,11 +7,10 @@ import json
 import shutil
 
 import pytest
+from conftest import DATASETS, assert_one_line_error
 
 from evalkit.compare.aggregate import floor_ratio
 from evalkit.render.driver import render_suite
-
-from conftest import DATASETS, assert_one_line_error
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 INVERT = "evalkit.testing.renderers:Invert"
@@ -23,10 +23,8 @@ def runs(tmp_path_factory):
     seed noise (0-31 code values) is far above the bf16 difference."""
     root = tmp_path_factory.mktemp("runs")
     opts = {"noise": "32"}
-    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts,
-                 progress=False)
-    render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=1,
-                 progress=False)
+    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts, progress=False)
+    render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=1, progress=False)
     return {"a": root / "cpu", "b": root / "cpu_dtype-bf16", "seed": root / "cpu_seed+1"}
 
 
@@ -43,11 +41,10 @@ def read_csv(path):
 
 def _mean_tolerances(clip_a, clip_b, m) -> dict:
     import numpy as np
-
-    from evalkit.video import read_frames
-
     from numerics import ab_tolerance, gamma, mean_tolerance
     from test_metrics import lpips_tol, luma_planes, ssim_ab_tol, tlp_tol
+
+    from evalkit.video import read_frames
 
     a, _ = read_frames(clip_a)
     b, _ = read_frames(clip_b)
@@ -56,10 +53,15 @@ def _mean_tolerances(clip_a, clip_b, m) -> dict:
     lp = lpips_tol(a, b)
     # a CSV cell holds the shortest repr of a float64 (exact); a mean of n per-frame values adds
     # gamma(n) of itself
-    per_mean = {"lpips": lp.mean(), "ssim": ssim_ab_tol(luma_planes(a), luma_planes(b)).mean(),
-                "tlp": tlp_tol(a, b).mean(), "psnr": 0.0,
-                "tof": mean_tolerance(m["tof"], p, ops=4), "warp_error_a": mean_tolerance(m["warp_error_a"], 3 * p, ops=1),
-                "flicker": ab_tolerance(4 * gamma(16 * 16 + 5) * 255) + mean_tolerance(m["flicker"], p // 256)}
+    per_mean = {
+        "lpips": lp.mean(),
+        "ssim": ssim_ab_tol(luma_planes(a), luma_planes(b)).mean(),
+        "tlp": tlp_tol(a, b).mean(),
+        "psnr": 0.0,
+        "tof": mean_tolerance(m["tof"], p, ops=4),
+        "warp_error_a": mean_tolerance(m["warp_error_a"], 3 * p, ops=1),
+        "flicker": ab_tolerance(4 * gamma(16 * 16 + 5) * 255) + mean_tolerance(m["flicker"], p // 256),
+    }
     tol = {k: v + ab_tolerance(gamma(n) * abs(m[k])) for k, v in per_mean.items()}
     tol["lpips_frames"] = np.asarray(lp)
     return tol
@@ -67,8 +69,9 @@ def _mean_tolerances(clip_a, clip_b, m) -> dict:
 
 def test_end_to_end_report_agrees_with_evalkit_metrics(runs, tmp_path, cli):
     out = tmp_path / "report"
-    code, stdout, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", out,
-                            "--quiet", "--device", "cpu")
+    code, stdout, err = cli(
+        "compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", out, "--quiet", "--device", "cpu"
+    )
     assert code == 0, err
     for name in ("frames.csv", "clips.csv", "summary.json", "index.html"):
         assert (out / name).is_file(), name
@@ -100,9 +103,10 @@ def test_end_to_end_report_agrees_with_evalkit_metrics(runs, tmp_path, cli):
     seed = summary["floors"]["seed"]
     assert seed["seed_offset"] == 1 and seed["jobs_compared"] == 2
     ratio = summary["floor_ratios"]["seed"]["lpips"]["mean"]
-    assert ratio == pytest.approx(summary["aggregates"]["lpips"]["mean"]
-                                  / seed["aggregates"]["lpips"]["mean"])
-    assert 0 < ratio < 1   # bf16 noise is far below what another seed changes
+    assert ratio == pytest.approx(
+        summary["aggregates"]["lpips"]["mean"] / seed["aggregates"]["lpips"]["mean"]
+    )
+    assert 0 < ratio < 1  # bf16 noise is far below what another seed changes
     assert "LPIPS mean / seed floor" in stdout
     # the headline: the largest ratio of every family, against the seed floor, printed and kept
     head = summary["headline"]
@@ -122,12 +126,22 @@ def test_headline_names_the_worst_family_against_the_floor():
     from evalkit.compare.aggregate import headline
 
     # a brightness flicker: LPIPS looks better than the floor, flicker 39 times worse
-    ratios = {"seed": {"lpips": {"mean": 0.099}, "ssim": {"mean": 0.5}, "psnr": {"mean": 1.2},
-                       "tlp": {"mean": 0.8}, "tof": {"mean": None}, "flicker": {"mean": 39.0}},
-              "rerender": {"lpips": {"mean": 2.0}}}
+    ratios = {
+        "seed": {
+            "lpips": {"mean": 0.099},
+            "ssim": {"mean": 0.5},
+            "psnr": {"mean": 1.2},
+            "tlp": {"mean": 0.8},
+            "tof": {"mean": None},
+            "flicker": {"mean": 39.0},
+        },
+        "rerender": {"lpips": {"mean": 2.0}},
+    }
     h = headline(ratios)
     assert (h["floor"], h["family"], h["metric"], h["ratio"]) == ("seed", "temporal", "flicker", 39.0)
-    assert h["text"].startswith("worst: flicker 39x the seed floor's (brightness flickers: people notice flicker")
+    assert h["text"].startswith(
+        "worst: flicker 39x the seed floor's (brightness flickers: people notice flicker"
+    )
     assert "fidelity: PSNR 1.2x the seed floor's" in h["text"]
     # the gate's floor when it names one; a zero floor is inf; nothing above 1 says so
     assert headline(ratios, "rerender")["text"].startswith("worst: LPIPS 2x the rerender floor's")
@@ -142,10 +156,11 @@ def test_every_ratio_and_clip_finding_is_one_sentence_in_words():
 
     assert ratio_sentence("flicker", 39.0, "seed") == (
         "flicker 39x the seed floor's: B differs from A 39x more than the seed floor run does; "
-        "brightness flickers: people notice flicker")
+        "brightness flickers: people notice flicker"
+    )
     assert ratio_sentence("lpips", 0.099, "seed").endswith(
-        "B differs from A 10.1x less than the seed floor run does (within what the pipeline "
-        "varies by itself)")
+        "B differs from A 10.1x less than the seed floor run does (within what the pipeline varies by itself)"
+    )
     assert "does not differ from A at all" in ratio_sentence("lpips", float("inf"), "rerender")
     # a clip without a floor says so; an offset ranks above any ratio and is named first
     bare = clip_finding("j1", {}, lpips_mean=0.02)
@@ -158,37 +173,60 @@ def test_every_ratio_and_clip_finding_is_one_sentence_in_words():
     assert with_offsets(None, [bare, big]) is None
     assert with_offsets(None, [shifted])["text"].startswith("temporal offset: 1 clip out of step")
     # the headroom: threshold / real difference, in words
-    assert headroom_sentence(0.11) == ("headroom 0.11x: the real difference is 9.1x the human "
-                                       "threshold (75% correct in ABX), people see it")
+    assert headroom_sentence(0.11) == (
+        "headroom 0.11x: the real difference is 9.1x the human threshold (75% correct in ABX), people see it"
+    )
     assert headroom_sentence(3.0).startswith("headroom 3x: the real difference would have to grow 3x")
 
 
 def test_floor_ratio_conventions():
-    cross = {"lpips": {"mean": 0.02, "p95": 0.04, "worst": 0.05},
-             "ssim": {"mean": 0.99, "p95": 0.98, "worst": 0.97},
-             "psnr": {"mean": 40.0, "p95": 38.0, "worst": float("inf")}}
-    floor = {"lpips": {"mean": 0.2, "p95": 0.0, "worst": 0.5},
-             "ssim": {"mean": 0.9, "p95": 0.8, "worst": 0.7},
-             "psnr": {"mean": 30.0, "p95": 28.0, "worst": 20.0}}
+    cross = {
+        "lpips": {"mean": 0.02, "p95": 0.04, "worst": 0.05},
+        "ssim": {"mean": 0.99, "p95": 0.98, "worst": 0.97},
+        "psnr": {"mean": 40.0, "p95": 38.0, "worst": float("inf")},
+    }
+    floor = {
+        "lpips": {"mean": 0.2, "p95": 0.0, "worst": 0.5},
+        "ssim": {"mean": 0.9, "p95": 0.8, "worst": 0.7},
+        "psnr": {"mean": 30.0, "p95": 28.0, "worst": 20.0},
+    }
     r = floor_ratio(cross, floor)
     assert r["lpips"]["mean"] == pytest.approx(0.1)
-    assert r["lpips"]["p95"] == float("inf")           # a zero floor
+    assert r["lpips"]["p95"] == float("inf")  # a zero floor
     assert r["ssim"]["mean"] == pytest.approx(0.01 / 0.1)
-    assert r["psnr"]["mean"] == pytest.approx(0.1)      # 10 dB better = 1/10 of the MSE
+    assert r["psnr"]["mean"] == pytest.approx(0.1)  # 10 dB better = 1/10 of the MSE
     assert r["psnr"]["worst"] == 0.0
 
 
-@pytest.mark.parametrize("gate, code, reason", [
-    ("lpips: {mean: {max: 0.5}, worst: {max: 0.9}}\npsnr: {mean: {min: 20}}\n"
-     "floor_ratio: {lpips: {mean: {max: 0.5}}}\n", 0, None),
-    ("psnr: {mean: {min: 99}}\n", 1, "psnr mean = "),
-    ("floor_ratio: {lpips: {mean: {max: 0.0000001}}}\n", 1, "lpips mean / seed floor = "),
-])
+@pytest.mark.parametrize(
+    "gate, code, reason",
+    [
+        (
+            "lpips: {mean: {max: 0.5}, worst: {max: 0.9}}\npsnr: {mean: {min: 20}}\n"
+            "floor_ratio: {lpips: {mean: {max: 0.5}}}\n",
+            0,
+            None,
+        ),
+        ("psnr: {mean: {min: 99}}\n", 1, "psnr mean = "),
+        ("floor_ratio: {lpips: {mean: {max: 0.0000001}}}\n", 1, "lpips mean / seed floor = "),
+    ],
+)
 def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
     (tmp_path / "gate.yaml").write_text(gate)
     out = tmp_path / "r"
-    got, stdout, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", out,
-                           "--gate", tmp_path / "gate.yaml", "--quiet", "--no-temporal")
+    got, stdout, err = cli(
+        "compare",
+        runs["a"],
+        runs["b"],
+        "--floor",
+        runs["seed"],
+        "--out",
+        out,
+        "--gate",
+        tmp_path / "gate.yaml",
+        "--quiet",
+        "--no-temporal",
+    )
     assert got == code, err
     verdict = json.loads((out / "summary.json").read_text())["gate"]
     assert verdict["verdict"] == ("pass" if code == 0 else "fail")
@@ -203,7 +241,8 @@ def test_gate_pass_and_fail_exit_codes(runs, tmp_path, cli, gate, code, reason):
     for f in findings:
         if reason:
             assert f["gate_failed"] and f["text"].split("; ")[-1].startswith(
-                "over the gate on this clip alone: " + reason), f["text"]
+                "over the gate on this clip alone: " + reason
+            ), f["text"]
         else:
             assert f["gate_failed"] == [] and f["text"].endswith("; within the gate")
         assert f["text"] in stdout
@@ -219,9 +258,10 @@ def test_report_html_renders_in_chromium(runs, tmp_path, cli, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto((out / "index.html").as_uri())
     page.wait_for_load_state("load")
-    images = page.evaluate("Array.from(document.images).map(i => [i.getAttribute('src'), "
-                           "i.complete && i.naturalWidth > 0])")
-    assert len(images) == 2 * 4   # per job: timeline, A, B, heatmap
+    images = page.evaluate(
+        "Array.from(document.images).map(i => [i.getAttribute('src'), i.complete && i.naturalWidth > 0])"
+    )
+    assert len(images) == 2 * 4  # per job: timeline, A, B, heatmap
     assert all(ok for _, ok in images), images
     assert errors == []
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
@@ -252,14 +292,26 @@ def hostile_report(tmp_path_factory):
         "schema_version: 1\nname: hostile\nclips:\n"
         f"  - {{id: pan, path: {clips / 'astronaut_pan.mkv'}}}\n"
         f"  - {{id: obj, path: {clips / 'hubble_object.mkv'}}}\n"
-        f"prompts: [{json.dumps(HOSTILE)}, {json.dumps(MATHTEXT)}]\nseeds: [0]\n")
-    render_suite(root / "suite.yaml", ["cpu", "cpu,dtype=bf16"], root / "runs",
-                 renderer="evalkit.testing.renderers:Invert", progress=False)
+        f"prompts: [{json.dumps(HOSTILE)}, {json.dumps(MATHTEXT)}]\nseeds: [0]\n"
+    )
+    render_suite(
+        root / "suite.yaml",
+        ["cpu", "cpu,dtype=bf16"],
+        root / "runs",
+        renderer="evalkit.testing.renderers:Invert",
+        progress=False,
+    )
     before = matplotlib.get_backend()
     matplotlib.use("svg")
     try:
-        compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
-                     device="cpu", metrics=MetricOptions(temporal=False), progress=False)
+        compare_runs(
+            root / "runs" / "cpu",
+            root / "runs" / "cpu_dtype-bf16",
+            root / "report",
+            device="cpu",
+            metrics=MetricOptions(temporal=False),
+            progress=False,
+        )
         backend = matplotlib.get_backend()
     finally:
         matplotlib.use(before)
@@ -330,6 +382,7 @@ def test_prompts_with_dollar_signs_are_not_mathtext(hostile_report):
 
 # -- temporal alignment (evalkit.compare.alignment) ---------------------------------------------
 
+
 def _late_by_one(run, job: str) -> None:
     """Job ``job``'s clip in ``run`` made one frame late (its first frame twice, its last one
     gone: the frame count stays), the manifest's hash kept true."""
@@ -353,23 +406,38 @@ def test_compare_names_a_late_clip_and_compares_it_at_its_offset(runs, copies, t
     late: named with its offset in the output, summary.json, clips.csv and the page, and
     measured on the frames the clips share, which are those of the aligned compare."""
     base = tmp_path / "base"
-    code, _, err = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--out", base,
-                       "--quiet", "--device", "cpu", "--no-temporal")
+    code, _, err = cli(
+        "compare",
+        runs["a"],
+        runs["b"],
+        "--floor",
+        runs["seed"],
+        "--out",
+        base,
+        "--quiet",
+        "--device",
+        "cpu",
+        "--no-temporal",
+    )
     assert code == 0, err
     s0 = json.loads((base / "summary.json").read_text())
     assert s0["alignment"]["shifted"] == {} and "floors" in s0
     assert {a["finding"] for a in s0["alignment"]["jobs"].values()} == {"aligned"}
-    assert "alignment" not in s0["floors"]["seed"]              # the seed floor: no offset either
+    assert "alignment" not in s0["floors"]["seed"]  # the seed floor: no offset either
     job = s0["jobs"]["compared"][0]
     _late_by_one(copies["b"], job)
     out = tmp_path / "late"
-    code, stdout, err = cli("compare", runs["a"], copies["b"], "--out", out, "--quiet",
-                            "--device", "cpu", "--no-temporal")
+    code, stdout, err = cli(
+        "compare", runs["a"], copies["b"], "--out", out, "--quiet", "--device", "cpu", "--no-temporal"
+    )
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     al = s["alignment"]["jobs"][job]
     assert s["alignment"]["shifted"] == {job: 1} and al["compared"] == 7
-    assert al["text"].startswith("B is 1 frame late (offset +1;") and "A frames 0-6 with B frames 1-7" in al["text"]
+    assert (
+        al["text"].startswith("B is 1 frame late (offset +1;")
+        and "A frames 0-6 with B frames 1-7" in al["text"]
+    )
     assert f"offset {job}: B is 1 frame late" in stdout
     rows = {r["job"]: r for r in read_csv(out / "clips.csv")}
     assert (rows[job]["offset"], rows[job]["alignment"], rows[job]["frames"]) == ("1", "shifted", "7")
@@ -383,8 +451,19 @@ def test_compare_names_a_late_clip_and_compares_it_at_its_offset(runs, copies, t
     assert sorted(after) == [str(i) for i in range(7)]
     assert all(after[f] == pytest.approx(before[f], rel=1e-4, abs=1e-6) for f in after)
     # --offset 0: frame by frame, untested, and the shift shows as a difference
-    code, _, err = cli("compare", runs["a"], copies["b"], "--out", tmp_path / "forced", "--quiet",
-                       "--device", "cpu", "--no-temporal", "--offset", "0")
+    code, _, err = cli(
+        "compare",
+        runs["a"],
+        copies["b"],
+        "--out",
+        tmp_path / "forced",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--no-temporal",
+        "--offset",
+        "0",
+    )
     assert code == 0, err
     s2 = json.loads((tmp_path / "forced" / "summary.json").read_text())
     assert s2["alignment"]["shifted"] == {} and s2["alignment"]["jobs"][job]["finding"] == "given"
@@ -398,11 +477,14 @@ def test_compare_refuses_a_job_of_another_frame_rate(copies, tmp_path, cli):
     m["jobs"][0]["output"]["fps"] = "30"
     (copies["b"] / "manifest.json").write_text(json.dumps(m))
     out = tmp_path / "r"
-    code, stdout, err = cli("compare", copies["a"], copies["b"], "--out", out, "--quiet",
-                            "--device", "cpu", "--no-temporal")
+    code, stdout, err = cli(
+        "compare", copies["a"], copies["b"], "--out", out, "--quiet", "--device", "cpu", "--no-temporal"
+    )
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
-    assert s["jobs"]["not_compared"][job].startswith("not comparable: frame-rate mismatch: A is 24 fps, B is 30 fps")
+    assert s["jobs"]["not_compared"][job].startswith(
+        "not comparable: frame-rate mismatch: A is 24 fps, B is 30 fps"
+    )
     assert len(s["jobs"]["compared"]) == 1 and f"not compared {job}: not comparable: frame-rate" in stdout
 
 
@@ -418,15 +500,30 @@ def test_compare_stops_on_a_clip_whose_rate_is_not_its_manifests(copies, tmp_pat
     write_lossless(clip, frames, 30)
     rec["output"]["sha256"] = sha256_file(clip)
     (copies["b"] / "manifest.json").write_text(json.dumps(m))
-    code, _, err = cli("compare", copies["a"], copies["b"], "--out", tmp_path / "r", "--quiet",
-                       "--device", "cpu", "--no-temporal")
+    code, _, err = cli(
+        "compare",
+        copies["a"],
+        copies["b"],
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--no-temporal",
+    )
     assert code == 2
-    assert_one_line_error(err, f"job {rec['id']}", str(clip), "frame-rate mismatch: A is 24 fps, B is 30 fps",
-                          "not what their manifests say")
+    assert_one_line_error(
+        err,
+        f"job {rec['id']}",
+        str(clip),
+        "frame-rate mismatch: A is 24 fps, B is 30 fps",
+        "not what their manifests say",
+    )
     assert not (tmp_path / "r").exists()
 
 
 # -- bad input ---------------------------------------------------------------------------------
+
 
 def test_missing_and_malformed_run_folders(copies, tmp_path, cli):
     code, _, err = cli("compare", tmp_path / "nope", copies["b"], "--out", tmp_path / "r")
@@ -462,11 +559,15 @@ def test_jobs_missing_on_one_side_are_reported_and_the_rest_compared(copies, tmp
     assert f"not compared {gone}: missing in run B" in stdout
     # with a gate, an incomplete comparison fails unless allowed
     (tmp_path / "g.yaml").write_text("lpips: {mean: {max: 1}}\n")
-    assert cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml",
-               "--quiet")[0] == 1
+    assert (
+        cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml", "--quiet")[0]
+        == 1
+    )
     (tmp_path / "g.yaml").write_text("lpips: {mean: {max: 1}}\nmax_missing_jobs: 1\n")
-    assert cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml",
-               "--quiet")[0] == 0
+    assert (
+        cli("compare", copies["a"], copies["b"], "--out", out, "--gate", tmp_path / "g.yaml", "--quiet")[0]
+        == 0
+    )
 
 
 def test_a_clip_that_fails_its_hash_is_reported(copies, tmp_path, cli):
@@ -481,16 +582,20 @@ def test_a_clip_that_fails_its_hash_is_reported(copies, tmp_path, cli):
     assert len(s["jobs"]["compared"]) == 1
 
 
-@pytest.mark.parametrize("gate, needle", [
-    ("lpipz: {mean: {max: 1}}\n", "field 'lpipz': unknown metric"),
-    ("lpips: {median: {max: 1}}\n", "field 'lpips.median': unknown aggregate"),
-    ("lpips: {mean: {max: high}}\n", "field 'lpips.mean.max': expected a number"),
-    ("floor_ratio: {lpips: {mean: {max: 0.5}}}\n", "no --floor run was given"),
-])
+@pytest.mark.parametrize(
+    "gate, needle",
+    [
+        ("lpipz: {mean: {max: 1}}\n", "field 'lpipz': unknown metric"),
+        ("lpips: {median: {max: 1}}\n", "field 'lpips.median': unknown aggregate"),
+        ("lpips: {mean: {max: high}}\n", "field 'lpips.mean.max': expected a number"),
+        ("floor_ratio: {lpips: {mean: {max: 0.5}}}\n", "no --floor run was given"),
+    ],
+)
 def test_bad_gate_files(runs, tmp_path, cli, gate, needle):
     (tmp_path / "gate.yaml").write_text(gate)
-    code, _, err = cli("compare", runs["a"], runs["b"], "--out", tmp_path / "r",
-                       "--gate", tmp_path / "gate.yaml")
+    code, _, err = cli(
+        "compare", runs["a"], runs["b"], "--out", tmp_path / "r", "--gate", tmp_path / "gate.yaml"
+    )
     assert code == 2
     assert_one_line_error(err, "gate.yaml", needle)
 
@@ -568,7 +673,7 @@ def test_the_hash_checks_run_while_the_session_starts():
 
     with pytest.raises(UserError, match="no CUDA device"):
         _session_and_pairs(slow_pairing, no_device)
-    assert finished.is_set()            # the hashing thread ended before the error came out
+    assert finished.is_set()  # the hashing thread ended before the error came out
 
 
 def test_metric_options_are_a_frozen_value_with_the_evaluators_defaults():
@@ -587,7 +692,7 @@ def test_metric_options_are_a_frozen_value_with_the_evaluators_defaults():
     params = inspect.signature(PairEvaluator).parameters
     for key, value in opts.evaluator_kwargs().items():
         assert params[key].default == value, key
-    assert "flow_preset" not in opts.evaluator_kwargs()     # the evaluator's default preset
+    assert "flow_preset" not in opts.evaluator_kwargs()  # the evaluator's default preset
     set_ = MetricOptions(temporal=False, flow="farneback", flow_preset="medium").evaluator_kwargs()
     assert set_ == {"temporal": False, "flow": "farneback", "flow_preset": "medium"}
     assert set(set_) <= set(params)

@@ -4,6 +4,7 @@ render started on a run folder that a first one holds.
 
 benchmarks/kill_loop.py does the same with 20 or more kills of each, at random moments.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,12 @@ import shutil
 import sys
 
 import pytest
+from conftest import DATASETS, assert_one_line_error
 
 from evalkit.fsutil import atomic_dir, cleanup_dir_leftovers, dir_leftovers
 from evalkit.render.driver import render_suite
-from evalkit.testing.suites import write_suite
 from evalkit.testing import crash
-
-from conftest import DATASETS, assert_one_line_error
+from evalkit.testing.suites import write_suite
 
 pytestmark = pytest.mark.slow  # processes killed at crash points
 
@@ -46,6 +46,7 @@ def make_suite(tmp_path, prompts=("a", "b"), seeds=(0,)):
 
 # -- two renders on one run folder -----------------------------------------------------------
 
+
 def test_a_second_render_on_a_held_run_folder_is_refused_and_touches_nothing(tmp_path):
     suite = make_suite(tmp_path)
     script = tmp_path / "hold.py"
@@ -53,10 +54,22 @@ def test_a_second_render_on_a_held_run_folder_is_refused_and_touches_nothing(tmp
     marker, gate = tmp_path / "started", tmp_path / "gate"
     cmd = f"{sys.executable} {script} {marker} {gate}"
     out = tmp_path / "out"
-    render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
-                               "--renderer", "command", "-O", f"cmd={cmd}", "--quiet")
-    first = crash.subprocess.Popen(render, stdout=crash.subprocess.PIPE,
-                                   stderr=crash.subprocess.PIPE, text=True)
+    render = crash.evalkit_cmd(
+        "render",
+        suite,
+        "--backend",
+        "cpu",
+        "--out",
+        out,
+        "--renderer",
+        "command",
+        "-O",
+        f"cmd={cmd}",
+        "--quiet",
+    )
+    first = crash.subprocess.Popen(
+        render, stdout=crash.subprocess.PIPE, stderr=crash.subprocess.PIPE, text=True
+    )
     try:
         # the first render is inside its first job: manifest written, lock held, the job's
         # temporary work folder (source clip, frames, job.json) in flight under .work/
@@ -68,7 +81,7 @@ def test_a_second_render_on_a_held_run_folder_is_refused_and_touches_nothing(tmp
         second = crash.run(render)
         assert second.returncode == 2
         assert_one_line_error(second.stderr, str(run), "another evalkit render holds this run folder")
-        assert crash.tree(run) == before              # not a byte, not a timestamp changed
+        assert crash.tree(run) == before  # not a byte, not a timestamp changed
         assert not marker.with_name("started2").exists()
     finally:
         gate.touch()
@@ -76,8 +89,9 @@ def test_a_second_render_on_a_held_run_folder_is_refused_and_touches_nothing(tmp
     assert first.returncode == 0, stderr
     assert "2 rendered, 0 already done, 0 failed" in stdout
 
-    clean = render_suite(suite, ["cpu"], tmp_path / "clean", renderer="command",
-                         options={"cmd": cmd}, progress=False)[0]
+    clean = render_suite(
+        suite, ["cpu"], tmp_path / "clean", renderer="command", options={"cmd": cmd}, progress=False
+    )[0]
     assert clean.done == 2
     assert crash.clips(out / "cpu") == crash.clips(clean.path) and len(crash.clips(clean.path)) == 4
     assert crash.temporaries(out / "cpu") == []
@@ -88,11 +102,10 @@ def test_a_render_refused_by_one_backend_folder_leaves_no_folder_for_another(tmp
     from evalkit.render.driver import lock_run_folder
 
     suite = make_suite(tmp_path)
-    held = lock_run_folder(tmp_path / "out" / "cpu_dtype-bf16")   # as another render would
+    held = lock_run_folder(tmp_path / "out" / "cpu_dtype-bf16")  # as another render would
     try:
         with pytest.raises(UserError, match="another evalkit render holds this run folder"):
-            render_suite(suite, ["cpu", "cpu,dtype=bf16"], tmp_path / "out", renderer=INVERT,
-                         progress=False)
+            render_suite(suite, ["cpu", "cpu,dtype=bf16"], tmp_path / "out", renderer=INVERT, progress=False)
     finally:
         crash.os.close(held)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cpu_dtype-bf16"]
@@ -100,6 +113,7 @@ def test_a_render_refused_by_one_backend_folder_leaves_no_folder_for_another(tmp
 
 
 # -- render killed ---------------------------------------------------------------------------
+
 
 def test_render_killed_at_crash_points_resumes_to_identical_clips(tmp_path):
     """Crash points (two per atomic file write: the temporary file complete, then renamed): 1-2
@@ -115,24 +129,37 @@ def test_render_killed_at_crash_points_resumes_to_identical_clips(tmp_path):
     (tmp_path / "gate").touch()
     cmd = f"{sys.executable} {script} {tmp_path / 'started'} {tmp_path / 'gate'}"
     out, run = tmp_path / "out", tmp_path / "out" / "cpu"
-    render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
-                               "--renderer", "command", "-O", f"cmd={cmd}", "--quiet")
+    render = crash.evalkit_cmd(
+        "render",
+        suite,
+        "--backend",
+        "cpu",
+        "--out",
+        out,
+        "--renderer",
+        "command",
+        "-O",
+        f"cmd={cmd}",
+        "--quiet",
+    )
     for kill_at, done, temporary in ((3, 0, "/.work/cmd-"), (25, 2, "/.tmp-")):
         killed = crash.run(render, kill_at=kill_at)
         assert killed.returncode == -9, killed.stderr
-        state = crash.check_run(run)                 # manifest valid, done jobs verified
+        state = crash.check_run(run)  # manifest valid, done jobs verified
         assert state["done"] == done
         assert any(temporary in t for t in crash.temporaries(run)), crash.temporaries(run)
     again = crash.run(render)
     assert again.returncode == 0, again.stderr
     assert "1 rendered, 2 already done, 0 failed" in again.stdout
     assert crash.temporaries(run) == []
-    clean = render_suite(suite, ["cpu"], tmp_path / "clean", renderer="command",
-                         options={"cmd": cmd}, progress=False)[0]
+    clean = render_suite(
+        suite, ["cpu"], tmp_path / "clean", renderer="command", options={"cmd": cmd}, progress=False
+    )[0]
     assert crash.clips(run) == crash.clips(clean.path) and len(crash.clips(run)) == 6
 
 
 # -- compare killed --------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
@@ -143,8 +170,7 @@ def two_runs(tmp_path_factory):
 
 
 def compare_cmd(a, b, out):
-    return crash.evalkit_cmd("compare", a, b, "--out", out, "--device", "cpu", "--no-temporal",
-                             "--quiet")
+    return crash.evalkit_cmd("compare", a, b, "--out", out, "--device", "cpu", "--no-temporal", "--quiet")
 
 
 def test_compare_killed_leaves_the_old_or_the_new_report_whole(two_runs, tmp_path):
@@ -153,7 +179,7 @@ def test_compare_killed_leaves_the_old_or_the_new_report_whole(two_runs, tmp_pat
     written; at 26 the old one, swapped out, is not yet removed."""
     r = two_runs
     out = tmp_path / "report"
-    old = crash.run(compare_cmd(r["b"], r["a"], out))          # the older report: B against A
+    old = crash.run(compare_cmd(r["b"], r["a"], out))  # the older report: B against A
     assert old.returncode == 0, old.stderr
     known = {"old": crash.report_digest(out)}
     assert known["old"] is not None
@@ -169,7 +195,7 @@ def test_compare_killed_leaves_the_old_or_the_new_report_whole(two_runs, tmp_pat
         assert crash.report_state(out, known) == state
     again = crash.run(new)
     assert again.returncode == 0, again.stderr
-    assert crash.report_state(out, known) == "new"            # identical to the killed one's
+    assert crash.report_state(out, known) == "new"  # identical to the killed one's
     assert crash.temporaries(out) == []
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs"]["b"]["path"].endswith("cpu_dtype-bf16")
@@ -203,8 +229,9 @@ def test_compare_refuses_an_out_folder_that_is_not_a_report(two_runs, tmp_path, 
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me\n")
-    code, _, err = cli("compare", two_runs["a"], two_runs["b"], "--out", out, "--quiet",
-                       "--device", "cpu", "--no-temporal")
+    code, _, err = cli(
+        "compare", two_runs["a"], two_runs["b"], "--out", out, "--quiet", "--device", "cpu", "--no-temporal"
+    )
     assert code == 2
     assert_one_line_error(err, str(out), "'notes.txt'", "not part of a compare report")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
@@ -213,6 +240,7 @@ def test_compare_refuses_an_out_folder_that_is_not_a_report(two_runs, tmp_path, 
 
 # -- no room to write ------------------------------------------------------------------------
 
+
 def _limited(limit: int):
     """A child's ``preexec_fn``: files it writes may grow to ``limit`` bytes (``ulimit -f``), a
     write beyond fails with EFBIG ("File too large"), as a full disk's fails with ENOSPC."""
@@ -220,14 +248,14 @@ def _limited(limit: int):
     import signal
 
     def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the error, not the signal's kill
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal's kill
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
 def _run_limited(cmd, limit):
-    return crash.subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_limited(limit),
-                                timeout=600)
+    return crash.subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_limited(limit), timeout=600)
 
 
 def test_render_without_room_for_its_manifest_says_which_file_and_loses_nothing(tmp_path):
@@ -236,8 +264,9 @@ def test_render_without_room_for_its_manifest_says_which_file_and_loses_nothing(
     manifest as it was, no temporary file left; the same command with room resumes."""
     suite = make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1))
     out, run = tmp_path / "out", tmp_path / "out" / "cpu"
-    render = crash.evalkit_cmd("render", suite, "--backend", "cpu", "--out", out,
-                               "--renderer", INVERT, "--quiet")
+    render = crash.evalkit_cmd(
+        "render", suite, "--backend", "cpu", "--out", out, "--renderer", INVERT, "--quiet"
+    )
     first = crash.run([*render, "--jobs", "pan-a"])
     assert first.returncode == 0, first.stderr
     before = crash.tree(run)
@@ -245,10 +274,17 @@ def test_render_without_room_for_its_manifest_says_which_file_and_loses_nothing(
 
     full = _run_limited(render, 2000)
     assert full.returncode == 2, full.stderr
-    assert_one_line_error(full.stderr, str(run / "manifest.json"), "could not be written",
-                          "File too large", "kept as it was", "nothing was lost")
-    assert {k: v for k, v in crash.tree(run).items() if k != ".lock"} == \
-        {k: v for k, v in before.items() if k != ".lock"}
+    assert_one_line_error(
+        full.stderr,
+        str(run / "manifest.json"),
+        "could not be written",
+        "File too large",
+        "kept as it was",
+        "nothing was lost",
+    )
+    assert {k: v for k, v in crash.tree(run).items() if k != ".lock"} == {
+        k: v for k, v in before.items() if k != ".lock"
+    }
     assert crash.temporaries(run) == []
     again = crash.run(render)
     assert again.returncode == 0, again.stderr
@@ -264,8 +300,14 @@ def test_compare_without_room_for_its_report_keeps_the_old_one(two_runs, tmp_pat
     digest = crash.report_digest(out)
     full = _run_limited(compare_cmd(r["a"], r["b"], out), 1000)
     assert full.returncode == 2, full.stderr
-    assert_one_line_error(full.stderr, str(out) + "/", "could not be written", "File too large",
-                          f"{out} is kept as it was", "nothing was lost")
+    assert_one_line_error(
+        full.stderr,
+        str(out) + "/",
+        "could not be written",
+        "File too large",
+        f"{out} is kept as it was",
+        "nothing was lost",
+    )
     assert crash.report_digest(out) == digest
     assert crash.temporaries(out) == [] and not dir_leftovers(out)
 
@@ -294,14 +336,26 @@ def test_study_create_removes_what_a_killed_create_left_in_the_media_folder(repo
     dead = crash.subprocess.run([*cmd, "die"], capture_output=True, text=True, timeout=60)
     assert dead.returncode == -9, dead.stderr
     stale = crash.Path(dead.stdout.strip())
-    live = crash.subprocess.Popen([*cmd, "live"], stdin=crash.subprocess.PIPE,
-                                  stdout=crash.subprocess.PIPE, text=True)
+    live = crash.subprocess.Popen(
+        [*cmd, "live"], stdin=crash.subprocess.PIPE, stdout=crash.subprocess.PIPE, text=True
+    )
     try:
         busy = crash.Path(live.stdout.readline().strip())
         assert stale.is_file() and busy.is_file()
-        made = crash.run(crash.evalkit_cmd("study", "create", "--allow-masking", reports(seeds=(0,)), "--db",
-                                           tmp_path / "s.db", "--protocol", "abx", "--clips",
-                                           "sample:1"))
+        made = crash.run(
+            crash.evalkit_cmd(
+                "study",
+                "create",
+                "--allow-masking",
+                reports(seeds=(0,)),
+                "--db",
+                tmp_path / "s.db",
+                "--protocol",
+                "abx",
+                "--clips",
+                "sample:1",
+            )
+        )
         assert made.returncode == 0, made.stderr
         assert not stale.exists()
         assert busy.is_file()

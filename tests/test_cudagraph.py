@@ -2,6 +2,7 @@
 in CI): their equality with eager launches is shown by ``benchmarks/bench_pipeline.py
 --variants ours,ours:EVALKIT_CUDA_GRAPHS=0`` (the metric means must agree; raw results in
 ``benchmarks/results/``)."""
+
 from __future__ import annotations
 
 import torch
@@ -25,4 +26,3 @@ def test_cpu_tensors_run_eagerly_and_reach_the_sink():
     cache.run(lambda t: t * 2, (x,), "k", got.append)
     assert len(got) == 1 and torch.equal(got[0], x * 2)
     assert cache.captures == 0 and cache.replays == 0 and not cache.usable(x)
-

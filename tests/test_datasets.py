@@ -3,6 +3,7 @@
 Real files, no mocks: decode the committed FFV1 clips, regenerate the smoke suite and compare
 byte-for-byte, check the suite YAML files' structure (the suite loader has its own tests).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,16 @@ EXPECTED = {  # suite -> (clip count, frames, size, fps)
     "smoke": (2, 8, 64, 24),
     "canary": (8, 24, 256, 24),
 }
-CANARY_STYLES = ["pencil sketch", "watercolor", "cartoon", "detail enhanced", "night",
-                 "golden hour", "black and white film", "thermal camera"]
+CANARY_STYLES = [
+    "pencil sketch",
+    "watercolor",
+    "cartoon",
+    "detail enhanced",
+    "night",
+    "golden hour",
+    "black and white film",
+    "thermal camera",
+]
 ID_RE = re.compile(r"^[a-z0-9_-]+$")
 
 
@@ -67,11 +76,21 @@ ALL_CLIPS = [(s, p) for s in EXPECTED for p in _clip_paths(s)]
 
 # -- suite files ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_suite_yaml_structure(name, make_clips):
     doc = _suite(name)
-    allowed = {"schema_version", "name", "description", "renderer", "clips", "params",
-               "prompts", "seeds", "jobs"}
+    allowed = {
+        "schema_version",
+        "name",
+        "description",
+        "renderer",
+        "clips",
+        "params",
+        "prompts",
+        "seeds",
+        "jobs",
+    }
     assert set(doc) <= allowed, f"unknown keys {set(doc) - allowed}"
     assert doc["schema_version"] == 1
     assert doc["name"] == name
@@ -85,7 +104,7 @@ def test_suite_yaml_structure(name, make_clips):
     for c in clips:
         assert set(c) <= {"id", "path", "description"}
         assert ID_RE.match(c["id"]), c["id"]
-        path = (DATASETS / name / c["path"])
+        path = DATASETS / name / c["path"]
         assert path.is_file(), f"{name}: clip {c['id']} path {c['path']} does not exist"
         assert path.stem == c["id"]
     # the suite lists exactly the clips the generator makes, and no stray files are committed
@@ -129,6 +148,7 @@ def test_canary_clips_use_different_photos_and_motions(make_clips):
 
 # -- committed clips ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("suite,path", ALL_CLIPS, ids=[f"{s}/{p.stem}" for s, p in ALL_CLIPS])
 def test_committed_clip_decodes(suite, path):
     _, n, size, fps = EXPECTED[suite]
@@ -159,6 +179,7 @@ def test_canary_size_is_modest():
 
 
 # -- generator -------------------------------------------------------------------------------
+
 
 def test_generator_reproduces_smoke_clips(make_clips, tmp_path):
     make_clips.generate("smoke", tmp_path)

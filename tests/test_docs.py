@@ -11,6 +11,7 @@ commands shown in shell blocks.
 - every ``evalkit ...`` line of a shell block in README.md and docs/*.md parses with the real
   parser (placeholders such as SUITE or JOB are fine: only subcommands and options are checked).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +57,7 @@ def _prose(text: str) -> str:
 
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)   # a link keeps its text
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
     text = re.sub(r"[^\w\- ]", "", text.strip().lower())
     return text.replace(" ", "-")
 
@@ -96,11 +97,13 @@ def _shell_commands(path: Path) -> list[str]:
 
 # -- tests -----------------------------------------------------------------------------------
 
+
 def test_readme_is_a_front_page():
     size = len(README.read_bytes())
     assert size <= README_LIMIT, (
         f"README.md is {size} bytes, over {README_LIMIT}: move reference material into docs/ "
-        "(and measured figures into benchmarks/README.md) and link to it")
+        "(and measured figures into benchmarks/README.md) and link to it"
+    )
 
 
 @pytest.mark.parametrize("path", LINKED_FILES, ids=_rel)
@@ -108,7 +111,7 @@ def test_relative_links_point_to_existing_files(path):
     assert path.exists(), f"{_rel(path)} is missing"
     broken = []
     for target in _links(path):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):   # http:, https:, mailto: ...
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto: ...
             continue
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
@@ -131,14 +134,19 @@ def test_commands_reference_is_generated_from_the_parser():
 def test_format_tables_are_generated_from_the_models():
     path = ROOT / "docs" / "formats.md"
     current = path.read_text(encoding="utf-8")
-    expected = _gen_docs().generate_formats(current)   # raises when a format has no block
-    assert current == expected, ("docs/formats.md's field tables are stale (a format model "
-                                 "changed); regenerate them: python tools/gen_docs.py --write")
+    expected = _gen_docs().generate_formats(current)  # raises when a format has no block
+    assert current == expected, (
+        "docs/formats.md's field tables are stale (a format model "
+        "changed); regenerate them: python tools/gen_docs.py --write"
+    )
 
 
 def test_readme_quick_start_covers_the_four_flows():
-    commands = {shlex.split(c, comments=True)[1] for c in _shell_commands(README)
-                if len(shlex.split(c, comments=True)) > 1}
+    commands = {
+        shlex.split(c, comments=True)[1]
+        for c in _shell_commands(README)
+        if len(shlex.split(c, comments=True)) > 1
+    }
     missing = {"render", "compare", "study", "serve"} - commands
     assert not missing, f"README.md's shell blocks show no evalkit {', '.join(sorted(missing))}"
 

@@ -5,6 +5,7 @@ The Triton kernels run on CPU tensors under ``TRITON_INTERPRET=1`` (in a subproc
 variable must be set before triton is imported) and are compared with the torch path they
 replace on CUDA and with scikit-image. Speed: benchmarks/bench_chain.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
+from numerics import U32, ab_tolerance, gamma
 
 from evalkit import metrics
 from evalkit.metrics._common import fast_path, fast_paths, precise
 from evalkit.metrics.perceptual import conv_s2d, get_model, s2d_weight
 
-from conftest import ROOT
-from numerics import U32, ab_tolerance, gamma
-
 pytestmark = pytest.mark.filterwarnings("ignore:.*(pretrained|weight enum).*:UserWarning")
 
 # Runs in the interpreter; prints one JSON object.
-_SCRIPT = r'''
+_SCRIPT = r"""
 import json, sys
 import numpy as np, torch
 from PIL import Image
@@ -115,17 +115,25 @@ x = torch.from_numpy(trip.reshape(1, -1, 64, 3)).permute(0, 3, 1, 2)
 out["luma"] = {"ties": len(ties), "equal": bool(torch.equal(luma_u8(x, LUMA_WEIGHTS), luma(x))),
                "pixels": int(x[0, 0].numel())}
 print(json.dumps(out))
-'''
+"""
 
-CALIB_PAIRS = ("I03", "I04", "I06", "I08", "I19")     # all of them: with "full" (see the report)
+CALIB_PAIRS = ("I03", "I04", "I06", "I08", "I19")  # all of them: with "full" (see the report)
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    p = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT / "tests/data/calibration"), "crop",
-                        "I19"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(ROOT / "tests/data/calibration"), "crop", "I19"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -137,8 +145,9 @@ def interpreted():
 # that (ab_tolerance); scikit-image's float64 by its own bound with float64's roundoff.
 
 
-@pytest.mark.parametrize("case", ["random_37x53", "one_window_11x11", "constant", "extremes",
-                                  "float_unrounded", "calibration"])
+@pytest.mark.parametrize(
+    "case", ["random_37x53", "one_window_11x11", "constant", "extremes", "float_unrounded", "calibration"]
+)
 @pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
 def test_triton_ssim_matches_torch_path(interpreted, case):
     r = interpreted[case]
@@ -147,10 +156,10 @@ def test_triton_ssim_matches_torch_path(interpreted, case):
     bound = np.array(r["bound"])
     if case == "constant":
         c1 = (0.01 * 255) ** 2
-        exact = [1.0, (2 * 7 * 250 + c1) / (7 ** 2 + 250 ** 2 + c1)]   # no variance: the C2 terms cancel
+        exact = [1.0, (2 * 7 * 250 + c1) / (7**2 + 250**2 + c1)]  # no variance: the C2 terms cancel
         assert np.all(np.abs(got - exact) <= bound) and np.all(np.abs(want - exact) <= bound)
     assert np.all(np.abs(got - want) <= ab_tolerance(bound)), (got, want, bound)
-    if case == "extremes":      # same pattern, inverted pattern, black against white
+    if case == "extremes":  # same pattern, inverted pattern, black against white
         assert abs(got[0] - 1.0) <= bound[0] and got[1] < -0.99 and abs(got[2]) < 1e-3
 
 
@@ -158,8 +167,8 @@ def test_triton_ssim_matches_torch_path(interpreted, case):
 def test_triton_ssim_matches_skimage_on_a_calibration_crop(interpreted):
     r = interpreted["calibration"]
     # scikit-image's float64: its own rounding is 2^-29 of ours, inside the bound's margin
-    assert np.all(np.abs(np.array(r["got"]) - r["skimage"]) <= np.array(r["bound"]) * (1 + 2 ** -29))
-    assert r["got"][0] > 0.3     # a real difference
+    assert np.all(np.abs(np.array(r["got"]) - r["skimage"]) <= np.array(r["bound"]) * (1 + 2**-29))
+    assert r["got"][0] > 0.3  # a real difference
 
 
 @pytest.mark.slow  # Triton's interpreter (the module fixture `interpreted`)
@@ -221,7 +230,7 @@ def test_lpips_with_space_to_depth_conv1_matches_the_package(lpips_ref_alex):
         tol = torch.from_numpy(lpips_tol(a, b)).float()
         assert ((got - want).abs() <= tol).all() and ((got - plain).abs() <= tol).all()
         assert want.min().item() > 1e-3
-    assert not model._use_s2d()      # the CPU default: the plain conv
+    assert not model._use_s2d()  # the CPU default: the plain conv
 
 
 def test_fast_path_switches(monkeypatch):
@@ -230,7 +239,9 @@ def test_fast_path_switches(monkeypatch):
     with fast_paths(triton_ssim=True):
         assert fast_path("triton_ssim") and not fast_path("triton_pixels")
         with fast_paths(all=False):
-            assert not any(fast_path(k) for k in ("triton_ssim", "triton_pixels", "conv1_s2d", "one_pass_unit"))
+            assert not any(
+                fast_path(k) for k in ("triton_ssim", "triton_pixels", "conv1_s2d", "one_pass_unit")
+            )
     monkeypatch.delenv("EVALKIT_TRITON")
     assert fast_path("triton_ssim")
     with pytest.raises(ValueError, match="unknown"):
@@ -254,7 +265,11 @@ def test_one_pass_unit_conversion_is_the_same_division():
         unit_into(x, got)
     with fast_paths(one_pass_unit=False):
         unit_into(x, want)
-    assert torch.equal(got, want) and got[0, 0, 0, 1].item() == np.float32(3) / np.float32(255) and got.max().item() == 1.0
+    assert (
+        torch.equal(got, want)
+        and got[0, 0, 0, 1].item() == np.float32(3) / np.float32(255)
+        and got.max().item() == 1.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -285,22 +300,22 @@ def test_a_triton_path_that_fails_before_it_ever_ran_falls_back_once_with_a_warn
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = fam.run(broken, lambda: "torch")
-        assert fam.run(broken, lambda: "torch again") == "torch again"   # a second caller: no warning
+        assert fam.run(broken, lambda: "torch again") == "torch again"  # a second caller: no warning
     assert out == "torch" and calls == ["triton", "triton"]
-    assert fam.kernel() is None                                 # off for the process
+    assert fam.kernel() is None  # off for the process
     [w] = seen
     assert "ssim_planes" in str(w.message) and "sm_120" in str(w.message)
     assert "torch path" in str(w.message) and "RuntimeError" in str(w.message)
-    assert "more" not in str(w.message)                         # one line
+    assert "more" not in str(w.message)  # one line
     ok = TritonFallback("luma kernel (luma_u8)", lambda: "kernel")
     assert ok.run(lambda: "ok", lambda: "torch") == "ok"
-    with pytest.raises(RuntimeError):                           # it ran before: a real error
+    with pytest.raises(RuntimeError):  # it ran before: a real error
         ok.run(broken, lambda: "torch")
     lenient = TritonFallback("fused flow kernels", lambda: "kernel", strict=False)
     assert lenient.run(lambda: "ok", lambda: "torch") == "ok"
-    with pytest.warns(RuntimeWarning, match="fused flow kernels"):   # not strict: falls back
+    with pytest.warns(RuntimeWarning, match="fused flow kernels"):  # not strict: falls back
         assert lenient.run(broken, lambda: "torch") == "torch"
-    assert TritonFallback("x", _no_triton).kernel() is None     # Triton not installed: torch
+    assert TritonFallback("x", _no_triton).kernel() is None  # Triton not installed: torch
 
 
 def _no_triton():
@@ -318,7 +333,7 @@ def test_each_fidelity_kernel_that_cannot_run_falls_back_to_the_same_torch_numbe
     from evalkit.metrics._common import LUMA_WEIGHTS, TritonFallback, luma
 
     old = getattr(fidelity, family)
-    fam = TritonFallback(old.family, old.load)              # fresh: nothing failed or ran yet
+    fam = TritonFallback(old.family, old.load)  # fresh: nothing failed or ran yet
     monkeypatch.setattr(fidelity, family, fam)
     g = torch.Generator().manual_seed(1)
     a = torch.randint(0, 256, (2, 3, 24, 32), dtype=torch.uint8, generator=g)
@@ -334,7 +349,10 @@ def test_each_fidelity_kernel_that_cannot_run_falls_back_to_the_same_torch_numbe
     elif family == "TRITON_LUMA":
         call, torch_path = (lambda: fn(a, LUMA_WEIGHTS)), (lambda: luma(a))
     else:
-        call, torch_path = (lambda: fn(a, b)), (lambda: (fidelity.mse_kernel(a, b), fidelity.exactness_kernel(a, b)))
+        call, torch_path = (
+            (lambda: fn(a, b)),
+            (lambda: (fidelity.mse_kernel(a, b), fidelity.exactness_kernel(a, b))),
+        )
     with precise():
         with pytest.warns(RuntimeWarning, match=r"Triton .*\(" + fn.__name__ + r"\) failed .*torch path"):
             got = fam.run(call, torch_path)

@@ -1,5 +1,6 @@
 """Delivery fidelity (issue 34 item 9): the browser stream keeps the A-B difference, measured on
 the delivered frames (real x264 streams decoded with PyAV, real SQLite)."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,10 @@ def pattern_reports(tmp_path_factory):
     ``square`` (+24 in the central square)."""
     from evalkit.testing.studies import make_report
 
-    return {d: make_report(tmp_path_factory.mktemp(d), seeds=(0,), renderer=PATTERN,
-                           options={"diff": d}) for d in ("checker", "square")}
+    return {
+        d: make_report(tmp_path_factory.mktemp(d), seeds=(0,), renderer=PATTERN, options={"diff": d})
+        for d in ("checker", "square")
+    }
 
 
 def _frame(d, shape=(32, 32, 3)):
@@ -57,24 +60,23 @@ def test_a_window_keeps_at_correlation_0_71_exactly_and_not_below():
     """Default margin 0 dB: the part along D at least the rest. D' = D + R, R orthogonal to D
     and as large: c = 1/sqrt(2) exactly, kept; R one value larger: not kept."""
     rng = np.random.default_rng(0)
-    d = rng.choice([-2, 2], (16, 16, 3))                 # one block
+    d = rng.choice([-2, 2], (16, 16, 3))  # one block
     r = _orthogonal(rng, d // 2)
     assert int((r * d).sum()) == 0 and int((r * r).sum()) * 4 == int((d * d).sum())
-    f = _one_window(d, d + 2 * r)                        # |2r|^2 = |d|^2
+    f = _one_window(d, d + 2 * r)  # |2r|^2 = |d|^2
     assert f["sums"]["cross"] == f["sums"]["ab"] and f["sums"]["ab_delivered"] == 2 * f["sums"]["ab"]
     assert f["kept"] == 1.0 and fidelity.acceptable(f["sums"])
     worse = d + 2 * r
-    i = int(np.flatnonzero((d > 0) & (r > 0))[0])        # one more unit of the rest, along r
+    i = int(np.flatnonzero((d > 0) & (r > 0))[0])  # one more unit of the rest, along r
     worse.flat[i] += 1
-    worse.flat[int(np.flatnonzero((d < 0) & (r > 0))[0])] += 1   # keeps <D', D> unchanged
+    worse.flat[int(np.flatnonzero((d < 0) & (r > 0))[0])] += 1  # keeps <D', D> unchanged
     f = _one_window(d, worse)
     assert f["sums"]["cross"] == f["sums"]["ab"] and f["sums"]["ab_delivered"] > 2 * f["sums"]["ab"]
     assert f["kept"] == 0.0 and not fidelity.acceptable(f["sums"])
-    assert fidelity.min_correlation(0.0) == pytest.approx(2 ** -0.5, rel=1e-15)
+    assert fidelity.min_correlation(0.0) == pytest.approx(2**-0.5, rel=1e-15)
 
 
-@pytest.mark.parametrize("gain,kept", [(0.5, True), (2.0, True), (0.25, False), (3.0, False),
-                                       (-1.0, False)])
+@pytest.mark.parametrize("gain,kept", [(0.5, True), (2.0, True), (0.25, False), (3.0, False), (-1.0, False)])
 def test_a_window_keeps_a_gain_within_one_ladder_step(gain, kept):
     """D' = g D (correlation 1 for g > 0): kept for g in [0.5, 2], not outside, nor inverted."""
     d = np.random.default_rng(1).choice([-4, 4], (16, 16, 3))
@@ -95,7 +97,7 @@ def test_local_not_global_a_glitch_among_encoder_noise():
     f = _one_window(d, d2, frames=2)
     assert f["correlation"] < 0.5 and f["headroom_db"] < -5
     assert f["kept"] == 1.0 and f["windows"] == 1 and fidelity.acceptable(f["sums"])
-    f = _one_window(d, np.where(d == 0, d2, 0), frames=2)   # the glitch erased by the encode
+    f = _one_window(d, np.where(d == 0, d2, 0), frames=2)  # the glitch erased by the encode
     assert f["kept"] == 0.0 and not fidelity.acceptable(f["sums"])
 
 
@@ -104,12 +106,12 @@ def test_the_rule_needs_nine_tenths_of_the_energy_in_windows_that_keep_it():
     compared exactly."""
     d = np.zeros((16, 32, 3), np.int32)
     d[:, :16] = 3
-    d[:, 16:] = 1                                        # energies 9 : 1
+    d[:, 16:] = 1  # energies 9 : 1
     erased = d.copy()
     erased[:, 16:] = 0
     f = _one_window(d, erased)
     assert f["kept"] == 0.9 and fidelity.acceptable(f["sums"])
-    d[:, 16:, 0] = 2                                     # small block 6 of 15 per pixel
+    d[:, 16:, 0] = 2  # small block 6 of 15 per pixel
     erased = d.copy()
     erased[:, 16:] = 0
     f = _one_window(d, erased)
@@ -131,9 +133,12 @@ def test_windows_are_frames_of_the_clip_however_the_frames_arrive():
     for i in range(n):
         one.add(a[i], b[i], a2[i], b2[i])
     fw, fo = whole.figures(), one.figures()
-    assert fw["sums"] == fo["sums"] and fw["sums"]["windows"] == 2 * 9   # 3x3 blocks, 2 windows
+    assert fw["sums"] == fo["sums"] and fw["sums"]["windows"] == 2 * 9  # 3x3 blocks, 2 windows
     assert fidelity.block_sums(np.ones((40, 40, 3), np.int32)).tolist() == [
-        [768, 768, 384], [768, 768, 384], [384, 384, 192]]      # edge blocks partial
+        [768, 768, 384],
+        [768, 768, 384],
+        [384, 384, 192],
+    ]  # edge blocks partial
 
 
 def test_identical_sides_have_nothing_to_mask():
@@ -141,35 +146,64 @@ def test_identical_sides_have_nothing_to_mask():
     a = rng.integers(0, 256, (2, 4, 4, 3)).astype(np.uint8)
     b = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
     s = fidelity.Sums()
-    s.add(a, a, a, b)                             # identical sides: nothing to mask
+    s.add(a, a, a, b)  # identical sides: nothing to mask
     f = s.figures()
     assert fidelity.judge(f)["ok"] and fidelity.judge(f)["identical"] and f["kept"] is None
     s = fidelity.Sums()
-    s.add(a, b, a, a)                             # the difference erased
+    s.add(a, b, a, a)  # the difference erased
     f = s.figures()
     assert f["headroom_db"] == 0.0 and f["kept"] == 0.0 and not fidelity.judge(f)["ok"]
 
 
-def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports, tmp_path,
-                                                                 cli):
+def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports, tmp_path, cli):
     """A difference finer than the encode's quantizer is refused (exit 2, one line naming the
     clip and both figures, nothing in the database); --allow-masking creates it, records the
     override and every results text says so."""
     db = tmp_path / "s.db"
-    code, out, err = cli("study", "create", pattern_reports["checker"], "--db", db, "--protocol",
-                         "abx", "--raters", "3", "--delivery", "stream")
+    code, out, err = cli(
+        "study",
+        "create",
+        pattern_reports["checker"],
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--raters",
+        "3",
+        "--delivery",
+        "stream",
+    )
     assert code == 2
-    assert_one_line_error(err, "delivery fidelity: clip ", "-s0-", "dB PSNR lossless",
-                          "the browser stream keeps", "of the A-B difference", "--allow-masking")
-    assert study.list_studies(db) == []           # nothing half-written
+    assert_one_line_error(
+        err,
+        "delivery fidelity: clip ",
+        "-s0-",
+        "dB PSNR lossless",
+        "the browser stream keeps",
+        "of the A-B difference",
+        "--allow-masking",
+    )
+    assert study.list_studies(db) == []  # nothing half-written
     # --allow-masking without --delivery: the stream (only it can mask), the prediction beside it
-    code, out, err = cli("study", "create", "--allow-masking", pattern_reports["checker"],
-                         "--db", db, "--protocol", "abx", "--raters", "3")
+    code, out, err = cli(
+        "study",
+        "create",
+        "--allow-masking",
+        pattern_reports["checker"],
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--raters",
+        "3",
+    )
     assert code == 0, err
     assert "DELIVERY MASKED: 2 of 2 rows" in out and "media: " in out
-    assert ("delivery choice: stream (--allow-masking asks for the stream as delivered, masking "
-            "accepted; the report's figures predict lossless (the H.264 stream would mask 2 of "
-            "2 rows") in out, out
+    assert (
+        "delivery choice: stream (--allow-masking asks for the stream as delivered, masking "
+        "accepted; the report's figures predict lossless (the H.264 stream would mask 2 of "
+        "2 rows"
+    ) in out, out
     with open_db(db).engine.connect() as conn:
         config = conn.execute(studies.select()).mappings().one()["config"]
     d = config["delivery"]
@@ -178,19 +212,20 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
         assert row["ok"] is False and row["kept"] < fidelity.KEEP_MIN
         # the checkerboard is +-1 on every channel: 48.13 dB lossless, a little more where
         # clipping at 0 or 255 took it away
-        assert 10 * math.log10(255 ** 2) - 0.01 <= row["ab_lossless_db"] < 49
+        assert 10 * math.log10(255**2) - 0.01 <= row["ab_lossless_db"] < 49
         # every file of the row measured: 4 in ABX since issue 44 (X in the middle tile, its
         # match in tile 0 or 2, either content as X)
         assert row["streams"] == len(design.stream_keys("abx")) == 4
     text = "\n".join(results_lines(study.results(db, 1)))
     assert "DELIVERY MASKED" in text and "--allow-masking" in text
     for row in d["rows"]:
-        assert (f"{row['job']} {row['ab_lossless_db']:.1f} dB / "
-                f"{fidelity.share_text(row['kept'])} / {row['correlation']:.2f}") in text
+        assert (
+            f"{row['job']} {row['ab_lossless_db']:.1f} dB / "
+            f"{fidelity.share_text(row['kept'])} / {row['correlation']:.2f}"
+        ) in text
 
 
-def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_reports,
-                                                                      tmp_path):
+def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_reports, tmp_path):
     from evalkit.app.admin import verdict_markdown
 
     db = tmp_path / "s.db"
@@ -205,7 +240,7 @@ def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_re
     assert mb["streams"] == len(files) and mb["total"] == sum(p.stat().st_size for p in files)
     assert mb["max"] == max(p.stat().st_size for p in files)
     tok = study.invite(db, made["study"], 3)
-    for t in tok:                                 # complete: the per-clip rows carry it
+    for t in tok:  # complete: the per-clip rows carry it
         answer(db, t["token"], lambda trial: hidden(db, trial["trial"])["expected"])
     res = study.results(db, made["study"])
     assert res["status"] == "complete" and len(res["per_clip"]) == 2
@@ -213,7 +248,7 @@ def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_re
         row = next(r for r in d["rows"] if r["job"] == c["job"])
         assert c["delivery_headroom_db"] == row["headroom_db"] and c["delivery_ok"] is True
         assert c["delivery_kept"] == row["kept"]
-    page = verdict_markdown(res)                  # what the admin page shows
+    page = verdict_markdown(res)  # what the admin page shows
     w = d["worst"]
     assert f"least kept: clip {w['job']}" in page
     assert f"{w['ab_lossless_db']:.1f} dB" in page and "delivery: the stream keeps at least" in page
@@ -224,23 +259,38 @@ def test_threshold_stimuli_are_measured_as_delivered(pattern_reports, tmp_path):
     """Each level's stimulus pair is measured after the encode; a level amplified past what
     the stream needs is accepted, and a margin no stream meets refuses naming the level."""
     db = tmp_path / "t.db"
-    made = study.create_study(pattern_reports["square"], db, protocol="threshold",
-                              levels="0.5,1,2", raters_planned=2)
+    made = study.create_study(
+        pattern_reports["square"], db, protocol="threshold", levels="0.5,1,2", raters_planned=2
+    )
     rows = made["delivery"]["rows"]
     assert sorted(r["level"] for r in rows) == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
     by = {r["level"]: r["ab_lossless_db"] for r in rows}
-    assert by[0.5] > by[1.0] > by[2.0]            # a larger level is a larger difference
+    assert by[0.5] > by[1.0] > by[2.0]  # a larger level is a larger difference
     with pytest.raises(study.StudyError, match=r"delivery fidelity: clip .* at level 0.5"):
-        study.create_study(pattern_reports["square"], tmp_path / "u.db", protocol="threshold",
-                           levels="0.5,1,2", raters_planned=2, delivery_margin_db=60)
+        study.create_study(
+            pattern_reports["square"],
+            tmp_path / "u.db",
+            protocol="threshold",
+            levels="0.5,1,2",
+            raters_planned=2,
+            delivery_margin_db=60,
+        )
 
 
 @pytest.mark.parametrize("value", ["-0.5", "-3", "nan", "100"])
-def test_a_bad_delivery_margin_is_one_line_before_anything_is_written(pattern_reports, tmp_path,
-                                                                      cli, value):
+def test_a_bad_delivery_margin_is_one_line_before_anything_is_written(pattern_reports, tmp_path, cli, value):
     db = tmp_path / "s.db"
-    code, _, err = cli("study", "create", pattern_reports["square"], "--db", db, "--protocol",
-                       "abx", "--delivery-margin", value)
+    code, _, err = cli(
+        "study",
+        "create",
+        pattern_reports["square"],
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--delivery-margin",
+        value,
+    )
     assert code == 2
     assert_one_line_error(err, "--delivery-margin", "expected dB in [0, 100)")
     assert not db.exists() and not (tmp_path / "s.media").exists()
@@ -271,8 +321,7 @@ def cases(tmp_path_factory):
         for name in CASES:
             a, b = case(src[:24], fps, name)
             made = store_tiled_streams([{"a": a, "b": b}], [list(k) for k in keys], fps, media)
-            streams = {"rects": made[0][1]["rects"],
-                       "files": {k: m[0] for k, m in zip(keys, made)}}
+            streams = {"rects": made[0][1]["rects"], "files": {k: m[0] for k, m in zip(keys, made)}}
             fig = fidelity.judge(fidelity.row_figures(media, streams, {"a": a, "b": b}))
             out[clip, name] = {"fig": fig, "frames": frame_rows(a, b)}
     return out
@@ -284,12 +333,11 @@ def test_flicker_and_glitch_are_accepted_bf16_and_crf16_refused(cases):
     accepted, a bf16 rounding pattern (45-53 dB) and crf16's fine compression noise refused,
     crf32's coarse one accepted."""
     for clip in CASE_CLIPS:
-        f = {name: cases[clip, name]["fig"] for name in ("flicker", "glitch", "bf16", "crf16",
-                                                        "crf32")}
+        f = {name: cases[clip, name]["fig"] for name in ("flicker", "glitch", "bf16", "crf16", "crf32")}
         assert f["flicker"]["ok"] and f["glitch"]["ok"] and f["crf32"]["ok"], (clip, f)
         assert not f["bf16"]["ok"] and not f["crf16"]["ok"], (clip, f)
         assert f["flicker"]["correlation"] > 0.8 and 1 < f["flicker"]["amplitude"] < 1.2
-        assert f["flicker"]["headroom_db"] < 10               # the old rule refused it
+        assert f["flicker"]["headroom_db"] < 10  # the old rule refused it
         assert f["glitch"]["headroom_db"] < 10 and f["glitch"]["kept"] == 1.0
         assert 45 <= f["bf16"]["ab_lossless_db"] <= 53 and f["bf16"]["correlation"] < 0.5
         assert f["bf16"]["kept"] < 0.5 and f["bf16"]["amplitude"] > 1.5
@@ -306,9 +354,9 @@ def test_the_prediction_never_says_kept_where_the_encode_masks(cases):
             assert c["fig"]["ok"], (clip, name, p, c["fig"])
         if name in ("bf16", "crf16"):
             assert p["masks"], (clip, name, p)
-        if name == "glitch":                     # by its amplitude
+        if name == "glitch":  # by its amplitude
             assert not p["masks"] and p["local_rms"] == 12.0, (clip, p)
-        if name == "flicker":                    # by its structure: smooth over macroblocks
+        if name == "flicker":  # by its structure: smooth over macroblocks
             assert not p["masks"] and p["local_rms"] < fidelity.PREDICT_RMS_MIN, (clip, p)
 
 
@@ -319,7 +367,7 @@ def test_prediction_from_figures_alone():
     assert fidelity.predict(same)["masks"] is False
     assert fidelity.predict(same + [{"psnr": "", "diff_fraction": ""}])["masks"] is True
     # +-1 on every value of every pixel: 48.13 dB, local RMS 1
-    fine = [{"psnr": 10 * math.log10(255 ** 2), "diff_fraction": 1.0}] * 4
+    fine = [{"psnr": 10 * math.log10(255**2), "diff_fraction": 1.0}] * 4
     p = fidelity.predict(fine)
     assert p["masks"] and p["local_rms"] == 1.0 and p["kept"] == 0.0
     k = math.ceil(fidelity.PREDICT_RMS_MIN)
@@ -328,9 +376,8 @@ def test_prediction_from_figures_alone():
     # +-2 on every value, the sign alternating frame by frame: block means of 2 code values,
     # all of the energy (flicker 4 a transition): kept by its structure; with block means of
     # 0.9 code values (flicker 1.8), or a third of the energy, masked
-    mse2 = 10 * math.log10(255 ** 2 / 4)
-    smooth = [{"psnr": mse2, "diff_fraction": 1.0, "flicker": None if i == 0 else 4.0}
-              for i in range(6)]
+    mse2 = 10 * math.log10(255**2 / 4)
+    smooth = [{"psnr": mse2, "diff_fraction": 1.0, "flicker": None if i == 0 else 4.0} for i in range(6)]
     assert fidelity.predict(smooth)["masks"] is False
     assert fidelity.predict([dict(f, flicker=f["flicker"] and 1.8) for f in smooth])["masks"]
     assert fidelity.predict([dict(f, psnr=mse2 - 10 * math.log10(3)) for f in smooth])["masks"]
@@ -349,21 +396,23 @@ def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
     assert kind == "stream" and "least:" in why
     rows = [{"job": j, "level": k} for j in jobs for k in (0.5, 1, 2)]
     assert fidelity.choose_delivery(rows, pattern_reports["square"])[0] == "stream"
-    kind, why = fidelity.choose_delivery([{"job": jobs[0], "ladder": "blur", "level": 1}],
-                                         pattern_reports["square"])
+    kind, why = fidelity.choose_delivery(
+        [{"job": jobs[0], "ladder": "blur", "level": 1}], pattern_reports["square"]
+    )
     assert kind == "lossless" and "no report figures" in why
 
 
-def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_reports,
-                                                                        tmp_path, cli):
+def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_reports, tmp_path, cli):
     """``study create`` without ``--delivery`` (auto): the checkerboard's report predicts a
     masked stream, so its trials are lossless WebP; the square's keeps the stream. One line
     says which and why, the config records it, ``study results`` repeats it; ``--delivery``
     forces either."""
+
     def make(report, name, *args):
         db = tmp_path / f"{name}.db"
-        code, out, err = cli("study", "create", report, "--db", db, "--protocol", "abx",
-                             "--raters", "3", *args)
+        code, out, err = cli(
+            "study", "create", report, "--db", db, "--protocol", "abx", "--raters", "3", *args
+        )
         assert code == 0, err
         cfg = study_config(db, 1)
         files = sorted(p.suffix for p in (tmp_path / f"{name}.media").glob("*.*"))
@@ -372,7 +421,8 @@ def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_
     out, cfg, files, db = make(pattern_reports["checker"], "auto-checker")
     line = [ln.strip() for ln in out.splitlines() if "delivery choice:" in ln]
     assert len(line) == 1 and line[0].startswith(
-        "delivery choice: lossless (the H.264 stream would mask 2 of 2 rows; e.g. "), out
+        "delivery choice: lossless (the H.264 stream would mask 2 of 2 rows; e.g. "
+    ), out
     assert "--delivery auto, from the report's figures" in line[0]
     assert "raters see: lossless: the rendered pixels (--delivery lossless)" in out
     assert set(files) == {".webp"} and cfg["delivery_mode"] == "lossless"
@@ -399,23 +449,29 @@ def test_study_create_chooses_the_delivery_before_encoding_and_says_why(pattern_
     shutil.copytree(pattern_reports["square"], bare)
     for name in ("frames.csv", "clips.csv"):
         (bare / name).unlink(missing_ok=True)
-    made = study.create_study(bare, tmp_path / "bare.db", protocol="abx", raters_planned=3,
-                              delivery="auto")
+    made = study.create_study(bare, tmp_path / "bare.db", protocol="abx", raters_planned=3, delivery="auto")
     assert made["delivery_mode"] == "lossless", made["delivery_choice"]
     assert "no frames.csv or clips.csv" in made["delivery_choice"]["text"]
 
     with pytest.raises(study.StudyError, match=r"--delivery: expected stream, lossless or auto"):
-        study.create_study(pattern_reports["square"], tmp_path / "x.db", protocol="abx",
-                           raters_planned=3, delivery="h265")
+        study.create_study(
+            pattern_reports["square"], tmp_path / "x.db", protocol="abx", raters_planned=3, delivery="h265"
+        )
 
 
 def test_a_study_judged_by_the_global_rule_is_reported_under_it():
     """A config from before the local rule (no ``keep_min``) keeps its own wording."""
-    row = {"job": "j1", "level": None, "ok": False, "ab_lossless_db": 48.1,
-           "difference_error_db": 45.0, "ab_delivered_db": 50.0, "encode_db": 44.0,
-           "headroom_db": -3.1}
-    text = fidelity.lines({"delivery": {"margin_db": 10.0, "masked": 1, "rows": [row],
-                                        "worst": row}})
+    row = {
+        "job": "j1",
+        "level": None,
+        "ok": False,
+        "ab_lossless_db": 48.1,
+        "difference_error_db": 45.0,
+        "ab_delivered_db": 50.0,
+        "encode_db": 44.0,
+        "headroom_db": -3.1,
+    }
+    text = fidelity.lines({"delivery": {"margin_db": 10.0, "masked": 1, "rows": [row], "worst": row}})
     assert text[0].startswith("DELIVERY MASKED: 1 of 1 rows fail the global delivery rule")
     assert "least headroom: clip j1" in text[0] and "j1 48.1 dB / 45.0 dB" in text[1]
 
@@ -423,16 +479,25 @@ def test_a_study_judged_by_the_global_rule_is_reported_under_it():
 def test_delivery_rows_as_create_study_knows_them():
     """One row per clip, or per (clip, level) with the ladder's kind; an excerpt's frames."""
     chosen = [{"job": "j1"}, {"job": "j2"}]
-    assert fidelity.delivery_rows(chosen, [None]) == [{"job": "j1", "level": None},
-                                                      {"job": "j2", "level": None}]
-    rows = fidelity.delivery_rows(chosen, [1, 2], "blur",
-                                  {"windows": {"j1": {"start": 5, "frames": 12},
-                                               "j2": {"start": 0, "frames": 12}}})
+    assert fidelity.delivery_rows(chosen, [None]) == [
+        {"job": "j1", "level": None},
+        {"job": "j2", "level": None},
+    ]
+    rows = fidelity.delivery_rows(
+        chosen,
+        [1, 2],
+        "blur",
+        {"windows": {"j1": {"start": 5, "frames": 12}, "j2": {"start": 0, "frames": 12}}},
+    )
     assert rows[1] == {"job": "j1", "level": 2, "ladder": "blur", "frames": (5, 17)}
     assert len(rows) == 4
     # an excerpt without the difference (identical frames there) needs no lossless delivery
-    frames = {"j1": [{"frame": str(i), "psnr": "inf" if i < 12 else "40", "diff_fraction":
-                      "0" if i < 12 else "1"} for i in range(24)]}
+    frames = {
+        "j1": [
+            {"frame": str(i), "psnr": "inf" if i < 12 else "40", "diff_fraction": "0" if i < 12 else "1"}
+            for i in range(24)
+        ]
+    }
     row = {"job": "j1", "level": None}
     assert fidelity.choose_delivery([row], frames)[0] == "lossless"
     assert fidelity.choose_delivery([dict(row, frames=(0, 12))], frames)[0] == "stream"

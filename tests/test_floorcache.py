@@ -1,11 +1,13 @@
 """Issue 46 item 5: a floor run is measured once per (clips, metric settings, code) and reused by
 the next compare, which says so; a changed input is measured again (evalkit.compare.floorcache)."""
+
 from __future__ import annotations
 
 import json
 import shutil
 
 import pytest
+from conftest import DATASETS
 
 from evalkit.compare.floorcache import cache_root, code_files, code_version
 from evalkit.compare.options import MetricOptions
@@ -13,8 +15,6 @@ from evalkit.compare.pairing import LocalCompareSession
 from evalkit.compare.run import compare_runs
 from evalkit.fsutil import sha256_file
 from evalkit.render.driver import render_suite
-
-from conftest import DATASETS
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 INVERT = "evalkit.testing.renderers:Invert"
@@ -25,13 +25,15 @@ def runs(tmp_path_factory):
     """A (fp32), B (bf16) and two floors of A's backend: seeds +1 and +2."""
     root = tmp_path_factory.mktemp("runs")
     opts = {"noise": "32"}
-    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts,
-                 progress=False)
+    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts, progress=False)
     for off in (1, 2):
-        render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=off,
-                     progress=False)
-    return {"a": root / "cpu", "b": root / "cpu_dtype-bf16", "seed": root / "cpu_seed+1",
-            "seed2": root / "cpu_seed+2"}
+        render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=off, progress=False)
+    return {
+        "a": root / "cpu",
+        "b": root / "cpu_dtype-bf16",
+        "seed": root / "cpu_seed+1",
+        "seed2": root / "cpu_seed+2",
+    }
 
 
 @pytest.fixture
@@ -66,8 +68,7 @@ class Counting:
 def _compare(runs, out, floor, **kw):
     ex = Counting()
     kw.setdefault("offset", 0)
-    res = compare_runs(runs["a"], runs["b"], out, floors=[floor], progress=False, executor=ex,
-                       **kw)
+    res = compare_runs(runs["a"], runs["b"], out, floors=[floor], progress=False, executor=ex, **kw)
     return res.summary, ex
 
 
@@ -79,8 +80,8 @@ def test_second_compare_reuses_the_floor_and_says_so(runs, cache, tmp_path, cli)
     assert s1["floors"]["seed"]["cache"]["reused"] == []
 
     s2, ex2 = _compare(runs, tmp_path / "r2", runs["seed"])
-    assert ex2.floor_jobs(runs["seed"]) == []                   # not measured again
-    assert sorted(ex2.measured) == sorted(ex1.measured[:2])     # only A against B
+    assert ex2.floor_jobs(runs["seed"]) == []  # not measured again
+    assert sorted(ex2.measured) == sorted(ex1.measured[:2])  # only A against B
     c = s2["floors"]["seed"]["cache"]
     assert sorted(c["reused"]) == jobs and c["measured"] == []
     assert c["from"][0]["report"] == str((tmp_path / "r1").resolve())
@@ -97,18 +98,38 @@ def test_second_compare_reuses_the_floor_and_says_so(runs, cache, tmp_path, cli)
     entries = sorted(cache.rglob("*.json"))
     assert len(entries) == 2
     entries[0].write_text("{not json")
-    code, out, _ = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--offset", "0",
-                       "--out", tmp_path / "r3", "--quiet")
+    code, out, _ = cli(
+        "compare",
+        runs["a"],
+        runs["b"],
+        "--floor",
+        runs["seed"],
+        "--offset",
+        "0",
+        "--out",
+        tmp_path / "r3",
+        "--quiet",
+    )
     assert code == 0 and "floor seed: reused from the compare into" in out
     assert "(1 of 2 jobs; 1 measured again" in out
     s3 = json.loads((tmp_path / "r3" / "summary.json").read_text())
     assert s3["floor_ratios"] == s1["floor_ratios"]
     # --remeasure-floor measures every floor job again
-    code, out, _ = cli("compare", runs["a"], runs["b"], "--floor", runs["seed"], "--offset", "0",
-                       "--out", tmp_path / "r4", "--quiet", "--remeasure-floor")
+    code, out, _ = cli(
+        "compare",
+        runs["a"],
+        runs["b"],
+        "--floor",
+        runs["seed"],
+        "--offset",
+        "0",
+        "--out",
+        tmp_path / "r4",
+        "--quiet",
+        "--remeasure-floor",
+    )
     assert code == 0 and "floor seed: measured (2 jobs; floor cache off)" in out
-    assert json.loads((tmp_path / "r4" / "summary.json").read_text())["floor_ratios"] == \
-        s1["floor_ratios"]
+    assert json.loads((tmp_path / "r4" / "summary.json").read_text())["floor_ratios"] == s1["floor_ratios"]
 
 
 def test_a_changed_input_is_measured_again(runs, cache, tmp_path):
@@ -121,8 +142,9 @@ def test_a_changed_input_is_measured_again(runs, cache, tmp_path):
     assert "tof" not in s2["floors"]["seed"]["aggregates"]
 
     # another offset rule: again
-    _, ex = _compare(runs, tmp_path / "r2b", runs["seed"], metrics=MetricOptions(temporal=False),
-                     offset="auto")
+    _, ex = _compare(
+        runs, tmp_path / "r2b", runs["seed"], metrics=MetricOptions(temporal=False), offset="auto"
+    )
     assert ex.floor_jobs(runs["seed"]) == jobs
 
     # one floor clip re-rendered (the floor's manifest says so): that job only

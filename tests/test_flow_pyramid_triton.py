@@ -2,12 +2,11 @@
 path's ``_down`` and ``_upsample``: Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess:
 it must be set before triton is imported) runs the kernels on CPU tensors, at small and odd sizes.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import ROOT, run_interpreted
 from numerics import ab_tolerance, gamma
 
@@ -98,7 +97,8 @@ def test_pyramid_kernels_match_the_torch_path_under_the_triton_interpreter():
     # one launch per level for both images of every pair: level 1 from the uint8 frames (scaled
     # in the kernel); 48x64 (two batches of one pair) and 35x50 have 2 levels (1/2 scale)
     assert got["calls"] == [["torch.uint8", [1, 1, 48, 64], True]] * 2 + [
-        ["torch.uint8", [1, 1, 35, 50], True]], got
+        ["torch.uint8", [1, 1, 35, 50], True]
+    ], got
     # the whole flow as in tests/test_flow_triton.py
     assert got["finite"] and got["median_shift"] > 4.0, got
     assert got["flow_max_diff"] <= 1 and got["odd_flow_max_diff"] <= 1, got
@@ -119,7 +119,9 @@ def test_pyramid_kernels_refuse_mismatched_inputs_in_one_line():
         tp.down(big, big, scale=True)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the compiled kernels against torch's CUDA ops")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA: the compiled kernels against torch's CUDA ops"
+)
 def test_pyramid_kernels_match_torch_on_cuda():
     """On a GPU (``pytest tests/test_flow_pyramid_triton.py``): the compiled kernels at 1280x720
     against torch's CUDA ``_down`` and ``_upsample``, at every level (expected bit-identical:
@@ -128,10 +130,12 @@ def test_pyramid_kernels_match_torch_on_cuda():
     from evalkit.metrics import torchflow as tf
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    u8 = [torch.randint(0, 256, (4, 1, 720, 1280), generator=g, device="cuda", dtype=torch.uint8)
-          for _ in range(2)]
+    u8 = [
+        torch.randint(0, 256, (4, 1, 720, 1280), generator=g, device="cuda", dtype=torch.uint8)
+        for _ in range(2)
+    ]
     lvl, ref = tp.down(*u8, scale=True), [tf._down(x.float() * (1.0 / 255)) for x in u8]
-    down_tol = ab_tolerance(gamma(27))        # as in SCRIPT
+    down_tol = ab_tolerance(gamma(27))  # as in SCRIPT
     diffs = {"down_scaled": max(float((a - b).abs().max()) for a, b in zip(lvl, ref)) / down_tol}
     sizes = [(720, 1280), (360, 640)]
     for k in range(4):
@@ -141,8 +145,11 @@ def test_pyramid_kernels_match_torch_on_cuda():
         lvl = nxt
     for (ph, pw), (h, w) in zip(sizes[1:], sizes):
         fl = torch.randn((4, 2, ph, pw), generator=g, device="cuda") * 8
-        step = max(float((fl[..., 1:, :] - fl[..., :-1, :]).abs().max()), float((fl[..., 1:] - fl[..., :-1]).abs().max()))
+        step = max(
+            float((fl[..., 1:, :] - fl[..., :-1, :]).abs().max()),
+            float((fl[..., 1:] - fl[..., :-1]).abs().max()),
+        )
         tol = 2 * ab_tolerance(gamma(4) * max(h, w) * step + gamma(3) * float(fl.abs().max()))
         diffs[f"up{w}x{h}"] = float((tp.upsample(fl, h, w) - tf._upsample(fl, h, w)).abs().max()) / tol
     print(diffs)
-    assert all(v <= 1 for v in diffs.values()), diffs      # each over its tolerance
+    assert all(v <= 1 for v in diffs.values()), diffs  # each over its tolerance

@@ -3,6 +3,7 @@ motion with a known flow, agreement of the temporal metrics with DIS on a real c
 streaming evaluator and the CLI. CPU only, small frames; the larger validation and the speed
 on a GPU are in benchmarks/bench_flow.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
+from numerics import ab_tolerance, flow_tolerance, gamma, mean_tolerance
 from skimage import data as skdata
 
 from evalkit import metrics
 from evalkit.metrics.flow import flow_u8
-from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair
 from evalkit.metrics.stream import PairEvaluator, evaluate_pair
 from evalkit.metrics.torchflow import torch_flow
-
-from conftest import ROOT
-from numerics import ab_tolerance, flow_tolerance, gamma, mean_tolerance
+from evalkit.testing.flowcheck import endpoint_error, photo_grey, synthetic_pair
 
 #: Stated tolerance of the temporal metrics with the torch flow against DIS ``fast`` on real
 #: clips (docs/metrics.md, "GPU optical flow"): warping error within this factor either way,
@@ -28,8 +28,13 @@ from numerics import ab_tolerance, flow_tolerance, gamma, mean_tolerance
 WARP_FACTOR = 3.0
 TOF_ABS = 0.1
 
-CASES = [dict(shift=(0.4, -0.3)), dict(shift=(4.6, 2.2)), dict(angle=3.0), dict(zoom=1.04),
-         dict(angle=-2.0, zoom=0.97, shift=(1.5, -1.0))]
+CASES = [
+    dict(shift=(0.4, -0.3)),
+    dict(shift=(4.6, 2.2)),
+    dict(angle=3.0),
+    dict(zoom=1.04),
+    dict(angle=-2.0, zoom=0.97, shift=(1.5, -1.0)),
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -83,19 +88,25 @@ def test_torch_flow_is_batch_invariant_and_deterministic():
     assert torch.equal(torch_flow(src, dst), together)
     # the functional API computes from RGB frames on their device, in OpenCV's convention
     rgb = lambda g: g[:, None].expand(-1, 3, -1, -1)  # noqa: E731
-    torch.testing.assert_close(metrics.optical_flow(rgb(src), rgb(dst), method="torch"), together,
-                               rtol=0, atol=tol)
+    torch.testing.assert_close(
+        metrics.optical_flow(rgb(src), rgb(dst), method="torch"), together, rtol=0, atol=tol
+    )
     # --flow-scale: computed on area-downscaled frames, vectors back in full-size pixels
     half = metrics.optical_flow(rgb(src), rgb(dst), method="torch", scale=0.5)
     assert half.shape == together.shape
     assert all((half[i] - together[i]).norm(dim=0).median() < 0.5 for i in range(len(half)))
-    assert together[1].norm(dim=0).median() > 4.0                  # the 4.6 px shift is there
+    assert together[1].norm(dim=0).median() > 4.0  # the 4.6 px shift is there
 
 
 def test_temporal_metrics_with_torch_flow_within_tolerance_of_dis_on_a_real_clip():
     a = _clip("chelsea_handheld", 5)[:, :, 48:208, 48:208].contiguous()
     rng = np.random.default_rng(0)
-    b = (a.float() + torch.from_numpy(rng.normal(0, 2, a.shape)).float()).round().clamp(0, 255).to(torch.uint8)
+    b = (
+        (a.float() + torch.from_numpy(rng.normal(0, 2, a.shape)).float())
+        .round()
+        .clamp(0, 255)
+        .to(torch.uint8)
+    )
     we = {m: metrics.warping_error(a, method=m).mean().item() for m in ("dis", "torch")}
     tof = {m: metrics.tof(a, b, method=m).mean().item() for m in ("dis", "torch")}
     assert 1 / WARP_FACTOR <= we["torch"] / we["dis"] <= WARP_FACTOR, we
@@ -118,14 +129,17 @@ def test_stream_with_torch_flow_is_chunk_invariant_and_matches_functional():
     # by at most 1 per pixel, by 2 sqrt(error) f + f^2 (Cauchy-Schwarz); both plus their means'
     # rounding. The LPIPS, SSIM and PSNR records: tests/test_metrics.py's bounds.
     p = 64 * 96
-    f = flow_tolerance(2 * 64.0, levels=2)        # flows within the frame: |v| < 2 x 64 px
+    f = flow_tolerance(2 * 64.0, levels=2)  # flows within the frame: |v| < 2 x 64 px
 
     from test_metrics import lpips_tol, luma_planes, ssim_ab_tol, tlp_tol
 
     ah, bh = (x.permute(0, 2, 3, 1).numpy() for x in (a, b))
-    fixed = {"lpips": lpips_tol(ah, bh), "ssim": ssim_ab_tol(luma_planes(ah), luma_planes(bh)),
-             "tlp": np.concatenate([[np.nan], tlp_tol(ah, bh)])}
-    flicker = ab_tolerance(4 * gamma(16 * 16 + 5) * 255)   # as in test_metrics
+    fixed = {
+        "lpips": lpips_tol(ah, bh),
+        "ssim": ssim_ab_tol(luma_planes(ah), luma_planes(bh)),
+        "tlp": np.concatenate([[np.nan], tlp_tol(ah, bh)]),
+    }
+    flicker = ab_tolerance(4 * gamma(16 * 16 + 5) * 255)  # as in test_metrics
 
     def tol(k, want, frame=0):
         if k in fixed:
@@ -144,7 +158,7 @@ def test_stream_with_torch_flow_is_chunk_invariant_and_matches_functional():
             t = tol(k, r0[k], r0["frame"]) if isinstance(r0[k], float) else None
             if k == "warp_error_diff":
                 t = tol("warp_error_a", r0["warp_error_a"]) + tol("warp_error_b", r0["warp_error_b"])
-            if t is None:       # frame numbers, flags, PSNR (an exact integer MSE)
+            if t is None:  # frame numbers, flags, PSNR (an exact integer MSE)
                 assert r1[k] == r0[k], (k, r0["frame"])
             else:
                 assert abs(r1[k] - r0[k]) <= t, (k, r0["frame"], r1[k], r0[k], t)
@@ -155,25 +169,33 @@ def test_stream_with_torch_flow_is_chunk_invariant_and_matches_functional():
     assert all(abs(r["warp_error_b"] - w) <= tol("warp_error_b", w) for r, w in zip(recs[1:], wes))
     ev = PairEvaluator(device="cpu", flow="torch")
     try:
-        assert ev.flow_workers == 0          # no OpenCV threads for a device flow
+        assert ev.flow_workers == 0  # no OpenCV threads for a device flow
     finally:
         ev.close()
 
 
 def test_cli_metrics_and_compare_take_flow_torch(cli, tmp_path):
     clips = ROOT / "datasets" / "smoke" / "clips"
-    code, out, err = cli("metrics", clips / "astronaut_pan.mkv", clips / "hubble_object.mkv",
-                         "--device", "cpu", "--flow", "torch", "--json")
+    code, out, err = cli(
+        "metrics",
+        clips / "astronaut_pan.mkv",
+        clips / "hubble_object.mkv",
+        "--device",
+        "cpu",
+        "--flow",
+        "torch",
+        "--json",
+    )
     assert code == 0, err
     got = json.loads(out)
     assert got["conventions"]["flow"] == "torch-clg-v2,luma8"
     assert got["tof"] > 0.1
     # compare parses --flow torch (and gets as far as the missing run folder), refuses others
-    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o",
-                         "--flow", "torch", "--quiet")
+    code, out, err = cli(
+        "compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o", "--flow", "torch", "--quiet"
+    )
     assert code == 2 and "--flow" not in err and str(tmp_path / "a") in err, err
-    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o",
-                         "--flow", "lk")
+    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o", "--flow", "lk")
     assert code == 2 and "--flow" in err and "invalid choice" in err, err
 
 
@@ -199,7 +221,8 @@ def test_flow_auto_is_the_torch_flow_on_a_gpu_and_dis_elsewhere(cli):
         ev.close()
     # the command's default on the CPU: DIS, recorded as such
     clips = ROOT / "datasets" / "smoke" / "clips"
-    code, out, err = cli("metrics", clips / "astronaut_pan.mkv", clips / "hubble_object.mkv",
-                         "--device", "cpu", "--json")
+    code, out, err = cli(
+        "metrics", clips / "astronaut_pan.mkv", clips / "hubble_object.mkv", "--device", "cpu", "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["conventions"]["flow"] == "dis-fast,luma8"

@@ -3,17 +3,17 @@ path: Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess: it must be 
 is imported) runs the same kernels on CPU tensors, at small sizes. The speed on a GPU is
 measured in ``benchmarks/bench_flow.py --part speed --fused``.
 """
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
-
-from evalkit.metrics import torchflow
-
 from conftest import ROOT, run_interpreted
 from numerics import gamma
+
+from evalkit.metrics import torchflow
 
 pytestmark = pytest.mark.slow  # Triton's interpreter
 
@@ -71,13 +71,15 @@ def test_fused_flow_kernels_match_the_torch_path_under_the_triton_interpreter():
     for e_ref, e_fused in zip(got["epe_ref"], got["epe_fused"]):
         # a mean end-point error moves by at most the largest change of a vector (triangle
         # inequality), plus its own mean's rounding over 48x64 pixels
-        assert e_fused < 0.5 and abs(e_fused - e_ref) <= got["max_diff_px"] + 2 * gamma(48 * 64 + 4) * e_ref, got
+        assert (
+            e_fused < 0.5 and abs(e_fused - e_ref) <= got["max_diff_px"] + 2 * gamma(48 * 64 + 4) * e_ref
+        ), got
 
 
 def test_fused_path_is_chosen_on_cuda_only_and_can_be_switched_off(monkeypatch):
     monkeypatch.delenv("EVALKIT_TRITON", raising=False)
     assert not torchflow.use_fused("cpu")
-    assert torchflow.use_fused(torch.device("cuda"))           # triton imports here
+    assert torchflow.use_fused(torch.device("cuda"))  # triton imports here
     assert not torchflow.use_fused("cuda", fused=False)
     assert torchflow.use_fused("cpu", fused=True)
     monkeypatch.setenv("EVALKIT_TRITON", "0")
@@ -91,10 +93,13 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
     from evalkit.metrics._common import TritonFallback
 
     fam = TritonFallback(torchflow.TRITON_FUSED.family, torchflow.TRITON_FUSED.load, strict=False)
-    monkeypatch.setattr(torchflow, "TRITON_FUSED", fam)      # fresh: nothing failed yet
+    monkeypatch.setattr(torchflow, "TRITON_FUSED", fam)  # fresh: nothing failed yet
     real = torchflow.use_fused
-    monkeypatch.setattr(torchflow, "use_fused",
-                        lambda dev, fused=None: (fam.kernel() is not None) if fused is None else real(dev, fused))
+    monkeypatch.setattr(
+        torchflow,
+        "use_fused",
+        lambda dev, fused=None: (fam.kernel() is not None) if fused is None else real(dev, fused),
+    )
     g = torch.Generator().manual_seed(0)
     src = (torch.rand((1, 40, 48), generator=g) * 255).round().to(torch.uint8)
     dst = torch.roll(src, 2, 2)
@@ -102,22 +107,22 @@ def test_default_fused_path_that_cannot_run_falls_back_to_the_torch_path(monkeyp
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         got = torchflow.torch_flow(src, dst)
-    [w] = seen                                           # one warning, naming the kernels and the error
+    [w] = seen  # one warning, naming the kernels and the error
     assert w.category is RuntimeWarning
     assert "fused flow kernels (warp_step) failed" in str(w.message) and "torch path" in str(w.message)
     assert fam.failed and fam.failed.split(":")[0] in str(w.message)
     assert torch.equal(got, want)
-    with warnings.catch_warnings():                      # from now on the torch path, no warning
+    with warnings.catch_warnings():  # from now on the torch path, no warning
         warnings.simplefilter("error")
         torch.testing.assert_close(torchflow.torch_flow(src, dst), want, rtol=0, atol=0)
-    with pytest.raises(Exception):                       # forced: the error is not hidden
+    with pytest.raises(Exception):  # forced: the error is not hidden
         torchflow.torch_flow(src, dst, fused=True)
 
 
 # The products and blur kernels as they were before the 2-D launch grid (one lane per pixel of
 # the flattened batch, per-lane divisions, clamps at every tap): the new ones must give the same
 # bits (the same float operations in the same order; only the index work changed).
-OLD_KERNELS = r'''
+OLD_KERNELS = r"""
 import triton
 import triton.language as tl
 from evalkit.metrics._triton_flow import _avg4_pair, pixel_index, _sample, _warp_mean
@@ -214,7 +219,7 @@ def blur_y_coef(in_ptr, g_ptr, fl_ptr, coef_ptr, d_ptr, total, H, W, alpha, R: t
     tl.store(coef_ptr + o + 4 * HW, cv, mask=live)
     tl.store(d_ptr + f + rem, cu, mask=live)
     tl.store(d_ptr + f + HW + rem, cv, mask=live)
-'''
+"""
 
 EXACT = r"""
 import json

@@ -4,6 +4,7 @@ the whole file (its size and CRC-32, POST /api/ack); the play-through clock star
 acknowledgement (the last byte), not from the first byte. The service with an injected clock,
 then the real server against a client that reads 64 bytes and waits, and a real Chromium page
 that plays the stream."""
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.slow  # a study, a real server and Chromium
 def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("gate")
     db = root / "s.db"
-    sid = study.create_study(reports(fps=8), db, protocol="preference", clips_spec="worst:1",
-                             seed=2, allow_masking=True)["study"]
+    sid = study.create_study(
+        reports(fps=8), db, protocol="preference", clips_spec="worst:1", seed=2, allow_masking=True
+    )["study"]
     return {"db": db, "sid": sid}
 
 
@@ -63,8 +65,13 @@ def test_the_clock_starts_at_the_acknowledgement_of_bytes_sent(env):
         with pytest.raises(study.NotLoaded):
             svc.answer_sync(tok, tid, "left")
         # a wrong size or CRC-32 (what a client that read 64 bytes could send) is refused
-        for bad in ((size, crc ^ 1), (size - 1, crc), (64, zlib.crc32(data[:64])),
-                    (size, str(crc)), (True, crc)):
+        for bad in (
+            (size, crc ^ 1),
+            (size - 1, crc),
+            (64, zlib.crc32(data[:64])),
+            (size, str(crc)),
+            (True, crc),
+        ):
             with pytest.raises(study.BadAcknowledgement):
                 svc.acknowledge_sync(tok, name, *bad)
         assert hidden(db, tid)["fetched"] is None
@@ -115,13 +122,12 @@ def test_a_client_that_reads_64_bytes_and_waits_is_not_accepted(env, server):
         got = got[:64]
         data = _file(db, tid)
         assert size == len(data) > 64
-        time.sleep(2.5)            # longer than the stream plays (1 s at 8 fps)
+        time.sleep(2.5)  # longer than the stream plays (1 s at 8 fps)
         r = c.post("/api/answer", json={"token": tok, "trial": tid, "answer": "left"})
         assert r.status_code == 425 and "not loaded" in r.text, r.text
         # what it can claim without the bytes: the size it was told and a CRC of what it read
         for claim in (zlib.crc32(got), 0):
-            r = c.post("/api/ack", json={"token": tok, "media": name, "size": size,
-                                         "crc32": claim})
+            r = c.post("/api/ack", json={"token": tok, "media": name, "size": size, "crc32": claim})
             assert r.status_code == 409 and "acknowledgement" in r.json()["error"], r.text
         r = c.post("/api/ack", json={"token": tok, "media": "x.mp4", "size": size, "crc32": 0})
         assert r.status_code == 404
@@ -131,7 +137,7 @@ def test_a_client_that_reads_64_bytes_and_waits_is_not_accepted(env, server):
         # the same client, once it has read every byte and acknowledged them: accepted after
         # a play-through from the acknowledgement
         whole = c.get(f"/media/{name}", params={"token": tok}).content
-        for _ in range(50):          # the server records what it sent once it is sent
+        for _ in range(50):  # the server records what it sent once it is sent
             if acknowledge(c, tok, name, whole).status_code == 200:
                 break
             time.sleep(0.1)
@@ -172,8 +178,7 @@ def test_a_real_chromium_page_that_plays_the_stream_is_accepted(env, server, bro
     acks = []
     try:
         p = ctx.new_page()
-        p.on("request", lambda r: acks.append(r.post_data_json)
-             if r.url.endswith("/api/ack") else None)
+        p.on("request", lambda r: acks.append(r.post_data_json) if r.url.endswith("/api/ack") else None)
         first = pg.open_page(p, server.url, tok)["trial"]
         tid = first["trial"]
         state = pg.answer(p, "left")
@@ -182,7 +187,10 @@ def test_a_real_chromium_page_that_plays_the_stream_is_accepted(env, server, bro
         row = hidden(db, tid)
         assert row["fetched"] is not None
         data = _file(db, tid)
-        assert {"media": first["media"]["video"], "size": len(data),
-                "crc32": zlib.crc32(data)}.items() <= acks[0].items()
+        assert {
+            "media": first["media"]["video"],
+            "size": len(data),
+            "crc32": zlib.crc32(data),
+        }.items() <= acks[0].items()
     finally:
         ctx.close()

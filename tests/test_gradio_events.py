@@ -1,6 +1,7 @@
 """The rater page's Gradio events through the real server, spoken like Gradio's browser client
 (queue/join + the session's event stream; evalkit.testing.gradio_client), without a browser:
 load, media, an answer refused as too early, the answer accepted and stored, a bad token."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,8 @@ import io
 import pytest
 
 from evalkit import study
-from evalkit.testing.gradio_client import GradioRater
 from evalkit.testing import aio
+from evalkit.testing.gradio_client import GradioRater
 from evalkit.testing.server import Server
 
 pytestmark = pytest.mark.slow  # the real server
@@ -20,10 +21,11 @@ pytestmark = pytest.mark.slow  # the real server
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, reports):
     root = tmp_path_factory.mktemp("gradio-events")
-    report = reports(fps=8)                    # 8 frames at 8 fps: a 1 s play-through
+    report = reports(fps=8)  # 8 frames at 8 fps: a 1 s play-through
     db = root / "s.db"
-    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2",
-                             seed=2, allow_masking=True)["study"]
+    sid = study.create_study(
+        report, db, protocol="preference", clips_spec="worst:2", seed=2, allow_masking=True
+    )["study"]
     server = Server(db).start()
     try:
         yield {"db": db, "sid": sid, "url": server.url}
@@ -93,4 +95,3 @@ def test_bad_token_is_fatal(env):
     for reply in aio.run(flow()):
         assert set(reply) <= {"fatal", "nonce"} and reply["fatal"], reply
     assert len(_rows(db, sid)) == before
-

@@ -1,12 +1,13 @@
 """`evalkit import` (issue 46 item 4): files named by clip, by a mapping file or by a pattern
 become a run with the identity records `render -r import` writes; no renaming script."""
+
 from __future__ import annotations
 
 import shutil
 
-from evalkit.formats.run import read_manifest
-
 from conftest import DATASETS, assert_one_line_error
+
+from evalkit.formats.run import read_manifest
 
 SUITE = DATASETS / "smoke" / "suite.yaml"
 CLIPS = ("astronaut_pan", "hubble_object")
@@ -28,16 +29,28 @@ def test_files_named_by_clip_are_adopted_with_the_same_records(cli, tmp_path):
     m = read_manifest(tmp_path / "runs" / "farm-a")
     assert m["label"] == "farm-a" and m["renderer"]["name"] == "import"
     assert {j["clip"]: j["status"] for j in m["jobs"]} == {c: "done" for c in CLIPS}
-    for j in m["jobs"]:     # the real file is recorded, not the link made for the renderer
+    for j in m["jobs"]:  # the real file is recorded, not the link made for the renderer
         assert j["adopted_from"]["path"] == str((d / f"{j['clip']}.mkv").resolve())
     # the same jobs as render -r import of files renamed to job ids
     ren = farm(tmp_path, "renamed", {j["clip"]: f"{j['id']}.mkv" for j in m["jobs"]})
-    code, _out, err = cli("render", SUITE, "-r", "import", "-O", f"dir={ren}", "--label", "farm-a",
-                          "--out", tmp_path / "runs2", "--quiet")
+    code, _out, err = cli(
+        "render",
+        SUITE,
+        "-r",
+        "import",
+        "-O",
+        f"dir={ren}",
+        "--label",
+        "farm-a",
+        "--out",
+        tmp_path / "runs2",
+        "--quiet",
+    )
     assert code == 0, err
     m2 = read_manifest(tmp_path / "runs2" / "farm-a")
-    assert [(j["id"], j["output"]["sha256"]) for j in m2["jobs"]] == \
-        [(j["id"], j["output"]["sha256"]) for j in m["jobs"]]
+    assert [(j["id"], j["output"]["sha256"]) for j in m2["jobs"]] == [
+        (j["id"], j["output"]["sha256"]) for j in m["jobs"]
+    ]
     assert not any(p.name.startswith(".import-") for p in (tmp_path / "runs").iterdir())
 
 
@@ -48,8 +61,18 @@ def test_a_mapping_file_and_a_pattern(cli, tmp_path):
     code, out, err = cli("import", SUITE, d, "--label", "b", "--map", mp, "--out", tmp_path / "r", "--quiet")
     assert code == 0 and "b: 2 imported" in out, err
     d2 = farm(tmp_path, "farm2", {c: f"farmB_{c}_take3.mkv" for c in CLIPS})
-    code, out, err = cli("import", SUITE, d2, "--label", "c", "--pattern", "farmB_{clip}_*.mkv",
-                         "--out", tmp_path / "r", "--quiet")
+    code, out, err = cli(
+        "import",
+        SUITE,
+        d2,
+        "--label",
+        "c",
+        "--pattern",
+        "farmB_{clip}_*.mkv",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+    )
     assert code == 0 and "c: 2 imported" in out, err
 
 

@@ -1,6 +1,7 @@
 """The lossless formats of run clips (``render --lossless``): FFV1 in .mkv (the default, bytes
 as before) and UT Video in .nut, with real codecs: exact round trips, run manifests, resume,
 compare/metrics/import/study across formats."""
+
 from __future__ import annotations
 
 import csv
@@ -8,14 +9,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import DATASETS, assert_one_line_error
 
 from evalkit import video
 from evalkit.errors import InputFileError, UserError
 from evalkit.formats.run import RunDir, read_manifest
 from evalkit.formats.suite import load_suite
 from evalkit.lossless import LOSSLESS_FORMATS
-
-from conftest import DATASETS, assert_one_line_error
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 INVERT = "evalkit.testing.renderers:Invert"
@@ -67,8 +67,14 @@ def test_path_suffix_must_match_the_codec(tmp_path):
 
 def _run(tmp_path, **kw):
     suite = load_suite(SMOKE)
-    return suite, RunDir.create(tmp_path / "run", suite=suite, renderer={"name": "t"},
-                                backend={"spec": "cpu"}, fingerprint={"host": "h"}, **kw)
+    return suite, RunDir.create(
+        tmp_path / "run",
+        suite=suite,
+        renderer={"name": "t"},
+        backend={"spec": "cpu"},
+        fingerprint={"host": "h"},
+        **kw,
+    )
 
 
 def test_manifest_records_the_format_and_old_manifests_read_as_ffv1(tmp_path):
@@ -80,17 +86,36 @@ def test_manifest_records_the_format_and_old_manifests_read_as_ffv1(tmp_path):
     assert np.array_equal(video.read_frames(run.clip_path(jid))[0], edge_frames())
     # bytes of another format are refused before anything is written
     with pytest.raises(ValueError, match="expected a utvideo clip"):
-        run.record_done_encoded(suite.jobs[1].id, (DATASETS / "smoke" / "clips" /
-                                                    "astronaut_pan.mkv").read_bytes(), None,
-                                frames=8, width=64, height=64, fps=24)
+        run.record_done_encoded(
+            suite.jobs[1].id,
+            (DATASETS / "smoke" / "clips" / "astronaut_pan.mkv").read_bytes(),
+            None,
+            frames=8,
+            width=64,
+            height=64,
+            fps=24,
+        )
     assert not run.clip_path(suite.jobs[1].id).exists()
     # resuming keeps the format; asking for another is a user error naming both
-    assert RunDir.create(run.path, suite=suite, renderer={"name": "t"}, backend={"spec": "cpu"},
-                         fingerprint={"host": "h"}).lossless == "utvideo"
-    with pytest.raises(UserError, match=r"run: this run's clips are utvideo \(\.nut\), "
-                                        r"--lossless ffv1 asks for ffv1"):
-        RunDir.create(run.path, suite=suite, renderer={"name": "t"}, backend={"spec": "cpu"},
-                      fingerprint={"host": "h"}, lossless="ffv1")
+    assert (
+        RunDir.create(
+            run.path, suite=suite, renderer={"name": "t"}, backend={"spec": "cpu"}, fingerprint={"host": "h"}
+        ).lossless
+        == "utvideo"
+    )
+    with pytest.raises(
+        UserError,
+        match=r"run: this run's clips are utvideo \(\.nut\), "
+        r"--lossless ffv1 asks for ffv1",
+    ):
+        RunDir.create(
+            run.path,
+            suite=suite,
+            renderer={"name": "t"},
+            backend={"spec": "cpu"},
+            fingerprint={"host": "h"},
+            lossless="ffv1",
+        )
 
     # a manifest written before the choice (no "lossless") is FFV1 in .mkv, and stays so
     old = tmp_path / "old"
@@ -100,19 +125,27 @@ def test_manifest_records_the_format_and_old_manifests_read_as_ffv1(tmp_path):
     (run.path / "manifest.json").write_text(json.dumps(doc))
     reopened = RunDir.open(run.path)
     assert reopened.lossless == "ffv1" and reopened.clip_path(jid).name == f"{jid}.mkv"
-    again = RunDir.create(run.path, suite=suite, renderer={"name": "t"}, backend={"spec": "cpu"},
-                          fingerprint={"host": "h"}, lossless="ffv1")
+    again = RunDir.create(
+        run.path,
+        suite=suite,
+        renderer={"name": "t"},
+        backend={"spec": "cpu"},
+        fingerprint={"host": "h"},
+        lossless="ffv1",
+    )
     assert "lossless" not in read_manifest(again.path)
     # a manifest whose extension contradicts its codec names the field
     doc["lossless"] = {"codec": "utvideo", "ext": ".mkv"}
     (run.path / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(InputFileError, match=r"field 'lossless.ext': expected '.nut' for codec "
-                                             r"'utvideo', found '.mkv'"):
+    with pytest.raises(
+        InputFileError,
+        match=r"field 'lossless.ext': expected '.nut' for codec "
+        r"'utvideo', found '.mkv'",
+    ):
         RunDir.open(run.path)
 
 
-def test_a_new_run_on_a_device_is_utvideo_unless_asked_and_a_resumed_one_keeps_its_own(
-        tmp_path, monkeypatch):
+def test_a_new_run_on_a_device_is_utvideo_unless_asked_and_a_resumed_one_keeps_its_own(tmp_path, monkeypatch):
     """No --lossless: a new run rendered on a device (as the driver tells it: ``on_device``)
     writes UT Video, one on the CPU FFV1; --lossless wins either way; a run resumed on a device
     keeps the format it was made with (no error for not naming it)."""
@@ -121,15 +154,13 @@ def test_a_new_run_on_a_device_is_utvideo_unless_asked_and_a_resumed_one_keeps_i
     from evalkit.render.driver import render_suite
     from evalkit.testing.renderers import Invert
 
-    assert (new_run_format(True), new_run_format(False)) == ("utvideo", "ffv1") \
-        == (DEVICE_LOSSLESS, "ffv1")
+    assert (new_run_format(True), new_run_format(False)) == ("utvideo", "ffv1") == (DEVICE_LOSSLESS, "ffv1")
     suite = load_suite(SMOKE)
     first = [suite.jobs[0].id]
 
     def render(out, device, **kw):
         monkeypatch.setattr(driver, "on_device", lambda runs: device)
-        [s] = render_suite(SMOKE, ["cpu"], tmp_path / out, renderer=Invert(), progress=False,
-                           **kw)
+        [s] = render_suite(SMOKE, ["cpu"], tmp_path / out, renderer=Invert(), progress=False, **kw)
         assert s.failed == 0
         m = read_manifest(s.path)
         return m["lossless"]["codec"], sorted(p.suffix for p in (s.path / "clips").iterdir())
@@ -154,27 +185,63 @@ def runs(tmp_path_factory):
     common = ["render", SMOKE, "-r", INVERT, "-b", "cpu", "-o", out, "--quiet"]
     assert main([str(a) for a in common + ["--label", "ffv1"]]) == 0
     assert main([str(a) for a in common + ["--label", "ut", "--lossless", "utvideo"]]) == 0
-    assert main([str(a) for a in ["render", SMOKE, "-r", "import", "-O",
-                                  f"dir={out / 'ffv1' / 'clips'}", "--label", "imp", "-o", out,
-                                  "--lossless", "utvideo", "--quiet"]]) == 0
+    assert (
+        main(
+            [
+                str(a)
+                for a in [
+                    "render",
+                    SMOKE,
+                    "-r",
+                    "import",
+                    "-O",
+                    f"dir={out / 'ffv1' / 'clips'}",
+                    "--label",
+                    "imp",
+                    "-o",
+                    out,
+                    "--lossless",
+                    "utvideo",
+                    "--quiet",
+                ]
+            ]
+        )
+        == 0
+    )
     reports = {}
     for other in ("ut", "imp"):
         reports[other] = root / f"report-{other}"
-        assert main([str(a) for a in ["compare", out / "ffv1", out / other, "--out",
-                                      reports[other], "--device", "cpu", "--no-temporal",
-                                      "--quiet"]]) == 0
+        assert (
+            main(
+                [
+                    str(a)
+                    for a in [
+                        "compare",
+                        out / "ffv1",
+                        out / other,
+                        "--out",
+                        reports[other],
+                        "--device",
+                        "cpu",
+                        "--no-temporal",
+                        "--quiet",
+                    ]
+                ]
+            )
+            == 0
+        )
     return {"root": root, "out": out, "reports": reports}
 
 
 def test_render_utvideo_compares_identical_to_ffv1(runs, cli):
     out = runs["out"]
     suite = load_suite(SMOKE)
-    for name, codec, ext in (("ffv1", "ffv1", ".mkv"), ("ut", "utvideo", ".nut"),
-                             ("imp", "utvideo", ".nut")):
+    for name, codec, ext in (("ffv1", "ffv1", ".mkv"), ("ut", "utvideo", ".nut"), ("imp", "utvideo", ".nut")):
         m = read_manifest(out / name)
         assert m["lossless"] == {"codec": codec, "ext": ext}
-        assert sorted(p.name for p in (out / name / "clips").iterdir()) == \
-            sorted(f"{j.id}{ext}" for j in suite.jobs)
+        assert sorted(p.name for p in (out / name / "clips").iterdir()) == sorted(
+            f"{j.id}{ext}" for j in suite.jobs
+        )
     for other, report in runs["reports"].items():
         with open(report / "clips.csv") as f:
             rows = list(csv.DictReader(f))
@@ -183,9 +250,15 @@ def test_render_utvideo_compares_identical_to_ffv1(runs, cli):
         assert all(float(r["lpips_worst"]) == 0.0 for r in rows), other
     # evalkit metrics on the files themselves, one of each format
     jid = suite.jobs[0].id
-    code, js, err = cli("metrics", out / "ffv1" / "clips" / f"{jid}.mkv",
-                        out / "ut" / "clips" / f"{jid}.nut", "--json", "--device", "cpu",
-                        "--no-temporal")
+    code, js, err = cli(
+        "metrics",
+        out / "ffv1" / "clips" / f"{jid}.mkv",
+        out / "ut" / "clips" / f"{jid}.nut",
+        "--json",
+        "--device",
+        "cpu",
+        "--no-temporal",
+    )
     assert code == 0, err
     assert json.loads(js)["lpips"] == 0.0
 
@@ -193,12 +266,24 @@ def test_render_utvideo_compares_identical_to_ffv1(runs, cli):
 def test_resume_keeps_the_format_and_refuses_another(runs, cli):
     out = runs["out"]
     before = {p.name: p.read_bytes() for p in (out / "ut" / "clips").iterdir()}
-    code, _, err = cli("render", SMOKE, "-r", INVERT, "-b", "cpu", "-o", out, "--quiet",
-                       "--label", "ut", "--lossless", "ffv1")
+    code, _, err = cli(
+        "render",
+        SMOKE,
+        "-r",
+        INVERT,
+        "-b",
+        "cpu",
+        "-o",
+        out,
+        "--quiet",
+        "--label",
+        "ut",
+        "--lossless",
+        "ffv1",
+    )
     assert code == 2
     assert_one_line_error(err, str(out / "ut"), "utvideo", "--lossless ffv1")
-    code, stdout, err = cli("render", SMOKE, "-r", INVERT, "-b", "cpu", "-o", out, "--quiet",
-                            "--label", "ut")
+    code, stdout, err = cli("render", SMOKE, "-r", INVERT, "-b", "cpu", "-o", out, "--quiet", "--label", "ut")
     assert code == 0, err
     assert "0 rendered, 2 already done" in stdout
     assert {p.name: p.read_bytes() for p in (out / "ut" / "clips").iterdir()} == before
@@ -214,5 +299,7 @@ def test_study_create_over_utvideo_runs(runs, tmp_path):
     assert {p["path_a"].suffix for p in r["jobs"]} == {".mkv"}
     assert {p["path_b"].suffix for p in r["jobs"]} == {".nut"}
     assert all(p["path_b"].is_file() for p in r["jobs"])
-    made = create_study(report, tmp_path / "s.db", protocol="preference", raters_planned=4, allow_masking=True)
+    made = create_study(
+        report, tmp_path / "s.db", protocol="preference", raters_planned=4, allow_masking=True
+    )
     assert made["clips"] == len(r["jobs"])

@@ -6,6 +6,7 @@ The kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`
 subprocess: it must be set before triton is imported), at small sizes. A GPU A/B of the
 pipeline: ``benchmarks/bench_pipeline.py --variants ours,ours:EVALKIT_TRITON_LPIPS=0``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -14,12 +15,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, run_interpreted
+from numerics import U32, ab_tolerance
 
 from evalkit.metrics import perceptual
 from evalkit.metrics._common import TritonFallback, fast_paths
-
-from conftest import ROOT, run_interpreted
-from numerics import U32, ab_tolerance
 
 pytestmark = pytest.mark.slow  # Triton's interpreter
 
@@ -177,7 +177,7 @@ def test_head_is_chosen_on_cuda_by_default_and_not_when_off(monkeypatch):
     monkeypatch.delenv("EVALKIT_TRITON_LPIPS", raising=False)
     cuda, cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
     pick = perceptual.LPIPS._head_kernel
-    assert pick(cpu) is None and pick(cuda) is not None        # triton imports here
+    assert pick(cpu) is None and pick(cuda) is not None  # triton imports here
     with fast_paths(triton_lpips=False):
         assert pick(cuda) is None
     with fast_paths(triton_lpips=True):
@@ -194,7 +194,7 @@ def test_head_that_cannot_run_falls_back_to_the_torch_numbers_once(monkeypatch):
     that cannot compile on a user's GPU looks like: one warning naming the kernels, then the
     torch path's numbers exactly (the raw features normalised as ``features`` does)."""
     fam = TritonFallback(perceptual.TRITON_LPIPS.family, perceptual.TRITON_LPIPS.load, strict=False)
-    monkeypatch.setattr(perceptual, "TRITON_LPIPS", fam)            # fresh: nothing failed yet
+    monkeypatch.setattr(perceptual, "TRITON_LPIPS", fam)  # fresh: nothing failed yet
     gen = torch.Generator().manual_seed(1)
     a, b = torch.rand((2, 3, 40, 48), generator=gen), torch.rand((2, 3, 40, 48), generator=gen)
     m = perceptual.get_model("alex", "cpu")

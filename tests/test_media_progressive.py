@@ -13,6 +13,7 @@ the media data (mdat), which this needs.
 Lossless delivery (issue 45: an animated lossless WebP decoded as it streams in): the same.
 Either way nothing is acknowledged and an answer is refused until the last byte arrived; the
 acknowledgement's size and CRC-32 are counted over the bytes the fetch received."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +26,9 @@ import pytest
 
 from evalkit import study
 from evalkit.study import media
+from evalkit.testing import page as pg
 from evalkit.testing.server import ADMIN_PASSWORD, COMPLETION_CODE, free_port
 from evalkit.testing.studies import hidden, import_report, moving_texture
-from evalkit.testing import page as pg
 
 pytestmark = pytest.mark.slow  # Chromium against the real app
 
@@ -38,9 +39,9 @@ def top_boxes(data: bytes) -> list[str]:
     """The top-level box types of an MP4 file, in order."""
     out, i = [], 0
     while i + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[i:i + 8])
+        size, kind = struct.unpack(">I4s", data[i : i + 8])
         if size == 1:
-            size = struct.unpack(">Q", data[i + 8:i + 16])[0]
+            size = struct.unpack(">Q", data[i + 8 : i + 16])[0]
         elif size == 0:
             size = len(data) - i
         assert size >= 8, (i, size)
@@ -89,11 +90,12 @@ class SlowMedia:
         self.requests.append(headers.get(b"range", b"").decode())
 
         async def slow(msg):
-            if msg["type"] == "http.response.start":      # the file's size, whole or ranged
+            if msg["type"] == "http.response.start":  # the file's size, whole or ranged
                 h = dict(msg.get("headers") or [])
                 rng = h.get(b"content-range", b"").decode()
-                self.totals.append(int(rng.rsplit("/", 1)[1]) if "/" in rng
-                                   else int(h.get(b"content-length", b"0")))
+                self.totals.append(
+                    int(rng.rsplit("/", 1)[1]) if "/" in rng else int(h.get(b"content-length", b"0"))
+                )
             if msg["type"] != "http.response.body" or not msg.get("body"):
                 await send(msg)
                 if msg["type"] == "http.response.body" and not msg.get("more_body"):
@@ -101,16 +103,15 @@ class SlowMedia:
                 return
             body, more = msg["body"], msg.get("more_body", False)
             for i in range(0, len(body), self.chunk):
-                part = body[i:i + self.chunk]
+                part = body[i : i + self.chunk]
                 last = i + self.chunk >= len(body)
-                await asyncio.sleep(len(part) / self.rate)    # paced before each piece: once
-                if not more and last:                        # the last is sent, the response
-                    self.done += 1                           # may be torn down at once
+                await asyncio.sleep(len(part) / self.rate)  # paced before each piece: once
+                if not more and last:  # the last is sent, the response
+                    self.done += 1  # may be torn down at once
                     self.last_at = time.time()
                 self.sent += len(part)
                 self.first_at = self.first_at or time.time()
-                await send({"type": "http.response.body", "body": part,
-                            "more_body": more or not last})
+                await send({"type": "http.response.body", "body": part, "more_body": more or not last})
 
         await self.app(scope, receive, slow)
 
@@ -124,18 +125,24 @@ def slow_server(tmp_path, request):
 
     from evalkit.app.server import build_app
 
-    pairs = {p: (f, f[:, :, ::-1].copy()) for p, f in
-             (("a", moving_texture(48, 96, 128, seed=3)), ("b", moving_texture(48, 96, 128, seed=4)))}
+    pairs = {
+        p: (f, f[:, :, ::-1].copy())
+        for p, f in (("a", moving_texture(48, 96, 128, seed=3)), ("b", moving_texture(48, 96, 128, seed=4)))
+    }
     report, _ = import_report(tmp_path / "r", pairs, FPS)
     db = tmp_path / "s.db"
-    sid = study.create_study(report, db, protocol="preference", raters_planned=2,
-                             delivery=request.param)["study"]
-    sizes = [p.stat().st_size for p in (tmp_path / "s.media").glob(
-        "*.webp" if request.param == "lossless" else "*.mp4")]
+    sid = study.create_study(report, db, protocol="preference", raters_planned=2, delivery=request.param)[
+        "study"
+    ]
+    sizes = [
+        p.stat().st_size
+        for p in (tmp_path / "s.media").glob("*.webp" if request.param == "lossless" else "*.mp4")
+    ]
     app = SlowMedia(build_app(str(db), ADMIN_PASSWORD, COMPLETION_CODE), rate=min(sizes) / 4)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -146,16 +153,24 @@ def slow_server(tmp_path, request):
         except httpx.HTTPError:
             time.sleep(0.1)
     try:
-        yield {"db": db, "sid": sid, "url": url, "slow": app, "media": tmp_path / "s.media",
-               "delivery": request.param}
+        yield {
+            "db": db,
+            "sid": sid,
+            "url": url,
+            "slow": app,
+            "media": tmp_path / "s.media",
+            "delivery": request.param,
+        }
     finally:
         server.should_exit = True
         thread.join(30)
         app.app.state.raters.close()
 
 
-FIRST_FRAME = ("() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
-               " return !!(p && p.length && p.every(b => b.t === b.t)); }")
+FIRST_FRAME = (
+    "() => { const p = window.evalkitPlayers && window.evalkitPlayers();"
+    " return !!(p && p.length && p.every(b => b.t === b.t)); }"
+)
 
 
 def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser):
@@ -178,22 +193,24 @@ def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser)
                 drawn_at = slow.sent
             assert slow.acks == [] and hidden(env["db"], trial["trial"])["fetched"] is None
             if checks % 5 == 0:
-                r = httpx.post(env["url"] + "/api/answer",
-                               json={"token": token, "trial": trial["trial"], "answer": "left"})
-                if slow.acks:       # the last byte went and was acknowledged since the check
-                    break           # above: then the answer meets the play-through wait
+                r = httpx.post(
+                    env["url"] + "/api/answer",
+                    json={"token": token, "trial": trial["trial"], "answer": "left"},
+                )
+                if slow.acks:  # the last byte went and was acknowledged since the check
+                    break  # above: then the answer meets the play-through wait
                 assert r.status_code == 425 and "were not loaded" in r.json()["error"], r.text
             checks += 1
             time.sleep(0.1)
-        assert checks >= 5, checks          # the file took seconds: the loop saw it loading
-        size = slow.totals[0]                       # the trial's one file
+        assert checks >= 5, checks  # the file took seconds: the loop saw it loading
+        size = slow.totals[0]  # the trial's one file
         assert set(slow.totals) == {size} and slow.requests == [""], (slow.totals, slow.requests)
         assert drawn_at is not None and drawn_at < 0.6 * size, (drawn_at, size)
         print(f"{env['delivery']}: first frame drawn after {drawn_at} of {size} bytes sent")
         # once the file arrived: acknowledged (accepted at the first try: the server had
         # recorded the bytes it sent before the acknowledgement could reach it), and drawn
         page.wait_for_function(FIRST_FRAME, timeout=60_000)
-        for _ in range(600):                        # the page sends it beside the drawing
+        for _ in range(600):  # the page sends it beside the drawing
             if slow.acks:
                 break
             time.sleep(0.05)
@@ -202,9 +219,15 @@ def test_first_frame_and_the_gate_from_the_acknowledgement(slow_server, browser)
         # the gate's clock starts at the acknowledgement: after the last byte, not the first
         fetched = hidden(env["db"], trial["trial"])["fetched"]
         assert fetched is not None and slow.last_at <= acked_at <= fetched, (
-            slow.first_at, slow.last_at, acked_at, fetched)
-        print(f"{size} bytes sent over {slow.last_at - slow.first_at:.2f} s; acknowledged "
-              f"{fetched - slow.last_at:.3f} s after the last byte")
+            slow.first_at,
+            slow.last_at,
+            acked_at,
+            fetched,
+        )
+        print(
+            f"{size} bytes sent over {slow.last_at - slow.first_at:.2f} s; acknowledged "
+            f"{fetched - slow.last_at:.3f} s after the last byte"
+        )
         assert study.list_studies(env["db"])[0]["ratings"] == 0
         # one play-through after the acknowledgement, the page's answer is kept (an earlier
         # click is refused with the time to wait; the page offers the answers again)

@@ -18,6 +18,7 @@ so every reader is in this process. The whole commands' peak resident memory at 
 The clips are small (48x32) so that a 2N-frame run takes a few seconds; the windows do not
 depend on the frame size (chunks of frames), so the count says the same at 1080p.
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,9 +33,9 @@ from evalkit.formats.suite import load_suite
 from evalkit.fsutil import sha256_file
 from evalkit.testing.suites import write_suite
 
-N = 160          # frames of the short clip; the long one has 2N (a window is <= ~100 frames)
+N = 160  # frames of the short clip; the long one has 2N (a window is <= ~100 frames)
 W, H = 48, 32
-CHUNK = 16       # the largest chunk any of these paths reads (iter_expected's default)
+CHUNK = 16  # the largest chunk any of these paths reads (iter_expected's default)
 
 
 class FramesAlive:
@@ -44,8 +45,11 @@ class FramesAlive:
         self.alive = 0
         self.peak = 0
         self._lock = threading.Lock()
-        orig_iter, orig_chunks, orig_read = (video.ClipReader.__iter__, video.ClipReader.chunks,
-                                             video.ClipReader.read)
+        orig_iter, orig_chunks, orig_read = (
+            video.ClipReader.__iter__,
+            video.ClipReader.chunks,
+            video.ClipReader.read,
+        )
         counter = self
 
         def track(arr):
@@ -70,7 +74,7 @@ class FramesAlive:
         monkeypatch.setattr(video.ClipReader, "__iter__", it)
         monkeypatch.setattr(video.ClipReader, "chunks", chunks)
         monkeypatch.setattr(video.ClipReader, "read", read)
-        monkeypatch.setattr("evalkit.procdecode.PROCESS_MIN_CORES", 10**6)    # threads
+        monkeypatch.setattr("evalkit.procdecode.PROCESS_MIN_CORES", 10**6)  # threads
 
     def _gone(self, n: int) -> None:
         with self._lock:
@@ -87,7 +91,7 @@ def clip_frames(n: int, brighter: int = 0):
     rng = np.random.default_rng(3)
     tex = rng.integers(0, 256 - brighter, (H, W + n + 8, 3), dtype=np.uint8) + np.uint8(brighter)
     for t in range(n):
-        yield np.ascontiguousarray(tex[:, t:t + W])
+        yield np.ascontiguousarray(tex[:, t : t + W])
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +110,7 @@ def sets(tmp_path_factory):
         for label, shift in (("a", 0), ("b", 3)):
             d = root / f"farm_{label}"
             d.mkdir()
-            video.write_lossless(d / f"{import_name(job, job.seed)}.mkv", clip_frames(n, shift),
-                                 24)
+            video.write_lossless(d / f"{import_name(job, job.seed)}.mkv", clip_frames(n, shift), 24)
             farms[label] = d
         out[n] = {"root": root, "suite": suite, "farms": farms, "job": job.id}
     return out
@@ -118,8 +121,15 @@ def import_runs(s: dict, counter: FramesAlive) -> int:
 
     counter.reset()
     for label in ("a", "b"):
-        render_suite(s["suite"], [], s["root"] / "runs", renderer="import",
-                     options={"dir": str(s["farms"][label])}, label=label, progress=False)
+        render_suite(
+            s["suite"],
+            [],
+            s["root"] / "runs",
+            renderer="import",
+            options={"dir": str(s["farms"][label])},
+            label=label,
+            progress=False,
+        )
     return counter.peak
 
 
@@ -173,8 +183,14 @@ def test_command_renderer_streams_its_input_and_output(sets, monkeypatch):
         script = s["root"] / "copy.py"
         script.write_text(COPY_PROGRAM)
         counter.reset()
-        render_suite(s["suite"], ["cpu"], s["root"] / "cmd-runs", renderer="command",
-                     options={"cmd": f"{sys.executable} {script}"}, progress=False)
+        render_suite(
+            s["suite"],
+            ["cpu"],
+            s["root"] / "cmd-runs",
+            renderer="command",
+            options={"cmd": f"{sys.executable} {script}"},
+            progress=False,
+        )
         peaks[n] = counter.peak
     check_window(peaks)
     s = sets[2 * N]
@@ -187,9 +203,13 @@ def test_command_renderer_streams_its_input_and_output(sets, monkeypatch):
     assert not (run.path / ".work").exists()
 
 
-@pytest.mark.parametrize("frames, message", [
-    (N - 3, f"returned {N - 3} frames, expected {N} (the source clip's count)"),
-    (N + 20, f"more than {N} frames, expected {N} (the source clip's count)")])
+@pytest.mark.parametrize(
+    "frames, message",
+    [
+        (N - 3, f"returned {N - 3} frames, expected {N} (the source clip's count)"),
+        (N + 20, f"more than {N} frames, expected {N} (the source clip's count)"),
+    ],
+)
 def test_import_of_a_wrong_length_fails_and_leaves_nothing(sets, tmp_path, frames, message):
     """A file shorter or longer than the source: the job fails with one line, found late in
     the stream (no header says the count), and no clip or preview is left in the run."""
@@ -199,8 +219,15 @@ def test_import_of_a_wrong_length_fails_and_leaves_nothing(sets, tmp_path, frame
     farm = tmp_path / "farm"
     farm.mkdir()
     video.write_lossless(farm / f"{s['job']}.mkv", clip_frames(frames), 24)
-    (summary,) = render_suite(s["suite"], [], tmp_path / "runs", renderer="import",
-                              options={"dir": str(farm)}, label="short", progress=False)
+    (summary,) = render_suite(
+        s["suite"],
+        [],
+        tmp_path / "runs",
+        renderer="import",
+        options={"dir": str(farm)},
+        label="short",
+        progress=False,
+    )
     assert summary.failed == 1 and message in summary.failures[s["job"]]
     run = RunDir.open(tmp_path / "runs" / "short")
     assert not run.clip_path(s["job"]).exists() and not run.preview_path(s["job"]).exists()
@@ -239,8 +266,9 @@ def test_streamed_write_is_atomic(tmp_path):
     with pytest.raises(RuntimeError, match="disk gone"):
         write_streamed(failing(), clip, preview, 24, codec="ffv1")
     assert list(tmp_path.iterdir()) == []
-    n, h, w, sha = write_streamed(iter([frames[:16], frames[16:]]), tmp_path / "c.nut",
-                                  preview, 24, codec="utvideo")
+    n, h, w, sha = write_streamed(
+        iter([frames[:16], frames[16:]]), tmp_path / "c.nut", preview, 24, codec="utvideo"
+    )
     assert (n, h, w) == (40, H, W) and sha == sha256_file(tmp_path / "c.nut")
     video.write_lossless(tmp_path / "ref.nut", frames, 24, codec="utvideo")
     video.write_browser(tmp_path / "ref.mp4", frames, 24)
@@ -258,8 +286,7 @@ def test_metrics_streams(sets, monkeypatch):
         s = sets[n]
         a, b = (s["farms"][k] / f"{s['job']}.mkv" for k in ("a", "b"))
         counter.reset()
-        out = compare_clips(a, b, device="cpu", temporal=False, chunk=8,
-                            csv_path=s["root"] / "frames.csv")
+        out = compare_clips(a, b, device="cpu", temporal=False, chunk=8, csv_path=s["root"] / "frames.csv")
         assert out["frames"] == n and len(out["per_frame"]["lpips"]) == n
         peaks[n] = counter.peak
     check_window(peaks)
@@ -279,8 +306,15 @@ def test_compare_streams(sets, monkeypatch):
         if not (runs / "b" / "manifest.json").exists():
             import_runs(s, counter)
         counter.reset()
-        compare_runs(runs / "a", runs / "b", s["root"] / "report", device="cpu", chunk=8,
-                     metrics=MetricOptions(temporal=False), progress=False)
+        compare_runs(
+            runs / "a",
+            runs / "b",
+            s["root"] / "report",
+            device="cpu",
+            chunk=8,
+            metrics=MetricOptions(temporal=False),
+            progress=False,
+        )
         assert (s["root"] / "report" / "index.html").exists()
         peaks[n] = counter.peak
     check_window(peaks)

@@ -4,6 +4,7 @@ Real lpips package and weights from the evalkit cache, real scikit-image and Ope
 frames so the file runs in well under two minutes on two CPU cores. Speed is measured in
 benchmarks/bench_metrics.py, never here.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,6 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, assert_one_line_error
+from numerics import U32, U64, ab_tolerance, gamma, lpips_bound, mean_tolerance, psnr_bound, ssim_bound
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
@@ -23,10 +26,6 @@ from evalkit.metrics.flow import consistency_mask
 from evalkit.metrics.stream import PairEvaluator, evaluate_pair, stream_pair
 from evalkit.metrics.temporal import warping_error_from_flows
 
-from conftest import ROOT, assert_one_line_error
-from numerics import (U32, U64, ab_tolerance, gamma, lpips_bound, mean_tolerance, psnr_bound,
-                      ssim_bound)
-
 # The lpips package builds torchvision trunks with the deprecated ``pretrained=`` argument.
 pytestmark = pytest.mark.filterwarnings("ignore:.*(pretrained|weight enum).*:UserWarning")
 
@@ -35,6 +34,7 @@ PAIRS = ("I03", "I04", "I06", "I08", "I19")
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
 
 def load_png(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.uint8)
@@ -54,8 +54,7 @@ def ref_luma(x: np.ndarray) -> np.ndarray:
 
 
 def sk_ssim(x, y, **kw):
-    return structural_similarity(x, y, gaussian_weights=True, sigma=1.5,
-                                 use_sample_covariance=False, **kw)
+    return structural_similarity(x, y, gaussian_weights=True, sigma=1.5, use_sample_covariance=False, **kw)
 
 
 def texture(h, w, seed=0, sigma=2.0) -> np.ndarray:
@@ -70,10 +69,11 @@ def translated_clip(n=6, h=64, w=96, dx=2, dy=1, seed=0) -> np.ndarray:
     big = texture(h + 2 * n * abs(dy) + 2, w + 2 * n * abs(dx) + 2, seed)
     oy, ox = n * abs(dy) + 1, n * abs(dx) + 1
     # frame t shows the texture shifted by t*(dx, dy): content moves right/down
-    return np.stack([big[oy - t * dy:oy - t * dy + h, ox - t * dx:ox - t * dx + w] for t in range(n)])
+    return np.stack([big[oy - t * dy : oy - t * dy + h, ox - t * dx : ox - t * dx + w] for t in range(n)])
 
 
 # -- tolerances (tests/numerics.py: float32 rounding bounds of the operations involved) ------
+
 
 def luma_planes(frames_hwc: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.stack([ref_luma(x) for x in np.asarray(frames_hwc)]))[:, None]
@@ -98,7 +98,9 @@ def lpips_tol(a: np.ndarray, b: np.ndarray, net: str = "alex") -> np.ndarray:
     """Two float32 LPIPS of the same uint8 frames (another trunk layout, batch or library)."""
     from evalkit.metrics.perceptual import get_model
 
-    return ab_tolerance(lpips_bound(get_model(net, "cpu"), chw(a).double() / 255, chw(b).double() / 255)).numpy()
+    return ab_tolerance(
+        lpips_bound(get_model(net, "cpu"), chw(a).double() / 255, chw(b).double() / 255)
+    ).numpy()
 
 
 def tlp_tol(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -141,25 +143,32 @@ def lpips_ref():
 
 # -- calibration through the CLI -------------------------------------------------------------
 
+
 def official():
     """{pair: {metric: (value, decimals printed)}}."""
     with open(CALIB / "official.csv") as f:
         rows = {r["metric"]: r for r in csv.DictReader(f)}
-    return {p: {m: (float(rows[m][p]), len(rows[m][p].partition(".")[2]))
-                for m in ("lpips_alex_v0.1", "ssim", "psnr")} for p in PAIRS}
+    return {
+        p: {
+            m: (float(rows[m][p]), len(rows[m][p].partition(".")[2]))
+            for m in ("lpips_alex_v0.1", "ssim", "psnr")
+        }
+        for p in PAIRS
+    }
 
 
 def assert_reproduces(got: float, want: tuple[float, int], decimals: int):
     """Equal to ``decimals`` decimals, and to every decimal official.csv prints."""
     value, printed = want
-    assert abs(got - value) < 0.5 * 10 ** -decimals, (got, value)
+    assert abs(got - value) < 0.5 * 10**-decimals, (got, value)
     assert round(got, printed) == pytest.approx(value, abs=1e-12), (got, value)
 
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_cli_reproduces_official_calibration(cli, pair):
-    code, out, err = cli("metrics", CALIB / "ref" / f"{pair}.png", CALIB / "dist" / f"{pair}.png",
-                         "--json", "--device", "cpu")
+    code, out, err = cli(
+        "metrics", CALIB / "ref" / f"{pair}.png", CALIB / "dist" / f"{pair}.png", "--json", "--device", "cpu"
+    )
     assert code == 0, err
     got = json.loads(out)
     want = official()[pair]
@@ -173,6 +182,7 @@ def test_cli_reproduces_official_calibration(cli, pair):
 
 
 # -- agreement with the reference packages ---------------------------------------------------
+
 
 def _random_pair(seed, n=3, h=40, w=56):
     rng = np.random.default_rng(seed)
@@ -193,17 +203,27 @@ def test_ssim_matches_skimage_luma(kind, natural):
 def test_ssim_rgb_and_data_range_options_match_skimage(kind, natural):
     a, b = _random_pair(2) if kind == "random" else (natural[0][None], natural[1][None])
     got = metrics.ssim(chw(a), chw(b), channel="rgb").numpy()
-    want = [sk_ssim(x.astype(np.float64), y.astype(np.float64), data_range=255, channel_axis=-1)
-            for x, y in zip(a, b)]
+    want = [
+        sk_ssim(x.astype(np.float64), y.astype(np.float64), data_range=255, channel_axis=-1)
+        for x, y in zip(a, b)
+    ]
     # the mean of three planes: one more sum of three
-    tol = ssim_tol(rgb_planes(a), rgb_planes(b)).reshape(-1, 3).mean(1) * (1 + gamma(3)) + gamma(3) * np.abs(want)
+    tol = ssim_tol(rgb_planes(a), rgb_planes(b)).reshape(-1, 3).mean(1) * (1 + gamma(3)) + gamma(3) * np.abs(
+        want
+    )
     assert np.all(np.abs(got - want) <= tol)
     # float input in [0, 1] with another data range (as tools that assume L = 2 would do)
     af, bf = chw(a).float() / 255, chw(b).float() / 255
     got2 = metrics.ssim(af, bf, channel="rgb", data_range=2.0).numpy()
-    want2 = [sk_ssim(x.numpy().transpose(1, 2, 0).astype(np.float64),
-                     y.numpy().transpose(1, 2, 0).astype(np.float64), data_range=2.0, channel_axis=-1)
-             for x, y in zip(af, bf)]
+    want2 = [
+        sk_ssim(
+            x.numpy().transpose(1, 2, 0).astype(np.float64),
+            y.numpy().transpose(1, 2, 0).astype(np.float64),
+            data_range=2.0,
+            channel_axis=-1,
+        )
+        for x, y in zip(af, bf)
+    ]
     # the same rounded float32 values; ours scales them by 255 first (one rounding each)
     xf, yf = (rgb_planes(f.permute(0, 2, 3, 1).double().numpy() * 255) for f in (af, bf))
     c = dict(c1=(0.01 * 510) ** 2, c2=(0.03 * 510) ** 2)
@@ -221,14 +241,14 @@ def test_psnr_matches_skimage_and_numpy(kind, natural):
     n = a[0].size
     assert np.all(np.abs(got - want) <= psnr_bound(want, 1) + psnr_bound(want, n))
     mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(1)
-    assert np.all(np.abs(got - 10 * np.log10(255 ** 2 / mse)) <= 2 * psnr_bound(want, n))
+    assert np.all(np.abs(got - 10 * np.log10(255**2 / mse)) <= 2 * psnr_bound(want, n))
     # float frames in [0, 1] give the same numbers (peak 1), up to the rounding of x / 255 and
     # of the float32 difference and square: per value 3 u of |x| + |y|, carried into the MSE
     gotf = metrics.psnr(chw(a).float() / 255, chw(b).float() / 255).numpy()
     x, y = (v.astype(np.float64).reshape(len(a), -1) / 255 for v in (a, b))
     e_d = 3 * U32 * (np.abs(x) + np.abs(y))
     d = x - y
-    rel = (2 * np.abs(d) * e_d + e_d ** 2 + U32 * d * d).mean(1) / (d * d).mean(1)
+    rel = (2 * np.abs(d) * e_d + e_d**2 + U32 * d * d).mean(1) / (d * d).mean(1)
     assert np.all(np.abs(gotf - want) <= psnr_bound(want, n, mse_rel=rel) + psnr_bound(want, n))
 
 
@@ -257,17 +277,18 @@ def test_exactness_identical_and_one_pixel():
     b[0, 1, 7, 9] = (int(b[0, 1, 7, 9]) + 3) % 256
     ex = metrics.exactness(a, b)
     assert ex["max_abs_diff"].item() == 3
-    assert ex["diff_fraction"].item() == pytest.approx(1 / (32 * 48), rel=U32, abs=0)   # one division
+    assert ex["diff_fraction"].item() == pytest.approx(1 / (32 * 48), rel=U32, abs=0)  # one division
 
 
 # -- temporal ---------------------------------------------------------------------------------
+
 
 def test_warping_error_near_zero_for_translation_with_correct_flow():
     clip = chw(translated_clip(n=4, dx=2, dy=1)).float() / 255
     prev, cur = clip[:-1], clip[1:]
     n, _, h, w = cur.shape
     true_bwd = torch.zeros(n, 2, h, w)
-    true_bwd[:, 0], true_bwd[:, 1] = -2.0, -1.0   # pixel x of frame t came from x - (2, 1)
+    true_bwd[:, 0], true_bwd[:, 1] = -2.0, -1.0  # pixel x of frame t came from x - (2, 1)
     err = warping_error_from_flows(prev, cur, true_bwd, -true_bwd)
     unwarped = ((cur - prev) ** 2).mean((1, 2, 3))
     # exact integer flows: only the grid's normalisation and grid_sample's un-normalisation round
@@ -298,7 +319,7 @@ def test_flicker_rises_monotonically_with_amplitude():
     assert values[0] == 0.0
     assert all(x < y for x, y in zip(values, values[1:])), values
     assert all(x < y for x, y in zip(values_b, values_b[1:])), values_b
-    assert len(set(values_a)) == 1   # clip a is untouched
+    assert len(set(values_a)) == 1  # clip a is untouched
 
 
 def test_identical_clips_give_zero_temporal_differences():
@@ -316,7 +337,7 @@ def test_identical_clips_give_zero_temporal_differences():
 def test_tlp_and_tof_respond_to_a_difference(lpips_ref):
     a = translated_clip(n=4, seed=1)
     b = a.copy()
-    b[2] = translated_clip(n=4, seed=9)[2]   # one frame of b is unrelated content
+    b[2] = translated_clip(n=4, seed=9)[2]  # one frame of b is unrelated content
     t = metrics.tlp(chw(a), chw(b))
     o = metrics.tof(chw(a), chw(b))
     tol = tlp_tol(a, b)
@@ -334,6 +355,7 @@ def test_tlp_and_tof_respond_to_a_difference(lpips_ref):
 
 # -- streaming ---------------------------------------------------------------------------------
 
+
 @pytest.mark.slow  # the streaming evaluator on clips
 def test_stream_is_chunk_invariant_and_matches_functional():
     a = translated_clip(n=7, seed=2)
@@ -348,15 +370,18 @@ def test_stream_is_chunk_invariant_and_matches_functional():
     # flicker: 16x16 block means of float32 luma (3 products, 2 sums) up to 255, four of them
     # combined, then a mean over the blocks
     fl_elem = ab_tolerance(4 * gamma(16 * 16 + 5) * 255)
-    tol = {"lpips": lpips_tol(a, b), "ssim": ssim_ab_tol(la, lb),
-           "tlp": np.concatenate([[np.nan], tlp_tol(a, b)])}
+    tol = {
+        "lpips": lpips_tol(a, b),
+        "ssim": ssim_ab_tol(la, lb),
+        "tlp": np.concatenate([[np.nan], tlp_tol(a, b)]),
+    }
 
     def within(k, i, got, want):
         if k in tol:
             return abs(got - want) <= tol[k][i]
         if k.startswith("flicker"):
             return abs(got - want) <= fl_elem + mean_tolerance(want, p // 256)
-        if k == "psnr":          # an exact integer MSE
+        if k == "psnr":  # an exact integer MSE
             return got == want
         # tof, warping errors: means of non-negative per-pixel terms, the same element-wise
         return abs(got - want) <= mean_tolerance(want, 3 * p, ops=1) or got == want
@@ -401,6 +426,7 @@ def test_stream_without_temporal_metrics_stages_alike():
         for k in ("lpips", "ssim", "psnr", "max_abs_diff", "diff_fraction"):
             assert r[k] == r0[k], (k, r0["frame"])
     from evalkit.metrics.stream import _chunk_for, auto_chunk
+
     assert auto_chunk(720, 1280, "cpu") == 2 and auto_chunk(256, 256, "cpu") == 8
     # on a GPU: 8 frames at 720p while OpenCV's flows pass through pinned host memory, 16 when
     # they do not (no temporal metrics, or the torch flow, whose flows stay on the device)
@@ -411,8 +437,12 @@ def test_stream_without_temporal_metrics_stages_alike():
 def test_flows_on_host_only_for_opencv_flows():
     from evalkit.metrics.stream import PairEvaluator, flows_on_host
 
-    for kw, want in ((dict(flow="dis"), True), (dict(flow="farneback"), True),
-                     (dict(flow="torch"), False), (dict(flow="dis", temporal=False), False)):
+    for kw, want in (
+        (dict(flow="dis"), True),
+        (dict(flow="farneback"), True),
+        (dict(flow="torch"), False),
+        (dict(flow="dis", temporal=False), False),
+    ):
         ev = PairEvaluator(device="cpu", **kw)
         try:
             assert flows_on_host(ev) is want, kw
@@ -444,12 +474,12 @@ def test_stream_flow_threads_pipeline_and_update_agree():
     assert cv2.getNumThreads() == cv_threads
     ev = PairEvaluator(device="cpu")
     try:
-        stepped = [r for i in range(0, 9, 2) for r in ev.update(chw(a[i:i + 2]), chw(b[i:i + 2]))]
+        stepped = [r for i in range(0, 9, 2) for r in ev.update(chw(a[i : i + 2]), chw(b[i : i + 2]))]
         assert ev.compute()["means"] == inline["means"]
     finally:
         ev.close()
     assert pooled["records"] == inline["records"] == stepped
-    assert inline["conventions"]["flow"] == "dis-fast,luma8"      # the default preset
+    assert inline["conventions"]["flow"] == "dis-fast,luma8"  # the default preset
 
 
 def test_flow_does_not_depend_on_what_the_thread_computed_before():
@@ -458,11 +488,11 @@ def test_flow_does_not_depend_on_what_the_thread_computed_before():
 
     from evalkit.metrics.flow import flow_u8
 
-    clip = translated_clip(n=2, seed=5)[..., 1].copy()            # 64x96
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:       # a fresh thread: reference
+    clip = translated_clip(n=2, seed=5)[..., 1].copy()  # 64x96
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fresh thread: reference
         ref = pool.submit(flow_u8, clip[0], clip[1]).result()
     other = np.random.default_rng(0).integers(0, 256, (2, 64, 64), dtype=np.uint8)
-    flow_u8(other[0], other[1])                                   # another size first
+    flow_u8(other[0], other[1])  # another size first
     assert np.array_equal(flow_u8(clip[0], clip[1]), ref)
 
 
@@ -509,19 +539,34 @@ def test_stream_queues_the_next_chunk_before_handing_out_records():
     b = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
     chunk = 3
     logs, records = {}, {}
-    for name, kw in (("torch flow", dict(flow="torch")), ("no temporal", dict(temporal=False)),
-                     ("flow threads", dict(flow_workers=2))):
+    for name, kw in (
+        ("torch flow", dict(flow="torch")),
+        ("no temporal", dict(temporal=False)),
+        ("flow threads", dict(flow_workers=2)),
+    ):
         ev = _OrderSpy(**kw)
         try:
             records[name] = list(stream_pair(iter(a), iter(b), evaluator=ev, chunk=chunk))
             logs[name] = ev.log
         finally:
             ev.close()
-    queued_first = [("finish", 0), ("finish", 3), ("records", 0), ("finish", 6), ("records", 3),
-                    ("records", 6)]
+    queued_first = [
+        ("finish", 0),
+        ("finish", 3),
+        ("records", 0),
+        ("finish", 6),
+        ("records", 3),
+        ("records", 6),
+    ]
     assert logs["torch flow"] == logs["no temporal"] == queued_first
-    assert logs["flow threads"] == [("finish", 0), ("records", 0), ("finish", 3), ("records", 3),
-                                    ("finish", 6), ("records", 6)]
+    assert logs["flow threads"] == [
+        ("finish", 0),
+        ("records", 0),
+        ("finish", 3),
+        ("records", 3),
+        ("finish", 6),
+        ("records", 6),
+    ]
     assert [r["frame"] for r in records["torch flow"]] == list(range(9))
     ref = evaluate_pair(iter(a), iter(b), device="cpu", chunk=chunk, flow="torch")["records"]
     assert records["torch flow"] == ref
@@ -538,6 +583,7 @@ def test_stream_frame_size_change_and_dtype_change_name_the_frame():
 
 
 # -- bad input --------------------------------------------------------------------------------
+
 
 def test_different_sizes_is_a_clear_error():
     a = torch.zeros(2, 3, 32, 48, dtype=torch.uint8)
@@ -566,12 +612,12 @@ def test_input_errors_carry_their_field_detail_and_hint():
     assert (again.field, again.detail, again.hint, str(again)) == (err.field, err.detail, err.hint, str(err))
     b = np.array(a[:4])
     b[2] = 0
-    frames = [*b[:2], b[2][:, :40], *b[3:]]          # frame 2 of another size
+    frames = [*b[:2], b[2][:, :40], *b[3:]]  # frame 2 of another size
     with pytest.raises(MetricInputError) as e:
         list(stream_pair(iter(a[:4]), iter(frames), device="cpu", chunk=2))
     assert e.value.field == "b" and e.value.hint is None
     assert e.value.detail.startswith("frame 2 is 40x") and str(e.value) == f"b: {e.value.detail}"
-    with pytest.raises(MetricInputError) as e:      # an option: its name leads the message
+    with pytest.raises(MetricInputError) as e:  # an option: its name leads the message
         PairEvaluator(device="cpu", ssim_channel="blue")
     assert e.value.field is None and str(e.value).startswith("ssim_channel: expected one of")
 
@@ -584,8 +630,14 @@ def test_different_frame_counts_error_or_recorded_alignment():
         metrics.psnr(chw(a[:3]), chw(a[:4]))
     res = evaluate_pair(iter(a), iter(a[:3]), device="cpu", chunk=2, align="shortest")
     assert res["frames"] == 3 and len(res["records"]) == 3
-    assert res["alignment"] == {"mode": "shortest", "frames_a": 5, "frames_b": 3, "compared": 3,
-                                "dropped_a": 2, "dropped_b": 0}
+    assert res["alignment"] == {
+        "mode": "shortest",
+        "frames_a": 5,
+        "frames_b": 3,
+        "compared": 3,
+        "dropped_a": 2,
+        "dropped_b": 0,
+    }
 
 
 def test_nan_and_inf_name_the_frame():
@@ -609,17 +661,24 @@ def test_nan_and_inf_name_the_frame():
 
 
 def test_wrong_shape_and_dtype_messages():
-    with pytest.raises(MetricInputError, match=r"a: expected frames of shape \(N, 3, H, W\), found \(2, 24, 24, 3\)"):
+    with pytest.raises(
+        MetricInputError, match=r"a: expected frames of shape \(N, 3, H, W\), found \(2, 24, 24, 3\)"
+    ):
         metrics.psnr(torch.zeros(2, 24, 24, 3), torch.zeros(2, 24, 24, 3))
-    with pytest.raises(MetricInputError, match=r"expected uint8 in \[0, 255\] or float in \[0, 1\], found dtype int64"):
+    with pytest.raises(
+        MetricInputError, match=r"expected uint8 in \[0, 255\] or float in \[0, 1\], found dtype int64"
+    ):
         metrics.psnr(torch.zeros(1, 3, 8, 8, dtype=torch.int64), torch.zeros(1, 3, 8, 8, dtype=torch.int64))
     with pytest.raises(MetricInputError, match=r"net: expected one of alex, vgg, found 'squeeze'"):
         metrics.lpips(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32), net="squeeze")
-    with pytest.raises(MetricInputError, match=r"24x20 is too small for LPIPS-alex; expected both sides >= 31"):
+    with pytest.raises(
+        MetricInputError, match=r"24x20 is too small for LPIPS-alex; expected both sides >= 31"
+    ):
         metrics.lpips(torch.zeros(1, 3, 20, 24), torch.zeros(1, 3, 20, 24))
 
 
 # -- the command on clips ---------------------------------------------------------------------
+
 
 def test_cli_metrics_on_clips_json_csv_and_errors(cli, tmp_path):
     from evalkit.video import write_lossless
@@ -678,8 +737,7 @@ def test_cudnn_benchmark_limit_is_set_inside_precise_and_restored(monkeypatch):
             assert torch.backends.cudnn.benchmark_limit == 3
     assert torch.backends.cudnn.benchmark_limit == before
     assert PairEvaluator(device="cpu", temporal=False).cudnn_benchmark_limit == CUDNN_BENCHMARK_LIMIT
-    assert PairEvaluator(device="cpu", temporal=False,
-                         cudnn_benchmark_limit=0).cudnn_benchmark_limit == 0
+    assert PairEvaluator(device="cpu", temporal=False, cudnn_benchmark_limit=0).cudnn_benchmark_limit == 0
     with pytest.raises(MetricInputError, match="cudnn_benchmark_limit.*found 'few'"):
         PairEvaluator(device="cpu", temporal=False, cudnn_benchmark_limit="few")
     with pytest.raises(MetricInputError, match="cudnn_benchmark_limit.*found -1"):
@@ -707,8 +765,10 @@ def test_warm_up_loads_every_triton_kernel_module():
     assert all(f"evalkit.metrics.{name}" in sys.modules for name in stream.KERNEL_MODULES)
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
-                    reason="CUDA: the autotuned trunk in two passes against one pass")
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(),
+    reason="CUDA: the autotuned trunk in two passes against one pass",
+)
 def test_autotuned_trunk_in_two_passes_matches_one_pass_on_cuda():
     """On a GPU: with cuDNN autotuning (the trunk runs A and B in two passes after a warm-up)
     the records agree with the untuned one-pass path up to float32 rounding."""
@@ -728,10 +788,16 @@ def test_autotuned_trunk_in_two_passes_matches_one_pass_on_cuda():
     from evalkit.metrics.perceptual import get_model
 
     m = get_model("alex", "cpu")
-    x, y = torch.from_numpy(fa).permute(0, 3, 1, 2).double() / 255, torch.from_numpy(fb).permute(0, 3, 1, 2).double() / 255
-    tols = {"lpips": ab_tolerance(lpips_bound(m, x, y)).tolist(),
-            "tlp": [None] + (ab_tolerance(lpips_bound(m, x[1:], x[:-1]) + lpips_bound(m, y[1:], y[:-1])) + 2 * U32).tolist()}
+    x, y = (
+        torch.from_numpy(fa).permute(0, 3, 1, 2).double() / 255,
+        torch.from_numpy(fb).permute(0, 3, 1, 2).double() / 255,
+    )
+    tols = {
+        "lpips": ab_tolerance(lpips_bound(m, x, y)).tolist(),
+        "tlp": [None]
+        + (ab_tolerance(lpips_bound(m, x[1:], x[:-1]) + lpips_bound(m, y[1:], y[:-1])) + 2 * U32).tolist(),
+    }
     for a, b in zip(out[True], out[False]):
         for k in ("lpips", "tlp"):
-            if a.get(k) is not None:     # LPIPS's rounding bound at these sizes (tests/numerics.py)
+            if a.get(k) is not None:  # LPIPS's rounding bound at these sizes (tests/numerics.py)
                 assert abs(a[k] - b[k]) <= tols[k][a["frame"]], (k, a[k], b[k])

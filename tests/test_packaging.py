@@ -8,6 +8,7 @@ fresh venv whose only other packages are this environment's (through a ``.pth`` 
 not run this environment's ``.pth`` files, so an editable evalkit here stays invisible), and runs
 the installed ``evalkit`` from a folder outside the checkout.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,18 +23,17 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
+from conftest import ROOT
 
 from evalkit import fsutil
 from evalkit.render.driver import render_suite
 from evalkit.render.renderers.diffusers import model_digest
-
-from conftest import ROOT
 
 CHECKOUT_MODEL = ROOT / "models" / "canary"
 CHECKOUT_DATASETS = ROOT / "datasets"
@@ -42,6 +42,7 @@ PACKAGES = {"evalkit": "evalkit", "metrics": "evalkit/metrics", "app": "evalkit/
 
 
 # -- file modes ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def umask():
@@ -55,8 +56,10 @@ def umask():
 
 def modes(root: Path) -> dict[str, str]:
     """relative path -> octal permission bits of every file and folder under ``root``."""
-    return {p.relative_to(root).as_posix() + ("/" if p.is_dir() else ""):
-            oct(stat.S_IMODE(p.stat().st_mode)) for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix() + ("/" if p.is_dir() else ""): oct(stat.S_IMODE(p.stat().st_mode))
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_atomic_writes_give_normal_modes(tmp_path, umask):
@@ -67,9 +70,14 @@ def test_atomic_writes_give_normal_modes(tmp_path, umask):
     fd, name = fsutil.mkstemp(dir=tmp_path, suffix=".mp4")
     os.close(fd)
     os.replace(name, tmp_path / "media.mp4")
-    assert modes(tmp_path) == {"a/": "0o755", "a/b/": "0o755", "a/b/report.json": "0o644",
-                               "a/clip.bin": "0o644", "a/video.mkv": "0o644",
-                               "media.mp4": "0o644"}
+    assert modes(tmp_path) == {
+        "a/": "0o755",
+        "a/b/": "0o755",
+        "a/b/report.json": "0o644",
+        "a/clip.bin": "0o644",
+        "a/video.mkv": "0o644",
+        "media.mp4": "0o644",
+    }
     # the umask is respected like open() respects it
     umask(0o027)
     fsutil.atomic_write_text(tmp_path / "c" / "private.txt", "x")
@@ -77,12 +85,17 @@ def test_atomic_writes_give_normal_modes(tmp_path, umask):
     assert oct(stat.S_IMODE((tmp_path / "c").stat().st_mode)) == "0o750"
 
 
-@pytest.mark.slow   # renders
+@pytest.mark.slow  # renders
 def test_render_and_study_media_give_normal_modes(tmp_path, umask):
     from evalkit.study.media import store_browser_copy
 
-    s = render_suite(fsutil.datasets_dir() / "smoke" / "suite.yaml", ["cpu"], tmp_path / "runs",
-                     renderer="evalkit.testing.renderers:Invert", progress=False)[0]
+    s = render_suite(
+        fsutil.datasets_dir() / "smoke" / "suite.yaml",
+        ["cpu"],
+        tmp_path / "runs",
+        renderer="evalkit.testing.renderers:Invert",
+        progress=False,
+    )[0]
     assert (s.done, s.failed) == (2, 0)
     found = modes(tmp_path / "runs")
     assert {k for k in found if k.endswith(".mkv")} and {k for k in found if k.endswith(".mp4")}
@@ -97,7 +110,8 @@ def test_render_and_study_media_give_normal_modes(tmp_path, umask):
 
 # -- shipped data, from the checkout ---------------------------------------------------------
 
-@pytest.mark.slow   # imports diffusers (the canary)
+
+@pytest.mark.slow  # imports diffusers (the canary)
 def test_checkout_lookups_find_the_repository_folders():
     # this environment's evalkit is the checkout (editable): the lookups fall back to it
     from evalkit import demo
@@ -114,11 +128,14 @@ def test_checkout_lookups_find_the_repository_folders():
 
 # -- the wheel -------------------------------------------------------------------------------
 
+
 def _files(root: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``root`` (``__pycache__`` left out)."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def _run(args, **kw) -> subprocess.CompletedProcess:
@@ -131,8 +148,16 @@ def _copy_sources(src: Path) -> Path:
     """What a wheel is built from, copied to ``src`` (no build/ or egg-info left in the checkout)."""
     src.mkdir(parents=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".tmp-*")
-    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "setup.py", "setup.cfg",
-                 *PACKAGES, "models", "datasets"):
+    for name in (
+        "pyproject.toml",
+        "README.md",
+        "MANIFEST.in",
+        "setup.py",
+        "setup.cfg",
+        *PACKAGES,
+        "models",
+        "datasets",
+    ):
         p = ROOT / name
         if p.is_dir():
             # symlinks kept: evalkit/metrics and evalkit/app are links to ../metrics, ../app
@@ -153,8 +178,11 @@ def _runtime_closure() -> set[str]:
         here.setdefault(_dist(d.metadata["Name"]), d)
     env = default_environment()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    todo = [r for r in map(Requirement, project["dependencies"])
-            if r.marker is None or r.marker.evaluate({**env, "extra": ""})]
+    todo = [
+        r
+        for r in map(Requirement, project["dependencies"])
+        if r.marker is None or r.marker.evaluate({**env, "extra": ""})
+    ]
     seen: set[tuple[str, str]] = set()
     while todo:
         req = todo.pop()
@@ -163,8 +191,11 @@ def _runtime_closure() -> set[str]:
         for extra in ("", *sorted(req.extras)):
             if (name, extra) not in seen:
                 seen.add((name, extra))
-                todo += [r for r in map(Requirement, here[name].requires or [])
-                         if r.marker is None or r.marker.evaluate({**env, "extra": extra})]
+                todo += [
+                    r
+                    for r in map(Requirement, here[name].requires or [])
+                    if r.marker is None or r.marker.evaluate({**env, "extra": extra})
+                ]
     return {name for name, _ in seen}
 
 
@@ -190,8 +221,7 @@ def _venv(tmp: Path, deps: list[str] | None = None) -> dict:
     base = getattr(sys, "_base_executable", None) or sys.executable
     _run([base, "-m", "venv", "--without-pip", venv])
     py = venv / "bin" / "python"
-    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-                .stdout.strip())
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     # only the directories: a .pth line adds a path, it does not run the .pth files there (the
     # editable finder of this environment's evalkit is one of those)
     deps = deps or dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
@@ -205,8 +235,21 @@ def _venv(tmp: Path, deps: list[str] | None = None) -> dict:
 
 def _pip_install(py: Path, *args) -> None:
     # pip of this environment, installing into the new one (pip >= 22.3: --python)
-    _run([sys.executable, "-m", "pip", "--python", py, "install", "--quiet",
-          "--disable-pip-version-check", "--no-deps", "--no-index", *args])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            py,
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-index",
+            *args,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +257,22 @@ def wheel(tmp_path_factory) -> Path:
     """A wheel built from a copy of the sources."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = _copy_sources(tmp / "src")
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-          "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            tmp / "dist",
+            src,
+        ]
+    )
     [whl] = (tmp / "dist").glob("evalkit-*.whl")
     return whl
 
@@ -229,7 +286,7 @@ def installed(wheel, runtime_site, tmp_path_factory):
     return v
 
 
-@pytest.mark.slow   # a wheel built
+@pytest.mark.slow  # a wheel built
 def test_wheel_holds_every_module_and_the_shipped_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     top = {n.split("/")[0] for n in names}
@@ -240,51 +297,66 @@ def test_wheel_holds_every_module_and_the_shipped_data(wheel):
             assert f"{inside}/{p.relative_to(ROOT / folder).as_posix()}" in names
     for p in (ROOT / "app" / "static").iterdir():
         assert f"evalkit/app/static/{p.name}" in names
-    for p in (ROOT / "evalkit" / "compare" / "templates").iterdir():   # the report's template
+    for p in (ROOT / "evalkit" / "compare" / "templates").iterdir():  # the report's template
         assert p.relative_to(ROOT).as_posix() in names
     for f in _files(CHECKOUT_MODEL):
         assert f"evalkit/models/canary/{f}" in names
-    assert {n for n in names if n.startswith("evalkit/models/")} == \
-        {f"evalkit/models/canary/{f}" for f in _files(CHECKOUT_MODEL)}
+    assert {n for n in names if n.startswith("evalkit/models/")} == {
+        f"evalkit/models/canary/{f}" for f in _files(CHECKOUT_MODEL)
+    }
     for f in _files(CHECKOUT_DATASETS):
         if f.endswith((".yaml", ".mkv")):
             assert f"evalkit/datasets/{f}" in names
 
 
-@pytest.mark.slow   # a wheel built and installed, a render
+@pytest.mark.slow  # a wheel built and installed, a render
 def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
     py, work, env, site = installed["py"], installed["work"], installed["env"], installed["site"]
-    probe = _run([py, "-c", (
-        "import json, importlib.util, evalkit, evalkit.demo as demo\n"
-        "from evalkit import app, metrics\n"
-        "from evalkit.metrics import stream\n"
-        "from evalkit.app import server\n"
-        "assert importlib.util.find_spec('metrics') is None, importlib.util.find_spec('metrics')\n"
-        "assert importlib.util.find_spec('app') is None, importlib.util.find_spec('app')\n"
-        "for extra in ('transformers', 'ray', 'imageio_ffmpeg', 'psycopg', 'lpips', 'pytest'):\n"
-        "    assert importlib.util.find_spec(extra) is None, extra\n"
-        "from pathlib import Path\n"
-        "from evalkit import fsutil\n"
-        "from evalkit.canary import MODEL_DIR\n"
-        "from evalkit.render.renderers.canary import MODEL_DIR as RENDERER_DIR\n"
-        "print(json.dumps({'evalkit': evalkit.__file__, 'metrics': metrics.__file__,"
-        " 'stream': stream.__file__, 'app': app.__file__, 'server': server.__file__,"
-        " 'static': str(Path(app.__file__).parent / 'static'),"
-        " 'model': str(MODEL_DIR), 'renderer_model': str(RENDERER_DIR),"
-        " 'model_fn': str(fsutil.canary_model_dir()),"
-        " 'datasets': str(fsutil.datasets_dir()), 'suite': str(demo.SUITE),"
-        " 'gate': str(demo.GATE)}))")], cwd=work, env=env)
+    probe = _run(
+        [
+            py,
+            "-c",
+            (
+                "import json, importlib.util, evalkit, evalkit.demo as demo\n"
+                "from evalkit import app, metrics\n"
+                "from evalkit.metrics import stream\n"
+                "from evalkit.app import server\n"
+                "assert importlib.util.find_spec('metrics') is None, importlib.util.find_spec('metrics')\n"
+                "assert importlib.util.find_spec('app') is None, importlib.util.find_spec('app')\n"
+                "for extra in ('transformers', 'ray', 'imageio_ffmpeg', 'psycopg', 'lpips', 'pytest'):\n"
+                "    assert importlib.util.find_spec(extra) is None, extra\n"
+                "from pathlib import Path\n"
+                "from evalkit import fsutil\n"
+                "from evalkit.canary import MODEL_DIR\n"
+                "from evalkit.render.renderers.canary import MODEL_DIR as RENDERER_DIR\n"
+                "print(json.dumps({'evalkit': evalkit.__file__, 'metrics': metrics.__file__,"
+                " 'stream': stream.__file__, 'app': app.__file__, 'server': server.__file__,"
+                " 'static': str(Path(app.__file__).parent / 'static'),"
+                " 'model': str(MODEL_DIR), 'renderer_model': str(RENDERER_DIR),"
+                " 'model_fn': str(fsutil.canary_model_dir()),"
+                " 'datasets': str(fsutil.datasets_dir()), 'suite': str(demo.SUITE),"
+                " 'gate': str(demo.GATE)}))"
+            ),
+        ],
+        cwd=work,
+        env=env,
+    )
     where = {k: Path(v) for k, v in json.loads(probe.stdout).items()}
     for k, p in where.items():
         assert p.is_relative_to(site), f"{k}: {p} is not inside the new venv ({site})"
-    assert where["model"] == where["renderer_model"] == where["model_fn"] == \
-        site / "evalkit" / "models" / "canary"
+    assert (
+        where["model"]
+        == where["renderer_model"]
+        == where["model_fn"]
+        == site / "evalkit" / "models" / "canary"
+    )
     assert where["datasets"] == site / "evalkit" / "datasets"
     assert where["stream"] == site / "evalkit" / "metrics" / "stream.py"
     assert where["server"] == site / "evalkit" / "app" / "server.py"
-    for name in ("metrics", "app"):   # not importable as top-level packages
-        r = subprocess.run([py, "-c", f"import {name}"], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=600)
+    for name in ("metrics", "app"):  # not importable as top-level packages
+        r = subprocess.run(
+            [py, "-c", f"import {name}"], cwd=work, env=env, capture_output=True, text=True, timeout=600
+        )
         assert r.returncode == 1 and f"No module named '{name}'" in r.stderr, (name, r.stderr)
     assert where["suite"].is_file() and where["gate"].is_file()
     assert all((where["static"] / f"player.{x}").is_file() for x in ("html", "css", "js"))
@@ -298,9 +370,24 @@ def test_installed_wheel_renders_the_canary_outside_the_checkout(installed):
     assert "ok" in r.stdout
     _run([py, "-m", "evalkit", "suite", "validate", where["suite"]], cwd=work, env=env)
     # the console script of the wheel, the canary renderer by default (-r canary), one job
-    r = _run([installed["venv"] / "bin" / "evalkit", "render", smoke, "-b", "cpu", "-r",
-              "canary", "--out", "runs", "--quiet", "--jobs", "astronaut_pan"],
-             cwd=work, env=env)
+    r = _run(
+        [
+            installed["venv"] / "bin" / "evalkit",
+            "render",
+            smoke,
+            "-b",
+            "cpu",
+            "-r",
+            "canary",
+            "--out",
+            "runs",
+            "--quiet",
+            "--jobs",
+            "astronaut_pan",
+        ],
+        cwd=work,
+        env=env,
+    )
     assert "1 rendered, 0 already done, 0 failed" in r.stdout
     run = work / "runs" / "cpu"
     assert [p.suffix for p in (run / "clips").iterdir()] == [".mkv"]
@@ -319,7 +406,8 @@ WHERE = (
     " 'stream': evalkit.metrics.stream.__file__, 'app': evalkit.app.__file__,"
     " 'server': evalkit.app.server.__file__,"
     " 'top_metrics': str(importlib.util.find_spec('metrics')),"
-    " 'top_app': str(importlib.util.find_spec('app'))}))")
+    " 'top_app': str(importlib.util.find_spec('app'))}))"
+)
 
 
 def _where(py, cwd, env) -> dict:
@@ -330,13 +418,17 @@ def _from_checkout(found: dict, checkout: Path) -> None:
     """evalkit's modules from ``checkout``: evalkit.metrics and evalkit.app through the links
     evalkit/metrics and evalkit/app (ordinary subpackages), which are the folders metrics/, app/."""
     assert found["evalkit"] == str(checkout / "evalkit" / "__init__.py")
-    for key, rel in (("metrics", "metrics/__init__.py"), ("stream", "metrics/stream.py"),
-                     ("app", "app/__init__.py"), ("server", "app/server.py")):
+    for key, rel in (
+        ("metrics", "metrics/__init__.py"),
+        ("stream", "metrics/stream.py"),
+        ("app", "app/__init__.py"),
+        ("server", "app/server.py"),
+    ):
         assert found[key] == str(checkout / "evalkit" / rel), (key, found[key])
         assert Path(found[key]).resolve() == (checkout / rel).resolve(), (key, found[key])
 
 
-@pytest.mark.slow   # an editable install
+@pytest.mark.slow  # an editable install
 def test_editable_install_maps_the_folders(tmp_path):
     """``make setup``'s ``pip install -e .``: the clone's folders under evalkit's names, and no
     top-level ``metrics`` or ``app`` outside the clone."""
@@ -348,7 +440,7 @@ def test_editable_install_maps_the_folders(tmp_path):
     assert found["top_metrics"] == found["top_app"] == "None"
 
 
-@pytest.mark.slow   # processes importing torch's neighbours
+@pytest.mark.slow  # processes importing torch's neighbours
 def test_checkout_on_pythonpath_maps_its_own_folders(tmp_path):
     """A checkout run with PYTHONPATH and no install (helpers' worktrees, the device runs) in an
     environment where another checkout of evalkit is installed editable (this one, or the main
@@ -361,10 +453,8 @@ def test_checkout_on_pythonpath_maps_its_own_folders(tmp_path):
     work.mkdir()
     _from_checkout(_where(sys.executable, work, env), other)
     # in a child process too (worker processes import by name)
-    probe = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
-             f"{WHERE!r}], check=True)")
-    _from_checkout(json.loads(_run([sys.executable, "-c", probe], cwd=work, env=env).stdout),
-                   other)
+    probe = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {WHERE!r}], check=True)"
+    _from_checkout(json.loads(_run([sys.executable, "-c", probe], cwd=work, env=env).stdout), other)
 
 
 # -- dependencies: declared where they are used ----------------------------------------------
@@ -385,14 +475,16 @@ def _dist(requirement: str) -> str:
 def _declared() -> tuple[set[str], dict[str, set[str]]]:
     """pyproject.toml's runtime dependencies and extras (distribution names)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return ({_dist(r) for r in project["dependencies"]},
-            {k: {_dist(r) for r in v} for k, v in project["optional-dependencies"].items()})
+    return (
+        {_dist(r) for r in project["dependencies"]},
+        {k: {_dist(r) for r in v} for k, v in project["optional-dependencies"].items()},
+    )
 
 
 def _catches_import_error(handlers) -> bool:
     names = set()
     for h in handlers:
-        for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]):
+        for t in h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]:
             names.add(getattr(t, "id", None))
     return bool(names & {"ImportError", "ModuleNotFoundError", None})
 
@@ -418,12 +510,20 @@ def _imports(folder: str) -> list[tuple[str, int, str, bool]]:
                 walk_one(child, inner)
 
         def walk_one(node, lazy):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for n in names:
                 top = n.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in ("evalkit", "__future__") \
-                        and top not in local:
+                if (
+                    top not in sys.stdlib_module_names
+                    and top not in ("evalkit", "__future__")
+                    and top not in local
+                ):
                     out.append((path.relative_to(ROOT).as_posix(), node.lineno, top, lazy))
             walk(node, lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
@@ -461,24 +561,35 @@ def test_product_imports_are_declared_dependencies():
                 continue
             text = (ROOT / file).read_text(encoding="utf-8")
             if file.startswith("evalkit/testing/"):
-                named = {"test"} if "evalkit[test]" in \
-                    (ROOT / "evalkit/testing/__init__.py").read_text(encoding="utf-8") else set()
+                named = (
+                    {"test"}
+                    if "evalkit[test]" in (ROOT / "evalkit/testing/__init__.py").read_text(encoding="utf-8")
+                    else set()
+                )
             else:
                 named = {e for e in extras if f"evalkit[{e}]" in text}
             if not lazy or not any(dists & extras[e] for e in named):
-                bad.append(f"{file}:{line}: {top} ({', '.join(sorted(dists))}): "
-                           + ("imported at module level" if not lazy else
-                              "no extra holding it is named (evalkit[...]) in the module"))
+                bad.append(
+                    f"{file}:{line}: {top} ({', '.join(sorted(dists))}): "
+                    + (
+                        "imported at module level"
+                        if not lazy
+                        else "no extra holding it is named (evalkit[...]) in the module"
+                    )
+                )
     assert bad == [], "undeclared imports:\n" + "\n".join(bad)
     assert runtime - used == set(), f"runtime dependencies the product never imports: {runtime - used}"
 
 
 def test_test_imports_are_declared_in_the_test_extra():
     runtime, extras = _declared()
-    bad = [f"{file}:{line}: {top}" for file, line, top, _ in _imports("tests")
-           if not _dists_of(top) & (runtime | extras["test"])]
+    bad = [
+        f"{file}:{line}: {top}"
+        for file, line, top, _ in _imports("tests")
+        if not _dists_of(top) & (runtime | extras["test"])
+    ]
     assert bad == [], "imports of tests/ missing from the test extra:\n" + "\n".join(bad)
-    for name, dists in extras.items():   # the test extra installs every other extra
+    for name, dists in extras.items():  # the test extra installs every other extra
         assert dists <= extras["test"], f"extra {name}: {dists - extras['test']} not in test"
 
 
@@ -486,7 +597,7 @@ def test_missing_imageio_ffmpeg_names_the_vmaf_extra(monkeypatch):
     from evalkit.metrics import VmafUnavailable
     from evalkit.metrics.vmaf import ffmpeg_exe
 
-    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)   # `import imageio_ffmpeg` fails
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # `import imageio_ffmpeg` fails
     with pytest.raises(VmafUnavailable, match=r"pip install 'evalkit\[vmaf\]'"):
         ffmpeg_exe()
 
@@ -494,13 +605,16 @@ def test_missing_imageio_ffmpeg_names_the_vmaf_extra(monkeypatch):
 def test_missing_psycopg_names_the_postgres_extra(monkeypatch):
     from evalkit.study.store import StudyDB, StudyError
 
-    monkeypatch.setitem(sys.modules, "psycopg", None)   # `import psycopg` fails
-    with pytest.raises(StudyError, match=r"--db postgresql\+psycopg://u@127\.0\.0\.1:1/x: .*"
-                                         r"pip install 'evalkit\[postgres\]'"):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` fails
+    with pytest.raises(
+        StudyError,
+        match=r"--db postgresql\+psycopg://u@127\.0\.0\.1:1/x: .*"
+        r"pip install 'evalkit\[postgres\]'",
+    ):
         StudyDB("postgresql+psycopg://u@127.0.0.1:1/x")
 
 
-@pytest.mark.slow   # a pipeline built, the installed wheel run
+@pytest.mark.slow  # a pipeline built, the installed wheel run
 def test_installed_wheel_names_the_extra_a_text_encoder_needs(installed, tmp_path):
     """Without the video-families extra, a diffusers pipeline with a text encoder (transformers)
     stops with one line naming the extra (the canary above has none and renders)."""
@@ -508,10 +622,29 @@ def test_installed_wheel_names_the_extra_a_text_encoder_needs(installed, tmp_pat
 
     tiny_animatediff.build(tmp_path / "animatediff")
     smoke = installed["site"] / "evalkit" / "datasets" / "smoke" / "suite.yaml"
-    r = subprocess.run([installed["venv"] / "bin" / "evalkit", "render", smoke, "-b", "cpu", "-r",
-                        "diffusers", "-O", f"model={tmp_path / 'animatediff'}", "--out", tmp_path / "runs",
-                        "--quiet", "--jobs", "astronaut_pan"], cwd=installed["work"],
-                       env=installed["env"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            installed["venv"] / "bin" / "evalkit",
+            "render",
+            smoke,
+            "-b",
+            "cpu",
+            "-r",
+            "diffusers",
+            "-O",
+            f"model={tmp_path / 'animatediff'}",
+            "--out",
+            tmp_path / "runs",
+            "--quiet",
+            "--jobs",
+            "astronaut_pan",
+        ],
+        cwd=installed["work"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "AnimateDiffVideoToVideoPipeline needs" in r.stderr and "transformers" in r.stderr
     assert "pip install 'evalkit[video-families]'" in r.stderr and "Traceback" not in r.stderr

@@ -7,6 +7,7 @@ shown whole (each box at its tile's aspect, no bars, nothing stretched or croppe
 page shows is read back from its canvases (and, for the layout, from a screenshot) and compared
 with the trial file's own pixels (lossless: decoded here by Pillow, exactly) or with the page's
 own unmagnified boxes of the same frame (stream)."""
+
 from __future__ import annotations
 
 import base64
@@ -28,15 +29,16 @@ FPS = 12
 T = 6
 CANARY = Path(__file__).resolve().parent.parent / "datasets" / "canary" / "clips"
 # every canvas of the stage as base64 RGBA, with its slot (the flicker box: the slot it shows)
-CANVASES = ("() => Array.from(document.querySelectorAll('.ek-stage canvas')).filter("
-            " c => c.offsetParent !== null).map(c => {"
-            " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-            " let s = ''; for (let i = 0; i < d.length; i += 8192)"
-            "   s += String.fromCharCode.apply(null, d.subarray(i, i + 8192));"
-            " return {slot: c.dataset.slot || null, showing: c.dataset.showing || null,"
-            " w: c.width, h: c.height, rgba: btoa(s)}; })")
-PHONE = dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-             device_scale_factor=2)
+CANVASES = (
+    "() => Array.from(document.querySelectorAll('.ek-stage canvas')).filter("
+    " c => c.offsetParent !== null).map(c => {"
+    " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+    " let s = ''; for (let i = 0; i < d.length; i += 8192)"
+    "   s += String.fromCharCode.apply(null, d.subarray(i, i + 8192));"
+    " return {slot: c.dataset.slot || null, showing: c.dataset.showing || null,"
+    " w: c.width, h: c.height, rgba: btoa(s)}; })"
+)
+PHONE = dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, device_scale_factor=2)
 
 
 def _footage(h: int, w: int, y: int, x: int) -> np.ndarray:
@@ -44,7 +46,7 @@ def _footage(h: int, w: int, y: int, x: int) -> np.ndarray:
     from evalkit.video import read_frames
 
     frames, _ = read_frames(CANARY / "chelsea_handheld.mkv")
-    return np.ascontiguousarray(frames[:T, y:y + h, x:x + w])
+    return np.ascontiguousarray(frames[:T, y : y + h, x : x + w])
 
 
 def _pairs() -> dict:
@@ -62,16 +64,28 @@ def _pairs() -> dict:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect")
-    reports = {shape: import_report(root / shape, {shape: pair}, FPS)[0]
-               for shape, pair in _pairs().items()}           # one size a report
+    reports = {
+        shape: import_report(root / shape, {shape: pair}, FPS)[0] for shape, pair in _pairs().items()
+    }  # one size a report
     out = {}
     for delivery in ("stream", "lossless"):
         db = root / f"{delivery}.db"
-        out[delivery] = {"db": db, "sids": {
-            shape: study.create_study(report, db, protocol="abx", seed=3, raters_planned=4,
-                                      delivery=delivery, allow_masking=True,
-                                      design_seed=11)["study"]
-            for shape, report in reports.items()}}
+        out[delivery] = {
+            "db": db,
+            "sids": {
+                shape: study.create_study(
+                    report,
+                    db,
+                    protocol="abx",
+                    seed=3,
+                    raters_planned=4,
+                    delivery=delivery,
+                    allow_masking=True,
+                    design_seed=11,
+                )["study"]
+                for shape, report in reports.items()
+            },
+        }
     servers = {d: Server(out[d]["db"]).start() for d in out}
     for d in out:
         out[d]["server"] = servers[d]
@@ -100,9 +114,9 @@ def _players(page):
 def _magnified(tile: np.ndarray, view: dict, zoom: int) -> np.ndarray:
     """What a box shows of ``tile`` magnified: its view's pixels, each zoom x zoom, cut to the
     tile's size."""
-    part = tile[view["y"]:view["y"] + view["h"], view["x"]:view["x"] + view["w"]]
+    part = tile[view["y"] : view["y"] + view["h"], view["x"] : view["x"] + view["w"]]
     big = np.repeat(np.repeat(part, zoom, 0), zoom, 1)
-    return big[:tile.shape[0], :tile.shape[1]]
+    return big[: tile.shape[0], : tile.shape[1]]
 
 
 def _pause_on(page, k: int):
@@ -114,8 +128,10 @@ def _pause_on(page, k: int):
         page.keyboard.press(".")
     page.wait_for_function(
         f"window.evalkitPlayers().every(p => p.paused && p.ready >= 2 && "
-        f"Math.floor(p.t * {FPS} + 1e-3) === {k})", timeout=10000)
-    page.wait_for_timeout(100)                     # a paint after the frame
+        f"Math.floor(p.t * {FPS} + 1e-3) === {k})",
+        timeout=10000,
+    )
+    page.wait_for_timeout(100)  # a paint after the frame
 
 
 def _start(browser, env, delivery, view=None, shape="wide"):
@@ -126,9 +142,11 @@ def _start(browser, env, delivery, view=None, shape="wide"):
     state = open_page(page, e["server"].url, token)
     if page.is_visible("#instructions"):
         page.click("#btn-close-help") if not (view or {}).get("has_touch") else page.tap("#btn-close-help")
-    page.wait_for_function("window.evalkitPlayers().length === 3 && "
-                           "window.evalkitPlayers().every(p => p.ready >= 2 && p.t === p.t)",
-                           timeout=30000)
+    page.wait_for_function(
+        "window.evalkitPlayers().length === 3 && "
+        "window.evalkitPlayers().every(p => p.ready >= 2 && p.t === p.t)",
+        timeout=30000,
+    )
     return ctx, page, state
 
 
@@ -144,12 +162,12 @@ def test_magnifier_and_flicker_show_the_right_pixels(env, browser, delivery):
         _pause_on(page, 2)
         base = _boxes(page)
         assert sorted(base) == sorted(trial["tiles"])
-        if delivery == "lossless":              # the file's own pixels, decoded by Pillow
+        if delivery == "lossless":  # the file's own pixels, decoded by Pillow
             with study.RaterService(env[delivery]["db"]) as svc:
                 path = svc.media_sync(state_token(page), next(iter(trial["media"].values())))
             frame = lossless.read_webp(path)[2]
             for slot, (x, y, w, h) in trial["tiles"].items():
-                assert np.array_equal(base[slot], frame[y:y + h, x:x + w]), slot
+                assert np.array_equal(base[slot], frame[y : y + h, x : x + w]), slot
         boxes = {s: page.locator(f"canvas[data-slot='{s}']").bounding_box() for s in base}
 
         def check(zoom):
@@ -166,7 +184,7 @@ def test_magnifier_and_flicker_show_the_right_pixels(env, browser, delivery):
         page.keyboard.press("z")
         v2 = check(2)
         w, h = base["X"].shape[1], base["X"].shape[0]
-        assert (v2["w"], v2["h"]) == (w // 2, h // 2) and abs(v2["x"] - w / 4) <= 1   # centred
+        assert (v2["w"], v2["h"]) == (w // 2, h // 2) and abs(v2["x"] - w / 4) <= 1  # centred
         # a click on B at 70 % across, 30 % down aims every box at that pixel of the view
         b = boxes["B"]
         page.mouse.click(b["x"] + 0.7 * b["width"], b["y"] + 0.3 * b["height"])
@@ -198,7 +216,7 @@ def test_magnifier_and_flicker_show_the_right_pixels(env, browser, delivery):
             where, seen = set(), {}
             for _ in range(200):
                 shown = _painted(page)
-                assert len(shown) == 1 and shown[0]["slot"] is None     # one box, no slot
+                assert len(shown) == 1 and shown[0]["slot"] is None  # one box, no slot
                 s = shown[0]
                 view = _players(page)[0]["view"]
                 assert np.array_equal(s["rgb"], _magnified(base[s["showing"]], view, zoom)), s["showing"]
@@ -224,11 +242,16 @@ def state_token(page) -> str:
 
 
 def _controls_on_screen(page):
-    sels = ["#controls button", "#controls select:not([hidden])", "#answers button", ".ek-head",
-            ".ek-stage canvas"]
+    sels = [
+        "#controls button",
+        "#controls select:not([hidden])",
+        "#answers button",
+        ".ek-head",
+        ".ek-stage canvas",
+    ]
     g = layout(page, sels)
     vw, vh = g["vw"], g["vh"]
-    assert g["sw"] <= vw and g["sh"] <= vh, g                        # no scrolling, either way
+    assert g["sw"] <= vw and g["sh"] <= vh, g  # no scrolling, either way
     for s in sels:
         visible = [b for b in g["boxes"][s] if b["w"] > 0]
         assert inside(visible, vw, vh), (s, g["boxes"][s])
@@ -246,9 +269,9 @@ def test_phone_layout_every_control_on_screen(env, browser):
         page.wait_for_timeout(300)
         g = _controls_on_screen(page)
         cs = sorted(g["boxes"][".ek-stage canvas"], key=lambda b: b["y"])
-        assert len(cs) == 3 and all(abs(c["x"] - cs[0]["x"]) < 1 for c in cs)   # one column
-        assert all(c["y"] + c["h"] <= d["y"] for c, d in zip(cs, cs[1:]))          # stacked
-        assert all(c["w"] >= 0.8 * g["vw"] for c in cs)                            # full width
+        assert len(cs) == 3 and all(abs(c["x"] - cs[0]["x"]) < 1 for c in cs)  # one column
+        assert all(c["y"] + c["h"] <= d["y"] for c, d in zip(cs, cs[1:]))  # stacked
+        assert all(c["w"] >= 0.8 * g["vw"] for c in cs)  # full width
         page.screenshot(path=str(ARTIFACTS / "rater-phone.png"))
         page.tap("#btn-zoom")
         assert _players(page)[0]["zoom"] == 2
@@ -257,7 +280,7 @@ def test_phone_layout_every_control_on_screen(env, browser):
         page.tap("canvas[data-slot='A']", position={"x": 0.9 * x["width"], "y": 0.5 * x["height"]})
         page.wait_for_timeout(100)
         after = _players(page)[0]["view"]
-        assert after["x"] > before["x"], (before, after)              # aimed to the right
+        assert after["x"] > before["x"], (before, after)  # aimed to the right
         _controls_on_screen(page)
         page.screenshot(path=str(ARTIFACTS / "rater-phone-zoom.png"))
         page.tap("#btn-flicker")
@@ -266,7 +289,7 @@ def test_phone_layout_every_control_on_screen(env, browser):
         assert len([b for b in g["boxes"][".ek-stage canvas"] if b["w"] > 0]) == 1
         page.tap("#btn-flicker")
         page.wait_for_function(ENABLED, timeout=30000)
-        state = answer(page, "A", "tap")                 # the answers work from here
+        state = answer(page, "A", "tap")  # the answers work from here
         assert "error" not in state
     finally:
         ctx.close()
@@ -292,10 +315,12 @@ def test_clips_of_other_aspects_are_shown_whole(env, browser, delivery, view, sh
             assert abs(b["w"] / b["h"] - w / h) <= (w / h) * (1 / b["h"] + 1 / b["w"]), b
             assert inside([b], g["vw"], g["vh"]) and b["w"] >= w, b
             # the box less a CSS pixel all round (it may start between screen pixels)
-            png = page.screenshot(clip={"x": b["x"] + 1, "y": b["y"] + 1, "width": b["w"] - 2,
-                                        "height": b["h"] - 2})
-            shot = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")
-                              .resize((w, h), Image.BOX)).astype(np.float32)
+            png = page.screenshot(
+                clip={"x": b["x"] + 1, "y": b["y"] + 1, "width": b["w"] - 2, "height": b["h"] - 2}
+            )
+            shot = np.asarray(Image.open(io.BytesIO(png)).convert("RGB").resize((w, h), Image.BOX)).astype(
+                np.float32
+            )
             tile = painted[b["slot"]].astype(np.float32)
             err = np.abs(shot - tile)
             # the screen resamples (and the box filter here): a box placed between screen
@@ -304,7 +329,7 @@ def test_clips_of_other_aspects_are_shown_whole(env, browser, delivery, view, sh
             # picture is several whole pixels off
             shifted = np.abs(tile[:, 1:] - tile[:, :-1]).mean()
             assert err.mean() < 0.75 * shifted, (b, err.mean(), shifted)
-            for edge in (err[0], err[-1], err[:, 0], err[:, -1]):        # no bars
+            for edge in (err[0], err[-1], err[:, 0], err[:, -1]):  # no bars
                 assert edge.mean() < 2 * shifted, (b, edge.mean(), shifted)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"rater-aspect-{shape}-{view}.png"))
@@ -352,8 +377,8 @@ def test_stream_fed_through_mediasource_shows_the_files_frames(env, browser):
         for k in range(T):
             _pause_on(page, k) if k == 0 else page.keyboard.press(".")
             page.wait_for_function(
-                f"window.evalkitPlayers().every(p => Math.floor(p.t * {FPS} + 1e-3) === {k})",
-                timeout=10000)
+                f"window.evalkitPlayers().every(p => Math.floor(p.t * {FPS} + 1e-3) === {k})", timeout=10000
+            )
             page.wait_for_timeout(100)
             shown = _boxes(page)
             whole = page.evaluate(BLOB_FRAME, [k, FPS])

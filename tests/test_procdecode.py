@@ -1,5 +1,6 @@
 """Clips decoded in worker processes (evalkit.procdecode): the same chunks and the same errors
 as ClipReader, chunks valid for as long as promised, workers reused, stopped and not leaked."""
+
 from __future__ import annotations
 
 import os
@@ -12,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DATASETS
 
-from evalkit.errors import VideoError
 from evalkit import procdecode
+from evalkit.errors import VideoError
 from evalkit.procdecode import DecoderPool, prefetch_chunks, use_processes
 from evalkit.video import ClipReader, write_browser, write_lossless
-
-from conftest import DATASETS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def clips(tmp_path_factory):
     paths = {"ffv1": root / "a.mkv", "utvideo": root / "a.nut"}
     for codec, p in paths.items():
         write_lossless(p, frames, 24, codec=codec)
-    paths["h264"] = root / "a.mp4"                  # not intra-only: one decoder in the worker
+    paths["h264"] = root / "a.mp4"  # not intra-only: one decoder in the worker
     write_browser(paths["h264"], frames, 24)
     return frames, paths
 
@@ -68,7 +68,7 @@ def test_chunks_are_the_readers_chunks_and_nothing_is_left_behind(clips, codec, 
         if codec != "h264":
             assert np.array_equal(np.concatenate(got), frames)
         assert pool.workers == 1 and not pool._open
-    assert made and not (set(made) & _shm_names())   # closing the pool unlinked its rings
+    assert made and not (set(made) & _shm_names())  # closing the pool unlinked its rings
 
 
 def test_a_workers_ring_is_reused_unless_a_chunk_outlives_its_clip(clips, pool):
@@ -77,21 +77,21 @@ def test_a_workers_ring_is_reused_unless_a_chunk_outlives_its_clip(clips, pool):
         assert sum(len(c) for c in it) == 23
     ring = pool._all[0].segment.name
     with pool.chunks(paths["utvideo"], 4, 2) as it:
-        kept = next(it)                     # still referenced after close
+        kept = next(it)  # still referenced after close
     assert pool._all[0].segment is None or pool._all[0].segment.name != ring
     with pool.chunks(paths["ffv1"], 4, 2) as it:
         assert np.array_equal(np.concatenate([c.copy() for c in it]), frames)
-    assert np.array_equal(kept, frames[:4])     # never written again
+    assert np.array_equal(kept, frames[:4])  # never written again
     assert pool.workers == 1
 
 
 def test_a_chunk_stays_valid_until_hold_more_are_taken(clips, pool):
     frames, paths = clips
     views = []
-    for c in pool.chunks(paths["utvideo"], 2, depth=1, hold=2):   # 3 slots, reused 4 times
-        views.append(c)                     # in place, not copied
+    for c in pool.chunks(paths["utvideo"], 2, depth=1, hold=2):  # 3 slots, reused 4 times
+        views.append(c)  # in place, not copied
         for k in range(max(0, len(views) - 2), len(views)):
-            assert np.array_equal(views[k], frames[2 * k:2 * k + len(views[k])])
+            assert np.array_equal(views[k], frames[2 * k : 2 * k + len(views[k])])
 
 
 def test_closing_early_stops_the_worker_which_serves_the_next_clip(clips, pool):
@@ -127,7 +127,7 @@ def test_a_readers_error_is_raised_by_the_consumer_unchanged(tmp_path, pool):
         list(it)
     assert str(procs.value) == str(direct.value)
     with pool.chunks(good, 3) as it:
-        assert len(list(it)) == 3                   # 8 frames: 3 + 3 + 2
+        assert len(list(it)) == 3  # 8 frames: 3 + 3 + 2
     assert pool.workers == 1
 
 
@@ -140,19 +140,19 @@ def test_a_worker_that_dies_is_that_clips_error_and_the_pool_goes_on(clips, pool
         list(it)
     it.close()
     assert pool.workers == 0
-    assert np.array_equal(np.concatenate([c.copy() for c in pool.chunks(paths["ffv1"], 8)]),
-                          frames)
+    assert np.array_equal(np.concatenate([c.copy() for c in pool.chunks(paths["ffv1"], 8)]), frames)
 
 
 def test_workers_ignore_ctrl_c_and_a_killed_parent_leaves_no_process_or_memory(clips, tmp_path):
     _, paths = clips
     script = tmp_path / "parent.py"
     # no __main__ guard: a worker is a fresh interpreter and never runs this file
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, sys
         from evalkit.procdecode import DecoderPool
         pool = DecoderPool()
-        it = pool.chunks({str(paths['ffv1'])!r}, 2, 1, hold=1)
+        it = pool.chunks({str(paths["ffv1"])!r}, 2, 1, hold=1)
         next(it)
         w = pool._all[0]
         print(w.process.pid, w.segment.name, flush=True)
@@ -161,26 +161,33 @@ def test_workers_ignore_ctrl_c_and_a_killed_parent_leaves_no_process_or_memory(c
         print("served", n, flush=True)
         sys.stdin.readline()
         os.kill(os.getpid(), signal.SIGKILL)    # no clean-up: the worker must notice by itself
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     pid, ring = parent.stdout.readline().split()
     pid = int(pid)
     assert ring in _shm_names() or not os.path.isdir("/dev/shm")
-    os.kill(pid, signal.SIGINT)             # ignored: Ctrl-C is the parent's to handle
+    os.kill(pid, signal.SIGINT)  # ignored: Ctrl-C is the parent's to handle
     parent.stdin.write("\n")
     parent.stdin.flush()
     assert parent.stdout.readline().split() == ["served", "23"]
     parent.stdin.write("\n")
     parent.stdin.flush()
     assert parent.wait(60) == -signal.SIGKILL
-    for _ in range(600):                    # the worker sees its pipe close and ends; the
-        gone = ring not in _shm_names()     # resource tracker unlinks the parent's ring
+    for _ in range(600):  # the worker sees its pipe close and ends; the
+        gone = ring not in _shm_names()  # resource tracker unlinks the parent's ring
         try:
             os.kill(pid, 0)
             with open(f"/proc/{pid}/stat") as f:
-                ended = f.read().split(") ")[1].startswith("Z")     # reaped by init later
+                ended = f.read().split(") ")[1].startswith("Z")  # reaped by init later
         except (ProcessLookupError, FileNotFoundError):
             ended = True
         if ended and gone:
@@ -197,7 +204,7 @@ def test_processes_from_eight_usable_cores(monkeypatch):
         monkeypatch.setattr("evalkit.video.usable_cores", lambda: cores)
         assert use_processes() is (want and os.name == "posix")
     assert PD.PROCESS_MIN_CORES == 8
-    monkeypatch.setattr(PD, "PROCESS_MIN_CORES", 0)            # how tests choose processes
+    monkeypatch.setattr(PD, "PROCESS_MIN_CORES", 0)  # how tests choose processes
     assert use_processes() is (os.name == "posix")
 
 
@@ -215,11 +222,14 @@ def test_without_room_in_shared_memory_it_says_so_and_decodes_in_threads(clips, 
     from evalkit.video import Prefetch
 
     frames, paths = clips
-    monkeypatch.setattr("evalkit.procdecode.shm_free", lambda: 64 * 2**10)    # 64 KB free
-    with pytest.raises(NoRoom, match=r"^/dev/shm: 0 MB free, the decoder processes need \d+ MB "
-                                     r".*--shm-size\)$"):
+    monkeypatch.setattr("evalkit.procdecode.shm_free", lambda: 64 * 2**10)  # 64 KB free
+    with pytest.raises(
+        NoRoom,
+        match=r"^/dev/shm: 0 MB free, the decoder processes need \d+ MB "
+        r".*--shm-size\)$",
+    ):
         pool.chunks(paths["ffv1"], 4, 2)
-    assert pool.workers == 0                # nothing taken, nothing started
+    assert pool.workers == 0  # nothing taken, nothing started
     with pytest.warns(RuntimeWarning, match="decoding in threads: /dev/shm"):
         it = prefetch_chunks(paths["ffv1"], 4, 2, pool=pool)
     assert isinstance(it, Prefetch)

@@ -1,6 +1,7 @@
 """`study create` prints progress lines when its output is not a terminal (issue 46 item 8): the
 printer it hands create_study, one line per clip for a short study, one per 5% for a long one,
 always the last."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """evalkit render: backends, renderer plugins, progress, resume after SIGKILL, failures."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,12 @@ import time
 
 import numpy as np
 import pytest
+from conftest import DATASETS, assert_one_line_error
 
 from evalkit import video
-from evalkit.render.driver import render_suite
 from evalkit.formats.run import RunDir, read_manifest, sha256_file
 from evalkit.formats.suite import load_suite
-
-from conftest import DATASETS, assert_one_line_error
+from evalkit.render.driver import render_suite
 from evalkit.testing.suites import write_suite
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
@@ -37,22 +37,31 @@ def frames_of(run_path, job_id):
 
 
 def make_suite(tmp_path, prompts=("a", "b", "c"), seeds=(0, 1)):
-    return write_suite(tmp_path, DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
-                       prompts=prompts, seeds=seeds)
+    return write_suite(
+        tmp_path, DATASETS / "smoke" / "clips" / "astronaut_pan.mkv", prompts=prompts, seeds=seeds
+    )
 
 
 # -- the diffusers renderer with a tiny pipeline built from configs ---------------------------
 
+
 @pytest.mark.slow  # a diffusers pipeline in fp32 and bf16 on the CPU
 def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtypes(
-        tiny_pipeline, tmp_path, cli):
-    opts = ["-O", f"model={tiny_pipeline}", "-O", "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"]
+    tiny_pipeline, tmp_path, cli
+):
+    opts = [
+        "-O",
+        f"model={tiny_pipeline}",
+        "-O",
+        "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline",
+    ]
     suite = load_suite(SMOKE)
     # two backends in one command, then fp32 again (its clips must be the same bits)
     for out, bf16_too in (("r1", True), ("r2", False)):
         backends = ["--backend", "cpu,dtype=fp32"] + (["--backend", "cpu,dtype=bf16"] * bf16_too)
-        code, stdout, err = cli("render", SMOKE, *backends, "--out", tmp_path / out, "--renderer",
-                                "diffusers", *opts, "--quiet")
+        code, stdout, err = cli(
+            "render", SMOKE, *backends, "--out", tmp_path / out, "--renderer", "diffusers", *opts, "--quiet"
+        )
         assert code == 0, err
         assert stdout.count("2 rendered, 0 already done, 0 failed") == 1 + bf16_too, stdout
     fp32_1, fp32_2 = tmp_path / "r1" / "cpu", tmp_path / "r2" / "cpu"
@@ -62,8 +71,9 @@ def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtyp
     assert m["backend"]["dtype"] == "fp32" and read_manifest(bf16)["fingerprint"]["dtype"] == "bf16"
     for job in suite.jobs:
         # same backend and seed twice: bit-identical clips
-        assert sha256_file(fp32_1 / "clips" / f"{job.id}.mkv") == \
-            sha256_file(fp32_2 / "clips" / f"{job.id}.mkv")
+        assert sha256_file(fp32_1 / "clips" / f"{job.id}.mkv") == sha256_file(
+            fp32_2 / "clips" / f"{job.id}.mkv"
+        )
         a, b = frames_of(fp32_1, job.id), frames_of(bf16, job.id)
         assert a.shape == b.shape == (8, 64, 64, 3)
         # fp32 against bf16: measurably different, but the same picture
@@ -75,11 +85,23 @@ def test_diffusers_pipeline_is_deterministic_per_backend_and_differs_across_dtyp
 
 @pytest.mark.slow  # a diffusers pipeline on the CPU
 def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_path):
-    opts = {"model": str(tiny_pipeline), "pipeline_class": "evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"}
-    base = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
-                        jobs=["astronaut_pan"], progress=False)[0]
-    shifted = render_suite(SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts,
-                           jobs=["astronaut_pan"], seed_offset=1, progress=False)[0]
+    opts = {
+        "model": str(tiny_pipeline),
+        "pipeline_class": "evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline",
+    }
+    base = render_suite(
+        SMOKE, ["cpu"], tmp_path, renderer="diffusers", options=opts, jobs=["astronaut_pan"], progress=False
+    )[0]
+    shifted = render_suite(
+        SMOKE,
+        ["cpu"],
+        tmp_path,
+        renderer="diffusers",
+        options=opts,
+        jobs=["astronaut_pan"],
+        seed_offset=1,
+        progress=False,
+    )[0]
     assert shifted.path.name == "cpu_seed+1"
     jid = load_suite(SMOKE).jobs[0].id
     assert not np.array_equal(frames_of(base.path, jid), frames_of(shifted.path, jid))
@@ -88,6 +110,7 @@ def test_seed_offset_changes_the_noise_but_not_the_job_ids(tiny_pipeline, tmp_pa
 
 # -- resume ----------------------------------------------------------------------------------
 
+
 @pytest.mark.slow  # a diffusers pipeline on the CPU
 def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline, tmp_path, cli):
     import shutil
@@ -95,16 +118,27 @@ def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline,
     model = tmp_path / "model"
     shutil.copytree(tiny_pipeline, model)
     opts = ["-O", f"model={model}", "-O", "pipeline_class=evalkit.testing.tiny_v2v:TinyVideoToVideoPipeline"]
-    args = ["render", SMOKE, "-b", "cpu", "--renderer", "diffusers", *opts, "--jobs",
-            "astronaut_pan", "--out", tmp_path / "runs"]
+    args = [
+        "render",
+        SMOKE,
+        "-b",
+        "cpu",
+        "--renderer",
+        "diffusers",
+        *opts,
+        "--jobs",
+        "astronaut_pan",
+        "--out",
+        tmp_path / "runs",
+    ]
     assert cli(*args)[0] == 0
     manifest = json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text())
     assert len(manifest["renderer"]["model_sha256"]) == 64
-    assert cli(*args)[0] == 0                                # same weights: resumes
+    assert cli(*args)[0] == 0  # same weights: resumes
     manifest = json.loads((tmp_path / "runs" / "cpu" / "manifest.json").read_text())
     weights = next(p for p in model.rglob("*.safetensors"))
     data = bytearray(weights.read_bytes())
-    data[-1] ^= 0x01                                         # other weights, same path and size
+    data[-1] ^= 0x01  # other weights, same path and size
     weights.write_bytes(bytes(data))
     code, _, err = cli(*args)
     assert code == 2
@@ -116,15 +150,31 @@ def test_resume_with_other_weights_under_the_same_path_is_refused(tiny_pipeline,
 def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
     suite_path = make_suite(tmp_path, prompts=("a", "b", "c", "d"), seeds=(0, 1))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "evalkit", "render", str(suite_path), "--backend", "cpu",
-           "--out", str(out), "--renderer", "evalkit.testing.renderers:Invert", "-O", "sleep=0.4", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "evalkit",
+        "render",
+        str(suite_path),
+        "--backend",
+        "cpu",
+        "--out",
+        str(out),
+        "--renderer",
+        "evalkit.testing.renderers:Invert",
+        "-O",
+        "sleep=0.4",
+        "--quiet",
+    ]
     env = dict(os.environ)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     manifest = out / "cpu" / "manifest.json"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if manifest.exists() and sum(j["status"] == "done" for j in
-                                     json.loads(manifest.read_text())["jobs"]) >= 2:
+        if (
+            manifest.exists()
+            and sum(j["status"] == "done" for j in json.loads(manifest.read_text())["jobs"]) >= 2
+        ):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -140,8 +190,8 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tmp_path):
     assert len(ids) == len(set(ids)) == 8
     assert all(j["status"] == "done" for j in m["jobs"])
     clips = sorted(p.name for p in (out / "cpu" / "clips").iterdir())
-    assert clips == sorted(f"{i}.mkv" for i in ids)       # nothing missing, nothing extra
-    assert not list((out / "cpu").rglob(".tmp-*"))         # no half-written leftovers
+    assert clips == sorted(f"{i}.mkv" for i in ids)  # nothing missing, nothing extra
+    assert not list((out / "cpu").rglob(".tmp-*"))  # no half-written leftovers
     src = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
     for j in m["jobs"]:
         clip = out / "cpu" / j["output"]["path"]
@@ -164,8 +214,14 @@ def test_rerun_skips_verified_jobs_and_redoes_tampered_ones(tmp_path):
 
 def test_jobs_selects_a_subset(tmp_path):
     suite_path = make_suite(tmp_path)
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
-                     jobs=["pan-b-"], progress=False)[0]
+    s = render_suite(
+        suite_path,
+        ["cpu"],
+        tmp_path / "o",
+        renderer="evalkit.testing.renderers:Invert",
+        jobs=["pan-b-"],
+        progress=False,
+    )[0]
     assert s.done == 2
     assert {j["status"] for j in RunDir.open(s.path).jobs if j["prompt"] != "b"} == {"pending"}
 
@@ -194,8 +250,14 @@ def test_command_renderer_runs_a_program_per_job(tmp_path):
     script = tmp_path / "render.py"
     script.write_text(RENDER_SCRIPT)
     suite_path = make_suite(tmp_path, prompts=("ok", "bad"), seeds=(0,))
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="command",
-                     options={"cmd": f"{sys.executable} {script}"}, progress=False)[0]
+    s = render_suite(
+        suite_path,
+        ["cpu"],
+        tmp_path / "o",
+        renderer="command",
+        options={"cmd": f"{sys.executable} {script}"},
+        progress=False,
+    )[0]
     assert (s.done, s.failed) == (1, 1)
     [(bad_id, err)] = s.failures.items()
     assert "exited with 3" in err and "cannot render prompt bad" in err
@@ -217,8 +279,9 @@ def test_import_renderer_adopts_renders_by_job_id(tmp_path):
 
     for i, f in enumerate(src):
         Image.fromarray(f[:, ::-1]).save(folder / f"{i}.png")
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="import",
-                     options={"dir": str(made)}, progress=False)[0]
+    s = render_suite(
+        suite_path, ["cpu"], tmp_path / "o", renderer="import", options={"dir": str(made)}, progress=False
+    )[0]
     assert (s.done, s.failed) == (2, 1)
     assert np.array_equal(frames_of(s.path, suite.jobs[0].id), src[:, ::-1])
     assert np.array_equal(frames_of(s.path, suite.jobs[1].id), src[:, :, ::-1])
@@ -227,17 +290,27 @@ def test_import_renderer_adopts_renders_by_job_id(tmp_path):
 
 # -- bad input -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode, needle", [
-    ("shape", "returned shape (8, 64, 64, 2), expected (N, H, W, 3)"),
-    ("dtype", "returned dtype float32, expected uint8"),
-    ("count", "returned 7 frames, expected 8"),
-    ("raise", "RuntimeError: the pipeline exploded"),
-    ("oom", "out of device memory: CUDA out of memory"),
-])
+
+@pytest.mark.parametrize(
+    "mode, needle",
+    [
+        ("shape", "returned shape (8, 64, 64, 2), expected (N, H, W, 3)"),
+        ("dtype", "returned dtype float32, expected uint8"),
+        ("count", "returned 7 frames, expected 8"),
+        ("raise", "RuntimeError: the pipeline exploded"),
+        ("oom", "out of device memory: CUDA out of memory"),
+    ],
+)
 def test_a_bad_job_is_recorded_and_the_others_go_on(mode, needle, tmp_path):
     suite_path = make_suite(tmp_path, prompts=("good", "bad", "fine"), seeds=(0,))
-    s = render_suite(suite_path, ["cpu"], tmp_path / "o", renderer="evalkit.testing.renderers:Invert",
-                     options={"bad": mode}, progress=False)[0]
+    s = render_suite(
+        suite_path,
+        ["cpu"],
+        tmp_path / "o",
+        renderer="evalkit.testing.renderers:Invert",
+        options={"bad": mode},
+        progress=False,
+    )[0]
     assert (s.done, s.failed) == (2, 1)
     [(job_id, err)] = s.failures.items()
     assert "-bad-" in job_id and needle in err
@@ -246,15 +319,18 @@ def test_a_bad_job_is_recorded_and_the_others_go_on(mode, needle, tmp_path):
     assert not (s.path / "clips" / f"{job_id}.mkv").exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--renderer", "nope"], "renderer 'nope': unknown (built-in: diffusers, command, import, canary"),
-    (["--backend", "cpu,precision=fp8"], "unknown key 'precision' (valid keys: dtype="),
-    (["--backend", "cuda,dtype=bf16"], "CUDA/ROCm is not available here"),
-    (["--renderer", "command"], "option 'cmd' is required"),
-    (["-O", "colour=red"], "unknown option 'colour'"),
-    (["--jobs", "zzz"], "--jobs: 'zzz' matches no job"),
-    (["-O", "justtext"], "--renderer-opt: expected key=value"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--renderer", "nope"], "renderer 'nope': unknown (built-in: diffusers, command, import, canary"),
+        (["--backend", "cpu,precision=fp8"], "unknown key 'precision' (valid keys: dtype="),
+        (["--backend", "cuda,dtype=bf16"], "CUDA/ROCm is not available here"),
+        (["--renderer", "command"], "option 'cmd' is required"),
+        (["-O", "colour=red"], "unknown option 'colour'"),
+        (["--jobs", "zzz"], "--jobs: 'zzz' matches no job"),
+        (["-O", "justtext"], "--renderer-opt: expected key=value"),
+    ],
+)
 def test_bad_render_arguments_exit_2(args, needle, tmp_path, cli):
     base = {"--renderer": "evalkit.testing.renderers:Invert", "--backend": "cpu"}
     argv = ["render", str(SMOKE), "--out", str(tmp_path / "o"), "--quiet"]
@@ -277,18 +353,26 @@ def test_a_real_diffusers_pipeline_class_animatediff_video_to_video(tmp_path):
     tiny_animatediff.build(model)
     clip = DATASETS / "smoke" / "clips" / "hubble_object.mkv"
     suite_path = tmp_path / "suite.yaml"
-    suite_path.write_text(textwrap.dedent(f"""\
+    suite_path.write_text(
+        textwrap.dedent(f"""\
         schema_version: 1
         name: ad
         clips: [{{id: hubble, path: {clip}}}]
         prompts: [watercolor]
         seeds: [3]
         params: {{strength: 0.6, steps: 4, guidance: 2.0, height: 64, width: 64}}
-    """))
+    """)
+    )
     runs = {}
     for out, spec in (("a", "cpu"), ("b", "cpu"), ("a", "cpu,dtype=bf16")):
-        [s] = render_suite(suite_path, [spec], tmp_path / out, renderer="diffusers",
-                           options={"model": str(model)}, progress=False)
+        [s] = render_suite(
+            suite_path,
+            [spec],
+            tmp_path / out,
+            renderer="diffusers",
+            options={"model": str(model)},
+            progress=False,
+        )
         assert (s.done, s.failed) == (1, 0), s.failures
         runs[(out, spec)] = frames_of(s.path, load_suite(suite_path).jobs[0].id)
     a, again, bf16 = runs[("a", "cpu")], runs[("b", "cpu")], runs[("a", "cpu,dtype=bf16")]
@@ -312,15 +396,15 @@ def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(
     try:
         first = sources.get(ids[0])[0]
         sources.prefetch(ids[1])
-        assert sources.get(ids[0])[0] is first              # the current clip stays at hand
+        assert sources.get(ids[0])[0] is first  # the current clip stays at hand
         assert np.array_equal(sources.get(ids[1])[0], plain[ids[1]])
-        sources.prefetch(ids[1])                            # already current: nothing to do
+        sources.prefetch(ids[1])  # already current: nothing to do
         sources.prefetch(ids[0])
         assert np.array_equal(sources.get(ids[0])[0], plain[ids[0]])
         bad = tmp_path / "broken.mkv"
         bad.write_bytes(b"not a video")
         suite.clips[ids[1]] = dataclasses.replace(suite.clips[ids[1]], path=bad)
-        sources.prefetch(ids[1])                            # the decode fails on the thread
+        sources.prefetch(ids[1])  # the decode fails on the thread
         with pytest.raises(Exception) as e:
             sources.get(ids[1])
         assert "broken.mkv" in str(e.value)
@@ -329,6 +413,7 @@ def test_source_cache_prefetch_gives_the_same_frames_and_raises_where_get_would(
 
 
 # -- what runs between two pipeline calls (issue #16: the GPU never waits for the harness) ----
+
 
 def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, monkeypatch):
     """A new run starts decoding its first job's source before its manifest is written (the
@@ -349,15 +434,14 @@ def test_the_first_pending_source_is_decoded_while_the_run_is_set_up(tmp_path, m
     assert (s.done, s.path) == (2, out / "cpu")
     assert seen[0] == ("astronaut_pan", False)
     run = RunDir.open(s.path)
-    (s.path / run.job(run.jobs[1]["id"])["output"]["path"]).unlink()   # the second job redone
+    (s.path / run.job(run.jobs[1]["id"])["output"]["path"]).unlink()  # the second job redone
     seen.clear()
     [again] = render_suite(SMOKE, ["cpu"], out, **kw)
     assert (again.done, again.skipped) == (1, 1)
     assert seen == [("hubble_object", True)]
 
 
-def test_with_many_cores_clips_are_encoded_in_parts_and_hashed_on_the_encoder_thread(tmp_path,
-                                                                                    monkeypatch):
+def test_with_many_cores_clips_are_encoded_in_parts_and_hashed_on_the_encoder_thread(tmp_path, monkeypatch):
     """A CPU render (writer threads) with 2 parts a clip (as with 8+ cores): each clip's parts
     are encoded at once, off the rendering thread, and the sha256 taken there is the file's."""
     import threading
@@ -380,10 +464,10 @@ def test_with_many_cores_clips_are_encoded_in_parts_and_hashed_on_the_encoder_th
     monkeypatch.setattr(driver, "clip_parts", lambda: 2)
     kw = dict(renderer="evalkit.testing.renderers:Invert", progress=False)
     [s] = render_suite(SMOKE, ["cpu"], tmp_path / "cpu", **kw)
-    assert s.done == 2 and len(clips) == 2 and len(parts) == 4      # 8 frames: 2 parts
+    assert s.done == 2 and len(clips) == 2 and len(parts) == 4  # 8 frames: 2 parts
     assert main not in clips + parts
     run = RunDir.open(s.path)
-    for rec in run.jobs:            # the sha256 taken on the encoder thread is the file's
+    for rec in run.jobs:  # the sha256 taken on the encoder thread is the file's
         assert rec["output"]["sha256"] == sha256_file(s.path / rec["output"]["path"])
 
 
@@ -399,7 +483,7 @@ def test_a_clip_encoded_in_parts_is_byte_identical_to_one_encoders(codec, tmp_pa
 
     ext = lossless_format(codec).ext
     frames = video.read_frames(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv")[0]
-    frames = np.concatenate([frames, frames[::-1, ::-1]])[:13, :63, :61]    # 13 frames, 61x63
+    frames = np.concatenate([frames, frames[::-1, ::-1]])[:13, :63, :61]  # 13 frames, 61x63
     assert split_points(13, 3) == [(0, 4), (4, 9), (9, 13)]
     assert split_points(13, 4) == [(0, 4), (4, 9), (9, 13)] and split_points(5, 3) == [(0, 5)]
     with ThreadPoolExecutor(3) as pool:

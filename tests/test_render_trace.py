@@ -1,17 +1,18 @@
 """``benchmarks/render_trace.py`` (``bench_render.py --trace``): it times the harness's own work
 during a real render and puts every function back afterwards; its report splits the time
 outside the pipeline calls into stretches and says what each waited for."""
+
 from __future__ import annotations
 
 import inspect
 import sys
 from pathlib import Path
 
+from conftest import DATASETS
+
 from evalkit.render import clipwriter, driver
 from evalkit.render.driver import render_suite
 from evalkit.testing.renderers import Invert
-
-from conftest import DATASETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from render_trace import TIMED, Trace, _owner  # noqa: E402
@@ -19,9 +20,14 @@ from render_trace import TIMED, Trace, _owner  # noqa: E402
 
 def test_report_splits_the_time_outside_the_calls():
     t = Trace()
-    t.events[:] = [("decode", "s0", 0.01, 0.05), ("clip", "e0", 0.30, 0.34),
-                   ("browser", "e1", 0.30, 0.36), ("decode", "s0", 0.31, 0.40),
-                   ("save", "Main", 0.41, 0.42), ("decode", "s1", 0.50, 0.60)]
+    t.events[:] = [
+        ("decode", "s0", 0.01, 0.05),
+        ("clip", "e0", 0.30, 0.34),
+        ("browser", "e1", 0.30, 0.36),
+        ("decode", "s0", 0.31, 0.40),
+        ("save", "Main", 0.41, 0.42),
+        ("decode", "s1", 0.50, 0.60),
+    ]
     calls = [(0.05, 0.30), (0.42, 0.70)]
     head, gap, tail, inside = t.report(0.0, 0.80, calls)
     assert head.startswith("head (0.000 s): 0.050 s") and "decode x1 0.040-0.040" in head
@@ -33,15 +39,14 @@ def test_report_splits_the_time_outside_the_calls():
 
 
 def test_a_traced_render_records_its_work_and_leaves_everything_as_it_was(tmp_path):
-    before = {(m, p): inspect.getattr_static(*_owner(m, p)) for m, p, _ in TIMED
-              if _has(m, p)}
-    assert isinstance(inspect.getattr_static(clipwriter.ClipWriter, "write_browser"),
-                      staticmethod)
+    before = {(m, p): inspect.getattr_static(*_owner(m, p)) for m, p, _ in TIMED if _has(m, p)}
+    assert isinstance(inspect.getattr_static(clipwriter.ClipWriter, "write_browser"), staticmethod)
     t = Trace()
     t.on()
     try:
-        [s] = render_suite(DATASETS / "smoke" / "suite.yaml", ["cpu"], tmp_path / "o",
-                           renderer=Invert(), progress=False)
+        [s] = render_suite(
+            DATASETS / "smoke" / "suite.yaml", ["cpu"], tmp_path / "o", renderer=Invert(), progress=False
+        )
     finally:
         t.off()
     assert s.done > 0 and s.failed == 0

@@ -1,5 +1,6 @@
 """Issue 46 item 6: every clip's plot on the same axes, with its floor band drawn (an autoscaled
 plot of noise looked like crf 32). Read back from the PNGs' pixels."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import DATASETS
 from PIL import Image
 
 from evalkit.compare.aggregate import aggregate
@@ -16,13 +18,11 @@ from evalkit.compare.run import compare_runs
 from evalkit.fsutil import sha256_file
 from evalkit.render.driver import render_suite
 
-from conftest import DATASETS
-
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 INVERT = "evalkit.testing.renderers:Invert"
-RED = np.array([0xc0, 0x39, 0x2b])          # the LPIPS curve
-BLUE = np.array([0x24, 0x71, 0xa3])         # the SSIM curve
-BAND = np.array([223, 226, 227])            # FLOOR_COLOR at alpha 0.25 over white
+RED = np.array([0xC0, 0x39, 0x2B])  # the LPIPS curve
+BLUE = np.array([0x24, 0x71, 0xA3])  # the SSIM curve
+BAND = np.array([223, 226, 227])  # FLOOR_COLOR at alpha 0.25 over white
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +31,8 @@ def reports(tmp_path_factory):
     seed+1 render (loud); both with the seed floor; and A against bf16 with no floor."""
     root = tmp_path_factory.mktemp("plots")
     opts = {"noise": "32"}
-    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts,
-                 progress=False)
-    render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=1,
-                 progress=False)
+    render_suite(SMOKE, ["cpu", "cpu,dtype=bf16"], root, renderer=INVERT, options=opts, progress=False)
+    render_suite(SMOKE, ["cpu"], root, renderer=INVERT, options=opts, seed_offset=1, progress=False)
     a, b, seed = root / "cpu", root / "cpu_dtype-bf16", root / "cpu_seed+1"
     mixed = shutil.copytree(b, root / "mixed")
     m = json.loads((mixed / "manifest.json").read_text())
@@ -71,7 +69,7 @@ def _png(report, summary_job: str) -> np.ndarray:
 def _rows_of(img: np.ndarray, colour: np.ndarray, tol: int) -> np.ndarray:
     """Rows of the plot area (not the axis labels, coloured too) holding ``colour``."""
     img = img[:, 100:600]
-    hit = (np.abs(img.astype(int) - colour).max(axis=2) <= tol)
+    hit = np.abs(img.astype(int) - colour).max(axis=2) <= tol
     return np.nonzero(hit.any(axis=1))[0]
 
 
@@ -87,7 +85,7 @@ def test_plots_share_axes_so_a_quiet_clip_looks_quiet(reports):
     # and on one LPIPS axis the loud clip's curve spans far more than the quiet one's
     quiet = _rows_of(_png(mx, quiet_job), RED, 40)
     loud = _rows_of(_png(mx, loud_job), RED, 40)
-    assert quiet.size and loud.min() < quiet.min() - 20         # rows count down: loud is higher
+    assert quiet.size and loud.min() < quiet.min() - 20  # rows count down: loud is higher
     assert loud.max() - loud.min() > 4 * (quiet.max() - quiet.min())
     # the axes: above every frame's LPIPS and every floor band; one for all clips
     for res in (q, mx):
@@ -116,8 +114,8 @@ def test_each_plot_draws_its_floor_band(reports):
         assert math.isclose(band["mean"], agg["mean"], rel_tol=64 * eps)
         img = _png(q, job)
         in_band = (np.abs(img[:, 100:600].astype(int) - BAND).max(axis=2) <= 3).sum(axis=1)
-        band_rows = np.nonzero(in_band > 100)[0]      # rows the band spans across the plot
-        assert _area(img, BAND) > 5000           # a shaded band, not stray pixels
+        band_rows = np.nonzero(in_band > 100)[0]  # rows the band spans across the plot
+        assert _area(img, BAND) > 5000  # a shaded band, not stray pixels
         # B (bf16) is below the floor: the LPIPS curve lies inside the band
         red = _rows_of(img, RED, 40)
         assert red.min() >= band_rows.min() - 3

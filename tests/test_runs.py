@@ -1,18 +1,18 @@
 """Run folders: manifest format, atomic recording, resume checks, schema versions."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+from conftest import DATASETS
 
 from evalkit import video
-from evalkit.render.backend import fingerprint, parse_spec
 from evalkit.errors import SchemaVersionError, UserError
 from evalkit.formats.run import MANIFEST_SCHEMA_VERSION, RunDir, read_manifest, sha256_file
 from evalkit.formats.suite import load_suite
-
-from conftest import DATASETS
+from evalkit.render.backend import fingerprint, parse_spec
 
 SMOKE = DATASETS / "smoke" / "suite.yaml"
 
@@ -20,9 +20,13 @@ SMOKE = DATASETS / "smoke" / "suite.yaml"
 def make_run(tmp_path, spec="cpu,dtype=fp32"):
     suite = load_suite(SMOKE)
     backend = parse_spec(spec)
-    return suite, RunDir.create(tmp_path / "run", suite=suite,
-                                renderer={"name": "test", "version": "1"},
-                                backend=backend.to_dict(), fingerprint=fingerprint(backend))
+    return suite, RunDir.create(
+        tmp_path / "run",
+        suite=suite,
+        renderer={"name": "test", "version": "1"},
+        backend=backend.to_dict(),
+        fingerprint=fingerprint(backend),
+    )
 
 
 def frames(seed=0):
@@ -35,8 +39,19 @@ def test_manifest_records_what_ran(tmp_path):
     assert m["schema_version"] == MANIFEST_SCHEMA_VERSION
     assert m["suite"]["name"] == "smoke" and m["suite"]["sha256"] == suite.sha256
     assert m["backend"]["spec"] == "cpu" and m["backend"]["dtype"] == "fp32"
-    for key in ("host", "os", "cpu", "device_name", "torch", "cuda", "hip", "dtype",
-                "attention", "deterministic_algorithms", "matmul_tf32"):
+    for key in (
+        "host",
+        "os",
+        "cpu",
+        "device_name",
+        "torch",
+        "cuda",
+        "hip",
+        "dtype",
+        "attention",
+        "deterministic_algorithms",
+        "matmul_tf32",
+    ):
         assert key in m["fingerprint"], key
     assert [j["id"] for j in m["jobs"]] == [j.id for j in suite.jobs]
     assert {j["status"] for j in m["jobs"]} == {"pending"}
@@ -117,7 +132,7 @@ def test_clip_files_find_each_jobs_clip_through_the_manifest(tmp_path):
     run.record_done(done, frames(), 24)
     (run.path / "clips" / f"{done}.mkv").rename(run.path / "clips" / "moved.mkv")
     m = json.loads((run.path / "manifest.json").read_text())
-    m["jobs"][0]["output"]["path"] = "clips/moved.mkv"      # the record wins over the layout
+    m["jobs"][0]["output"]["path"] = "clips/moved.mkv"  # the record wins over the layout
     (run.path / "manifest.json").write_text(json.dumps(m))
     find = clip_files(run.path)
     assert find(done) == run.path / "clips" / "moved.mkv" == RunDir.open(run.path).clip_file(done)

@@ -1,4 +1,5 @@
 """The disk cache of simulated figures (plan, design_check): same value cached or not."""
+
 from __future__ import annotations
 
 import json
@@ -56,5 +57,4 @@ def test_a_plan_of_another_rule_version_is_not_served(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
     assert simcache.path_for("plan", args) != old and old.exists()
-    assert simcache.cached("plan", args, lambda: {"raters": 22, "clips": 41}) == {
-        "raters": 22, "clips": 41}
+    assert simcache.cached("plan", args, lambda: {"raters": 22, "clips": 41}) == {"raters": 22, "clips": 41}

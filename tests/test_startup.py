@@ -8,6 +8,7 @@ with one ``error: ...`` line and exit code 2 (so the command really reached its 
 ``info`` and ``fingerprint`` are not here: their work is asking torch about the machine.
 Times: benchmarks/bench_cli_startup.py (results/startup_cpu2.txt).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,19 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 CANARY_CLIP = ROOT / "datasets" / "canary" / "clips" / "astronaut_pan.mkv"
 
-HEAVY = ("torch", "gradio", "lpips", "cv2", "skimage", "pandas", "matplotlib", "diffusers",
-         "transformers", "triton", "torchvision")
+HEAVY = (
+    "torch",
+    "gradio",
+    "lpips",
+    "cv2",
+    "skimage",
+    "pandas",
+    "matplotlib",
+    "diffusers",
+    "transformers",
+    "triton",
+    "torchvision",
+)
 
 CHILD = r"""
 import json, sys
@@ -75,8 +87,14 @@ def bad_inputs(d: Path) -> list[list[str]]:
 def test_commands_check_inputs_without_heavy_imports(tmp_path):
     cmds = bad_inputs(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False"}
-    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(HEAVY), json.dumps(cmds)],
-                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(HEAVY), json.dumps(cmds)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout.strip().splitlines()[-1])
     assert rows[0] == ["import evalkit.cli", None, []]

@@ -3,6 +3,7 @@ farms without seeds, against a floor made by `evalkit floor`, ranked and named i
 summary, summary.json and the page (a local glitch second only to the shift, with its frames and
 place; +-1 LSB of noise said to be below the floor); gates that fail on an offset and on a local
 glitch; floors that cannot be floors refused in one line."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,11 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import DATASETS, assert_one_line_error
 
 from evalkit.formats.run import read_manifest
 from evalkit.testing.variants import VARIANTS, block_box, h264_roundtrip, make_variant_runs
 from evalkit.video import read_frames
-
-from conftest import DATASETS, assert_one_line_error
 
 pytestmark = pytest.mark.slow  # real imports, compares and a floor of four variants
 
@@ -39,8 +39,20 @@ def story(tmp_path_factory):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["compare", str(p["a"]), str(p["b"]), "--floor", str(p["floor"]), "--out",
-                     str(p["report"]), "--device", "cpu", "--quiet"])
+        code = main(
+            [
+                "compare",
+                str(p["a"]),
+                str(p["b"]),
+                "--floor",
+                str(p["floor"]),
+                "--out",
+                str(p["report"]),
+                "--device",
+                "cpu",
+                "--quiet",
+            ]
+        )
     assert code == 0
     p["stdout"] = out.getvalue()
     p["summary"] = json.loads((p["report"] / "summary.json").read_text())
@@ -84,20 +96,24 @@ def test_the_four_variants_are_ranked_and_named(story):
     assert float(rows[jobs["flicker"]]["lpips_mean"]) < floor_lpips < float(rows[jobs["crf16"]]["lpips_mean"])
     assert s["floor_ratios"]["reencode"]["flicker"]["mean"] > 1
     for f in (flick, c32, c16):
-        assert re.search(rf"{f['ratio']:.3g}x the reencode floor's: B differs from A "
-                         rf"{f['ratio']:.3g}x more than the reencode floor run does", f["text"])
+        assert re.search(
+            rf"{f['ratio']:.3g}x the reencode floor's: B differs from A "
+            rf"{f['ratio']:.3g}x more than the reencode floor run does",
+            f["text"],
+        )
     # the report's headline names the shift first, then the local glitch with its frames and
     # place, then the other families (flicker)
     head = s["headline"]
     assert head["offsets"] == {jobs["shift1"]: 1}
-    assert head["text"].startswith(f"temporal offset: 1 clip out of step with A: {jobs['shift1']} "
-                                   "(B 1 frame late, offset +1)")
+    assert head["text"].startswith(
+        f"temporal offset: 1 clip out of step with A: {jobs['shift1']} (B 1 frame late, offset +1)"
+    )
     first, last, *_ = block_box(FRAMES, 256, 256)
     when = f"on frame {first}" if first == last else f"on frames {first}-{last}"
     assert f"then worst: {jobs['block']}: a local glitch {when}" in head["text"]
     assert "(upper right)" in head["text"] and "temporal: flicker" in head["text"]
     assert head["metric"] == "block_psnr" and head["family"] == "local"
-    assert "gate:" not in head["text"]       # no gate: nothing said of one
+    assert "gate:" not in head["text"]  # no gate: nothing said of one
 
 
 def test_the_block_is_named_with_its_frames_place_and_db(story):
@@ -121,8 +137,11 @@ def test_noise_below_the_floor_is_said_so_in_one_line_with_its_db(story):
     lsb = {f["clip"]: f for f in s["clip_findings"]}[jobs["lsb1"]]
     assert lsb["below_floor"] and lsb["ratio"] < 1 and lsb["rank"] < 1
     floor_psnr = s["floors"]["reencode"]["aggregates"]["psnr"]["mean"]
-    assert re.match(rf"{jobs['lsb1']}: below what the reencode floor resolves: PSNR 49\.\d dB "
-                    rf"against the floor's {floor_psnr:.1f} dB", lsb["text"]), lsb["text"]
+    assert re.match(
+        rf"{jobs['lsb1']}: below what the reencode floor resolves: PSNR 49\.\d dB "
+        rf"against the floor's {floor_psnr:.1f} dB",
+        lsb["text"],
+    ), lsb["text"]
 
 
 def test_gates_fail_on_the_offset_by_default_and_on_the_block(story, cli, tmp_path):
@@ -149,18 +168,21 @@ def test_gates_fail_on_the_offset_by_default_and_on_the_block(story, cli, tmp_pa
 def test_the_command_prints_them_worst_first_with_every_ratio_explained(story):
     out = story["stdout"].splitlines()
     start = out.index("clips, worst first:")
-    lines = out[start + 1:start + 1 + len(RANKED)]
+    lines = out[start + 1 : start + 1 + len(RANKED)]
     for line, v in zip(lines, RANKED, strict=True):
         assert line.strip().startswith(story["jobs"][v]), (v, line)
     floor_line = next(ln for ln in out if "LPIPS mean / reencode floor" in ln)
-    assert re.search(r"floor: [0-9.]+x: B differs from A [0-9.]+x (more|less) than the reencode "
-                     r"floor run does", floor_line), floor_line
+    assert re.search(
+        r"floor: [0-9.]+x: B differs from A [0-9.]+x (more|less) than the reencode "
+        r"floor run does",
+        floor_line,
+    ), floor_line
     assert story["summary"]["headline"]["text"] in out
 
 
 def test_the_page_shows_the_findings_worst_first(story):
     html = (story["report"] / "index.html").read_text()
-    top = html[:html.index("<h2>Summary</h2>")]
+    top = html[: html.index("<h2>Summary</h2>")]
     ranked = re.findall(r"<li class='bad'>([^<]*)</li>", top)
     # every clip but the one below the floor is red
     assert [t.split(":")[0] for t in ranked] == [story["jobs"][v] for v in RANKED[:-1]]
@@ -175,26 +197,63 @@ def test_the_page_shows_the_findings_worst_first(story):
 
 # -- floors that cannot be floors ---------------------------------------------------------------
 
+
 def test_a_run_of_bs_backend_is_refused_as_a_floor(story, cli, tmp_path):
-    code, _out, err = cli("render", story["suite"], "-r", "import", "-O",
-                          f"dir={story['b'].parent.parent / 'farm_b'}", "--label", "farm-b",
-                          "--out", tmp_path, "--quiet")
+    code, _out, err = cli(
+        "render",
+        story["suite"],
+        "-r",
+        "import",
+        "-O",
+        f"dir={story['b'].parent.parent / 'farm_b'}",
+        "--label",
+        "farm-b",
+        "--out",
+        tmp_path,
+        "--quiet",
+    )
     assert code == 0, err
-    code, _out, err = cli("compare", story["a"], story["b"], "--floor", tmp_path / "farm-b",
-                          "--out", tmp_path / "r", "--device", "cpu", "--quiet")
+    code, _out, err = cli(
+        "compare",
+        story["a"],
+        story["b"],
+        "--floor",
+        tmp_path / "farm-b",
+        "--out",
+        tmp_path / "r",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert code == 2
-    assert_one_line_error(err, f"--floor {tmp_path / 'farm-b'}", "is a run of B's backend",
-                          "'farm-b'", "not A's ('farm-a')")
+    assert_one_line_error(
+        err, f"--floor {tmp_path / 'farm-b'}", "is a run of B's backend", "'farm-b'", "not A's ('farm-a')"
+    )
     assert not (tmp_path / "r").exists()
 
 
 def test_a_copy_of_a_is_refused_as_a_floor(story, cli, tmp_path):
     copy = shutil.copytree(story["a"], tmp_path / "farm-a")
-    code, _out, err = cli("compare", story["a"], story["b"], "--floor", copy, "--out",
-                          tmp_path / "r", "--device", "cpu", "--quiet")
+    code, _out, err = cli(
+        "compare",
+        story["a"],
+        story["b"],
+        "--floor",
+        copy,
+        "--out",
+        tmp_path / "r",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert code == 2
-    assert_one_line_error(err, f"--floor {copy}", "A's own files, byte for byte",
-                          "every ratio to it would be infinite", "evalkit floor RUN_A")
+    assert_one_line_error(
+        err,
+        f"--floor {copy}",
+        "A's own files, byte for byte",
+        "every ratio to it would be infinite",
+        "evalkit floor RUN_A",
+    )
 
 
 def test_a_floor_identical_to_a_frame_for_frame_is_refused(story, cli, tmp_path):
@@ -202,14 +261,37 @@ def test_a_floor_identical_to_a_frame_for_frame_is_refused(story, cli, tmp_path)
     A and the floor re-imported for it alone, so the compare measures one pair, not four.)"""
     job = story["jobs"]["crf16"]
     for out, lossless in (("a", "ffv1"), ("floor", "utvideo")):
-        code, _out, err = cli("render", story["suite"], "-r", "import", "-O",
-                              f"dir={story['a'].parent.parent / 'farm_a'}", "--label", "farm-a",
-                              "--lossless", lossless, "--jobs", job, "--out", tmp_path / out,
-                              "--quiet")
+        code, _out, err = cli(
+            "render",
+            story["suite"],
+            "-r",
+            "import",
+            "-O",
+            f"dir={story['a'].parent.parent / 'farm_a'}",
+            "--label",
+            "farm-a",
+            "--lossless",
+            lossless,
+            "--jobs",
+            job,
+            "--out",
+            tmp_path / out,
+            "--quiet",
+        )
         assert code == 0, err
-    code, _out, err = cli("compare", tmp_path / "a" / "farm-a", story["b"], "--floor",
-                          tmp_path / "floor" / "farm-a", "--out", tmp_path / "r", "--device", "cpu",
-                          "--quiet", "--no-temporal")
+    code, _out, err = cli(
+        "compare",
+        tmp_path / "a" / "farm-a",
+        story["b"],
+        "--floor",
+        tmp_path / "floor" / "farm-a",
+        "--out",
+        tmp_path / "r",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--no-temporal",
+    )
     assert code == 2
     assert_one_line_error(err, "every frame is identical to A's", "infinite", "--seed-offset 1")
     assert not (tmp_path / "r").exists()

@@ -1,4 +1,5 @@
 """Study storage and commands: real SQLite files, a real PostgreSQL server, real media."""
+
 from __future__ import annotations
 
 import csv
@@ -8,8 +9,8 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -17,12 +18,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, assert_one_line_error, old_study_db
 from sqlalchemy import func, select
 
 from evalkit import study
 from evalkit.study import store
-
-from conftest import ROOT, assert_one_line_error, old_study_db
 from evalkit.testing.studies import answer, current, hidden, progress, rate
 
 
@@ -38,15 +38,28 @@ def _answers(db, token, pick):
 
 def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     db = tmp_path / "s.db"
-    code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
-                         "--clips", "worst:4", "--raters", "3", "--seed", "3")
+    code, out, err = cli(
+        "study",
+        "create",
+        "--allow-masking",
+        report,
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--clips",
+        "worst:4",
+        "--raters",
+        "3",
+        "--seed",
+        "3",
+    )
     assert code == 0, err
     # 4 clips: 5 easy catch trials per rater (the fewest the screening takes at alpha 0.05,
     # over the catch share's bound of half, said), no graded: exactly 5 easy versions, 1 or 2
     # per clip (every rater gets each once, never one twice)
     assert out.startswith("study 1: abx, 4 clips, 5 catch versions")
-    assert ("each rater: 9 trials, 4 test and 5 catch (56%; 5 easy, 0 graded): above the 50% "
-            "bound") in out
+    assert ("each rater: 9 trials, 4 test and 5 catch (56%; 5 easy, 0 graded): above the 50% bound") in out
     # a design below the planner's floors is created, with a warning for each shortfall
     assert "warning: 4 clips is below the 15" in err and "warning: --raters 3 is below" in err
     summary = json.loads((report / "summary.json").read_text())
@@ -60,24 +73,29 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     # middle tile, its match in tile 0 or 2, either content as X: 4 per clip (aab, baa, bba,
     # abb) and 4 per catch version (rrd, drr, ddr, rdd), as common as test files
     from evalkit.study import design
+
     assert design.stream_keys("abx") == ["aab", "baa", "bba", "abb"]
     assert design.stream_keys("abx", catch=True) == ["rrd", "drr", "ddr", "rdd"]
     media = sorted((tmp_path / "s.media").iterdir())
-    assert len(media) == 4 * 4 + 5 * 4 and not (tmp_path / "media").exists()   # its own folder
-    names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype",
-             *lp]
+    assert len(media) == 4 * 4 + 5 * 4 and not (tmp_path / "media").exists()  # its own folder
+    names = [summary["runs"]["a"]["path"], summary["runs"]["b"]["path"], "bf16", "cpu_dtype", *lp]
     import hashlib
+
     for f in media:
         assert f.suffix == ".mp4" and len(f.stem) == 64
         data = f.read_bytes()
         assert hashlib.sha256(data).hexdigest() == f.stem
-        for n in names:       # (3-byte names like "cpu" occur in coded data by chance: ~2% a run)
+        for n in names:  # (3-byte names like "cpu" occur in coded data by chance: ~2% a run)
             if len(Path(n).name) >= 4:
                 assert Path(n).name.encode() not in data, (f, n)
     import av
+
     with av.open(str(media[0])) as c:
-        assert not {k: v for k, v in c.metadata.items() if k not in ("major_brand", "minor_version",
-                    "compatible_brands", "encoder")}
+        assert not {
+            k: v
+            for k, v in c.metadata.items()
+            if k not in ("major_brand", "minor_version", "compatible_brands", "encoder")
+        }
         s = c.streams.video[0]
         assert (s.codec_context.name, s.codec_context.pix_fmt) == ("h264", "yuv420p")
     code, out, err = cli("study", "invite", "--db", db, "--study", "1", "--count", "4")
@@ -104,6 +122,7 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
     exp = {i: h["expected"] for i, h in opened.items()}
     kind = {i: h["kind"] for i, h in opened.items()}
     for i, tok in enumerate(tokens):
+
         def pick(t, i=i):
             if kind[t["trial"]] == "catch":
                 right = exp[t["trial"]]
@@ -112,31 +131,32 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
             # balanced label bits), so 50% right whatever the secret design; by trial id
             # parity the answers followed the draws and said "distinguishable" once in CI
             return "A"
+
         assert _answers(str(db), tok, pick) == len(rows) // 4
-        if i == 1:      # 2 of 3 planned raters: interim, nothing that shows a trend
+        if i == 1:  # 2 of 3 planned raters: interim, nothing that shows a trend
             code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json")
             res = json.loads(out)
             assert res["status"] == "interim" and res["verdict"] == "interim"
             assert "accuracy" not in res and "per_clip" not in res and "p_value" not in res
             code, out, err = cli("study", "results", "--db", db, "--study", "1")
             assert "interim: 2 of 3 planned included raters" in out and "accuracy" not in out
-    assert progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4,
-                                             "finished": True}
-    code, out, err = cli("study", "results", "--db", db, "--study", "1", "--json",
-                         "--csv", tmp_path / "r.csv", "--reps", "300")
+    assert progress(str(db), tokens[0]) == {"done": len(rows) // 4, "total": len(rows) // 4, "finished": True}
+    code, out, err = cli(
+        "study", "results", "--db", db, "--study", "1", "--json", "--csv", tmp_path / "r.csv", "--reps", "300"
+    )
     assert code == 0, err
     res = json.loads(out)
     assert res["raters_invited"] == 4 and res["raters_included"] == 3
     assert res["excluded_raters"][0]["catch_correct"] == 0
     assert res["n"] == 12 and len(res["per_clip"]) == 4 and res["status"] == "complete"
-    assert res["verdict"] == "inconclusive"   # 12 ratings at chance can show nothing
+    assert res["verdict"] == "inconclusive"  # 12 ratings at chance can show nothing
     assert res["without_exclusions"]["raters"] == 3
     assert 0 <= res["accuracy"] <= 1 and res["upper_bound"] >= res["accuracy"]
     raw = list(csv.DictReader(open(tmp_path / "r.csv")))
     assert len(raw) == len(rows)
     r0 = raw[0]
     assert set(json.loads(r0["backend_per_side"])) == {"X", "A", "B"}
-    assert r0["response_ms"] == "10000" and r0["client_ms"] == ""     # measured by the server
+    assert r0["response_ms"] == "10000" and r0["client_ms"] == ""  # measured by the server
     assert r0["correct"] in ("0", "1") and r0["rater"] and r0["trial"]
     s = list(csv.DictReader(open(tmp_path / "r.summary.csv")))
     assert s[0]["scope"] == "study" and s[0]["verdict"] == "inconclusive" and len(s) == 5
@@ -147,17 +167,24 @@ def test_cli_end_to_end_abx_media_and_csv(report, tmp_path, cli):
 
 def test_preference_results_count_ties(report, tmp_path):
     db = str(tmp_path / "p.db")
-    sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2, allow_masking=True)["study"]
+    sid = study.create_study(report, db, protocol="preference", seed=1, raters_planned=2, allow_masking=True)[
+        "study"
+    ]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     con = sqlite3.connect(tmp_path / "p.db")
-    tr = {r[0]: (h["kind"], h["expected"], h["sources"]) for r in
-          con.execute("select id from trials") for h in [hidden(db, r[0])]}   # unsealed
-    for tok in toks:   # catch: correct; test: pick B's side, except ties on every third trial
+    tr = {
+        r[0]: (h["kind"], h["expected"], h["sources"])
+        for r in con.execute("select id from trials")
+        for h in [hidden(db, r[0])]
+    }  # unsealed
+    for tok in toks:  # catch: correct; test: pick B's side, except ties on every third trial
+
         def pick(t):
             k, e, src = tr[t["trial"]]
             if k == "catch":
                 return e
             return "same" if t["trial"] % 3 == 0 else [s for s, v in src.items() if v == "b"][0]
+
         _answers(db, tok, pick)
     res = study.results(db, sid, reps=200)
     assert res["wins_a"] == 0 and res["wins_b"] + res["ties"] == res["n"] == 12
@@ -165,8 +192,7 @@ def test_preference_results_count_ties(report, tmp_path):
     assert res["tie_rate"] == pytest.approx(res["ties"] / 12)
     # every decisive answer for B: a preference, never "indistinguishable"
     assert res["verdict"] in ("B preferred", "no preference shown")
-    assert "indistinguishable" not in json.dumps({k: v for k, v in res.items()
-                                                  if k not in ("rule", "claim")})
+    assert "indistinguishable" not in json.dumps({k: v for k, v in res.items() if k not in ("rule", "claim")})
     assert res["krippendorff_alpha"] is not None
 
 
@@ -188,13 +214,30 @@ def test_answer_is_idempotent_written_once_and_timed_by_the_server(report, tmp_p
             svc.answer_sync(tok, t["trial"], "B", 5)
         assert svc.state_sync(tok)["trial"]["trial"] != t["trial"]
     con = sqlite3.connect(tmp_path / "i.db")
-    assert con.execute("select count(*), max(response_ms), max(client_ms) from ratings"
-                       ).fetchone() == (1, 2500, 812)
+    assert con.execute("select count(*), max(response_ms), max(client_ms) from ratings").fetchone() == (
+        1,
+        2500,
+        812,
+    )
 
 
 def test_bad_input(report, tmp_path, cli):
     db = tmp_path / "b.db"
-    assert cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
+    assert (
+        cli(
+            "study",
+            "create",
+            "--allow-masking",
+            report,
+            "--db",
+            db,
+            "--protocol",
+            "abx",
+            "--clips",
+            "sample:1",
+        )[0]
+        == 0
+    )
     code, out, _ = cli("study", "invite", "--db", db, "--study", "1", "--count", "2")
     t1, t2 = [ln.rsplit("token=", 1)[1] for ln in out.splitlines()]
     code, _, err = cli("study", "results", "--db", db, "--study", "9")
@@ -203,8 +246,18 @@ def test_bad_input(report, tmp_path, cli):
     code, _, err = cli("study", "invite", "--db", db, "--study", "x")
     assert code == 2
     assert_one_line_error(err, "study x")
-    code, _, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
-                       "--catch-alpha", "0.001")        # 8 catch trials cannot show that
+    code, _, err = cli(
+        "study",
+        "create",
+        "--allow-masking",
+        report,
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--catch-alpha",
+        "0.001",
+    )  # 8 catch trials cannot show that
     assert code == 2
     assert_one_line_error(err, "--catch-alpha", "8 catch trials")
     code, _, err = cli("study", "results", "--db", db, "--study", "1", "--reps", "0")
@@ -243,18 +296,36 @@ def test_bad_input(report, tmp_path, cli):
     code, _, err = cli("study", "create", "--allow-masking", tmp_path, "--db", db, "--protocol", "abx")
     assert code == 2
     assert_one_line_error(err, "summary.json", "not found")
-    code, _, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "best:3")
+    code, _, err = cli(
+        "study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "best:3"
+    )
     assert code == 2
     assert_one_line_error(err, "--clips", "best:3")
 
 
 def test_invite_links_from_the_server_base_url(report, tmp_path, cli):
     db = tmp_path / "l.db"
-    assert cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx", "--clips", "sample:1")[0] == 0
-    for base, prefix in (("http://h:8000", "http://h:8000/?token="),
-                         ("http://h:8000/", "http://h:8000/?token="),
-                         ("https://h/evalkit", "https://h/evalkit/?token="),
-                         ("http://h:1/?token=", "http://h:1/?token=")):
+    assert (
+        cli(
+            "study",
+            "create",
+            "--allow-masking",
+            report,
+            "--db",
+            db,
+            "--protocol",
+            "abx",
+            "--clips",
+            "sample:1",
+        )[0]
+        == 0
+    )
+    for base, prefix in (
+        ("http://h:8000", "http://h:8000/?token="),
+        ("http://h:8000/", "http://h:8000/?token="),
+        ("https://h/evalkit", "https://h/evalkit/?token="),
+        ("http://h:1/?token=", "http://h:1/?token="),
+    ):
         code, out, _ = cli("study", "invite", "--db", db, "--study", "1", "--base-url", base)
         assert code == 0 and out.split(": ", 1)[1].rsplit("token=", 1)[0] + "token=" == prefix, out
     code, out, _ = cli("study", "invite", "--db", db, "--study", "1")
@@ -265,8 +336,7 @@ def test_invite_links_from_the_server_base_url(report, tmp_path, cli):
 
 
 def test_plan_command(cli):
-    code, out, err = cli("study", "plan", "--protocol", "abx", "--margin", "0.1", "--power", "0.8",
-                         "--json")
+    code, out, err = cli("study", "plan", "--protocol", "abx", "--margin", "0.1", "--power", "0.8", "--json")
     assert code == 0, err
     p = json.loads(out)
     assert p["raters"] >= 12 and p["clips"] >= 15 and p["invite"] >= p["raters"]
@@ -282,8 +352,14 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     sid = old_study_db(report, path, 1)
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 6
-    for table, col in (("ratings", "client"), ("ratings", "client_ms"), ("trials", "served"),
-                       ("trials", "fetched"), ("clips", "media_a_alt"), ("trials", "delivered")):
+    for table, col in (
+        ("ratings", "client"),
+        ("ratings", "client_ms"),
+        ("trials", "served"),
+        ("trials", "fetched"),
+        ("clips", "media_a_alt"),
+        ("trials", "delivered"),
+    ):
         assert col in [r[1] for r in sqlite3.connect(path).execute(f"pragma table_info({table})")]
     cfg = json.loads(sqlite3.connect(path).execute("select config from studies").fetchone()[0])
     assert len(cfg["media_key"]) == 64
@@ -295,18 +371,20 @@ def test_schema_upgrades_in_place_and_refuses_newer(report, tmp_path):
     con.commit()
     con.close()
     from evalkit.errors import SchemaVersionError
+
     with pytest.raises(SchemaVersionError, match="schema version 99 is newer"):
         store.StudyDB(store.sqlite_url(path))
 
 
 # -- concurrency and durability ----------------------------------------------------------------
 
+
 def _hammer(db, report, media, n_threads=50):
     """10 raters, each driven by 5 threads at once through one rater service (every answer
     sent up to 5 times): every rating stored exactly once, no thread sees an error."""
     sid = study.create_study(report, db, protocol="abx", media_dir=media, allow_masking=True)["study"]
     toks = [r["token"] for r in study.invite(db, sid, 10)]
-    ticks = iter(range(0, 10**9, 100))          # every request 100 s after the previous one
+    ticks = iter(range(0, 10**9, 100))  # every request 100 s after the previous one
     svc = study.RaterService(db, clock=lambda: next(ticks))
     barrier = threading.Barrier(n_threads)
     errors = []
@@ -320,9 +398,9 @@ def _hammer(db, report, media, n_threads=50):
                     svc.media_sync(tok, name)
                 try:
                     svc.answer_sync(tok, t["trial"], "A", 100 + i)
-                except study.OutOfOrder:        # another thread answered it meanwhile
+                except study.OutOfOrder:  # another thread answered it meanwhile
                     pass
-        except Exception as e:   # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
@@ -336,10 +414,12 @@ def _hammer(db, report, media, n_threads=50):
     assert errors == []
     d = study.open_db(db)
     with d.engine.connect() as conn:
-        n_trials = conn.execute(select(func.count()).select_from(store.trials)
-                                .where(store.trials.c.study_id == sid)).scalar_one()
-        got = conn.execute(select(store.ratings.c.rater_id, store.ratings.c.trial_id)
-                           .where(store.ratings.c.study_id == sid)).all()
+        n_trials = conn.execute(
+            select(func.count()).select_from(store.trials).where(store.trials.c.study_id == sid)
+        ).scalar_one()
+        got = conn.execute(
+            select(store.ratings.c.rater_id, store.ratings.c.trial_id).where(store.ratings.c.study_id == sid)
+        ).all()
     assert len(got) == len(set(got)) == n_trials
     return sid
 
@@ -366,30 +446,67 @@ def postgres():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    subprocess.run(user + [str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                           "--auth=trust", "-E", "UTF8", "--no-sync"],
-                   check=True, capture_output=True)
-    subprocess.run(user + [str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"),
-                           "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 "
-                           "-c max_connections=200 -c fsync=on", "start"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        user
+        + [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        user
+        + [
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(root / "log"),
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
-        subprocess.run(user + [str(bindir.parent / "bin" / "createdb"), "-h", "127.0.0.1",
-                               "-p", str(port), "-U", "postgres", "studies"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            user
+            + [
+                str(bindir.parent / "bin" / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                "studies",
+            ],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/studies"
     finally:
         store.close_all()
-        subprocess.run(user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True)
+        subprocess.run(
+            user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow  # PostgreSQL
 def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, tmp_path):
     sid = _hammer(postgres, report, tmp_path / "media")
-    code, out, err = cli("study", "results", "--db", postgres, "--study", sid, "--json",
-                         "--reps", "100")
+    code, out, err = cli("study", "results", "--db", postgres, "--study", sid, "--json", "--reps", "100")
     assert code == 0, err
     assert json.loads(out)["ratings"] > 0
     code, _, err = cli("study", "results", "--db", postgres, "--study", "999")
@@ -399,10 +516,17 @@ def test_50_threads_postgresql_lose_none_duplicate_none(report, postgres, cli, t
 
 @pytest.mark.slow  # PostgreSQL
 def test_unblinding_on_postgresql(report, postgres, cli, tmp_path):
-    sid = study.create_study(report, postgres, protocol="abx", clips_spec="sample:1",
-                             media_dir=tmp_path / "media", allow_masking=True)["study"]
-    code, out, err = cli("study", "unblind", "--db", postgres, "--study", sid, "--reason",
-                         "pilot", "--who", "dana")
+    sid = study.create_study(
+        report,
+        postgres,
+        protocol="abx",
+        clips_spec="sample:1",
+        media_dir=tmp_path / "media",
+        allow_masking=True,
+    )["study"]
+    code, out, err = cli(
+        "study", "unblind", "--db", postgres, "--study", sid, "--reason", "pilot", "--who", "dana"
+    )
     assert code == 0, err
     res = study.results(postgres, sid, reps=100)
     assert res["unblinding"]["who"] == "dana" and res["unblinding"]["raters_included"] == 0
@@ -423,58 +547,92 @@ def test_schema_6_upgrade_seals_a_postgresql_database(report, postgres, tmp_path
         c.execute(text("CREATE DATABASE sealup"))
     admin.dispose()
     url = postgres.rsplit("/", 1)[0] + "/sealup"
-    sid = study.create_study(report, url, protocol="abx", clips_spec="sample:2", raters_planned=1,
-                             media_dir=tmp_path / "media", allow_masking=True)["study"]
+    sid = study.create_study(
+        report,
+        url,
+        protocol="abx",
+        clips_spec="sample:2",
+        raters_planned=1,
+        media_dir=tmp_path / "media",
+        allow_masking=True,
+    )["study"]
     key_file = tmp_path / "media.key"
-    assert seal.load(key_file)                  # beside the media folder
+    assert seal.load(key_file)  # beside the media folder
     tok = study.invite(url, sid, 1)[0]["token"]
-    def pick(t):                                # catches right, test trials mixed
+
+    def pick(t):  # catches right, test trials mixed
         h = hidden(url, t["trial"])
         return h["expected"] if h["kind"] == "catch" or t["trial"] % 2 else t["answers"][0]
+
     answer(url, tok, pick)
     before = study.results(url, sid, reps=100)
     assert before["status"] == "complete"
-    with store.open_db(url).engine.begin() as conn:        # back to schema 5: the key in plain
+    with store.open_db(url).engine.begin() as conn:  # back to schema 5: the key in plain
         cfg0 = conn.execute(select(store.studies.c.config)).scalar_one()
         cfg = seal.unseal_config(sid, cfg0)
         for k in ("seal", "design_seed", "runs"):
             cfg.pop(k)
         for cid, (sw, x) in cfg.pop("bits").items():
-            conn.execute(store.clips.update().where(store.clips.c.id == int(cid))
-                         .values(base_swap=sw, base_x=x))
+            conn.execute(
+                store.clips.update().where(store.clips.c.id == int(cid)).values(base_swap=sw, base_x=x)
+            )
         conn.execute(store.studies.update().values(config=cfg))
         for t in seal.open_trials(cfg0, conn.execute(select(store.trials)).mappings()):
-            conn.execute(store.trials.update().where(store.trials.c.id == t["id"]).values(
-                shown=t["shown"], sources=t["sources"], expected=t["expected"]))
-            for rid, rater, ans in conn.execute(select(
-                    store.ratings.c.id, store.ratings.c.rater_id, store.ratings.c.answer)
-                    .where(store.ratings.c.trial_id == t["id"])).all():
+            conn.execute(
+                store.trials.update()
+                .where(store.trials.c.id == t["id"])
+                .values(shown=t["shown"], sources=t["sources"], expected=t["expected"])
+            )
+            for rid, rater, ans in conn.execute(
+                select(store.ratings.c.id, store.ratings.c.rater_id, store.ratings.c.answer).where(
+                    store.ratings.c.trial_id == t["id"]
+                )
+            ).all():
                 ans = seal.open_answer(seal.study_key(cfg0), rater, t["id"], ans)
-                conn.execute(store.ratings.update().where(store.ratings.c.id == rid).values(
-                    shown=t["shown"], sources=t["sources"], answer=ans,
-                    correct=design.score("abx", t, ans)[0]))
+                conn.execute(
+                    store.ratings.update()
+                    .where(store.ratings.c.id == rid)
+                    .values(
+                        shown=t["shown"],
+                        sources=t["sources"],
+                        answer=ans,
+                        correct=design.score("abx", t, ans)[0],
+                    )
+                )
         conn.execute(text("ALTER TABLE trials DROP COLUMN sealed"))
         conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE VARCHAR(16)"))
         conn.execute(store.meta.update().values(value="5"))
     store.close_all()
     key_file.unlink()
-    after = study.results(url, sid, reps=100)              # opened: upgraded and sealed
+    after = study.results(url, sid, reps=100)  # opened: upgraded and sealed
     assert store.open_db(url).schema_version() == store.SCHEMA_VERSION
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    assert {k: after[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")} == \
-        {k: before[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")}
+    assert {k: after[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")} == {
+        k: before[k] for k in ("verdict", "n", "accuracy", "p_value", "upper_bound")
+    }
     assert after["seal"]["rebuildable_from_seed"]
     with store.open_db(url).engine.connect() as conn:
-        trs = conn.execute(select(store.trials.c.kind, store.trials.c.sources,
-                                  store.trials.c.expected, store.trials.c.sealed)).all()
-        correct = conn.execute(select(store.ratings.c.correct).join(
-            store.trials, store.trials.c.id == store.ratings.c.trial_id)
-            .where(store.trials.c.kind == "test")).scalars().all()
+        trs = conn.execute(
+            select(
+                store.trials.c.kind, store.trials.c.sources, store.trials.c.expected, store.trials.c.sealed
+            )
+        ).all()
+        correct = (
+            conn.execute(
+                select(store.ratings.c.correct)
+                .join(store.trials, store.trials.c.id == store.ratings.c.trial_id)
+                .where(store.trials.c.kind == "test")
+            )
+            .scalars()
+            .all()
+        )
         answers = conn.execute(select(store.ratings.c.answer)).scalars().all()
-    assert all(src == {} and (kind == "catch" or exp is None) and sealed.startswith("s1:")
-               for kind, src, exp, sealed in trs)
+    assert all(
+        src == {} and (kind == "catch" or exp is None) and sealed.startswith("s1:")
+        for kind, src, exp, sealed in trs
+    )
     assert correct and all(c is None for c in correct)
-    assert answers and all(a.startswith("s1:") for a in answers)     # answers sealed too
+    assert answers and all(a.startswith("s1:") for a in answers)  # answers sealed too
     store.close_all()
 
 
@@ -498,11 +656,19 @@ print("done", flush=True)
 
 def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
     db = str(tmp_path / "k.db")
-    sid = study.create_study(report, db, protocol="abx", media_dir=tmp_path / "media", allow_masking=True)["study"]
+    sid = study.create_study(report, db, protocol="abx", media_dir=tmp_path / "media", allow_masking=True)[
+        "study"
+    ]
     toks = [r["token"] for r in study.invite(db, sid, 30)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-c", WRITER, db, str(sid)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    p = subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, str(sid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     p.stdin.write("\n".join(toks))
     p.stdin.close()
     acked = []
@@ -524,9 +690,12 @@ def test_killed_writer_loses_nothing_acknowledged(report, tmp_path):
 
 # -- frame rate, and the web app's rater service (group commit, play-through gate) ------------
 
+
 def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     db = tmp_path / "f.db"
-    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2", allow_masking=True)["study"]
+    sid = study.create_study(report, db, protocol="preference", clips_spec="worst:2", allow_masking=True)[
+        "study"
+    ]
     with store.open_db(db).engine.connect() as conn:
         cfg = conn.execute(select(store.studies.c.config)).scalar_one()
     assert cfg["fps"] == 24.0 and cfg["fps_fraction"] == "24"
@@ -538,8 +707,9 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     assert t["fps"] == 24.0 and files <= set(cfg["media_seconds"])
     # a study made before the frame rate was stored: the page is told 24
     with store.open_db(db).engine.begin() as conn:
-        conn.execute(store.studies.update().values(config={k: cfg[k] for k in (
-            "sealed", "seal", "media_key")}))          # the sealed key parts stay
+        conn.execute(
+            store.studies.update().values(config={k: cfg[k] for k in ("sealed", "seal", "media_key")})
+        )  # the sealed key parts stay
     assert current(db, tok)["fps"] == 24.0
     # one clip re-timed to 30 fps: creation is refused, naming the file and the field
     broken = tmp_path / "broken"
@@ -550,16 +720,20 @@ def test_study_records_fps_and_refuses_mixed_frame_rates(report, tmp_path, cli):
     s["runs"]["b"]["path"] = str(run_b)
     (broken / "summary.json").write_text(json.dumps(s))
     from evalkit.video import read_frames, write_lossless
+
     clip = run_b / "clips" / f"{s['jobs']['compared'][0]}.mkv"
     write_lossless(clip, read_frames(clip)[0], 30)
-    code, _, err = cli("study", "create", "--allow-masking", broken, "--db", tmp_path / "g.db", "--protocol", "abx")
+    code, _, err = cli(
+        "study", "create", "--allow-masking", broken, "--db", tmp_path / "g.db", "--protocol", "abx"
+    )
     assert code == 2
     assert_one_line_error(err, str(clip), "field 'fps'", "expected 24 fps", "found 30")
 
 
 def _service_study(db, report, media, n=4):
-    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:2",
-                             media_dir=media, allow_masking=True)["study"]
+    sid = study.create_study(
+        report, db, protocol="abx", clips_spec="worst:2", media_dir=media, allow_masking=True
+    )["study"]
     return sid, [r["token"] for r in study.invite(db, sid, n)]
 
 
@@ -588,10 +762,10 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         with pytest.raises(study.NotLoaded, match="videos of this trial were not loaded"):
             post(tok, t["trial"], "A")
         names = list(t["media"].values())
-        assert len(names) == 1                        # one stream per trial
-        with pytest.raises(study.UnknownMedia):       # not a name of this rater's trials
+        assert len(names) == 1  # one stream per trial
+        with pytest.raises(study.UnknownMedia):  # not a name of this rater's trials
             svc.media_sync(tok2, names[0])
-        with pytest.raises(study.NotLoaded):          # still not requested by its rater
+        with pytest.raises(study.NotLoaded):  # still not requested by its rater
             post(tok, t["trial"], "A")
         svc.media_sync(tok, names[0])
         assert hidden(db, t["trial"])["fetched"] == clock.now
@@ -599,7 +773,7 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         clock.advance(need - 0.01)
         with pytest.raises(study.TooSoon, match=r"came 0\.3 s after the videos were loaded") as e:
             post(tok, t["trial"], "A")
-        assert 10 <= e.value.wait_ms <= 11          # 10 ms to go, rounded up
+        assert 10 <= e.value.wait_ms <= 11  # 10 ms to go, rounded up
         with pytest.raises(study.TrialNotAssigned):
             post(tok, first_of_2, "A")
         with pytest.raises(study.UnknownToken):
@@ -613,7 +787,7 @@ def test_rater_service_gate_and_answers(report, tmp_path):
         with pytest.raises(study.RatingConflict):
             post(tok, t["trial"], "B", 10)
         nxt = r["trial"]
-        with pytest.raises(study.OutOfOrder):         # a later trial, not the current one
+        with pytest.raises(study.OutOfOrder):  # a later trial, not the current one
             later = [x for x in svc_trials(db, tok) if x > nxt["trial"]][0]
             post(tok, later, "A")
         rate(svc, tok, lambda t: "B", clock, watch=need)
@@ -631,10 +805,15 @@ def test_rater_service_gate_and_answers(report, tmp_path):
 
 def svc_trials(db, tok):
     with store.open_db(db).engine.connect() as conn:
-        return [r[0] for r in conn.execute(
-            select(store.trials.c.id).join(store.raters, store.raters.c.id == store.trials.c.rater_id)
-            .where(store.raters.c.token_sha256 == study.live.token_hash(tok))
-            .order_by(store.trials.c.ord))]
+        return [
+            r[0]
+            for r in conn.execute(
+                select(store.trials.c.id)
+                .join(store.raters, store.raters.c.id == store.trials.c.rater_id)
+                .where(store.raters.c.token_sha256 == study.live.token_hash(tok))
+                .order_by(store.trials.c.ord)
+            )
+        ]
 
 
 def _run_async(coro):
@@ -657,11 +836,12 @@ def _group_commit(db, report, media):
 
     async def run():
         first = await asyncio.gather(*[svc.state(t) for t in toks])
-        await asyncio.gather(*[svc.media(t, n) for t, s in zip(toks, first)
-                               for n in s["trial"]["media"].values()])
+        await asyncio.gather(
+            *[svc.media(t, n) for t, s in zip(toks, first) for n in s["trial"]["media"].values()]
+        )
         clock.advance(10)
         b0 = svc.batches
-        both = [(t, s["trial"]["trial"]) for t, s in zip(toks, first)] * 4   # each 4 times
+        both = [(t, s["trial"]["trial"]) for t, s in zip(toks, first)] * 4  # each 4 times
         out = await asyncio.gather(*[svc.answer(t, tid, "A", 5) for t, tid in both])
         return out, svc.batches - b0
 
@@ -669,12 +849,13 @@ def _group_commit(db, report, media):
         out, batches = _run_async(run())
     finally:
         svc.close()
-    assert sum(o["saved"] for o in out) == len(toks)               # written once each
-    assert batches < len(out) / 4                                   # grouped into few commits
+    assert sum(o["saved"] for o in out) == len(toks)  # written once each
+    assert batches < len(out) / 4  # grouped into few commits
     d = study.open_db(db)
     with d.engine.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(store.ratings)
-                         .where(store.ratings.c.study_id == sid)).scalar_one()
+        n = conn.execute(
+            select(func.count()).select_from(store.ratings).where(store.ratings.c.study_id == sid)
+        ).scalar_one()
     assert n == len(toks)
 
 
@@ -708,24 +889,26 @@ def _byte_gate(db, report, media):
         sizes = {n: p.stat().st_size for n, p in paths.items()}
         crcs = {n: zlib.crc32(p.read_bytes()) for n, p in paths.items()}
         clock.advance(60)
-        with pytest.raises(study.NotLoaded):          # opened (as a HEAD does): nothing sent
+        with pytest.raises(study.NotLoaded):  # opened (as a HEAD does): nothing sent
             one.answer_sync(tok, t["trial"], "A")
         began = clock.now
         wait([one.delivered(tok, n, 0, 1) for n in names])
-        with pytest.raises(study.NotLoaded):          # one byte of each
+        with pytest.raises(study.NotLoaded):  # one byte of each
             two.answer_sync(tok, t["trial"], "A")
         futs = []
-        for n in names:                               # halves from both, the last byte left out
+        for n in names:  # halves from both, the last byte left out
             half = sizes[n] // 2
-            futs += [one.delivered(tok, n, half, sizes[n] - (n == names[-1])),
-                     two.delivered(tok, n, 0, half + 1)]
+            futs += [
+                one.delivered(tok, n, half, sizes[n] - (n == names[-1])),
+                two.delivered(tok, n, 0, half + 1),
+            ]
         wait(futs)
         assert all(f.exception() is None for f in futs)
         assert hidden(db, t["trial"])["fetched"] is None
         with pytest.raises(study.NotLoaded):
             one.answer_sync(tok, t["trial"], "A")
         last = names[-1]
-        with pytest.raises(study.BadAcknowledgement, match="never sent"):   # a byte missing
+        with pytest.raises(study.BadAcknowledgement, match="never sent"):  # a byte missing
             two.acknowledge_sync(tok, last, sizes[last], crcs[last])
         clock.advance(0.1)
         two.delivered(tok, last, sizes[last] - 1, 10**12).result()
@@ -743,11 +926,11 @@ def _byte_gate(db, report, media):
         assert acked - began > 60
         assert hidden(db, t["trial"])["fetched"] == pytest.approx(acked)
         clock.advance(0.1)
-        with pytest.raises(study.TooSoon):            # 0.1 s of 0.29 s
+        with pytest.raises(study.TooSoon):  # 0.1 s of 0.29 s
             one.answer_sync(tok, t["trial"], "A")
         clock.advance(0.2)
         assert one.answer_sync(tok, t["trial"], "A")["saved"] is True
-        with pytest.raises(study.UnknownMedia):       # a name of no trial of this rater
+        with pytest.raises(study.UnknownMedia):  # a name of no trial of this rater
             two.delivered(tok, "0" * 40 + ".mp4", 0, 1).result()
     finally:
         one.close()
@@ -785,23 +968,28 @@ def test_byte_gate_two_real_servers_postgresql(report, postgres, tmp_path):
     sid, (tok,) = _service_study(postgres, report, tmp_path / "media", 1)
     a, b = Server(postgres).start(), Server(postgres).start()
     try:
-        with httpx.Client(base_url=a.url, timeout=30) as c1, \
-                httpx.Client(base_url=b.url, timeout=30) as c2:
+        with httpx.Client(base_url=a.url, timeout=30) as c1, httpx.Client(base_url=b.url, timeout=30) as c2:
             t = c1.get("/api/trial", params={"token": tok}).json()["trial"]
             for name in t["media"].values():
                 q = {"token": tok}
                 size = int(c1.head(f"/media/{name}", params=q).headers["content-length"])
-                assert c1.get(f"/media/{name}", params=q, headers={
-                    "range": f"bytes=0-{size // 2 - 1}"}).status_code == 206
+                assert (
+                    c1.get(
+                        f"/media/{name}", params=q, headers={"range": f"bytes=0-{size // 2 - 1}"}
+                    ).status_code
+                    == 206
+                )
                 rest = c2.get(f"/media/{name}", params=q, headers={"range": f"bytes={size // 2}-"})
                 assert rest.status_code == 206
-                data = c1.get(f"/media/{name}", params=q, headers={
-                    "range": f"bytes=0-{size // 2 - 1}"}).content + rest.content
-                for _ in range(50):     # acknowledged once both servers recorded their bytes
+                data = (
+                    c1.get(f"/media/{name}", params=q, headers={"range": f"bytes=0-{size // 2 - 1}"}).content
+                    + rest.content
+                )
+                for _ in range(50):  # acknowledged once both servers recorded their bytes
                     if acknowledge(c2, tok, name, data).status_code == 200:
                         break
                     time.sleep(0.1)
-            for _ in range(100):        # recorded once sent, then the play-through
+            for _ in range(100):  # recorded once sent, then the play-through
                 r = c2.post("/api/answer", json={"token": tok, "trial": t["trial"], "answer": "A"})
                 if r.status_code != 425:
                     break
@@ -818,7 +1006,7 @@ def test_a_study_made_before_trial_streams_refuses_new_raters_in_one_line(report
     rater made (the sweep's KeyError: 'streams')."""
     path = tmp_path / "v4.db"
     sid = old_study_db(report, path, 4)
-    con = sqlite3.connect(path)                 # as 35d4eb1 wrote it: no streams in the config
+    con = sqlite3.connect(path)  # as 35d4eb1 wrote it: no streams in the config
     cfg = json.loads(con.execute("select config from studies where id = ?", (sid,)).fetchone()[0])
     cfg.pop("streams")
     for p in cfg["catch_pool"]:
@@ -828,6 +1016,7 @@ def test_a_study_made_before_trial_streams_refuses_new_raters_in_one_line(report
     con.close()
     code, out, err = cli("study", "invite", "--db", path, "--study", sid, "--count", "2")
     assert code == 2, (out, err)
-    assert_one_line_error(err, f"study {sid}", "older evalkit", "cannot take new raters",
-                          "evalkit study create")
+    assert_one_line_error(
+        err, f"study {sid}", "older evalkit", "cannot take new raters", "evalkit study create"
+    )
     assert sqlite3.connect(path).execute("select count(*) from raters").fetchone()[0] == 0

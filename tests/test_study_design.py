@@ -1,4 +1,5 @@
 """Study design and statistics: pure functions, assignment balance, Monte Carlo error rates."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -7,7 +8,6 @@ import numpy as np
 import pytest
 
 from evalkit.study import design, stats, threshold
-
 
 RECTS = [[16, 16, 64, 48], [96, 16, 64, 48], [176, 16, 64, 48]]
 
@@ -20,12 +20,14 @@ def _streams(name, catch=False):
 
 def _clips(n, seed=0):
     swap, x = design.base_bits(n, seed)
-    return [{"id": i + 1, "base_swap": swap[i], "base_x": x[i], "streams": _streams(f"c{i}")}
-            for i in range(n)]
+    return [
+        {"id": i + 1, "base_swap": swap[i], "base_x": x[i], "streams": _streams(f"c{i}")} for i in range(n)
+    ]
 
 
-POOL = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)}
-        for i in range(3)] + [{"clip_id": 1, "kind": "hue_mild", "streams": _streams("g", True)}]
+POOL = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)} for i in range(3)] + [
+    {"clip_id": 1, "kind": "hue_mild", "streams": _streams("g", True)}
+]
 
 
 def test_stream_keys_put_x_in_the_middle_with_every_match_side_and_content():
@@ -41,7 +43,8 @@ def test_stream_keys_put_x_in_the_middle_with_every_match_side_and_content():
         # every (match tile, X content) once; X's match is exactly one of tiles 0 and 2, both
         # next to X
         assert {(0 if k[0] == k[1] else 2, k[1]) for k in keys} == {
-            (t, c) for t in (0, 2) for c in set("".join(keys))}
+            (t, c) for t in (0, 2) for c in set("".join(keys))
+        }
         assert all((k[0] == k[1]) != (k[2] == k[1]) for k in keys)
         for x in (0, 1, 2):
             assert design.x_tile(design.stream_keys("abx", catch, x)) == x
@@ -86,32 +89,42 @@ def test_every_file_test_or_catch_goes_to_the_same_number_of_raters(protocol):
     """Every F consecutive raters (F files a row: 2 or 4) get every file of every row and of
     every catch version exactly once: a file's share of raters never tells a catch file."""
     clips = _clips(10)
-    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)}
-            for i in range(design.n_catch(10))] + [
+    pool = [
+        {"clip_id": 1 + i, "kind": "negative", "streams": _streams(f"k{i}", True)}
+        for i in range(design.n_catch(10))
+    ] + [
         {"clip_id": 1 + i, "kind": "hue_mild", "streams": _streams(f"g{i}", True)}
-        for i in range(design.GRADED_CATCHES)]
+        for i in range(design.GRADED_CATCHES)
+    ]
     f = 2 if protocol == "preference" else 4
     for raters in (f, 3 * f):
         seen = Counter()
         for k in range(raters):
             plan = design.assign(protocol, clips, pool, k, design.rater_seed(5, k), 5)
-            assert len({t["shown"]["media"] for t in plan}) == len(plan)   # no file twice
+            assert len({t["shown"]["media"] for t in plan}) == len(plan)  # no file twice
             seen.update(t["shown"]["media"] for t in plan)
-        everything = {v for c in clips for v in c["streams"]["files"].values()
-                      if v.rsplit("-", 1)[1] in design.stream_keys(protocol)}
-        everything |= {v for p in pool for v in p["streams"]["files"].values()
-                       if v.rsplit("-", 1)[1] in design.stream_keys(protocol, True)}
+        everything = {
+            v
+            for c in clips
+            for v in c["streams"]["files"].values()
+            if v.rsplit("-", 1)[1] in design.stream_keys(protocol)
+        }
+        everything |= {
+            v
+            for p in pool
+            for v in p["streams"]["files"].values()
+            if v.rsplit("-", 1)[1] in design.stream_keys(protocol, True)
+        }
         assert set(seen) == everything and set(seen.values()) == {raters // f}
 
 
 def test_an_old_study_s_abx_catch_versions_without_d_as_x_still_assign():
     old = {"rects": RECTS, "files": {k: f"o-{k}" for k in ("rrd", "rdr", "drr")}}
     pool = [{"clip_id": 1, "kind": "negative", "streams": old}]
-    plans = [design.assign("abx", _clips(4), pool, k, design.rater_seed(1, k), 1)
-             for k in range(4)]
+    plans = [design.assign("abx", _clips(4), pool, k, design.rater_seed(1, k), 1) for k in range(4)]
     catches = [t for p in plans for t in p if t["kind"] == "catch"]
     assert {t["shown"]["media"] for t in catches} == {"o-rrd", "o-drr"}
-    for t in catches:     # X in the middle, its match (the reference) on either side
+    for t in catches:  # X in the middle, its match (the reference) on either side
         assert RECTS.index(t["shown"]["tiles"]["X"]) == 1
         assert t["sources"][t["expected"]] == t["sources"]["X"] == "reference"
 
@@ -123,13 +136,18 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
     served that layout, read from the stored keys (never the new constant: ``aab`` means X in
     tile 0 there, in tile 1 now), every file of it to the same number of raters, each box
     showing its tile's content."""
-    old = lambda n, c=False: {"rects": RECTS, "files": {     # noqa: E731
-        k: f"{n}-{k}" for k in design.stream_keys("abx", c, x=x)}}
+    old = lambda n, c=False: {
+        "rects": RECTS,
+        "files": {  # noqa: E731
+            k: f"{n}-{k}" for k in design.stream_keys("abx", c, x=x)
+        },
+    }
     swap, bx = design.base_bits(6, 2)
-    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")}
-             for i in range(6)]
-    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
-            for i in range(design.catch_counts(6)[0])]
+    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": old(f"c{i}")} for i in range(6)]
+    pool = [
+        {"clip_id": 1 + i, "kind": "negative", "streams": old(f"k{i}", True)}
+        for i in range(design.catch_counts(6)[0])
+    ]
     seen = Counter()
     for k in range(8):
         for t in design.assign("abx", clips, pool, k, design.rater_seed(2, k), 2):
@@ -146,8 +164,7 @@ def test_a_study_keeps_the_x_tile_its_files_were_made_with(x):
 @pytest.mark.parametrize("protocol", ["preference", "abx"])
 def test_assignment_balance_uniqueness_catch_and_seed(protocol):
     clips = _clips(10)
-    plans = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7)
-             for k in range(8)]
+    plans = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7) for k in range(8)]
     for plan in plans:
         tests = [t for t in plan if t["kind"] == "test"]
         catches = [t for t in plan if t["kind"] == "catch"]
@@ -156,8 +173,10 @@ def test_assignment_balance_uniqueness_catch_and_seed(protocol):
         assert len(catches) == design.n_catch(10) + design.GRADED_CATCHES
         assert all(t["expected"] for t in catches)
         assert Counter(design.catch_grade(t["catch_kind"]) for t in catches) == {
-            "easy": design.n_catch(10), "graded": design.GRADED_CATCHES}
-        for t in catches:   # the degraded side is one of the two compared videos
+            "easy": design.n_catch(10),
+            "graded": design.GRADED_CATCHES,
+        }
+        for t in catches:  # the degraded side is one of the two compared videos
             compared = [s for s in t["sources"] if s != "X"]
             assert {t["sources"][s] for s in compared} == {"degraded", "reference"}
             want = t["sources"]["X"] if protocol == "abx" else "reference"
@@ -181,8 +200,7 @@ def test_assignment_balance_uniqueness_catch_and_seed(protocol):
     files = 2 if protocol == "preference" else 4
     assert len(per_clip) == 10 * files and set(per_clip.values()) == {8 // files}
     # reproducible from the seed; different raters get different orders
-    again = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7)
-             for k in range(8)]
+    again = [design.assign(protocol, clips, POOL, k, design.rater_seed(7, k), 7) for k in range(8)]
     assert again == plans
     assert [t["clip_id"] for t in plans[0]] != [t["clip_id"] for t in plans[2]]
 
@@ -208,9 +226,20 @@ def test_wilson_binomial_and_alpha_against_references():
     assert stats.binom_p(10, 20, "two-sided") == pytest.approx(1.0)
     # Krippendorff's alpha, nominal: Krippendorff (2011) "Computing Krippendorff's alpha",
     # the worked example with 4 coders and missing values -> 0.743
-    data = [[1, 1, None, 1], [2, 2, 3, 2], [3, 3, 3, 3], [3, 3, 3, 3], [2, 2, 2, 2],
-            [1, 2, 3, 4], [4, 4, 4, 4], [1, 1, 2, 1], [2, 2, 2, 2], [None, 5, 5, 5],
-            [None, None, 1, 1], [None, None, 3, None]]
+    data = [
+        [1, 1, None, 1],
+        [2, 2, 3, 2],
+        [3, 3, 3, 3],
+        [3, 3, 3, 3],
+        [2, 2, 2, 2],
+        [1, 2, 3, 4],
+        [4, 4, 4, 4],
+        [1, 1, 2, 1],
+        [2, 2, 2, 2],
+        [None, 5, 5, 5],
+        [None, None, 1, 1],
+        [None, None, 3, None],
+    ]
     units = [[v for v in u if v is not None] for u in data]
     assert stats.krippendorff_alpha_nominal(units) == pytest.approx(0.743, abs=5e-4)
     assert stats.krippendorff_alpha_nominal([["a", "a"], ["b", "b"]]) == 1.0
@@ -256,10 +285,10 @@ def test_catch_versions_come_from_what_the_rows_show_not_from_a_seed():
     assert {fb for v in plan for _, fb, _ in v} == {False, True}
     # a study of the first 20 of these clips: each of its catch rows is one of the 30's
     sub = design.catch_plan(_rows(names[:20]), design.n_catch(20), offsets)
-    mine = {names[i] for i, v in enumerate(sub) if any(design.catch_grade(k) == "easy"
-                                                       for k, _, _ in v)}
-    assert mine >= {names[i] for i, v in enumerate(plan[:20])
-                    if any(design.catch_grade(k) == "easy" for k, _, _ in v)}
+    mine = {names[i] for i, v in enumerate(sub) if any(design.catch_grade(k) == "easy" for k, _, _ in v)}
+    assert mine >= {
+        names[i] for i, v in enumerate(plan[:20]) if any(design.catch_grade(k) == "easy" for k, _, _ in v)
+    }
     # one run shared, the other not (A against B, A against C): drawn apart
     other = design.catch_plan([((a, b + "-c"), lv) for (a, b), lv in _rows(names)], 8, offsets)
     assert other != plan
@@ -269,8 +298,7 @@ def test_catch_versions_come_from_what_the_rows_show_not_from_a_seed():
     for v in few:
         assert len({o for _, _, o in v}) == len(v) and all(o in offsets for _, _, o in v)
     # a threshold clip's levels are rows of one clip: offsets distinct across its levels
-    levels = [(("x-a", "x-b"), lv) for lv in (None, ("amplify", 2.0, (1, 0, 0)),
-                                                ("amplify", 4.0, (0, 1, 0)))]
+    levels = [(("x-a", "x-b"), lv) for lv in (None, ("amplify", 2.0, (1, 0, 0)), ("amplify", 4.0, (0, 1, 0)))]
     ladder = design.catch_plan(levels, 8, offsets)
     offs = [o for v in ladder for _, _, o in v]
     assert len(offs) == len(set(offs)) == 8 + design.GRADED_CATCHES
@@ -307,12 +335,20 @@ def test_rows_of_one_place_assign_balanced_with_x_stored(protocol):
 
     def streams(n, bit, catch=False):
         keys = design.row_keys(protocol, catch, x=2, bit=bit)
-        return {"rects": RECTS, **({"x": 2} if protocol == "abx" else {}),
-                "files": {k: f"{n}-{k}" for k in keys}}
-    clips = [{"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", bx[i])}
-             for i in range(8)]
-    pool = [{"clip_id": 1 + i, "kind": "negative", "streams": streams(f"k{i}", i % 2, True)}
-            for i in range(design.n_catch(8))]
+        return {
+            "rects": RECTS,
+            **({"x": 2} if protocol == "abx" else {}),
+            "files": {k: f"{n}-{k}" for k in keys},
+        }
+
+    clips = [
+        {"id": i + 1, "base_swap": swap[i], "base_x": bx[i], "streams": streams(f"c{i}", bx[i])}
+        for i in range(8)
+    ]
+    pool = [
+        {"clip_id": 1 + i, "kind": "negative", "streams": streams(f"k{i}", i % 2, True)}
+        for i in range(design.n_catch(8))
+    ]
     f = 1 if protocol == "preference" else 2
     seen, x_content = Counter(), Counter()
     for k in range(4):
@@ -342,8 +378,9 @@ def test_row_bits_are_drawn_from_what_the_row_shows():
     assert design.row_bits(("fa", "fb"), None, 3) == (bit, catches) and len(catches) == 3
     flipped, again = design.row_bits(("fb", "fa"), None, 3)
     assert flipped == 1 - bit and again == catches
-    first = lambda sides, b: design.row_keys("preference", bit=b)[0][0]   # noqa: E731
-    assert {"a": "fa", "b": "fb"}[first(("fa", "fb"), bit)] == \
-        {"a": "fb", "b": "fa"}[first(("fb", "fa"), flipped)]
+    first = lambda sides, b: design.row_keys("preference", bit=b)[0][0]  # noqa: E731
+    assert {"a": "fa", "b": "fb"}[first(("fa", "fb"), bit)] == {"a": "fb", "b": "fa"}[
+        first(("fb", "fa"), flipped)
+    ]
     bits = {design.row_bits((f"a{i}", f"b{i}"), lv, 0)[0] for i in range(20) for lv in (None, 2.0)}
     assert bits == {0, 1}

@@ -2,24 +2,24 @@
 window of it, the same on both sides, in the catch versions and the threshold stimuli; by default
 the window of the highest mean per-frame LPIPS of a real compare report (real imports, real
 LPIPS, real x264 streams decoded back); bad values are one line and exit code 2."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error
 from scipy.ndimage import gaussian_filter
+from test_study_media import decode, psnr
 
 from evalkit import study
 from evalkit.study import excerpt
 from evalkit.study.store import open_db
 from evalkit.testing.studies import import_report, moving_texture, study_config
 
-from conftest import assert_one_line_error
-from test_study_media import decode, psnr
-
 FPS = 24
-T = 48                       # 2 s
+T = 48  # 2 s
 #: the frames where B differs from A, per prompt (the report's worst window lies over them)
 NOISY = {"watercolor": range(30, 40), "night": range(4, 14)}
 
@@ -45,7 +45,7 @@ def report(tmp_path_factory):
 
 
 def config(db, sid) -> dict:
-    return study_config(db, sid)        # the streams are sealed: opened with the key file
+    return study_config(db, sid)  # the streams are sealed: opened with the key file
 
 
 def tiles(media, stream) -> list[np.ndarray]:
@@ -53,7 +53,7 @@ def tiles(media, stream) -> list[np.ndarray]:
     out = []
     for sha in stream["files"].values():
         frames = decode(media / f"{sha}.mp4")
-        out.append([frames[:, y:y + h, x:x + w] for x, y, w, h in stream["rects"]])
+        out.append([frames[:, y : y + h, x : x + w] for x, y, w, h in stream["rects"]])
     return out
 
 
@@ -61,12 +61,12 @@ def test_worst_start_is_the_window_of_highest_mean():
     per = {f: 0.01 for f in range(40)}
     per.update({f: 0.5 for f in range(20, 25)})
     assert excerpt.worst_start(per, 5) == 20
-    assert excerpt.worst_start(per, 10) == 15          # ties: the earliest of 15..20
+    assert excerpt.worst_start(per, 10) == 15  # ties: the earliest of 15..20
     # frames without a value do not count; a window within the clip's end
     gaps = {f: 0.1 for f in range(0, 30, 2)}
     gaps[28] = 0.9
-    assert excerpt.worst_start(gaps, 4, total=30) == 25     # 25..28 and 26..29 both mean 0.5
-    assert excerpt.worst_start({0: 1.0, 1: 2.0}, 5) == 0     # shorter than the window
+    assert excerpt.worst_start(gaps, 4, total=30) == 25  # 25..28 and 26..29 both mean 0.5
+    assert excerpt.worst_start({0: 1.0, 1: 2.0}, 5) == 0  # shorter than the window
     # the clip's frames after the last measured one are candidates when the total says so
     assert excerpt.worst_start({0: 0.0, 9: 1.0}, 3, total=12) == 7
     with pytest.raises(ValueError, match="at least 1 frame"):
@@ -75,8 +75,19 @@ def test_worst_start_is_the_window_of_highest_mean():
 
 def test_worst_window_on_both_sides_catch_versions_and_results(report, tmp_path, cli):
     db = tmp_path / "s.db"
-    code, out, err = cli("study", "create", report["report"], "--db", db, "--protocol", "abx",
-                         "--excerpt", "0.5", "--raters", "2")
+    code, out, err = cli(
+        "study",
+        "create",
+        report["report"],
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--excerpt",
+        "0.5",
+        "--raters",
+        "2",
+    )
     assert code == 0, err
     assert "excerpt: 0.5 s of each clip, the window of highest mean per-frame LPIPS" in out
     sid = int(out.split()[1].rstrip(":"))
@@ -90,6 +101,7 @@ def test_worst_window_on_both_sides_catch_versions_and_results(report, tmp_path,
     rows = {}
     with open_db(db).engine.connect() as conn:
         from evalkit.study.store import clips
+
         for r in conn.execute(clips.select().where(clips.c.study_id == sid)).mappings():
             rows[str(r["id"])] = r["job"]
     assert sorted(ex["windows"]) == sorted(report["frames"])
@@ -107,9 +119,9 @@ def test_worst_window_on_both_sides_catch_versions_and_results(report, tmp_path,
             # each tile is the window of A or of B: 12 frames, the same window on both sides
             assert all(len(t) == 12 for t in shown)
             for t in shown:
-                best = max(psnr(t, fa[s:s + 12]), psnr(t, fb[s:s + 12]))
+                best = max(psnr(t, fa[s : s + 12]), psnr(t, fb[s : s + 12]))
                 assert best > 38, best
-                assert psnr(t, fa[:12]) < best - 10            # not the clip's start
+                assert psnr(t, fa[:12]) < best - 10  # not the clip's start
     # the catch versions: the same window, mirrored (the catch reference's rule)
     assert cfg["catch_pool"]
     for p in cfg["catch_pool"]:
@@ -118,9 +130,8 @@ def test_worst_window_on_both_sides_catch_versions_and_results(report, tmp_path,
         s = ex["windows"][job]["start"]
         for shown in tiles(media, p["streams"]):
             assert all(len(t) == 12 for t in shown)
-            ref = max(max(psnr(t, fa[s:s + 12, :, ::-1]), psnr(t, fb[s:s + 12, :, ::-1]))
-                      for t in shown)
-            assert ref > 30, ref                   # the reference tile (within its colour offset)
+            ref = max(max(psnr(t, fa[s : s + 12, :, ::-1]), psnr(t, fb[s : s + 12, :, ::-1])) for t in shown)
+            assert ref > 30, ref  # the reference tile (within its colour offset)
     # the server's watch time is the excerpt's
     assert set(cfg["media_seconds"].values()) == {0.5}
     res = study.results(db, sid)
@@ -132,8 +143,15 @@ def test_worst_window_on_both_sides_catch_versions_and_results(report, tmp_path,
 
 def test_owner_start_and_threshold_stimuli_share_the_window(report, tmp_path):
     db = tmp_path / "t.db"
-    r = study.create_study(report["report"], db, protocol="threshold", raters_planned=2,
-                           levels="1,2,4", excerpt_seconds=0.5, excerpt_at="1")
+    r = study.create_study(
+        report["report"],
+        db,
+        protocol="threshold",
+        raters_planned=2,
+        levels="1,2,4",
+        excerpt_seconds=0.5,
+        excerpt_at="1",
+    )
     cfg = config(db, r["study"])
     assert cfg["excerpt"]["at"] == 1.0
     assert {w["start"] for w in cfg["excerpt"]["windows"].values()} == {24}
@@ -157,22 +175,28 @@ def test_owner_start_and_threshold_stimuli_share_the_window(report, tmp_path):
     assert set(cfg["media_seconds"].values()) == {0.5}
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--excerpt", "0"], ["--excerpt: expected a number of seconds > 0, found '0'"]),
-    (["--excerpt", "-1"], ["--excerpt: expected a number of seconds > 0"]),
-    (["--excerpt", "abc"], ["--excerpt: expected a number of seconds > 0, found 'abc'"]),
-    (["--excerpt", "nan"], ["--excerpt: expected a number of seconds > 0, found 'nan'"]),
-    (["--excerpt", "3"], ["pan", "--excerpt 3: expected at most the clip's length (2 s, 48 frames"]),
-    (["--excerpt", "0.5", "--excerpt-at", "1.8"],
-     ["--excerpt-at 1.8: expected a start at most 1.5 s", "found 1.79167 s"]),
-    (["--excerpt", "0.5", "--excerpt-at", "soon"],
-     ["--excerpt-at: expected 'worst' or a start time in seconds >= 0, found 'soon'"]),
-    (["--excerpt-at", "1"], ["--excerpt-at: only with --excerpt SECONDS"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--excerpt", "0"], ["--excerpt: expected a number of seconds > 0, found '0'"]),
+        (["--excerpt", "-1"], ["--excerpt: expected a number of seconds > 0"]),
+        (["--excerpt", "abc"], ["--excerpt: expected a number of seconds > 0, found 'abc'"]),
+        (["--excerpt", "nan"], ["--excerpt: expected a number of seconds > 0, found 'nan'"]),
+        (["--excerpt", "3"], ["pan", "--excerpt 3: expected at most the clip's length (2 s, 48 frames"]),
+        (
+            ["--excerpt", "0.5", "--excerpt-at", "1.8"],
+            ["--excerpt-at 1.8: expected a start at most 1.5 s", "found 1.79167 s"],
+        ),
+        (
+            ["--excerpt", "0.5", "--excerpt-at", "soon"],
+            ["--excerpt-at: expected 'worst' or a start time in seconds >= 0, found 'soon'"],
+        ),
+        (["--excerpt-at", "1"], ["--excerpt-at: only with --excerpt SECONDS"]),
+    ],
+)
 def test_bad_excerpts_are_one_line_and_create_nothing(report, tmp_path, cli, args, needles):
     db = tmp_path / "bad.db"
-    code, out, err = cli("study", "create", report["report"], "--db", db, "--protocol", "abx",
-                         *args)
+    code, out, err = cli("study", "create", report["report"], "--db", db, "--protocol", "abx", *args)
     assert code == 2, (out, err)
     assert_one_line_error(err, *needles)
     media = tmp_path / "bad.media"
@@ -187,7 +211,8 @@ def test_worst_needs_the_reports_per_frame_lpips(report, tmp_path, cli):
     rep = tmp_path / "report"
     shutil.copytree(report["report"], rep)
     (rep / "frames.csv").unlink()
-    code, _, err = cli("study", "create", rep, "--db", tmp_path / "x.db", "--protocol", "abx",
-                       "--excerpt", "0.5")
+    code, _, err = cli(
+        "study", "create", rep, "--db", tmp_path / "x.db", "--protocol", "abx", "--excerpt", "0.5"
+    )
     assert code == 2
     assert_one_line_error(err, "frames.csv", "--excerpt-at START")

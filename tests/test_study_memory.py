@@ -17,6 +17,7 @@ its clip whole peaks above 4N, both sides), and at most one window's contents ab
 with N frames (the encoders' threads take their windows a little earlier or later). Measured:
 ABX 214 frames for N and 2N, preference 254-257 and 260 (the test runs preference).
 """
+
 from __future__ import annotations
 
 import tracemalloc
@@ -26,8 +27,8 @@ import pytest
 from evalkit import study
 from evalkit.testing.studies import import_report, moving_texture
 
-N = 320                  # frames of the short clip (a window's peak is about 210-260 of them)
-WARM = 24                # a first study's clip: loads what is loaded on first use
+N = 320  # frames of the short clip (a window's peak is about 210-260 of them)
+WARM = 24  # a first study's clip: loads what is loaded on first use
 H, W = 96, 128
 #: one window's contents (A, B, a catch reference and its degraded copy, 8 frames each)
 SLACK = 4 * 8
@@ -41,8 +42,7 @@ def reports(tmp_path_factory):
         fa = moving_texture(n, H, W, seed=5)
         fb = fa.copy()
         fb[..., 1] = (fb[..., 1].astype("int16") + 12).clip(0, 255).astype("uint8")
-        out[n] = import_report(tmp_path_factory.mktemp(f"studymem{n}"), {"memory": (fa, fb)},
-                               24)[0]
+        out[n] = import_report(tmp_path_factory.mktemp(f"studymem{n}"), {"memory": (fa, fb)}, 24)[0]
     return out
 
 
@@ -62,8 +62,7 @@ def peak_frames(report, db, **kw) -> float:
 
 def check_window(peaks: dict) -> None:
     short, long_ = peaks[N], peaks[2 * N]
-    assert long_ < 2 * N, (f"{long_:.0f} frames alive at once for a {2 * N}-frame clip: a whole "
-                           "side")
+    assert long_ < 2 * N, f"{long_:.0f} frames alive at once for a {2 * N}-frame clip: a whole side"
     assert long_ <= short + SLACK, f"the window grew with the clip: {short:.0f} -> {long_:.0f}"
 
 

@@ -1,6 +1,7 @@
 """The protocols are objects (evalkit.study.protocols, issue 49): the design tables come from
 them, each answers what differs per protocol, and the study's operations ask the object instead
 of comparing protocol names."""
+
 import ast
 from pathlib import Path
 
@@ -15,8 +16,11 @@ NAMES = {"abx", "preference", "threshold"}
 
 def test_the_design_tables_come_from_the_registry():
     assert design.PROTOCOLS == ("preference", "abx", "threshold") == tuple(protocols.REGISTRY)
-    assert design.ANSWERS == {"preference": ("left", "right", "same"), "abx": ("A", "B"),
-                              "threshold": ("A", "B")}
+    assert design.ANSWERS == {
+        "preference": ("left", "right", "same"),
+        "abx": ("A", "B"),
+        "threshold": ("A", "B"),
+    }
     assert design.FORCED_CHOICE == ("abx", "threshold")
     # a threshold study's trials are shown exactly as ABX: the page never learns of levels
     assert [design.page_protocol(p) for p in design.PROTOCOLS] == ["preference", "abx", "abx"]
@@ -32,8 +36,9 @@ def test_each_protocol_answers_for_itself():
     assert len(design.stream_keys("threshold")) == 4
     # only the threshold protocol has levels, and it has no planner: --raters is needed
     assert abx.levels(None, "amplify", 0) == ([None], [])
-    with pytest.raises(StudyError, match="--levels: only for --protocol threshold, found "
-                                         "--protocol preference"):
+    with pytest.raises(
+        StudyError, match="--levels: only for --protocol threshold, found --protocol preference"
+    ):
         pref.levels("1,2", "amplify", 12)
     with pytest.raises(StudyError, match="--ladder: only for --protocol threshold"):
         abx.check_ladder("amplify")
@@ -53,9 +58,10 @@ def test_each_protocol_answers_for_itself():
 
 def test_preference_scores_and_agreement():
     pref, abx = protocols.get("preference"), protocols.get("abx")
-    test = [{"rater": r, "job": j, "score_b": s, "correct": None}
-            for r, j, s in (("r1", "j1", 1.0), ("r2", "j1", 1.0), ("r1", "j2", 0.0),
-                            ("r2", "j2", 0.0))]
+    test = [
+        {"rater": r, "job": j, "score_b": s, "correct": None}
+        for r, j, s in (("r1", "j1", 1.0), ("r2", "j1", 1.0), ("r1", "j2", 0.0), ("r2", "j2", 0.0))
+    ]
     assert pref.agreement(test) == {"krippendorff_alpha": pytest.approx(1.0)}
     assert abx.agreement(test) == {}
     trial = {"kind": "test", "expected": None, "sources": {"left": "b", "right": "a"}}
@@ -74,7 +80,9 @@ def test_no_protocol_name_compared_in_the_operations(module):
             for part in [node.left, *node.comparators]:
                 if isinstance(part, ast.Constant) and part.value in NAMES:
                     bad.append(f"{module}.py:{node.lineno} compares with {part.value!r}")
-                if isinstance(part, (ast.Attribute, ast.Name)) and \
-                        getattr(part, "attr", getattr(part, "id", None)) == "FORCED_CHOICE":
+                if (
+                    isinstance(part, (ast.Attribute, ast.Name))
+                    and getattr(part, "attr", getattr(part, "id", None)) == "FORCED_CHOICE"
+                ):
                     bad.append(f"{module}.py:{node.lineno} tests FORCED_CHOICE")
     assert bad == []

@@ -1,5 +1,6 @@
 """The verdict rules of evalkit.study.stats: exact small examples, then a fast Monte Carlo slice
 of each error claim (the full grid: benchmarks/bench_study_sim.py)."""
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ def test_abx_33_of_36_from_12_raters_is_distinguishable():
     assert d["verdict"] == "distinguishable"
     assert (d["n"], d["correct"], d["raters"], d["clips"]) == (36, 33, 12, 3)
     # exact one-sided binomial: P(X >= 33 | 36, 0.5) = (C(36,33)+C(36,34)+C(36,35)+1) / 2^36
-    p = (math.comb(36, 33) + math.comb(36, 34) + 36 + 1) / 2 ** 36
+    p = (math.comb(36, 33) + math.comb(36, 34) + 36 + 1) / 2**36
     assert d["p_value"] == pytest.approx(p, rel=1e-9) and d["p_value"] > 0
     assert d["p_text"] == "< 1e-6"
     assert d["df"] == 2 and d["t"] == pytest.approx(2.919986, abs=1e-5)
@@ -43,7 +44,7 @@ def test_abx_upper_bound_is_accuracy_plus_t_sd_of_the_pigeonhole_replicates():
     R, C, reps, seed = 14, 16, 300, 11
     y = (rng.random(R * C) < 0.5).astype(int)
     raters, clips = _grid(R, C)
-    keep = rng.random(R * C) > 0.1                     # an incomplete design too
+    keep = rng.random(R * C) > 0.1  # an incomplete design too
     raters = [r for r, k in zip(raters, keep) if k]
     clips = [c for c, k in zip(clips, keep) if k]
     y = y[keep]
@@ -103,11 +104,11 @@ def test_abx_clip_veto():
     correct = [1 if j == 7 else (i + j) % 2 for i in range(40) for j in range(20)]
     d = stats.decide_abx(raters, clips, correct, margin=0.1, seed=2)
     assert d["accuracy"] == pytest.approx(0.525)
-    assert d["p_value"] > 0.025                    # overall: nothing to see
-    assert d["upper_bound"] < 0.6                  # the bound alone: "indistinguishable"
+    assert d["p_value"] > 0.025  # overall: nothing to see
+    assert d["upper_bound"] < 0.6  # the bound alone: "indistinguishable"
     assert d["verdict"] == "distinguishable" and d["flagged"] == [("clip", 7)]
     e = next(e for e in d["per_clip"] if e["clip"] == ("clip", 7))
-    assert e["p_value"] == pytest.approx(0.5 ** 40) and e["p_holm"] == pytest.approx(20 * 0.5 ** 40)
+    assert e["p_value"] == pytest.approx(0.5**40) and e["p_holm"] == pytest.approx(20 * 0.5**40)
     assert e["flagged"] and e["accuracy"] == 1.0 and e["ratings"] == 40
 
 
@@ -142,11 +143,11 @@ def test_d_prime_of_abx_against_an_independent_computation():
     from scipy.stats import multivariate_normal, norm
 
     d = stats.d_prime_abx(0.6)
-    L = np.array([[-1.0, 1.0, 0.0], [-0.5, -0.5, 1.0]])    # (A, B, X) -> (u, v)
-    mean = L @ np.array([0.0, d, d])                       # X is B
+    L = np.array([[-1.0, 1.0, 0.0], [-0.5, -0.5, 1.0]])  # (A, B, X) -> (u, v)
+    mean = L @ np.array([0.0, d, d])  # X is B
     cov = L @ L.T
-    both_pos = multivariate_normal(-mean, cov).cdf([0, 0])     # P(u > 0, v > 0)
-    both_neg = multivariate_normal(mean, cov).cdf([0, 0])      # P(u < 0, v < 0)
+    both_pos = multivariate_normal(-mean, cov).cdf([0, 0])  # P(u > 0, v > 0)
+    both_neg = multivariate_normal(mean, cov).cdf([0, 0])  # P(u < 0, v < 0)
     assert both_pos + both_neg == pytest.approx(0.6, abs=2e-4)
     assert d == pytest.approx(1.1152, abs=1e-3)
     # independent observations: Phi(d/sqrt2) Phi(d/2) + Phi(-d/sqrt2) Phi(-d/2)
@@ -178,7 +179,7 @@ def test_preference_85_percent_ties_all_decisive_for_b():
     mirror = ["tie" if c == 0.5 else "a" for c in choice]
     assert stats.decide_preference(raters, clips, mirror)["verdict"] == "A preferred"
     # no decisive majority: no preference shown, and never "indistinguishable"
-    split = [1.0 if (i // 15) % 2 else 0.0 for i in range(180)]   # half the raters each way
+    split = [1.0 if (i // 15) % 2 else 0.0 for i in range(180)]  # half the raters each way
     d = stats.decide_preference(raters, clips, split)
     assert d["verdict"] == "no preference shown" and d["win_rate_b"] == 0.5
     assert "never claims indistinguishable" in d["rule"] and "df=11" in d["rule"]
@@ -195,7 +196,7 @@ def test_catch_screening():
     assert stats.catch_min_correct(10) == 9
     excluded, kept = stats.catch_error_rates(8, 0.95)
     assert kept == pytest.approx(9 / 256)
-    assert excluded == pytest.approx(1 - 0.95 ** 8 - 8 * 0.95 ** 7 * 0.05)
+    assert excluded == pytest.approx(1 - 0.95**8 - 8 * 0.95**7 * 0.05)
     with pytest.raises(ValueError, match="catch"):
         stats.catch_min_correct(4)
 
@@ -224,15 +225,15 @@ def test_plan_abx(plan01):
     q = planning.plan("abx", 0.2, clips=10)
     assert q["clips"] == 15 and q["clips_requested"] == 10 and "floor" in q["notes"][0]
     assert q["raters"] >= 12
-    with pytest.raises(ValueError, match="--margin"):     # refused from the normal approximation,
-        planning.plan("abx", 0.001)                          # without simulating (no hang)
+    with pytest.raises(ValueError, match="--margin"):  # refused from the normal approximation,
+        planning.plan("abx", 0.001)  # without simulating (no hang)
     with pytest.raises(ValueError, match="test ratings"):  # 299 clips x 457 raters
         planning.plan("abx", 0.005)
     with pytest.raises(ValueError, match="test ratings"):  # 36 raters x 2,944 clips
         planning.plan("abx", 0.01)
-    big = planning.plan("abx", 0.02)        # too large to simulate: normal approximation
+    big = planning.plan("abx", 0.02)  # too large to simulate: normal approximation
     assert big["method"] == "normal approximation" and big["raters"] >= 12
-    assert big["clips"] > stats.min_clips(0.02) == 74        # raised for barely below chance
+    assert big["clips"] > stats.min_clips(0.02) == 74  # raised for barely below chance
     assert big["raters"] * big["clips"] <= stats.MAX_RATERS
 
 
@@ -257,11 +258,11 @@ def test_mc_indistinguishable_at_the_boundary_is_rare(scenario, plan01):
 
 
 def test_mc_sharp_null_power_and_the_visible_clip(plan01):
-    R, C = plan01["raters"], plan01["clips"]       # the planned size (clips raised from 15)
+    R, C = plan01["raters"], plan01["clips"]  # the planned size (clips raised from 15)
     for k, (r, c) in enumerate(SIZES + [(R, C)]):
         o = simulate.simulate_abx(r, c, "homogeneous", mu=0.5, margin=0.1, seed=200 + k, **MC)
         assert o["distinguishable"] <= 0.05 + o["se"]["distinguishable"], (r, c, o)
-        if (r, c) == (R, C):        # the planned size: power
+        if (r, c) == (R, C):  # the planned size: power
             assert o["indistinguishable"] >= 0.8, o
     for acc in (0.95, 0.9):
         o = simulate.simulate_abx(R, C, "one_visible_clip", clip_accuracy=acc, seed=300, **MC)
@@ -271,8 +272,9 @@ def test_mc_sharp_null_power_and_the_visible_clip(plan01):
 def test_mc_peeking_inflates_the_single_look_does_not(plan01):
     # golden ears: at the plan's 41 clips the combined scenario never reaches a claim, even
     # peeking (bench_study_sim section 5: 0 of 500); golden ears do, 3.8%
-    o = simulate.simulate_abx_peeking(plan01["raters"], plan01["clips"], "golden_ears", margin=0.1,
-                                   studies=300, reps=200, seed=400)
+    o = simulate.simulate_abx_peeking(
+        plan01["raters"], plan01["clips"], "golden_ears", margin=0.1, studies=300, reps=200, seed=400
+    )
     assert o["looks"] == plan01["raters"] - 11
     assert o["fixed"] <= 0.05 + o["se"]["fixed"]
     assert o["peeking"] > o["fixed"]
@@ -291,9 +293,9 @@ def test_visible_share_bound_is_clopper_pearson_over_the_flag_power():
     assert power == pytest.approx(1.0, abs=1e-6) and b == pytest.approx(1 - 0.05 ** (1 / 15))
     b, power = stats.visible_share_bound(2, 30, 26)
     assert 0.8 <= power < 1 and b == pytest.approx(beta.ppf(0.95, 3, 28) / power)
-    assert stats.visible_share_bound(0, 6, 6)[0] == 1.0          # nothing can be flagged
+    assert stats.visible_share_bound(0, 6, 6)[0] == 1.0  # nothing can be flagged
     assert stats.clopper_pearson_upper(5, 5) == 1.0
-    n = stats.clips_for_bound(0.1, 200)                   # power ~1: the rule of three
+    n = stats.clips_for_bound(0.1, 200)  # power ~1: the rule of three
     assert n == math.ceil(math.log(0.05) / math.log(0.9)) == 29
     assert stats.visible_share_bound(0, n, 200)[0] <= 0.1 < stats.visible_share_bound(0, n - 1, 200)[0]
 
@@ -303,10 +305,10 @@ def test_mc_sparse_visible_clips_the_bound_limits_the_claim():
     raters at margin 0.05: the 15 often miss every visible clip, so "indistinguishable" is never
     said there (its bound cannot fall below 2 x margin); the bound covers the true visible share
     >= 95% of the time, and a false claim stays <= 5%."""
-    for k, (R, C, margin, share) in enumerate([(107, 15, 0.05, 0.1), (26, 15, 0.1, 0.2),
-                                               (26, 40, 0.1, 0.05)]):
-        o = simulate.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200,
-                                         seed=700 + k)
+    for k, (R, C, margin, share) in enumerate(
+        [(107, 15, 0.05, 0.1), (26, 15, 0.1, 0.2), (26, 40, 0.1, 0.05)]
+    ):
+        o = simulate.simulate_visible_share(R, C, share, margin=margin, studies=300, reps=200, seed=700 + k)
         assert o["covered"] >= 0.95 - o["se"]["covered"], o
         assert o["false_claim"] <= 0.05 + o["se"]["false_claim"], o
         if k == 0:
@@ -336,10 +338,12 @@ def test_mc_preference_no_false_preference_when_taste_splits():
     """Raters' win rates spread around 0.5 (SD 0.45: each rater nearly always picks the same
     side; at 12 raters that extreme sits at 5.1-5.3%, see the stats docstring, so it is checked
     from 20 raters here); 2000 bootstrap replicates as decide_preference uses."""
-    for k, (R, C, sd, tie) in enumerate([(12, 15, 0.3, 0.0), (12, 40, 0.3, 0.85),
-                                         (12, 15, 0.0, 0.0), (20, 15, 0.45, 0.0)]):
-        o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd,
-                                      seed=500 + k, studies=300, reps=2000)
+    for k, (R, C, sd, tie) in enumerate(
+        [(12, 15, 0.3, 0.0), (12, 40, 0.3, 0.85), (12, 15, 0.0, 0.0), (20, 15, 0.45, 0.0)]
+    ):
+        o = simulate.simulate_preference(
+            R, C, win_rate=0.5, tie_rate=tie, rater_sd=sd, seed=500 + k, studies=300, reps=2000
+        )
         assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, sd, tie, o)
     o = simulate.simulate_preference(12, 15, win_rate=1.0, tie_rate=0.85, seed=600, **MC)
     assert o["B preferred"] >= 0.95
@@ -349,8 +353,9 @@ def test_mc_preference_raters_differ_in_tie_propensity():
     """Tie propensity per rater Beta(mean 0.85, SD 0.3) and split taste (SD 0.45): the bootstrap
     interval alone said "preferred" 6.0-7.6%; with the rater-level sign-flip test <= 5%."""
     for k, (R, C) in enumerate([(26, 15), (47, 20)]):
-        o = simulate.simulate_preference(R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3,
-                                      rater_sd=0.45, seed=800 + k, studies=400, reps=1000)
+        o = simulate.simulate_preference(
+            R, C, win_rate=0.5, tie_rate=0.85, tie_sd=0.3, rater_sd=0.45, seed=800 + k, studies=400, reps=1000
+        )
         assert o["any preference"] <= 0.05 + o["se"]["any preference"], (R, C, o)
 
 
@@ -359,7 +364,8 @@ def test_sign_flip_test_is_exact_by_enumeration():
     whose |sum| reaches the observed one (by hand for 3 raters)."""
     f = stats.sign_flips(np.random.default_rng(0), 3)
     assert f.shape == (8, 3) and {tuple(r) for r in f} == {
-        (a, b, c) for a in (1, -1) for b in (1, -1) for c in (1, -1)}
+        (a, b, c) for a in (1, -1) for b in (1, -1) for c in (1, -1)
+    }
     # |+-3 +-1 +-1| over the 8 patterns: 5, 3, 3, 1, each twice
     d = np.array([[3.0, 1.0, 1.0], [3.0, 1.0, -1.0], [1.0, 1.0, -3.0]])
     assert stats._flip_p(d, f) == pytest.approx([2 / 8, 6 / 8, 8 / 8])

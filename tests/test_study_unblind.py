@@ -1,6 +1,7 @@
 """No peeking: the key stays sealed on every route until the planned included raters are done;
 an owner who must look unblinds, logged, and the verdict after an early unblinding never says
 "indistinguishable". Real SQLite files, the real CLI, a real server for /export."""
+
 from __future__ import annotations
 
 import csv
@@ -10,11 +11,10 @@ import sqlite3
 
 import httpx
 import pytest
+from conftest import assert_one_line_error, old_study_db
 
 from evalkit import study
 from evalkit.study import store
-
-from conftest import assert_one_line_error, old_study_db
 from evalkit.testing.server import ADMIN_PASSWORD, Server
 from evalkit.testing.studies import answer, hidden
 
@@ -29,8 +29,12 @@ def report(reports):
 def _clip_ord(db):
     """clip id -> its row order in the study (the same for two studies of one seed)."""
     with store.open_db(db).engine.connect() as conn:
-        return {i: o for i, o in conn.execute(store.clips.select().with_only_columns(
-            store.clips.c.id, store.clips.c.ord))}
+        return {
+            i: o
+            for i, o in conn.execute(
+                store.clips.select().with_only_columns(store.clips.c.id, store.clips.c.ord)
+            )
+        }
 
 
 def _pick(db, k, ords):
@@ -38,18 +42,21 @@ def _pick(db, k, ords):
     every rater and every clip is at exactly 50% (the rule's bound then sits far below the
     margin; at 6 raters x 6 clips the rule still makes no claim: the bound on visibly different
     clips is 1)."""
+
     def pick(t):
         h = hidden(db, t["trial"])
         if h["kind"] == "catch":
             return h["expected"]
         other = "A" if h["expected"] == "B" else "B"
         return h["expected"] if (k + ords[h["clip_id"]]) % 2 else other
+
     return pick
 
 
 def _csvs(cli, db, sid, path):
-    code, out, err = cli("study", "results", "--db", db, "--study", sid, "--json", "--csv", path,
-                         "--reps", "300")
+    code, out, err = cli(
+        "study", "results", "--db", db, "--study", sid, "--json", "--csv", path, "--reps", "300"
+    )
     assert code == 0, err
     raw = list(csv.DictReader(open(path, newline="")))
     summ = list(csv.DictReader(open(path.with_name(path.stem + ".summary.csv"), newline="")))
@@ -57,14 +64,28 @@ def _csvs(cli, db, sid, path):
 
 
 @pytest.mark.slow  # whole studies rated
-def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(report, tmp_path,
-                                                                            cli):
+def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(report, tmp_path, cli):
     db = tmp_path / "s.db"
     sids = []
-    for _ in range(2):        # the same design twice: a control and one to be unblinded early
-        code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol", "abx",
-                             "--clips", "all", "--raters", RATERS, "--margin", "0.45",
-                             "--seed", "9")
+    for _ in range(2):  # the same design twice: a control and one to be unblinded early
+        code, out, err = cli(
+            "study",
+            "create",
+            "--allow-masking",
+            report,
+            "--db",
+            db,
+            "--protocol",
+            "abx",
+            "--clips",
+            "all",
+            "--raters",
+            RATERS,
+            "--margin",
+            "0.45",
+            "--seed",
+            "9",
+        )
         assert code == 0, err
         sids.append(int(out.split(":", 1)[0].split()[1]))
     control, early = sids
@@ -77,13 +98,19 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     assert res["status"] == "interim" and "pilot" not in res and res["unblinding"] is None
     assert "accuracy" not in res and "per_clip" not in res
     assert raw and all(r[k] == "" for r in raw for k in study.export.KEY_COLUMNS if k in r)
-    assert all(r["key"] == "sealed until 6 planned included raters are complete (2 now; "
-               "`evalkit study unblind` opens it, logged)" for r in raw)
-    assert all(r["response_ms"] and r["kind"] for r in raw)           # progress and timing
+    assert all(
+        r["key"] == "sealed until 6 planned included raters are complete (2 now; "
+        "`evalkit study unblind` opens it, logged)"
+        for r in raw
+    )
+    assert all(r["response_ms"] and r["kind"] for r in raw)  # progress and timing
     assert [(r["scope"], r["accuracy"], r["unblinding"]) for r in summ] == [("study", "", "")]
     # refused: no reason, a reason over lines, an unknown study
-    for args, words in (((), ("--reason",)), (("--reason", " "), ("--reason", "non-empty")),
-                        (("--reason", "a\nb"), ("--reason", "one line")),):
+    for args, words in (
+        ((), ("--reason",)),
+        (("--reason", " "), ("--reason", "non-empty")),
+        (("--reason", "a\nb"), ("--reason", "one line")),
+    ):
         code, _, err = cli("study", "unblind", "--db", db, "--study", early, *args)
         assert code == 2
         if args:
@@ -93,12 +120,16 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     assert_one_line_error(err, "study 99")
     assert study.unblinding_log(db, early) == []
     # the owner looks: logged, who, when, at how many included raters
-    code, out, err = cli("study", "unblind", "--db", db, "--study", early, "--reason",
-                         "pilot look", "--who", "alice")
+    code, out, err = cli(
+        "study", "unblind", "--db", db, "--study", early, "--reason", "pilot look", "--who", "alice"
+    )
     assert code == 0, err
     assert "key opened early by alice" in out and "at 2 of 6 planned included raters" in out
-    row = sqlite3.connect(db).execute("select study_id, who, reason, raters_included, "
-                                      "raters_planned, created from unblindings").fetchall()
+    row = (
+        sqlite3.connect(db)
+        .execute("select study_id, who, reason, raters_included, raters_planned, created from unblindings")
+        .fetchall()
+    )
     assert [r[:5] for r in row] == [(early, "alice", "pilot look", 2, RATERS)] and row[0][5]
     # a clearly labelled pilot while interim, the key in the CSVs, the unblinding everywhere
     res, raw, summ = _csvs(cli, db, early, tmp_path / "b.csv")
@@ -148,8 +179,11 @@ def test_sealed_until_complete_unblinding_logged_and_never_indistinguishable(rep
     assert "verdict: INCONCLUSIVE" in text and "UNBLINDED EARLY: key opened early by alice" in text
     assert "UNDER-SIZED: 6 raters x 6 clips" in text
     assert "sensitivity check, not a verdict: with the catch-excluded raters" in text
-    assert not any("INDISTINGUISHABLE" in ln for ln in text.splitlines()   # but the rule's
-                   if not ln.startswith("rule: "))
+    assert not any(
+        "INDISTINGUISHABLE" in ln
+        for ln in text.splitlines()  # but the rule's
+        if not ln.startswith("rule: ")
+    )
     # what the verdict covers: every compared clip, with the bound on visible clips like these
     cov = ctrl["coverage"]
     assert cov["selection"] == "all" and cov["clips"] == cov["of"] == 6 and cov["flagged"] == 0
@@ -170,24 +204,28 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
     """Through the real server's /export routes (the admin page's downloads call the same
     functions: tests/test_app_more.py downloads them in Chromium)."""
     db = tmp_path / "e.db"
-    sid = study.create_study(report, db, protocol="abx", clips_spec="worst:3", seed=4,
-                             raters_planned=3, allow_masking=True)["study"]
+    sid = study.create_study(
+        report, db, protocol="abx", clips_spec="worst:3", seed=4, raters_planned=3, allow_masking=True
+    )["study"]
     toks = [r["token"] for r in study.invite(db, sid, 2)]
     answer(db, toks[0], lambda t: "A")
     answer(db, toks[1], lambda t: "B", limit=4)
     server = Server(db).start()
     try:
+
         def get(which):
             r = httpx.get(f"{server.url}/export/{sid}/{which}.csv", auth=("admin", ADMIN_PASSWORD))
             assert r.status_code == 200, r.text
             return list(csv.DictReader(io.StringIO(r.text)))
+
         raw = get("ratings")
         assert len(raw) > 4
         for r in raw:
             assert all(r[k] == "" for k in study.export.KEY_COLUMNS if k in r), r
             assert r["key"].startswith("sealed until 3 planned")
         assert [(r["scope"], r["status"], r["accuracy"]) for r in get("summary")] == [
-            ("study", "interim", "")]
+            ("study", "interim", "")
+        ]
         study.unblind(db, sid, reason="the lead asked", who="bob")
         raw = get("ratings")
         assert {r["answer"] for r in raw} == {"A", "B"}
@@ -200,7 +238,7 @@ def test_export_route_serves_no_key_before_complete(report, tmp_path):
 
 def test_unblindings_table_added_to_a_version_4_database(report, tmp_path):
     path = tmp_path / "v4.db"
-    sid = old_study_db(report, path, 4)   # as a version 4 database was: no unblindings table
+    sid = old_study_db(report, path, 4)  # as a version 4 database was: no unblindings table
     d = store.StudyDB(store.sqlite_url(path))
     assert d.schema_version() == store.SCHEMA_VERSION == 6
     assert "delivered" in [r[1] for r in sqlite3.connect(path).execute("pragma table_info(trials)")]
@@ -217,7 +255,7 @@ def test_a_pilot_interval_cannot_set_a_gate():
     gates on the bound itself."""
     from evalkit.study.analyse import gate_interval_problem
 
-    pilot = {"threshold": 0.0015, "ci": [None, 0.062]}         # the 4-rater pilot of issue 34
+    pilot = {"threshold": 0.0015, "ci": [None, 0.062]}  # the 4-rater pilot of issue 34
     assert "closed at both ends" in gate_interval_problem(pilot)
     assert "n/a to 0.062" in gate_interval_problem(pilot)
     assert "closed" in gate_interval_problem({"threshold": 0.01, "ci": [0.005, None]})

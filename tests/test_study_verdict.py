@@ -3,6 +3,7 @@ chance, sparse visible clips, under-sized studies, a fixed bootstrap and no seco
 Exact examples of each rule, a fast seeded Monte Carlo slice of each error claim (the full grid:
 benchmarks/bench_study_sim.py, sections 10-12), and one study end to end through the real CLI,
 rater service and SQLite."""
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,12 @@ def test_raters_below_chance_are_named_and_block_the_claim():
     # ... but two raters wrong on every test trial saw the difference: no claim, both named
     inv = _grid(40, 30, lambda i, j: 0 if i in (3, 17) else (i + j) % 2)
     d = stats.decide_abx(*inv, margin=0.1, seed=1)
-    assert d["upper_bound"] < 0.6 and not d["flagged"]           # the bound alone would claim
+    assert d["upper_bound"] < 0.6 and not d["flagged"]  # the bound alone would claim
     assert d["verdict"] == "inconclusive"
     assert [e["rater"] for e in d["below_chance"]["raters"]] == [3, 17]
     e = d["below_chance"]["raters"][0]
     assert (e["correct"], e["ratings"]) == (0, 30)
-    assert e["p_low"] == pytest.approx(0.5 ** 30) and e["p_low_holm"] == pytest.approx(40 * 0.5 ** 30)
+    assert e["p_low"] == pytest.approx(0.5**30) and e["p_low_holm"] == pytest.approx(40 * 0.5**30)
     assert "below chance" in d["blocked"][0] and "3 (0 of 30), 17 (0 of 30)" in d["blocked"][0]
     assert "nothing is below chance" in d["rule"]
 
@@ -48,7 +49,7 @@ def test_a_clip_below_chance_is_named_and_blocks_the_claim():
     assert d["verdict"] == "inconclusive" and d["upper_bound"] < 0.6
     assert [e["clip"] for e in d["below_chance"]["clips"]] == [4]
     assert [c["below_chance"] for c in d["per_clip"]].count(True) == 1
-    assert d["per_clip"][4]["p_low_holm"] == pytest.approx(30 * 0.5 ** 40)
+    assert d["per_clip"][4]["p_low_holm"] == pytest.approx(30 * 0.5**40)
 
 
 def test_spread_in_both_directions_blocks_the_claim_without_any_single_rater():
@@ -56,7 +57,8 @@ def test_spread_in_both_directions_blocks_the_claim_without_any_single_rater():
     # Holm over 60 raters), the rest at 15/30: accuracy 0.5, spread far beyond chance
     def c(i, j):
         right = 23 if i < 12 else 7 if i < 24 else 15
-        return int((i + j) % 30 < right)          # spread evenly over the clips
+        return int((i + j) % 30 < right)  # spread evenly over the clips
+
     d = stats.decide_abx(*_grid(60, 30, c), margin=0.1)
     assert d["accuracy"] == 0.5 and d["upper_bound"] < 0.6
     assert d["below_chance"]["raters"] == [] and d["below_chance"]["found"]
@@ -73,7 +75,8 @@ def test_the_claim_needs_the_visible_clip_bound_below_twice_the_margin():
     d = stats.decide_abx(*_grid(107, 15, lambda i, j: (i + j) % 2), margin=0.05)
     assert d["upper_bound"] < 0.55 and d["verdict"] == "inconclusive"
     assert d["visible_share_bound"] == pytest.approx(
-        (1 - 0.05 ** (1 / 15)) / stats.clip_veto_power(107, 15, 0.05, 0.9))
+        (1 - 0.05 ** (1 / 15)) / stats.clip_veto_power(107, 15, 0.05, 0.9)
+    )
     assert "does not exclude 0.1" in d["blocked"][0]
     # 60 x 30 at chance: covered, claimed
     d = stats.decide_abx(*_grid(60, 30, lambda i, j: (i + j) % 2), margin=0.05)
@@ -90,8 +93,13 @@ def test_plan_follows_the_margin_with_its_clips():
 
 
 def test_study_create_warns_below_the_plans_clips():
-    plan = {"protocol": "abx", "margin": 0.1, "raters": 22, "clips": 41,
-            "notes": ["clips raised from 15 to 41 (answers barely below chance: ...)"]}
+    plan = {
+        "protocol": "abx",
+        "margin": 0.1,
+        "raters": 22,
+        "clips": 41,
+        "notes": ["clips raised from 15 to 41 (answers barely below chance: ...)"],
+    }
     (w,) = planning.design_warnings("abx", 20, 0, plan)
     assert "20 clips is below the planner's 41 clips per rater for --margin 0.1" in w
     assert "answers barely below chance" in w and "UNDER-SIZED" in w
@@ -106,13 +114,11 @@ def test_a_study_planned_by_the_earlier_rule_is_checked_at_its_size(tmp_path, mo
     from evalkit.study import analyse
 
     monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
-    st = {"protocol": "abx", "margin": 0.1, "alpha": 0.05,
-          "config": {"plan": {"raters": 39, "clips": 15}}}
+    st = {"protocol": "abx", "margin": 0.1, "alpha": 0.05, "config": {"plan": {"raters": 39, "clips": 15}}}
     d = analyse._achieved_design(st, 39, {"clip_count": 15})
     assert d["earlier_rule"] and not d["under_sized"] and not d["check"]["ok"]
     assert "weak_inversion" in d["check"]["failing"] and "earlier rule" in d["text"]
-    now = {**st, "config": {"plan": {"raters": 22, "clips": 41,
-                                     "rule_version": stats.RULE_VERSION}}}
+    now = {**st, "config": {"plan": {"raters": 22, "clips": 41, "rule_version": stats.RULE_VERSION}}}
     d = analyse._achieved_design(now, 22, {"clip_count": 41})
     assert not d["earlier_rule"] and d["check"] is None and d["text"].endswith("as planned")
 
@@ -127,13 +133,13 @@ def test_spread_clips_is_where_answers_barely_below_chance_are_seen():
     assert min(simulate.weak_misses(0.1, 22, 15).values()) > 0.25
     # the chi-square start is conservative where it is used (it brackets from above)
     assert planning._spread_miss_estimate(0.1, 22, c, 0.05) >= 0.01
-    assert planning.spread_clips(0.3, 12) == (15, "simulation")       # wide margins: nothing to add
+    assert planning.spread_clips(0.3, 12) == (15, "simulation")  # wide margins: nothing to add
 
 
 def test_design_check_refuses_an_undersized_design_and_keeps_a_large_one():
     small = planning.design_check(12, 100, margin=0.05)
     assert not small["ok"] and small["visible_share_bound"] >= 0.1 and "cannot claim" in small["text"]
-    assert planning.design_check(12, 100, margin=0.05) is small                     # cached
+    assert planning.design_check(12, 100, margin=0.05) is small  # cached
     big = planning.design_check(40, 40, margin=0.1, studies=200, reps=100)
     assert big["ok"] and set(big["rates"]) == set(simulate.BOUNDARY_SCENARIOS + simulate.INVERSION_SCENARIOS)
     assert max(r for r, _ in big["rates"].values()) <= 0.05
@@ -152,16 +158,21 @@ def test_the_verdict_bootstrap_is_fixed_per_study():
 MC = {"studies": 300, "reps": 120}
 
 
-@pytest.mark.parametrize("scenario,kw", [("bots", {"bot_share": 0.21, "bot_accuracy": 0.3}),
-                                         ("inverted_discriminators", {"invert": 0.5}),
-                                         ("inverted_raters", {"invert": 0.5}),
-                                         ("inverted_clips", {"invert": 0.5})])
+@pytest.mark.parametrize(
+    "scenario,kw",
+    [
+        ("bots", {"bot_share": 0.21, "bot_accuracy": 0.3}),
+        ("inverted_discriminators", {"invert": 0.5}),
+        ("inverted_raters", {"invert": 0.5}),
+        ("inverted_clips", {"invert": 0.5}),
+    ],
+)
 def test_mc_answers_below_chance_give_no_false_claim(scenario, kw):
     # margin 0.05 at the last round's plan (55 x 29): the rule before the checks said
     # "indistinguishable" far more often than 5%
     o = simulate.simulate_abx(55, 29, scenario, margin=0.05, seed=44, **MC, **kw)
     assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"]
-    assert o["bound_below_margin"] > 0.15                # what the checks below chance stop
+    assert o["bound_below_margin"] > 0.15  # what the checks below chance stop
     assert o["below_chance"] > 0.8
 
 
@@ -174,7 +185,7 @@ def test_mc_answers_barely_below_chance_need_clips_per_rater(scenario):
     assert old["indistinguishable"] > 0.2
     new = simulate.simulate_abx(22, 41, scenario, margin=0.1, seed=48, **MC)
     assert new["indistinguishable"] <= 0.05 + 2 * new["se"]["indistinguishable"]
-    assert new["bound_below_margin"] > 0.5            # what the spread check stops
+    assert new["bound_below_margin"] > 0.5  # what the spread check stops
     # design_check (what `study results` runs below the plan) refuses the old size for it
     assert scenario in planning.design_check(39, 15, margin=0.1, studies=100, reps=60)["failing"]
 
@@ -189,8 +200,7 @@ def test_mc_the_checks_below_chance_cost_little_at_chance():
 def test_mc_sparse_visible_clips_give_no_false_claim():
     for R, C in ((107, 15), (55, 29)):
         for vis in (1.0, 0.95):
-            o = simulate.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis,
-                                             seed=46, **MC)
+            o = simulate.simulate_visible_share(R, C, 0.1, margin=0.05, visible_accuracy=vis, seed=46, **MC)
             assert o["indistinguishable"] <= 0.05 + 2 * o["se"]["indistinguishable"], (R, C, vis)
 
 
@@ -209,29 +219,50 @@ def test_two_of_four_raters_wrong_on_every_test_trial_is_no_claim(report, tmp_pa
     reported and the two raters named; the study says it is under-sized; --reps changes
     nothing; the catch-exclusion line is no verdict."""
     db = tmp_path / "v.db"
-    code, out, err = cli("study", "create", "--allow-masking", report, "--db", db, "--protocol",
-                         "abx", "--clips", "all", "--raters", 4, "--margin", "0.2", "--seed", "5")
+    code, out, err = cli(
+        "study",
+        "create",
+        "--allow-masking",
+        report,
+        "--db",
+        db,
+        "--protocol",
+        "abx",
+        "--clips",
+        "all",
+        "--raters",
+        4,
+        "--margin",
+        "0.2",
+        "--seed",
+        "5",
+    )
     assert code == 0, err
     sid = int(out.split(":", 1)[0].split()[1])
     with store.open_db(db).engine.connect() as conn:
-        ords = {i: o for i, o in conn.execute(store.clips.select().with_only_columns(
-            store.clips.c.id, store.clips.c.ord))}
+        ords = {
+            i: o
+            for i, o in conn.execute(
+                store.clips.select().with_only_columns(store.clips.c.id, store.clips.c.ord)
+            )
+        }
     toks = [r["token"] for r in study.invite(db, sid, 4)]
     rids = []
     for k, tok in enumerate(toks):
+
         def pick(t, k=k):
             h = hidden(db, t["trial"])
             other = "A" if h["expected"] == "B" else "B"
             if h["kind"] == "catch":
                 return h["expected"]
             if k < 2:
-                return other                                       # always wrong
+                return other  # always wrong
             return h["expected"] if (k + ords[h["clip_id"]]) % 2 else other
+
         rids.append(answer(db, tok, pick))
     runs = {}
     for reps in ("300", "5000"):
-        code, out, err = cli("study", "results", "--db", db, "--study", sid, "--json",
-                             "--reps", reps)
+        code, out, err = cli("study", "results", "--db", db, "--study", sid, "--json", "--reps", reps)
         assert code == 0, err
         runs[reps] = json.loads(out)
     res = runs["300"]
@@ -241,8 +272,9 @@ def test_two_of_four_raters_wrong_on_every_test_trial_is_no_claim(report, tmp_pa
     low = {e["rater"] for e in res["below_chance"]["lowest_raters"]}
     assert len(low) == 2 and all(e["correct"] == 0 for e in res["below_chance"]["lowest_raters"])
     # the same ratings, the same verdict and figures whatever --reps says
-    assert {k: runs["5000"][k] for k in ("verdict", "upper_bound", "sd", "bootstrap_reps")} == \
-        {k: res[k] for k in ("verdict", "upper_bound", "sd", "bootstrap_reps")}
+    assert {k: runs["5000"][k] for k in ("verdict", "upper_bound", "sd", "bootstrap_reps")} == {
+        k: res[k] for k in ("verdict", "upper_bound", "sd", "bootstrap_reps")
+    }
     assert res["bootstrap_reps"] == stats.VERDICT_REPS
     assert "verdict" not in res["without_exclusions"]
     assert res["design"]["under_sized"]

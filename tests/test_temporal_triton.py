@@ -5,6 +5,7 @@ The kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`
 subprocess: it must be set before triton is imported), at small sizes. Speed on a GPU:
 ``benchmarks/bench_flow.py --part temporal``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -12,12 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import run_interpreted
+from numerics import U32, mean_tolerance
 
 from evalkit.metrics import temporal
 from evalkit.metrics._common import TritonFallback, fast_paths
-
-from conftest import run_interpreted
-from numerics import U32, mean_tolerance
 
 pytestmark = pytest.mark.slow  # Triton's interpreter
 
@@ -125,7 +125,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted():
-    return run_interpreted(SCRIPT)                 # NaN parses as nan
+    return run_interpreted(SCRIPT)  # NaN parses as nan
 
 
 def _tol(want, pixels):
@@ -184,7 +184,7 @@ def test_stream_records_agree_with_the_torch_path(interpreted):
 def test_kernels_are_chosen_on_cuda_by_default_and_not_when_off(monkeypatch):
     monkeypatch.delenv("EVALKIT_TRITON", raising=False)
     assert temporal._temporal_kernel(torch.device("cpu")) is None
-    assert temporal._temporal_kernel(torch.device("cuda")) is not None     # triton imports here
+    assert temporal._temporal_kernel(torch.device("cuda")) is not None  # triton imports here
     with fast_paths(triton_temporal=False):
         assert temporal._temporal_kernel(torch.device("cuda")) is None
     with fast_paths(triton_temporal=True):
@@ -198,7 +198,7 @@ def test_kernels_that_cannot_run_fall_back_to_the_torch_numbers_once(monkeypatch
     that cannot compile on a user's GPU looks like: one warning naming the kernels, then the
     torch path's numbers exactly. Turned off, the kernels are not even tried."""
     fam = TritonFallback(temporal.TRITON_TEMPORAL.family, temporal.TRITON_TEMPORAL.load, strict=False)
-    monkeypatch.setattr(temporal, "TRITON_TEMPORAL", fam)            # fresh: nothing failed yet
+    monkeypatch.setattr(temporal, "TRITON_TEMPORAL", fam)  # fresh: nothing failed yet
     gen = torch.Generator().manual_seed(2)
     pa, pb = torch.rand((3, 3, 20, 24), generator=gen), torch.rand((3, 3, 20, 24), generator=gen)
     fl = torch.randn((4, 2, 2, 20, 24), generator=gen)
@@ -216,5 +216,7 @@ def test_kernels_that_cannot_run_fall_back_to_the_torch_numbers_once(monkeypatch
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             again = temporal.temporal_from_flows(*args)
-    assert all(torch.equal(x, y) for x, y in zip(got, off)) and all(torch.equal(x, y) for x, y in zip(again, off))
+    assert all(torch.equal(x, y) for x, y in zip(got, off)) and all(
+        torch.equal(x, y) for x, y in zip(again, off)
+    )
     assert torch.equal(temporal.tof_from_flows(args[2], args[4]), got[2])

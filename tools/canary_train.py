@@ -29,6 +29,7 @@ sampling step use fixed seeds. With ``--ae-steps/--steps`` the step counts are f
 the schedule follows wall time (the learning rate decays over the time budget), so the number of
 steps depends on the machine: it is printed and recorded in ``training.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,7 @@ TRAIN_PHOTOS = [
     ("groot", "gradio", "media_assets/images/groot.jpeg"),
 ]
 #: The photographs of the bundled clips: never trained on.
-HELD_OUT = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field", "china",
-            "flower")
+HELD_OUT = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field", "china", "flower")
 
 CROP = 128
 
@@ -122,13 +122,13 @@ def cmd_pack(args) -> int:
 def _jitter(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     x = img.astype(np.float32) / 255.0
     grey = float(np.abs(x - x.mean(axis=2, keepdims=True)).mean()) < 0.01
-    if grey and rng.random() < 0.6:                      # tint grey photographs
+    if grey and rng.random() < 0.6:  # tint grey photographs
         tint = rng.uniform(0.7, 1.15, 3).astype(np.float32)
         x = x * tint
     lum = x.mean(axis=2, keepdims=True)
-    x = lum + (x - lum) * rng.uniform(0.6, 1.4)          # saturation
+    x = lum + (x - lum) * rng.uniform(0.6, 1.4)  # saturation
     x = (x - 0.5) * rng.uniform(0.7, 1.3) + 0.5 + rng.uniform(-0.15, 0.15)  # contrast, brightness
-    x = np.clip(x, 0, 1) ** rng.uniform(0.75, 1.35)      # gamma
+    x = np.clip(x, 0, 1) ** rng.uniform(0.75, 1.35)  # gamma
     x = x * rng.uniform(0.9, 1.1, 3).astype(np.float32)  # white balance
     return np.clip(x * 255.0 + 0.5, 0, 255).astype(np.uint8)
 
@@ -147,7 +147,7 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
     crop = float(np.exp(rng.uniform(np.log(64), np.log(max(65.0, 1.1 * side)))))
     scale = CROP / crop
     src = img
-    if scale < 0.5:                                      # area-prescale so warps do not alias
+    if scale < 0.5:  # area-prescale so warps do not alias
         f = scale * 2.0
         src = cv2.resize(img, (max(1, int(w * f)), max(1, int(h * f))), interpolation=cv2.INTER_AREA)
         scale, h, w = scale / f, src.shape[0], src.shape[1]
@@ -163,7 +163,7 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
     blur = rng.uniform(0.4, 1.2) if rng.random() < 0.25 else 0.0
     noise = rng.uniform(1.0, 4.0) if rng.random() < 0.2 else 0.0
     for k in range(frames):
-        m = cv2.getRotationMatrix2D((cx, cy), angle + k * dang, scale * dscale ** k)
+        m = cv2.getRotationMatrix2D((cx, cy), angle + k * dang, scale * dscale**k)
         m[0, 2] += CROP / 2 - cx + k * dx
         m[1, 2] += CROP / 2 - cy + k * dy
         H = np.vstack([m, [0, 0, 1]])
@@ -172,8 +172,7 @@ def make_item(photos: list[np.ndarray], rng: np.random.Generator, frames: int = 
             C = np.array([[1, 0, -CROP / 2], [0, 1, -CROP / 2], [0, 0, 1]], np.float64)
             H = np.linalg.inv(C) @ P @ C @ H
         homs.append(H)
-        f = cv2.warpPerspective(src, H, (CROP, CROP), flags=cv2.INTER_CUBIC,
-                                borderMode=cv2.BORDER_REFLECT)
+        f = cv2.warpPerspective(src, H, (CROP, CROP), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
         if flip:
             f = f[:, ::-1]
         if blur:
@@ -235,7 +234,7 @@ class Replay:
         self.q: queue.Queue = queue.Queue(maxsize=64)
         self._stop = False
         self.error = None
-        it = iter(loader)   # fork the workers from the main thread (forking in a thread can deadlock)
+        it = iter(loader)  # fork the workers from the main thread (forking in a thread can deadlock)
         self.thread = threading.Thread(target=self._pump, args=(it,), daemon=True)
         self.thread.start()
 
@@ -307,9 +306,11 @@ def load_lpips(path: str | None, device):
     net = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
     if path is None:
         from evalkit.metrics.weights import load_state_dict
+
         sd = load_state_dict("alex")
     else:
         from safetensors.torch import load_file
+
         sd = load_file(path)
     net.load_state_dict(sd, strict=False)
     net.eval().requires_grad_(False)
@@ -323,15 +324,17 @@ def warp_from_prev(img0, warp):
     import torch.nn.functional as F
 
     b, _, h, w = img0.shape
-    ys, xs = torch.meshgrid(torch.arange(h, device=img0.device, dtype=torch.float32),
-                            torch.arange(w, device=img0.device, dtype=torch.float32), indexing="ij")
-    p = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1).view(1, -1, 3)      # (1, HW, 3)
-    q = p @ warp.float().transpose(1, 2)                                         # (B, HW, 3)
+    ys, xs = torch.meshgrid(
+        torch.arange(h, device=img0.device, dtype=torch.float32),
+        torch.arange(w, device=img0.device, dtype=torch.float32),
+        indexing="ij",
+    )
+    p = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1).view(1, -1, 3)  # (1, HW, 3)
+    q = p @ warp.float().transpose(1, 2)  # (B, HW, 3)
     q = q[..., :2] / q[..., 2:].clamp(min=1e-6)
     qx, qy = q[..., 0].view(b, h, w), q[..., 1].view(b, h, w)
     grid = torch.stack([2 * qx / (w - 1) - 1, 2 * qy / (h - 1) - 1], dim=-1)
-    out = F.grid_sample(img0.float(), grid, mode="bilinear", padding_mode="border",
-                        align_corners=True)
+    out = F.grid_sample(img0.float(), grid, mode="bilinear", padding_mode="border", align_corners=True)
     mask = ((qx >= 1) & (qx <= w - 2) & (qy >= 1) & (qy <= h - 2)).float()[:, None]
     return out, mask
 
@@ -402,10 +405,15 @@ def build_vae(args, device):
     if want and base.config.source_channels != want:
         vae = CanaryAutoencoder.from_config(base.config, source_channels=want)
         missing, unexpected = vae.load_state_dict(base.state_dict(), strict=False)
-        assert not unexpected and all(k.split(".")[0] in ("src_in", "refine1", "refine2")
-                                      for k in missing), (missing, unexpected)
-        print(f"reused {args.reuse_vae}/vae, added a source-conditioned decoder "
-              f"({want} channels, starts as the plain decoder)", flush=True)
+        assert not unexpected and all(k.split(".")[0] in ("src_in", "refine1", "refine2") for k in missing), (
+            missing,
+            unexpected,
+        )
+        print(
+            f"reused {args.reuse_vae}/vae, added a source-conditioned decoder "
+            f"({want} channels, starts as the plain decoder)",
+            flush=True,
+        )
     else:
         vae = base
         print(f"reused {args.reuse_vae}/vae as it is", flush=True)
@@ -438,9 +446,16 @@ def validate_guidance(pipe, photos, args, device, lp, candidates=(0, 1, 2)):
         for si, style in enumerate(STYLES):
             lo, ls, fo, ft = [], [], [], []
             for k, (srcs, tgts, w) in enumerate(items):
-                out = pipe(prompt=style, video=srcs, strength=0.6, num_inference_steps=12,
-                           guidance_scale=4.0, guidance_steps=g, output_type="pt",
-                           generator=torch.Generator("cpu").manual_seed(k)).frames[0]
+                out = pipe(
+                    prompt=style,
+                    video=srcs,
+                    strength=0.6,
+                    num_inference_steps=12,
+                    guidance_scale=4.0,
+                    guidance_steps=g,
+                    output_type="pt",
+                    generator=torch.Generator("cpu").manual_seed(k),
+                ).frames[0]
                 o, t, s = out.to(device) * 2 - 1, unit(tgts[si]), unit(srcs)
                 wt = torch.from_numpy(w).to(device)
                 with torch.no_grad():
@@ -448,15 +463,23 @@ def validate_guidance(pipe, photos, args, device, lp, candidates=(0, 1, 2)):
                     ls.append(float(lp(s, t).mean()))
                 fo.append(flick(o, wt))
                 ft.append(flick(t, wt))
-            rows[style] = dict(lpips_ratio=float(np.mean(lo) / max(np.mean(ls), 1e-6)),
-                               warp_ratio=float(np.mean(fo) / max(np.mean(ft), 1e-6)))
+            rows[style] = dict(
+                lpips_ratio=float(np.mean(lo) / max(np.mean(ls), 1e-6)),
+                warp_ratio=float(np.mean(fo) / max(np.mean(ft), 1e-6)),
+            )
         fails = sum(r["lpips_ratio"] > 0.7 or r["warp_ratio"] > 2.0 for r in rows.values())
         mean_ratio = float(np.mean([r["lpips_ratio"] for r in rows.values()]))
-        report[str(g)] = dict(fails=fails, mean_lpips_ratio=round(mean_ratio, 4),
-                              styles={k: {a: round(b, 3) for a, b in v.items()} for k, v in rows.items()})
-        print(f"validation guidance_steps={g}: {fails} styles fail, mean LPIPS ratio "
-              f"{mean_ratio:.3f}; " + ", ".join(f"{k} {v['lpips_ratio']:.2f}/{v['warp_ratio']:.2f}"
-                                                 for k, v in rows.items()), flush=True)
+        report[str(g)] = dict(
+            fails=fails,
+            mean_lpips_ratio=round(mean_ratio, 4),
+            styles={k: {a: round(b, 3) for a, b in v.items()} for k, v in rows.items()},
+        )
+        print(
+            f"validation guidance_steps={g}: {fails} styles fail, mean LPIPS ratio "
+            f"{mean_ratio:.3f}; "
+            + ", ".join(f"{k} {v['lpips_ratio']:.2f}/{v['warp_ratio']:.2f}" for k, v in rows.items()),
+            flush=True,
+        )
     best = min(candidates, key=lambda g: (report[str(g)]["fails"], report[str(g)]["mean_lpips_ratio"]))
     return best, report
 
@@ -481,30 +504,44 @@ def cmd_train(args) -> int:
     cl = torch.channels_last
 
     loader = torch.utils.data.DataLoader(
-        make_iterable(args.photos, args.seed, args.item_batch), batch_size=None,
-        num_workers=args.workers, persistent_workers=args.workers > 0,
-        prefetch_factor=4 if args.workers > 0 else None)
+        make_iterable(args.photos, args.seed, args.item_batch),
+        batch_size=None,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        prefetch_factor=4 if args.workers > 0 else None,
+    )
     replay = Replay(loader, args.buffer, device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
     vae, reused = build_vae(args, device)
-    unet_cfg = dict(channels=_ints(args.unet_channels), blocks=_ints(args.unet_blocks),
-                    head_channels=args.unet_head_channels, num_heads=args.unet_heads)
+    unet_cfg = dict(
+        channels=_ints(args.unet_channels),
+        blocks=_ints(args.unet_blocks),
+        head_channels=args.unet_head_channels,
+        num_heads=args.unet_heads,
+    )
     if args.init_from:
         # continue training a saved pipeline's denoiser and text encoder (its architecture wins
         # over the --unet-* options); the schedule, EMA and data restart
         unet = CanaryUNet.from_pretrained(str(Path(args.init_from) / "unet")).float().to(device)
-        text_encoder = CanaryTextEncoder.from_pretrained(
-            str(Path(args.init_from) / "text_encoder")).float().to(device)
-        unet_cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in unet.config.items()
-                    if not k.startswith("_")}
+        text_encoder = (
+            CanaryTextEncoder.from_pretrained(str(Path(args.init_from) / "text_encoder")).float().to(device)
+        )
+        unet_cfg = {
+            k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in unet.config.items()
+            if not k.startswith("_")
+        }
         print(f"denoiser and text encoder initialised from {args.init_from}", flush=True)
     else:
         text_encoder = CanaryTextEncoder().to(device)
         unet = CanaryUNet(**unet_cfg).to(device)
-    print(f"unet {sum(p.numel() for p in unet.parameters()) / 1e6:.2f} M parameters {unet_cfg}; "
-          f"vae {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M "
-          f"(source_channels {vae.config.source_channels})", flush=True)
+    print(
+        f"unet {sum(p.numel() for p in unet.parameters()) / 1e6:.2f} M parameters {unet_cfg}; "
+        f"vae {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M "
+        f"(source_channels {vae.config.source_channels})",
+        flush=True,
+    )
     lp = load_lpips(args.lpips_weights, device)
     replay.wait(min(args.buffer, args.min_items))
     print(f"[{time.time() - t_start:6.1f}s] buffer {replay.count} items; training", flush=True)
@@ -529,7 +566,7 @@ def cmd_train(args) -> int:
             replay.ingest()
             idx = replay.sample(nb, gen)
             which = torch.randint(0, 9, (nb,), device=device, generator=gen)
-            src = replay.src[idx]                                               # (nb, 2, H, W, 3)
+            src = replay.src[idx]  # (nb, 2, H, W, 3)
             tgt = replay.tgt[idx, (which - 1).clamp(min=0)]
             img = torch.where((which == 0)[:, None, None, None, None], src, tgt)
             x = to_unit(img.flatten(0, 1)).contiguous(memory_format=cl)
@@ -540,9 +577,8 @@ def cmd_train(args) -> int:
                 l1 = (y.float() - x).abs().mean()
                 lpl = lp(y.float(), x).mean()
                 reg = 1e-4 * z.float().pow(2).mean()
-                lt = temporal_loss(y.float().unflatten(0, (nb, 2)), x.unflatten(0, (nb, 2)),
-                                   replay.warp[idx])
-                lg = y.new_zeros(())                       # weighted sharpness terms
+                lt = temporal_loss(y.float().unflatten(0, (nb, 2)), x.unflatten(0, (nb, 2)), replay.warp[idx])
+                lg = y.new_zeros(())  # weighted sharpness terms
                 if args.ae_grad > 0:
                     lg = lg + args.ae_grad * gradient_loss(y, x)
                 if args.ae_grad_energy > 0:
@@ -554,12 +590,22 @@ def cmd_train(args) -> int:
             opt.step()
             step += 1
             if step % 200 == 0 or step == 1:
-                print(f"[{time.time() - t_start:6.1f}s] ae step {step} l1 {l1.item():.4f} "
-                      f"lpips {lpl.item():.4f} temporal {lt.item():.4f} sharpness {lg.item():.4f} "
-                      f"items {replay.seen}",
-                      flush=True)
-                log.append(dict(phase="ae", step=step, l1=l1.item(), lpips=lpl.item(),
-                                temporal=lt.item(), sharpness=lg.item()))
+                print(
+                    f"[{time.time() - t_start:6.1f}s] ae step {step} l1 {l1.item():.4f} "
+                    f"lpips {lpl.item():.4f} temporal {lt.item():.4f} sharpness {lg.item():.4f} "
+                    f"items {replay.seen}",
+                    flush=True,
+                )
+                log.append(
+                    dict(
+                        phase="ae",
+                        step=step,
+                        l1=l1.item(),
+                        lpips=lpl.item(),
+                        temporal=lt.item(),
+                        sharpness=lg.item(),
+                    )
+                )
         ae_steps = step
     vae.eval().requires_grad_(False)
 
@@ -570,13 +616,20 @@ def cmd_train(args) -> int:
             z = vae.encode(to_unit(replay.src[idx, 0]).contiguous(memory_format=cl)).latents.float()
         shift, std = z.mean().item(), z.std().item()
         vae.register_to_config(scaling_factor=1.0 / std, shift_factor=shift)
-    print(f"latent shift {vae.config.shift_factor:.4f} scale {vae.config.scaling_factor:.4f}",
-          flush=True)
+    print(f"latent shift {vae.config.shift_factor:.4f} scale {vae.config.scaling_factor:.4f}", flush=True)
 
     # ---- phase 2: denoiser + text encoder
-    sched = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                          prediction_type="sample", clip_sample=False, set_alpha_to_one=True,
-                          steps_offset=1, timestep_spacing="trailing", num_train_timesteps=1000)
+    sched = DDIMScheduler(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        prediction_type="sample",
+        clip_sample=False,
+        set_alpha_to_one=True,
+        steps_offset=1,
+        timestep_spacing="trailing",
+        num_train_timesteps=1000,
+    )
     abar = sched.alphas_cumprod.to(device)
     params = list(unet.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
@@ -584,27 +637,35 @@ def cmd_train(args) -> int:
     ema_unet.load_state_dict(unet.state_dict())
     ema_text = CanaryTextEncoder().to(device)
     ema_text.load_state_dict(text_encoder.state_dict())
-    ema_pairs = [(e, p) for m, em in ((unet, ema_unet), (text_encoder, ema_text))
-                 for e, p in zip(em.parameters(), m.parameters())]
+    ema_pairs = [
+        (e, p)
+        for m, em in ((unet, ema_unet), (text_encoder, ema_text))
+        for e, p in zip(em.parameters(), m.parameters())
+    ]
     prompts = list(STYLES) + [""]
-    ids_all = text_encoder.tokenize(prompts).to(device)            # (9, L); row 8 = null
+    ids_all = text_encoder.tokenize(prompts).to(device)  # (9, L); row 8 = null
     scale, shiftf = vae.config.scaling_factor, vae.config.shift_factor
-    use_img = (args.img_l1 > 0 or args.img_lpips > 0 or args.temporal_weight > 0
-               or args.img_grad > 0 or args.img_grad_energy > 0)
+    use_img = (
+        args.img_l1 > 0
+        or args.img_lpips > 0
+        or args.temporal_weight > 0
+        or args.img_grad > 0
+        or args.img_grad_energy > 0
+    )
 
     t0, step = time.time(), 0
     while _advance(opt, step, args.steps, args.seconds, t0, args.lr):
         replay.ingest()
-        nb = args.batch                                           # clips of 2 frames
+        nb = args.batch  # clips of 2 frames
         idx = replay.sample(nb, gen)
         style = torch.randint(0, 8, (nb,), device=device, generator=gen)
-        src = replay.src[idx]                                     # (nb, 2, H, W, 3)
-        tgt = replay.tgt[idx, style]                              # (nb, 2, H, W, 3)
+        src = replay.src[idx]  # (nb, 2, H, W, 3)
+        tgt = replay.tgt[idx, style]  # (nb, 2, H, W, 3)
         src_px = to_unit(src.flatten(0, 1)).contiguous(memory_format=cl)
         tgt_px = to_unit(tgt.flatten(0, 1)).contiguous(memory_format=cl)
         with torch.no_grad(), autocast():
             zz = (vae.encode(torch.cat([src_px, tgt_px])).latents.float() - shiftf) * scale
-        z_src, z_tgt = zz[: nb * 2], zz[nb * 2:]
+        z_src, z_tgt = zz[: nb * 2], zz[nb * 2 :]
         drop = torch.rand(nb, device=device, generator=gen) < 0.1
         prompt_idx = torch.where(drop, torch.full_like(style, 8), style)
         t = torch.randint(0, 1000, (nb,), device=device, generator=gen)
@@ -613,13 +674,18 @@ def cmd_train(args) -> int:
         # 1.75x past the target (as earlier under- or over-shooting, e.g. guided, steps leave it),
         # so that the denoiser learns to land on the target from all of them
         u = torch.rand(nb, device=device, generator=gen)
-        lam = torch.where(u < args.from_src, torch.zeros_like(u),
-                          torch.where(u < args.from_src + args.edit_aug,
-                                      1.75 * torch.rand(nb, device=device, generator=gen),
-                                      torch.ones_like(u)))
+        lam = torch.where(
+            u < args.from_src,
+            torch.zeros_like(u),
+            torch.where(
+                u < args.from_src + args.edit_aug,
+                1.75 * torch.rand(nb, device=device, generator=gen),
+                torch.ones_like(u),
+            ),
+        )
         lam = torch.where(drop, torch.ones_like(lam), lam).repeat_interleave(2).view(-1, 1, 1, 1)
         noise = torch.randn((nb, 1) + tuple(z_src.shape[1:]), device=device, generator=gen)
-        noise = noise.expand(-1, 2, -1, -1, -1).flatten(0, 1)     # shared across the 2 frames
+        noise = noise.expand(-1, 2, -1, -1, -1).flatten(0, 1)  # shared across the 2 frames
         t2 = t.repeat_interleave(2)
         a = abar[t2].view(-1, 1, 1, 1)
         base = z_src + lam * (z_tgt - z_src)
@@ -629,23 +695,36 @@ def cmd_train(args) -> int:
             hid = hid.repeat_interleave(2, 0)
             pooled = pooled.repeat_interleave(2, 0)
             mask = mask.repeat_interleave(2, 0)
-            pred = unet(z_t.contiguous(memory_format=cl), t2,
-                        z_src.contiguous(memory_format=cl), hid, pooled, mask,
-                        num_frames=2).sample
+            pred = unet(
+                z_t.contiguous(memory_format=cl),
+                t2,
+                z_src.contiguous(memory_format=cl),
+                hid,
+                pooled,
+                mask,
+                num_frames=2,
+            ).sample
             l_lat = F.mse_loss(pred.float(), z_tgt)
             loss = args.latent_weight * l_lat
             if use_img:
                 y = vae.decode(pred / scale + shiftf, source=src_px).sample.float()
                 l_l1 = (y - tgt_px).abs().mean()
                 l_gr = gradient_loss(y, tgt_px) if args.img_grad > 0 else y.new_zeros(())
-                l_ge = (gradient_energy_loss(y, tgt_px) if args.img_grad_energy > 0
-                        else y.new_zeros(()))
+                l_ge = gradient_energy_loss(y, tgt_px) if args.img_grad_energy > 0 else y.new_zeros(())
                 l_lp = lp(y, tgt_px).mean() if args.img_lpips > 0 else y.new_zeros(())
-                l_tm = temporal_loss(y.unflatten(0, (nb, 2)), tgt_px.unflatten(0, (nb, 2)),
-                                     replay.warp[idx]) if args.temporal_weight > 0 else y.new_zeros(())
-                loss = (loss + args.img_l1 * l_l1 + args.img_lpips * l_lp
-                        + args.temporal_weight * l_tm + args.img_grad * l_gr
-                        + args.img_grad_energy * l_ge)
+                l_tm = (
+                    temporal_loss(y.unflatten(0, (nb, 2)), tgt_px.unflatten(0, (nb, 2)), replay.warp[idx])
+                    if args.temporal_weight > 0
+                    else y.new_zeros(())
+                )
+                loss = (
+                    loss
+                    + args.img_l1 * l_l1
+                    + args.img_lpips * l_lp
+                    + args.temporal_weight * l_tm
+                    + args.img_grad * l_gr
+                    + args.img_grad_energy * l_ge
+                )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -657,19 +736,32 @@ def cmd_train(args) -> int:
         if step % 250 == 0 or step == 1:
             parts = dict(loss=loss.item(), latent_mse=l_lat.item())
             if use_img:
-                parts.update(img_l1=l_l1.item(), img_lpips=l_lp.item(), temporal=l_tm.item(),
-                             img_grad=l_gr.item(), img_grad_energy=l_ge.item())
-            print(f"[{time.time() - t_start:6.1f}s] unet step {step} " +
-                  " ".join(f"{k} {v:.4f}" for k, v in parts.items()) + f" items {replay.seen}",
-                  flush=True)
+                parts.update(
+                    img_l1=l_l1.item(),
+                    img_lpips=l_lp.item(),
+                    temporal=l_tm.item(),
+                    img_grad=l_gr.item(),
+                    img_grad_energy=l_ge.item(),
+                )
+            print(
+                f"[{time.time() - t_start:6.1f}s] unet step {step} "
+                + " ".join(f"{k} {v:.4f}" for k, v in parts.items())
+                + f" items {replay.seen}",
+                flush=True,
+            )
             log.append(dict(phase="unet", step=step, **parts))
     unet_steps = step
     replay._stop = True
     t_train = time.time() - t_start
 
     # ---- the default guidance interval, chosen on validation items (not the held-out set)
-    pipe = CanaryPipeline(vae=vae.float(), text_encoder=ema_text.float(), unet=ema_unet.float(),
-                          scheduler=sched, guidance_steps=args.guidance_steps)
+    pipe = CanaryPipeline(
+        vae=vae.float(),
+        text_encoder=ema_text.float(),
+        unet=ema_unet.float(),
+        scheduler=sched,
+        guidance_steps=args.guidance_steps,
+    )
     pipe.set_progress_bar_config(disable=True)
     validation = None
     if args.val_items > 0:
@@ -679,8 +771,11 @@ def cmd_train(args) -> int:
         pipe.to(device)
         best, validation = validate_guidance(pipe, photos, args, device, lp)
         pipe.register_to_config(guidance_steps=best)
-        print(f"[{time.time() - t_start:6.1f}s] default guidance_steps = {best} "
-              f"(validation {time.time() - tv:.1f}s)", flush=True)
+        print(
+            f"[{time.time() - t_start:6.1f}s] default guidance_steps = {best} "
+            f"(validation {time.time() - tv:.1f}s)",
+            flush=True,
+        )
 
     # ---- save (fp16 weights)
     pipe.to("cpu")
@@ -688,21 +783,35 @@ def cmd_train(args) -> int:
         m.to(memory_format=torch.contiguous_format)
     pipe.to(torch.float16)
     pipe.save_pretrained(args.out, safe_serialization=True)
-    info = dict(seed=args.seed, device=torch.cuda.get_device_name(0) if amp else "cpu",
-                ae_steps=ae_steps, unet_steps=unet_steps, items_generated=replay.seen,
-                ae_batch=args.ae_batch, batch_clips=args.batch, workers=args.workers,
-                unet_config=unet_cfg, vae_reused_from=args.reuse_vae,
-                init_from=args.init_from,
-                guidance_steps=pipe.config.guidance_steps, validation=validation,
-                seconds_training=round(t_train, 1),
-                seconds_total=round(time.time() - t_start, 1), args=vars(args), log=log,
-                torch=torch.__version__)
+    info = dict(
+        seed=args.seed,
+        device=torch.cuda.get_device_name(0) if amp else "cpu",
+        ae_steps=ae_steps,
+        unet_steps=unet_steps,
+        items_generated=replay.seen,
+        ae_batch=args.ae_batch,
+        batch_clips=args.batch,
+        workers=args.workers,
+        unet_config=unet_cfg,
+        vae_reused_from=args.reuse_vae,
+        init_from=args.init_from,
+        guidance_steps=pipe.config.guidance_steps,
+        validation=validation,
+        seconds_training=round(t_train, 1),
+        seconds_total=round(time.time() - t_start, 1),
+        args=vars(args),
+        log=log,
+        torch=torch.__version__,
+    )
     with open(Path(args.out) / "training.json", "w") as f:
         json.dump(info, f, indent=1)
-    print(f"saved to {args.out}: ae {ae_steps} steps, unet {unet_steps} steps, "
-          f"{replay.seen} items, {time.time() - t_start:.0f}s", flush=True)
+    print(
+        f"saved to {args.out}: ae {ae_steps} steps, unet {unet_steps} steps, "
+        f"{replay.seen} items, {time.time() - t_start:.0f}s",
+        flush=True,
+    )
     sys.stdout.flush()
-    os._exit(0)   # do not wait for the data workers' pipes
+    os._exit(0)  # do not wait for the data workers' pipes
 
 
 def main(argv=None) -> int:
@@ -719,25 +828,44 @@ def main(argv=None) -> int:
     p.add_argument("--item-batch", type=int, default=8)
     p.add_argument("--buffer", type=int, default=12000)
     p.add_argument("--min-items", type=int, default=1500)
-    p.add_argument("--reuse-vae", default=None, metavar="PIPELINE_DIR",
-                   help="start from the autoencoder of this pipeline folder (its encoder, so the "
-                        "latent space, stays frozen); read before --out is written")
-    p.add_argument("--vae-source-channels", type=int, default=16,
-                   help="source-conditioned decoder width (0: the plain decoder)")
-    p.add_argument("--ae-seconds", type=float, default=110,
-                   help="autoencoder training (with --reuse-vae: decoder tuning) time; 0 skips")
+    p.add_argument(
+        "--reuse-vae",
+        default=None,
+        metavar="PIPELINE_DIR",
+        help="start from the autoencoder of this pipeline folder (its encoder, so the "
+        "latent space, stays frozen); read before --out is written",
+    )
+    p.add_argument(
+        "--vae-source-channels",
+        type=int,
+        default=16,
+        help="source-conditioned decoder width (0: the plain decoder)",
+    )
+    p.add_argument(
+        "--ae-seconds",
+        type=float,
+        default=110,
+        help="autoencoder training (with --reuse-vae: decoder tuning) time; 0 skips",
+    )
     p.add_argument("--ae-steps", type=int, default=0, help="fixed step count (0: by time)")
     p.add_argument("--ae-batch", type=int, default=64, help="frames per step (pairs of frames)")
     p.add_argument("--ae-lr", type=float, default=1e-3)
     p.add_argument("--ae-temporal-weight", type=float, default=1.0)
     p.add_argument("--lpips-weight", type=float, default=1.0)
-    p.add_argument("--ae-grad", type=float, default=0.0,
-                   help="weight of the image-gradient L1 term in decoder tuning")
-    p.add_argument("--ae-grad-energy", type=float, default=0.0,
-                   help="weight of the local gradient-energy term in decoder tuning")
-    p.add_argument("--lpips-weights", default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
-                   help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the "
-                        "evalkit cache)")
+    p.add_argument(
+        "--ae-grad", type=float, default=0.0, help="weight of the image-gradient L1 term in decoder tuning"
+    )
+    p.add_argument(
+        "--ae-grad-energy",
+        type=float,
+        default=0.0,
+        help="weight of the local gradient-energy term in decoder tuning",
+    )
+    p.add_argument(
+        "--lpips-weights",
+        default=os.environ.get("CANARY_LPIPS_WEIGHTS"),
+        help="alex LPIPS safetensors (default: $CANARY_LPIPS_WEIGHTS, else the evalkit cache)",
+    )
     p.add_argument("--seconds", type=float, default=330)
     p.add_argument("--steps", type=int, default=0, help="fixed step count (0: by time)")
     p.add_argument("--batch", type=int, default=128, help="clips (of 2 frames) per step")
@@ -750,22 +878,45 @@ def main(argv=None) -> int:
     p.add_argument("--latent-weight", type=float, default=1.0, help="latent MSE")
     p.add_argument("--img-l1", type=float, default=1.0, help="L1 of the decoded prediction")
     p.add_argument("--img-lpips", type=float, default=1.0, help="LPIPS of the decoded prediction")
-    p.add_argument("--img-grad", type=float, default=0.0,
-                   help="image-gradient L1 of the decoded prediction (sharpness)")
-    p.add_argument("--img-grad-energy", type=float, default=0.0,
-                   help="local gradient-energy L1 of the decoded prediction (texture amount)")
-    p.add_argument("--init-from", default=None, metavar="PIPELINE_DIR",
-                   help="start the denoiser and text encoder from a saved pipeline's weights")
-    p.add_argument("--temporal-weight", type=float, default=1.0,
-                   help="flicker against the known camera move, decoded prediction vs target")
-    p.add_argument("--from-src", type=float, default=0.15,
-                   help="share of noisy inputs made from the source latent")
-    p.add_argument("--edit-aug", type=float, default=0.3,
-                   help="share made from a point on the source->target line (0..1.75)")
-    p.add_argument("--guidance-steps", type=int, default=2,
-                   help="default guidance interval when no validation runs")
-    p.add_argument("--val-items", type=int, default=16,
-                   help="validation clips for choosing the guidance interval (0: skip)")
+    p.add_argument(
+        "--img-grad", type=float, default=0.0, help="image-gradient L1 of the decoded prediction (sharpness)"
+    )
+    p.add_argument(
+        "--img-grad-energy",
+        type=float,
+        default=0.0,
+        help="local gradient-energy L1 of the decoded prediction (texture amount)",
+    )
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="PIPELINE_DIR",
+        help="start the denoiser and text encoder from a saved pipeline's weights",
+    )
+    p.add_argument(
+        "--temporal-weight",
+        type=float,
+        default=1.0,
+        help="flicker against the known camera move, decoded prediction vs target",
+    )
+    p.add_argument(
+        "--from-src", type=float, default=0.15, help="share of noisy inputs made from the source latent"
+    )
+    p.add_argument(
+        "--edit-aug",
+        type=float,
+        default=0.3,
+        help="share made from a point on the source->target line (0..1.75)",
+    )
+    p.add_argument(
+        "--guidance-steps", type=int, default=2, help="default guidance interval when no validation runs"
+    )
+    p.add_argument(
+        "--val-items",
+        type=int,
+        default=16,
+        help="validation clips for choosing the guidance interval (0: skip)",
+    )
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         return cmd_pack(args)
@@ -783,12 +934,12 @@ def check_train_inputs(args) -> str | None:
     if args.lpips_weights:
         need.append(("--lpips-weights", args.lpips_weights, "an alex LPIPS .safetensors", "file"))
     if args.reuse_vae:
-        need.append(("--reuse-vae", str(Path(args.reuse_vae) / "vae"), "a pipeline folder's vae/",
-                     "dir"))
+        need.append(("--reuse-vae", str(Path(args.reuse_vae) / "vae"), "a pipeline folder's vae/", "dir"))
     if args.init_from:
         for part in ("unet", "text_encoder"):
-            need.append(("--init-from", str(Path(args.init_from) / part),
-                         f"a pipeline folder's {part}/", "dir"))
+            need.append(
+                ("--init-from", str(Path(args.init_from) / part), f"a pipeline folder's {part}/", "dir")
+            )
     for option, path, what, kind in need:
         ok = Path(path).is_file() if kind == "file" else Path(path).is_dir()
         if not ok:

@@ -11,6 +11,7 @@ multiset per pixel before and after an index-only change). Pointers are taken 16
 as the JIT specialises them; the window's radius is 12 (sigma 4). A static count, not a timing:
 a proxy for the instruction cost, to be confirmed on the GPU.
 """
+
 from __future__ import annotations
 
 import collections
@@ -72,11 +73,11 @@ def count(path: Path) -> None:
     for name, tile_name in KERNELS.items():
         fn = getattr(mod, name)
         const = {"R": 12}
-        if hasattr(mod, tile_name):                 # 2-D row kernels: (rows, x, warps)
+        if hasattr(mod, tile_name):  # 2-D row kernels: (rows, x, warps)
             rows, bx, warps = getattr(mod, tile_name)
             const.update(ROWS=rows, BX=bx)
             per_thread = rows * bx // (32 * warps)
-        else:                                        # 1-D per-pixel kernels
+        else:  # 1-D per-pixel kernels
             warps = 4
             const["BLOCK"] = mod.BLOCK
             per_thread = mod.BLOCK // (32 * warps)
@@ -92,27 +93,43 @@ def count(path: Path) -> None:
                 sig[a] = "fp32" if a in FLOATS else "i32"
         k = triton.compile(ASTSource(fn, sig, const, attrs), target=TARGET, options={"num_warps": warps})
         ptx = k.asm["ptx"]
-        body = ptx[ptx.index(".entry"):]
-        n_ptx = sum(1 for line in body.splitlines()
-                    if re.match(r"\s*(@%p\d+\s+)?[a-z]", line) and not line.strip().endswith(":"))
-        floats = collections.Counter(re.findall(r"\b((?:fma|mul|add|sub|div|max|min|neg)\.[a-z.]*f32)\b", body))
+        body = ptx[ptx.index(".entry") :]
+        n_ptx = sum(
+            1
+            for line in body.splitlines()
+            if re.match(r"\s*(@%p\d+\s+)?[a-z]", line) and not line.strip().endswith(":")
+        )
+        floats = collections.Counter(
+            re.findall(r"\b((?:fma|mul|add|sub|div|max|min|neg)\.[a-z.]*f32)\b", body)
+        )
         with tempfile.TemporaryDirectory() as tmp:
             cubin, ptx_file = Path(tmp) / "k.cubin", Path(tmp) / "k.ptx"
             cubin.write_bytes(k.asm["cubin"])
             ptx_file.write_text(ptx)
-            sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                                  text=True, check=True).stdout
+            sass = subprocess.run(
+                [str(BIN / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
+            ).stdout
             arch = re.search(r"\.target (\S+)", ptx).group(1)
-            v = subprocess.run([str(BIN / "ptxas"), f"-arch={arch}", "-v", str(ptx_file), "-o", "/dev/null"],
-                               capture_output=True, text=True).stderr
-        n_sass = len([t for t in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass) if not t.startswith("NOP")])
+            v = subprocess.run(
+                [str(BIN / "ptxas"), f"-arch={arch}", "-v", str(ptx_file), "-o", "/dev/null"],
+                capture_output=True,
+                text=True,
+            ).stderr
+        n_sass = len(
+            [t for t in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass) if not t.startswith("NOP")]
+        )
         paths = _paths(sass)
         regs = re.search(r"Used (\d+) registers", v)
         spills = re.search(r"(\d+) bytes spill stores", v)
-        print(f"  {name:20s} {const} warps {warps}: {per_thread} px/thread; PTX {n_ptx}, SASS {n_sass}; "
-              f"run per thread {paths} = {[round(p / per_thread, 1) for p in paths]} per px; "
-              f"{regs.group(1) if regs else '?'} registers, {spills.group(1) if spills else '?'} B spilled")
-        print("    f32 ops per px (every path): " + ", ".join(f"{op} {c / per_thread:g}" for op, c in sorted(floats.items())))
+        print(
+            f"  {name:20s} {const} warps {warps}: {per_thread} px/thread; PTX {n_ptx}, SASS {n_sass}; "
+            f"run per thread {paths} = {[round(p / per_thread, 1) for p in paths]} per px; "
+            f"{regs.group(1) if regs else '?'} registers, {spills.group(1) if spills else '?'} B spilled"
+        )
+        print(
+            "    f32 ops per px (every path): "
+            + ", ".join(f"{op} {c / per_thread:g}" for op, c in sorted(floats.items()))
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ reference nor the format reference can drift from the code. Argparse keeps its a
 attributes (``_actions``, ``_choices_actions``); walking them is the usual way to document a
 parser, and this script only reads them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,8 +109,13 @@ def _details(action: argparse.Action) -> str:
     if isinstance(action, argparse._AppendAction) and "repeatable" not in help_text:
         notes.append("repeatable")
     default = action.default
-    if (action.option_strings and action.nargs != 0 and default not in (None, [], "")
-            and default is not argparse.SUPPRESS and "default" not in help_text):
+    if (
+        action.option_strings
+        and action.nargs != 0
+        and default not in (None, [], "")
+        and default is not argparse.SUPPRESS
+        and "default" not in help_text
+    ):
         notes.append(f"default `{default}`")
     if notes:
         parts.append("(" + "; ".join(notes) + ")")
@@ -125,9 +131,12 @@ def _section(parser: argparse.ArgumentParser, help_text, level: int) -> list[str
     lines += ["```text", _usage(parser), "```", ""]
     # --help everywhere and the subcommands' own --verbose (default SUPPRESS; the preamble and
     # the top-level table document it) would only repeat themselves
-    rows = [a for a in parser._actions
-            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-            and not (level > 2 and a.default is argparse.SUPPRESS)]
+    rows = [
+        a
+        for a in parser._actions
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        and not (level > 2 and a.default is argparse.SUPPRESS)
+    ]
     if rows:
         lines += ["| argument | description |", "| --- | --- |"]
         lines += [f"| {_names(a)} | {_details(a)} |" for a in rows]
@@ -169,16 +178,27 @@ def _gate_keys() -> list[str]:
     from evalkit.formats.models import GateFile
     from evalkit.metrics.catalogue import AGGREGATES, keys
 
-    lines = ["## Gate files", "",
-             "A gate is a YAML of bounds on a compare report (`--gate` of `evalkit compare` and "
-             "`evalkit gate`); the whole format is in [formats.md](formats.md). Only frame-wide "
-             "aggregates miss a glitch of a few frames in one place: `block_psnr` (each frame's "
-             "worst block) bounds it, and a clip of B found at a temporal offset fails the gate "
-             "unless `max_offset_frames` allows it.", "",
-             "```yaml", GATE_EXAMPLE, "```", "",
-             "Metric keys: " + ", ".join(f"`{k}`" for k in keys(compares=True)) + "; aggregates: "
-             + ", ".join(f"`{a}` ({_cell(d)})" for a, d in AGGREGATES.items()) + "; floor-ratio "
-             "keys: " + ", ".join(f"`{k}`" for k in keys(ratio=True)) + ".", ""]
+    lines = [
+        "## Gate files",
+        "",
+        "A gate is a YAML of bounds on a compare report (`--gate` of `evalkit compare` and "
+        "`evalkit gate`); the whole format is in [formats.md](formats.md). Only frame-wide "
+        "aggregates miss a glitch of a few frames in one place: `block_psnr` (each frame's "
+        "worst block) bounds it, and a clip of B found at a temporal offset fails the gate "
+        "unless `max_offset_frames` allows it.",
+        "",
+        "```yaml",
+        GATE_EXAMPLE,
+        "```",
+        "",
+        "Metric keys: "
+        + ", ".join(f"`{k}`" for k in keys(compares=True))
+        + "; aggregates: "
+        + ", ".join(f"`{a}` ({_cell(d)})" for a, d in AGGREGATES.items())
+        + "; floor-ratio "
+        "keys: " + ", ".join(f"`{k}`" for k in keys(ratio=True)) + ".",
+        "",
+    ]
     return lines + _model_table(GateFile)
 
 
@@ -204,15 +224,23 @@ def _schema_type(s: dict) -> str:
         text = " or ".join(_schema_type(p) for p in parts)
         return text + (" or null" if len(parts) < len(s["anyOf"]) else "")
     kind = s.get("type")
-    limits = [f"{word} {_bound(s[key])}" for key, word in
-              (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
-              if key in s]
+    limits = [
+        f"{word} {_bound(s[key])}"
+        for key, word in (
+            ("minimum", ">="),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "<="),
+            ("exclusiveMaximum", "<"),
+        )
+        if key in s
+    ]
     if kind == "array":
         text = f"list of {_inner(s.get('items', {}))}"
         return text + (f" (at least {s['minItems']})" if s.get("minItems") else "")
     if kind == "object":
-        return "mapping" + (f" {_keys_to_values(s)}" if isinstance(s.get("additionalProperties"), dict)
-                            else "")
+        return "mapping" + (
+            f" {_keys_to_values(s)}" if isinstance(s.get("additionalProperties"), dict) else ""
+        )
     text = {"string": "string", "integer": "integer", "number": "number", "boolean": "bool"}.get(kind, "any")
     if "pattern" in s:
         text += f" matching `{s['pattern']}`"
@@ -240,14 +268,24 @@ def _keys_to_values(s: dict) -> str:
 def _model_table(model) -> list[str]:
     schema = model.model_json_schema()
     doc = " ".join((model.__doc__ or "").split("\n\n")[0].split())
-    lines = [f"**`{model.__name__}`**: {_cell(doc)}", "",
-             "| field | type | required / default | description |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"**`{model.__name__}`**: {_cell(doc)}",
+        "",
+        "| field | type | required / default | description |",
+        "| --- | --- | --- | --- |",
+    ]
     required = set(schema.get("required", ()))
     for name, prop in schema.get("properties", {}).items():
-        need = "required" if name in required else (
-            f"default `{json.dumps(prop['default'])}`" if prop.get("default") is not None else "optional")
-        lines.append(f"| `{name}` | {_cell(_schema_type(prop))} | {need} | "
-                     f"{_cell(prop.get('description', ''))} |")
+        need = (
+            "required"
+            if name in required
+            else (
+                f"default `{json.dumps(prop['default'])}`" if prop.get("default") is not None else "optional"
+            )
+        )
+        lines.append(
+            f"| `{name}` | {_cell(_schema_type(prop))} | {need} | {_cell(prop.get('description', ''))} |"
+        )
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict) and getattr(model, "extra_keys", None):
         name, description = model.extra_keys
@@ -262,8 +300,10 @@ def format_tables(name: str) -> str:
     """The generated part of docs/formats.md for one format (a key of ``FORMATS``)."""
     from evalkit.formats.models import FORMATS
 
-    lines = ["<!-- generated by tools/gen_docs.py from evalkit/formats/models.py: do not edit "
-             "by hand -->", ""]
+    lines = [
+        "<!-- generated by tools/gen_docs.py from evalkit/formats/models.py: do not edit by hand -->",
+        "",
+    ]
     for model in FORMATS[name]:
         lines += _model_table(model)
     return "\n".join(lines) + "\n"
@@ -278,29 +318,40 @@ def generate_formats(text: str) -> str:
 
     def block(m):
         if m.group(2) not in FORMATS:
-            raise ValueError(f"{FORMATS_OUT.relative_to(ROOT)}: no format named {m.group(2)!r} "
-                             f"(known: {', '.join(FORMATS)})")
+            raise ValueError(
+                f"{FORMATS_OUT.relative_to(ROOT)}: no format named {m.group(2)!r} "
+                f"(known: {', '.join(FORMATS)})"
+            )
         seen.append(m.group(2))
         return m.group(1) + format_tables(m.group(2)) + m.group(4)
 
     out = BLOCK.sub(block, text)
     missing = [f for f in FORMATS if f not in seen]
     if missing:
-        raise ValueError(f"{FORMATS_OUT.relative_to(ROOT)}: no generated block for "
-                         f"{', '.join(missing)} (add <!-- BEGIN GENERATED: {missing[0]} --> "
-                         "<!-- END GENERATED --> where its table goes)")
+        raise ValueError(
+            f"{FORMATS_OUT.relative_to(ROOT)}: no generated block for "
+            f"{', '.join(missing)} (add <!-- BEGIN GENERATED: {missing[0]} --> "
+            "<!-- END GENERATED --> where its table goes)"
+        )
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true",
-                      help=f"write {OUT.relative_to(ROOT)} and the tables of {FORMATS_OUT.relative_to(ROOT)}")
-    mode.add_argument("--check", action="store_true",
-                      help="exit 1 when either differs from the parser or the models")
-    mode.add_argument("--formats", action="store_true",
-                      help=f"print {FORMATS_OUT.relative_to(ROOT)} with its tables regenerated")
+    mode.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write {OUT.relative_to(ROOT)} and the tables of {FORMATS_OUT.relative_to(ROOT)}",
+    )
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 when either differs from the parser or the models"
+    )
+    mode.add_argument(
+        "--formats",
+        action="store_true",
+        help=f"print {FORMATS_OUT.relative_to(ROOT)} with its tables regenerated",
+    )
     args = p.parse_args(argv)
     if not (args.write or args.check or args.formats):
         sys.stdout.write(generate())
@@ -314,11 +365,13 @@ def main(argv=None) -> int:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path.relative_to(ROOT)} ({len(text.encode())} bytes)", file=sys.stderr)
     else:
-        stale = [path for path, text in outputs.items()
-                 if (path.read_text(encoding="utf-8") if path.exists() else "") != text]
+        stale = [
+            path
+            for path, text in outputs.items()
+            if (path.read_text(encoding="utf-8") if path.exists() else "") != text
+        ]
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is stale: run python tools/gen_docs.py --write",
-                  file=sys.stderr)
+            print(f"{path.relative_to(ROOT)} is stale: run python tools/gen_docs.py --write", file=sys.stderr)
         return 1 if stale else 0
     return 0
 

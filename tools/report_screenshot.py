@@ -11,6 +11,7 @@ the runs are made and compared here (about 3 min on 2 cores, 24 frames). ``--plo
 docs/img/report-plots.png``: also the clips' plots, on shared axes with each clip's floor band
 (and ``report-plots-grid.png``: the six plots side by side).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> int:
@@ -33,8 +41,13 @@ def main() -> int:
     ap.add_argument("--report", type=Path, default=None, help="a compare report of the variants")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "report-top-block.png")
-    ap.add_argument("--plots", type=Path, default=None, metavar="PNG",
-                    help="also the first clips' plots (shared axes, floor bands: issue 46 item 6)")
+    ap.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also the first clips' plots (shared axes, floor bands: issue 46 item 6)",
+    )
     args = ap.parse_args()
     report = args.report
     if report is None:
@@ -44,8 +57,23 @@ def main() -> int:
         work = args.work or Path(tempfile.mkdtemp(prefix="evalkit-report-"))
         p = make_variant_runs(work, ROOT / "datasets" / "canary" / "clips" / "chelsea_handheld.mkv")
         report = work / "report"
-        assert evalkit(["compare", str(p["a"]), str(p["b"]), "--floor", str(p["floor"]), "--out",
-                        str(report), "--device", "cpu", "--quiet"]) == 0
+        assert (
+            evalkit(
+                [
+                    "compare",
+                    str(p["a"]),
+                    str(p["b"]),
+                    "--floor",
+                    str(p["floor"]),
+                    "--out",
+                    str(report),
+                    "--device",
+                    "cpu",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -57,16 +85,20 @@ def main() -> int:
             if args.plots is not None:
                 page.set_viewport_size({"width": 1150, "height": 1400})
                 page.locator("p.plot-axes").scroll_into_view_if_needed()
-                top = page.evaluate("document.querySelector('p.plot-axes').getBoundingClientRect().top"
-                                    " + window.scrollY")
-                page.screenshot(path=str(args.plots), full_page=True,
-                                clip={"x": 0, "y": top - 40, "width": 1150, "height": 1400})
+                top = page.evaluate(
+                    "document.querySelector('p.plot-axes').getBoundingClientRect().top + window.scrollY"
+                )
+                page.screenshot(
+                    path=str(args.plots),
+                    full_page=True,
+                    clip={"x": 0, "y": top - 40, "width": 1150, "height": 1400},
+                )
         finally:
             browser.close()
     from PIL import Image
 
     grid = None
-    if args.plots is not None:      # every clip's plot side by side: one axis for all
+    if args.plots is not None:  # every clip's plot side by side: one axis for all
         grid = args.plots.with_name(args.plots.stem + "-grid.png")
         plots = [Image.open(p).convert("RGB") for p in sorted((report / "img").glob("*_timeline.png"))]
         w, h = plots[0].size

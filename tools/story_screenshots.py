@@ -6,6 +6,7 @@ Chromium through Playwright.
 
     PYTHONPATH=$PWD python tools/story_screenshots.py [--work DIR]   # about 3 min on 2 cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> int:
@@ -39,12 +48,28 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     p = make_variant_runs(work, ROOT / "datasets" / "canary" / "clips" / "chelsea_handheld.mkv")
     report = work / "report"
-    assert evalkit(["compare", str(p["a"]), str(p["b"]), "--floor", str(p["floor"]), "--out",
-                    str(report), "--device", "cpu", "--quiet"]) == 0
+    assert (
+        evalkit(
+            [
+                "compare",
+                str(p["a"]),
+                str(p["b"]),
+                "--floor",
+                str(p["floor"]),
+                "--out",
+                str(report),
+                "--device",
+                "cpu",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     db = work / "study.db"
     # the crf16 variant's difference is finer than a browser stream carries (delivery fidelity)
-    sid = study.create_study(report, db, protocol="abx", clips_spec="all", raters_planned=26,
-                             seed=1, allow_masking=True)["study"]
+    sid = study.create_study(
+        report, db, protocol="abx", clips_spec="all", raters_planned=26, seed=1, allow_masking=True
+    )["study"]
     for tok in (r["token"] for r in study.invite(db, sid, 4, "pilot")[:3]):
         answer(db, tok, lambda t: hidden(db, t["trial"])["expected"] or "A")
     with sync_playwright() as pw:
@@ -66,7 +91,7 @@ def main() -> int:
             browser.close()
     from PIL import Image
 
-    for name in ("report-top.png", "admin-interim.png"):     # small PNGs: 64-colour palette
+    for name in ("report-top.png", "admin-interim.png"):  # small PNGs: 64-colour palette
         path = args.out / name
         Image.open(path).convert("RGB").quantize(colors=64).save(path, optimize=True)
         print(path)

@@ -9,6 +9,7 @@ components are declared as ``["evalkit.canary", "<Class>"]`` in ``model_index.js
 
 See ``models/canary/README.md`` (the model card) for data, training, figures and limits.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,9 +38,21 @@ setattr(diffusers, "CanaryPipeline", CanaryPipeline)
 
 # load_sub_model finds the load method through these names in the component's library module.
 __all__ = [
-    "MODEL_DIR", "STYLES", "CanaryAutoencoder", "CanaryPipeline", "CanaryPipelineOutput",
-    "CanaryTextEncoder", "CanaryUNet", "ConfigMixin", "DDIMScheduler", "ModelMixin",
-    "PromptError", "SchedulerMixin", "apply_style", "apply_style_frames", "load_pipeline",
+    "MODEL_DIR",
+    "STYLES",
+    "CanaryAutoencoder",
+    "CanaryPipeline",
+    "CanaryPipelineOutput",
+    "CanaryTextEncoder",
+    "CanaryUNet",
+    "ConfigMixin",
+    "DDIMScheduler",
+    "ModelMixin",
+    "PromptError",
+    "SchedulerMixin",
+    "apply_style",
+    "apply_style_frames",
+    "load_pipeline",
 ]
 
 
@@ -50,8 +63,10 @@ def load_pipeline(path: str | Path | None = None, device: str = "cpu", dtype=Non
     path = Path(path) if path is not None else MODEL_DIR
     if not (path / "model_index.json").is_file():
         from ..errors import InputFileError
+
         raise InputFileError(path, "no model_index.json: not a canary pipeline folder")
-    pipe = CanaryPipeline.from_pretrained(str(path), torch_dtype=dtype or torch.float32,
-                                          local_files_only=True)
+    pipe = CanaryPipeline.from_pretrained(
+        str(path), torch_dtype=dtype or torch.float32, local_files_only=True
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)

@@ -14,6 +14,7 @@
 
 All attention goes through ``torch.nn.functional.scaled_dot_product_attention``.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,9 +30,24 @@ from torch import nn
 
 from ..errors import UserError
 
-DEFAULT_VOCABULARY = ("<pad>", "pencil", "sketch", "watercolor", "cartoon", "detail", "enhanced",
-                      "night", "golden", "hour", "black", "and", "white", "film", "thermal",
-                      "camera")
+DEFAULT_VOCABULARY = (
+    "<pad>",
+    "pencil",
+    "sketch",
+    "watercolor",
+    "cartoon",
+    "detail",
+    "enhanced",
+    "night",
+    "golden",
+    "hour",
+    "black",
+    "and",
+    "white",
+    "film",
+    "thermal",
+    "camera",
+)
 
 
 class PromptError(UserError, ValueError):
@@ -66,19 +82,34 @@ class CanaryTextEncoder(ModelMixin, ConfigMixin):
     """Words of a fixed vocabulary -> (hidden states (B, L, D), pooled (B, D), mask (B, L))."""
 
     @register_to_config
-    def __init__(self, vocabulary: tuple = DEFAULT_VOCABULARY, max_length: int = 8,
-                 hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4):
+    def __init__(
+        self,
+        vocabulary: tuple = DEFAULT_VOCABULARY,
+        max_length: int = 8,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+    ):
         super().__init__()
         self.word_embeddings = nn.Embedding(len(vocabulary), hidden_size)
         self.position_embeddings = nn.Parameter(torch.zeros(max_length, hidden_size))
         self.null_embedding = nn.Parameter(torch.zeros(hidden_size))
         self.layers = nn.ModuleList()
         for _ in range(num_layers):
-            self.layers.append(nn.ModuleDict(dict(
-                norm1=nn.LayerNorm(hidden_size), attn=_SelfAttention(hidden_size, num_heads),
-                norm2=nn.LayerNorm(hidden_size),
-                ff=nn.Sequential(nn.Linear(hidden_size, 4 * hidden_size), nn.GELU(),
-                                 nn.Linear(4 * hidden_size, hidden_size)))))
+            self.layers.append(
+                nn.ModuleDict(
+                    dict(
+                        norm1=nn.LayerNorm(hidden_size),
+                        attn=_SelfAttention(hidden_size, num_heads),
+                        norm2=nn.LayerNorm(hidden_size),
+                        ff=nn.Sequential(
+                            nn.Linear(hidden_size, 4 * hidden_size),
+                            nn.GELU(),
+                            nn.Linear(4 * hidden_size, hidden_size),
+                        ),
+                    )
+                )
+            )
         self.final_norm = nn.LayerNorm(hidden_size)
         nn.init.normal_(self.position_embeddings, std=0.02)
 
@@ -100,16 +131,16 @@ class CanaryTextEncoder(ModelMixin, ConfigMixin):
                     f"prompt {p!r}: unknown word(s) {', '.join(repr(w) for w in unknown)}; the canary "
                     f"knows only these words: {', '.join(vocab[1:])} (styles: 'pencil sketch', "
                     "'watercolor', 'cartoon', 'detail enhanced', 'night', 'golden hour', "
-                    "'black and white film', 'thermal camera')")
+                    "'black and white film', 'thermal camera')"
+                )
             if len(words) > self.config.max_length:
-                raise PromptError(f"prompt {p!r}: {len(words)} words, at most "
-                                  f"{self.config.max_length}")
+                raise PromptError(f"prompt {p!r}: {len(words)} words, at most {self.config.max_length}")
             ids = [index[w] for w in words] + [0] * (self.config.max_length - len(words))
             rows.append(ids)
         return torch.tensor(rows, dtype=torch.long)
 
     def forward(self, input_ids: torch.Tensor):
-        mask = input_ids != 0                                        # (B, L)
+        mask = input_ids != 0  # (B, L)
         x = self.word_embeddings(input_ids) + self.position_embeddings[: input_ids.shape[1]]
         empty = ~mask.any(dim=1)
         # an empty prompt attends to its first (padding) slot only, so attention stays defined
@@ -122,8 +153,7 @@ class CanaryTextEncoder(ModelMixin, ConfigMixin):
         x = self.final_norm(x)
         w = mask.to(x.dtype)[..., None]
         pooled = (x * w).sum(1) / w.sum(1).clamp(min=1.0)
-        pooled = torch.where(empty[:, None], self.null_embedding.to(x.dtype).expand_as(pooled),
-                             pooled)
+        pooled = torch.where(empty[:, None], self.null_embedding.to(x.dtype).expand_as(pooled), pooled)
         x = torch.where(empty[:, None, None], self.null_embedding.to(x.dtype).expand_as(x), x)
         return x, pooled, keymask
 
@@ -168,21 +198,27 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
     """Images in [-1, 1] (B, 3, H, W) <-> latents (B, C, H/4, W/4). Deterministic (no KL)."""
 
     @register_to_config
-    def __init__(self, latent_channels: int = 8, enc_channels: tuple = (32, 64),
-                 dec_channels: tuple = (96, 32), scaling_factor: float = 1.0,
-                 shift_factor: float = 0.0, source_channels: int = 0):
+    def __init__(
+        self,
+        latent_channels: int = 8,
+        enc_channels: tuple = (32, 64),
+        dec_channels: tuple = (96, 32),
+        scaling_factor: float = 1.0,
+        shift_factor: float = 0.0,
+        source_channels: int = 0,
+    ):
         super().__init__()
         e1, e2 = enc_channels
         d2, d1 = dec_channels
-        self.enc_in = nn.Conv2d(12, e1, 3, padding=1)                   # at H/2
-        self.enc_down = nn.Conv2d(e1, e2, 3, stride=2, padding=1)       # to H/4
+        self.enc_in = nn.Conv2d(12, e1, 3, padding=1)  # at H/2
+        self.enc_down = nn.Conv2d(e1, e2, 3, stride=2, padding=1)  # to H/4
         self.enc_block = ResBlock(e2, e2)
         self.enc_norm = nn.GroupNorm(_groups(e2), e2)
         self.enc_out = nn.Conv2d(e2, latent_channels, 3, padding=1)
-        self.dec_in = nn.Conv2d(latent_channels, d2, 3, padding=1)      # at H/4
+        self.dec_in = nn.Conv2d(latent_channels, d2, 3, padding=1)  # at H/4
         self.dec_block1 = ResBlock(d2, d2)
-        self.dec_up = nn.Conv2d(d2, d1, 1)                              # then nearest 2x
-        self.dec_block2 = ResBlock(d1, d1)                              # at H/2
+        self.dec_up = nn.Conv2d(d2, d1, 1)  # then nearest 2x
+        self.dec_block2 = ResBlock(d1, d1)  # at H/2
         self.dec_norm = nn.GroupNorm(_groups(d1), d1)
         self.dec_out = nn.Conv2d(d1, 12, 3, padding=1)
         if source_channels:
@@ -190,8 +226,8 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
             # resolution, so fine detail that moves with the content comes from the (shift-
             # equivariant) source rather than from the 4x-down latent. Output convolutions start
             # at zero: a decoder extended this way starts as the plain decoder it was made from.
-            self.src_in = nn.Conv2d(12, d1, 3, padding=1)                # at H/2
-            self.refine1 = nn.Conv2d(6, source_channels, 3, padding=1)   # full resolution
+            self.src_in = nn.Conv2d(12, d1, 3, padding=1)  # at H/2
+            self.refine1 = nn.Conv2d(6, source_channels, 3, padding=1)  # full resolution
             self.refine2 = nn.Conv2d(source_channels, 3, 3, padding=1)
             for m in (self.src_in, self.refine2):
                 nn.init.zeros_(m.weight)
@@ -228,8 +264,7 @@ class CanaryAutoencoder(ModelMixin, ConfigMixin):
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device,
-                                                         dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
     args = t.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -258,7 +293,7 @@ class CrossFrameBlock(nn.Module):
 
     def forward(self, x, text, text_mask, num_frames: int):
         bt, c, h, w = x.shape
-        t = x.flatten(2).transpose(1, 2)                                  # (BT, N, C)
+        t = x.flatten(2).transpose(1, 2)  # (BT, N, C)
         # cross-frame self-attention: keys/values of the frame itself and of frame 0 of its clip
         y = self.norm1(t)
         k, v = self.kv(y).chunk(2, dim=-1)
@@ -273,8 +308,9 @@ class CrossFrameBlock(nn.Module):
         # cross-attention to the prompt tokens
         y = self.norm2(t)
         k, v = self.kv2(text).chunk(2, dim=-1)
-        o = F.scaled_dot_product_attention(self._heads(self.q2(y)), self._heads(k), self._heads(v),
-                                           attn_mask=text_mask[:, None, None, :])
+        o = F.scaled_dot_product_attention(
+            self._heads(self.q2(y)), self._heads(k), self._heads(v), attn_mask=text_mask[:, None, None, :]
+        )
         t = t + self.out2(o.transpose(1, 2).reshape(bt, h * w, c))
         t = t + self.ff(self.norm3(t))
         return t.transpose(1, 2).reshape(bt, c, h, w)
@@ -289,18 +325,26 @@ class CanaryUNet(ModelMixin, ConfigMixin):
     """(noisy latent, source latent, timestep, prompt) -> predicted clean latent."""
 
     @register_to_config
-    def __init__(self, latent_channels: int = 8, channels: tuple = (64, 128), text_dim: int = 128,
-                 emb_dim: int = 256, num_heads: int = 4, head_channels: int = 32,
-                 residual_source: bool = True, blocks: tuple = (1, 1)):
+    def __init__(
+        self,
+        latent_channels: int = 8,
+        channels: tuple = (64, 128),
+        text_dim: int = 128,
+        emb_dim: int = 256,
+        num_heads: int = 4,
+        head_channels: int = 32,
+        residual_source: bool = True,
+        blocks: tuple = (1, 1),
+    ):
         super().__init__()
         c1, c2 = channels
         n1, n2 = blocks
         lc = latent_channels
         self.time_mlp = nn.Sequential(nn.Linear(128, emb_dim), nn.SiLU(), nn.Linear(emb_dim, emb_dim))
         self.text_proj = nn.Linear(text_dim, emb_dim)
-        self.patch_in = nn.Conv2d(2 * lc, c1, 2, stride=2)                # latent/2
+        self.patch_in = nn.Conv2d(2 * lc, c1, 2, stride=2)  # latent/2
         self.block1 = ResBlock(c1, c1, emb_dim)
-        self.down = nn.Conv2d(c1, c2, 3, stride=2, padding=1)             # latent/4
+        self.down = nn.Conv2d(c1, c2, 3, stride=2, padding=1)  # latent/4
         self.block2 = ResBlock(c2, c2, emb_dim)
         self.attn = CrossFrameBlock(c2, text_dim, num_heads)
         self.block3 = ResBlock(c2, c2, emb_dim)
@@ -313,20 +357,33 @@ class CanaryUNet(ModelMixin, ConfigMixin):
         self.extra3 = nn.ModuleList(ResBlock(c2, c2, emb_dim) for _ in range(n2 - 1))
         self.extra4 = nn.ModuleList(ResBlock(c1, c1, emb_dim) for _ in range(n1 - 1))
         self.norm_out = nn.GroupNorm(_groups(c1), c1)
-        self.patch_out = nn.Conv2d(c1, 4 * lc, 3, padding=1)             # pixel-shuffled to latent
-        self.head1 = nn.Conv2d(2 * lc, head_channels, 3, padding=1)       # full latent resolution
+        self.patch_out = nn.Conv2d(c1, 4 * lc, 3, padding=1)  # pixel-shuffled to latent
+        self.head1 = nn.Conv2d(2 * lc, head_channels, 3, padding=1)  # full latent resolution
         self.head2 = nn.Conv2d(head_channels, lc, 3, padding=1)
 
-    def forward(self, sample, timestep, source_latents, encoder_hidden_states, pooled_text,
-                encoder_attention_mask, num_frames: int = 1, return_dict: bool = True):
+    def forward(
+        self,
+        sample,
+        timestep,
+        source_latents,
+        encoder_hidden_states,
+        pooled_text,
+        encoder_attention_mask,
+        num_frames: int = 1,
+        return_dict: bool = True,
+    ):
         bt = sample.shape[0]
         dtype = sample.dtype
         if not torch.is_tensor(timestep):
             timestep = torch.tensor([timestep], device=sample.device)
-        timestep = timestep.reshape(-1).to(sample.device).expand(bt) if timestep.numel() == 1 \
+        timestep = (
+            timestep.reshape(-1).to(sample.device).expand(bt)
+            if timestep.numel() == 1
             else timestep.to(sample.device)
-        emb = self.time_mlp(timestep_embedding(timestep, 128).to(dtype)) + \
-            self.text_proj(pooled_text.to(dtype))
+        )
+        emb = self.time_mlp(timestep_embedding(timestep, 128).to(dtype)) + self.text_proj(
+            pooled_text.to(dtype)
+        )
         x = torch.cat([sample, source_latents], dim=1)
         h1 = self.block1(self.patch_in(x), emb)
         for blk in self.extra1:

@@ -17,6 +17,7 @@ noised to the first timestep that ``strength`` selects (img2img) and denoised wi
 The denoiser sees the source latent of each frame (InstructPix2Pix-style) and, through
 cross-frame attention, the first frame of the clip.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,7 @@ def _to_array(video) -> np.ndarray:
     elif torch.is_tensor(video):
         arr = video.detach().cpu().numpy()
     else:
-        arr = np.stack([np.asarray(f.convert("RGB") if hasattr(f, "convert") else f)
-                        for f in video])
+        arr = np.stack([np.asarray(f.convert("RGB") if hasattr(f, "convert") else f) for f in video])
     if arr.ndim == 3:
         arr = arr[None]
     if arr.ndim != 4 or arr.shape[-1] != 3:
@@ -65,8 +65,14 @@ class CanaryPipeline(DiffusionPipeline):
     #: frames per VAE batch (bounds memory at large sizes)
     vae_batch = 32
 
-    def __init__(self, vae: CanaryAutoencoder, text_encoder: CanaryTextEncoder, unet: CanaryUNet,
-                 scheduler: DDIMScheduler, guidance_steps: int | None = 2):
+    def __init__(
+        self,
+        vae: CanaryAutoencoder,
+        text_encoder: CanaryTextEncoder,
+        unet: CanaryUNet,
+        scheduler: DDIMScheduler,
+        guidance_steps: int | None = 2,
+    ):
         super().__init__()
         self.register_modules(vae=vae, text_encoder=text_encoder, unet=unet, scheduler=scheduler)
         # the default guidance interval travels in model_index.json (chosen at training time)
@@ -80,8 +86,10 @@ class CanaryPipeline(DiffusionPipeline):
 
     def encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
         cfg = self.vae.config
-        out = [self.vae.encode(pixels[i:i + self.vae_batch]).latents
-               for i in range(0, pixels.shape[0], self.vae_batch)]
+        out = [
+            self.vae.encode(pixels[i : i + self.vae_batch]).latents
+            for i in range(0, pixels.shape[0], self.vae_batch)
+        ]
         return (torch.cat(out) - cfg.shift_factor) * cfg.scaling_factor
 
     def decode_latents(self, latents: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
@@ -90,25 +98,36 @@ class CanaryPipeline(DiffusionPipeline):
         cfg = self.vae.config
         z = latents / cfg.scaling_factor + cfg.shift_factor
         use_src = bool(getattr(cfg, "source_channels", 0)) and source is not None
-        out = [self.vae.decode(z[i:i + self.vae_batch],
-                               source=source[i:i + self.vae_batch] if use_src else None).sample
-               for i in range(0, z.shape[0], self.vae_batch)]
+        out = [
+            self.vae.decode(
+                z[i : i + self.vae_batch], source=source[i : i + self.vae_batch] if use_src else None
+            ).sample
+            for i in range(0, z.shape[0], self.vae_batch)
+        ]
         return torch.cat(out)
 
     def get_timesteps(self, num_inference_steps: int, strength: float):
         init = min(int(num_inference_steps * strength), num_inference_steps)
         start = max(num_inference_steps - init, 0)
-        return self.scheduler.timesteps[start * self.scheduler.order:]
+        return self.scheduler.timesteps[start * self.scheduler.order :]
 
     # -- call ----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def __call__(self, prompt: str = "", video=None, strength: float = 0.6,
-                 num_inference_steps: int = 12, guidance_scale: float = 4.0,
-                 negative_prompt: str | None = None, generator: torch.Generator | None = None,
-                 guidance_steps: int | None | str = "default",
-                 output_type: str = "np", return_dict: bool = True,
-                 callback_on_step_end=None):
+    def __call__(
+        self,
+        prompt: str = "",
+        video=None,
+        strength: float = 0.6,
+        num_inference_steps: int = 12,
+        guidance_scale: float = 4.0,
+        negative_prompt: str | None = None,
+        generator: torch.Generator | None = None,
+        guidance_steps: int | None | str = "default",
+        output_type: str = "np",
+        return_dict: bool = True,
+        callback_on_step_end=None,
+    ):
         if video is None:
             raise ValueError("video: the source frames are required (video-to-video pipeline)")
         if not 0.0 <= strength <= 1.0:
@@ -119,8 +138,9 @@ class CanaryPipeline(DiffusionPipeline):
             prompt = prompt[0]
         if isinstance(guidance_steps, str):
             if guidance_steps != "default":
-                raise ValueError(f"guidance_steps: expected an int, None or 'default', found "
-                                 f"{guidance_steps!r}")
+                raise ValueError(
+                    f"guidance_steps: expected an int, None or 'default', found {guidance_steps!r}"
+                )
             guidance_steps = getattr(self.config, "guidance_steps", 2)
         device = self._execution_device
         dtype = self.unet.dtype
@@ -147,8 +167,7 @@ class CanaryPipeline(DiffusionPipeline):
         timesteps = self.get_timesteps(num_inference_steps, strength)
 
         shape = (1,) + tuple(src.shape[1:])
-        noise = randn_tensor(shape, generator=generator, device=torch.device("cpu"),
-                             dtype=torch.float32)
+        noise = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
         noise = noise.to(device=device, dtype=dtype).expand_as(src).contiguous(memory_format=cl)
         if len(timesteps):
             latents = self.scheduler.add_noise(src, noise, timesteps[:1].repeat(n))
@@ -162,8 +181,12 @@ class CanaryPipeline(DiffusionPipeline):
             mask_b = torch.cat([mask[:1].expand(n, -1), mask[1:].expand(n, -1)])
             src_b = torch.cat([src, src])
         else:
-            text_b, pooled_b, mask_b, src_b = (text.expand(n, -1, -1), pooled.expand(n, -1),
-                                               mask.expand(n, -1), src)
+            text_b, pooled_b, mask_b, src_b = (
+                text.expand(n, -1, -1),
+                pooled.expand(n, -1),
+                mask.expand(n, -1),
+                src,
+            )
         self._num_timesteps = len(timesteps)
         for i, t in enumerate(self.progress_bar(timesteps)):
             if do_cfg and guidance_steps is not None and i == guidance_steps:
@@ -191,12 +214,12 @@ class CanaryPipeline(DiffusionPipeline):
                 arr = image.permute(0, 2, 3, 1).cpu().numpy()
                 if output_type == "pil":
                     from PIL import Image
+
                     result = [Image.fromarray((a * 255 + 0.5).astype(np.uint8)) for a in arr]
                 elif output_type == "np":
                     result = arr
                 else:
-                    raise ValueError(f"output_type: expected np, pil, pt or latent, found "
-                                     f"{output_type!r}")
+                    raise ValueError(f"output_type: expected np, pil, pt or latent, found {output_type!r}")
         self.maybe_free_model_hooks()
         if not return_dict:
             return ([result],)

@@ -9,6 +9,7 @@ temporal stability the canary is compared with.
 Spatial parameters (``sigma_s``) are in pixels, so a style looks the same at any frame size
 only up to that scale; the canary was trained on 128x128 crops of photographs at random scales.
 """
+
 from __future__ import annotations
 
 import cv2
@@ -56,8 +57,8 @@ def detail_enhanced(img: np.ndarray) -> np.ndarray:
 def night(img: np.ndarray) -> np.ndarray:
     x = _f(img)
     lum = _luma(x)[..., None]
-    x = 0.45 * x + 0.55 * lum                      # desaturate
-    x = np.power(x, 1.5) * 0.55                    # darken, crush shadows
+    x = 0.45 * x + 0.55 * lum  # desaturate
+    x = np.power(x, 1.5) * 0.55  # darken, crush shadows
     x = x * np.array([0.70, 0.88, 1.35], np.float32) + np.array([0.0, 0.01, 0.04], np.float32)
     return _u8(x)
 
@@ -65,7 +66,7 @@ def night(img: np.ndarray) -> np.ndarray:
 def golden_hour(img: np.ndarray) -> np.ndarray:
     x = _f(img)
     lum = _luma(x)[..., None]
-    x = lum + 1.25 * (x - lum)                     # more saturation
+    x = lum + 1.25 * (x - lum)  # more saturation
     x = x * np.array([1.18, 0.98, 0.68], np.float32) + np.array([0.06, 0.025, 0.0], np.float32)
     x = np.clip(x, 0, 1)
     x = 0.5 - 0.5 * np.cos(np.pi * np.clip(x, 0, 1)) * 0.9 + 0.05 * (x - 0.5)  # soft S-curve
@@ -75,9 +76,9 @@ def golden_hour(img: np.ndarray) -> np.ndarray:
 def black_and_white_film(img: np.ndarray) -> np.ndarray:
     x = _f(img)
     g = x[..., 0] * 0.45 + x[..., 1] * 0.45 + x[..., 2] * 0.10
-    g = np.clip((g - 0.5) * 1.35 + 0.5, 0, 1)     # contrast
-    g = 0.5 - 0.5 * np.cos(np.pi * g)              # S-curve
-    g = 0.04 + 0.92 * g                            # lifted blacks, soft whites
+    g = np.clip((g - 0.5) * 1.35 + 0.5, 0, 1)  # contrast
+    g = 0.5 - 0.5 * np.cos(np.pi * g)  # S-curve
+    g = 0.04 + 0.92 * g  # lifted blacks, soft whites
     return _u8(np.repeat(g[..., None], 3, axis=2))
 
 

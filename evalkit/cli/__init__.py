@@ -5,6 +5,7 @@ One module per command group (:mod:`.setup`, :mod:`.render`, :mod:`.compare`, :m
 User errors (:class:`evalkit.errors.UserError`, bad paths, invalid files) print one line
 ``error: ...`` on stderr and exit with 2; ``--verbose`` adds the traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,13 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     # --verbose is accepted before or after the command; subcommands must not reset it.
     common = Parser(add_help=False)
-    common.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks and more detail")
+    common.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks and more detail",
+    )
     p = Parser(
         prog="evalkit",
         description="Render, measure and human-evaluate generative video across hardware backends.",
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:          # --help (0) or a bad option (2, one line already printed)
+    except SystemExit as e:  # --help (0) or a bad option (2, one line already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return int(args.func(args) or 0)
@@ -85,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except Exception as e:
         line = storage_error(e, getattr(args, "db", None))
-        if line is None:             # a bug or a fault of the system: its traceback
+        if line is None:  # a bug or a fault of the system: its traceback
             raise
-        if args.verbose:             # a write outside evalkit's atomic ones: no room, read-only
+        if args.verbose:  # a write outside evalkit's atomic ones: no room, read-only
             traceback.print_exc()
         print(f"error: {_one_line(line)}", file=sys.stderr)
         return 2
@@ -97,7 +103,7 @@ def _one_line(e: Exception) -> str:
     """The error's message on one line, at most :data:`MAX_ERROR_CHARS` characters."""
     msg = " ".join(str(e).split("\n"))
     if len(msg) > MAX_ERROR_CHARS:
-        msg = msg[:MAX_ERROR_CHARS - 60] + f"... ({len(msg) - MAX_ERROR_CHARS + 60:,} more characters)"
+        msg = msg[: MAX_ERROR_CHARS - 60] + f"... ({len(msg) - MAX_ERROR_CHARS + 60:,} more characters)"
     return msg
 
 

@@ -1,4 +1,5 @@
 """Helpers shared by the command groups: argument types and the executor options."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,12 @@ def renderer_options(pairs: list[str]) -> dict:
 def make_executor(args):
     """None (in this process) or a Ray executor (--executor ray)."""
     if args.executor == "local":
-        for flag, value in (("--ray-address", args.ray_address), ("--ray-workers", args.ray_workers),
-                            ("--ray-cpus", args.ray_cpus),
-                            ("--ray-retries", getattr(args, "ray_retries", None))):
+        for flag, value in (
+            ("--ray-address", args.ray_address),
+            ("--ray-workers", args.ray_workers),
+            ("--ray-cpus", args.ray_cpus),
+            ("--ray-retries", getattr(args, "ray_retries", None)),
+        ):
             if value is not None:
                 raise UserError(f"{flag}: only with --executor ray")
         return None
@@ -83,32 +87,52 @@ def output_file(value: str) -> Path:
     p = Path(value)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file to write, found a folder: {value}")
-    for folder in p.absolute().parents:        # the nearest one that exists must be a folder
+    for folder in p.absolute().parents:  # the nearest one that exists must be a folder
         if folder.exists():
             if not folder.is_dir():
-                raise argparse.ArgumentTypeError(f"expected a file in a folder, found {folder} "
-                                                 "is not a folder")
+                raise argparse.ArgumentTypeError(
+                    f"expected a file in a folder, found {folder} is not a folder"
+                )
             if not os.access(folder, os.W_OK | os.X_OK):
-                raise argparse.ArgumentTypeError(f"{folder}: cannot write there (permission "
-                                                 "denied)")
+                raise argparse.ArgumentTypeError(f"{folder}: cannot write there (permission denied)")
             break
     return p
 
 
 def executor_args(s, retries: bool = False) -> None:
-    s.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="local: in this process (default); ray: on a Ray cluster "
-                        "(pip install 'evalkit[ray]')")
-    s.add_argument("--ray-address", default=None, metavar="ADDRESS",
-                   help="Ray cluster to join, e.g. 10.0.0.1:6379 or auto (default: start a local "
-                        "Ray instance on loopback)")
-    s.add_argument("--ray-workers", type=positive_int, default=None, metavar="N",
-                   help="at most N Ray workers per backend (default: one per GPU, or per CPU for "
-                        "CPU backends, of the matching nodes)")
-    s.add_argument("--ray-cpus", type=positive_int, default=None, metavar="N",
-                   help="CPUs (and compute threads) per Ray worker of a CPU backend or CPU "
-                        "metrics (default 1)")
+    s.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: in this process (default); ray: on a Ray cluster (pip install 'evalkit[ray]')",
+    )
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="Ray cluster to join, e.g. 10.0.0.1:6379 or auto (default: start a local "
+        "Ray instance on loopback)",
+    )
+    s.add_argument(
+        "--ray-workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="at most N Ray workers per backend (default: one per GPU, or per CPU for "
+        "CPU backends, of the matching nodes)",
+    )
+    s.add_argument(
+        "--ray-cpus",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="CPUs (and compute threads) per Ray worker of a CPU backend or CPU metrics (default 1)",
+    )
     if retries:
-        s.add_argument("--ray-retries", type=int, default=None, metavar="N",
-                       help="retry a job whose worker died up to N times (default 2), then record "
-                            "it as failed")
+        s.add_argument(
+            "--ray-retries",
+            type=int,
+            default=None,
+            metavar="N",
+            help="retry a job whose worker died up to N times (default 2), then record it as failed",
+        )

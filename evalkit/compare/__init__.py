@@ -7,6 +7,7 @@
 - :mod:`.report`: the report folder (frames.csv, clips.csv, summary.json, index.html)
 - :mod:`.clips`: ``evalkit metrics A B``, two clips without run folders
 """
+
 from evalkit.compare.options import MetricOptions
 from evalkit.compare.pairing import measure_pair
 from evalkit.compare.run import compare_runs

@@ -3,6 +3,7 @@
 The definitions (directions, which percentile ``p95`` takes, which extreme ``worst`` is, how
 each noise-floor ratio is taken) are those of :mod:`evalkit.metrics.catalogue`.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,9 @@ from evalkit.metrics.catalogue import AGGREGATES, FAMILIES, MEANING, METRICS, ke
 
 
 def _finite(values):
-    return [v for v in values if v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))]
+    return [
+        v for v in values if v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
+    ]
 
 
 def aggregate(values: list, metric: str) -> dict:
@@ -25,10 +28,12 @@ def aggregate(values: list, metric: str) -> dict:
         return {"mean": v, "p95": v, "worst": v, "frames": 0}
     arr = np.asarray(vals, dtype=np.float64)
     m = METRICS[metric]
-    return {"mean": float(arr.mean()),
-            "p95": float(np.percentile(arr, m.p95_percentile)),
-            "worst": float(arr.min() if m.worst == "min" else arr.max()),
-            "frames": int(arr.size)}
+    return {
+        "mean": float(arr.mean()),
+        "p95": float(np.percentile(arr, m.p95_percentile)),
+        "worst": float(arr.min() if m.worst == "min" else arr.max()),
+        "frames": int(arr.size),
+    }
 
 
 def floor_ratio(cross: dict, floor: dict) -> dict:
@@ -66,15 +71,18 @@ def ratio_meaning(metric: str, ratio: float | None, floor: str) -> str:
     if ratio is None:
         return "no ratio (the floor or B has no value for it)"
     if math.isinf(ratio):
-        return ("the floor run does not differ from A at all, so no difference can be read "
-                "against it (use a floor that varies: `evalkit floor`, docs/metrics.md)")
+        return (
+            "the floor run does not differ from A at all, so no difference can be read "
+            "against it (use a floor that varies: `evalkit floor`, docs/metrics.md)"
+        )
     if ratio == 0:
         return "B does not differ from A in it"
     if ratio > 1:
-        return (f"B differs from A {_shown(ratio)}x more than the {floor} floor run does; "
-                f"{MEANING[metric]}")
-    return (f"B differs from A {_shown(1 / ratio)}x less than the {floor} floor run does "
-            "(within what the pipeline varies by itself)")
+        return f"B differs from A {_shown(ratio)}x more than the {floor} floor run does; {MEANING[metric]}"
+    return (
+        f"B differs from A {_shown(1 / ratio)}x less than the {floor} floor run does "
+        "(within what the pipeline varies by itself)"
+    )
 
 
 def ratio_sentence(metric: str, ratio: float | None, floor: str) -> str:
@@ -95,8 +103,11 @@ def _worst_by_family(ratios: dict) -> dict:
     found = {}
     for family, members in FAMILIES.items():
         agg = RANK_AGGREGATE.get(family, "mean")
-        vals = [(k, ratios[k][agg]) for k in members if k in ratios and ratios[k].get(agg) is not None
-                and not math.isnan(ratios[k][agg])]
+        vals = [
+            (k, ratios[k][agg])
+            for k in members
+            if k in ratios and ratios[k].get(agg) is not None and not math.isnan(ratios[k][agg])
+        ]
         if vals:
             found[family] = max(vals, key=lambda kv: kv[1])
     return found
@@ -115,41 +126,60 @@ def below_floor(ratios: dict) -> bool:
     return psnr is not None and psnr <= 1 and (block is None or block <= 1)
 
 
-def below_floor_sentence(floor: str, aggregates: dict, floor_aggregates: dict,
-                         ratios: dict) -> str:
+def below_floor_sentence(floor: str, aggregates: dict, floor_aggregates: dict, ratios: dict) -> str:
     """The one line that says a difference is below what the floor resolves, with its dB."""
+
     def get(agg, key, which):
         return (agg.get(key) or {}).get(which)
 
     if get(aggregates, "psnr", "mean") == math.inf:
         return "identical to A frame for frame"
-    text = (f"below what the {floor} floor resolves: PSNR {_db(get(aggregates, 'psnr', 'mean'))} "
-            f"against the floor's {_db(get(floor_aggregates, 'psnr', 'mean'))}")
+    text = (
+        f"below what the {floor} floor resolves: PSNR {_db(get(aggregates, 'psnr', 'mean'))} "
+        f"against the floor's {_db(get(floor_aggregates, 'psnr', 'mean'))}"
+    )
     if get(aggregates, "block_psnr", "worst") is not None:
-        text += (f", worst block {_db(get(aggregates, 'block_psnr', 'worst'))} against "
-                 f"{_db(get(floor_aggregates, 'block_psnr', 'worst'))}")
-    above = [(k, r["mean"]) for k in FAMILIES["temporal"]
-             if (r := ratios.get(k)) and r.get("mean") is not None and r["mean"] > 1]
+        text += (
+            f", worst block {_db(get(aggregates, 'block_psnr', 'worst'))} against "
+            f"{_db(get(floor_aggregates, 'block_psnr', 'worst'))}"
+        )
+    above = [
+        (k, r["mean"])
+        for k in FAMILIES["temporal"]
+        if (r := ratios.get(k)) and r.get("mean") is not None and r["mean"] > 1
+    ]
     if above:
-        text += ("; " + ", ".join(f"{METRICS[k].name} {_shown(v)}x" for k, v in above)
-                 + " over the floor's are read on differences smaller than the floor's own, "
-                 "not findings")
+        text += (
+            "; "
+            + ", ".join(f"{METRICS[k].name} {_shown(v)}x" for k, v in above)
+            + " over the floor's are read on differences smaller than the floor's own, "
+            "not findings"
+        )
     return text
 
 
-def local_sentence(local: dict, ratio: float | None, floor: str | None,
-                   floor_block: float | None = None) -> str:
+def local_sentence(
+    local: dict, ratio: float | None, floor: str | None, floor_block: float | None = None
+) -> str:
     """A local or short-lived difference in words: its frames, its place and its dB."""
     lo, hi = local["burst"]
-    when = ("throughout the clip" if local["throughout"] else
-            (f"on frame {lo}" if lo == hi else f"on frames {lo}-{hi}")
-            + f" ({local['burst_frames']} of {local['frames']})")
+    when = (
+        "throughout the clip"
+        if local["throughout"]
+        else (f"on frame {lo}" if lo == hi else f"on frames {lo}-{hi}")
+        + f" ({local['burst_frames']} of {local['frames']})"
+    )
     what = "a local glitch" if local["local"] else "a short-lived difference"
-    text = (f"{what} {when}, worst at frame {local['frame']} in {local['where']}: that block "
-            f"{_db(local['block_psnr'])} PSNR, the whole frame {_db(local['frame_psnr'])}")
+    text = (
+        f"{what} {when}, worst at frame {local['frame']} in {local['where']}: that block "
+        f"{_db(local['block_psnr'])} PSNR, the whole frame {_db(local['frame_psnr'])}"
+    )
     if ratio is not None and floor is not None:
-        text += (f"; worst block {_shown(ratio)}x the {floor} floor's"
-                 + (f" ({_db(floor_block)})" if floor_block is not None else "") + " in MSE")
+        text += (
+            f"; worst block {_shown(ratio)}x the {floor} floor's"
+            + (f" ({_db(floor_block)})" if floor_block is not None else "")
+            + " in MSE"
+        )
     return text
 
 
@@ -159,7 +189,11 @@ def local_counts(local: dict | None) -> bool:
 
 
 def _pick_floor(floor_ratios: dict, floor: str | None) -> str | None:
-    return floor if floor in floor_ratios else ("seed" if "seed" in floor_ratios else next(iter(floor_ratios), None))
+    return (
+        floor
+        if floor in floor_ratios
+        else ("seed" if "seed" in floor_ratios else next(iter(floor_ratios), None))
+    )
 
 
 def _ranked(ratios: dict, local: dict | None) -> dict:
@@ -168,8 +202,14 @@ def _ranked(ratios: dict, local: dict | None) -> dict:
     return ratios if local_counts(local) else {k: v for k, v in ratios.items() if k != "block_psnr"}
 
 
-def headline(floor_ratios: dict, floor: str | None = None, *, aggregates: dict | None = None,
-             floor_aggregates: dict | None = None, local: dict | None = None) -> dict | None:
+def headline(
+    floor_ratios: dict,
+    floor: str | None = None,
+    *,
+    aggregates: dict | None = None,
+    floor_aggregates: dict | None = None,
+    local: dict | None = None,
+) -> dict | None:
     """The worst finding across the metric families, against a noise floor: for each family
     (fidelity: LPIPS, SSIM, PSNR; temporal: tLP, tOF, flicker; local: the worst block) the
     metric whose mean (the local family: worst) is the largest multiple of the floor's, and one
@@ -193,29 +233,45 @@ def headline(floor_ratios: dict, floor: str | None = None, *, aggregates: dict |
     others = "; ".join(f"{fam}: {_ratio_text(k, r, name)}" for fam, (k, r) in found.items() if fam != family)
     below = below_floor(ratios) and aggregates is not None
     if below:
-        text = below_floor_sentence(name, aggregates, (floor_aggregates or {}).get(name) or {},
-                                    ratios)
+        text = below_floor_sentence(name, aggregates, (floor_aggregates or {}).get(name) or {}, ratios)
         family, metric, ratio = "fidelity", "psnr", ratios["psnr"]["mean"]
         others = ""
     elif ratio > 1:
-        text = (f"worst: {_ratio_text(metric, ratio, name)} ({MEANING[metric]}; the backends differ "
-                f"more than the {name} floor run does)")
+        text = (
+            f"worst: {_ratio_text(metric, ratio, name)} ({MEANING[metric]}; the backends differ "
+            f"more than the {name} floor run does)"
+        )
         if family == "local" and local:
             text = f"worst: {local['clip']}: {local_sentence(local, ratio, name)}"
     else:
-        text = (f"within the {name} floor: the largest is {_ratio_text(metric, ratio, name)} (the "
-                f"backends differ less than the floor run does)")
-    return {"floor": name, "family": family, "metric": metric, "ratio": ratio,
-            "below_floor": below,
-            "families": {fam: {"metric": k, "ratio": r} for fam, (k, r) in found.items()},
-            "text": text + (f"; {others}" if others else "")}
+        text = (
+            f"within the {name} floor: the largest is {_ratio_text(metric, ratio, name)} (the "
+            f"backends differ less than the floor run does)"
+        )
+    return {
+        "floor": name,
+        "family": family,
+        "metric": metric,
+        "ratio": ratio,
+        "below_floor": below,
+        "families": {fam: {"metric": k, "ratio": r} for fam, (k, r) in found.items()},
+        "text": text + (f"; {others}" if others else ""),
+    }
 
 
-def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
-                 offset: dict | None = None, lpips_mean: float | None = None,
-                 vmaf: tuple | None = None, gate: dict | None = None, *,
-                 local: dict | None = None, aggregates: dict | None = None,
-                 floor_aggregates: dict | None = None) -> dict:
+def clip_finding(
+    clip: str,
+    floor_ratios: dict,
+    floor: str | None = None,
+    offset: dict | None = None,
+    lpips_mean: float | None = None,
+    vmaf: tuple | None = None,
+    gate: dict | None = None,
+    *,
+    local: dict | None = None,
+    aggregates: dict | None = None,
+    floor_aggregates: dict | None = None,
+) -> dict:
     """One clip's worst finding, in one sentence: its temporal offset first when B's clip was
     shifted (named with the offset: a shift is a failure whatever the metrics say once
     aligned), then the metric with the largest ratio to the clip's own floor across the
@@ -234,21 +290,26 @@ def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
     name = _pick_floor(floor_ratios, floor)
     ratios = _ranked(floor_ratios[name], local) if name else {}
     found = _worst_by_family(ratios)
-    parts, out = [], {"clip": clip, "floor": name, "metric": None, "ratio": None, "offset": 0,
-                      "below_floor": False}
+    parts, out = (
+        [],
+        {"clip": clip, "floor": name, "metric": None, "ratio": None, "offset": 0, "below_floor": False},
+    )
     if local:
         out["local"] = dict(local)
     if offset and offset.get("offset"):
         n = int(offset["offset"])
         out["offset"] = n
-        parts.append(f"B is {abs(n)} frame{'s' if abs(n) > 1 else ''} "
-                     f"{'late' if n > 0 else 'early'} (offset {n:+d}; compared at that offset): "
-                     "picture and sound or cuts would be out of step")
+        parts.append(
+            f"B is {abs(n)} frame{'s' if abs(n) > 1 else ''} "
+            f"{'late' if n > 0 else 'early'} (offset {n:+d}; compared at that offset): "
+            "picture and sound or cuts would be out of step"
+        )
     fagg = (floor_aggregates or {}).get(name) or {}
     if found and aggregates is not None and below_floor(ratios):
         out.update(metric="psnr", ratio=ratios["psnr"]["mean"], below_floor=True)
-        parts.append(("once aligned, " if parts else "")
-                     + below_floor_sentence(name, aggregates, fagg, ratios))
+        parts.append(
+            ("once aligned, " if parts else "") + below_floor_sentence(name, aggregates, fagg, ratios)
+        )
     elif found:
         family, (metric, ratio) = max(found.items(), key=lambda kv: kv[1][1])
         out.update(metric=metric, ratio=ratio)
@@ -266,13 +327,17 @@ def clip_finding(clip: str, floor_ratios: dict, floor: str | None = None,
             parts.append(local_sentence(local, None, None))
     if vmaf and vmaf[0] is not None:
         out["vmaf"] = vmaf[0]
-        parts.append(f"VMAF {vmaf[0]:.3g}" + (f" (the {name} floor's {vmaf[1]:.3g})" if vmaf[1] is not None
-                                                else "") + " of 100")
+        parts.append(
+            f"VMAF {vmaf[0]:.3g}"
+            + (f" (the {name} floor's {vmaf[1]:.3g})" if vmaf[1] is not None else "")
+            + " of 100"
+        )
     if gate is not None:
         failed = [c["text"] for c in gate["checks"] if not c["pass"]]
         out["gate_failed"] = failed
-        parts.append(("over the gate on this clip alone: " + ", ".join(failed)) if failed
-                     else "within the gate")
+        parts.append(
+            ("over the gate on this clip alone: " + ", ".join(failed)) if failed else "within the gate"
+        )
     out["rank"] = math.inf if out["offset"] else (out["ratio"] if out["ratio"] is not None else -1.0)
     out["text"] = f"{clip}: " + "; ".join(parts) if parts else f"{clip}: nothing measured"
     return out
@@ -284,12 +349,16 @@ def with_offsets(head: dict | None, findings: list[dict]) -> dict | None:
     shifted = [f for f in findings if f.get("offset")]
     if not shifted:
         return head
-    words = ", ".join(f"{f['clip']} (B {abs(f['offset'])} frame{'s' if abs(f['offset']) > 1 else ''} "
-                      f"{'late' if f['offset'] > 0 else 'early'}, offset {f['offset']:+d})" for f in shifted)
-    text = (f"temporal offset: {len(shifted)} clip{'s' if len(shifted) > 1 else ''} out of step "
-            f"with A: {words}, compared at the offset")
-    out = dict(head or {"floor": None, "family": None, "metric": None, "ratio": math.inf,
-                        "families": {}})
+    words = ", ".join(
+        f"{f['clip']} (B {abs(f['offset'])} frame{'s' if abs(f['offset']) > 1 else ''} "
+        f"{'late' if f['offset'] > 0 else 'early'}, offset {f['offset']:+d})"
+        for f in shifted
+    )
+    text = (
+        f"temporal offset: {len(shifted)} clip{'s' if len(shifted) > 1 else ''} out of step "
+        f"with A: {words}, compared at the offset"
+    )
+    out = dict(head or {"floor": None, "family": None, "metric": None, "ratio": math.inf, "families": {}})
     out["offsets"] = {f["clip"]: f["offset"] for f in shifted}
     out["text"] = text + (f"; then {head['text']}" if head else "")
     return out
@@ -298,17 +367,29 @@ def with_offsets(head: dict | None, findings: list[dict]) -> dict | None:
 def with_locals(head: dict | None, findings: list[dict]) -> dict | None:
     """The headline with every clip whose worst finding is a local or short-lived difference
     above the floor named, with its frames and place (unless the headline names it already)."""
-    glitches = [f for f in findings if f.get("metric") == "block_psnr" and f.get("ratio")
-                and f["ratio"] > 1 and not f.get("below_floor")]
+    glitches = [
+        f
+        for f in findings
+        if f.get("metric") == "block_psnr" and f.get("ratio") and f["ratio"] > 1 and not f.get("below_floor")
+    ]
     if not glitches or head is None:
         return head
     out = dict(head)
-    extra = [f"{f['clip']}: {local_sentence(f['local'], f['ratio'], f['floor'])}"
-             for f in glitches if f"{f['clip']}: " not in head["text"]]
+    extra = [
+        f"{f['clip']}: {local_sentence(f['local'], f['ratio'], f['floor'])}"
+        for f in glitches
+        if f"{f['clip']}: " not in head["text"]
+    ]
     if extra:
         out["text"] = head["text"] + "; local: " + "; ".join(extra)
-    out["locals"] = {f["clip"]: {"burst": f["local"]["burst"], "where": f["local"]["where"],
-                                 "block_psnr": f["local"]["block_psnr"]} for f in glitches}
+    out["locals"] = {
+        f["clip"]: {
+            "burst": f["local"]["burst"],
+            "where": f["local"]["where"],
+            "block_psnr": f["local"]["block_psnr"],
+        }
+        for f in glitches
+    }
     return out
 
 
@@ -321,10 +402,15 @@ def with_gate(head: dict | None, verdict: dict | None) -> dict | None:
     out = dict(head)
     if verdict["verdict"] == "fail":
         reasons = verdict["reasons"]
-        out["text"] = (head["text"] + f"; gate: FAIL ({reasons[0]}"
-                       + (f", and {len(reasons) - 1} more" if len(reasons) > 1 else "") + ")")
-    elif head.get("offsets") or (head.get("ratio") is not None and head["ratio"] > 1
-                                 and not head.get("below_floor")):
+        out["text"] = (
+            head["text"]
+            + f"; gate: FAIL ({reasons[0]}"
+            + (f", and {len(reasons) - 1} more" if len(reasons) > 1 else "")
+            + ")"
+        )
+    elif head.get("offsets") or (
+        head.get("ratio") is not None and head["ratio"] > 1 and not head.get("below_floor")
+    ):
         out["text"] = head["text"] + "; gate: PASS, though its bounds do not cover this finding"
     else:
         out["text"] = head["text"] + "; gate: PASS"

@@ -31,6 +31,7 @@ A pair with an offset is compared at it, on the frames the two clips share (A's 
 ``max(0, -k)..``, B's ``max(0, k)..``, as many as the shorter side has), and the report says so
 by name with the offset: never silently frame by frame. Frame numbers in the records stay A's.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -56,11 +57,13 @@ MIN_GAIN = 0.5
 MIN_MOTION = 0.5
 
 #: the rule in words (summary.json's ``alignment.rule``)
-RULE = (f"offsets -{MAX_OFFSET}..{MAX_OFFSET} tested on the first {WINDOW} frames at {WIDTH} px "
-        f"wide luma; an offset k is declared when its mean absolute difference is at most 1/"
-        f"{FACTOR:g} of offset 0's and {MIN_GAIN:g} grey level(s) lower, and A moves (at least "
-        f"{MIN_MOTION:g} grey levels between frames); a pair with an offset is compared at it, "
-        "on the frames both clips share")
+RULE = (
+    f"offsets -{MAX_OFFSET}..{MAX_OFFSET} tested on the first {WINDOW} frames at {WIDTH} px "
+    f"wide luma; an offset k is declared when its mean absolute difference is at most 1/"
+    f"{FACTOR:g} of offset 0's and {MIN_GAIN:g} grey level(s) lower, and A moves (at least "
+    f"{MIN_MOTION:g} grey levels between frames); a pair with an offset is compared at it, "
+    "on the frames both clips share"
+)
 
 
 @dataclass
@@ -70,11 +73,12 @@ class Alignment:
     ``finding``: ``aligned`` (offset 0 fits best), ``shifted`` (``offset`` != 0, compared at
     it), ``static`` or ``short`` (not testable: compared frame by frame), ``rate`` (frame
     rates differ: refused)."""
+
     finding: str
     offset: int = 0
-    mad: dict = field(default_factory=dict)     # offset -> mean absolute difference
+    mad: dict = field(default_factory=dict)  # offset -> mean absolute difference
     motion: float | None = None
-    frames: int = 0                             # frames read of the shorter clip
+    frames: int = 0  # frames read of the shorter clip
     reason: str = ""
 
     @property
@@ -94,10 +98,14 @@ class Alignment:
         side = "late" if self.offset > 0 else "early"
         where = ""
         if compared:
-            where = (f": A frames {self.skip_a}-{self.skip_a + compared - 1} with B frames "
-                     f"{self.skip_b}-{self.skip_b + compared - 1}")
-        return (f"B is {n} frame{'s' if n > 1 else ''} {side} (offset {self.offset:+d}; "
-                f"{self.reason}); compared at that offset{where}")
+            where = (
+                f": A frames {self.skip_a}-{self.skip_a + compared - 1} with B frames "
+                f"{self.skip_b}-{self.skip_b + compared - 1}"
+            )
+        return (
+            f"B is {n} frame{'s' if n > 1 else ''} {side} (offset {self.offset:+d}; "
+            f"{self.reason}); compared at that offset{where}"
+        )
 
     def as_dict(self, compared: int | None = None) -> dict:
         d = asdict(self)
@@ -113,8 +121,11 @@ def small_luma(frame: np.ndarray, width: int = WIDTH) -> np.ndarray:
     (float32, grey levels 0..255); frames narrower than ``width`` keep their size."""
     import cv2
 
-    y = (frame[..., 0] * np.float32(0.299) + frame[..., 1] * np.float32(0.587)
-         + frame[..., 2] * np.float32(0.114))
+    y = (
+        frame[..., 0] * np.float32(0.299)
+        + frame[..., 1] * np.float32(0.587)
+        + frame[..., 2] * np.float32(0.114)
+    )
     h, w = y.shape
     if w <= width:
         return y.astype(np.float32)
@@ -122,37 +133,56 @@ def small_luma(frame: np.ndarray, width: int = WIDTH) -> np.ndarray:
     return cv2.resize(y, (width, height), interpolation=cv2.INTER_AREA).astype(np.float32)
 
 
-def detect_offset(luma_a: Sequence[np.ndarray], luma_b: Sequence[np.ndarray], *,
-                  max_offset: int = MAX_OFFSET) -> Alignment:
+def detect_offset(
+    luma_a: Sequence[np.ndarray], luma_b: Sequence[np.ndarray], *, max_offset: int = MAX_OFFSET
+) -> Alignment:
     """The offset of B against A from their first small luma frames (:func:`small_luma`),
     by the rule of this module's doc. Pure: no files."""
     n = min(len(luma_a), len(luma_b))
     if n < max_offset + MIN_PAIRS:
-        return Alignment("short", frames=n, reason=(
-            f"not tested for a temporal offset: {n} frame(s), the test needs "
-            f"{max_offset + MIN_PAIRS}"))
+        return Alignment(
+            "short",
+            frames=n,
+            reason=(
+                f"not tested for a temporal offset: {n} frame(s), the test needs {max_offset + MIN_PAIRS}"
+            ),
+        )
     a = np.stack([np.asarray(f, dtype=np.float32) for f in luma_a[:WINDOW]])
     b = np.stack([np.asarray(f, dtype=np.float32) for f in luma_b[:WINDOW]])
-    if a.shape[1:] != b.shape[1:]:      # the clips' sizes differ: the measuring says so
-        return Alignment("short", frames=n, reason="not tested for a temporal offset: the "
-                         "clips' frames differ in size")
+    if a.shape[1:] != b.shape[1:]:  # the clips' sizes differ: the measuring says so
+        return Alignment(
+            "short", frames=n, reason="not tested for a temporal offset: the clips' frames differ in size"
+        )
     na, nb = len(a), len(b)
     mad = {}
     for k in range(-max_offset, max_offset + 1):
-        lo, hi = max(0, -k), min(na, nb - k)          # A's frames i with B's i + k
-        mad[k] = float(np.mean(np.abs(a[lo:hi] - b[lo + k:hi + k], dtype=np.float64)))
+        lo, hi = max(0, -k), min(na, nb - k)  # A's frames i with B's i + k
+        mad[k] = float(np.mean(np.abs(a[lo:hi] - b[lo + k : hi + k], dtype=np.float64)))
     motion = float(np.mean(np.abs(np.diff(a, axis=0)), dtype=np.float64))
     best = min(mad, key=lambda k: (mad[k], abs(k)))
-    figures = (f"mean luma difference {mad[best]:.3g} grey levels at the offset, {mad[0]:.3g} "
-               "frame by frame")
+    figures = f"mean luma difference {mad[best]:.3g} grey levels at the offset, {mad[0]:.3g} frame by frame"
     if motion < MIN_MOTION:
-        return Alignment("static", 0, mad, motion, n, reason=(
-            f"not tested for a temporal offset: A barely moves in its first {na} frames "
-            f"({motion:.3g} grey levels between frames, the test needs {MIN_MOTION:g})"))
+        return Alignment(
+            "static",
+            0,
+            mad,
+            motion,
+            n,
+            reason=(
+                f"not tested for a temporal offset: A barely moves in its first {na} frames "
+                f"({motion:.3g} grey levels between frames, the test needs {MIN_MOTION:g})"
+            ),
+        )
     if best != 0 and mad[best] * FACTOR <= mad[0] and mad[0] - mad[best] >= MIN_GAIN:
         return Alignment("shifted", best, mad, motion, n, reason=figures)
-    return Alignment("aligned", 0, mad, motion, n, reason=(
-        f"no temporal offset (offsets -{max_offset}..{max_offset} tested; offset 0 fits)"))
+    return Alignment(
+        "aligned",
+        0,
+        mad,
+        motion,
+        n,
+        reason=(f"no temporal offset (offsets -{max_offset}..{max_offset} tested; offset 0 fits)"),
+    )
 
 
 def _video_luma(path: Path, n: int, width: int) -> list[np.ndarray]:
@@ -167,9 +197,10 @@ def _video_luma(path: Path, n: int, width: int) -> list[np.ndarray]:
         w, h = s.codec_context.width, s.codec_context.height
         size = (width, max(1, round(h * width / w))) if w > width else (w, h)
         for frame in c.decode(s):
-            g = frame.reformat(width=size[0], height=size[1], format="gray",
-                               interpolation="AREA").to_ndarray()
-            out.append(g[:, :size[0]].astype(np.float32))
+            g = frame.reformat(
+                width=size[0], height=size[1], format="gray", interpolation="AREA"
+            ).to_ndarray()
+            out.append(g[:, : size[0]].astype(np.float32))
             if len(out) >= n:
                 break
     return out
@@ -200,7 +231,7 @@ def read_small_luma(path, n: int = WINDOW, width: int = WIDTH) -> list[np.ndarra
     if path.is_file() and path.suffix.lower() in VIDEO_EXTS:
         try:
             return _video_luma(path, n, width)
-        except Exception:       # anything FFmpeg's scaler cannot do: the reader's frames
+        except Exception:  # anything FFmpeg's scaler cannot do: the reader's frames
             pass
     return _reader_luma(path, n, width)
 
@@ -213,8 +244,10 @@ def rate_mismatch(fps_a, fps_b) -> str | None:
         return None
     if ra == rb:
         return None
-    return (f"frame-rate mismatch: A is {_rate(ra)} fps, B is {_rate(rb)} fps (frames do not pair "
-            "one by one at any offset; resample one clip to the other's rate)")
+    return (
+        f"frame-rate mismatch: A is {_rate(ra)} fps, B is {_rate(rb)} fps (frames do not pair "
+        "one by one at any offset; resample one clip to the other's rate)"
+    )
 
 
 def _rate(r: Fraction) -> str:
@@ -240,8 +273,15 @@ def resolve_offset(path_a, path_b, offset="auto") -> Alignment:
     (``given``). A ``rate`` finding is the caller's to refuse."""
     if offset != "auto":
         n = int(offset)
-        return Alignment("given", n, reason=(f"offset {n:+d} given (--offset), not tested" if n
-                                             else "frame by frame (--offset 0), not tested"))
+        return Alignment(
+            "given",
+            n,
+            reason=(
+                f"offset {n:+d} given (--offset), not tested"
+                if n
+                else "frame by frame (--offset 0), not tested"
+            ),
+        )
     return probe_clips(path_a, path_b)
 
 

@@ -7,6 +7,7 @@ single images, folders of images), decodes both ahead in background threads or w
 (``inf``) and warping errors without any consistent pixel (``nan``). The metric keys, in
 output order, are those of :mod:`evalkit.metrics.catalogue` that some frame has.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,8 @@ from pathlib import Path
 from evalkit import fsutil
 from evalkit.compare.alignment import resolve_offset, skip_frames
 from evalkit.errors import InputFileError, UserError
-from evalkit.video import ClipReader
 from evalkit.metrics.catalogue import KEYS, fmt, units
+from evalkit.video import ClipReader
 
 TEMPORAL_CONVENTION_KEYS = ("flow", "warp_error", "tlp", "tof", "flicker")
 
@@ -35,12 +36,26 @@ def prefetch_depth(chunk: int, frames: int = 32, frame_bytes: int | None = None)
     return max(2, -(-frames // max(1, chunk)))
 
 
-def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int | None = None,
-                  align: str = "error", temporal: bool = True, flow: str = "dis",
-                  flow_preset: str | None = None, flow_scale: float = 1.0,
-                  ssim_channel: str = "luma", csv_path=None, keep_frames: bool = True,
-                  vmaf: bool = False, vmaf_threads: int | None = None,
-                  progress: bool = False, offset="auto") -> dict:
+def compare_clips(
+    path_a,
+    path_b,
+    *,
+    device=None,
+    net: str = "alex",
+    chunk: int | None = None,
+    align: str = "error",
+    temporal: bool = True,
+    flow: str = "dis",
+    flow_preset: str | None = None,
+    flow_scale: float = 1.0,
+    ssim_channel: str = "luma",
+    csv_path=None,
+    keep_frames: bool = True,
+    vmaf: bool = False,
+    vmaf_threads: int | None = None,
+    progress: bool = False,
+    offset="auto",
+) -> dict:
     """Metrics of clip (or image) ``path_a`` against ``path_b``.
 
     Returns a JSON-ready dict::
@@ -73,26 +88,37 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     ra, rb = ClipReader(paths["a"]), ClipReader(paths["b"])
     ia, ib = ra.info, rb.info
     if (ia.width, ia.height) != (ib.width, ib.height):
-        raise InputFileError(paths["b"], f"frames are {ib.width}x{ib.height}, expected "
-                             f"{ia.width}x{ia.height} like {paths['a']}")
+        raise InputFileError(
+            paths["b"],
+            f"frames are {ib.width}x{ib.height}, expected {ia.width}x{ia.height} like {paths['a']}",
+        )
     al = resolve_offset(paths["a"], paths["b"], offset)
     if al.finding == "rate":
         raise InputFileError(paths["b"], al.reason)
     if al.offset:
-        align = "shortest"      # the frames both clips share at the offset
+        align = "shortest"  # the frames both clips share at the offset
     if align == "error" and ia.frames and ib.frames and ia.frames != ib.frames:
-        raise InputFileError(paths["b"], f"{ib.frames} frames, expected {ia.frames} like "
-                             f"{paths['a']} (frame counts differ; --align shortest compares "
-                             "the common prefix and records it)")
+        raise InputFileError(
+            paths["b"],
+            f"{ib.frames} frames, expected {ia.frames} like "
+            f"{paths['a']} (frame counts differ; --align shortest compares "
+            "the common prefix and records it)",
+        )
     # torch (through the metric engine) only once both inputs are read and checked: a bad
     # input is reported in a fraction of a second (issue 48)
     from evalkit.metrics.flow import DEFAULT_PRESET
     from evalkit.metrics.stream import PairEvaluator, json_safe, stream_pair
 
     try:
-        ev = PairEvaluator(device=device, net=net, temporal=temporal, flow=flow,
-                           flow_preset=flow_preset or DEFAULT_PRESET, flow_scale=flow_scale,
-                           ssim_channel=ssim_channel)
+        ev = PairEvaluator(
+            device=device,
+            net=net,
+            temporal=temporal,
+            flow=flow,
+            flow_preset=flow_preset or DEFAULT_PRESET,
+            flow_scale=flow_scale,
+            ssim_channel=ssim_channel,
+        )
     except MetricInputError as e:
         raise UserError(str(e)) from None
     if vmaf:
@@ -118,19 +144,21 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     try:
         pa = prefetch_chunks(paths["a"], chunk, depth, pool=pool)
         pb = prefetch_chunks(paths["b"], chunk, depth, pool=pool)
-        with tqdm(total=total, desc="metrics", unit="frame", disable=not progress,
-                  mininterval=0.5) as bar:
-            for rec in stream_pair(skip_frames(pa, al.skip_a), skip_frames(pb, al.skip_b),
-                                   evaluator=ev, chunk=chunk, align=align):
-                rec["frame"] += al.skip_a       # A's frame number
+        with tqdm(total=total, desc="metrics", unit="frame", disable=not progress, mininterval=0.5) as bar:
+            for rec in stream_pair(
+                skip_frames(pa, al.skip_a), skip_frames(pb, al.skip_b), evaluator=ev, chunk=chunk, align=align
+            ):
+                rec["frame"] += al.skip_a  # A's frame number
                 records.append(rec)
                 bar.update(1)
         summary = ev.compute()
     except MetricInputError as e:
-        if e.field in paths:        # about one clip's frames: that file, in the command's words
+        if e.field in paths:  # about one clip's frames: that file, in the command's words
             hint = e.hint and e.hint.replace("align='shortest'", "--align shortest")
-            raise InputFileError(paths[e.field], e.detail.replace(" like a", f" like {paths['a']}")
-                                 + (f" ({hint})" if hint else "")) from None
+            raise InputFileError(
+                paths[e.field],
+                e.detail.replace(" like a", f" like {paths['a']}") + (f" ({hint})" if hint else ""),
+            ) from None
         raise
     finally:
         for p in (pa, pb, pool, ev):
@@ -140,27 +168,41 @@ def compare_clips(path_a, path_b, *, device=None, net: str = "alex", chunk: int 
     if vmaf and records:
         from evalkit.compare.vmaf import add_vmaf
 
-        summary["conventions"]["vmaf"] = add_vmaf(records, paths["a"], paths["b"], n_threads=vmaf_threads,
-                                                 skip=(al.skip_a, al.skip_b))
+        summary["conventions"]["vmaf"] = add_vmaf(
+            records, paths["a"], paths["b"], n_threads=vmaf_threads, skip=(al.skip_a, al.skip_b)
+        )
         summary["means"]["vmaf"] = sum(r["vmaf"] for r in records) / len(records)
     if csv_path is not None:
         write_csv(csv_path, records)
     keys = [k for k in KEYS if any(k in r for r in records)]
-    out = {"a": str(paths["a"]), "b": str(paths["b"]), "frames": summary["frames"],
-           "width": summary["width"], "height": summary["height"], "device": summary["device"]}
+    out = {
+        "a": str(paths["a"]),
+        "b": str(paths["b"]),
+        "frames": summary["frames"],
+        "width": summary["width"],
+        "height": summary["height"],
+        "device": summary["device"],
+    }
     for k in keys:
         out[k] = summary["means"].get(k)
-    out.update({
-        "psnr_pooled": summary["psnr_pooled"],
-        "identical": summary["identical"],
-        "identical_frames": summary["identical_frames"],
-    })
+    out.update(
+        {
+            "psnr_pooled": summary["psnr_pooled"],
+            "identical": summary["identical"],
+            "identical_frames": summary["identical_frames"],
+        }
+    )
     if keep_frames:
-        out["per_frame"] = {"frame": [r["frame"] for r in records],
-                            **{k: [r.get(k) for r in records] for k in keys}}
+        out["per_frame"] = {
+            "frame": [r["frame"] for r in records],
+            **{k: [r.get(k) for r in records] for k in keys},
+        }
     temporal_present = any(k in TEMPORAL_CONVENTION_KEYS for k in keys)
-    out["conventions"] = {k: v for k, v in summary["conventions"].items()
-                          if temporal_present or k not in TEMPORAL_CONVENTION_KEYS}
+    out["conventions"] = {
+        k: v
+        for k, v in summary["conventions"].items()
+        if temporal_present or k not in TEMPORAL_CONVENTION_KEYS
+    }
     descriptions = units()
     out["units"] = {k: descriptions[k] for k in keys}
     out["alignment"] = summary["alignment"]
@@ -174,29 +216,32 @@ def write_csv(path, records: list[dict]) -> None:
     has; empty cells where a metric is undefined. Lines end in CRLF (the csv module's default,
     which this file has always had; the compare report's CSVs end lines in LF)."""
     keys = [k for k in KEYS if any(k in r for r in records)]
-    rows = ([r["frame"], *(None if r.get(k) is None else float(r[k]) for k in keys)]
-            for r in records)
+    rows = ([r["frame"], *(None if r.get(k) is None else float(r[k]) for k in keys)] for r in records)
     fsutil.write_csv(path, ["frame", *keys], rows, lineterminator="\r\n")
 
 
 def format_text(result: dict) -> str:
     """Human-readable summary of :func:`compare_clips`' result."""
-    lines = [f"{result['a']}  vs  {result['b']}",
-             f"{result['frames']} frame(s), {result['width']}x{result['height']}, on {result['device']}"]
+    lines = [
+        f"{result['a']}  vs  {result['b']}",
+        f"{result['frames']} frame(s), {result['width']}x{result['height']}, on {result['device']}",
+    ]
     if result["identical"]:
         lines.append("bit-identical: every frame is exactly the same")
     for k in KEYS:
         if k in result:
             v = result[k]
-            if k == "psnr":     # null only for identical frames (JSON has no inf)
+            if k == "psnr":  # null only for identical frames (JSON has no inf)
                 shown = "inf (identical)" if v is None else fmt(v, 2, fixed=True) + " dB"
             else:
                 shown = fmt(v, 4, fixed=True)
             lines.append(f"  {k:<16} {shown}")
     al = result.get("alignment", {})
     if al.get("mode") == "shortest" and (al.get("dropped_a") or al.get("dropped_b")):
-        lines.append(f"alignment: compared the first {al['compared']} frames "
-                     f"(a has {al['frames_a']}, b has {al['frames_b']})")
+        lines.append(
+            f"alignment: compared the first {al['compared']} frames "
+            f"(a has {al['frames_a']}, b has {al['frames_b']})"
+        )
     off = result.get("offset") or {}
     if off.get("offset") or off.get("finding") in ("static", "short"):
         lines.append(f"offset: {off['text']}")

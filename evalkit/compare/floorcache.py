@@ -23,6 +23,7 @@ a CPU depend on the thread count). Entries are JSON files under
 be read is measured again, one that cannot be written is only a slower next compare. Each entry
 records when and for which report it was measured: the report says "floor: reused from ...".
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -75,8 +76,16 @@ def _library_versions() -> dict:
     from importlib import metadata
 
     out = {}
-    for name in ("numpy", "torch", "av", "opencv-python", "opencv-python-headless",
-                 "opencv-contrib-python", "opencv-contrib-python-headless", "triton"):
+    for name in (
+        "numpy",
+        "torch",
+        "av",
+        "opencv-python",
+        "opencv-python-headless",
+        "opencv-contrib-python",
+        "opencv-contrib-python-headless",
+        "triton",
+    ):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -116,13 +125,18 @@ def settings_key(conventions: dict, offset, vmaf: bool) -> dict:
 
 def job_key(pair, settings: dict, code: str) -> str:
     """The cache key of one floor pair: its two clips' sha256, the settings, the code."""
-    key = {"format": FORMAT, "a": pair.rec_a["output"]["sha256"],
-           "floor": pair.rec_b["output"]["sha256"], "settings": settings, "code": code}
+    key = {
+        "format": FORMAT,
+        "a": pair.rec_a["output"]["sha256"],
+        "floor": pair.rec_b["output"]["sha256"],
+        "settings": settings,
+        "code": code,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _plain(v):
-    if hasattr(v, "item"):          # numpy scalars
+    if hasattr(v, "item"):  # numpy scalars
         return v.item()
     if isinstance(v, (set, tuple)):
         return list(v)
@@ -134,8 +148,17 @@ class FloorCache:
     measured (rebuilt as :class:`~evalkit.compare.pairing.JobMeasure`) and those to measure,
     :meth:`store` the new ones, :meth:`provenance` for the report."""
 
-    def __init__(self, *, conventions: dict, offset, vmaf: bool, report, measure_type,
-                 root: Path | None = None, enabled: bool = True):
+    def __init__(
+        self,
+        *,
+        conventions: dict,
+        offset,
+        vmaf: bool,
+        report,
+        measure_type,
+        root: Path | None = None,
+        enabled: bool = True,
+    ):
         #: the class of a measurement (:class:`evalkit.compare.pairing.JobMeasure`)
         self.measure_type = measure_type
         self.root = (root if root is not None else cache_root()) if enabled else None
@@ -176,17 +199,32 @@ class FloorCache:
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         for m in measures:
             al = m.alignment
-            entry = {"format": FORMAT, "job": m.pair.job_id,
-                     "measured": {"at": now, "report": self.report, "floor_run": str(floor_run),
-                                  "code": self.code},
-                     "records": m.records, "summary": m.summary, "worst_frame": m.worst_frame,
-                     "alignment": None if al is None else {
-                         "finding": al.finding, "offset": al.offset,
-                         "mad": [[k, v] for k, v in al.mad.items()], "motion": al.motion,
-                         "frames": al.frames, "reason": al.reason},
-                     "local": m.local}
+            entry = {
+                "format": FORMAT,
+                "job": m.pair.job_id,
+                "measured": {
+                    "at": now,
+                    "report": self.report,
+                    "floor_run": str(floor_run),
+                    "code": self.code,
+                },
+                "records": m.records,
+                "summary": m.summary,
+                "worst_frame": m.worst_frame,
+                "alignment": None
+                if al is None
+                else {
+                    "finding": al.finding,
+                    "offset": al.offset,
+                    "mad": [[k, v] for k, v in al.mad.items()],
+                    "motion": al.motion,
+                    "frames": al.frames,
+                    "reason": al.reason,
+                },
+                "local": m.local,
+            }
             try:
-                text = json.dumps(entry, default=_plain)        # inf/nan as JSON5 words: read back
+                text = json.dumps(entry, default=_plain)  # inf/nan as JSON5 words: read back
                 path = self._path(job_key(m.pair, self.settings, self.code))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -205,16 +243,21 @@ class FloorCache:
         if self.root is None:
             text = f"floor {name}: measured ({len(measured)} jobs; floor cache off)"
         elif not reused:
-            text = (f"floor {name}: measured ({len(measured)} jobs), kept for the next compare "
-                    f"in {self.root}")
+            text = f"floor {name}: measured ({len(measured)} jobs), kept for the next compare in {self.root}"
         else:
             where = "; ".join(f"the compare into {r} at {at}" for at, r in froms)
-            text = (f"floor {name}: reused from {where} ({len(reused)} of {len(pairs)} jobs"
-                    + (f"; {len(measured)} measured again: their clips or settings changed"
-                       if measured else "") + f"; cache {self.root})")
-        return {"reused": reused, "measured": measured,
-                "from": [{"at": at, "report": r} for at, r in froms],
-                "dir": None if self.root is None else str(self.root), "text": text}
+            text = (
+                f"floor {name}: reused from {where} ({len(reused)} of {len(pairs)} jobs"
+                + (f"; {len(measured)} measured again: their clips or settings changed" if measured else "")
+                + f"; cache {self.root})"
+            )
+        return {
+            "reused": reused,
+            "measured": measured,
+            "from": [{"at": at, "report": r} for at, r in froms],
+            "dir": None if self.root is None else str(self.root),
+            "text": text,
+        }
 
 
 def _measure_of(measure_type, pair, entry: dict):
@@ -222,9 +265,23 @@ def _measure_of(measure_type, pair, entry: dict):
     from evalkit.compare.alignment import Alignment
 
     al = entry.get("alignment")
-    alignment = None if al is None else Alignment(
-        finding=al["finding"], offset=int(al["offset"]),
-        mad={int(k): v for k, v in al["mad"]}, motion=al["motion"], frames=int(al["frames"]),
-        reason=al["reason"])
-    return measure_type(pair, entry["records"], entry["summary"], int(entry["worst_frame"]),
-                        alignment=alignment, local=entry.get("local"))
+    alignment = (
+        None
+        if al is None
+        else Alignment(
+            finding=al["finding"],
+            offset=int(al["offset"]),
+            mad={int(k): v for k, v in al["mad"]},
+            motion=al["motion"],
+            frames=int(al["frames"]),
+            reason=al["reason"],
+        )
+    )
+    return measure_type(
+        pair,
+        entry["records"],
+        entry["summary"],
+        int(entry["worst_frame"]),
+        alignment=alignment,
+        local=entry.get("local"),
+    )

@@ -8,6 +8,7 @@ A gate may record the conventions its thresholds were set under (``conventions:`
 a report measured under others (tOF with the torch flow against a gate set on DIS) is refused in
 one line unless the caller says to ignore them. :func:`pin_conventions` writes them into a gate.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,11 @@ def read_summary(report) -> dict:
         raise InputFileError(path, f"field 'schema_version': {problem}")
     for field, kind in (("aggregates", dict), ("floor_ratios", dict), ("jobs", dict), ("conventions", dict)):
         if not isinstance(summary.get(field), kind):
-            raise InputFileError(path, f"field '{field}': expected an object, found "
-                                       f"{type(summary.get(field)).__name__} (not a compare summary)")
+            raise InputFileError(
+                path,
+                f"field '{field}': expected an object, found "
+                f"{type(summary.get(field)).__name__} (not a compare summary)",
+            )
     if not isinstance(summary["jobs"].get("not_compared"), dict):
         raise InputFileError(path, "field 'jobs.not_compared': expected an object")
     _check_figures(path, "aggregates", summary["aggregates"])
@@ -67,16 +71,20 @@ def _check_figures(path, field: str, table) -> None:
     """``table`` is ``{metric: {aggregate: number or null}}`` (null: undefined, a NaN); else
     one line naming the first wrong field."""
     if not isinstance(table, dict):
-        raise InputFileError(path, f"field '{field}': expected an object, found "
-                                   f"{type(table).__name__}")
+        raise InputFileError(path, f"field '{field}': expected an object, found {type(table).__name__}")
     for metric, aggs in table.items():
         if not isinstance(aggs, dict):
-            raise InputFileError(path, f"field '{field}.{metric}': expected an object of "
-                                       f"aggregates, found {type(aggs).__name__}")
+            raise InputFileError(
+                path,
+                f"field '{field}.{metric}': expected an object of aggregates, found {type(aggs).__name__}",
+            )
         for agg, v in aggs.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise InputFileError(path, f"field '{field}.{metric}.{agg}': expected a number "
-                                           f"or null, found {type(v).__name__} {str(v)[:40]!r}")
+                raise InputFileError(
+                    path,
+                    f"field '{field}.{metric}.{agg}': expected a number "
+                    f"or null, found {type(v).__name__} {str(v)[:40]!r}",
+                )
 
 
 def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict:
@@ -85,21 +93,34 @@ def judge_report(report, gate_path, *, ignore_conventions: bool = False) -> dict
     summary = read_summary(report)
     gate = open_gate(gate_path)
     if gate.ratios and not summary["floor_ratios"]:
-        raise GateError(gate.path, "floor_ratio", "the gate sets floor_ratio thresholds but the "
-                        "report has no noise floor (compare with --floor)")
+        raise GateError(
+            gate.path,
+            "floor_ratio",
+            "the gate sets floor_ratio thresholds but the report has no noise floor (compare with --floor)",
+        )
     if gate.ratios and gate.floor and gate.floor not in summary["floor_ratios"]:
-        raise GateError(gate.path, "floor", f"no floor {gate.floor!r} in this report (its floors "
-                        f"are: {', '.join(summary['floor_ratios'])})")
+        raise GateError(
+            gate.path,
+            "floor",
+            f"no floor {gate.floor!r} in this report (its floors are: {', '.join(summary['floor_ratios'])})",
+        )
     missing = [k for k in gate.absolute if k not in summary["aggregates"]]
     if missing:
-        raise GateError(gate.path, missing[0], "the gate checks a metric the report does not hold "
-                        f"(compare with --{missing[0]})" if missing[0] == "vmaf" else
-                        "the gate checks a metric the report does not hold")
+        raise GateError(
+            gate.path,
+            missing[0],
+            f"the gate checks a metric the report does not hold (compare with --{missing[0]})"
+            if missing[0] == "vmaf"
+            else "the gate checks a metric the report does not hold",
+        )
     if not ignore_conventions:
         check_conventions(gate, summary["conventions"])
-    return gate.evaluate(summary["aggregates"], summary["floor_ratios"],
-                         len(summary["jobs"]["not_compared"]),
-                         (summary.get("alignment") or {}).get("shifted") or {})
+    return gate.evaluate(
+        summary["aggregates"],
+        summary["floor_ratios"],
+        len(summary["jobs"]["not_compared"]),
+        (summary.get("alignment") or {}).get("shifted") or {},
+    )
 
 
 def pin_conventions(report, gate_path) -> dict:
@@ -110,8 +131,10 @@ def pin_conventions(report, gate_path) -> dict:
     wanted = [c for c in conventions_of(gate.metric_keys) if c != "vmaf"]
     missing = [c for c in wanted if c not in summary["conventions"]]
     if missing:
-        raise InputFileError(Path(report), f"field 'conventions.{missing[0]}': the report records "
-                             "none (compared without temporal metrics?)")
+        raise InputFileError(
+            Path(report),
+            f"field 'conventions.{missing[0]}': the report records none (compared without temporal metrics?)",
+        )
     pinned = {c: summary["conventions"][c] for c in wanted}
     if gate.conventions is not None:
         raise GateError(gate.path, "conventions", "already recorded; remove the block to pin again")
@@ -121,5 +144,5 @@ def pin_conventions(report, gate_path) -> dict:
     # the name it is given, which would leave the target unpinned)
     target = gate.path.resolve() if gate.path.is_symlink() else gate.path
     atomic_write_text(target, text + ("" if text.endswith("\n") else "\n") + block)
-    open_gate(gate.path)        # what was written reads back
+    open_gate(gate.path)  # what was written reads back
     return pinned

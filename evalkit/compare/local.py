@@ -11,6 +11,7 @@ frame with the lowest ``block_psnr``; its *burst* is the run of frames around it
 MSE stays above the midpoint between the clip's median and that peak (exact for a glitch that
 comes and goes; a difference that lasts is "throughout").
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 #: the convention recorded in summary.json["conventions"]["block"]
-BLOCK_CONVENTION = "block_psnr: squared RGB difference, square blocks of min(H,W)//8 (>= 8) px, stride half a side, peak 255"
+BLOCK_CONVENTION = (
+    "block_psnr: squared RGB difference, square blocks of min(H,W)//8 (>= 8) px, stride half a side, peak 255"
+)
 
 
 def block_side(height: int, width: int) -> int:
@@ -32,7 +35,7 @@ def _starts(n: int, side: int) -> np.ndarray:
     stride = max(1, side // 2)
     s = list(range(0, n - side + 1, stride))
     if s[-1] != n - side:
-        s.append(n - side)          # the last block ends on the edge
+        s.append(n - side)  # the last block ends on the edge
     return np.asarray(s)
 
 
@@ -43,24 +46,33 @@ def worst_block(a: np.ndarray, b: np.ndarray) -> tuple[float, int, int, int, flo
     h, w = a.shape[:2]
     side = block_side(h, w)
     d = a.astype(np.int32) - b.astype(np.int32)
-    sq = (d * d).sum(axis=2, dtype=np.int64)          # exact integers: no rounding
+    sq = (d * d).sum(axis=2, dtype=np.int64)  # exact integers: no rounding
     ii = np.zeros((h + 1, w + 1), dtype=np.int64)
     ii[1:, 1:] = sq.cumsum(0).cumsum(1)
     ys, xs = _starts(h, side), _starts(w, side)
-    sums = (ii[ys[:, None] + side, xs[None, :] + side] - ii[ys[:, None], xs[None, :] + side]
-            - ii[ys[:, None] + side, xs[None, :]] + ii[ys[:, None], xs[None, :]])
+    sums = (
+        ii[ys[:, None] + side, xs[None, :] + side]
+        - ii[ys[:, None], xs[None, :] + side]
+        - ii[ys[:, None] + side, xs[None, :]]
+        + ii[ys[:, None], xs[None, :]]
+    )
     i, j = np.unravel_index(int(np.argmax(sums)), sums.shape)
-    return (float(sums[i, j]) / (side * side * 3), int(xs[j]), int(ys[i]), side,
-            float(ii[-1, -1]) / (h * w * 3))
+    return (
+        float(sums[i, j]) / (side * side * 3),
+        int(xs[j]),
+        int(ys[i]),
+        side,
+        float(ii[-1, -1]) / (h * w * 3),
+    )
 
 
 def psnr_of(mse: float) -> float:
     """PSNR in dB of an MSE in 8-bit units (inf for 0)."""
-    return math.inf if mse <= 0 else 10 * math.log10(255.0 ** 2 / mse)
+    return math.inf if mse <= 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def mse_of(psnr: float | None) -> float | None:
-    return None if psnr is None else (0.0 if psnr == math.inf else 255.0 ** 2 / 10 ** (psnr / 10))
+    return None if psnr is None else (0.0 if psnr == math.inf else 255.0**2 / 10 ** (psnr / 10))
 
 
 @dataclass
@@ -69,8 +81,8 @@ class LocalTrack:
 
     frames: list
     mse: list
-    place: list         # (x, y, side)
-    frame_mse: list     # the whole frame's
+    place: list  # (x, y, side)
+    frame_mse: list  # the whole frame's
 
     @classmethod
     def empty(cls) -> "LocalTrack":
@@ -102,12 +114,20 @@ class LocalTrack:
         lo, hi = burst(mse, k)
         x, y, side = self.place[k]
         rises = mse[k] > 0 and mse[k] >= BURST_RISE * float(np.median(mse))
-        return {"frame": self.frames[k], "x": x, "y": y, "side": side,
-                "block_psnr": psnr_of(float(mse[k])), "frame_psnr": psnr_of(self.frame_mse[k]),
-                "burst": [self.frames[lo], self.frames[hi]], "burst_frames": hi - lo + 1,
-                "frames": len(mse), "throughout": bool(not rises or (hi - lo + 1) * 2 >= len(mse)),
-                "local": bool(mse[k] > 0 and mse[k] >= LOCAL_RISE * self.frame_mse[k]),
-                "where": where(x, y, side, width, height)}
+        return {
+            "frame": self.frames[k],
+            "x": x,
+            "y": y,
+            "side": side,
+            "block_psnr": psnr_of(float(mse[k])),
+            "frame_psnr": psnr_of(self.frame_mse[k]),
+            "burst": [self.frames[lo], self.frames[hi]],
+            "burst_frames": hi - lo + 1,
+            "frames": len(mse),
+            "throughout": bool(not rises or (hi - lo + 1) * 2 >= len(mse)),
+            "local": bool(mse[k] > 0 and mse[k] >= LOCAL_RISE * self.frame_mse[k]),
+            "where": where(x, y, side, width, height),
+        }
 
 
 #: a burst: the worst frame's block MSE at least this many times the clip's median (6 dB)

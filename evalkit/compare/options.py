@@ -4,6 +4,7 @@
 to whatever measures the pairs: :class:`evalkit.compare.pairing.LocalCompareSession` here, an
 executor's ``compare_session(device=, metrics=)`` elsewhere (the Ray executor's workers).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,7 @@ model is loaded once for the whole comparison); the frames needed for the report
 pair decode in background threads, a bounded number of chunks ahead, and the next job's clips
 start decoding while the current job is measured (:class:`PairDecoder`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -68,8 +69,9 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
         bad = [s for s, r, run in (("A", ra, a), ("B", rb, b)) if r["status"] != "done"]
         if bad:
             r = ra if bad[0] == "A" else rb
-            problems[jid] = f"not rendered in run {bad[0]} (status {r['status']}" + \
-                (f": {r['error']})" if r.get("error") else ")")
+            problems[jid] = f"not rendered in run {bad[0]} (status {r['status']}" + (
+                f": {r['error']})" if r.get("error") else ")"
+            )
             continue
         diffs = [f"{k}: A {ra.get(k)!r}, B {rb.get(k)!r}" for k in _SAME if ra.get(k) != rb.get(k)]
         seed_a = ra.get("effective_seed", ra.get("seed"))
@@ -80,8 +82,9 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
             problems[jid] = "not comparable: " + "; ".join(diffs)
             continue
         candidates.append((jid, ra, rb))
-    hashes = _hashes([run.path / rec["output"]["path"] for _, ra, rb in candidates
-                      for run, rec in ((a, ra), (b, rb))])
+    hashes = _hashes(
+        [run.path / rec["output"]["path"] for _, ra, rb in candidates for run, rec in ((a, ra), (b, rb))]
+    )
     pairs: list[Pair] = []
     for jid, ra, rb in candidates:
         paths = []
@@ -92,17 +95,21 @@ def pair_jobs(a: RunDir, b: RunDir, *, same_seed: bool) -> tuple[list[Pair], dic
                 problems[jid] = f"{p}: clip file missing (run {side})"
                 break
             if found != rec["output"]["sha256"]:
-                problems[jid] = (f"{p}: clip fails its hash (sha256 {found[:12]}..., manifest says "
-                                 f"{rec['output']['sha256'][:12]}...); re-render it")
+                problems[jid] = (
+                    f"{p}: clip fails its hash (sha256 {found[:12]}..., manifest says "
+                    f"{rec['output']['sha256'][:12]}...); re-render it"
+                )
                 break
             paths.append(p)
         else:
             shapes = [_shape(rec) for rec in (ra, rb)]
             if None not in shapes and shapes[0] != shapes[1]:
-                problems[jid] = (f"not comparable: A {paths[0]} is {_shown(shapes[0])}, B "
-                                 f"{paths[1]} is {_shown(shapes[1])} (the frames pair one by one; "
-                                 "`evalkit metrics --align shortest A B` compares the common "
-                                 "frames of two such clips)")
+                problems[jid] = (
+                    f"not comparable: A {paths[0]} is {_shown(shapes[0])}, B "
+                    f"{paths[1]} is {_shown(shapes[1])} (the frames pair one by one; "
+                    "`evalkit metrics --align shortest A B` compares the common "
+                    "frames of two such clips)"
+                )
                 continue
             rates = rate_mismatch(*((rec.get("output") or {}).get("fps") for rec in (ra, rb)))
             if rates:
@@ -123,8 +130,7 @@ def _hashes(paths: list[Path]) -> dict[Path, str | None]:
 
     if len(paths) < 2:
         return {p: one(p) for p in paths}
-    with ThreadPoolExecutor(min(len(paths), usable_cores()),
-                            thread_name_prefix="evalkit-hash") as pool:
+    with ThreadPoolExecutor(min(len(paths), usable_cores()), thread_name_prefix="evalkit-hash") as pool:
         return dict(zip(paths, pool.map(one, paths)))
 
 
@@ -206,11 +212,13 @@ class PairDecoder:
         h, w = _pair_size(pair)
         depth = prefetch_depth(chunk, frame_bytes=h * w * 3)
         threads = decode_threads()
-        self.a = prefetch_chunks(pair.path_a, chunk, depth, threads=threads, pool=pool,
-                                 name="evalkit-decode-a")
+        self.a = prefetch_chunks(
+            pair.path_a, chunk, depth, threads=threads, pool=pool, name="evalkit-decode-a"
+        )
         try:
-            self.b = prefetch_chunks(pair.path_b, chunk, depth, threads=threads, pool=pool,
-                                     name="evalkit-decode-b")
+            self.b = prefetch_chunks(
+                pair.path_b, chunk, depth, threads=threads, pool=pool, name="evalkit-decode-b"
+            )
         except BaseException:
             self.a.close()
             raise
@@ -220,9 +228,15 @@ class PairDecoder:
         self.b.close()
 
 
-def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
-                 keep_worst: bool = True, decoder: PairDecoder | None = None,
-                 on_frame=None) -> JobMeasure:
+def measure_pair(
+    evaluator,
+    pair: Pair,
+    *,
+    chunk: int | None = None,
+    keep_worst: bool = True,
+    decoder: PairDecoder | None = None,
+    on_frame=None,
+) -> JobMeasure:
     """Stream one pair of clips through the evaluator; keep the worst frame (by LPIPS); measure
     each frame's worst block (``block_psnr``, :mod:`evalkit.compare.local`) from the same frames.
 
@@ -235,11 +249,13 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     chunk = _pair_chunk(evaluator, pair, chunk)
     if decoder is None:
         decoder = PairDecoder(pair, chunk)
-    try:       # the clips' first frames, small: their offset; and their frame rates
+    try:  # the clips' first frames, small: their offset; and their frame rates
         al = resolve_offset(pair.path_a, pair.path_b, pair.offset)
         if al.finding == "rate":
-            raise PairMismatch(f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b}: "
-                               f"{al.reason} (not what their manifests say)")
+            raise PairMismatch(
+                f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b}: "
+                f"{al.reason} (not what their manifests say)"
+            )
     except BaseException:
         decoder.close()
         raise
@@ -252,10 +268,13 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
     track = LocalTrack.empty()
     worst, worst_val, worst_a, worst_b = 0, -1.0, None, None
     try:
-        gen = stream_pair(_chunks_with_memory(skip_frames(decoder.a, al.skip_a), mem_a),
-                          _chunks_with_memory(skip_frames(decoder.b, al.skip_b), mem_b),
-                          evaluator=evaluator, chunk=chunk,
-                          align="shortest" if al.offset else "error")
+        gen = stream_pair(
+            _chunks_with_memory(skip_frames(decoder.a, al.skip_a), mem_a),
+            _chunks_with_memory(skip_frames(decoder.b, al.skip_b), mem_b),
+            evaluator=evaluator,
+            chunk=chunk,
+            align="shortest" if al.offset else "error",
+        )
         try:
             for rec in gen:
                 fa, fb = _recall(mem_a, rec["frame"]), _recall(mem_b, rec["frame"])
@@ -265,24 +284,23 @@ def measure_pair(evaluator, pair: Pair, *, chunk: int | None = None,
                     worst, worst_val = rec["frame"] + al.skip_a, rec["lpips"]
                     if keep_worst:
                         worst_a, worst_b = _copy(fa), _copy(fb)
-                rec["frame"] += al.skip_a       # A's frame number
+                rec["frame"] += al.skip_a  # A's frame number
                 records.append(rec)
                 if on_frame is not None:
                     on_frame(1)
-        except MetricInputError as e:       # the clips' frames differ in count or size
-            what = f"{e.field}: {e.detail}" if e.field else str(e)   # without its hint
+        except MetricInputError as e:  # the clips' frames differ in count or size
+            what = f"{e.field}: {e.detail}" if e.field else str(e)  # without its hint
             raise PairMismatch(
                 f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b} do not pair frame by "
                 f"frame ({what}; not what their manifests say): render or import it again "
                 "(`evalkit metrics --align shortest A B`: their common frames)"
             ) from None
     finally:
-        mem_a.clear()       # no chunk outlives the clip: the decoders' rings are reused
+        mem_a.clear()  # no chunk outlives the clip: the decoders' rings are reused
         mem_b.clear()
         decoder.close()
     h, w = _pair_size(pair)
-    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b, al,
-                      track.summary(w, h))
+    return JobMeasure(pair, records, evaluator.compute(), worst, worst_a, worst_b, al, track.summary(w, h))
 
 
 class LocalCompareSession:
@@ -294,17 +312,16 @@ class LocalCompareSession:
     """
 
     def __init__(self, *, device=None, metrics: MetricOptions | None = None):
-        from evalkit.procdecode import DecoderPool, use_processes
         from evalkit.metrics.stream import PairEvaluator
+        from evalkit.procdecode import DecoderPool, use_processes
 
         #: worker processes decoding the clips (:mod:`evalkit.procdecode`), or None: threads
         self.pool = DecoderPool(decode_threads(processes=True)) if use_processes() else None
-        self._warm: set = set()         # (height, width, chunk) the evaluator has seen
-        if self.pool is not None:       # they boot while the metric models load
+        self._warm: set = set()  # (height, width, chunk) the evaluator has seen
+        if self.pool is not None:  # they boot while the metric models load
             self.pool.start(2 * (self.jobs_ahead + 1))
         try:
-            self.evaluator = PairEvaluator(device=device,
-                                           **(metrics or MetricOptions()).evaluator_kwargs())
+            self.evaluator = PairEvaluator(device=device, **(metrics or MetricOptions()).evaluator_kwargs())
         except BaseException:
             if self.pool is not None:
                 self.pool.close()
@@ -323,8 +340,9 @@ class LocalCompareSession:
     #: jobs decoding ahead of the one being measured (both clips each, in threads)
     jobs_ahead = 1
 
-    def measure(self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True,
-                progress=None) -> list[JobMeasure]:
+    def measure(
+        self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True, progress=None
+    ) -> list[JobMeasure]:
         """Measure ``pairs`` in order; the next :attr:`jobs_ahead` jobs decode meanwhile.
         ``progress``: a bar updated per frame. On a GPU the evaluator is warmed up first
         (:meth:`evalkit.metrics.stream.PairEvaluator.warm_up`, once per frame size) while the first
@@ -340,8 +358,16 @@ class LocalCompareSession:
                     nxt += 1
                 dec = ahead.popleft()
                 self._warm_up(p, dec.chunk)
-                out.append(measure_pair(self.evaluator, p, chunk=dec.chunk, keep_worst=keep_worst,
-                                        decoder=dec, on_frame=progress.update if progress else None))
+                out.append(
+                    measure_pair(
+                        self.evaluator,
+                        p,
+                        chunk=dec.chunk,
+                        keep_worst=keep_worst,
+                        decoder=dec,
+                        on_frame=progress.update if progress else None,
+                    )
+                )
         finally:
             for dec in ahead:
                 dec.close()

@@ -20,6 +20,7 @@ the old one or the new one, never a mix; what a killed compare left is tidied on
 Plots are drawn on :class:`matplotlib.figure.Figure` objects, never through ``pyplot``: writing a
 report leaves the caller's matplotlib backend (a notebook's, say) as it was.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,7 @@ def _job_cols(rec: dict) -> list:
 def metric_columns(measures) -> list[str]:
     """The metric columns of the report CSVs: every catalogue key, but an optional one (vmaf)
     only when some frame has it (it was asked for)."""
-    return [k for k in KEYS if not METRICS[k].optional
-            or any(k in r for m in measures for r in m.records)]
+    return [k for k in KEYS if not METRICS[k].optional or any(k in r for m in measures for r in m.records)]
 
 
 def write_frames_csv(path: Path, measures) -> None:
@@ -76,16 +76,31 @@ def write_frames_csv(path: Path, measures) -> None:
 
 def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) -> None:
     cols = metric_columns(measures)
-    header = ["job", "clip", "prompt", "seed", "status", "frames", "worst_frame", "identical",
-              "offset", "alignment"]
+    header = [
+        "job",
+        "clip",
+        "prompt",
+        "seed",
+        "status",
+        "frames",
+        "worst_frame",
+        "identical",
+        "offset",
+        "alignment",
+    ]
     for k in cols:
         header += [f"{k}_mean", f"{k}_p95", f"{k}_worst"]
     rows = []
     for m in measures:
         al = m.alignment
-        row = _job_cols(m.pair.rec_a) + ["compared", len(m.records), m.worst_frame,
-                                         m.summary["identical"], al and al.offset,
-                                         al and al.finding]
+        row = _job_cols(m.pair.rec_a) + [
+            "compared",
+            len(m.records),
+            m.worst_frame,
+            m.summary["identical"],
+            al and al.offset,
+            al and al.finding,
+        ]
         for k in cols:
             agg = aggregate([r.get(k) for r in m.records], k)
             row += [agg["mean"], agg["p95"], agg["worst"]]
@@ -100,9 +115,11 @@ def write_clips_csv(path: Path, measures, not_compared: dict, jobs_by_id: dict) 
 
 #: summary.json's ``floor_notice`` (and the HTML's, and compare's output) when no floor run
 #: had a job compared: the numbers stand without the context of a noise floor
-FLOOR_NOTICE = ("no noise floor: these numbers cannot be read against how much the pipeline "
-                "varies by itself (two seeds, or two renders, on one backend); render (or "
-                "import) A's suite again with --seed-offset 1 and pass that run with --floor")
+FLOOR_NOTICE = (
+    "no noise floor: these numbers cannot be read against how much the pipeline "
+    "varies by itself (two seeds, or two renders, on one backend); render (or "
+    "import) A's suite again with --seed-offset 1 and pass that run with --floor"
+)
 
 
 def fingerprint_source(manifest: dict) -> str:
@@ -122,9 +139,15 @@ def run_entry(run) -> dict:
     from evalkit.formats.run import run_name
 
     m = run.manifest
-    return {"path": str(run.path), "name": run_name(m), "label": m.get("label"),
-            "backend": m["backend"], "fingerprint": m["fingerprint"],
-            "fingerprint_source": fingerprint_source(m), "renderer": m["renderer"]}
+    return {
+        "path": str(run.path),
+        "name": run_name(m),
+        "label": m.get("label"),
+        "backend": m["backend"],
+        "fingerprint": m["fingerprint"],
+        "fingerprint_source": fingerprint_source(m),
+        "renderer": m["renderer"],
+    }
 
 
 def same_run_warnings(ma: dict, mb: dict, differences: dict) -> list[str]:
@@ -138,14 +161,21 @@ def same_run_warnings(ma: dict, mb: dict, differences: dict) -> list[str]:
     name = (f"label {la!r}" + (f" (backend {sa!r})" if sa else "")) if la else f"backend {sa!r}"
     fa, fb = ma.get("fingerprint") or {}, mb.get("fingerprint") or {}
     if "unknown" in fa or "unknown" in fb:
-        why = ("the machine of at least one is not known (adopted without --fingerprint), so "
-               "whether they ran on the same one cannot be told")
+        why = (
+            "the machine of at least one is not known (adopted without --fingerprint), so "
+            "whether they ran on the same one cannot be told"
+        )
     elif differences:
-        why = ("differences come only from the environment: " + ", ".join(differences)
-               + " differ (fingerprint table)")
+        why = (
+            "differences come only from the environment: "
+            + ", ".join(differences)
+            + " differ (fingerprint table)"
+        )
     else:
-        why = ("their fingerprints match apart from the host, so this measures how much one "
-               "backend varies between two renders, not a backend change")
+        why = (
+            "their fingerprints match apart from the host, so this measures how much one "
+            "backend varies between two renders, not a backend change"
+        )
     return [f"both runs are {name}; {why}"]
 
 
@@ -216,11 +246,11 @@ def plot_text(text: str, limit: int = 90) -> str:
     if _GLYPHS is None:
         from matplotlib import font_manager, ft2font
 
-        path = font_manager.findfont(font_manager.FontProperties())   # the default font
+        path = font_manager.findfont(font_manager.FontProperties())  # the default font
         _GLYPHS = set(ft2font.FT2Font(path).get_charmap())
     shown = "".join(c if ord(c) in _GLYPHS or c in "\n\t" else "?" for c in text)
     if len(shown) > limit:
-        shown = shown[:limit - 1] + "…"
+        shown = shown[: limit - 1] + "…"
     return shown if shown == text else shown + " (full text: report page, clips.csv)"
 
 
@@ -232,8 +262,12 @@ FLOOR_COLOR = "#7f8c8d"
 
 
 def _finite_values(measures, key: str) -> list[float]:
-    return [float(r[key]) for m in measures for r in m.records
-            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [
+        float(r[key])
+        for m in measures
+        for r in m.records
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
 
 
 def plot_axes(measures, floor_jobs: dict, findings: list) -> dict:
@@ -257,8 +291,12 @@ def plot_axes(measures, floor_jobs: dict, findings: list) -> dict:
     top = top * 1.08 if top > 0 else 1e-3
     lo = min(ss, default=1.0)
     lo = lo - max(1.0 - lo, 1e-6) * 0.08
-    return {"lpips": [0.0, top], "ssim": [lo, 1.0 + max(1.0 - lo, 1e-6) * 0.02],
-            "frames": [min(frames, default=0), max(frames, default=0)], "floor_bands": bands}
+    return {
+        "lpips": [0.0, top],
+        "ssim": [lo, 1.0 + max(1.0 - lo, 1e-6) * 0.02],
+        "frames": [min(frames, default=0), max(frames, default=0)],
+        "floor_bands": bands,
+    }
 
 
 def _timeline(path: Path, m, human: dict | None = None, axes: dict | None = None) -> tuple[int, int]:
@@ -277,8 +315,14 @@ def _timeline(path: Path, m, human: dict | None = None, axes: dict | None = None
     ax = fig.subplots()
     band = ((axes or {}).get("floor_bands") or {}).get(m.pair.job_id)
     if band is not None:
-        ax.axhspan(0.0, band["p95"], color=FLOOR_COLOR, alpha=0.25, linewidth=0,
-                   label=f"{band['floor']} floor (to p95)")
+        ax.axhspan(
+            0.0,
+            band["p95"],
+            color=FLOOR_COLOR,
+            alpha=0.25,
+            linewidth=0,
+            label=f"{band['floor']} floor (to p95)",
+        )
         ax.axhline(band["mean"], color=FLOOR_COLOR, linestyle="--", linewidth=1)
     ax.plot(frames, lp, color="#c0392b", marker=".", label="LPIPS")
     ax.set_xlabel("frame")
@@ -288,21 +332,43 @@ def _timeline(path: Path, m, human: dict | None = None, axes: dict | None = None
         ax.set_ylim(*axes["lpips"])
         ax.set_xlim(axes["frames"][0] - 0.5, axes["frames"][1] + 0.5)
     if band is not None:
-        ax.text(0.005, band["p95"], plot_text(f"{band['floor']} floor", 40),
-                transform=ax.get_yaxis_transform(), ha="left", va="bottom", fontsize=7,
-                color="#555", parse_math=False)
+        ax.text(
+            0.005,
+            band["p95"],
+            plot_text(f"{band['floor']} floor", 40),
+            transform=ax.get_yaxis_transform(),
+            ha="left",
+            va="bottom",
+            fontsize=7,
+            color="#555",
+            parse_math=False,
+        )
     if human is not None and human.get("metric") == "lpips":
         value = float(human["value"])
         lo, hi = ax.get_ylim()
-        ax.set_ylim(min(lo, 0.0), max(hi, value * 1.15))     # the line is always in view
-        ax.axhline(value, color=THRESHOLD_COLOR, linestyle="--", linewidth=1.5,
-                   label="human threshold")
-        ax.axhline(value / float(human["safety_factor"]), color=THRESHOLD_COLOR, linestyle=":",
-                   linewidth=1.2, label="gate bound")
-        ax.text(0.995, value, plot_text(f"human threshold ({'>= ' if human.get('bound') else ''}"
-                                        f"{value:.3g}, study {human['study']})", 60),
-                transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7,
-                color=THRESHOLD_COLOR, parse_math=False)
+        ax.set_ylim(min(lo, 0.0), max(hi, value * 1.15))  # the line is always in view
+        ax.axhline(value, color=THRESHOLD_COLOR, linestyle="--", linewidth=1.5, label="human threshold")
+        ax.axhline(
+            value / float(human["safety_factor"]),
+            color=THRESHOLD_COLOR,
+            linestyle=":",
+            linewidth=1.2,
+            label="gate bound",
+        )
+        ax.text(
+            0.995,
+            value,
+            plot_text(
+                f"human threshold ({'>= ' if human.get('bound') else ''}{value:.3g}, study {human['study']})",
+                60,
+            ),
+            transform=ax.get_yaxis_transform(),
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color=THRESHOLD_COLOR,
+            parse_math=False,
+        )
     ax2 = ax.twinx()
     ax2.plot(frames, ss, color="#2471a3", marker=".", label="SSIM")
     ax2.set_ylabel("SSIM", color="#2471a3")
@@ -310,8 +376,7 @@ def _timeline(path: Path, m, human: dict | None = None, axes: dict | None = None
         ax2.set_ylim(*axes["ssim"])
     ax2.ticklabel_format(axis="y", useOffset=False)
     # the clip id and prompt are text, not mathtext: "$$" or "$\foo{" in a prompt is printed
-    ax.set_title(plot_text(f"{m.pair.rec_a['clip']}: {m.pair.rec_a['prompt']}"), fontsize=9,
-                 parse_math=False)
+    ax.set_title(plot_text(f"{m.pair.rec_a['clip']}: {m.pair.rec_a['prompt']}"), fontsize=9, parse_math=False)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
@@ -340,6 +405,7 @@ def _heatmap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
 
 # -- HTML ----------------------------------------------------------------------------------
 
+
 def _num(v):
     """A number in the HTML: 4 significant digits, &ndash; for None, &infin; for inf (markup,
     from digits and those two entities only); anything else as text, escaped by the template."""
@@ -354,8 +420,13 @@ def _num(v):
 def _template():
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
-    env = Environment(loader=PackageLoader("evalkit.compare", "templates"), autoescape=True,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("evalkit.compare", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["num"] = _num
     return env.get_template("report.html.j2")
 
@@ -365,22 +436,30 @@ def render_html(summary: dict, measures, images: dict) -> str:
     (``images``: job id -> the job's image paths, relative to the report folder)."""
     ra, rb = summary["runs"]["a"], summary["runs"]["b"]
     fa, fb = ra["fingerprint"], rb["fingerprint"]
-    fingerprints = [("source", ra.get("fingerprint_source", ""), rb.get("fingerprint_source", ""),
-                     False)]
-    fingerprints += [(k, str(fa.get(k)), str(fb.get(k)), fa.get(k) != fb.get(k))
-                     for k in sorted(set(fa) | set(fb))]
+    fingerprints = [("source", ra.get("fingerprint_source", ""), rb.get("fingerprint_source", ""), False)]
+    fingerprints += [
+        (k, str(fa.get(k)), str(fb.get(k)), fa.get(k) != fb.get(k)) for k in sorted(set(fa) | set(fb))
+    ]
     findings = {f["clip"]: f for f in summary.get("clip_findings") or []}
-    clips = [{"rec": m.pair.rec_a, "job": m.pair.job_id, "img": images[m.pair.job_id],
-              "seed": m.pair.rec_a.get("effective_seed", m.pair.rec_a["seed"]),
-              "means": m.summary["means"], "worst_frame": m.worst_frame,
-              "identical": m.summary["identical"],
-              "offset": (summary.get("alignment") or {}).get("jobs", {}).get(m.pair.job_id),
-              "finding": findings.get(m.pair.job_id)}
-             for m in measures]
+    clips = [
+        {
+            "rec": m.pair.rec_a,
+            "job": m.pair.job_id,
+            "img": images[m.pair.job_id],
+            "seed": m.pair.rec_a.get("effective_seed", m.pair.rec_a["seed"]),
+            "means": m.summary["means"],
+            "worst_frame": m.worst_frame,
+            "identical": m.summary["identical"],
+            "offset": (summary.get("alignment") or {}).get("jobs", {}).get(m.pair.job_id),
+            "finding": findings.get(m.pair.job_id),
+        }
+        for m in measures
+    ]
     rank = {f["clip"]: i for i, f in enumerate(summary.get("clip_findings") or [])}
     clips.sort(key=lambda c: rank.get(c["job"], len(rank)))
-    return _template().render(summary=summary, gate=summary.get("gate"),
-                              fingerprints=fingerprints, clips=clips)
+    return _template().render(
+        summary=summary, gate=summary.get("gate"), fingerprints=fingerprints, clips=clips
+    )
 
 
 #: what a report folder holds; a folder with anything else is not replaced by a report
@@ -396,8 +475,10 @@ def check_report_folder(out: Path) -> None:
     if out.is_dir():
         for p in sorted(out.iterdir()):
             if p.name not in REPORT_ENTRIES and not p.name.startswith(".tmp-"):
-                raise UserError(f"{out}: holds {p.name!r}, which is not part of a compare report "
-                                "(a report folder is replaced whole); choose another --out folder")
+                raise UserError(
+                    f"{out}: holds {p.name!r}, which is not part of a compare report "
+                    "(a report folder is replaced whole); choose another --out folder"
+                )
 
 
 def write_report(out: Path, summary: dict, measures) -> None:

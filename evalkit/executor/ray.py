@@ -26,13 +26,14 @@ Compare: one actor per GPU (or CPU slot) holds a loaded :class:`evalkit.metrics.
 pairs travel to it as bytes, per-frame records come back; aggregation and the report stay on the
 driver (:func:`evalkit.compare.run.compare_runs`).
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import os
-import shutil
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -61,8 +62,9 @@ def import_ray(local: bool = False):
     try:
         import ray
     except ImportError as e:
-        raise RayUnavailableError(f"--executor ray: Ray is not installed ({e}); install it with "
-                                  f"{INSTALL_HINT}") from None
+        raise RayUnavailableError(
+            f"--executor ray: Ray is not installed ({e}); install it with {INSTALL_HINT}"
+        ) from None
     return ray
 
 
@@ -82,8 +84,10 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except (OSError, ValueError) as e:
-        raise RayUnavailableError(f"--ray-address {address}: no Ray head answers there "
-                                  f"({_first_line(e)}); start one with ray start --head") from None
+        raise RayUnavailableError(
+            f"--ray-address {address}: no Ray head answers there "
+            f"({_first_line(e)}); start one with ray start --head"
+        ) from None
 
 
 class _Cluster:
@@ -110,8 +114,9 @@ class _Cluster:
                     ray.init(address=self.address, **kw)
             except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
                 where = self.address or "a local instance"
-                raise RayUnavailableError(f"--ray-address {where}: cannot start or reach a Ray "
-                                          f"cluster ({_first_line(e)})") from None
+                raise RayUnavailableError(
+                    f"--ray-address {where}: cannot start or reach a Ray cluster ({_first_line(e)})"
+                ) from None
             self.started = True
         self.ray = ray
         return ray
@@ -130,9 +135,13 @@ def _node_info() -> dict:
     import ray
 
     ctx = ray.get_runtime_context()
-    return {"id": ctx.get_node_id(), "host": platform.node(),
-            "ip": ray.util.get_node_ip_address(), "worker_pid": os.getpid(),
-            "gpus": [str(g) for g in ray.get_gpu_ids()]}
+    return {
+        "id": ctx.get_node_id(),
+        "host": platform.node(),
+        "ip": ray.util.get_node_ip_address(),
+        "worker_pid": os.getpid(),
+        "gpus": [str(g) for g in ray.get_gpu_ids()],
+    }
 
 
 def _worker_spec(spec):
@@ -164,7 +173,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:
-        return True              # someone else's process
+        return True  # someone else's process
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"
@@ -204,6 +213,7 @@ class _Scratch:
 
 
 # -- actors (plain classes, wrapped with ray.remote when used) -------------------------------
+
 
 class _WorkerSources:
     """Source clips on a worker: fetched from the object store once, decoded once, the last
@@ -263,8 +273,9 @@ class RenderWorker:
         self.renderer.load(self.runtime)
         self.node = {**_node_info(), "worker": self.slot}
 
-    def render(self, job, clip: tuple, seed_offset: int, preview: bool = True,
-               lossless: str = "ffv1") -> dict:
+    def render(
+        self, job, clip: tuple, seed_offset: int, preview: bool = True, lossless: str = "ffv1"
+    ) -> dict:
         """Render one job; its clip is encoded here in the run's ``lossless`` format."""
         from evalkit.render.local_executor import LocalExecutor
         from evalkit.video import lossless_format, write_browser, write_lossless
@@ -272,17 +283,28 @@ class RenderWorker:
         if self.runtime is None:
             self._load()
         self.sources.refs[job.clip] = clip[0]  # (name, ObjectRef): not resolved by Ray
-        result = LocalExecutor.render_job(self.renderer, self.runtime, job, self.sources, seed_offset,
-                                          _NoProgress(), lossless=lossless)
-        out = {"error": result.error, "timing": result.timing, "fps": result.fps,
-               "node": self.node, "fingerprint": self.fp, "encoded": None,
-               "extra": result.extra}
+        result = LocalExecutor.render_job(
+            self.renderer, self.runtime, job, self.sources, seed_offset, _NoProgress(), lossless=lossless
+        )
+        out = {
+            "error": result.error,
+            "timing": result.timing,
+            "fps": result.fps,
+            "node": self.node,
+            "fingerprint": self.fp,
+            "encoded": None,
+            "extra": result.extra,
+        }
         if result.error is None and result.written is not None:
-            w = result.written             # a renderer that wrote its files (``command``)
+            w = result.written  # a renderer that wrote its files (``command``)
             try:
-                out["encoded"] = {"clip": Path(w.clip).read_bytes(),
-                                  "preview": Path(w.preview).read_bytes() if preview else None,
-                                  "frames": w.frames, "width": w.width, "height": w.height}
+                out["encoded"] = {
+                    "clip": Path(w.clip).read_bytes(),
+                    "preview": Path(w.preview).read_bytes() if preview else None,
+                    "frames": w.frames,
+                    "width": w.width,
+                    "height": w.height,
+                }
             finally:
                 shutil.rmtree(Path(w.clip).parent, ignore_errors=True)
         elif result.error is None:
@@ -292,10 +314,13 @@ class RenderWorker:
             n = write_lossless(clip_path, frames, result.fps, codec=lossless)
             if preview:
                 write_browser(prev_path, frames, result.fps)
-            out["encoded"] = {"clip": clip_path.read_bytes(),
-                              "preview": prev_path.read_bytes() if preview else None,
-                              "frames": n, "width": int(frames.shape[2]),
-                              "height": int(frames.shape[1])}
+            out["encoded"] = {
+                "clip": clip_path.read_bytes(),
+                "preview": prev_path.read_bytes() if preview else None,
+                "frames": n,
+                "width": int(frames.shape[2]),
+                "height": int(frames.shape[1]),
+            }
         return out
 
     def pid(self) -> int:
@@ -317,8 +342,11 @@ class MeasureWorker:
         self.dir = self.scratch.dir
 
     def info(self) -> dict:
-        return {"conventions": self.evaluator.conventions, "device": str(self.evaluator.device),
-                "node": _node_info()}
+        return {
+            "conventions": self.evaluator.conventions,
+            "device": str(self.evaluator.device),
+            "node": _node_info(),
+        }
 
     def measure(self, pair, data: tuple, chunk, keep_worst: bool):
         import ray
@@ -340,6 +368,7 @@ class MeasureWorker:
 
 # -- scheduling ------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _Item:
     pool: int
@@ -360,8 +389,7 @@ class _Pool:
 
     def _new(self, i: int):
         args = self.args(i) if callable(self.args) else self.args
-        return self.remote_cls.options(max_restarts=0, max_task_retries=0,
-                                       **self.options).remote(*args)
+        return self.remote_cls.options(max_restarts=0, max_task_retries=0, **self.options).remote(*args)
 
     def replace(self, i: int) -> None:
         try:
@@ -388,13 +416,21 @@ class _Pool:
 
 def _death_types(ray):
     ex = ray.exceptions
-    return tuple(t for t in (getattr(ex, "RayActorError", None), getattr(ex, "WorkerCrashedError", None),
-                             getattr(ex, "OutOfMemoryError", None),
-                             getattr(ex, "ObjectLostError", None)) if t is not None)
+    return tuple(
+        t
+        for t in (
+            getattr(ex, "RayActorError", None),
+            getattr(ex, "WorkerCrashedError", None),
+            getattr(ex, "OutOfMemoryError", None),
+            getattr(ex, "ObjectLostError", None),
+        )
+        if t is not None
+    )
 
 
-def _schedule(ray, pools: list[_Pool], items: list[_Item], submit, *, max_retries: int,
-              inflight: int, on_status=None):
+def _schedule(
+    ray, pools: list[_Pool], items: list[_Item], submit, *, max_retries: int, inflight: int, on_status=None
+):
     """Feed each pool's actors from its queue (``inflight`` calls per actor); yield
     ``(item, value, None)`` or, after ``max_retries`` retries of worker deaths, ``(item, None,
     reason)``. A task error (the work itself raised on the worker) is re-raised here."""
@@ -432,8 +468,11 @@ def _schedule(ray, pools: list[_Pool], items: list[_Item], submit, *, max_retrie
                 if pools[p].generation[s] == gen:
                     pools[p].replace(s)
                 if it.attempts > max_retries:
-                    yield it, None, (f"the worker died {it.attempts} times while on this job "
-                                     f"(last: {it.deaths[-1]})")
+                    yield (
+                        it,
+                        None,
+                        (f"the worker died {it.attempts} times while on this job (last: {it.deaths[-1]})"),
+                    )
                 else:
                     queues[p].appendleft(it)
                 continue
@@ -441,12 +480,14 @@ def _schedule(ray, pools: list[_Pool], items: list[_Item], submit, *, max_retrie
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, EvalkitError):
                     raise cause from None
-                raise EvalkitError(f"{pools[p].label}: a Ray worker failed: "
-                                   f"{_first_line(cause or e)}") from None
+                raise EvalkitError(
+                    f"{pools[p].label}: a Ray worker failed: {_first_line(cause or e)}"
+                ) from None
             yield it, value, None
 
 
 # -- the executor ----------------------------------------------------------------------------
+
 
 class RayExecutor:
     """Render (and compare) on a Ray cluster; see the module docstring."""
@@ -455,9 +496,16 @@ class RayExecutor:
     #: the sources are decoded on the workers, not by the driver's SourceCache
     decodes_sources = False
 
-    def __init__(self, address: str | None = None, *, max_workers: int | None = None,
-                 cpus_per_worker: float = 1, max_retries: int = 2, inflight: int = 2,
-                 preview: bool = True):
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        max_workers: int | None = None,
+        cpus_per_worker: float = 1,
+        max_retries: int = 2,
+        inflight: int = 2,
+        preview: bool = True,
+    ):
         if max_workers is not None and max_workers < 1:
             raise UserError(f"--ray-workers: expected a positive integer, found {max_workers}")
         if cpus_per_worker <= 0:
@@ -478,24 +526,36 @@ class RayExecutor:
         if spec.resource:
             nodes = [n for n in nodes if n["Resources"].get(spec.resource, 0) > 0]
             if not nodes:
-                have = sorted({k for n in self.cluster.nodes() for k in n["Resources"]
-                               if not k.startswith("node:") and k not in
-                               ("CPU", "GPU", "memory", "object_store_memory")})
-                raise UserError(f"backend {spec.spec!r}: no node of the Ray cluster offers resource "
-                                f"{spec.resource!r} (custom resources: {', '.join(have) or 'none'}; "
-                                "start nodes with ray start --resources '{\"NAME\": 1}')")
+                have = sorted(
+                    {
+                        k
+                        for n in self.cluster.nodes()
+                        for k in n["Resources"]
+                        if not k.startswith("node:")
+                        and k not in ("CPU", "GPU", "memory", "object_store_memory")
+                    }
+                )
+                raise UserError(
+                    f"backend {spec.spec!r}: no node of the Ray cluster offers resource "
+                    f"{spec.resource!r} (custom resources: {', '.join(have) or 'none'}; "
+                    "start nodes with ray start --resources '{\"NAME\": 1}')"
+                )
         if spec.device.startswith("cuda"):
             opts = {"num_gpus": 1, "num_cpus": 1}
             capacity = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
             if not capacity:
-                raise UserError(f"backend {spec.spec!r}: no node of the Ray cluster has a GPU"
-                                + (f" and resource {spec.resource!r}" if spec.resource else ""))
+                raise UserError(
+                    f"backend {spec.spec!r}: no node of the Ray cluster has a GPU"
+                    + (f" and resource {spec.resource!r}" if spec.resource else "")
+                )
         else:
             opts = {"num_cpus": self.cpus_per_worker}
             capacity = sum(int(n["Resources"].get("CPU", 0) // self.cpus_per_worker) for n in nodes)
             if not capacity:
-                raise UserError(f"backend {spec.spec!r}: no node of the Ray cluster has "
-                                f"{self.cpus_per_worker} free CPUs for a worker")
+                raise UserError(
+                    f"backend {spec.spec!r}: no node of the Ray cluster has "
+                    f"{self.cpus_per_worker} free CPUs for a worker"
+                )
         if spec.resource:
             opts["resources"] = {spec.resource: RESOURCE_SLIVER}
         if self.max_workers:
@@ -533,10 +593,16 @@ class RayExecutor:
                 opts, capacity = self._placement(task.spec)
                 size = max(1, min(capacity, len(task.jobs)))
                 label = f"backend {task.spec.spec!r}"
-                pools.append(_Pool(ray, RenderWorker,
-                                   lambda i, t=task: (renderer, t.spec, f"{t.spec.spec}#{i}",
-                                                      self._threads(t.spec)),
-                                   opts, size, label))
+                pools.append(
+                    _Pool(
+                        ray,
+                        RenderWorker,
+                        lambda i, t=task: (renderer, t.spec, f"{t.spec.spec}#{i}", self._threads(t.spec)),
+                        opts,
+                        size,
+                        label,
+                    )
+                )
                 for job in task.jobs:
                     if job.clip not in clip_refs:
                         path = Path(sources.suite.clips[job.clip].path)
@@ -548,22 +614,36 @@ class RayExecutor:
 
             def submit(actor, it):
                 task, job = it.payload
-                return actor.render.remote(job, (clip_refs[job.clip],), task.seed_offset,
-                                           self.preview, task.lossless)
+                return actor.render.remote(
+                    job, (clip_refs[job.clip],), task.seed_offset, self.preview, task.lossless
+                )
 
-            for it, value, dead in _schedule(ray, pools, items, submit, max_retries=self.max_retries,
-                                             inflight=self.inflight, on_status=progress.status):
+            for it, value, dead in _schedule(
+                ray,
+                pools,
+                items,
+                submit,
+                max_retries=self.max_retries,
+                inflight=self.inflight,
+                on_status=progress.status,
+            ):
                 task, job = it.payload
                 if value is None:
                     result = JobResult(job, None, None, dead, {}, extra={"attempts": it.attempts})
                 else:
-                    extra = {**value.get("extra", {}), "node": value["node"],
-                             "attempts": it.attempts + 1}
+                    extra = {**value.get("extra", {}), "node": value["node"], "attempts": it.attempts + 1}
                     if it.deaths:
                         extra["worker_deaths"] = it.deaths
-                    result = JobResult(job, None, value["fps"], value["error"], value["timing"],
-                                       encoded=value["encoded"], extra=extra,
-                                       fingerprint=value["fingerprint"])
+                    result = JobResult(
+                        job,
+                        None,
+                        value["fps"],
+                        value["error"],
+                        value["timing"],
+                        encoded=value["encoded"],
+                        extra=extra,
+                        fingerprint=value["fingerprint"],
+                    )
                 progress.end_job(result.error is None)
                 yield task, result
         except BaseException:
@@ -602,8 +682,7 @@ class RayCompareSession:
             raise UserError(f"--device {device}: no node of the Ray cluster has a GPU")
         if want_gpu:
             opts, capacity = {"num_gpus": 1, "num_cpus": 1}, gpus
-            worker_device = "cuda" if device in (None, "auto") or str(device).startswith("cuda") \
-                else device
+            worker_device = "cuda" if device in (None, "auto") or str(device).startswith("cuda") else device
         else:
             cpw = executor.cpus_per_worker
             opts = {"num_cpus": cpw}
@@ -615,13 +694,19 @@ class RayCompareSession:
         self.opts, self.worker_device, self.metrics = opts, worker_device, metrics
         self.pool = None
         self._info = None
-        self._busy = False     # a measure() that raised: its workers may still be busy
+        self._busy = False  # a measure() that raised: its workers may still be busy
 
     def _ensure(self, n: int):
         if self.pool is None:
             threads = None if self.worker_device != "cpu" else max(1, int(self.executor.cpus_per_worker))
-            self.pool = _Pool(self.ray, MeasureWorker, (self.worker_device, self.metrics, threads),
-                              self.opts, max(1, min(self.capacity, n)), "compare")
+            self.pool = _Pool(
+                self.ray,
+                MeasureWorker,
+                (self.worker_device, self.metrics, threads),
+                self.opts,
+                max(1, min(self.capacity, n)),
+                "compare",
+            )
             try:
                 self._info = self.ray.get(self.pool.actors[0].info.remote())
             except self.ray.exceptions.RayTaskError as e:
@@ -664,9 +749,14 @@ class RayCompareSession:
         orig_close, pool.close = pool.close, (lambda grace=0: None)
         self._busy = True
         try:
-            for it, value, dead in _schedule(ray, [pool], items, submit,
-                                             max_retries=self.executor.max_retries,
-                                             inflight=self.executor.inflight):
+            for it, value, dead in _schedule(
+                ray,
+                [pool],
+                items,
+                submit,
+                max_retries=self.executor.max_retries,
+                inflight=self.executor.inflight,
+            ):
                 if value is None:
                     raise EvalkitError(f"compare: job {it.payload[1].job_id}: {dead}")
                 out[it.payload[0]] = value

@@ -12,6 +12,7 @@ Format (``schema_version: 1``; :class:`~evalkit.formats.models.FingerprintFile`)
 machine and backend; ``backend`` is optional (a file written by hand may hold only a few
 fingerprint keys).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from evalkit.errors import InputFileError, SchemaVersionError
-from evalkit.formats.models import (json_problem, FINGERPRINT_SCHEMA_VERSION, FingerprintFile, first_problem,
-                                    found, version_problem)
+from evalkit.formats.models import (
+    FINGERPRINT_SCHEMA_VERSION,
+    FingerprintFile,
+    first_problem,
+    found,
+    json_problem,
+    version_problem,
+)
 from evalkit.fsutil import sha256_file
 
 WRITE_HINT = "write it on the render machine with: evalkit fingerprint -b SPEC --json > FILE"
@@ -32,8 +39,9 @@ def read_fingerprint_file(path) -> dict:
     the file's JSON as it is). Errors name the file and the field."""
     path = Path(path)
     if not path.is_file():
-        raise InputFileError(path, ("not found" if not path.exists() else "not a file")
-                             + f" (--fingerprint: {WRITE_HINT})")
+        raise InputFileError(
+            path, ("not found" if not path.exists() else "not a file") + f" (--fingerprint: {WRITE_HINT})"
+        )
     try:
         doc = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError) as e:

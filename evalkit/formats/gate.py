@@ -35,6 +35,7 @@ The metric keys a gate may name come from the caller (:mod:`evalkit.compare` pas
 :mod:`evalkit.metrics.catalogue`, where the definitions above live): this room reads files and
 imports only the core.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,8 @@ from pydantic import ValidationError
 
 from evalkit.errors import InputFileError, SchemaVersionError
 from evalkit.formats.models import GATE_SCHEMA_VERSION, GateFile, first_problem, found, version_problem
-from evalkit.formats.yaml_load import problem as yaml_problem, safe_load
+from evalkit.formats.yaml_load import problem as yaml_problem
+from evalkit.formats.yaml_load import safe_load
 
 
 class GateError(InputFileError):
@@ -63,8 +65,8 @@ class GateVersionError(GateError, SchemaVersionError):
 @dataclass
 class Gate:
     path: Path
-    absolute: dict      # metric -> aggregate -> bound -> value
-    ratios: dict        # metric -> aggregate -> bound -> value
+    absolute: dict  # metric -> aggregate -> bound -> value
+    ratios: dict  # metric -> aggregate -> bound -> value
     floor: str | None
     max_missing_jobs: int
     #: the ``human_threshold`` block (metric, value, ci, study, safety_factor, criterion,
@@ -87,13 +89,17 @@ class Gate:
             got = report_conventions.get(key)
             if got != want:
                 shown = "none" if got is None else repr(got)
-                return (f"conventions.{key}", f"the gate was set under {want!r}, the report was "
-                        f"measured under {shown} (measure under the gate's conventions, or pass "
-                        "--ignore-conventions)")
+                return (
+                    f"conventions.{key}",
+                    f"the gate was set under {want!r}, the report was "
+                    f"measured under {shown} (measure under the gate's conventions, or pass "
+                    "--ignore-conventions)",
+                )
         return None
 
-    def evaluate(self, aggregates: dict, floor_ratios: dict, missing: int,
-                 offsets: dict | None = None) -> dict:
+    def evaluate(
+        self, aggregates: dict, floor_ratios: dict, missing: int, offsets: dict | None = None
+    ) -> dict:
         """{"verdict": "pass"|"fail", "reasons": [...], "checks": [...]}. ``offsets``: job ->
         the temporal offset B's clip was compared at (summary.json's ``alignment.shifted``;
         None: not known, no offset check)."""
@@ -105,8 +111,15 @@ class Gate:
             else:
                 ok = value <= limit if bound == "max" else value >= limit
                 shown = f"{value:.6g}"
-            checks.append({"check": label, "value": value, bound: limit, "pass": ok,
-                           "text": f"{label} = {shown} ({'<=' if bound == 'max' else '>='} {limit:g})"})
+            checks.append(
+                {
+                    "check": label,
+                    "value": value,
+                    bound: limit,
+                    "pass": ok,
+                    "text": f"{label} = {shown} ({'<=' if bound == 'max' else '>='} {limit:g})",
+                }
+            )
 
         for metric, aggs in self.absolute.items():
             for agg, bounds in aggs.items():
@@ -120,24 +133,40 @@ class Gate:
             for metric, aggs in self.ratios.items():
                 for agg, bounds in aggs.items():
                     for bound, limit in bounds.items():
-                        check(f"{metric} {agg} / {name} floor", ratios.get(metric, {}).get(agg),
-                              bound, limit)
+                        check(f"{metric} {agg} / {name} floor", ratios.get(metric, {}).get(agg), bound, limit)
         ok_missing = missing <= self.max_missing_jobs
-        checks.append({"check": "jobs not compared", "value": missing, "max": self.max_missing_jobs,
-                       "pass": ok_missing,
-                       "text": f"jobs not compared = {missing} (<= {self.max_missing_jobs})"})
+        checks.append(
+            {
+                "check": "jobs not compared",
+                "value": missing,
+                "max": self.max_missing_jobs,
+                "pass": ok_missing,
+                "text": f"jobs not compared = {missing} (<= {self.max_missing_jobs})",
+            }
+        )
         if offsets is not None:
             moved = {j: int(o) for j, o in offsets.items() if o}
             big = max((abs(o) for o in moved.values()), default=0)
             ok = big <= self.max_offset_frames
             named = ", ".join(f"{j} {o:+d}" for j, o in moved.items())
-            checks.append({"check": "temporal offset", "value": big, "max": self.max_offset_frames,
-                           "pass": ok, "offsets": moved,
-                           "text": f"temporal offset = {big} frame{'' if big == 1 else 's'} "
-                                   f"(<= {self.max_offset_frames})" + (f": {named}" if moved else "")})
+            checks.append(
+                {
+                    "check": "temporal offset",
+                    "value": big,
+                    "max": self.max_offset_frames,
+                    "pass": ok,
+                    "offsets": moved,
+                    "text": f"temporal offset = {big} frame{'' if big == 1 else 's'} "
+                    f"(<= {self.max_offset_frames})" + (f": {named}" if moved else ""),
+                }
+            )
         failed = [c["text"] for c in checks if not c["pass"]]
-        out = {"verdict": "fail" if failed else "pass", "reasons": failed, "checks": checks,
-               "gate_file": str(self.path)}
+        out = {
+            "verdict": "fail" if failed else "pass",
+            "reasons": failed,
+            "checks": checks,
+            "gate_file": str(self.path),
+        }
         if self.human_threshold is not None:
             out["human_threshold"] = dict(self.human_threshold)
         return out
@@ -161,11 +190,20 @@ def load_gate(path, *, metrics: Sequence[str], ratio_metrics: Sequence[str]) -> 
     if problem:
         raise GateVersionError(path, "schema_version", problem)
     try:
-        model = GateFile.model_validate(doc, context={"metrics": tuple(metrics),
-                                                      "ratio_metrics": tuple(ratio_metrics)})
+        model = GateFile.model_validate(
+            doc, context={"metrics": tuple(metrics), "ratio_metrics": tuple(ratio_metrics)}
+        )
     except ValidationError as e:
         raise GateError(path, *first_problem(e)) from None
     # pydantic has made every limit a float (35 -> 35.0); the mappings keep the file's order
     human = model.human_threshold.model_dump() if model.human_threshold is not None else None
-    return Gate(path, model.metrics, model.floor_ratio or {}, model.floor, model.max_missing_jobs,
-                human, model.conventions, model.max_offset_frames)
+    return Gate(
+        path,
+        model.metrics,
+        model.floor_ratio or {},
+        model.floor,
+        model.max_missing_jobs,
+        human,
+        model.conventions,
+        model.max_offset_frames,
+    )

@@ -12,13 +12,23 @@ Validation is strict: no coercion (``"1"`` is not 1, ``true`` is not 1; an integ
 number), and unknown keys are errors that list the known ones, except in the manifest, whose
 records other tools (the Ray executor) extend.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from evalkit.lossless import LOSSLESS_FORMATS
@@ -37,10 +47,11 @@ AGGREGATES = ("mean", "p95", "worst")
 BOUNDS = ("max", "min")
 STATUSES = ("pending", "done", "failed")
 
-_OWN = "evalkit:"   # prefix of the error types raised here: their message is already complete
+_OWN = "evalkit:"  # prefix of the error types raised here: their message is already complete
 
 
 # -- turning errors into one line ------------------------------------------------------------
+
 
 def found(value, *, typed: bool = True) -> str:
     """How a message shows the value it found: ``str 'seven'``, ``null``, ``an empty list``."""
@@ -86,9 +97,9 @@ def bounded_repr(value, limit: int) -> str:
                 yield from walk(item)
             yield "}"
         elif isinstance(v, (str, bytes)):
-            yield repr(v[:limit + 1])[:-1] if len(v) > limit else repr(v)
+            yield repr(v[: limit + 1])[:-1] if len(v) > limit else repr(v)
         else:
-            yield repr(v)[:limit + 1]
+            yield repr(v)[: limit + 1]
 
     for chunk in walk(value):
         out.append(chunk)
@@ -108,13 +119,23 @@ def field_path(loc) -> str | None:
 
 #: what a value should have been, by pydantic error type (those not here: their message)
 _EXPECTED = {
-    "string_type": "a string", "int_type": "an integer", "float_type": "a number",
-    "bool_type": "true or false", "list_type": "a list", "dict_type": "a mapping",
-    "model_type": "a mapping", "model_attributes_type": "a mapping", "none_required": "null",
-    "literal_error": "{expected}", "enum": "{expected}",
-    "greater_than": "a value > {gt}", "greater_than_equal": "a value >= {ge}",
-    "less_than": "a value < {lt}", "less_than_equal": "a value <= {le}",
-    "too_short": "at least {min_length} item(s)", "too_long": "at most {max_length} item(s)",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "none_required": "null",
+    "literal_error": "{expected}",
+    "enum": "{expected}",
+    "greater_than": "a value > {gt}",
+    "greater_than_equal": "a value >= {ge}",
+    "less_than": "a value < {lt}",
+    "less_than_equal": "a value <= {le}",
+    "too_short": "at least {min_length} item(s)",
+    "too_long": "at most {max_length} item(s)",
     "string_too_short": "at least {min_length} character(s)",
     "string_pattern_mismatch": "text matching {pattern}",
 }
@@ -127,7 +148,7 @@ def _is_type_error(err: dict) -> bool:
 def describe(err: dict) -> tuple[str | None, str]:
     """One pydantic error (an item of ``ValidationError.errors()``) as (field, problem)."""
     loc, kind = tuple(err["loc"]), err["type"]
-    if loc and loc[-1] == "[key]":     # a mapping's key: name the mapping, show the key
+    if loc and loc[-1] == "[key]":  # a mapping's key: name the mapping, show the key
         what = _EXPECTED.get(kind, "a string").removeprefix("a ").removeprefix("an ")
         return field_path(loc[:-2]), f"expected {what} keys, found {found(err['input'])}"
     field = field_path(loc)
@@ -139,7 +160,7 @@ def describe(err: dict) -> tuple[str | None, str]:
         return field, "unknown key"
     if kind in _EXPECTED:
         expected = _EXPECTED[kind].format(**err.get("ctx", {}))
-    else:   # pydantic's own words: "Input should be X" -> "expected X"
+    else:  # pydantic's own words: "Input should be X" -> "expected X"
         expected = err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
     return field, f"expected {expected}, found {found(err['input'], typed=_is_type_error(err))}"
 
@@ -165,11 +186,13 @@ def version_problem(doc: dict, supported: int, *, default: int | None = None) ->
 def _fail(loc: tuple, message: str, value) -> ValidationError:
     """An error at ``loc`` (relative to the value being validated) with a complete message."""
     kind = message.split(" ", 1)[0]
-    return ValidationError.from_exception_data("evalkit", [InitErrorDetails(
-        type=PydanticCustomError(_OWN + kind, message), loc=loc, input=value)])
+    return ValidationError.from_exception_data(
+        "evalkit", [InitErrorDetails(type=PydanticCustomError(_OWN + kind, message), loc=loc, input=value)]
+    )
 
 
 # -- annotations that shape the messages -----------------------------------------------------
+
 
 class Expect:
     """``Annotated`` marker: a value of the wrong type reads ``expected <what>, found <type>
@@ -184,7 +207,8 @@ class Expect:
         schema = handler(source)
         union = schema.get("type") == "union"
         return core_schema.no_info_wrap_validator_function(
-            lambda v, inner: self._check(v, inner, union), schema)
+            lambda v, inner: self._check(v, inner, union), schema
+        )
 
     def _check(self, value, inner, union: bool):
         try:
@@ -193,11 +217,13 @@ class Expect:
             errors = e.errors(include_url=False)
             own = [err for err in errors if not err["loc"] or (union and len(err["loc"]) == 1)]
             if own and all(_is_type_error(err) for err in own):
-                raise PydanticCustomError(_OWN + "expected",
-                                          f"expected {self.what}, found {found(value)}") from None
+                raise PydanticCustomError(
+                    _OWN + "expected", f"expected {self.what}, found {found(value)}"
+                ) from None
             if own and self.constraint and not own[0]["type"].startswith(_OWN):
-                raise PydanticCustomError(_OWN + "expected", f"expected {self.constraint}, "
-                                          f"found {found(value, typed=False)}") from None
+                raise PydanticCustomError(
+                    _OWN + "expected", f"expected {self.constraint}, found {found(value, typed=False)}"
+                ) from None
             raise
 
 
@@ -214,8 +240,10 @@ class Keys:
 
     def __get_pydantic_json_schema__(self, schema, handler):
         out = handler(schema)
-        out["propertyNames"] = {"description": self.noun,
-                                **({"enum": list(self.choices)} if self.choices else {})}
+        out["propertyNames"] = {
+            "description": self.noun,
+            **({"enum": list(self.choices)} if self.choices else {}),
+        }
         return out
 
     def _check(self, value, inner, info: ValidationInfo):
@@ -223,11 +251,16 @@ class Keys:
         if isinstance(value, dict):
             for key in value:
                 if choices is not None and key not in choices:
-                    raise _fail((str(key),), f"unknown {self.noun} (expected one of: "
-                                f"{', '.join(choices)})", value[key])
+                    raise _fail(
+                        (str(key),),
+                        f"unknown {self.noun} (expected one of: {', '.join(choices)})",
+                        value[key],
+                    )
             if self.non_empty and not value:
-                raise PydanticCustomError(_OWN + "empty", f"expected at least one {self.noun} "
-                                          f"({', '.join(choices or ())}), found an empty mapping")
+                raise PydanticCustomError(
+                    _OWN + "empty",
+                    f"expected at least one {self.noun} ({', '.join(choices or ())}), found an empty mapping",
+                )
         return inner(value)
 
 
@@ -253,13 +286,16 @@ class FormatModel(BaseModel):
     @classmethod
     def _keys(cls, data, info: ValidationInfo):
         if not isinstance(data, dict):
-            return data     # pydantic says it: expected a mapping, found ...
+            return data  # pydantic says it: expected a mapping, found ...
         known = cls.known_keys(info.context) if cls.closed else None
         if known is not None:
             for key in data:
                 if key not in known and key not in cls.model_fields:
-                    raise _fail((str(key),), f"unknown {cls.key_noun} (expected one of: "
-                                f"{', '.join(known)})", data[key])
+                    raise _fail(
+                        (str(key),),
+                        f"unknown {cls.key_noun} (expected one of: {', '.join(known)})",
+                        data[key],
+                    )
         for name, info_ in cls.model_fields.items():
             if info_.is_required() and name not in data:
                 what = next((m.what for m in info_.metadata if isinstance(m, Expect)), None)
@@ -277,27 +313,31 @@ class OpenModel(FormatModel):
 
 # -- suite.yaml ------------------------------------------------------------------------------
 
-Identifier = Annotated[str, Field(pattern=ID_PATTERN),
-                       Expect("a string", "letters, digits, '_', '.', '-'")]
+Identifier = Annotated[str, Field(pattern=ID_PATTERN), Expect("a string", "letters, digits, '_', '.', '-'")]
 Prompt = Annotated[str, Field(pattern=r"\S"), Expect("a prompt string", "a non-empty prompt")]
 Seed = Annotated[int, Field(ge=0, lt=2**63), Expect("an integer seed", "a seed in [0, 2**63)")]
-Scalar = Annotated[str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
-                   Expect("a scalar (string, number or bool)", "a finite number")]
+Scalar = Annotated[
+    str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
+    Expect("a scalar (string, number or bool)", "a finite number"),
+]
 # as ever, any empty value (`params:`, `params: []`, `params: 0`) means no parameters
-Params = Annotated[Optional[Annotated[dict[str, Scalar],
-                                      Expect("a mapping of parameter names to scalars")]],
-                   BeforeValidator(lambda v: v if v or isinstance(v, dict) else None)]
+Params = Annotated[
+    Optional[Annotated[dict[str, Scalar], Expect("a mapping of parameter names to scalars")]],
+    BeforeValidator(lambda v: v if v or isinstance(v, dict) else None),
+]
 Text = Annotated[str, Expect("a string")]
 
 
 class ClipEntry(FormatModel):
     """One source clip of a suite (an item of `clips`)."""
 
-    id: Identifier = Field(description="The clip's id, unique in the suite; jobs name the clip "
-                                       "by it and job ids start with it.")
+    id: Identifier = Field(
+        description="The clip's id, unique in the suite; jobs name the clip by it and job ids start with it."
+    )
     path: Annotated[str, Expect("a path string")] = Field(
         description="The clip, relative to the suite file: a video, an image or a folder of "
-                    "images; it must exist.")
+        "images; it must exist."
+    )
     description: Text = Field("", description="Free text.")
 
     @field_validator("path")
@@ -316,7 +356,8 @@ class JobEntry(FormatModel):
     prompt: Prompt = Field(description="The prompt: not empty.")
     seed: Seed = Field(description="The seed, from 0 to 2**63 - 1.")
     params: Params = Field(
-        None, description="Renderer parameters; they merge over the suite's shared `params`.")
+        None, description="Renderer parameters; they merge over the suite's shared `params`."
+    )
 
 
 ClipItem = Annotated[ClipEntry, Expect("a mapping with id and path")]
@@ -330,33 +371,35 @@ class SuiteFile(FormatModel):
     name: Identifier = Field(description="The suite's name: letters, digits, `_`, `.`, `-`.")
     description: Text = Field("", description="Free text.")
     renderer: Annotated[Optional[str], Expect("a renderer name")] = Field(
-        None, description="Default renderer of `evalkit render` (`--renderer` overrides it).")
-    clips: Annotated[list[ClipItem], Field(min_length=1),
-                     Expect("a list of {id, path}", "at least one clip")] = Field(
-        description="The source clips, at least one.")
+        None, description="Default renderer of `evalkit render` (`--renderer` overrides it)."
+    )
+    clips: Annotated[
+        list[ClipItem], Field(min_length=1), Expect("a list of {id, path}", "at least one clip")
+    ] = Field(description="The source clips, at least one.")
     params: Params = Field(
-        None, description="Renderer parameters shared by every job (strings, numbers, bools).")
+        None, description="Renderer parameters shared by every job (strings, numbers, bools)."
+    )
     # None when absent; given, they are lists (`prompts: null` is an error, as `clips: null` is)
-    prompts: Annotated[list[Prompt], Field(min_length=1),
-                       Expect("a list of prompt strings", "at least one prompt")] = Field(
-        None, description="With `seeds`: one job per clip, prompt and seed. Not with `jobs`.")
-    seeds: Annotated[list[Seed], Field(min_length=1),
-                     Expect("a list of integer seeds", "at least one seed")] = Field(
-        None, description="With `prompts`: integers from 0 to 2**63 - 1.")
-    jobs: Annotated[list[JobItem], Field(min_length=1),
-                    Expect("a list of {clip, prompt, seed}", "at least one job")] = Field(
-        None, description="An explicit list of jobs, instead of `prompts` and `seeds`.")
+    prompts: Annotated[
+        list[Prompt], Field(min_length=1), Expect("a list of prompt strings", "at least one prompt")
+    ] = Field(None, description="With `seeds`: one job per clip, prompt and seed. Not with `jobs`.")
+    seeds: Annotated[
+        list[Seed], Field(min_length=1), Expect("a list of integer seeds", "at least one seed")
+    ] = Field(None, description="With `prompts`: integers from 0 to 2**63 - 1.")
+    jobs: Annotated[
+        list[JobItem], Field(min_length=1), Expect("a list of {clip, prompt, seed}", "at least one job")
+    ] = Field(None, description="An explicit list of jobs, instead of `prompts` and `seeds`.")
 
     @classmethod
     def check_raw(cls, data: dict, context) -> None:
         if "jobs" in data and ("prompts" in data or "seeds" in data):
-            raise _fail(("jobs",), "give either 'jobs' or 'prompts' and 'seeds', not both",
-                        data["jobs"])
+            raise _fail(("jobs",), "give either 'jobs' or 'prompts' and 'seeds', not both", data["jobs"])
         if "jobs" not in data:
             for key in ("prompts", "seeds"):
                 if key not in data:
-                    raise _fail((key,), "missing (give 'prompts' and 'seeds', or an explicit "
-                                "'jobs' list)", data)
+                    raise _fail(
+                        (key,), "missing (give 'prompts' and 'seeds', or an explicit 'jobs' list)", data
+                    )
 
     @model_validator(mode="after")
     def _references(self) -> "SuiteFile":
@@ -365,13 +408,13 @@ class SuiteFile(FormatModel):
             raise _fail(("clips", i, "id"), f"duplicate clip id {ids[i]!r}", ids[i])
         for i, job in enumerate(self.jobs or ()):
             if job.clip not in ids:
-                raise _fail(("jobs", i, "clip"),
-                            f"unknown clip {job.clip!r} (clips: {', '.join(ids)})", job.clip)
+                raise _fail(
+                    ("jobs", i, "clip"), f"unknown clip {job.clip!r} (clips: {', '.join(ids)})", job.clip
+                )
         for key in ("prompts", "seeds"):
             values = getattr(self, key) or []
             for i, j in _duplicates(values):
-                raise _fail((key, i), f"duplicate of {key}[{j}] (every job would be there twice)",
-                            values[i])
+                raise _fail((key, i), f"duplicate of {key}[{j}] (every job would be there twice)", values[i])
         return self
 
 
@@ -392,15 +435,24 @@ Number = Annotated[float, Field(allow_inf_nan=False), Expect("a number", "a fini
 def _ordered(bounds: dict) -> dict:
     """A min above its max can never pass: a contradiction, not a gate."""
     if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
-        raise PydanticCustomError(_OWN + "expected", f"expected min <= max, found min "
-                                  f"{bounds['min']:g} > max {bounds['max']:g} (no value passes)")
+        raise PydanticCustomError(
+            _OWN + "expected",
+            f"expected min <= max, found min {bounds['min']:g} > max {bounds['max']:g} (no value passes)",
+        )
     return bounds
 
 
-BoundMap = Annotated[dict[str, Number], Keys("bound", BOUNDS, non_empty=True),
-                     Expect("a mapping like {max: 0.05}"), AfterValidator(_ordered)]
-Thresholds = Annotated[dict[str, BoundMap], Keys("aggregate", AGGREGATES, non_empty=True),
-                       Expect("a mapping like {mean: {max: 0.05}}")]
+BoundMap = Annotated[
+    dict[str, Number],
+    Keys("bound", BOUNDS, non_empty=True),
+    Expect("a mapping like {max: 0.05}"),
+    AfterValidator(_ordered),
+]
+Thresholds = Annotated[
+    dict[str, BoundMap],
+    Keys("aggregate", AGGREGATES, non_empty=True),
+    Expect("a mapping like {mean: {max: 0.05}}"),
+]
 
 
 class HumanThreshold(FormatModel):
@@ -409,44 +461,56 @@ class HumanThreshold(FormatModel):
     the study and the safety factor. When `metric` is `lpips`, the compare report draws `value`
     as a line on its per-frame LPIPS plots."""
 
-    metric: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$"),
-                      Expect("a metric name", "a metric key such as lpips")] = Field(
-        description="The metric the threshold is in (a key of `evalkit.metrics.catalogue`, e.g. `lpips`).")
-    value: Annotated[float, Field(gt=0, allow_inf_nan=False),
-                     Expect("a number", "a positive number")] = Field(
-        description="The threshold: the metric value at which raters answer the ABX trial "
-                    "right 75% of the time without lapses (with `bound: lower`, a lower bound).")
-    ci: Annotated[list[Optional[Annotated[float, Field(gt=0, allow_inf_nan=False),
-                                          Expect("a number or null", "a positive number")]]],
-                  Field(min_length=2, max_length=2),
-                  Expect("a list [low, high]", "two entries [low, high]")] = Field(
+    metric: Annotated[
+        str, Field(pattern=r"^[a-z][a-z0-9_]*$"), Expect("a metric name", "a metric key such as lpips")
+    ] = Field(
+        description="The metric the threshold is in (a key of `evalkit.metrics.catalogue`, e.g. `lpips`)."
+    )
+    value: Annotated[float, Field(gt=0, allow_inf_nan=False), Expect("a number", "a positive number")] = (
+        Field(
+            description="The threshold: the metric value at which raters answer the ABX trial "
+            "right 75% of the time without lapses (with `bound: lower`, a lower bound)."
+        )
+    )
+    ci: Annotated[
+        list[
+            Optional[
+                Annotated[
+                    float, Field(gt=0, allow_inf_nan=False), Expect("a number or null", "a positive number")
+                ]
+            ]
+        ],
+        Field(min_length=2, max_length=2),
+        Expect("a list [low, high]", "two entries [low, high]"),
+    ] = Field(
         description="The threshold's interval [low, high] (bootstrap clustered over raters and "
-                    "clips); null for an open end.")
+        "clips); null for an open end."
+    )
     study: Annotated[str, Field(min_length=1), Expect("a study name", "a non-empty name")] = Field(
-        description="The threshold study the number came from.")
-    safety_factor: Annotated[float, Field(ge=1, allow_inf_nan=False),
-                             Expect("a number", "a number >= 1")] = Field(
-        description="The gate's bound is `value / safety_factor`.")
-    criterion: Annotated[float, Field(gt=0.5, lt=1, allow_inf_nan=False),
-                         Expect("a number", "a proportion in (0.5, 1)")] = Field(
-        0.75, description="The proportion correct (without lapses) that defines the threshold.")
-    aggregate: Annotated[Literal["mean", "p95", "worst"],
-                         Expect("an aggregate (mean, p95, worst)")] = Field(
-        "mean", description="The aggregate the gate's bound applies to.")
+        description="The threshold study the number came from."
+    )
+    safety_factor: Annotated[float, Field(ge=1, allow_inf_nan=False), Expect("a number", "a number >= 1")] = (
+        Field(description="The gate's bound is `value / safety_factor`.")
+    )
+    criterion: Annotated[
+        float, Field(gt=0.5, lt=1, allow_inf_nan=False), Expect("a number", "a proportion in (0.5, 1)")
+    ] = Field(0.75, description="The proportion correct (without lapses) that defines the threshold.")
+    aggregate: Annotated[Literal["mean", "p95", "worst"], Expect("an aggregate (mean, p95, worst)")] = Field(
+        "mean", description="The aggregate the gate's bound applies to."
+    )
     bound: Annotated[Optional[Literal["lower"]], Expect("lower or null")] = Field(
-        None, description="`lower`: the threshold lay above every level shown and `value` is "
-                          "a lower bound.")
+        None, description="`lower`: the threshold lay above every level shown and `value` is a lower bound."
+    )
 
     @model_validator(mode="after")
     def _order(self) -> "HumanThreshold":
         lo, hi = self.ci
         if lo is not None and hi is not None and lo > hi:
-            raise _fail(("ci",), f"expected [low, high] with low <= high, found {self.ci}",
-                        self.ci)
+            raise _fail(("ci",), f"expected [low, high] with low <= high, found {self.ci}", self.ci)
         if (lo is not None and self.value < lo * (1 - 1e-9)) or (
-                hi is not None and self.value > hi * (1 + 1e-9)):
-            raise _fail(("value",), f"expected a value within ci {self.ci}, found {self.value}",
-                        self.value)
+            hi is not None and self.value > hi * (1 + 1e-9)
+        ):
+            raise _fail(("value",), f"expected a value within ci {self.ci}, found {self.value}", self.value)
         return self
 
     @field_validator("metric")
@@ -454,8 +518,9 @@ class HumanThreshold(FormatModel):
     def _known(cls, metric: str, info: ValidationInfo) -> str:
         metrics = (info.context or {}).get("metrics")
         if metrics is not None and metric not in metrics:
-            raise PydanticCustomError(_OWN + "unknown", f"unknown metric {metric!r} (expected "
-                                      f"one of: {', '.join(metrics)})")
+            raise PydanticCustomError(
+                _OWN + "unknown", f"unknown metric {metric!r} (expected one of: {', '.join(metrics)})"
+            )
         return metric
 
 
@@ -468,36 +533,54 @@ class GateFile(FormatModel):
     key_noun: ClassVar[str] = "metric"
     #: (name, description) of the row that documents the extra keys
     extra_keys: ClassVar[tuple[str, str]] = (
-        "<metric>", "Absolute thresholds of one metric (a key of `evalkit.metrics.catalogue`, such as "
-                    "`lpips` or `psnr`): `{aggregate: {max or min: number}}`.")
+        "<metric>",
+        "Absolute thresholds of one metric (a key of `evalkit.metrics.catalogue`, such as "
+        "`lpips` or `psnr`): `{aggregate: {max or min: number}}`.",
+    )
 
     schema_version: Literal[1] = Field(1, description="The format's version: 1.")
-    floor_ratio: Optional[Annotated[dict[str, Thresholds], Keys("metric", context="ratio_metrics"),
-                                    Expect("a mapping of metrics")]] = Field(
-        None, description="Thresholds on the ratio of each aggregate to the noise floor's, "
-                          "by metric (those with a floor-ratio rule).")
+    floor_ratio: Optional[
+        Annotated[
+            dict[str, Thresholds], Keys("metric", context="ratio_metrics"), Expect("a mapping of metrics")
+        ]
+    ] = Field(
+        None,
+        description="Thresholds on the ratio of each aggregate to the noise floor's, "
+        "by metric (those with a floor-ratio rule).",
+    )
     floor: Annotated[Optional[str], Expect("a floor name (seed, rerender...)")] = Field(
-        None, description="Which floor the ratios use: `seed` (the default when present), "
-                          "`rerender`, or a floor's name.")
-    max_missing_jobs: Annotated[int, Field(ge=0),
-                                Expect("a non-negative integer", "a non-negative integer")] = Field(
-        0, description="How many jobs may go uncompared (missing, failed, corrupt).")
-    max_offset_frames: Annotated[int, Field(ge=0),
-                                 Expect("a non-negative integer", "a non-negative integer")] = Field(
-        0, description="The largest temporal offset (frames, either way) a compared clip of B "
-                       "may have against A; default 0: any offset fails the gate.")
-    human_threshold: Annotated[Optional[HumanThreshold],
-                               Expect("a mapping with metric, value, ci, study and "
-                                      "safety_factor")] = Field(
-        None, description="Where the gate came from when people set it: a threshold study's "
-                          "result (see `HumanThreshold`); informative, checked but not a check.")
+        None,
+        description="Which floor the ratios use: `seed` (the default when present), "
+        "`rerender`, or a floor's name.",
+    )
+    max_missing_jobs: Annotated[
+        int, Field(ge=0), Expect("a non-negative integer", "a non-negative integer")
+    ] = Field(0, description="How many jobs may go uncompared (missing, failed, corrupt).")
+    max_offset_frames: Annotated[
+        int, Field(ge=0), Expect("a non-negative integer", "a non-negative integer")
+    ] = Field(
+        0,
+        description="The largest temporal offset (frames, either way) a compared clip of B "
+        "may have against A; default 0: any offset fails the gate.",
+    )
+    human_threshold: Annotated[
+        Optional[HumanThreshold], Expect("a mapping with metric, value, ci, study and safety_factor")
+    ] = Field(
+        None,
+        description="Where the gate came from when people set it: a threshold study's "
+        "result (see `HumanThreshold`); informative, checked but not a check.",
+    )
 
-    conventions: Annotated[Optional[dict[str, Annotated[str, Expect("a string")]]],
-                           Expect("a mapping of convention names to strings")] = Field(
-        None, description="The conventions the thresholds were set under, as a compare report "
-                          "records them (`summary.json` `conventions`: `flow`, `ssim`...); a "
-                          "report measured under others is refused unless told "
-                          "(`--ignore-conventions`). `evalkit gate --pin` writes them.")
+    conventions: Annotated[
+        Optional[dict[str, Annotated[str, Expect("a string")]]],
+        Expect("a mapping of convention names to strings"),
+    ] = Field(
+        None,
+        description="The conventions the thresholds were set under, as a compare report "
+        "records them (`summary.json` `conventions`: `flow`, `ssim`...); a "
+        "report measured under others is refused unless told "
+        "(`--ignore-conventions`). `evalkit gate --pin` writes them.",
+    )
 
     @classmethod
     def known_keys(cls, context) -> list[str] | None:
@@ -523,9 +606,9 @@ class OutputRecord(OpenModel):
     """A done job's clip (a job's `output`)."""
 
     path: Str = Field(description="The lossless clip, relative to the run folder and inside it.")
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$"),
-                      Expect("a string", "64 lowercase hex digits")] = Field(
-        description="Of the clip's bytes; a done job whose clip differs is rendered again.")
+    sha256: Annotated[
+        str, Field(pattern=r"^[0-9a-f]{64}$"), Expect("a string", "64 lowercase hex digits")
+    ] = Field(description="Of the clip's bytes; a done job whose clip differs is rendered again.")
     frames: Optional[Int] = Field(None, description="Frame count.")
     width: Optional[Int] = Field(None, description="In pixels.")
     height: Optional[Int] = Field(None, description="In pixels.")
@@ -544,8 +627,10 @@ def inside_run(rel: str | None) -> str | None:
         return rel
     p = Path(rel)
     if not rel or p.is_absolute() or ".." in p.parts:
-        raise PydanticCustomError(_OWN + "expected", "expected a path relative to the run "
-                                  f"folder and inside it, found {found(rel, typed=False)}")
+        raise PydanticCustomError(
+            _OWN + "expected",
+            f"expected a path relative to the run folder and inside it, found {found(rel, typed=False)}",
+        )
     return rel
 
 
@@ -557,27 +642,30 @@ class JobRecord(OpenModel):
     prompt: Str = Field(description="Prompt.")
     seed: Int = Field(description="The suite's seed.")
     params: Optional[Object] = Field(None, description="Renderer parameters.")
-    status: Literal["pending", "done", "failed"] = Field(
-        description="`pending`, `done` or `failed`.")
-    error: Annotated[Optional[str], Expect("a string or null")] = Field(
-        None, description="Why it failed.")
+    status: Literal["pending", "done", "failed"] = Field(description="`pending`, `done` or `failed`.")
+    error: Annotated[Optional[str], Expect("a string or null")] = Field(None, description="Why it failed.")
     timing: Optional[Object] = Field(
-        None, description="Wall time, peak RSS and, on GPUs, peak device memory.")
+        None, description="Wall time, peak RSS and, on GPUs, peak device memory."
+    )
     output: Optional[OutputRecord] = Field(None, description="The clip, once done.")
     preview: Annotated[Optional[str], Expect("a string or null")] = Field(
-        None, description="The browser copy, relative to the run folder.")
+        None, description="The browser copy, relative to the run folder."
+    )
     finished: Annotated[Optional[str], Expect("a string or null")] = Field(
-        None, description="When it finished (ISO 8601, UTC).")
+        None, description="When it finished (ISO 8601, UTC)."
+    )
 
     @field_validator("preview")
     @classmethod
     def _inside(cls, rel: str | None) -> str | None:
         return inside_run(rel)
+
     effective_seed: Optional[Int] = Field(
-        None, description="The seed rendered with: `seed` plus the run's `--seed-offset`.")
+        None, description="The seed rendered with: `seed` plus the run's `--seed-offset`."
+    )
     adopted_from: Optional[Object] = Field(
-        None, description="`-r import`: the file or frame folder adopted (`path`, `kind`, "
-                          "`sha256`).")
+        None, description="`-r import`: the file or frame folder adopted (`path`, `kind`, `sha256`)."
+    )
 
 
 class SuiteRecord(OpenModel):
@@ -585,10 +673,12 @@ class SuiteRecord(OpenModel):
 
     name: Optional[Str] = Field(None, description="The suite's name.")
     path: Optional[Str] = Field(None, description="The suite file.")
-    sha256: Optional[Str] = Field(None, description="Of the suite file's bytes: runs of other "
-                                                    "contents are not compared.")
+    sha256: Optional[Str] = Field(
+        None, description="Of the suite file's bytes: runs of other contents are not compared."
+    )
     clips: Optional[Annotated[dict[str, str], Expect("a mapping of clip ids to paths")]] = Field(
-        None, description="Clip id to source clip path.")
+        None, description="Clip id to source clip path."
+    )
     jobs: Optional[Int] = Field(None, description="How many jobs the suite has.")
 
 
@@ -600,17 +690,17 @@ class LosslessRecord(FormatModel):
     """The lossless format of a run's clips (`lossless`; absent: FFV1, `.mkv`)."""
 
     codec: Literal["ffv1", "utvideo"] = Field(
-        description="`ffv1` (FFV1 in Matroska) or `utvideo` (UT Video in NUT): `render "
-                    "--lossless`.")
+        description="`ffv1` (FFV1 in Matroska) or `utvideo` (UT Video in NUT): `render --lossless`."
+    )
     ext: Literal[".mkv", ".nut"] = Field(
-        description="The clips' file extension: `.mkv` for `ffv1`, `.nut` for `utvideo`.")
+        description="The clips' file extension: `.mkv` for `ffv1`, `.nut` for `utvideo`."
+    )
 
     @model_validator(mode="after")
     def _ext_matches(self) -> "LosslessRecord":
         want = LOSSLESS_EXTS[self.codec]
         if self.ext != want:
-            raise _fail(("ext",), f"expected {want!r} for codec {self.codec!r}, found "
-                        f"{self.ext!r}", self.ext)
+            raise _fail(("ext",), f"expected {want!r} for codec {self.codec!r}, found {self.ext!r}", self.ext)
         return self
 
 
@@ -622,29 +712,43 @@ class ManifestFile(OpenModel):
     created: Optional[Str] = Field(None, description="ISO 8601, UTC.")
     updated: Optional[Str] = Field(None, description="ISO 8601, UTC; every save.")
     suite: Annotated[SuiteRecord, Expect("an object")] = Field(description="The suite.")
-    renderer: Object = Field(description="Renderer name, version, options, `noise`; the "
-                                          "diffusers-based ones add the model and its hashes.")
+    renderer: Object = Field(
+        description="Renderer name, version, options, `noise`; the "
+        "diffusers-based ones add the model and its hashes."
+    )
     backend: Object = Field(description="The backend spec (`spec`) and its parsed keys.")
-    fingerprint: Object = Field(description="Host, software versions, device and numerics "
-                                             "settings (listed above).")
+    fingerprint: Object = Field(
+        description="Host, software versions, device and numerics settings (listed above)."
+    )
     notes: Optional[Object] = Field(None, description="`seed_offset`, `executor`.")
-    label: Optional[Annotated[str, Field(pattern=LABEL_PATTERN), Expect("a string", LABEL_RULE)]] = \
-        Field(None, description="The run's name (`render --label`): its folder, and how reports "
-                                "and studies name it; absent: the backend spec names it.")
+    label: Optional[Annotated[str, Field(pattern=LABEL_PATTERN), Expect("a string", LABEL_RULE)]] = Field(
+        None,
+        description="The run's name (`render --label`): its folder, and how reports "
+        "and studies name it; absent: the backend spec names it.",
+    )
     adopted: Optional[Object] = Field(
-        None, description="What was adopted from elsewhere and from where: `fingerprint_file` "
-                          "(`path`, `sha256`, `content`: the file given with `--fingerprint`), "
-                          "`local_fingerprint` (the machine that wrote the run folder), `dir` "
-                          "(the `import` renderer's folder), `backend_from`.")
+        None,
+        description="What was adopted from elsewhere and from where: `fingerprint_file` "
+        "(`path`, `sha256`, `content`: the file given with `--fingerprint`), "
+        "`local_fingerprint` (the machine that wrote the run folder), `dir` "
+        "(the `import` renderer's folder), `backend_from`.",
+    )
     lossless: Optional[Annotated[LosslessRecord, Expect("an object")]] = Field(
-        None, description="The lossless format of the run's clips (`render --lossless`); "
-                          "absent: `ffv1` in `.mkv` (every run made before the choice).")
+        None,
+        description="The lossless format of the run's clips (`render --lossless`); "
+        "absent: `ffv1` in `.mkv` (every run made before the choice).",
+    )
     jobs: Annotated[list[JobRecord], Expect("a list of job records")] = Field(
-        description="Every job of the run.")
+        description="Every job of the run."
+    )
 
 
-ScalarOrNull = Optional[Annotated[str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
-                                  Expect("a string, number, bool or null", "a finite number")]]
+ScalarOrNull = Optional[
+    Annotated[
+        str | int | Annotated[float, Field(allow_inf_nan=False)] | bool,
+        Expect("a string, number, bool or null", "a finite number"),
+    ]
+]
 
 
 class FingerprintFile(FormatModel):
@@ -655,16 +759,20 @@ class FingerprintFile(FormatModel):
     evalkit_version: Optional[Str] = Field(None, description="The evalkit that wrote it.")
     created: Optional[Str] = Field(None, description="ISO 8601, UTC.")
     backend: Optional[Object] = Field(
-        None, description="The backend spec it was taken for (`spec` and its parsed keys; "
-                          "`evalkit fingerprint -b SPEC`); an import without `-b` takes its "
-                          "`spec`.")
-    fingerprint: Annotated[dict[str, ScalarOrNull],
-                           Field(min_length=1),
-                           Expect("a mapping of names to strings, numbers, bools or null",
-                                  "at least one entry")] = Field(
+        None,
+        description="The backend spec it was taken for (`spec` and its parsed keys; "
+        "`evalkit fingerprint -b SPEC`); an import without `-b` takes its "
+        "`spec`.",
+    )
+    fingerprint: Annotated[
+        dict[str, ScalarOrNull],
+        Field(min_length=1),
+        Expect("a mapping of names to strings, numbers, bools or null", "at least one entry"),
+    ] = Field(
         description="What `render` records as a run's fingerprint: host, OS, CPU, device, "
-                    "device name, driver, CUDA/HIP, library versions, numerics flags (a file "
-                    "written by hand may hold any subset, e.g. `device_name` and `driver`).")
+        "device name, driver, CUDA/HIP, library versions, numerics flags (a file "
+        "written by hand may hold any subset, e.g. `device_name` and `driver`)."
+    )
 
 
 #: format name -> its models, the file's own first (docs/formats.md has a table for each)

@@ -16,6 +16,7 @@ then the manifest (also atomically) records it as ``done`` with the clip's sha25
 any point leaves the job ``pending`` or ``done`` with a verified file, never a half-written clip
 marked done; resuming re-renders whatever is not verifiably done.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -27,8 +28,15 @@ from pydantic import ValidationError
 
 from evalkit import __version__
 from evalkit.errors import InputFileError, SchemaVersionError, UserError
-from evalkit.formats.models import (json_problem, LABEL_PATTERN, LABEL_RULE, MANIFEST_SCHEMA_VERSION, STATUSES,
-                                    ManifestFile, first_problem)
+from evalkit.formats.models import (
+    LABEL_PATTERN,
+    LABEL_RULE,
+    MANIFEST_SCHEMA_VERSION,
+    STATUSES,
+    ManifestFile,
+    first_problem,
+    json_problem,
+)
 from evalkit.fsutil import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
@@ -40,8 +48,9 @@ def check_label(label: str, *, what: str = "--label") -> str:
     import re
 
     if not isinstance(label, str) or not re.fullmatch(LABEL_PATTERN, label):
-        raise UserError(f"{what}: expected a run label of {LABEL_RULE} (it names the run "
-                        f"folder), found {label!r}")
+        raise UserError(
+            f"{what}: expected a run label of {LABEL_RULE} (it names the run folder), found {label!r}"
+        )
     return label
 
 
@@ -78,8 +87,11 @@ def read_manifest(path: Path) -> dict:
         raise InputFileError(path, f"expected a JSON object, found {type(doc).__name__}")
     version = doc.get("schema_version")
     if version != MANIFEST_SCHEMA_VERSION or isinstance(version, bool):
-        raise SchemaVersionError(path, f"manifest schema_version {version!r} is not supported "
-                                 f"(this evalkit reads {MANIFEST_SCHEMA_VERSION})")
+        raise SchemaVersionError(
+            path,
+            f"manifest schema_version {version!r} is not supported "
+            f"(this evalkit reads {MANIFEST_SCHEMA_VERSION})",
+        )
     try:
         ManifestFile.model_validate(doc)
     except ValidationError as e:
@@ -101,6 +113,7 @@ def clip_files(path) -> Callable[[str], Path]:
     def guess(job_id: str) -> Path:
         paths = [path / "clips" / f"{job_id}{f.ext}" for f in LOSSLESS_FORMATS.values()]
         return next((p for p in paths if p.is_file()), paths[0])
+
     return guess
 
 
@@ -119,10 +132,21 @@ class RunDir:
         return cls(path, read_manifest(path / MANIFEST))
 
     @classmethod
-    def create(cls, path, *, suite, renderer: dict, backend: dict, fingerprint: dict,
-               jobs: Iterable | None = None, notes: dict | None = None, label: str | None = None,
-               adopted: dict | None = None, lossless: str | None = None,
-               new_lossless: str | None = None) -> "RunDir":
+    def create(
+        cls,
+        path,
+        *,
+        suite,
+        renderer: dict,
+        backend: dict,
+        fingerprint: dict,
+        jobs: Iterable | None = None,
+        notes: dict | None = None,
+        label: str | None = None,
+        adopted: dict | None = None,
+        lossless: str | None = None,
+        new_lossless: str | None = None,
+    ) -> "RunDir":
         """Create a run folder, or reopen it to resume when it was made for the same suite,
         renderer, backend and label (new jobs are added as pending). ``label`` names the run
         (``render --label``); ``adopted`` records what came from elsewhere (an adopted
@@ -144,10 +168,12 @@ class RunDir:
             run._check_same(suite, renderer, backend, label)
             have = run_lossless(run.manifest)
             if lossless is not None and lossless != have:
-                raise UserError(f"{path}: this run's clips are {have} "
-                                f"({lossless_format(have).ext}), --lossless {lossless} asks for "
-                                f"{lossless}; a resumed run keeps its format: resume without "
-                                "--lossless, or choose another --out folder")
+                raise UserError(
+                    f"{path}: this run's clips are {have} "
+                    f"({lossless_format(have).ext}), --lossless {lossless} asks for "
+                    f"{lossless}; a resumed run keeps its format: resume without "
+                    "--lossless, or choose another --out folder"
+                )
             for job in jobs:
                 if job.id not in run._index:
                     run._add_job(job)
@@ -195,17 +221,27 @@ class RunDir:
             diffs.append(f"renderer {m['renderer'].get('name')!r} != {renderer.get('name')!r}")
         old_model, new_model = m["renderer"].get("model_sha256"), renderer.get("model_sha256")
         if old_model and new_model and old_model != new_model:
-            diffs.append(f"model {m['renderer'].get('model')!r} has other contents now "
-                         f"(model_sha256 {old_model[:12]} != {new_model[:12]})")
+            diffs.append(
+                f"model {m['renderer'].get('model')!r} has other contents now "
+                f"(model_sha256 {old_model[:12]} != {new_model[:12]})"
+            )
         if m["backend"].get("spec") != backend.get("spec"):
             diffs.append(f"backend {m['backend'].get('spec')!r} != {backend.get('spec')!r}")
         if diffs:
-            raise UserError(f"{self.path}: already holds a different run ({'; '.join(diffs)}); "
-                            "choose another --out folder")
+            raise UserError(
+                f"{self.path}: already holds a different run ({'; '.join(diffs)}); "
+                "choose another --out folder"
+            )
 
     def _add_job(self, job) -> None:
-        rec = {**job.to_dict(), "status": "pending", "error": None, "timing": {},
-               "output": None, "preview": None}
+        rec = {
+            **job.to_dict(),
+            "status": "pending",
+            "error": None,
+            "timing": {},
+            "output": None,
+            "preview": None,
+        }
         self.manifest["jobs"].append(rec)
         self._index[job.id] = rec
 
@@ -269,9 +305,18 @@ class RunDir:
         atomic_write_json(self.path / MANIFEST, self.manifest)
 
     # -- recording results -----------------------------------------------------------------
-    def record_done(self, job_id: str, frames, fps, *, timing: dict | None = None,
-                    extra: dict | None = None, preview: bool = True,
-                    written: bool = False, sha256: str | None = None) -> dict:
+    def record_done(
+        self,
+        job_id: str,
+        frames,
+        fps,
+        *,
+        timing: dict | None = None,
+        extra: dict | None = None,
+        preview: bool = True,
+        written: bool = False,
+        sha256: str | None = None,
+    ) -> dict:
         """Write a job's frames (lossless clip, then browser preview) and mark it done.
 
         ``frames``: (N, H, W, 3) uint8 array or a sequence of (H, W, 3) frames.
@@ -293,11 +338,17 @@ class RunDir:
             if preview:
                 write_browser(self.preview_path(job_id), frames, fps)
         rec.update(
-            status="done", error=None, timing=dict(timing or {}),
-            output={"path": f"clips/{clip.name}",
-                    "sha256": sha256 if written and sha256 else sha256_file(clip), "frames": n,
-                    "width": int(frames.shape[2]), "height": int(frames.shape[1]),
-                    "fps": str(fps)},
+            status="done",
+            error=None,
+            timing=dict(timing or {}),
+            output={
+                "path": f"clips/{clip.name}",
+                "sha256": sha256 if written and sha256 else sha256_file(clip),
+                "frames": n,
+                "width": int(frames.shape[2]),
+                "height": int(frames.shape[1]),
+                "fps": str(fps),
+            },
             preview=f"preview/{job_id}.mp4" if preview else None,
             finished=_now(),
         )
@@ -306,9 +357,20 @@ class RunDir:
         self.save()
         return rec
 
-    def record_done_encoded(self, job_id: str, clip_bytes: bytes, preview_bytes: bytes | None,
-                            *, frames: int, width: int, height: int, fps, timing: dict | None = None,
-                            extra: dict | None = None, save: bool = True) -> dict:
+    def record_done_encoded(
+        self,
+        job_id: str,
+        clip_bytes: bytes,
+        preview_bytes: bytes | None,
+        *,
+        frames: int,
+        width: int,
+        height: int,
+        fps,
+        timing: dict | None = None,
+        extra: dict | None = None,
+        save: bool = True,
+    ) -> dict:
         """Like :meth:`record_done`, for a clip (and preview) already encoded elsewhere (a
         cluster worker, with the same :mod:`evalkit.video` writers): the bytes are written
         atomically, clip first, then preview, then the manifest (``save=False``: the caller saves
@@ -320,16 +382,26 @@ class RunDir:
         rec = self.job(job_id)
         clip = self.clip_path(job_id)
         magic = lossless_format(self.lossless).magic
-        if bytes(clip_bytes[:len(magic)]) != magic:
-            raise ValueError(f"clip_bytes of job {job_id}: expected a {self.lossless} clip (this "
-                             f"run's lossless format), found other bytes")
+        if bytes(clip_bytes[: len(magic)]) != magic:
+            raise ValueError(
+                f"clip_bytes of job {job_id}: expected a {self.lossless} clip (this "
+                f"run's lossless format), found other bytes"
+            )
         atomic_write_bytes(clip, clip_bytes)
         if preview_bytes is not None:
             atomic_write_bytes(self.preview_path(job_id), preview_bytes)
         rec.update(
-            status="done", error=None, timing=dict(timing or {}),
-            output={"path": f"clips/{clip.name}", "sha256": sha256_file(clip), "frames": int(frames),
-                    "width": int(width), "height": int(height), "fps": str(fps)},
+            status="done",
+            error=None,
+            timing=dict(timing or {}),
+            output={
+                "path": f"clips/{clip.name}",
+                "sha256": sha256_file(clip),
+                "frames": int(frames),
+                "width": int(width),
+                "height": int(height),
+                "fps": str(fps),
+            },
             preview=f"preview/{job_id}.mp4" if preview_bytes is not None else None,
             finished=_now(),
         )
@@ -339,11 +411,18 @@ class RunDir:
             self.save()
         return rec
 
-    def record_failed(self, job_id: str, error: str, *, timing: dict | None = None,
-                      extra: dict | None = None) -> dict:
+    def record_failed(
+        self, job_id: str, error: str, *, timing: dict | None = None, extra: dict | None = None
+    ) -> dict:
         rec = self.job(job_id)
-        rec.update(status="failed", error=str(error), timing=dict(timing or {}), output=None,
-                   preview=None, finished=_now())
+        rec.update(
+            status="failed",
+            error=str(error),
+            timing=dict(timing or {}),
+            output=None,
+            preview=None,
+            finished=_now(),
+        )
         if extra:
             rec.update(extra)
         self.save()
@@ -354,4 +433,3 @@ class RunDir:
         for j in self.jobs:
             out[j["status"]] = out.get(j["status"], 0) + 1
         return out
-

@@ -23,6 +23,7 @@ A job's id is ``<clip>-<prompt slug>-s<seed>-<hash>`` where hash is the first 8 
 the sha256 of the canonical JSON of (clip id, prompt, seed, params): stable across runs,
 machines and backends, and different whenever anything that changes the output differs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +37,10 @@ import yaml
 from pydantic import ValidationError
 
 from evalkit.errors import SchemaVersionError, SuiteError, VideoError
-from evalkit.formats.models import (SUITE_SCHEMA_VERSION as SCHEMA_VERSION, SuiteFile,
-                                    first_problem, found, version_problem)
-from evalkit.formats.yaml_load import problem as yaml_problem, safe_load
+from evalkit.formats.models import SUITE_SCHEMA_VERSION as SCHEMA_VERSION
+from evalkit.formats.models import SuiteFile, first_problem, found, version_problem
+from evalkit.formats.yaml_load import problem as yaml_problem
+from evalkit.formats.yaml_load import safe_load
 
 
 class SuiteVersionError(SuiteError, SchemaVersionError):
@@ -61,8 +63,13 @@ class Job:
     params: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "clip": self.clip, "prompt": self.prompt, "seed": self.seed,
-                "params": dict(self.params)}
+        return {
+            "id": self.id,
+            "clip": self.clip,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "params": dict(self.params),
+        }
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,13 @@ class Suite:
 
     def summary(self) -> dict:
         """What a run manifest records about its suite."""
-        return {"name": self.name, "path": str(self.path), "sha256": self.sha256,
-                "clips": {c.id: str(c.path) for c in self.clips.values()},
-                "jobs": len(self.jobs)}
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "clips": {c.id: str(c.path) for c in self.clips.values()},
+            "jobs": len(self.jobs),
+        }
 
 
 def _slug(text: str) -> str:
@@ -93,8 +104,11 @@ def _slug(text: str) -> str:
 
 
 def job_id(clip: str, prompt: str, seed: int, params: dict) -> str:
-    canon = json.dumps({"clip": clip, "prompt": prompt, "seed": seed, "params": params},
-                       sort_keys=True, separators=(",", ":"))
+    canon = json.dumps(
+        {"clip": clip, "prompt": prompt, "seed": seed, "params": params},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     digest = hashlib.sha256(canon.encode()).hexdigest()[:8]
     return f"{clip}-{_slug(prompt)}-s{seed}-{digest}"
 
@@ -128,20 +142,39 @@ def load_suite(path, *, check_clips: bool = False) -> Suite:
         jobs = []
         for item in model.jobs:
             params = {**shared, **(item.params or {})}
-            jobs.append(Job(job_id(item.clip, item.prompt, item.seed, params), item.clip,
-                            item.prompt, item.seed, params))
+            jobs.append(
+                Job(
+                    job_id(item.clip, item.prompt, item.seed, params),
+                    item.clip,
+                    item.prompt,
+                    item.seed,
+                    params,
+                )
+            )
         seen: dict[str, int] = {}
         for i, j in enumerate(jobs):
             if j.id in seen:
-                raise SuiteError(path, f"jobs[{i}]", f"duplicate of jobs[{seen[j.id]}] (same clip, "
-                                 "prompt, seed, params)")
+                raise SuiteError(
+                    path, f"jobs[{i}]", f"duplicate of jobs[{seen[j.id]}] (same clip, prompt, seed, params)"
+                )
             seen[j.id] = i
-    else:   # the model has checked that prompts and seeds are there, without duplicates
-        jobs = [Job(job_id(clip, prompt, seed, shared), clip, prompt, seed, dict(shared))
-                for clip in clips for prompt in model.prompts for seed in model.seeds]
+    else:  # the model has checked that prompts and seeds are there, without duplicates
+        jobs = [
+            Job(job_id(clip, prompt, seed, shared), clip, prompt, seed, dict(shared))
+            for clip in clips
+            for prompt in model.prompts
+            for seed in model.seeds
+        ]
 
-    suite = Suite(path.resolve(), model.name, model.description, model.renderer, clips, jobs,
-                  hashlib.sha256(raw).hexdigest())
+    suite = Suite(
+        path.resolve(),
+        model.name,
+        model.description,
+        model.renderer,
+        clips,
+        jobs,
+        hashlib.sha256(raw).hexdigest(),
+    )
     if check_clips:
         check_suite_clips(suite)
     return suite
@@ -159,8 +192,7 @@ def check_suite_clips(suite: Suite) -> dict[str, dict]:
             info = reader.info
         except VideoError as e:
             raise SuiteError(suite.path, f"clips[{i}].path", e.problem + f" ({clip.path})") from None
-        out[clip.id] = {"width": info.width, "height": info.height, "fps": str(info.fps),
-                        "frames": n}
+        out[clip.id] = {"width": info.width, "height": info.height, "fps": str(info.fps), "frames": n}
     return out
 
 

@@ -14,6 +14,7 @@ holds one key twice (YAML says keys are unique; PyYAML keeps the last one withou
 numbers in exponent notation without a dot (``1e-3``) are numbers, as in YAML 1.2 and JSON
 (YAML 1.1, which PyYAML follows, makes them strings).
 """
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,7 @@ class BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._nodes = 0
         self._sizes: dict[int, int] = {}
-        self._open: list[str] = []      # anchors of the values being composed
+        self._open: list[str] = []  # anchors of the values being composed
         self._depth = 0
 
     def _size(self, node) -> int:
@@ -57,15 +58,19 @@ class BoundedLoader(yaml.SafeLoader):
     def _spend(self, n: int, mark) -> None:
         self._nodes += n
         if self._nodes > self.max_nodes:
-            raise YAMLTooLarge(problem=f"more than {self.max_nodes:,} values with the aliases "
-                               "expanded (an alias bomb?)", problem_mark=mark)
+            raise YAMLTooLarge(
+                problem=f"more than {self.max_nodes:,} values with the aliases expanded (an alias bomb?)",
+                problem_mark=mark,
+            )
 
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open:
-                raise YAMLTooLarge(problem=f"alias *{event.anchor} refers to a value that "
-                                   "contains it", problem_mark=event.start_mark)
+                raise YAMLTooLarge(
+                    problem=f"alias *{event.anchor} refers to a value that contains it",
+                    problem_mark=event.start_mark,
+                )
             node = self.anchors.get(event.anchor)
             if node is not None:
                 self._spend(self._size(node), event.start_mark)
@@ -76,8 +81,9 @@ class BoundedLoader(yaml.SafeLoader):
             self._open.append(anchor)
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise YAMLTooLarge(problem=f"nested more than {MAX_DEPTH} levels deep",
-                               problem_mark=event.start_mark)
+            raise YAMLTooLarge(
+                problem=f"nested more than {MAX_DEPTH} levels deep", problem_mark=event.start_mark
+            )
         try:
             return super().compose_node(parent, index)
         finally:
@@ -89,31 +95,36 @@ class BoundedLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             first: dict = {}
             for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node,
-                                                                               yaml.ScalarNode):
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
                     continue
                 key = self.construct_object(key_node)
                 try:
                     seen = first.setdefault(key, key_node)
-                except TypeError:            # not hashable: the constructor says so
+                except TypeError:  # not hashable: the constructor says so
                     continue
                 if seen is not key_node:
                     raise yaml.constructor.ConstructorError(
                         problem=f"duplicate key {key_node.value!r} (first at line "
-                        f"{seen.start_mark.line + 1})", problem_mark=key_node.start_mark)
+                        f"{seen.start_mark.line + 1})",
+                        problem_mark=key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep=deep)
 
 
 # YAML 1.2's floats: PyYAML's (YAML 1.1) need a dot, so `1e-3` would be the string '1e-3'
 BoundedLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
                    |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                   |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def problem(e: yaml.YAMLError) -> str:

@@ -7,6 +7,7 @@
 - the Ray executor (optional extra) is :mod:`evalkit.executor.ray`
 - :mod:`.renderers`: one file per renderer (base protocol, diffusers, canary, command, import)
 """
+
 __all__ = ["render_suite", "run_dir_name"]
 
 

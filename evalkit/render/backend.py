@@ -4,6 +4,7 @@ A backend spec is ``device[,key=value...]``, for example ``cuda:0,dtype=bf16,att
 ``cpu,dtype=fp32``. AMD GPUs run through the same ``cuda`` device path of PyTorch's ROCm
 build; the fingerprint records the HIP version there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,14 +71,14 @@ def parse_spec(text: str) -> BackendSpec:
     parts = [p.strip() for p in text.split(",")]
     device = parts[0].lower()
     if not _DEVICE_RE.match(device):
-        raise BackendSpecError(f"backend spec {text!r}: device {parts[0]!r} is not one of "
-                               "cpu, cuda, cuda:N, mps")
+        raise BackendSpecError(
+            f"backend spec {text!r}: device {parts[0]!r} is not one of cpu, cuda, cuda:N, mps"
+        )
     values: dict[str, str] = {}
     valid = ", ".join(f"{k}={'|'.join(v) if v else '<name>'}" for k, v in SPEC_KEYS.items())
     for part in parts[1:]:
         if "=" not in part:
-            raise BackendSpecError(f"backend spec {text!r}: {part!r} is not key=value "
-                                   f"(valid keys: {valid})")
+            raise BackendSpecError(f"backend spec {text!r}: {part!r} is not key=value (valid keys: {valid})")
         key, value = (s.strip() for s in part.split("=", 1))
         key = key.lower()
         if key not in SPEC_KEYS:
@@ -86,18 +87,22 @@ def parse_spec(text: str) -> BackendSpec:
             raise BackendSpecError(f"backend spec {text!r}: key {key!r} given twice")
         allowed = SPEC_KEYS[key]
         if not value:
-            raise BackendSpecError(f"backend spec {text!r}: {key}= needs a value"
-                                   + (f" ({'|'.join(allowed)})" if allowed else " (a name)"))
+            raise BackendSpecError(
+                f"backend spec {text!r}: {key}= needs a value"
+                + (f" ({'|'.join(allowed)})" if allowed else " (a name)")
+            )
         if allowed is not None:
             value = _BOOL_ALIASES.get(value.lower(), value.lower())
             if value not in allowed:
-                raise BackendSpecError(f"backend spec {text!r}: {key}={value!r} is not one of "
-                                       f"{', '.join(allowed)}")
+                raise BackendSpecError(
+                    f"backend spec {text!r}: {key}={value!r} is not one of {', '.join(allowed)}"
+                )
         values[key] = value
     return BackendSpec(device=device, **values)
 
 
 # -- fingerprint ---------------------------------------------------------------------------
+
 
 def _cpu_model() -> str:
     try:
@@ -124,8 +129,10 @@ def _gpu_driver() -> str | None:
             return m.group(1)
     except OSError:
         pass
-    for cmd in (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                ["rocm-smi", "--showdriverversion"]):
+    for cmd in (
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        ["rocm-smi", "--showdriverversion"],
+    ):
         if shutil.which(cmd[0]):
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
@@ -168,13 +175,15 @@ def fingerprint(spec: BackendSpec | None = None) -> dict:
     if device.startswith("cuda") and torch.cuda.is_available():
         idx = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
-        fp.update(device=device, device_name=props.name,
-                  device_memory_bytes=int(props.total_memory),
-                  compute_capability=f"{props.major}.{props.minor}",
-                  driver=_gpu_driver())
+        fp.update(
+            device=device,
+            device_name=props.name,
+            device_memory_bytes=int(props.total_memory),
+            compute_capability=f"{props.major}.{props.minor}",
+            driver=_gpu_driver(),
+        )
     else:
-        fp.update(device=device, device_name=_cpu_model() if device == "cpu" else device,
-                  driver=None)
+        fp.update(device=device, device_name=_cpu_model() if device == "cpu" else device, driver=None)
     fp.update(
         matmul_tf32=torch.backends.cuda.matmul.allow_tf32,
         cudnn_tf32=torch.backends.cudnn.allow_tf32,
@@ -190,8 +199,10 @@ def usable_backends() -> list[dict]:
     """Backends that can run on this machine, with a short description each."""
     import torch
 
-    out = [{"spec": "cpu,dtype=fp32", "description": f"CPU ({_cpu_model()}), float32"},
-           {"spec": "cpu,dtype=bf16", "description": "CPU, bfloat16"}]
+    out = [
+        {"spec": "cpu,dtype=fp32", "description": f"CPU ({_cpu_model()}), float32"},
+        {"spec": "cpu,dtype=bf16", "description": "CPU, bfloat16"},
+    ]
     if torch.cuda.is_available():
         kind = "ROCm/HIP" if getattr(torch.version, "hip", None) else "CUDA"
         for i in range(torch.cuda.device_count()):
@@ -210,8 +221,12 @@ def environment_info() -> dict:
 # -- applying a spec -----------------------------------------------------------------------
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_SDPA = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
-         "cudnn": "CUDNN_ATTENTION"}
+_SDPA = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+    "cudnn": "CUDNN_ATTENTION",
+}
 
 
 @dataclass(frozen=True)
@@ -219,8 +234,8 @@ class Runtime:
     """What a renderer needs to know about the applied backend."""
 
     spec: BackendSpec
-    device: object   # torch.device
-    dtype: object    # torch.dtype
+    device: object  # torch.device
+    dtype: object  # torch.dtype
     compile: bool
 
 
@@ -231,17 +246,22 @@ def check_available(spec: BackendSpec) -> None:
     usable = ", ".join(b["spec"] for b in usable_backends())
     if spec.device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise BackendSpecError(f"backend {spec.spec!r}: CUDA/ROCm is not available here "
-                                   f"(torch {torch.__version__}, no GPU found); usable: {usable}")
+            raise BackendSpecError(
+                f"backend {spec.spec!r}: CUDA/ROCm is not available here "
+                f"(torch {torch.__version__}, no GPU found); usable: {usable}"
+            )
         if ":" in spec.device and int(spec.device.split(":")[1]) >= torch.cuda.device_count():
-            raise BackendSpecError(f"backend {spec.spec!r}: no such GPU "
-                                   f"({torch.cuda.device_count()} found); usable: {usable}")
-    if spec.device == "mps" and not (getattr(torch.backends, "mps", None)
-                                     and torch.backends.mps.is_available()):
+            raise BackendSpecError(
+                f"backend {spec.spec!r}: no such GPU ({torch.cuda.device_count()} found); usable: {usable}"
+            )
+    if spec.device == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
         raise BackendSpecError(f"backend {spec.spec!r}: MPS is not available here; usable: {usable}")
     if spec.device in ("cpu", "mps") and spec.attn in ("efficient", "cudnn"):
-        raise BackendSpecError(f"backend {spec.spec!r}: attn={spec.attn} needs a CUDA device "
-                               "(valid on cpu: auto, flash, math)")
+        raise BackendSpecError(
+            f"backend {spec.spec!r}: attn={spec.attn} needs a CUDA device (valid on cpu: auto, flash, math)"
+        )
 
 
 class apply_backend:
@@ -261,11 +281,15 @@ class apply_backend:
         import torch
 
         check_available(self.spec)
-        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                       torch.are_deterministic_algorithms_enabled(),
-                       torch.is_deterministic_algorithms_warn_only_enabled(),
-                       torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-                       torch.get_float32_matmul_precision())
+        self._saved = (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+            torch.get_float32_matmul_precision(),
+        )
         tf32 = self.spec.tf32 == "on"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
@@ -283,16 +307,27 @@ class apply_backend:
 
             self._sdpa = sdpa_kernel([getattr(SDPBackend, _SDPA[self.spec.attn])])
             self._sdpa.__enter__()
-        return Runtime(self.spec, torch.device(self.spec.device),
-                       getattr(torch, _TORCH_DTYPES[self.spec.dtype]), self.spec.compile == "on")
+        return Runtime(
+            self.spec,
+            torch.device(self.spec.device),
+            getattr(torch, _TORCH_DTYPES[self.spec.dtype]),
+            self.spec.compile == "on",
+        )
 
     def __exit__(self, *exc):
         import torch
 
         if self._sdpa is not None:
             self._sdpa.__exit__(*exc)
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, det, warn,
-         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, prec) = self._saved
+        (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            det,
+            warn,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+            prec,
+        ) = self._saved
         torch.use_deterministic_algorithms(det, warn_only=warn)
         torch.set_float32_matmul_precision(prec)
         return False

@@ -10,6 +10,7 @@ NTSC rates included). FFV1 level 3 encodes its 4 slices on at most 4 threads: on
 16 cores, 4 parts make a clip about 4x sooner, which matters most for the last job of a render
 (nothing left to overlap its writing with).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -53,8 +54,9 @@ def _part_packets(fmt, frames: np.ndarray, fps: Fraction, start: int, threads: i
     return packets
 
 
-def write_lossless_parts(path, frames: np.ndarray, fps, *, codec: str, pool: Executor,
-                         parts: int, threads: int = 0) -> int:
+def write_lossless_parts(
+    path, frames: np.ndarray, fps, *, codec: str, pool: Executor, parts: int, threads: int = 0
+) -> int:
     """Write ``frames`` ((N, H, W, 3) uint8) as :func:`evalkit.video.write_lossless` does,
     atomically, the parts (:func:`split_points`) encoded on ``pool`` at once (``threads``: each
     encoder's own threads, 0: FFmpeg's choice). One part, or no frames: that function itself.
@@ -71,14 +73,12 @@ def write_lossless_parts(path, frames: np.ndarray, fps, *, codec: str, pool: Exe
     futures = [pool.submit(_part_packets, fmt, frames[a:b], fps, a, threads) for a, b in ranges]
     try:
         with atomic_path(path) as tmp:
-            with av.open(str(tmp), "w", format=fmt.container,
-                         options={"fflags": "+bitexact"}) as c:
-                stream = c.add_stream(fmt.codec, rate=fps,
-                                      options={"flags": "+bitexact", **fmt.options})
+            with av.open(str(tmp), "w", format=fmt.container, options={"fflags": "+bitexact"}) as c:
+                stream = c.add_stream(fmt.codec, rate=fps, options={"flags": "+bitexact", **fmt.options})
                 stream.width, stream.height = frames.shape[2], frames.shape[1]
                 stream.pix_fmt = fmt.pix_fmt
-                for f in futures:                  # in order: part 0 is muxed while the
-                    for packet in f.result():      # others are still encoding
+                for f in futures:  # in order: part 0 is muxed while the
+                    for packet in f.result():  # others are still encoding
                         packet.stream = stream
                         c.mux(packet)
     finally:
@@ -96,8 +96,9 @@ class ClipWriter:
         self.parts = max(1, int(parts))
         self.pool = None
         if self.parts > 1:
-            self.pool = ThreadPoolExecutor(max_workers=self.parts * max(1, int(jobs)),
-                                           thread_name_prefix="evalkit-encode-part")
+            self.pool = ThreadPoolExecutor(
+                max_workers=self.parts * max(1, int(jobs)), thread_name_prefix="evalkit-encode-part"
+            )
 
     def write(self, path: Path, frames: np.ndarray, fps, codec: str) -> str:
         """Write a job's lossless clip (atomically); return its sha256 (hashed here, beside
@@ -108,8 +109,15 @@ class ClipWriter:
         if self.pool is None:
             write_lossless(path, frames, fps, codec=codec)
         else:
-            write_lossless_parts(path, frames, fps, codec=codec, pool=self.pool,
-                                 parts=self.parts, threads=max(1, usable_cores() // self.parts))
+            write_lossless_parts(
+                path,
+                frames,
+                fps,
+                codec=codec,
+                pool=self.pool,
+                parts=self.parts,
+                threads=max(1, usable_cores() // self.parts),
+            )
         return sha256_file(path)
 
     @staticmethod
@@ -128,8 +136,9 @@ class ClipWriter:
 STREAM_DEPTH = 2
 
 
-def write_streamed(chunks, clip_path: Path, preview_path: Path | None, fps, *,
-                   codec: str, depth: int = STREAM_DEPTH) -> tuple[int, int, int, str]:
+def write_streamed(
+    chunks, clip_path: Path, preview_path: Path | None, fps, *, codec: str, depth: int = STREAM_DEPTH
+) -> tuple[int, int, int, str]:
     """A lossless clip (:func:`evalkit.video.write_lossless`) and its browser copy
     (:func:`evalkit.video.write_browser`; ``preview_path`` None: none) written from ``chunks``
     (an iterator of ``(n, H, W, 3)`` uint8 arrays, e.g. a clip being decoded), each chunk read
@@ -142,7 +151,7 @@ def write_streamed(chunks, clip_path: Path, preview_path: Path | None, fps, *,
     from evalkit.fsutil import sha256_file
     from evalkit.video import write_browser, write_lossless
 
-    def frames_to(write):                   # a consumer: chunks in, the writer fed frames
+    def frames_to(write):  # a consumer: chunks in, the writer fed frames
         return lambda chunks_in: write(f for c in chunks_in for f in c)
 
     targets = [frames_to(lambda f: write_lossless(clip_path, f, fps, codec=codec))]

@@ -12,6 +12,7 @@ clips that this driver writes the same way). The executor interface is described
 :mod:`evalkit.render.results`, the source clips in :mod:`evalkit.render.sources`, the
 progress bars in :mod:`evalkit.render.progress`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -45,8 +46,7 @@ def on_device(runs) -> bool:
     """Whether one of ``runs`` (anything with ``spec`` and ``apply``: a :class:`BackendTask`, a
     :class:`evalkit.render.adopt.RunIdentity`) renders on a device other than the CPU (its spec
     applied)."""
-    return any(r.apply and r.spec is not None and r.spec.device.split(":")[0] != "cpu"
-               for r in runs)
+    return any(r.apply and r.spec is not None and r.spec.device.split(":")[0] != "cpu" for r in runs)
 
 
 def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
@@ -57,8 +57,7 @@ def run_dir_name(spec: BackendSpec, seed_offset: int = 0) -> str:
     return name + (f"_seed+{seed_offset}" if seed_offset else "")
 
 
-def run_folder_name(spec: BackendSpec | None, label: str | None = None,
-                    seed_offset: int = 0) -> str:
+def run_folder_name(spec: BackendSpec | None, label: str | None = None, seed_offset: int = 0) -> str:
     """A run's folder: its label (``render --label``), else its backend spec
     (:func:`run_dir_name`); plus ``_seed+N`` for a ``--seed-offset N`` run."""
     if label is None:
@@ -105,8 +104,10 @@ def lock_run_folder(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise UserError(f"{path}: another evalkit render holds this run folder (it is writing "
-                        "to it); wait for it to finish or choose another --out folder") from None
+        raise UserError(
+            f"{path}: another evalkit render holds this run folder (it is writing "
+            "to it); wait for it to finish or choose another --out folder"
+        ) from None
     except BaseException:
         os.close(fd)
         raise
@@ -128,17 +129,28 @@ def select_jobs(suite: Suite, wanted: list[str] | None) -> list[Job]:
     for w in wanted:
         hits = [j for j in suite.jobs if j.id == w or j.id.startswith(w) or j.clip == w]
         if not hits:
-            raise UserError(f"--jobs: {w!r} matches no job of suite {suite.name!r} "
-                            f"(ids look like {suite.jobs[0].id})")
+            raise UserError(
+                f"--jobs: {w!r} matches no job of suite {suite.name!r} (ids look like {suite.jobs[0].id})"
+            )
         chosen.extend(h for h in hits if h not in chosen)
     return [j for j in suite.jobs if j in chosen]
 
 
-def render_suite(suite_path, backends: list[str | BackendSpec], out, *, renderer: str | Renderer | None = None,
-                 options: dict | None = None, jobs: list[str] | None = None,
-                 seed_offset: int = 0, executor=None, progress: bool = True,
-                 label: str | None = None, fingerprint_file=None,
-                 lossless: str | None = None) -> list[RenderSummary]:
+def render_suite(
+    suite_path,
+    backends: list[str | BackendSpec],
+    out,
+    *,
+    renderer: str | Renderer | None = None,
+    options: dict | None = None,
+    jobs: list[str] | None = None,
+    seed_offset: int = 0,
+    executor=None,
+    progress: bool = True,
+    label: str | None = None,
+    fingerprint_file=None,
+    lossless: str | None = None,
+) -> list[RenderSummary]:
     """Render a suite on each backend into ``out/<backend>/`` (``out/<label>/`` with a
     ``label``); resumable and atomic. ``backends``: specs, as text (``cpu,dtype=bf16``) or
     already parsed (:func:`evalkit.render.backend.parse_spec`: a front door parses them once). ``fingerprint_file``: the fingerprint of the machine that
@@ -153,8 +165,13 @@ def render_suite(suite_path, backends: list[str | BackendSpec], out, *, renderer
     executor = executor or LocalExecutor()
     rend = _renderer_of(suite, renderer, options)
     _check_render_options(seed_offset, lossless)
-    idents = plan_identity(list(backends or []), renderer=rend, label=label,
-                           fingerprint_file=fingerprint_file, executor_name=executor.name)
+    idents = plan_identity(
+        list(backends or []),
+        renderer=rend,
+        label=label,
+        fingerprint_file=fingerprint_file,
+        executor_name=executor.name,
+    )
     executor.check([i.spec for i in idents if i.apply])
     selected = select_jobs(suite, jobs)
     rend.check_jobs(suite, selected)  # before anything loads (frame/size rules)
@@ -167,12 +184,10 @@ def render_suite(suite_path, backends: list[str | BackendSpec], out, *, renderer
     with contextlib.ExitStack() as locks:
         locks.callback(sources.close)
         _lock_run_folders(locks, out, idents, seed_offset)
-        runs = _open_runs(idents, out, suite, rend, executor, sources, selected, seed_offset,
-                          lossless)
+        runs = _open_runs(idents, out, suite, rend, executor, sources, selected, seed_offset, lossless)
         total = sum(len(task.jobs) for task, _ in runs)
         try:
-            return _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
-                                progress)
+            return _render_runs(executor, rend, sources, runs, total, selected, seed_offset, progress)
         finally:
             for _, run in runs:
                 shutil.rmtree(run.path / WORK_DIR, ignore_errors=True)
@@ -194,12 +209,15 @@ def _check_render_options(seed_offset: int, lossless: str | None) -> None:
     if seed_offset < 0:
         raise UserError(f"--seed-offset: expected a non-negative integer, found {seed_offset}")
     if lossless is not None and lossless not in LOSSLESS_FORMATS:
-        raise UserError(f"--lossless: expected one of {', '.join(LOSSLESS_FORMATS)}, found "
-                        f"{lossless!r}")
+        raise UserError(f"--lossless: expected one of {', '.join(LOSSLESS_FORMATS)}, found {lossless!r}")
 
 
-def _lock_run_folders(locks: contextlib.ExitStack, out: Path, idents: list, seed_offset: int,
-                      ) -> None:
+def _lock_run_folders(
+    locks: contextlib.ExitStack,
+    out: Path,
+    idents: list,
+    seed_offset: int,
+) -> None:
     """Every run folder's lock first (released by ``locks``): a render refused by one has
     written nothing anywhere (a folder it made for another backend is removed again)."""
     made: list[Path] = []
@@ -218,16 +236,29 @@ def _lock_run_folders(locks: contextlib.ExitStack, out: Path, idents: list, seed
         raise
 
 
-def _open_runs(idents: list, out: Path, suite: Suite, rend: Renderer, executor,
-               sources: SourceCache, selected: list[Job], seed_offset: int,
-               lossless: str | None) -> list[tuple[BackendTask, RunDir]]:
+def _open_runs(
+    idents: list,
+    out: Path,
+    suite: Suite,
+    rend: Renderer,
+    executor,
+    sources: SourceCache,
+    selected: list[Job],
+    seed_offset: int,
+    lossless: str | None,
+) -> list[tuple[BackendTask, RunDir]]:
     """Each backend's run folder opened (:func:`_open_run`) with the jobs it still has to
     render. An executor that decodes sources starts decoding the first job's source while the
     runs are set up: at once for a new run, else at the first run with a job to do."""
     runs: list[tuple[BackendTask, RunDir]] = []
     early = executor.decodes_sources and bool(selected)
-    if early and idents and not (out / run_folder_name(idents[0].spec, idents[0].label,
-                                                       seed_offset) / "manifest.json").exists():
+    if (
+        early
+        and idents
+        and not (
+            out / run_folder_name(idents[0].spec, idents[0].label, seed_offset) / "manifest.json"
+        ).exists()
+    ):
         # a new run renders every selected job: the first one's source is decoded while
         # the runs are set up (fingerprint, manifest)
         sources.prefetch(selected[0].clip)
@@ -238,28 +269,54 @@ def _open_runs(idents: list, out: Path, suite: Suite, rend: Renderer, executor,
         run = _open_run(ident, spec, path, suite, rend, executor, seed_offset, lossless)
         todo = [j for j in selected if not run.is_done(j.id, verify=True)]
         rend.check_done(run, [j for j in selected if j not in todo], seed_offset)
-        if early and todo:                   # a resumed run: its first job still to do
+        if early and todo:  # a resumed run: its first job still to do
             sources.prefetch(todo[0].clip)
             early = False
-        runs.append((BackendTask(spec, todo, seed_offset, work_dir=run.path / WORK_DIR,
-                                 apply=ident.apply, name=ident.name,
-                                 lossless=run.lossless), run))
+        runs.append(
+            (
+                BackendTask(
+                    spec,
+                    todo,
+                    seed_offset,
+                    work_dir=run.path / WORK_DIR,
+                    apply=ident.apply,
+                    name=ident.name,
+                    lossless=run.lossless,
+                ),
+                run,
+            )
+        )
     return runs
 
 
-def _open_run(ident, spec: BackendSpec, path: Path, suite: Suite, rend: Renderer, executor,
-              seed_offset: int, lossless: str | None) -> RunDir:
+def _open_run(
+    ident,
+    spec: BackendSpec,
+    path: Path,
+    suite: Suite,
+    rend: Renderer,
+    executor,
+    seed_offset: int,
+    lossless: str | None,
+) -> RunDir:
     """One backend's run folder, created or resumed with the fingerprint it records
     (:func:`_run_fingerprint`) and cleaned of what a killed render left."""
     adopted = ident.adopted
     fp, here = _run_fingerprint(ident, spec, path, executor)
     if adopted is not None:
         adopted = {**adopted, "local_fingerprint": here}
-    run = RunDir.create(path, suite=suite, renderer=rend.describe(),
-                        backend=ident.backend_record(), fingerprint=fp,
-                        notes={"seed_offset": seed_offset, "executor": executor.name},
-                        label=ident.label, adopted=adopted, lossless=lossless,
-                        new_lossless=lossless_of_new_run(ident))
+    run = RunDir.create(
+        path,
+        suite=suite,
+        renderer=rend.describe(),
+        backend=ident.backend_record(),
+        fingerprint=fp,
+        notes={"seed_offset": seed_offset, "executor": executor.name},
+        label=ident.label,
+        adopted=adopted,
+        lossless=lossless,
+        new_lossless=lossless_of_new_run(ident),
+    )
     clean_run_folder(run)
     return run
 
@@ -269,14 +326,14 @@ def _run_fingerprint(ident, spec: BackendSpec, path: Path, executor) -> tuple:
     applied, else the run's own until a worker reports one) and this machine's."""
     if ident.apply:
         here = executor.fingerprint(spec)
-    else:                                # nothing is applied: this machine as it is
+    else:  # nothing is applied: this machine as it is
         here = fingerprint()
     fp = ident.fingerprint or here
     if fp is None:  # reported by the workers that render; until then keep what was there
-        old = RunDir.open(path).manifest["fingerprint"] \
-            if (path / "manifest.json").exists() else None
+        old = RunDir.open(path).manifest["fingerprint"] if (path / "manifest.json").exists() else None
         fp = old or {"pending": "set from the worker that renders the first job"}
     return fp, here
+
 
 @dataclass
 class RunState:
@@ -294,12 +351,19 @@ class RunState:
     dirty: bool = False
 
     def summary(self, selected: int) -> "RenderSummary":
-        return RenderSummary(self.task.name or self.task.spec.spec, self.run.path, self.done,
-                             len(self.failures), selected - len(self.task.jobs), self.failures)
+        return RenderSummary(
+            self.task.name or self.task.spec.spec,
+            self.run.path,
+            self.done,
+            len(self.failures),
+            selected - len(self.task.jobs),
+            self.failures,
+        )
 
 
-def _render_runs(executor, rend, sources, runs, total, selected, seed_offset,
-                 progress) -> list[RenderSummary]:
+def _render_runs(
+    executor, rend, sources, runs, total, selected, seed_offset, progress
+) -> list[RenderSummary]:
     """Render every run's pending jobs (their run folders locked by the caller; ``sources``
     closed by the caller).
 
@@ -360,8 +424,7 @@ def clip_parts() -> int:
 MAX_CLIP_PARTS = 4
 
 
-def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
-            writer: ClipWriter) -> list[Future]:
+def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: ClipWriter) -> list[Future]:
     """Start writing a rendered job's lossless clip and browser copy (atomic files) on the
     encoder threads ``pool``; a renderer's own files are moved into place instead."""
     if result.error is None and result.written is not None:
@@ -369,9 +432,10 @@ def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult,
     if result.error is not None or result.encoded is not None or result.frames is None:
         return []
     jid = result.job.id
-    return [pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps,
-                        run.lossless),
-            pool.submit(writer.write_browser, run.preview_path(jid), result.frames, result.fps)]
+    return [
+        pool.submit(writer.write, run.clip_path(jid), result.frames, result.fps, run.lossless),
+        pool.submit(writer.write_browser, run.preview_path(jid), result.frames, result.fps),
+    ]
 
 
 def _move_written(run: RunDir, jid: str, w: WrittenClip) -> str:
@@ -427,7 +491,10 @@ def _record(st: RunState, result: JobResult, seed_offset: int, files: list[Futur
         if node.get("id") and node["id"] not in st.nodes:
             st.nodes.add(node["id"])
             run.manifest.setdefault("nodes", {})[node["id"]] = {
-                "host": node.get("host"), "ip": node.get("ip"), "fingerprint": result.fingerprint}
+                "host": node.get("host"),
+                "ip": node.get("ip"),
+                "fingerprint": result.fingerprint,
+            }
     if result.error is None:
         extra = {"effective_seed": result.job.seed + seed_offset, **result.extra}
         if result.encoded is not None:
@@ -437,19 +504,37 @@ def _record(st: RunState, result: JobResult, seed_offset: int, files: list[Futur
             e = result.encoded
             now = time.monotonic()
             save = now - st.saved >= MANIFEST_SAVE_INTERVAL
-            run.record_done_encoded(result.job.id, e["clip"], e.get("preview"), frames=e["frames"],
-                                    width=e["width"], height=e["height"], fps=result.fps,
-                                    timing=result.timing, extra=extra, save=save)
+            run.record_done_encoded(
+                result.job.id,
+                e["clip"],
+                e.get("preview"),
+                frames=e["frames"],
+                width=e["width"],
+                height=e["height"],
+                fps=result.fps,
+                timing=result.timing,
+                extra=extra,
+                save=save,
+            )
             st.dirty = not save
             if save:
                 st.saved = now
         else:
-            frames = result.frames if result.written is None else shape_only(
-                result.written.frames, result.written.height, result.written.width)
-            run.record_done(result.job.id, frames, result.fps, timing=result.timing,
-                            extra=extra, written=bool(files), sha256=_clip_sha256(files))
+            frames = (
+                result.frames
+                if result.written is None
+                else shape_only(result.written.frames, result.written.height, result.written.width)
+            )
+            run.record_done(
+                result.job.id,
+                frames,
+                result.fps,
+                timing=result.timing,
+                extra=extra,
+                written=bool(files),
+                sha256=_clip_sha256(files),
+            )
             st.dirty = False
     else:
-        run.record_failed(result.job.id, result.error, timing=result.timing,
-                          extra=result.extra or None)
+        run.record_failed(result.job.id, result.error, timing=result.timing, extra=result.extra or None)
         st.dirty = False

@@ -1,5 +1,6 @@
 """A render's progress bars (:class:`Progress`): jobs overall, and the steps of the job in
 flight."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -13,8 +14,9 @@ class Progress:
 
         self.enabled = enabled
         self._tqdm = tqdm
-        self.overall = tqdm(total=total, desc="jobs", unit="job", disable=not enabled,
-                            position=0, dynamic_ncols=True)
+        self.overall = tqdm(
+            total=total, desc="jobs", unit="job", disable=not enabled, position=0, dynamic_ncols=True
+        )
         self.job_bar = None
 
     def start_job(self, label: str) -> Callable[[int, int], None]:
@@ -22,8 +24,15 @@ class Progress:
         and reset for each job (a new bar each time costs a few milliseconds of the rendering
         thread between two jobs: terminal writes, tqdm's own bookkeeping)."""
         if self.job_bar is None:
-            self.job_bar = self._tqdm(total=1, desc=label[:40], unit="step", leave=False,
-                                      disable=not self.enabled, position=1, dynamic_ncols=True)
+            self.job_bar = self._tqdm(
+                total=1,
+                desc=label[:40],
+                unit="step",
+                leave=False,
+                disable=not self.enabled,
+                position=1,
+                dynamic_ncols=True,
+            )
         else:
             self.job_bar.reset(total=1)
             self.job_bar.set_description_str(label[:40], refresh=False)

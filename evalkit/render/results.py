@@ -1,6 +1,7 @@
 """What a render's steps hand each other: :class:`BackendTask` (one backend's jobs still to
 render, given to an executor), :class:`JobResult` (one rendered or failed job, from an executor
 to the driver) and :class:`RenderSummary` (one run's counts, what ``render_suite`` returns)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

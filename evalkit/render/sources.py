@@ -1,4 +1,5 @@
 """The source clips of a render's jobs, each decoded once (:class:`SourceCache`)."""
+
 from __future__ import annotations
 
 import threading
@@ -42,8 +43,12 @@ class SourceCache:
 
     def prefetch(self, clip_id: str | None) -> None:
         """Start decoding ``clip_id`` (the next job's clip) unless it is already at hand."""
-        if (self.shape_only or clip_id is None or clip_id == self._key
-                or (self._next and self._next[0] == clip_id)):
+        if (
+            self.shape_only
+            or clip_id is None
+            or clip_id == self._key
+            or (self._next and self._next[0] == clip_id)
+        ):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evalkit-source")
@@ -56,7 +61,7 @@ class SourceCache:
             return self._shape(clip_id)
         if self._key != clip_id:
             ahead, self._next = self._next, None
-            self._value = self._key = None          # let the previous clip go first
+            self._value = self._key = None  # let the previous clip go first
             if ahead is not None and ahead[0] == clip_id:
                 self._value = ahead[1].result()
             else:

@@ -24,6 +24,7 @@ The threshold protocol is ABX over a ladder: each (clip, level) pair is one row 
 base bits, so every level of every clip is counterbalanced exactly like an ABX clip, and the
 levels of all clips are interleaved in one shuffled order with the catch trials.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,6 +51,8 @@ def page_protocol(protocol: str) -> str:
 def _paired(protocol: str) -> bool:
     """Two tiles side by side without X (preference), else ABX's three."""
     return REGISTRY[protocol].paired
+
+
 #: easy catch degradations (:func:`.media.degrade`; the exclusion rule uses these)
 CATCH_KINDS = ("negative",)
 
@@ -121,7 +124,7 @@ def min_easy_catches(catch_alpha: float) -> int:
     """The fewest easy catch trials whose screening can show better than guessing at
     ``catch_alpha``: all of n right has p = 0.5 ** n (:func:`.stats.catch_min_correct`)."""
     n = 1
-    while 0.5 ** n > catch_alpha and n < 64:
+    while 0.5**n > catch_alpha and n < 64:
         n += 1
     return n
 
@@ -188,8 +191,9 @@ def stream_keys(protocol: str, catch: bool = False, x: int = 1) -> list[str]:
     return out
 
 
-def row_keys(protocol: str, catch: bool = False, x: int = 1, bit: int = 0,
-             one_place: bool = True) -> list[str]:
+def row_keys(
+    protocol: str, catch: bool = False, x: int = 1, bit: int = 0, one_place: bool = True
+) -> list[str]:
     """The files a *new* row (or catch version) is encoded as: a subset of :func:`stream_keys`
     fixed per row by ``bit`` (its base bit), so that the files of a row differ only in what the
     raters' labels hide and never in the answer's place (issue 45: sizes).
@@ -226,7 +230,7 @@ def row_bits(sides: tuple, level, n_catch: int) -> tuple[int, list[int]]:
     key = _digest("row-order", pair, level)
     first = pair[key % 2]
     bit = int(first != sides[0]) if sides[0] != sides[1] else key % 2
-    base = _digest("catch-order", pair, level) % 2   # the versions of a row alternate
+    base = _digest("catch-order", pair, level) % 2  # the versions of a row alternate
     return bit, [(base + j) % 2 for j in range(n_catch)]
 
 
@@ -281,8 +285,7 @@ def catch_bits(n: int, study_seed: int) -> tuple[list[int], list[int]]:
     return balanced_bits(n, rng), balanced_bits(n, rng)
 
 
-def catch_kinds(rank: int, n_easy: int, per_row: int = 1,
-                n_graded: int = GRADED_CATCHES) -> list[str]:
+def catch_kinds(rank: int, n_easy: int, per_row: int = 1, n_graded: int = GRADED_CATCHES) -> list[str]:
     """The catch versions of the row of rank ``rank`` (:func:`catch_plan`): ``per_row`` easy
     ones for the first ``n_easy`` ranks, a graded one for the first ``n_graded``
     (:func:`catch_counts`)."""
@@ -301,8 +304,7 @@ def _digest(*parts) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
-def catch_plan(rows: list[tuple], n_catch: int, offsets,
-               n_graded: int = GRADED_CATCHES) -> list[list[tuple]]:
+def catch_plan(rows: list[tuple], n_catch: int, offsets, n_graded: int = GRADED_CATCHES) -> list[list[tuple]]:
     """Each row's catch versions, ``[(kind, from B, colour offset)]``, drawn from what the rows
     *show* and nothing else (issue 44 open (a)): ``rows`` in the clips table's order, each
     ``(sides, level)`` with ``sides`` the two sides' content fingerprints (A, B) and ``level``
@@ -324,7 +326,7 @@ def catch_plan(rows: list[tuple], n_catch: int, offsets,
     n_rows = len(rows)
     n_easy = min(n_rows, n_catch)
     per_row = -(-n_catch // n_rows) if n_rows else 1
-    extra = n_catch - (per_row - 1) * n_rows     # rows (by rank) with per_row, the rest one less
+    extra = n_catch - (per_row - 1) * n_rows  # rows (by rank) with per_row, the rest one less
     pair = [tuple(sorted(sides)) for sides, _ in rows]
     keys = [_digest("catch-row", p, level) for p, (_, level) in zip(pair, rows)]
     order = sorted(range(n_rows), key=lambda i: (keys[i], i))
@@ -333,13 +335,14 @@ def catch_plan(rows: list[tuple], n_catch: int, offsets,
         rank[i] = r
     small = [o for o in offsets if max(map(abs, o)) == 1]
     large = [o for o in offsets if max(map(abs, o)) != 1]
-    left: dict = {}                               # per clip (pair): offsets not yet taken
+    left: dict = {}  # per clip (pair): offsets not yet taken
     out = []
     for i, ((sides, _level), p) in enumerate(zip(rows, pair)):
         if p not in left:
             rng = np.random.default_rng(_digest("catch-offsets", p))
-            left[p] = ([small[j] for j in rng.permutation(len(small))]
-                       + [large[j] for j in rng.permutation(len(large))])
+            left[p] = [small[j] for j in rng.permutation(len(small))] + [
+                large[j] for j in rng.permutation(len(large))
+            ]
         n = per_row if rank[i] < extra else per_row - 1
         versions = []
         for j, kind in enumerate(catch_kinds(rank[i], n_easy, n, n_graded)):
@@ -361,7 +364,7 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
     rects = streams["rects"]
     paired = _paired(protocol)
     if paired:
-        second = 1 if key[1] in "bd" else 0           # the tile of b (or d)
+        second = 1 if key[1] in "bd" else 0  # the tile of b (or d)
         left = second if bit else 1 - second
         tiles = {"left": left, "right": 1 - left}
         expected = None
@@ -372,15 +375,24 @@ def _trial(protocol: str, key: str, streams: dict, bit: int) -> dict:
         tiles = {"X": x, "A": other if bit else twin, "B": twin if bit else other}
         expected = "B" if bit else "A"
     sources = {s: _CONTENT[key[i]] for s, i in tiles.items()}
-    if paired and key[0] in "rd":    # catch: the reference is the answer
+    if paired and key[0] in "rd":  # catch: the reference is the answer
         expected = "left" if sources["left"] == "reference" else "right"
-    return {"sources": sources, "expected": expected,
-            "shown": {"media": streams["files"][key],
-                      "tiles": {s: list(rects[i]) for s, i in tiles.items()}}}
+    return {
+        "sources": sources,
+        "expected": expected,
+        "shown": {"media": streams["files"][key], "tiles": {s: list(rects[i]) for s, i in tiles.items()}},
+    }
 
 
-def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
-           seed: int, study_seed: int = 0, counts: tuple[int, int] | None = None) -> list[dict]:
+def assign(
+    protocol: str,
+    clips: list[dict],
+    catch_pool: list[dict],
+    idx: int,
+    seed: int,
+    study_seed: int = 0,
+    counts: tuple[int, int] | None = None,
+) -> list[dict]:
     """One rater's trials, in presentation order.
 
     ``clips``: dicts with ``id``, ``base_swap``, ``base_x`` and ``streams`` (the row's trial
@@ -406,8 +418,9 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     for c, bit in zip(clips, bits):
         keys = row_files(proto, c["streams"])
         key = keys[file_index(len(keys), (c["base_swap"], c["base_x"]), idx)]
-        out.append({"kind": "test", "clip_id": c["id"], "catch_kind": None,
-                    **_trial(proto, key, c["streams"], bit)})
+        out.append(
+            {"kind": "test", "clip_id": c["id"], "catch_kind": None, **_trial(proto, key, c["streams"], bit)}
+        )
     cb = catch_bits(len(catch_pool), study_seed)
     pool = [dict(cp, _bits=(cb[0][i], cb[1][i])) for i, cp in enumerate(catch_pool)]
     easy = [cp for cp in pool if catch_grade(cp["kind"]) == "easy"]
@@ -418,8 +431,14 @@ def assign(protocol: str, clips: list[dict], catch_pool: list[dict], idx: int,
     for cp, side in zip(picks, sides):
         keys = row_files(proto, cp["streams"], catch=True)
         key = keys[file_index(len(keys), cp["_bits"], idx)]
-        out.append({"kind": "catch", "clip_id": cp["clip_id"], "catch_kind": cp["kind"],
-                    **_trial(proto, key, cp["streams"], side)})
+        out.append(
+            {
+                "kind": "catch",
+                "clip_id": cp["clip_id"],
+                "catch_kind": cp["kind"],
+                **_trial(proto, key, cp["streams"], side),
+            }
+        )
     order = rng.permutation(len(out))
     return [out[i] for i in order]
 

@@ -1,4 +1,5 @@
 """Study errors: one-line messages that name the study, token, trial or field (CLI exit 2)."""
+
 from __future__ import annotations
 
 from ..errors import UserError
@@ -35,24 +36,29 @@ class BadAnswer(StudyError):
 
 class RatingConflict(StudyError):
     def __init__(self, trial, first, second):
-        super().__init__(f"trial {trial}: already answered {first!r}; a rating is written once "
-                         f"(found a second answer {second!r})")
+        super().__init__(
+            f"trial {trial}: already answered {first!r}; a rating is written once "
+            f"(found a second answer {second!r})"
+        )
 
 
 class OutOfOrder(StudyError):
     """An answer to a trial that is not the rater's current, handed-out trial (changes nothing)."""
 
     def __init__(self, trial):
-        super().__init__(f"trial {trial}: not the trial being shown; reload the page to get "
-                         "the current trial")
+        super().__init__(
+            f"trial {trial}: not the trial being shown; reload the page to get the current trial"
+        )
 
 
 class NotLoaded(StudyError):
     """An answer to a trial whose videos were not all requested by the browser."""
 
     def __init__(self, trial):
-        super().__init__(f"trial {trial}: field 'answer': the videos of this trial were not "
-                         "loaded; watch them before answering")
+        super().__init__(
+            f"trial {trial}: field 'answer': the videos of this trial were not "
+            "loaded; watch them before answering"
+        )
         self.wait_ms = 1000
 
 
@@ -75,8 +81,13 @@ class TooSoon(StudyError):
     """An answer that came before one play-through of the trial's videos (the gate)."""
 
     def __init__(self, trial, elapsed: float | None, need: float, seconds: float):
-        when = ("before the videos were loaded" if elapsed is None
-                else f"{elapsed:.1f} s after the videos were loaded")
-        super().__init__(f"trial {trial}: field 'answer': came {when}; watch the videos through "
-                         f"once ({seconds:.1f} s) before answering")
+        when = (
+            "before the videos were loaded"
+            if elapsed is None
+            else f"{elapsed:.1f} s after the videos were loaded"
+        )
+        super().__init__(
+            f"trial {trial}: field 'answer': came {when}; watch the videos through "
+            f"once ({seconds:.1f} s) before answering"
+        )
         self.wait_ms = int(1000 * (need if elapsed is None else max(0.0, need - elapsed))) + 1

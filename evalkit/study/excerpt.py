@@ -9,6 +9,7 @@ the report's ``frames.csv`` (:func:`worst_start`), within the clip; a number is 
 start time in seconds, the same for every clip. The windows are recorded in the study's config
 (``config["excerpt"]``) and shown with its results.
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,17 +39,16 @@ def parse(seconds, at) -> tuple[float | None, float | str]:
     if s is None or not s > 0:
         raise StudyError(f"--excerpt: expected a number of seconds > 0, found {seconds!r}")
     if s > MAX_SECONDS:
-        raise StudyError(f"--excerpt: expected at most {MAX_SECONDS:g} seconds (a week), found "
-                         f"{seconds!r}")
+        raise StudyError(f"--excerpt: expected at most {MAX_SECONDS:g} seconds (a week), found {seconds!r}")
     if at is None or (isinstance(at, str) and at.strip().lower() == WORST):
         return s, WORST
     a = _number(at)
     if a is None or a < 0:
-        raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0, "
-                         f"found {at!r}")
+        raise StudyError(f"--excerpt-at: expected 'worst' or a start time in seconds >= 0, found {at!r}")
     if a > MAX_SECONDS:
-        raise StudyError(f"--excerpt-at: expected a start at most {MAX_SECONDS:g} seconds (a "
-                         f"week), found {at!r}")
+        raise StudyError(
+            f"--excerpt-at: expected a start at most {MAX_SECONDS:g} seconds (a week), found {at!r}"
+        )
     return s, a
 
 
@@ -67,15 +67,19 @@ def frame_lpips(report) -> dict[str, dict[int, float]]:
     is empty left out). Errors name the file."""
     path = Path(report) / "frames.csv"
     if not path.is_file():
-        raise InputFileError(path, "not found: --excerpt-at worst needs the report's per-frame "
-                             "LPIPS (give --excerpt-at START in seconds instead)")
+        raise InputFileError(
+            path,
+            "not found: --excerpt-at worst needs the report's per-frame "
+            "LPIPS (give --excerpt-at START in seconds instead)",
+        )
     out: dict[str, dict[int, float]] = {}
     with open(path, newline="") as f:
         rows = csv.DictReader(f)
         missing = {"job", "frame", "lpips"} - set(rows.fieldnames or ())
         if missing:
-            raise InputFileError(path, f"expected columns job, frame and lpips, found no "
-                                 f"{', '.join(sorted(missing))}")
+            raise InputFileError(
+                path, f"expected columns job, frame and lpips, found no {', '.join(sorted(missing))}"
+            )
         for k, r in enumerate(rows, 2):
             v = (r["lpips"] or "").strip()
             if not v:
@@ -83,11 +87,14 @@ def frame_lpips(report) -> dict[str, dict[int, float]]:
             try:
                 frame, x = int(r["frame"]), float(v)
             except ValueError:
-                raise InputFileError(path, f"line {k}: expected an integer frame and a number "
-                                     f"lpips, found {r['frame']!r} and {v!r}") from None
+                raise InputFileError(
+                    path,
+                    f"line {k}: expected an integer frame and a number lpips, found {r['frame']!r} and {v!r}",
+                ) from None
             if frame < 0 or not math.isfinite(x):
-                raise InputFileError(path, f"line {k}: expected a frame >= 0 and a finite lpips, "
-                                     f"found {frame} and {v}")
+                raise InputFileError(
+                    path, f"line {k}: expected a frame >= 0 and a finite lpips, found {frame} and {v}"
+                )
             out.setdefault(r["job"], {})[frame] = x
     return out
 
@@ -143,8 +150,10 @@ def plan(report, jobs: list[dict], seconds: float | None, at) -> dict | None:
         if at == WORST:
             lp = per.get(c["job"], {})
             if not lp:
-                raise InputFileError(Path(report) / "frames.csv", f"no per-frame lpips of job "
-                                     f"{c['job']} (give --excerpt-at START in seconds instead)")
+                raise InputFileError(
+                    Path(report) / "frames.csv",
+                    f"no per-frame lpips of job {c['job']} (give --excerpt-at START in seconds instead)",
+                )
             start = worst_start(lp, n, total)
             inside = [lp[f] for f in range(start, start + n) if f in lp]
             lpw = float(np.mean(inside)) if inside else None
@@ -152,21 +161,30 @@ def plan(report, jobs: list[dict], seconds: float | None, at) -> dict | None:
             start, lpw = round(at * fps), None
         if total is not None:
             check(c["path_a"], start, n, total, fps, seconds, at)
-        windows[c["job"]] = {"start": start, "frames": n, "start_s": start / fps,
-                             "end_s": (start + n) / fps, "lpips_window": lpw}
+        windows[c["job"]] = {
+            "start": start,
+            "frames": n,
+            "start_s": start / fps,
+            "end_s": (start + n) / fps,
+            "lpips_window": lpw,
+        }
     return {"seconds": seconds, "at": at, "frames": n_all, "fps": fps_all, "windows": windows}
 
 
 def check(path, start: int, n: int, total: int, fps: float, seconds: float, at) -> None:
     """Refuse a window of ``n`` frames from ``start`` that does not fit in ``total`` frames."""
     if n > total:
-        raise StudyError(f"{path}: --excerpt {seconds:g}: expected at most the clip's length "
-                         f"({total / fps:g} s, {total} frames at {fps:g} fps), found {n} frames")
+        raise StudyError(
+            f"{path}: --excerpt {seconds:g}: expected at most the clip's length "
+            f"({total / fps:g} s, {total} frames at {fps:g} fps), found {n} frames"
+        )
     if start + n > total:
         given = at if isinstance(at, str) else f"{at:g}"
-        raise StudyError(f"{path}: --excerpt-at {given}: expected a start at most "
-                         f"{(total - n) / fps:g} s (the {seconds:g} s window within the clip's "
-                         f"{total / fps:g} s), found {start / fps:g} s")
+        raise StudyError(
+            f"{path}: --excerpt-at {given}: expected a start at most "
+            f"{(total - n) / fps:g} s (the {seconds:g} s window within the clip's "
+            f"{total / fps:g} s), found {start / fps:g} s"
+        )
 
 
 #: frames a study's media hold per clip side at once (:func:`pair_windows`), at most, and the
@@ -246,8 +264,9 @@ def pair_windows(path_a, path_b, window: dict | None, seconds=None, at=WORST):
     _check_window(ra, window, seen_a["total"], seconds, at)
     _check_window(rb, window, seen_b["total"], seconds, at)
     if (na, sa) != (nb, sb):
-        raise ShapeError(f"{path_b}: expected {na} frames of {sa[1]}x{sa[0]} like {path_a}, "
-                         f"found {nb} of {sb[1]}x{sb[0]}")
+        raise ShapeError(
+            f"{path_b}: expected {na} frames of {sa[1]}x{sa[0]} like {path_a}, found {nb} of {sb[1]}x{sb[0]}"
+        )
 
 
 class ShapeError(StudyError):

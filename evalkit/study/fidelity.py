@@ -58,6 +58,7 @@ must hold :data:`KEEP_MIN` of the energy, else the stream is predicted to mask t
 lossless delivery is chosen. Conservative: a fine difference the stream keeps anyway may be
 predicted masked; where it predicts "keeps", the rule above still measures the encode.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,7 @@ WINDOW_FRAMES = 12
 #: what a PSNR is relative to
 PEAK = 255.0
 
-_SUMS = ("n", "ab", "ab_delivered", "enc_a", "enc_b", "diff_err", "cross", "kept", "windows",
-         "windows_kept")
+_SUMS = ("n", "ab", "ab_delivered", "enc_a", "enc_b", "diff_err", "cross", "kept", "windows", "windows_kept")
 
 
 def min_correlation(margin_db: float) -> float:
@@ -102,18 +102,20 @@ class Sums:
     def __init__(self, margin_db: float = MARGIN_DB):
         self.s = dict.fromkeys(_SUMS, 0)
         r = 10 ** (margin_db / 10)
-        self.c2 = r / (1 + r)              # min_correlation(margin_db) ** 2, exactly
+        self.c2 = r / (1 + r)  # min_correlation(margin_db) ** 2, exactly
         self.margin_db = margin_db
-        self._open: dict = {}             # pair -> [frames, sdd, spp, sdp] of its open window
-        self._corr = 0.0                  # sum of SSE(D)_w * c_w (the energy-weighted mean)
+        self._open: dict = {}  # pair -> [frames, sdd, spp, sdp] of its open window
+        self._corr = 0.0  # sum of SSE(D)_w * c_w (the energy-weighted mean)
 
     def add(self, a: np.ndarray, b: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> None:
         """Frames of one pair: lossless ``a``, ``b`` and delivered ``a2``, ``b2`` (uint8, one
         shape: ``(n, H, W, 3)`` frames, or one ``(H, W, 3)`` frame); consecutive calls are
         consecutive frames."""
         if not (a.shape == b.shape == a2.shape == b2.shape):
-            raise ValueError(f"frames: expected four arrays of one shape, found {a.shape}, "
-                             f"{b.shape}, {a2.shape}, {b2.shape}")
+            raise ValueError(
+                f"frames: expected four arrays of one shape, found {a.shape}, "
+                f"{b.shape}, {a2.shape}, {b2.shape}"
+            )
         if a.ndim == 3:
             a, b, a2, b2 = a[None], b[None], a2[None], b2[None]
         for f in range(len(a)):
@@ -136,7 +138,7 @@ class Sums:
         s["ab_delivered"] += spp
         s["enc_a"] += enc_a
         s["enc_b"] += enc_b
-        s["diff_err"] += spp - 2 * sdp + sdd          # |D' - D|^2, exactly
+        s["diff_err"] += spp - 2 * sdp + sdd  # |D' - D|^2, exactly
         w = self._open.get(pair)
         if w is None:
             w = self._open[pair] = [0, np.zeros_like(dd), np.zeros_like(dd), np.zeros_like(dd)]
@@ -155,35 +157,41 @@ class Sums:
         if not has.any():
             return
         sdd, spp, sdp = (x[has].astype(np.float64) for x in (sdd, spp, sdp))
-        ok = ((sdp > 0) & (sdp * sdp >= self.c2 * sdd * spp)
-              & (sdp >= GAIN_MIN * sdd) & (sdp <= GAIN_MAX * sdd))
+        ok = (
+            (sdp > 0) & (sdp * sdp >= self.c2 * sdd * spp) & (sdp >= GAIN_MIN * sdd) & (sdp <= GAIN_MAX * sdd)
+        )
         s["kept"] += int(sdd[ok].sum())
         s["windows"] += int(has.sum())
         s["windows_kept"] += int(ok.sum())
-        self._corr += float((sdd * np.where(spp > 0, sdp / np.sqrt(sdd * np.maximum(spp, 1)),
-                                            0.0)).sum())
+        self._corr += float((sdd * np.where(spp > 0, sdp / np.sqrt(sdd * np.maximum(spp, 1)), 0.0)).sum())
 
     def figures(self) -> dict:
         """The figures (dB PSNR, None where undefined), the local rule's (``kept``: the share
         of the difference's energy in windows that keep it; ``local_correlation``: the
         windows' correlations weighted by their difference energy; ``correlation`` and
         ``gain`` of the whole) and the integer sums they come from."""
-        for pair in list(self._open):             # a clip's last, shorter window
+        for pair in list(self._open):  # a clip's last, shorter window
             self._close(pair)
         s = self.s
         n = s["n"]
         ab, dd2 = s["ab"], s["ab_delivered"]
-        out = {"ab_lossless_db": psnr(s["ab"], n), "ab_delivered_db": psnr(s["ab_delivered"], n),
-               "encode_db": psnr(s["enc_a"] + s["enc_b"], 2 * n),
-               "encode_a_db": psnr(s["enc_a"], n), "encode_b_db": psnr(s["enc_b"], n),
-               "difference_error_db": psnr(s["diff_err"], n),
-               "headroom_db": headroom(s["ab"], s["diff_err"]),
-               "kept": s["kept"] / ab if ab else None,
-               "local_correlation": self._corr / ab if ab else None,
-               "correlation": s["cross"] / math.sqrt(ab * dd2) if ab and dd2 else None,
-               "gain": s["cross"] / ab if ab else None,
-               "amplitude": math.sqrt(dd2 / ab) if ab else None,
-               "windows": s["windows"], "windows_kept": s["windows_kept"], "sums": dict(s)}
+        out = {
+            "ab_lossless_db": psnr(s["ab"], n),
+            "ab_delivered_db": psnr(s["ab_delivered"], n),
+            "encode_db": psnr(s["enc_a"] + s["enc_b"], 2 * n),
+            "encode_a_db": psnr(s["enc_a"], n),
+            "encode_b_db": psnr(s["enc_b"], n),
+            "difference_error_db": psnr(s["diff_err"], n),
+            "headroom_db": headroom(s["ab"], s["diff_err"]),
+            "kept": s["kept"] / ab if ab else None,
+            "local_correlation": self._corr / ab if ab else None,
+            "correlation": s["cross"] / math.sqrt(ab * dd2) if ab and dd2 else None,
+            "gain": s["cross"] / ab if ab else None,
+            "amplitude": math.sqrt(dd2 / ab) if ab else None,
+            "windows": s["windows"],
+            "windows_kept": s["windows_kept"],
+            "sums": dict(s),
+        }
         return out
 
 
@@ -248,8 +256,7 @@ def _resize(tile: np.ndarray, w: int, h: int) -> np.ndarray:
     return cv2.resize(tile, (w, h), interpolation=cv2.INTER_LINEAR)
 
 
-def measure_streams(streams: list[tuple], rects: list, windows,
-                    margin_db: float = MARGIN_DB) -> list[Sums]:
+def measure_streams(streams: list[tuple], rects: list, windows, margin_db: float = MARGIN_DB) -> list[Sums]:
     """Each trial stream's figures (a :class:`Sums` per stream, in order, its windows judged
     at ``margin_db``).
 
@@ -262,8 +269,10 @@ def measure_streams(streams: list[tuple], rects: list, windows,
     window per pair); a tile stored downscaled is scaled back to the lossless size."""
     out = [Sums(margin_db) for _ in streams]
     readers = [iter(open_clip(Path(path), threads=1)) for path, _ in streams]
-    pairs = [([i for i, ch in enumerate(key) if ch == "a"], [i for i, ch in enumerate(key)
-                                                               if ch == "b"]) for _, key in streams]
+    pairs = [
+        ([i for i, ch in enumerate(key) if ch == "a"], [i for i, ch in enumerate(key) if ch == "b"])
+        for _, key in streams
+    ]
     t, windows = 0, iter(windows)
     for win in windows:
         fa, fb = win["a"], win["b"]
@@ -280,7 +289,7 @@ def measure_streams(streams: list[tuple], rects: list, windows,
                 tiles, err = {}, {}
                 for i in ia + ib:
                     x, y, tw, th = rects[i]
-                    tile = frame[y:y + th, x:x + tw]
+                    tile = frame[y : y + th, x : x + tw]
                     tiles[i] = _exact(tile if (tw, th) == (w, h) else _resize(tile, w, h))
                     err[i] = _sse(tiles[i] - (a if i in ia else b))
                 for i in ia:
@@ -303,8 +312,9 @@ def row_figures(media_dir, streams: dict, windows, margin_db: float = MARGIN_DB)
         windows = [windows]
     files = sorted(streams["files"].items())
     worst = None
-    for sums in measure_streams([(Path(media_dir) / f"{sha}.mp4", key) for key, sha in files],
-                                streams["rects"], windows, margin_db):
+    for sums in measure_streams(
+        [(Path(media_dir) / f"{sha}.mp4", key) for key, sha in files], streams["rects"], windows, margin_db
+    ):
         f = sums.figures()
         if worst is None or _worse(f, worst):
             worst = f
@@ -319,12 +329,12 @@ def judge(fig: dict, margin_db: float | None = None) -> dict:
     (``inf``, an exact delivery, as None) and the local figures to 0.0001; the sums dropped.
     ``margin_db``, if given, must be the one the figures were measured at."""
     if margin_db is not None and fig.get("margin_db", MARGIN_DB) != margin_db:
-        raise ValueError(f"margin_db: the figures were measured at {fig.get('margin_db')} dB, "
-                         f"not {margin_db}")
+        raise ValueError(
+            f"margin_db: the figures were measured at {fig.get('margin_db')} dB, not {margin_db}"
+        )
     sums = fig["sums"]
     out = {k: json_number(v, 4 if k in _RATIOS else 2) for k, v in fig.items() if k != "sums"}
-    out.update(ok=acceptable(sums), margin_db=fig.get("margin_db", MARGIN_DB),
-               identical=sums["ab"] == 0)
+    out.update(ok=acceptable(sums), margin_db=fig.get("margin_db", MARGIN_DB), identical=sums["ab"] == 0)
     return out
 
 
@@ -361,15 +371,17 @@ def share_text(v) -> str:
 def refusal(label: str, fig: dict) -> str:
     """The one line of a refused row: the clip, how much of the difference the stream keeps
     against the rule, and the figures behind it."""
-    return (f"delivery fidelity: {label}: the browser stream keeps "
-            f"{share_text(fig['kept'])} of the A-B difference "
-            f"({db_text(fig['ab_lossless_db'])} PSNR lossless), not {share_text(KEEP_MIN)}: "
-            f"delivered, it correlates {fig['correlation']:.2f} with the real one at "
-            f"{fig['amplitude']:.2f}x its amplitude (windows {BLOCK}x{BLOCK} px x "
-            f"{WINDOW_FRAMES} frames, each kept at correlation "
-            f">= {min_correlation(fig['margin_db']):.2f} and gain {GAIN_MIN:g}-{GAIN_MAX:g}): "
-            "raters would judge the encoder; --allow-masking creates the study anyway "
-            "(recorded)")
+    return (
+        f"delivery fidelity: {label}: the browser stream keeps "
+        f"{share_text(fig['kept'])} of the A-B difference "
+        f"({db_text(fig['ab_lossless_db'])} PSNR lossless), not {share_text(KEEP_MIN)}: "
+        f"delivered, it correlates {fig['correlation']:.2f} with the real one at "
+        f"{fig['amplitude']:.2f}x its amplitude (windows {BLOCK}x{BLOCK} px x "
+        f"{WINDOW_FRAMES} frames, each kept at correlation "
+        f">= {min_correlation(fig['margin_db']):.2f} and gain {GAIN_MIN:g}-{GAIN_MAX:g}): "
+        "raters would judge the encoder; --allow-masking creates the study anyway "
+        "(recorded)"
+    )
 
 
 def summary(rows: list[dict], margin_db: float, allow_masking: bool) -> dict:
@@ -379,17 +391,25 @@ def summary(rows: list[dict], margin_db: float, allow_masking: bool) -> dict:
     identical)."""
     measured = [r for r in rows if not r["identical"]]
     worst = min(measured, key=lambda r: r["kept"], default=None)
-    return {"measure": RULE_TEXT, "margin_db": margin_db, "keep_min": KEEP_MIN,
-            "allow_masking": bool(allow_masking),
-            "masked": sum(not r["ok"] for r in rows), "rows": rows, "worst": worst}
+    return {
+        "measure": RULE_TEXT,
+        "margin_db": margin_db,
+        "keep_min": KEEP_MIN,
+        "allow_masking": bool(allow_masking),
+        "masked": sum(not r["ok"] for r in rows),
+        "rows": rows,
+        "worst": worst,
+    }
 
 
-RULE_TEXT = (f"local: in windows of {BLOCK}x{BLOCK} pixels x {WINDOW_FRAMES} frames of every "
-             "(A tile, B tile) pair, the delivered difference B'-A' keeps the real one B-A "
-             "(correlation at least that of margin_db: its part along B-A margin_db above the "
-             f"rest; gain, the projection of B'-A' on B-A, {GAIN_MIN:g}-{GAIN_MAX:g}); at least "
-             f"keep_min ({KEEP_MIN:g}) of the difference's energy in windows that keep it, on "
-             "every trial stream of a row (the worst)")
+RULE_TEXT = (
+    f"local: in windows of {BLOCK}x{BLOCK} pixels x {WINDOW_FRAMES} frames of every "
+    "(A tile, B tile) pair, the delivered difference B'-A' keeps the real one B-A "
+    "(correlation at least that of margin_db: its part along B-A margin_db above the "
+    f"rest; gain, the projection of B'-A' on B-A, {GAIN_MIN:g}-{GAIN_MAX:g}); at least "
+    f"keep_min ({KEEP_MIN:g}) of the difference's energy in windows that keep it, on "
+    "every trial stream of a row (the worst)"
+)
 
 
 def per_clip_headroom(per_clip: list[dict], delivery: dict | None) -> None:
@@ -408,10 +428,19 @@ def per_clip_headroom(per_clip: list[dict], delivery: dict | None) -> None:
 def media_bytes(media_dir, streams: list[dict], ext: str = ".mp4") -> dict:
     """Bytes of the trial streams a study stored (one stream is one trial's media, its files
     ``<sha256><ext>``): ``{"streams", "total", "median", "max"}``."""
-    sizes = sorted({sha: (Path(media_dir) / f"{sha}{ext}").stat().st_size
-                    for s in streams for sha in s["files"].values()}.values())
-    return {"streams": len(sizes), "total": sum(sizes),
-            "median": int(np.median(sizes)) if sizes else 0, "max": max(sizes, default=0)}
+    sizes = sorted(
+        {
+            sha: (Path(media_dir) / f"{sha}{ext}").stat().st_size
+            for s in streams
+            for sha in s["files"].values()
+        }.values()
+    )
+    return {
+        "streams": len(sizes),
+        "total": sum(sizes),
+        "median": int(np.median(sizes)) if sizes else 0,
+        "max": max(sizes, default=0),
+    }
 
 
 def bytes_text(n: int) -> str:
@@ -434,35 +463,49 @@ def lines(config: dict) -> list[str]:
     out = [choice["text"]] if choice and choice.get("text") else []
     if not d:
         out.append("delivery: not measured (study made before delivery fidelity was checked)")
-    elif d.get("exact"):                       # lossless delivery (.lossless): nothing measured
+    elif d.get("exact"):  # lossless delivery (.lossless): nothing measured
         out.append(f"delivery: {d['measure']}")
     elif "keep_min" not in d:
         out.extend(_global_lines(d))
     else:
         n = len(d["rows"])
         w = d.get("worst")
-        worst = ("" if w is None else
-                 f"; least kept: clip {w['job']}"
-                 + ("" if w.get("level") is None else f" at level {w['level']:g}")
-                 + f", {share_text(w['kept'])} of the difference "
-                 f"({db_text(w['ab_lossless_db'])}) kept, delivered correlation "
-                 f"{w['correlation']:.2f} at {w['amplitude']:.2f}x amplitude")
+        worst = (
+            ""
+            if w is None
+            else f"; least kept: clip {w['job']}"
+            + ("" if w.get("level") is None else f" at level {w['level']:g}")
+            + f", {share_text(w['kept'])} of the difference "
+            f"({db_text(w['ab_lossless_db'])}) kept, delivered correlation "
+            f"{w['correlation']:.2f} at {w['amplitude']:.2f}x amplitude"
+        )
         if d["masked"]:
-            out.append(f"DELIVERY MASKED: {d['masked']} of {n} rows fail the delivery rule (the "
-                       f"stream keeps less than {share_text(d['keep_min'])} of the difference), "
-                       f"created with --allow-masking: raters may have judged the encoder"
-                       + worst)
-            out.append("masked rows (difference / kept / delivered correlation): " + ", ".join(
-                f"{r['job']}" + ("" if r.get("level") is None else f" x{r['level']:g}")
-                + f" {db_text(r['ab_lossless_db'])} / {share_text(r['kept'])} / "
-                f"{r['correlation']:.2f}"
-                for r in d["rows"] if not r["ok"]))
+            out.append(
+                f"DELIVERY MASKED: {d['masked']} of {n} rows fail the delivery rule (the "
+                f"stream keeps less than {share_text(d['keep_min'])} of the difference), "
+                f"created with --allow-masking: raters may have judged the encoder" + worst
+            )
+            out.append(
+                "masked rows (difference / kept / delivered correlation): "
+                + ", ".join(
+                    f"{r['job']}"
+                    + ("" if r.get("level") is None else f" x{r['level']:g}")
+                    + f" {db_text(r['ab_lossless_db'])} / {share_text(r['kept'])} / "
+                    f"{r['correlation']:.2f}"
+                    for r in d["rows"]
+                    if not r["ok"]
+                )
+            )
         else:
-            out.append(f"delivery: the stream keeps at least {share_text(d['keep_min'])} of "
-                       f"every row's A-B difference ({n} rows)" + worst)
+            out.append(
+                f"delivery: the stream keeps at least {share_text(d['keep_min'])} of "
+                f"every row's A-B difference ({n} rows)" + worst
+            )
     if mb:
-        out.append(f"media: {mb['streams']} trial streams, {bytes_text(mb['total'])} in all; "
-                   f"per trial median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}")
+        out.append(
+            f"media: {mb['streams']} trial streams, {bytes_text(mb['total'])} in all; "
+            f"per trial median {bytes_text(mb['median'])}, max {bytes_text(mb['max'])}"
+        )
     return out
 
 
@@ -471,23 +514,34 @@ def _global_lines(d: dict) -> list[str]:
     encode's error on the whole difference at least ``margin_db`` below it."""
     n = len(d["rows"])
     w = d.get("worst")
-    worst = ("" if w is None else
-             f"; least headroom: clip {w['job']}"
-             + ("" if w.get("level") is None else f" at level {w['level']:g}")
-             + f", encode error on the difference {db_text(w['difference_error_db'])} "
-             f"against the difference {db_text(w['ab_lossless_db'])} "
-             f"({db_text(w['ab_delivered_db'])} as delivered, encode error per side "
-             f"{db_text(w['encode_db'])})")
+    worst = (
+        ""
+        if w is None
+        else f"; least headroom: clip {w['job']}"
+        + ("" if w.get("level") is None else f" at level {w['level']:g}")
+        + f", encode error on the difference {db_text(w['difference_error_db'])} "
+        f"against the difference {db_text(w['ab_lossless_db'])} "
+        f"({db_text(w['ab_delivered_db'])} as delivered, encode error per side "
+        f"{db_text(w['encode_db'])})"
+    )
     if not d["masked"]:
-        return [f"delivery (global rule): every row's encode error on the A-B difference is at "
-                f"least {d['margin_db']:g} dB below the difference ({n} rows)" + worst]
-    return [f"DELIVERY MASKED: {d['masked']} of {n} rows fail the global delivery rule (encode "
-            f"error on the difference not {d['margin_db']:g} dB below it), created with "
-            "--allow-masking: raters may have judged the encoder" + worst,
-            "masked rows (difference / encode error on it): " + ", ".join(
-                f"{r['job']}" + ("" if r.get("level") is None else f" x{r['level']:g}")
-                + f" {db_text(r['ab_lossless_db'])} / {db_text(r['difference_error_db'])}"
-                for r in d["rows"] if not r["ok"])]
+        return [
+            f"delivery (global rule): every row's encode error on the A-B difference is at "
+            f"least {d['margin_db']:g} dB below the difference ({n} rows)" + worst
+        ]
+    return [
+        f"DELIVERY MASKED: {d['masked']} of {n} rows fail the global delivery rule (encode "
+        f"error on the difference not {d['margin_db']:g} dB below it), created with "
+        "--allow-masking: raters may have judged the encoder" + worst,
+        "masked rows (difference / encode error on it): "
+        + ", ".join(
+            f"{r['job']}"
+            + ("" if r.get("level") is None else f" x{r['level']:g}")
+            + f" {db_text(r['ab_lossless_db'])} / {db_text(r['difference_error_db'])}"
+            for r in d["rows"]
+            if not r["ok"]
+        ),
+    ]
 
 
 # -- deciding before encoding ------------------------------------------------------------------
@@ -552,21 +606,25 @@ def predict(frames: list[dict], level: float | None = None) -> dict:
     for i, f in enumerate(frames):
         p = _num(f.get("psnr"))
         if p is not None and math.isinf(p):
-            continue                                  # an identical frame: nothing to mask
+            continue  # an identical frame: nothing to mask
         if p is None:
             return {"masks": True, "energy": None, "kept": None, "local_rms": None}
-        e = PEAK * PEAK * 10 ** (-p / 10) * k * k    # mean square, as amplified
+        e = PEAK * PEAK * 10 ** (-p / 10) * k * k  # mean square, as amplified
         r = local_rms(f)
         r = None if r is None else r * k
         # the block means' amplitude: both transitions around the frame (the smaller), halved
-        around = [x for x in (flick[i] if i else None,
-                              flick[i + 1] if i + 1 < len(frames) else None) if x is not None]
+        around = [
+            x
+            for x in (flick[i] if i else None, flick[i + 1] if i + 1 < len(frames) else None)
+            if x is not None
+        ]
         if len(frames) == 1:
             around = [flick[0]] if flick[0] is not None else []
         blocks = min(around) / 2 * k if around else 0.0
         total += e
         if (r is not None and r >= PREDICT_RMS_MIN) or (
-                blocks >= PREDICT_BLOCK_MIN and blocks * blocks >= PREDICT_BLOCK_SHARE * e):
+            blocks >= PREDICT_BLOCK_MIN and blocks * blocks >= PREDICT_BLOCK_SHARE * e
+        ):
             kept += e
         weighted.append((r or 0.0, e))
     if total == 0:
@@ -578,8 +636,12 @@ def predict(frames: list[dict], level: float | None = None) -> dict:
         if acc >= total / 2:
             med = r
             break
-    return {"masks": kept < KEEP_MIN * total, "energy": total, "kept": kept / total,
-            "local_rms": round(med, 2)}
+    return {
+        "masks": kept < KEEP_MIN * total,
+        "energy": total,
+        "kept": kept / total,
+        "local_rms": round(med, 2),
+    }
 
 
 def report_frames(report, jobs) -> dict:
@@ -602,13 +664,13 @@ def report_frames(report, jobs) -> dict:
         for row in csv.DictReader(f):
             if row.get("job") in jobs:
                 # each metric's clip mean stands for its frames (``psnr_mean`` -> ``psnr``)
-                out[row["job"]].append({k[:-len("_mean")]: v for k, v in row.items()
-                                        if k.endswith("_mean")})
+                out[row["job"]].append({k[: -len("_mean")]: v for k, v in row.items() if k.endswith("_mean")})
     return out
 
 
-def delivery_rows(chosen: list[dict], ladder: list, kind: str = "amplify",
-                  cut: dict | None = None) -> list[dict]:
+def delivery_rows(
+    chosen: list[dict], ladder: list, kind: str = "amplify", cut: dict | None = None
+) -> list[dict]:
     """The rows :func:`choose_delivery` judges for a study about to be made, from what
     ``create_study`` knows before encoding: the chosen clips (``{"job"}`` each), the ladder
     (``[None]``: one row per clip; else the threshold levels), its kind (``amplify`` or
@@ -651,12 +713,22 @@ def choose_delivery(rows: list[dict], report) -> tuple[str, str]:
             least = (label, p["local_rms"])
     if masked:
         label, rms = min(masked, key=lambda m: -1 if m[1] is None else m[1])
-        why = ("no report figures for its stimulus" if rms is None else
-               f"its difference {rms:.1f} code values RMS where the pair differs, below "
-               f"{PREDICT_RMS_MIN:.1f}")
-        return "lossless", (f"delivery: lossless (the H.264 stream would mask {len(masked)} of "
-                            f"{len(rows)} rows; e.g. {label}: {why})")
-    tail = "" if least is None else (f"; least: {least[0]}, {least[1]:.1f} code values RMS "
-                                     f"where the pair differs, at least {PREDICT_RMS_MIN:.1f}")
+        why = (
+            "no report figures for its stimulus"
+            if rms is None
+            else f"its difference {rms:.1f} code values RMS where the pair differs, below "
+            f"{PREDICT_RMS_MIN:.1f}"
+        )
+        return "lossless", (
+            f"delivery: lossless (the H.264 stream would mask {len(masked)} of "
+            f"{len(rows)} rows; e.g. {label}: {why})"
+        )
+    tail = (
+        ""
+        if least is None
+        else (
+            f"; least: {least[0]}, {least[1]:.1f} code values RMS "
+            f"where the pair differs, at least {PREDICT_RMS_MIN:.1f}"
+        )
+    )
     return "stream", f"delivery: stream (H.264 keeps every row's difference{tail})"
-

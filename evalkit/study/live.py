@@ -39,6 +39,7 @@ acknowledged only after its batch committed. Immutable data (raters, trial lists
 settings) is cached per process; what changes (answers, served/fetched times) is read from the
 database, so several server processes can share one database.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,13 +58,24 @@ from sqlalchemy import and_, bindparam, select
 
 from ..errors import UserError
 from . import design, seal
-from .errors import (BadAcknowledgement, BadAnswer, NotLoaded, OutOfOrder, RatingConflict, StudyError, TooSoon,
-                     TrialNotAssigned, UnknownMedia, UnknownToken, UnknownTrial)
+from .errors import (
+    BadAcknowledgement,
+    BadAnswer,
+    NotLoaded,
+    OutOfOrder,
+    RatingConflict,
+    StudyError,
+    TooSoon,
+    TrialNotAssigned,
+    UnknownMedia,
+    UnknownToken,
+    UnknownTrial,
+)
 from .lossless import ext_of
 from .store import now, open_db, raters, ratings, studies, trials
 
 _STOP = object()
-DEFAULT_FPS = 24.0       # frame rate assumed for studies created before it was recorded
+DEFAULT_FPS = 24.0  # frame rate assumed for studies created before it was recorded
 
 
 def token_hash(token: str) -> str:
@@ -77,9 +89,9 @@ def media_name(key: str, trial_id: int, slot: str, ext: str = ".mp4") -> str:
     return mac.hexdigest()[:40] + ext
 
 
-MAX_TOKEN = 512               # characters; invite tokens are 43
-MAX_ID = 2**63 - 1            # database ids are 64-bit
-MAX_RANGES = 64               # disjoint byte ranges kept per video (a browser sends a few)
+MAX_TOKEN = 512  # characters; invite tokens are 43
+MAX_ID = 2**63 - 1  # database ids are 64-bit
+MAX_RANGES = 64  # disjoint byte ranges kept per video (a browser sends a few)
 
 
 def merge_ranges(ranges) -> list[list[int]]:
@@ -102,7 +114,7 @@ def covers(ranges, size: int) -> bool:
 def shown(value, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error lines that echo what was sent."""
     r = repr(value)
-    return r if len(r) <= limit else r[:limit - 3] + "..."
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def check_token(token) -> str:
@@ -112,7 +124,7 @@ def check_token(token) -> str:
         raise UnknownToken()
     try:
         token.encode("utf-8")
-    except UnicodeEncodeError:        # a lone surrogate from JSON's \ud800
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \ud800
         raise UnknownToken() from None
     return token
 
@@ -130,8 +142,10 @@ def check_trial_id(trial) -> int:
 def check_answer(trial_id, protocol: str, answer) -> None:
     """:class:`BadAnswer` naming the field unless ``answer`` is one of ``protocol``'s."""
     if not isinstance(answer, str) or answer not in design.ANSWERS[protocol]:
-        raise BadAnswer(f"trial {trial_id}: field 'answer': expected one of "
-                        f"{', '.join(design.ANSWERS[protocol])}, found {shown(answer)}")
+        raise BadAnswer(
+            f"trial {trial_id}: field 'answer': expected one of "
+            f"{', '.join(design.ANSWERS[protocol])}, found {shown(answer)}"
+        )
 
 
 def check_client_ms(trial_id, client_ms) -> int | None:
@@ -139,13 +153,17 @@ def check_client_ms(trial_id, client_ms) -> int | None:
     as an int, at most 2**31-1); a bool, NaN, infinity or text is :class:`BadAnswer`."""
     if client_ms is None:
         return None
-    if isinstance(client_ms, bool) or not isinstance(client_ms, (int, float)) \
-            or (isinstance(client_ms, float) and not math.isfinite(client_ms)):
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected a finite number of "
-                        f"milliseconds, found {shown(client_ms)}")
+    if (
+        isinstance(client_ms, bool)
+        or not isinstance(client_ms, (int, float))
+        or (isinstance(client_ms, float) and not math.isfinite(client_ms))
+    ):
+        raise BadAnswer(
+            f"trial {trial_id}: field 'response_ms': expected a finite number of "
+            f"milliseconds, found {shown(client_ms)}"
+        )
     if client_ms < 0:
-        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, "
-                        f"found {shown(client_ms)}")
+        raise BadAnswer(f"trial {trial_id}: field 'response_ms': expected >= 0, found {shown(client_ms)}")
     return int(min(client_ms, 2**31 - 1))
 
 
@@ -154,19 +172,25 @@ class RaterService:
     with a ``*_sync`` twin for scripts and tests). ``state`` and ``answer`` return
     ``{"progress", "trial"[, "completion_code"]}`` (``answer`` adds ``saved``)."""
 
-    def __init__(self, db, *, completion_code: str | None = None, max_batch: int = 512,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        db,
+        *,
+        completion_code: str | None = None,
+        max_batch: int = 512,
+        clock: Callable[[], float] = time.time,
+    ):
         self.db = open_db(db)
         self.completion_code = completion_code
         self.max_batch = max(1, int(max_batch))
         self.clock = clock
-        self._raters: dict[str, dict] = {}      # token sha256 -> {"id", "study_id"}
+        self._raters: dict[str, dict] = {}  # token sha256 -> {"id", "study_id"}
         self._plans: dict[int, list[dict]] = {}  # rater id -> trials in order
-        self._names: dict[int, dict] = {}       # rater id -> media name -> (trial id, slot, sha)
-        self._studies: dict[int, dict] = {}     # study id -> protocol, fps, durations, media, key
-        self._sizes: dict[str, int] = {}        # media sha256 -> bytes
-        self._crcs: dict[str, int] = {}         # media sha256 -> CRC-32 of its bytes
-        self._loaded: set[int] = set()          # trials whose ``fetched`` was read back (final)
+        self._names: dict[int, dict] = {}  # rater id -> media name -> (trial id, slot, sha)
+        self._studies: dict[int, dict] = {}  # study id -> protocol, fps, durations, media, key
+        self._sizes: dict[str, int] = {}  # media sha256 -> bytes
+        self._crcs: dict[str, int] = {}  # media sha256 -> CRC-32 of its bytes
+        self._loaded: set[int] = set()  # trials whose ``fetched`` was read back (final)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         if self.db.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert
@@ -174,31 +198,46 @@ class RaterService:
             from sqlalchemy.dialects.postgresql import insert
         # statements built once (building and cache-keying a statement costs more than running
         # it on SQLite); values come as bound parameters
-        self._q_rater = select(raters.c.id, raters.c.study_id).where(
-            raters.c.token_sha256 == bindparam("h"))
-        self._q_live = (select(trials.c.id, trials.c.served, trials.c.fetched, ratings.c.answer)
-                        .select_from(trials.outerjoin(ratings, and_(
-                            ratings.c.rater_id == trials.c.rater_id,
-                            ratings.c.trial_id == trials.c.id)))
-                        .where(trials.c.rater_id == bindparam("rid")))
+        self._q_rater = select(raters.c.id, raters.c.study_id).where(raters.c.token_sha256 == bindparam("h"))
+        self._q_live = (
+            select(trials.c.id, trials.c.served, trials.c.fetched, ratings.c.answer)
+            .select_from(
+                trials.outerjoin(
+                    ratings, and_(ratings.c.rater_id == trials.c.rater_id, ratings.c.trial_id == trials.c.id)
+                )
+            )
+            .where(trials.c.rater_id == bindparam("rid"))
+        )
         # locked (PostgreSQL; SQLite's BEGIN IMMEDIATE locks the database): deliveries of one
         # trial are merged one after another, whichever process sent them
-        self._q_one = (select(trials.c.served, trials.c.fetched, trials.c.delivered)
-                       .where(trials.c.id == bindparam("tid")).with_for_update())
-        self._u_got = (trials.update().where(trials.c.id == bindparam("tid"))
-                       .values(delivered=bindparam("got")))
-        self._u_served = (trials.update().where(trials.c.id == bindparam("tid"),
-                                                trials.c.served.is_(None))
-                          .values(served=bindparam("at")))
-        self._u_fetched = (trials.update().where(trials.c.id == bindparam("tid"),
-                                                 trials.c.fetched.is_(None))
-                           .values(fetched=bindparam("at")))
-        self._i_rating = (insert(ratings).on_conflict_do_nothing(
-            index_elements=["rater_id", "trial_id"]).returning(ratings.c.id))
-        self._q_prev = select(ratings.c.answer).where(ratings.c.rater_id == bindparam("rid"),
-                                                      ratings.c.trial_id == bindparam("tid"))
+        self._q_one = (
+            select(trials.c.served, trials.c.fetched, trials.c.delivered)
+            .where(trials.c.id == bindparam("tid"))
+            .with_for_update()
+        )
+        self._u_got = (
+            trials.update().where(trials.c.id == bindparam("tid")).values(delivered=bindparam("got"))
+        )
+        self._u_served = (
+            trials.update()
+            .where(trials.c.id == bindparam("tid"), trials.c.served.is_(None))
+            .values(served=bindparam("at"))
+        )
+        self._u_fetched = (
+            trials.update()
+            .where(trials.c.id == bindparam("tid"), trials.c.fetched.is_(None))
+            .values(fetched=bindparam("at"))
+        )
+        self._i_rating = (
+            insert(ratings)
+            .on_conflict_do_nothing(index_elements=["rater_id", "trial_id"])
+            .returning(ratings.c.id)
+        )
+        self._q_prev = select(ratings.c.answer).where(
+            ratings.c.rater_id == bindparam("rid"), ratings.c.trial_id == bindparam("tid")
+        )
         self._q_owner = select(trials.c.rater_id).where(trials.c.id == bindparam("tid"))
-        self.batches = 0                         # counters (the benchmark prints them)
+        self.batches = 0  # counters (the benchmark prints them)
         self.jobs = 0
         self._thread = threading.Thread(target=self._run, name="evalkit-writer", daemon=True)
         self._thread.start()
@@ -215,8 +254,7 @@ class RaterService:
         return await asyncio.wrap_future(self.submit_job("state", token))
 
     async def answer(self, token, trial, answer, client_ms=None, client=None) -> dict:
-        return await asyncio.wrap_future(
-            self.submit_job("answer", token, trial, answer, client_ms, client))
+        return await asyncio.wrap_future(self.submit_job("answer", token, trial, answer, client_ms, client))
 
     async def open_media(self, token: str, name: str) -> Path:
         """The file behind a media name of one of the rater's handed-out trials, recording
@@ -224,8 +262,9 @@ class RaterService:
         :class:`~.errors.UnknownMedia` for anything else."""
         return await asyncio.wrap_future(self.submit_job("media", token, name, False))
 
-    def delivered(self, token: str, name: str, start: int, stop: int,
-                  began: float | None = None) -> concurrent.futures.Future:
+    def delivered(
+        self, token: str, name: str, start: int, stop: int, began: float | None = None
+    ) -> concurrent.futures.Future:
         """Record that bytes ``[start, stop)`` of a media file went to the rater, by a response
         that ``began`` then (this service's clock; default now): the web app, once they were
         sent; nothing waits for it."""
@@ -350,15 +389,20 @@ class RaterService:
     def _study(self, conn, sid: int) -> dict:
         st = self._studies.get(sid)
         if st is None:
-            row = conn.execute(select(studies.c.protocol, studies.c.config, studies.c.media_dir)
-                               .where(studies.c.id == sid)).one()
+            row = conn.execute(
+                select(studies.c.protocol, studies.c.config, studies.c.media_dir).where(studies.c.id == sid)
+            ).one()
             cfg = row[1] or {}
-            st = {"protocol": row[0], "fps": float(cfg.get("fps") or DEFAULT_FPS),
-                  "media_dir": row[2], "seconds": dict(cfg.get("media_seconds") or {}),
-                  "key": cfg["media_key"],      # every study has one (schema 4 upgrade)
-                  "ext": ext_of(cfg),
-                  # the study key file: a trial's stream and tiles are sealed (schema 6)
-                  "seal": seal.study_key(cfg) if "seal" in cfg else None}
+            st = {
+                "protocol": row[0],
+                "fps": float(cfg.get("fps") or DEFAULT_FPS),
+                "media_dir": row[2],
+                "seconds": dict(cfg.get("media_seconds") or {}),
+                "key": cfg["media_key"],  # every study has one (schema 4 upgrade)
+                "ext": ext_of(cfg),
+                # the study key file: a trial's stream and tiles are sealed (schema 6)
+                "seal": seal.study_key(cfg) if "seal" in cfg else None,
+            }
             self._studies[sid] = st
         return st
 
@@ -366,21 +410,32 @@ class RaterService:
         plan = self._plans.get(r["id"])
         if plan is None:
             rows = conn.execute(
-                select(trials.c.id, trials.c.rater_id, trials.c.ord, trials.c.kind,
-                       trials.c.shown, trials.c.sources, trials.c.expected, trials.c.sealed)
-                .where(trials.c.rater_id == r["id"]).order_by(trials.c.ord)).mappings()
+                select(
+                    trials.c.id,
+                    trials.c.rater_id,
+                    trials.c.ord,
+                    trials.c.kind,
+                    trials.c.shown,
+                    trials.c.sources,
+                    trials.c.expected,
+                    trials.c.sealed,
+                )
+                .where(trials.c.rater_id == r["id"])
+                .order_by(trials.c.ord)
+            ).mappings()
             st = self._study(conn, r["study_id"])
             # the server serves the right stream and tiles: it unseals them (the key file
             # where the server runs); a test trial's expected answer is never used here
-            plan = [seal.unseal_trial(st["seal"], dict(t)) if t["sealed"] else dict(t)
-                    for t in rows]
+            plan = [seal.unseal_trial(st["seal"], dict(t)) if t["sealed"] else dict(t) for t in rows]
             key, ext = st["key"], st["ext"]
             names = {}
             for t in plan:
-                if "media" not in t["shown"]:       # one file per video: made before streams
-                    raise StudyError(f"study {r['study_id']}: made before trial streams (one "
-                                     "file per video, which its sizes could tell apart); "
-                                     "create it again with `evalkit study create`")
+                if "media" not in t["shown"]:  # one file per video: made before streams
+                    raise StudyError(
+                        f"study {r['study_id']}: made before trial streams (one "
+                        "file per video, which its sizes could tell apart); "
+                        "create it again with `evalkit study create`"
+                    )
                 t["names"] = {"video": media_name(key, t["id"], "video", ext)}
                 t["files"] = {"video": t["shown"]["media"]}
                 for slot, name in t["names"].items():
@@ -394,7 +449,7 @@ class RaterService:
         out = 0.0
         for sha in (trial["shown"]["media"],):
             s = st["seconds"].get(sha)
-            if s is None:                       # a study made before durations were stored
+            if s is None:  # a study made before durations were stored
                 s = st["seconds"][sha] = _probe_seconds(Path(st["media_dir"]) / f"{sha}{st['ext']}")
             out = max(out, s)
         return out
@@ -407,22 +462,26 @@ class RaterService:
 
     def _public(self, t: dict, st: dict, total: int) -> dict:
         # fps is shared by every video of a trial, so it says nothing about which is which
-        return {"trial": t["id"], "index": t["ord"] + 1, "total": total,
-                "protocol": design.page_protocol(st["protocol"]),
-                "answers": list(design.ANSWERS[st["protocol"]]),
-                "fps": st["fps"], "media": dict(t["names"]),
-                "tiles": {slot: list(r) for slot, r in t["shown"]["tiles"].items()}}
+        return {
+            "trial": t["id"],
+            "index": t["ord"] + 1,
+            "total": total,
+            "protocol": design.page_protocol(st["protocol"]),
+            "answers": list(design.ANSWERS[st["protocol"]]),
+            "fps": st["fps"],
+            "media": dict(t["names"]),
+            "tiles": {slot: list(r) for slot, r in t["shown"]["tiles"].items()},
+        }
 
     def _view(self, conn, st: dict, plan: list[dict], live: dict, at: float) -> dict:
         done = sum(1 for v in live.values() if v[2] is not None)
         nxt = next((t for t in plan if live[t["id"]][2] is None), None)
-        out = {"progress": {"done": done, "total": len(plan), "finished": done >= len(plan)},
-               "trial": None}
+        out = {"progress": {"done": done, "total": len(plan), "finished": done >= len(plan)}, "trial": None}
         if nxt is None:
             if self.completion_code:
                 out["completion_code"] = self.completion_code
             return out
-        if live[nxt["id"]][0] is None:          # handed out now
+        if live[nxt["id"]][0] is None:  # handed out now
             conn.execute(self._u_served, {"tid": nxt["id"], "at": at})
             live[nxt["id"]][0] = at
         out["trial"] = self._public(nxt, st, len(plan))
@@ -432,8 +491,7 @@ class RaterService:
         r = self._rater(conn, token)
         plan = self._plan(conn, r)
         st = self._study(conn, r["study_id"])
-        return self._view(conn, st, plan, self._live(conn, r["id"]),
-                          self.clock() if at is None else at)
+        return self._view(conn, st, plan, self._live(conn, r["id"]), self.clock() if at is None else at)
 
     def _progress(self, conn, token) -> dict:
         r = self._rater(conn, token)
@@ -457,12 +515,12 @@ class RaterService:
                 self._deliver(conn, r, tid, slot, 0, self._size(st, sha), arrived)
                 self._acked(conn, r, tid, slot, arrived)
             elif conn.execute(self._q_one, {"tid": tid}).one()[0] is None:
-                raise UnknownMedia()            # not handed out yet: as if it did not exist
+                raise UnknownMedia()  # not handed out yet: as if it did not exist
         return Path(st["media_dir"]) / f"{sha}{st['ext']}"
 
     def _delivered(self, conn, token, name, start, stop, began, *, arrived) -> None:
         r, tid, slot, _ = self._hit(conn, token, name)
-        if tid not in self._loaded:             # once stored, fetched never changes: no query
+        if tid not in self._loaded:  # once stored, fetched never changes: no query
             self._deliver(conn, r, tid, slot, start, stop, arrived if began is None else began)
 
     def _size(self, st: dict, sha: str) -> int:
@@ -481,26 +539,28 @@ class RaterService:
             n = self._crcs[sha] = crc
         return n
 
-    def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int,
-                 began: float) -> None:
+    def _deliver(self, conn, r: dict, tid: int, slot: str, start: int, stop: int, began: float) -> None:
         """Add bytes ``[start, stop)`` of the trial's video in ``slot``, sent by a response
         that ``began`` then, to what was sent (the gate then waits for the page's
         acknowledgement: :meth:`_ack`)."""
         served, fetched, got = conn.execute(self._q_one, {"tid": tid}).one()
-        if served is None:                      # not handed out yet: as if it did not exist
+        if served is None:  # not handed out yet: as if it did not exist
             raise UnknownMedia()
-        if fetched is not None:                 # committed: read back from the database
+        if fetched is not None:  # committed: read back from the database
             self._loaded.add(tid)
             return
         st = self._study(conn, r["study_id"])
         t = next(x for x in self._plans[r["id"]] if x["id"] == tid)
-        got = dict(got or {})                   # slot -> {"ranges", "first"[, "acked"]}
+        got = dict(got or {})  # slot -> {"ranges", "first"[, "acked"]}
         size = self._size(st, t["files"][slot])
         start, stop = max(0, start), min(size, stop)
         if stop > start:
             old = got.get(slot) or {"ranges": [], "first": began}
-            new = {**old, "ranges": merge_ranges([*old["ranges"], [start, stop]]),
-                   "first": min(old["first"], began)}
+            new = {
+                **old,
+                "ranges": merge_ranges([*old["ranges"], [start, stop]]),
+                "first": min(old["first"], began),
+            }
             if new != got.get(slot) and len(new["ranges"]) <= MAX_RANGES:
                 got[slot] = new
                 conn.execute(self._u_got, {"tid": tid, "got": got})
@@ -510,8 +570,9 @@ class RaterService:
         st = self._study(conn, r["study_id"])
         for field, value in (("size", size), ("crc32", crc32)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise BadAcknowledgement(f"field {field!r}: expected a non-negative integer, "
-                                         f"found {shown(value)}")
+                raise BadAcknowledgement(
+                    f"field {field!r}: expected a non-negative integer, found {shown(value)}"
+                )
         if size != self._size(st, sha) or crc32 != self._crc(st, sha):
             raise BadAcknowledgement("size or CRC-32: not those of the file sent")
         if tid not in self._loaded:
@@ -537,8 +598,7 @@ class RaterService:
             got[slot] = {**got[slot], "acked": at}
             conn.execute(self._u_got, {"tid": tid, "got": got})
         if all("acked" in got.get(s, {}) for s in t["files"]):
-            conn.execute(self._u_fetched, {"tid": tid, "at": max(
-                got[s]["acked"] for s in t["files"])})
+            conn.execute(self._u_fetched, {"tid": tid, "at": max(got[s]["acked"] for s in t["files"])})
 
     def _answer(self, conn, token, trial_id, answer, client_ms, client, *, arrived) -> dict:
         tid = check_trial_id(trial_id)
@@ -556,7 +616,7 @@ class RaterService:
         cms = check_client_ms(tid, client_ms)
         live = self._live(conn, r["id"])
         served, fetched, prev = live[tid]
-        if prev is not None:                    # answered before: idempotent or a conflict
+        if prev is not None:  # answered before: idempotent or a conflict
             prev = seal.open_answer(st["seal"], r["id"], tid, prev)
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
@@ -567,21 +627,33 @@ class RaterService:
         if fetched is None:
             raise NotLoaded(tid)
         seconds = self._seconds(st, t)
-        need = max(0.0, seconds - 1.0 / st["fps"])   # one frame of slack
+        need = max(0.0, seconds - 1.0 / st["fps"])  # one frame of slack
         if arrived - fetched < need:
             raise TooSoon(tid, arrived - fetched, need, seconds)
         # the answer is stored, not its correctness: a test trial's is computed when the key is
         # opened (:func:`.analyse.raw_ratings`); a catch trial's is kept for the interim screening
         correct = design.score(protocol, t, answer)[0] if t["kind"] == "catch" else None
-        row = {"study_id": r["study_id"], "rater_id": r["id"], "trial_id": tid,
-               "answer": seal.seal_answer(st["seal"], r["id"], tid, answer),
-               "correct": correct, "response_ms": int(round(1000 * (arrived - fetched))),
-               "client_ms": cms, "shown": {}, "sources": {},
-               "client": client[:200] if client else None, "created": now()}
+        row = {
+            "study_id": r["study_id"],
+            "rater_id": r["id"],
+            "trial_id": tid,
+            "answer": seal.seal_answer(st["seal"], r["id"], tid, answer),
+            "correct": correct,
+            "response_ms": int(round(1000 * (arrived - fetched))),
+            "client_ms": cms,
+            "shown": {},
+            "sources": {},
+            "client": client[:200] if client else None,
+            "created": now(),
+        }
         new = conn.execute(self._i_rating, row).scalar() is not None
-        if not new:                             # written meanwhile by another process
-            prev = seal.open_answer(st["seal"], r["id"], tid, conn.execute(
-                self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one())
+        if not new:  # written meanwhile by another process
+            prev = seal.open_answer(
+                st["seal"],
+                r["id"],
+                tid,
+                conn.execute(self._q_prev, {"rid": r["id"], "tid": tid}).scalar_one(),
+            )
             if prev != answer:
                 raise RatingConflict(tid, prev, answer)
         live[tid][2] = answer

@@ -23,6 +23,7 @@ size and frame count; only the VP8L chunks' lengths and bytes depend on the cont
 tile together). The page paints frame ``k`` at ``k / fps`` from its own clock (the durations are
 for other viewers).
 """
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,7 @@ EXT = {"stream": ".mp4", "lossless": ".webp"}
 MIME = {".mp4": "video/mp4", ".webp": "image/webp"}
 DELIVERIES = tuple(EXT)
 #: what raters see, by delivery (the verdict names it)
-SEEN = {"stream": "as delivered: H.264 4:2:0 QP 12",
-        "lossless": "lossless: the rendered pixels"}
+SEEN = {"stream": "as delivered: H.264 4:2:0 QP 12", "lossless": "lossless: the rendered pixels"}
 #: Pillow's lossless WebP settings of every frame: effort 0 ("quality" is effort when lossless)
 #: and method 0, the fastest (see the module's text)
 WEBP_OPTIONS = {"lossless": True, "quality": 0, "method": 0, "exact": True}
@@ -71,9 +71,9 @@ def vp8l(frame: np.ndarray) -> bytes:
     # RIFF size WEBP, then chunks: take the VP8L one (Pillow writes it alone for an RGB still)
     i = 12
     while i + 8 <= len(data):
-        tag, n = data[i:i + 4], struct.unpack("<I", data[i + 4:i + 8])[0]
+        tag, n = data[i : i + 4], struct.unpack("<I", data[i + 4 : i + 8])[0]
         if tag == b"VP8L":
-            return data[i + 8:i + 8 + n]
+            return data[i + 8 : i + 8 + n]
         i += 8 + n + (n & 1)
     raise RuntimeError("Pillow's WebP encoder wrote no lossless (VP8L) chunk")
 
@@ -90,14 +90,22 @@ class AnimatedWebP:
         f.write(b"RIFF\0\0\0\0WEBP")
         f.write(_chunk(b"VP8X", bytes([0x02, 0, 0, 0]) + _u24(width - 1) + _u24(height - 1)))
         f.write(_chunk(b"ANIM", b"\0\0\0\0" + struct.pack("<H", 0)))
-        self.size = 4 + 18 + 14                  # "WEBP" and the two chunks
+        self.size = 4 + 18 + 14  # "WEBP" and the two chunks
 
     def add(self, frame: np.ndarray) -> None:
         if frame.shape != (self.height, self.width, 3) or frame.dtype != np.uint8:
-            raise ValueError(f"webp frame: expected ({self.height}, {self.width}, 3) uint8, "
-                             f"found {frame.dtype} {frame.shape}")
-        head = (_u24(0) + _u24(0) + _u24(self.width - 1) + _u24(self.height - 1)
-                + _u24(self.duration) + bytes([0x02]))          # no blending, no disposal
+            raise ValueError(
+                f"webp frame: expected ({self.height}, {self.width}, 3) uint8, "
+                f"found {frame.dtype} {frame.shape}"
+            )
+        head = (
+            _u24(0)
+            + _u24(0)
+            + _u24(self.width - 1)
+            + _u24(self.height - 1)
+            + _u24(self.duration)
+            + bytes([0x02])
+        )  # no blending, no disposal
         c = _chunk(b"ANMF", head + _chunk(b"VP8L", vp8l(frame)))
         self.f.write(c)
         self.size += len(c)
@@ -131,12 +139,12 @@ def anmf_sizes(data: bytes) -> list[int]:
         raise ValueError("webp: expected RIFF....WEBP at the start")
     out, i = [], 12
     while i + 8 <= len(data):
-        tag, n = data[i:i + 4], struct.unpack("<I", data[i + 4:i + 8])[0]
+        tag, n = data[i : i + 4], struct.unpack("<I", data[i + 4 : i + 8])[0]
         if tag == b"ANMF":
             j = i + 8 + 16
-            if data[j:j + 4] != b"VP8L":
+            if data[j : j + 4] != b"VP8L":
                 raise ValueError(f"webp: frame at byte {i}: expected a VP8L bitstream")
-            out.append(struct.unpack("<I", data[j + 4:j + 8])[0])
+            out.append(struct.unpack("<I", data[j + 4 : j + 8])[0])
         i += 8 + n + (n & 1)
     return out
 
@@ -152,14 +160,30 @@ def read_webp(path) -> np.ndarray:
 def exact_row(job: str, level) -> dict:
     """A lossless row's delivery record: exact by construction (nothing encoded lossily, so
     nothing measured; the fields of :func:`.fidelity.judge` that a stream's row has)."""
-    return {"job": job, "level": level, "exact": True, "ok": True, "identical": None,
-            "headroom_db": None, "ab_lossless_db": None, "ab_delivered_db": None,
-            "difference_error_db": None, "encode_db": None, "streams": None}
+    return {
+        "job": job,
+        "level": level,
+        "exact": True,
+        "ok": True,
+        "identical": None,
+        "headroom_db": None,
+        "ab_lossless_db": None,
+        "ab_delivered_db": None,
+        "difference_error_db": None,
+        "encode_db": None,
+        "streams": None,
+    }
 
 
 def exact_summary(rows: list[dict]) -> dict:
     """A lossless study's delivery record (its config's ``delivery``): exact, every row."""
-    return {"measure": "lossless delivery: raters see the rendered pixels, exact (animated "
-                       "lossless WebP painted on a canvas; nothing to measure)",
-            "exact": True, "margin_db": None, "allow_masking": False, "masked": 0,
-            "rows": rows, "worst": None}
+    return {
+        "measure": "lossless delivery: raters see the rendered pixels, exact (animated "
+        "lossless WebP painted on a canvas; nothing to measure)",
+        "exact": True,
+        "margin_db": None,
+        "allow_masking": False,
+        "masked": 0,
+        "rows": rows,
+        "worst": None,
+    }

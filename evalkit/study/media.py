@@ -29,6 +29,7 @@ coded size by 5-30%: a script told catch trials from test trials by the file siz
 Reproducible: the same tiles give the same file (on one kind of CPU: x264's SIMD code is not
 bit-exact with its C code); see :data:`TILED_X264` for why MB-tree is off.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ GUTTER_GREY = 128
 #: 4096x2304) a trial stream may have; larger tiles are downscaled to fit
 MAX_WIDTH = 4096
 MAX_MBS = 36864
-TILED_ENCODING = replace(BROWSER_ENCODING, options={**BROWSER_ENCODING.options, "threads": "1",
-                                                    "x264-params": TILED_X264})
+TILED_ENCODING = replace(
+    BROWSER_ENCODING, options={**BROWSER_ENCODING.options, "threads": "1", "x264-params": TILED_X264}
+)
 
 
 def media_workers() -> int:
@@ -92,7 +94,7 @@ def _store(write, media_dir: Path, ext: str = ".mp4") -> str:
     media_dir = Path(media_dir)
     media_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = mkstemp(prefix=".tmp-", suffix=ext, dir=media_dir)
-    hold(fd)                                   # held while written: not stale to another create
+    hold(fd)  # held while written: not stale to another create
     tmp = Path(tmp)
     try:
         write(tmp)
@@ -116,8 +118,7 @@ def tile_layout(n: int, height: int, width: int) -> dict:
     :data:`MAX_WIDTH` and :data:`MAX_MBS`), ``"tile"`` ([w, h] of each tile as stored),
     ``"rects"`` ([x, y, w, h] of tile 0, 1, ... in the stream)}."""
     if n < 1 or height < 1 or width < 1:
-        raise ValueError(f"tiles: expected at least one of at least 1x1, found {n} of "
-                         f"{width}x{height}")
+        raise ValueError(f"tiles: expected at least one of at least 1x1, found {n} of {width}x{height}")
 
     def cells(w, h):
         cw, ch = -(-w // GUTTER) * GUTTER, -(-h // GUTTER) * GUTTER
@@ -128,12 +129,19 @@ def tile_layout(n: int, height: int, width: int) -> dict:
         cw, ch, sw, sh = cells(w, h)
         if sw <= MAX_WIDTH and (sw // 16) * (sh // 16) <= MAX_MBS:
             break
-        scale = min(scale * 0.98, (MAX_WIDTH - (n + 1) * GUTTER) / (n * width),
-                    math.sqrt(MAX_MBS * 256 / (n * width * height)) * 0.9)
+        scale = min(
+            scale * 0.98,
+            (MAX_WIDTH - (n + 1) * GUTTER) / (n * width),
+            math.sqrt(MAX_MBS * 256 / (n * width * height)) * 0.9,
+        )
         w, h = max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
-    return {"width": sw, "height": sh, "scale": scale if (w, h) != (width, height) else 1.0,
-            "tile": [w, h],
-            "rects": [[GUTTER + i * (cw + GUTTER), GUTTER, w, h] for i in range(n)]}
+    return {
+        "width": sw,
+        "height": sh,
+        "scale": scale if (w, h) != (width, height) else 1.0,
+        "tile": [w, h],
+        "rects": [[GUTTER + i * (cw + GUTTER), GUTTER, w, h] for i in range(n)],
+    }
 
 
 def tile_frames(tiles: list[np.ndarray], layout: dict) -> np.ndarray:
@@ -146,9 +154,8 @@ def tile_frames(tiles: list[np.ndarray], layout: dict) -> np.ndarray:
         if frames.shape[1:3] != (h, w):
             import cv2
 
-            frames = np.stack([cv2.resize(f, (w, h), interpolation=cv2.INTER_AREA)
-                               for f in frames])
-        out[:, y:y + h, x:x + w] = frames
+            frames = np.stack([cv2.resize(f, (w, h), interpolation=cv2.INTER_AREA) for f in frames])
+        out[:, y : y + h, x : x + w] = frames
     return out
 
 
@@ -162,19 +169,24 @@ def store_tiled(tiles: list[np.ndarray], fps, media_dir) -> tuple[str, dict]:
         raise ValueError("tiles: expected at least one, found none")
     for k, f in enumerate(tiles):
         if f.dtype != np.uint8 or f.ndim != 4 or f.shape[3] != 3 or f.shape[0] == 0:
-            raise ValueError(f"tiles[{k}]: expected (T, H, W, 3) uint8 RGB with T >= 1, found "
-                             f"{f.dtype} {f.shape}")
+            raise ValueError(
+                f"tiles[{k}]: expected (T, H, W, 3) uint8 RGB with T >= 1, found {f.dtype} {f.shape}"
+            )
         if f.shape != tiles[0].shape:
-            raise ValueError(f"tiles[{k}]: every tile of a stream has the same frame count, "
-                             f"height and width; found {f.shape[:3]}, tiles[0] "
-                             f"{tiles[0].shape[:3]}")
-    ((sha, layout, _),) = store_tiled_streams([dict(enumerate(tiles))],
-                                              [list(range(len(tiles)))], fps, media_dir)
+            raise ValueError(
+                f"tiles[{k}]: every tile of a stream has the same frame count, "
+                f"height and width; found {f.shape[:3]}, tiles[0] "
+                f"{tiles[0].shape[:3]}"
+            )
+    ((sha, layout, _),) = store_tiled_streams(
+        [dict(enumerate(tiles))], [list(range(len(tiles)))], fps, media_dir
+    )
     return sha, layout
 
 
-def store_tiled_streams(windows, streams: list[list], fps, media_dir,
-                        delivery: str = "stream") -> list[tuple[str, dict, int]]:
+def store_tiled_streams(
+    windows, streams: list[list], fps, media_dir, delivery: str = "stream"
+) -> list[tuple[str, dict, int]]:
     """Several trial streams encoded at once from one pass over ``windows``: an iterable of
     dicts, content name -> ``(n, H, W, 3)`` uint8 frames (every content of a window the same
     n, H and W); stream ``i`` shows content ``streams[i][j]`` in tile ``j``
@@ -204,14 +216,14 @@ def store_tiled_streams(windows, streams: list[list], fps, media_dir,
                 for item in items:
                     tiles = [item[c] for c in names]
                     if state["layout"] is None:
-                        state["layout"] = tile_layout(len(tiles), tiles[0].shape[1],
-                                                      tiles[0].shape[2])
+                        state["layout"] = tile_layout(len(tiles), tiles[0].shape[1], tiles[0].shape[2])
                     for t in range(len(tiles[0])):
-                        yield tile_frames([x[t:t + 1] for x in tiles], state["layout"])[0]
+                        yield tile_frames([x[t : t + 1] for x in tiles], state["layout"])[0]
                         state["n"] += 1
 
             sha = _store(lambda p: write(p, frames()), media_dir, ext)
             return sha, state["layout"], state["n"]
+
         return run
 
     return fan_out(windows, [encoder(names) for names in streams], name="evalkit-media-encode")
@@ -232,15 +244,14 @@ def degrade(frames: np.ndarray, fps, kind: str) -> np.ndarray:
         rot = np.array([[1, 0, 0], [0, c, -s], [0, s, c]], np.float32)
         m = (np.linalg.inv(_YCC) @ rot @ _YCC).astype(np.float32)
         out = np.empty_like(frames)
-        for i in range(0, len(frames), 8):      # a few frames at a time: float32 memory bounded
-            out[i:i + 8] = np.clip(frames[i:i + 8].astype(np.float32) @ m.T + 0.5, 0, 255)
+        for i in range(0, len(frames), 8):  # a few frames at a time: float32 memory bounded
+            out[i : i + 8] = np.clip(frames[i : i + 8].astype(np.float32) @ m.T + 0.5, 0, 255)
         return out
     raise ValueError(f"kind: expected negative or hue_mild, found {kind!r}")
 
 
 #: RGB -> (Y, Cb, Cr) of BT.601 (offsets aside: the rotation is about grey)
-_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]],
-                np.float32)
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]], np.float32)
 
 
 def avcc_nal_units(sample: bytes) -> list[bytes]:
@@ -249,11 +260,9 @@ def avcc_nal_units(sample: bytes) -> list[bytes]:
     while i < len(sample):
         if i + 4 > len(sample):
             raise ValueError(f"sample: truncated NAL length at byte {i}")
-        n = int.from_bytes(sample[i:i + 4], "big")
+        n = int.from_bytes(sample[i : i + 4], "big")
         if n == 0 or i + 4 + n > len(sample):
             raise ValueError(f"sample: bad NAL length {n} at byte {i} of {len(sample)}")
-        nals.append(sample[i + 4:i + 4 + n])
+        nals.append(sample[i + 4 : i + 4 + n])
         i += 4 + n
     return nals
-
-

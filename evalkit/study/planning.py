@@ -2,18 +2,40 @@
 approximation refined by simulating the rule itself, :mod:`.simulate`), the design check of a
 study's size, and what ``create_study`` plans with. The rules planned for are in :mod:`.stats`.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 
-
 from . import protocols, simcache, stats
 from .errors import StudyError
-from .stats import (BELOW_CHANCE_SPLIT, RULE_VERSION, clip_veto_power, abx_rule_text, margin_terms, preference_rule_text, visible_share_bound, MAX_RATERS, MIN_CLIPS, MIN_RATERS, clips_for_bound, min_clips, visible_share_limit, t_quantile)
-from .simulate import (SIMULATE_MAX_CELLS, BOUNDARY_SCENARIOS, INVERSION_SCENARIOS, WEAK_BOTS, mc_se,
-                       simulate_abx, weak_misses,
-                       simulate_preference)
+from .simulate import (
+    BOUNDARY_SCENARIOS,
+    INVERSION_SCENARIOS,
+    SIMULATE_MAX_CELLS,
+    WEAK_BOTS,
+    mc_se,
+    simulate_abx,
+    simulate_preference,
+    weak_misses,
+)
+from .stats import (
+    BELOW_CHANCE_SPLIT,
+    MAX_RATERS,
+    MIN_CLIPS,
+    MIN_RATERS,
+    RULE_VERSION,
+    abx_rule_text,
+    clip_veto_power,
+    clips_for_bound,
+    margin_terms,
+    min_clips,
+    preference_rule_text,
+    t_quantile,
+    visible_share_bound,
+    visible_share_limit,
+)
 
 
 def cached_plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dict:
@@ -22,8 +44,10 @@ def cached_plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dic
     if key not in _PLANS:
         try:
             _PLANS[key] = simcache.cached(
-                "plan", {"protocol": protocol, "margin": margin, "clips": n_clips, "alpha": alpha},
-                lambda: plan(protocol, margin, clips=n_clips, alpha=alpha))
+                "plan",
+                {"protocol": protocol, "margin": margin, "clips": n_clips, "alpha": alpha},
+                lambda: plan(protocol, margin, clips=n_clips, alpha=alpha),
+            )
         except ValueError as e:
             raise StudyError(str(e)) from None
     return _PLANS[key]
@@ -32,22 +56,37 @@ def cached_plan(protocol: str, margin: float, n_clips: int, alpha: float) -> dic
 def design_warnings(protocol: str, n_clips: int, raters_planned: int, the_plan: dict) -> list[str]:
     out = []
     if n_clips < stats.MIN_CLIPS:
-        out.append(f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
-                   "verdict's error rates are only simulated from that size up")
+        out.append(
+            f"{n_clips} clips is below the {stats.MIN_CLIPS} the planner requires: the "
+            "verdict's error rates are only simulated from that size up"
+        )
     if protocols.get(protocol).plans_clips and n_clips < the_plan.get("clips", 0):
-        out.append(f"{n_clips} clips is below the planner's {the_plan['clips']} clips per rater "
-                   f"for --margin {the_plan['margin']:g} (" + "; ".join(the_plan.get("notes") or [])
-                   + "): the results will be UNDER-SIZED and claim 'indistinguishable' only if "
-                   "the achieved design still keeps the 5% rule; add clips or raters")
+        out.append(
+            f"{n_clips} clips is below the planner's {the_plan['clips']} clips per rater "
+            f"for --margin {the_plan['margin']:g} ("
+            + "; ".join(the_plan.get("notes") or [])
+            + "): the results will be UNDER-SIZED and claim 'indistinguishable' only if "
+            "the achieved design still keeps the 5% rule; add clips or raters"
+        )
     if raters_planned and raters_planned < the_plan["raters"]:
-        out.append(f"--raters {raters_planned} is below the planner's {the_plan['raters']} "
-                   f"included raters for --margin {the_plan['margin']:g} (see `evalkit study plan`)")
+        out.append(
+            f"--raters {raters_planned} is below the planner's {the_plan['raters']} "
+            f"included raters for --margin {the_plan['margin']:g} (see `evalkit study plan`)"
+        )
     return out
 
 
-def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
-                 studies: int = 400, reps: int = 200, seed: int = 4404,
-                 heterogeneity: float = 0.15) -> dict:
+def design_check(
+    raters: int,
+    clips: int,
+    *,
+    margin: float,
+    alpha: float = 0.05,
+    studies: int = 400,
+    reps: int = 200,
+    seed: int = 4404,
+    heterogeneity: float = 0.15,
+) -> dict:
     """Whether an ABX design of ``raters`` x ``clips`` (an achieved one, below its plan) still
     keeps the 5% rule: the bound on the share of visibly different clips (none flagged) can
     fall below :func:`visible_share_limit`, and the simulated rate of "indistinguishable" at
@@ -56,8 +95,7 @@ def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
     always gets the same answer; cached). Returns ``ok``, ``visible_share_bound``,
     ``visible_share_limit``, ``rates`` (scenario -> [rate, se]; empty when the bound already
     rules the claim out), ``failing`` and ``text``."""
-    key = (int(raters), int(clips), float(margin), float(alpha), studies, reps, seed,
-           heterogeneity)
+    key = (int(raters), int(clips), float(margin), float(alpha), studies, reps, seed, heterogeneity)
     if key in _DESIGN_CHECKS:
         return _DESIGN_CHECKS[key]
     lim = visible_share_limit(margin)
@@ -65,30 +103,51 @@ def design_check(raters: int, clips: int, *, margin: float, alpha: float = 0.05,
     rates: dict[str, list] = {}
     failing: dict[str, float] = {}
     if vb < lim and raters >= 2 and clips >= 2:
-        edges = _boundary_checks(raters, clips, studies=studies, reps=reps, alpha=alpha,
-                                 margin=margin, heterogeneity=heterogeneity, seed=seed)
-        rates = {sc: [o["indistinguishable"], o["se"]["indistinguishable"]]
-                 for sc, o in edges.items()}
+        edges = _boundary_checks(
+            raters,
+            clips,
+            studies=studies,
+            reps=reps,
+            alpha=alpha,
+            margin=margin,
+            heterogeneity=heterogeneity,
+            seed=seed,
+        )
+        rates = {sc: [o["indistinguishable"], o["se"]["indistinguishable"]] for sc, o in edges.items()}
         failing = _boundary_failures(edges, alpha)
     ok = vb < lim and bool(rates) and not failing
     if vb >= lim:
-        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: the bound on "
-                f"the share of visibly different clips is {vb:.3g}, not below {lim:g}")
+        text = (
+            f"{raters} raters x {clips} clips cannot claim indistinguishable: the bound on "
+            f"the share of visibly different clips is {vb:.3g}, not below {lim:g}"
+        )
     elif failing:
-        text = (f"{raters} raters x {clips} clips cannot claim indistinguishable: simulated "
-                f"'indistinguishable' at true accuracy {0.5 + margin:g} is "
-                + ", ".join(f"{sc} {r:.3f}" for sc, r in failing.items())
-                + f" (above {alpha:g}; {studies} studies a boundary scenario, "
-                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
+        text = (
+            f"{raters} raters x {clips} clips cannot claim indistinguishable: simulated "
+            f"'indistinguishable' at true accuracy {0.5 + margin:g} is "
+            + ", ".join(f"{sc} {r:.3f}" for sc, r in failing.items())
+            + f" (above {alpha:g}; {studies} studies a boundary scenario, "
+            f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)"
+        )
     else:
-        text = (f"{raters} raters x {clips} clips still keep the rule: simulated "
-                f"'indistinguishable' at true accuracy {0.5 + margin:g} at most "
-                f"{max(r for r, _ in rates.values()):.3f} in {len(rates)} scenarios "
-                f"({studies} studies a boundary scenario, "
-                f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)")
-    out = {"ok": ok, "raters": int(raters), "clips": int(clips), "visible_share_bound": vb,
-           "visible_share_limit": lim, "rates": rates, "failing": failing, "text": text,
-           "studies": studies}
+        text = (
+            f"{raters} raters x {clips} clips still keep the rule: simulated "
+            f"'indistinguishable' at true accuracy {0.5 + margin:g} at most "
+            f"{max(r for r, _ in rates.values()):.3f} in {len(rates)} scenarios "
+            f"({studies} studies a boundary scenario, "
+            f"{max(studies, INVERSION_CHECK_STUDIES)} a below-chance one)"
+        )
+    out = {
+        "ok": ok,
+        "raters": int(raters),
+        "clips": int(clips),
+        "visible_share_bound": vb,
+        "visible_share_limit": lim,
+        "rates": rates,
+        "failing": failing,
+        "text": text,
+        "studies": studies,
+    }
     _DESIGN_CHECKS[key] = out
     return out
 
@@ -110,8 +169,16 @@ def _pigeonhole_factor(R: int, C: int) -> float:
     return (2 - 1 / R) * (2 - 1 / C) - 1
 
 
-def _normal_power(R: int, C: int, margin: float, alpha: float, *, two_sided: bool,
-                  decisive_share: float = 1.0, rater_sd: float = 0.0) -> float:
+def _normal_power(
+    R: int,
+    C: int,
+    margin: float,
+    alpha: float,
+    *,
+    two_sided: bool,
+    decisive_share: float = 1.0,
+    rater_sd: float = 0.0,
+) -> float:
     """Normal approximation of the power of the rule at R raters x C clips: the estimate has
     SE^2 = h^2 / R + (0.25 - h^2) / n and the bootstrap SD^2 = h^2 / R + factor * (0.25 - h^2)
     / n (n decisive ratings, h the SD of the raters' true rates, factor the pigeonhole
@@ -119,20 +186,33 @@ def _normal_power(R: int, C: int, margin: float, alpha: float, *, two_sided: boo
     from scipy.stats import norm
 
     n = R * C * decisive_share
-    h2 = min(rater_sd ** 2, 0.25)
+    h2 = min(rater_sd**2, 0.25)
     se = math.sqrt(h2 / R + (0.25 - h2) / n)
     sd = math.sqrt(h2 / R + _pigeonhole_factor(R, C) * (0.25 - h2) / n)
     t = float(t_quantile(1 - alpha / 2 if two_sided else 1 - alpha, min(R, C) - 1))
     return float(norm.cdf((margin - t * sd) / se))
 
 
-def _normal_raters(margin: float, power: float, C: int, alpha: float, *, two_sided: bool,
-                   decisive_share: float = 1.0, rater_sd: float = 0.0) -> int:
+def _normal_raters(
+    margin: float,
+    power: float,
+    C: int,
+    alpha: float,
+    *,
+    two_sided: bool,
+    decisive_share: float = 1.0,
+    rater_sd: float = 0.0,
+) -> int:
     """Smallest R >= 2 with :func:`_normal_power` >= ``power`` (``2 * MAX_RATERS`` + 1 when
     none up to there)."""
+
     def good(R):
-        return _normal_power(R, C, margin, alpha, two_sided=two_sided,
-                             decisive_share=decisive_share, rater_sd=rater_sd) >= power
+        return (
+            _normal_power(
+                R, C, margin, alpha, two_sided=two_sided, decisive_share=decisive_share, rater_sd=rater_sd
+            )
+            >= power
+        )
 
     lo, hi = 1, 2
     while not good(hi):
@@ -157,12 +237,25 @@ def _clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power
     return math.ceil(((za * 0.5 + zb * math.sqrt(p * (1 - p))) / (p - 0.5)) ** 2)
 
 
-def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_CLIPS,
-         alpha: float = 0.05, exclusion_rate: float = 0.1, clip_accuracy: float = 0.9,
-         clip_power: float = 0.8, heterogeneity: float = 0.15, tie_rate: float = 0.0,
-         studies: int = 400, reps: int = 400, seed: int = 12345,
-         clips_per_rater: int | None = None, progress=None,
-         visible_bound: float | None = None) -> dict:
+def plan(
+    protocol: str,
+    margin: float,
+    power: float = 0.8,
+    *,
+    clips: int = MIN_CLIPS,
+    alpha: float = 0.05,
+    exclusion_rate: float = 0.1,
+    clip_accuracy: float = 0.9,
+    clip_power: float = 0.8,
+    heterogeneity: float = 0.15,
+    tie_rate: float = 0.0,
+    studies: int = 400,
+    reps: int = 400,
+    seed: int = 12345,
+    clips_per_rater: int | None = None,
+    progress=None,
+    visible_bound: float | None = None,
+) -> dict:
     """Included raters (each rates every clip once) needed by a study.
 
     ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
@@ -201,16 +294,20 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     its size, with none flagged."""
     if clips_per_rater is not None:
         clips = clips_per_rater
-    _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
-                visible_bound)
+    _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips, visible_bound)
     notes: list[str] = []
     clips_requested = clips
     floor = min_clips(margin) if protocol == "abx" else MIN_CLIPS
     if clips < floor:
-        notes.append(f"clips raised from {clips} to the floor of {floor}" + (
-            f" (margin {margin:g}: fewer clips drawn at random cannot bound the share of "
-            f"visibly different clips below {visible_share_limit(margin):g}, 2 x margin)"
-            if floor > MIN_CLIPS else ""))
+        notes.append(
+            f"clips raised from {clips} to the floor of {floor}"
+            + (
+                f" (margin {margin:g}: fewer clips drawn at random cannot bound the share of "
+                f"visibly different clips below {visible_share_limit(margin):g}, 2 x margin)"
+                if floor > MIN_CLIPS
+                else ""
+            )
+        )
         clips = floor
     C = int(clips)
     share = 1 - tie_rate if protocol == "preference" else 1.0
@@ -218,26 +315,39 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
     chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
 
     def raters_at(C: int, notes: list, simulate: bool = True) -> tuple:
-        approx = _normal_raters(margin, power, C, alpha, two_sided=protocol == "preference",
-                                decisive_share=share, rater_sd=h)
+        approx = _normal_raters(
+            margin, power, C, alpha, two_sided=protocol == "preference", decisive_share=share, rater_sd=h
+        )
         if approx > MAX_RATERS:
-            need = (f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else
-                    f"about {approx:,}")
-            raise ValueError(f"--margin {margin:g}: {need} included raters would be "
-                             f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
-                             f"--margin or more clips")
+            need = f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else f"about {approx:,}"
+            raise ValueError(
+                f"--margin {margin:g}: {need} included raters would be "
+                f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
+                f"--margin or more clips"
+            )
         if protocol == "abx" and approx * C > MAX_RATERS:
-            raise ValueError(f"--margin {margin:g}: about {approx:,} included raters x {C:,} "
-                             f"clips = {approx * C:,} test ratings would be needed (at least "
-                             f"{C:,} clips to bound the share of visibly different clips below "
-                             f"{visible_share_limit(margin):g} and to see answers barely below "
-                             f"chance; the limit is {MAX_RATERS:,} test ratings); use a larger "
-                             "--margin")
+            raise ValueError(
+                f"--margin {margin:g}: about {approx:,} included raters x {C:,} "
+                f"clips = {approx * C:,} test ratings would be needed (at least "
+                f"{C:,} clips to bound the share of visibly different clips below "
+                f"{visible_share_limit(margin):g} and to see answers barely below "
+                f"chance; the limit is {MAX_RATERS:,} test ratings); use a larger "
+                "--margin"
+            )
         if not simulate:
             return approx, None, max(MIN_RATERS, approx), "normal approximation"
-        pw = _PowerAt(protocol, C, margin=margin, alpha=alpha, tie_rate=tie_rate,
-                      heterogeneity=heterogeneity, studies=studies, reps=reps, seed=seed,
-                      progress=progress)
+        pw = _PowerAt(
+            protocol,
+            C,
+            margin=margin,
+            alpha=alpha,
+            tie_rate=tie_rate,
+            heterogeneity=heterogeneity,
+            studies=studies,
+            reps=reps,
+            seed=seed,
+            progress=progress,
+        )
         r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
         return approx, pw, r_power, method
 
@@ -250,89 +360,177 @@ def plan(protocol: str, margin: float, power: float = 0.8, *, clips: int = MIN_C
         spread_from = C
         for _ in range(8):
             approx, pw, r_power, method = raters_at(C, [], simulate=False)
-            r_pre = _abx_raters(r_power, method, C, power=power, alpha=alpha,
-                                clip_accuracy=clip_accuracy, clip_power=clip_power,
-                                heterogeneity=heterogeneity, seed=seed, chk=chk, notes=[],
-                                progress=progress, checks=False)[0]
+            r_pre = _abx_raters(
+                r_power,
+                method,
+                C,
+                power=power,
+                alpha=alpha,
+                clip_accuracy=clip_accuracy,
+                clip_power=clip_power,
+                heterogeneity=heterogeneity,
+                seed=seed,
+                chk=chk,
+                notes=[],
+                progress=progress,
+                checks=False,
+            )[0]
             need, how = spread_clips(margin, r_pre, alpha=alpha, start=C)
             if progress is not None:
                 progress(f"{r_pre} raters: {need} clips see answers barely below chance")
             if need <= C:
                 break
             if r_pre * need > 100 * MAX_RATERS:
-                raise ValueError(f"--margin {margin:g}: about {r_pre:,} included raters x "
-                                 f"{need:,} clips = {r_pre * need:,} test ratings would be "
-                                 f"needed (clips per rater to see answers barely below chance; "
-                                 f"the limit is {MAX_RATERS:,} test ratings); use a larger "
-                                 "--margin")
+                raise ValueError(
+                    f"--margin {margin:g}: about {r_pre:,} included raters x "
+                    f"{need:,} clips = {r_pre * need:,} test ratings would be "
+                    f"needed (clips per rater to see answers barely below chance; "
+                    f"the limit is {MAX_RATERS:,} test ratings); use a larger "
+                    "--margin"
+                )
             C = need
         if C > spread_from:
-            notes.append(f"clips raised from {spread_from} to {C} (answers barely below chance: "
-                         f"with fewer clips per rater, every rater at {0.5 + margin:g} and half "
-                         f"of them inverted, or bots at {WEAK_BOTS[1]:g} as "
-                         f"{WEAK_BOTS[0]:.0%} of raters, would go unseen more than "
-                         f"{alpha:g} of the time; {how})")
+            notes.append(
+                f"clips raised from {spread_from} to {C} (answers barely below chance: "
+                f"with fewer clips per rater, every rater at {0.5 + margin:g} and half "
+                f"of them inverted, or bots at {WEAK_BOTS[1]:g} as "
+                f"{WEAK_BOTS[0]:.0%} of raters, would go unseen more than "
+                f"{alpha:g} of the time; {how})"
+            )
     approx, pw, r_power, method = raters_at(C, notes)
     if protocol == "abx":
         R, reasons, edges, checks_simulated = _abx_raters(
-            r_power, method, C, power=power, alpha=alpha, clip_accuracy=clip_accuracy,
-            clip_power=clip_power, heterogeneity=heterogeneity, seed=seed, chk=chk,
-            notes=notes, progress=progress)
+            r_power,
+            method,
+            C,
+            power=power,
+            alpha=alpha,
+            clip_accuracy=clip_accuracy,
+            clip_power=clip_power,
+            heterogeneity=heterogeneity,
+            seed=seed,
+            chk=chk,
+            notes=notes,
+            progress=progress,
+        )
         if R * C > MAX_RATERS:
-            raise ValueError(f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
-                             f"{R * C:,} test ratings would be needed (clips per rater to see "
-                             f"answers barely below chance; the limit is {MAX_RATERS:,} test "
-                             "ratings); use a larger --margin")
+            raise ValueError(
+                f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
+                f"{R * C:,} test ratings would be needed (clips per rater to see "
+                f"answers barely below chance; the limit is {MAX_RATERS:,} test "
+                "ratings); use a larger --margin"
+            )
         if C > spread_from:
-            reasons.append(f"answers barely below chance: {C} clips per rater (not {spread_from}) "
-                           f"see them at {R} raters")
+            reasons.append(
+                f"answers barely below chance: {C} clips per rater (not {spread_from}) see them at {R} raters"
+            )
     else:
         R, edges, checks_simulated = max(MIN_RATERS, r_power), {}, method == "simulation"
-        reasons = ([f"power: {power:g} probability of 'B preferred' at win rate "
-                    f"{0.5 + margin:g} needs {r_power} raters"]
-                   if R == r_power and r_power > MIN_RATERS else [])
+        reasons = (
+            [
+                f"power: {power:g} probability of 'B preferred' at win rate "
+                f"{0.5 + margin:g} needs {r_power} raters"
+            ]
+            if R == r_power and r_power > MIN_RATERS
+            else []
+        )
     if R == MIN_RATERS and not reasons:
         reasons.append(f"floor: at least {MIN_RATERS} included raters")
-    out = {"protocol": protocol, "margin": margin, "power_target": power, "alpha": alpha,
-           "raters": R, "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
-           "exclusion_rate": exclusion_rate, "clips": C, "clips_requested": clips_requested,
-           "ratings_per_clip": R, "trials": R * C, "reasons": reasons, "notes": notes,
-           "method": method, "normal_approx_raters": approx, "rule_version": RULE_VERSION,
-           "simulated_studies": studies, "bootstrap_reps": reps, "seed": seed,
-           "heterogeneity": heterogeneity,
-           # names kept for the CLI of before
-           "clips_per_rater": C, "analytic_trials": approx * C}
+    out = {
+        "protocol": protocol,
+        "margin": margin,
+        "power_target": power,
+        "alpha": alpha,
+        "raters": R,
+        "invite": math.ceil(R / (1 - exclusion_rate) - 1e-9),
+        "exclusion_rate": exclusion_rate,
+        "clips": C,
+        "clips_requested": clips_requested,
+        "ratings_per_clip": R,
+        "trials": R * C,
+        "reasons": reasons,
+        "notes": notes,
+        "method": method,
+        "normal_approx_raters": approx,
+        "rule_version": RULE_VERSION,
+        "simulated_studies": studies,
+        "bootstrap_reps": reps,
+        "seed": seed,
+        "heterogeneity": heterogeneity,
+        # names kept for the CLI of before
+        "clips_per_rater": C,
+        "analytic_trials": approx * C,
+    }
     big = method != "simulation" or not checks_simulated
     if protocol == "abx":
         vb, _ = visible_share_bound(0, C, R, alpha=alpha, visible_accuracy=clip_accuracy)
         out["visible_share_bound"] = float(vb)
         if visible_bound is not None:
-            need = clips_for_bound(visible_bound, R, alpha=alpha,
-                                   visible_accuracy=clip_accuracy, start=C)
-            if need > C:        # more clips may need more raters: plan again at that size
-                again = plan(protocol, margin, power, clips=need, alpha=alpha,
-                             exclusion_rate=exclusion_rate, clip_accuracy=clip_accuracy,
-                             clip_power=clip_power, heterogeneity=heterogeneity,
-                             tie_rate=tie_rate, studies=studies, reps=reps, seed=seed,
-                             progress=progress, visible_bound=visible_bound)
+            need = clips_for_bound(visible_bound, R, alpha=alpha, visible_accuracy=clip_accuracy, start=C)
+            if need > C:  # more clips may need more raters: plan again at that size
+                again = plan(
+                    protocol,
+                    margin,
+                    power,
+                    clips=need,
+                    alpha=alpha,
+                    exclusion_rate=exclusion_rate,
+                    clip_accuracy=clip_accuracy,
+                    clip_power=clip_power,
+                    heterogeneity=heterogeneity,
+                    tie_rate=tie_rate,
+                    studies=studies,
+                    reps=reps,
+                    seed=seed,
+                    progress=progress,
+                    visible_bound=visible_bound,
+                )
                 again["clips_requested"] = clips_requested
                 return again
             out["visible_bound_target"] = visible_bound
-            reasons.append(f"visible bound: {C} clips drawn at random bound the share of "
-                           f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
-                           f"{float(vb):.3g} <= {visible_bound:g} when none is flagged")
-        out.update(_abx_figures(R, C, margin=margin, alpha=alpha, clip_accuracy=clip_accuracy,
-                                clip_power=clip_power, seed=seed, chk=chk, edges=edges,
-                                big=big))
+            reasons.append(
+                f"visible bound: {C} clips drawn at random bound the share of "
+                f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
+                f"{float(vb):.3g} <= {visible_bound:g} when none is flagged"
+            )
+        out.update(
+            _abx_figures(
+                R,
+                C,
+                margin=margin,
+                alpha=alpha,
+                clip_accuracy=clip_accuracy,
+                clip_power=clip_power,
+                seed=seed,
+                chk=chk,
+                edges=edges,
+                big=big,
+            )
+        )
     else:
-        out.update(_preference_figures(R, C, pw, margin=margin, alpha=alpha, tie_rate=tie_rate,
-                                       share=share, h=h, heterogeneity=heterogeneity,
-                                       studies=studies, reps=reps, seed=seed, big=big))
+        out.update(
+            _preference_figures(
+                R,
+                C,
+                pw,
+                margin=margin,
+                alpha=alpha,
+                tie_rate=tie_rate,
+                share=share,
+                h=h,
+                heterogeneity=heterogeneity,
+                studies=studies,
+                reps=reps,
+                seed=seed,
+                big=big,
+            )
+        )
     return out
 
 
-def _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips,
-                visible_bound) -> None:
+def _check_plan(
+    protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips, visible_bound
+) -> None:
     """:func:`plan`'s arguments, each refused with a message naming its option."""
     if protocol not in ("abx", "preference"):
         raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
@@ -350,11 +548,12 @@ def _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy
         raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
     if visible_bound is not None:
         if protocol != "abx":
-            raise ValueError("--visible-bound: only for --protocol abx (a preference study "
-                             "makes no claim that clips look the same)")
+            raise ValueError(
+                "--visible-bound: only for --protocol abx (a preference study "
+                "makes no claim that clips look the same)"
+            )
         if not 0 < visible_bound < 1:
-            raise ValueError(f"--visible-bound: expected a share in (0, 1), found "
-                             f"{visible_bound}")
+            raise ValueError(f"--visible-bound: expected a share in (0, 1), found {visible_bound}")
 
 
 def _spread_miss_estimate(margin: float, raters: int, clips: int, alpha: float) -> float:
@@ -366,13 +565,20 @@ def _spread_miss_estimate(margin: float, raters: int, clips: int, alpha: float) 
     from scipy.stats import chi2, ncx2
 
     share, acc = WEAK_BOTS
-    per_rating = min(4 * margin ** 2, share * (2 * acc - 1) ** 2 + (1 - share) * 4 * margin ** 2)
+    per_rating = min(4 * margin**2, share * (2 * acc - 1) ** 2 + (1 - share) * 4 * margin**2)
     crit = float(chi2.ppf(1 - alpha * BELOW_CHANCE_SPLIT["rater_dispersion"], raters))
     return float(ncx2.cdf(crit, raters, raters * max(clips - 1, 0) * per_rating))
 
 
-def spread_clips(margin: float, raters: int, *, alpha: float = 0.05, start: int = MIN_CLIPS,
-                 studies: int = 1000, seed: int = 4405) -> tuple[int, str]:
+def spread_clips(
+    margin: float,
+    raters: int,
+    *,
+    alpha: float = 0.05,
+    start: int = MIN_CLIPS,
+    studies: int = 1000,
+    seed: int = 4405,
+) -> tuple[int, str]:
     """The fewest clips per rater, at least ``start``, with which ``raters`` raters' answers
     barely below chance are seen (issue 44): every rater at 0.5 + margin and half of them
     inverted, or bots at 0.4 as 40% of the raters, leave every check below chance silent at
@@ -382,6 +588,7 @@ def spread_clips(margin: float, raters: int, *, alpha: float = 0.05, start: int 
     square root, more clips linearly. Returns (clips, method): the chi-square approximation
     (:func:`_spread_miss_estimate`) bracketed and refined by simulation, or the approximation
     alone above ``2 x SIMULATE_MAX_CELLS`` ratings."""
+
     def est_ok(c: int) -> bool:
         return _spread_miss_estimate(margin, raters, c, alpha) <= alpha
 
@@ -395,13 +602,12 @@ def spread_clips(margin: float, raters: int, *, alpha: float = 0.05, start: int 
         return c0, "normal approximation"
 
     def ok(c: int) -> bool:
-        return max(weak_misses(margin, raters, c, alpha=alpha, studies=studies,
-                               seed=seed).values()) <= alpha
+        return max(weak_misses(margin, raters, c, alpha=alpha, studies=studies, seed=seed).values()) <= alpha
 
     if ok(c0):
         lo, hi = start - 1, c0
         step = max(start, math.floor(c0 * 0.9))
-        while step > start - 1 and ok(step):     # the approximation is conservative: walk down
+        while step > start - 1 and ok(step):  # the approximation is conservative: walk down
             hi, step = step, max(start - 1, math.floor(step * 0.9))
         lo = step
     else:
@@ -416,8 +622,7 @@ class _PowerAt:
     "indistinguishable" when everyone guesses (ABX), or of "B preferred" at win rate
     0.5 + margin (preference)."""
 
-    def __init__(self, protocol, C, *, margin, alpha, tie_rate, heterogeneity, studies, reps,
-                 seed, progress):
+    def __init__(self, protocol, C, *, margin, alpha, tie_rate, heterogeneity, studies, reps, seed, progress):
         self.protocol, self.C, self.margin, self.alpha = protocol, C, margin, alpha
         self.tie_rate, self.heterogeneity = tie_rate, heterogeneity
         self.studies, self.reps, self.seed, self.progress = studies, reps, seed, progress
@@ -426,22 +631,37 @@ class _PowerAt:
     def __call__(self, R: int) -> float:
         if R not in self.cache:
             if self.protocol == "abx":
-                self.cache[R] = simulate_abx(R, self.C, "homogeneous", mu=0.5,
-                                             margin=self.margin, alpha=self.alpha,
-                                             studies=self.studies, reps=self.reps,
-                                             seed=self.seed + R)["indistinguishable"]
+                self.cache[R] = simulate_abx(
+                    R,
+                    self.C,
+                    "homogeneous",
+                    mu=0.5,
+                    margin=self.margin,
+                    alpha=self.alpha,
+                    studies=self.studies,
+                    reps=self.reps,
+                    seed=self.seed + R,
+                )["indistinguishable"]
             else:
                 self.cache[R] = simulate_preference(
-                    R, self.C, win_rate=0.5 + self.margin, tie_rate=self.tie_rate,
-                    rater_sd=self.heterogeneity, alpha=self.alpha, studies=self.studies,
-                    reps=self.reps, seed=self.seed + R)["B preferred"]
+                    R,
+                    self.C,
+                    win_rate=0.5 + self.margin,
+                    tie_rate=self.tie_rate,
+                    rater_sd=self.heterogeneity,
+                    alpha=self.alpha,
+                    studies=self.studies,
+                    reps=self.reps,
+                    seed=self.seed + R,
+                )["B preferred"]
             if self.progress is not None:
                 self.progress(f"{R} raters: power {self.cache[R]:.3f}")
         return self.cache[R]
 
 
-def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: int,
-                      notes: list) -> tuple[int, str]:
+def _raters_for_power(
+    pw: _PowerAt, approx: int, C: int, power: float, studies: int, notes: list
+) -> tuple[int, str]:
     """The smallest R whose simulated power minus one MC SE reaches ``power``, and the method:
     bracketed around the normal approximation ``approx`` and bisected; the approximation itself
     where the design is too large to simulate quickly (a note says so)."""
@@ -469,13 +689,29 @@ def _raters_for_power(pw: _PowerAt, approx: int, C: int, power: float, studies: 
     if simulate:
         return _smallest(lo, hi, ok), "simulation"
     r_power = max(MIN_RATERS, approx)
-    notes.append(f"{r_power} raters x {C} clips is too large to simulate quickly: the "
-                 f"power figure is the normal approximation")
+    notes.append(
+        f"{r_power} raters x {C} clips is too large to simulate quickly: the "
+        f"power figure is the normal approximation"
+    )
     return r_power, "normal approximation"
 
 
-def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, heterogeneity,
-                seed, chk, notes, progress, checks: bool = True) -> tuple[int, list, dict, bool]:
+def _abx_raters(
+    r_power,
+    method,
+    C,
+    *,
+    power,
+    alpha,
+    clip_accuracy,
+    clip_power,
+    heterogeneity,
+    seed,
+    chk,
+    notes,
+    progress,
+    checks: bool = True,
+) -> tuple[int, list, dict, bool]:
     """ABX raters past the power figure ``r_power``: the clip veto (one clip at
     ``clip_accuracy`` flagged with probability ``clip_power``), then (``checks``) the boundary
     error in every scenario of :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS`.
@@ -487,18 +723,21 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
     # refuse a clip accuracy so close to 0.5 that it would run for minutes
     need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
     if need > MAX_CLIP_RATERS:
-        raise ValueError(f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
-                         f"would be needed to flag one clip (the limit is "
-                         f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy")
+        raise ValueError(
+            f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
+            f"would be needed to flag one clip (the limit is "
+            f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy"
+        )
     r_clip = MIN_RATERS
     while clip_veto_power(r_clip, C, alpha, clip_accuracy) < clip_power:
         r_clip += 1
         if r_clip > MAX_RATERS:
-            raise ValueError(f"clip accuracy {clip_accuracy}: cannot be flagged with "
-                             f"{MAX_RATERS:,} ratings per clip")
+            raise ValueError(
+                f"clip accuracy {clip_accuracy}: cannot be flagged with {MAX_RATERS:,} ratings per clip"
+            )
 
     def clip_ok_from(r: int) -> int:
-        while clip_veto_power(r, C, alpha, clip_accuracy) < clip_power:   # binomial saw-tooth
+        while clip_veto_power(r, C, alpha, clip_accuracy) < clip_power:  # binomial saw-tooth
             r += 1
         return r
 
@@ -508,24 +747,34 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
     while float(visible_share_bound(0, C, R, alpha=alpha)[0]) >= lim:
         R += 1
         if R > MAX_CLIP_RATERS:
-            raise ValueError(f"--clips {C}: the share of visibly different clips cannot be "
-                             f"bounded below {lim:g} with up to {MAX_CLIP_RATERS:,} raters; "
-                             "use more clips")
+            raise ValueError(
+                f"--clips {C}: the share of visibly different clips cannot be "
+                f"bounded below {lim:g} with up to {MAX_CLIP_RATERS:,} raters; "
+                "use more clips"
+            )
     checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
-    if method == "simulation" and not checks_simulated:     # the clip veto made R large
-        notes.append(f"{R} raters x {C} clips is too large to simulate quickly: the checks "
-                     "at this size are the normal approximation")
+    if method == "simulation" and not checks_simulated:  # the clip veto made R large
+        notes.append(
+            f"{R} raters x {C} clips is too large to simulate quickly: the checks "
+            "at this size are the normal approximation"
+        )
     r_base = R
     if R == r_power and r_power > MIN_RATERS:
-        reasons.append(f"power: {power:g} probability of 'indistinguishable' when "
-                       f"everyone guesses needs {r_power} raters")
+        reasons.append(
+            f"power: {power:g} probability of 'indistinguishable' when "
+            f"everyone guesses needs {r_power} raters"
+        )
     if r_veto > r_power:
-        reasons.append(f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
-                       f"probability {clip_power:g} needs {r_veto} ratings per clip "
-                       f"(power alone: {r_power})")
+        reasons.append(
+            f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
+            f"probability {clip_power:g} needs {r_veto} ratings per clip "
+            f"(power alone: {r_power})"
+        )
     if R > max(r_veto, r_power):
-        reasons.append(f"coverage: {C} clips bound the share of visibly different clips "
-                       f"below {lim:g} (2 x margin) from {R} ratings per clip")
+        reasons.append(
+            f"coverage: {C} clips bound the share of visibly different clips "
+            f"below {lim:g} (2 x margin) from {R} ratings per clip"
+        )
     # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
     # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
     # (golden ears missed by the sample) it may not: add raters until it does
@@ -537,15 +786,19 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
         if not bad:
             break
         if R * C > 2 * SIMULATE_MAX_CELLS:
-            notes.append(f"boundary error above {alpha:g} at {R} raters "
-                         f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
-                         f"adding raters")
+            notes.append(
+                f"boundary error above {alpha:g} at {R} raters "
+                f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
+                f"adding raters"
+            )
             break
         R = clip_ok_from(math.ceil(R * 1.1) + 1)
     if R > r_base:
-        reasons.append(f"heterogeneity and answers below chance: 'indistinguishable' at true accuracy "
-                       f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
-                       f"raters (not at {r_base})")
+        reasons.append(
+            f"heterogeneity and answers below chance: 'indistinguishable' at true accuracy "
+            f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
+            f"raters (not at {r_base})"
+        )
     return R, reasons, edges, checks_simulated
 
 
@@ -555,63 +808,94 @@ def _abx_raters(r_power, method, C, *, power, alpha, clip_accuracy, clip_power, 
 INVERSION_CHECK_STUDIES = 1000
 
 
-def _boundary_checks(R: int, C: int, *, studies: int, reps: int, alpha: float, margin: float,
-                     heterogeneity: float, seed: int) -> dict:
+def _boundary_checks(
+    R: int, C: int, *, studies: int, reps: int, alpha: float, margin: float, heterogeneity: float, seed: int
+) -> dict:
     """``simulate_abx`` at the boundary in every scenario of :data:`BOUNDARY_SCENARIOS` and
     :data:`INVERSION_SCENARIOS` (the latter with at least :data:`INVERSION_CHECK_STUDIES`)."""
     out = {}
     for i, sc in enumerate(BOUNDARY_SCENARIOS + INVERSION_SCENARIOS):
         n = studies if sc in BOUNDARY_SCENARIOS else max(studies, INVERSION_CHECK_STUDIES)
-        out[sc] = simulate_abx(R, C, sc, rater_sd=heterogeneity, seed=seed + i, studies=n,
-                               reps=reps, alpha=alpha, margin=margin)
+        out[sc] = simulate_abx(
+            R, C, sc, rater_sd=heterogeneity, seed=seed + i, studies=n, reps=reps, alpha=alpha, margin=margin
+        )
     return out
 
 
 def _boundary_failures(edges: dict, alpha: float) -> dict:
     """The scenarios whose boundary rate is above ``alpha``: less one MC SE for
     :data:`BOUNDARY_SCENARIOS`, the rate itself for :data:`INVERSION_SCENARIOS`."""
-    return {sc: o["indistinguishable"] for sc, o in edges.items()
-            if o["indistinguishable"] - (o["se"]["indistinguishable"]
-                                         if sc in BOUNDARY_SCENARIOS else 0.0) > alpha}
+    return {
+        sc: o["indistinguishable"]
+        for sc, o in edges.items()
+        if o["indistinguishable"] - (o["se"]["indistinguishable"] if sc in BOUNDARY_SCENARIOS else 0.0)
+        > alpha
+    }
 
 
-def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges,
-                 big) -> dict:
+def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges, big) -> dict:
     """An ABX plan's rule, clip-flag power and its checks at the planned size (simulated, or
     the normal approximation when ``big``)."""
-    out = {"margin_terms": margin_terms(margin), "rule": abx_rule_text(margin, alpha, R, C, 2000),
-           "clip_accuracy": clip_accuracy, "clip_power_target": clip_power,
-           "clip_flag_power": clip_veto_power(R, C, alpha, clip_accuracy)}
+    out = {
+        "margin_terms": margin_terms(margin),
+        "rule": abx_rule_text(margin, alpha, R, C, 2000),
+        "clip_accuracy": clip_accuracy,
+        "clip_power_target": clip_power,
+        "clip_flag_power": clip_veto_power(R, C, alpha, clip_accuracy),
+    }
     if big:
-        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
-                   simulated_power_se=None, boundary_error=None, boundary_error_se=None,
-                   distinguishable_at_chance=None, clip_flag_simulated=None)
+        out.update(
+            simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
+            simulated_power_se=None,
+            boundary_error=None,
+            boundary_error_se=None,
+            distinguishable_at_chance=None,
+            clip_flag_simulated=None,
+        )
         return out
     null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
-    vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy, seed=seed + 7,
-                       **chk)
-    out.update(simulated_power=null["indistinguishable"],
-               simulated_power_se=null["se"]["indistinguishable"],
-               distinguishable_at_chance=null["distinguishable"],
-               boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
-               boundary_error_se=max(o["se"]["indistinguishable"] for o in edges.values()),
-               clip_flag_simulated=vis["clip_flagged"])
+    vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy, seed=seed + 7, **chk)
+    out.update(
+        simulated_power=null["indistinguishable"],
+        simulated_power_se=null["se"]["indistinguishable"],
+        distinguishable_at_chance=null["distinguishable"],
+        boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
+        boundary_error_se=max(o["se"]["indistinguishable"] for o in edges.values()),
+        clip_flag_simulated=vis["clip_flagged"],
+    )
     return out
 
 
-def _preference_figures(R, C, pw, *, margin, alpha, tie_rate, share, h, heterogeneity, studies,
-                        reps, seed, big) -> dict:
+def _preference_figures(
+    R, C, pw, *, margin, alpha, tie_rate, share, h, heterogeneity, studies, reps, seed, big
+) -> dict:
     """A preference plan's rule and its power and chance-level checks at the planned size."""
     out = {"tie_rate": tie_rate, "rule": preference_rule_text(alpha, min(R, C) - 1, 2000)}
     if big:
-        out.update(simulated_power=_normal_power(R, C, margin, alpha, two_sided=True,
-                                                 decisive_share=share, rater_sd=h),
-                   simulated_power_se=None, any_preference_at_chance=None)
+        out.update(
+            simulated_power=_normal_power(
+                R, C, margin, alpha, two_sided=True, decisive_share=share, rater_sd=h
+            ),
+            simulated_power_se=None,
+            any_preference_at_chance=None,
+        )
         return out
-    null = simulate_preference(R, C, win_rate=0.5, tie_rate=tie_rate, rater_sd=heterogeneity,
-                               alpha=alpha, studies=studies, reps=reps, seed=seed + 1)
-    out.update(simulated_power=pw(R), simulated_power_se=mc_se(pw(R), studies),
-               any_preference_at_chance=null["any preference"])
+    null = simulate_preference(
+        R,
+        C,
+        win_rate=0.5,
+        tie_rate=tie_rate,
+        rater_sd=heterogeneity,
+        alpha=alpha,
+        studies=studies,
+        reps=reps,
+        seed=seed + 1,
+    )
+    out.update(
+        simulated_power=pw(R),
+        simulated_power_se=mc_se(pw(R), studies),
+        any_preference_at_chance=null["any preference"],
+    )
     return out
 
 

@@ -77,6 +77,7 @@ and clips: :func:`.simulate.simulate_trials`, :func:`.simulate.population_thresh
 are in ``tests/test_psychometric.py`` (a fast slice) and ``benchmarks/bench_threshold_sim.py``
 (results in ``benchmarks/results/threshold_sim.txt``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -103,7 +104,7 @@ _EPS = 1e-10
 _SLOPE_STARTS = np.log([1.0, 3.0, 10.0])
 _M_STARTS = np.linspace(0.03, 0.97, 16)
 _LAPSE_START = 0.02
-_GRID_CELLS = 4_000_000      # batch x starts x stimuli evaluated at once by the grid start
+_GRID_CELLS = 4_000_000  # batch x starts x stimuli evaluated at once by the grid start
 
 
 class ThresholdError(StudyError):
@@ -111,6 +112,7 @@ class ThresholdError(StudyError):
 
 
 # -- the model -------------------------------------------------------------------------------
+
 
 def model_core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
     """F and dF/dz at ``z = slope * (log x - log threshold)``."""
@@ -123,8 +125,9 @@ def model_core(z: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
     return s, s * (1.0 - s)
 
 
-def psychometric(x, threshold, slope, lapse=0.0, *, model: str = "weibull",
-                 guess: float = GUESS) -> np.ndarray:
+def psychometric(
+    x, threshold, slope, lapse=0.0, *, model: str = "weibull", guess: float = GUESS
+) -> np.ndarray:
     """``p(x) = guess + (1 - guess - lapse) F(x)`` with ``F(threshold) = 0.5`` (module doc)."""
     _check_model(model)
     z = np.asarray(slope, float) * (np.log(np.asarray(x, float)) - np.log(threshold))
@@ -159,7 +162,7 @@ def _grid_start(lx, N, K, lo, hi, model):
     row: (G, slopes, 3)."""
     G, M = N.shape
     lxb = np.broadcast_to(lx, (G, M))
-    ms = lo[:, 0:1] + (hi[:, 0:1] - lo[:, 0:1]) * _M_STARTS[None, :]          # (G, nm)
+    ms = lo[:, 0:1] + (hi[:, 0:1] - lo[:, 0:1]) * _M_STARTS[None, :]  # (G, nm)
     S = len(_SLOPE_STARTS)
     nm = ms.shape[1]
     best = np.empty((G, S, 3))
@@ -167,11 +170,13 @@ def _grid_start(lx, N, K, lo, hi, model):
     a = 1.0 - GUESS - _LAPSE_START
     for g0 in range(0, G, chunk):
         g1 = min(G, g0 + chunk)
-        z = (np.exp(_SLOPE_STARTS)[None, :, None, None]
-             * (lxb[g0:g1, None, None, :] - ms[g0:g1, None, :, None]))       # (g, S, nm, M)
+        z = np.exp(_SLOPE_STARTS)[None, :, None, None] * (
+            lxb[g0:g1, None, None, :] - ms[g0:g1, None, :, None]
+        )  # (g, S, nm, M)
         p = np.clip(GUESS + a * model_core(z, model)[0], _EPS, 1 - _EPS)
-        ll = (K[g0:g1, None, None, :] * np.log(p)
-              + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(-1)       # (g, S, nm)
+        ll = (K[g0:g1, None, None, :] * np.log(p) + (N - K)[g0:g1, None, None, :] * np.log1p(-p)).sum(
+            -1
+        )  # (g, S, nm)
         i = ll.argmax(2)
         best[g0:g1, :, 0] = np.take_along_axis(ms[g0:g1], i, 1)
     best[:, :, 1] = _SLOPE_STARTS
@@ -195,8 +200,7 @@ def fit_batch(lx, N, K, lo, hi, model, theta0=None, iters=60):
     S = starts.shape[1]
     lxb = np.broadcast_to(lx, (G, M))
     rep = lambda a: np.repeat(a, S, 0)  # noqa: E731
-    theta, ll = _lm(starts.reshape(G * S, 3), rep(lxb), rep(N), rep(K), rep(lo), rep(hi), model,
-                    iters)
+    theta, ll = _lm(starts.reshape(G * S, 3), rep(lxb), rep(N), rep(K), rep(lo), rep(hi), model, iters)
     ll = ll.reshape(G, S)
     i = ll.argmax(1)
     return theta.reshape(G, S, 3)[np.arange(G), i], ll[np.arange(G), i]
@@ -210,7 +214,7 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
     theta = theta.copy()
     lx = np.broadcast_to(lx, (G, M))
     ll, *q = _loglik(theta, lx, N, K, model)
-    Q = np.stack(q[:4])                                  # p, F, dF, z at the current point
+    Q = np.stack(q[:4])  # p, F, dF, z at the current point
     mu = np.full(G, 1e-3)
     live = np.arange(G)
     for _ in range(iters):
@@ -229,8 +233,17 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
         w = Ni / v
         g = np.stack([(r * d0).sum(1), (r * d1).sum(1), (r * d2).sum(1)], -1)
         w0, w1 = w * d0, w * d1
-        A = np.stack([(w0 * d0).sum(1), (w0 * d1).sum(1), (w0 * d2).sum(1),
-                      (w1 * d1).sum(1), (w1 * d2).sum(1), (w * d2 * d2).sum(1)], -1)
+        A = np.stack(
+            [
+                (w0 * d0).sum(1),
+                (w0 * d1).sum(1),
+                (w0 * d2).sum(1),
+                (w1 * d1).sum(1),
+                (w1 * d2).sum(1),
+                (w * d2 * d2).sum(1),
+            ],
+            -1,
+        )
         act = ((th <= lo[live] + 1e-12) & (g < 0)) | ((th >= hi[live] - 1e-12) & (g > 0))
         g[act] = 0.0
         free = ~act
@@ -252,8 +265,17 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
         det = a00 * c00 + a01 * c01 + a02 * c02
         g0, g1, g2 = g.T
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.stack([c00 * g0 + c01 * g1 + c02 * g2, c01 * g0 + c11 * g1 + c12 * g2,
-                             c02 * g0 + c12 * g1 + c22 * g2], -1) / det[:, None]
+            step = (
+                np.stack(
+                    [
+                        c00 * g0 + c01 * g1 + c02 * g2,
+                        c01 * g0 + c11 * g1 + c12 * g2,
+                        c02 * g0 + c12 * g1 + c22 * g2,
+                    ],
+                    -1,
+                )
+                / det[:, None]
+            )
         step[~np.isfinite(step).all(1)] = 0.0
         new = np.clip(th + step, lo[live], hi[live])
         ll_new, *q = _loglik(new, lxi, Ni, Ki, model)
@@ -275,10 +297,17 @@ def _lm(theta, lx, N, K, lo, hi, model, iters):
 def fit_bounds(xmin, xmax, lapse_max):
     xmin = np.atleast_1d(np.asarray(xmin, float))
     xmax = np.atleast_1d(np.asarray(xmax, float))
-    lo = np.stack([np.log(xmin / EXTRAPOLATE), np.full(xmin.shape, math.log(SLOPE_BOUNDS[0])),
-                   np.zeros(xmin.shape)], -1)
-    hi = np.stack([np.log(xmax * EXTRAPOLATE), np.full(xmin.shape, math.log(SLOPE_BOUNDS[1])),
-                   np.full(xmin.shape, float(lapse_max))], -1)
+    lo = np.stack(
+        [np.log(xmin / EXTRAPOLATE), np.full(xmin.shape, math.log(SLOPE_BOUNDS[0])), np.zeros(xmin.shape)], -1
+    )
+    hi = np.stack(
+        [
+            np.log(xmax * EXTRAPOLATE),
+            np.full(xmin.shape, math.log(SLOPE_BOUNDS[1])),
+            np.full(xmin.shape, float(lapse_max)),
+        ],
+        -1,
+    )
     return lo, hi
 
 
@@ -306,32 +335,46 @@ def fit_psychometric(x, n, k, *, model: str = "weibull", lapse_max: float = LAPS
         ll_, p, F, dF, z, beta, a = _loglik(t[None], lx, n[None], k[None], model)
         v = p * (1 - p)
         r = (k - n * p[0]) / v[0]
-        grad = np.array([(r * a[0] * dF[0] * -beta[0]).sum(), (r * a[0] * dF[0] * z[0]).sum(),
-                         (r * -F[0]).sum()])
+        grad = np.array(
+            [(r * a[0] * dF[0] * -beta[0]).sum(), (r * a[0] * dF[0] * z[0]).sum(), (r * -F[0]).sum()]
+        )
         return -ll_[0], -grad
 
     starts = [best]
     for m0 in (0.5,):
-        starts.append(np.array([lo[0, 0] + m0 * (hi[0, 0] - lo[0, 0]), math.log(2.0),
-                                _LAPSE_START]))
+        starts.append(np.array([lo[0, 0] + m0 * (hi[0, 0] - lo[0, 0]), math.log(2.0), _LAPSE_START]))
     bnds = list(zip(lo[0], hi[0]))
     for s0 in starts:
         try:
             res = optimize.minimize(nll, s0, jac=True, method="SLSQP", bounds=bnds)
-        except (ValueError, FloatingPointError):   # pragma: no cover - defensive
+        except (ValueError, FloatingPointError):  # pragma: no cover - defensive
             continue
         if np.isfinite(res.fun) and -res.fun > best_ll + 1e-9:
             best, best_ll = np.clip(res.x, lo[0], hi[0]), -res.fun
     dev = 2.0 * (_saturated(n, k) - best_ll)
     span = hi[0, 0] - lo[0, 0]
-    at = ("lower" if best[0] <= lo[0, 0] + 1e-6 * span else
-          "upper" if best[0] >= hi[0, 0] - 1e-6 * span else None)
-    return {"threshold": float(math.exp(best[0])), "slope": float(math.exp(best[1])),
-            "lapse": float(best[2]), "loglik": float(best_ll), "deviance": float(max(dev, 0.0)),
-            "at_bound": at, "theta": best, "xmin": float(x.min()), "xmax": float(x.max())}
+    at = (
+        "lower"
+        if best[0] <= lo[0, 0] + 1e-6 * span
+        else "upper"
+        if best[0] >= hi[0, 0] - 1e-6 * span
+        else None
+    )
+    return {
+        "threshold": float(math.exp(best[0])),
+        "slope": float(math.exp(best[1])),
+        "lapse": float(best[2]),
+        "loglik": float(best_ll),
+        "deviance": float(max(dev, 0.0)),
+        "at_bound": at,
+        "theta": best,
+        "xmin": float(x.min()),
+        "xmax": float(x.max()),
+    }
 
 
 # -- the bootstrap ---------------------------------------------------------------------------
+
 
 def bootstrap_draws(rng, n: int, B: int) -> np.ndarray:
     """Draw counts (B, n): how often each of n units is drawn in n draws with replacement."""
@@ -360,8 +403,7 @@ def expanded_alpha(confidence: float, units: int) -> float:
     a = (1.0 - confidence) / 2.0
     if units < 2:
         return 0.0
-    return float(special.ndtr(-math.sqrt(units / (units - 1.0))
-                              * student_t.ppf(1.0 - a, units - 1)))
+    return float(special.ndtr(-math.sqrt(units / (units - 1.0)) * student_t.ppf(1.0 - a, units - 1)))
 
 
 def _percentile_ci(values, confidence, units=None):
@@ -387,8 +429,15 @@ def replicate_fits(lx, Nb, Kb, theta0, xmin, xmax, lapse_max, model):
     search bound."""
     G, B, M = Nb.shape
     lo, hi = fit_bounds(np.repeat(xmin, B), np.repeat(xmax, B), lapse_max)
-    theta, _ = fit_batch(np.repeat(lx, B, 0), Nb.reshape(G * B, M), Kb.reshape(G * B, M), lo,
-                          hi, model, theta0=np.repeat(theta0, B, 0))
+    theta, _ = fit_batch(
+        np.repeat(lx, B, 0),
+        Nb.reshape(G * B, M),
+        Kb.reshape(G * B, M),
+        lo,
+        hi,
+        model,
+        theta0=np.repeat(theta0, B, 0),
+    )
     return _replicate_thresholds(theta, lo, hi).reshape(G, B)
 
 
@@ -408,6 +457,7 @@ def threshold_interval(t, m, xmin, xmax, confidence, units=None):
 
 # -- input -----------------------------------------------------------------------------------
 
+
 class _Data:
     """Counts per rater, clip and level: n[r, c, j], k[r, c, j]; x[c, j] (padded with 1.0)."""
 
@@ -420,29 +470,31 @@ class _Data:
                 if f not in t:
                     raise ThresholdError(f"trial {i}: field '{f}' missing")
             x, lev, c = t["x"], t["level"], t["correct"]
-            if (isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x)
-                    or x <= 0):
-                raise ThresholdError(f"trial {i}: field 'x': expected a positive number, "
-                                     f"found {x!r}")
+            if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x <= 0:
+                raise ThresholdError(f"trial {i}: field 'x': expected a positive number, found {x!r}")
             if isinstance(lev, bool) or not isinstance(lev, numbers.Real) or not math.isfinite(lev):
                 raise ThresholdError(f"trial {i}: field 'level': expected a number, found {lev!r}")
             if not (isinstance(c, (bool, np.bool_)) or c in (0, 1)):
-                raise ThresholdError(f"trial {i}: field 'correct': expected true or false, "
-                                     f"found {c!r}")
+                raise ThresholdError(f"trial {i}: field 'correct': expected true or false, found {c!r}")
             rows.append((str(t["rater"]), str(t["clip"]), float(lev), float(x), bool(c)))
         self.raters = sorted({r[0] for r in rows})
         self.clips = sorted({r[1] for r in rows})
         if not isinstance(reference, dict):
-            raise ThresholdError(f"reference: expected a mapping of clip to metric value, "
-                                 f"found {type(reference).__name__}")
+            raise ThresholdError(
+                f"reference: expected a mapping of clip to metric value, found {type(reference).__name__}"
+            )
         self.reference = {}
-        by_name = {str(k): v for k, v in reference.items()}     # clips are named as strings
+        by_name = {str(k): v for k, v in reference.items()}  # clips are named as strings
         for c in self.clips:
             v = by_name.get(c)
-            if (v is None or isinstance(v, bool) or not isinstance(v, numbers.Real)
-                    or not math.isfinite(v) or v <= 0):
-                raise ThresholdError(f"reference: clip '{c}': expected a positive number, "
-                                     f"found {v!r}")
+            if (
+                v is None
+                or isinstance(v, bool)
+                or not isinstance(v, numbers.Real)
+                or not math.isfinite(v)
+                or v <= 0
+            ):
+                raise ThresholdError(f"reference: clip '{c}': expected a positive number, found {v!r}")
             self.reference[c] = float(v)
         self.levels = {c: sorted({r[2] for r in rows if r[1] == c}) for c in self.clips}
         R, C = len(self.raters), len(self.clips)
@@ -464,18 +516,18 @@ class _Data:
         has = cnt > 0
         self.x[has] = xs[has] / cnt[has]
         for c, v in self.levels.items():
-            self.level[ci[c], :len(v)] = v
+            self.level[ci[c], : len(v)] = v
         self.n_trials = len(rows)
 
 
 # -- the analysis ----------------------------------------------------------------------------
 
+
 def _fmt(v):
     return "undefined" if v is None else f"{v:.4g}"
 
 
-def _block(fit, x, N, K, level, ci, gof, n_trials, n_raters, n_clips, confidence, model,
-           clip_of=None):
+def _block(fit, x, N, K, level, ci, gof, n_trials, n_raters, n_clips, confidence, model, clip_of=None):
     """The JSON block of one fit (pooled or one clip)."""
     use = N > 0
     points = []
@@ -484,10 +536,19 @@ def _block(fit, x, N, K, level, ci, gof, n_trials, n_raters, n_clips, confidence
         if clip_of is not None:
             pt = {"clip": clip_of[i], **pt}
         points.append(pt)
-    out = {"threshold": None, "ci": [None, None], "slope": None, "lapse": None,
-           "n_trials": int(n_trials), "n_raters": int(n_raters), "n_clips": int(n_clips),
-           "gof": {"deviance": None, "df": None, "p": None, "method": None},
-           "points": points, "curve": [], "bound": None}
+    out = {
+        "threshold": None,
+        "ci": [None, None],
+        "slope": None,
+        "lapse": None,
+        "n_trials": int(n_trials),
+        "n_raters": int(n_raters),
+        "n_clips": int(n_clips),
+        "gof": {"deviance": None, "df": None, "p": None, "method": None},
+        "points": points,
+        "curve": [],
+        "bound": None,
+    }
     if fit is None:
         return out
     t = fit["threshold"]
@@ -508,34 +569,50 @@ def _notes(label, block, fit, metric, confidence):
         return notes
     lo, hi = block["ci"]
     if block["bound"] == "lower":
-        notes.append(f"{label}: threshold above the largest {metric} shown ({fit['xmax']:.4g}): "
-                     f"a lower bound only" + (f" ({metric} >= {lo:.4g} at "
-                                               f"{1 - (1 - confidence) / 2:.1%} confidence)"
-                                               if lo is not None else " (not even that is sure)"))
+        notes.append(
+            f"{label}: threshold above the largest {metric} shown ({fit['xmax']:.4g}): "
+            f"a lower bound only"
+            + (
+                f" ({metric} >= {lo:.4g} at {1 - (1 - confidence) / 2:.1%} confidence)"
+                if lo is not None
+                else " (not even that is sure)"
+            )
+        )
     elif block["bound"] == "upper":
-        notes.append(f"{label}: threshold below the smallest {metric} shown ({fit['xmin']:.4g}): "
-                     f"an upper bound only" + (f" ({metric} <= {hi:.4g})" if hi is not None
-                                               else ""))
+        notes.append(
+            f"{label}: threshold below the smallest {metric} shown ({fit['xmin']:.4g}): "
+            f"an upper bound only" + (f" ({metric} <= {hi:.4g})" if hi is not None else "")
+        )
     else:
         if hi is None:
-            notes.append(f"{label}: interval open above: some replicates put the threshold "
-                         f"beyond the levels shown")
+            notes.append(
+                f"{label}: interval open above: some replicates put the threshold beyond the levels shown"
+            )
         elif hi > fit["xmax"]:
-            notes.append(f"{label}: interval reaches above the largest {metric} shown "
-                         f"({fit['xmax']:.4g}): its upper end is an extrapolation")
+            notes.append(
+                f"{label}: interval reaches above the largest {metric} shown "
+                f"({fit['xmax']:.4g}): its upper end is an extrapolation"
+            )
         if lo is None:
-            notes.append(f"{label}: interval open below: some replicates put the threshold "
-                         f"below the levels shown")
+            notes.append(
+                f"{label}: interval open below: some replicates put the threshold below the levels shown"
+            )
         elif lo < fit["xmin"]:
-            notes.append(f"{label}: interval reaches below the smallest {metric} shown "
-                         f"({fit['xmin']:.4g}): its lower end is an extrapolation")
+            notes.append(
+                f"{label}: interval reaches below the smallest {metric} shown "
+                f"({fit['xmin']:.4g}): its lower end is an extrapolation"
+            )
     if block["bound"] is None and fit["lapse"] >= LAPSE_MAX - 1e-6:
-        notes.append(f"{label}: lapse rate at its bound ({LAPSE_MAX}): raters erred often at "
-                     f"levels they otherwise discriminate")
+        notes.append(
+            f"{label}: lapse rate at its bound ({LAPSE_MAX}): raters erred often at "
+            f"levels they otherwise discriminate"
+        )
     g = block["gof"]
     if g.get("p") is not None and g["p"] < 0.05:
-        notes.append(f"{label}: the model fits poorly (deviance {g['deviance']:.3g} on {g['df']} "
-                     f"df, p = {g['p']:.3g}): raters or clips differ, the curve is their average")
+        notes.append(
+            f"{label}: the model fits poorly (deviance {g['deviance']:.3g} on {g['df']} "
+            f"df, p = {g['p']:.3g}): raters or clips differ, the curve is their average"
+        )
     return notes
 
 
@@ -549,8 +626,12 @@ def _gof(fits, x, N, model, n_gof, rng, lapse_max):
             continue
         use = N[i] > 0
         df = int(use.sum()) - 3
-        out[i] = {"deviance": fit["deviance"], "df": df, "p": None,
-                  "method": f"parametric bootstrap ({n_gof})" if n_gof > 0 and df >= 1 else None}
+        out[i] = {
+            "deviance": fit["deviance"],
+            "df": df,
+            "p": None,
+            "method": f"parametric bootstrap ({n_gof})" if n_gof > 0 and df >= 1 else None,
+        }
         if n_gof > 0 and df >= 1:
             rows.append(i)
     if not rows:
@@ -568,18 +649,25 @@ def _gof(fits, x, N, model, n_gof, rng, lapse_max):
         HI.append(hi)
     NN, KK = np.concatenate(NN), np.concatenate(KK)
     T0 = np.concatenate([np.repeat(fits[i]["theta"][None], n_gof, 0) for i in rows])
-    _, ll = fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model,
-                       theta0=T0)
+    _, ll = fit_batch(np.concatenate(LX), NN, KK, np.concatenate(LO), np.concatenate(HI), model, theta0=T0)
     dev = (2.0 * (_saturated(NN, KK) - ll)).reshape(len(rows), n_gof)
     for j, i in enumerate(rows):
         out[i]["p"] = float((1 + np.sum(dev[j] >= fits[i]["deviance"] - 1e-9)) / (1 + n_gof))
     return out
 
 
-def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str = "lpips",
-                       confidence: float = 0.95, n_boot: int = 1000, seed: int = 0,
-                       model: str = "weibull", lapse_max: float = LAPSE_MAX,
-                       n_gof: int = 200) -> dict:
+def threshold_analysis(
+    trials: Iterable[dict],
+    *,
+    reference: dict,
+    metric: str = "lpips",
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+    model: str = "weibull",
+    lapse_max: float = LAPSE_MAX,
+    n_gof: int = 200,
+) -> dict:
     """Psychometric thresholds of a threshold study, pooled and per clip, with intervals from a
     bootstrap clustered over raters and clips, goodness of fit and the headroom (module doc).
 
@@ -597,13 +685,35 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     d = _Data(list(trials), reference)
     rng = np.random.default_rng(seed)
     R, C = len(d.raters), len(d.clips)
-    out = {"metric": metric, "criterion": CRITERION, "guess": GUESS,
-           "model": _model_text(model), "confidence": confidence, "n_boot": n_boot, "seed": seed,
-           "pooled": None, "clips": {}, "headroom": {"value": None, "ci": [None, None]},
-           "reference": None, "notes": []}
+    out = {
+        "metric": metric,
+        "criterion": CRITERION,
+        "guess": GUESS,
+        "model": _model_text(model),
+        "confidence": confidence,
+        "n_boot": n_boot,
+        "seed": seed,
+        "pooled": None,
+        "clips": {},
+        "headroom": {"value": None, "ci": [None, None]},
+        "reference": None,
+        "notes": [],
+    }
     if d.n_trials == 0:
-        out["pooled"] = _block(None, np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0),
-                               [None, None], None, 0, 0, 0, confidence, model)
+        out["pooled"] = _block(
+            None,
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0),
+            [None, None],
+            None,
+            0,
+            0,
+            0,
+            confidence,
+            model,
+        )
         out["notes"].append("no answered test trials: nothing to fit")
         return out
     J = d.x.shape[1]
@@ -616,7 +726,7 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     K = d.k.sum(0).reshape(-1)
     level = d.level.reshape(-1)
     clip_of = [c for c in d.clips for _ in range(J)]
-    Ntot, Ktot = d.n.sum(0), d.k.sum(0)                               # (C, J)
+    Ntot, Ktot = d.n.sum(0), d.k.sum(0)  # (C, J)
     fit = _safe_fit(x, N, K, model, lapse_max)
     fits = [_safe_fit(d.x[c], Ntot[c], Ktot[c], model, lapse_max) for c in range(C)]
     # bootstrap draws in a fixed order (pooled raters, pooled clips, each clip's raters):
@@ -631,9 +741,16 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     if fit is not None:
         Nb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.n)
         Kb = wc[:, :, None] * np.einsum("br,rcj->bcj", wr, d.k)
-        m = replicate_fits(np.log(x)[None], Nb.reshape(1, n_boot, -1), Kb.reshape(1, n_boot, -1),
-                        fit["theta"][None], np.array([fit["xmin"]]), np.array([fit["xmax"]]),
-                        lapse_max, model)[0]
+        m = replicate_fits(
+            np.log(x)[None],
+            Nb.reshape(1, n_boot, -1),
+            Kb.reshape(1, n_boot, -1),
+            fit["theta"][None],
+            np.array([fit["xmin"]]),
+            np.array([fit["xmax"]]),
+            lapse_max,
+            model,
+        )[0]
         ci = threshold_interval(fit["threshold"], m, fit["xmin"], fit["xmax"], confidence)
         lref = (wc * logref).sum(1) / wc.sum(1)
         hci = _exp_ci(_percentile_ci(m - lref, confidence))
@@ -645,33 +762,52 @@ def threshold_analysis(trials: Iterable[dict], *, reference: dict, metric: str =
     if fitted:
         NB = np.stack([wcl[c] @ d.n[clip_raters[c], c, :] for c in fitted])
         KB = np.stack([wcl[c] @ d.k[clip_raters[c], c, :] for c in fitted])
-        m = replicate_fits(np.log(d.x[fitted]), NB, KB, np.stack([fits[c]["theta"] for c in fitted]),
-                        np.array([fits[c]["xmin"] for c in fitted]),
-                        np.array([fits[c]["xmax"] for c in fitted]), lapse_max, model)
+        m = replicate_fits(
+            np.log(d.x[fitted]),
+            NB,
+            KB,
+            np.stack([fits[c]["theta"] for c in fitted]),
+            np.array([fits[c]["xmin"] for c in fitted]),
+            np.array([fits[c]["xmax"] for c in fitted]),
+            lapse_max,
+            model,
+        )
         for i, c in enumerate(fitted):
             units = len(clip_raters[c]) - 1 if CLIP_EXPANDED else None
-            cis[c] = threshold_interval(fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"],
-                               confidence, units)
+            cis[c] = threshold_interval(
+                fits[c]["threshold"], m[i], fits[c]["xmin"], fits[c]["xmax"], confidence, units
+            )
             hcis[c] = _exp_ci(_percentile_ci(m[i] - logref[c], confidence, units))
 
-    gofs = (_gof([fit], x[None], N[None], model, n_gof, rng, lapse_max)
-            + _gof(fits, d.x, Ntot, model, n_gof, rng, lapse_max))
-    pooled = _block(fit, x, N, K, level, ci, gofs[0], d.n_trials, R, C, confidence, model,
-                    clip_of)
+    gofs = _gof([fit], x[None], N[None], model, n_gof, rng, lapse_max) + _gof(
+        fits, d.x, Ntot, model, n_gof, rng, lapse_max
+    )
+    pooled = _block(fit, x, N, K, level, ci, gofs[0], d.n_trials, R, C, confidence, model, clip_of)
     out["pooled"] = pooled
-    out["notes"] += _degenerate_note("pooled", fit, N) + _notes("pooled", pooled, fit, metric,
-                                                                 confidence)
+    out["notes"] += _degenerate_note("pooled", fit, N) + _notes("pooled", pooled, fit, metric, confidence)
     out["headroom"] = _headroom(pooled, hci, out["reference"])
     for c_i, c in enumerate(d.clips):
         ref = d.reference[c]
-        blk = _block(fits[c_i], d.x[c_i], Ntot[c_i], Ktot[c_i], d.level[c_i], cis[c_i],
-                     gofs[1 + c_i], int(Ntot[c_i].sum()), len(clip_raters[c_i]), 1, confidence,
-                     model)
+        blk = _block(
+            fits[c_i],
+            d.x[c_i],
+            Ntot[c_i],
+            Ktot[c_i],
+            d.level[c_i],
+            cis[c_i],
+            gofs[1 + c_i],
+            int(Ntot[c_i].sum()),
+            len(clip_raters[c_i]),
+            1,
+            confidence,
+            model,
+        )
         blk["reference"] = ref
         blk["headroom"] = _headroom(blk, hcis[c_i], ref)
         out["clips"][c] = blk
         out["notes"] += _degenerate_note(f"clip {c}", fits[c_i], Ntot[c_i]) + _notes(
-            f"clip {c}", blk, fits[c_i], metric, confidence)
+            f"clip {c}", blk, fits[c_i], metric, confidence
+        )
     out["notes"] += _spread_note(out, [f["threshold"] for f in fits if f is not None], C)
     return out
 
@@ -691,9 +827,11 @@ def _spread_note(out, ts, C):
     sd = float(np.std(np.log(ts), ddof=1))
     if sd <= CLIP_SPREAD_NOTE:
         return []
-    return [f"pooled: only {C} clips, whose thresholds differ a lot (sd of log thresholds "
-            f"{sd:.2f}): the pooled interval is likely too narrow (with 4 such clips it covered "
-            f"89% instead of 95% in simulation); read the per-clip thresholds, or add clips"]
+    return [
+        f"pooled: only {C} clips, whose thresholds differ a lot (sd of log thresholds "
+        f"{sd:.2f}): the pooled interval is likely too narrow (with 4 such clips it covered "
+        f"89% instead of 95% in simulation); read the per-clip thresholds, or add clips"
+    ]
 
 
 def _safe_fit(x, N, K, model, lapse_max):
@@ -739,34 +877,51 @@ def headroom_sentence(headroom: float | None, *, lower_bound: bool = False) -> s
     if headroom <= 0:
         return f"headroom {at}{headroom:.3g}x: no threshold above zero was measured"
     if headroom < 1 and not lower_bound:
-        return (f"headroom {headroom:.2g}x: the real difference is {1 / headroom:.2g}x the human "
-                "threshold (75% correct in ABX), people see it")
+        return (
+            f"headroom {headroom:.2g}x: the real difference is {1 / headroom:.2g}x the human "
+            "threshold (75% correct in ABX), people see it"
+        )
     if headroom < 1:
-        return (f"headroom {at}{headroom:.2g}x: the threshold lies above every level shown; the "
-                "real difference may be visible (show larger levels)")
-    return (f"headroom {at}{headroom:.2g}x: the real difference would have to grow "
-            f"{at}{headroom:.2g}x before people notice it (75% correct in ABX)")
+        return (
+            f"headroom {at}{headroom:.2g}x: the threshold lies above every level shown; the "
+            "real difference may be visible (show larger levels)"
+        )
+    return (
+        f"headroom {at}{headroom:.2g}x: the real difference would have to grow "
+        f"{at}{headroom:.2g}x before people notice it (75% correct in ABX)"
+    )
 
 
 def _model_text(model):
-    f = ("1 - exp(-ln2 (x / threshold) ^ slope)" if model == "weibull"
-         else "1 / (1 + (x / threshold) ^ -slope)")
-    return (f"{model}: p(x) = 0.5 + (0.5 - lapse) F(x), F = {f}; threshold: F = 0.5 (75% correct "
-            f"without lapses); lapse in [0, {LAPSE_MAX}]")
+    f = (
+        "1 - exp(-ln2 (x / threshold) ^ slope)"
+        if model == "weibull"
+        else "1 / (1 + (x / threshold) ^ -slope)"
+    )
+    return (
+        f"{model}: p(x) = 0.5 + (0.5 - lapse) F(x), F = {f}; threshold: F = 0.5 (75% correct "
+        f"without lapses); lapse in [0, {LAPSE_MAX}]"
+    )
 
 
 # -- the gate --------------------------------------------------------------------------------
 
-def gate_from_analysis(analysis: dict, *, study: str, safety_factor: float = 2.0,
-                       aggregate: str = "mean") -> str:
+
+def gate_from_analysis(
+    analysis: dict, *, study: str, safety_factor: float = 2.0, aggregate: str = "mean"
+) -> str:
     """The text of a gate YAML set by people: ``<metric>: {<aggregate>: {max: threshold /
     safety_factor}}`` and a ``human_threshold`` block (metric, value, ci, study, safety_factor,
     criterion) that :mod:`evalkit.formats.gate` reads, with comments saying where the number came
     from. A threshold above the levels shown (a lower bound only) gates on the lower bound
     (``bound: lower`` in the block); a threshold below them or none at all is refused
     (:class:`ThresholdError`)."""
-    if isinstance(safety_factor, bool) or not isinstance(safety_factor, numbers.Real) \
-            or not math.isfinite(safety_factor) or safety_factor < 1:
+    if (
+        isinstance(safety_factor, bool)
+        or not isinstance(safety_factor, numbers.Real)
+        or not math.isfinite(safety_factor)
+        or safety_factor < 1
+    ):
         raise ThresholdError(f"safety factor: expected a number >= 1, found {safety_factor!r}")
     if aggregate not in ("mean", "p95", "worst"):
         raise ThresholdError(f"aggregate: expected mean, p95 or worst, found {aggregate!r}")
@@ -779,10 +934,12 @@ def gate_from_analysis(analysis: dict, *, study: str, safety_factor: float = 2.0
         elif pooled.get("bound") == "upper":
             raise ThresholdError(
                 f"study {study}: the threshold is below the smallest {metric} shown (raters "
-                f"discriminated every level): no gate can be set; rerun with smaller levels")
+                f"discriminated every level): no gate can be set; rerun with smaller levels"
+            )
         else:
-            raise ThresholdError(f"study {study}: no threshold could be estimated (see the "
-                                 f"analysis notes): no gate can be set")
+            raise ThresholdError(
+                f"study {study}: no threshold could be estimated (see the analysis notes): no gate can be set"
+            )
     limit = t / float(safety_factor)
     conf = analysis.get("confidence", 0.95)
     head = (analysis.get("headroom") or {}).get("value")
@@ -790,29 +947,36 @@ def gate_from_analysis(analysis: dict, *, study: str, safety_factor: float = 2.0
     lines = [
         f"# Gate set by people: evalkit threshold study {study!r}.",
         f"# Human detection threshold of {metric} ({_model_short(analysis)}): "
-        + (f"{t:.6g}, {conf:.0%} interval [{_fmt(ci[0])}, {_fmt(ci[1])}]" if bound is None
-           else f"above every level shown; {_fmt(t)} is a one-sided lower bound"),
+        + (
+            f"{t:.6g}, {conf:.0%} interval [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+            if bound is None
+            else f"above every level shown; {_fmt(t)} is a one-sided lower bound"
+        ),
         f"# pooled over {pooled.get('n_raters')} raters x {pooled.get('n_clips')} clips, "
         f"{pooled.get('n_trials')} trials; bootstrap clustered over raters and clips.",
     ]
     if ref is not None:
-        lines.append(f"# Real backend difference ({metric}, geometric mean over clips): "
-                     f"{ref:.6g}; " + (headroom_sentence(head) if head is not None
-                                        else headroom_sentence(t / ref, lower_bound=True)) + ".")
-    lines += [f"# Gate: {metric} {aggregate} <= threshold / safety factor {safety_factor:g} "
-              f"= {limit:.6g}.",
-              "schema_version: 1",
-              f"{metric}:",
-              f"  {aggregate}:",
-              f"    max: {_num(limit)}",
-              "human_threshold:",
-              f"  metric: {metric}",
-              f"  value: {_num(t)}",
-              f"  ci: [{_num(ci[0])}, {_num(ci[1])}]",
-              f"  study: {_yaml_str(study)}",
-              f"  safety_factor: {_num(float(safety_factor))}",
-              f"  criterion: {_num(analysis.get('criterion', CRITERION))}",
-              f"  aggregate: {aggregate}"]
+        lines.append(
+            f"# Real backend difference ({metric}, geometric mean over clips): "
+            f"{ref:.6g}; "
+            + (headroom_sentence(head) if head is not None else headroom_sentence(t / ref, lower_bound=True))
+            + "."
+        )
+    lines += [
+        f"# Gate: {metric} {aggregate} <= threshold / safety factor {safety_factor:g} = {limit:.6g}.",
+        "schema_version: 1",
+        f"{metric}:",
+        f"  {aggregate}:",
+        f"    max: {_num(limit)}",
+        "human_threshold:",
+        f"  metric: {metric}",
+        f"  value: {_num(t)}",
+        f"  ci: [{_num(ci[0])}, {_num(ci[1])}]",
+        f"  study: {_yaml_str(study)}",
+        f"  safety_factor: {_num(float(safety_factor))}",
+        f"  criterion: {_num(analysis.get('criterion', CRITERION))}",
+        f"  aggregate: {aggregate}",
+    ]
     if bound is not None:
         lines.append(f"  bound: {bound}")
     return "\n".join(lines) + "\n"
@@ -829,9 +993,8 @@ def _num(v):
 
 def _yaml_str(s):
     import json
+
     return json.dumps(str(s))
 
 
 # -- Monte Carlo -----------------------------------------------------------------------------
-
-

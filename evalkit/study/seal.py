@@ -27,6 +27,7 @@ The associated data ``aad`` binds a sealed value to its row (``trial:<rater id>:
 ``study:<id>``), so a value copied to another row does not open. Token: ``s1:`` + URL-safe
 base64 of nonce || ciphertext || tag.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,8 +43,10 @@ from .errors import StudyError
 #: environment variable naming the key file (overrides the path recorded in the study)
 ENV = "EVALKIT_STUDY_KEY"
 SCHEME = "s1"
-SCHEME_TEXT = ("HMAC-SHA256 keystream (CTR), encrypt-then-MAC with HMAC-SHA256, random 128-bit "
-               "nonce, key from a 0600 key file beside the database")
+SCHEME_TEXT = (
+    "HMAC-SHA256 keystream (CTR), encrypt-then-MAC with HMAC-SHA256, random 128-bit "
+    "nonce, key from a 0600 key file beside the database"
+)
 #: trial fields sealed in ``trials.sealed``
 TRIAL_FIELDS = ("shown", "sources", "expected")
 #: study config keys sealed in ``config["sealed"]``
@@ -72,16 +75,16 @@ class Key:
 
     def _tag(self, aad: str, nonce: bytes, ct: bytes) -> bytes:
         a = aad.encode()
-        return hmac.new(self._mac, SCHEME.encode() + len(a).to_bytes(4, "big") + a + nonce + ct,
-                        hashlib.sha256).digest()
+        return hmac.new(
+            self._mac, SCHEME.encode() + len(a).to_bytes(4, "big") + a + nonce + ct, hashlib.sha256
+        ).digest()
 
     def seal(self, obj, aad: str) -> str:
         """``obj`` (JSON-able) as a sealed token bound to ``aad``."""
         plain = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
         nonce = secrets.token_bytes(_NONCE)
         ct = bytes(p ^ k for p, k in zip(plain, self._stream(nonce, len(plain))))
-        return f"{SCHEME}:" + base64.urlsafe_b64encode(
-            nonce + ct + self._tag(aad, nonce, ct)).decode()
+        return f"{SCHEME}:" + base64.urlsafe_b64encode(nonce + ct + self._tag(aad, nonce, ct)).decode()
 
     def unseal(self, token: str, aad: str):
         """The value sealed by :meth:`seal` with the same ``aad``; :class:`StudyError` naming
@@ -89,14 +92,17 @@ class Key:
         try:
             if not token.startswith(SCHEME + ":"):
                 raise ValueError
-            raw = base64.urlsafe_b64decode(token[len(SCHEME) + 1:].encode())
+            raw = base64.urlsafe_b64decode(token[len(SCHEME) + 1 :].encode())
         except (ValueError, AttributeError, TypeError):
-            raise StudyError(f"{aad}: expected a sealed value ({SCHEME}:...), found "
-                             f"{str(token)[:20]!r}") from None
+            raise StudyError(
+                f"{aad}: expected a sealed value ({SCHEME}:...), found {str(token)[:20]!r}"
+            ) from None
         nonce, ct, tag = raw[:_NONCE], raw[_NONCE:-_TAG], raw[-_TAG:]
         if len(raw) < _NONCE + _TAG or not hmac.compare_digest(tag, self._tag(aad, nonce, ct)):
-            raise StudyError(f"{aad}: the sealed value does not open with the key file "
-                             f"{self.path} (another database's key, or the value was changed)")
+            raise StudyError(
+                f"{aad}: the sealed value does not open with the key file "
+                f"{self.path} (another database's key, or the value was changed)"
+            )
         return json.loads(bytes(c ^ k for c, k in zip(ct, self._stream(nonce, len(ct)))))
 
 
@@ -117,7 +123,7 @@ def create_or_load(path: Path) -> Key:
         data = (secrets.token_hex(32) + "\n").encode()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:             # made meanwhile by another process: use it
+        except FileExistsError:  # made meanwhile by another process: use it
             return load(path)
         except OSError as e:
             raise StudyError(f"{path}: cannot create the study key file ({e.strerror})") from None
@@ -135,14 +141,15 @@ def load(path: Path) -> Key:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
-        raise StudyError(f"{path}: study key file not found (it seals the study key; it was made "
-                         f"beside the database by `evalkit study create`: restore it there, or "
-                         f"point {ENV} at it)") from None
+        raise StudyError(
+            f"{path}: study key file not found (it seals the study key; it was made "
+            f"beside the database by `evalkit study create`: restore it there, or "
+            f"point {ENV} at it)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise StudyError(f"{path}: cannot read the study key file ({e})") from None
     if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
-        raise StudyError(f"{path}: expected a study key (64 hex digits), found "
-                         f"{len(text)} characters")
+        raise StudyError(f"{path}: expected a study key (64 hex digits), found {len(text)} characters")
     return Key(bytes.fromhex(text), path)
 
 
@@ -159,8 +166,9 @@ def study_key(config: dict) -> Key:
     against the recorded key id."""
     info = (config or {}).get("seal") or {}
     if not info.get("key_file"):
-        raise StudyError("study config: field 'seal': expected the key file's path, found none "
-                         "(a damaged study database)")
+        raise StudyError(
+            "study config: field 'seal': expected the key file's path, found none (a damaged study database)"
+        )
     path = Path(os.environ.get(ENV) or info["key_file"])
     try:
         stamp = path.stat().st_mtime
@@ -171,8 +179,9 @@ def study_key(config: dict) -> Key:
         key = load(path)
         _CACHE[(str(path), stamp)] = key
     if info.get("key_id") and key.id != info["key_id"]:
-        raise StudyError(f"{path}: not this study's key file (its id {key.id}, the study "
-                         f"records {info['key_id']})")
+        raise StudyError(
+            f"{path}: not this study's key file (its id {key.id}, the study records {info['key_id']})"
+        )
     return key
 
 
@@ -204,8 +213,7 @@ def unseal_trial(key: Key, row: dict) -> dict:
 def seal_config(key: Key, study_id: int, config: dict) -> dict:
     """``config`` with its :data:`CONFIG_FIELDS` moved into ``config["sealed"]``."""
     out = {k: v for k, v in config.items() if k not in CONFIG_FIELDS}
-    out["sealed"] = key.seal({k: config.get(k) for k in CONFIG_FIELDS if k in config},
-                             study_aad(study_id))
+    out["sealed"] = key.seal({k: config.get(k) for k in CONFIG_FIELDS if k in config}, study_aad(study_id))
     out["seal"] = record(key)
     return out
 

@@ -9,6 +9,7 @@ change to the rules' code (or to ``stats.RULE_VERSION``) makes a new key, so a s
 never read. A cache that cannot
 be read or written (read-only home, full disk) is skipped: the figure is simulated.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +26,7 @@ _SOURCE: str | None = None
 def _source_hash() -> str:
     global _SOURCE
     if _SOURCE is None:
-        h = hashlib.sha256()        # the rules, their simulation and the planner (read, not imported)
+        h = hashlib.sha256()  # the rules, their simulation and the planner (read, not imported)
         for name in ("stats.py", "simulate.py", "planning.py"):
             h.update((Path(__file__).parent / name).read_bytes())
         _SOURCE = h.hexdigest()[:16]
@@ -38,8 +39,9 @@ def path_for(what: str, args: dict) -> Path:
 
     # the rules' version as well as the source: a plan stays keyed to its rule when the code
     # that makes it moves to another module (the source hash then no longer covers it)
-    key = json.dumps({"what": what, "args": args, "stats": _source_hash(),
-                      "rule": stats.RULE_VERSION}, sort_keys=True)
+    key = json.dumps(
+        {"what": what, "args": args, "stats": _source_hash(), "rule": stats.RULE_VERSION}, sort_keys=True
+    )
     return cache_dir() / "sims" / f"{what}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
@@ -51,12 +53,12 @@ def cached(what: str, args: dict, compute):
     except (OSError, ValueError):
         pass
     text = json.dumps(compute(), allow_nan=False)
-    try:            # not fsutil's atomic writes: those are the crash tests' kill points
+    try:  # not fsutil's atomic writes: those are the crash tests' kill points
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    except OSError:         # a cache that cannot be written is only a slower command
+    except OSError:  # a cache that cannot be written is only a slower command
         pass
-    return json.loads(text)     # the same value whether it came from the cache or not
+    return json.loads(text)  # the same value whether it came from the cache or not

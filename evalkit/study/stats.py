@@ -131,6 +131,7 @@ Catch screening
 A rater passes when their correct catch answers ``k >= catch_min_correct(n)``: the smallest k
 with P(Binomial(n, 0.5) >= k) <= alpha, i.e. better than guessing on the easy catch trials.
 """
+
 from __future__ import annotations
 
 import math
@@ -150,6 +151,7 @@ MAX_RATERS = 100_000
 
 
 # -- small helpers ---------------------------------------------------------------------------
+
 
 def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float | None, float | None]:
     """Wilson score interval of a proportion; ``(None, None)`` when ``n`` is 0."""
@@ -224,13 +226,14 @@ def catch_min_correct(n: int, alpha: float = 0.05) -> int:
     ks = np.arange(n + 1)
     ok = _sf_half(ks, n) <= alpha
     if not ok.any():
-        raise ValueError(f"catch screening: {n} catch trials cannot show better than guessing "
-                         f"at alpha {alpha:g} (all {n} right has p = {0.5 ** n:.3g})")
+        raise ValueError(
+            f"catch screening: {n} catch trials cannot show better than guessing "
+            f"at alpha {alpha:g} (all {n} right has p = {0.5**n:.3g})"
+        )
     return int(ks[ok][0])
 
 
-def catch_error_rates(n: int, p_attentive: float = 0.95,
-                      alpha: float = 0.05) -> tuple[float, float]:
+def catch_error_rates(n: int, p_attentive: float = 0.95, alpha: float = 0.05) -> tuple[float, float]:
     """``(P(an attentive rater is excluded), P(a random clicker is kept))`` of the catch
     screening with ``n`` catch trials: an attentive rater answers each catch trial right with
     probability ``p_attentive``, a random clicker with 0.5."""
@@ -241,6 +244,7 @@ def catch_error_rates(n: int, p_attentive: float = 0.95,
 
 
 # -- d' of ABX and the margin in other units ---------------------------------------------------
+
 
 def abx_accuracy(d_prime: float, model: str = "differencing") -> float:
     """Proportion correct of an unbiased ABX observer with sensitivity ``d_prime`` (Macmillan &
@@ -272,20 +276,26 @@ def margin_terms(margin: float) -> dict:
     discriminators ``pd = 2 * margin`` (guessing model: accuracy = 0.5 + pd / 2); d' of ABX under
     the differencing model (``d_prime``) and the independent-observation model."""
     acc = 0.5 + margin
-    return {"accuracy_limit": acc, "proportion_discriminators": 2 * margin,
-            "d_prime": d_prime_abx(acc, "differencing"),
-            "d_prime_independent_observation": d_prime_abx(acc, "independent"),
-            "d_prime_model": "ABX differencing (Macmillan & Creelman 2005, ch. 9)"}
+    return {
+        "accuracy_limit": acc,
+        "proportion_discriminators": 2 * margin,
+        "d_prime": d_prime_abx(acc, "differencing"),
+        "d_prime_independent_observation": d_prime_abx(acc, "independent"),
+        "d_prime_model": "ABX differencing (Macmillan & Creelman 2005, ch. 9)",
+    }
 
 
 def _margin_text(margin: float) -> str:
     m = margin_terms(margin)
-    return (f"margin {margin:g}: accuracy < {m['accuracy_limit']:g}, i.e. fewer than "
-            f"{100 * m['proportion_discriminators']:.3g}% discriminators, d' < "
-            f"{m['d_prime']:.2f}")
+    return (
+        f"margin {margin:g}: accuracy < {m['accuracy_limit']:g}, i.e. fewer than "
+        f"{100 * m['proportion_discriminators']:.3g}% discriminators, d' < "
+        f"{m['d_prime']:.2f}"
+    )
 
 
 # -- labels and the pigeonhole bootstrap -------------------------------------------------------
+
 
 def _index(labels: Sequence[Hashable]) -> tuple[np.ndarray, list]:
     """Integer codes of arbitrary hashable labels, and the labels in code order (sorted when
@@ -343,6 +353,7 @@ def t_quantile(q: float, df) -> np.ndarray:
 
 # -- ABX: the rule, vectorised over studies ----------------------------------------------------
 
+
 def _cdf_half(k, n):
     """P(Binomial(n, 0.5) <= k), vectorised (exact)."""
     from scipy.stats import binom
@@ -352,8 +363,13 @@ def _cdf_half(k, n):
 
 #: the share of the level ``alpha`` each check below chance is given (they only ever block
 #: "indistinguishable": together they cost the claim's power at chance at most ``alpha``)
-BELOW_CHANCE_SPLIT = {"raters": 0.05, "clips": 0.05, "overall": 0.1, "rater_dispersion": 0.5,
-                      "clip_dispersion": 0.3}
+BELOW_CHANCE_SPLIT = {
+    "raters": 0.05,
+    "clips": 0.05,
+    "overall": 0.1,
+    "rater_dispersion": 0.5,
+    "clip_dispersion": 0.3,
+}
 #: null draws of the dispersion tests (Monte Carlo, fixed seed: the same data give the same p)
 DISPERSION_DRAWS = 20_000
 _DISPERSION_NULL: dict = {}
@@ -389,7 +405,7 @@ def _dispersion_p(k: np.ndarray, n: np.ndarray) -> np.ndarray:
         groups.setdefault(tuple(int(v) for v in row if v > 0), []).append(i)
     for key, idx in groups.items():
         null = _dispersion_null(key)
-        obs = stat[idx] * (1 - 1e-9) - 1e-9           # exact ties count as hits
+        obs = stat[idx] * (1 - 1e-9) - 1e-9  # exact ties count as hits
         hits = null.size - np.searchsorted(null, obs, side="left")
         out[idx] = (hits + 1) / (null.size + 1)
     return out
@@ -415,8 +431,9 @@ def min_clips(margin: float, level: float = 0.95) -> int:
     return max(MIN_CLIPS, c)
 
 
-def abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *,
-              margin: float, alpha: float) -> dict:
+def abx_rule(
+    Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray, *, margin: float, alpha: float
+) -> dict:
     """The ABX rule for S studies at once. ``Y``: (S, R, C) sums of correct; ``N``: counts
     (None: one rating per cell); ``wr`` (S, B, R) and ``wc`` (S, B, C): bootstrap draw counts."""
     S, R, C = Y.shape
@@ -475,41 +492,75 @@ def abx_rule(Y: np.ndarray, N: np.ndarray | None, wr: np.ndarray, wc: np.ndarray
         vbound[mc == v] = float(visible_share_bound(0, C, int(v), alpha=alpha)[0])
     covered = vbound < visible_share_limit(margin)
     indist = ~dist & (upper < 0.5 + margin) & ~below & covered
-    return {"n": n, "k": k, "accuracy": acc, "p_value": p_all, "nc": nc, "kc": kc,
-            "p_clip": p_clip, "p_holm": p_holm, "flagged": flagged, "sd": sd, "df": df, "t": t,
-            "upper": upper, "overall_significant": overall_sig, "distinguishable": dist,
-            "indistinguishable": indist, "nr": nr, "kr": kr, "p_rater_low": p_rater_low,
-            "p_rater_low_holm": p_rater_low_holm, "rater_low": rater_low,
-            "p_clip_low": p_clip_low, "p_clip_low_holm": p_clip_low_holm, "clip_low": clip_low,
-            "p_overall_low": p_overall_low, "overall_low": overall_low,
-            "p_rater_dispersion": p_disp_r, "p_clip_dispersion": p_disp_c,
-            "rater_dispersion": disp_r, "clip_dispersion": disp_c, "below_chance": below,
-            "visible_bound": vbound, "covered": covered}
+    return {
+        "n": n,
+        "k": k,
+        "accuracy": acc,
+        "p_value": p_all,
+        "nc": nc,
+        "kc": kc,
+        "p_clip": p_clip,
+        "p_holm": p_holm,
+        "flagged": flagged,
+        "sd": sd,
+        "df": df,
+        "t": t,
+        "upper": upper,
+        "overall_significant": overall_sig,
+        "distinguishable": dist,
+        "indistinguishable": indist,
+        "nr": nr,
+        "kr": kr,
+        "p_rater_low": p_rater_low,
+        "p_rater_low_holm": p_rater_low_holm,
+        "rater_low": rater_low,
+        "p_clip_low": p_clip_low,
+        "p_clip_low_holm": p_clip_low_holm,
+        "clip_low": clip_low,
+        "p_overall_low": p_overall_low,
+        "overall_low": overall_low,
+        "p_rater_dispersion": p_disp_r,
+        "p_clip_dispersion": p_disp_c,
+        "rater_dispersion": disp_r,
+        "clip_dispersion": disp_c,
+        "below_chance": below,
+        "visible_bound": vbound,
+        "covered": covered,
+    }
 
 
-def abx_rule_text(margin: float, alpha: float, raters: int, clips: int,
-                  reps: int) -> str:
+def abx_rule_text(margin: float, alpha: float, raters: int, clips: int, reps: int) -> str:
     """One line stating the ABX rule with its numbers (what :func:`decide_abx` computes)."""
     df = min(raters, clips) - 1
     tq = f"t({1 - alpha:g}, df={df})" if df >= 1 else "t(df<1: no bound)"
     sp = BELOW_CHANCE_SPLIT
-    return (f"DISTINGUISHABLE if the exact one-sided binomial test of all ratings gives "
-            f"p <= {alpha / 2:g} (alpha/2) or any clip is flagged (exact one-sided binomial per "
-            f"clip, Holm over {clips} clips at {alpha / 2:g}); otherwise INDISTINGUISHABLE if "
-            f"U = accuracy + {tq} x SD < {0.5 + margin:g} ({_margin_text(margin)}), SD = "
-            f"standard deviation of {reps} two-way cluster bootstrap replicates, df = "
-            f"min(raters {raters}, clips {clips}) - 1, and nothing is below chance (no rater "
-            f"or clip below 0.5 by exact binomial tests with Holm at {alpha * sp['raters']:g} "
-            f"each, all ratings not below 0.5 at {alpha * sp['overall']:g}, raters' and "
-            f"clips' accuracies not spread around 0.5 beyond chance (sum of (2 k - n)^2 / n, "
-            f"Monte Carlo p) at {alpha * sp['rater_dispersion']:g} each: below chance is seen and answered "
-            f"against), and the one-sided 95% bound on the share of visibly different clips "
-            f"(none flagged) is below {visible_share_limit(margin):g} (2 x margin); otherwise "
-            f"INCONCLUSIVE (alpha {alpha:g})")
+    return (
+        f"DISTINGUISHABLE if the exact one-sided binomial test of all ratings gives "
+        f"p <= {alpha / 2:g} (alpha/2) or any clip is flagged (exact one-sided binomial per "
+        f"clip, Holm over {clips} clips at {alpha / 2:g}); otherwise INDISTINGUISHABLE if "
+        f"U = accuracy + {tq} x SD < {0.5 + margin:g} ({_margin_text(margin)}), SD = "
+        f"standard deviation of {reps} two-way cluster bootstrap replicates, df = "
+        f"min(raters {raters}, clips {clips}) - 1, and nothing is below chance (no rater "
+        f"or clip below 0.5 by exact binomial tests with Holm at {alpha * sp['raters']:g} "
+        f"each, all ratings not below 0.5 at {alpha * sp['overall']:g}, raters' and "
+        f"clips' accuracies not spread around 0.5 beyond chance (sum of (2 k - n)^2 / n, "
+        f"Monte Carlo p) at {alpha * sp['rater_dispersion']:g} each: below chance is seen and answered "
+        f"against), and the one-sided 95% bound on the share of visibly different clips "
+        f"(none flagged) is below {visible_share_limit(margin):g} (2 x margin); otherwise "
+        f"INCONCLUSIVE (alpha {alpha:g})"
+    )
 
 
-def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: Sequence, *,
-               margin: float, alpha: float = 0.05, reps: int = 2000, seed: int = 0) -> dict:
+def decide_abx(
+    raters: Sequence[Hashable],
+    clips: Sequence[Hashable],
+    correct: Sequence,
+    *,
+    margin: float,
+    alpha: float = 0.05,
+    reps: int = 2000,
+    seed: int = 0,
+) -> dict:
     """The ABX verdict of a complete design (module docstring): one entry per test rating in
     ``raters``, ``clips`` (labels) and ``correct`` (0/1 or bool).
 
@@ -529,90 +580,174 @@ def decide_abx(raters: Sequence[Hashable], clips: Sequence[Hashable], correct: S
     y = np.asarray(correct, dtype=float)
     if y.size and not np.isin(y, (0.0, 1.0)).all():
         raise ValueError("decide_abx: correct must be 0/1")
-    base = {"margin": margin, "alpha": alpha, "reps": reps, "seed": seed,
-            "margin_terms": margin_terms(margin)}
+    base = {
+        "margin": margin,
+        "alpha": alpha,
+        "reps": reps,
+        "seed": seed,
+        "margin_terms": margin_terms(margin),
+    }
     if y.size == 0:
-        return {**base, "verdict": "no data", "rule": "no test ratings", "n": 0, "correct": 0,
-                "accuracy": None, "p_value": None, "p_text": "n/a", "upper_bound": None,
-                "t": None, "df": None, "sd": None, "raters": 0, "clips": 0, "per_clip": [],
-                "flagged": [], "below_chance": None, "blocked": []}
+        return {
+            **base,
+            "verdict": "no data",
+            "rule": "no test ratings",
+            "n": 0,
+            "correct": 0,
+            "accuracy": None,
+            "p_value": None,
+            "p_text": "n/a",
+            "upper_bound": None,
+            "t": None,
+            "df": None,
+            "sd": None,
+            "raters": 0,
+            "clips": 0,
+            "per_clip": [],
+            "flagged": [],
+            "below_chance": None,
+            "blocked": [],
+        }
     s, n, rlab, clab = _cells(raters, clips, y)
     R, C = s.shape
     rng = np.random.default_rng(seed)
     wr = draw_counts(rng, R, (1, reps))
     wc = draw_counts(rng, C, (1, reps))
     o = abx_rule(s[None], n[None], wr, wc, margin=margin, alpha=alpha)
-    verdict = ("distinguishable" if o["distinguishable"][0] else
-               "indistinguishable" if o["indistinguishable"][0] else "inconclusive")
-    per_clip = [{"clip": lab, "ratings": int(o["nc"][0, j]), "correct": int(o["kc"][0, j]),
-                 "accuracy": float(o["kc"][0, j] / o["nc"][0, j]),
-                 "p_value": float(o["p_clip"][0, j]), "p_holm": float(o["p_holm"][0, j]),
-                 "flagged": bool(o["flagged"][0, j]),
-                 "p_low": float(o["p_clip_low"][0, j]),
-                 "p_low_holm": float(o["p_clip_low_holm"][0, j]),
-                 "below_chance": bool(o["clip_low"][0, j])} for j, lab in enumerate(clab)]
-    low_raters = [{"rater": lab, "ratings": int(o["nr"][0, i]), "correct": int(o["kr"][0, i]),
-                   "p_low": float(o["p_rater_low"][0, i]),
-                   "p_low_holm": float(o["p_rater_low_holm"][0, i])}
-                  for i, lab in enumerate(rlab) if o["rater_low"][0, i]]
-    low_clips = [{k: e[k] for k in ("clip", "ratings", "correct", "p_low", "p_low_holm")}
-                 for e in per_clip if e["below_chance"]]
+    verdict = (
+        "distinguishable"
+        if o["distinguishable"][0]
+        else "indistinguishable"
+        if o["indistinguishable"][0]
+        else "inconclusive"
+    )
+    per_clip = [
+        {
+            "clip": lab,
+            "ratings": int(o["nc"][0, j]),
+            "correct": int(o["kc"][0, j]),
+            "accuracy": float(o["kc"][0, j] / o["nc"][0, j]),
+            "p_value": float(o["p_clip"][0, j]),
+            "p_holm": float(o["p_holm"][0, j]),
+            "flagged": bool(o["flagged"][0, j]),
+            "p_low": float(o["p_clip_low"][0, j]),
+            "p_low_holm": float(o["p_clip_low_holm"][0, j]),
+            "below_chance": bool(o["clip_low"][0, j]),
+        }
+        for j, lab in enumerate(clab)
+    ]
+    low_raters = [
+        {
+            "rater": lab,
+            "ratings": int(o["nr"][0, i]),
+            "correct": int(o["kr"][0, i]),
+            "p_low": float(o["p_rater_low"][0, i]),
+            "p_low_holm": float(o["p_rater_low_holm"][0, i]),
+        }
+        for i, lab in enumerate(rlab)
+        if o["rater_low"][0, i]
+    ]
+    low_clips = [
+        {k: e[k] for k in ("clip", "ratings", "correct", "p_low", "p_low_holm")}
+        for e in per_clip
+        if e["below_chance"]
+    ]
     reasons = []
     if low_raters:
-        reasons.append("rater" + ("s " if len(low_raters) > 1 else " ")
-                       + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})"
-                                   for e in low_raters) + " below chance")
+        reasons.append(
+            "rater"
+            + ("s " if len(low_raters) > 1 else " ")
+            + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})" for e in low_raters)
+            + " below chance"
+        )
     if low_clips:
-        reasons.append("clip" + ("s " if len(low_clips) > 1 else " ")
-                       + ", ".join(f"{e['clip']} ({e['correct']} of {e['ratings']})"
-                                   for e in low_clips) + " below chance")
+        reasons.append(
+            "clip"
+            + ("s " if len(low_clips) > 1 else " ")
+            + ", ".join(f"{e['clip']} ({e['correct']} of {e['ratings']})" for e in low_clips)
+            + " below chance"
+        )
     if o["overall_low"][0]:
         reasons.append(f"all ratings below chance (p {format_p(float(o['p_overall_low'][0]))})")
     if o["rater_dispersion"][0]:
-        reasons.append("raters' accuracies spread around 0.5 beyond chance (p "
-                       f"{format_p(float(o['p_rater_dispersion'][0]))})")
+        reasons.append(
+            "raters' accuracies spread around 0.5 beyond chance (p "
+            f"{format_p(float(o['p_rater_dispersion'][0]))})"
+        )
     if o["clip_dispersion"][0]:
-        reasons.append("clips' accuracies spread around 0.5 beyond chance (p "
-                       f"{format_p(float(o['p_clip_dispersion'][0]))})")
+        reasons.append(
+            "clips' accuracies spread around 0.5 beyond chance (p "
+            f"{format_p(float(o['p_clip_dispersion'][0]))})"
+        )
     # the raters below 0.5 by an unadjusted exact test: named when a pooled check fires
-    lowest = [{"rater": lab, "ratings": int(o["nr"][0, i]), "correct": int(o["kr"][0, i]),
-               "p_low": float(o["p_rater_low"][0, i])}
-              for i, lab in enumerate(rlab) if o["p_rater_low"][0, i] <= alpha]
+    lowest = [
+        {
+            "rater": lab,
+            "ratings": int(o["nr"][0, i]),
+            "correct": int(o["kr"][0, i]),
+            "p_low": float(o["p_rater_low"][0, i]),
+        }
+        for i, lab in enumerate(rlab)
+        if o["p_rater_low"][0, i] <= alpha
+    ]
     if o["below_chance"][0] and lowest and not low_raters:
-        reasons.append("lowest: rater" + ("s " if len(lowest) > 1 else " ")
-                       + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})"
-                                   for e in lowest) + f" (each below 0.5 at p <= {alpha:g} "
-                       "unadjusted)")
-    below = {"found": bool(o["below_chance"][0]), "raters": low_raters, "clips": low_clips,
-             "lowest_raters": lowest,
-             "overall_p": float(o["p_overall_low"][0]),
-             "rater_dispersion_p": float(o["p_rater_dispersion"][0]),
-             "clip_dispersion_p": float(o["p_clip_dispersion"][0]), "reasons": reasons}
+        reasons.append(
+            "lowest: rater"
+            + ("s " if len(lowest) > 1 else " ")
+            + ", ".join(f"{e['rater']} ({e['correct']} of {e['ratings']})" for e in lowest)
+            + f" (each below 0.5 at p <= {alpha:g} "
+            "unadjusted)"
+        )
+    below = {
+        "found": bool(o["below_chance"][0]),
+        "raters": low_raters,
+        "clips": low_clips,
+        "lowest_raters": lowest,
+        "overall_p": float(o["p_overall_low"][0]),
+        "rater_dispersion_p": float(o["p_rater_dispersion"][0]),
+        "clip_dispersion_p": float(o["p_clip_dispersion"][0]),
+        "reasons": reasons,
+    }
     finite = math.isfinite(o["t"])
     vb, lim = float(o["visible_bound"][0]), visible_share_limit(margin)
     blocked = []
     if verdict == "inconclusive" and finite and o["upper"][0] < 0.5 + margin:
         if below["found"]:
-            blocked.append("below chance, which is seen and answered against: "
-                           + "; ".join(reasons))
+            blocked.append("below chance, which is seen and answered against: " + "; ".join(reasons))
         if not o["covered"][0]:
-            blocked.append(f"the bound on the share of visibly different clips, {vb:.3g}, "
-                           f"does not exclude {lim:g} (2 x margin; {C} clips with "
-                           f"{int(o['nc'][0].min())} ratings each)")
-    return {**base, "verdict": verdict, "rule": abx_rule_text(margin, alpha, R, C, reps),
-            "n": int(o["n"][0]), "correct": int(o["k"][0]), "accuracy": float(o["accuracy"][0]),
-            "p_value": float(o["p_value"][0]), "p_text": format_p(float(o["p_value"][0])),
-            "upper_bound": float(o["upper"][0]) if finite else None,
-            "t": o["t"] if finite else None, "df": o["df"], "sd": float(o["sd"][0]),
-            "raters": R, "clips": C, "per_clip": per_clip,
-            "flagged": [e["clip"] for e in per_clip if e["flagged"]],
-            "below_chance": below, "visible_share_bound": vb, "visible_share_limit": lim,
-            "covered": bool(o["covered"][0]), "blocked": blocked}
+            blocked.append(
+                f"the bound on the share of visibly different clips, {vb:.3g}, "
+                f"does not exclude {lim:g} (2 x margin; {C} clips with "
+                f"{int(o['nc'][0].min())} ratings each)"
+            )
+    return {
+        **base,
+        "verdict": verdict,
+        "rule": abx_rule_text(margin, alpha, R, C, reps),
+        "n": int(o["n"][0]),
+        "correct": int(o["k"][0]),
+        "accuracy": float(o["accuracy"][0]),
+        "p_value": float(o["p_value"][0]),
+        "p_text": format_p(float(o["p_value"][0])),
+        "upper_bound": float(o["upper"][0]) if finite else None,
+        "t": o["t"] if finite else None,
+        "df": o["df"],
+        "sd": float(o["sd"][0]),
+        "raters": R,
+        "clips": C,
+        "per_clip": per_clip,
+        "flagged": [e["clip"] for e in per_clip if e["flagged"]],
+        "below_chance": below,
+        "visible_share_bound": vb,
+        "visible_share_limit": lim,
+        "covered": bool(o["covered"][0]),
+        "blocked": blocked,
+    }
 
 
 # -- preference ------------------------------------------------------------------------------
 
-_B = {1, "b", "B"}   # 1 == 1.0 == True: bools are refused below
+_B = {1, "b", "B"}  # 1 == 1.0 == True: bools are refused below
 _A = {0, "a", "A"}
 _TIE = {0.5, "tie", "same", "none", None}
 
@@ -646,7 +781,7 @@ def sign_flips(rng: np.random.Generator, raters: int) -> np.ndarray:
     up to :data:`EXACT_FLIP_RATERS` raters (an exact test), else :data:`SIGN_FLIPS` random
     ones (the observed pattern is counted once more: a valid Monte Carlo p)."""
     if raters <= EXACT_FLIP_RATERS:
-        codes = np.arange(2 ** raters)[:, None] >> np.arange(raters)[None, :]
+        codes = np.arange(2**raters)[:, None] >> np.arange(raters)[None, :]
         return 1.0 - 2.0 * (codes & 1)
     return 1.0 - 2.0 * rng.integers(0, 2, size=(SIGN_FLIPS, raters))
 
@@ -655,13 +790,14 @@ def _flip_p(d: np.ndarray, flips: np.ndarray) -> np.ndarray:
     """Two-sided p of the rater-level sign-flip test of sum(d) = 0, per study: ``d`` (S, R) the
     raters' net preferences (wins of B minus wins of A), ``flips`` from :func:`sign_flips`."""
     obs = np.abs(d.sum(axis=1))
-    hits = (np.abs(d @ flips.T) >= obs[:, None] - 0.5).sum(axis=1)   # integer sums
+    hits = (np.abs(d @ flips.T) >= obs[:, None] - 0.5).sum(axis=1)  # integer sums
     exact = flips.shape[0] == 2 ** flips.shape[1]
     return hits / flips.shape[0] if exact else (hits + 1) / (flips.shape[0] + 1)
 
 
-def preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *,
-                     alpha: float, flips: np.ndarray) -> dict:
+def preference_rule(
+    W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray, *, alpha: float, flips: np.ndarray
+) -> dict:
     """The preference rule for S studies at once: ``W`` (S, R, C) wins of B, ``D`` decisive
     counts, ``wr``/``wc`` bootstrap draw counts, ``flips`` the sign patterns of the
     rater-level test (:func:`sign_flips`)."""
@@ -692,28 +828,48 @@ def preference_rule(W: np.ndarray, D: np.ndarray, wr: np.ndarray, wc: np.ndarray
     sig = np.where(degenerate, sign_p < alpha, True) & (flip_p <= alpha)
     b_pref = (np.nan_to_num(lo, nan=-1.0) > 0.5) & sig
     a_pref = (np.nan_to_num(hi, nan=2.0) < 0.5) & sig
-    return {"wins": wins, "decisive": dec, "win_rate": est, "sd": sd, "df": df, "t": t,
-            "lo": lo, "hi": hi, "sign_p": sign_p, "degenerate": degenerate, "flip_p": flip_p,
-            "b_preferred": b_pref, "a_preferred": a_pref}
+    return {
+        "wins": wins,
+        "decisive": dec,
+        "win_rate": est,
+        "sd": sd,
+        "df": df,
+        "t": t,
+        "lo": lo,
+        "hi": hi,
+        "sign_p": sign_p,
+        "degenerate": degenerate,
+        "flip_p": flip_p,
+        "b_preferred": b_pref,
+        "a_preferred": a_pref,
+    }
 
 
 def preference_rule_text(alpha: float, df: int, reps: int) -> str:
     """One line stating the preference rule with its numbers (what :func:`decide_preference`
     computes)."""
     tq = f"t({1 - alpha / 2:g}, df={df})" if df >= 1 else "t(df<1: no claim)"
-    return (f"B PREFERRED / A PREFERRED if the two-sided interval win rate of B +- {tq} x SD "
-            f"excludes 0.5, SD = sqrt(m/(m-1)) x standard deviation of {reps} two-way cluster "
-            f"bootstrap replicates of B's win rate over decisive ratings (ties left out), m = "
-            f"min(raters, clips with a decisive rating) = {df + 1}, df = m - 1 (SD 0: the exact "
-            f"sign test at {alpha:g} decides), and the rater-level sign-flip test of the raters' "
-            f"net preferences (wins of B minus wins of A) gives p <= {alpha:g}; otherwise NO "
-            f"PREFERENCE SHOWN (alpha {alpha:g}; a preference study never claims "
-            f"indistinguishable: use ABX)")
+    return (
+        f"B PREFERRED / A PREFERRED if the two-sided interval win rate of B +- {tq} x SD "
+        f"excludes 0.5, SD = sqrt(m/(m-1)) x standard deviation of {reps} two-way cluster "
+        f"bootstrap replicates of B's win rate over decisive ratings (ties left out), m = "
+        f"min(raters, clips with a decisive rating) = {df + 1}, df = m - 1 (SD 0: the exact "
+        f"sign test at {alpha:g} decides), and the rater-level sign-flip test of the raters' "
+        f"net preferences (wins of B minus wins of A) gives p <= {alpha:g}; otherwise NO "
+        f"PREFERENCE SHOWN (alpha {alpha:g}; a preference study never claims "
+        f"indistinguishable: use ABX)"
+    )
 
 
-def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
-                      choices: Sequence, *, alpha: float = 0.05, reps: int = 2000,
-                      seed: int = 0) -> dict:
+def decide_preference(
+    raters: Sequence[Hashable],
+    clips: Sequence[Hashable],
+    choices: Sequence,
+    *,
+    alpha: float = 0.05,
+    reps: int = 2000,
+    seed: int = 0,
+) -> dict:
     """The preference verdict (module docstring): one entry per test rating in ``raters``,
     ``clips`` (labels) and ``choices`` (score of B: 1 = B preferred, 0 = A preferred, 0.5 =
     tie; or the strings ``b`` / ``a`` / ``tie``).
@@ -733,18 +889,34 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
     n = len(win)
     base = {"alpha": alpha, "reps": reps, "seed": seed, "n": n}
     if n == 0:
-        return {**base, "verdict": "no data", "rule": "no test ratings", "wins_b": 0,
-                "wins_a": 0, "ties": 0, "tie_rate": None, "decisive": 0, "win_rate_b": None,
-                "ci": [None, None], "p_value": None, "p_text": "n/a", "sign_p": None,
-                "sign_p_text": "n/a", "t": None, "df": None, "sd": None, "raters": 0,
-                "clips": 0, "per_clip": []}
+        return {
+            **base,
+            "verdict": "no data",
+            "rule": "no test ratings",
+            "wins_b": 0,
+            "wins_a": 0,
+            "ties": 0,
+            "tie_rate": None,
+            "decisive": 0,
+            "win_rate_b": None,
+            "ci": [None, None],
+            "p_value": None,
+            "p_text": "n/a",
+            "sign_p": None,
+            "sign_p_text": "n/a",
+            "t": None,
+            "df": None,
+            "sd": None,
+            "raters": 0,
+            "clips": 0,
+            "per_clip": [],
+        }
     W, _, rlab, clab = _cells(raters, clips, win)
     D, _, _, _ = _cells(raters, clips, dec)
     rng = np.random.default_rng(seed)
     wr = draw_counts(rng, len(rlab), (1, reps))
     wc = draw_counts(rng, len(clab), (1, reps))
-    o = preference_rule(W[None], D[None], wr, wc, alpha=alpha,
-                         flips=sign_flips(rng, len(rlab)))
+    o = preference_rule(W[None], D[None], wr, wc, alpha=alpha, flips=sign_flips(rng, len(rlab)))
     wins_b, decisive = int(o["wins"][0]), int(o["decisive"][0])
     wins_a, ties = decisive - wins_b, n - decisive
     df = int(o["df"][0])
@@ -755,29 +927,58 @@ def decide_preference(raters: Sequence[Hashable], clips: Sequence[Hashable],
         from scipy.stats import t as student_t
 
         dev = abs(est - 0.5)
-        p = (float(o["sign_p"][0]) if sd == 0 else
-             float(min(1.0, 2 * student_t.sf(dev / sd, df))))
+        p = float(o["sign_p"][0]) if sd == 0 else float(min(1.0, 2 * student_t.sf(dev / sd, df)))
         ci = [max(0.0, float(o["lo"][0])), min(1.0, float(o["hi"][0]))]
     else:
         p, ci = None, [None, None]
-    verdict = ("B preferred" if o["b_preferred"][0] else
-               "A preferred" if o["a_preferred"][0] else "no preference shown")
+    verdict = (
+        "B preferred"
+        if o["b_preferred"][0]
+        else "A preferred"
+        if o["a_preferred"][0]
+        else "no preference shown"
+    )
     per_clip = []
     counts = np.bincount(_index(list(clips))[0], minlength=len(clab))
     for j, lab in enumerate(clab):
         wb, d = int(W[:, j].sum()), int(D[:, j].sum())
         ratings = int(counts[j])
-        per_clip.append({"clip": lab, "ratings": ratings, "wins_b": wb, "wins_a": d - wb,
-                         "ties": ratings - d, "win_rate_b": wb / d if d else None,
-                         "sign_p": binom_p(wb, d, "two-sided")})
+        per_clip.append(
+            {
+                "clip": lab,
+                "ratings": ratings,
+                "wins_b": wb,
+                "wins_a": d - wb,
+                "ties": ratings - d,
+                "win_rate_b": wb / d if d else None,
+                "sign_p": binom_p(wb, d, "two-sided"),
+            }
+        )
     sign_p = binom_p(wins_b, decisive, "two-sided")
-    return {**base, "verdict": verdict, "rule": preference_rule_text(alpha, df, reps),
-            "wins_b": wins_b, "wins_a": wins_a, "ties": ties, "tie_rate": ties / n,
-            "decisive": decisive, "win_rate_b": est, "ci": ci, "p_value": p,
-            "p_text": format_p(p), "sign_p": sign_p, "sign_p_text": format_p(sign_p),
-            "flip_p": float(o["flip_p"][0]), "flip_p_text": format_p(float(o["flip_p"][0])),
-            "t": t if math.isfinite(t) else None, "df": df, "sd": sd, "raters": len(rlab),
-            "clips": len(clab), "per_clip": per_clip}
+    return {
+        **base,
+        "verdict": verdict,
+        "rule": preference_rule_text(alpha, df, reps),
+        "wins_b": wins_b,
+        "wins_a": wins_a,
+        "ties": ties,
+        "tie_rate": ties / n,
+        "decisive": decisive,
+        "win_rate_b": est,
+        "ci": ci,
+        "p_value": p,
+        "p_text": format_p(p),
+        "sign_p": sign_p,
+        "sign_p_text": format_p(sign_p),
+        "flip_p": float(o["flip_p"][0]),
+        "flip_p_text": format_p(float(o["flip_p"][0])),
+        "t": t if math.isfinite(t) else None,
+        "df": df,
+        "sd": sd,
+        "raters": len(rlab),
+        "clips": len(clab),
+        "per_clip": per_clip,
+    }
 
 
 # -- what a verdict covers: the share of visibly different clips ---------------------------------
@@ -800,8 +1001,15 @@ def clopper_pearson_upper(k, n, level: float = 0.95):
     return out
 
 
-def visible_share_bound(flagged, clips: int, ratings_per_clip: int, *, alpha: float = 0.05,
-                        visible_accuracy: float = VISIBLE_ACCURACY, level: float = 0.95):
+def visible_share_bound(
+    flagged,
+    clips: int,
+    ratings_per_clip: int,
+    *,
+    alpha: float = 0.05,
+    visible_accuracy: float = VISIBLE_ACCURACY,
+    level: float = 0.95,
+):
     """Upper bound (one-sided, ``level``) on the share of clips like these (the population the
     ``clips`` were drawn from at random) whose ABX accuracy is at least ``visible_accuracy``,
     from ``flagged`` of them flagged by the clip veto. Each such clip is flagged with
@@ -816,8 +1024,16 @@ def visible_share_bound(flagged, clips: int, ratings_per_clip: int, *, alpha: fl
     return b, power
 
 
-def coverage(selection: str, clips: int, of: int | None, flagged: int, ratings_per_clip: int, *,
-             alpha: float = 0.05, visible_accuracy: float = VISIBLE_ACCURACY) -> dict:
+def coverage(
+    selection: str,
+    clips: int,
+    of: int | None,
+    flagged: int,
+    ratings_per_clip: int,
+    *,
+    alpha: float = 0.05,
+    visible_accuracy: float = VISIBLE_ACCURACY,
+) -> dict:
     """What a verdict covers, from how its clips were chosen (``selection``: a ``--clips`` spec:
     ``sample:N``, ``worst:N`` or ``all``), how many (``clips``, of ``of`` compared in the
     report; None when unknown) and how many were flagged. A random sample (and ``all``, taken
@@ -826,56 +1042,81 @@ def coverage(selection: str, clips: int, of: int | None, flagged: int, ratings_p
     Returns ``{"selection", "clips", "of", "flagged", "visible_accuracy", "flag_power",
     "bound", "text"}`` (``bound`` None for ``worst``)."""
     kind = selection.split(":", 1)[0] if selection else "all"
-    b, power = visible_share_bound(flagged, clips, ratings_per_clip, alpha=alpha,
-                                   visible_accuracy=visible_accuracy)
+    b, power = visible_share_bound(
+        flagged, clips, ratings_per_clip, alpha=alpha, visible_accuracy=visible_accuracy
+    )
     b = float(b)
-    out = {"selection": selection, "clips": clips, "of": of, "flagged": flagged,
-           "visible_accuracy": visible_accuracy, "flag_power": power, "bound": b}
+    out = {
+        "selection": selection,
+        "clips": clips,
+        "of": of,
+        "flagged": flagged,
+        "visible_accuracy": visible_accuracy,
+        "flag_power": power,
+        "bound": b,
+    }
     of_txt = f" of {of}" if of else ""
-    why = (f"one-sided 95% bound from {flagged} of {clips} flagged: Clopper-Pearson"
-           + (f" 1 - 0.05^(1/{clips})" if flagged == 0 else "")
-           + f" = {float(clopper_pearson_upper(flagged, clips)):.3g}, over the chance "
-             f"{power:.2f} that the clip veto flags a clip at accuracy {visible_accuracy:g} "
-             f"with {ratings_per_clip} ratings")
+    why = (
+        f"one-sided 95% bound from {flagged} of {clips} flagged: Clopper-Pearson"
+        + (f" 1 - 0.05^(1/{clips})" if flagged == 0 else "")
+        + f" = {float(clopper_pearson_upper(flagged, clips)):.3g}, over the chance "
+        f"{power:.2f} that the clip veto flags a clip at accuracy {visible_accuracy:g} "
+        f"with {ratings_per_clip} ratings"
+    )
     if power <= 0:
-        why = (f"no bound: with {ratings_per_clip} ratings per clip the clip veto cannot flag a "
-               f"clip at accuracy {visible_accuracy:g}")
+        why = (
+            f"no bound: with {ratings_per_clip} ratings per clip the clip veto cannot flag a "
+            f"clip at accuracy {visible_accuracy:g}"
+        )
     if kind == "worst":
         out["bound"] = None
-        out["text"] = (f"covers the {clips} clips{of_txt} with the highest LPIPS mean in the "
-                       f"report ({selection}: chosen by the metric, not at random), {flagged} "
-                       "flagged; it bounds nothing about the other clips (their LPIPS is lower, "
-                       "which says they differ less only as far as LPIPS ranks what people see)")
+        out["text"] = (
+            f"covers the {clips} clips{of_txt} with the highest LPIPS mean in the "
+            f"report ({selection}: chosen by the metric, not at random), {flagged} "
+            "flagged; it bounds nothing about the other clips (their LPIPS is lower, "
+            "which says they differ less only as far as LPIPS ranks what people see)"
+        )
     elif kind == "sample":
-        out["text"] = (f"covers {clips} clips drawn at random{of_txt} ({selection}), {flagged} "
-                       f"flagged: at most {100 * b:.3g}% of clips like these are visibly "
-                       f"different (ABX accuracy >= {visible_accuracy:g}; {why})")
+        out["text"] = (
+            f"covers {clips} clips drawn at random{of_txt} ({selection}), {flagged} "
+            f"flagged: at most {100 * b:.3g}% of clips like these are visibly "
+            f"different (ABX accuracy >= {visible_accuracy:g}; {why})"
+        )
     else:
-        out["text"] = (f"covers every compared clip ({clips}{of_txt}), {flagged} flagged; as a "
-                       f"sample of clips like these: at most {100 * b:.3g}% visibly different "
-                       f"(ABX accuracy >= {visible_accuracy:g}; {why})")
+        out["text"] = (
+            f"covers every compared clip ({clips}{of_txt}), {flagged} flagged; as a "
+            f"sample of clips like these: at most {100 * b:.3g}% visibly different "
+            f"(ABX accuracy >= {visible_accuracy:g}; {why})"
+        )
     return out
 
 
-def clips_for_bound(target: float, ratings_per_clip: int, *, alpha: float = 0.05,
-                    visible_accuracy: float = VISIBLE_ACCURACY, start: int = 1) -> int:
+def clips_for_bound(
+    target: float,
+    ratings_per_clip: int,
+    *,
+    alpha: float = 0.05,
+    visible_accuracy: float = VISIBLE_ACCURACY,
+    start: int = 1,
+) -> int:
     """The fewest clips, from ``start``, drawn at random whose :func:`visible_share_bound` with
     none flagged is at most ``target`` (ValueError when the flag power makes it unreachable)."""
     if not 0 < target < 1:
         raise ValueError(f"--visible-bound: expected a share in (0, 1), found {target}")
     c = max(1, int(start), math.ceil(math.log(0.05) / math.log(1 - target)))
     while True:
-        b, power = visible_share_bound(0, c, ratings_per_clip, alpha=alpha,
-                                       visible_accuracy=visible_accuracy)
+        b, power = visible_share_bound(0, c, ratings_per_clip, alpha=alpha, visible_accuracy=visible_accuracy)
         if float(b) <= target:
             return c
         if power <= target or c > 100_000:
-            raise ValueError(f"--visible-bound {target:g}: not reachable with "
-                             f"{ratings_per_clip} ratings per clip")
+            raise ValueError(
+                f"--visible-bound {target:g}: not reachable with {ratings_per_clip} ratings per clip"
+            )
         c = max(c + 1, math.ceil(math.log(0.05) / math.log(1 - target * power)))
 
 
 # -- Krippendorff's alpha --------------------------------------------------------------------
+
 
 def krippendorff_alpha_nominal(units) -> float | None:
     """Krippendorff's alpha for nominal data. ``units``: one list of values per unit (clip),
@@ -902,8 +1143,8 @@ def krippendorff_alpha_nominal(units) -> float | None:
     if n <= 1:
         return None
     d_o = o.sum() - np.trace(o)
-    d_e = (n * n - (n_c ** 2).sum()) / (n - 1)
-    if d_e == 0:   # one category only: agreement is undefined, not perfect
+    d_e = (n * n - (n_c**2).sum()) / (n - 1)
+    if d_e == 0:  # one category only: agreement is undefined, not perfect
         return None
     return float(1 - d_o / d_e)
 
@@ -943,8 +1184,10 @@ def after_unblinding(verdict: str, unblinded_early: bool) -> str:
 
 # -- the pigeonhole bootstrap of a mean, one replicate per row ----------------------------------
 
-def cluster_bootstrap(values, raters, clips, *, reps: int = 1000, seed: int = 0,
-                      rng: np.random.Generator | None = None) -> np.ndarray:
+
+def cluster_bootstrap(
+    values, raters, clips, *, reps: int = 1000, seed: int = 0, rng: np.random.Generator | None = None
+) -> np.ndarray:
     """Bootstrap replicates of the mean of ``values``, clustered over raters and clips.
 
     Returns ``reps`` replicate means (two-way pigeonhole bootstrap, vectorised); a replicate

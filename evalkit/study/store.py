@@ -41,6 +41,7 @@ opened, newer ones are refused):
 - ``studies.config`` (JSON) holds, among others, ``media_key``: the per-study secret that makes
   every trial's media names (HMAC of trial and slot) unlinkable across raters, trials, studies
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -49,8 +50,25 @@ import os
 import secrets
 from pathlib import Path
 
-from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint, create_engine, event, exc, inspect, select, text)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    exc,
+    inspect,
+    select,
+    text,
+)
 
 from ..errors import SchemaVersionError
 from ..fsutil import file_kind
@@ -60,11 +78,13 @@ SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
-meta = Table("meta", metadata, Column("key", String(64), primary_key=True),
-             Column("value", Text, nullable=False))
+meta = Table(
+    "meta", metadata, Column("key", String(64), primary_key=True), Column("value", Text, nullable=False)
+)
 
 studies = Table(
-    "studies", metadata,
+    "studies",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("protocol", String(16), nullable=False),
     Column("margin", Float, nullable=False),
@@ -82,7 +102,8 @@ studies = Table(
 )
 
 clips = Table(
-    "clips", metadata,
+    "clips",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("ord", Integer, nullable=False),
@@ -95,12 +116,13 @@ clips = Table(
     Column("media_b", String(64), nullable=False),
     Column("base_swap", Integer, nullable=False),
     Column("base_x", Integer, nullable=False),
-    Column("media_a_alt", String(64)),   # added in schema version 4
-    Column("media_b_alt", String(64)),   # added in schema version 4
+    Column("media_a_alt", String(64)),  # added in schema version 4
+    Column("media_b_alt", String(64)),  # added in schema version 4
 )
 
 raters = Table(
-    "raters", metadata,
+    "raters",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("idx", Integer, nullable=False),
@@ -112,7 +134,8 @@ raters = Table(
 )
 
 trials = Table(
-    "trials", metadata,
+    "trials",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False, index=True),
@@ -123,32 +146,34 @@ trials = Table(
     Column("shown", JSON, nullable=False),
     Column("sources", JSON, nullable=False),
     Column("expected", String(16)),
-    Column("served", Float),             # added in schema version 3
-    Column("fetched", Float),            # added in schema version 4
-    Column("delivered", JSON),           # added in schema version 5
-    Column("sealed", Text),              # added in schema version 6 (:mod:`.seal`)
+    Column("served", Float),  # added in schema version 3
+    Column("fetched", Float),  # added in schema version 4
+    Column("delivered", JSON),  # added in schema version 5
+    Column("sealed", Text),  # added in schema version 6 (:mod:`.seal`)
     UniqueConstraint("rater_id", "ord", name="uq_trial_order"),
 )
 
 ratings = Table(
-    "ratings", metadata,
+    "ratings",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("rater_id", Integer, ForeignKey("raters.id"), nullable=False),
     Column("trial_id", Integer, ForeignKey("trials.id"), nullable=False),
-    Column("answer", Text, nullable=False),   # sealed since version 6 (VARCHAR(16) before)
+    Column("answer", Text, nullable=False),  # sealed since version 6 (VARCHAR(16) before)
     Column("correct", Integer),
     Column("response_ms", Integer, nullable=False),
     Column("shown", JSON, nullable=False),
     Column("sources", JSON, nullable=False),
-    Column("client", String(200)),       # added in schema version 2
+    Column("client", String(200)),  # added in schema version 2
     Column("created", String(40), nullable=False),
-    Column("client_ms", Integer),        # added in schema version 4
+    Column("client_ms", Integer),  # added in schema version 4
     UniqueConstraint("rater_id", "trial_id", name="uq_rating_once"),
 )
 
 unblindings = Table(
-    "unblindings", metadata,                 # added in schema version 5
+    "unblindings",
+    metadata,  # added in schema version 5
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_id", Integer, ForeignKey("studies.id"), nullable=False, index=True),
     Column("who", Text, nullable=False),
@@ -202,36 +227,61 @@ def _upgrade_5_to_6(conn, db: "StudyDB") -> None:
 
     if "sealed" not in {c["name"] for c in inspect(conn).get_columns("trials")}:
         conn.execute(text("ALTER TABLE trials ADD COLUMN sealed TEXT"))
-    if not db.is_sqlite:                    # a sealed answer is longer than VARCHAR(16)
+    if not db.is_sqlite:  # a sealed answer is longer than VARCHAR(16)
         conn.execute(text("ALTER TABLE ratings ALTER COLUMN answer TYPE TEXT"))
-    for sid, cfg, media_dir in conn.execute(select(studies.c.id, studies.c.config,
-                                                   studies.c.media_dir)).all():
+    for sid, cfg, media_dir in conn.execute(
+        select(studies.c.id, studies.c.config, studies.c.media_dir)
+    ).all():
         cfg = dict(cfg or {})
         if "sealed" in cfg:
             continue
         key = seal.create_or_load(seal.default_path(db.path, media_dir))
-        cfg["bits"] = {str(i): [int(s), int(x)] for i, s, x in conn.execute(
-            select(clips.c.id, clips.c.base_swap, clips.c.base_x).where(clips.c.study_id == sid))}
+        cfg["bits"] = {
+            str(i): [int(s), int(x)]
+            for i, s, x in conn.execute(
+                select(clips.c.id, clips.c.base_swap, clips.c.base_x).where(clips.c.study_id == sid)
+            )
+        }
         cfg["design_from_seed"] = True
-        conn.execute(studies.update().where(studies.c.id == sid)
-                     .values(config=seal.seal_config(key, sid, cfg)))
+        conn.execute(
+            studies.update().where(studies.c.id == sid).values(config=seal.seal_config(key, sid, cfg))
+        )
         conn.execute(clips.update().where(clips.c.study_id == sid).values(base_swap=0, base_x=0))
         conn.execute(raters.update().where(raters.c.study_id == sid).values(seed=0))
-        rows = conn.execute(select(trials.c.id, trials.c.rater_id, trials.c.ord, trials.c.kind,
-                                   trials.c.shown, trials.c.sources, trials.c.expected)
-                            .where(trials.c.study_id == sid)).mappings().all()
+        rows = (
+            conn.execute(
+                select(
+                    trials.c.id,
+                    trials.c.rater_id,
+                    trials.c.ord,
+                    trials.c.kind,
+                    trials.c.shown,
+                    trials.c.sources,
+                    trials.c.expected,
+                ).where(trials.c.study_id == sid)
+            )
+            .mappings()
+            .all()
+        )
         for r in rows:
             new = seal.seal_trial(key, r["rater_id"], dict(r))
-            conn.execute(trials.update().where(trials.c.id == r["id"]).values(
-                sealed=new["sealed"], shown={}, sources={}, expected=new["expected"]))
-        for rid, rater, trial, ans in conn.execute(select(
-                ratings.c.id, ratings.c.rater_id, ratings.c.trial_id, ratings.c.answer)
-                .where(ratings.c.study_id == sid)).all():
-            conn.execute(ratings.update().where(ratings.c.id == rid).values(
-                answer=seal.seal_answer(key, rater, trial, ans)))
+            conn.execute(
+                trials.update()
+                .where(trials.c.id == r["id"])
+                .values(sealed=new["sealed"], shown={}, sources={}, expected=new["expected"])
+            )
+        for rid, rater, trial, ans in conn.execute(
+            select(ratings.c.id, ratings.c.rater_id, ratings.c.trial_id, ratings.c.answer).where(
+                ratings.c.study_id == sid
+            )
+        ).all():
+            conn.execute(
+                ratings.update()
+                .where(ratings.c.id == rid)
+                .values(answer=seal.seal_answer(key, rater, trial, ans))
+            )
         tests = select(trials.c.id).where(trials.c.study_id == sid, trials.c.kind != "catch")
-        conn.execute(ratings.update().where(ratings.c.study_id == sid)
-                     .values(shown={}, sources={}))
+        conn.execute(ratings.update().where(ratings.c.study_id == sid).values(shown={}, sources={}))
         conn.execute(ratings.update().where(ratings.c.trial_id.in_(tests)).values(correct=None))
 
 
@@ -245,8 +295,13 @@ def new_media_key() -> str:
 
 
 #: version -> function upgrading a database from that version to the next
-UPGRADES = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3, 3: _upgrade_3_to_4, 4: _upgrade_4_to_5,
-            5: _upgrade_5_to_6}
+UPGRADES = {
+    1: _upgrade_1_to_2,
+    2: _upgrade_2_to_3,
+    3: _upgrade_3_to_4,
+    4: _upgrade_4_to_5,
+    5: _upgrade_5_to_6,
+}
 
 
 #: the database kinds ``--db`` takes (an SQLAlchemy URL's dialect, before any ``+driver``)
@@ -260,7 +315,7 @@ def shown_url(url: str) -> str:
     try:
         parsed = make_url(url)
         return url if parsed.password is None else parsed.render_as_string(hide_password=True)
-    except Exception:       # not a URL at all: as given
+    except Exception:  # not a URL at all: as given
         return url
 
 
@@ -274,21 +329,26 @@ def storage_problem(path: Path) -> str | None:
     except OSError:
         return None
     if st.f_flag & os.ST_RDONLY:
-        return (f"cannot be written: its folder {folder} is on a read-only file system (SQLite "
-                "writes the database and its -wal and -shm files beside it, even to read "
-                "results); copy the database somewhere writable")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
-                                                   and not os.access(path, os.R_OK | os.W_OK)):
-        return (f"cannot be written: no permission to write it or its folder {folder} (SQLite "
-                "writes the database and its -wal and -shm files beside it)")
+        return (
+            f"cannot be written: its folder {folder} is on a read-only file system (SQLite "
+            "writes the database and its -wal and -shm files beside it, even to read "
+            "results); copy the database somewhere writable"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
+        return (
+            f"cannot be written: no permission to write it or its folder {folder} (SQLite "
+            "writes the database and its -wal and -shm files beside it)"
+        )
     if st.f_bavail * st.f_frsize < 1024 * 1024:
-        return (f"cannot be written: no space left on the disk of {folder} "
-                f"({st.f_bavail * st.f_frsize:,} bytes free); make room and run the command again")
+        return (
+            f"cannot be written: no space left on the disk of {folder} "
+            f"({st.f_bavail * st.f_frsize:,} bytes free); make room and run the command again"
+        )
     return None
 
 
 def _first_line(e: BaseException) -> str:
-    orig = getattr(e, "orig", None) or e     # the driver's own error under SQLAlchemy's
+    orig = getattr(e, "orig", None) or e  # the driver's own error under SQLAlchemy's
     lines = str(orig).strip().splitlines()
     return lines[0].strip() if lines else type(orig).__name__
 
@@ -301,11 +361,13 @@ class StudyDB:
 
     def __init__(self, url: str, *, create: bool = True, given: str | None = None):
         self.url = str(url)
-        self._where = where = f"--db {shown_url(given or self.url)}"   # as the user wrote it
+        self._where = where = f"--db {shown_url(given or self.url)}"  # as the user wrote it
         scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
         if scheme.split("+", 1)[0] not in DIALECTS:
-            raise StudyError(f"{where}: expected an SQLite file, sqlite:///PATH or a "
-                             f"postgresql+psycopg:// URL, found the scheme {scheme or 'none'!r}")
+            raise StudyError(
+                f"{where}: expected an SQLite file, sqlite:///PATH or a "
+                f"postgresql+psycopg:// URL, found the scheme {scheme or 'none'!r}"
+            )
         self.is_sqlite = scheme.startswith("sqlite")
         kw = {}
         if self.is_sqlite:
@@ -314,14 +376,16 @@ class StudyDB:
                 if self.path.is_dir():
                     raise StudyError(f"{where}: expected an SQLite file, found a folder")
                 if self.path.exists() and not self.path.is_file():
-                    raise StudyError(f"{where}: expected an SQLite file, found "
-                                     f"{file_kind(self.path)}")
+                    raise StudyError(f"{where}: expected an SQLite file, found {file_kind(self.path)}")
                 if not self.path.exists() and not create:
-                    raise StudyError(f"{where}: no study database there (file not found; "
-                                     "`evalkit study create` makes one)")
-                if not self.path.parent.is_dir():   # nothing is made but what the user named
-                    raise StudyError(f"{where}: the folder {self.path.parent} does not exist "
-                                     "(make it first, or name a file in an existing folder)")
+                    raise StudyError(
+                        f"{where}: no study database there (file not found; `evalkit study create` makes one)"
+                    )
+                if not self.path.parent.is_dir():  # nothing is made but what the user named
+                    raise StudyError(
+                        f"{where}: the folder {self.path.parent} does not exist "
+                        "(make it first, or name a file in an existing folder)"
+                    )
             kw["connect_args"] = {"timeout": 60, "check_same_thread": False}
         else:
             self.path = None
@@ -335,23 +399,24 @@ class StudyDB:
             raise StudyError(f"{where}: not a valid database URL ({_first_line(e)})") from e
         except ImportError as e:
             hint = "" if self.is_sqlite else "; for PostgreSQL: pip install 'evalkit[postgres]'"
-            raise StudyError(f"{where}: its database driver is not installed "
-                             f"({_first_line(e)}{hint})") from e
+            raise StudyError(f"{where}: its database driver is not installed ({_first_line(e)}{hint})") from e
         if self.is_sqlite:
+
             @event.listens_for(self.engine, "connect")
             def _on_connect(dbapi_conn, _record):
-                dbapi_conn.isolation_level = None    # we issue BEGIN ourselves
+                dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA busy_timeout = 60000")
                 cur.execute("PRAGMA journal_mode = WAL")
                 cur.execute("PRAGMA synchronous = FULL")
                 cur.execute("PRAGMA foreign_keys = ON")
-                cur.execute("PRAGMA secure_delete = ON")   # freed pages zeroed (no old key)
+                cur.execute("PRAGMA secure_delete = ON")  # freed pages zeroed (no old key)
                 cur.close()
 
             @event.listens_for(self.engine, "begin")
             def _on_begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
+
         try:
             if self._prepare(create):
                 self._scrub()
@@ -360,9 +425,12 @@ class StudyDB:
             raise
         except exc.SQLAlchemyError as e:
             self.engine.dispose()
-            what = ("not an SQLite study database" if self.is_sqlite and self.path is not None
-                    and self.path.is_file() else "cannot open the database")
-            if self.path is not None:       # a sound file that cannot be written is not damaged
+            what = (
+                "not an SQLite study database"
+                if self.is_sqlite and self.path is not None and self.path.is_file()
+                else "cannot open the database"
+            )
+            if self.path is not None:  # a sound file that cannot be written is not damaged
                 what = storage_problem(self.path) or what
             raise StudyError(f"{where}: {what} ({_first_line(e)})") from e
 
@@ -381,7 +449,7 @@ class StudyDB:
             if self.is_sqlite:
                 raw.driver_connection.execute("VACUUM")
                 raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            else:                                   # VACUUM runs outside a transaction
+            else:  # VACUUM runs outside a transaction
                 raw.driver_connection.rollback()
                 raw.driver_connection.autocommit = True
                 try:
@@ -398,8 +466,10 @@ class StudyDB:
             ours = set(metadata.tables)
             if not have & ours:
                 if not create:
-                    raise StudyError(f"{self._where}: not a study database (no "
-                                     "evalkit tables; `evalkit study create` makes them)")
+                    raise StudyError(
+                        f"{self._where}: not a study database (no "
+                        "evalkit tables; `evalkit study create` makes them)"
+                    )
                 metadata.create_all(conn)
                 conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return False
@@ -408,12 +478,17 @@ class StudyDB:
             # are made by its upgrade
             missing = ours - have - {t for v, ts in ADDED_TABLES.items() if v > version for t in ts}
             if missing:
-                raise StudyError(f"{self._where}: a damaged study database: table(s) "
-                                 f"{', '.join(sorted(missing))} missing (found "
-                                 f"{', '.join(sorted(have & ours))}); restore it from a backup")
+                raise StudyError(
+                    f"{self._where}: a damaged study database: table(s) "
+                    f"{', '.join(sorted(missing))} missing (found "
+                    f"{', '.join(sorted(have & ours))}); restore it from a backup"
+                )
             if version > SCHEMA_VERSION:
-                raise SchemaVersionError(self.url, f"study database schema version {version} is "
-                                         f"newer than this evalkit's ({SCHEMA_VERSION})")
+                raise SchemaVersionError(
+                    self.url,
+                    f"study database schema version {version} is "
+                    f"newer than this evalkit's ({SCHEMA_VERSION})",
+                )
             sealed = version < 6
             while version < SCHEMA_VERSION:
                 if version in NEEDS_DB:
@@ -421,19 +496,19 @@ class StudyDB:
                 else:
                     UPGRADES[version](conn)
                 version += 1
-                conn.execute(meta.update().where(meta.c.key == "schema_version")
-                             .values(value=str(version)))
-            metadata.create_all(conn)   # tables added by later versions
+                conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(version)))
+            metadata.create_all(conn)  # tables added by later versions
         return sealed
 
     def _version(self, conn) -> int:
         """``meta.schema_version``: an integer from 1 (a StudyError naming it otherwise)."""
-        value = conn.execute(select(meta.c.value).where(
-            meta.c.key == "schema_version")).scalar_one_or_none()
+        value = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).scalar_one_or_none()
         if value is None or not str(value).strip().isdigit() or int(value) < 1:
-            raise StudyError(f"{self._where}: a damaged study database: meta.schema_version: "
-                             f"expected an integer 1-{SCHEMA_VERSION}, found "
-                             f"{'nothing' if value is None else repr(str(value)[:40])}")
+            raise StudyError(
+                f"{self._where}: a damaged study database: meta.schema_version: "
+                f"expected an integer 1-{SCHEMA_VERSION}, found "
+                f"{'nothing' if value is None else repr(str(value)[:40])}"
+            )
         return int(value)
 
     def schema_version(self) -> int:
@@ -460,10 +535,11 @@ def _sqlite_path(url: str, where: str) -> Path | None:
     if path in ("", ":memory:"):
         return None
     if path.startswith("//"):
-        raise StudyError(f"{where}: {form}, found {len(rest) - len(rest.lstrip('/')) + 2} "
-                         "slashes after 'sqlite:'")
+        raise StudyError(
+            f"{where}: {form}, found {len(rest) - len(rest.lstrip('/')) + 2} slashes after 'sqlite:'"
+        )
     if "?" in path:
-        raise StudyError(f"{where}: {form}, found a query ({path[path.index('?'):][:40]!r})")
+        raise StudyError(f"{where}: {form}, found a query ({path[path.index('?') :][:40]!r})")
     return Path(path)
 
 
@@ -503,7 +579,7 @@ def load_study(conn, study) -> dict:
         sid = int(study)
     except (TypeError, ValueError):
         raise UnknownStudy(study) from None
-    if not 0 < sid < 2**63:          # no such id; the driver would overflow on a larger one
+    if not 0 < sid < 2**63:  # no such id; the driver would overflow on a larger one
         raise UnknownStudy(study)
     row = conn.execute(select(studies).where(studies.c.id == sid)).mappings().first()
     if row is None:

@@ -17,6 +17,7 @@ would see a natural difference of the same metric size. Pixel-wise amplification
 difference's spatial and temporal pattern but not its statistics (a doubled noise pattern is
 still that noise pattern; a real backend change twice as large could be a different pattern).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -55,13 +56,13 @@ def parse_levels(spec, ladder: str = "amplify") -> tuple[list[float], list[str]]
     if isinstance(spec, str):
         parts = [p.strip() for p in spec.split(",")]
         if not spec.strip() or any(not p for p in parts):
-            raise StudyError(f"--levels: expected comma-separated numbers like 1,2,4,8, found "
-                             f"{spec!r}")
+            raise StudyError(f"--levels: expected comma-separated numbers like 1,2,4,8, found {spec!r}")
         try:
             levels = [float(p) for p in parts]
         except ValueError:
-            raise StudyError(f"--levels: expected comma-separated numbers like 1,2,4,8, found "
-                             f"{spec!r}") from None
+            raise StudyError(
+                f"--levels: expected comma-separated numbers like 1,2,4,8, found {spec!r}"
+            ) from None
     else:
         try:
             levels = [float(v) for v in spec]
@@ -70,18 +71,24 @@ def parse_levels(spec, ladder: str = "amplify") -> tuple[list[float], list[str]]
     shown = ",".join(f"{v:g}" for v in levels)
     bad = [v for v in levels if not math.isfinite(v) or v <= 0 or v > MAX_LEVEL]
     if bad:
-        raise StudyError(f"--levels: expected positive amplification factors up to "
-                         f"{MAX_LEVEL:g}, found {bad[0]:g} in {shown}")
+        raise StudyError(
+            f"--levels: expected positive amplification factors up to "
+            f"{MAX_LEVEL:g}, found {bad[0]:g} in {shown}"
+        )
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise StudyError(f"--levels: expected increasing levels without repeats, found {shown}")
     if not MIN_LEVELS <= len(levels) <= MAX_LEVELS:
-        raise StudyError(f"--levels: expected {MIN_LEVELS} to {MAX_LEVELS} levels (a "
-                         f"psychometric fit needs several), found {len(levels)}: {shown}")
+        raise StudyError(
+            f"--levels: expected {MIN_LEVELS} to {MAX_LEVELS} levels (a "
+            f"psychometric fit needs several), found {len(levels)}: {shown}"
+        )
     warnings = []
     if ladder == "amplify" and 1.0 not in levels:
-        warnings.append(f"--levels {shown} has no level 1: raters never see the real backend "
-                        "difference; it is measured (the headroom's reference) but the curve "
-                        "is not checked there")
+        warnings.append(
+            f"--levels {shown} has no level 1: raters never see the real backend "
+            "difference; it is measured (the headroom's reference) but the curve "
+            "is not checked there"
+        )
     return levels, warnings
 
 
@@ -89,8 +96,9 @@ def amplify(a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
     """``clip(A + k (B - A))`` in float32, rounded to the nearest uint8: the stimulus of level
     ``k``. ``k = 1`` returns B's frames exactly, ``k = 0`` A's."""
     if a.shape != b.shape or a.dtype != np.uint8 or b.dtype != np.uint8:
-        raise ValueError(f"a, b: expected two uint8 arrays of one shape, found {a.dtype} "
-                         f"{a.shape} and {b.dtype} {b.shape}")
+        raise ValueError(
+            f"a, b: expected two uint8 arrays of one shape, found {a.dtype} {a.shape} and {b.dtype} {b.shape}"
+        )
     fa = a.astype(np.float32)
     s = fa + np.float32(k) * (b.astype(np.float32) - fa)
     return np.clip(np.rint(s), 0, 255).astype(np.uint8)
@@ -103,9 +111,12 @@ def amplify(a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
 #: channel, on at most 2 channels (invisible; both sides of a trial shift alike, so the
 #: difference is unchanged but for clipping at 0 and 255). (0, 0, 0) goes to level 1 (the real
 #: B is shown as is).
-OFFSETS = tuple(sorted((o for o in itertools.product((0, 1, -1), repeat=3)
-                        if sum(map(abs, o)) <= 2),
-                       key=lambda o: (sum(map(abs, o)), [(-v, v == 0) for v in o])))
+OFFSETS = tuple(
+    sorted(
+        (o for o in itertools.product((0, 1, -1), repeat=3) if sum(map(abs, o)) <= 2),
+        key=lambda o: (sum(map(abs, o)), [(-v, v == 0) for v in o]),
+    )
+)
 #: the catch references' offsets in a threshold study, one per catch version of a clip (so no
 #: two catch trials of a rater show the same reference picture, which would tell a script
 #: which side is the reference): every channel moved by 1 (the ABX rule is (1, 1, 1)), then 2;
@@ -136,8 +147,9 @@ def stimulus(ladder: str, a: np.ndarray, b: np.ndarray, k: float) -> np.ndarray:
     if ladder == "blur":
         from scipy.ndimage import gaussian_filter
 
-        return np.clip(np.rint(gaussian_filter(a.astype(np.float32), sigma=(0, k, k, 0))),
-                       0, 255).astype(np.uint8)
+        return np.clip(np.rint(gaussian_filter(a.astype(np.float32), sigma=(0, k, k, 0))), 0, 255).astype(
+            np.uint8
+        )
     raise ValueError(f"ladder: expected one of {', '.join(LADDERS)}, found {ladder!r}")
 
 
@@ -171,15 +183,20 @@ def measure_windows(pairs, *, device="cpu", net: str = "alex") -> dict:
             if bufs[k]:
                 yield bufs[k].popleft()
 
-    out = evaluate_pair(side(0), side(1), temporal=False, device=device, net=net,
-                        keep_records=False)
+    out = evaluate_pair(side(0), side(1), temporal=False, device=device, net=net, keep_records=False)
     m = out["means"]
 
     def val(k):
         v = m.get(k)
         return None if v is None or not math.isfinite(v) else float(v)
-    return {"lpips": val("lpips"), "ssim": val("ssim"), "psnr": val("psnr"),
-            "max_abs_diff": diff[0], "conventions": out["conventions"]}
+
+    return {
+        "lpips": val("lpips"),
+        "ssim": val("ssim"),
+        "psnr": val("psnr"),
+        "max_abs_diff": diff[0],
+        "conventions": out["conventions"],
+    }
 
 
 def analysis_trials(rows: list[dict], stimuli: dict, metric: str = METRIC) -> list[dict]:
@@ -192,8 +209,15 @@ def analysis_trials(rows: list[dict], stimuli: dict, metric: str = METRIC) -> li
         x = st["metrics"].get(metric)
         if x is None:
             continue
-        out.append({"rater": str(r["rater"]), "clip": st["job"], "level": float(st["level"]),
-                    "x": float(x), "correct": bool(r["correct"])})
+        out.append(
+            {
+                "rater": str(r["rater"]),
+                "clip": st["job"],
+                "level": float(st["level"]),
+                "x": float(x),
+                "correct": bool(r["correct"]),
+            }
+        )
     return out
 
 
@@ -212,17 +236,45 @@ def per_level(rows: list[dict], stimuli: dict) -> list[dict]:
     out = []
     for cid, st in stimuli.items():
         v = acc.get(cid, [])
-        out.append({"job": st["job"], "level": st["level"],
-                    "lpips": st["metrics"].get("lpips"), "ssim": st["metrics"].get("ssim"),
-                    "psnr": st["metrics"].get("psnr"), "n": len(v), "correct": int(sum(v)),
-                    "accuracy": (sum(v) / len(v)) if v else None})
+        out.append(
+            {
+                "job": st["job"],
+                "level": st["level"],
+                "lpips": st["metrics"].get("lpips"),
+                "ssim": st["metrics"].get("ssim"),
+                "psnr": st["metrics"].get("psnr"),
+                "n": len(v),
+                "correct": int(sum(v)),
+                "accuracy": (sum(v) / len(v)) if v else None,
+            }
+        )
     return sorted(out, key=lambda e: (e["job"], e["level"]))
 
 
-SUMMARY_COLUMNS = ("scope", "job", "level", "lpips", "n", "correct", "accuracy", "threshold",
-                   "ci_low", "ci_high", "slope", "lapse", "reference", "headroom",
-                   "headroom_low", "headroom_high", "gof_deviance", "gof_df", "gof_p",
-                   "n_raters", "status", "notes")
+SUMMARY_COLUMNS = (
+    "scope",
+    "job",
+    "level",
+    "lpips",
+    "n",
+    "correct",
+    "accuracy",
+    "threshold",
+    "ci_low",
+    "ci_high",
+    "slope",
+    "lapse",
+    "reference",
+    "headroom",
+    "headroom_low",
+    "headroom_high",
+    "gof_deviance",
+    "gof_df",
+    "gof_p",
+    "n_raters",
+    "status",
+    "notes",
+)
 
 
 def summary_rows(res: dict) -> list[list]:
@@ -239,14 +291,32 @@ def summary_rows(res: dict) -> list[list]:
         ci = f.get("ci") or [None, None]
         gof = f.get("gof") or {}
         hci = (head or {}).get("ci") or [None, None]
-        return {"scope": scope, "job": job, "n": f.get("n_trials"),
-                "threshold": f.get("threshold"), "ci_low": ci[0], "ci_high": ci[1],
-                "slope": f.get("slope"), "lapse": f.get("lapse"), "reference": ref,
-                "headroom": (head or {}).get("value"), "headroom_low": hci[0],
-                "headroom_high": hci[1], "gof_deviance": gof.get("deviance"),
-                "gof_df": gof.get("df"), "gof_p": gof.get("p"), "n_raters": f.get("n_raters")}
-    rows = [{**fit_row("pooled", "", a.get("pooled"), a.get("reference"), a.get("headroom")),
-             "status": res.get("status"), "notes": "; ".join(a.get("notes") or [])}]
+        return {
+            "scope": scope,
+            "job": job,
+            "n": f.get("n_trials"),
+            "threshold": f.get("threshold"),
+            "ci_low": ci[0],
+            "ci_high": ci[1],
+            "slope": f.get("slope"),
+            "lapse": f.get("lapse"),
+            "reference": ref,
+            "headroom": (head or {}).get("value"),
+            "headroom_low": hci[0],
+            "headroom_high": hci[1],
+            "gof_deviance": gof.get("deviance"),
+            "gof_df": gof.get("df"),
+            "gof_p": gof.get("p"),
+            "n_raters": f.get("n_raters"),
+        }
+
+    rows = [
+        {
+            **fit_row("pooled", "", a.get("pooled"), a.get("reference"), a.get("headroom")),
+            "status": res.get("status"),
+            "notes": "; ".join(a.get("notes") or []),
+        }
+    ]
     for job, f in sorted((a.get("clips") or {}).items()):
         rows.append(fit_row("clip", job, f, (f or {}).get("reference"), (f or {}).get("headroom")))
     for p in res.get("levels") or []:

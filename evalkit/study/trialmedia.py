@@ -19,6 +19,7 @@ and metric is the one the whole clip in memory gave (``benchmarks/study_identity
 frames fed to each encoder are the same, the fidelity sums are exact integers and the metrics
 batch their frames alike.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,6 @@ from ..video import open_clip
 from . import design, excerpt, fidelity, threshold
 from .lossless import exact_row
 from .media import degrade, store_tiled_streams
-
 
 #: bytes read from each end of a clip file for its :func:`fingerprint`
 FINGERPRINT_BYTES = 1 << 16
@@ -59,9 +59,22 @@ def measured(m: dict) -> dict:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in m.items()}
 
 
-def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, swap, xbit,
-               metrics_device, measure_reference: bool,
-               delivery_margin_db: float = fidelity.MARGIN_DB, delivery: str = "stream") -> dict:
+def clip_media(
+    c: dict,
+    rows: list,
+    *,
+    window=None,
+    kind,
+    forced,
+    media,
+    offs,
+    swap,
+    xbit,
+    metrics_device,
+    measure_reference: bool,
+    delivery_margin_db: float = fidelity.MARGIN_DB,
+    delivery: str = "stream",
+) -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
     metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B, colour offset)]);
     ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip);
@@ -73,7 +86,7 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
     the frame rates differ (the caller's rule)."""
     fps, fps_b = open_clip(c["path_a"]).info.fps, open_clip(c["path_b"]).info.fps
     out = {"fps_a": fps, "fps_b": fps_b, "seconds": {}, "rows": [], "stimuli": [], "catches": []}
-    if fps != fps_b:            # reported by the caller, in clip order, as a study-wide rule
+    if fps != fps_b:  # reported by the caller, in clip order, as a study-wide rule
         return out
 
     args = window or (None,)
@@ -91,9 +104,25 @@ def clip_media(c: dict, rows: list, *, window=None, kind, forced, media, offs, s
         # a permutation per clip, drawn from its content), so no two share a picture
         for i, k, catches in rows:
             refs = [(kind_, from_b, tuple(off)) for kind_, from_b, off in catches]
-            _row(i, c, k, offs.get(k), refs, pairs, side, fps, kind=kind, forced=forced, media=media,
-                 swap=swap, xbit=xbit, out=out, metrics_device=metrics_device,
-                 margin_db=delivery_margin_db, delivery=delivery)
+            _row(
+                i,
+                c,
+                k,
+                offs.get(k),
+                refs,
+                pairs,
+                side,
+                fps,
+                kind=kind,
+                forced=forced,
+                media=media,
+                swap=swap,
+                xbit=xbit,
+                out=out,
+                metrics_device=metrics_device,
+                margin_db=delivery_margin_db,
+                delivery=delivery,
+            )
     except excerpt.ShapeError as e:
         out["error"] = str(e)
     return out
@@ -131,8 +160,26 @@ def _passes(n_row: int, n_catch: int, refs: list) -> list[list]:
     return out + [cur]
 
 
-def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, swap, xbit, out,
-         metrics_device, margin_db=fidelity.MARGIN_DB, delivery="stream") -> None:
+def _row(
+    i,
+    c,
+    level,
+    offset,
+    refs,
+    pairs,
+    side,
+    fps,
+    *,
+    kind,
+    forced,
+    media,
+    swap,
+    xbit,
+    out,
+    metrics_device,
+    margin_db=fidelity.MARGIN_DB,
+    delivery="stream",
+) -> None:
     """Row ``i`` of the clips table and its catch versions (``refs``: (kind, reference from B,
     colour offset) each). Each catch reference is its source mirrored left to right and
     shifted by its offset (:data:`.threshold.CATCH_OFFSETS`), so no two catch versions of a
@@ -145,15 +192,16 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
     # the answer's place is a bit of each row (design.row_keys), drawn from what the row shows
     # (design.row_bits: the same files in every study of the same runs), a bit of its own for
     # each catch version
-    bit, catch_bits = design.row_bits((fingerprint(c["path_a"]), fingerprint(c["path_b"])),
-                                      (level, None if offset is None else tuple(int(v) for v in offset)),
-                                      len(refs))
+    bit, catch_bits = design.row_bits(
+        (fingerprint(c["path_a"]), fingerprint(c["path_b"])),
+        (level, None if offset is None else tuple(int(v) for v in offset)),
+        len(refs),
+    )
     row_keys = design.row_keys(protocol, x=x, bit=bit, one_place=one)
-    catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one, bit=b)
-                  for b in catch_bits]
+    catch_keys = [design.row_keys(protocol, catch=True, x=x, one_place=one, bit=b) for b in catch_bits]
     extra = {"x": x} if forced and one else {}
     same = [True]
-    made = {}                                  # unit -> {"rects", "scale", "files"}
+    made = {}  # unit -> {"rects", "scale", "files"}
 
     def sides(units):
         """The windows a pass needs: both sides for the row, else its catches' sources."""
@@ -165,6 +213,7 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             yield (None, x) if from_b else (x, None)
 
     for units in _passes(len(row_keys), len(design.row_keys(protocol, True, x, 0, one)), refs):
+
         def contents(units=units):
             for a, b in sides(units):
                 item = _shown(a, b, level, offset, kind, same) if None in units else {}
@@ -180,10 +229,10 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             ks = row_keys if j is None else catch_keys[j]
             specs += [list(k) if j is None else [f"{ch}{j}" for ch in k] for k in ks]
             keys += [(j, k) for k in ks]
-        for (j, key), (sha, layout, n) in zip(keys, store_tiled_streams(
-                contents(), specs, fps, media, delivery)):
-            s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"],
-                                    **extra, "files": {}})
+        for (j, key), (sha, layout, n) in zip(
+            keys, store_tiled_streams(contents(), specs, fps, media, delivery)
+        ):
+            s = made.setdefault(j, {"rects": layout["rects"], "scale": layout["scale"], **extra, "files": {}})
             s["files"][key] = sha
             out["seconds"][sha] = n / fps
 
@@ -192,30 +241,55 @@ def _row(i, c, level, offset, refs, pairs, side, fps, *, kind, forced, media, sw
             yield _shown(a, b, level, offset, kind)
 
     lp = c["lpips_mean"]
-    if delivery == "lossless":                 # exact by construction: nothing to measure
+    if delivery == "lossless":  # exact by construction: nothing to measure
         fig = exact_row(c["job"], level)
         if level is not None:
-            m = threshold.measure_windows(((x["a"], x["b"]) for x in shown()),
-                                          device=metrics_device)
+            m = threshold.measure_windows(((x["a"], x["b"]) for x in shown()), device=metrics_device)
     elif level is None:
         fig = fidelity.row_figures(media, made[None], shown(), margin_db)
     else:
-        fig, m = fan_out(shown(), [
-            lambda items: fidelity.row_figures(media, made[None], items, margin_db),
-            lambda items: threshold.measure_windows(((x["a"], x["b"]) for x in items),
-                                                    device=metrics_device)],
-            name="evalkit-media-measure")
+        fig, m = fan_out(
+            shown(),
+            [
+                lambda items: fidelity.row_figures(media, made[None], items, margin_db),
+                lambda items: threshold.measure_windows(
+                    ((x["a"], x["b"]) for x in items), device=metrics_device
+                ),
+            ],
+            name="evalkit-media-measure",
+        )
     if level is not None:
         m = measured(m)
         m.pop("conventions", None)
-        out["stimuli"].append({"ord": i, "job": c["job"], "level": level, "metrics": m,
-                               "offset": list(offset), "identical_to_b": bool(same[0])})
+        out["stimuli"].append(
+            {
+                "ord": i,
+                "job": c["job"],
+                "level": level,
+                "metrics": m,
+                "offset": list(offset),
+                "identical_to_b": bool(same[0]),
+            }
+        )
         lp = m["lpips"]
     # media_a/media_b (one file per side) are unused since trials are streams: left empty
-    out["rows"].append({"ord": i, "job": c["job"], "clip": c["clip"], "prompt": c["prompt"],
-                        "seed": c["seed"], "lpips_mean": lp, "media_a": "",
-                        "media_b": "", "media_a_alt": None, "media_b_alt": None,
-                        "base_swap": swap[i], "base_x": xbit[i], "streams": made[None],
-                        "delivery": {"job": c["job"], "level": level, **fig}})
+    out["rows"].append(
+        {
+            "ord": i,
+            "job": c["job"],
+            "clip": c["clip"],
+            "prompt": c["prompt"],
+            "seed": c["seed"],
+            "lpips_mean": lp,
+            "media_a": "",
+            "media_b": "",
+            "media_a_alt": None,
+            "media_b_alt": None,
+            "base_swap": swap[i],
+            "base_x": xbit[i],
+            "streams": made[None],
+            "delivery": {"job": c["job"], "level": level, **fig},
+        }
+    )
     for j, (ck, _, _) in enumerate(refs):
         out["catches"].append({"ord": i, "kind": ck, "streams": made[j]})

@@ -20,6 +20,7 @@ ABX: which box matches X; preference and ABX: which box shows backend B; catch v
 tested against chance with a two-sided exact binomial test. A bot that reads only the files
 (:func:`bot_screening`) answers with the best stump and is screened like a rater.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,17 +50,27 @@ def scene(family: str, seed: int, t: int = 12, h: int = 48, w: int = 64) -> np.n
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     out = []
     if family == "pan":
-        tex = gaussian_filter(rng.standard_normal((h + 3 * t, w + 3 * t, 3)),
-                              (rng.uniform(0.6, 2.0),) * 2 + (0,))
+        tex = gaussian_filter(
+            rng.standard_normal((h + 3 * t, w + 3 * t, 3)), (rng.uniform(0.6, 2.0),) * 2 + (0,)
+        )
         tex = 128 + tex * (rng.uniform(30, 70) / tex.std())
         dy, dx = rng.integers(-2, 3), rng.integers(1, 4)
         oy, ox = (0 if dy >= 0 else 2 * t), 0
         for i in range(t):
-            out.append(tex[oy + dy * i:oy + dy * i + h, ox + dx * i:ox + dx * i + w])
+            out.append(tex[oy + dy * i : oy + dy * i + h, ox + dx * i : ox + dx * i + w])
     elif family == "blobs":
         base = np.stack([yy * 3, xx * 2, 200 - yy * 2], -1) + rng.uniform(0, 60, 3)
-        discs = [(rng.uniform(0, h), rng.uniform(0, w), rng.uniform(5, 14), rng.uniform(-2, 2),
-                  rng.uniform(-2, 2), rng.uniform(0, 255, 3)) for _ in range(rng.integers(2, 5))]
+        discs = [
+            (
+                rng.uniform(0, h),
+                rng.uniform(0, w),
+                rng.uniform(5, 14),
+                rng.uniform(-2, 2),
+                rng.uniform(-2, 2),
+                rng.uniform(0, 255, 3),
+            )
+            for _ in range(rng.integers(2, 5))
+        ]
         for i in range(t):
             f = base.copy()
             for cy, cx, r, vy, vx, col in discs:
@@ -107,13 +118,19 @@ def make_report(root, families, seeds, fps: int = 24) -> Path:
             jobs.append(job)
     rep = root / "report"
     rep.mkdir(parents=True, exist_ok=True)
-    (rep / "summary.json").write_text(json.dumps({
-        "runs": {"a": {"path": str(root / "runs" / "a")}, "b": {"path": str(root / "runs" / "b")}},
-        "jobs": {"compared": jobs}}))
+    (rep / "summary.json").write_text(
+        json.dumps(
+            {
+                "runs": {"a": {"path": str(root / "runs" / "a")}, "b": {"path": str(root / "runs" / "b")}},
+                "jobs": {"compared": jobs},
+            }
+        )
+    )
     return rep
 
 
 # -- what the browser gets ---------------------------------------------------------------------
+
 
 def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     """Every trial of ``raters`` new raters of study ``sid``, as the browser gets it: the public
@@ -135,47 +152,74 @@ def collect(db, sid, raters: int, served: int = 1) -> list[dict]:
     d = store.open_db(db)
     with d.engine.connect() as conn:
         st = conn.execute(select(store.studies).where(store.studies.c.id == sid)).mappings().one()
-        ids = [r[0] for r in conn.execute(select(store.raters.c.id).where(
-            store.raters.c.study_id == sid).order_by(store.raters.c.idx))][-raters:]
-        rows = {rid: seal.open_trials(st["config"], conn.execute(select(store.trials).where(
-            store.trials.c.rater_id == rid).order_by(store.trials.c.ord)).mappings())
-            for rid in ids}
-        job_of = dict(conn.execute(select(store.clips.c.id, store.clips.c.job).where(
-            store.clips.c.study_id == sid)).all())
+        ids = [
+            r[0]
+            for r in conn.execute(
+                select(store.raters.c.id).where(store.raters.c.study_id == sid).order_by(store.raters.c.idx)
+            )
+        ][-raters:]
+        rows = {
+            rid: seal.open_trials(
+                st["config"],
+                conn.execute(
+                    select(store.trials).where(store.trials.c.rater_id == rid).order_by(store.trials.c.ord)
+                ).mappings(),
+            )
+            for rid in ids
+        }
+        job_of = dict(
+            conn.execute(
+                select(store.clips.c.id, store.clips.c.job).where(store.clips.c.study_id == sid)
+            ).all()
+        )
     media = Path(st["media_dir"])
     key = st["config"]["media_key"]
     ext = ext_of(st["config"])
     # which row (clip, or catch version) each file belongs to: the files an attacker groups by
     # content (their per-frame sizes are near twins); given here, the strongest grouping
     cfg = seal.unseal_config(sid, st["config"])
-    row_of = {sha: f"{sid}:clip{cid}" for cid, s in cfg.get("streams", {}).items()
-              for sha in s["files"].values()}
-    row_of.update({sha: f"{sid}:catch{j}" for j, cp in enumerate(cfg.get("catch_pool", []))
-                   for sha in cp["streams"]["files"].values()})
+    row_of = {
+        sha: f"{sid}:clip{cid}" for cid, s in cfg.get("streams", {}).items() for sha in s["files"].values()
+    }
+    row_of.update(
+        {
+            sha: f"{sid}:catch{j}"
+            for j, cp in enumerate(cfg.get("catch_pool", []))
+            for sha in cp["streams"]["files"].values()
+        }
+    )
     out = []
     for k, (tok, rid) in enumerate(zip(tokens, ids)):
         mine = []
         for r in rows[rid]:
-            public = {"trial": r["id"], "index": r["ord"] + 1, "total": len(rows[rid]),
-                      "protocol": design.page_protocol(st["protocol"]),
-                      "answers": list(design.ANSWERS[st["protocol"]]),
-                      "fps": float(st["config"]["fps"]),
-                      "media": {"video": media_name(key, r["id"], "video", ext)},
-                      "tiles": r["shown"]["tiles"]}
-            mine.append({"rater": f"{sid}:{k}", "study": sid, "public": public,
-                         "row": row_of.get(r["shown"]["media"], f"{sid}:?"),
-                         "job": job_of.get(r["clip_id"]),
-                         "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
-                         **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected",
-                                              "shown")}})
-        if k < served:                       # through the service: the same trials and bytes
+            public = {
+                "trial": r["id"],
+                "index": r["ord"] + 1,
+                "total": len(rows[rid]),
+                "protocol": design.page_protocol(st["protocol"]),
+                "answers": list(design.ANSWERS[st["protocol"]]),
+                "fps": float(st["config"]["fps"]),
+                "media": {"video": media_name(key, r["id"], "video", ext)},
+                "tiles": r["shown"]["tiles"],
+            }
+            mine.append(
+                {
+                    "rater": f"{sid}:{k}",
+                    "study": sid,
+                    "public": public,
+                    "row": row_of.get(r["shown"]["media"], f"{sid}:?"),
+                    "job": job_of.get(r["clip_id"]),
+                    "data": (media / f"{r['shown']['media']}{ext}").read_bytes(),
+                    **{x: r[x] for x in ("kind", "catch_kind", "sources", "expected", "shown")},
+                }
+            )
+        if k < served:  # through the service: the same trials and bytes
             clock = study.FakeClock()
             with study.RaterService(db, clock=clock) as svc:
                 s = svc.state_sync(tok)
                 for t in mine:
                     assert s["trial"] == t["public"], (s["trial"], t["public"])
-                    got = b"".join(svc.media_sync(tok, n).read_bytes()
-                                   for n in s["trial"]["media"].values())
+                    got = b"".join(svc.media_sync(tok, n).read_bytes() for n in s["trial"]["media"].values())
                     assert got == t["data"]
                     clock.advance(60)
                     s = svc.answer_sync(tok, t["public"]["trial"], t["public"]["answers"][0])
@@ -224,13 +268,20 @@ def features(data: bytes) -> dict:
             keys.append(bool(p.is_keyframe))
     sizes, keys = np.array(sizes, float), np.array(keys)
     p_sizes = sizes[~keys] if (~keys).any() else sizes
-    head = data[:data.index(b"mdat") + 4] if b"mdat" in data else b""
-    return {"_sizes": sizes, "file_size": float(len(data)), "coded_size": float(sizes.sum()),
-            "i_share": float(sizes[keys].sum() / max(1.0, sizes.sum())),
-            "p_mean": float(p_sizes.mean()), "p_cv": float(p_sizes.std() / max(1.0, p_sizes.mean())),
-            "nal_count": float(len(lengths)), "nal_max": float(max(lengths)),
-            "outside_hash": _h(head + b"".join(outside)), "slice_head_hash": _h(b"".join(heads)),
-            "_coded": b"".join(coded)}
+    head = data[: data.index(b"mdat") + 4] if b"mdat" in data else b""
+    return {
+        "_sizes": sizes,
+        "file_size": float(len(data)),
+        "coded_size": float(sizes.sum()),
+        "i_share": float(sizes[keys].sum() / max(1.0, sizes.sum())),
+        "p_mean": float(p_sizes.mean()),
+        "p_cv": float(p_sizes.std() / max(1.0, p_sizes.mean())),
+        "nal_count": float(len(lengths)),
+        "nal_max": float(max(lengths)),
+        "outside_hash": _h(head + b"".join(outside)),
+        "slice_head_hash": _h(b"".join(heads)),
+        "_coded": b"".join(coded),
+    }
 
 
 def webp_features(data: bytes) -> dict:
@@ -242,22 +293,29 @@ def webp_features(data: bytes) -> dict:
 
     coded, outside, heads, i = [], [data[:12]], [], 12
     while i + 8 <= len(data):
-        tag, n = data[i:i + 4], struct.unpack("<I", data[i + 4:i + 8])[0]
+        tag, n = data[i : i + 4], struct.unpack("<I", data[i + 4 : i + 8])[0]
         if tag == b"ANMF":
-            outside.append(data[i:i + 8 + 16 + 8])
-            bits = data[i + 8 + 24:i + 8 + n]
+            outside.append(data[i : i + 8 + 16 + 8])
+            bits = data[i + 8 + 24 : i + 8 + n]
             coded.append(bits)
             heads.append(bits[:5])
         else:
-            outside.append(data[i:i + 8 + n + (n & 1)])
+            outside.append(data[i : i + 8 + n + (n & 1)])
         i += 8 + n + (n & 1)
     sizes = np.array([len(c) for c in coded], float)
-    return {"_sizes": sizes, "file_size": float(len(data)), "coded_size": float(sizes.sum()),
-            "i_share": 1.0, "p_mean": float(sizes.mean()),
-            "p_cv": float(sizes.std() / max(1.0, sizes.mean())),
-            "nal_count": float(len(coded)), "nal_max": float(sizes.max()),
-            "outside_hash": _h(b"".join(outside)), "slice_head_hash": _h(b"".join(heads)),
-            "_coded": b"".join(coded)}
+    return {
+        "_sizes": sizes,
+        "file_size": float(len(data)),
+        "coded_size": float(sizes.sum()),
+        "i_share": 1.0,
+        "p_mean": float(sizes.mean()),
+        "p_cv": float(sizes.std() / max(1.0, sizes.mean())),
+        "nal_count": float(len(coded)),
+        "nal_max": float(sizes.max()),
+        "outside_hash": _h(b"".join(outside)),
+        "slice_head_hash": _h(b"".join(heads)),
+        "_coded": b"".join(coded),
+    }
 
 
 def _h(b: bytes) -> float:
@@ -293,18 +351,33 @@ def add_features(trials: list[dict]) -> list[dict]:
     for ts in by_rater.values():
         runs = [_runs(t["f"]["_coded"]) for t in ts]
         uniq, counts = np.unique(np.concatenate(runs), return_counts=True)
-        several = uniq[counts > 1]                  # runs found in more than one trial
+        several = uniq[counts > 1]  # runs found in more than one trial
         for i, t in enumerate(ts):
             t["f"]["run_share"] = float(np.isin(runs[i], several).sum()) / max(1, len(runs[i]))
-            t["f"]["twin"] = min((float(np.abs(t["f"]["_sizes"] - o["f"]["_sizes"]).sum()
-                                        / t["f"]["_sizes"].sum()) for o in ts
-                                  if o is not t and len(o["f"]["_sizes"]) == len(t["f"]["_sizes"])),
-                                 default=1.0)
+            t["f"]["twin"] = min(
+                (
+                    float(np.abs(t["f"]["_sizes"] - o["f"]["_sizes"]).sum() / t["f"]["_sizes"].sum())
+                    for o in ts
+                    if o is not t and len(o["f"]["_sizes"]) == len(t["f"]["_sizes"])
+                ),
+                default=1.0,
+            )
     return trials
 
 
-SCALARS = ("file_size", "coded_size", "i_share", "p_mean", "p_cv", "nal_count", "nal_max",
-           "outside_hash", "slice_head_hash", "run_share", "twin")
+SCALARS = (
+    "file_size",
+    "coded_size",
+    "i_share",
+    "p_mean",
+    "p_cv",
+    "nal_count",
+    "nal_max",
+    "outside_hash",
+    "slice_head_hash",
+    "run_share",
+    "twin",
+)
 
 
 def _tile_x(t, slot) -> float:
@@ -317,8 +390,7 @@ def _side_features(t, one: str, two: str) -> dict:
     f = {k: t["f"][k] for k in SCALARS}
     f["tile_x_difference"] = _tile_x(t, one) - _tile_x(t, two)
     if "X" in t["public"]["tiles"]:
-        f["tile_nearer_x"] = (abs(_tile_x(t, one) - _tile_x(t, "X"))
-                              - abs(_tile_x(t, two) - _tile_x(t, "X")))
+        f["tile_nearer_x"] = abs(_tile_x(t, one) - _tile_x(t, "X")) - abs(_tile_x(t, two) - _tile_x(t, "X"))
     return f
 
 
@@ -352,8 +424,9 @@ def add_pooled(trials: list[dict], across_studies: bool = False) -> list[dict]:
         others = [o["public"]["tiles"] for o in by_file[t["pool"]] if o["rater"] != t["rater"]]
         n = max(1, len(others))
         f = t.setdefault("f", {})
-        f["pooled_x_tile"] = (sum(o.get("X") == tiles[one] for o in others)
-                              - sum(o.get("X") == tiles[two] for o in others)) / n
+        f["pooled_x_tile"] = (
+            sum(o.get("X") == tiles[one] for o in others) - sum(o.get("X") == tiles[two] for o in others)
+        ) / n
         f["pooled_label"] = sum(o[one] == tiles[one] for o in others) / n
         shared = {o["rater"] for o in by_file[t["pool"]]}
         f["pooled_raters"] = float(len(shared))
@@ -373,22 +446,24 @@ def pooled_questions(trials: list[dict]) -> dict[str, list[tuple]]:
         f = {k: t["f"][k] for k in POOLED}
         key = (t["rater"], t["public"]["trial"], t.get("pool", t.get("sha")))
         if proto == "abx":
-            out.setdefault("pooled abx: which box matches X", []).append(
-                (key, f, int(t["expected"] == "A")))
+            out.setdefault("pooled abx: which box matches X", []).append((key, f, int(t["expected"] == "A")))
         if t["kind"] == "test":
             out.setdefault(f"pooled {proto}: which box is backend B", []).append(
-                (key, f, int(t["sources"][one] == "b")))
+                (key, f, int(t["sources"][one] == "b"))
+            )
         else:
             out.setdefault(f"pooled {proto} catch trials: which box is the reference", []).append(
-                (key, f, int(t["sources"][one] == "reference")))
+                (key, f, int(t["sources"][one] == "reference"))
+            )
     return out
 
 
 def pooled_catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """As :func:`catch_pairs` with the pooled multiplicity: (catch file, test file) of one study,
     truth the catch is first; features the differences in raters sharing each file."""
-    return _catch_test_pairs(trials, rng, lambda t: t["sha"],
-                             ("pooled_raters", "pooled_share", "pooled_studies"))
+    return _catch_test_pairs(
+        trials, rng, lambda t: t["sha"], ("pooled_raters", "pooled_share", "pooled_studies")
+    )
 
 
 def replay_catch(labelled: list[dict], trials: list[dict]) -> dict:
@@ -407,8 +482,11 @@ def replay_catch(labelled: list[dict], trials: list[dict]) -> dict:
         if t["kind"] == "catch":
             files.setdefault(hashlib.sha256(t["data"]).hexdigest(), t)
     known = [(sha, t) for sha, t in files.items() if sha in table]
-    return {"files": len(files), "known": len(known),
-            "hits": sum(table[sha] == _first_tile(t) for sha, t in known)}
+    return {
+        "files": len(files),
+        "known": len(known),
+        "hits": sum(table[sha] == _first_tile(t) for sha, t in known),
+    }
 
 
 def _first_tile(t) -> int:
@@ -449,8 +527,7 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
     for row, group in list(rows.items()):
         if len(group) == 1:
             t = files[group[0]]
-            alone.setdefault((t["study"], t["public"]["protocol"], t["kind"]), []).extend(
-                rows.pop(row))
+            alone.setdefault((t["study"], t["public"]["protocol"], t["kind"]), []).extend(rows.pop(row))
     out: dict[str, list] = {}
     for group in [*rows.values(), *alone.values()]:
         if len(group) < 2:
@@ -460,15 +537,19 @@ def pooled_sizes(trials: list[dict]) -> dict[str, list[tuple]]:
         for k in group:
             t = files[k]
             sib = [o for o in group if o != k]
-            f = {"pooled_size": size[k] / np.mean([size[o] for o in sib]) - 1.0,
-                 "pooled_frames": 0.0}
+            f = {"pooled_size": size[k] / np.mean([size[o] for o in sib]) - 1.0, "pooled_frames": 0.0}
             if all(frames[o] is not None and len(frames[o]) == len(frames[k]) for o in group):
-                f["pooled_frames"] = float(np.mean(np.sign(
-                    frames[k] - np.mean([frames[o] for o in sib], axis=0))))
+                f["pooled_frames"] = float(
+                    np.mean(np.sign(frames[k] - np.mean([frames[o] for o in sib], axis=0)))
+                )
             proto = t["public"]["protocol"]
-            q = (f"pooled sizes {proto}: which tile holds X's match" if proto == "abx" else
-                 f"pooled sizes {proto}: which tile is backend B" if t["kind"] == "test" else
-                 f"pooled sizes {proto} catch trials: which tile is the reference")
+            q = (
+                f"pooled sizes {proto}: which tile holds X's match"
+                if proto == "abx"
+                else f"pooled sizes {proto}: which tile is backend B"
+                if t["kind"] == "test"
+                else f"pooled sizes {proto} catch trials: which tile is the reference"
+            )
             out.setdefault(q, []).append((k, f, _first_tile(t)))
     return out
 
@@ -480,19 +561,28 @@ def attack_pooled(train_trials: list[dict], test_trials: list[dict], seed: int =
     ``test_trials``: ``{question: {feature: {"hits", "n", "p"}}}``."""
     rng = np.random.default_rng([seed, 1])
     q_train, q_test = pooled_questions(train_trials), pooled_questions(test_trials)
-    out = {q: score(q_train[q], rows, cluster=lambda key: key[-1])
-           for q, rows in q_test.items() if q in q_train}
+    out = {
+        q: score(q_train[q], rows, cluster=lambda key: key[-1]) for q, rows in q_test.items() if q in q_train
+    }
     out["pooled catch or test: which of a pair is the catch"] = score(
-        pooled_catch_pairs(train_trials, rng), pooled_catch_pairs(test_trials, rng),
-        cluster=lambda key: key[-1])
+        pooled_catch_pairs(train_trials, rng),
+        pooled_catch_pairs(test_trials, rng),
+        cluster=lambda key: key[-1],
+    )
     if all("row" in t for t in train_trials + test_trials):
         s_train, s_test = pooled_sizes(train_trials), pooled_sizes(test_trials)
-        out.update({q: score(s_train[q], rows, cluster=lambda key: key[1])
-                    for q, rows in s_test.items() if q in s_train})
+        out.update(
+            {
+                q: score(s_train[q], rows, cluster=lambda key: key[1])
+                for q, rows in s_test.items()
+                if q in s_train
+            }
+        )
     return out
 
 
 # -- predictors ---------------------------------------------------------------------------------
+
 
 def _fit_stump(xs: np.ndarray, ys: np.ndarray) -> tuple[float, int]:
     """(threshold, sign): predict 1 when sign * (x - threshold) > 0; best accuracy on ``xs``."""
@@ -522,25 +612,26 @@ def questions(trials: list[dict]) -> dict[str, list[tuple]]:
         tiles = json.dumps(t["public"]["tiles"], sort_keys=True)
         if t["public"]["protocol"] == "abx":
             out.setdefault("abx: which box matches X", []).append(
-                ((sha, tiles), _side_features(t, "A", "B"), int(t["expected"] == "A")))
+                ((sha, tiles), _side_features(t, "A", "B"), int(t["expected"] == "A"))
+            )
             one, two = "A", "B"
         else:
             one, two = "left", "right"
         if t["kind"] == "test":
             out.setdefault(f"{t['public']['protocol']}: which box is backend B", []).append(
-                ((sha, tiles), _side_features(t, one, two), int(t["sources"][one] == "b")))
+                ((sha, tiles), _side_features(t, one, two), int(t["sources"][one] == "b"))
+            )
         else:
-            out.setdefault(f"{t['public']['protocol']} catch trials: which box is the reference",
-                           []).append(
-                ((sha, tiles), _side_features(t, one, two), int(t["sources"][one] == "reference")))
+            out.setdefault(f"{t['public']['protocol']} catch trials: which box is the reference", []).append(
+                ((sha, tiles), _side_features(t, one, two), int(t["sources"][one] == "reference"))
+            )
     return {k: _dedupe(v) for k, v in out.items()}
 
 
 def catch_pairs(trials: list[dict], rng: np.random.Generator) -> list[tuple]:
     """Pairs (catch file, test file) of one study, each distinct catch file once, its partner a
     test file of the same study drawn at random; truth: the catch is first (order random)."""
-    return _catch_test_pairs(trials, rng, lambda t: hashlib.sha256(t["data"]).hexdigest(),
-                             SCALARS)
+    return _catch_test_pairs(trials, rng, lambda t: hashlib.sha256(t["data"]).hexdigest(), SCALARS)
 
 
 def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, features) -> list:
@@ -559,8 +650,9 @@ def _catch_test_pairs(trials: list[dict], rng: np.random.Generator, sha_of, feat
             o_sha, o = tests[rng.integers(len(tests))]
             first = bool(rng.integers(2))
             a, b = (c, o) if first else (o, c)
-            rows.append(((sha, o_sha, c.get("job") or sha),
-                         {k: a["f"][k] - b["f"][k] for k in features}, int(first)))
+            rows.append(
+                ((sha, o_sha, c.get("job") or sha), {k: a["f"][k] - b["f"][k] for k in features}, int(first))
+            )
     return rows
 
 
@@ -584,16 +676,19 @@ def score(train: list[tuple], test: list[tuple], cluster=None) -> dict[str, dict
         guess = np.array([sign * (r[1][name] - thr) > 0 for r in test], int)
         truth = np.array([r[2] for r in test], int)
         hits = int((guess == truth).sum())
-        out[name] = {"hits": hits, "n": len(test),
-                     "p": float(binomtest(hits, len(test), 0.5).pvalue)}
+        out[name] = {"hits": hits, "n": len(test), "p": float(binomtest(hits, len(test), 0.5).pvalue)}
         if cluster is not None:
             per: dict = {}
             for r, g in zip(test, guess == truth):
                 per.setdefault(cluster(r[0]), []).append(2 * int(g) - 1)
             net = [sum(v) for v in per.values()]
             up, n = sum(x > 0 for x in net), sum(x != 0 for x in net)
-            out[name].update(clusters=len(per), cluster_hits=up, cluster_n=n,
-                             cluster_p=float(binomtest(up, n, 0.5).pvalue) if n else 1.0)
+            out[name].update(
+                clusters=len(per),
+                cluster_hits=up,
+                cluster_n=n,
+                cluster_p=float(binomtest(up, n, 0.5).pvalue) if n else 1.0,
+            )
     return out
 
 
@@ -604,8 +699,8 @@ def attack(train_trials: list[dict], test_trials: list[dict], seed: int = 0) -> 
     q_train, q_test = questions(train_trials), questions(test_trials)
     out = {q: score(q_train[q], rows) for q, rows in q_test.items() if q in q_train}
     out["catch or test: which of a pair is the catch"] = score(
-        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng),
-        cluster=lambda key: key[-1])
+        catch_pairs(train_trials, rng), catch_pairs(test_trials, rng), cluster=lambda key: key[-1]
+    )
     return out
 
 
@@ -614,7 +709,7 @@ def best_stump(train_trials: list[dict]) -> tuple[str, float, int]:
     catch) best: the file-reading bot's rule."""
     rows = questions(train_trials)["abx: which box matches X"]
     best = None
-    for name in (n for n in rows[0][1] if n not in ("run_share", "twin")):   # per-trial rules
+    for name in (n for n in rows[0][1] if n not in ("run_share", "twin")):  # per-trial rules
         xs = np.array([r[1][name] for r in rows], float)
         ys = np.array([r[2] for r in rows], int)
         thr, sign = _fit_stump(xs, ys)
@@ -660,5 +755,10 @@ def bot_screening(db, sid, rule: tuple[str, float, int], bots: int) -> dict:
             n += len(right)
     k = len(right)
     need = stats.catch_min_correct(k, 0.05)
-    return {"bots": bots, "passed": passed, "catch_hits": hits, "catch_n": n,
-            "random_pass_rate": float(binom.sf(need - 1, k, 0.5))}
+    return {
+        "bots": bots,
+        "passed": passed,
+        "catch_hits": hits,
+        "catch_n": n,
+        "random_pass_rate": float(binom.sf(need - 1, k, 0.5)),
+    }

@@ -5,6 +5,7 @@ delay, then look at what it left on disk.
 Used by ``tests/test_crash.py`` (a few kills at fixed points) and ``benchmarks/kill_loop.py``
 (20 or more kills of each command at random moments).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,15 +27,15 @@ def evalkit_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "evalkit", *map(str, args)]
 
 
-def run(cmd: list[str], *, kill_at: int | None = None, delay: float | None = None,
-        cwd=None) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], *, kill_at: int | None = None, delay: float | None = None, cwd=None
+) -> subprocess.CompletedProcess:
     """Run ``cmd`` to its end, or until it SIGKILLs itself at crash point ``kill_at``, or until
     it is SIGKILLed ``delay`` seconds after it started (-9 as the exit code when killed)."""
     env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV}
     if kill_at is not None:
         env[KILL_AT_ENV] = str(kill_at)
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if delay is not None:
         try:
             out, err = proc.communicate(timeout=delay)
@@ -57,8 +58,12 @@ def tree(folder: Path) -> dict[str, tuple]:
     for p in sorted(folder.rglob("*")):
         st = p.lstat()
         kind = "dir" if p.is_dir() else "file"
-        out[str(p.relative_to(folder))] = (kind, st.st_size if kind == "file" else 0,
-                                           st.st_mtime_ns, sha(p) if kind == "file" else None)
+        out[str(p.relative_to(folder))] = (
+            kind,
+            st.st_size if kind == "file" else 0,
+            st.st_mtime_ns,
+            sha(p) if kind == "file" else None,
+        )
     return out
 
 
@@ -68,12 +73,12 @@ def temporaries(folder: Path) -> list[str]:
     folder = Path(folder)
     found = [str(p) for p in dir_leftovers(folder)]
     if folder.is_dir():
-        found += [str(p) for p in folder.rglob("*")
-                  if p.name.startswith(".tmp-") or p.name == ".work"]
+        found += [str(p) for p in folder.rglob("*") if p.name.startswith(".tmp-") or p.name == ".work"]
     return sorted(found)
 
 
 # -- render ----------------------------------------------------------------------------------
+
 
 def check_run(path: Path) -> dict:
     """A run folder after a kill: its manifest absent or valid, and every job it marks done has
@@ -88,18 +93,22 @@ def check_run(path: Path) -> dict:
     bad = [j for j in done if not run.is_done(j, verify=True)]
     if bad:
         raise AssertionError(f"{path}: jobs marked done without their clip: {bad}")
-    return {"manifest": True, "done": len(done), "jobs": len(run.jobs),
-            "temporaries": len(temporaries(path))}
+    return {"manifest": True, "done": len(done), "jobs": len(run.jobs), "temporaries": len(temporaries(path))}
 
 
 def clips(path: Path) -> dict[str, str]:
     """A run folder's clips and previews: relative path -> sha256."""
     path = Path(path)
-    return {str(p.relative_to(path)): sha(p) for sub in ("clips", "preview")
-            for p in sorted((path / sub).glob("*")) if not p.name.startswith(".")}
+    return {
+        str(p.relative_to(path)): sha(p)
+        for sub in ("clips", "preview")
+        for p in sorted((path / sub).glob("*"))
+        if not p.name.startswith(".")
+    }
 
 
 # -- compare ---------------------------------------------------------------------------------
+
 
 def report_digest(out: Path) -> dict[str, str] | None:
     """A complete report's files -> sha256 (summary.json without its ``created`` time), or None
@@ -120,8 +129,7 @@ def report_digest(out: Path) -> dict[str, str] | None:
         return None
     summary.pop("created", None)
     images = set(re.findall(r"""src=['"](img/[^'"]+)['"]""", (out / "index.html").read_text()))
-    present = {str(p.relative_to(out)) for p in (out / "img").glob("*")} \
-        if (out / "img").is_dir() else set()
+    present = {str(p.relative_to(out)) for p in (out / "img").glob("*")} if (out / "img").is_dir() else set()
     if images - present or present - images:
         return None
     digest = {f: sha(out / f) for f in REPORT_FILES if f != "summary.json"}

@@ -12,6 +12,7 @@
   code values for 6 frames in the middle of the clip: a small, local difference of high
   global PSNR that a stream keeps.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,12 +44,11 @@ def blur(frames: np.ndarray, dtype: str) -> np.ndarray:
     h, w = frames.shape[1:3]
     for i in range(len(frames)):
         k = len(KERNEL)
-        x = np.pad(frames[i].astype(np.float32), ((k // 2,) * 2, (k // 2,) * 2, (0, 0)),
-                   mode="edge")
+        x = np.pad(frames[i].astype(np.float32), ((k // 2,) * 2, (k // 2,) * 2, (0, 0)), mode="edge")
         acc = np.zeros((h, w, 3), np.float32)
         for dy in range(k):
             for dx in range(k):
-                acc = rnd(acc + rnd(KERNEL[dy, dx] * x[dy:dy + h, dx:dx + w]))
+                acc = rnd(acc + rnd(KERNEL[dy, dx] * x[dy : dy + h, dx : dx + w]))
         out[i] = np.clip(np.rint(acc), 0, 255).astype(np.uint8)
     return out
 
@@ -66,7 +66,7 @@ def case(frames: np.ndarray, fps, name: str) -> tuple[np.ndarray, np.ndarray]:
         t0 = max(0, len(frames) // 2 - 3)
         h, w = frames.shape[1:3]
         y, x = h // 2 - 16, w // 2 - 16
-        sl = out[t0:t0 + 6, max(0, y):y + 32, max(0, x):x + 32]
+        sl = out[t0 : t0 + 6, max(0, y) : y + 32, max(0, x) : x + 32]
         sl[...] = np.clip(sl.astype(np.int16) + GLITCH_STEP, 0, 255).astype(np.uint8)
         return frames, out
     raise ValueError(f"name: expected one of {CASES}, found {name!r}")
@@ -81,13 +81,23 @@ def frame_rows(a: np.ndarray, b: np.ndarray) -> list[dict]:
 
     from evalkit.metrics.temporal import flicker
 
-    fl = [None] + flicker(torch.from_numpy(a).permute(0, 3, 1, 2),
-                          torch.from_numpy(b).permute(0, 3, 1, 2)).tolist() if len(a) > 1 else [None]
+    fl = (
+        [None]
+        + flicker(torch.from_numpy(a).permute(0, 3, 1, 2), torch.from_numpy(b).permute(0, 3, 1, 2)).tolist()
+        if len(a) > 1
+        else [None]
+    )
     out = []
     for i in range(len(a)):
         d = b[i].astype(np.int32) - a[i]
         mse = float(np.square(d).mean())
-        out.append({"frame": i, "psnr": 10 * np.log10(255.0 ** 2 / mse) if mse else float("inf"),
-                    "max_abs_diff": float(np.abs(d).max()),
-                    "diff_fraction": float((d != 0).any(axis=2).mean()), "flicker": fl[i]})
+        out.append(
+            {
+                "frame": i,
+                "psnr": 10 * np.log10(255.0**2 / mse) if mse else float("inf"),
+                "max_abs_diff": float(np.abs(d).max()),
+                "diff_fraction": float((d != 0).any(axis=2).mean()),
+                "flicker": fl[i],
+            }
+        )
     return out

@@ -9,6 +9,7 @@ in its own user and mount namespaces (``unshare --user --map-root-user --mount``
 Nothing outside the command's namespace changes (the mounts vanish with it); the kernel does
 the refusing, not a hook in evalkit. :func:`available` says whether this machine allows it.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 UNSHARE = ["unshare", "--user", "--map-root-user", "--mount"]
-FULL_KB = 16384          # the tmpfs of a "full" folder: its files plus this much, then filled
+FULL_KB = 16384  # the tmpfs of a "full" folder: its files plus this much, then filled
 
 
 @lru_cache(maxsize=1)
@@ -28,8 +29,7 @@ def available() -> bool:
     """Whether unprivileged user and mount namespaces work here (a tmpfs mount inside one)."""
     if shutil.which("unshare") is None:
         return False
-    r = subprocess.run([*UNSHARE, "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
-                       capture_output=True)
+    r = subprocess.run([*UNSHARE, "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"], capture_output=True)
     return r.returncode == 0
 
 
@@ -53,8 +53,12 @@ def script(argv, *, readonly=(), full=(), cwd=None, fill: bool = True) -> str:
         size = _size_kb(d) + FULL_KB
         # the folder's files are reached through a second bind of it, taken before the tmpfs
         # hides them; then copied in, and the rest of the tmpfs filled
-        lines += [f"mkdir -p {keep}", f"mount --bind {q} {keep}",
-                  f"mount -t tmpfs -o size={size}k none {q}", f"cp -a {keep}/. {q}/"]
+        lines += [
+            f"mkdir -p {keep}",
+            f"mount --bind {q} {keep}",
+            f"mount -t tmpfs -o size={size}k none {q}",
+            f"cp -a {keep}/. {q}/",
+        ]
         if fill:
             lines += [f"dd if=/dev/zero of={q}/.fill bs=4k 2>/dev/null || true", "sync"]
     if cwd is not None:
@@ -84,19 +88,31 @@ def fill_up(pid: int, folder) -> int:
     return n
 
 
-def run(argv, *, readonly=(), full=(), cwd=None, env=None, timeout=300
-        ) -> subprocess.CompletedProcess:
+def run(argv, *, readonly=(), full=(), cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """``argv`` with the folders in ``readonly`` read-only and those in ``full`` full (their
     files kept, no room left); text output captured."""
-    return subprocess.run([*UNSHARE, "sh", "-c", script(argv, readonly=readonly, full=full,
-                                                          cwd=cwd)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [*UNSHARE, "sh", "-c", script(argv, readonly=readonly, full=full, cwd=cwd)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def evalkit(*args, readonly=(), full=(), cwd=None, timeout=300) -> subprocess.CompletedProcess:
     """``python -m evalkit ARGS`` (this repository first on the path) under :func:`run`."""
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    return run([sys.executable, "-m", "evalkit", *map(str, args)], readonly=readonly, full=full,
-               cwd=cwd, env=env, timeout=timeout)
+    env = {
+        **os.environ,
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    return run(
+        [sys.executable, "-m", "evalkit", *map(str, args)],
+        readonly=readonly,
+        full=full,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )

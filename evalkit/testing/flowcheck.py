@@ -10,6 +10,7 @@ so pixel ``x`` of ``src`` is at ``T(x)`` in ``dst`` and the true flow is ``T(x) 
 Methodology for Optical Flow", IJCV 2011) is ``|f - f_true|_2`` averaged over the pixels
 whose destination lies at least ``margin`` pixels inside the frame.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,17 @@ def photo_grey(rgb: np.ndarray, prescale: float = 0.5) -> np.ndarray:
         g = rgb.astype(np.float64)
     g = g.astype(np.float32)
     if prescale != 1:
-        g = cv2.resize(g, (round(g.shape[1] * prescale), round(g.shape[0] * prescale)),
-                       interpolation=cv2.INTER_AREA if prescale < 1 else cv2.INTER_CUBIC)
+        g = cv2.resize(
+            g,
+            (round(g.shape[1] * prescale), round(g.shape[0] * prescale)),
+            interpolation=cv2.INTER_AREA if prescale < 1 else cv2.INTER_CUBIC,
+        )
     return g
 
 
-def synthetic_pair(photo: np.ndarray, size: tuple[int, int], *, shift=(0.0, 0.0), angle: float = 0.0,
-                   zoom: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def synthetic_pair(
+    photo: np.ndarray, size: tuple[int, int], *, shift=(0.0, 0.0), angle: float = 0.0, zoom: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(src, dst, flow)`` for a grey photograph (float32, from :func:`photo_grey`).
 
     ``size``: window ``(h, w)``, centred in the photograph; ``shift`` (tx, ty) pixels,
@@ -48,16 +53,17 @@ def synthetic_pair(photo: np.ndarray, size: tuple[int, int], *, shift=(0.0, 0.0)
     if ph < h or pw < w:
         raise ValueError(f"photograph {pw}x{ph} is smaller than the window {w}x{h}")
     ox, oy = (pw - w) // 2, (ph - h) // 2
-    src = np.clip(np.round(photo[oy:oy + h, ox:ox + w]), 0, 255).astype(np.uint8)
+    src = np.clip(np.round(photo[oy : oy + h, ox : ox + w]), 0, 255).astype(np.uint8)
     c = np.array([(w - 1) / 2, (h - 1) / 2])
     th = math.radians(angle)
     a = zoom * np.array([[math.cos(th), math.sin(th)], [-math.sin(th), math.cos(th)]])
-    t = c - a @ c + np.asarray(shift, dtype=np.float64)        # T(x) = a x + t (window coords)
+    t = c - a @ c + np.asarray(shift, dtype=np.float64)  # T(x) = a x + t (window coords)
     # dst(y) = photo(T^-1(y) + o): the map from dst pixels to photograph pixels
     ai = np.linalg.inv(a)
     m = np.hstack([ai, (-ai @ t + np.array([ox, oy]))[:, None]])
-    dst = cv2.warpAffine(photo, m, (w, h), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
-                         borderMode=cv2.BORDER_REFLECT)
+    dst = cv2.warpAffine(
+        photo, m, (w, h), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REFLECT
+    )
     dst = np.clip(np.round(dst), 0, 255).astype(np.uint8)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float64)
     tx = a[0, 0] * xs + a[0, 1] * ys + t[0]

@@ -26,6 +26,7 @@ browser tab's. httpx would do, but on a 2-core machine its own per-request CPU (
 load) costs more than the server's and would dominate what the benchmark measures; the JSON side
 of the benchmark uses the same :class:`Connection`, so both sides pay the same client cost.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -78,9 +79,12 @@ class Connection:
         if self.closed:
             raise ConnectionError("connection closed")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.w.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                     f"User-Agent: {self.user_agent}\r\n{extra}"
-                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.w.write(
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"User-Agent: {self.user_agent}\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
 
     async def head(self) -> tuple[int, dict]:
         """The status and headers (lower-case names) of the next response."""
@@ -96,7 +100,7 @@ class Connection:
             self.close()
             raise
         if headers.get("connection", "").lower() == "close":
-            self.closed = True          # still readable: the body comes first
+            self.closed = True  # still readable: the body comes first
         return status, headers
 
     async def chunks(self, headers: dict):
@@ -111,7 +115,7 @@ class Connection:
                     yield data[:-2]
             elif "content-length" in headers:
                 yield await self.r.readexactly(int(headers["content-length"]))
-            else:                                 # read to the end (the server closes)
+            else:  # read to the end (the server closes)
                 yield await self.r.read()
                 self.closed = True
         except BaseException:
@@ -120,8 +124,9 @@ class Connection:
         if self.closed:
             self.close()
 
-    async def request(self, method: str, path: str, body=None,
-                      headers: dict | None = None) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body=None, headers: dict | None = None
+    ) -> tuple[int, bytes]:
         """``body``: bytes, or anything else sent as JSON. Returns the status and the body."""
         h = dict(headers or {})
         if body is not None and not isinstance(body, bytes):
@@ -135,9 +140,9 @@ class Connection:
 async def ack(conn: Connection, token: str, name: str, data: bytes) -> None:
     """``POST /api/ack`` on ``conn`` as the page does once it holds the whole media file
     ``name`` (``data``): its size and CRC-32; :class:`GradioError` if refused."""
-    status, body = await conn.request("POST", "/api/ack", {"token": token, "media": name,
-                                                           "size": len(data),
-                                                           "crc32": zlib.crc32(data)})
+    status, body = await conn.request(
+        "POST", "/api/ack", {"token": token, "media": name, "size": len(data), "crc32": zlib.crc32(data)}
+    )
     if status != 200:
         raise GradioError(f"ack HTTP {status}", body.decode(errors="replace")[:200])
 
@@ -146,8 +151,7 @@ def endpoints(config: dict) -> dict:
     """From the page's config: ``{"load": Endpoint, "answer": Endpoint}``, the events whose
     target is the page (``"load"``) and the player component (``"answer"``, on the component
     with ``elem_id`` "player")."""
-    player = next(c["id"] for c in config["components"]
-                  if c.get("props", {}).get("elem_id") == "player")
+    player = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "player")
     out = {}
     for dep in config["dependencies"]:
         # as Gradio's client: an event skips the queue when its "queue" is false (or the app's
@@ -156,8 +160,7 @@ def endpoints(config: dict) -> dict:
         queued = config.get("enable_queue", True) if queued is None else queued
         for target, event in dep["targets"]:
             if event == "load" or (event == "answer" and target == player):
-                out[event] = Endpoint(dep["id"], target, dep.get("api_name") or "predict",
-                                      bool(queued))
+                out[event] = Endpoint(dep["id"], target, dep.get("api_name") or "predict", bool(queued))
     missing = {"load", "answer"} - set(out)
     if missing:
         raise ValueError(f"the page has no {', '.join(sorted(missing))} event")
@@ -167,6 +170,7 @@ def endpoints(config: dict) -> dict:
 class Endpoint(NamedTuple):
     """One event of the page: its ``fn_index``, ``trigger_id``, ``api_name`` and whether it
     goes through the queue (else ``POST /gradio_api/run/<api_name>``)."""
+
     fn_index: int
     trigger_id: int
     api_name: str
@@ -187,8 +191,9 @@ class GradioRater:
     answered (``"join"``) and its first ``process_starts`` and ``process_completed`` arrived;
     ``last_messages``: the kinds of stream messages it got."""
 
-    def __init__(self, url: str, token: str, *, session_hash: str | None = None,
-                 user_agent: str = "evalkit-testing"):
+    def __init__(
+        self, url: str, token: str, *, session_hash: str | None = None, user_agent: str = "evalkit-testing"
+    ):
         u = urlsplit(url)
         self.host, self.port = u.hostname, u.port or 80
         self.token = token
@@ -242,8 +247,9 @@ class GradioRater:
     async def answer(self, trial, answer, response_ms: int | None = None) -> dict:
         """The player's ``answer`` event for ``trial`` (an id) with ``answer``."""
         self.nonce += 1
-        return await self._event("answer", {"trial": trial, "answer": answer,
-                                            "response_ms": response_ms, "nonce": self.nonce})
+        return await self._event(
+            "answer", {"trial": trial, "answer": answer, "response_ms": response_ms, "nonce": self.nonce}
+        )
 
     async def media(self, trial: dict | None = None, range_: str | None = None) -> list[int]:
         """GET every video of ``trial`` (default: the current state's) whole and acknowledge
@@ -256,8 +262,11 @@ class GradioRater:
         out = []
         for name in (trial or {}).get("media", {}).values():
             conn = await self._ready(self.http)
-            status, data = await conn.request("GET", f"/media/{name}?token={quote(self.token)}",
-                                              headers={"Range": range_} if range_ else None)
+            status, data = await conn.request(
+                "GET",
+                f"/media/{name}?token={quote(self.token)}",
+                headers={"Range": range_} if range_ else None,
+            )
             out.append(status)
             if status == 200 and not range_:
                 conn = await self._ready(self.http)
@@ -266,13 +275,18 @@ class GradioRater:
 
     async def _event(self, which: str, event_data) -> dict:
         ep = self.ids[which]
-        body = {"data": [], "event_data": event_data, "fn_index": ep.fn_index,
-                "trigger_id": ep.trigger_id, "session_hash": self.session_hash}
+        body = {
+            "data": [],
+            "event_data": event_data,
+            "fn_index": ep.fn_index,
+            "trigger_id": ep.trigger_id,
+            "session_hash": self.session_hash,
+        }
         query = f"?token={quote(self.token)}"
         http = await self._ready(self.http)
         self.last_ms, self.last_messages = None, []
         t0 = time.perf_counter()
-        if not ep.queued:                   # one request, the reply in its response
+        if not ep.queued:  # one request, the reply in its response
             status, raw = await http.request("POST", f"{API_PREFIX}/run/{ep.api_name}{query}", body)
             self.last_ms = (time.perf_counter() - t0) * 1000
             self.last_times = {"join": self.last_ms, "process_completed": self.last_ms}
@@ -286,14 +300,17 @@ class GradioRater:
             raise GradioError(f"join HTTP {status}", raw[:200].decode("utf-8", "replace"))
         event_id = json.loads(raw)["event_id"]
         self.last_times = {"join": (time.perf_counter() - t0) * 1000}
-        sse.send("GET", f"{API_PREFIX}/queue/data?session_hash={self.session_hash}",
-                 headers={"Accept": "text/event-stream", "Cache-Control": "no-cache"})
+        sse.send(
+            "GET",
+            f"{API_PREFIX}/queue/data?session_hash={self.session_hash}",
+            headers={"Accept": "text/event-stream", "Cache-Control": "no-cache"},
+        )
         status, headers = await sse.head()
         if status != 200:
             body = b"".join([c async for c in sse.chunks(headers)])
             raise GradioError(f"stream HTTP {status}", body[:200].decode("utf-8", "replace"))
         done, buf = None, b""
-        async for chunk in sse.chunks(headers):     # read to the end: the connection is reused
+        async for chunk in sse.chunks(headers):  # read to the end: the connection is reused
             buf += chunk
             while b"\n\n" in buf:
                 raw, buf = buf.split(b"\n\n", 1)

@@ -9,6 +9,7 @@ compares what was acknowledged with what the database holds. Used by
 ``benchmarks/bench_serve_kills.py`` (100 raters, random kill points) and a fast slice in the
 tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,20 +31,23 @@ async def _rater(url, token, acked: list, stop: asyncio.Event, watch_s: float, e
                 if s.get("trial") is None:
                     return
                 t = s["trial"]
-                for name in t["media"].values():    # whole, acknowledged: the gate's clock
+                for name in t["media"].values():  # whole, acknowledged: the gate's clock
                     data = (await c.get(f"/media/{name}", params={"token": token})).content
-                    await c.post("/api/ack", json={"token": token, "media": name,
-                                                   "size": len(data), "crc32": zlib.crc32(data)})
+                    await c.post(
+                        "/api/ack",
+                        json={"token": token, "media": name, "size": len(data), "crc32": zlib.crc32(data)},
+                    )
                 await asyncio.sleep(watch_s)
                 a = t["answers"][t["trial"] % len(t["answers"])]
-                r = await c.post("/api/answer", json={"token": token, "trial": t["trial"],
-                                                      "answer": a, "response_ms": 100})
+                r = await c.post(
+                    "/api/answer", json={"token": token, "trial": t["trial"], "answer": a, "response_ms": 100}
+                )
                 if r.status_code == 200:
                     acked.append((token, t["trial"], a))
                 else:
                     errors[f"HTTP {r.status_code}"] = errors.get(f"HTTP {r.status_code}", 0) + 1
                     await asyncio.sleep(0.2)
-            except (httpx.TransportError, ValueError) as e:   # the server is down: try again
+            except (httpx.TransportError, ValueError) as e:  # the server is down: try again
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
                 await asyncio.sleep(0.3)
 
@@ -52,8 +56,7 @@ async def _drive(server: Server, tokens, kill_after: list[int], watch_s: float) 
     acked: list = []
     errors: dict = {}
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(_rater(server.url, t, acked, stop, watch_s, errors))
-             for t in tokens]
+    tasks = [asyncio.create_task(_rater(server.url, t, acked, stop, watch_s, errors)) for t in tokens]
     kills = 0
     for k in sorted(kill_after):
         while len(acked) < k and not all(t.done() for t in tasks):
@@ -87,19 +90,24 @@ def run(db, tokens, kill_after: list[int], watch_s: float = 1.0) -> dict:
     con = sqlite3.connect(str(db))
     try:
         rater_of = dict(con.execute("select token_sha256, id from raters"))
-        keys = {sid: seal.study_key(json.loads(cfg)) for sid, cfg in
-                con.execute("select id, config from studies")}      # answers are sealed
+        keys = {
+            sid: seal.study_key(json.loads(cfg)) for sid, cfg in con.execute("select id, config from studies")
+        }  # answers are sealed
         stored = {}
         dup = 0
-        for sid, rid, tid, ans in con.execute("select study_id, rater_id, trial_id, answer "
-                                              "from ratings"):
+        for sid, rid, tid, ans in con.execute("select study_id, rater_id, trial_id, answer from ratings"):
             dup += (rid, tid) in stored
             stored[(rid, tid)] = seal.open_answer(keys[sid], rid, tid, ans)
         integrity = con.execute("pragma integrity_check").fetchone()[0]
     finally:
         con.close()
-    lost = [a for a in out["acked"]
-            if stored.get((rater_of[token_hash(a[0])], a[1])) != a[2]]
-    return {"acknowledged": len(out["acked"]), "stored": len(stored), "lost": len(lost),
-            "duplicates": dup, "kills": out["kills"], "errors": out["errors"],
-            "integrity": integrity}
+    lost = [a for a in out["acked"] if stored.get((rater_of[token_hash(a[0])], a[1])) != a[2]]
+    return {
+        "acknowledged": len(out["acked"]),
+        "stored": len(stored),
+        "lost": len(lost),
+        "duplicates": dup,
+        "kills": out["kills"],
+        "errors": out["errors"],
+        "integrity": integrity,
+    }

@@ -1,4 +1,5 @@
 """Renderers for the Ray executor tests (imported by Ray worker processes from the installed package)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,11 @@ class PidInvert(Invert):
     worker process that is in the middle of a job), then sleeps ``hold`` seconds."""
 
     name = "pid-invert"
-    options_help = {**Invert.options_help, "marker_dir": "folder for the markers",
-                    "hold": "seconds to sleep after the marker"}
+    options_help = {
+        **Invert.options_help,
+        "marker_dir": "folder for the markers",
+        "hold": "seconds to sleep after the marker",
+    }
 
     def render(self, request):
         folder = Path(self.options["marker_dir"])

@@ -2,6 +2,7 @@
 
 Found by the harness through the ``module:attr`` renderer path (``evalkit.testing.renderers:Invert``).
 """
+
 from __future__ import annotations
 
 import time
@@ -16,9 +17,12 @@ class Invert(Renderer):
 
     name = "invert"
     version = "1"
-    options_help = {"sleep": "seconds to sleep per job", "bad": "failure mode for prompt 'bad'",
-                    "noise": "the seed noise's range, 0 to this - 1 code values (default 3)",
-                    "wait_for": "a file: each job waits until it exists (holds a render mid-run)"}
+    options_help = {
+        "sleep": "seconds to sleep per job",
+        "bad": "failure mode for prompt 'bad'",
+        "noise": "the seed noise's range, 0 to this - 1 code values (default 3)",
+        "wait_for": "a file: each job waits until it exists (holds a render mid-run)",
+    }
 
     def render(self, request):
         import os
@@ -40,8 +44,9 @@ class Invert(Renderer):
                 return request.source.astype(np.float32)
             if mode == "count":
                 return request.source[:-1]
-        noise = torch.randint(0, int(self.options.get("noise", 3)), request.source.shape,
-                              generator=request.generator())
+        noise = torch.randint(
+            0, int(self.options.get("noise", 3)), request.source.shape, generator=request.generator()
+        )
         if self.runtime is not None and self.runtime.spec.dtype != "fp32":
             noise = noise + torch.randint(0, 4, request.source.shape, generator=request.generator())
         for i in range(3):
@@ -70,8 +75,9 @@ class Pattern(Renderer):
             yy, xx = np.mgrid[0:h, 0:w]
             out += np.where((yy + xx) % 2 == 0, 1, -1).astype(np.int16)[None, :, :, None]
         else:
-            out[:, h // 4:3 * h // 4, w // 4:3 * w // 4] += int(self.options.get("amount", 24))
+            out[:, h // 4 : 3 * h // 4, w // 4 : 3 * w // 4] += int(self.options.get("amount", 24))
         return np.clip(out, 0, 255).astype(np.uint8)
+
 
 class GpuWork(Renderer):
     """A stand-in video pipeline (``benchmarks/bench_render_scale.py``): per chunk of 16 frames,
@@ -81,8 +87,10 @@ class GpuWork(Renderer):
 
     name = "gpu-work"
     version = "1"
-    options_help = {"steps": "steps per chunk of 16 frames (default 30)",
-                    "channels": "width of the convolutions (default 320)"}
+    options_help = {
+        "steps": "steps per chunk of 16 frames (default 30)",
+        "channels": "width of the convolutions (default 320)",
+    }
 
     def load(self, runtime) -> None:
         import torch
@@ -91,9 +99,10 @@ class GpuWork(Renderer):
         c = int(self.options.get("channels", 320))
         g = torch.Generator().manual_seed(0)
         self.w_in = (torch.randn(c, 3, 1, 1, generator=g) * 0.5).to(runtime.device, runtime.dtype)
-        self.w = [(torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5)).to(runtime.device,
-                                                                             runtime.dtype)
-                  for _ in range(2)]
+        self.w = [
+            (torch.randn(c, c, 3, 3, generator=g) / (3 * c**0.5)).to(runtime.device, runtime.dtype)
+            for _ in range(2)
+        ]
 
     def render(self, request):
         import torch
@@ -105,14 +114,14 @@ class GpuWork(Renderer):
         out = np.empty_like(src)
         chunks = range(0, len(src), 16)
         for k, i in enumerate(chunks):
-            x = torch.from_numpy(np.ascontiguousarray(src[i:i + 16])).to(device)
+            x = torch.from_numpy(np.ascontiguousarray(src[i : i + 16])).to(device)
             h = F.avg_pool2d(x.permute(0, 3, 1, 2).to(self.w_in.dtype), 8)
             h = F.conv2d(h, self.w_in)
             for s in range(steps):
                 r = F.conv2d(F.silu(h), self.w[s % 2], padding=1)
                 h = h + 0.1 * r
                 h = h * torch.rsqrt(h.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-6)
-            keep = (h.float().abs().sum() >= 0).to(torch.uint8)       # 1: the work is waited on
-            out[i:i + 16] = (x.flip(1) * keep).cpu().numpy()
+            keep = (h.float().abs().sum() >= 0).to(torch.uint8)  # 1: the work is waited on
+            out[i : i + 16] = (x.flip(1) * keep).cpu().numpy()
             request.progress(k + 1, len(chunks))
         return out

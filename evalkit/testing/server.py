@@ -1,4 +1,5 @@
 """Helpers of the web-app tests: start the real `evalkit serve` on a free loopback port."""
+
 from __future__ import annotations
 
 import os
@@ -6,11 +7,9 @@ import socket
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 
 import httpx
-
 
 ADMIN_PASSWORD = "s3cret-admin"
 COMPLETION_CODE = "THANKS-7Q"
@@ -30,7 +29,7 @@ class Server:
 
     def __init__(self, db, port=None, env=None, wrap=None):
         self.db, self.port = str(db), port or free_port()
-        self.wrap = wrap or (lambda argv: argv)     # e.g. evalkit.testing.disks.command
+        self.wrap = wrap or (lambda argv: argv)  # e.g. evalkit.testing.disks.command
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
         self.env = dict(env or {})
@@ -38,18 +37,37 @@ class Server:
 
     def start(self, timeout=120):
         env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", **self.env)
-        self.proc = subprocess.Popen(self.wrap(
-            [sys.executable, "-m", "evalkit", "serve", "--db", self.db, "--host", "127.0.0.1",
-             "--port", str(self.port), "--admin-password", ADMIN_PASSWORD,
-             "--completion-code", COMPLETION_CODE]),
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            self.wrap(
+                [
+                    sys.executable,
+                    "-m",
+                    "evalkit",
+                    "serve",
+                    "--db",
+                    self.db,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--admin-password",
+                    ADMIN_PASSWORD,
+                    "--completion-code",
+                    COMPLETION_CODE,
+                ]
+            ),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    self.banner = self.proc.stdout.readline()    # printed before listening
+                    self.banner = self.proc.stdout.readline()  # printed before listening
                     return self
             except httpx.HTTPError:
                 pass

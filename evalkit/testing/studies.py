@@ -1,4 +1,5 @@
 """Helpers shared by the study tests: a small compare report made with the fake renderer."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,7 @@ import textwrap
 from evalkit.fsutil import datasets_dir
 
 
-def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.renderers:Invert",
-                options=None):
+def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.renderers:Invert", options=None):
     """A compare report of two fake-rendered runs (``cpu`` and ``cpu,dtype=bf16``) of the smoke
     clips (24 fps, 8 frames); ``fps``: the source clips re-timed to that frame rate first (same
     frames); ``renderer`` and its ``options``: the fake renderer (default ``Invert``: i.i.d.
@@ -20,16 +20,20 @@ def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.rende
     from evalkit.render.driver import render_suite
 
     DATASETS = datasets_dir()
-    src = {"pan": DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
-           "obj": DATASETS / "smoke" / "clips" / "hubble_object.mkv"}
+    src = {
+        "pan": DATASETS / "smoke" / "clips" / "astronaut_pan.mkv",
+        "obj": DATASETS / "smoke" / "clips" / "hubble_object.mkv",
+    }
     if fps is not None:
         from evalkit.video import read_frames, write_lossless
+
         (root / "clips").mkdir(parents=True, exist_ok=True)
         for k, p in list(src.items()):
             src[k] = root / "clips" / p.name
             write_lossless(src[k], read_frames(p)[0], fps)
     suite = root / "suite.yaml"
-    suite.write_text(textwrap.dedent(f"""\
+    suite.write_text(
+        textwrap.dedent(f"""\
         schema_version: 1
         name: studytest
         clips:
@@ -37,11 +41,19 @@ def make_report(root, seeds=(0, 1, 2), fps=None, renderer="evalkit.testing.rende
           - {{id: obj, path: {src["obj"]}}}
         prompts: ["a"]
         seeds: {json.dumps(list(seeds))}
-    """))
-    render_suite(suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer=renderer,
-                 options=options, progress=False)
-    compare_runs(root / "runs" / "cpu", root / "runs" / "cpu_dtype-bf16", root / "report",
-                 device="cpu", metrics=MetricOptions(temporal=False), progress=False)
+    """)
+    )
+    render_suite(
+        suite, ["cpu", "cpu,dtype=bf16"], root / "runs", renderer=renderer, options=options, progress=False
+    )
+    compare_runs(
+        root / "runs" / "cpu",
+        root / "runs" / "cpu_dtype-bf16",
+        root / "report",
+        device="cpu",
+        metrics=MetricOptions(temporal=False),
+        progress=False,
+    )
     return root / "report"
 
 
@@ -95,8 +107,9 @@ def hidden(db, trial_id) -> dict:
 
     with store.open_db(db).engine.connect() as conn:
         row = conn.execute(select(store.trials).where(store.trials.c.id == trial_id)).mappings().one()
-        cfg = conn.execute(select(store.studies.c.config).where(
-            store.studies.c.id == row["study_id"])).scalar_one()
+        cfg = conn.execute(
+            select(store.studies.c.config).where(store.studies.c.id == row["study_id"])
+        ).scalar_one()
     return seal.open_trials(cfg, [row])[0]
 
 
@@ -107,8 +120,7 @@ def study_config(db, sid) -> dict:
     from evalkit.study import seal, store
 
     with store.open_db(db).engine.connect() as conn:
-        cfg = conn.execute(select(store.studies.c.config).where(
-            store.studies.c.id == int(sid))).scalar_one()
+        cfg = conn.execute(select(store.studies.c.config).where(store.studies.c.id == int(sid))).scalar_one()
     return seal.unseal_config(int(sid), cfg)
 
 
@@ -123,8 +135,15 @@ def secrets_of(db, report) -> set[str]:
     with store.open_db(db).engine.connect() as conn:
         jobs = [r[0] for r in conn.execute(select(store.clips.c.job))]
     runs = [summary["runs"][k]["path"] for k in ("a", "b")]
-    return {*jobs, *runs, *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs), "cpu", "bf16",
-            "studytest", str(report)}
+    return {
+        *jobs,
+        *runs,
+        *(r.rstrip("/").rsplit("/", 1)[-1] for r in runs),
+        "cpu",
+        "bf16",
+        "studytest",
+        str(report),
+    }
 
 
 #: random identifiers in what a browser receives (media names, Gradio's event and session ids,
@@ -140,7 +159,7 @@ def leaked(texts, secrets, token: str) -> str | None:
     for s in sorted(secrets):
         i = haystack.find(s)
         if i >= 0:
-            return f"{s!r} in ...{haystack[max(0, i - 60):i + len(s) + 60]!r}..."
+            return f"{s!r} in ...{haystack[max(0, i - 60) : i + len(s) + 60]!r}..."
     return None
 
 
@@ -169,13 +188,31 @@ def import_report(root, pairs: dict, fps, *, temporal: bool = False, device: str
             write_lossless(root / side / f"{job.id}.mkv", pairs[job.prompt][k], fps)
             jobs[job.id] = job.prompt
     for side in ("a", "b"):
-        code = main(["render", str(root / "suite.yaml"), "-r", "import", "-O",
-                     f"dir={root / side}", "--label", side, "--out", str(root / "runs"),
-                     "--quiet"])
+        code = main(
+            [
+                "render",
+                str(root / "suite.yaml"),
+                "-r",
+                "import",
+                "-O",
+                f"dir={root / side}",
+                "--label",
+                side,
+                "--out",
+                str(root / "runs"),
+                "--quiet",
+            ]
+        )
         if code != 0:
             raise RuntimeError(f"import of {side} failed ({code})")
-    compare_runs(root / "runs" / "a", root / "runs" / "b", root / "report", device=device,
-                 metrics=MetricOptions(temporal=temporal), progress=False)
+    compare_runs(
+        root / "runs" / "a",
+        root / "runs" / "b",
+        root / "report",
+        device=device,
+        metrics=MetricOptions(temporal=temporal),
+        progress=False,
+    )
     return root / "report", jobs
 
 
@@ -190,7 +227,7 @@ def moving_texture(t: int, h: int, w: int, seed: int = 0, grey: bool = True):
     tex = 128 + tex * (50 / tex.std())
     out = np.empty((t, h, w, 3), np.uint8)
     for i in range(t):
-        out[i] = np.clip(tex[2 * i:2 * i + h, 3 * i:3 * i + w], 0, 255)[..., None]
+        out[i] = np.clip(tex[2 * i : 2 * i + h, 3 * i : 3 * i + w], 0, 255)[..., None]
     return out
 
 
@@ -199,5 +236,6 @@ def acknowledge(client, token: str, name: str, data: bytes):
     ``httpx.Client`` on the server): its size and CRC-32. Returns the response."""
     import zlib
 
-    return client.post("/api/ack", json={"token": token, "media": name, "size": len(data),
-                                         "crc32": zlib.crc32(data)})
+    return client.post(
+        "/api/ack", json={"token": token, "media": name, "size": len(data), "crc32": zlib.crc32(data)}
+    )

@@ -8,6 +8,7 @@ dimensions (Wan 2.1 1.3B, CogVideoX-2b, LTX-Video 0.9) for benchmarks, with one 
 documented in ``benchmarks/README.md``: the text encoder has the real width (4096) but 2 of
 its 24 layers and a 300-token vocabulary (it runs once per job; its cost is not the subject).
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,22 +31,30 @@ def tokenizer(max_length: int = 512):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
-                                                       special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>", model_max_length=max_length)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=max_length,
+    )
 
 
 def text_encoder(real: bool, umt5: bool = False):
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    dims = (dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=2,
-                 feed_forward_proj="gated-gelu") if real else
-            dict(d_model=32, d_ff=37, d_kv=8, num_heads=4, num_layers=2,
-                 relative_attention_num_buckets=8))
+    dims = (
+        dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=2, feed_forward_proj="gated-gelu")
+        if real
+        else dict(d_model=32, d_ff=37, d_kv=8, num_heads=4, num_layers=2, relative_attention_num_buckets=8)
+    )
     cfg, cls = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
-    return cls(cfg(vocab_size=300, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                   dropout_rate=0.0, **dims)).eval()
+    return cls(
+        cfg(
+            vocab_size=300, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout_rate=0.0, **dims
+        )
+    ).eval()
 
 
 def _wan_vae(real: bool):
@@ -53,20 +62,41 @@ def _wan_vae(real: bool):
 
     if real:
         return AutoencoderKLWan()  # the defaults are Wan 2.1's VAE
-    return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                            temperal_downsample=[False, True, True])
+    return AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
 
 
 def _wan_dims(real: bool) -> dict:
     if real:  # Wan 2.1 T2V 1.3B
-        return dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128,
-                    in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
-                    ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-                    qk_norm="rms_norm_across_heads", eps=1e-6)
-    return dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
-                in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
-                num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-                rope_max_seq_len=32)
+        return dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=12,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=8960,
+            num_layers=30,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+        )
+    return dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=16,
+        out_channels=16,
+        text_dim=32,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
 
 
 def _sched(cls, **config):
@@ -86,73 +116,138 @@ def make(family: str, real: bool = False):
         te = text_encoder(real, umt5=real)
         if family == "wan":
             tr = d.WanTransformer3DModel(**dims)
-            return d.WanVideoToVideoPipeline(tokenizer=tokenizer(), text_encoder=te,
-                                             transformer=tr, vae=vae,
-                                             scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=3.0))
+            return d.WanVideoToVideoPipeline(
+                tokenizer=tokenizer(),
+                text_encoder=te,
+                transformer=tr,
+                vae=vae,
+                scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=3.0),
+            )
         if family == "wan_vace":
             if real:  # Wan 2.1 VACE 1.3B: VACE blocks at every other layer
                 dims.update(vace_layers=list(range(0, 30, 2)), vace_in_channels=96)
             else:
                 dims.update(num_layers=3, vace_layers=[0, 2], vace_in_channels=96)
             tr = d.WanVACETransformer3DModel(**dims)
-            return d.WanVACEPipeline(tokenizer=tokenizer(), text_encoder=te, vae=vae,
-                                     scheduler=_sched(d.FlowMatchEulerDiscreteScheduler, shift=7.0),
-                                     transformer=tr)
+            return d.WanVACEPipeline(
+                tokenizer=tokenizer(),
+                text_encoder=te,
+                vae=vae,
+                scheduler=_sched(d.FlowMatchEulerDiscreteScheduler, shift=7.0),
+                transformer=tr,
+            )
         tr = d.SkyReelsV2Transformer3DModel(**dims)
         return d.SkyReelsV2DiffusionForcingVideoToVideoPipeline(
-            tokenizer=tokenizer(), text_encoder=te, transformer=tr, vae=vae,
-            scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=5.0, use_flow_sigmas=True))
+            tokenizer=tokenizer(),
+            text_encoder=te,
+            transformer=tr,
+            vae=vae,
+            scheduler=_sched(d.UniPCMultistepScheduler, flow_shift=5.0, use_flow_sigmas=True),
+        )
     if family == "cogvideox":
         if real:  # CogVideoX-2b
             tr = d.CogVideoXTransformer3DModel(
-                num_attention_heads=30, attention_head_dim=64, in_channels=16, out_channels=16,
-                time_embed_dim=512, text_embed_dim=4096, num_layers=30, sample_width=90,
-                sample_height=60, sample_frames=49, patch_size=2, temporal_compression_ratio=4,
-                max_text_seq_length=226)
+                num_attention_heads=30,
+                attention_head_dim=64,
+                in_channels=16,
+                out_channels=16,
+                time_embed_dim=512,
+                text_embed_dim=4096,
+                num_layers=30,
+                sample_width=90,
+                sample_height=60,
+                sample_frames=49,
+                patch_size=2,
+                temporal_compression_ratio=4,
+                max_text_seq_length=226,
+            )
             vae = d.AutoencoderKLCogVideoX()  # the defaults are CogVideoX-2b's VAE
-            sched = _sched(d.CogVideoXDDIMScheduler, beta_schedule="scaled_linear", beta_end=0.012,
-                                             prediction_type="v_prediction",
-                                             rescale_betas_zero_snr=True,
-                                             timestep_spacing="trailing", snr_shift_scale=3.0,
-                                             clip_sample=False, set_alpha_to_one=True)
+            sched = _sched(
+                d.CogVideoXDDIMScheduler,
+                beta_schedule="scaled_linear",
+                beta_end=0.012,
+                prediction_type="v_prediction",
+                rescale_betas_zero_snr=True,
+                timestep_spacing="trailing",
+                snr_shift_scale=3.0,
+                clip_sample=False,
+                set_alpha_to_one=True,
+            )
         else:
             tr = d.CogVideoXTransformer3DModel(
-                num_attention_heads=4, attention_head_dim=8, in_channels=4, out_channels=4,
-                time_embed_dim=2, text_embed_dim=32, num_layers=1, sample_width=2,
-                sample_height=2, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
-                max_text_seq_length=226)
+                num_attention_heads=4,
+                attention_head_dim=8,
+                in_channels=4,
+                out_channels=4,
+                time_embed_dim=2,
+                text_embed_dim=32,
+                num_layers=1,
+                sample_width=2,
+                sample_height=2,
+                sample_frames=9,
+                patch_size=2,
+                temporal_compression_ratio=4,
+                max_text_seq_length=226,
+            )
             vae = d.AutoencoderKLCogVideoX(
-                in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
-                up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
-                latent_channels=4, layers_per_block=1, norm_num_groups=2,
-                temporal_compression_ratio=4)
+                in_channels=3,
+                out_channels=3,
+                down_block_types=("CogVideoXDownBlock3D",) * 4,
+                up_block_types=("CogVideoXUpBlock3D",) * 4,
+                block_out_channels=(8, 8, 8, 8),
+                latent_channels=4,
+                layers_per_block=1,
+                norm_num_groups=2,
+                temporal_compression_ratio=4,
+            )
             sched = _sched(d.DDIMScheduler)
-        return d.CogVideoXVideoToVideoPipeline(tokenizer=tokenizer(), text_encoder=text_encoder(real),
-                                               vae=vae, transformer=tr, scheduler=sched)
+        return d.CogVideoXVideoToVideoPipeline(
+            tokenizer=tokenizer(), text_encoder=text_encoder(real), vae=vae, transformer=tr, scheduler=sched
+        )
     if family == "ltx_condition":
         if real:  # LTX-Video 0.9
             tr = d.LTXVideoTransformer3DModel()
             vae = d.AutoencoderKLLTXVideo()
         else:
-            tr = d.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1,
-                                              patch_size_t=1, num_attention_heads=4,
-                                              attention_head_dim=8, cross_attention_dim=32,
-                                              num_layers=1, caption_channels=32)
+            tr = d.LTXVideoTransformer3DModel(
+                in_channels=8,
+                out_channels=8,
+                patch_size=1,
+                patch_size_t=1,
+                num_attention_heads=4,
+                attention_head_dim=8,
+                cross_attention_dim=32,
+                num_layers=1,
+                caption_channels=32,
+            )
             vae = d.AutoencoderKLLTXVideo(
-                in_channels=3, out_channels=3, latent_channels=8,
-                block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
-                layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+                in_channels=3,
+                out_channels=3,
+                latent_channels=8,
+                block_out_channels=(8, 8, 8, 8),
+                decoder_block_out_channels=(8, 8, 8, 8),
+                layers_per_block=(1, 1, 1, 1, 1),
+                decoder_layers_per_block=(1, 1, 1, 1, 1),
                 spatio_temporal_scaling=(True, True, False, False),
                 decoder_spatio_temporal_scaling=(True, True, False, False),
                 decoder_inject_noise=(False, False, False, False, False),
-                upsample_residual=(False, False, False, False), upsample_factor=(1, 1, 1, 1),
-                timestep_conditioning=False, patch_size=1, patch_size_t=1,
-                encoder_causal=True, decoder_causal=False)
+                upsample_residual=(False, False, False, False),
+                upsample_factor=(1, 1, 1, 1),
+                timestep_conditioning=False,
+                patch_size=1,
+                patch_size_t=1,
+                encoder_causal=True,
+                decoder_causal=False,
+            )
             vae.use_framewise_encoding = False
             vae.use_framewise_decoding = False
-        return d.LTXConditionPipeline(scheduler=_sched(d.FlowMatchEulerDiscreteScheduler), vae=vae,
-                                      text_encoder=text_encoder(real), tokenizer=tokenizer(),
-                                      transformer=tr)
+        return d.LTXConditionPipeline(
+            scheduler=_sched(d.FlowMatchEulerDiscreteScheduler),
+            vae=vae,
+            text_encoder=text_encoder(real),
+            tokenizer=tokenizer(),
+            transformer=tr,
+        )
     raise ValueError(f"unknown family {family!r} (one of {', '.join(FAMILIES)})")
 
 
@@ -164,9 +259,13 @@ def build(family: str, path) -> Path:
 
 
 #: family -> its diffusers pipeline class name
-PIPELINES = {"wan": "WanVideoToVideoPipeline", "wan_vace": "WanVACEPipeline",
-             "cogvideox": "CogVideoXVideoToVideoPipeline", "ltx_condition": "LTXConditionPipeline",
-             "skyreels_v2_df": "SkyReelsV2DiffusionForcingVideoToVideoPipeline"}
+PIPELINES = {
+    "wan": "WanVideoToVideoPipeline",
+    "wan_vace": "WanVACEPipeline",
+    "cogvideox": "CogVideoXVideoToVideoPipeline",
+    "ltx_condition": "LTXConditionPipeline",
+    "skyreels_v2_df": "SkyReelsV2DiffusionForcingVideoToVideoPipeline",
+}
 
 
 def cast(pipe, dtype) -> None:
@@ -195,16 +294,20 @@ def _renderer_class():
         writing and reading gigabytes of random weights. Benchmarks only."""
 
         name = "diffusers-random"
-        options_help = {**DiffusersRenderer.options_help,
-                        "family": f"one of {', '.join(FAMILIES)}",
-                        "dims": "tiny (diffusers' test configs) or real (published dimensions)"}
+        options_help = {
+            **DiffusersRenderer.options_help,
+            "family": f"one of {', '.join(FAMILIES)}",
+            "dims": "tiny (diffusers' test configs) or real (published dimensions)",
+        }
 
         def __init__(self, **options):
             fam, dims = options.get("family"), options.get("dims", "tiny")
             if fam not in FAMILIES or dims not in ("tiny", "real"):
-                raise RendererError(f"renderer {self.name!r}: family= one of "
-                                    f"{', '.join(FAMILIES)} and dims=tiny|real, found "
-                                    f"family={fam!r} dims={dims!r}")
+                raise RendererError(
+                    f"renderer {self.name!r}: family= one of "
+                    f"{', '.join(FAMILIES)} and dims=tiny|real, found "
+                    f"family={fam!r} dims={dims!r}"
+                )
             options.setdefault("model", f"random-weights:{fam}:{dims}")
             super().__init__(**options)
 

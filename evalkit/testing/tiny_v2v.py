@@ -5,6 +5,7 @@ embedding from a hash of the prompt), a DDIM scheduler, strength (start step), c
 guidance, and starting noise drawn with the caller's CPU generator (``randn_tensor``), shared by
 all frames.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -28,8 +29,17 @@ class TinyVideoToVideoPipeline(DiffusionPipeline):
         self.register_modules(unet=unet, scheduler=scheduler)
 
     @torch.no_grad()
-    def __call__(self, prompt, video, strength=0.6, num_inference_steps=4, guidance_scale=2.0,
-                 generator=None, output_type="np", callback_on_step_end=None):
+    def __call__(
+        self,
+        prompt,
+        video,
+        strength=0.6,
+        num_inference_steps=4,
+        guidance_scale=2.0,
+        generator=None,
+        output_type="np",
+        callback_on_step_end=None,
+    ):
         device, dtype = self.unet.device, self.unet.dtype
         src = torch.from_numpy(np.stack([np.asarray(f) for f in video])).permute(0, 3, 1, 2)
         src = (src.float() / 127.5 - 1).to(device, dtype)
@@ -55,10 +65,16 @@ class TinyVideoToVideoPipeline(DiffusionPipeline):
 def build(path) -> None:
     """Make the pipeline from configs with seeded random weights and save it to ``path``."""
     torch.manual_seed(0)
-    unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
-                       block_out_channels=(8, 16), norm_num_groups=4,
-                       down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                       up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-                       num_class_embeds=NUM_CLASSES)
+    unet = UNet2DModel(
+        sample_size=16,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        norm_num_groups=4,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        num_class_embeds=NUM_CLASSES,
+    )
     pipe = TinyVideoToVideoPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100))
     pipe.save_pretrained(path)

@@ -12,6 +12,7 @@ must rank and name them: the shift with its offset, the block second with its fr
 the flicker by name, crf32 above crf16, and the LSB noise said to be below the floor.
 Used by tests/test_story.py and tools/story_screenshots.py.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,7 +48,9 @@ def h264_roundtrip(frames: np.ndarray, fps, crf: int) -> np.ndarray:
 
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as c:
-        s = c.add_stream("libx264", rate=int(round(float(fps))), options={"crf": str(crf), "preset": "medium"})
+        s = c.add_stream(
+            "libx264", rate=int(round(float(fps))), options={"crf": str(crf), "preset": "medium"}
+        )
         s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         for i, f in enumerate(frames):
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
@@ -74,13 +77,13 @@ def variant(frames: np.ndarray, fps, name: str) -> np.ndarray:
         return np.clip(frames * gain[:, None, None, None] + 0.5, 0, 255).astype(np.uint8)
     if name == "shift1":
         return np.concatenate([frames[:1], frames[:-1]])
-    if name == "block":     # a 48x48 square of seeded noise on four frames: a local glitch
+    if name == "block":  # a 48x48 square of seeded noise on four frames: a local glitch
         first, last, x, y, side = block_box(*frames.shape[:3])
         out = frames.copy()
         noise = np.random.default_rng(46).integers(0, 256, (last - first + 1, side, side, 3))
-        out[first:last + 1, y:y + side, x:x + side] = noise.astype(np.uint8)
+        out[first : last + 1, y : y + side, x : x + side] = noise.astype(np.uint8)
         return out
-    if name == "lsb1":      # +-1 LSB of seeded noise: 52 dB, below what any floor resolves
+    if name == "lsb1":  # +-1 LSB of seeded noise: 52 dB, below what any floor resolves
         step = np.random.default_rng(1).integers(-1, 2, frames.shape, dtype=np.int16)
         return np.clip(frames.astype(np.int16) + step, 0, 255).astype(np.uint8)
     raise ValueError(f"name: expected one of {VARIANTS}, found {name!r}")
@@ -108,9 +111,27 @@ def make_variant_runs(root, clip, *, frames: int | None = None) -> dict:
         write_lossless(root / "farm_b" / f"{job.id}.mkv", variant(src, fps, job.prompt), fps)
     runs = root / "runs"
     for farm, label in (("farm_a", "farm-a"), ("farm_b", "farm-b")):
-        code = main(["render", str(suite_path), "-r", "import", "-O", f"dir={root / farm}",
-                     "--label", label, "--out", str(runs), "--quiet"])
+        code = main(
+            [
+                "render",
+                str(suite_path),
+                "-r",
+                "import",
+                "-O",
+                f"dir={root / farm}",
+                "--label",
+                label,
+                "--out",
+                str(runs),
+                "--quiet",
+            ]
+        )
         assert code == 0, f"import of {farm} exited {code}"
     assert main(["floor", str(runs / "farm-a"), "--out", str(runs), "--quiet"]) == 0
-    return {"suite": suite_path, "a": runs / "farm-a", "b": runs / "farm-b",
-            "floor": runs / "farm-a_reencode", "jobs": {j.prompt: j.id for j in jobs}}
+    return {
+        "suite": suite_path,
+        "a": runs / "farm-a",
+        "b": runs / "farm-b",
+        "floor": runs / "farm-a_reencode",
+        "jobs": {j.prompt: j.id for j in jobs},
+    }

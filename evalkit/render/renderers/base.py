@@ -14,6 +14,7 @@ device, so that every backend starts from identical noise.
 Renderers are found by name (``diffusers``, ``command``, ``import``, ``canary``) or by an
 import path ``package.module:ClassName``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,8 +25,9 @@ import numpy as np
 
 from evalkit.errors import UserError, VideoError
 
-NOISE_POLICY = ("starting noise drawn on the CPU from torch.Generator('cpu').manual_seed(seed), "
-                "then moved to the device")
+NOISE_POLICY = (
+    "starting noise drawn on the CPU from torch.Generator('cpu').manual_seed(seed), then moved to the device"
+)
 
 
 class RendererError(UserError):
@@ -38,11 +40,11 @@ class JobError(Exception):
 
 @dataclass
 class RenderRequest:
-    job: Any                       # evalkit.formats.suite.Job
-    source: np.ndarray             # (N, H, W, 3) uint8
-    fps: Any                       # fractions.Fraction
-    seed: int                      # the job's seed plus any --seed-offset
-    source_path: Any = None        # pathlib.Path of the source clip
+    job: Any  # evalkit.formats.suite.Job
+    source: np.ndarray  # (N, H, W, 3) uint8
+    fps: Any  # fractions.Fraction
+    seed: int  # the job's seed plus any --seed-offset
+    source_path: Any = None  # pathlib.Path of the source clip
     progress: Callable[[int, int], None] = field(default=lambda done, total: None)
     #: a folder for the job's temporary files: the run folder's ``.work/`` (emptied by the next
     #: render, so a killed render leaves nothing behind); None: the system's temporary folder
@@ -66,16 +68,15 @@ class WrittenClip:
     lossless clip (in :attr:`RenderRequest.lossless`) and browser copy as the driver's writers
     write them, in ``request.work_dir``; the driver moves them into the run folder."""
 
-    clip: Any                      # pathlib.Path, on the run folder's file system
-    preview: Any                   # pathlib.Path
+    clip: Any  # pathlib.Path, on the run folder's file system
+    preview: Any  # pathlib.Path
     frames: int
     height: int
     width: int
-    sha256: str                    # the clip file's
+    sha256: str  # the clip file's
 
 
-def write_job_files(chunks, request: "RenderRequest", frames: int, *, prefix: str,
-                    short: str) -> WrittenClip:
+def write_job_files(chunks, request: "RenderRequest", frames: int, *, prefix: str, short: str) -> WrittenClip:
     """A renderer's own files for ``request``'s job, streamed from ``chunks`` (``(n, H, W, 3)``
     uint8 arrays: :func:`evalkit.render.clipwriter.write_streamed`) into a new folder of
     ``request.work_dir``: the lossless clip in the run's format and the browser copy. Fewer
@@ -94,8 +95,7 @@ def write_job_files(chunks, request: "RenderRequest", frames: int, *, prefix: st
     folder = Path(tempfile.mkdtemp(prefix=f"{prefix}-{jid[:40]}-", dir=work))
     clip = folder / f"{jid}{lossless_format(request.lossless).ext}"
     preview = folder / f"{jid}.mp4"
-    got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps,
-                                      codec=request.lossless)
+    got, fh, fw, sha = write_streamed(chunks, clip, preview, request.fps, codec=request.lossless)
     if got != frames:
         for f in (clip, preview):
             f.unlink(missing_ok=True)
@@ -124,15 +124,20 @@ class Renderer:
         unknown = sorted(set(options) - set(self.options_help))
         if unknown:
             valid = ", ".join(sorted(self.options_help)) or "none"
-            raise RendererError(f"renderer {self.name!r}: unknown option {unknown[0]!r} "
-                                f"(valid options: {valid})")
+            raise RendererError(
+                f"renderer {self.name!r}: unknown option {unknown[0]!r} (valid options: {valid})"
+            )
         self.options = options
         self.runtime = None
 
     def describe(self) -> dict:
         """What the manifest records about the renderer."""
-        return {"name": self.name, "version": self.version, "options": dict(self.options),
-                "noise": NOISE_POLICY}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "options": dict(self.options),
+            "noise": NOISE_POLICY,
+        }
 
     def check_jobs(self, suite, jobs) -> None:
         """Called once before any backend loads: raise a UserError for jobs this renderer
@@ -202,9 +207,15 @@ def to_uint8_frames(frames, *, what: str = "output") -> np.ndarray:
     return np.ascontiguousarray(np.round(np.clip(frames, 0, 1) * 255).astype(np.uint8))
 
 
-def iter_expected(path: Path, *, what: str, frames: int | None = None,
-                  size: tuple[int, int] | None = None, fps=None,
-                  chunk: int = 16) -> Iterator[np.ndarray]:
+def iter_expected(
+    path: Path,
+    *,
+    what: str,
+    frames: int | None = None,
+    size: tuple[int, int] | None = None,
+    fps=None,
+    chunk: int = 16,
+) -> Iterator[np.ndarray]:
     """A renderer's output clip (or an adopted file) checked as it is read: ``frames`` frames
     of ``size`` (width, height) and, a video, ``fps`` frames a second, in ``(n, H, W, 3)``
     chunks of at most ``chunk`` frames, read as they are consumed (memory: a chunk and the
@@ -220,19 +231,23 @@ def iter_expected(path: Path, *, what: str, frames: int | None = None,
         reader = ClipReader(path)
         info = reader.info
         if size is not None and (info.width, info.height) != tuple(size):
-            raise JobError(f"{what}: frames are {info.width}x{info.height}, expected "
-                           f"{size[0]}x{size[1]} (the source clip's size)")
+            raise JobError(
+                f"{what}: frames are {info.width}x{info.height}, expected "
+                f"{size[0]}x{size[1]} (the source clip's size)"
+            )
         if fps is not None and abs(info.fps / Fraction(fps) - 1) > Fraction(1, 10000):
-            raise JobError(f"{what}: {float(info.fps):g} frames/s, expected "
-                           f"{float(Fraction(fps)):g} (the source clip's rate)")
+            raise JobError(
+                f"{what}: {float(info.fps):g} frames/s, expected "
+                f"{float(Fraction(fps)):g} (the source clip's rate)"
+            )
         if frames is not None and info.frames and info.frames != frames:
-            raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source "
-                           "clip's count)")
+            raise JobError(f"{what}: {info.frames} frames, expected {frames} (the source clip's count)")
         n = 0
         for c in reader.chunks(chunk):
             if frames is not None and n + len(c) > frames:
-                raise JobError(f"{what}: more than {frames} frames, expected {frames} (the "
-                               "source clip's count)")
+                raise JobError(
+                    f"{what}: more than {frames} frames, expected {frames} (the source clip's count)"
+                )
             n += len(c)
             yield c
     except VideoError as e:

@@ -4,13 +4,14 @@ A shortcut for ``--renderer diffusers --renderer-opt model=models/canary``; the 
 lives in :mod:`evalkit.canary`. The folder is found by :func:`evalkit.fsutil.canary_model_dir`
 (the copy inside the installed package, else the repository checkout).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.fsutil import canary_model_dir
 from evalkit.render.renderers.base import RendererError
 from evalkit.render.renderers.diffusers import DiffusersRenderer
-from evalkit.fsutil import canary_model_dir
 
 MODEL_DIR = canary_model_dir()
 
@@ -25,8 +26,9 @@ class CanaryRenderer(DiffusersRenderer):
 
     def load(self, runtime) -> None:
         if not (Path(self.options["model"]) / "model_index.json").is_file():
-            raise RendererError(f"{self.options['model']}: the canary pipeline is not there "
-                                "(expected model_index.json)")
+            raise RendererError(
+                f"{self.options['model']}: the canary pipeline is not there (expected model_index.json)"
+            )
         try:
             import evalkit.canary  # noqa: F401  registers the pipeline classes
         except ImportError as e:

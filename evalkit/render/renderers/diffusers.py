@@ -19,6 +19,7 @@ The CPU generator makes diffusers draw the starting noise on the CPU and move it
 Each job's manifest record holds ``pipeline_call`` (the plain-valued arguments), ``attention``
 (what computed attention) and ``memory`` (offload and VAE options in effect).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,15 +29,26 @@ import numpy as np
 
 from evalkit.errors import UserError
 from evalkit.render.renderers import diffusers_families as families
-from evalkit.render.renderers.base import JobError, RenderRequest, Renderer, RendererError, import_object, to_uint8_frames
+from evalkit.render.renderers.base import (
+    JobError,
+    Renderer,
+    RendererError,
+    RenderRequest,
+    import_object,
+    to_uint8_frames,
+)
 
 #: job param -> pipeline argument
 PARAM_NAMES = families.PARAM_NAMES
 _DENOISERS = ("unet", "transformer", "transformer_2", "denoiser")
 #: backend spec ``attn`` -> diffusers' attention-dispatcher backend (PyTorch SDPA kernels)
-DISPATCH_BACKENDS = {"auto": "native", "flash": "_native_flash",
-                     "efficient": "_native_efficient", "math": "_native_math",
-                     "cudnn": "_native_cudnn"}
+DISPATCH_BACKENDS = {
+    "auto": "native",
+    "flash": "_native_flash",
+    "efficient": "_native_efficient",
+    "math": "_native_math",
+    "cudnn": "_native_cudnn",
+}
 _OFFLOAD = ("0", "1", "model", "sequential")
 _FLAGS = ("0", "1")
 
@@ -74,8 +86,12 @@ def _free_sdpa(pipe) -> list[str]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    every = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-             SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+    every = [
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ]
     done = []
     for name, comp in getattr(pipe, "components", {}).items():
         if name in _DENOISERS or not isinstance(comp, torch.nn.Module):
@@ -103,39 +119,44 @@ class DiffusersRenderer(Renderer):
         "pipeline_class": "module:Class used to load the pipeline (default: from model_index.json)",
         "variant": "weights variant to load, e.g. fp16",
         "cpu_offload": "0 (default), 1 or model: enable_model_cpu_offload; sequential: "
-                       "enable_sequential_cpu_offload (slowest, least device memory)",
+        "enable_sequential_cpu_offload (slowest, least device memory)",
         "vae_tiling": "1: decode/encode the VAE in tiles (vae.enable_tiling)",
         "vae_slicing": "1: decode/encode the VAE one video at a time (vae.enable_slicing)",
         "attention_backend": "a diffusers attention-dispatcher backend (e.g. flash, sage, "
-                             "_native_cudnn) for families that dispatch (Wan, SkyReels, LTX); "
-                             "default: the PyTorch SDPA kernel of the backend's attn key",
+        "_native_cudnn) for families that dispatch (Wan, SkyReels, LTX); "
+        "default: the PyTorch SDPA kernel of the backend's attn key",
     }
 
     def __init__(self, **options):
         super().__init__(**options)
         if not self.options.get("model"):
-            raise RendererError(f"renderer {self.name!r}: option 'model' is required "
-                                "(--renderer-opt model=PATH_OR_HUB_ID)")
+            raise RendererError(
+                f"renderer {self.name!r}: option 'model' is required (--renderer-opt model=PATH_OR_HUB_ID)"
+            )
         if "variant" in self.options and not str(self.options["variant"]).strip():
-            raise RendererError(f"renderer {self.name!r}: option variant: expected a weights "
-                                "variant such as fp16, found an empty value (leave the option "
-                                "out for the default weights)")
-        for key, allowed in (("cpu_offload", _OFFLOAD), ("vae_tiling", _FLAGS),
-                             ("vae_slicing", _FLAGS)):
+            raise RendererError(
+                f"renderer {self.name!r}: option variant: expected a weights "
+                "variant such as fp16, found an empty value (leave the option "
+                "out for the default weights)"
+            )
+        for key, allowed in (("cpu_offload", _OFFLOAD), ("vae_tiling", _FLAGS), ("vae_slicing", _FLAGS)):
             if key in self.options:
                 value = self.options[key] = str(self.options[key]).lower()
                 if value not in allowed:
-                    raise RendererError(f"renderer {self.name!r}: option {key}={value!r} is not "
-                                        f"one of {', '.join(allowed)}")
+                    raise RendererError(
+                        f"renderer {self.name!r}: option {key}={value!r} is not one of {', '.join(allowed)}"
+                    )
         backend = self.options.get("attention_backend")
         if backend:
             from diffusers.models.attention_dispatch import AttentionBackendName
 
             names = [b.value for b in AttentionBackendName]
             if backend not in names:
-                raise RendererError(f"renderer {self.name!r}: option attention_backend="
-                                    f"{backend!r} is not a diffusers attention backend (one of "
-                                    f"{', '.join(names)})")
+                raise RendererError(
+                    f"renderer {self.name!r}: option attention_backend="
+                    f"{backend!r} is not a diffusers attention backend (one of "
+                    f"{', '.join(names)})"
+                )
         self.pipe = None
         self.family: families.Family | None = None
         self._accepts: set[str] = set()
@@ -212,22 +233,28 @@ class DiffusersRenderer(Renderer):
             except VideoError as e:
                 raise UserError(str(e)) from None
         params = inspect.signature(cls.__call__).parameters
-        families.check_jobs(fam, cls.__name__, jobs, info, set(params),
-                            any(p.kind is p.VAR_KEYWORD for p in params.values()))
+        families.check_jobs(
+            fam, cls.__name__, jobs, info, set(params), any(p.kind is p.VAR_KEYWORD for p in params.values())
+        )
 
     def load(self, runtime) -> None:
         super().load(runtime)
         model = str(self.options["model"])
         local = Path(model)
-        if (model.startswith((".", "/", "~")) or local.exists()) and not (local / "model_index.json").is_file():
+        if (model.startswith((".", "/", "~")) or local.exists()) and not (
+            local / "model_index.json"
+        ).is_file():
             raise RendererError(f"{local}: not a diffusers pipeline folder (no model_index.json)")
-        from diffusers.utils import DummyObject, deprecation_utils, logging as dlogging
+        from diffusers.utils import DummyObject, deprecation_utils
+        from diffusers.utils import logging as dlogging
 
         cls = self._resolved_class()
-        if isinstance(cls, DummyObject):   # diffusers' stand-in for a class missing a package
-            raise RendererError(f"renderer {self.name!r}: {model}: {cls.__name__} needs "
-                                f"{' and '.join(getattr(cls, '_backends', []))}: "
-                                "pip install 'evalkit[video-families]'")
+        if isinstance(cls, DummyObject):  # diffusers' stand-in for a class missing a package
+            raise RendererError(
+                f"renderer {self.name!r}: {model}: {cls.__name__} needs "
+                f"{' and '.join(getattr(cls, '_backends', []))}: "
+                "pip install 'evalkit[video-families]'"
+            )
 
         # diffusers >= 0.42 renamed torch_dtype to dtype
         dtype_key = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
@@ -235,9 +262,9 @@ class DiffusersRenderer(Renderer):
         if self.options.get("variant"):
             kwargs["variant"] = self.options["variant"]
         verbosity = dlogging.get_verbosity()
-        dlogging.set_verbosity_error()       # our own progress bars; no loading chatter
+        dlogging.set_verbosity_error()  # our own progress bars; no loading chatter
         dlogging.disable_progress_bar()
-        try:    # the video-families extra: only pipelines with text encoders need transformers
+        try:  # the video-families extra: only pipelines with text encoders need transformers
             from transformers.utils import logging as tlogging
         except ImportError:
             tlogging = None
@@ -246,12 +273,15 @@ class DiffusersRenderer(Renderer):
         try:
             pipe = self._pipeline_class().from_pretrained(model, **kwargs)
         except (OSError, ValueError) as e:
-            raise RendererError(f"renderer {self.name!r}: cannot load {model!r}: "
-                                f"{str(e).strip().splitlines()[0]}") from None
+            raise RendererError(
+                f"renderer {self.name!r}: cannot load {model!r}: {str(e).strip().splitlines()[0]}"
+            ) from None
         except ImportError as e:
-            raise RendererError(f"renderer {self.name!r}: cannot load {model!r}: "
-                                f"{str(e).strip().splitlines()[0]} (pipelines with text encoders "
-                                f"need pip install 'evalkit[video-families]')") from None
+            raise RendererError(
+                f"renderer {self.name!r}: cannot load {model!r}: "
+                f"{str(e).strip().splitlines()[0]} (pipelines with text encoders "
+                f"need pip install 'evalkit[video-families]')"
+            ) from None
         finally:
             dlogging.set_verbosity(verbosity)
             dlogging.enable_progress_bar()
@@ -294,8 +324,10 @@ class DiffusersRenderer(Renderer):
         for key, method in (("vae_tiling", "enable_tiling"), ("vae_slicing", "enable_slicing")):
             if self.options.get(key, "0") == "1":
                 if vae is None or not hasattr(vae, method):
-                    raise RendererError(f"renderer {self.name!r}: option {key}=1: the pipeline's "
-                                        f"VAE ({type(vae).__name__}) has no {method}()")
+                    raise RendererError(
+                        f"renderer {self.name!r}: option {key}=1: the pipeline's "
+                        f"VAE ({type(vae).__name__}) has no {method}()"
+                    )
                 getattr(vae, method)()
             mem[key] = "on" if self.options.get(key, "0") == "1" else "off"
         return mem
@@ -306,8 +338,7 @@ class DiffusersRenderer(Renderer):
         kernel choice (set by the backend) where they call SDPA directly."""
         attn = runtime.spec.attn
         wanted = self.options.get("attention_backend")
-        out = {"spec_attn": attn,
-               "sdpa_kernels": "PyTorch's choice" if attn == "auto" else attn}
+        out = {"spec_attn": attn, "sdpa_kernels": "PyTorch's choice" if attn == "auto" else attn}
         if attn != "auto":
             # the spec's kernel is for the denoiser; text encoders and VAEs (masked attention,
             # head sizes over 256 that flash attention cannot take) keep PyTorch's choice
@@ -328,8 +359,10 @@ class DiffusersRenderer(Renderer):
                 try:
                     model.set_attention_backend(name)
                 except (ValueError, RuntimeError, ImportError) as e:
-                    raise RendererError(f"renderer {self.name!r}: attention backend {name!r} "
-                                        f"for the {attr}: {str(e).strip().splitlines()[0]}") from None
+                    raise RendererError(
+                        f"renderer {self.name!r}: attention backend {name!r} "
+                        f"for the {attr}: {str(e).strip().splitlines()[0]}"
+                    ) from None
                 entry["dispatcher"] = name
                 dispatching.append(attr)
             else:
@@ -341,15 +374,20 @@ class DiffusersRenderer(Renderer):
         return out
 
     def _no_dispatcher(self, pipeline: str) -> str:
-        return (f"renderer {self.name!r}: option attention_backend="
-                f"{self.options['attention_backend']!r}: {pipeline}'s attention does not go "
-                "through diffusers' dispatcher (it calls PyTorch SDPA; use the backend spec's "
-                "attn= key)")
+        return (
+            f"renderer {self.name!r}: option attention_backend="
+            f"{self.options['attention_backend']!r}: {pipeline}'s attention does not go "
+            "through diffusers' dispatcher (it calls PyTorch SDPA; use the backend spec's "
+            "attn= key)"
+        )
 
     def job_info(self) -> dict:
         """What the manifest records with each job: the call, attention and memory."""
-        return {"pipeline_call": dict(self._last_call), "attention": dict(self._attention),
-                "memory": dict(self._memory)}
+        return {
+            "pipeline_call": dict(self._last_call),
+            "attention": dict(self._attention),
+            "memory": dict(self._memory),
+        }
 
     def _kwargs(self, request: RenderRequest) -> dict:
         for key in request.job.params:
@@ -359,13 +397,20 @@ class DiffusersRenderer(Renderer):
                     raise JobError(f"params.strength: {type(self.pipe).__name__} takes no strength")
                 continue
             if arg not in self._accepts and not self._var_kw:
-                raise JobError(f"params.{key}: the pipeline {type(self.pipe).__name__} takes no "
-                               f"argument {arg!r}")
+                raise JobError(
+                    f"params.{key}: the pipeline {type(self.pipe).__name__} takes no argument {arg!r}"
+                )
         kwargs, self._last_call = families.call_kwargs(
-            self.family, self.pipe, request.source, request.job.prompt, request.job.params,
-            request.generator())
+            self.family,
+            self.pipe,
+            request.source,
+            request.job.prompt,
+            request.job.params,
+            request.generator(),
+        )
         total = int(kwargs.get("num_inference_steps", 0) or 0)
         if "callback_on_step_end" in self._accepts:
+
             def on_step(pipe, step, timestep, callback_kwargs):
                 # strength < 1 runs fewer steps than asked; pipelines record how many
                 request.progress(step + 1, getattr(pipe, "_num_timesteps", None) or total)
@@ -388,8 +433,11 @@ class DiffusersRenderer(Renderer):
             frames = out[0] if isinstance(out, (tuple, list)) else out
         # diffusers returns a batch of videos: (B, N, H, W, 3) arrays or tensors, or a list of
         # videos (each a list of PIL images or an (N, H, W, 3) array); we asked for one
-        if isinstance(frames, (list, tuple)) and frames and (
-                isinstance(frames[0], (list, tuple)) or getattr(frames[0], "ndim", 0) == 4):
+        if (
+            isinstance(frames, (list, tuple))
+            and frames
+            and (isinstance(frames[0], (list, tuple)) or getattr(frames[0], "ndim", 0) == 4)
+        ):
             frames = frames[0]
         elif getattr(frames, "ndim", 0) == 5:
             frames = frames[0]
@@ -405,19 +453,21 @@ class DiffusersRenderer(Renderer):
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             props = torch.cuda.get_device_properties(idx)
             peak = torch.cuda.max_memory_allocated(idx)
-            where += f" ({props.name}, {props.total_memory / 2**30:.0f} GiB; peak " \
-                     f"{peak / 2**30:.1f} GiB allocated)"
+            where += (
+                f" ({props.name}, {props.total_memory / 2**30:.0f} GiB; peak "
+                f"{peak / 2**30:.1f} GiB allocated)"
+            )
             torch.cuda.empty_cache()
         call = self._last_call
         n = call.get("num_frames", call.get("source_frames", len(request.source)))
-        size = f"{call.get('width', request.source.shape[2])}x" \
-               f"{call.get('height', request.source.shape[1])}"
-        hints = [f"-O {k}=1" for k in ("cpu_offload", "vae_tiling")
-                 if self.options.get(k, "0") == "0"]
-        return (f"out of memory on {where} rendering {n} frames at {size}, "
-                f"{self.runtime.spec.dtype if self.runtime else '?'}"
-                + (f" (try {', '.join(hints)})" if hints else "")
-                + f": {str(e).strip().splitlines()[0][:200]}")
+        size = f"{call.get('width', request.source.shape[2])}x{call.get('height', request.source.shape[1])}"
+        hints = [f"-O {k}=1" for k in ("cpu_offload", "vae_tiling") if self.options.get(k, "0") == "0"]
+        return (
+            f"out of memory on {where} rendering {n} frames at {size}, "
+            f"{self.runtime.spec.dtype if self.runtime else '?'}"
+            + (f" (try {', '.join(hints)})" if hints else "")
+            + f": {str(e).strip().splitlines()[0][:200]}"
+        )
 
     def unload(self) -> None:
         import gc

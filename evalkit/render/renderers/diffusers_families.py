@@ -12,6 +12,7 @@ a clip a family cannot take is a :class:`~evalkit.errors.UserError` (exit code 2
 job and the clip, what was expected and what was found. Nothing is resized or padded silently:
 ``height``/``width`` job params are the only resize, done by the pipeline and recorded.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,7 @@ from dataclasses import dataclass, field
 from evalkit.errors import UserError
 
 #: job param -> pipeline argument, for every family (before the family's own strength rule)
-PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps",
-               "guidance": "guidance_scale"}
+PARAM_NAMES = {"strength": "strength", "steps": "num_inference_steps", "guidance": "guidance_scale"}
 
 
 @dataclass(frozen=True)
@@ -59,27 +59,60 @@ class Family:
         return f"{k}k+1 (e.g. {2 * k + 1}, {4 * k + 1}, {8 * k + 1})"
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("WanVideoToVideoPipeline", frame_step=4, size_multiple=16,
-           note="SDEdit: the source is encoded, noised to `strength`, denoised"),
-    Family("WanVACEPipeline", strength_arg=None, frame_step=4, size_multiple=16,
-           from_source=("height", "width", "num_frames"),
-           note="the source is VACE's control video (mask: all frames regenerated); no strength"),
-    # 8k+1, not the 4k+1 of its temporal compression: its VAE decodes an even number of
-    # latent frames into 4 frames each (5 frames in, 8 out), an odd number into 4k+1
-    Family("CogVideoXVideoToVideoPipeline", frame_step=8, size_multiple=16, dispatcher=False,
-           note="SDEdit; 8k+1 frames: an odd latent count (the VAE decodes an even one to 4k)"),
-    Family("LTXConditionPipeline", source="ltx_condition", strength_arg="condition_strength",
-           frame_step=8, size_multiple=32, from_source=("height", "width", "num_frames"),
-           note="the source is a condition at frame 0 with strength 1 - `strength`"),
-    Family("SkyReelsV2DiffusionForcingVideoToVideoPipeline", strength_arg=None, frame_step=4,
-           size_multiple=16, from_source=("height", "width", "num_frames"),
-           output="continuation",
-           note="extends the source by as many frames (starting from its last "
-                "`overlap_history` frames); the new frames are the output"),
-    Family("AnimateDiffVideoToVideoPipeline", frame_step=1, size_multiple=8, dispatcher=False,
-           note="SDEdit on a UNet with motion modules"),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "WanVideoToVideoPipeline",
+            frame_step=4,
+            size_multiple=16,
+            note="SDEdit: the source is encoded, noised to `strength`, denoised",
+        ),
+        Family(
+            "WanVACEPipeline",
+            strength_arg=None,
+            frame_step=4,
+            size_multiple=16,
+            from_source=("height", "width", "num_frames"),
+            note="the source is VACE's control video (mask: all frames regenerated); no strength",
+        ),
+        # 8k+1, not the 4k+1 of its temporal compression: its VAE decodes an even number of
+        # latent frames into 4 frames each (5 frames in, 8 out), an odd number into 4k+1
+        Family(
+            "CogVideoXVideoToVideoPipeline",
+            frame_step=8,
+            size_multiple=16,
+            dispatcher=False,
+            note="SDEdit; 8k+1 frames: an odd latent count (the VAE decodes an even one to 4k)",
+        ),
+        Family(
+            "LTXConditionPipeline",
+            source="ltx_condition",
+            strength_arg="condition_strength",
+            frame_step=8,
+            size_multiple=32,
+            from_source=("height", "width", "num_frames"),
+            note="the source is a condition at frame 0 with strength 1 - `strength`",
+        ),
+        Family(
+            "SkyReelsV2DiffusionForcingVideoToVideoPipeline",
+            strength_arg=None,
+            frame_step=4,
+            size_multiple=16,
+            from_source=("height", "width", "num_frames"),
+            output="continuation",
+            note="extends the source by as many frames (starting from its last "
+            "`overlap_history` frames); the new frames are the output",
+        ),
+        Family(
+            "AnimateDiffVideoToVideoPipeline",
+            frame_step=1,
+            size_multiple=8,
+            dispatcher=False,
+            note="SDEdit on a UNet with motion modules",
+        ),
+    )
+}
 
 
 def family_for(pipeline_class) -> Family | None:
@@ -97,8 +130,9 @@ def skyreels_overlap(n: int) -> int:
     return min(17, ((n + 1) // 2 - 1) // 4 * 4 + 1)
 
 
-def check_jobs(family: Family, pipeline_name: str, jobs, clip_info: dict, accepts: set[str],
-               var_kw: bool) -> None:
+def check_jobs(
+    family: Family, pipeline_name: str, jobs, clip_info: dict, accepts: set[str], var_kw: bool
+) -> None:
     """Refuse, before any weights load, jobs a family cannot take.
 
     ``clip_info``: clip id -> (frames, height, width) of the source. ``accepts``: the argument
@@ -108,36 +142,47 @@ def check_jobs(family: Family, pipeline_name: str, jobs, clip_info: dict, accept
         where = f"job {job.id!r} (clip {job.clip!r})"
         for key in job.params:
             if key == "strength" and family.strength_arg is None:
-                raise UserError(f"{where}: params.strength: {pipeline_name} takes no strength "
-                                f"({family.note}); remove it from the suite's params")
+                raise UserError(
+                    f"{where}: params.strength: {pipeline_name} takes no strength "
+                    f"({family.note}); remove it from the suite's params"
+                )
             arg = PARAM_NAMES.get(key, key)
             if key != "strength" and arg not in accepts and not var_kw:
-                raise UserError(f"{where}: params.{key}: {pipeline_name} takes no argument "
-                                f"{arg!r}")
+                raise UserError(f"{where}: params.{key}: {pipeline_name} takes no argument {arg!r}")
         steps, strength = job.params.get("steps"), job.params.get("strength")
-        if family.strength_arg == "strength" and steps is not None and strength is not None \
-                and int(steps * strength) < 1:
-            raise UserError(f"{where}: {pipeline_name} runs int(steps x strength) denoising "
-                            f"steps, params steps={steps}, strength={strength} give none "
-                            f"(expected steps x strength >= 1)")
+        if (
+            family.strength_arg == "strength"
+            and steps is not None
+            and strength is not None
+            and int(steps * strength) < 1
+        ):
+            raise UserError(
+                f"{where}: {pipeline_name} runs int(steps x strength) denoising "
+                f"steps, params steps={steps}, strength={strength} give none "
+                f"(expected steps x strength >= 1)"
+            )
         n, h, w = clip_info[job.clip]
         if not family.frames_ok(n):
-            raise UserError(f"{where}: {pipeline_name} takes {family.frames_rule()} frames, "
-                            f"the clip has {n} (trim the clip to "
-                            f"{(n - 1) // family.frame_step * family.frame_step + 1} frames)")
+            raise UserError(
+                f"{where}: {pipeline_name} takes {family.frames_rule()} frames, "
+                f"the clip has {n} (trim the clip to "
+                f"{(n - 1) // family.frame_step * family.frame_step + 1} frames)"
+            )
         height = job.params.get("height", h)
         width = job.params.get("width", w)
         m = family.size_multiple
         if height % m or width % m:
-            src = "params.height/width" if ("height" in job.params or "width" in job.params) \
-                else "the clip"
-            raise UserError(f"{where}: {pipeline_name} takes heights and widths that are "
-                            f"multiples of {m}, {src} gives {width}x{height} (e.g. "
-                            f"{width // m * m or m}x{height // m * m or m})")
+            src = "params.height/width" if ("height" in job.params or "width" in job.params) else "the clip"
+            raise UserError(
+                f"{where}: {pipeline_name} takes heights and widths that are "
+                f"multiples of {m}, {src} gives {width}x{height} (e.g. "
+                f"{width // m * m or m}x{height // m * m or m})"
+            )
 
 
-def call_kwargs(family: Family | None, pipe, source, prompt: str, params: dict,
-                generator) -> tuple[dict, dict]:
+def call_kwargs(
+    family: Family | None, pipe, source, prompt: str, params: dict, generator
+) -> tuple[dict, dict]:
     """The pipeline's keyword arguments for one job, and what to record about them.
 
     ``source``: (N, H, W, 3) uint8. Returns ``(kwargs, record)``; ``record`` holds the
@@ -177,9 +222,14 @@ def call_kwargs(family: Family | None, pipe, source, prompt: str, params: dict,
         kwargs["video"] = frames
         if strength is not None:
             kwargs[fam.strength_arg or "strength"] = strength
-    record.update({k: v for k, v in kwargs.items()
-                   if k not in ("prompt", "generator", "video", "conditions")
-                   and isinstance(v, (int, float, str, bool))})
+    record.update(
+        {
+            k: v
+            for k, v in kwargs.items()
+            if k not in ("prompt", "generator", "video", "conditions")
+            and isinstance(v, (int, float, str, bool))
+        }
+    )
     return kwargs, record
 
 

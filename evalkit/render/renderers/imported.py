@@ -18,10 +18,10 @@ rendered (it is not applied here), the run's fingerprint is the one adopted with
 --fingerprint`` (``evalkit fingerprint --json`` on the render machine), and the manifest makes
 no claim about how the starting noise was drawn (``renderer.noise`` is null).
 """
+
 from __future__ import annotations
 
 import glob
-
 import hashlib
 from pathlib import Path
 
@@ -29,11 +29,19 @@ from evalkit import video
 from evalkit.errors import UserError
 from evalkit.formats.suite import job_id
 from evalkit.fsutil import sha256_file
-from evalkit.render.renderers.base import (JobError, RenderRequest, Renderer, RendererError,
-                                          WrittenClip, write_job_files)
+from evalkit.render.renderers.base import (
+    JobError,
+    Renderer,
+    RendererError,
+    RenderRequest,
+    WrittenClip,
+    write_job_files,
+)
 
-NOISE_NOTE = ("not known: the clips were rendered elsewhere and adopted as files; the run's "
-              "fingerprint is the one adopted with --fingerprint")
+NOISE_NOTE = (
+    "not known: the clips were rendered elsewhere and adopted as files; the run's "
+    "fingerprint is the one adopted with --fingerprint"
+)
 
 
 def import_name(job, seed: int) -> str:
@@ -54,24 +62,29 @@ def folder_sha256(folder: Path) -> str:
 class ImportRenderer(Renderer):
     name = "import"
     version = "2"
-    options_help = {"dir": "folder of <job id>.<video ext> files or <job id>/ frame folders "
-                           "(a --seed-offset N run: the job id of seed + N)"}
+    options_help = {
+        "dir": "folder of <job id>.<video ext> files or <job id>/ frame folders "
+        "(a --seed-offset N run: the job id of seed + N)"
+    }
     adopts_renders = True
     streams_clips = True
 
     def __init__(self, **options):
         super().__init__(**options)
         if not self.options.get("dir"):
-            raise RendererError("renderer 'import': option 'dir' is required "
-                                "(--renderer-opt dir=FOLDER)")
+            raise RendererError("renderer 'import': option 'dir' is required (--renderer-opt dir=FOLDER)")
         self.dir = Path(self.options["dir"])
         if not self.dir.is_dir():
             raise RendererError(f"{self.dir}: not a folder (renderer 'import', option dir)")
 
     def describe(self) -> dict:
-        return {"name": self.name, "version": self.version,
-                "options": {"dir": str(self.dir.resolve())}, "noise": None,
-                "noise_note": NOISE_NOTE}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "options": {"dir": str(self.dir.resolve())},
+            "noise": None,
+            "noise_note": NOISE_NOTE,
+        }
 
     def _find(self, job, seed: int) -> Path:
         """The one render of ``job`` at ``seed`` in the folder (a JobError when none or several)."""
@@ -80,17 +93,24 @@ class ImportRenderer(Renderer):
         candidates = render_files(self.dir, name)
         at = "" if name == jid else f" at seed {seed} (seed {job.seed} + offset)"
         if not candidates:
-            raise JobError(f"no render for job {jid}{at}: expected {self.dir / name}.mkv "
-                           f"(or another video extension, or a frame folder {self.dir / name}/)")
+            raise JobError(
+                f"no render for job {jid}{at}: expected {self.dir / name}.mkv "
+                f"(or another video extension, or a frame folder {self.dir / name}/)"
+            )
         if len(candidates) > 1:
-            raise JobError(f"{self.dir}: several renders for job {jid}{at}: "
-                           f"{', '.join(sorted(p.name for p in candidates))}")
+            raise JobError(
+                f"{self.dir}: several renders for job {jid}{at}: "
+                f"{', '.join(sorted(p.name for p in candidates))}"
+            )
         return candidates[0]
 
     @staticmethod
     def _adopted(src: Path) -> dict:
-        return {"path": str(src.resolve()), "kind": "frames" if src.is_dir() else "video",
-                "sha256": folder_sha256(src) if src.is_dir() else sha256_file(src)}
+        return {
+            "path": str(src.resolve()),
+            "kind": "frames" if src.is_dir() else "video",
+            "sha256": folder_sha256(src) if src.is_dir() else sha256_file(src),
+        }
 
     def check_done(self, run, jobs, seed_offset: int) -> None:
         """Jobs of ``run`` already imported: a UserError when the folder now holds a render of
@@ -102,7 +122,7 @@ class ImportRenderer(Renderer):
             try:
                 src = self._find(job, job.seed + seed_offset)
             except JobError:
-                continue                 # nothing here for it: the done job stays as it is
+                continue  # nothing here for it: the done job stays as it is
             if not old or not (src.is_file() or src.is_dir()):
                 continue
             new = self._adopted(src)
@@ -111,7 +131,8 @@ class ImportRenderer(Renderer):
                     f"{run.path / 'manifest.json'}: job {job.id} was imported from "
                     f"{old.get('path')} (sha256 {str(old.get('sha256'))[:12]}...), {new['path']} "
                     f"has other content (sha256 {new['sha256'][:12]}...): to import it, render "
-                    "into another --out folder (this run stays as it is)")
+                    "into another --out folder (this run stays as it is)"
+                )
 
     def render(self, request: RenderRequest) -> WrittenClip:
         """Decode the adopted file chunk by chunk, each chunk handed to the lossless and the
@@ -128,14 +149,18 @@ class ImportRenderer(Renderer):
         n, h, w = request.source.shape[:3]
         what = f"import of job {jid} ({src})"
         clear = video.transparency(src)
-        if clear is not None:       # read as RGB, the alpha would be dropped without a word
-            raise JobError(f"{what}: {clear} is transparent (an alpha channel below full); "
-                           "frames are compared as RGB and the alpha would be dropped: flatten "
-                           "the clip onto its background first (e.g. ffmpeg's overlay filter)")
-        chunks = iter_expected(src, what=what, frames=n, size=(w, h),
-                               fps=None if src.is_dir() else request.fps)
-        written = write_job_files(chunks, request, n, prefix="import",
-                                  short=f"renderer {self.name!r} returned")
+        if clear is not None:  # read as RGB, the alpha would be dropped without a word
+            raise JobError(
+                f"{what}: {clear} is transparent (an alpha channel below full); "
+                "frames are compared as RGB and the alpha would be dropped: flatten "
+                "the clip onto its background first (e.g. ffmpeg's overlay filter)"
+            )
+        chunks = iter_expected(
+            src, what=what, frames=n, size=(w, h), fps=None if src.is_dir() else request.fps
+        )
+        written = write_job_files(
+            chunks, request, n, prefix="import", short=f"renderer {self.name!r} returned"
+        )
         request.record["adopted_from"] = self._adopted(src)
         return written
 

@@ -4,6 +4,7 @@ kinds; :class:`.base.Protocol` says what a protocol provides. The rest of :mod:`
 asks the protocol object instead of comparing protocol names, so a new protocol is one file
 here and one entry in :data:`REGISTRY`.
 """
+
 from __future__ import annotations
 
 from .abx import ABX

@@ -1,5 +1,6 @@
 """What a study protocol provides (:class:`Protocol`), with the defaults of a protocol whose
 design the planner sizes and whose verdict is one rule of :mod:`..stats`."""
+
 from __future__ import annotations
 
 
@@ -40,6 +41,7 @@ class Protocol:
         """(easy, graded) catch degradations (:mod:`..media`; the exclusion rule uses the
         easy ones, the graded ones are reported only)."""
         from .. import design
+
         return design.CATCH_KINDS, design.GRADED_KINDS
 
     # -- creation --------------------------------------------------------------------------
@@ -48,24 +50,32 @@ class Protocol:
         """Refuse ``--ladder`` where the protocol has no levels (``ladder``: None when not
         given)."""
         from ..errors import StudyError
+
         if ladder is not None:
-            raise StudyError(f"--ladder: only for --protocol threshold, found --protocol "
-                             f"{self.name}")
+            raise StudyError(f"--ladder: only for --protocol threshold, found --protocol {self.name}")
 
     def levels(self, levels, kind: str, raters_planned: int) -> tuple[list, list[str]]:
         """The rows per clip (``[None]``: one, no levels) and their warnings; refuses
         ``--levels`` where the protocol has none."""
         from ..errors import StudyError
+
         if levels is not None:
-            raise StudyError(f"--levels: only for --protocol threshold, found --protocol "
-                             f"{self.name}")
+            raise StudyError(f"--levels: only for --protocol threshold, found --protocol {self.name}")
         return [None], []
 
-    def study_plan(self, margin: float, alpha: float, raters_planned: int, n_clips: int,
-                   ladder: list, ladder_warnings: list) -> tuple[dict, list[str]]:
+    def study_plan(
+        self,
+        margin: float,
+        alpha: float,
+        raters_planned: int,
+        n_clips: int,
+        ladder: list,
+        ladder_warnings: list,
+    ) -> tuple[dict, list[str]]:
         """The study's design (the planner's, :func:`..planning.cached_plan`) and the warnings on it
         (:func:`..planning.design_warnings`)."""
-        from ..planning import design_warnings, cached_plan
+        from ..planning import cached_plan, design_warnings
+
         the_plan = cached_plan(self.name, margin, n_clips, alpha)
         return the_plan, design_warnings(self.name, n_clips, raters_planned, the_plan)
 
@@ -77,8 +87,7 @@ class Protocol:
     #: the media step measures each clip's real difference (the reference of the levels)
     measures_reference: bool = False
 
-    def add_config(self, config: dict, *, ladder: list, kind: str, metrics_device,
-                   reference: dict) -> None:
+    def add_config(self, config: dict, *, ladder: list, kind: str, metrics_device, reference: dict) -> None:
         """The protocol's own part of a new study's config (none by default)."""
 
     def add_stimuli(self, config: dict, ids: list, stimuli: list[dict]) -> None:
@@ -86,8 +95,17 @@ class Protocol:
 
     # -- results ---------------------------------------------------------------------------
 
-    def decide(self, raters: list, clips: list, test: list[dict], *, margin: float,
-               alpha: float, reps: int, seed: int) -> dict:
+    def decide(
+        self,
+        raters: list,
+        clips: list,
+        test: list[dict],
+        *,
+        margin: float,
+        alpha: float,
+        reps: int,
+        seed: int,
+    ) -> dict:
         """The verdict rule on the complete design's test ratings (its ``rule`` text with
         it)."""
         raise NotImplementedError

@@ -2,6 +2,7 @@
 psychometric fit (:func:`..psychometric.threshold_analysis`) gives the metric size of a
 difference raters notice and the real difference's headroom below it. No planner: ``--raters``
 as given."""
+
 from __future__ import annotations
 
 from .abx import ABX
@@ -9,14 +10,16 @@ from .abx import ABX
 
 class Threshold(ABX):
     name = "threshold"
-    claim = ("threshold (ABX over amplified differences): the metric size of a "
-             "difference of this kind that raters notice (75% correct), and the real "
-             "difference's headroom below it; assumes amplified differences are seen like "
-             "natural ones (docs/studies.md)")
+    claim = (
+        "threshold (ABX over amplified differences): the metric size of a "
+        "difference of this kind that raters notice (75% correct), and the real "
+        "difference's headroom below it; assumes amplified differences are seen like "
+        "natural ones (docs/studies.md)"
+    )
     rating_columns = ("level", "stimulus_lpips")
     measures_reference = True
     sets_gate = True
-    plans_clips = False           # no planner
+    plans_clips = False  # no planner
 
     def check_ladder(self, ladder):
         return None
@@ -24,33 +27,50 @@ class Threshold(ABX):
     def levels(self, levels, kind, raters_planned):
         from .. import threshold
         from ..errors import StudyError
+
         ladder, warnings = threshold.parse_levels(
-            threshold.DEFAULT_LEVELS if levels is None else levels, kind)
+            threshold.DEFAULT_LEVELS if levels is None else levels, kind
+        )
         if raters_planned <= 0:
-            raise StudyError("--raters: the threshold protocol needs the planned number of "
-                             f"raters (it has no planner), found {raters_planned}")
+            raise StudyError(
+                "--raters: the threshold protocol needs the planned number of "
+                f"raters (it has no planner), found {raters_planned}"
+            )
         return ladder, warnings
 
     def study_plan(self, margin, alpha, raters_planned, n_clips, ladder, ladder_warnings):
-        the_plan = {"raters": raters_planned, "exclusion_rate": 0.0, "levels": ladder,
-                    "note": "no planner for the threshold protocol: --raters as given"}
+        the_plan = {
+            "raters": raters_planned,
+            "exclusion_rate": 0.0,
+            "levels": ladder,
+            "note": "no planner for the threshold protocol: --raters as given",
+        }
         return the_plan, list(ladder_warnings)
 
     def offsets(self, ladder):
         from .. import threshold
+
         return threshold.offsets(ladder)
 
     def add_config(self, config, *, ladder, kind, metrics_device, reference):
         from .. import threshold
-        config["threshold"] = {"levels": ladder, "ladder": kind, "metric": threshold.METRIC,
-                               "metrics_device": str(metrics_device),
-                               "conventions": _conventions(reference), "stimuli": {},
-                               "reference": {j: {k: v for k, v in m.items() if k != "conventions"}
-                                             for j, m in reference.items()}}
+
+        config["threshold"] = {
+            "levels": ladder,
+            "ladder": kind,
+            "metric": threshold.METRIC,
+            "metrics_device": str(metrics_device),
+            "conventions": _conventions(reference),
+            "stimuli": {},
+            "reference": {
+                j: {k: v for k, v in m.items() if k != "conventions"} for j, m in reference.items()
+            },
+        }
 
     def add_stimuli(self, config, ids, stimuli):
-        config["threshold"]["stimuli"] = {str(ids[s["ord"]]): {
-            k: v for k, v in s.items() if k != "ord"} for s in stimuli}
+        config["threshold"]["stimuli"] = {
+            str(ids[s["ord"]]): {k: v for k, v in s.items() if k != "ord"} for s in stimuli
+        }
 
     def own_results(self, st, test, reps):
         return _threshold_results(st, test, reps)
@@ -65,8 +85,9 @@ class Threshold(ABX):
         return (st["config"].get("threshold") or {}).get("stimuli") or {}
 
     def summary_csv(self, res):
-        from .. import threshold
         from ...fsutil import csv_text
+        from .. import threshold
+
         rows = threshold.summary_rows(res)
         unb = (res.get("unblinding") or {}).get("text")
         if unb:
@@ -87,8 +108,9 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     stimuli = cfg.get("stimuli") or {}
     trials_ = threshold.analysis_trials(test, stimuli)
     ref = threshold.reference(st["config"])
-    a = threshold_analysis(trials_, reference=ref, metric=threshold.METRIC, n_boot=reps,
-                           seed=int(st["seed"]) % 2**32)
+    a = threshold_analysis(
+        trials_, reference=ref, metric=threshold.METRIC, n_boot=reps, seed=int(st["seed"]) % 2**32
+    )
     n, correct = len(trials_), sum(t["correct"] for t in trials_)
     pooled = a.get("pooled") or {}
     thr, ci = pooled.get("threshold"), pooled.get("ci") or [None, None]
@@ -96,23 +118,34 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
     hci = head.get("ci") or [None, None]
     if thr is None:
         bound = pooled.get("bound")
-        verdict = {"lower": "threshold above the levels shown",
-                   "upper": "threshold below the levels shown"}.get(bound, "no threshold")
+        verdict = {
+            "lower": "threshold above the levels shown",
+            "upper": "threshold below the levels shown",
+        }.get(bound, "no threshold")
         text = f"{verdict}: " + ("; ".join(a.get("notes") or []) or "see the points per level")
     else:
         verdict = "threshold measured"
-        text = (f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
-                f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}; "
-                f"{headroom_sentence(head.get('value'))} (interval {num(hci[0], 2)} to "
-                f"{num(hci[1], 2)})")
-    return {"verdict": verdict, "verdict_text": text, "threshold": a, "n": n, "correct": correct,
-            "accuracy": (correct / n) if n else None, "levels": threshold.per_level(test, stimuli),
-            "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
-                    f"{threshold.METRIC} (guess rate 0.5, criterion "
-                    f"{a.get('criterion', 0.75)}); interval from a bootstrap over raters and "
-                    f"clips ({reps} replicates)",
-            "rater_count": len({t["rater"] for t in trials_}),
-            "clip_count": len({t["clip"] for t in trials_})}
+        text = (
+            f"threshold {threshold.METRIC} {num(thr, 4)} (interval {num(ci[0], 4)} to "
+            f"{num(ci[1], 4)}); real difference {num(a.get('reference'), 4)}; "
+            f"{headroom_sentence(head.get('value'))} (interval {num(hci[0], 2)} to "
+            f"{num(hci[1], 2)})"
+        )
+    return {
+        "verdict": verdict,
+        "verdict_text": text,
+        "threshold": a,
+        "n": n,
+        "correct": correct,
+        "accuracy": (correct / n) if n else None,
+        "levels": threshold.per_level(test, stimuli),
+        "rule": f"psychometric fit of ABX proportion correct against the stimulus's "
+        f"{threshold.METRIC} (guess rate 0.5, criterion "
+        f"{a.get('criterion', 0.75)}); interval from a bootstrap over raters and "
+        f"clips ({reps} replicates)",
+        "rater_count": len({t["rater"] for t in trials_}),
+        "clip_count": len({t["clip"] for t in trials_}),
+    }
 
 
 def _conventions(reference: dict) -> dict:
