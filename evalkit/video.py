@@ -140,11 +140,13 @@ class _Packets:
     editor's trim) keeps the packets a decoder needs before the cut and an edit list saying
     not to show them: the demuxer flags those packets as discarded and the decoder decodes
     them without returning a frame, as a player does. Every other packet is one frame, except
-    in the *head* (the packets before the second key frame): a clip that starts on a
-    non-key frame, or whose first key frame is followed by frames shown before it (HEVC's
-    leading pictures after a CRA key frame, an open-GOP H.264 cut), may hold frames that
-    cannot be decoded and are never shown. :attr:`leading` says so; those clips' head is
-    decoded to be counted (:meth:`ClipReader.count_packets`).
+    in the *head*: a clip that starts on a non-key frame, or whose first key frame is followed
+    by frames shown before it (HEVC's leading pictures after a CRA key frame, an open-GOP
+    H.264 cut), may hold frames that cannot be decoded and are never shown. :attr:`leading`
+    says so; those clips' head is decoded to be counted (:meth:`ClipReader.count_packets`).
+    The head: the packets up to the first key frame and at most :data:`HEAD_PACKETS` after it,
+    up to the second key frame (frames shown before a key frame follow it at once in decode
+    order, before any frame shown after it).
     """
 
     def __init__(self, keep_head: bool = False):
@@ -152,17 +154,17 @@ class _Packets:
         self.discarded = 0  # of them, flagged as discarded (outside the edit list)
         self.corrupt = 0  # of them, flagged as corrupt (cut short: the file ends inside one)
         self.keys = 0
-        self.head: list = []  # the head's packets, where kept
+        self.in_head = True
+        self.after_key = 0  # the head's packets after its key frame
+        self.head: list | None = [] if keep_head else None  # the head's packets, where kept
         self.head_shown = 0  # the head's packets not discarded
         self.rest_shown = 0  # the other packets not discarded
         self.first_key_pts = None
         self.leading = False
-        self._keep = keep_head
 
-    def add(self, p) -> bool:
-        """Tally one packet; whether it belongs to the head."""
+    def add(self, p) -> None:
         if not p.size:  # the demuxer's end-of-stream packet
-            return False
+            return
         self.packets += 1
         self.corrupt += bool(p.is_corrupt)
         self.discarded += bool(p.is_discard)
@@ -170,11 +172,17 @@ class _Packets:
             self.keys += 1
             if self.keys == 1:
                 self.first_key_pts = p.pts
-        if self.keys >= 2:
+        if self.in_head and self.keys:
+            self.after_key += 1
+            self.in_head = self.keys == 1 and self.after_key <= HEAD_PACKETS
+        if not self.in_head:
             self.rest_shown += not p.is_discard
-            return False
-        if self._keep:
-            self.head.append(p)
+            return
+        if self.head is not None:
+            if len(self.head) < MAX_HEAD_KEPT:
+                self.head.append(p)
+            else:
+                self.head = None  # too many to keep: a leading head is decoded whole
         if not p.is_discard:
             self.head_shown += 1
             if (
@@ -183,7 +191,6 @@ class _Packets:
                 or (not p.is_keyframe and p.pts < self.first_key_pts)
             ):
                 self.leading = True
-        return True
 
     @property
     def shown(self) -> int:
@@ -194,6 +201,14 @@ class _Packets:
     def sure(self) -> int:
         """The frames that decode for certain (the head's left out where :attr:`leading`)."""
         return self.rest_shown + (0 if self.leading else self.head_shown)
+
+
+#: packets after a clip's first key frame that may be frames shown before it (see
+#: :class:`_Packets`): B-frame pyramids reorder at most 16
+HEAD_PACKETS = 64
+#: packets of a head kept to be decoded; a clip with more before its first key frame is
+#: decoded whole where its head has frames that may never show
+MAX_HEAD_KEPT = 1024
 
 
 def _index_discarded(stream) -> int:
@@ -213,7 +228,8 @@ def _head_leading(container, stream) -> bool:
     demuxes the packets up to the second key frame, decodes none."""
     tally = _Packets()
     for p in container.demux(stream):
-        if not tally.add(p) and tally.keys >= 2:
+        tally.add(p)
+        if not tally.in_head:
             break
     return tally.leading
 
@@ -478,7 +494,9 @@ class ClipReader:
         else:
             # fewer packets than the index lists, one cut short, or fewer frames than the
             # packets that must decode (an edit list's cut-off packets show no frame)
-            short = (declared and tally.packets < declared) or tally.corrupt or n < tally.sure
+            # (where the container declares a count: elsewhere, as in Matroska, a packet may
+            # hold no frame, so the declared duration is what is checked)
+            short = (declared and (tally.packets < declared or n < tally.sure)) or tally.corrupt
         if short:
             if declared and n < declared - cut_off:
                 raise VideoError(
@@ -550,10 +568,14 @@ class ClipReader:
                     if tally.corrupt:
                         raise VideoError(self.path, "truncated: the file ends inside its last frame's data")
                     n = tally.shown
-                    if tally.leading:  # the head decoded: what shows of it
-                        n = tally.rest_shown + sum(
-                            len(s.codec_context.decode(p)) for p in tally.head + [None]
-                        )
+                    if tally.leading and tally.head is not None:  # the head decoded: what shows of it
+                        head, shown = _Packets(), 0
+                        for p in tally.head:
+                            head.add(p)
+                            shown += len(_decode_packet(p, head, shown > 0))
+                        n = tally.rest_shown + shown + len(s.codec_context.decode(None))
+                    elif tally.leading:  # a head too long to keep: the whole clip decoded
+                        n = None
         except VideoError:
             raise
         except _av_error_types() as e:
@@ -643,10 +665,27 @@ def to_uint8(frames16: np.ndarray) -> np.ndarray:
 def _decode_tallied(container, stream, tally: _Packets) -> Iterator[tuple[float | None, np.ndarray]]:
     """``(time, RGB frame)`` of ``stream`` with FFmpeg's decoder (as ``container.decode``; an
     edit list's cut-off packets show no frame), each packet tallied in ``tally``."""
+    started = False
     for packet in container.demux(stream):
         tally.add(packet)
-        for f in packet.decode():
+        for f in _decode_packet(packet, tally, started):
+            started = True
             yield f.time, _rgb(f)
+
+
+def _decode_packet(packet, tally: _Packets, started: bool) -> list:
+    """A packet's frames. A clip that starts on frames its decoder refuses (a VP9 cut that
+    starts after its key frame) shows nothing of them, as in ffmpeg: before the first frame,
+    in a head that starts off a key frame (:attr:`_Packets.leading`), those errors are
+    skipped (with frame threads they surface a few packets late)."""
+    import av
+
+    try:
+        return packet.decode()
+    except av.error.InvalidDataError:
+        if started or not packet.size or not (tally.in_head and tally.leading):
+            raise
+        return []
 
 
 def _decode_parallel(container, stream, workers: int) -> Iterator[tuple[float | None, np.ndarray]]:

@@ -87,6 +87,14 @@ def cut(src: Path, out: Path, ss: float | None = None, t: float | None = None, *
     return out
 
 
+def trim(src: Path, out: Path, ss: float) -> Path:
+    """``src`` from the packet at ``ss`` seconds on, key frame or not (output seeking that keeps
+    the frames before the next key frame, ``-copyinkf``: a naive editor's trim)."""
+    cmd = [ffmpeg(), "-v", "error", "-y", "-i", str(src), "-ss", str(ss), "-c", "copy", "-copyinkf", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
 def player_frames(path: Path) -> np.ndarray:
     """What a player shows of a clip: ffmpeg's decode, every frame, as (N, H, W, 3) RGB."""
     out = subprocess.run(

@@ -389,3 +389,23 @@ def test_a_truncated_edit_listed_clip_is_still_refused(tmp_path, name):
                 getattr(video.ClipReader(bad), how)()
             msg = str(e.value)
             assert str(bad) in msg and any(n in msg for n in needle) and "\n" not in msg, (how, msg)
+
+
+def test_clips_that_start_off_a_key_frame_read_and_count_as_a_player_shows_them(tmp_path):
+    """A trim that keeps the packets before the next key frame (``-copyinkf``), in MP4 and in
+    Matroska: the frames before the key frame cannot be decoded and are not shown; H.264 and
+    HEVC drop them, VP9 refuses them (skipped as ffmpeg does). Frames and counts as ffmpeg's."""
+    import cuts
+
+    names = [n for n in ("x264", "x265", "vp9") if cuts.available(n)]
+    assert "x264" in names
+    for name in names:
+        src = cuts.encode(tmp_path / f"{name}.mp4", name)
+        for ext in (".mp4", ".mkv"):
+            out = cuts.trim(src, tmp_path / f"{name}_trim{ext}", 1.3)
+            shown = cuts.player_frames(out)
+            assert 0 < len(shown) < cuts.packets(out)[0] - cuts.packets(out)[1], out.name  # some never show
+            assert video.ClipReader(out).count_packets() == len(shown), out.name
+            assert video.ClipReader(out).info.frames in (None, len(shown)), out.name
+            frames = video.ClipReader(out).read()
+            assert frames.shape == shown.shape and np.array_equal(frames, shown), out.name
