@@ -542,9 +542,13 @@ class ClipReader:
         :data:`PACKET_FRAME_CODECS` in a container of :data:`PACKET_FRAME_FORMATS` (MP4/MOV,
         Matroska/WebM, NUT: one access unit a packet, B-frames included; the packets an MP4
         edit list cuts off are flagged as discarded and not counted, as the decoder drops
-        them). Other clips (MPEG-TS, raw streams, AVI's packed B-frames, image folders) are
-        decoded (:meth:`count_frames`). What the frames hold is not checked: for a clip whose
-        count is all that is needed (an import's or a ``command`` job's source)."""
+        them; a clip whose head may hold frames that never show, a cut that starts off a key
+        frame or before an open GOP's leading frames, has its head decoded, :class:`_Packets`).
+        Bytes missing at the end (fewer packets than the container's index lists, or the last
+        one cut short) raise :class:`VideoError` ("truncated"). Other clips (MPEG-TS, raw
+        streams, AVI's packed B-frames, image folders) are decoded (:meth:`count_frames`). What
+        the frames hold is not checked: for a clip whose count is all that is needed (an
+        import's or a ``command`` job's source)."""
         codec = self.info.codec
         if self.kind != "video" or (codec not in INDEPENDENT_FRAMES and codec not in PACKET_FRAME_CODECS):
             return self.count_frames()
