@@ -85,7 +85,9 @@ class ClipInfo:
     width: int
     height: int
     fps: Fraction
-    frames: int | None  # declared frame count where the container says; None if unknown
+    #: declared frame count where the container says (MP4/MOV: its index, less the frames an
+    #: edit list hides); None if unknown, or where the first frames may never show
+    frames: int | None
     codec: str | None
     duration: float | None = None  # seconds, where the container says
     pix_fmt: str | None = None  # the stream's pixel format, where the header says
@@ -151,7 +153,6 @@ class _Packets:
 
     def __init__(self, keep_head: bool = False):
         self.packets = 0  # non-empty packets
-        self.discarded = 0  # of them, flagged as discarded (outside the edit list)
         self.corrupt = 0  # of them, flagged as corrupt (cut short: the file ends inside one)
         self.keys = 0
         self.in_head = True
@@ -167,7 +168,6 @@ class _Packets:
             return
         self.packets += 1
         self.corrupt += bool(p.is_corrupt)
-        self.discarded += bool(p.is_discard)
         if p.is_keyframe:
             self.keys += 1
             if self.keys == 1:
@@ -225,7 +225,7 @@ def _index_discarded(stream) -> int:
 
 def _head_leading(container, stream) -> bool:
     """Whether a clip's head may hold frames that are never shown (see :class:`_Packets`);
-    demuxes the packets up to the second key frame, decodes none."""
+    demuxes the head's packets, decodes none."""
     tally = _Packets()
     for p in container.demux(stream):
         tally.add(p)
