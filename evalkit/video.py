@@ -85,7 +85,9 @@ class ClipInfo:
     width: int
     height: int
     fps: Fraction
-    frames: int | None  # declared frame count where the container says; None if unknown
+    #: declared frame count where the container says (MP4/MOV: its index, less the frames an
+    #: edit list hides); None if unknown, or where the first frames may never show
+    frames: int | None
     codec: str | None
     duration: float | None = None  # seconds, where the container says
     pix_fmt: str | None = None  # the stream's pixel format, where the header says
@@ -131,6 +133,105 @@ def _av_error_types():
     import av
 
     return (av.error.FFmpegError, OSError, ValueError, EOFError)
+
+
+class _Packets:
+    """A video stream's packets, tallied in decode order as the demuxer hands them over.
+
+    An MP4/MOV cut without re-encoding (``ffmpeg -ss 1 -i in.mp4 -c copy out.mp4``, ``-t``, an
+    editor's trim) keeps the packets a decoder needs before the cut and an edit list saying
+    not to show them: the demuxer flags those packets as discarded and the decoder decodes
+    them without returning a frame, as a player does. Every other packet is one frame, except
+    in the *head*: a clip that starts on a non-key frame, or whose first key frame is followed
+    by frames shown before it (HEVC's leading pictures after a CRA key frame, an open-GOP
+    H.264 cut), may hold frames that cannot be decoded and are never shown. :attr:`leading`
+    says so; those clips' head is decoded to be counted (:meth:`ClipReader.count_packets`).
+    The head: the packets up to the first key frame and at most :data:`HEAD_PACKETS` after it,
+    up to the second key frame (frames shown before a key frame follow it at once in decode
+    order, before any frame shown after it).
+    """
+
+    def __init__(self, keep_head: bool = False):
+        self.packets = 0  # non-empty packets
+        self.corrupt = 0  # of them, flagged as corrupt (cut short: the file ends inside one)
+        self.keys = 0
+        self.in_head = True
+        self.after_key = 0  # the head's packets after its key frame
+        self.head: list | None = [] if keep_head else None  # the head's packets, where kept
+        self.head_shown = 0  # the head's packets not discarded
+        self.rest_shown = 0  # the other packets not discarded
+        self.first_key_pts = None
+        self.leading = False
+
+    def add(self, p) -> None:
+        if not p.size:  # the demuxer's end-of-stream packet
+            return
+        self.packets += 1
+        self.corrupt += bool(p.is_corrupt)
+        if p.is_keyframe:
+            self.keys += 1
+            if self.keys == 1:
+                self.first_key_pts = p.pts
+        if self.in_head and self.keys:
+            self.after_key += 1
+            self.in_head = self.keys == 1 and self.after_key <= HEAD_PACKETS
+        if not self.in_head:
+            self.rest_shown += not p.is_discard
+            return
+        if self.head is not None:
+            if len(self.head) < MAX_HEAD_KEPT:
+                self.head.append(p)
+            else:
+                self.head = None  # too many to keep: a leading head is decoded whole
+        if not p.is_discard:
+            self.head_shown += 1
+            if (
+                self.first_key_pts is None
+                or p.pts is None
+                or (not p.is_keyframe and p.pts < self.first_key_pts)
+            ):
+                self.leading = True
+
+    @property
+    def shown(self) -> int:
+        """Packets not discarded: the frames shown, unless :attr:`leading`."""
+        return self.head_shown + self.rest_shown
+
+    @property
+    def sure(self) -> int:
+        """The frames that decode for certain (the head's left out where :attr:`leading`)."""
+        return self.rest_shown + (0 if self.leading else self.head_shown)
+
+
+#: packets after a clip's first key frame that may be frames shown before it (see
+#: :class:`_Packets`): B-frame pyramids reorder at most 16
+HEAD_PACKETS = 64
+#: packets of a head kept to be decoded; a clip with more before its first key frame is
+#: decoded whole where its head has frames that may never show
+MAX_HEAD_KEPT = 1024
+
+
+def _index_discarded(stream) -> int:
+    """Samples an MP4/MOV edit list cuts off, from the container's index (none read); 0 where
+    the index does not list every sample (Matroska's cues list key frames only)."""
+    try:
+        entries = stream.index_entries
+        if not stream.frames or len(entries) != stream.frames:
+            return 0
+        return sum(1 for e in entries if e.is_discard)
+    except (AttributeError, TypeError):  # a PyAV without index_entries
+        return 0
+
+
+def _head_leading(container, stream) -> bool:
+    """Whether a clip's head may hold frames that are never shown (see :class:`_Packets`);
+    demuxes the head's packets, decodes none."""
+    tally = _Packets()
+    for p in container.demux(stream):
+        tally.add(p)
+        if not tally.in_head:
+            break
+    return tally.leading
 
 
 def _load_image(path: Path) -> np.ndarray:
@@ -297,13 +398,18 @@ class ClipReader:
                     # duration in the file): the clip lasts one frame longer
                     duration += 1 / float(fps)
                 ctx = s.codec_context
+                # the frames a player shows: an edit list's cut-off samples are left out; a
+                # clip whose head may hold frames that never show has no count declared
+                frames = (s.frames - _index_discarded(s)) or None
+                if frames and _head_leading(c, s):
+                    frames = None
                 return ClipInfo(
                     self.path,
                     "video",
                     ctx.width,
                     ctx.height,
                     Fraction(fps),
-                    s.frames or None,
+                    frames,
                     ctx.name,
                     duration,
                     ctx.format.name if ctx.format is not None else None,
@@ -344,7 +450,9 @@ class ClipReader:
                 w, h = s.codec_context.width, s.codec_context.height
                 if w * h > MAX_IMAGE_PIXELS:
                     raise VideoError(self.path, too_large(f"{w}x{h}"))
-                declared = s.frames or None
+                declared = s.frames or None  # samples in the index, cut-off ones included
+                cut_off = _index_discarded(s)
+                tally = None
                 fps = s.average_rate or s.guessed_rate
                 duration = c.duration / 1_000_000 if c.duration else None  # AV_TIME_BASE
                 workers = self.threads or min(MAX_DECODERS, usable_cores())
@@ -353,7 +461,8 @@ class ClipReader:
                 else:
                     s.codec_context.thread_type = "AUTO"  # frame and slice threads
                     s.codec_context.thread_count = self.threads
-                    frames = ((f.time, _rgb(f)) for f in c.decode(s))
+                    tally = _Packets()
+                    frames = _decode_tallied(c, s, tally)
                 try:
                     for time, arr in frames:
                         if size is None:
@@ -380,9 +489,22 @@ class ClipReader:
             raise VideoError(self.path, f"not a readable video{where} ({_short(e)})") from None
         if n == 0:
             raise VideoError(self.path, "video has no frames")
-        if declared and n < declared:
+        if tally is None:  # decoded in parallel (intra-only codecs): every packet a frame
+            short = declared and n < declared - cut_off
+        else:
+            # fewer packets than the index lists, one cut short, or fewer frames than the
+            # packets that must decode (an edit list's cut-off packets show no frame)
+            # (where the container declares a count: elsewhere, as in Matroska, a packet may
+            # hold no frame, so the declared duration is what is checked)
+            short = (declared and (tally.packets < declared or n < tally.sure)) or tally.corrupt
+        if short:
+            if declared and n < declared - cut_off:
+                raise VideoError(
+                    self.path,
+                    f"truncated: the container declares {declared - cut_off} frames, only {n} could be decoded",
+                )
             raise VideoError(
-                self.path, f"truncated: the container declares {declared} frames, only {n} could be decoded"
+                self.path, f"truncated: the file ends inside its last frames ({n} frames decoded)"
             )
         if duration and fps and last_end is not None:
             missing = (duration - last_end) * float(fps)
@@ -420,20 +542,46 @@ class ClipReader:
         :data:`PACKET_FRAME_CODECS` in a container of :data:`PACKET_FRAME_FORMATS` (MP4/MOV,
         Matroska/WebM, NUT: one access unit a packet, B-frames included; the packets an MP4
         edit list cuts off are flagged as discarded and not counted, as the decoder drops
-        them). Other clips (MPEG-TS, raw streams, AVI's packed B-frames, image folders) are
-        decoded (:meth:`count_frames`). What the frames hold is not checked: for a clip whose
-        count is all that is needed (an import's or a ``command`` job's source)."""
+        them; a clip whose head may hold frames that never show, a cut that starts off a key
+        frame or before an open GOP's leading frames, has its head decoded, :class:`_Packets`).
+        Bytes missing at the end (fewer packets than the container's index lists, or the last
+        one cut short) raise :class:`VideoError` ("truncated"). Other clips (MPEG-TS, raw
+        streams, AVI's packed B-frames, image folders) are decoded (:meth:`count_frames`). What
+        the frames hold is not checked: for a clip whose count is all that is needed (an
+        import's or a ``command`` job's source)."""
         codec = self.info.codec
         if self.kind != "video" or (codec not in INDEPENDENT_FRAMES and codec not in PACKET_FRAME_CODECS):
             return self.count_frames()
         import av
 
+        n = None
         try:
             with av.open(str(self.path)) as c:
-                if codec not in INDEPENDENT_FRAMES and c.format.name not in PACKET_FRAME_FORMATS:
-                    n = None
-                else:
-                    n = sum(1 for p in c.demux(c.streams.video[0]) if p.size and not p.is_discard)
+                if codec in INDEPENDENT_FRAMES or c.format.name in PACKET_FRAME_FORMATS:
+                    s = c.streams.video[0]
+                    tally = _Packets(keep_head=True)
+                    for p in c.demux(s):
+                        tally.add(p)
+                    declared = s.frames or None
+                    if declared and tally.packets < declared:
+                        raise VideoError(
+                            self.path,
+                            f"truncated: the container declares {declared - _index_discarded(s)} frames, "
+                            f"only {tally.shown} are in the file",
+                        )
+                    if tally.corrupt:
+                        raise VideoError(self.path, "truncated: the file ends inside its last frame's data")
+                    n = tally.shown
+                    if tally.leading and tally.head is not None:  # the head decoded: what shows of it
+                        head, shown = _Packets(), 0
+                        for p in tally.head:
+                            head.add(p)
+                            shown += len(_decode_packet(p, head, shown > 0))
+                        n = tally.rest_shown + shown + len(s.codec_context.decode(None))
+                    elif tally.leading:  # a head too long to keep: the whole clip decoded
+                        n = None
+        except VideoError:
+            raise
         except _av_error_types() as e:
             raise VideoError(self.path, f"not a readable video ({_short(e)})") from None
         if n is None:
@@ -516,6 +664,32 @@ def to_uint8(frames16: np.ndarray) -> np.ndarray:
     stored at the nearest 8-bit value, never clipped."""
     x = frames16.astype(np.uint32)
     return ((x * 255 + 32767) // 65535).astype(np.uint8)
+
+
+def _decode_tallied(container, stream, tally: _Packets) -> Iterator[tuple[float | None, np.ndarray]]:
+    """``(time, RGB frame)`` of ``stream`` with FFmpeg's decoder (as ``container.decode``; an
+    edit list's cut-off packets show no frame), each packet tallied in ``tally``."""
+    started = False
+    for packet in container.demux(stream):
+        tally.add(packet)
+        for f in _decode_packet(packet, tally, started):
+            started = True
+            yield f.time, _rgb(f)
+
+
+def _decode_packet(packet, tally: _Packets, started: bool) -> list:
+    """A packet's frames. A clip that starts on frames its decoder refuses (a VP9 cut that
+    starts after its key frame) shows nothing of them, as in ffmpeg: before the first frame,
+    in a head that starts off a key frame (:attr:`_Packets.leading`), those errors are
+    skipped (with frame threads they surface a few packets late)."""
+    import av
+
+    try:
+        return packet.decode()
+    except av.error.InvalidDataError:
+        if started or not packet.size or not (tally.in_head and tally.leading):
+            raise
+        return []
 
 
 def _decode_parallel(container, stream, workers: int) -> Iterator[tuple[float | None, np.ndarray]]:

@@ -640,3 +640,88 @@ def test_files_adopted_at_once_are_each_checked_against_their_own_source(tmp_pat
     assert s[0].failed == 0 and s[0].done == 4
     for rec in read_manifest(tmp_path / "runs" / "farm")["jobs"]:
         assert rec["output"]["frames"] == lengths[rec["clip"]]
+
+
+def test_renders_cut_with_an_edit_list_are_imported_and_measured_as_a_player_shows_them(tmp_path, cli):
+    """Sources and renders cut without re-encoding (``ffmpeg -ss 1.3 -i in.mp4 -c copy``:
+    MP4/MOV edit lists hiding the frames before the cut) are adopted by ``render -r import``
+    and measured by ``metrics``: the frames ffmpeg shows (40 of the 48 in the files), byte for
+    byte. Cut at 1.45 s, the open-GOP clips (H.264 open-gop, HEVC, MPEG-4) keep a frame shown
+    before their first key frame that cannot be decoded: 36 shown of 37 not hidden. The same
+    render with its last bytes cut off is refused in one line, exit 2."""
+    import cuts
+
+    from evalkit.render.renderers.imported import import_name
+
+    #: clip: (source codec, cut at, the renders' codecs and extensions)
+    clips = {
+        "cut": ("x264", 1.3, [("x265", ".mp4"), ("x264open", ".mov")]),
+        "open": ("x264open", 1.45, [("x265", ".mp4"), ("mpeg4", ".mp4")]),
+    }
+    shown = {}
+    for cid, (name, ss, _) in clips.items():
+        src = cuts.cut(cuts.encode(tmp_path / f"{cid}_full.mp4", name), tmp_path / f"{cid}.mp4", ss)
+        shown[cid] = len(cuts.player_frames(src))
+        total, cut_off = cuts.packets(src)
+        assert (shown[cid], total - cut_off) == {"cut": (40, 40), "open": (36, 37)}[cid]
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(
+        "schema_version: 1\nname: cut\nclips:\n"
+        + "".join(f"  - {{id: {c}, path: {c}.mp4}}\n" for c in clips)
+        + "prompts: [a, b]\nseeds: [0]\n"
+    )
+    farm = tmp_path / "farm"
+    farm.mkdir()
+    renders, fulls = {}, {}
+    jobs = load_suite(suite_path).jobs
+    for cid, (_, ss, made) in clips.items():
+        for job, (name, ext) in zip([j for j in jobs if j.clip == cid], made):
+            name = name if cuts.available(name) else "x264open"
+            full = fulls[job.id] = cuts.encode(tmp_path / f"{job.id}_full.mp4", name, shift=1 + len(renders))
+            renders[job.id] = cuts.cut(full, farm / f"{import_name(job, job.seed)}{ext}", ss)
+            assert len(cuts.player_frames(renders[job.id])) == shown[cid], job.id
+    code, out, err = cli(
+        "render",
+        suite_path,
+        "-r",
+        "import",
+        "-O",
+        f"dir={farm}",
+        "--label",
+        "farm",
+        "--out",
+        tmp_path / "runs",
+        "--quiet",
+    )
+    assert code == 0, err
+    run = tmp_path / "runs" / "farm"
+    recs = read_manifest(run)["jobs"]
+    assert sorted(r["id"] for r in recs) == sorted(renders)
+    for rec in recs:
+        assert rec["output"]["frames"] == shown[rec["clip"]]
+        stored = video.read_frames(next((run / "clips").glob(f"{rec['id']}.*")))[0]
+        assert np.array_equal(stored, cuts.player_frames(renders[rec["id"]]))
+
+    for cid in clips:
+        job = next(r["id"] for r in recs if r["clip"] == cid)
+        code, out, err = cli(
+            "metrics",
+            tmp_path / f"{cid}.mp4",
+            renders[job],
+            "--json",
+            "--device",
+            "cpu",
+            "--no-temporal",
+            "--quiet",
+        )
+        assert code == 0, err
+        r = json.loads(out)
+        assert r["frames"] == shown[cid] and r["identical"] is False
+
+    bad = tmp_path / "bad.mp4"
+    job = next(r["id"] for r in recs if r["clip"] == "cut")
+    whole = cuts.cut(fulls[job], tmp_path / "fs.mp4", 1.3, None, "-movflags", "+faststart")  # index first
+    bad.write_bytes(whole.read_bytes()[:-30])
+    code, out, err = cli("metrics", tmp_path / "cut.mp4", bad, "--device", "cpu", "--no-temporal", "--quiet")
+    assert code == 2
+    assert_one_line_error(err, str(bad), "truncated")

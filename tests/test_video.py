@@ -313,3 +313,99 @@ def test_count_packets_of_an_empty_or_broken_file_is_one_line_error(tmp_path):
         with pytest.raises(VideoError) as e:
             video.ClipReader(p).count_packets()
         assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+#: (ss, t) of the cuts: between key frames (1.3 s), just before a key frame (1.45 s: an
+#: open-GOP cut keeps a frame shown before the key frame that cannot be decoded), the first
+#: 1.5 s, and both ends
+EDIT_CUTS = [(1.3, None), (1.45, None), (None, 1.5), (0.7, 1.0)]
+
+
+def test_edit_listed_cuts_read_and_count_as_a_player_shows_them(tmp_path, monkeypatch):
+    """MP4/MOV renders cut without re-encoding (``ffmpeg -ss/-t ... -c copy``: an edit list
+    hides the frames before the cut that the decoder still needs) are read and counted as
+    ffmpeg shows them: the same frames byte for byte, the same count from the packets (none
+    decoded but an open GOP's first one), the same declared count where one is declared. H.264
+    (closed and open GOP), HEVC, MPEG-4 Part 2, VP9 in MP4 and MJPEG in MOV."""
+    import cuts
+
+    def no_decoding(self):
+        raise AssertionError(f"{self.path} decoded")
+        yield
+
+    seen = {"cut off": 0, "never shown": 0, "declared": 0}
+    names = [n for n in cuts.SOURCES if cuts.available(n)]
+    assert {"x264", "x264open", "mpeg4", "mjpeg"} <= set(names)
+    for name in names:
+        src = cuts.encode(tmp_path / f"{name}.{cuts.SOURCES[name][0]}", name)
+        mov = [(1.3, None, ".mov")] if name == "x264" else []  # the same cut in MOV
+        for ss, t, ext in [(ss, t, src.suffix) for ss, t in EDIT_CUTS] + mov:
+            out = cuts.cut(src, tmp_path / f"{name}_{ss}_{t}{ext}", ss, t)
+            shown = cuts.player_frames(out)
+            assert len(shown) > 0
+            if ss is not None:  # nothing before the cut shows (frames are 1/24 s apart)
+                assert cuts.number(shown[0]) >= round(ss * 24)
+            with monkeypatch.context() as m:
+                m.setattr(video.ClipReader, "_decode_video", no_decoding)
+                counted = video.ClipReader(out).count_packets()
+                declared = video.ClipReader(out).info.frames
+            assert counted == len(shown), (out.name, counted, len(shown))
+            assert declared in (None, len(shown)), (out.name, declared, len(shown))
+            frames = video.ClipReader(out).read()
+            assert frames.shape == shown.shape and np.array_equal(frames, shown), out.name
+            assert video.ClipReader(out).count_frames() == len(shown)
+            total, cut_off = cuts.packets(out)
+            seen["cut off"] += cut_off > 0
+            seen["never shown"] += total - cut_off != len(shown)
+            seen["declared"] += declared is not None
+    # the cases this is about did occur: edit lists that hide packets, open-GOP heads with a
+    # frame the decoder cannot show, and declared counts checked
+    assert seen["cut off"] >= len(names) and seen["never shown"] >= 2 and seen["declared"] >= len(names), seen
+
+
+@pytest.mark.parametrize("name", ["x264", "x265"])
+def test_a_truncated_edit_listed_clip_is_still_refused(tmp_path, name):
+    """Bytes cut off the end of an edit-listed MP4 (its index at the front, ``+faststart``, so
+    the file still opens) are refused by decoding and by counting alike, in one line naming the
+    file; with the index at the end (ffmpeg's default) the index goes first and the file does
+    not open at all."""
+    import cuts
+
+    if not cuts.available(name):
+        pytest.skip(f"this PyAV has no {cuts.SOURCES[name][1]} encoder")
+    src = cuts.encode(tmp_path / "src.mp4", name)
+    front = cuts.cut(src, tmp_path / "front.mp4", 1.3, None, "-movflags", "+faststart")
+    end = cuts.cut(src, tmp_path / "end.mp4", 1.3, None)
+    assert video.ClipReader(front).count_packets() == len(cuts.player_frames(front)) == 40
+    for whole, keep, needle in (
+        (front, lambda d: d[:-30], ("truncated",)),
+        (front, lambda d: d[: len(d) * 9 // 10], ("truncated",)),
+        (end, lambda d: d[: len(d) * 9 // 10], ("not a readable video", "ends before its first frame")),
+    ):
+        bad = tmp_path / "bad.mp4"
+        bad.write_bytes(keep(whole.read_bytes()))
+        for how in ("read", "count_packets"):
+            with pytest.raises(VideoError) as e:
+                getattr(video.ClipReader(bad), how)()
+            msg = str(e.value)
+            assert str(bad) in msg and any(n in msg for n in needle) and "\n" not in msg, (how, msg)
+
+
+def test_clips_that_start_off_a_key_frame_read_and_count_as_a_player_shows_them(tmp_path):
+    """A trim that keeps the packets before the next key frame (``-copyinkf``), in MP4 and in
+    Matroska: the frames before the key frame cannot be decoded and are not shown; H.264 and
+    HEVC drop them, VP9 refuses them (skipped as ffmpeg does). Frames and counts as ffmpeg's."""
+    import cuts
+
+    names = [n for n in ("x264", "x265", "vp9") if cuts.available(n)]
+    assert "x264" in names
+    for name in names:
+        src = cuts.encode(tmp_path / f"{name}.mp4", name)
+        for ext in (".mp4", ".mkv"):
+            out = cuts.trim(src, tmp_path / f"{name}_trim{ext}", 1.3)
+            shown = cuts.player_frames(out)
+            assert 0 < len(shown) < cuts.packets(out)[0] - cuts.packets(out)[1], out.name  # some never show
+            assert video.ClipReader(out).count_packets() == len(shown), out.name
+            assert video.ClipReader(out).info.frames in (None, len(shown)), out.name
+            frames = video.ClipReader(out).read()
+            assert frames.shape == shown.shape and np.array_equal(frames, shown), out.name
