@@ -64,7 +64,7 @@ def cmd_study_create(args) -> int:
         f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
         f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)"
     )
-    from evalkit.study.fidelity import lines
+    from evalkit.study.delivery import lines
 
     print(f"  raters see: {r['seen']} (--delivery {r['delivery_mode']})")
     for ln in lines(r):

@@ -3,7 +3,7 @@ admin page (plain lines that also read as Markdown)."""
 
 from __future__ import annotations
 
-from . import fidelity
+from . import delivery
 from .stats import format_p
 
 
@@ -18,14 +18,14 @@ def num(v, nd: int = 3) -> str:
 
 def results_lines(res: dict) -> list[str]:
     """The results as lines: the verdict first, then how it was reached, then what raters
-    were sent (delivery fidelity and media bytes, :func:`.fidelity.lines`)."""
+    were sent (delivery fidelity and media bytes, :func:`.delivery.lines`)."""
     lines = _verdict_lines(res)
     # after the head and the raters: every study of these runs (no silent best of several), and
     # a key that its seed could rebuild (sealed by the schema 6 upgrade)
     extra = [res["same_runs"]["text"]] if res.get("same_runs") else []
     if (res.get("seal") or {}).get("rebuildable_from_seed"):
         extra.append(res["seal"]["text"])
-    return lines[:2] + extra + lines[2:] + fidelity.lines(res)
+    return lines[:2] + extra + lines[2:] + delivery.lines(res)
 
 
 def _verdict_lines(res: dict) -> list[str]:
