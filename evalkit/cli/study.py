@@ -26,7 +26,7 @@ def progress_lines(desc: str, unit: str, *, stream=None):
 
 
 def cmd_study_create(args) -> int:
-    from evalkit.study import create_study
+    from evalkit.study import create_study, protocols
 
     r = create_study(
         args.report,
@@ -50,7 +50,7 @@ def cmd_study_create(args) -> int:
     )
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
-    rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
+    rows = protocols.get(args.protocol).rows_noun
     print(
         f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
         f"{r['catch_versions']} catch versions, media -> {r['media']}"
