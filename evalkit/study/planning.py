@@ -249,7 +249,10 @@ def plan(
     progress=None,
     visible_bound: float | None = None,
 ) -> dict:
-    """Included raters (each rates every clip once) needed by a study.
+    """Included raters (each rates every clip once) needed by a study. The steps that differ
+    per protocol are the protocol object's (:mod:`.protocols`: ``clips_floor``,
+    ``power_terms``, ``check_ratings``, ``simulated_power``, ``plan_clips``, ``plan_raters``,
+    ``plan_figures``); what they do for ABX and preference:
 
     ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
     probability of "indistinguishable" by the exact rule of :func:`decide_abx` (``studies``
