@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 
 from evalkit import study  # noqa: E402
 from evalkit.errors import UserError  # noqa: E402
+from evalkit.study import protocols  # noqa: E402
 from evalkit.study.text import results_lines  # noqa: E402
 
 STUDY_COLUMNS = ["study", "protocol", "clips", "raters", "raters_planned", "ratings", "trials", "created"]
@@ -74,11 +75,7 @@ def clip_plot(res: dict):
     ax.set_xticklabels([tick_label(c["job"]) for c in pc], rotation=45, ha="right", fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel(key)
-    ax.set_title(
-        f"per clip {key} (red: detectably different, Holm-adjusted)"
-        if res["protocol"] == "abx"
-        else f"per clip {key}"
-    )
+    ax.set_title(protocols.get(res["protocol"]).per_clip_title(key))
     return fig
 
 
@@ -89,7 +86,7 @@ def tick_label(job: str, limit: int = 16) -> str:
 
 
 def _accuracy_key(res: dict) -> str:
-    return "win_rate_b" if res["protocol"] == "preference" else "accuracy"
+    return protocols.get(res["protocol"]).per_clip_key
 
 
 def lpips_plot(res: dict):
@@ -99,7 +96,7 @@ def lpips_plot(res: dict):
     if res["status"] != "complete":
         return None
     key = _accuracy_key(res)
-    if res["protocol"] == "threshold":
+    if protocols.get(res["protocol"]).by_level:
         pts = [
             (p["lpips"], p["accuracy"], p["n"], f"{p['job']} x{p['level']:g}")
             for p in res.get("levels") or []
@@ -138,7 +135,7 @@ def curve_plot(res: dict):
     """A threshold study's psychometric curve: the pooled points (proportion correct, with
     their n), the fitted curve, the threshold with its interval and the real backend
     difference (k = 1) marked. None unless a complete threshold study."""
-    if res["protocol"] != "threshold" or res["status"] != "complete":
+    if not protocols.get(res["protocol"]).by_level or res["status"] != "complete":
         return None
     a = res.get("threshold") or {}
     pooled = a.get("pooled") or {}
@@ -254,7 +251,7 @@ def build_admin(db) -> gr.Blocks:
             )
         clips = pd.DataFrame(
             res.get("levels")
-            if res["protocol"] == "threshold" and res["status"] == "complete"
+            if protocols.get(res["protocol"]).by_level and res["status"] == "complete"
             else res.get("per_clip") or []
         )
         excl = pd.DataFrame(

@@ -1,7 +1,7 @@
 """Delivery fidelity against the trial stream's QP: for each clip of a compare report, every ABX
 arrangement of its A and B tiles encoded as ``study create`` does (:data:`evalkit.study.media
 .TILED_ENCODING`) but at each QP asked for, decoded and measured by
-:func:`evalkit.study.fidelity.row_figures` (the worst stream), with the streams' bytes and the
+:func:`evalkit.study.delivery.row_figures` (the worst stream), with the streams' bytes and the
 seconds to encode and to measure.
 
     python benchmarks/bench_delivery.py REPORT [--qp 12,6,2,0] [--clips N]
@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evalkit.study import (  # noqa: E402
+    delivery,
     design,
-    fidelity,
     read_report,  # noqa: E402
 )
 from evalkit.study.media import TILED_ENCODING, TILED_X264, tile_frames, tile_layout  # noqa: E402
@@ -85,8 +85,8 @@ def main(argv=None) -> int:
                     )
                     files[key] = key
                 t1 = time.perf_counter()
-                f = fidelity.judge(
-                    fidelity.row_figures(
+                f = delivery.judge(
+                    delivery.row_figures(
                         media, {"rects": layout["rects"], "files": files}, {"a": fa, "b": fb}
                     )
                 )

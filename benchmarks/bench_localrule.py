@@ -1,9 +1,9 @@
 """The local delivery rule on known kinds of difference: for each canary clip and each case of
 :mod:`evalkit.testing.deliverycases` (flicker, crf16, crf32, bf16, glitch), the trial streams
 ``study create`` makes for an ABX row (:func:`evalkit.study.media.store_tiled_streams`, every
-arrangement), decoded and measured (:func:`evalkit.study.fidelity.row_figures`, the worst
+arrangement), decoded and measured (:func:`evalkit.study.delivery.row_figures`, the worst
 stream): the old global headroom, the retained correlation and gain, the local rule's share
-kept and verdict, and the predictor's (:func:`evalkit.study.fidelity.predict`) from the
+kept and verdict, and the predictor's (:func:`evalkit.study.delivery.predict`) from the
 pair's report figures.
 
     python benchmarks/bench_localrule.py [--clips N] [--frames N] [--out FILE]
@@ -22,18 +22,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evalkit.fsutil import datasets_dir  # noqa: E402
-from evalkit.study import design, fidelity  # noqa: E402
+from evalkit.study import delivery, design  # noqa: E402
 from evalkit.study.media import store_tiled_streams  # noqa: E402
 from evalkit.testing.deliverycases import CASES, case, frame_rows  # noqa: E402
 from evalkit.video import read_frames  # noqa: E402
 
 
-def measure(a, b, fps, media, margin_db: float = fidelity.MARGIN_DB) -> dict:
+def measure(a, b, fps, media, margin_db: float = delivery.MARGIN_DB) -> dict:
     """An ABX row of ``a`` against ``b`` as ``study create`` delivers it: its judged figures."""
     keys = design.stream_keys("abx")
     made = store_tiled_streams([{"a": a, "b": b}], [list(k) for k in keys], fps, media)
     streams = {"rects": made[0][1]["rects"], "files": {k: m[0] for k, m in zip(keys, made)}}
-    return fidelity.judge(fidelity.row_figures(media, streams, {"a": a, "b": b}, margin_db))
+    return delivery.judge(delivery.row_figures(media, streams, {"a": a, "b": b}, margin_db))
 
 
 def main(argv=None) -> int:
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--clips", type=int, default=8)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--margin", type=float, default=fidelity.MARGIN_DB, help="dB")
+    p.add_argument("--margin", type=float, default=delivery.MARGIN_DB, help="dB")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     lines = [
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as media:
                 f = measure(fa, fb, fps, media, a.margin)
             dt = time.perf_counter() - t0
-            pred = fidelity.predict(frame_rows(fa, fb))
+            pred = delivery.predict(frame_rows(fa, fb))
             line = (
                 f"| {clip.stem} | {name} | {f['ab_lossless_db']} | {f['headroom_db']} | "
                 f"{f['correlation']} | {f['gain']} | {f['amplitude']} | "

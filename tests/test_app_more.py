@@ -22,7 +22,7 @@ from test_app import export, hidden, rate  # noqa: F401
 
 from evalkit import study
 from evalkit.study import store
-from evalkit.study.fidelity import bytes_text
+from evalkit.study.delivery import bytes_text
 from evalkit.testing.page import ENABLED, admin_results, open_page
 from evalkit.testing.page import answer as answer_in_page
 from evalkit.testing.server import ADMIN_PASSWORD, ARTIFACTS, Server, free_port

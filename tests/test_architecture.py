@@ -380,3 +380,60 @@ def test_no_import_hook_on_import_evalkit():
     for name in ("metrics", "app"):
         link = ROOT / "evalkit" / name
         assert link.is_symlink() and link.readlink() == Path("..") / name
+
+
+#: modules that may name a protocol: the protocol objects themselves, and the rater-side test
+#: support (the blindness attacker plays a browser, which knows only the page it is served)
+PROTOCOL_NAMERS = ("evalkit.study.protocols", "evalkit.testing")
+
+
+def _names_protocol(node: ast.AST) -> bool:
+    """``protocol``, ``proto``, ``x.protocol`` or ``x["protocol"]``."""
+    if isinstance(node, ast.Name):
+        return node.id in ("protocol", "proto")
+    if isinstance(node, ast.Attribute):
+        return node.attr == "protocol"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "protocol"
+    return False
+
+
+def _protocol_constants(node: ast.AST) -> set:
+    from evalkit.study.protocols import REGISTRY
+
+    if isinstance(node, ast.Constant):
+        return {node.value} & set(REGISTRY)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_protocol_constants(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def protocol_branches() -> list[str]:
+    """Every comparison of a protocol with a protocol's name (``protocol == "abx"``,
+    ``res["protocol"] in ("abx", ...)``) outside :data:`PROTOCOL_NAMERS`."""
+    out = []
+    for m, path in MODULES.items():
+        if m.startswith(PROTOCOL_NAMERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_names_protocol(s) for s in sides) and any(_protocol_constants(s) for s in sides):
+                    out.append(f"{m}:{node.lineno}")
+    return sorted(out)
+
+
+def test_only_the_protocol_objects_branch_on_a_protocol_name():
+    # a new protocol is one file in evalkit/study/protocols/: the rest asks the protocol object
+    assert protocol_branches() == []
+
+
+def test_the_protocol_branch_check_sees_a_branch(tmp_path, monkeypatch):
+    # the check above is not vacuous: a module comparing a protocol name is found
+    path = tmp_path / "branchy.py"
+    path.write_text(
+        'def f(res, protocol):\n    a = res["protocol"] == "threshold"\n'
+        '    return a or protocol in ("abx", "preference") or "x" == protocol\n'
+    )
+    monkeypatch.setitem(MODULES, "evalkit.study.branchy", path)
+    assert protocol_branches() == ["evalkit.study.branchy:2", "evalkit.study.branchy:3"]

@@ -58,3 +58,35 @@ def test_a_plan_of_another_rule_version_is_not_served(tmp_path, monkeypatch):
     monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
     assert simcache.path_for("plan", args) != old and old.exists()
     assert simcache.cached("plan", args, lambda: {"raters": 22, "clips": 41}) == {"raters": 22, "clips": 41}
+
+
+def test_the_key_covers_the_protocol_objects(tmp_path, monkeypatch):
+    # the planner's steps per protocol live in evalkit/study/protocols/: a change there (as in
+    # stats, simulate or planning) must make a new key, never serve a plan of the old code
+    from pathlib import Path
+
+    import evalkit.study.protocols as protocols
+
+    folder = Path(protocols.__file__).parent
+    names = {p.name for p in simcache.sources()}
+    assert {"stats.py", "simulate.py", "planning.py"} <= names
+    assert {p.name for p in folder.glob("*.py")} <= names and "abx.py" in names
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path))
+    args = {"protocol": "preference", "margin": 0.1, "clips": 15, "alpha": 0.05}
+    before = simcache.path_for("plan", args)
+    originals = simcache.sources()
+
+    def key_of_copies(changed: str | None):
+        copies = []
+        for p in originals:
+            c = tmp_path / (changed or "same") / p.parent.name / p.name
+            c.parent.mkdir(parents=True, exist_ok=True)
+            c.write_bytes(p.read_bytes() + (b"# changed\n" if p.name == changed else b""))
+            copies.append(c)
+        monkeypatch.setattr(simcache, "sources", lambda: copies)
+        monkeypatch.setattr(simcache, "_SOURCE", None)
+        return simcache.path_for("plan", args)
+
+    assert key_of_copies(None) == before  # the same bytes: the same key
+    assert key_of_copies("preference.py") != before
+    assert key_of_copies("abx.py") != before

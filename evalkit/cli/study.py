@@ -26,7 +26,7 @@ def progress_lines(desc: str, unit: str, *, stream=None):
 
 
 def cmd_study_create(args) -> int:
-    from evalkit.study import create_study
+    from evalkit.study import create_study, protocols
 
     r = create_study(
         args.report,
@@ -50,7 +50,7 @@ def cmd_study_create(args) -> int:
     )
     for w in r["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
-    rows = "clips" if args.protocol != "threshold" else "clip-level stimuli"
+    rows = protocols.get(args.protocol).rows_noun
     print(
         f"study {r['study']}: {args.protocol}, {r['clips']} {rows}, "
         f"{r['catch_versions']} catch versions, media -> {r['media']}"
@@ -64,7 +64,7 @@ def cmd_study_create(args) -> int:
         f"  verdict after {r['raters_planned']} included raters (invite about {r['invite']}: "
         f"{100 * r['plan'].get('exclusion_rate', 0):.0f}% expected to fail the catch trials)"
     )
-    from evalkit.study.fidelity import lines
+    from evalkit.study.delivery import lines
 
     print(f"  raters see: {r['seen']} (--delivery {r['delivery_mode']})")
     for ln in lines(r):

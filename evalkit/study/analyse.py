@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import func, select
 
 from ..fsutil import atomic_write_text
-from . import design, fidelity, planning, protocols, seal, simcache, stats
+from . import delivery, design, planning, protocols, seal, simcache, stats
 from .errors import StudyError
 from .lossless import SEEN, delivery_of
 from .store import clips, load_study, now, open_db, raters, ratings, studies, trials, unblindings
@@ -545,7 +545,7 @@ def results(db, study, *, reps: int = 1000) -> dict:
             "study seed), so the same ratings always give the same verdict"
         )
     dec = _decide(protocol, test, margin, alpha, stats.VERDICT_REPS, vseed)
-    fidelity.per_clip_headroom(dec.get("per_clip") or [], out["delivery"])
+    delivery.per_clip_headroom(dec.get("per_clip") or [], out["delivery"])
     early = out["unblinding"] is not None
     out["design"] = achieved = _achieved_design(st, len(used), dec)
     if (

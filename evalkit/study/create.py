@@ -17,7 +17,8 @@ from sqlalchemy import func, select
 
 from ..errors import InputFileError
 from ..formats.run import clip_files
-from . import design, excerpt, fidelity, protocols, seal, stats, threshold, trialmedia
+from . import delivery as delivery_rule
+from . import design, excerpt, protocols, seal, stats, threshold, trialmedia
 from .analyse import same_runs
 from .errors import StudyError
 from .live import token_hash
@@ -128,7 +129,7 @@ def create_study(
     metrics_device="cpu",
     progress: bool = False,
     allow_masking: bool = False,
-    delivery_margin_db: float = fidelity.MARGIN_DB,
+    delivery_margin_db: float = delivery_rule.MARGIN_DB,
     excerpt_seconds=None,
     excerpt_at=None,
     delivery: str = "stream",
@@ -147,7 +148,7 @@ def create_study(
     ``ladder``: ``amplify`` (default) or ``blur`` (A blurred with sigma k px: a known
     degradation to compare thresholds with; :func:`.threshold.stimulus`).
 
-    Delivery fidelity (:mod:`.fidelity`): every row's trial streams are decoded and measured
+    Delivery fidelity (:mod:`.delivery`): every row's trial streams are decoded and measured
     against the lossless frames; a row whose stream does not keep its A-B difference (the
     local rule, windows judged at ``delivery_margin_db``) refuses the study
     (:class:`StudyError`, one line naming the clip and the figures, nothing written to the
@@ -245,9 +246,9 @@ def create_study(
     delivery = (
         exact_summary([r["delivery"] for r in clip_rows])
         if mode == "lossless"
-        else fidelity.summary([r["delivery"] for r in clip_rows], delivery_margin_db, allow_masking)
+        else delivery_rule.summary([r["delivery"] for r in clip_rows], delivery_margin_db, allow_masking)
     )
-    media_bytes = fidelity.media_bytes(
+    media_bytes = delivery_rule.media_bytes(
         media, [r["streams"] for r in clip_rows] + [p["streams"] for p in pool], ext=EXT[mode]
     )
     config = _study_config(
@@ -312,7 +313,7 @@ def _choose_delivery(
     asked: str, report, chosen: list, ladder: list, kind: str, cut, *, allow_masking: bool = False
 ) -> dict:
     """How trials will reach raters (``config["delivery_choice"]``): ``asked`` ``stream`` or
-    ``lossless`` is taken as given; ``auto`` asks :func:`.fidelity.choose_delivery` from the
+    ``lossless`` is taken as given; ``auto`` asks :func:`.delivery_rule.choose_delivery` from the
     report's figures alone, before anything is encoded (lossless where the H.264 stream is
     predicted to mask any row, else stream), except that ``allow_masking`` (which only a
     stream can need) keeps the stream and records the prediction beside it.
@@ -337,7 +338,9 @@ def _choose_delivery(
         )
     else:
         try:
-            mode, why = fidelity.choose_delivery(fidelity.delivery_rows(chosen, ladder, kind, cut), report)
+            mode, why = delivery_rule.choose_delivery(
+                delivery_rule.delivery_rows(chosen, ladder, kind, cut), report
+            )
         except (OSError, UnicodeDecodeError, csv.Error, ValueError, TypeError) as e:
             raise InputFileError(
                 figures,
@@ -629,13 +632,13 @@ def _write_study(
 
 
 def _deliver(row: dict, media, margin_db: float, allow_masking: bool) -> None:
-    """Judge a row's measured delivery (:func:`.fidelity.judge`); refuse
+    """Judge a row's measured delivery (:func:`.delivery_rule.judge`); refuse
     (:class:`StudyError`) a masked row unless ``allow_masking``."""
-    fig = fidelity.judge(row["delivery"], margin_db)
+    fig = delivery_rule.judge(row["delivery"], margin_db)
     row["delivery"] = fig
     if not fig["ok"] and not allow_masking:
         label = f"clip {row['job']}" + ("" if fig["level"] is None else f" at level {fig['level']:g}")
-        raise StudyError(fidelity.refusal(label, fig))
+        raise StudyError(delivery_rule.refusal(label, fig))
 
 
 def _fps_text(fps) -> str:

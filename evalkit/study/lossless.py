@@ -159,7 +159,7 @@ def read_webp(path) -> np.ndarray:
 
 def exact_row(job: str, level) -> dict:
     """A lossless row's delivery record: exact by construction (nothing encoded lossily, so
-    nothing measured; the fields of :func:`.fidelity.judge` that a stream's row has)."""
+    nothing measured; the fields of :func:`.delivery.judge` that a stream's row has)."""
     return {
         "job": job,
         "level": level,

@@ -5,6 +5,7 @@ study's size, and what ``create_study`` plans with. The rules planned for are in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -15,9 +16,7 @@ from .simulate import (
     INVERSION_SCENARIOS,
     SIMULATE_MAX_CELLS,
     WEAK_BOTS,
-    mc_se,
     simulate_abx,
-    simulate_preference,
     weak_misses,
 )
 from .stats import (
@@ -26,12 +25,6 @@ from .stats import (
     MIN_CLIPS,
     MIN_RATERS,
     RULE_VERSION,
-    abx_rule_text,
-    clip_veto_power,
-    clips_for_bound,
-    margin_terms,
-    min_clips,
-    preference_rule_text,
     t_quantile,
     visible_share_bound,
     visible_share_limit,
@@ -103,7 +96,7 @@ def design_check(
     rates: dict[str, list] = {}
     failing: dict[str, float] = {}
     if vb < lim and raters >= 2 and clips >= 2:
-        edges = _boundary_checks(
+        edges = boundary_checks(
             raters,
             clips,
             studies=studies,
@@ -114,7 +107,7 @@ def design_check(
             seed=seed,
         )
         rates = {sc: [o["indistinguishable"], o["se"]["indistinguishable"]] for sc, o in edges.items()}
-        failing = _boundary_failures(edges, alpha)
+        failing = boundary_failures(edges, alpha)
     ok = vb < lim and bool(rates) and not failing
     if vb >= lim:
         text = (
@@ -169,7 +162,7 @@ def _pigeonhole_factor(R: int, C: int) -> float:
     return (2 - 1 / R) * (2 - 1 / C) - 1
 
 
-def _normal_power(
+def normal_power(
     R: int,
     C: int,
     margin: float,
@@ -203,12 +196,12 @@ def _normal_raters(
     decisive_share: float = 1.0,
     rater_sd: float = 0.0,
 ) -> int:
-    """Smallest R >= 2 with :func:`_normal_power` >= ``power`` (``2 * MAX_RATERS`` + 1 when
+    """Smallest R >= 2 with :func:`normal_power` >= ``power`` (``2 * MAX_RATERS`` + 1 when
     none up to there)."""
 
     def good(R):
         return (
-            _normal_power(
+            normal_power(
                 R, C, margin, alpha, two_sided=two_sided, decisive_share=decisive_share, rater_sd=rater_sd
             )
             >= power
@@ -226,7 +219,7 @@ def _normal_raters(
 MAX_CLIP_RATERS = 5_000
 
 
-def _clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power: float) -> int:
+def clip_raters_estimate(C: int, alpha: float, clip_accuracy: float, clip_power: float) -> int:
     """Normal approximation of the ratings per clip :func:`clip_veto_power` needs."""
     from scipy.stats import norm
 
@@ -256,7 +249,10 @@ def plan(
     progress=None,
     visible_bound: float | None = None,
 ) -> dict:
-    """Included raters (each rates every clip once) needed by a study.
+    """Included raters (each rates every clip once) needed by a study. The steps that differ
+    per protocol are the protocol object's (:mod:`.protocols`: ``clips_floor``,
+    ``power_terms``, ``check_ratings``, ``simulated_power``, ``plan_clips``, ``plan_raters``,
+    ``plan_figures``); what they do for ABX and preference:
 
     ABX: the smallest ``raters`` R >= 12 such that (a) when everyone guesses, the simulated
     probability of "indistinguishable" by the exact rule of :func:`decide_abx` (``studies``
@@ -295,9 +291,10 @@ def plan(
     if clips_per_rater is not None:
         clips = clips_per_rater
     _check_plan(protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips, visible_bound)
+    proto = protocols.get(protocol)
     notes: list[str] = []
     clips_requested = clips
-    floor = min_clips(margin) if protocol == "abx" else MIN_CLIPS
+    floor = proto.clips_floor(margin)
     if clips < floor:
         notes.append(
             f"clips raised from {clips} to the floor of {floor}"
@@ -310,13 +307,29 @@ def plan(
         )
         clips = floor
     C = int(clips)
-    share = 1 - tie_rate if protocol == "preference" else 1.0
-    h = heterogeneity if protocol == "preference" else 0.0
-    chk = {"studies": studies, "reps": reps, "alpha": alpha, "margin": margin}
+    share, h = proto.power_terms(tie_rate, heterogeneity)
+    p = PlanInputs(
+        margin=margin,
+        power=power,
+        alpha=alpha,
+        exclusion_rate=exclusion_rate,
+        clip_accuracy=clip_accuracy,
+        clip_power=clip_power,
+        heterogeneity=heterogeneity,
+        tie_rate=tie_rate,
+        studies=studies,
+        reps=reps,
+        seed=seed,
+        progress=progress,
+        visible_bound=visible_bound,
+        clips_requested=clips_requested,
+        share=share,
+        h=h,
+    )
 
     def raters_at(C: int, notes: list, simulate: bool = True) -> tuple:
         approx = _normal_raters(
-            margin, power, C, alpha, two_sided=protocol == "preference", decisive_share=share, rater_sd=h
+            margin, power, C, alpha, two_sided=proto.two_sided, decisive_share=share, rater_sd=h
         )
         if approx > MAX_RATERS:
             need = f"more than {2 * MAX_RATERS:,}" if approx > 2 * MAX_RATERS else f"about {approx:,}"
@@ -325,115 +338,16 @@ def plan(
                 f"needed at {C} clips (the limit is {MAX_RATERS:,}); use a larger "
                 f"--margin or more clips"
             )
-        if protocol == "abx" and approx * C > MAX_RATERS:
-            raise ValueError(
-                f"--margin {margin:g}: about {approx:,} included raters x {C:,} "
-                f"clips = {approx * C:,} test ratings would be needed (at least "
-                f"{C:,} clips to bound the share of visibly different clips below "
-                f"{visible_share_limit(margin):g} and to see answers barely below "
-                f"chance; the limit is {MAX_RATERS:,} test ratings); use a larger "
-                "--margin"
-            )
+        proto.check_ratings(margin, approx, C)
         if not simulate:
             return approx, None, max(MIN_RATERS, approx), "normal approximation"
-        pw = _PowerAt(
-            protocol,
-            C,
-            margin=margin,
-            alpha=alpha,
-            tie_rate=tie_rate,
-            heterogeneity=heterogeneity,
-            studies=studies,
-            reps=reps,
-            seed=seed,
-            progress=progress,
-        )
+        pw = _PowerAt(proto, C, p)
         r_power, method = _raters_for_power(pw, approx, C, power, studies, notes)
         return approx, pw, r_power, method
 
-    if protocol == "abx":
-        # answers barely below chance are seen by the raters' spread check, whose power grows
-        # with clips per rater: raise the clips until it sees them at the raters the other
-        # constraints need there (more clips need fewer raters for power: iterate, with the
-        # power's normal approximation; the boundary checks at the final size include both
-        # scenarios and add raters if they still fail there)
-        spread_from = C
-        for _ in range(8):
-            approx, pw, r_power, method = raters_at(C, [], simulate=False)
-            r_pre = _abx_raters(
-                r_power,
-                method,
-                C,
-                power=power,
-                alpha=alpha,
-                clip_accuracy=clip_accuracy,
-                clip_power=clip_power,
-                heterogeneity=heterogeneity,
-                seed=seed,
-                chk=chk,
-                notes=[],
-                progress=progress,
-                checks=False,
-            )[0]
-            need, how = spread_clips(margin, r_pre, alpha=alpha, start=C)
-            if progress is not None:
-                progress(f"{r_pre} raters: {need} clips see answers barely below chance")
-            if need <= C:
-                break
-            if r_pre * need > 100 * MAX_RATERS:
-                raise ValueError(
-                    f"--margin {margin:g}: about {r_pre:,} included raters x "
-                    f"{need:,} clips = {r_pre * need:,} test ratings would be "
-                    f"needed (clips per rater to see answers barely below chance; "
-                    f"the limit is {MAX_RATERS:,} test ratings); use a larger "
-                    "--margin"
-                )
-            C = need
-        if C > spread_from:
-            notes.append(
-                f"clips raised from {spread_from} to {C} (answers barely below chance: "
-                f"with fewer clips per rater, every rater at {0.5 + margin:g} and half "
-                f"of them inverted, or bots at {WEAK_BOTS[1]:g} as "
-                f"{WEAK_BOTS[0]:.0%} of raters, would go unseen more than "
-                f"{alpha:g} of the time; {how})"
-            )
+    C, clips_before = proto.plan_clips(C, raters_at, notes, p)
     approx, pw, r_power, method = raters_at(C, notes)
-    if protocol == "abx":
-        R, reasons, edges, checks_simulated = _abx_raters(
-            r_power,
-            method,
-            C,
-            power=power,
-            alpha=alpha,
-            clip_accuracy=clip_accuracy,
-            clip_power=clip_power,
-            heterogeneity=heterogeneity,
-            seed=seed,
-            chk=chk,
-            notes=notes,
-            progress=progress,
-        )
-        if R * C > MAX_RATERS:
-            raise ValueError(
-                f"--margin {margin:g}: {R:,} included raters x {C:,} clips = "
-                f"{R * C:,} test ratings would be needed (clips per rater to see "
-                f"answers barely below chance; the limit is {MAX_RATERS:,} test "
-                "ratings); use a larger --margin"
-            )
-        if C > spread_from:
-            reasons.append(
-                f"answers barely below chance: {C} clips per rater (not {spread_from}) see them at {R} raters"
-            )
-    else:
-        R, edges, checks_simulated = max(MIN_RATERS, r_power), {}, method == "simulation"
-        reasons = (
-            [
-                f"power: {power:g} probability of 'B preferred' at win rate "
-                f"{0.5 + margin:g} needs {r_power} raters"
-            ]
-            if R == r_power and r_power > MIN_RATERS
-            else []
-        )
+    R, reasons, edges, checks_simulated = proto.plan_raters(r_power, method, C, clips_before, notes, p)
     if R == MIN_RATERS and not reasons:
         reasons.append(f"floor: at least {MIN_RATERS} included raters")
     out = {
@@ -462,78 +376,70 @@ def plan(
         "analytic_trials": approx * C,
     }
     big = method != "simulation" or not checks_simulated
-    if protocol == "abx":
-        vb, _ = visible_share_bound(0, C, R, alpha=alpha, visible_accuracy=clip_accuracy)
-        out["visible_share_bound"] = float(vb)
-        if visible_bound is not None:
-            need = clips_for_bound(visible_bound, R, alpha=alpha, visible_accuracy=clip_accuracy, start=C)
-            if need > C:  # more clips may need more raters: plan again at that size
-                again = plan(
-                    protocol,
-                    margin,
-                    power,
-                    clips=need,
-                    alpha=alpha,
-                    exclusion_rate=exclusion_rate,
-                    clip_accuracy=clip_accuracy,
-                    clip_power=clip_power,
-                    heterogeneity=heterogeneity,
-                    tie_rate=tie_rate,
-                    studies=studies,
-                    reps=reps,
-                    seed=seed,
-                    progress=progress,
-                    visible_bound=visible_bound,
-                )
-                again["clips_requested"] = clips_requested
-                return again
-            out["visible_bound_target"] = visible_bound
-            reasons.append(
-                f"visible bound: {C} clips drawn at random bound the share of "
-                f"visibly different clips (accuracy >= {clip_accuracy:g}) at "
-                f"{float(vb):.3g} <= {visible_bound:g} when none is flagged"
-            )
-        out.update(
-            _abx_figures(
-                R,
-                C,
-                margin=margin,
-                alpha=alpha,
-                clip_accuracy=clip_accuracy,
-                clip_power=clip_power,
-                seed=seed,
-                chk=chk,
-                edges=edges,
-                big=big,
-            )
+    again = proto.plan_figures(out, pw, edges, big, p)
+    return out if again is None else again
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """:func:`plan`'s arguments as the protocol's planning steps get them
+    (:meth:`.protocols.base.Protocol.plan_clips` and the others), with ``share`` and ``h``, the
+    protocol's :meth:`~.protocols.base.Protocol.power_terms`."""
+
+    margin: float
+    power: float
+    alpha: float
+    exclusion_rate: float
+    clip_accuracy: float
+    clip_power: float
+    heterogeneity: float
+    tie_rate: float
+    studies: int
+    reps: int
+    seed: int
+    progress: object
+    visible_bound: float | None
+    clips_requested: int
+    share: float
+    h: float
+
+    @property
+    def chk(self) -> dict:
+        """The boundary checks' simulation settings."""
+        return {"studies": self.studies, "reps": self.reps, "alpha": self.alpha, "margin": self.margin}
+
+    def again(self, protocol: str, clips: int) -> dict:
+        """:func:`plan` again with these arguments at ``clips`` (its ``clips_requested``
+        kept)."""
+        out = plan(
+            protocol,
+            self.margin,
+            self.power,
+            clips=clips,
+            alpha=self.alpha,
+            exclusion_rate=self.exclusion_rate,
+            clip_accuracy=self.clip_accuracy,
+            clip_power=self.clip_power,
+            heterogeneity=self.heterogeneity,
+            tie_rate=self.tie_rate,
+            studies=self.studies,
+            reps=self.reps,
+            seed=self.seed,
+            progress=self.progress,
+            visible_bound=self.visible_bound,
         )
-    else:
-        out.update(
-            _preference_figures(
-                R,
-                C,
-                pw,
-                margin=margin,
-                alpha=alpha,
-                tie_rate=tie_rate,
-                share=share,
-                h=h,
-                heterogeneity=heterogeneity,
-                studies=studies,
-                reps=reps,
-                seed=seed,
-                big=big,
-            )
-        )
-    return out
+        out["clips_requested"] = self.clips_requested
+        return out
 
 
 def _check_plan(
     protocol, margin, power, exclusion_rate, tie_rate, clip_accuracy, clips, visible_bound
 ) -> None:
     """:func:`plan`'s arguments, each refused with a message naming its option."""
-    if protocol not in ("abx", "preference"):
-        raise ValueError(f"protocol: expected abx or preference, found {protocol!r}")
+    proto = protocols.REGISTRY.get(protocol) if isinstance(protocol, str) else None
+    if proto is None or not proto.planned:
+        names = " or ".join(sorted(n for n, q in protocols.REGISTRY.items() if q.planned))
+        raise ValueError(f"protocol: expected {names}, found {protocol!r}")
     if not 0 < margin < 0.5:
         raise ValueError(f"--margin: expected a number in (0, 0.5), found {margin}")
     if not 0 < power < 1:
@@ -547,9 +453,10 @@ def _check_plan(
     if isinstance(clips, bool) or not isinstance(clips, numbers.Integral) or clips < 1:
         raise ValueError(f"--clips: expected a positive integer, found {clips!r}")
     if visible_bound is not None:
-        if protocol != "abx":
+        if not proto.bounds_visible:
+            names = " or ".join(sorted(n for n, q in protocols.REGISTRY.items() if q.bounds_visible))
             raise ValueError(
-                "--visible-bound: only for --protocol abx (a preference study "
+                f"--visible-bound: only for --protocol {names} (a {protocol} study "
                 "makes no claim that clips look the same)"
             )
         if not 0 < visible_bound < 1:
@@ -618,44 +525,20 @@ def spread_clips(
 
 
 class _PowerAt:
-    """The simulated power of a design with ``R`` raters (cached per R): the probability of
-    "indistinguishable" when everyone guesses (ABX), or of "B preferred" at win rate
-    0.5 + margin (preference)."""
+    """The simulated power of a design with ``R`` raters (cached per R): the protocol's
+    :meth:`~.protocols.base.Protocol.simulated_power` (ABX: the probability of
+    "indistinguishable" when everyone guesses; preference: of "B preferred" at win rate
+    0.5 + margin)."""
 
-    def __init__(self, protocol, C, *, margin, alpha, tie_rate, heterogeneity, studies, reps, seed, progress):
-        self.protocol, self.C, self.margin, self.alpha = protocol, C, margin, alpha
-        self.tie_rate, self.heterogeneity = tie_rate, heterogeneity
-        self.studies, self.reps, self.seed, self.progress = studies, reps, seed, progress
+    def __init__(self, protocol, C: int, p: PlanInputs):
+        self.protocol, self.C, self.p = protocol, C, p
         self.cache: dict[int, float] = {}
 
     def __call__(self, R: int) -> float:
         if R not in self.cache:
-            if self.protocol == "abx":
-                self.cache[R] = simulate_abx(
-                    R,
-                    self.C,
-                    "homogeneous",
-                    mu=0.5,
-                    margin=self.margin,
-                    alpha=self.alpha,
-                    studies=self.studies,
-                    reps=self.reps,
-                    seed=self.seed + R,
-                )["indistinguishable"]
-            else:
-                self.cache[R] = simulate_preference(
-                    R,
-                    self.C,
-                    win_rate=0.5 + self.margin,
-                    tie_rate=self.tie_rate,
-                    rater_sd=self.heterogeneity,
-                    alpha=self.alpha,
-                    studies=self.studies,
-                    reps=self.reps,
-                    seed=self.seed + R,
-                )["B preferred"]
-            if self.progress is not None:
-                self.progress(f"{R} raters: power {self.cache[R]:.3f}")
+            self.cache[R] = self.protocol.simulated_power(R, self.C, self.p)
+            if self.p.progress is not None:
+                self.p.progress(f"{R} raters: power {self.cache[R]:.3f}")
         return self.cache[R]
 
 
@@ -696,119 +579,13 @@ def _raters_for_power(
     return r_power, "normal approximation"
 
 
-def _abx_raters(
-    r_power,
-    method,
-    C,
-    *,
-    power,
-    alpha,
-    clip_accuracy,
-    clip_power,
-    heterogeneity,
-    seed,
-    chk,
-    notes,
-    progress,
-    checks: bool = True,
-) -> tuple[int, list, dict, bool]:
-    """ABX raters past the power figure ``r_power``: the clip veto (one clip at
-    ``clip_accuracy`` flagged with probability ``clip_power``), then (``checks``) the boundary
-    error in every scenario of :data:`BOUNDARY_SCENARIOS` and :data:`INVERSION_SCENARIOS`.
-    Returns (raters, reasons, the boundary simulations, whether the checks were simulated)."""
-    reasons: list[str] = []
-    edges: dict[str, dict] = {}
-    R = max(MIN_RATERS, r_power)
-    # the search below is linear (the exact power is a saw-tooth) and each step costs O(R):
-    # refuse a clip accuracy so close to 0.5 that it would run for minutes
-    need = _clip_raters_estimate(C, alpha, clip_accuracy, clip_power)
-    if need > MAX_CLIP_RATERS:
-        raise ValueError(
-            f"--clip-accuracy {clip_accuracy:g}: about {need:,} ratings per clip "
-            f"would be needed to flag one clip (the limit is "
-            f"{MAX_CLIP_RATERS:,}); use a larger --clip-accuracy"
-        )
-    r_clip = MIN_RATERS
-    while clip_veto_power(r_clip, C, alpha, clip_accuracy) < clip_power:
-        r_clip += 1
-        if r_clip > MAX_RATERS:
-            raise ValueError(
-                f"clip accuracy {clip_accuracy}: cannot be flagged with {MAX_RATERS:,} ratings per clip"
-            )
-
-    def clip_ok_from(r: int) -> int:
-        while clip_veto_power(r, C, alpha, clip_accuracy) < clip_power:  # binomial saw-tooth
-            r += 1
-        return r
-
-    R = clip_ok_from(max(R, r_clip))
-    r_veto = R
-    lim = visible_share_limit(chk["margin"])
-    while float(visible_share_bound(0, C, R, alpha=alpha)[0]) >= lim:
-        R += 1
-        if R > MAX_CLIP_RATERS:
-            raise ValueError(
-                f"--clips {C}: the share of visibly different clips cannot be "
-                f"bounded below {lim:g} with up to {MAX_CLIP_RATERS:,} raters; "
-                "use more clips"
-            )
-    checks_simulated = method == "simulation" and R * C <= 2 * SIMULATE_MAX_CELLS
-    if method == "simulation" and not checks_simulated:  # the clip veto made R large
-        notes.append(
-            f"{R} raters x {C} clips is too large to simulate quickly: the checks "
-            "at this size are the normal approximation"
-        )
-    r_base = R
-    if R == r_power and r_power > MIN_RATERS:
-        reasons.append(
-            f"power: {power:g} probability of 'indistinguishable' when "
-            f"everyone guesses needs {r_power} raters"
-        )
-    if r_veto > r_power:
-        reasons.append(
-            f"clip veto: flagging one clip at accuracy {clip_accuracy:g} with "
-            f"probability {clip_power:g} needs {r_veto} ratings per clip "
-            f"(power alone: {r_power})"
-        )
-    if R > max(r_veto, r_power):
-        reasons.append(
-            f"coverage: {C} clips bound the share of visibly different clips "
-            f"below {lim:g} (2 x margin) from {R} ratings per clip"
-        )
-    # the error claim at this size: "indistinguishable" at the boundary 0.5 + margin must
-    # stay <= alpha (one MC SE allowed) in every scenario; with few raters and many clips
-    # (golden ears missed by the sample) it may not: add raters until it does
-    while checks_simulated and checks:
-        edges = _boundary_checks(R, C, heterogeneity=heterogeneity, seed=seed + 1, **chk)
-        if progress is not None:
-            progress(f"{R} raters: boundary checks")
-        bad = _boundary_failures(edges, alpha)
-        if not bad:
-            break
-        if R * C > 2 * SIMULATE_MAX_CELLS:
-            notes.append(
-                f"boundary error above {alpha:g} at {R} raters "
-                f"({', '.join(f'{k} {v:.3f}' for k, v in bad.items())}); stopped "
-                f"adding raters"
-            )
-            break
-        R = clip_ok_from(math.ceil(R * 1.1) + 1)
-    if R > r_base:
-        reasons.append(
-            f"heterogeneity and answers below chance: 'indistinguishable' at true accuracy "
-            f"{0.5 + chk['margin']:g} stays <= {alpha:g} in every scenario from {R} "
-            f"raters (not at {r_base})"
-        )
-    return R, reasons, edges, checks_simulated
-
-
 #: simulated studies of the planner's and :func:`design_check`'s checks with answers below chance
 #: (judged on the rate itself, not the rate less one SE: the checks below chance leave rates
 #: near 5% at the smallest sizes, and 400 studies could not tell 5% from 7%)
 INVERSION_CHECK_STUDIES = 1000
 
 
-def _boundary_checks(
+def boundary_checks(
     R: int, C: int, *, studies: int, reps: int, alpha: float, margin: float, heterogeneity: float, seed: int
 ) -> dict:
     """``simulate_abx`` at the boundary in every scenario of :data:`BOUNDARY_SCENARIOS` and
@@ -822,7 +599,7 @@ def _boundary_checks(
     return out
 
 
-def _boundary_failures(edges: dict, alpha: float) -> dict:
+def boundary_failures(edges: dict, alpha: float) -> dict:
     """The scenarios whose boundary rate is above ``alpha``: less one MC SE for
     :data:`BOUNDARY_SCENARIOS`, the rate itself for :data:`INVERSION_SCENARIOS`."""
     return {
@@ -831,72 +608,6 @@ def _boundary_failures(edges: dict, alpha: float) -> dict:
         if o["indistinguishable"] - (o["se"]["indistinguishable"] if sc in BOUNDARY_SCENARIOS else 0.0)
         > alpha
     }
-
-
-def _abx_figures(R, C, *, margin, alpha, clip_accuracy, clip_power, seed, chk, edges, big) -> dict:
-    """An ABX plan's rule, clip-flag power and its checks at the planned size (simulated, or
-    the normal approximation when ``big``)."""
-    out = {
-        "margin_terms": margin_terms(margin),
-        "rule": abx_rule_text(margin, alpha, R, C, 2000),
-        "clip_accuracy": clip_accuracy,
-        "clip_power_target": clip_power,
-        "clip_flag_power": clip_veto_power(R, C, alpha, clip_accuracy),
-    }
-    if big:
-        out.update(
-            simulated_power=_normal_power(R, C, margin, alpha, two_sided=False),
-            simulated_power_se=None,
-            boundary_error=None,
-            boundary_error_se=None,
-            distinguishable_at_chance=None,
-            clip_flag_simulated=None,
-        )
-        return out
-    null = simulate_abx(R, C, "homogeneous", mu=0.5, seed=seed + R, **chk)
-    vis = simulate_abx(R, C, "one_visible_clip", clip_accuracy=clip_accuracy, seed=seed + 7, **chk)
-    out.update(
-        simulated_power=null["indistinguishable"],
-        simulated_power_se=null["se"]["indistinguishable"],
-        distinguishable_at_chance=null["distinguishable"],
-        boundary_error={sc: o["indistinguishable"] for sc, o in edges.items()},
-        boundary_error_se=max(o["se"]["indistinguishable"] for o in edges.values()),
-        clip_flag_simulated=vis["clip_flagged"],
-    )
-    return out
-
-
-def _preference_figures(
-    R, C, pw, *, margin, alpha, tie_rate, share, h, heterogeneity, studies, reps, seed, big
-) -> dict:
-    """A preference plan's rule and its power and chance-level checks at the planned size."""
-    out = {"tie_rate": tie_rate, "rule": preference_rule_text(alpha, min(R, C) - 1, 2000)}
-    if big:
-        out.update(
-            simulated_power=_normal_power(
-                R, C, margin, alpha, two_sided=True, decisive_share=share, rater_sd=h
-            ),
-            simulated_power_se=None,
-            any_preference_at_chance=None,
-        )
-        return out
-    null = simulate_preference(
-        R,
-        C,
-        win_rate=0.5,
-        tie_rate=tie_rate,
-        rater_sd=heterogeneity,
-        alpha=alpha,
-        studies=studies,
-        reps=reps,
-        seed=seed + 1,
-    )
-    out.update(
-        simulated_power=pw(R),
-        simulated_power_se=mc_se(pw(R), studies),
-        any_preference_at_chance=null["any preference"],
-    )
-    return out
 
 
 _PLANS: dict = {}

@@ -2,8 +2,8 @@
 
 Both are deterministic (fixed seeds) and take seconds to tens of seconds to simulate, so each
 command that needs one (``study plan``, ``study create``, ``study results``) would pay for it
-again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`, :mod:`.simulate`
-and :mod:`.planning`) under
+again. A figure is stored once per (what, its arguments, the source of :mod:`.stats`, :mod:`.simulate`,
+:mod:`.planning` and :mod:`.protocols`: :func:`sources`) under
 ``$EVALKIT_CACHE_DIR/sims`` (or ``~/.cache/evalkit/sims``) as JSON, written atomically; a
 change to the rules' code (or to ``stats.RULE_VERSION``) makes a new key, so a stale figure is
 never read. A cache that cannot
@@ -23,12 +23,21 @@ from ..metrics.weights import cache_dir
 _SOURCE: str | None = None
 
 
+def sources() -> list[Path]:
+    """The files whose source keys a figure: the rules, their simulation, the planner and the
+    protocol objects (the planner's steps per protocol are theirs)."""
+    here = Path(__file__).parent
+    return [here / n for n in ("stats.py", "simulate.py", "planning.py")] + sorted(
+        (here / "protocols").glob("*.py")
+    )
+
+
 def _source_hash() -> str:
     global _SOURCE
     if _SOURCE is None:
-        h = hashlib.sha256()  # the rules, their simulation and the planner (read, not imported)
-        for name in ("stats.py", "simulate.py", "planning.py"):
-            h.update((Path(__file__).parent / name).read_bytes())
+        h = hashlib.sha256()  # read, not imported
+        for path in sources():
+            h.update(path.read_bytes())
         _SOURCE = h.hexdigest()[:16]
     return _SOURCE
 

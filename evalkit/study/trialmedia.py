@@ -11,7 +11,7 @@ sides side by side) in these passes:
    row's streams, then its catch versions', at most :data:`STREAMS_PER_PASS` streams a pass (a
    pass of catch versions alone decodes only the side they come from);
 2. *measure*: the row's delivery fidelity, its streams decoded side by side against the
-   lossless contents (:func:`.fidelity.row_figures`), and for a threshold level the
+   lossless contents (:func:`.delivery_rule.row_figures`), and for a threshold level the
    stimulus's metrics (:func:`.threshold.measure_windows`) in the same pass.
 
 A threshold study first measures the clip's real difference (one more pass). Every file, figure
@@ -28,7 +28,8 @@ import numpy as np
 
 from ..concurrency import fan_out
 from ..video import open_clip
-from . import design, excerpt, fidelity, threshold
+from . import delivery as delivery_rule
+from . import design, excerpt, threshold
 from .lossless import exact_row
 from .media import degrade, store_tiled_streams
 
@@ -72,13 +73,13 @@ def clip_media(
     xbit,
     metrics_device,
     measure_reference: bool,
-    delivery_margin_db: float = fidelity.MARGIN_DB,
+    delivery_margin_db: float = delivery_rule.MARGIN_DB,
     delivery: str = "stream",
 ) -> dict:
     """One clip's media (run in a worker thread): each of its rows' matched set (and stimulus
     metrics) and catch versions; ``rows``: (row index, level or None, [(catch kind, from B, colour offset)]);
     ``window``: (the clip's excerpt window, seconds, at) or None (the whole clip);
-    ``delivery_margin_db``: the delivery rule's (:mod:`.fidelity`); ``delivery``: ``stream``
+    ``delivery_margin_db``: the delivery rule's (:mod:`.delivery`); ``delivery``: ``stream``
     (H.264, its fidelity measured) or ``lossless`` (animated lossless WebP, :mod:`.lossless`:
     exact, nothing measured). Returns
     ``{"fps_a", "fps_b", "seconds", "rows", "stimuli", "catches"}`` (``"reference"`` when
@@ -177,7 +178,7 @@ def _row(
     xbit,
     out,
     metrics_device,
-    margin_db=fidelity.MARGIN_DB,
+    margin_db=delivery_rule.MARGIN_DB,
     delivery="stream",
 ) -> None:
     """Row ``i`` of the clips table and its catch versions (``refs``: (kind, reference from B,
@@ -246,12 +247,12 @@ def _row(
         if level is not None:
             m = threshold.measure_windows(((x["a"], x["b"]) for x in shown()), device=metrics_device)
     elif level is None:
-        fig = fidelity.row_figures(media, made[None], shown(), margin_db)
+        fig = delivery_rule.row_figures(media, made[None], shown(), margin_db)
     else:
         fig, m = fan_out(
             shown(),
             [
-                lambda items: fidelity.row_figures(media, made[None], items, margin_db),
+                lambda items: delivery_rule.row_figures(media, made[None], items, margin_db),
                 lambda items: threshold.measure_windows(
                     ((x["a"], x["b"]) for x in items), device=metrics_device
                 ),

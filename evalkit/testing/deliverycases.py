@@ -1,5 +1,5 @@
 """Backend differences of known kinds, made from one clip's frames, for the delivery rule
-(:mod:`evalkit.study.fidelity`) and its predictor: what a trial stream keeps of each.
+(:mod:`evalkit.study.delivery`) and its predictor: what a trial stream keeps of each.
 
 - ``flicker``: brightness up and down by 3% on alternate frames (:mod:`.variants`): a
   structured difference people notice, several code values where the picture is bright;

@@ -33,6 +33,19 @@ class Protocol:
     sets_gate: bool = False
     #: extra columns of the ratings CSV (:func:`..export.ratings_csv`)
     rating_columns: tuple[str, ...] = ()
+    #: the planner (:func:`..planning.plan`, ``evalkit study plan``) sizes its design
+    planned: bool = False
+    #: its rule is two-sided (either backend may come out ahead)
+    two_sided: bool = False
+    #: ``--visible-bound`` applies: the study can claim that clips look the same
+    bounds_visible: bool = False
+    #: a complete study's results are per (clip, level) with a psychometric fit (``levels``,
+    #: ``threshold``) instead of per clip
+    by_level: bool = False
+    #: what its rows are called (``study create``'s line)
+    rows_noun: str = "clips"
+    #: the per-clip figure of its results (the admin page's per-clip plot)
+    per_clip_key: str = "accuracy"
 
     # -- catch trials ----------------------------------------------------------------------
 
@@ -128,6 +141,69 @@ class Protocol:
         """The plan's clips as the achieved design is held to (``planned``: None without
         one)."""
         return planned
+
+    # -- planning (:func:`..planning.plan`; only where :attr:`planned`) ---------------------
+
+    def clips_floor(self, margin: float) -> int:
+        """The fewest clips per rater the planner accepts (a smaller ``clips`` is raised)."""
+        from ..stats import MIN_CLIPS
+
+        return MIN_CLIPS
+
+    def power_terms(self, tie_rate: float, heterogeneity: float) -> tuple[float, float]:
+        """(share of decisive ratings, SD of the raters' true rates) of the power's normal
+        approximation (:func:`..planning.normal_power`)."""
+        return 1.0, 0.0
+
+    def check_ratings(self, margin: float, raters: int, clips: int) -> None:
+        """Refuse (ValueError) a design whose test ratings the protocol cannot afford (the
+        raters of the power's normal approximation at ``clips``)."""
+
+    def simulated_power(self, raters: int, clips: int, p) -> float:
+        """The simulated power at ``raters`` x ``clips`` (``p``: :class:`..planning.PlanInputs`;
+        seeded with ``p.seed + raters``)."""
+        raise NotImplementedError
+
+    def plan_clips(self, clips: int, raters_at, notes: list, p) -> tuple[int, int]:
+        """The clips per rater past the floor, and the clips before this step (``raters_at``:
+        the planner's raters at a number of clips)."""
+        return clips, clips
+
+    def plan_raters(self, r_power: int, method: str, clips: int, clips_before: int, notes: list, p) -> tuple:
+        """The included raters past the power figure ``r_power``: (raters, reasons, the
+        simulated boundary checks, whether the checks were simulated)."""
+        raise NotImplementedError
+
+    def plan_figures(self, out: dict, pw, edges: dict, big: bool, p) -> dict | None:
+        """Add the rule and the figures at the planned size to the plan ``out`` (simulated, or
+        the normal approximation when ``big``); a plan redone at another size replaces it
+        (returned; None: ``out`` stands)."""
+        raise NotImplementedError
+
+    # -- results text (:mod:`..text`) and the admin page -----------------------------------
+
+    def estimate_lines(self, res: dict) -> list[str]:
+        """The figures of an analysis (a verdict's or a pilot's) before its rule."""
+        raise NotImplementedError
+
+    def figure_lines(self, res: dict) -> list[str]:
+        """The figures of an analysis, its rule and the flagged clips."""
+        from ..text import flagged_lines
+
+        return self.estimate_lines(res) + [f"rule: {res['rule']}"] + flagged_lines(res)
+
+    def result_lines(self, res: dict) -> list[str] | None:
+        """A complete study's lines after its head where the protocol has its own analysis
+        (:meth:`own_results`; None: the verdict's lines)."""
+        return None
+
+    def sensitivity_figure(self, without: dict) -> str:
+        """The verdict's figure with the catch-excluded raters (a sensitivity check)."""
+        raise NotImplementedError
+
+    def per_clip_title(self, key: str) -> str:
+        """The title of the per-clip plot of ``key``."""
+        return f"per clip {key}"
 
     # -- export ----------------------------------------------------------------------------
 

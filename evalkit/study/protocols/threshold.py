@@ -20,6 +20,10 @@ class Threshold(ABX):
     measures_reference = True
     sets_gate = True
     plans_clips = False  # no planner
+    planned = False
+    bounds_visible = False
+    by_level = True
+    rows_noun = "clip-level stimuli"
 
     def check_ladder(self, ladder):
         return None
@@ -80,6 +84,15 @@ class Threshold(ABX):
 
     def planned_clips(self, planned, margin):
         return planned
+
+    def figure_lines(self, res):
+        return [res["verdict_text"]] if res.get("verdict_text") else []
+
+    def result_lines(self, res):
+        return _threshold_lines(res)
+
+    def per_clip_title(self, key):
+        return f"per clip {key}"
 
     def stimuli(self, st):
         return (st["config"].get("threshold") or {}).get("stimuli") or {}
@@ -146,6 +159,39 @@ def _threshold_results(st: dict, test: list[dict], reps: int) -> dict:
         "rater_count": len({t["rater"] for t in trials_}),
         "clip_count": len({t["clip"] for t in trials_}),
     }
+
+
+def _threshold_lines(res: dict) -> list[str]:
+    """A complete threshold study's lines: the fit, per clip and per level, the rule."""
+    from ..text import closing_lines, num, p_phrase
+
+    a = res.get("threshold") or {}
+    lines = [
+        res["verdict_text"],
+        f"ABX accuracy over all levels {num(res.get('accuracy'))} ({res.get('correct')} of "
+        f"{res.get('n')} correct)",
+    ]
+    for job, f in sorted((a.get("clips") or {}).items()):
+        ci = f.get("ci") or [None, None]
+        lines.append(
+            f"clip {job}: threshold {num(f.get('threshold'), 4)} (interval "
+            f"{num(ci[0], 4)} to {num(ci[1], 4)}), real difference "
+            f"{num(f.get('reference'), 4)}"
+        )
+    for p in res.get("levels") or []:
+        lines.append(
+            f"clip {p['job']} level {num(p['level'])}: {a.get('metric', 'lpips')} "
+            f"{num(p.get('lpips'), 4)}, {p['correct']} of {p['n']} correct"
+        )
+    gof = (a.get("pooled") or {}).get("gof") or {}
+    if gof:
+        lines.append(
+            f"goodness of fit: deviance {num(gof.get('deviance'), 2)} on "
+            f"{gof.get('df')} df, p {p_phrase(gof.get('p'))}"
+        )
+    lines += [f"note: {n}" for n in a.get("notes") or []]
+    lines.append(f"rule: {res['rule']}")
+    return lines + closing_lines(res)
 
 
 def _conventions(reference: dict) -> dict:

@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_one_line_error
 
 from evalkit import study
-from evalkit.study import design, fidelity
+from evalkit.study import delivery, design
 from evalkit.study.store import open_db, studies
 from evalkit.study.text import results_lines
 from evalkit.testing.studies import answer, hidden, study_config
@@ -42,7 +42,7 @@ def _one_window(d, d2, frames=1):
     a = np.full((frames,) + np.shape(d), 128, np.uint8)
     b = np.stack([_frame(d, np.shape(d))] * frames)
     b2 = np.stack([_frame(d2, np.shape(d))] * frames)
-    s = fidelity.Sums()
+    s = delivery.Sums()
     s.add(a, b, a, b2)
     return s.figures()
 
@@ -65,15 +65,15 @@ def test_a_window_keeps_at_correlation_0_71_exactly_and_not_below():
     assert int((r * d).sum()) == 0 and int((r * r).sum()) * 4 == int((d * d).sum())
     f = _one_window(d, d + 2 * r)  # |2r|^2 = |d|^2
     assert f["sums"]["cross"] == f["sums"]["ab"] and f["sums"]["ab_delivered"] == 2 * f["sums"]["ab"]
-    assert f["kept"] == 1.0 and fidelity.acceptable(f["sums"])
+    assert f["kept"] == 1.0 and delivery.acceptable(f["sums"])
     worse = d + 2 * r
     i = int(np.flatnonzero((d > 0) & (r > 0))[0])  # one more unit of the rest, along r
     worse.flat[i] += 1
     worse.flat[int(np.flatnonzero((d < 0) & (r > 0))[0])] += 1  # keeps <D', D> unchanged
     f = _one_window(d, worse)
     assert f["sums"]["cross"] == f["sums"]["ab"] and f["sums"]["ab_delivered"] > 2 * f["sums"]["ab"]
-    assert f["kept"] == 0.0 and not fidelity.acceptable(f["sums"])
-    assert fidelity.min_correlation(0.0) == pytest.approx(2**-0.5, rel=1e-15)
+    assert f["kept"] == 0.0 and not delivery.acceptable(f["sums"])
+    assert delivery.min_correlation(0.0) == pytest.approx(2**-0.5, rel=1e-15)
 
 
 @pytest.mark.parametrize("gain,kept", [(0.5, True), (2.0, True), (0.25, False), (3.0, False), (-1.0, False)])
@@ -82,7 +82,7 @@ def test_a_window_keeps_a_gain_within_one_ladder_step(gain, kept):
     d = np.random.default_rng(1).choice([-4, 4], (16, 16, 3))
     f = _one_window(d, (d * gain).astype(np.int32))
     assert f["gain"] == pytest.approx(gain, rel=1e-12)
-    assert (f["kept"] == 1.0) is kept and fidelity.acceptable(f["sums"]) is kept
+    assert (f["kept"] == 1.0) is kept and delivery.acceptable(f["sums"]) is kept
 
 
 def test_local_not_global_a_glitch_among_encoder_noise():
@@ -96,9 +96,9 @@ def test_local_not_global_a_glitch_among_encoder_noise():
     d2 = d + np.where(d == 0, rng.choice([-1, 0, 1], d.shape), 0)
     f = _one_window(d, d2, frames=2)
     assert f["correlation"] < 0.5 and f["headroom_db"] < -5
-    assert f["kept"] == 1.0 and f["windows"] == 1 and fidelity.acceptable(f["sums"])
+    assert f["kept"] == 1.0 and f["windows"] == 1 and delivery.acceptable(f["sums"])
     f = _one_window(d, np.where(d == 0, d2, 0), frames=2)  # the glitch erased by the encode
-    assert f["kept"] == 0.0 and not fidelity.acceptable(f["sums"])
+    assert f["kept"] == 0.0 and not delivery.acceptable(f["sums"])
 
 
 def test_the_rule_needs_nine_tenths_of_the_energy_in_windows_that_keep_it():
@@ -110,31 +110,31 @@ def test_the_rule_needs_nine_tenths_of_the_energy_in_windows_that_keep_it():
     erased = d.copy()
     erased[:, 16:] = 0
     f = _one_window(d, erased)
-    assert f["kept"] == 0.9 and fidelity.acceptable(f["sums"])
+    assert f["kept"] == 0.9 and delivery.acceptable(f["sums"])
     d[:, 16:, 0] = 2  # small block 6 of 15 per pixel
     erased = d.copy()
     erased[:, 16:] = 0
     f = _one_window(d, erased)
-    assert f["kept"] < 0.9 and not fidelity.acceptable(f["sums"])
+    assert f["kept"] < 0.9 and not delivery.acceptable(f["sums"])
 
 
 def test_windows_are_frames_of_the_clip_however_the_frames_arrive():
     """The windows are WINDOW_FRAMES consecutive frames (the last shorter), the same sums
     whether frames come one at a time or all at once; a window holds only block sums."""
     rng = np.random.default_rng(3)
-    n = fidelity.WINDOW_FRAMES + 5
+    n = delivery.WINDOW_FRAMES + 5
     a = rng.integers(60, 200, (n, 40, 40, 3)).astype(np.uint8)
     b = np.clip(a.astype(int) + rng.integers(-3, 4, a.shape), 0, 255).astype(np.uint8)
     a2 = np.clip(a.astype(int) + rng.integers(-2, 3, a.shape), 0, 255).astype(np.uint8)
     b2 = np.clip(b.astype(int) + rng.integers(-2, 3, a.shape), 0, 255).astype(np.uint8)
-    whole = fidelity.Sums()
+    whole = delivery.Sums()
     whole.add(a, b, a2, b2)
-    one = fidelity.Sums()
+    one = delivery.Sums()
     for i in range(n):
         one.add(a[i], b[i], a2[i], b2[i])
     fw, fo = whole.figures(), one.figures()
     assert fw["sums"] == fo["sums"] and fw["sums"]["windows"] == 2 * 9  # 3x3 blocks, 2 windows
-    assert fidelity.block_sums(np.ones((40, 40, 3), np.int32)).tolist() == [
+    assert delivery.block_sums(np.ones((40, 40, 3), np.int32)).tolist() == [
         [768, 768, 384],
         [768, 768, 384],
         [384, 384, 192],
@@ -145,14 +145,14 @@ def test_identical_sides_have_nothing_to_mask():
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (2, 4, 4, 3)).astype(np.uint8)
     b = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
-    s = fidelity.Sums()
+    s = delivery.Sums()
     s.add(a, a, a, b)  # identical sides: nothing to mask
     f = s.figures()
-    assert fidelity.judge(f)["ok"] and fidelity.judge(f)["identical"] and f["kept"] is None
-    s = fidelity.Sums()
+    assert delivery.judge(f)["ok"] and delivery.judge(f)["identical"] and f["kept"] is None
+    s = delivery.Sums()
     s.add(a, b, a, a)  # the difference erased
     f = s.figures()
-    assert f["headroom_db"] == 0.0 and f["kept"] == 0.0 and not fidelity.judge(f)["ok"]
+    assert f["headroom_db"] == 0.0 and f["kept"] == 0.0 and not delivery.judge(f)["ok"]
 
 
 def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports, tmp_path, cli):
@@ -209,7 +209,7 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
     d = config["delivery"]
     assert d["allow_masking"] is True and d["masked"] == 2
     for row in d["rows"]:
-        assert row["ok"] is False and row["kept"] < fidelity.KEEP_MIN
+        assert row["ok"] is False and row["kept"] < delivery.KEEP_MIN
         # the checkerboard is +-1 on every channel: 48.13 dB lossless, a little more where
         # clipping at 0 or 255 took it away
         assert 10 * math.log10(255**2) - 0.01 <= row["ab_lossless_db"] < 49
@@ -221,7 +221,7 @@ def test_masking_refused_with_one_line_then_allowed_and_reported(pattern_reports
     for row in d["rows"]:
         assert (
             f"{row['job']} {row['ab_lossless_db']:.1f} dB / "
-            f"{fidelity.share_text(row['kept'])} / {row['correlation']:.2f}"
+            f"{delivery.share_text(row['kept'])} / {row['correlation']:.2f}"
         ) in text
 
 
@@ -233,7 +233,7 @@ def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_re
     d = made["delivery"]
     assert d["masked"] == 0 and not d["allow_masking"] and len(d["rows"]) == 2
     for row in d["rows"]:
-        assert row["ok"] and row["kept"] >= fidelity.KEEP_MIN
+        assert row["ok"] and row["kept"] >= delivery.KEEP_MIN
         assert abs(row["ab_delivered_db"] - row["ab_lossless_db"]) < 1
     mb = made["media_bytes"]
     files = sorted((tmp_path / "s.media").glob("*.mp4"))
@@ -252,7 +252,7 @@ def test_a_difference_the_stream_carries_is_accepted_with_its_figures(pattern_re
     w = d["worst"]
     assert f"least kept: clip {w['job']}" in page
     assert f"{w['ab_lossless_db']:.1f} dB" in page and "delivery: the stream keeps at least" in page
-    assert f"max {fidelity.bytes_text(mb['max'])}" in page
+    assert f"max {delivery.bytes_text(mb['max'])}" in page
 
 
 def test_threshold_stimuli_are_measured_as_delivered(pattern_reports, tmp_path):
@@ -305,7 +305,7 @@ CASE_CLIPS = ("chelsea_handheld", "china_orbit")
 def cases(tmp_path_factory):
     """Each (clip, case) of :mod:`evalkit.testing.deliverycases` on two canary clips (24
     frames: two windows), delivered as ``study create`` does (every ABX arrangement through
-    :func:`.media.store_tiled_streams`) and measured (:func:`.fidelity.row_figures`), with the
+    :func:`.media.store_tiled_streams`) and measured (:func:`.delivery.row_figures`), with the
     pair's per-frame report figures."""
     from evalkit.fsutil import datasets_dir
     from evalkit.study import design
@@ -322,7 +322,7 @@ def cases(tmp_path_factory):
             a, b = case(src[:24], fps, name)
             made = store_tiled_streams([{"a": a, "b": b}], [list(k) for k in keys], fps, media)
             streams = {"rects": made[0][1]["rects"], "files": {k: m[0] for k, m in zip(keys, made)}}
-            fig = fidelity.judge(fidelity.row_figures(media, streams, {"a": a, "b": b}))
+            fig = delivery.judge(delivery.row_figures(media, streams, {"a": a, "b": b}))
             out[clip, name] = {"fig": fig, "frames": frame_rows(a, b)}
     return out
 
@@ -349,7 +349,7 @@ def test_the_prediction_never_says_kept_where_the_encode_masks(cases):
     the encode keeps: it is conservative); bf16, crf16 predicted masked, the glitch and the
     flicker kept."""
     for (clip, name), c in cases.items():
-        p = fidelity.predict(c["frames"])
+        p = delivery.predict(c["frames"])
         if not p["masks"]:
             assert c["fig"]["ok"], (clip, name, p, c["fig"])
         if name in ("bf16", "crf16"):
@@ -357,30 +357,30 @@ def test_the_prediction_never_says_kept_where_the_encode_masks(cases):
         if name == "glitch":  # by its amplitude
             assert not p["masks"] and p["local_rms"] == 12.0, (clip, p)
         if name == "flicker":  # by its structure: smooth over macroblocks
-            assert not p["masks"] and p["local_rms"] < fidelity.PREDICT_RMS_MIN, (clip, p)
+            assert not p["masks"] and p["local_rms"] < delivery.PREDICT_RMS_MIN, (clip, p)
 
 
 def test_prediction_from_figures_alone():
     """Pure: identical frames have nothing to mask; a frame without figures counts as masked;
     a threshold level scales the amplitude."""
     same = [{"psnr": "inf", "diff_fraction": "0"}] * 3
-    assert fidelity.predict(same)["masks"] is False
-    assert fidelity.predict(same + [{"psnr": "", "diff_fraction": ""}])["masks"] is True
+    assert delivery.predict(same)["masks"] is False
+    assert delivery.predict(same + [{"psnr": "", "diff_fraction": ""}])["masks"] is True
     # +-1 on every value of every pixel: 48.13 dB, local RMS 1
     fine = [{"psnr": 10 * math.log10(255**2), "diff_fraction": 1.0}] * 4
-    p = fidelity.predict(fine)
+    p = delivery.predict(fine)
     assert p["masks"] and p["local_rms"] == 1.0 and p["kept"] == 0.0
-    k = math.ceil(fidelity.PREDICT_RMS_MIN)
-    assert fidelity.predict(fine, level=k)["masks"] is False
-    assert fidelity.predict(fine, level=k - 1)["masks"] is True
+    k = math.ceil(delivery.PREDICT_RMS_MIN)
+    assert delivery.predict(fine, level=k)["masks"] is False
+    assert delivery.predict(fine, level=k - 1)["masks"] is True
     # +-2 on every value, the sign alternating frame by frame: block means of 2 code values,
     # all of the energy (flicker 4 a transition): kept by its structure; with block means of
     # 0.9 code values (flicker 1.8), or a third of the energy, masked
     mse2 = 10 * math.log10(255**2 / 4)
     smooth = [{"psnr": mse2, "diff_fraction": 1.0, "flicker": None if i == 0 else 4.0} for i in range(6)]
-    assert fidelity.predict(smooth)["masks"] is False
-    assert fidelity.predict([dict(f, flicker=f["flicker"] and 1.8) for f in smooth])["masks"]
-    assert fidelity.predict([dict(f, psnr=mse2 - 10 * math.log10(3)) for f in smooth])["masks"]
+    assert delivery.predict(smooth)["masks"] is False
+    assert delivery.predict([dict(f, flicker=f["flicker"] and 1.8) for f in smooth])["masks"]
+    assert delivery.predict([dict(f, psnr=mse2 - 10 * math.log10(3)) for f in smooth])["masks"]
 
 
 def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
@@ -389,14 +389,14 @@ def test_choose_delivery_from_a_report_says_which_and_why(pattern_reports):
     from evalkit.study import read_report
 
     jobs = [j["job"] for j in read_report(pattern_reports["checker"])["jobs"]]
-    kind, why = fidelity.choose_delivery([{"job": j} for j in jobs], pattern_reports["checker"])
+    kind, why = delivery.choose_delivery([{"job": j} for j in jobs], pattern_reports["checker"])
     assert kind == "lossless" and "\n" not in why and "2 of 2 rows" in why and jobs[0][:3] in why
     jobs = [j["job"] for j in read_report(pattern_reports["square"])["jobs"]]
-    kind, why = fidelity.choose_delivery([{"job": j} for j in jobs], pattern_reports["square"])
+    kind, why = delivery.choose_delivery([{"job": j} for j in jobs], pattern_reports["square"])
     assert kind == "stream" and "least:" in why
     rows = [{"job": j, "level": k} for j in jobs for k in (0.5, 1, 2)]
-    assert fidelity.choose_delivery(rows, pattern_reports["square"])[0] == "stream"
-    kind, why = fidelity.choose_delivery(
+    assert delivery.choose_delivery(rows, pattern_reports["square"])[0] == "stream"
+    kind, why = delivery.choose_delivery(
         [{"job": jobs[0], "ladder": "blur", "level": 1}], pattern_reports["square"]
     )
     assert kind == "lossless" and "no report figures" in why
@@ -471,7 +471,7 @@ def test_a_study_judged_by_the_global_rule_is_reported_under_it():
         "encode_db": 44.0,
         "headroom_db": -3.1,
     }
-    text = fidelity.lines({"delivery": {"margin_db": 10.0, "masked": 1, "rows": [row], "worst": row}})
+    text = delivery.lines({"delivery": {"margin_db": 10.0, "masked": 1, "rows": [row], "worst": row}})
     assert text[0].startswith("DELIVERY MASKED: 1 of 1 rows fail the global delivery rule")
     assert "least headroom: clip j1" in text[0] and "j1 48.1 dB / 45.0 dB" in text[1]
 
@@ -479,11 +479,11 @@ def test_a_study_judged_by_the_global_rule_is_reported_under_it():
 def test_delivery_rows_as_create_study_knows_them():
     """One row per clip, or per (clip, level) with the ladder's kind; an excerpt's frames."""
     chosen = [{"job": "j1"}, {"job": "j2"}]
-    assert fidelity.delivery_rows(chosen, [None]) == [
+    assert delivery.delivery_rows(chosen, [None]) == [
         {"job": "j1", "level": None},
         {"job": "j2", "level": None},
     ]
-    rows = fidelity.delivery_rows(
+    rows = delivery.delivery_rows(
         chosen,
         [1, 2],
         "blur",
@@ -499,5 +499,5 @@ def test_delivery_rows_as_create_study_knows_them():
         ]
     }
     row = {"job": "j1", "level": None}
-    assert fidelity.choose_delivery([row], frames)[0] == "lossless"
-    assert fidelity.choose_delivery([dict(row, frames=(0, 12))], frames)[0] == "stream"
+    assert delivery.choose_delivery([row], frames)[0] == "lossless"
+    assert delivery.choose_delivery([dict(row, frames=(0, 12))], frames)[0] == "stream"

@@ -1,4 +1,6 @@
-"""Delivery fidelity: does the browser stream keep the difference under test?
+"""Delivery: how a study's trials reach raters (the browser stream or lossless,
+:func:`choose_delivery`) and whether the stream keeps the difference under test (delivery
+fidelity).
 
 Raters see the *delivered* frames (the trial stream decoded, each tile cropped, scaled back
 where the layout downscaled), not the lossless ones. For each row of a study (a clip, or a
