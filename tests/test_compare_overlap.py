@@ -116,3 +116,18 @@ def test_report_parts_made_while_measuring_are_the_same_files(runs, tmp_path):
             if f.name == "summary.json":  # its "created" stamp is the compare's
                 continue
             assert (tmp_path / other / f).read_bytes() == (tmp_path / "r1" / f).read_bytes(), (other, f)
+
+
+def test_the_kernel_modules_are_loaded_once_on_a_thread_of_their_own():
+    """An evaluator for CUDA starts loading Triton and the kernel modules as it is made
+    (:func:`evalkit.metrics.stream.preload_kernel_modules`); the warm-up waits for that one load."""
+    import sys
+
+    from evalkit.metrics import stream
+
+    first = stream.preload_kernel_modules()
+    assert stream.preload_kernel_modules() is first
+    first.result(timeout=300)
+    pytest.importorskip("triton")
+    for name in stream.KERNEL_MODULES:
+        assert f"{stream.__package__}.{name}" in sys.modules, name
