@@ -39,7 +39,7 @@ else
   [ -n "$PROFILE_IMPORT" ] && PYTHONPATH=/tmp/new:$PYTHONPATH python3 /tmp/new/benchmarks/profile_import.py $W/farm_b 2>&1 | tee $OUT/profile_import.txt
   PYTHONPATH=/tmp/new:$PYTHONPATH python3 /tmp/new/benchmarks/bench_wait.py --out $OUT --work $W --device cuda --stage steps --baseline /tmp/base 2>&1 | tee $OUT/wait_full.txt
   R=$W/runs-ours
-  for t in new base new; do
+  for t in new base; do
     (cd /tmp/$t && PYTHONPATH=/tmp/$t:$PYTHONPATH TRITON_CACHE_DIR=$W/cache-ours/triton TORCHINDUCTOR_CACHE_DIR=$W/cache-ours/inductor \
       python3 /tmp/new/benchmarks/profile_compare.py $R/farmA $R/farmB --out /tmp/prof_$t --device cuda --quiet) > $OUT/prof_$t.txt 2>&1 || tail -5 $OUT/prof_$t.txt
     grep -h "exit\|measure.*ends\|write_report ends\|warm-up.*ends" $OUT/prof_$t.txt | grep -v "warm-up.*0.00 s" | tail -14
