@@ -36,7 +36,6 @@ if [ "$MODE" = probe ]; then
   done
   grep -h "ends\|exit" $OUT/prof_base_2.txt | grep -v "warm-up.*0.00 s" | tail -30
 else
-  [ -n "$PROFILE_IMPORT" ] && PYTHONPATH=/tmp/new:$PYTHONPATH python3 /tmp/new/benchmarks/profile_import.py $W/farm_b 2>&1 | tee $OUT/profile_import.txt
   PYTHONPATH=/tmp/new:$PYTHONPATH python3 /tmp/new/benchmarks/bench_wait.py --out $OUT --work $W --device cuda --stage steps --baseline /tmp/base 2>&1 | tee $OUT/wait_full.txt
   R=$W/runs-ours
   for t in new base; do

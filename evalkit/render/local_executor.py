@@ -38,11 +38,9 @@ def failure_text(e: BaseException) -> str:
 
 
 def adopt_workers() -> int:
-    """Jobs an import (``-r import``) adopts at once: half the cores, 1 to 8 (each decodes
-    its file and encodes two, with codec threads of its own; a farm of 8 clips on 16 cores is
-    adopted in one wave, not two: each job's serial ends, its last frames' encoding, muxing and
-    hashing, overlap the others')."""
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+    """Jobs an import (``-r import``) adopts at once: a quarter of the cores, 1 to 8 (each
+    decodes its file and encodes two, with codec threads of its own)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
 
 
 class LocalExecutor:
