@@ -1,5 +1,6 @@
 """compare's overlapped work (issue 48 item 1): each pair's offset probed while the job before
-it is measured, each job's report parts made as soon as it is measured; the files unchanged."""
+it is measured, each job's report parts made as soon as it is measured; and an import's
+lossless clip encoded in parts as it streams (item 2). The files are unchanged."""
 
 from __future__ import annotations
 
@@ -131,3 +132,41 @@ def test_the_kernel_modules_are_loaded_once_on_a_thread_of_their_own():
     pytest.importorskip("triton")
     for name in stream.KERNEL_MODULES:
         assert f"{stream.__package__}.{name}" in sys.modules, name
+
+
+@pytest.mark.parametrize("codec", ["utvideo", "ffv1"])
+def test_a_streamed_lossless_clip_in_parts_is_one_encoders_bytes(tmp_path, codec):
+    """An import's lossless clip encoded chunk by chunk on several encoders at once
+    (``write_streamed(parts=3)``: chunks of uneven sizes, an odd frame size) is byte for byte
+    the clip one encoder writes; a reader that fails halfway leaves no file."""
+    import numpy as np
+
+    from evalkit import video
+    from evalkit.fsutil import sha256_file
+    from evalkit.render.clipwriter import write_streamed
+
+    rng = np.random.default_rng(48)
+    frames = rng.integers(0, 256, size=(37, 21, 33, 3), dtype=np.uint8)
+    frames[:, :10] //= 3  # some structure for the predictors, not noise only
+    ext = video.lossless_format(codec).ext
+    cuts = [0, 16, 17, 32, 33, 37]
+    chunks = [frames[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    n, h, w, sha = write_streamed(
+        iter(chunks), tmp_path / f"c{ext}", tmp_path / "p.mp4", 24, codec=codec, parts=3
+    )
+    assert (n, h, w) == (37, 21, 33) and sha == sha256_file(tmp_path / f"c{ext}")
+    video.write_lossless(tmp_path / f"ref{ext}", frames, 24, codec=codec)
+    assert (tmp_path / f"c{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+    back, _ = video.read_frames(tmp_path / f"c{ext}")
+    assert np.array_equal(back, frames)
+
+    def failing():
+        yield frames[:16]
+        yield frames[16:32]
+        raise RuntimeError("disk gone")
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(RuntimeError, match="disk gone"):
+        write_streamed(failing(), bad / f"c{ext}", bad / "p.mp4", 24, codec=codec, parts=3)
+    assert list(bad.iterdir()) == []
