@@ -2,7 +2,12 @@
 # Issue 48 items 1-2 on one GPU machine (session 23). Carried as .gpu48/ in the lead's checkout:
 # base.tgz (main at 407c832: evalkit, metrics, app, the benchmark scripts, datasets' make_scale),
 # new.tgz (this branch, the same paths), av.tar.xz (PyAV 18.1, its shared objects stripped),
-# whl/ (pydantic), lpips/v0.1 (the alex weights), this script. Run from the checkout's root:
+# whl/ (pydantic), lpips/v0.1 (the alex weights), this script. Made here with, e.g.
+#   P="evalkit metrics app pyproject.toml benchmarks/bench_wait.py benchmarks/profile_compare.py
+#      benchmarks/profile_import.py datasets/make_scale.py datasets/make_clips.py datasets/scale720"
+#   git archive --format=tar.gz -o .gpu48/new.tgz HEAD $P   (base.tgz: the baseline commit)
+#   av.tar.xz: the PyAV wheel unpacked, its .so files `strip --strip-unneeded` (36 -> 20 MB: the
+#   call's 64 MiB holds the checkout's 33 MB too). Run from the checkout's root:
 #   bash .gpu48/device_gpu48.sh probe   # set-up, farms, the baseline's steps and profiles
 #   bash .gpu48/device_gpu48.sh full    # farms, before/after alternated (bench_wait --baseline)
 set -e
