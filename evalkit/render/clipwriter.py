@@ -21,6 +21,19 @@ import numpy as np
 
 from evalkit.fsutil import atomic_path
 
+
+def clip_parts() -> int:
+    """Parts a local render or import encodes each lossless clip in at once: one per 4 usable
+    cores (FFV1 level 3 has 4 slices, each on its own thread), at most :data:`MAX_CLIP_PARTS`;
+    1 (one encoder, :func:`evalkit.video.write_lossless`) below 8 cores."""
+    from evalkit.video import usable_cores
+
+    return max(1, min(MAX_CLIP_PARTS, usable_cores() // 4))
+
+
+#: the most parts a lossless clip is encoded in at once (:func:`clip_parts`)
+MAX_CLIP_PARTS = 4
+
 #: frames per part at least (below that, one encoder: starting one costs more than it saves)
 MIN_PART_FRAMES = 4
 
@@ -210,7 +223,7 @@ def write_streamed(
     of the two writers given the whole clip, each atomic: an error of the reader (raised here)
     or of an encoder leaves neither file. ``parts``: chunks of the lossless clip encoded at once
     (:func:`write_lossless_streamed`, the same bytes; default
-    :func:`evalkit.render.driver.clip_parts`: one per 4 cores, at most 4; 1: one encoder, as
+    :func:`clip_parts`: one per 4 cores, at most 4; 1: one encoder, as
     :func:`evalkit.video.write_lossless`), since one UT Video encoder (71 frames/s at 720p on
     the H100 machine) is an import's longest chain. Returns ``(frames, height, width, sha256
     of the clip file)``."""
@@ -219,8 +232,6 @@ def write_streamed(
     from evalkit.video import INDEPENDENT_FRAMES, write_browser, write_lossless
 
     if parts is None:
-        from evalkit.render.driver import clip_parts
-
         parts = clip_parts()
 
     def frames_to(write):  # a consumer: chunks in, the writer fed frames
