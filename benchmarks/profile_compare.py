@@ -43,7 +43,11 @@ def stamp(what: str) -> None:
 
 
 def wrap(owner, name: str, label) -> None:
-    fn = getattr(owner, name)
+    """``owner.name`` stamped at its start and end (nothing when the tree has no such name:
+    the script runs over older trees too)."""
+    fn = getattr(owner, name, None)
+    if fn is None:
+        return
 
     def timed(*a, **k):
         t = time.perf_counter()
@@ -131,14 +135,17 @@ def main() -> int:
     stamp("evalkit.cli imported")
     import evalkit.compare.pairing as pairing
     import evalkit.compare.report as report
+    import evalkit.compare.run as run
 
     stamp("evalkit.compare.pairing imported")
-    wrap(pairing, "_session_and_pairs", lambda *a, **k: "session start + hash checks")
-    wrap(pairing, "pair_jobs", lambda *a, **k: "pair_jobs (hashes)")
+    for owner in (pairing, run):
+        wrap(owner, "_session_and_pairs", lambda *a, **k: "session start + hash checks")
+        wrap(owner, "pair_jobs", lambda *a, **k: "pair_jobs (hashes)")
+        wrap(owner, "write_report", lambda *a, **k: "write_report")
+        wrap(owner, "finish_report", lambda *a, **k: "finish_report (after the last job)")
     wrap(pairing.LocalCompareSession, "_warm_up", lambda self, p, c: f"warm-up {p.job_id}")
     wrap(pairing, "measure_pair", lambda ev, p, **k: f"measure {p.job_id}")
     wrap(pairing, "resolve_offset", lambda *a, **k: "resolve_offset")
-    wrap(pairing, "write_report", lambda *a, **k: "write_report")
     wrap(report, "write_frames_csv", lambda *a, **k: "frames.csv")
     wrap(report, "write_clips_csv", lambda *a, **k: "clips.csv")
     code = cli.main(["compare", *args])

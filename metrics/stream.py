@@ -26,6 +26,7 @@ import concurrent.futures
 import itertools
 import math
 import os
+import threading
 import time
 from typing import Any, Iterable, Iterator
 
@@ -99,6 +100,30 @@ def _load_kernel_modules() -> None:
             importlib.import_module(f"{__package__}.{name}")
     except Exception:  # no Triton, another version's layout: the launches load it
         pass
+
+
+_PRELOAD: list = []  # the one thread of preload_kernel_modules, once started
+_PRELOAD_LOCK = threading.Lock()
+
+
+def preload_kernel_modules() -> concurrent.futures.Future:
+    """Start :func:`_load_kernel_modules` on a thread of its own, once per process (later
+    calls return the same future): an evaluator for CUDA asks for it as it is made, so Triton
+    loads while the device starts and the LPIPS weights load, before :meth:`PairEvaluator.warm_up`
+    needs it."""
+    with _PRELOAD_LOCK:
+        if not _PRELOAD:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+
+            def run():
+                try:
+                    _load_kernel_modules()
+                finally:
+                    done.set_result(None)
+
+            threading.Thread(target=run, name="metrics-preload", daemon=True).start()
+            _PRELOAD.append(done)
+        return _PRELOAD[0]
 
 
 #: What each number means (key -> description, from :mod:`evalkit.metrics.catalogue`). Every value
@@ -198,6 +223,8 @@ class PairEvaluator:
                 f"ssim_channel: expected one of {', '.join(SSIM_CHANNELS)}, found {ssim_channel!r}"
             )
         self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            preload_kernel_modules()  # Triton loads while the device starts and the weights load
         flow = resolve_flow(flow, self.device)
         if temporal:
             check_flow_options(flow, flow_preset, flow_scale)
@@ -280,14 +307,13 @@ class PairEvaluator:
             # two start-up costs at once: cuDNN autotunes the LPIPS trunk for this frame size
             # here (the device times its algorithms, the interpreter lock is free meanwhile)
             # while a thread loads Triton and the kernel modules (_load_kernel_modules)
-            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrics-warm") as pool:
-                loading = pool.submit(_load_kernel_modules)
-                if self.cudnn_benchmark:
-                    with precise(True, self.cudnn_benchmark_limit):
-                        self.model.features(
-                            torch.zeros((chunk, 3, height, width), device=self.device), normalised=False
-                        )
-                loading.result()
+            loading = preload_kernel_modules()  # started as the evaluator was made
+            if self.cudnn_benchmark:
+                with precise(True, self.cudnn_benchmark_limit):
+                    self.model.features(
+                        torch.zeros((chunk, 3, height, width), device=self.device), normalised=False
+                    )
+            loading.result()
         for _ in stream_pair(iter([frames]), iter([frames]), evaluator=self, chunk=chunk):
             pass
         self.reset()

@@ -12,6 +12,7 @@ start decoding while the current job is measured (:class:`PairDecoder`).
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,13 +203,21 @@ class PairDecoder:
     """Both clips of a pair decoding in the background, each at most
     :func:`evalkit.compare.clips.prefetch_depth` chunks ahead: in worker processes of ``pool``
     (:class:`evalkit.procdecode.DecoderPool`), else in threads (:class:`evalkit.video.Prefetch`).
-    Made ahead of time, it decodes the next job while the current one is measured."""
+    Made ahead of time, it decodes the next job while the current one is measured, and finds
+    the pair's temporal offset meanwhile (:meth:`alignment`: the clips' first frames probed on
+    a thread of its own, :func:`evalkit.compare.alignment.resolve_offset`)."""
 
     def __init__(self, pair: Pair, chunk: int, pool=None):
+        from concurrent.futures import Future
+
         from evalkit.compare.clips import prefetch_depth
         from evalkit.procdecode import prefetch_chunks
 
         self.pair, self.chunk = pair, chunk
+        self._alignment: Future = Future()
+        threading.Thread(
+            target=self._probe, name="evalkit-offset", daemon=True
+        ).start()  # small: the first frames of each clip, read by a reader of its own
         h, w = _pair_size(pair)
         depth = prefetch_depth(chunk, frame_bytes=h * w * 3)
         threads = decode_threads()
@@ -222,6 +231,17 @@ class PairDecoder:
         except BaseException:
             self.a.close()
             raise
+
+    def _probe(self) -> None:
+        try:
+            self._alignment.set_result(resolve_offset(self.pair.path_a, self.pair.path_b, self.pair.offset))
+        except BaseException as e:  # raised where the alignment is asked for
+            self._alignment.set_exception(e)
+
+    def alignment(self) -> Alignment:
+        """The pair's :class:`evalkit.compare.alignment.Alignment` (waits for the probe; its
+        error, if any, is raised here)."""
+        return self._alignment.result()
 
     def close(self) -> None:
         self.a.close()
@@ -249,8 +269,8 @@ def measure_pair(
     chunk = _pair_chunk(evaluator, pair, chunk)
     if decoder is None:
         decoder = PairDecoder(pair, chunk)
-    try:  # the clips' first frames, small: their offset; and their frame rates
-        al = resolve_offset(pair.path_a, pair.path_b, pair.offset)
+    try:  # the clips' first frames, small: their offset; and their frame rates (probed
+        al = decoder.alignment()  # while the job before was measured)
         if al.finding == "rate":
             raise PairMismatch(
                 f"job {pair.job_id}: A {pair.path_a} and B {pair.path_b}: "
@@ -339,12 +359,22 @@ class LocalCompareSession:
     progress_unit = "frame"
     #: jobs decoding ahead of the one being measured (both clips each, in threads)
     jobs_ahead = 1
+    #: :meth:`measure` calls ``on_measured`` with each job's measure as soon as it is complete
+    reports_each_job = True
 
     def measure(
-        self, pairs: list[Pair], *, chunk=None, keep_worst: bool = True, progress=None
+        self,
+        pairs: list[Pair],
+        *,
+        chunk=None,
+        keep_worst: bool = True,
+        progress=None,
+        on_measured=None,
     ) -> list[JobMeasure]:
         """Measure ``pairs`` in order; the next :attr:`jobs_ahead` jobs decode meanwhile.
-        ``progress``: a bar updated per frame. On a GPU the evaluator is warmed up first
+        ``progress``: a bar updated per frame; ``on_measured``: called with each job's
+        :class:`JobMeasure` once it is complete (the report's parts start while the next jobs
+        are measured). On a GPU the evaluator is warmed up first
         (:meth:`evalkit.metrics.stream.PairEvaluator.warm_up`, once per frame size) while the first
         clips decode."""
         out = []
@@ -368,6 +398,8 @@ class LocalCompareSession:
                         on_frame=progress.update if progress else None,
                     )
                 )
+                if on_measured is not None:
+                    on_measured(out[-1])
         finally:
             for dec in ahead:
                 dec.close()

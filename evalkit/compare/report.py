@@ -191,12 +191,16 @@ def floor_notice(floors: dict) -> str | None:
 PNG_COMPRESS_LEVEL = 1
 
 
-def _save_png(path: Path, rgb: np.ndarray) -> None:
+def _png_bytes(rgb: np.ndarray) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def _save_png(path: Path, rgb: np.ndarray) -> None:
+    atomic_write_bytes(path, _png_bytes(rgb))
 
 
 def report_threads() -> int:
@@ -204,12 +208,58 @@ def report_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def _worst_pngs(out: Path, stem: str, a: np.ndarray, b: np.ndarray) -> float:
-    """A job's worst frame pair and their difference heat map as PNGs; the map's top value."""
+def _worst_png_bytes(a: np.ndarray, b: np.ndarray) -> tuple[dict[str, bytes], float]:
+    """A job's worst frame pair and their difference heat map encoded as PNG (``a``, ``b``,
+    ``heat`` -> bytes); the map's top value."""
     heat, top = _heatmap(a, b)
-    for key, arr in (("a", a), ("b", b), ("heat", heat)):
-        _save_png(out / f"{stem}_{key}.png", arr)
+    return {key: _png_bytes(arr) for key, arr in (("a", a), ("b", b), ("heat", heat))}, top
+
+
+def _worst_pngs(out: Path, stem: str, a: np.ndarray, b: np.ndarray, made=None) -> float:
+    """A job's worst frame pair and their difference heat map as PNGs; the map's top value.
+    ``made``: a future of :func:`_worst_png_bytes` already started (:class:`ReportParts`)."""
+    pngs, top = made.result() if made is not None else _worst_png_bytes(a, b)
+    for key, data in pngs.items():
+        atomic_write_bytes(out / f"{stem}_{key}.png", data)
     return top
+
+
+def _load_plotting() -> None:
+    """What the first plot would load: matplotlib's figure and colour maps, the font's glyphs."""
+    from matplotlib import colormaps  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+    plot_text("")
+
+
+class ReportParts:
+    """The parts of a report that depend on one job alone, made while later jobs are measured:
+    each job's worst-frame PNGs (:meth:`add`, called as the job's measure is complete: encoded
+    into memory on threads; zlib lets go of the interpreter lock), and matplotlib loaded
+    meanwhile. :func:`write_report` writes what is made and makes what is not (the same bytes
+    either way); the timelines wait for the summary's shared axes (every clip and floor)."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=report_threads(), thread_name_prefix="evalkit-report")
+        self._pngs: dict[int, tuple] = {}  # id(measure) -> (measure, future of _worst_png_bytes)
+        self._loading = None
+
+    def add(self, m) -> None:
+        """Start encoding ``m``'s worst frames (a :class:`evalkit.compare.pairing.JobMeasure`);
+        at the first job, loading matplotlib too (not sooner: the session's start, ``import
+        torch``, holds the interpreter lock)."""
+        if self._loading is None:
+            self._loading = self.pool.submit(_load_plotting)
+        if m.worst_a is not None and m.worst_b is not None and id(m) not in self._pngs:
+            self._pngs[id(m)] = (m, self.pool.submit(_worst_png_bytes, m.worst_a, m.worst_b))
+
+    def pngs_of(self, m):
+        """The future of ``m``'s PNGs, None if not started."""
+        got = self._pngs.get(id(m))
+        return got[1] if got is not None and got[0] is m else None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def worst_segment(values: list[float], width: int) -> tuple[int, int]:
@@ -481,16 +531,17 @@ def check_report_folder(out: Path) -> None:
                 )
 
 
-def write_report(out: Path, summary: dict, measures) -> None:
+def write_report(out: Path, summary: dict, measures, parts: ReportParts | None = None) -> None:
     """Write the report into a temporary folder next to ``out``, then put it in ``out``'s
-    place in one rename (the old report, if any, stays complete until then)."""
+    place in one rename (the old report, if any, stays complete until then). ``parts``: what
+    was made while the jobs were measured (:class:`ReportParts`)."""
     out = Path(out)
     check_report_folder(out)
     with atomic_dir(out) as tmp:
-        _write_report_files(tmp, summary, measures)
+        _write_report_files(tmp, summary, measures, parts)
 
 
-def _write_report_files(out: Path, summary: dict, measures) -> None:
+def _write_report_files(out: Path, summary: dict, measures, parts: ReportParts | None = None) -> None:
     from evalkit.metrics.stream import json_safe
 
     (out / "img").mkdir(parents=True, exist_ok=True)
@@ -510,7 +561,8 @@ def _write_report_files(out: Path, summary: dict, measures) -> None:
             if m.worst_a is not None and m.worst_b is not None:
                 for key in ("a", "b", "heat"):
                     entry[key] = f"{stem}_{key}.png"
-                pending.append((entry, pool.submit(_worst_pngs, out, stem, m.worst_a, m.worst_b)))
+                made = parts.pngs_of(m) if parts is not None else None
+                pending.append((entry, pool.submit(_worst_pngs, out, stem, m.worst_a, m.worst_b, made)))
             images[m.pair.job_id] = entry
         for i, m in enumerate(measures):
             entry = images[m.pair.job_id]

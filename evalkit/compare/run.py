@@ -35,6 +35,7 @@ from evalkit.compare.options import MetricOptions
 from evalkit.compare.pairing import JobMeasure, LocalCompareSession, pair_jobs
 from evalkit.compare.report import (
     SUMMARY_SCHEMA_VERSION,
+    ReportParts,
     check_report_folder,
     floor_notice,
     plot_axes,
@@ -453,6 +454,40 @@ def compare_runs(
     by an earlier compare (:mod:`evalkit.compare.floorcache`). The result's ``exit_code``: 0, or 1 for a
     failed gate."""
     inputs = check_inputs(run_a, run_b, out, gate=gate, floors=floors, vmaf=vmaf)
+    with contextlib.closing(ReportParts()) as parts:  # made while the jobs are measured
+        return _compare(
+            inputs,
+            parts,
+            device=device,
+            chunk=chunk,
+            metrics=metrics,
+            progress=progress,
+            executor=executor,
+            vmaf=vmaf,
+            vmaf_threads=vmaf_threads,
+            ignore_conventions=ignore_conventions,
+            offset=offset,
+            floor_cache=floor_cache,
+        )
+
+
+def _compare(
+    inputs: CompareInputs,
+    parts: ReportParts,
+    *,
+    device,
+    chunk,
+    metrics,
+    progress,
+    executor,
+    vmaf,
+    vmaf_threads,
+    ignore_conventions,
+    offset,
+    floor_cache,
+) -> CompareResult:
+    """:func:`compare_runs` once its inputs are checked; ``parts``: the report's parts, each
+    job's started as soon as the job is measured (:class:`evalkit.compare.report.ReportParts`)."""
     a, b, gate_obj = inputs.a, inputs.b, inputs.gate
     metrics = metrics or MetricOptions()
     session, (pairs, problems) = _session_and_pairs(
@@ -468,8 +503,10 @@ def compare_runs(
             check_conventions(gate_obj, {**session.conventions, "block": BLOCK_CONVENTION})
         for p in pairs:
             p.offset = offset
+        # a session that reports each job as it is measured starts its report parts then
+        each = {"on_measured": parts.add} if getattr(session, "reports_each_job", False) else {}
         with _bar(session, pairs, "compare", progress) as bar:
-            measures = session.measure(pairs, chunk=chunk, progress=bar)
+            measures = session.measure(pairs, chunk=chunk, progress=bar, **each)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info, floor_jobs = measure_floors(
             inputs,
@@ -500,7 +537,7 @@ def compare_runs(
         conventions=conventions,
         metrics_device=metrics_device,
     )
-    write_report(inputs.out, summary, measures)
+    write_report(inputs.out, summary, measures, parts)
     verdict = summary["gate"]
     code = 0 if verdict is None or verdict["verdict"] == "pass" else 1
     return CompareResult(summary, inputs.out, code, measures)

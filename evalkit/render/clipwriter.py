@@ -21,6 +21,19 @@ import numpy as np
 
 from evalkit.fsutil import atomic_path
 
+
+def clip_parts() -> int:
+    """Parts a local render or import encodes each lossless clip in at once: one per 4 usable
+    cores (FFV1 level 3 has 4 slices, each on its own thread), at most :data:`MAX_CLIP_PARTS`;
+    1 (one encoder, :func:`evalkit.video.write_lossless`) below 8 cores."""
+    from evalkit.video import usable_cores
+
+    return max(1, min(MAX_CLIP_PARTS, usable_cores() // 4))
+
+
+#: the most parts a lossless clip is encoded in at once (:func:`clip_parts`)
+MAX_CLIP_PARTS = 4
+
 #: frames per part at least (below that, one encoder: starting one costs more than it saves)
 MIN_PART_FRAMES = 4
 
@@ -87,6 +100,62 @@ def write_lossless_parts(
     return len(frames)
 
 
+def write_lossless_streamed(path, chunks, fps, *, codec: str, pool: Executor, ahead: int) -> int:
+    """Write the frames of ``chunks`` (an iterator of ``(n, H, W, 3)`` uint8 arrays) as
+    :func:`evalkit.video.write_lossless` does, atomically, each chunk encoded by an encoder of
+    its own on ``pool`` as it arrives (at most ``ahead`` chunks encoding at once: memory stays
+    a window of chunks) and the packets muxed in order: the same bytes as one encoder, since
+    every frame of a lossless clip is coded on its own (:func:`write_lossless_parts`' rule).
+    Returns the number of frames."""
+    import collections
+
+    import av
+
+    from evalkit.video import lossless_target, writer_fps
+
+    fmt, path = lossless_target(path, codec)
+    fps = writer_fps(fps)
+    futures: collections.deque = collections.deque()
+    n, size = 0, None
+    try:
+        with atomic_path(path) as tmp:
+            with av.open(str(tmp), "w", format=fmt.container, options={"fflags": "+bitexact"}) as c:
+                stream = None
+
+                def mux(future) -> None:
+                    for packet in future.result():
+                        packet.stream = stream
+                        c.mux(packet)
+
+                for chunk in chunks:
+                    if not len(chunk):
+                        continue
+                    if stream is None:
+                        size = chunk.shape[1:]
+                        stream = c.add_stream(
+                            fmt.codec, rate=fps, options={"flags": "+bitexact", **fmt.options}
+                        )
+                        stream.width, stream.height = chunk.shape[2], chunk.shape[1]
+                        stream.pix_fmt = fmt.pix_fmt
+                    elif chunk.shape[1:] != size:
+                        raise ValueError(
+                            f"frames[{n}]: size {chunk.shape[2]}x{chunk.shape[1]} differs from "
+                            f"frame 0 ({size[1]}x{size[0]})"
+                        )
+                    futures.append(pool.submit(_part_packets, fmt, chunk, fps, n, 1))
+                    n += len(chunk)
+                    while len(futures) > max(0, int(ahead) - 1):
+                        mux(futures.popleft())
+                if stream is None:
+                    raise ValueError("frames: expected at least one frame, found none")
+                while futures:
+                    mux(futures.popleft())
+    finally:
+        for f in futures:
+            f.cancel()
+    return n
+
+
 class ClipWriter:
     """Writes a render's lossless clips (:meth:`write`), each in ``parts`` at once on a pool of
     its own when ``parts`` > 1 (``jobs``: clips written at once, which sizes the pool). The
@@ -137,24 +206,47 @@ STREAM_DEPTH = 2
 
 
 def write_streamed(
-    chunks, clip_path: Path, preview_path: Path | None, fps, *, codec: str, depth: int = STREAM_DEPTH
+    chunks,
+    clip_path: Path,
+    preview_path: Path | None,
+    fps,
+    *,
+    codec: str,
+    depth: int = STREAM_DEPTH,
+    parts: int | None = None,
 ) -> tuple[int, int, int, str]:
     """A lossless clip (:func:`evalkit.video.write_lossless`) and its browser copy
     (:func:`evalkit.video.write_browser`; ``preview_path`` None: none) written from ``chunks``
     (an iterator of ``(n, H, W, 3)`` uint8 arrays, e.g. a clip being decoded), each chunk read
     once and handed to both encoders (each on a thread of its own), so memory holds at most
     ``depth`` chunks per encoder, whatever the clip's length. The files are byte for byte those
-    of the two writers given the whole clip (the same code writes them), each atomic: an error
-    of the reader (raised here) or of an encoder leaves neither file. Returns ``(frames,
-    height, width, sha256 of the clip file)``."""
+    of the two writers given the whole clip, each atomic: an error of the reader (raised here)
+    or of an encoder leaves neither file. ``parts``: chunks of the lossless clip encoded at once
+    (:func:`write_lossless_streamed`, the same bytes; default
+    :func:`clip_parts`: one per 4 cores, at most 4; 1: one encoder, as
+    :func:`evalkit.video.write_lossless`), since one UT Video encoder (71 frames/s at 720p on
+    the H100 machine) is an import's longest chain. Returns ``(frames, height, width, sha256
+    of the clip file)``."""
     from evalkit.concurrency import fan_out
     from evalkit.fsutil import sha256_file
-    from evalkit.video import write_browser, write_lossless
+    from evalkit.video import INDEPENDENT_FRAMES, write_browser, write_lossless
+
+    if parts is None:
+        parts = clip_parts()
 
     def frames_to(write):  # a consumer: chunks in, the writer fed frames
         return lambda chunks_in: write(f for c in chunks_in for f in c)
 
-    targets = [frames_to(lambda f: write_lossless(clip_path, f, fps, codec=codec))]
+    pool = None
+    if parts > 1 and codec in INDEPENDENT_FRAMES:
+        pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="evalkit-encode-part")
+        targets = [
+            lambda chunks_in: write_lossless_streamed(
+                clip_path, chunks_in, fps, codec=codec, pool=pool, ahead=parts
+            )
+        ]
+    else:
+        targets = [frames_to(lambda f: write_lossless(clip_path, f, fps, codec=codec))]
     if preview_path is not None:
         targets.append(frames_to(lambda f: write_browser(preview_path, f, fps)))
     seen = {"n": 0, "shape": None}
@@ -168,7 +260,11 @@ def write_streamed(
 
     # each encoder on a thread of its own, at most ``depth`` chunks queued for it; an error of
     # the reader or of an encoder stops the others (their files are not kept) and is raised
-    fan_out(counted(), targets, depth=depth, name="evalkit-encode-stream")
+    try:
+        fan_out(counted(), targets, depth=depth, name="evalkit-encode-stream")
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     n, shape = seen["n"], seen["shape"]
     if shape is None:
         raise ValueError("frames: expected at least one frame, found none")

@@ -33,7 +33,7 @@ from evalkit.formats.suite import Job, Suite, load_suite
 from evalkit.lossless import LOSSLESS_FORMATS, new_run_format
 from evalkit.render.adopt import plan_identity
 from evalkit.render.backend import BackendSpec, fingerprint
-from evalkit.render.clipwriter import ClipWriter
+from evalkit.render.clipwriter import MAX_CLIP_PARTS, ClipWriter, clip_parts  # noqa: F401  (driver.clip_parts: tests, benchmarks)
 from evalkit.render.local_executor import LocalExecutor, failure_text
 from evalkit.render.progress import Progress
 from evalkit.render.renderers import Renderer, WrittenClip, get_renderer
@@ -409,19 +409,6 @@ def encoder_threads() -> int:
     """Encoder threads of a local render: two per job in flight (clip and preview), at most
     one per core (x264 runs its own threads besides)."""
     return max(2, min(2 * WRITE_AHEAD, os.cpu_count() or 1))
-
-
-def clip_parts() -> int:
-    """Parts a local render encodes each lossless clip in at once: one per 4 usable cores
-    (FFV1 level 3 has 4 slices, each on its own thread), at most :data:`MAX_CLIP_PARTS`; 1
-    (one encoder, :func:`evalkit.video.write_lossless`) below 8 cores."""
-    from evalkit.video import usable_cores
-
-    return max(1, min(MAX_CLIP_PARTS, usable_cores() // 4))
-
-
-#: the most parts a lossless clip is encoded in at once (:func:`clip_parts`)
-MAX_CLIP_PARTS = 4
 
 
 def _encode(pool: ThreadPoolExecutor, run: RunDir, result: JobResult, writer: ClipWriter) -> list[Future]:
