@@ -1,6 +1,6 @@
 """Start-up (issue 48 item 3): the command line and every command up to where it checks its
 inputs import none of the heavy libraries (torch, gradio, lpips, OpenCV, scikit-image, pandas,
-matplotlib, diffusers, transformers). A behaviour check, not a clock: one fresh interpreter
+matplotlib, diffusers, transformers, SciPy). A behaviour check, not a clock: one fresh interpreter
 imports the CLI, then runs each command on bad input in turn; after each, the heavy top-level
 modules that appeared in ``sys.modules`` are recorded. Each bad input must still be refused
 with one ``error: ...`` line and exit code 2 (so the command really reached its input check).
@@ -35,6 +35,7 @@ HEAVY = (
     "transformers",
     "triton",
     "torchvision",
+    "scipy",
 )
 
 CHILD = r"""

@@ -238,8 +238,6 @@ def write_gate(
     ``allow_wide_interval``. A threshold above every level shown gates on its lower bound (an
     interval open above by construction: conservative, allowed). A study unblinded early gets
     the unblinding as a comment in the gate file."""
-    from .psychometric import gate_from_analysis
-
     if (
         isinstance(max_interval_ratio, bool)
         or not isinstance(max_interval_ratio, (int, float))
@@ -273,6 +271,8 @@ def write_gate(
         raise StudyError(
             f"--study {study}: expected a complete study, found {res['status']} ({res['verdict_text']})"
         )
+    from .psychometric import gate_from_analysis  # SciPy: only once there is a study to fit
+
     pooled = res["threshold"]["pooled"]
     problem = gate_interval_problem(pooled, max_interval_ratio)
     if problem and not allow_wide_interval:

@@ -10,19 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize
 
-from .psychometric import (
-    CLIP_EXPANDED,
-    LAPSE_MAX,
-    bootstrap_draws,
-    fit_batch,
-    fit_bounds,
-    model_core,
-    psychometric,
-    replicate_fits,
-    threshold_interval,
-)
 from .stats import (
     MIN_RATERS,
     VISIBLE_ACCURACY,
@@ -486,6 +474,10 @@ def population_threshold(threshold: float, slope: float, sd: float, *, model: st
     def f(lx):
         return float((model_core(slope * (lx - lt - sd * _GH_X), model)[0] * _GH_W).sum()) - 0.5
 
+    from scipy import optimize
+
+    from .psychometric import model_core
+
     return float(math.exp(optimize.brentq(f, lt - 12 * sd - 5, lt + 12 * sd + 5, xtol=1e-12)))
 
 
@@ -512,6 +504,8 @@ def simulate_trials(
     given slope and a lapse rate uniform in [0, lapse_max]; every rater answers ``repeats``
     trials per stimulus. Returns trials, references and the truths (pooled: over the population
     of raters and clips; per clip: over raters, given the clip's v)."""
+    from .psychometric import psychometric
+
     lv = np.asarray(levels, float)
     ref = reference * np.exp(reference_sd * rng.standard_normal(clips))
     x = ref[:, None] * lv[None, :] ** growth  # (C, J)
@@ -601,6 +595,17 @@ def simulate_coverage(
     (the tests check it changes nothing that matters). Returns coverage of the truth (with a
     Wilson interval), how often the threshold was inside the range shown, and the bias (mean and
     median of log(estimate / truth) where reported)."""
+    from .psychometric import (
+        CLIP_EXPANDED,
+        LAPSE_MAX,
+        bootstrap_draws,
+        fit_batch,
+        fit_bounds,
+        psychometric,
+        replicate_fits,
+        threshold_interval,
+    )
+
     rng = np.random.default_rng(seed)
     lv = np.asarray(levels, float)
     S, R, C, J = studies, raters, clips, len(lv)
