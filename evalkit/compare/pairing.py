@@ -359,8 +359,6 @@ class LocalCompareSession:
     progress_unit = "frame"
     #: jobs decoding ahead of the one being measured (both clips each, in threads)
     jobs_ahead = 1
-    #: :meth:`measure` calls ``on_measured`` with each job's measure as soon as it is complete
-    reports_each_job = True
 
     def measure(
         self,

@@ -503,10 +503,8 @@ def _compare(
             check_conventions(gate_obj, {**session.conventions, "block": BLOCK_CONVENTION})
         for p in pairs:
             p.offset = offset
-        # a session that reports each job as it is measured starts its report parts then
-        each = {"on_measured": parts.add} if getattr(session, "reports_each_job", False) else {}
-        with _bar(session, pairs, "compare", progress) as bar:
-            measures = session.measure(pairs, chunk=chunk, progress=bar, **each)
+        with _bar(session, pairs, "compare", progress) as bar:  # report parts begun per job
+            measures = session.measure(pairs, chunk=chunk, progress=bar, on_measured=parts.add)
         vmaf_convention = _vmaf_pass(measures, "vmaf", vmaf, vmaf_threads, progress)
         floor_info, floor_jobs = measure_floors(
             inputs,

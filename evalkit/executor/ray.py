@@ -724,7 +724,7 @@ class RayCompareSession:
     def device(self) -> str:
         return self._ensure(1) and self._info["device"]
 
-    def measure(self, pairs, *, chunk=None, keep_worst=True, progress=None) -> list:
+    def measure(self, pairs, *, chunk=None, keep_worst=True, progress=None, on_measured=None) -> list:
         if not pairs:
             return []
         ray = self.ray
@@ -760,6 +760,8 @@ class RayCompareSession:
                 if value is None:
                     raise EvalkitError(f"compare: job {it.payload[1].job_id}: {dead}")
                 out[it.payload[0]] = value
+                if on_measured is not None:  # as each job arrives (in whatever order)
+                    on_measured(value)
                 if progress is not None:
                     progress.update(1)
             self._busy = False
