@@ -18,15 +18,15 @@ The bound is the pipeline's, not one run's: a pass hands each window's contents 
 (the slowest encoder's queue, the one it is encoding, the one being built), each at most two
 windows a stream (a catch version's reference and degraded copy; the row's A and B take two
 streams' places); :data:`SLACK_WINDOWS` more cover the decoder's read-ahead, the int16 temporaries
-of a colour shift and one tiled frame per stream (tracemalloc snapshots taken at the highest points
-of five runs showed these and nothing else). How many of those are alive at the peak depends on how
-the threads run: preference 340-442 frames (240 s of runs, three at once on two cores: at most 58
-frames above the 384 of four windows' contents), ABX 126-155, for clips of 320 and of 640 frames
-alike. A CI run saw 394 for 320 frames and 436 for 640, and the test then compared the two peaks: a
-race, not a growth. With each encoder slowed at random by a wrapper of its queue (which holds a
-fifth window's contents while it sleeps) preference peaked at 525-529: five windows' contents (480)
-and 45-49 frames of the rest, so the count holds. A study holding one side of its clip whole peaks
-above the clip's length; the bound is below it.
+of a colour shift and one tiled frame per stream (tracemalloc snapshots taken near the highest
+points of five runs showed these, the queued contents and Python's own objects). How many of those
+are alive at the peak depends on how the threads run: preference 340-442 frames (240 s of runs,
+three at once on two cores: at most 58 frames above the 384 of four windows' contents), ABX
+126-155, for clips of 320 and of 640 frames alike. A CI run saw 394 for 320 frames and 436 for 640,
+and the test then compared the two peaks: a race, not a growth. With each encoder slowed at random
+by a wrapper of its queue (which holds a fifth window's contents while it sleeps) preference peaked
+at 525-529: five windows' contents (480) and 45-49 frames of the rest, so the count holds. A study
+holding one side of its clip whole peaks above the clip's length; the bound is below it.
 """
 
 from __future__ import annotations
